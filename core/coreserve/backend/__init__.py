@@ -1,0 +1,43 @@
+"""The backend API: everything a backend plugin needs, and all that it may import.
+
+A plugin module implements the `coreserve_register_backends` hook::
+
+    from coreserve.backend import hookimpl
+
+    @hookimpl
+    def coreserve_register_backends(register):
+        register.add(MyBackend())
+
+and declares it as an entry point in the group `coreserve.backends`. See docs/backends.md.
+"""
+
+from __future__ import annotations
+
+from coreserve.backend.api import (
+    Backend,
+    InstanceKind,
+    InstancePlacement,
+    ModelFiles,
+    ModelInstance,
+    ServerContext,
+)
+from coreserve.backend.batching import run_batched
+from coreserve.backend.hookspecs import hookimpl
+from coreserve.backend.registry import BackendRegistry
+from coreserve.backend.responder import Responder
+from coreserve.config.signature import ModelSignature, TensorSpec
+
+__all__ = [
+    "Backend",
+    "BackendRegistry",
+    "InstanceKind",
+    "InstancePlacement",
+    "ModelFiles",
+    "ModelInstance",
+    "ModelSignature",
+    "Responder",
+    "ServerContext",
+    "TensorSpec",
+    "hookimpl",
+    "run_batched",
+]

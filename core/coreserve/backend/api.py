@@ -1,0 +1,105 @@
+"""What a backend implements, and what the server hands it."""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from coreserve.protos.model_config_pb2 import ModelConfig
+from coreserve.types import InferenceRequest
+
+if TYPE_CHECKING:
+    from coreserve.backend.responder import Responder
+
+
+@dataclass(frozen=True, slots=True)
+class ModelFiles:
+    """Where one version of a model lies on disk.
+
+    `model_file` is the version folder joined with the configuration's
+    `default_model_filename`, or with the backend's default file name.
+    """
+
+    name: str
+    path: Path
+    version: int
+    filename: str
+
+    @property
+    def version_path(self) -> Path:
+        return self.path / str(self.version)
+
+    @property
+    def model_file(self) -> Path:
+        return self.version_path / self.filename
+
+
+class InstanceKind(enum.StrEnum):
+    CPU = "CPU"
+    GPU = "GPU"
+    MODEL = "MODEL"
+
+
+@dataclass(frozen=True, slots=True)
+class InstancePlacement:
+    """One instance of an `instance_group` entry: its name, kind and device."""
+
+    name: str
+    group_name: str
+    index: int
+    kind: InstanceKind
+    device_id: int = 0
+
+
+@dataclass(frozen=True)
+class ServerContext:
+    """What a backend may ask of the server.
+
+    `backend_config` holds the `--backend-config <backend>,<key>=<value>` settings given for
+    this backend.
+    """
+
+    backend_config: Mapping[str, str] = field(default_factory=dict)
+    logger: logging.Logger = field(default_factory=lambda: logging.getLogger("coreserve.backend"))
+
+
+@runtime_checkable
+class ModelInstance(Protocol):
+    """One loaded copy of a model that executes one batch at a time."""
+
+    async def execute(self, requests: Sequence[InferenceRequest], responder: Responder) -> None:
+        """Executes requests the scheduler grouped, answering each through `responder`.
+
+        Called on the event loop; run blocking framework calls on a thread of the
+        instance's own (see `coreserve.backend.run_batched`). A request left unanswered
+        when this returns fails with an internal error (unless the model is decoupled).
+        """
+        ...
+
+    async def close(self) -> None:
+        """Releases the instance; called once, after its last execute has finished."""
+        ...
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """A framework backend: knows a model format and creates instances of such models."""
+
+    name: str
+    platforms: tuple[str, ...]
+    default_model_filename: str
+
+    def auto_complete_config(self, model: ModelFiles, config: ModelConfig, server: ServerContext) -> ModelConfig:
+        """Fills what the configuration leaves out (inputs, outputs, max_batch_size) from the
+        model file. Runs on a worker thread; returns the completed configuration."""
+        ...
+
+    async def create_instance(
+        self, model: ModelFiles, config: ModelConfig, placement: InstancePlacement, server: ServerContext
+    ) -> ModelInstance:
+        """Loads one instance; raises a CoreserveError whose message says why it cannot."""
+        ...

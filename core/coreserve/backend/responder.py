@@ -1,0 +1,117 @@
+"""How a model instance answers the requests of one batch."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from coreserve.config.signature import ModelSignature
+from coreserve.errors import CoreserveError, InternalError
+from coreserve.types import InferenceRequest, InferenceResponse, ParameterValue, now_ns
+
+logger = logging.getLogger(__name__)
+
+
+class Responder:
+    """Delivers responses to the requests of one batch. Use it on the event loop thread.
+
+    An ordinary model calls `send` once per request; a decoupled model may call it many
+    times with `final=False` and then once with `final=True` (outputs may be empty then).
+    `send_error` ends a request with an error. The core keeps only the outputs each request
+    asked for, so a backend may compute the union for the whole batch.
+
+    Backends that time their phases call `mark_inputs_ready` and `mark_infer_done`; the
+    statistics take compute-input, compute-infer and compute-output from these marks.
+    """
+
+    __slots__ = (
+        "_open",
+        "compute_start_ns",
+        "infer_done_ns",
+        "inputs_ready_ns",
+        "model_version",
+        "requests",
+        "signature",
+    )
+
+    def __init__(
+        self, signature: ModelSignature, model_version: str, requests: Sequence[InferenceRequest]
+    ) -> None:
+        self.signature = signature
+        self.model_version = model_version
+        self.requests = requests
+        self._open = {id(request) for request in requests}
+        self.compute_start_ns = now_ns()
+        self.inputs_ready_ns = 0
+        self.infer_done_ns = 0
+
+    def mark_inputs_ready(self) -> None:
+        self.inputs_ready_ns = now_ns()
+
+    def mark_infer_done(self) -> None:
+        self.infer_done_ns = now_ns()
+
+    def is_open(self, request: InferenceRequest) -> bool:
+        """True while the request has not had its final response or an error."""
+        return id(request) in self._open
+
+    def send(
+        self,
+        request: InferenceRequest,
+        outputs: Mapping[str, np.ndarray],
+        *,
+        parameters: Mapping[str, ParameterValue] | None = None,
+        final: bool = True,
+    ) -> None:
+        key = id(request)
+        if key not in self._open:
+            raise InternalError(f"request '{request.id}' was already answered")
+        requested = request.requested_outputs
+        if requested is not None:
+            try:
+                outputs = {name: outputs[name] for name in requested}
+            except KeyError as exc:
+                self.send_error(request, InternalError(
+                    f"model '{self.signature.model_name}' did not produce requested output {exc}"
+                ))
+                return
+        response = InferenceResponse(
+            model_name=request.model_name,
+            model_version=self.model_version,
+            outputs=self.signature.restore_output_shapes(outputs),
+            id=request.id,
+            parameters=dict(parameters) if parameters else {},
+        )
+        if final:
+            self._open.discard(key)
+        assert request.sink is not None
+        request.sink.send(response, final)
+
+    def send_final(self, request: InferenceRequest) -> None:
+        """Closes a decoupled request's stream without a further response."""
+        key = id(request)
+        if key in self._open:
+            self._open.discard(key)
+            assert request.sink is not None
+            request.sink.send(None, True)
+
+    def send_error(self, request: InferenceRequest, error: BaseException) -> None:
+        key = id(request)
+        if key not in self._open:
+            return
+        self._open.discard(key)
+        if not isinstance(error, CoreserveError):
+            error = InternalError(f"{type(error).__name__}: {error}")
+        assert request.sink is not None
+        request.sink.fail(error)
+
+    def fail_open_requests(self, error: BaseException) -> int:
+        """Ends every request that is still open with `error`; returns how many there were."""
+        failed = 0
+        for request in self.requests:
+            if id(request) in self._open:
+                self.send_error(request, error)
+                failed += 1
+        return failed

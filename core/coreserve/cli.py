@@ -1,0 +1,138 @@
+"""The `coreserve` command. Flags are spelled as tritonserver's where they mean the same.
+
+    coreserve --model-repository DIR [--http-port 8000] [--exit-on-error BOOL] ...
+    coreserve backends
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from coreserve import __version__
+
+
+def _bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got '{text}'")
+
+
+def _backend_config(text: str) -> tuple[str, str, str]:
+    backend, _, setting = text.partition(",")
+    key, equals, value = setting.partition("=")
+    if not backend or not key or not equals:
+        raise argparse.ArgumentTypeError(f"expected <backend>,<key>=<value>, got '{text}'")
+    return backend, key, value
+
+
+def _serve_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="coreserve",
+        description="Serve the models of Triton-style model repositories over KServe v2 HTTP.",
+        epilog="Run `coreserve backends` to list the installed backends.",
+    )
+    flag = parser.add_argument
+    flag("--version", action="version", version=f"coreserve {__version__}")
+    flag("--model-repository", "--model-store", dest="model_repositories", action="append", required=True,
+         type=Path, metavar="DIR", help="a model repository folder (repeatable)")
+    flag("--allow-http", type=_bool, nargs="?", const=True, default=True, metavar="BOOL")
+    flag("--http-address", default="0.0.0.0", help="address the HTTP service binds (default 0.0.0.0)")
+    flag("--http-port", type=int, default=8000, help="HTTP port (default 8000; 0 picks a free port)")
+    flag("--http-max-input-size", type=int, default=64 * 1024 * 1024, metavar="BYTES",
+         help="largest HTTP request body accepted (default 64 MiB)")
+    flag("--exit-on-error", type=_bool, nargs="?", const=True, default=True, metavar="BOOL",
+         help="exit at start-up if a model fails to load (default true)")
+    flag("--strict-readiness", type=_bool, nargs="?", const=True, default=True, metavar="BOOL",
+         help="report ready only when every model is ready (default true)")
+    flag("--disable-auto-complete-config", action="store_true",
+         help="do not complete model configurations from the model files")
+    flag("--backend-config", type=_backend_config, action="append", default=[], metavar="BACKEND,KEY=VALUE",
+         help="a setting handed to a backend (repeatable)")
+    flag("--exit-timeout-secs", type=float, default=30.0,
+         help="how long shutdown waits for in-flight requests (default 30)")
+    flag("--log-verbose", type=int, default=0, metavar="N", help="verbose logging when N > 0")
+    return parser
+
+
+def _options(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from coreserve.server import ServerOptions
+
+    backend_config: dict[str, dict[str, str]] = {}
+    for backend, key, value in args.backend_config:
+        backend_config.setdefault(backend, {})[key] = value
+    return ServerOptions(
+        model_repositories=args.model_repositories,
+        allow_http=args.allow_http,
+        http_address=args.http_address,
+        http_port=args.http_port,
+        http_max_input_size=args.http_max_input_size,
+        exit_on_error=args.exit_on_error,
+        strict_readiness=args.strict_readiness,
+        auto_complete_config=not args.disable_auto_complete_config,
+        backend_config=backend_config,
+        exit_timeout_secs=args.exit_timeout_secs,
+    )
+
+
+def _configure_logging(verbose: int) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose > 0 else logging.INFO,
+        format="%(asctime)s %(levelname).1s %(name)s] %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def _run_server(argv: Sequence[str]) -> int:
+    from coreserve.server import Server, StartupError
+
+    args = _serve_parser().parse_args(argv)
+    _configure_logging(args.log_verbose)
+    server = Server(_options(args))
+    try:
+        _event_loop_runner()(server.serve())
+    except StartupError as exc:
+        logging.getLogger("coreserve").error("%s", exc.message)
+        return 1
+    return 0
+
+
+def _event_loop_runner():  # type: ignore[no-untyped-def]
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run
+    return uvloop.run
+
+
+def _list_backends() -> int:
+    from coreserve.backend.plugins import Plugins
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
+    plugins = Plugins()
+    rows = [("BACKEND", "PLATFORMS", "DISTRIBUTION", "VERSION")]
+    for backend in sorted(plugins.backends(), key=lambda b: b.name):
+        origin = plugins.origin(backend)
+        rows.append((backend.name, ",".join(backend.platforms) or "-", origin.distribution, origin.version))
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+    if len(rows) == 1:
+        print("(no backends installed: pip install plugin-onnx, for example)")
+    for failure in plugins.failures:
+        print(f"failed to load: plugin '{failure.entry_point}' from {failure.distribution}: {failure.error}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    if arguments[:1] == ["backends"]:
+        return _list_backends()
+    return _run_server(arguments)

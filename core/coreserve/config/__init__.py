@@ -1,0 +1,25 @@
+"""Model configuration: `config.pbtxt` parsing, defaults, validation, JSON form and signatures.
+
+`ModelConfig` is the generated protobuf message, so any configuration Triton accepts parses
+here too. Validation raises `ModelConfigError` with a message naming the model and the field.
+"""
+
+from __future__ import annotations
+
+from coreserve.config.defaults import apply_defaults
+from coreserve.config.json import config_from_dict, config_to_dict
+from coreserve.config.parse import ModelConfig, parse_config, read_config_file
+from coreserve.config.signature import ModelSignature, TensorSpec
+from coreserve.config.validate import validate_config
+
+__all__ = [
+    "ModelConfig",
+    "ModelSignature",
+    "TensorSpec",
+    "apply_defaults",
+    "config_from_dict",
+    "config_to_dict",
+    "parse_config",
+    "read_config_file",
+    "validate_config",
+]

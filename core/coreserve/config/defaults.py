@@ -1,0 +1,31 @@
+"""Defaults the core fills into every model configuration before validation."""
+
+from __future__ import annotations
+
+from coreserve.errors import ModelConfigError
+from coreserve.protos.model_config_pb2 import ModelConfig, ModelInstanceGroup
+
+
+def apply_defaults(config: ModelConfig, model_name: str) -> None:
+    """Fills the name, version policy and instance groups as Triton does.
+
+    The model's folder name is its name; a configuration that names another model is an error.
+    """
+    if not config.name:
+        config.name = model_name
+    elif config.name != model_name:
+        raise ModelConfigError(
+            f"model '{model_name}': config field 'name' is '{config.name}', "
+            f"but the model's folder is named '{model_name}'"
+        )
+    if config.version_policy.WhichOneof("policy_choice") is None:
+        config.version_policy.latest.num_versions = 1
+    if not config.instance_group:
+        config.instance_group.add()
+    for index, group in enumerate(config.instance_group):
+        if not group.name:
+            group.name = f"{config.name}_{index}"
+        if group.count == 0:
+            group.count = 1
+        if group.kind == ModelInstanceGroup.KIND_AUTO:
+            group.kind = ModelInstanceGroup.KIND_GPU if group.gpus else ModelInstanceGroup.KIND_CPU

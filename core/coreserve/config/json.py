@@ -1,0 +1,65 @@
+"""The JSON form of a model configuration, as Triton's `/config` endpoint returns it.
+
+protobuf's JSON mapping writes 64-bit integers as strings; Triton's output writes them as
+numbers (`"dims": [16]`), and clients such as the Python backend's `model_config` rely on
+that. The conversion is guided by the message descriptor, so it follows the schema.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from google.protobuf import json_format
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
+
+from coreserve.errors import ModelConfigError
+from coreserve.protos.model_config_pb2 import ModelConfig
+
+_INT64_TYPES = frozenset(
+    {
+        FieldDescriptor.TYPE_INT64,
+        FieldDescriptor.TYPE_UINT64,
+        FieldDescriptor.TYPE_SINT64,
+        FieldDescriptor.TYPE_FIXED64,
+        FieldDescriptor.TYPE_SFIXED64,
+    }
+)
+
+
+def config_to_dict(config: ModelConfig) -> dict[str, Any]:
+    """The configuration as a JSON-ready dict: proto field names, defaults shown, ints as numbers."""
+    data = json_format.MessageToDict(
+        config, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    )
+    _int64_to_numbers(config.DESCRIPTOR, data)
+    return data
+
+
+def config_from_dict(data: dict[str, Any], source: str = "JSON configuration") -> ModelConfig:
+    """Parses a JSON-shaped configuration (as clients send it to load a model)."""
+    try:
+        return json_format.ParseDict(data, ModelConfig())
+    except json_format.ParseError as exc:
+        raise ModelConfigError(f"{source}: {exc}") from None
+
+
+def _int64_to_numbers(descriptor: Descriptor, data: dict[str, Any]) -> None:
+    for name, value in data.items():
+        field = descriptor.fields_by_name.get(name)
+        if field is None:
+            continue
+        if field.message_type is not None:
+            if field.message_type.GetOptions().map_entry:
+                value_field = field.message_type.fields_by_name["value"]
+                for key in value:
+                    if value_field.message_type is not None:
+                        _int64_to_numbers(value_field.message_type, value[key])
+                    elif value_field.type in _INT64_TYPES:
+                        value[key] = int(value[key])
+            elif field.is_repeated:
+                for item in value:
+                    _int64_to_numbers(field.message_type, item)
+            else:
+                _int64_to_numbers(field.message_type, value)
+        elif field.type in _INT64_TYPES:
+            data[name] = [int(v) for v in value] if field.is_repeated else int(value)

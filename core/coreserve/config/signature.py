@@ -1,0 +1,144 @@
+"""A model's inputs and outputs as the request path needs them, and checks of requests against them.
+
+Built once when a model version loads, so that checking a request costs a few dict lookups.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from coreserve.errors import InvalidArgumentError
+from coreserve.protos.model_config_pb2 import ModelConfig
+from coreserve.types import DataType, InferenceRequest
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    """One input or output: its datatype and dims (without the batch dimension)."""
+
+    name: str
+    datatype: DataType
+    dims: tuple[int, ...]
+    optional: bool = False
+    reshape: tuple[int, ...] | None = None
+
+    def matches(self, shape: tuple[int, ...]) -> bool:
+        """True if a shape without the batch dimension fits `dims` (-1 matches any size)."""
+        if len(shape) != len(self.dims):
+            return False
+        return all(want == -1 or want == got for want, got in zip(self.dims, shape, strict=True))
+
+
+def _spec(tensor: Any, optional: bool = False) -> TensorSpec:
+    reshape = tuple(tensor.reshape.shape) if tensor.HasField("reshape") else None
+    return TensorSpec(
+        name=tensor.name,
+        datatype=DataType.from_config_value(tensor.data_type),
+        dims=tuple(tensor.dims),
+        optional=optional,
+        reshape=reshape,
+    )
+
+
+class ModelSignature:
+    """The tensors of one model configuration and the batch limit that applies to them."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        self.model_name = config.name
+        self.max_batch_size = config.max_batch_size
+        self.inputs: dict[str, TensorSpec] = {t.name: _spec(t, t.optional) for t in config.input}
+        self.outputs: dict[str, TensorSpec] = {t.name: _spec(t) for t in config.output}
+        self._required = tuple(name for name, spec in self.inputs.items() if not spec.optional)
+        self._output_reshapes = {
+            name: spec.dims for name, spec in self.outputs.items() if spec.reshape is not None
+        }
+
+    @property
+    def batching(self) -> bool:
+        return self.max_batch_size > 0
+
+    def client_shape(self, spec: TensorSpec) -> list[int]:
+        """The shape a client sees in model metadata: -1 first for the batch dimension."""
+        return [-1, *spec.dims] if self.batching else list(spec.dims)
+
+    def check_request(self, request: InferenceRequest) -> None:
+        """Checks input names, datatypes and shapes and the requested outputs.
+
+        Sets `request.batch_size` and applies the configuration's input reshapes.
+        Raises InvalidArgumentError naming the tensor and the model.
+        """
+        model = self.model_name
+        inputs = request.inputs
+        batch_size = 0
+        for name, array in inputs.items():
+            spec = self.inputs.get(name)
+            if spec is None:
+                raise InvalidArgumentError(
+                    f"unexpected inference input '{name}' for model '{model}'; "
+                    f"its inputs are {sorted(self.inputs)}"
+                )
+            if array.dtype != spec.datatype.numpy_dtype:
+                got = DataType.from_numpy(array.dtype)
+                raise InvalidArgumentError(
+                    f"inference input '{name}' has datatype {got}, but model '{model}' expects {spec.datatype}"
+                )
+            shape = array.shape
+            if self.max_batch_size > 0:
+                if not shape:
+                    raise InvalidArgumentError(self._shape_error(spec, shape))
+                if batch_size == 0:
+                    batch_size = shape[0]
+                    if not 1 <= batch_size <= self.max_batch_size:
+                        raise InvalidArgumentError(
+                            f"inference request batch size {batch_size} (first dimension of input "
+                            f"'{name}') must be between 1 and {self.max_batch_size} for model '{model}'"
+                        )
+                elif shape[0] != batch_size:
+                    raise InvalidArgumentError(
+                        f"inputs of one request must share the batch size: input '{name}' has "
+                        f"{shape[0]}, an earlier input has {batch_size} (model '{model}')"
+                    )
+                shape = shape[1:]
+            if not spec.matches(shape):
+                raise InvalidArgumentError(self._shape_error(spec, array.shape))
+            if spec.reshape is not None:
+                lead = (array.shape[0],) if self.max_batch_size > 0 else ()
+                inputs[name] = array.reshape(lead + spec.reshape)
+        if len(inputs) < len(self.inputs):
+            missing = [name for name in self._required if name not in inputs]
+            if missing:
+                raise InvalidArgumentError(
+                    f"model '{model}' expects input(s) {missing} that the request does not provide"
+                )
+        requested = request.requested_outputs
+        if requested is not None:
+            for name in requested:
+                if name not in self.outputs:
+                    raise InvalidArgumentError(
+                        f"unexpected inference output '{name}' for model '{model}'; "
+                        f"its outputs are {sorted(self.outputs)}"
+                    )
+        request.batch_size = batch_size or 1
+
+    def _shape_error(self, spec: TensorSpec, shape: tuple[int, ...]) -> str:
+        expected = self.client_shape(spec)
+        return (
+            f"unexpected shape for input '{spec.name}' for model '{self.model_name}': "
+            f"expected {expected}, got {list(shape)}"
+        )
+
+    def restore_output_shapes(self, outputs: Mapping[str, np.ndarray]) -> Mapping[str, np.ndarray]:
+        """Undoes output reshapes: the model produced `reshape`, the client sees `dims`."""
+        if not self._output_reshapes:
+            return outputs
+        restored = dict(outputs)
+        for name, dims in self._output_reshapes.items():
+            array = restored.get(name)
+            if array is not None:
+                lead = array.shape[:1] if self.max_batch_size > 0 else ()
+                restored[name] = array.reshape(lead + dims)
+        return restored

@@ -1,0 +1,75 @@
+"""Domain errors of coreserve, independent of any transport.
+
+    CoreserveError                 every error a client or a backend may see
+     ├── InvalidArgumentError      the request or a configuration is wrong (names, types, shapes, bodies)
+     │    └── ModelConfigError     a model's configuration is invalid
+     ├── NotFoundError             no such model or version
+     ├── UnavailableError          the model exists but cannot serve now (not ready, queue full)
+     ├── UnsupportedError          a feature coreserve or the backend does not offer
+     ├── AlreadyExistsError        the thing to create exists already
+     ├── CancelledError            the request was cancelled
+     └── InternalError             a fault in a backend or in the server
+
+Each class carries an `ErrorCode`, the same categories as Triton's `TRITONSERVER_Error_Code`.
+The frontends map codes to HTTP statuses and gRPC codes, one table each; nothing here knows
+about either transport.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class ErrorCode(enum.Enum):
+    """The category of an error; frontends choose a status code from it."""
+
+    UNKNOWN = "UNKNOWN"
+    INTERNAL = "INTERNAL"
+    NOT_FOUND = "NOT_FOUND"
+    INVALID_ARG = "INVALID_ARG"
+    UNAVAILABLE = "UNAVAILABLE"
+    UNSUPPORTED = "UNSUPPORTED"
+    ALREADY_EXISTS = "ALREADY_EXISTS"
+    CANCELLED = "CANCELLED"
+
+
+class CoreserveError(Exception):
+    """Base class of every error whose message is meant for the client."""
+
+    code: ErrorCode = ErrorCode.UNKNOWN
+
+    @property
+    def message(self) -> str:
+        return str(self.args[0]) if self.args else self.__class__.__name__
+
+
+class InvalidArgumentError(CoreserveError):
+    code = ErrorCode.INVALID_ARG
+
+
+class ModelConfigError(InvalidArgumentError):
+    """A model's configuration is invalid; the message names the model and the field."""
+
+
+class NotFoundError(CoreserveError):
+    code = ErrorCode.NOT_FOUND
+
+
+class UnavailableError(CoreserveError):
+    code = ErrorCode.UNAVAILABLE
+
+
+class UnsupportedError(CoreserveError):
+    code = ErrorCode.UNSUPPORTED
+
+
+class AlreadyExistsError(CoreserveError):
+    code = ErrorCode.ALREADY_EXISTS
+
+
+class CancelledError(CoreserveError):
+    code = ErrorCode.CANCELLED
+
+
+class InternalError(CoreserveError):
+    code = ErrorCode.INTERNAL

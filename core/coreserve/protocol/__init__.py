@@ -1,0 +1,1 @@
+"""Pure functions between wire formats and requests/responses; no I/O happens here."""

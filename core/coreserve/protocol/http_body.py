@@ -1,0 +1,212 @@
+"""KServe v2 HTTP inference bodies, with Triton's binary tensor data extension.
+
+A request body is a JSON object, optionally followed by binary tensor data; the
+`Inference-Header-Content-Length` header gives the JSON part's length. A header value of 0
+marks a raw request: the whole body is the data of the model's single input.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import orjson
+
+from coreserve.config.signature import TensorSpec
+from coreserve.errors import InvalidArgumentError
+from coreserve.protocol.tensors import (
+    array_from_bytes,
+    array_from_json,
+    array_to_bytes,
+    array_to_json,
+    parse_datatype,
+    parse_shape,
+)
+from coreserve.types import DataType, InferenceRequest, InferenceResponse, ParameterValue
+
+HEADER_LENGTH = "Inference-Header-Content-Length"
+
+
+@dataclass(slots=True)
+class OutputEncoding:
+    """How the client wants each output back: binary data or JSON."""
+
+    binary_by_default: bool = False
+    binary: dict[str, bool] = field(default_factory=dict)
+
+    def is_binary(self, name: str) -> bool:
+        return self.binary.get(name, self.binary_by_default)
+
+
+def decode_infer_request(
+    body: bytes, header_length: int | None, model_name: str, model_version: str
+) -> tuple[InferenceRequest, OutputEncoding]:
+    """Decodes a JSON (+ binary) inference request body."""
+    view = memoryview(body)
+    if header_length is None:
+        header, binary = view, view[len(view):]
+    else:
+        if not 0 < header_length <= len(view):
+            raise InvalidArgumentError(
+                f"{HEADER_LENGTH} is {header_length}, but the body holds {len(view)} bytes"
+            )
+        header, binary = view[:header_length], view[header_length:]
+    try:
+        document = orjson.loads(header)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidArgumentError(f"malformed JSON in the request body: {exc}") from None
+    if not isinstance(document, dict):
+        raise InvalidArgumentError("the request body must be a JSON object")
+
+    inputs_json = document.get("inputs")
+    if not isinstance(inputs_json, list):
+        raise InvalidArgumentError("the request needs 'inputs': a list of input tensors")
+    inputs = {}
+    offset = 0
+    for item in inputs_json:
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+            raise InvalidArgumentError("every input needs a 'name' string")
+        name = item["name"]
+        if name in inputs:
+            raise InvalidArgumentError(f"input '{name}' appears more than once")
+        datatype = parse_datatype(item.get("datatype"), name)
+        shape = parse_shape(item.get("shape"), name)
+        parameters = _parameters(item.get("parameters"), f"input '{name}'")
+        size = parameters.get("binary_data_size")
+        if size is not None:
+            if type(size) is not int or size < 0:
+                raise InvalidArgumentError(f"input '{name}': binary_data_size must be a non-negative integer")
+            if offset + size > len(binary):
+                raise InvalidArgumentError(
+                    f"input '{name}' announces {size} bytes of binary data, but only "
+                    f"{len(binary) - offset} remain in the body"
+                )
+            inputs[name] = array_from_bytes(binary[offset : offset + size], datatype, shape, name)
+            offset += size
+        else:
+            if "data" not in item:
+                raise InvalidArgumentError(f"input '{name}' has neither 'data' nor binary_data_size")
+            inputs[name] = array_from_json(item["data"], datatype, shape, name)
+    if offset != len(binary):
+        raise InvalidArgumentError(
+            f"the body holds {len(binary) - offset} bytes of binary data that no input claims"
+        )
+
+    parameters = _parameters(document.get("parameters"), "the request")
+    encoding = OutputEncoding(binary_by_default=parameters.pop("binary_data_output", False) is True)
+    requested = _requested_outputs(document.get("outputs"), encoding)
+    request_id = document.get("id", "")
+    if not isinstance(request_id, str):
+        raise InvalidArgumentError("request 'id' must be a string")
+    request = InferenceRequest(
+        model_name=model_name,
+        model_version=model_version,
+        id=request_id,
+        inputs=inputs,
+        parameters=parameters,
+        requested_outputs=requested,
+    )
+    return request, encoding
+
+
+def decode_raw_infer_request(
+    body: bytes, spec: TensorSpec, batching: bool, model_name: str, model_version: str
+) -> tuple[InferenceRequest, OutputEncoding]:
+    """Decodes a raw request: the body is the data of the model's only input.
+
+    BYTES data is one element holding the whole body. For other types the shape comes from
+    the configuration's dims (batch size 1), with one -1 dimension deduced from the size.
+    """
+    name = spec.name
+    if spec.datatype is DataType.BYTES:
+        array = np.empty((1,) * (len(spec.dims) + (1 if batching else 0)), dtype=np.object_)
+        array.reshape(-1)[0] = bytes(body)
+    else:
+        itemsize = spec.datatype.numpy_dtype.itemsize
+        dims = list(spec.dims)
+        known = 1
+        for dim in dims:
+            known *= dim if dim != -1 else 1
+        if dims.count(-1) > 1:
+            raise InvalidArgumentError(
+                f"a raw request cannot deduce the shape of input '{name}' of model '{model_name}' "
+                f"(dims {dims} have more than one -1); send a JSON header"
+            )
+        if dims.count(-1) == 1:
+            if len(body) % (known * itemsize):
+                raise InvalidArgumentError(
+                    f"raw request body of {len(body)} bytes does not fit input '{name}' of model "
+                    f"'{model_name}' ({spec.datatype} {dims})"
+                )
+            dims[dims.index(-1)] = len(body) // (known * itemsize)
+        shape = tuple([1, *dims] if batching else dims)
+        array = array_from_bytes(memoryview(body), spec.datatype, shape, name)
+    request = InferenceRequest(
+        model_name=model_name, model_version=model_version, inputs={name: array}
+    )
+    return request, OutputEncoding(binary_by_default=True)
+
+
+def encode_infer_response(response: InferenceResponse, encoding: OutputEncoding) -> tuple[bytes, int | None]:
+    """Encodes a response; returns the body and the JSON part's length when binary data follows."""
+    outputs_json = []
+    chunks: list[bytes | memoryview] = []
+    for name, array in response.outputs.items():
+        datatype = DataType.from_numpy(array.dtype)
+        output: dict[str, Any] = {"name": name, "datatype": datatype.value, "shape": list(array.shape)}
+        if encoding.is_binary(name):
+            data = array_to_bytes(array, datatype)
+            output["parameters"] = {"binary_data_size": len(data) if isinstance(data, bytes) else data.nbytes}
+            chunks.append(data)
+        else:
+            output["data"] = array_to_json(array, datatype, name)
+        outputs_json.append(output)
+    document: dict[str, Any] = {
+        "model_name": response.model_name,
+        "model_version": response.model_version,
+        "outputs": outputs_json,
+    }
+    if response.id:
+        document["id"] = response.id
+    if response.parameters:
+        document["parameters"] = response.parameters
+    header = orjson.dumps(document, option=orjson.OPT_SERIALIZE_NUMPY)
+    if not chunks:
+        return header, None
+    return b"".join([header, *chunks]), len(header)
+
+
+def _parameters(value: object, where: str) -> dict[str, ParameterValue]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InvalidArgumentError(f"'parameters' of {where} must be a JSON object")
+    for key, item in value.items():
+        if not isinstance(item, bool | int | float | str):
+            raise InvalidArgumentError(
+                f"parameter '{key}' of {where} must be a boolean, number or string, got {type(item).__name__}"
+            )
+    return value
+
+
+def _requested_outputs(value: object, encoding: OutputEncoding) -> tuple[str, ...] | None:
+    if value is None or value == []:
+        return None
+    if not isinstance(value, list):
+        raise InvalidArgumentError("'outputs' must be a list of requested outputs")
+    names = []
+    for item in value:
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+            raise InvalidArgumentError("every requested output needs a 'name' string")
+        name = item["name"]
+        parameters = _parameters(item.get("parameters"), f"output '{name}'")
+        if "classification" in parameters:
+            raise InvalidArgumentError(
+                f"output '{name}': the classification extension is not supported by coreserve yet"
+            )
+        binary = parameters.get("binary_data")
+        if binary is not None:
+            encoding.binary[name] = binary is True
+        names.append(name)
+    return tuple(names)

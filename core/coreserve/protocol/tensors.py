@@ -1,0 +1,143 @@
+"""Tensor data as the v2 protocols carry it: JSON lists and raw little-endian bytes ⇄ numpy."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from coreserve.errors import InvalidArgumentError
+from coreserve.protocol.bytes_codec import decode_bytes_tensor, encode_bytes_tensor
+from coreserve.types import NUMPY_DTYPES, DataType
+
+# Which kinds of JSON-decoded numpy arrays may become which datatype, without losing meaning.
+_ACCEPTED_KINDS = {
+    **dict.fromkeys(
+        (DataType.UINT8, DataType.UINT16, DataType.UINT32, DataType.UINT64,
+         DataType.INT8, DataType.INT16, DataType.INT32, DataType.INT64),
+        "iu",
+    ),
+    **dict.fromkeys((DataType.FP16, DataType.FP32, DataType.FP64, DataType.BF16), "iuf"),
+    DataType.BOOL: "b",
+}
+
+
+def parse_datatype(value: object, name: str) -> DataType:
+    try:
+        return DataType(value)
+    except ValueError:
+        known = ", ".join(DataType)
+        raise InvalidArgumentError(f"input '{name}' has unknown datatype {value!r}; known: {known}") from None
+
+
+def parse_shape(value: object, name: str) -> tuple[int, ...]:
+    if not isinstance(value, list) or not all(type(d) is int and d >= 0 for d in value):
+        raise InvalidArgumentError(f"input '{name}' needs 'shape': a list of non-negative integers, got {value!r}")
+    return tuple(value)
+
+
+def element_count(shape: Sequence[int]) -> int:
+    return math.prod(shape)
+
+
+def array_from_json(data: Any, datatype: DataType, shape: tuple[int, ...], name: str) -> np.ndarray:
+    """Converts JSON tensor data (flat or nested, row-major) into an array of `shape`."""
+    count = element_count(shape)
+    if datatype is DataType.BYTES:
+        flat = _flatten(data, name)
+        if not all(type(item) is str for item in flat):
+            raise InvalidArgumentError(f"input '{name}' is BYTES: its JSON data must be strings")
+        array = np.empty(len(flat), dtype=np.object_)
+        array[:] = [item.encode("utf-8") for item in flat]
+    else:
+        if not isinstance(data, list):
+            raise InvalidArgumentError(f"input '{name}' needs 'data' as a JSON list")
+        try:
+            source = np.array(data)
+        except (ValueError, OverflowError) as exc:
+            raise InvalidArgumentError(f"input '{name}' has malformed data: {exc}") from None
+        if source.size == 0:
+            source = source.astype(NUMPY_DTYPES[datatype])
+        elif source.dtype.kind not in _ACCEPTED_KINDS[datatype]:
+            raise InvalidArgumentError(
+                f"input '{name}' has data that is not {datatype} (found {_describe_kind(source.dtype.kind)})"
+            )
+        array = _cast(source, datatype, name)
+    if array.size != count:
+        raise InvalidArgumentError(
+            f"input '{name}' has {array.size} elements but its shape {list(shape)} needs {count}"
+        )
+    return array.reshape(shape)
+
+
+def _cast(source: np.ndarray, datatype: DataType, name: str) -> np.ndarray:
+    target = NUMPY_DTYPES[datatype]
+    if target.kind in "iu" and source.size:
+        info = np.iinfo(target)
+        low, high = source.min(), source.max()
+        if low < info.min or high > info.max:
+            raise InvalidArgumentError(
+                f"input '{name}' has values outside the range of {datatype} ({info.min}..{info.max})"
+            )
+    return source.astype(target, copy=False).ravel()
+
+
+def _flatten(data: Any, name: str) -> list[Any]:
+    if not isinstance(data, list):
+        raise InvalidArgumentError(f"input '{name}' needs 'data' as a JSON list")
+    flat: list[Any] = []
+    stack = [data]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, list):
+            stack.extend(reversed(item))
+        else:
+            flat.append(item)
+    return flat
+
+
+def _describe_kind(kind: str) -> str:
+    return {"b": "booleans", "i": "integers", "u": "integers", "f": "numbers with fractions",
+            "U": "strings", "O": "mixed or null values"}.get(kind, f"numpy kind '{kind}'")
+
+
+def array_from_bytes(buffer: memoryview, datatype: DataType, shape: tuple[int, ...], name: str) -> np.ndarray:
+    """Wraps raw tensor bytes as an array of `shape`, without copying when aligned."""
+    count = element_count(shape)
+    if datatype is DataType.BYTES:
+        return decode_bytes_tensor(buffer, count, name).reshape(shape)
+    dtype = NUMPY_DTYPES[datatype]
+    expected = count * dtype.itemsize
+    if len(buffer) != expected:
+        raise InvalidArgumentError(
+            f"input '{name}' has {len(buffer)} bytes of data, but {count} {datatype} elements "
+            f"of shape {list(shape)} need {expected}"
+        )
+    array = np.frombuffer(buffer, dtype=dtype).reshape(shape)
+    # Frameworks may use the memory in place; give them aligned memory.
+    return array if array.flags.aligned else array.copy()
+
+
+def array_to_bytes(array: np.ndarray, datatype: DataType) -> bytes | memoryview:
+    """The raw wire form of an array: row-major little-endian bytes, or the BYTES encoding."""
+    if datatype is DataType.BYTES:
+        return encode_bytes_tensor(array)
+    contiguous = np.ascontiguousarray(array)
+    return memoryview(contiguous.reshape(-1).view(np.uint8))
+
+
+def array_to_json(array: np.ndarray, datatype: DataType, name: str) -> Any:
+    """The JSON form of an array's data: a flat row-major list, or a flat numpy array that
+    orjson serializes natively."""
+    if datatype is DataType.BYTES:
+        try:
+            return [item.decode("utf-8") if isinstance(item, bytes) else str(item) for item in array.ravel()]
+        except UnicodeDecodeError:
+            raise InvalidArgumentError(
+                f"output '{name}' holds bytes that are not UTF-8 text; request it as binary data"
+            ) from None
+    if datatype is DataType.BF16:
+        return array.astype(np.float32).ravel()
+    return np.ascontiguousarray(array).ravel()

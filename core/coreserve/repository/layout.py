@@ -1,0 +1,75 @@
+"""The on-disk layout of a Triton model repository: model folders and numeric version folders.
+
+    <repository>/<model>/config.pbtxt
+    <repository>/<model>/<version>/<model file>
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from coreserve.errors import ModelConfigError
+from coreserve.protos.model_config_pb2 import ModelVersionPolicy
+
+CONFIG_FILENAME = "config.pbtxt"
+
+
+@dataclass(frozen=True)
+class ModelLocation:
+    """A model folder found in one of the repositories."""
+
+    name: str
+    path: Path
+    repository: Path
+
+
+def find_models(repositories: list[Path]) -> tuple[dict[str, ModelLocation], dict[str, str]]:
+    """Finds the model folders of every repository.
+
+    Returns the models by name, and the names that appear in more than one repository with
+    the reason they cannot be served (Triton refuses such duplicates too).
+    """
+    found: dict[str, ModelLocation] = {}
+    duplicates: dict[str, str] = {}
+    for repository in repositories:
+        for entry in sorted(repository.iterdir()):
+            if not entry.is_dir() or entry.name.startswith("."):
+                continue
+            if entry.name in found:
+                duplicates[entry.name] = (
+                    f"model '{entry.name}' appears in more than one repository: "
+                    f"{found[entry.name].path} and {entry}"
+                )
+                continue
+            found[entry.name] = ModelLocation(entry.name, entry, repository)
+    for name in duplicates:
+        found.pop(name, None)
+    return found, duplicates
+
+
+def list_versions(model_path: Path) -> list[int]:
+    """The numeric version folders of a model, ascending; other entries are ignored."""
+    versions = []
+    for entry in model_path.iterdir():
+        if entry.is_dir() and entry.name.isdigit() and not entry.name.startswith("0"):
+            versions.append(int(entry.name))
+    return sorted(versions)
+
+
+def select_versions(policy: ModelVersionPolicy, available: list[int], model_name: str) -> list[int]:
+    """The versions a version policy serves out of the available ones."""
+    choice = policy.WhichOneof("policy_choice")
+    if choice == "all":
+        return list(available)
+    if choice == "specific":
+        wanted = sorted(set(policy.specific.versions))
+        missing = [v for v in wanted if v not in available]
+        if missing:
+            raise ModelConfigError(
+                f"model '{model_name}': version_policy asks for version(s) {missing}, "
+                f"but the model folder has {available or 'no version folders'}"
+            )
+        return wanted
+    count = policy.latest.num_versions if choice == "latest" else 1
+    return available[-count:] if available else []

@@ -1,0 +1,163 @@
+"""Loading one model: configuration, backend choice, auto-complete, validation, instances."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+
+from coreserve.backend.api import (
+    Backend,
+    InstanceKind,
+    InstancePlacement,
+    ModelFiles,
+    ModelInstance,
+    ServerContext,
+)
+from coreserve.backend.registry import BackendRegistry
+from coreserve.config import ModelSignature, apply_defaults, read_config_file, validate_config
+from coreserve.errors import CoreserveError, ModelConfigError, UnsupportedError
+from coreserve.protos.model_config_pb2 import ModelConfig, ModelInstanceGroup
+from coreserve.repository.layout import CONFIG_FILENAME, ModelLocation, list_versions, select_versions
+from coreserve.repository.model import Model, ModelState, ModelVersion
+from coreserve.scheduling import Scheduler
+
+logger = logging.getLogger(__name__)
+
+_KINDS = {
+    ModelInstanceGroup.KIND_CPU: InstanceKind.CPU,
+    ModelInstanceGroup.KIND_GPU: InstanceKind.GPU,
+    ModelInstanceGroup.KIND_MODEL: InstanceKind.MODEL,
+}
+
+
+class ModelLoader:
+    """Turns a model folder into a `Model` whose versions are ready or say why not."""
+
+    def __init__(
+        self,
+        backends: BackendRegistry,
+        *,
+        auto_complete: bool = True,
+        backend_config: Mapping[str, Mapping[str, str]] | None = None,
+    ) -> None:
+        self._backends = backends
+        self._auto_complete = auto_complete
+        self._backend_config = backend_config or {}
+
+    def context_for(self, backend: Backend) -> ServerContext:
+        return ServerContext(
+            backend_config=dict(self._backend_config.get(backend.name, {})),
+            logger=logging.getLogger(f"coreserve.backend.{backend.name}"),
+        )
+
+    async def load(self, location: ModelLocation) -> Model:
+        model = Model(name=location.name, path=location.path)
+        try:
+            backend, config, versions = await self._prepare(location)
+        except CoreserveError as exc:
+            model.reason = exc.message
+            logger.error("model '%s' is unavailable: %s", location.name, model.reason)
+            return model
+        model.config = config
+        signature = ModelSignature(config)
+        for number in versions:
+            model.versions[number] = ModelVersion(location.name, number, config, signature)
+        await asyncio.gather(
+            *(self._load_version(backend, location, model.versions[n]) for n in versions)
+        )
+        return model
+
+    async def _prepare(self, location: ModelLocation) -> tuple[Backend, ModelConfig, list[int]]:
+        config_path = location.path / CONFIG_FILENAME
+        config = read_config_file(config_path) if config_path.exists() else ModelConfig()
+        available = list_versions(location.path)
+        backend = self._choose_backend(location, config, available)
+        if not config.default_model_filename:
+            config.default_model_filename = backend.default_model_filename
+        if self._auto_complete and available:
+            files = ModelFiles(location.name, location.path, available[-1], config.default_model_filename)
+            config = await asyncio.to_thread(backend.auto_complete_config, files, config, self.context_for(backend))
+        config.backend = config.backend or backend.name
+        if not config.platform and backend.platforms:
+            config.platform = backend.platforms[0]
+        apply_defaults(config, location.name)
+        validate_config(config)
+        self._check_supported(config)
+        versions = select_versions(config.version_policy, available, location.name)
+        if not versions:
+            raise ModelConfigError(
+                f"model '{location.name}' has no version folder to serve (numeric subfolders such as "
+                f"{location.path / '1'}); found {available or 'none'}"
+            )
+        return backend, config, versions
+
+    def _choose_backend(self, location: ModelLocation, config: ModelConfig, available: list[int]) -> Backend:
+        if config.backend or config.platform:
+            try:
+                return self._backends.require(name=config.backend, platform=config.platform)
+            except CoreserveError as exc:
+                raise ModelConfigError(f"model '{location.name}': {exc.message}") from None
+        # No backend named: take the one whose kind of model file the newest version holds.
+        candidates = []
+        if available:
+            version_path = location.path / str(available[-1])
+            for backend in self._backends:
+                filename = config.default_model_filename or backend.default_model_filename
+                same_kind = Path(filename).suffix == Path(backend.default_model_filename).suffix
+                if same_kind and (version_path / filename).exists():
+                    candidates.append(backend)
+        if len(candidates) == 1:
+            return candidates[0]
+        installed = ", ".join(self._backends.names()) or "none"
+        raise ModelConfigError(
+            f"model '{location.name}': cannot tell which backend serves it; set 'backend' or 'platform' "
+            f"in {CONFIG_FILENAME} (installed backends: {installed})"
+        )
+
+    @staticmethod
+    def _check_supported(config: ModelConfig) -> None:
+        choice = config.WhichOneof("scheduling_choice")
+        if choice in ("sequence_batching", "ensemble_scheduling"):
+            raise UnsupportedError(f"model '{config.name}': {choice} is not supported by this coreserve version")
+
+    async def _load_version(self, backend: Backend, location: ModelLocation, version: ModelVersion) -> None:
+        files = ModelFiles(location.name, location.path, version.version, version.config.default_model_filename)
+        instances: list[ModelInstance] = []
+        try:
+            if not files.version_path.is_dir():
+                raise ModelConfigError(f"model '{location.name}' has no folder for version {version.version}")
+            context = self.context_for(backend)
+            for placement in _placements(version.config):
+                instances.append(await backend.create_instance(files, version.config, placement, context))
+        except Exception as exc:
+            for instance in instances:
+                await instance.close()
+            version.state = ModelState.UNAVAILABLE
+            version.reason = exc.message if isinstance(exc, CoreserveError) else f"{type(exc).__name__}: {exc}"
+            logger.error("model '%s' version %d is unavailable: %s", location.name, version.version, version.reason)
+            return
+        decoupled = version.config.model_transaction_policy.decoupled
+        version.scheduler = Scheduler(version.signature, version.version, instances, decoupled=decoupled)
+        version.scheduler.start()
+        version.state = ModelState.READY
+        logger.info("model '%s' version %d is ready", location.name, version.version)
+
+
+def _placements(config: ModelConfig) -> list[InstancePlacement]:
+    placements = []
+    for group in config.instance_group:
+        kind = _KINDS[group.kind]
+        devices = list(group.gpus) if kind is InstanceKind.GPU and group.gpus else [0]
+        for device_id in devices:
+            for index in range(group.count):
+                suffix = f"{index}" if len(devices) == 1 else f"{device_id}_{index}"
+                placements.append(InstancePlacement(
+                    name=f"{group.name}_{suffix}",
+                    group_name=group.name,
+                    index=index,
+                    kind=kind,
+                    device_id=device_id,
+                ))
+    return placements

@@ -1,0 +1,54 @@
+"""The model repository: every model the server knows, loaded from the repository folders."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+from coreserve.errors import NotFoundError
+from coreserve.repository.layout import find_models
+from coreserve.repository.loader import ModelLoader
+from coreserve.repository.model import Model
+
+logger = logging.getLogger(__name__)
+
+
+class ModelRepository:
+    """Loads the models of one or more repository folders and finds them by name."""
+
+    def __init__(self, paths: list[Path], loader: ModelLoader) -> None:
+        self.paths = paths
+        self._loader = loader
+        self._models: dict[str, Model] = {}
+
+    async def load_all(self) -> None:
+        """Loads every model of every repository folder, concurrently."""
+        locations, duplicates = find_models(self.paths)
+        for name, reason in duplicates.items():
+            self._models[name] = Model(name=name, path=None, reason=reason)
+        loaded = await asyncio.gather(*(self._loader.load(location) for location in locations.values()))
+        for model in loaded:
+            self._models[model.name] = model
+
+    def get(self, name: str) -> Model:
+        model = self._models.get(name)
+        if model is None:
+            raise NotFoundError(f"unknown model '{name}'")
+        return model
+
+    def models(self) -> list[Model]:
+        return [self._models[name] for name in sorted(self._models)]
+
+    def all_ready(self) -> bool:
+        return all(model.ready for model in self._models.values())
+
+    async def unload_all(self, timeout: float | None = None) -> None:
+        """Lets queued requests finish (up to `timeout` seconds), then closes every instance."""
+        schedulers = [
+            version.scheduler
+            for model in self._models.values()
+            for version in model.versions.values()
+            if version.scheduler is not None
+        ]
+        await asyncio.gather(*(scheduler.close(timeout) for scheduler in schedulers))

@@ -1,0 +1,94 @@
+"""Models and model versions as the server holds them, with their lifecycle state."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from coreserve.config.signature import ModelSignature
+from coreserve.errors import InvalidArgumentError, NotFoundError, UnavailableError
+from coreserve.protos.model_config_pb2 import ModelConfig
+from coreserve.scheduling import Scheduler
+
+
+class ModelState(enum.StrEnum):
+    """Lifecycle states, named as Triton's repository index reports them."""
+
+    LOADING = "LOADING"
+    READY = "READY"
+    UNLOADING = "UNLOADING"
+    UNAVAILABLE = "UNAVAILABLE"
+
+
+@dataclass(eq=False)
+class ModelVersion:
+    """One version of a model: ready with a scheduler, or unavailable with a reason."""
+
+    name: str
+    version: int
+    config: ModelConfig
+    signature: ModelSignature
+    state: ModelState = ModelState.LOADING
+    reason: str = ""
+    scheduler: Scheduler | None = None
+
+    @property
+    def ready(self) -> bool:
+        return self.state is ModelState.READY
+
+
+@dataclass(eq=False)
+class Model:
+    """A model folder of the repository and the versions loaded from it.
+
+    A model whose configuration cannot be used has no versions; `reason` says why.
+    """
+
+    name: str
+    path: Path | None
+    config: ModelConfig | None = None
+    versions: dict[int, ModelVersion] = field(default_factory=dict)
+    reason: str = ""
+
+    @property
+    def state(self) -> ModelState:
+        if any(v.state is ModelState.READY for v in self.versions.values()):
+            return ModelState.READY
+        if any(v.state is ModelState.LOADING for v in self.versions.values()):
+            return ModelState.LOADING
+        return ModelState.UNAVAILABLE
+
+    @property
+    def ready(self) -> bool:
+        """True if every version the policy selected is ready."""
+        return bool(self.versions) and all(v.ready for v in self.versions.values())
+
+    def ready_versions(self) -> list[int]:
+        return sorted(v.version for v in self.versions.values() if v.ready)
+
+    def version(self, requested: str) -> ModelVersion:
+        """The version a request names ("" for the latest ready one)."""
+        if not requested:
+            ready = self.ready_versions()
+            if not ready:
+                reason = self.reason or "; ".join(
+                    f"version {v.version}: {v.reason or v.state}" for v in self.versions.values()
+                )
+                raise UnavailableError(f"model '{self.name}' is not ready: {reason or 'no versions loaded'}")
+            return self.versions[ready[-1]]
+        number = parse_version(requested)
+        found = self.versions.get(number)
+        if found is None:
+            raise NotFoundError(f"model '{self.name}' has no version {number}")
+        if not found.ready:
+            raise UnavailableError(
+                f"model '{self.name}' version {number} is not ready: {found.reason or found.state}"
+            )
+        return found
+
+
+def parse_version(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise InvalidArgumentError(f"model version must be a positive integer, got '{text}'")
+    return int(text)

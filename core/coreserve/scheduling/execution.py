@@ -1,0 +1,45 @@
+"""Running one batch on one instance, with the guarantees the core gives every backend."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from coreserve.backend.api import ModelInstance
+from coreserve.backend.responder import Responder
+from coreserve.config.signature import ModelSignature
+from coreserve.errors import CoreserveError, InternalError
+from coreserve.types import InferenceRequest
+
+logger = logging.getLogger(__name__)
+
+
+async def execute_batch(
+    instance: ModelInstance,
+    batch: Sequence[InferenceRequest],
+    signature: ModelSignature,
+    model_version: str,
+    *,
+    decoupled: bool = False,
+) -> Responder:
+    """Executes a batch; whatever the backend does, every request of it ends answered.
+
+    An exception from the backend fails the requests it left open; a non-decoupled backend
+    that returns without answering a request fails that request with an internal error.
+    """
+    responder = Responder(signature, model_version, batch)
+    try:
+        await instance.execute(batch, responder)
+    except CoreserveError as exc:
+        responder.fail_open_requests(exc)
+    except Exception as exc:
+        logger.exception("model '%s' version %s failed while executing", signature.model_name, model_version)
+        responder.fail_open_requests(
+            InternalError(f"model '{signature.model_name}' failed: {type(exc).__name__}: {exc}")
+        )
+    else:
+        if not decoupled:
+            responder.fail_open_requests(
+                InternalError(f"model '{signature.model_name}' returned without answering the request")
+            )
+    return responder

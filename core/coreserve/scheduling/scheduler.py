@@ -1,0 +1,117 @@
+"""The instance pool of a model version and the default scheduler that feeds it.
+
+Each instance has a worker task that takes the next batch from the scheduler's queue and
+executes it, so an instance runs one batch at a time and requests run in parallel across
+instances. Subclasses decide how a batch is formed; the default one runs each request alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Sequence
+
+from coreserve.backend.api import ModelInstance
+from coreserve.config.signature import ModelSignature
+from coreserve.errors import UnavailableError
+from coreserve.scheduling.execution import execute_batch
+from coreserve.types import InferenceRequest, now_ns
+
+logger = logging.getLogger(__name__)
+
+
+class Scheduler:
+    """Queues the requests of one model version and runs them on its instances."""
+
+    def __init__(
+        self,
+        signature: ModelSignature,
+        model_version: int,
+        instances: Sequence[ModelInstance],
+        *,
+        decoupled: bool = False,
+    ) -> None:
+        self.signature = signature
+        self.model_version = str(model_version)
+        self.instances = list(instances)
+        self.decoupled = decoupled
+        self._queue: deque[InferenceRequest] = deque()
+        self._waiters: deque[asyncio.Future[None]] = deque()
+        self._workers: list[asyncio.Task[None]] = []
+        self._busy = 0
+        self._idle = asyncio.Event()
+        self._closed = False
+
+    @property
+    def queue_size(self) -> int:
+        return len(self._queue)
+
+    def start(self) -> None:
+        self._idle.set()
+        for index, instance in enumerate(self.instances):
+            name = f"{self.signature.model_name}:{self.model_version}:instance{index}"
+            self._workers.append(asyncio.create_task(self._work(instance), name=name))
+
+    def submit(self, request: InferenceRequest) -> None:
+        """Queues a request; its sink receives the response."""
+        if self._closed:
+            raise UnavailableError(
+                f"model '{self.signature.model_name}' version {self.model_version} is unloading"
+            )
+        request.queued_ns = now_ns()
+        self._queue.append(request)
+        self._idle.clear()
+        self._wake_worker()
+
+    def _wake_worker(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+    def next_batch(self) -> list[InferenceRequest]:
+        """Takes the next batch from a non-empty queue: here, one request."""
+        return [self._queue.popleft()]
+
+    async def _work(self, instance: ModelInstance) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            if not self._queue:
+                if self._busy == 0:
+                    self._idle.set()
+                waiter: asyncio.Future[None] = loop.create_future()
+                self._waiters.append(waiter)
+                await waiter
+                continue
+            batch = self.next_batch()
+            self._busy += 1
+            try:
+                await execute_batch(instance, batch, self.signature, self.model_version, decoupled=self.decoupled)
+            finally:
+                self._busy -= 1
+
+    async def close(self, timeout: float | None = None) -> None:
+        """Stops taking requests, lets queued and running ones finish (up to `timeout`
+        seconds), fails the rest, then closes the instances."""
+        self._closed = True
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except TimeoutError:
+            logger.warning(
+                "model '%s' version %s: %d requests still queued after %.1fs; failing them",
+                self.signature.model_name, self.model_version, len(self._queue), timeout,
+            )
+        for worker in self._workers:
+            worker.cancel()
+        await asyncio.gather(*self._workers, return_exceptions=True)
+        while self._queue:
+            request = self._queue.popleft()
+            if request.sink is not None:
+                request.sink.fail(UnavailableError(f"model '{self.signature.model_name}' was unloaded"))
+        for instance in self.instances:
+            try:
+                await instance.close()
+            except Exception:
+                logger.exception("model '%s': closing an instance failed", self.signature.model_name)

@@ -1,0 +1,80 @@
+"""The `Server`: owns the plugins, the model repository, the data plane and the frontends."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+from coreserve.backend.plugins import Plugins
+from coreserve.errors import CoreserveError
+from coreserve.repository import ModelLoader, ModelRepository
+from coreserve.server.dataplane import DataPlane, ServerFlags
+from coreserve.server.http import HttpFrontend
+from coreserve.server.options import ServerOptions
+from coreserve.server.status_table import model_status_table
+
+logger = logging.getLogger(__name__)
+
+
+class StartupError(CoreserveError):
+    """The server cannot start (with --exit-on-error, a model failed to load)."""
+
+
+class Server:
+    """One coreserve server: start it, serve until told to stop, stop it."""
+
+    def __init__(self, options: ServerOptions, plugins: Plugins | None = None) -> None:
+        self.options = options
+        self.plugins = plugins if plugins is not None else Plugins()
+        loader = ModelLoader(
+            self.plugins.backends(),
+            auto_complete=options.auto_complete_config,
+            backend_config=options.backend_config,
+        )
+        self.repository = ModelRepository(options.model_repositories, loader)
+        self.flags = ServerFlags(strict_readiness=options.strict_readiness)
+        self.dataplane = DataPlane(self.repository, self.flags)
+        self.http: HttpFrontend | None = None
+
+    async def start(self) -> None:
+        """Loads the models and starts the frontends."""
+        for path in self.options.model_repositories:
+            if not path.is_dir():
+                raise StartupError(f"model repository '{path}' is not a folder")
+        await self.repository.load_all()
+        for line in model_status_table(self.repository.models()).splitlines():
+            logger.info("%s", line)
+        if self.options.exit_on_error and not self.repository.all_ready():
+            await self.repository.unload_all(timeout=0)
+            raise StartupError("some models failed to load (see above); exiting because --exit-on-error is true")
+        if self.options.allow_http:
+            self.http = HttpFrontend(
+                self.dataplane,
+                address=self.options.http_address,
+                port=self.options.http_port,
+                max_body_size=self.options.http_max_input_size,
+            )
+            await self.http.start()
+        self.flags.started = True
+
+    async def stop(self) -> None:
+        """Stops accepting requests, lets running ones finish, then unloads every model."""
+        self.flags.stopping = True
+        if self.http is not None:
+            await self.http.stop()
+        await self.repository.unload_all(timeout=self.options.exit_timeout_secs)
+        logger.info("coreserve stopped")
+
+    async def serve(self) -> None:
+        """Starts, serves until SIGINT or SIGTERM, then stops."""
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop.set)
+        await self.start()
+        try:
+            await stop.wait()
+            logger.info("signal received; stopping")
+        finally:
+            await self.stop()

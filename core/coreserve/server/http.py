@@ -1,0 +1,168 @@
+"""The HTTP/REST frontend: KServe v2 endpoints on aiohttp, a thin adapter over the data plane."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from coreserve.config import config_to_dict
+from coreserve.errors import CoreserveError, ErrorCode, InvalidArgumentError
+from coreserve.protocol.http_body import (
+    HEADER_LENGTH,
+    decode_infer_request,
+    decode_raw_infer_request,
+    encode_infer_response,
+)
+from coreserve.server.dataplane import DataPlane
+
+logger = logging.getLogger(__name__)
+
+HTTP_STATUS = {
+    ErrorCode.INVALID_ARG: 400,
+    ErrorCode.NOT_FOUND: 404,
+    ErrorCode.UNAVAILABLE: 503,
+    ErrorCode.UNSUPPORTED: 501,
+    ErrorCode.ALREADY_EXISTS: 409,
+    ErrorCode.CANCELLED: 499,
+    ErrorCode.INTERNAL: 500,
+    ErrorCode.UNKNOWN: 500,
+}
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def error_response(status: int, message: str) -> web.Response:
+    return web.Response(status=status, body=orjson.dumps({"error": message}), content_type="application/json")
+
+
+def _json(data: Any) -> web.Response:
+    return web.Response(body=orjson.dumps(data), content_type="application/json")
+
+
+def _handles_errors(handler: Handler) -> Handler:
+    async def wrapper(request: web.Request) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except CoreserveError as exc:
+            return error_response(HTTP_STATUS[exc.code], exc.message)
+        except web.HTTPRequestEntityTooLarge as exc:
+            return error_response(413, f"request body too large: {exc.text}")
+
+    return wrapper
+
+
+class HttpFrontend:
+    """Serves the v2 REST API for one data plane on one address and port."""
+
+    def __init__(self, dataplane: DataPlane, *, address: str, port: int, max_body_size: int) -> None:
+        self._dataplane = dataplane
+        self._address = address
+        self._port = port
+        self._app = web.Application(client_max_size=max_body_size)
+        self._add_routes()
+        self._runner: web.AppRunner | None = None
+        self.port = port
+
+    def _add_routes(self) -> None:
+        routes = [
+            ("GET", "/v2/health/live", self._live),
+            ("GET", "/v2/health/ready", self._ready),
+            ("GET", "/v2", self._server_metadata),
+            ("GET", "/v2/models/{model}", self._model_metadata),
+            ("GET", "/v2/models/{model}/versions/{version}", self._model_metadata),
+            ("GET", "/v2/models/{model}/ready", self._model_ready),
+            ("GET", "/v2/models/{model}/versions/{version}/ready", self._model_ready),
+            ("GET", "/v2/models/{model}/config", self._model_config),
+            ("GET", "/v2/models/{model}/versions/{version}/config", self._model_config),
+            ("POST", "/v2/models/{model}/infer", self._infer),
+            ("POST", "/v2/models/{model}/versions/{version}/infer", self._infer),
+        ]
+        for method, path, handler in routes:
+            self._app.router.add_route(method, path, _handles_errors(handler))
+        self._app.router.add_route("*", "/{tail:.*}", self._unknown_endpoint)
+
+    async def start(self) -> None:
+        self._runner = web.AppRunner(self._app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self._address, self._port, reuse_address=True)
+        await site.start()
+        server = site._server
+        if server is not None and server.sockets:  # the real port when 0 was asked for
+            self.port = server.sockets[0].getsockname()[1]
+        logger.info("Started HTTPService at %s:%d", self._address, self.port)
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def _live(self, request: web.Request) -> web.Response:
+        return web.Response(status=200 if self._dataplane.live() else 400)
+
+    async def _ready(self, request: web.Request) -> web.Response:
+        return web.Response(status=200 if self._dataplane.ready() else 400)
+
+    async def _server_metadata(self, request: web.Request) -> web.Response:
+        return _json(self._dataplane.server_metadata())
+
+    async def _model_metadata(self, request: web.Request) -> web.Response:
+        info = request.match_info
+        return _json(self._dataplane.model_metadata(info["model"], info.get("version", "")))
+
+    async def _model_ready(self, request: web.Request) -> web.Response:
+        info = request.match_info
+        self._dataplane.repository.get(info["model"])  # unknown model: 404
+        return web.Response(status=200 if self._dataplane.model_ready(info["model"], info.get("version", "")) else 400)
+
+    async def _model_config(self, request: web.Request) -> web.Response:
+        info = request.match_info
+        return _json(config_to_dict(self._dataplane.model_config(info["model"], info.get("version", ""))))
+
+    async def _infer(self, request: web.Request) -> web.Response:
+        info = request.match_info
+        model, version = info["model"], info.get("version", "")
+        body = await request.read()
+        header = request.headers.get(HEADER_LENGTH)
+        header_length = _parse_header_length(header) if header is not None else None
+        if header_length == 0:
+            target = self._dataplane.model_version(model, version)
+            inputs = list(target.signature.inputs.values())
+            if len(inputs) != 1:
+                raise InvalidArgumentError(
+                    f"a raw request ({HEADER_LENGTH}: 0) needs a model with exactly one input; "
+                    f"model '{model}' has {len(inputs)}"
+                )
+            infer_request, encoding = decode_raw_infer_request(
+                body, inputs[0], target.signature.batching, model, version
+            )
+        else:
+            infer_request, encoding = decode_infer_request(body, header_length, model, version)
+        response = await self._dataplane.infer(infer_request)
+        payload, json_length = encode_infer_response(response, encoding)
+        if json_length is None:
+            reply = web.Response(body=payload, content_type="application/json")
+        else:
+            reply = web.Response(
+                body=payload,
+                content_type="application/octet-stream",
+                headers={HEADER_LENGTH: str(json_length)},
+            )
+        if request.headers.get("Accept-Encoding"):
+            reply.enable_compression()
+        return reply
+
+    async def _unknown_endpoint(self, request: web.Request) -> web.Response:
+        return error_response(404, f"unknown endpoint: {request.method} {request.path}")
+
+
+def _parse_header_length(value: str) -> int:
+    try:
+        length = int(value)
+    except ValueError:
+        raise InvalidArgumentError(f"{HEADER_LENGTH} must be an integer, got '{value}'") from None
+    if length < 0:
+        raise InvalidArgumentError(f"{HEADER_LENGTH} must be >= 0, got {length}")
+    return length

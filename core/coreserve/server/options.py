@@ -1,0 +1,22 @@
+"""The settings of a server, as the `coreserve` command line gives them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class ServerOptions:
+    """Everything that shapes a running server; field names follow tritonserver's flags."""
+
+    model_repositories: list[Path]
+    allow_http: bool = True
+    http_address: str = "0.0.0.0"
+    http_port: int = 8000
+    http_max_input_size: int = 64 * 1024 * 1024
+    exit_on_error: bool = True
+    strict_readiness: bool = True
+    auto_complete_config: bool = True
+    backend_config: dict[str, dict[str, str]] = field(default_factory=dict)
+    exit_timeout_secs: float = 30.0

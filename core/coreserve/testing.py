@@ -1,0 +1,112 @@
+"""A test kit for coreserve and for backend authors: real server processes on free loopback ports.
+
+Use it from pytest with `pytest_plugins = ["coreserve.testing"]`; the `coreserve_server`
+fixture starts servers that stop when the test ends::
+
+    def test_my_backend(coreserve_server, tmp_path):
+        server = coreserve_server(tmp_path / "models")
+        client = tritonclient.http.InferenceServerClient(server.http_url)
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import pytest
+
+_LISTENING = re.compile(r"Started (HTTP|GRPC|Metrics)Service at ([^\s:]+):(\d+)")
+
+
+class ServerProcess:
+    """A `coreserve` process on free ports of 127.0.0.1, with its log in a file."""
+
+    def __init__(
+        self,
+        repositories: Sequence[Path],
+        extra_args: Sequence[str] = (),
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.args = [
+            sys.executable, "-m", "coreserve",
+            *(f"--model-repository={path}" for path in repositories),
+            "--http-address=127.0.0.1", "--http-port=0",
+            *extra_args,
+        ]
+        self.env = {**os.environ, **(env or {})}
+        self.ports: dict[str, int] = {}
+        self._log = tempfile.NamedTemporaryFile(prefix="coreserve-", suffix=".log", delete=False)  # noqa: SIM115
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def log(self) -> str:
+        return Path(self._log.name).read_text(errors="replace")
+
+    @property
+    def http_url(self) -> str:
+        """host:port, as tritonclient.http takes it."""
+        return f"127.0.0.1:{self.ports['HTTP']}"
+
+    def start(self, timeout: float = 60.0, wait_for: Sequence[str] = ("HTTP",)) -> ServerProcess:
+        """Starts the server and waits until the named services listen."""
+        self.process = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT, env=self.env)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for kind, _host, port in _LISTENING.findall(self.log):
+                self.ports[kind] = int(port)
+            if all(kind in self.ports for kind in wait_for):
+                return self
+            if self.process.poll() is not None:
+                raise RuntimeError(f"coreserve exited with {self.process.returncode}:\n{self.log}")
+            time.sleep(0.05)
+        self.stop()
+        raise TimeoutError(f"coreserve did not start within {timeout}s:\n{self.log}")
+
+    def wait(self, timeout: float = 60.0) -> int:
+        """Waits for the process to exit by itself; returns its exit code."""
+        assert self.process is not None
+        return self.process.wait(timeout)
+
+    def stop(self, timeout: float = 30.0) -> int | None:
+        """Sends SIGTERM and waits; kills the process if it does not exit in time."""
+        if self.process is None or self.process.poll() is not None:
+            return self.process.returncode if self.process else None
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            raise
+
+    def close(self) -> None:
+        self.stop()
+        self._log.close()
+        Path(self._log.name).unlink(missing_ok=True)
+
+
+ServerFactory = Callable[..., ServerProcess]
+
+
+@pytest.fixture
+def coreserve_server() -> Iterator[ServerFactory]:
+    """Starts coreserve processes: `coreserve_server(repository, *extra_args, env=None)`."""
+    started: list[ServerProcess] = []
+
+    def start(repository: Path | Sequence[Path], *extra_args: str, env: dict[str, str] | None = None,
+              wait_for: Sequence[str] = ("HTTP",)) -> ServerProcess:
+        repositories = [repository] if isinstance(repository, Path) else list(repository)
+        server = ServerProcess(repositories, extra_args, env)
+        started.append(server)
+        return server.start(wait_for=wait_for)
+
+    yield start
+    for server in started:
+        server.close()

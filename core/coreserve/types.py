@@ -1,0 +1,146 @@
+"""The values that flow through the server: datatypes, inference requests and responses.
+
+Tensors are numpy arrays. BYTES tensors are numpy object arrays of `bytes`; BF16 tensors use
+`ml_dtypes.bfloat16`. A request's datatype is therefore implied by its array's dtype, and the
+v2 datatype names (`"FP32"`, `"BYTES"` …) appear only at the protocol boundary.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import ml_dtypes
+import numpy as np
+
+if TYPE_CHECKING:
+    from coreserve.responses import ResponseSink
+
+ParameterValue = bool | int | float | str
+
+
+class DataType(enum.StrEnum):
+    """A tensor element type, named as the KServe v2 protocol names it."""
+
+    BOOL = "BOOL"
+    UINT8 = "UINT8"
+    UINT16 = "UINT16"
+    UINT32 = "UINT32"
+    UINT64 = "UINT64"
+    INT8 = "INT8"
+    INT16 = "INT16"
+    INT32 = "INT32"
+    INT64 = "INT64"
+    FP16 = "FP16"
+    FP32 = "FP32"
+    FP64 = "FP64"
+    BYTES = "BYTES"
+    BF16 = "BF16"
+
+    @property
+    def numpy_dtype(self) -> np.dtype[Any]:
+        return NUMPY_DTYPES[self]
+
+    @property
+    def itemsize(self) -> int | None:
+        """Bytes per element, or None for BYTES (variable length)."""
+        return None if self is DataType.BYTES else NUMPY_DTYPES[self].itemsize
+
+    @property
+    def config_name(self) -> str:
+        """The model configuration's name for this type (`TYPE_FP32`, `TYPE_STRING` …)."""
+        return "TYPE_STRING" if self is DataType.BYTES else f"TYPE_{self.value}"
+
+    @property
+    def config_value(self) -> int:
+        """The model configuration's enum number for this type (`inference.DataType`)."""
+        return _CONFIG_VALUES[self]
+
+    @classmethod
+    def from_config_value(cls, value: int) -> DataType:
+        """The datatype for a configuration enum number; raises ValueError for TYPE_INVALID."""
+        try:
+            return _DATATYPE_BY_CONFIG_VALUE[value]
+        except KeyError:
+            raise ValueError(f"model configuration data type {value} is not a tensor type") from None
+
+    @classmethod
+    def from_config_name(cls, name: str) -> DataType:
+        """The datatype for a configuration type name; raises ValueError for unknown names."""
+        if name == "TYPE_STRING":
+            return cls.BYTES
+        if not name.startswith("TYPE_"):
+            raise ValueError(f"unknown model configuration data type {name!r}")
+        return cls(name[5:])
+
+    @classmethod
+    def from_numpy(cls, dtype: np.dtype[Any]) -> DataType:
+        """The datatype that a numpy dtype represents; raises ValueError if none does."""
+        try:
+            return _DATATYPE_BY_NUMPY[np.dtype(dtype)]
+        except KeyError:
+            if np.dtype(dtype).kind in "SU":
+                return cls.BYTES
+            raise ValueError(f"numpy dtype {dtype} has no v2 datatype") from None
+
+
+NUMPY_DTYPES: dict[DataType, np.dtype[Any]] = {
+    DataType.BOOL: np.dtype(np.bool_),
+    DataType.UINT8: np.dtype(np.uint8),
+    DataType.UINT16: np.dtype(np.uint16),
+    DataType.UINT32: np.dtype(np.uint32),
+    DataType.UINT64: np.dtype(np.uint64),
+    DataType.INT8: np.dtype(np.int8),
+    DataType.INT16: np.dtype(np.int16),
+    DataType.INT32: np.dtype(np.int32),
+    DataType.INT64: np.dtype(np.int64),
+    DataType.FP16: np.dtype(np.float16),
+    DataType.FP32: np.dtype(np.float32),
+    DataType.FP64: np.dtype(np.float64),
+    DataType.BYTES: np.dtype(np.object_),
+    DataType.BF16: np.dtype(ml_dtypes.bfloat16),
+}
+_DATATYPE_BY_NUMPY = {dtype: datatype for datatype, dtype in NUMPY_DTYPES.items()}
+# The numbers of protos/model_config.proto's DataType enum (TYPE_BOOL = 1 … TYPE_BF16 = 14),
+# in the order the enum above declares its members; a test checks them against the schema.
+_CONFIG_VALUES = {datatype: number for number, datatype in enumerate(DataType, start=1)}
+_DATATYPE_BY_CONFIG_VALUE = {number: datatype for datatype, number in _CONFIG_VALUES.items()}
+
+
+def now_ns() -> int:
+    """The clock that every timestamp of a request uses."""
+    return time.monotonic_ns()
+
+
+@dataclass(slots=True, eq=False)
+class InferenceRequest:
+    """One client request for one model, decoded from whatever transport carried it.
+
+    `model_version` is the version the client named ("" for the latest). `requested_outputs` is None when the client asked for every output. `batch_size` is the
+    size of the first dimension for models that batch, and 1 for models that do not.
+    """
+
+    model_name: str
+    inputs: dict[str, np.ndarray]
+    model_version: str = ""
+    id: str = ""
+    parameters: dict[str, ParameterValue] = field(default_factory=dict)
+    requested_outputs: tuple[str, ...] | None = None
+    batch_size: int = 1
+    received_ns: int = field(default_factory=now_ns)
+    queued_ns: int = 0
+    sink: ResponseSink | None = None
+
+
+@dataclass(slots=True, eq=False)
+class InferenceResponse:
+    """One response to a request: its outputs, keyed by name, in the order they were produced."""
+
+    model_name: str
+    model_version: str
+    outputs: Mapping[str, np.ndarray]
+    id: str = ""
+    parameters: dict[str, ParameterValue] = field(default_factory=dict)

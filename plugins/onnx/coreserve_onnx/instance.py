@@ -1,0 +1,64 @@
+"""One ONNX Runtime session serving one instance, on a thread of its own."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import onnxruntime as ort
+from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument
+
+from coreserve import DataType, InferenceRequest, InvalidArgumentError
+from coreserve.backend import ModelSignature, Responder, run_batched
+
+
+class OnnxInstance:
+    """Executes batches with `InferenceSession.run`, off the event loop (it releases the GIL)."""
+
+    def __init__(self, session: ort.InferenceSession, signature: ModelSignature, name: str) -> None:
+        self._session = session
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+        self._string_inputs = {n for n, s in signature.inputs.items() if s.datatype is DataType.BYTES}
+        self._string_outputs = {n for n, s in signature.outputs.items() if s.datatype is DataType.BYTES}
+
+    async def execute(self, requests: Sequence[InferenceRequest], responder: Responder) -> None:
+        await run_batched(
+            requests,
+            responder,
+            self._run,
+            executor=self._executor,
+            convert_input=self._strings_to_str if self._string_inputs else None,
+        )
+
+    def _strings_to_str(self, name: str, array: np.ndarray) -> np.ndarray:
+        # onnxruntime's Python API wants str objects for string tensors; clients send bytes.
+        if name not in self._string_inputs:
+            return array
+        try:
+            text = [item.decode("utf-8") for item in array.ravel()]
+        except UnicodeDecodeError as exc:
+            raise InvalidArgumentError(
+                f"input '{name}' holds bytes that are not UTF-8 text ({exc.reason} at byte {exc.start}); "
+                "the ONNX model takes strings"
+            ) from None
+        converted = np.empty(array.shape, dtype=np.object_)
+        converted.reshape(-1)[:] = text
+        return converted
+
+    def _run(self, inputs: dict[str, np.ndarray], output_names: Sequence[str]) -> dict[str, np.ndarray]:
+        try:
+            results = self._session.run(list(output_names), inputs)
+        except InvalidArgument as exc:
+            raise InvalidArgumentError(f"onnxruntime rejected the inputs: {exc}") from None
+        outputs = dict(zip(output_names, results, strict=True))
+        for name in self._string_outputs.intersection(outputs):
+            array = outputs[name]
+            encoded = np.empty(array.shape, dtype=np.object_)
+            encoded.reshape(-1)[:] = [str(item).encode("utf-8") for item in array.ravel()]
+            outputs[name] = encoded
+        return outputs
+
+    async def close(self) -> None:
+        self._executor.shutdown(wait=False)
+        del self._session

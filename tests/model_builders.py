@@ -1,0 +1,90 @@
+"""Real models for tests, built with the `onnx` helper API, and repository folders around them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+ONNX_TYPES = {
+    "BOOL": TensorProto.BOOL,
+    "UINT8": TensorProto.UINT8,
+    "UINT16": TensorProto.UINT16,
+    "UINT32": TensorProto.UINT32,
+    "UINT64": TensorProto.UINT64,
+    "INT8": TensorProto.INT8,
+    "INT16": TensorProto.INT16,
+    "INT32": TensorProto.INT32,
+    "INT64": TensorProto.INT64,
+    "FP16": TensorProto.FLOAT16,
+    "FP32": TensorProto.FLOAT,
+    "FP64": TensorProto.DOUBLE,
+    "BYTES": TensorProto.STRING,
+}
+
+
+def onnx_model(nodes, inputs, outputs, initializers=()) -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, "test", inputs, outputs, initializer=list(initializers))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model
+
+
+def identity_model(datatype: str, shape: list) -> onnx.ModelProto:
+    """INPUT0 -> OUTPUT0 unchanged."""
+    kind = ONNX_TYPES[datatype]
+    return onnx_model(
+        [helper.make_node("Identity", ["INPUT0"], ["OUTPUT0"])],
+        [helper.make_tensor_value_info("INPUT0", kind, shape)],
+        [helper.make_tensor_value_info("OUTPUT0", kind, shape)],
+    )
+
+
+def add_sub_model(datatype: str = "FP32", shape: list | None = None) -> onnx.ModelProto:
+    """OUTPUT0 = INPUT0 + INPUT1, OUTPUT1 = INPUT0 - INPUT1."""
+    kind = ONNX_TYPES[datatype]
+    shape = shape or ["batch", 4]
+    info = lambda name: helper.make_tensor_value_info(name, kind, shape)  # noqa: E731
+    return onnx_model(
+        [helper.make_node("Add", ["INPUT0", "INPUT1"], ["OUTPUT0"]),
+         helper.make_node("Sub", ["INPUT0", "INPUT1"], ["OUTPUT1"])],
+        [info("INPUT0"), info("INPUT1")],
+        [info("OUTPUT0"), info("OUTPUT1")],
+    )
+
+
+def scale_model(factor: float, shape: list | None = None) -> onnx.ModelProto:
+    """OUTPUT0 = INPUT0 * factor (FP32): tells versions apart by their output."""
+    shape = shape or ["batch", 4]
+    constant = numpy_helper.from_array(np.array(factor, dtype=np.float32), "factor")
+    return onnx_model(
+        [helper.make_node("Mul", ["INPUT0", "factor"], ["OUTPUT0"])],
+        [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, shape)],
+        [constant],
+    )
+
+
+def write_model(
+    repository: Path,
+    name: str,
+    model: onnx.ModelProto | bytes | None,
+    config: str | None = None,
+    versions: tuple[int, ...] = (1,),
+    filename: str = "model.onnx",
+) -> Path:
+    """Writes <repository>/<name>/config.pbtxt and one model file per version folder."""
+    folder = repository / name
+    folder.mkdir(parents=True, exist_ok=True)
+    if config is not None:
+        (folder / "config.pbtxt").write_text(config)
+    for version in versions:
+        version_folder = folder / str(version)
+        version_folder.mkdir(exist_ok=True)
+        if model is not None:
+            data = model if isinstance(model, bytes) else model.SerializeToString()
+            (version_folder / filename).write_bytes(data)
+    return folder
