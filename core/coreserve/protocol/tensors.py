@@ -12,13 +12,12 @@ from coreserve.errors import InvalidArgumentError
 from coreserve.protocol.bytes_codec import decode_bytes_tensor, encode_bytes_tensor
 from coreserve.types import NUMPY_DTYPES, DataType
 
-# Which kinds of JSON-decoded numpy arrays may become which datatype, without losing meaning.
+_INTEGER_TYPES = frozenset(
+    (DataType.UINT8, DataType.UINT16, DataType.UINT32, DataType.UINT64,
+     DataType.INT8, DataType.INT16, DataType.INT32, DataType.INT64)
+)
+# Which kinds of JSON-decoded numpy arrays may become which non-integer datatype.
 _ACCEPTED_KINDS = {
-    **dict.fromkeys(
-        (DataType.UINT8, DataType.UINT16, DataType.UINT32, DataType.UINT64,
-         DataType.INT8, DataType.INT16, DataType.INT32, DataType.INT64),
-        "iu",
-    ),
     **dict.fromkeys((DataType.FP16, DataType.FP32, DataType.FP64, DataType.BF16), "iuf"),
     DataType.BOOL: "b",
 }
@@ -43,28 +42,38 @@ def element_count(shape: Sequence[int]) -> int:
 
 
 def array_from_json(data: Any, datatype: DataType, shape: tuple[int, ...], name: str) -> np.ndarray:
-    """Converts JSON tensor data (flat or nested, row-major) into an array of `shape`."""
+    """Converts JSON tensor data (flat or nested, row-major) into an array of `shape`.
+
+    Values must have the datatype's JSON type: strings for BYTES, integers for integer types
+    (in range), numbers for floating-point types, booleans for BOOL.
+    """
     count = element_count(shape)
+    flat = _flatten(data, name)
     if datatype is DataType.BYTES:
-        flat = _flatten(data, name)
         if not all(type(item) is str for item in flat):
             raise InvalidArgumentError(f"input '{name}' is BYTES: its JSON data must be strings")
         array = np.empty(len(flat), dtype=np.object_)
         array[:] = [item.encode("utf-8") for item in flat]
-    else:
-        if not isinstance(data, list):
-            raise InvalidArgumentError(f"input '{name}' needs 'data' as a JSON list")
+    elif datatype in _INTEGER_TYPES:
+        if not all(type(item) is int for item in flat):
+            raise InvalidArgumentError(f"input '{name}' is {datatype}: its JSON data must be integers")
         try:
-            source = np.array(data)
+            array = np.array(flat, dtype=NUMPY_DTYPES[datatype])
+        except OverflowError:
+            info = np.iinfo(NUMPY_DTYPES[datatype])
+            raise InvalidArgumentError(
+                f"input '{name}' has values outside the range of {datatype} ({info.min}..{info.max})"
+            ) from None
+    else:
+        try:
+            source = np.array(flat)
         except (ValueError, OverflowError) as exc:
             raise InvalidArgumentError(f"input '{name}' has malformed data: {exc}") from None
-        if source.size == 0:
-            source = source.astype(NUMPY_DTYPES[datatype])
-        elif source.dtype.kind not in _ACCEPTED_KINDS[datatype]:
+        if source.size and source.dtype.kind not in _ACCEPTED_KINDS[datatype]:
             raise InvalidArgumentError(
                 f"input '{name}' has data that is not {datatype} (found {_describe_kind(source.dtype.kind)})"
             )
-        array = _cast(source, datatype, name)
+        array = source.astype(NUMPY_DTYPES[datatype], copy=False)
     if array.size != count:
         raise InvalidArgumentError(
             f"input '{name}' has {array.size} elements but its shape {list(shape)} needs {count}"
@@ -72,21 +81,11 @@ def array_from_json(data: Any, datatype: DataType, shape: tuple[int, ...], name:
     return array.reshape(shape)
 
 
-def _cast(source: np.ndarray, datatype: DataType, name: str) -> np.ndarray:
-    target = NUMPY_DTYPES[datatype]
-    if target.kind in "iu" and source.size:
-        info = np.iinfo(target)
-        low, high = source.min(), source.max()
-        if low < info.min or high > info.max:
-            raise InvalidArgumentError(
-                f"input '{name}' has values outside the range of {datatype} ({info.min}..{info.max})"
-            )
-    return source.astype(target, copy=False).ravel()
-
-
 def _flatten(data: Any, name: str) -> list[Any]:
     if not isinstance(data, list):
         raise InvalidArgumentError(f"input '{name}' needs 'data' as a JSON list")
+    if not any(isinstance(item, list) for item in data):
+        return data
     flat: list[Any] = []
     stack = [data]
     while stack:

@@ -8,6 +8,7 @@ from typing import Any
 
 import orjson
 from aiohttp import web
+from aiohttp.web_protocol import RequestPayloadError
 
 from coreserve.config import config_to_dict
 from coreserve.errors import CoreserveError, ErrorCode, InvalidArgumentError
@@ -124,7 +125,7 @@ class HttpFrontend:
     async def _infer(self, request: web.Request) -> web.Response:
         info = request.match_info
         model, version = info["model"], info.get("version", "")
-        body = await request.read()
+        body = await _read_body(request)
         header = request.headers.get(HEADER_LENGTH)
         header_length = _parse_header_length(header) if header is not None else None
         if header_length == 0:
@@ -156,6 +157,13 @@ class HttpFrontend:
 
     async def _unknown_endpoint(self, request: web.Request) -> web.Response:
         return error_response(404, f"unknown endpoint: {request.method} {request.path}")
+
+
+async def _read_body(request: web.Request) -> bytes:
+    try:
+        return await request.read()
+    except RequestPayloadError as exc:  # a body that its Content-Encoding cannot decode, say
+        raise InvalidArgumentError(f"cannot read the request body: {str(exc).splitlines()[-1].strip()}") from None
 
 
 def _parse_header_length(value: str) -> int:
