@@ -8,25 +8,10 @@ sink for decoupled models delivers many through the same interface.
 from __future__ import annotations
 
 import asyncio
-from typing import Protocol
-
 from coreserve.errors import CoreserveError, InternalError
-from coreserve.types import InferenceResponse
+from coreserve.types import InferenceResponse, ResponseSink
 
-
-class ResponseSink(Protocol):
-    """Receives the responses of one request. Called on the event loop thread only."""
-
-    @property
-    def done(self) -> bool:
-        """True once the final response or an error was delivered."""
-        ...
-
-    def send(self, response: InferenceResponse | None, final: bool) -> None:
-        """Delivers a response; `None` with `final=True` only closes the stream."""
-
-    def fail(self, error: CoreserveError) -> None:
-        """Ends the request with an error."""
+__all__ = ["ResponseSink", "SingleResponse"]
 
 
 class SingleResponse:

@@ -11,13 +11,13 @@ import enum
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import ml_dtypes
 import numpy as np
 
 if TYPE_CHECKING:
-    from coreserve.responses import ResponseSink
+    from coreserve.errors import CoreserveError
 
 ParameterValue = bool | int | float | str
 
@@ -144,3 +144,18 @@ class InferenceResponse:
     outputs: Mapping[str, np.ndarray]
     id: str = ""
     parameters: dict[str, ParameterValue] = field(default_factory=dict)
+
+
+class ResponseSink(Protocol):
+    """Receives the responses of one request. Called on the event loop thread only."""
+
+    @property
+    def done(self) -> bool:
+        """True once the final response or an error was delivered."""
+        ...
+
+    def send(self, response: InferenceResponse | None, final: bool) -> None:
+        """Delivers a response; `None` with `final=True` only closes the stream."""
+
+    def fail(self, error: CoreserveError) -> None:
+        """Ends the request with an error."""

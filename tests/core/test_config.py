@@ -1,0 +1,147 @@
+"""config.pbtxt parsing, defaults, validation and the JSON form."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from coreserve.config import (
+    ModelSignature,
+    apply_defaults,
+    config_from_dict,
+    config_to_dict,
+    parse_config,
+    read_config_file,
+    validate_config,
+)
+from coreserve.errors import InvalidArgumentError, ModelConfigError
+from coreserve.types import DataType, InferenceRequest
+
+BASE = """
+name: "m"
+max_batch_size: 8
+input [ { name: "a" data_type: TYPE_FP32 dims: [ -1, 3 ] } ]
+output [ { name: "o" data_type: TYPE_STRING dims: [ 2 ] } ]
+"""
+
+
+def _config(extra: str = "", base: str = BASE):
+    config = parse_config(base + extra)
+    apply_defaults(config, "m")
+    return config
+
+
+def test_triton_config_parses_with_every_section() -> None:
+    text = BASE + """
+    version_policy: { specific: { versions: [ 1, 3 ] } }
+    instance_group [ { count: 2 kind: KIND_CPU }, { kind: KIND_GPU gpus: [ 0, 1 ] } ]
+    dynamic_batching {
+      preferred_batch_size: [ 4, 8 ]
+      max_queue_delay_microseconds: 100
+      priority_levels: 2
+      default_priority_level: 1
+      default_queue_policy { timeout_action: DELAY default_timeout_microseconds: 10 max_queue_size: 4 }
+      priority_queue_policy { key: 2 value { max_queue_size: 1 } }
+    }
+    optimization { graph { level: 1 } execution_accelerators { cpu_execution_accelerator [ { name: "openvino" } ] } }
+    parameters { key: "intra_op_thread_count" value: { string_value: "1" } }
+    model_warmup [ { name: "w" batch_size: 1 inputs { key: "a" value { data_type: TYPE_FP32 dims: [ 1, 3 ] zero_data: true } } } ]
+    model_transaction_policy { decoupled: false }
+    response_cache { enable: true }
+    """
+    config = _config(base=text)
+    validate_config(config)
+    assert list(config.version_policy.specific.versions) == [1, 3]
+    assert config.instance_group[1].gpus == [0, 1]
+    assert config.dynamic_batching.priority_queue_policy[2].max_queue_size == 1
+
+
+def test_syntax_errors_and_unknown_fields_name_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "config.pbtxt"
+    path.write_text('name: "m"\nmax_batch_size: "eight"\n')
+    with pytest.raises(ModelConfigError, match=r"config.pbtxt: 2:17 .*Couldn.t parse integer"):
+        read_config_file(path)
+    with pytest.raises(ModelConfigError, match="colour"):
+        parse_config("colour: 1")
+
+
+def test_defaults_fill_name_policy_and_instances() -> None:
+    config = parse_config("max_batch_size: 0")
+    apply_defaults(config, "folder")
+    assert config.name == "folder"
+    assert config.version_policy.latest.num_versions == 1
+    assert [(g.name, g.count) for g in config.instance_group] == [("folder_0", 1)]
+    with pytest.raises(ModelConfigError, match="folder is named 'other'"):
+        apply_defaults(parse_config('name: "x"'), "other")
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    ("max_batch_size: -1", "max_batch_size' must be >= 0"),
+    ('input [ { name: "a" data_type: TYPE_FP32 dims: [ 1 ] } ]', "input name 'a' appears more than once"),
+    ('input [ { name: "b" dims: [ 1 ] } ]', "'input[1]' ('b') needs a data_type"),
+    ('input [ { name: "b" data_type: TYPE_FP32 dims: [ -2 ] } ]', "every entry of dims must be -1"),
+    ('input [ { name: "b" data_type: TYPE_FP32 } ]', "needs dims"),
+    ('input [ { data_type: TYPE_FP32 dims: [ 1 ] } ]', "'input[1]' has no name"),
+    ('input [ { name: "b" data_type: TYPE_FP32 dims: [ 4 ] reshape { shape: [ 3 ] } } ]', "holds 3 elements"),
+    ("version_policy: { latest: { num_versions: 0 } }", "num_versions' must be >= 1"),
+    ("version_policy: { specific: { } }", "lists no versions"),
+    ("instance_group [ { count: -1 } ]", "count must be >= 1"),
+    ("instance_group [ { kind: KIND_CPU gpus: [ 0 ] } ]", "gpus are listed for a KIND_CPU group"),
+    ("dynamic_batching { preferred_batch_size: [ 9 ] }", "outside 1..max_batch_size (8)"),
+    ("dynamic_batching { priority_levels: 2 default_priority_level: 3 }", "default_priority_level' must be within"),
+    ("dynamic_batching { priority_levels: 2 default_priority_level: 1 priority_queue_policy { key: 5 value { } } }",
+     "has level 5, outside 1..priority_levels (2)"),
+])
+def test_validation_names_the_model_and_field(extra: str, message: str) -> None:
+    config = _config(extra) if "max_batch_size" not in extra else _config(base=BASE.replace("max_batch_size: 8", extra))
+    with pytest.raises(ModelConfigError, match="model 'm': ") as info:
+        validate_config(config)
+    assert message in info.value.message
+
+
+def test_dynamic_batching_needs_a_batching_model() -> None:
+    config = _config("dynamic_batching { }", base=BASE.replace("max_batch_size: 8", ""))
+    with pytest.raises(ModelConfigError, match="needs max_batch_size > 0"):
+        validate_config(config)
+
+
+def test_json_form_has_numbers_for_64_bit_fields() -> None:
+    config = _config("dynamic_batching { max_queue_delay_microseconds: 100 priority_levels: 2 "
+                     "default_priority_level: 1 priority_queue_policy { key: 2 value { max_queue_size: 3 "
+                     "default_timeout_microseconds: 7 } } }")
+    data = config_to_dict(config)
+    assert data["input"][0]["dims"] == [-1, 3]
+    assert data["dynamic_batching"]["max_queue_delay_microseconds"] == 100
+    assert data["dynamic_batching"]["priority_queue_policy"]["2"]["default_timeout_microseconds"] == 7
+    assert data["max_batch_size"] == 8 and data["output"][0]["data_type"] == "TYPE_STRING"
+    assert config_from_dict(data) == config
+
+
+def test_signature_checks_requests() -> None:
+    signature = ModelSignature(_config())
+    assert signature.inputs["a"].datatype is DataType.FP32
+    assert signature.outputs["o"].datatype is DataType.BYTES
+    assert signature.client_shape(signature.inputs["a"]) == [-1, -1, 3]
+    request = InferenceRequest("m", {"a": __import__("numpy").zeros((2, 5, 3), "float32")})
+    signature.check_request(request)
+    assert request.batch_size == 2
+    bad = InferenceRequest("m", {"a": __import__("numpy").zeros((2, 5, 4), "float32")})
+    with pytest.raises(InvalidArgumentError, match=r"expected \[-1, -1, 3\], got \[2, 5, 4\]"):
+        signature.check_request(bad)
+
+
+def test_signature_applies_reshape_both_ways() -> None:
+    import numpy as np
+
+    config = _config(base="""
+    name: "m" max_batch_size: 4
+    input [ { name: "a" data_type: TYPE_FP32 dims: [ 4 ] reshape { shape: [ 2, 2 ] } } ]
+    output [ { name: "o" data_type: TYPE_FP32 dims: [ 4 ] reshape { shape: [ 2, 2 ] } } ]
+    """)
+    signature = ModelSignature(config)
+    request = InferenceRequest("m", {"a": np.zeros((3, 4), np.float32)})
+    signature.check_request(request)
+    assert request.inputs["a"].shape == (3, 2, 2)
+    restored = signature.restore_output_shapes({"o": np.zeros((3, 2, 2), np.float32)})
+    assert restored["o"].shape == (3, 4)

@@ -1,0 +1,152 @@
+"""The HTTP body codec: JSON and binary tensors in, JSON and binary tensors out."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from coreserve.config.signature import TensorSpec
+from coreserve.errors import InvalidArgumentError
+from coreserve.protocol.bytes_codec import decode_bytes_tensor, encode_bytes_tensor
+from coreserve.protocol.http_body import (
+    OutputEncoding,
+    decode_infer_request,
+    decode_raw_infer_request,
+    encode_infer_response,
+)
+from coreserve.types import DataType, InferenceResponse
+
+
+def _decode(document: dict, binary: bytes = b""):
+    head = json.dumps(document).encode()
+    return decode_infer_request(head + binary, len(head) if binary else None, "m", "")
+
+
+def test_json_inputs_nested_and_flat() -> None:
+    request, encoding = _decode({
+        "id": "abc",
+        "parameters": {"binary_data_output": True, "priority": 2},
+        "inputs": [
+            {"name": "a", "shape": [2, 2], "datatype": "INT32", "data": [[1, 2], [3, 4]]},
+            {"name": "b", "shape": [3], "datatype": "BOOL", "data": [True, False, True]},
+            {"name": "c", "shape": [1], "datatype": "BYTES", "data": ["h\u00e9"]},
+            {"name": "d", "shape": [2], "datatype": "FP16", "data": [1, 2.5]},
+        ],
+        "outputs": [{"name": "x", "parameters": {"binary_data": False}}, {"name": "y"}],
+    })
+    assert request.id == "abc"
+    assert request.parameters == {"priority": 2}
+    assert request.requested_outputs == ("x", "y")
+    assert not encoding.is_binary("x") and encoding.is_binary("y")
+    np.testing.assert_array_equal(request.inputs["a"], np.array([[1, 2], [3, 4]], np.int32))
+    assert request.inputs["b"].dtype == np.bool_
+    assert request.inputs["c"].tolist() == ["h\u00e9".encode()]
+    assert request.inputs["d"].dtype == np.float16
+
+
+def test_aligned_binary_inputs_are_views_of_the_body() -> None:
+    a = np.arange(4, dtype=np.float32)
+    strings = np.array([b"one", b"", b"three"], dtype=np.object_)
+    blob = a.tobytes() + encode_bytes_tensor(strings)
+    head = json.dumps({"inputs": [
+        {"name": "a", "shape": [4], "datatype": "FP32", "parameters": {"binary_data_size": 16}},
+        {"name": "s", "shape": [3], "datatype": "BYTES", "parameters": {"binary_data_size": len(blob) - 16}},
+    ]}).encode()
+    head += b" " * (-len(head) % 8)
+    request, _ = decode_infer_request(head + blob, len(head), "m", "")
+    np.testing.assert_array_equal(request.inputs["a"], a)
+    assert not request.inputs["a"].flags.owndata  # no copy of the body
+    assert request.inputs["s"].tolist() == strings.tolist()
+
+
+def test_unaligned_binary_input_is_copied_aligned() -> None:
+    head = b'{"inputs":[{"name":"a","shape":[2],"datatype":"FP64","parameters":{"binary_data_size":16}}]}'
+    head += b" " * (1 - len(head) % 8 if len(head) % 8 <= 1 else 9 - len(head) % 8)  # offset 1 mod 8
+    assert len(head) % 8 == 1
+    body = head + np.array([1.5, 2.5]).tobytes()
+    request, _ = decode_infer_request(body, len(head), "m", "")
+    assert request.inputs["a"].flags.aligned
+    assert request.inputs["a"].tolist() == [1.5, 2.5]
+
+
+@pytest.mark.parametrize(("data", "datatype", "message"), [
+    ([1.5], "INT32", "must be integers"),
+    ([True], "INT32", "must be integers"),
+    (["1"], "INT64", "must be integers"),
+    ([2**64], "UINT64", "must be integers"),  # beyond 64 bits JSON parsers give a float
+    ([-(2**63) - 1], "INT64", "must be integers"),
+    ([-1], "UINT8", "outside the range of UINT8"),
+    ([1], "BOOL", "not BOOL"),
+    ([1], "BYTES", "must be strings"),
+    (["x"], "FP32", "not FP32 (found strings)"),
+    ([[1, 2], [3]], "FP32", "has 3 elements but its shape [1] needs 1"),
+    ({"a": 1}, "FP32", "as a JSON list"),
+])
+def test_json_data_of_the_wrong_type(data: object, datatype: str, message: str) -> None:
+    with pytest.raises(InvalidArgumentError, match=re.escape(message)):
+        _decode({"inputs": [{"name": "a", "shape": [1], "datatype": datatype, "data": data}]})
+
+
+def test_large_uint64_values_keep_their_precision() -> None:
+    request, _ = _decode({"inputs": [{"name": "a", "shape": [2], "datatype": "UINT64", "data": [2**64 - 1, 1]}]})
+    assert request.inputs["a"].tolist() == [2**64 - 1, 1]
+
+
+def test_bytes_codec_round_trip_and_errors() -> None:
+    values = np.array([b"a", b"", bytes(range(256))], dtype=np.object_)
+    encoded = encode_bytes_tensor(values)
+    assert decode_bytes_tensor(encoded, 3, "t").tolist() == values.tolist()
+    assert decode_bytes_tensor(encoded, None, "t").tolist() == values.tolist()
+    with pytest.raises(InvalidArgumentError, match="ends inside element 2"):
+        decode_bytes_tensor(encoded[:-1], 3, "t")
+    with pytest.raises(InvalidArgumentError, match="ends inside the length"):
+        decode_bytes_tensor(encoded[:2], 1, "t")
+    with pytest.raises(InvalidArgumentError, match="bytes after its 2 elements"):
+        decode_bytes_tensor(encoded, 2, "t")
+
+
+def test_raw_request_deduces_the_shape() -> None:
+    spec = TensorSpec("in", DataType.FP32, (-1, 2))
+    request, encoding = decode_raw_infer_request(np.zeros(6, np.float32).tobytes(), spec, True, "m", "")
+    assert request.inputs["in"].shape == (1, 3, 2)
+    assert encoding.binary_by_default
+    text = TensorSpec("text", DataType.BYTES, (1,))
+    request, _ = decode_raw_infer_request(b"\xffraw", text, False, "m", "")
+    assert request.inputs["text"].tolist() == [b"\xffraw"]
+    with pytest.raises(InvalidArgumentError, match="more than one -1"):
+        decode_raw_infer_request(b"", TensorSpec("x", DataType.FP32, (-1, -1)), False, "m", "")
+
+
+def test_encode_json_and_binary_outputs() -> None:
+    response = InferenceResponse(
+        model_name="m", model_version="2", id="r",
+        outputs={
+            "f": np.array([[1.5, 2.5]], np.float32),
+            "s": np.array([b"x", b"yz"], dtype=np.object_),
+            "h": np.array([1, 2], np.float16),
+            "b": np.array([0.5], dtype=ml_dtypes.bfloat16),
+        },
+    )
+    body, length = encode_infer_response(response, OutputEncoding(binary={"s": True, "b": True}))
+    assert length is not None
+    header = json.loads(body[:length])
+    assert header["id"] == "r" and header["model_version"] == "2"
+    f, s, h, b = header["outputs"]
+    assert f == {"name": "f", "datatype": "FP32", "shape": [1, 2], "data": [1.5, 2.5]}
+    assert h["data"] == [1.0, 2.0] and h["datatype"] == "FP16"
+    assert s["parameters"]["binary_data_size"] == 4 + 1 + 4 + 2
+    assert b["datatype"] == "BF16" and b["parameters"]["binary_data_size"] == 2
+    tail = body[length:]
+    assert decode_bytes_tensor(tail[:11], 2, "s").tolist() == [b"x", b"yz"]
+    assert np.frombuffer(tail[11:], dtype=ml_dtypes.bfloat16).tolist() == [0.5]
+
+
+def test_encode_all_json_has_no_header_length() -> None:
+    response = InferenceResponse("m", "1", {"o": np.array([True, False])})
+    body, length = encode_infer_response(response, OutputEncoding())
+    assert length is None
+    assert json.loads(body)["outputs"][0]["data"] == [True, False]
