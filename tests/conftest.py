@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+import tritonclient.http as httpclient
 
 from paths import TESTS
+
+if TYPE_CHECKING:
+    from coreserve.testing import ServerProcess
 
 pytest_plugins = ["coreserve.testing"]
 
@@ -16,8 +22,18 @@ pytest_plugins = ["coreserve.testing"]
 def _install(package: Path, target: Path) -> Path:
     """Installs a distribution into a folder of its own, the way a user's pip would."""
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-         "--target", str(target), str(package)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--target",
+            str(target),
+            str(package),
+        ],
         check=True,
     )
     return target
@@ -33,3 +49,18 @@ def echo_backend_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def broken_plugin_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A site folder holding a plugin distribution whose module fails to import."""
     return _install(TESTS / "fixtures" / "broken_plugin", tmp_path_factory.mktemp("broken-site"))
+
+
+@pytest.fixture
+def http_client() -> Iterator[Callable[[ServerProcess], httpclient.InferenceServerClient]]:
+    """Makes tritonclient HTTP clients for servers and closes them when the test ends."""
+    clients: list[httpclient.InferenceServerClient] = []
+
+    def connect(server: ServerProcess) -> httpclient.InferenceServerClient:
+        client = httpclient.InferenceServerClient(server.http_url)
+        clients.append(client)
+        return client
+
+    yield connect
+    for client in clients:
+        client.close()

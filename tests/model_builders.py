@@ -49,8 +49,10 @@ def add_sub_model(datatype: str = "FP32", shape: list | None = None) -> onnx.Mod
     shape = shape or ["batch", 4]
     info = lambda name: helper.make_tensor_value_info(name, kind, shape)  # noqa: E731
     return onnx_model(
-        [helper.make_node("Add", ["INPUT0", "INPUT1"], ["OUTPUT0"]),
-         helper.make_node("Sub", ["INPUT0", "INPUT1"], ["OUTPUT1"])],
+        [
+            helper.make_node("Add", ["INPUT0", "INPUT1"], ["OUTPUT0"]),
+            helper.make_node("Sub", ["INPUT0", "INPUT1"], ["OUTPUT1"]),
+        ],
         [info("INPUT0"), info("INPUT1")],
         [info("OUTPUT0"), info("OUTPUT1")],
     )

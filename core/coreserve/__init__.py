@@ -13,8 +13,8 @@ try:
 except importlib.metadata.PackageNotFoundError:  # running from a source tree
     __version__ = "0.0.0"
 
-from coreserve.config import ModelConfig  # noqa: E402
-from coreserve.errors import (  # noqa: E402
+from coreserve.config import ModelConfig
+from coreserve.errors import (
     AlreadyExistsError,
     CancelledError,
     CoreserveError,
@@ -26,7 +26,7 @@ from coreserve.errors import (  # noqa: E402
     UnavailableError,
     UnsupportedError,
 )
-from coreserve.types import DataType, InferenceRequest, InferenceResponse  # noqa: E402
+from coreserve.types import DataType, InferenceRequest, InferenceResponse
 
 __all__ = [
     "AlreadyExistsError",

@@ -1,7 +1,7 @@
 """The `coreserve` command. Flags are spelled as tritonserver's where they mean the same.
 
-    coreserve --model-repository DIR [--http-port 8000] [--exit-on-error BOOL] ...
-    coreserve backends
+coreserve --model-repository DIR [--http-port 8000] [--exit-on-error BOOL] ...
+coreserve backends
 """
 
 from __future__ import annotations
@@ -41,23 +41,63 @@ def _serve_parser() -> argparse.ArgumentParser:
     )
     flag = parser.add_argument
     flag("--version", action="version", version=f"coreserve {__version__}")
-    flag("--model-repository", "--model-store", dest="model_repositories", action="append", required=True,
-         type=Path, metavar="DIR", help="a model repository folder (repeatable)")
+    flag(
+        "--model-repository",
+        "--model-store",
+        dest="model_repositories",
+        action="append",
+        required=True,
+        type=Path,
+        metavar="DIR",
+        help="a model repository folder (repeatable)",
+    )
     flag("--allow-http", type=_bool, nargs="?", const=True, default=True, metavar="BOOL")
     flag("--http-address", default="0.0.0.0", help="address the HTTP service binds (default 0.0.0.0)")
     flag("--http-port", type=int, default=8000, help="HTTP port (default 8000; 0 picks a free port)")
-    flag("--http-max-input-size", type=int, default=64 * 1024 * 1024, metavar="BYTES",
-         help="largest HTTP request body accepted (default 64 MiB)")
-    flag("--exit-on-error", type=_bool, nargs="?", const=True, default=True, metavar="BOOL",
-         help="exit at start-up if a model fails to load (default true)")
-    flag("--strict-readiness", type=_bool, nargs="?", const=True, default=True, metavar="BOOL",
-         help="report ready only when every model is ready (default true)")
-    flag("--disable-auto-complete-config", action="store_true",
-         help="do not complete model configurations from the model files")
-    flag("--backend-config", type=_backend_config, action="append", default=[], metavar="BACKEND,KEY=VALUE",
-         help="a setting handed to a backend (repeatable)")
-    flag("--exit-timeout-secs", type=float, default=30.0,
-         help="how long shutdown waits for in-flight requests (default 30)")
+    flag(
+        "--http-max-input-size",
+        type=int,
+        default=64 * 1024 * 1024,
+        metavar="BYTES",
+        help="largest HTTP request body accepted (default 64 MiB)",
+    )
+    flag(
+        "--exit-on-error",
+        type=_bool,
+        nargs="?",
+        const=True,
+        default=True,
+        metavar="BOOL",
+        help="exit at start-up if a model fails to load (default true)",
+    )
+    flag(
+        "--strict-readiness",
+        type=_bool,
+        nargs="?",
+        const=True,
+        default=True,
+        metavar="BOOL",
+        help="report ready only when every model is ready (default true)",
+    )
+    flag(
+        "--disable-auto-complete-config",
+        action="store_true",
+        help="do not complete model configurations from the model files",
+    )
+    flag(
+        "--backend-config",
+        type=_backend_config,
+        action="append",
+        default=[],
+        metavar="BACKEND,KEY=VALUE",
+        help="a setting handed to a backend (repeatable)",
+    )
+    flag(
+        "--exit-timeout-secs",
+        type=float,
+        default=30.0,
+        help="how long shutdown waits for in-flight requests (default 30)",
+    )
     flag("--log-verbose", type=int, default=0, metavar="N", help="verbose logging when N > 0")
     return parser
 

@@ -8,6 +8,7 @@ sink for decoupled models delivers many through the same interface.
 from __future__ import annotations
 
 import asyncio
+
 from coreserve.errors import CoreserveError, InternalError
 from coreserve.types import InferenceResponse, ResponseSink
 

@@ -35,9 +35,12 @@ class ServerProcess:
         env: dict[str, str] | None = None,
     ) -> None:
         self.args = [
-            sys.executable, "-m", "coreserve",
+            sys.executable,
+            "-m",
+            "coreserve",
             *(f"--model-repository={path}" for path in repositories),
-            "--http-address=127.0.0.1", "--http-port=0",
+            "--http-address=127.0.0.1",
+            "--http-port=0",
             *extra_args,
         ]
         self.env = {**os.environ, **(env or {})}
@@ -100,8 +103,12 @@ def coreserve_server() -> Iterator[ServerFactory]:
     """Starts coreserve processes: `coreserve_server(repository, *extra_args, env=None)`."""
     started: list[ServerProcess] = []
 
-    def start(repository: Path | Sequence[Path], *extra_args: str, env: dict[str, str] | None = None,
-              wait_for: Sequence[str] = ("HTTP",)) -> ServerProcess:
+    def start(
+        repository: Path | Sequence[Path],
+        *extra_args: str,
+        env: dict[str, str] | None = None,
+        wait_for: Sequence[str] = ("HTTP",),
+    ) -> ServerProcess:
         repositories = [repository] if isinstance(repository, Path) else list(repository)
         server = ServerProcess(repositories, extra_args, env)
         started.append(server)

@@ -119,8 +119,9 @@ def now_ns() -> int:
 class InferenceRequest:
     """One client request for one model, decoded from whatever transport carried it.
 
-    `model_version` is the version the client named ("" for the latest). `requested_outputs` is None when the client asked for every output. `batch_size` is the
-    size of the first dimension for models that batch, and 1 for models that do not.
+    `model_version` is the version the client named ("" for the latest). `requested_outputs`
+    is None when the client asked for every output. `batch_size` is the size of the first
+    dimension for models that batch, and 1 for models that do not.
     """
 
     model_name: str

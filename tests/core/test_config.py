@@ -33,7 +33,9 @@ def _config(extra: str = "", base: str = BASE):
 
 
 def test_triton_config_parses_with_every_section() -> None:
-    text = BASE + """
+    text = (
+        BASE
+        + """
     version_policy: { specific: { versions: [ 1, 3 ] } }
     instance_group [ { count: 2 kind: KIND_CPU }, { kind: KIND_GPU gpus: [ 0, 1 ] } ]
     dynamic_batching {
@@ -50,6 +52,7 @@ def test_triton_config_parses_with_every_section() -> None:
     model_transaction_policy { decoupled: false }
     response_cache { enable: true }
     """
+    )
     config = _config(base=text)
     validate_config(config)
     assert list(config.version_policy.specific.versions) == [1, 3]
@@ -76,25 +79,40 @@ def test_defaults_fill_name_policy_and_instances() -> None:
         apply_defaults(parse_config('name: "x"'), "other")
 
 
-@pytest.mark.parametrize(("extra", "message"), [
-    ("max_batch_size: -1", "max_batch_size' must be >= 0"),
-    ('input [ { name: "a" data_type: TYPE_FP32 dims: [ 1 ] } ]', "input name 'a' appears more than once"),
-    ('input [ { name: "b" dims: [ 1 ] } ]', "'input[1]' ('b') needs a data_type"),
-    ('input [ { name: "b" data_type: TYPE_FP32 dims: [ -2 ] } ]', "every entry of dims must be -1"),
-    ('input [ { name: "b" data_type: TYPE_FP32 } ]', "needs dims"),
-    ('input [ { data_type: TYPE_FP32 dims: [ 1 ] } ]', "'input[1]' has no name"),
-    ('input [ { name: "b" data_type: TYPE_FP32 dims: [ 4 ] reshape { shape: [ 3 ] } } ]', "holds 3 elements"),
-    ("version_policy: { latest: { num_versions: 0 } }", "num_versions' must be >= 1"),
-    ("version_policy: { specific: { } }", "lists no versions"),
-    ("instance_group [ { count: -1 } ]", "count must be >= 1"),
-    ("instance_group [ { kind: KIND_CPU gpus: [ 0 ] } ]", "gpus are listed for a KIND_CPU group"),
-    ("dynamic_batching { preferred_batch_size: [ 9 ] }", "outside 1..max_batch_size (8)"),
-    ("dynamic_batching { priority_levels: 2 default_priority_level: 3 }", "default_priority_level' must be within"),
-    ("dynamic_batching { priority_levels: 2 default_priority_level: 1 priority_queue_policy { key: 5 value { } } }",
-     "has level 5, outside 1..priority_levels (2)"),
-])
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ("max_batch_size: -1", "max_batch_size' must be >= 0"),
+        ('input [ { name: "a" data_type: TYPE_FP32 dims: [ 1 ] } ]', "input name 'a' appears more than once"),
+        ('input [ { name: "b" dims: [ 1 ] } ]', "'input[1]' ('b') needs a data_type"),
+        ('input [ { name: "b" data_type: TYPE_FP32 dims: [ -2 ] } ]', "every entry of dims must be -1"),
+        ('input [ { name: "b" data_type: TYPE_FP32 } ]', "needs dims"),
+        ("input [ { data_type: TYPE_FP32 dims: [ 1 ] } ]", "'input[1]' has no name"),
+        (
+            'input [ { name: "b" data_type: TYPE_FP32 dims: [ 4 ] reshape { shape: [ 3 ] } } ]',
+            "holds 3 elements",
+        ),
+        ("version_policy: { latest: { num_versions: 0 } }", "num_versions' must be >= 1"),
+        ("version_policy: { specific: { } }", "lists no versions"),
+        ("instance_group [ { count: -1 } ]", "count must be >= 1"),
+        ("instance_group [ { kind: KIND_CPU gpus: [ 0 ] } ]", "gpus are listed for a KIND_CPU group"),
+        ("dynamic_batching { preferred_batch_size: [ 9 ] }", "outside 1..max_batch_size (8)"),
+        (
+            "dynamic_batching { priority_levels: 2 default_priority_level: 3 }",
+            "default_priority_level' must be within",
+        ),
+        (
+            "dynamic_batching { priority_levels: 2 default_priority_level: 1 priority_queue_policy { key: 5 value { } } }",
+            "has level 5, outside 1..priority_levels (2)",
+        ),
+    ],
+)
 def test_validation_names_the_model_and_field(extra: str, message: str) -> None:
-    config = _config(extra) if "max_batch_size" not in extra else _config(base=BASE.replace("max_batch_size: 8", extra))
+    config = (
+        _config(extra)
+        if "max_batch_size" not in extra
+        else _config(base=BASE.replace("max_batch_size: 8", extra))
+    )
     with pytest.raises(ModelConfigError, match="model 'm': ") as info:
         validate_config(config)
     assert message in info.value.message
@@ -107,9 +125,11 @@ def test_dynamic_batching_needs_a_batching_model() -> None:
 
 
 def test_json_form_has_numbers_for_64_bit_fields() -> None:
-    config = _config("dynamic_batching { max_queue_delay_microseconds: 100 priority_levels: 2 "
-                     "default_priority_level: 1 priority_queue_policy { key: 2 value { max_queue_size: 3 "
-                     "default_timeout_microseconds: 7 } } }")
+    config = _config(
+        "dynamic_batching { max_queue_delay_microseconds: 100 priority_levels: 2 "
+        "default_priority_level: 1 priority_queue_policy { key: 2 value { max_queue_size: 3 "
+        "default_timeout_microseconds: 7 } } }"
+    )
     data = config_to_dict(config)
     assert data["input"][0]["dims"] == [-1, 3]
     assert data["dynamic_batching"]["max_queue_delay_microseconds"] == 100
@@ -134,11 +154,13 @@ def test_signature_checks_requests() -> None:
 def test_signature_applies_reshape_both_ways() -> None:
     import numpy as np
 
-    config = _config(base="""
+    config = _config(
+        base="""
     name: "m" max_batch_size: 4
     input [ { name: "a" data_type: TYPE_FP32 dims: [ 4 ] reshape { shape: [ 2, 2 ] } } ]
     output [ { name: "o" data_type: TYPE_FP32 dims: [ 4 ] reshape { shape: [ 2, 2 ] } } ]
-    """)
+    """
+    )
     signature = ModelSignature(config)
     request = InferenceRequest("m", {"a": np.zeros((3, 4), np.float32)})
     signature.check_request(request)

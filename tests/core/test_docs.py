@@ -11,13 +11,16 @@ from paths import REPO
 def test_every_hookspec_is_documented_with_its_signature() -> None:
     guide = (REPO / "docs" / "backends.md").read_text()
     specs = [
-        (name, function) for name, function in vars(hookspecs).items()
+        (name, function)
+        for name, function in vars(hookspecs).items()
         if name.startswith("coreserve_") and callable(function)
     ]
     assert specs, "no hookspecs found"
     for name, function in specs:
         signature = str(inspect.signature(function)).replace("'", "")
-        assert f"### `{name}{signature}`" in guide, f"docs/backends.md lacks the heading for {name}{signature}"
+        assert f"### `{name}{signature}`" in guide, (
+            f"docs/backends.md lacks the heading for {name}{signature}"
+        )
 
 
 def test_public_api_lists_are_sorted() -> None:

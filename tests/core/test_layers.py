@@ -10,13 +10,19 @@ from paths import REPO
 CORE = REPO / "core" / "coreserve"
 # A module may import from its own layer and the layers below it (lower number).
 LAYERS = {
-    "coreserve.errors": 0, "coreserve.types": 0, "coreserve.protos": 0,
-    "coreserve.responses": 1, "coreserve.config": 1, "coreserve.protocol": 1,
+    "coreserve.errors": 0,
+    "coreserve.types": 0,
+    "coreserve.protos": 0,
+    "coreserve.responses": 1,
+    "coreserve.config": 1,
+    "coreserve.protocol": 1,
     "coreserve.backend": 2,
     "coreserve.scheduling": 3,
     "coreserve.repository": 4,
     "coreserve.server": 5,
-    "coreserve.cli": 6, "coreserve.testing": 6, "coreserve.__main__": 6,
+    "coreserve.cli": 6,
+    "coreserve.testing": 6,
+    "coreserve.__main__": 6,
 }
 PUBLIC = {"coreserve", "coreserve.backend"}
 

@@ -52,7 +52,9 @@ def test_registry_finds_by_name_and_platform_and_says_what_to_install() -> None:
     assert registry.require(platform="fake_platform").name == "fake"
     with pytest.raises(InvalidArgumentError, match=r"pip install plugin-torch"):
         registry.require(platform="pytorch_libtorch")
-    with pytest.raises(InvalidArgumentError, match="backend 'mystery' is not served.*installed backends: fake"):
+    with pytest.raises(
+        InvalidArgumentError, match=r"backend 'mystery' is not served.*installed backends: fake"
+    ):
         registry.require(name="mystery")
 
 

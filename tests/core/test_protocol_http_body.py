@@ -27,17 +27,19 @@ def _decode(document: dict, binary: bytes = b""):
 
 
 def test_json_inputs_nested_and_flat() -> None:
-    request, encoding = _decode({
-        "id": "abc",
-        "parameters": {"binary_data_output": True, "priority": 2},
-        "inputs": [
-            {"name": "a", "shape": [2, 2], "datatype": "INT32", "data": [[1, 2], [3, 4]]},
-            {"name": "b", "shape": [3], "datatype": "BOOL", "data": [True, False, True]},
-            {"name": "c", "shape": [1], "datatype": "BYTES", "data": ["h\u00e9"]},
-            {"name": "d", "shape": [2], "datatype": "FP16", "data": [1, 2.5]},
-        ],
-        "outputs": [{"name": "x", "parameters": {"binary_data": False}}, {"name": "y"}],
-    })
+    request, encoding = _decode(
+        {
+            "id": "abc",
+            "parameters": {"binary_data_output": True, "priority": 2},
+            "inputs": [
+                {"name": "a", "shape": [2, 2], "datatype": "INT32", "data": [[1, 2], [3, 4]]},
+                {"name": "b", "shape": [3], "datatype": "BOOL", "data": [True, False, True]},
+                {"name": "c", "shape": [1], "datatype": "BYTES", "data": ["h\u00e9"]},
+                {"name": "d", "shape": [2], "datatype": "FP16", "data": [1, 2.5]},
+            ],
+            "outputs": [{"name": "x", "parameters": {"binary_data": False}}, {"name": "y"}],
+        }
+    )
     assert request.id == "abc"
     assert request.parameters == {"priority": 2}
     assert request.requested_outputs == ("x", "y")
@@ -52,10 +54,19 @@ def test_aligned_binary_inputs_are_views_of_the_body() -> None:
     a = np.arange(4, dtype=np.float32)
     strings = np.array([b"one", b"", b"three"], dtype=np.object_)
     blob = a.tobytes() + encode_bytes_tensor(strings)
-    head = json.dumps({"inputs": [
-        {"name": "a", "shape": [4], "datatype": "FP32", "parameters": {"binary_data_size": 16}},
-        {"name": "s", "shape": [3], "datatype": "BYTES", "parameters": {"binary_data_size": len(blob) - 16}},
-    ]}).encode()
+    head = json.dumps(
+        {
+            "inputs": [
+                {"name": "a", "shape": [4], "datatype": "FP32", "parameters": {"binary_data_size": 16}},
+                {
+                    "name": "s",
+                    "shape": [3],
+                    "datatype": "BYTES",
+                    "parameters": {"binary_data_size": len(blob) - 16},
+                },
+            ]
+        }
+    ).encode()
     head += b" " * (-len(head) % 8)
     request, _ = decode_infer_request(head + blob, len(head), "m", "")
     np.testing.assert_array_equal(request.inputs["a"], a)
@@ -73,26 +84,31 @@ def test_unaligned_binary_input_is_copied_aligned() -> None:
     assert request.inputs["a"].tolist() == [1.5, 2.5]
 
 
-@pytest.mark.parametrize(("data", "datatype", "message"), [
-    ([1.5], "INT32", "must be integers"),
-    ([True], "INT32", "must be integers"),
-    (["1"], "INT64", "must be integers"),
-    ([2**64], "UINT64", "must be integers"),  # beyond 64 bits JSON parsers give a float
-    ([-(2**63) - 1], "INT64", "must be integers"),
-    ([-1], "UINT8", "outside the range of UINT8"),
-    ([1], "BOOL", "not BOOL"),
-    ([1], "BYTES", "must be strings"),
-    (["x"], "FP32", "not FP32 (found strings)"),
-    ([[1, 2], [3]], "FP32", "has 3 elements but its shape [1] needs 1"),
-    ({"a": 1}, "FP32", "as a JSON list"),
-])
+@pytest.mark.parametrize(
+    ("data", "datatype", "message"),
+    [
+        ([1.5], "INT32", "must be integers"),
+        ([True], "INT32", "must be integers"),
+        (["1"], "INT64", "must be integers"),
+        ([2**64], "UINT64", "must be integers"),  # beyond 64 bits JSON parsers give a float
+        ([-(2**63) - 1], "INT64", "must be integers"),
+        ([-1], "UINT8", "outside the range of UINT8"),
+        ([1], "BOOL", "not BOOL"),
+        ([1], "BYTES", "must be strings"),
+        (["x"], "FP32", "not FP32 (found strings)"),
+        ([[1, 2], [3]], "FP32", "has 3 elements but its shape [1] needs 1"),
+        ({"a": 1}, "FP32", "as a JSON list"),
+    ],
+)
 def test_json_data_of_the_wrong_type(data: object, datatype: str, message: str) -> None:
     with pytest.raises(InvalidArgumentError, match=re.escape(message)):
         _decode({"inputs": [{"name": "a", "shape": [1], "datatype": datatype, "data": data}]})
 
 
 def test_large_uint64_values_keep_their_precision() -> None:
-    request, _ = _decode({"inputs": [{"name": "a", "shape": [2], "datatype": "UINT64", "data": [2**64 - 1, 1]}]})
+    request, _ = _decode(
+        {"inputs": [{"name": "a", "shape": [2], "datatype": "UINT64", "data": [2**64 - 1, 1]}]}
+    )
     assert request.inputs["a"].tolist() == [2**64 - 1, 1]
 
 
@@ -123,7 +139,9 @@ def test_raw_request_deduces_the_shape() -> None:
 
 def test_encode_json_and_binary_outputs() -> None:
     response = InferenceResponse(
-        model_name="m", model_version="2", id="r",
+        model_name="m",
+        model_version="2",
+        id="r",
         outputs={
             "f": np.array([[1.5, 2.5]], np.float32),
             "s": np.array([b"x", b"yz"], dtype=np.object_),

@@ -32,13 +32,16 @@ def test_duplicate_model_names_across_repositories(tmp_path: Path) -> None:
     assert "more than one repository" in duplicates["m"]
 
 
-@pytest.mark.parametrize(("policy", "expected"), [
-    ("", [10]),
-    ("version_policy: { latest: { num_versions: 2 } }", [2, 10]),
-    ("version_policy: { latest: { num_versions: 9 } }", [1, 2, 10]),
-    ("version_policy: { all: { } }", [1, 2, 10]),
-    ("version_policy: { specific: { versions: [ 2, 1 ] } }", [1, 2]),
-])
+@pytest.mark.parametrize(
+    ("policy", "expected"),
+    [
+        ("", [10]),
+        ("version_policy: { latest: { num_versions: 2 } }", [2, 10]),
+        ("version_policy: { latest: { num_versions: 9 } }", [1, 2, 10]),
+        ("version_policy: { all: { } }", [1, 2, 10]),
+        ("version_policy: { specific: { versions: [ 2, 1 ] } }", [1, 2]),
+    ],
+)
 def test_version_policies(policy: str, expected: list[int]) -> None:
     assert select_versions(parse_config(policy).version_policy, [1, 2, 10], "m") == expected
 

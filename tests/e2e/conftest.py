@@ -7,8 +7,8 @@ from collections.abc import Iterator
 import pytest
 import tritonclient.http as httpclient
 
-from paths import EXAMPLES
 from coreserve.testing import ServerProcess
+from paths import EXAMPLES
 
 
 @pytest.fixture(scope="module")

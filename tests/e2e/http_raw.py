@@ -7,8 +7,9 @@ import json
 from typing import Any
 
 
-def request(address: str, method: str, path: str, body: bytes | None = None,
-            headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+def request(
+    address: str, method: str, path: str, body: bytes | None = None, headers: dict[str, str] | None = None
+) -> tuple[int, dict[str, str], bytes]:
     host, port = address.rsplit(":", 1)
     connection = http.client.HTTPConnection(host, int(port), timeout=30)
     try:
@@ -19,7 +20,9 @@ def request(address: str, method: str, path: str, body: bytes | None = None,
         connection.close()
 
 
-def post_json(address: str, path: str, document: Any, headers: dict[str, str] | None = None) -> tuple[int, Any]:
+def post_json(
+    address: str, path: str, document: Any, headers: dict[str, str] | None = None
+) -> tuple[int, Any]:
     status, _, body = request(address, "POST", path, json.dumps(document).encode(), headers)
     return status, json.loads(body) if body else None
 

@@ -16,9 +16,19 @@ from coreserve.testing import ServerProcess
 from model_builders import ONNX_TYPES, identity_model, write_model
 
 NUMPY = {
-    "BOOL": np.bool_, "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32, "UINT64": np.uint64,
-    "INT8": np.int8, "INT16": np.int16, "INT32": np.int32, "INT64": np.int64,
-    "FP16": np.float16, "FP32": np.float32, "FP64": np.float64, "BYTES": np.object_,
+    "BOOL": np.bool_,
+    "UINT8": np.uint8,
+    "UINT16": np.uint16,
+    "UINT32": np.uint32,
+    "UINT64": np.uint64,
+    "INT8": np.int8,
+    "INT16": np.int16,
+    "INT32": np.int32,
+    "INT64": np.int64,
+    "FP16": np.float16,
+    "FP32": np.float32,
+    "FP64": np.float64,
+    "BYTES": np.object_,
 }
 CONFIG_TYPE = {name: "TYPE_STRING" if name == "BYTES" else f"TYPE_{name}" for name in [*NUMPY, "BF16"]}
 
@@ -28,8 +38,10 @@ def _sample(datatype: str) -> np.ndarray:
     if datatype == "BOOL":
         return rng.integers(0, 2, size=(2, 5)).astype(bool)
     if datatype == "BYTES":
-        return np.array([[f"word {i}".encode() for i in range(5)], [b"", b"x", "\u00e9t\u00e9".encode(), b"y", b"z"]],
-                        dtype=np.object_)
+        return np.array(
+            [[f"word {i}".encode() for i in range(5)], [b"", b"x", "\u00e9t\u00e9".encode(), b"y", b"z"]],
+            dtype=np.object_,
+        )
     if datatype == "BF16":
         return rng.normal(size=(2, 5)).astype(ml_dtypes.bfloat16)
     dtype = np.dtype(NUMPY[datatype])
@@ -54,12 +66,20 @@ def server(tmp_path_factory: pytest.TempPathFactory, echo_backend_site: Path) ->
     repository = tmp_path_factory.mktemp("datatypes")
     for datatype in ONNX_TYPES:
         name = f"identity_{datatype.lower()}"
-        write_model(repository, name, identity_model(datatype, ["batch", "n"]),
-                    _identity_config(name, datatype, "onnxruntime"))
+        write_model(
+            repository,
+            name,
+            identity_model(datatype, ["batch", "n"]),
+            _identity_config(name, datatype, "onnxruntime"),
+        )
     for datatype in [*ONNX_TYPES, "BF16"]:
         name = f"echo_{datatype.lower()}"
-        write_model(repository, name, b"echo", _identity_config(name, datatype, "echo"), filename="model.echo")
-    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(echo_backend_site), os.environ.get("PYTHONPATH")]))}
+        write_model(
+            repository, name, b"echo", _identity_config(name, datatype, "echo"), filename="model.echo"
+        )
+    env = {
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(echo_backend_site), os.environ.get("PYTHONPATH")]))
+    }
     process = ServerProcess([repository], env=env).start()
     yield process
     process.close()
@@ -72,8 +92,14 @@ def client(server: ServerProcess) -> Iterator[httpclient.InferenceServerClient]:
     client.close()
 
 
-def _roundtrip(client: httpclient.InferenceServerClient, model: str, datatype: str, data: np.ndarray,
-               binary_in: bool, binary_out: bool) -> np.ndarray:
+def _roundtrip(
+    client: httpclient.InferenceServerClient,
+    model: str,
+    datatype: str,
+    data: np.ndarray,
+    binary_in: bool,
+    binary_out: bool,
+) -> np.ndarray:
     tensor = httpclient.InferInput("INPUT0", list(data.shape), datatype)
     tensor.set_data_from_numpy(data, binary_data=binary_in)
     output = httpclient.InferRequestedOutput("OUTPUT0", binary_data=binary_out)
@@ -81,9 +107,12 @@ def _roundtrip(client: httpclient.InferenceServerClient, model: str, datatype: s
 
 
 @pytest.mark.parametrize("datatype", list(ONNX_TYPES))
-@pytest.mark.parametrize(("binary_in", "binary_out"), [(True, True), (False, False), (True, False), (False, True)])
-def test_onnx_identity(client: httpclient.InferenceServerClient, datatype: str, binary_in: bool,
-                       binary_out: bool) -> None:
+@pytest.mark.parametrize(
+    ("binary_in", "binary_out"), [(True, True), (False, False), (True, False), (False, True)]
+)
+def test_onnx_identity(
+    client: httpclient.InferenceServerClient, datatype: str, binary_in: bool, binary_out: bool
+) -> None:
     data = _sample(datatype)
     result = _roundtrip(client, f"identity_{datatype.lower()}", datatype, data, binary_in, binary_out)
     assert result.shape == data.shape
@@ -97,7 +126,9 @@ def test_onnx_identity(client: httpclient.InferenceServerClient, datatype: str, 
 
 
 @pytest.mark.parametrize("datatype", [*ONNX_TYPES, "BF16"])
-def test_third_party_backend_echoes_every_datatype(client: httpclient.InferenceServerClient, datatype: str) -> None:
+def test_third_party_backend_echoes_every_datatype(
+    client: httpclient.InferenceServerClient, datatype: str
+) -> None:
     data = _sample(datatype)
     result = _roundtrip(client, f"echo_{datatype.lower()}", datatype, data, True, True)
     assert result.shape == data.shape

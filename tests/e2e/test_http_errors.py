@@ -38,18 +38,38 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     write_model(repository, "bad_syntax", add_sub_model(), "name: 'bad_syntax' max_batch_size: [oops")
     write_model(repository, "unknown_field", add_sub_model(), "colour: 'blue'")
     write_model(repository, "missing_file", None, ADD_SUB.replace('"add_sub"', '"missing_file"'))
-    write_model(repository, "wrong_names", add_sub_model(), ADD_SUB.replace('"add_sub"', '"wrong_names"')
-                .replace('"INPUT1"', '"OTHER"'))
-    write_model(repository, "wrong_type", add_sub_model(), ADD_SUB.replace('"add_sub"', '"wrong_type"')
-                .replace("TYPE_FP32", "TYPE_INT32"))
+    write_model(
+        repository,
+        "wrong_names",
+        add_sub_model(),
+        ADD_SUB.replace('"add_sub"', '"wrong_names"').replace('"INPUT1"', '"OTHER"'),
+    )
+    write_model(
+        repository,
+        "wrong_type",
+        add_sub_model(),
+        ADD_SUB.replace('"add_sub"', '"wrong_type"').replace("TYPE_FP32", "TYPE_INT32"),
+    )
     write_model(repository, "no_versions", None, ADD_SUB.replace('"add_sub"', '"no_versions"'), versions=())
     write_model(repository, "needs_torch", b"", 'backend: "pytorch"', filename="model.pt")
-    write_model(repository, "not_onnx", b"this is not an onnx file", ADD_SUB.replace('"add_sub"', '"not_onnx"'))
+    write_model(
+        repository, "not_onnx", b"this is not an onnx file", ADD_SUB.replace('"add_sub"', '"not_onnx"')
+    )
     write_model(repository, "misnamed", add_sub_model(), ADD_SUB)  # config names another model
-    write_model(repository, "bad_batching", add_sub_model(), ADD_SUB.replace('"add_sub"', '"bad_batching"')
-                + "dynamic_batching { preferred_batch_size: [ 16 ] }")
-    write_model(repository, "bad_dims", add_sub_model(), ADD_SUB.replace('"add_sub"', '"bad_dims"')
-                .replace("dims: [ 4 ] }, { name: \"INPUT1\"", "dims: [ 0 ] }, { name: \"INPUT1\""))
+    write_model(
+        repository,
+        "bad_batching",
+        add_sub_model(),
+        ADD_SUB.replace('"add_sub"', '"bad_batching"') + "dynamic_batching { preferred_batch_size: [ 16 ] }",
+    )
+    write_model(
+        repository,
+        "bad_dims",
+        add_sub_model(),
+        ADD_SUB.replace('"add_sub"', '"bad_dims"').replace(
+            'dims: [ 4 ] }, { name: "INPUT1"', 'dims: [ 0 ] }, { name: "INPUT1"'
+        ),
+    )
     process = ServerProcess(
         [repository], ["--exit-on-error=false", f"--http-max-input-size={MAX_BODY}"]
     ).start()
@@ -103,7 +123,9 @@ def test_broken_models_are_unavailable_with_reason(
         client.get_model_metadata(model)
     assert info.value.status() == "503"
     assert reason in info.value.message()
-    status, error = error_of(server.http_url, f"/v2/models/{model}/infer", json.dumps(_valid_request()).encode())
+    status, error = error_of(
+        server.http_url, f"/v2/models/{model}/infer", json.dumps(_valid_request()).encode()
+    )
     assert status == 503 and reason in error
     assert reason in server.log  # the start-up table shows it too
     _assert_still_serving(server)
@@ -134,29 +156,65 @@ BAD_JSON_REQUESTS = {
     "unknown datatype": (json.dumps(_input(0, datatype="FLOAT")).encode(), "unknown datatype 'FLOAT'"),
     "shape not a list": (json.dumps(_input(0, shape="1x4")).encode(), "needs 'shape'"),
     "negative dimension": (json.dumps(_input(0, shape=[1, -4])).encode(), "needs 'shape'"),
-    "no data": (json.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 4], "datatype": "FP32"}]}).encode(),
-                "neither 'data' nor binary_data_size"),
-    "strings for FP32": (json.dumps(_input(0, data=["1", "2", "3", "4"])).encode(), "not FP32 (found strings)"),
+    "no data": (
+        json.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 4], "datatype": "FP32"}]}).encode(),
+        "neither 'data' nor binary_data_size",
+    ),
+    "strings for FP32": (
+        json.dumps(_input(0, data=["1", "2", "3", "4"])).encode(),
+        "not FP32 (found strings)",
+    ),
     "null in data": (json.dumps(_input(0, data=[1, None, 3, 4])).encode(), "not FP32"),
-    "too few elements": (json.dumps(_input(0, data=[1, 2, 3])).encode(), "has 3 elements but its shape [1, 4] needs 4"),
-    "ragged nested data": (json.dumps(_input(0, data=[[1, 2], [3]], shape=[2, 2])).encode(), "elements but its shape"),
-    "duplicate input": (json.dumps({"inputs": [_valid_request()["inputs"][0]] * 2}).encode(), "appears more than once"),
+    "too few elements": (
+        json.dumps(_input(0, data=[1, 2, 3])).encode(),
+        "has 3 elements but its shape [1, 4] needs 4",
+    ),
+    "ragged nested data": (
+        json.dumps(_input(0, data=[[1, 2], [3]], shape=[2, 2])).encode(),
+        "elements but its shape",
+    ),
+    "duplicate input": (
+        json.dumps({"inputs": [_valid_request()["inputs"][0]] * 2}).encode(),
+        "appears more than once",
+    ),
     "unknown input": (json.dumps(_input(1, name="INPUT9")).encode(), "unexpected inference input 'INPUT9'"),
-    "missing input": (json.dumps({"inputs": _valid_request()["inputs"][:1]}).encode(), "expects input(s) ['INPUT1']"),
-    "wrong datatype": (json.dumps(_input(0, datatype="INT32")).encode(), "has datatype INT32, but model 'add_sub' expects FP32"),
+    "missing input": (
+        json.dumps({"inputs": _valid_request()["inputs"][:1]}).encode(),
+        "expects input(s) ['INPUT1']",
+    ),
+    "wrong datatype": (
+        json.dumps(_input(0, datatype="INT32")).encode(),
+        "has datatype INT32, but model 'add_sub' expects FP32",
+    ),
     "wrong shape": (json.dumps(_input(0, shape=[1, 2, 2])).encode(), "expected [-1, 4], got [1, 2, 2]"),
-    "batch too large": (json.dumps(_input(0, shape=[9, 4], data=[0.0] * 36)).encode(), "must be between 1 and 8"),
+    "batch too large": (
+        json.dumps(_input(0, shape=[9, 4], data=[0.0] * 36)).encode(),
+        "must be between 1 and 8",
+    ),
     "zero batch": (json.dumps(_input(0, shape=[0, 4], data=[])).encode(), "must be between 1 and 8"),
-    "batch mismatch": (json.dumps(_input(1, shape=[2, 4], data=[0.0] * 8)).encode(), "must share the batch size"),
-    "unknown output": (json.dumps(_with(_valid_request(), outputs=[{"name": "OUTPUT7"}])).encode(),
-                       "unexpected inference output 'OUTPUT7'"),
-    "classification": (json.dumps(_with(_valid_request(), outputs=[{"name": "OUTPUT0", "parameters": {"classification": 2}}])).encode(),
-                       "classification extension is not supported"),
-    "nested parameter": (json.dumps(_with(_valid_request(), parameters={"x": {"y": 1}})).encode(),
-                         "must be a boolean, number or string"),
+    "batch mismatch": (
+        json.dumps(_input(1, shape=[2, 4], data=[0.0] * 8)).encode(),
+        "must share the batch size",
+    ),
+    "unknown output": (
+        json.dumps(_with(_valid_request(), outputs=[{"name": "OUTPUT7"}])).encode(),
+        "unexpected inference output 'OUTPUT7'",
+    ),
+    "classification": (
+        json.dumps(
+            _with(_valid_request(), outputs=[{"name": "OUTPUT0", "parameters": {"classification": 2}}])
+        ).encode(),
+        "classification extension is not supported",
+    ),
+    "nested parameter": (
+        json.dumps(_with(_valid_request(), parameters={"x": {"y": 1}})).encode(),
+        "must be a boolean, number or string",
+    ),
     "id not a string": (json.dumps(_with(_valid_request(), id=5)).encode(), "'id' must be a string"),
-    "integer out of range": (b'{"inputs":[{"name":"INPUT0","shape":[1],"datatype":"INT8","data":[300]}]}',
-                             "outside the range of INT8"),
+    "integer out of range": (
+        b'{"inputs":[{"name":"INPUT0","shape":[1],"datatype":"INT8","data":[300]}]}',
+        "outside the range of INT8",
+    ),
 }
 
 
@@ -172,8 +230,18 @@ def test_bad_json_requests(server: ServerProcess, case: str) -> None:
 def _binary_request(sizes: tuple[int, int], payload: bytes, header: dict | None = None) -> tuple[bytes, dict]:
     document = {
         "inputs": [
-            {"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "parameters": {"binary_data_size": sizes[0]}},
-            {"name": "INPUT1", "shape": [1, 4], "datatype": "FP32", "parameters": {"binary_data_size": sizes[1]}},
+            {
+                "name": "INPUT0",
+                "shape": [1, 4],
+                "datatype": "FP32",
+                "parameters": {"binary_data_size": sizes[0]},
+            },
+            {
+                "name": "INPUT1",
+                "shape": [1, 4],
+                "datatype": "FP32",
+                "parameters": {"binary_data_size": sizes[1]},
+            },
         ]
     }
     head = json.dumps(header or document).encode()
@@ -183,13 +251,17 @@ def _binary_request(sizes: tuple[int, int], payload: bytes, header: dict | None 
 def test_binary_request_is_decoded(server: ServerProcess) -> None:
     payload = np.arange(4, dtype=np.float32).tobytes() + np.ones(4, dtype=np.float32).tobytes()
     body, headers = _binary_request((16, 16), payload)
-    status, reply_headers, reply = request(server.http_url, "POST", INFER, body, headers)
+    status, _, reply = request(server.http_url, "POST", INFER, body, headers)
     assert status == 200
     assert json.loads(reply)["outputs"][0]["data"] == [1.0, 2.0, 3.0, 4.0]
 
 
 BAD_BINARY_REQUESTS = {
-    "size does not fit the shape": ((12, 16), 28, "has 12 bytes of data, but 4 FP32 elements of shape [1, 4] need 16"),
+    "size does not fit the shape": (
+        (12, 16),
+        28,
+        "has 12 bytes of data, but 4 FP32 elements of shape [1, 4] need 16",
+    ),
     "size beyond the body": ((16, 64), 32, "announces 64 bytes of binary data, but only 16 remain"),
     "bytes left over": ((16, 16), 40, "8 bytes of binary data that no input claims"),
 }
@@ -205,9 +277,14 @@ def test_bad_binary_requests(server: ServerProcess, case: str) -> None:
     _assert_still_serving(server)
 
 
-@pytest.mark.parametrize(("value", "message"), [
-    ("abc", "must be an integer"), ("-3", "must be >= 0"), ("100000", "but the body holds"),
-])
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("abc", "must be an integer"),
+        ("-3", "must be >= 0"),
+        ("100000", "but the body holds"),
+    ],
+)
 def test_bad_header_length(server: ServerProcess, value: str, message: str) -> None:
     body = json.dumps(_valid_request()).encode()
     status, error = error_of(server.http_url, INFER, body, {"Inference-Header-Content-Length": value})
@@ -216,15 +293,21 @@ def test_bad_header_length(server: ServerProcess, value: str, message: str) -> N
 
 def test_raw_binary_request(server: ServerProcess) -> None:
     data = np.arange(6, dtype=np.float32)
-    status, headers, reply = request(server.http_url, "POST", "/v2/models/fixed/infer", data.tobytes(),
-                                     {"Inference-Header-Content-Length": "0"})
+    status, headers, reply = request(
+        server.http_url,
+        "POST",
+        "/v2/models/fixed/infer",
+        data.tobytes(),
+        {"Inference-Header-Content-Length": "0"},
+    )
     assert status == 200
     json_length = int(headers["Inference-Header-Content-Length"])
     header = json.loads(reply[:json_length])
     assert header["outputs"][0]["shape"] == [2, 3]
     np.testing.assert_array_equal(np.frombuffer(reply[json_length:], dtype=np.float32), data)
-    status, error = error_of(server.http_url, "/v2/models/fixed/infer", bytes(20),
-                             {"Inference-Header-Content-Length": "0"})
+    status, error = error_of(
+        server.http_url, "/v2/models/fixed/infer", bytes(20), {"Inference-Header-Content-Length": "0"}
+    )
     assert status == 400 and "has 20 bytes of data" in error
     status, error = error_of(server.http_url, INFER, bytes(16), {"Inference-Header-Content-Length": "0"})
     assert status == 400 and "exactly one input" in error
@@ -250,12 +333,16 @@ def test_unknown_model_version_and_endpoint(server: ServerProcess) -> None:
 
 @pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
 def test_compressed_request_and_response(client: httpclient.InferenceServerClient, algorithm: str) -> None:
-    inputs = [httpclient.InferInput("INPUT0", [2, 4], "FP32"), httpclient.InferInput("INPUT1", [2, 4], "FP32")]
+    inputs = [
+        httpclient.InferInput("INPUT0", [2, 4], "FP32"),
+        httpclient.InferInput("INPUT1", [2, 4], "FP32"),
+    ]
     a = np.arange(8, dtype=np.float32).reshape(2, 4)
     inputs[0].set_data_from_numpy(a)
     inputs[1].set_data_from_numpy(a, binary_data=False)
-    result = client.infer("add_sub", inputs, request_compression_algorithm=algorithm,
-                          response_compression_algorithm=algorithm)
+    result = client.infer(
+        "add_sub", inputs, request_compression_algorithm=algorithm, response_compression_algorithm=algorithm
+    )
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a * 2)
 
 
@@ -266,7 +353,10 @@ def test_corrupt_gzip_body_is_refused(server: ServerProcess) -> None:
 
 
 def test_requested_outputs_only(client: httpclient.InferenceServerClient) -> None:
-    inputs = [httpclient.InferInput("INPUT0", [1, 4], "FP32"), httpclient.InferInput("INPUT1", [1, 4], "FP32")]
+    inputs = [
+        httpclient.InferInput("INPUT0", [1, 4], "FP32"),
+        httpclient.InferInput("INPUT1", [1, 4], "FP32"),
+    ]
     inputs[0].set_data_from_numpy(np.ones((1, 4), np.float32))
     inputs[1].set_data_from_numpy(np.ones((1, 4), np.float32))
     result = client.infer("add_sub", inputs, outputs=[httpclient.InferRequestedOutput("OUTPUT1")])

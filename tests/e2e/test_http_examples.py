@@ -38,8 +38,12 @@ def test_auto_completed_config_is_served(examples_client: httpclient.InferenceSe
     assert config["backend"] == "onnxruntime"
     assert config["platform"] == "onnxruntime_onnx"
     assert config["max_batch_size"] == 4
-    assert [(t["name"], t["data_type"], t["dims"]) for t in config["input"]] == [("features", "TYPE_FP32", [4])]
-    assert [(t["name"], t["data_type"], t["dims"]) for t in config["output"]] == [("scores", "TYPE_FP32", [3])]
+    assert [(t["name"], t["data_type"], t["dims"]) for t in config["input"]] == [
+        ("features", "TYPE_FP32", [4])
+    ]
+    assert [(t["name"], t["data_type"], t["dims"]) for t in config["output"]] == [
+        ("scores", "TYPE_FP32", [3])
+    ]
 
 
 @pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
@@ -47,11 +51,16 @@ def test_simple_infer(examples_client: httpclient.InferenceServerClient, binary:
     """What Triton's simple_http_infer_client.py does."""
     input0 = np.arange(16, dtype=np.int32).reshape(1, 16)
     input1 = np.ones((1, 16), dtype=np.int32)
-    inputs = [httpclient.InferInput("INPUT0", [1, 16], "INT32"), httpclient.InferInput("INPUT1", [1, 16], "INT32")]
+    inputs = [
+        httpclient.InferInput("INPUT0", [1, 16], "INT32"),
+        httpclient.InferInput("INPUT1", [1, 16], "INT32"),
+    ]
     inputs[0].set_data_from_numpy(input0, binary_data=binary)
     inputs[1].set_data_from_numpy(input1, binary_data=binary)
-    outputs = [httpclient.InferRequestedOutput("OUTPUT0", binary_data=binary),
-               httpclient.InferRequestedOutput("OUTPUT1", binary_data=binary)]
+    outputs = [
+        httpclient.InferRequestedOutput("OUTPUT0", binary_data=binary),
+        httpclient.InferRequestedOutput("OUTPUT1", binary_data=binary),
+    ]
     result = examples_client.infer("simple", inputs, outputs=outputs, request_id="r-17")
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), input0 + input1)
     np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), input0 - input1)
@@ -64,7 +73,10 @@ def test_simple_infer(examples_client: httpclient.InferenceServerClient, binary:
 def test_simple_string_infer(examples_client: httpclient.InferenceServerClient) -> None:
     values = np.array([[str(i).encode() for i in range(16)]], dtype=np.object_)
     ones = np.array([[b"1"] * 16], dtype=np.object_)
-    inputs = [httpclient.InferInput("INPUT0", [1, 16], "BYTES"), httpclient.InferInput("INPUT1", [1, 16], "BYTES")]
+    inputs = [
+        httpclient.InferInput("INPUT0", [1, 16], "BYTES"),
+        httpclient.InferInput("INPUT1", [1, 16], "BYTES"),
+    ]
     inputs[0].set_data_from_numpy(values)
     inputs[1].set_data_from_numpy(ones, binary_data=False)
     result = examples_client.infer("simple_string", inputs)
@@ -75,8 +87,10 @@ def test_simple_string_infer(examples_client: httpclient.InferenceServerClient) 
 def test_text_classifier_batch(examples_client: httpclient.InferenceServerClient) -> None:
     ids = np.array([[5, 17, 33, 0], [99, 100, 101, 102]], dtype=np.int64)
     mask = np.array([[1, 1, 1, 0], [1, 1, 1, 1]], dtype=np.int64)
-    inputs = [httpclient.InferInput("input_ids", list(ids.shape), "INT64"),
-              httpclient.InferInput("attention_mask", list(mask.shape), "INT64")]
+    inputs = [
+        httpclient.InferInput("input_ids", list(ids.shape), "INT64"),
+        httpclient.InferInput("attention_mask", list(mask.shape), "INT64"),
+    ]
     inputs[0].set_data_from_numpy(ids)
     inputs[1].set_data_from_numpy(mask)
     logits = examples_client.infer("text_classifier", inputs).as_numpy("logits")

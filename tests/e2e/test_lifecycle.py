@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -17,6 +18,8 @@ from tritonclient.utils import InferenceServerException
 
 from coreserve.testing import ServerFactory, ServerProcess
 from model_builders import add_sub_model, scale_model, write_model
+
+ClientFactory = Callable[[ServerProcess], httpclient.InferenceServerClient]
 
 SCALE = """
 backend: "onnxruntime"
@@ -43,15 +46,24 @@ def _env_with(*sites: Path) -> dict[str, str]:
     return {"PYTHONPATH": os.pathsep.join([*(str(s) for s in sites), os.environ.get("PYTHONPATH", "")])}
 
 
-@pytest.mark.parametrize(("policy", "served"), [
-    ("", [3]),
-    ("version_policy: { latest: { num_versions: 2 } }", [2, 3]),
-    ("version_policy: { all: { } }", [1, 2, 3]),
-    ("version_policy: { specific: { versions: [ 1, 3 ] } }", [1, 3]),
-])
-def test_version_policy(coreserve_server: ServerFactory, tmp_path: Path, policy: str, served: list[int]) -> None:
+@pytest.mark.parametrize(
+    ("policy", "served"),
+    [
+        ("", [3]),
+        ("version_policy: { latest: { num_versions: 2 } }", [2, 3]),
+        ("version_policy: { all: { } }", [1, 2, 3]),
+        ("version_policy: { specific: { versions: [ 1, 3 ] } }", [1, 3]),
+    ],
+)
+def test_version_policy(
+    coreserve_server: ServerFactory,
+    http_client: ClientFactory,
+    tmp_path: Path,
+    policy: str,
+    served: list[int],
+) -> None:
     server = coreserve_server(_scale_repository(tmp_path, policy))
-    client = httpclient.InferenceServerClient(server.http_url)
+    client = http_client(server)
     assert client.get_model_metadata("scaled")["versions"] == [str(v) for v in served]
     assert _scale(client) == served[-1]  # no version: the latest
     for version in served:
@@ -61,10 +73,12 @@ def test_version_policy(coreserve_server: ServerFactory, tmp_path: Path, policy:
             _scale(client, str(version))
 
 
-def test_specific_version_that_does_not_exist(coreserve_server: ServerFactory, tmp_path: Path) -> None:
+def test_specific_version_that_does_not_exist(
+    coreserve_server: ServerFactory, http_client: ClientFactory, tmp_path: Path
+) -> None:
     _scale_repository(tmp_path, "version_policy: { specific: { versions: [ 4 ] } }")
     server = coreserve_server(tmp_path, "--exit-on-error=false")
-    client = httpclient.InferenceServerClient(server.http_url)
+    client = http_client(server)
     with pytest.raises(InferenceServerException, match=r"asks for version\(s\) \[4\]"):
         client.get_model_metadata("scaled")
 
@@ -80,39 +94,47 @@ def test_exit_on_error_is_the_default(tmp_path: Path) -> None:
     server.close()
 
 
-def test_unavailable_model_does_not_stop_the_others(coreserve_server: ServerFactory, tmp_path: Path) -> None:
+def test_unavailable_model_does_not_stop_the_others(
+    coreserve_server: ServerFactory, http_client: ClientFactory, tmp_path: Path
+) -> None:
     write_model(tmp_path, "good", scale_model(1.0), SCALE)
     write_model(tmp_path, "broken", b"garbage", SCALE)
     server = coreserve_server(tmp_path, "--exit-on-error=false", "--strict-readiness=false")
-    client = httpclient.InferenceServerClient(server.http_url)
+    client = http_client(server)
     assert client.is_server_ready()  # not strict: ready although 'broken' is not
     assert client.is_model_ready("good") and not client.is_model_ready("broken")
     assert "| broken" in server.log and "UNAVAILABLE" in server.log
 
 
-def test_disable_auto_complete_config(coreserve_server: ServerFactory, tmp_path: Path) -> None:
+def test_disable_auto_complete_config(
+    coreserve_server: ServerFactory, http_client: ClientFactory, tmp_path: Path
+) -> None:
     write_model(tmp_path, "bare", scale_model(2.0), 'backend: "onnxruntime"')
     server = coreserve_server(tmp_path, "--exit-on-error=false", "--disable-auto-complete-config")
-    client = httpclient.InferenceServerClient(server.http_url)
+    client = http_client(server)
     assert not client.is_model_ready("bare")
     with pytest.raises(InferenceServerException, match="configuration does not list"):
         client.get_model_metadata("bare")
 
 
-def test_model_without_config_is_found_by_its_file(coreserve_server: ServerFactory, tmp_path: Path) -> None:
+def test_model_without_config_is_found_by_its_file(
+    coreserve_server: ServerFactory, http_client: ClientFactory, tmp_path: Path
+) -> None:
     write_model(tmp_path, "scaled", scale_model(5.0))
     server = coreserve_server(tmp_path)
-    client = httpclient.InferenceServerClient(server.http_url)
+    client = http_client(server)
     assert client.get_model_config("scaled")["max_batch_size"] == 4
     assert _scale(client) == 5.0
 
 
-def test_several_repositories(coreserve_server: ServerFactory, tmp_path: Path) -> None:
+def test_several_repositories(
+    coreserve_server: ServerFactory, http_client: ClientFactory, tmp_path: Path
+) -> None:
     write_model(tmp_path / "a", "scaled", scale_model(2.0), SCALE)
     write_model(tmp_path / "b", "other", scale_model(3.0), SCALE)
     write_model(tmp_path / "b", "scaled", scale_model(3.0), SCALE)  # duplicate name: refused
     server = coreserve_server([tmp_path / "a", tmp_path / "b"], "--exit-on-error=false")
-    client = httpclient.InferenceServerClient(server.http_url)
+    client = http_client(server)
     assert client.is_model_ready("other")
     with pytest.raises(InferenceServerException, match="appears in more than one repository"):
         client.get_model_metadata("scaled")
@@ -155,9 +177,12 @@ def test_instances_run_requests_in_parallel(
 
     def call(value: int) -> int:
         client = httpclient.InferenceServerClient(server.http_url)
-        tensor = httpclient.InferInput("IN", [1], "INT32")
-        tensor.set_data_from_numpy(np.array([value], np.int32))
-        return int(client.infer("slow", [tensor]).as_numpy("OUT")[0])
+        try:
+            tensor = httpclient.InferInput("IN", [1], "INT32")
+            tensor.set_data_from_numpy(np.array([value], np.int32))
+            return int(client.infer("slow", [tensor]).as_numpy("OUT")[0])
+        finally:
+            client.close()
 
     started = time.monotonic()
     with ThreadPoolExecutor(3) as pool:
@@ -171,12 +196,12 @@ def test_instances_run_requests_in_parallel(
 
 
 def test_third_party_backend_serves_and_passes_parameters(
-    coreserve_server: ServerFactory, tmp_path: Path, echo_backend_site: Path
+    coreserve_server: ServerFactory, http_client: ClientFactory, tmp_path: Path, echo_backend_site: Path
 ) -> None:
     config = ECHO_SLOW.format(count=1).replace('"400"', '"0"')
     write_model(tmp_path, "echo_model", b"", config, filename="model.echo")
     server = coreserve_server(tmp_path, env=_env_with(echo_backend_site))
-    client = httpclient.InferenceServerClient(server.http_url)
+    client = http_client(server)
     tensor = httpclient.InferInput("IN", [1], "INT32")
     tensor.set_data_from_numpy(np.array([42], np.int32))
     result = client.infer("echo_model", [tensor], parameters={"colour": "blue", "count": 3, "ok": True})
@@ -186,8 +211,14 @@ def test_third_party_backend_serves_and_passes_parameters(
 
 
 def _coreserve_backends(env: dict[str, str]) -> str:
-    completed = subprocess.run([sys.executable, "-m", "coreserve", "backends"], capture_output=True, text=True,
-                               env={**os.environ, **env}, check=True, timeout=60)
+    completed = subprocess.run(
+        [sys.executable, "-m", "coreserve", "backends"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        check=True,
+        timeout=60,
+    )
     return completed.stdout + completed.stderr
 
 
@@ -199,14 +230,14 @@ def test_backends_command_lists_distributions(echo_backend_site: Path) -> None:
 
 
 def test_broken_plugin_is_reported_and_server_starts(
-    coreserve_server: ServerFactory, tmp_path: Path, broken_plugin_site: Path
+    coreserve_server: ServerFactory, http_client: ClientFactory, tmp_path: Path, broken_plugin_site: Path
 ) -> None:
     output = _coreserve_backends(_env_with(broken_plugin_site))
     assert "coreserve-broken-plugin 0.0.1" in output and "coreserve_missing_dependency" in output
     write_model(tmp_path, "scaled", scale_model(1.0), SCALE)
     server = coreserve_server(tmp_path, env=_env_with(broken_plugin_site))
     assert "from distribution coreserve-broken-plugin 0.0.1 failed to load" in server.log
-    assert httpclient.InferenceServerClient(server.http_url).is_model_ready("scaled")
+    assert http_client(server).is_model_ready("scaled")
 
 
 def test_blocked_plugin_is_not_loaded(echo_backend_site: Path) -> None:
@@ -215,12 +246,17 @@ def test_blocked_plugin_is_not_loaded(echo_backend_site: Path) -> None:
     assert "echo_platform" not in output and "onnxruntime" in output
 
 
-def test_batch_of_rows_in_one_request(coreserve_server: ServerFactory, tmp_path: Path) -> None:
+def test_batch_of_rows_in_one_request(
+    coreserve_server: ServerFactory, http_client: ClientFactory, tmp_path: Path
+) -> None:
     write_model(tmp_path, "add_sub", add_sub_model("FP32", ["batch", 4]), None)
     server = coreserve_server(tmp_path)
-    client = httpclient.InferenceServerClient(server.http_url)
+    client = http_client(server)
     a = np.arange(12, dtype=np.float32).reshape(3, 4)
-    inputs = [httpclient.InferInput("INPUT0", [3, 4], "FP32"), httpclient.InferInput("INPUT1", [3, 4], "FP32")]
+    inputs = [
+        httpclient.InferInput("INPUT0", [3, 4], "FP32"),
+        httpclient.InferInput("INPUT1", [3, 4], "FP32"),
+    ]
     inputs[0].set_data_from_numpy(a)
     inputs[1].set_data_from_numpy(a)
     result = client.infer("add_sub", inputs)

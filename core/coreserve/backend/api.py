@@ -93,7 +93,9 @@ class Backend(Protocol):
     platforms: tuple[str, ...]
     default_model_filename: str
 
-    def auto_complete_config(self, model: ModelFiles, config: ModelConfig, server: ServerContext) -> ModelConfig:
+    def auto_complete_config(
+        self, model: ModelFiles, config: ModelConfig, server: ServerContext
+    ) -> ModelConfig:
         """Fills what the configuration leaves out (inputs, outputs, max_batch_size) from the
         model file. Runs on a worker thread; returns the completed configuration."""
         ...

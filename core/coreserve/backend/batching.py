@@ -64,10 +64,12 @@ async def run_batched(
     total = sum(request.batch_size for request in requests)
     for name, array in outputs.items():
         if array.ndim == 0 or array.shape[0] != total:
-            responder.fail_open_requests(InternalError(
-                f"model '{signature.model_name}' returned output '{name}' with shape {list(array.shape)} "
-                f"for a batch of {total}"
-            ))
+            responder.fail_open_requests(
+                InternalError(
+                    f"model '{signature.model_name}' returned output '{name}' with shape {list(array.shape)} "
+                    f"for a batch of {total}"
+                )
+            )
             return
     start = 0
     for request in requests:

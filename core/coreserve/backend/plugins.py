@@ -83,12 +83,16 @@ class Plugins:
         return BackendOrigin(distributions[0], importlib.metadata.version(distributions[0]))
 
     def _load_entry_points(self) -> None:
-        blocked = {item.strip() for item in os.environ.get(BLOCKED_PLUGINS_ENV, "").split(",") if item.strip()}
+        blocked = {
+            item.strip() for item in os.environ.get(BLOCKED_PLUGINS_ENV, "").split(",") if item.strip()
+        }
         for entry_point in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
             distribution = _distribution_label(entry_point)
             dist_name = entry_point.dist.name if entry_point.dist else ""
             if entry_point.name in blocked or dist_name in blocked:
-                logger.info("plugin '%s' (%s) is blocked by %s", entry_point.name, distribution, BLOCKED_PLUGINS_ENV)
+                logger.info(
+                    "plugin '%s' (%s) is blocked by %s", entry_point.name, distribution, BLOCKED_PLUGINS_ENV
+                )
                 continue
             if self._manager.get_plugin(entry_point.name) is not None:
                 continue
@@ -108,7 +112,9 @@ class Plugins:
         self.failures.append(PluginFailure(name, distribution, error))
         logger.warning(
             "backend plugin '%s' from distribution %s failed to load and is skipped: %s",
-            name, distribution, error,
+            name,
+            distribution,
+            error,
         )
         plugin = self._manager.get_plugin(name)
         if plugin is not None:

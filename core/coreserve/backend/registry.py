@@ -44,7 +44,9 @@ class BackendRegistry:
         if backend.name in self._by_name:
             logger.warning(
                 "backend '%s' is registered twice (%r and %r); keeping the first",
-                backend.name, self._by_name[backend.name], backend,
+                backend.name,
+                self._by_name[backend.name],
+                backend,
             )
             return
         self._by_name[backend.name] = backend
@@ -72,9 +74,7 @@ class BackendRegistry:
         backend = self.get(name) if name else self.by_platform(platform)
         if backend is not None:
             if name and platform and platform not in backend.platforms and platform in self._by_platform:
-                raise InvalidArgumentError(
-                    f"backend '{name}' does not serve platform '{platform}'"
-                )
+                raise InvalidArgumentError(f"backend '{name}' does not serve platform '{platform}'")
             return backend
         wanted = name or KNOWN_PLATFORMS.get(platform, "")
         what = f"backend '{name}'" if name else f"platform '{platform}'"

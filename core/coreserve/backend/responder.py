@@ -73,9 +73,12 @@ class Responder:
             try:
                 outputs = {name: outputs[name] for name in requested}
             except KeyError as exc:
-                self.send_error(request, InternalError(
-                    f"model '{self.signature.model_name}' did not produce requested output {exc}"
-                ))
+                self.send_error(
+                    request,
+                    InternalError(
+                        f"model '{self.signature.model_name}' did not produce requested output {exc}"
+                    ),
+                )
                 return
         response = InferenceResponse(
             model_name=request.model_name,

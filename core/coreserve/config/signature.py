@@ -84,7 +84,8 @@ class ModelSignature:
             if array.dtype != spec.datatype.numpy_dtype:
                 got = DataType.from_numpy(array.dtype)
                 raise InvalidArgumentError(
-                    f"inference input '{name}' has datatype {got}, but model '{model}' expects {spec.datatype}"
+                    f"inference input '{name}' has datatype {got}, "
+                    f"but model '{model}' expects {spec.datatype}"
                 )
             shape = array.shape
             if self.max_batch_size > 0:

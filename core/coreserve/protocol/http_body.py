@@ -45,7 +45,7 @@ def decode_infer_request(
     """Decodes a JSON (+ binary) inference request body."""
     view = memoryview(body)
     if header_length is None:
-        header, binary = view, view[len(view):]
+        header, binary = view, view[len(view) :]
     else:
         if not 0 < header_length <= len(view):
             raise InvalidArgumentError(
@@ -142,9 +142,7 @@ def decode_raw_infer_request(
             dims[dims.index(-1)] = len(body) // (known * itemsize)
         shape = tuple([1, *dims] if batching else dims)
         array = array_from_bytes(memoryview(body), spec.datatype, shape, name)
-    request = InferenceRequest(
-        model_name=model_name, model_version=model_version, inputs={name: array}
-    )
+    request = InferenceRequest(model_name=model_name, model_version=model_version, inputs={name: array})
     return request, OutputEncoding(binary_by_default=True)
 
 

@@ -13,8 +13,16 @@ from coreserve.protocol.bytes_codec import decode_bytes_tensor, encode_bytes_ten
 from coreserve.types import NUMPY_DTYPES, DataType
 
 _INTEGER_TYPES = frozenset(
-    (DataType.UINT8, DataType.UINT16, DataType.UINT32, DataType.UINT64,
-     DataType.INT8, DataType.INT16, DataType.INT32, DataType.INT64)
+    (
+        DataType.UINT8,
+        DataType.UINT16,
+        DataType.UINT32,
+        DataType.UINT64,
+        DataType.INT8,
+        DataType.INT16,
+        DataType.INT32,
+        DataType.INT64,
+    )
 )
 # Which kinds of JSON-decoded numpy arrays may become which non-integer datatype.
 _ACCEPTED_KINDS = {
@@ -33,7 +41,9 @@ def parse_datatype(value: object, name: str) -> DataType:
 
 def parse_shape(value: object, name: str) -> tuple[int, ...]:
     if not isinstance(value, list) or not all(type(d) is int and d >= 0 for d in value):
-        raise InvalidArgumentError(f"input '{name}' needs 'shape': a list of non-negative integers, got {value!r}")
+        raise InvalidArgumentError(
+            f"input '{name}' needs 'shape': a list of non-negative integers, got {value!r}"
+        )
     return tuple(value)
 
 
@@ -98,8 +108,14 @@ def _flatten(data: Any, name: str) -> list[Any]:
 
 
 def _describe_kind(kind: str) -> str:
-    return {"b": "booleans", "i": "integers", "u": "integers", "f": "numbers with fractions",
-            "U": "strings", "O": "mixed or null values"}.get(kind, f"numpy kind '{kind}'")
+    return {
+        "b": "booleans",
+        "i": "integers",
+        "u": "integers",
+        "f": "numbers with fractions",
+        "U": "strings",
+        "O": "mixed or null values",
+    }.get(kind, f"numpy kind '{kind}'")
 
 
 def array_from_bytes(buffer: memoryview, datatype: DataType, shape: tuple[int, ...], name: str) -> np.ndarray:

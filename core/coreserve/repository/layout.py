@@ -1,7 +1,7 @@
 """The on-disk layout of a Triton model repository: model folders and numeric version folders.
 
-    <repository>/<model>/config.pbtxt
-    <repository>/<model>/<version>/<model file>
+<repository>/<model>/config.pbtxt
+<repository>/<model>/<version>/<model file>
 """
 
 from __future__ import annotations

@@ -64,9 +64,7 @@ class ModelLoader:
         signature = ModelSignature(config)
         for number in versions:
             model.versions[number] = ModelVersion(location.name, number, config, signature)
-        await asyncio.gather(
-            *(self._load_version(backend, location, model.versions[n]) for n in versions)
-        )
+        await asyncio.gather(*(self._load_version(backend, location, model.versions[n]) for n in versions))
         return model
 
     async def _prepare(self, location: ModelLocation) -> tuple[Backend, ModelConfig, list[int]]:
@@ -78,7 +76,9 @@ class ModelLoader:
             config.default_model_filename = backend.default_model_filename
         if self._auto_complete and available:
             files = ModelFiles(location.name, location.path, available[-1], config.default_model_filename)
-            config = await asyncio.to_thread(backend.auto_complete_config, files, config, self.context_for(backend))
+            config = await asyncio.to_thread(
+                backend.auto_complete_config, files, config, self.context_for(backend)
+            )
         config.backend = config.backend or backend.name
         if not config.platform and backend.platforms:
             config.platform = backend.platforms[0]
@@ -120,10 +120,14 @@ class ModelLoader:
     def _check_supported(config: ModelConfig) -> None:
         choice = config.WhichOneof("scheduling_choice")
         if choice in ("sequence_batching", "ensemble_scheduling"):
-            raise UnsupportedError(f"model '{config.name}': {choice} is not supported by this coreserve version")
+            raise UnsupportedError(
+                f"model '{config.name}': {choice} is not supported by this coreserve version"
+            )
 
     async def _load_version(self, backend: Backend, location: ModelLocation, version: ModelVersion) -> None:
-        files = ModelFiles(location.name, location.path, version.version, version.config.default_model_filename)
+        files = ModelFiles(
+            location.name, location.path, version.version, version.config.default_model_filename
+        )
         instances: list[ModelInstance] = []
         try:
             if not files.version_path.is_dir():
@@ -135,8 +139,12 @@ class ModelLoader:
             for instance in instances:
                 await instance.close()
             version.state = ModelState.UNAVAILABLE
-            version.reason = exc.message if isinstance(exc, CoreserveError) else f"{type(exc).__name__}: {exc}"
-            logger.error("model '%s' version %d is unavailable: %s", location.name, version.version, version.reason)
+            version.reason = (
+                exc.message if isinstance(exc, CoreserveError) else f"{type(exc).__name__}: {exc}"
+            )
+            logger.error(
+                "model '%s' version %d is unavailable: %s", location.name, version.version, version.reason
+            )
             return
         decoupled = version.config.model_transaction_policy.decoupled
         version.scheduler = Scheduler(version.signature, version.version, instances, decoupled=decoupled)
@@ -153,11 +161,13 @@ def _placements(config: ModelConfig) -> list[InstancePlacement]:
         for device_id in devices:
             for index in range(group.count):
                 suffix = f"{index}" if len(devices) == 1 else f"{device_id}_{index}"
-                placements.append(InstancePlacement(
-                    name=f"{group.name}_{suffix}",
-                    group_name=group.name,
-                    index=index,
-                    kind=kind,
-                    device_id=device_id,
-                ))
+                placements.append(
+                    InstancePlacement(
+                        name=f"{group.name}_{suffix}",
+                        group_name=group.name,
+                        index=index,
+                        kind=kind,
+                        device_id=device_id,
+                    )
+                )
     return placements

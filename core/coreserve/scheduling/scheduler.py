@@ -88,7 +88,9 @@ class Scheduler:
             batch = self.next_batch()
             self._busy += 1
             try:
-                await execute_batch(instance, batch, self.signature, self.model_version, decoupled=self.decoupled)
+                await execute_batch(
+                    instance, batch, self.signature, self.model_version, decoupled=self.decoupled
+                )
             finally:
                 self._busy -= 1
 
@@ -101,7 +103,10 @@ class Scheduler:
         except TimeoutError:
             logger.warning(
                 "model '%s' version %s: %d requests still queued after %.1fs; failing them",
-                self.signature.model_name, self.model_version, len(self._queue), timeout,
+                self.signature.model_name,
+                self.model_version,
+                len(self._queue),
+                timeout,
             )
         for worker in self._workers:
             worker.cancel()

@@ -47,7 +47,9 @@ class Server:
             logger.info("%s", line)
         if self.options.exit_on_error and not self.repository.all_ready():
             await self.repository.unload_all(timeout=0)
-            raise StartupError("some models failed to load (see above); exiting because --exit-on-error is true")
+            raise StartupError(
+                "some models failed to load (see above); exiting because --exit-on-error is true"
+            )
         if self.options.allow_http:
             self.http = HttpFrontend(
                 self.dataplane,

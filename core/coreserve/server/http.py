@@ -116,7 +116,9 @@ class HttpFrontend:
     async def _model_ready(self, request: web.Request) -> web.Response:
         info = request.match_info
         self._dataplane.repository.get(info["model"])  # unknown model: 404
-        return web.Response(status=200 if self._dataplane.model_ready(info["model"], info.get("version", "")) else 400)
+        return web.Response(
+            status=200 if self._dataplane.model_ready(info["model"], info.get("version", "")) else 400
+        )
 
     async def _model_config(self, request: web.Request) -> web.Response:
         info = request.match_info
@@ -163,7 +165,9 @@ async def _read_body(request: web.Request) -> bytes:
     try:
         return await request.read()
     except RequestPayloadError as exc:  # a body that its Content-Encoding cannot decode, say
-        raise InvalidArgumentError(f"cannot read the request body: {str(exc).splitlines()[-1].strip()}") from None
+        raise InvalidArgumentError(
+            f"cannot read the request body: {str(exc).splitlines()[-1].strip()}"
+        ) from None
 
 
 def _parse_header_length(value: str) -> int:

@@ -29,7 +29,9 @@ class OnnxBackend:
     platforms = ("onnxruntime_onnx",)
     default_model_filename = "model.onnx"
 
-    def auto_complete_config(self, model: ModelFiles, config: ModelConfig, server: ServerContext) -> ModelConfig:
+    def auto_complete_config(
+        self, model: ModelFiles, config: ModelConfig, server: ServerContext
+    ) -> ModelConfig:
         """Fills inputs, outputs and max_batch_size from the model file, as Triton does.
 
         A model whose every input and output has a dynamic first dimension gets
@@ -51,10 +53,14 @@ class OnnxBackend:
         skip = 1 if config.max_batch_size > 0 else 0
         if not config.input:
             for tensor in inputs.values():
-                config.input.add(name=tensor.name, data_type=_config_type(tensor, model.name), dims=tensor.dims[skip:])
+                config.input.add(
+                    name=tensor.name, data_type=_config_type(tensor, model.name), dims=tensor.dims[skip:]
+                )
         if not config.output:
             for tensor in outputs.values():
-                config.output.add(name=tensor.name, data_type=_config_type(tensor, model.name), dims=tensor.dims[skip:])
+                config.output.add(
+                    name=tensor.name, data_type=_config_type(tensor, model.name), dims=tensor.dims[skip:]
+                )
         return config
 
     async def create_instance(
@@ -72,7 +78,8 @@ def _config_type(tensor: OnnxTensor, model_name: str) -> int:
     datatype = tensor.datatype
     if datatype is None:
         raise ModelConfigError(
-            f"model '{model_name}': tensor '{tensor.name}' has type {tensor.ort_type}, which coreserve cannot serve"
+            f"model '{model_name}': tensor '{tensor.name}' has type {tensor.ort_type}, "
+            "which coreserve cannot serve"
         )
     return DataType(datatype).config_value
 

@@ -98,7 +98,10 @@ def providers_for(placement: InstancePlacement) -> list[str | tuple[str, dict[st
 
 
 def open_session(
-    path: Path, options: ort.SessionOptions, providers: list[str | tuple[str, dict[str, str]]], model_name: str
+    path: Path,
+    options: ort.SessionOptions,
+    providers: list[str | tuple[str, dict[str, str]]],
+    model_name: str,
 ) -> ort.InferenceSession:
     """Loads an ONNX model; a missing or unreadable file gives an error naming it."""
     if path.is_dir():  # Triton also accepts a model.onnx folder holding model.onnx and its weights

@@ -48,7 +48,8 @@ def _check_tensor(signature: ModelSignature, kind: str, spec: TensorSpec, tensor
             f"must be dynamic, but its shape is {actual}"
         )
     if len(actual) != len(expected) or any(
-        model_dim != -1 and model_dim != config_dim for model_dim, config_dim in zip(actual, expected, strict=True)
+        model_dim != -1 and model_dim != config_dim
+        for model_dim, config_dim in zip(actual, expected, strict=True)
     ):
         raise ModelConfigError(
             f"{where}: the configuration's shape {expected} does not fit the ONNX model's shape {actual}"

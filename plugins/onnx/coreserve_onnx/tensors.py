@@ -43,6 +43,6 @@ def describe(node_args: list[object]) -> dict[str, OnnxTensor]:
     for arg in node_args:
         shape = getattr(arg, "shape", None) or []
         dims = tuple(d if isinstance(d, int) and d >= 0 else -1 for d in shape)
-        name = str(getattr(arg, "name"))
-        tensors[name] = OnnxTensor(name, str(getattr(arg, "type")), dims)
+        name = str(arg.name)
+        tensors[name] = OnnxTensor(name, str(arg.type), dims)
     return tensors

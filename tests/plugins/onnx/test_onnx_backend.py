@@ -11,7 +11,14 @@ import pytest
 from onnx import TensorProto, helper
 
 from coreserve import DataType, InferenceRequest, ModelConfigError, UnavailableError, UnsupportedError
-from coreserve.backend import InstanceKind, InstancePlacement, ModelFiles, ModelSignature, Responder, ServerContext
+from coreserve.backend import (
+    InstanceKind,
+    InstancePlacement,
+    ModelFiles,
+    ModelSignature,
+    Responder,
+    ServerContext,
+)
 from coreserve.config import apply_defaults, parse_config, validate_config
 from coreserve.responses import SingleResponse
 from coreserve_onnx import OnnxBackend
@@ -40,7 +47,8 @@ def test_auto_complete_batching_model(tmp_path: Path) -> None:
     assert config.max_batch_size == 4
     assert config.HasField("dynamic_batching")
     assert [(t.name, t.data_type, list(t.dims)) for t in config.input] == [
-        ("INPUT0", DataType.INT64.config_value, [3]), ("INPUT1", DataType.INT64.config_value, [3])
+        ("INPUT0", DataType.INT64.config_value, [3]),
+        ("INPUT1", DataType.INT64.config_value, [3]),
     ]
     assert [t.name for t in config.output] == ["OUTPUT0", "OUTPUT1"]
 
@@ -59,8 +67,11 @@ def test_auto_complete_keeps_what_the_config_says(tmp_path: Path) -> None:
     write_model(tmp_path, "m", add_sub_model("FP32", ["batch", 3]))
     config = _complete(tmp_path, "max_batch_size: 2")
     assert config.max_batch_size == 2 and list(config.input[0].dims) == [3]
-    config = _complete(tmp_path, 'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1, 3 ] }, '
-                                 '{ name: "INPUT1" data_type: TYPE_FP32 dims: [ -1, 3 ] } ]')
+    config = _complete(
+        tmp_path,
+        'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1, 3 ] }, '
+        '{ name: "INPUT1" data_type: TYPE_FP32 dims: [ -1, 3 ] } ]',
+    )
     assert config.max_batch_size == 0 and len(config.output) == 2
 
 
@@ -79,15 +90,27 @@ output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 3 ] }, { name: "OUTPUT1"
 """
 
 
-@pytest.mark.parametrize(("config", "message"), [
-    (ADD_SUB.replace("dims: [ 3 ] }, { name: \"INPUT1\"", "dims: [ 4 ] }, { name: \"INPUT1\""),
-     "configuration's shape [-1, 4] does not fit the ONNX model's shape [-1, 3]"),
-    (ADD_SUB.replace('"OUTPUT1"', '"OUT9"'), "configuration output 'OUT9' is not an output of the ONNX model"),
-    (ADD_SUB.replace(', { name: "INPUT1" data_type: TYPE_FP32 dims: [ 3 ] }', ""),
-     "the ONNX model needs input(s) ['INPUT1']"),
-    (ADD_SUB.replace("max_batch_size: 8", "max_batch_size: 0"),
-     "configuration's shape [3] does not fit the ONNX model's shape [-1, 3]"),
-])
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        (
+            ADD_SUB.replace('dims: [ 3 ] }, { name: "INPUT1"', 'dims: [ 4 ] }, { name: "INPUT1"'),
+            "configuration's shape [-1, 4] does not fit the ONNX model's shape [-1, 3]",
+        ),
+        (
+            ADD_SUB.replace('"OUTPUT1"', '"OUT9"'),
+            "configuration output 'OUT9' is not an output of the ONNX model",
+        ),
+        (
+            ADD_SUB.replace(', { name: "INPUT1" data_type: TYPE_FP32 dims: [ 3 ] }', ""),
+            "the ONNX model needs input(s) ['INPUT1']",
+        ),
+        (
+            ADD_SUB.replace("max_batch_size: 8", "max_batch_size: 0"),
+            "configuration's shape [3] does not fit the ONNX model's shape [-1, 3]",
+        ),
+    ],
+)
 def test_config_must_fit_the_model(tmp_path: Path, config: str, message: str) -> None:
     with pytest.raises(ModelConfigError) as info:
         _instance(tmp_path, add_sub_model("FP32", ["batch", 3]), config)
@@ -100,21 +123,32 @@ def test_batching_needs_a_dynamic_first_dimension(tmp_path: Path) -> None:
 
 
 def test_bf16_models_are_refused_clearly(tmp_path: Path) -> None:
-    model = onnx_model([helper.make_node("Identity", ["x"], ["y"])],
-                       [helper.make_tensor_value_info("x", TensorProto.BFLOAT16, [2])],
-                       [helper.make_tensor_value_info("y", TensorProto.BFLOAT16, [2])])
+    model = onnx_model(
+        [helper.make_node("Identity", ["x"], ["y"])],
+        [helper.make_tensor_value_info("x", TensorProto.BFLOAT16, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.BFLOAT16, [2])],
+    )
     config = 'input [ { name: "x" data_type: TYPE_BF16 dims: [ 2 ] } ] output [ { name: "y" data_type: TYPE_BF16 dims: [ 2 ] } ]'
     with pytest.raises(UnsupportedError, match="cannot exchange BF16"):
         _instance(tmp_path, model, config)
 
 
-@pytest.mark.parametrize(("parameters", "message"), [
-    ('parameters { key: "intra_op_thread_count" value: { string_value: "two" } }', "must be an integer, got 'two'"),
-    ('parameters { key: "inter_op_thread_count" value: { string_value: "-1" } }', "must be >= 0"),
-    ('parameters { key: "execution_mode" value: { string_value: "3" } }', "0 (sequential) or 1 (parallel)"),
-    ('parameters { key: "enable_mem_arena" value: { string_value: "maybe" } }', "must be true or false"),
-    ("optimization { graph { level: 5 } }", "'optimization.graph.level' must be one of [-1, 0, 1, 2]"),
-])
+@pytest.mark.parametrize(
+    ("parameters", "message"),
+    [
+        (
+            'parameters { key: "intra_op_thread_count" value: { string_value: "two" } }',
+            "must be an integer, got 'two'",
+        ),
+        ('parameters { key: "inter_op_thread_count" value: { string_value: "-1" } }', "must be >= 0"),
+        (
+            'parameters { key: "execution_mode" value: { string_value: "3" } }',
+            "0 (sequential) or 1 (parallel)",
+        ),
+        ('parameters { key: "enable_mem_arena" value: { string_value: "maybe" } }', "must be true or false"),
+        ("optimization { graph { level: 5 } }", "'optimization.graph.level' must be one of [-1, 0, 1, 2]"),
+    ],
+)
 def test_bad_session_parameters(parameters: str, message: str) -> None:
     config = parse_config('name: "m" ' + parameters)
     with pytest.raises(ModelConfigError) as info:
@@ -123,9 +157,11 @@ def test_bad_session_parameters(parameters: str, message: str) -> None:
 
 
 def test_session_parameters_are_applied() -> None:
-    config = parse_config('name: "m" optimization { graph { level: -1 } } '
-                          'parameters { key: "intra_op_thread_count" value: { string_value: "1" } } '
-                          'parameters { key: "execution_mode" value: { string_value: "1" } }')
+    config = parse_config(
+        'name: "m" optimization { graph { level: -1 } } '
+        'parameters { key: "intra_op_thread_count" value: { string_value: "1" } } '
+        'parameters { key: "execution_mode" value: { string_value: "1" } }'
+    )
     options = session_options(config)
     assert options.intra_op_num_threads == 1
     assert options.execution_mode == ort.ExecutionMode.ORT_PARALLEL
@@ -152,8 +188,9 @@ def test_execute_merges_a_batch_and_splits_it_back(tmp_path: Path) -> None:
         requests = []
         for rows in (1, 2, 3):
             a = np.full((rows, 3), rows, np.float32)
-            request = InferenceRequest("m", {"INPUT0": a, "INPUT1": a.copy()},
-                                       requested_outputs=("OUTPUT0",) if rows == 2 else None)
+            request = InferenceRequest(
+                "m", {"INPUT0": a, "INPUT1": a.copy()}, requested_outputs=("OUTPUT0",) if rows == 2 else None
+            )
             signature.check_request(request)
             request.sink = SingleResponse(loop)
             requests.append(request)
