@@ -10,10 +10,14 @@ import argparse
 import asyncio
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from coreserve import __version__
+
+if TYPE_CHECKING:
+    from coreserve.server import ServerOptions
 
 
 def _bool(text: str) -> bool:
@@ -102,7 +106,7 @@ def _serve_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _options(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+def _options(args: argparse.Namespace) -> ServerOptions:
     from coreserve.server import ServerOptions
 
     backend_config: dict[str, dict[str, str]] = {}
@@ -144,7 +148,7 @@ def _run_server(argv: Sequence[str]) -> int:
     return 0
 
 
-def _event_loop_runner():  # type: ignore[no-untyped-def]
+def _event_loop_runner() -> Callable[[Coroutine[Any, Any, None]], None]:
     try:
         import uvloop
     except ImportError:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from google.protobuf import json_format
-from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from google.protobuf.descriptor import FieldDescriptor
 
 from coreserve.errors import ModelConfigError
 from coreserve.protos.model_config_pb2 import ModelConfig
@@ -43,7 +43,8 @@ def config_from_dict(data: dict[str, Any], source: str = "JSON configuration") -
         raise ModelConfigError(f"{source}: {exc}") from None
 
 
-def _int64_to_numbers(descriptor: Descriptor, data: dict[str, Any]) -> None:
+def _int64_to_numbers(descriptor: Any, data: dict[str, Any]) -> None:
+    """Rewrites, in place, the 64-bit integer fields of `descriptor`'s message as numbers."""
     for name, value in data.items():
         field = descriptor.fields_by_name.get(name)
         if field is None:

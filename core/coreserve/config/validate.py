@@ -6,15 +6,14 @@ operator can fix `config.pbtxt` from the message alone.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
+from typing import Any
 
 from coreserve.errors import ModelConfigError
 from coreserve.protos.model_config_pb2 import (
     DataType,
     ModelConfig,
-    ModelInput,
     ModelInstanceGroup,
-    ModelOutput,
 )
 
 
@@ -44,7 +43,8 @@ def _check_max_batch_size(config: ModelConfig) -> str | None:
     return None
 
 
-def _check_tensors(kind: str, tensors: Sequence[ModelInput] | Sequence[ModelOutput]) -> str | None:
+def _check_tensors(kind: str, tensors: Iterable[Any]) -> str | None:
+    """Checks `input` or `output` entries (ModelInput or ModelOutput messages)."""
     seen: set[str] = set()
     for index, tensor in enumerate(tensors):
         where = f"config field '{kind}[{index}]'"

@@ -33,7 +33,7 @@ _ACCEPTED_KINDS = {
 
 def parse_datatype(value: object, name: str) -> DataType:
     try:
-        return DataType(value)
+        return DataType(value if isinstance(value, str) else "")
     except ValueError:
         known = ", ".join(DataType)
         raise InvalidArgumentError(f"input '{name}' has unknown datatype {value!r}; known: {known}") from None
@@ -97,7 +97,7 @@ def _flatten(data: Any, name: str) -> list[Any]:
     if not any(isinstance(item, list) for item in data):
         return data
     flat: list[Any] = []
-    stack = [data]
+    stack: list[Any] = [data]
     while stack:
         item = stack.pop()
         if isinstance(item, list):
@@ -140,7 +140,7 @@ def array_to_bytes(array: np.ndarray, datatype: DataType) -> bytes | memoryview:
     if datatype is DataType.BYTES:
         return encode_bytes_tensor(array)
     contiguous = np.ascontiguousarray(array)
-    return memoryview(contiguous.reshape(-1).view(np.uint8))
+    return contiguous.reshape(-1).view(np.uint8).data
 
 
 def array_to_json(array: np.ndarray, datatype: DataType, name: str) -> Any:

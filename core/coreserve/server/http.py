@@ -91,9 +91,7 @@ class HttpFrontend:
         await self._runner.setup()
         site = web.TCPSite(self._runner, self._address, self._port, reuse_address=True)
         await site.start()
-        server = site._server
-        if server is not None and server.sockets:  # the real port when 0 was asked for
-            self.port = server.sockets[0].getsockname()[1]
+        self.port = self._runner.addresses[0][1]  # the real port when 0 was asked for
         logger.info("Started HTTPService at %s:%d", self._address, self.port)
 
     async def stop(self) -> None:

@@ -25,9 +25,9 @@ DEFAULT_MAX_BATCH_SIZE = 4
 class OnnxBackend:
     """Serves ONNX models with ONNX Runtime, one InferenceSession per instance."""
 
-    name = "onnxruntime"
-    platforms = ("onnxruntime_onnx",)
-    default_model_filename = "model.onnx"
+    name: str = "onnxruntime"
+    platforms: tuple[str, ...] = ("onnxruntime_onnx",)
+    default_model_filename: str = "model.onnx"
 
     def auto_complete_config(
         self, model: ModelFiles, config: ModelConfig, server: ServerContext

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from coreserve import DataType
 
@@ -37,12 +39,10 @@ class OnnxTensor:
         return ORT_TYPES.get(self.ort_type)
 
 
-def describe(node_args: list[object]) -> dict[str, OnnxTensor]:
+def describe(node_args: Sequence[Any]) -> dict[str, OnnxTensor]:
     """onnxruntime's NodeArg list as OnnxTensors; symbolic or unknown dims become -1."""
     tensors = {}
     for arg in node_args:
-        shape = getattr(arg, "shape", None) or []
-        dims = tuple(d if isinstance(d, int) and d >= 0 else -1 for d in shape)
-        name = str(arg.name)
-        tensors[name] = OnnxTensor(name, str(arg.type), dims)
+        dims = tuple(d if isinstance(d, int) and d >= 0 else -1 for d in (arg.shape or []))
+        tensors[arg.name] = OnnxTensor(arg.name, arg.type, dims)
     return tensors
