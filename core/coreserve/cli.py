@@ -37,72 +37,52 @@ def _backend_config(text: str) -> tuple[str, str, str]:
     return backend, key, value
 
 
+METRICS_SETTINGS = ("summary_latencies", "histogram_latencies")
+
+
+def _metrics_config(text: str) -> tuple[str, bool]:
+    key, equals, value = text.partition("=")
+    if key not in METRICS_SETTINGS or not equals:
+        raise argparse.ArgumentTypeError(f"expected one of {', '.join(METRICS_SETTINGS)}=BOOL, got '{text}'")
+    return key, _bool(value)
+
+
 def _serve_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="coreserve",
-        description="Serve the models of Triton-style model repositories over KServe v2 HTTP.",
+        description="Serve the models of Triton-style model repositories over KServe v2 HTTP and gRPC.",
         epilog="Run `coreserve backends` to list the installed backends.",
     )
     flag = parser.add_argument
+
+    # fmt: off
+    def bool_flag(name: str, default: bool, help: str | None = None) -> None:
+        # Accepts --flag, --flag=false and --flag false, as tritonserver does.
+        flag(name, type=_bool, nargs="?", const=True, default=default, metavar="BOOL", help=help)
+
     flag("--version", action="version", version=f"coreserve {__version__}")
-    flag(
-        "--model-repository",
-        "--model-store",
-        dest="model_repositories",
-        action="append",
-        required=True,
-        type=Path,
-        metavar="DIR",
-        help="a model repository folder (repeatable)",
-    )
-    flag("--allow-http", type=_bool, nargs="?", const=True, default=True, metavar="BOOL")
-    flag("--http-address", default="0.0.0.0", help="address the HTTP service binds (default 0.0.0.0)")
-    flag("--http-port", type=int, default=8000, help="HTTP port (default 8000; 0 picks a free port)")
-    flag(
-        "--http-max-input-size",
-        type=int,
-        default=64 * 1024 * 1024,
-        metavar="BYTES",
-        help="largest HTTP request body accepted (default 64 MiB)",
-    )
-    flag(
-        "--exit-on-error",
-        type=_bool,
-        nargs="?",
-        const=True,
-        default=True,
-        metavar="BOOL",
-        help="exit at start-up if a model fails to load (default true)",
-    )
-    flag(
-        "--strict-readiness",
-        type=_bool,
-        nargs="?",
-        const=True,
-        default=True,
-        metavar="BOOL",
-        help="report ready only when every model is ready (default true)",
-    )
-    flag(
-        "--disable-auto-complete-config",
-        action="store_true",
-        help="do not complete model configurations from the model files",
-    )
-    flag(
-        "--backend-config",
-        type=_backend_config,
-        action="append",
-        default=[],
-        metavar="BACKEND,KEY=VALUE",
-        help="a setting handed to a backend (repeatable)",
-    )
-    flag(
-        "--exit-timeout-secs",
-        type=float,
-        default=30.0,
-        help="how long shutdown waits for in-flight requests (default 30)",
-    )
+    flag("--model-repository", "--model-store", dest="model_repositories", action="append", required=True,
+         type=Path, metavar="DIR", help="a model repository folder (repeatable)")
+    for service, port in (("http", 8000), ("grpc", 8001), ("metrics", 8002)):
+        bool_flag(f"--allow-{service}", True, f"serve {service} (default true)")
+        flag(f"--{service}-address", default="0.0.0.0", help=f"address the {service} service binds")
+        flag(f"--{service}-port", type=int, default=port, help=f"port (default {port}; 0: any free one)")
+    flag("--http-max-input-size", type=int, default=64 * 1024 * 1024, metavar="BYTES",
+         help="largest HTTP request body accepted (default 64 MiB)")
+    flag("--grpc-max-message-size", type=int, default=256 * 1024 * 1024, metavar="BYTES",
+         help="largest gRPC message received or sent (default 256 MiB)")
+    flag("--metrics-config", type=_metrics_config, action="append", default=[], metavar="KEY=BOOL",
+         help="summary_latencies (default true) or histogram_latencies (default false)")
+    bool_flag("--exit-on-error", True, "exit at start-up if a model fails to load (default true)")
+    bool_flag("--strict-readiness", True, "report ready only when every model is ready (default true)")
+    flag("--disable-auto-complete-config", action="store_true",
+         help="do not complete model configurations from the model files")
+    flag("--backend-config", type=_backend_config, action="append", default=[], metavar="BACKEND,KEY=VALUE",
+         help="a setting handed to a backend (repeatable)")
+    flag("--exit-timeout-secs", type=float, default=30.0,
+         help="how long shutdown waits for in-flight requests (default 30)")
     flag("--log-verbose", type=int, default=0, metavar="N", help="verbose logging when N > 0")
+    # fmt: on
     return parser
 
 
@@ -112,12 +92,22 @@ def _options(args: argparse.Namespace) -> ServerOptions:
     backend_config: dict[str, dict[str, str]] = {}
     for backend, key, value in args.backend_config:
         backend_config.setdefault(backend, {})[key] = value
+    metrics = dict(args.metrics_config)
     return ServerOptions(
         model_repositories=args.model_repositories,
         allow_http=args.allow_http,
         http_address=args.http_address,
         http_port=args.http_port,
         http_max_input_size=args.http_max_input_size,
+        allow_grpc=args.allow_grpc,
+        grpc_address=args.grpc_address,
+        grpc_port=args.grpc_port,
+        grpc_max_message_size=args.grpc_max_message_size,
+        allow_metrics=args.allow_metrics,
+        metrics_address=args.metrics_address,
+        metrics_port=args.metrics_port,
+        summary_latencies=metrics.get("summary_latencies", True),
+        histogram_latencies=metrics.get("histogram_latencies", False),
         exit_on_error=args.exit_on_error,
         strict_readiness=args.strict_readiness,
         auto_complete_config=not args.disable_auto_complete_config,

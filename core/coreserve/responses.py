@@ -1,18 +1,19 @@
 """Where a request's responses go: the sink a frontend waits on.
 
 A sink receives the responses of one request, the last one marked final, or an error
-that ends it. `SingleResponse` serves ordinary models (exactly one response); a streaming
-sink for decoupled models delivers many through the same interface.
+that ends it. `SingleResponse` serves ordinary models (exactly one response);
+`StreamingResponses` hands each of any number of responses to callbacks (gRPC streams).
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from coreserve.errors import CoreserveError, InternalError
 from coreserve.types import InferenceResponse, ResponseSink
 
-__all__ = ["ResponseSink", "SingleResponse"]
+__all__ = ["ResponseSink", "SingleResponse", "StreamingResponses"]
 
 
 class SingleResponse:
@@ -40,3 +41,33 @@ class SingleResponse:
     def fail(self, error: CoreserveError) -> None:
         if not self.future.done():
             self.future.set_exception(error)
+
+
+class StreamingResponses:
+    """A sink that passes every response, and the final flag, or the error to callbacks."""
+
+    __slots__ = ("_done", "_on_error", "_on_response")
+
+    def __init__(
+        self,
+        on_response: Callable[[InferenceResponse | None, bool], None],
+        on_error: Callable[[CoreserveError], None],
+    ) -> None:
+        self._on_response = on_response
+        self._on_error = on_error
+        self._done = False
+
+    @property
+    def done(self) -> bool:
+        return self._done
+
+    def send(self, response: InferenceResponse | None, final: bool) -> None:
+        if self._done:
+            return
+        self._done = final
+        self._on_response(response, final)
+
+    def fail(self, error: CoreserveError) -> None:
+        if not self._done:
+            self._done = True
+            self._on_error(error)

@@ -22,7 +22,9 @@ from pathlib import Path
 
 import pytest
 
-_LISTENING = re.compile(r"Started (HTTP|GRPC|Metrics)Service at ([^\s:]+):(\d+)")
+_LISTENING = re.compile(r"Started (HTTP|GRPC|Metrics)(?:Inference)?Service at ([^\s:]+):(\d+)")
+# The services a server starts unless told otherwise (--allow-grpc=false, say).
+SERVICES = ("HTTP", "GRPC", "Metrics")
 
 
 class ServerProcess:
@@ -41,6 +43,10 @@ class ServerProcess:
             *(f"--model-repository={path}" for path in repositories),
             "--http-address=127.0.0.1",
             "--http-port=0",
+            "--grpc-address=127.0.0.1",
+            "--grpc-port=0",
+            "--metrics-address=127.0.0.1",
+            "--metrics-port=0",
             *extra_args,
         ]
         self.env = {**os.environ, **(env or {})}
@@ -57,7 +63,17 @@ class ServerProcess:
         """host:port, as tritonclient.http takes it."""
         return f"127.0.0.1:{self.ports['HTTP']}"
 
-    def start(self, timeout: float = 60.0, wait_for: Sequence[str] = ("HTTP",)) -> ServerProcess:
+    @property
+    def grpc_url(self) -> str:
+        """host:port, as tritonclient.grpc takes it."""
+        return f"127.0.0.1:{self.ports['GRPC']}"
+
+    @property
+    def metrics_url(self) -> str:
+        """The URL of the Prometheus endpoint."""
+        return f"http://127.0.0.1:{self.ports['Metrics']}/metrics"
+
+    def start(self, timeout: float = 60.0, wait_for: Sequence[str] = SERVICES) -> ServerProcess:
         """Starts the server and waits until the named services listen."""
         self.process = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT, env=self.env)
         deadline = time.monotonic() + timeout
@@ -107,7 +123,7 @@ def coreserve_server() -> Iterator[ServerFactory]:
         repository: Path | Sequence[Path],
         *extra_args: str,
         env: dict[str, str] | None = None,
-        wait_for: Sequence[str] = ("HTTP",),
+        wait_for: Sequence[str] = SERVICES,
     ) -> ServerProcess:
         repositories = [repository] if isinstance(repository, Path) else list(repository)
         server = ServerProcess(repositories, extra_args, env)

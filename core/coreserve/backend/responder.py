@@ -27,6 +27,7 @@ class Responder:
     """
 
     __slots__ = (
+        "_failed",
         "_open",
         "compute_start_ns",
         "infer_done_ns",
@@ -43,6 +44,7 @@ class Responder:
         self.model_version = model_version
         self.requests = requests
         self._open = {id(request) for request in requests}
+        self._failed: set[int] = set()
         self.compute_start_ns = now_ns()
         self.inputs_ready_ns = 0
         self.infer_done_ns = 0
@@ -52,6 +54,10 @@ class Responder:
 
     def mark_infer_done(self) -> None:
         self.infer_done_ns = now_ns()
+
+    def failed(self, request: InferenceRequest) -> bool:
+        """True if the request was ended with an error."""
+        return id(request) in self._failed
 
     def is_open(self, request: InferenceRequest) -> bool:
         """True while the request has not had its final response or an error."""
@@ -105,6 +111,7 @@ class Responder:
         if key not in self._open:
             return
         self._open.discard(key)
+        self._failed.add(key)
         if not isinstance(error, CoreserveError):
             error = InternalError(f"{type(error).__name__}: {error}")
         assert request.sink is not None

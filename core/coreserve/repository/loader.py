@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from coreserve.errors import CoreserveError, ModelConfigError, UnsupportedError
 from coreserve.protos.model_config_pb2 import ModelConfig, ModelInstanceGroup
 from coreserve.repository.layout import CONFIG_FILENAME, ModelLocation, list_versions, select_versions
 from coreserve.repository.model import Model, ModelState, ModelVersion
-from coreserve.scheduling import Scheduler
+from coreserve.scheduling import LatencyOptions, ModelStatistics, Scheduler
 
 logger = logging.getLogger(__name__)
 
@@ -41,10 +42,12 @@ class ModelLoader:
         *,
         auto_complete: bool = True,
         backend_config: Mapping[str, Mapping[str, str]] | None = None,
+        latency: LatencyOptions | None = None,
     ) -> None:
         self._backends = backends
         self._auto_complete = auto_complete
         self._backend_config = backend_config or {}
+        self._latency = latency
 
     def context_for(self, backend: Backend) -> ServerContext:
         return ServerContext(
@@ -63,7 +66,8 @@ class ModelLoader:
         model.config = config
         signature = ModelSignature(config)
         for number in versions:
-            model.versions[number] = ModelVersion(location.name, number, config, signature)
+            statistics = ModelStatistics(location.name, number, self._latency)
+            model.versions[number] = ModelVersion(location.name, number, config, signature, statistics)
         await asyncio.gather(*(self._load_version(backend, location, model.versions[n]) for n in versions))
         return model
 
@@ -128,6 +132,7 @@ class ModelLoader:
         files = ModelFiles(
             location.name, location.path, version.version, version.config.default_model_filename
         )
+        started = time.monotonic()
         instances: list[ModelInstance] = []
         try:
             if not files.version_path.is_dir():
@@ -147,8 +152,9 @@ class ModelLoader:
             )
             return
         decoupled = version.config.model_transaction_policy.decoupled
-        version.scheduler = Scheduler(version.signature, version.version, instances, decoupled=decoupled)
+        version.scheduler = Scheduler(version.signature, version.statistics, instances, decoupled=decoupled)
         version.scheduler.start()
+        version.load_seconds = time.monotonic() - started
         version.state = ModelState.READY
         logger.info("model '%s' version %d is ready", location.name, version.version)
 

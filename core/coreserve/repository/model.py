@@ -9,7 +9,7 @@ from pathlib import Path
 from coreserve.config.signature import ModelSignature
 from coreserve.errors import InvalidArgumentError, NotFoundError, UnavailableError
 from coreserve.protos.model_config_pb2 import ModelConfig
-from coreserve.scheduling import Scheduler
+from coreserve.scheduling import ModelStatistics, Scheduler
 
 
 class ModelState(enum.StrEnum):
@@ -29,9 +29,11 @@ class ModelVersion:
     version: int
     config: ModelConfig
     signature: ModelSignature
+    statistics: ModelStatistics
     state: ModelState = ModelState.LOADING
     reason: str = ""
     scheduler: Scheduler | None = None
+    load_seconds: float = 0.0
 
     @property
     def ready(self) -> bool:

@@ -3,5 +3,6 @@
 from __future__ import annotations
 
 from coreserve.scheduling.scheduler import Scheduler
+from coreserve.scheduling.statistics import LatencyOptions, ModelStatistics
 
-__all__ = ["Scheduler"]
+__all__ = ["LatencyOptions", "ModelStatistics", "Scheduler"]

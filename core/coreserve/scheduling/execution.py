@@ -9,7 +9,8 @@ from coreserve.backend.api import ModelInstance
 from coreserve.backend.responder import Responder
 from coreserve.config.signature import ModelSignature
 from coreserve.errors import CoreserveError, InternalError
-from coreserve.types import InferenceRequest
+from coreserve.scheduling.statistics import ModelStatistics
+from coreserve.types import InferenceRequest, now_ns
 
 logger = logging.getLogger(__name__)
 
@@ -18,7 +19,7 @@ async def execute_batch(
     instance: ModelInstance,
     batch: Sequence[InferenceRequest],
     signature: ModelSignature,
-    model_version: str,
+    statistics: ModelStatistics,
     *,
     decoupled: bool = False,
 ) -> Responder:
@@ -26,7 +27,9 @@ async def execute_batch(
 
     An exception from the backend fails the requests it left open; a non-decoupled backend
     that returns without answering a request fails that request with an internal error.
+    The execution is recorded in `statistics`.
     """
+    model_version = statistics.version
     responder = Responder(signature, model_version, batch)
     try:
         await instance.execute(batch, responder)
@@ -42,4 +45,5 @@ async def execute_batch(
             responder.fail_open_requests(
                 InternalError(f"model '{signature.model_name}' returned without answering the request")
             )
+    statistics.record_execution(batch, responder, now_ns())
     return responder

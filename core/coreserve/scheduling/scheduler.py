@@ -16,6 +16,7 @@ from coreserve.backend.api import ModelInstance
 from coreserve.config.signature import ModelSignature
 from coreserve.errors import UnavailableError
 from coreserve.scheduling.execution import execute_batch
+from coreserve.scheduling.statistics import ModelStatistics
 from coreserve.types import InferenceRequest, now_ns
 
 logger = logging.getLogger(__name__)
@@ -27,25 +28,32 @@ class Scheduler:
     def __init__(
         self,
         signature: ModelSignature,
-        model_version: int,
+        statistics: ModelStatistics,
         instances: Sequence[ModelInstance],
         *,
         decoupled: bool = False,
     ) -> None:
         self.signature = signature
-        self.model_version = str(model_version)
+        self.statistics = statistics
+        self.model_version = statistics.version
         self.instances = list(instances)
         self.decoupled = decoupled
         self._queue: deque[InferenceRequest] = deque()
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._workers: list[asyncio.Task[None]] = []
         self._busy = 0
+        self._executing = 0
         self._idle = asyncio.Event()
         self._closed = False
 
     @property
     def queue_size(self) -> int:
         return len(self._queue)
+
+    @property
+    def pending(self) -> int:
+        """Requests queued or executing: Triton's pending request count."""
+        return len(self._queue) + self._executing
 
     def start(self) -> None:
         self._idle.set()
@@ -87,12 +95,14 @@ class Scheduler:
                 continue
             batch = self.next_batch()
             self._busy += 1
+            self._executing += len(batch)
             try:
                 await execute_batch(
-                    instance, batch, self.signature, self.model_version, decoupled=self.decoupled
+                    instance, batch, self.signature, self.statistics, decoupled=self.decoupled
                 )
             finally:
                 self._busy -= 1
+                self._executing -= len(batch)
 
     async def close(self, timeout: float | None = None) -> None:
         """Stops taking requests, lets queued and running ones finish (up to `timeout`

@@ -9,8 +9,11 @@ import signal
 from coreserve.backend.plugins import Plugins
 from coreserve.errors import CoreserveError
 from coreserve.repository import ModelLoader, ModelRepository
+from coreserve.scheduling import LatencyOptions
 from coreserve.server.dataplane import DataPlane, ServerFlags
+from coreserve.server.grpc import GrpcFrontend
 from coreserve.server.http import HttpFrontend
+from coreserve.server.metrics import MetricsFrontend
 from coreserve.server.options import ServerOptions
 from coreserve.server.status_table import model_status_table
 
@@ -31,11 +34,17 @@ class Server:
             self.plugins.backends(),
             auto_complete=options.auto_complete_config,
             backend_config=options.backend_config,
+            latency=LatencyOptions(
+                summaries=options.summary_latencies and options.allow_metrics,
+                histograms=options.histogram_latencies and options.allow_metrics,
+            ),
         )
         self.repository = ModelRepository(options.model_repositories, loader)
         self.flags = ServerFlags(strict_readiness=options.strict_readiness)
         self.dataplane = DataPlane(self.repository, self.flags)
         self.http: HttpFrontend | None = None
+        self.grpc: GrpcFrontend | None = None
+        self.metrics: MetricsFrontend | None = None
 
     async def start(self) -> None:
         """Loads the models and starts the frontends."""
@@ -50,6 +59,20 @@ class Server:
             raise StartupError(
                 "some models failed to load (see above); exiting because --exit-on-error is true"
             )
+        options = self.options
+        if options.allow_metrics:
+            self.metrics = MetricsFrontend(
+                self.repository, address=options.metrics_address, port=options.metrics_port
+            )
+            await self.metrics.start()
+        if options.allow_grpc:
+            self.grpc = GrpcFrontend(
+                self.dataplane,
+                address=options.grpc_address,
+                port=options.grpc_port,
+                max_message_size=options.grpc_max_message_size,
+            )
+            await self.grpc.start()
         if self.options.allow_http:
             self.http = HttpFrontend(
                 self.dataplane,
@@ -63,9 +86,14 @@ class Server:
     async def stop(self) -> None:
         """Stops accepting requests, lets running ones finish, then unloads every model."""
         self.flags.stopping = True
-        if self.http is not None:
-            await self.http.stop()
-        await self.repository.unload_all(timeout=self.options.exit_timeout_secs)
+        timeout = self.options.exit_timeout_secs
+        await asyncio.gather(
+            *([self.http.stop()] if self.http is not None else []),
+            *([self.grpc.stop(grace=timeout)] if self.grpc is not None else []),
+        )
+        await self.repository.unload_all(timeout=timeout)
+        if self.metrics is not None:
+            await self.metrics.stop()
         logger.info("coreserve stopped")
 
     async def serve(self) -> None:

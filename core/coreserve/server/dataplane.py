@@ -12,14 +12,14 @@ from typing import Any
 
 from coreserve import __version__
 from coreserve.config import ModelConfig
-from coreserve.errors import CoreserveError, UnavailableError
-from coreserve.repository import ModelRepository, ModelVersion
+from coreserve.errors import CoreserveError, NotFoundError, UnavailableError
+from coreserve.repository import Model, ModelRepository, ModelState, ModelVersion
 from coreserve.repository.model import parse_version
 from coreserve.responses import SingleResponse
-from coreserve.types import InferenceRequest, InferenceResponse
+from coreserve.types import InferenceRequest, InferenceResponse, ResponseSink
 
 SERVER_NAME = "coreserve"
-EXTENSIONS = ("binary_tensor_data", "model_configuration")
+EXTENSIONS = ("binary_tensor_data", "model_configuration", "statistics", "model_repository")
 
 
 @dataclass
@@ -84,14 +84,62 @@ class DataPlane:
             return model.version(version).config
         return model.config
 
-    async def infer(self, request: InferenceRequest) -> InferenceResponse:
-        """Checks a request against the model, schedules it and waits for its response."""
+    def submit(self, request: InferenceRequest, sink: ResponseSink) -> None:
+        """Checks a request against the model and schedules it; `sink` gets its responses.
+
+        Raises (and counts as a failure of the model) when the request does not fit.
+        """
         model_version = self.model_version(request.model_name, request.model_version)
-        model_version.signature.check_request(request)
         scheduler = model_version.scheduler
         if scheduler is None:
             raise UnavailableError(f"model '{request.model_name}' is not ready")
-        sink = SingleResponse(asyncio.get_running_loop())
+        try:
+            model_version.signature.check_request(request)
+        except CoreserveError:
+            model_version.statistics.record_failure(request, "OTHER")
+            raise
         request.sink = sink
         scheduler.submit(request)
+
+    async def infer(self, request: InferenceRequest) -> InferenceResponse:
+        """Schedules a request that has one response and waits for it."""
+        sink = SingleResponse(asyncio.get_running_loop())
+        self.submit(request, sink)
         return await sink.future
+
+    def statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
+        """Statistics of every model, of one model's versions, or of one version."""
+        if not name:
+            versions = [v for model in self.repository.models() for v in _by_number(model)]
+        elif version:
+            model = self.repository.get(name)
+            number = parse_version(version)
+            if number not in model.versions:
+                raise NotFoundError(f"model '{name}' has no version {number}")
+            versions = [model.versions[number]]
+        else:
+            versions = _by_number(self.repository.get(name))
+        return {"model_stats": [v.statistics.as_dict() for v in versions]}
+
+    def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
+        """Every model and version with its state and, when not ready, the reason."""
+        index = []
+        for model in self.repository.models():
+            if not model.versions:
+                if not ready_only:
+                    index.append(
+                        {"name": model.name, "state": ModelState.UNAVAILABLE.value, "reason": model.reason}
+                    )
+                continue
+            for version in _by_number(model):
+                if ready_only and not version.ready:
+                    continue
+                entry = {"name": model.name, "version": str(version.version), "state": version.state.value}
+                if version.reason:
+                    entry["reason"] = version.reason
+                index.append(entry)
+        return index
+
+
+def _by_number(model: Model) -> list[ModelVersion]:
+    return [model.versions[number] for number in sorted(model.versions)]

@@ -11,7 +11,7 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 
 from coreserve.config import config_to_dict
-from coreserve.errors import CoreserveError, ErrorCode, InvalidArgumentError
+from coreserve.errors import CoreserveError, ErrorCode, InvalidArgumentError, UnsupportedError
 from coreserve.protocol.http_body import (
     HEADER_LENGTH,
     decode_infer_request,
@@ -73,6 +73,7 @@ class HttpFrontend:
             ("GET", "/v2/health/live", self._live),
             ("GET", "/v2/health/ready", self._ready),
             ("GET", "/v2", self._server_metadata),
+            ("GET", "/v2/models/stats", self._statistics),  # before /v2/models/{model}
             ("GET", "/v2/models/{model}", self._model_metadata),
             ("GET", "/v2/models/{model}/versions/{version}", self._model_metadata),
             ("GET", "/v2/models/{model}/ready", self._model_ready),
@@ -81,6 +82,11 @@ class HttpFrontend:
             ("GET", "/v2/models/{model}/versions/{version}/config", self._model_config),
             ("POST", "/v2/models/{model}/infer", self._infer),
             ("POST", "/v2/models/{model}/versions/{version}/infer", self._infer),
+            ("GET", "/v2/models/{model}/stats", self._statistics),
+            ("GET", "/v2/models/{model}/versions/{version}/stats", self._statistics),
+            ("POST", "/v2/repository/index", self._repository_index),
+            ("POST", "/v2/repository/models/{model}/load", self._model_control),
+            ("POST", "/v2/repository/models/{model}/unload", self._model_control),
         ]
         for method, path, handler in routes:
             self._app.router.add_route(method, path, _handles_errors(handler))
@@ -155,6 +161,24 @@ class HttpFrontend:
             reply.enable_compression()
         return reply
 
+    async def _statistics(self, request: web.Request) -> web.Response:
+        info = request.match_info
+        return _json(self._dataplane.statistics(info.get("model", ""), info.get("version", "")))
+
+    async def _repository_index(self, request: web.Request) -> web.Response:
+        body = await _read_body(request)
+        options = _json_object(body, "repository index request") if body.strip() else {}
+        ready = options.get("ready", False)
+        if not isinstance(ready, bool):
+            raise InvalidArgumentError("'ready' of a repository index request must be true or false")
+        return _json(self._dataplane.repository_index(ready_only=ready))
+
+    async def _model_control(self, request: web.Request) -> web.Response:
+        raise UnsupportedError(
+            "loading and unloading models through the repository API is not available: "
+            "coreserve serves the models it found at start-up (model control mode NONE)"
+        )
+
     async def _unknown_endpoint(self, request: web.Request) -> web.Response:
         return error_response(404, f"unknown endpoint: {request.method} {request.path}")
 
@@ -166,6 +190,16 @@ async def _read_body(request: web.Request) -> bytes:
         raise InvalidArgumentError(
             f"cannot read the request body: {str(exc).splitlines()[-1].strip()}"
         ) from None
+
+
+def _json_object(body: bytes, what: str) -> dict[str, Any]:
+    try:
+        document = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidArgumentError(f"malformed JSON in the {what}: {exc}") from None
+    if not isinstance(document, dict):
+        raise InvalidArgumentError(f"the {what} must be a JSON object")
+    return document
 
 
 def _parse_header_length(value: str) -> int:

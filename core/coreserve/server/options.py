@@ -15,6 +15,15 @@ class ServerOptions:
     http_address: str = "0.0.0.0"
     http_port: int = 8000
     http_max_input_size: int = 64 * 1024 * 1024
+    allow_grpc: bool = True
+    grpc_address: str = "0.0.0.0"
+    grpc_port: int = 8001
+    grpc_max_message_size: int = 256 * 1024 * 1024
+    allow_metrics: bool = True
+    metrics_address: str = "0.0.0.0"
+    metrics_port: int = 8002
+    summary_latencies: bool = True
+    histogram_latencies: bool = False
     exit_on_error: bool = True
     strict_readiness: bool = True
     auto_complete_config: bool = True

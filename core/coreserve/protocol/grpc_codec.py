@@ -1,0 +1,136 @@
+"""KServe v2 gRPC messages ⇄ requests and responses.
+
+Tensors travel in `raw_input_contents` / `raw_output_contents` (what tritonclient sends and
+expects) or in the typed `contents` fields, which are accepted on input.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from coreserve.errors import InvalidArgumentError
+from coreserve.protocol.tensors import array_from_bytes, array_to_bytes, element_count, parse_datatype
+from coreserve.protos import grpc_service_pb2 as pb
+from coreserve.types import NUMPY_DTYPES, DataType, InferenceRequest, InferenceResponse, ParameterValue
+
+# The typed `contents` field that carries each datatype (FP16 and BF16 travel only as raw bytes).
+_CONTENTS_FIELD = {
+    DataType.BOOL: "bool_contents",
+    DataType.INT8: "int_contents",
+    DataType.INT16: "int_contents",
+    DataType.INT32: "int_contents",
+    DataType.INT64: "int64_contents",
+    DataType.UINT8: "uint_contents",
+    DataType.UINT16: "uint_contents",
+    DataType.UINT32: "uint_contents",
+    DataType.UINT64: "uint64_contents",
+    DataType.FP32: "fp32_contents",
+    DataType.FP64: "fp64_contents",
+    DataType.BYTES: "bytes_contents",
+}
+
+
+def parameter_value(parameter: pb.InferParameter) -> ParameterValue:
+    choice = parameter.WhichOneof("parameter_choice")
+    if choice is None:
+        raise InvalidArgumentError("a parameter has no value")
+    value: ParameterValue = getattr(parameter, choice)
+    return value
+
+
+def set_parameter(parameter: pb.InferParameter, value: ParameterValue) -> None:
+    if isinstance(value, bool):
+        parameter.bool_param = value
+    elif isinstance(value, int):
+        if value >= 2**63:
+            parameter.uint64_param = value
+        else:
+            parameter.int64_param = value
+    elif isinstance(value, float):
+        parameter.double_param = value
+    else:
+        parameter.string_param = str(value)
+
+
+def decode_model_infer_request(message: pb.ModelInferRequest) -> InferenceRequest:
+    """Decodes a ModelInferRequest; raw contents are wrapped without copying when aligned."""
+    raw = message.raw_input_contents
+    if raw and len(raw) != len(message.inputs):
+        raise InvalidArgumentError(
+            f"the request has {len(message.inputs)} inputs but {len(raw)} raw_input_contents"
+        )
+    inputs: dict[str, np.ndarray] = {}
+    for index, tensor in enumerate(message.inputs):
+        name = tensor.name
+        if name in inputs:
+            raise InvalidArgumentError(f"input '{name}' appears more than once")
+        datatype = parse_datatype(tensor.datatype, name)
+        shape = tuple(tensor.shape)
+        if any(dim < 0 for dim in shape):
+            raise InvalidArgumentError(f"input '{name}' has a negative dimension in its shape {list(shape)}")
+        if raw:
+            if tensor.HasField("contents"):
+                raise InvalidArgumentError(
+                    f"input '{name}' has both contents and raw_input_contents; send one of them"
+                )
+            inputs[name] = array_from_bytes(memoryview(raw[index]), datatype, shape, name)
+        else:
+            inputs[name] = _array_from_contents(tensor, datatype, shape)
+    parameters = {key: parameter_value(value) for key, value in message.parameters.items()}
+    for output in message.outputs:
+        if "classification" in output.parameters:
+            raise InvalidArgumentError(
+                f"output '{output.name}': the classification extension is not supported by coreserve yet"
+            )
+    return InferenceRequest(
+        model_name=message.model_name,
+        model_version=message.model_version,
+        id=message.id,
+        inputs=inputs,
+        parameters=parameters,
+        requested_outputs=tuple(output.name for output in message.outputs) or None,
+    )
+
+
+def _array_from_contents(tensor: Any, datatype: DataType, shape: tuple[int, ...]) -> np.ndarray:
+    name = tensor.name
+    field = _CONTENTS_FIELD.get(datatype)
+    if field is None:
+        raise InvalidArgumentError(f"input '{name}' is {datatype}: send its data in raw_input_contents")
+    values = getattr(tensor.contents, field)
+    count = element_count(shape)
+    if len(values) != count:
+        raise InvalidArgumentError(
+            f"input '{name}' has {len(values)} elements in contents.{field}, "
+            f"but its shape {list(shape)} needs {count}"
+        )
+    if datatype is DataType.BYTES:
+        array = np.empty(count, dtype=np.object_)
+        array[:] = list(values)
+        return array.reshape(shape)
+    dtype = NUMPY_DTYPES[datatype]
+    if dtype.kind in "iu" and count:
+        info = np.iinfo(dtype)
+        if min(values) < info.min or max(values) > info.max:
+            raise InvalidArgumentError(
+                f"input '{name}' has values outside the range of {datatype} ({info.min}..{info.max})"
+            )
+    return np.array(values, dtype=dtype).reshape(shape)
+
+
+def encode_model_infer_response(response: InferenceResponse) -> pb.ModelInferResponse:
+    """Encodes a response with every output in raw_output_contents, as Triton does."""
+    message = pb.ModelInferResponse(
+        model_name=response.model_name, model_version=response.model_version, id=response.id
+    )
+    for key, value in response.parameters.items():
+        set_parameter(message.parameters[key], value)
+    raw = message.raw_output_contents
+    for name, array in response.outputs.items():
+        datatype = DataType.from_numpy(array.dtype)
+        message.outputs.add(name=name, datatype=datatype.value, shape=array.shape)
+        data = array_to_bytes(array, datatype)
+        raw.append(data if isinstance(data, bytes) else data.tobytes())
+    return message

@@ -1,0 +1,301 @@
+"""The gRPC frontend: `inference.GRPCInferenceService` and `grpc.health.v1.Health` on grpc.aio.
+
+A thin adapter over the data plane, as the HTTP frontend is: the same checks, the same
+errors (mapped to the status codes Triton uses), the same messages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+from google.protobuf import json_format
+
+from coreserve.errors import CoreserveError, ErrorCode, UnsupportedError
+from coreserve.protocol.grpc_codec import decode_model_infer_request, encode_model_infer_response
+from coreserve.protos import grpc_service_pb2 as pb
+from coreserve.protos import grpc_service_pb2_grpc as pb_grpc
+from coreserve.protos import health_pb2, health_pb2_grpc
+from coreserve.responses import StreamingResponses
+from coreserve.server.dataplane import DataPlane
+from coreserve.types import InferenceResponse
+
+logger = logging.getLogger(__name__)
+
+GRPC_STATUS = {
+    ErrorCode.INVALID_ARG: grpc.StatusCode.INVALID_ARGUMENT,
+    ErrorCode.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    ErrorCode.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
+    ErrorCode.UNSUPPORTED: grpc.StatusCode.UNIMPLEMENTED,
+    ErrorCode.ALREADY_EXISTS: grpc.StatusCode.ALREADY_EXISTS,
+    ErrorCode.CANCELLED: grpc.StatusCode.CANCELLED,
+    ErrorCode.INTERNAL: grpc.StatusCode.INTERNAL,
+    ErrorCode.UNKNOWN: grpc.StatusCode.UNKNOWN,
+}
+INFERENCE_SERVICE = "inference.GRPCInferenceService"
+# Request and response parameters of Triton's streaming protocol.
+ENABLE_EMPTY_FINAL = "triton_enable_empty_final_response"
+FINAL_RESPONSE = "triton_final_response"
+
+Request = TypeVar("Request")
+Response = TypeVar("Response")
+Handler = Callable[[Any, Request, grpc.aio.ServicerContext], Awaitable[Response]]
+
+
+def _unary(handler: Handler[Request, Response]) -> Handler[Request, Response]:
+    """Turns CoreserveErrors into the gRPC status Triton would send."""
+
+    async def wrapper(self: Any, request: Request, context: grpc.aio.ServicerContext) -> Response:
+        try:
+            return await handler(self, request, context)
+        except CoreserveError as exc:
+            await context.abort(GRPC_STATUS[exc.code], exc.message)
+            raise  # abort raises; this keeps type checkers informed
+
+    return wrapper
+
+
+def _not_available(feature: str) -> UnsupportedError:
+    return UnsupportedError(f"{feature} is not supported by coreserve")
+
+
+class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
+    """The v2 inference service over the data plane."""
+
+    def __init__(self, dataplane: DataPlane) -> None:
+        self._dataplane = dataplane
+
+    @_unary
+    async def ServerLive(self, request: pb.ServerLiveRequest, context: Any) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=self._dataplane.live())
+
+    @_unary
+    async def ServerReady(self, request: pb.ServerReadyRequest, context: Any) -> pb.ServerReadyResponse:
+        return pb.ServerReadyResponse(ready=self._dataplane.ready())
+
+    @_unary
+    async def ModelReady(self, request: pb.ModelReadyRequest, context: Any) -> pb.ModelReadyResponse:
+        self._dataplane.repository.get(request.name)  # unknown model: NOT_FOUND
+        return pb.ModelReadyResponse(ready=self._dataplane.model_ready(request.name, request.version))
+
+    @_unary
+    async def ServerMetadata(
+        self, request: pb.ServerMetadataRequest, context: Any
+    ) -> pb.ServerMetadataResponse:
+        return json_format.ParseDict(self._dataplane.server_metadata(), pb.ServerMetadataResponse())
+
+    @_unary
+    async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: Any) -> pb.ModelMetadataResponse:
+        metadata = self._dataplane.model_metadata(request.name, request.version)
+        return json_format.ParseDict(metadata, pb.ModelMetadataResponse())
+
+    @_unary
+    async def ModelConfig(self, request: pb.ModelConfigRequest, context: Any) -> pb.ModelConfigResponse:
+        return pb.ModelConfigResponse(config=self._dataplane.model_config(request.name, request.version))
+
+    @_unary
+    async def ModelStatistics(
+        self, request: pb.ModelStatisticsRequest, context: Any
+    ) -> pb.ModelStatisticsResponse:
+        statistics = self._dataplane.statistics(request.name, request.version)
+        return json_format.ParseDict(statistics, pb.ModelStatisticsResponse())
+
+    @_unary
+    async def RepositoryIndex(
+        self, request: pb.RepositoryIndexRequest, context: Any
+    ) -> pb.RepositoryIndexResponse:
+        index = self._dataplane.repository_index(ready_only=request.ready)
+        return pb.RepositoryIndexResponse(
+            models=[pb.RepositoryIndexResponse.ModelIndex(**entry) for entry in index]
+        )
+
+    @_unary
+    async def RepositoryModelLoad(self, request: Any, context: Any) -> Any:
+        raise UnsupportedError(
+            "loading and unloading models through the repository API is not available: "
+            "coreserve serves the models it found at start-up (model control mode NONE)"
+        )
+
+    RepositoryModelUnload = RepositoryModelLoad
+
+    @_unary
+    async def SystemSharedMemoryStatus(
+        self, request: pb.SystemSharedMemoryStatusRequest, context: Any
+    ) -> pb.SystemSharedMemoryStatusResponse:
+        return pb.SystemSharedMemoryStatusResponse()  # no regions: registering them is not offered
+
+    @_unary
+    async def CudaSharedMemoryStatus(
+        self, request: pb.CudaSharedMemoryStatusRequest, context: Any
+    ) -> pb.CudaSharedMemoryStatusResponse:
+        return pb.CudaSharedMemoryStatusResponse()
+
+    @_unary
+    async def SystemSharedMemoryRegister(self, request: Any, context: Any) -> Any:
+        raise _not_available("the system shared memory extension")
+
+    SystemSharedMemoryUnregister = SystemSharedMemoryRegister
+
+    @_unary
+    async def CudaSharedMemoryRegister(self, request: Any, context: Any) -> Any:
+        raise _not_available("the CUDA shared memory extension")
+
+    CudaSharedMemoryUnregister = CudaSharedMemoryRegister
+
+    @_unary
+    async def TraceSetting(self, request: Any, context: Any) -> Any:
+        raise _not_available("the trace extension")
+
+    @_unary
+    async def LogSettings(self, request: Any, context: Any) -> Any:
+        raise _not_available("the logging extension")
+
+    @_unary
+    async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
+        response = await self._dataplane.infer(decode_model_infer_request(request))
+        return encode_model_infer_response(response)
+
+    async def ModelStreamInfer(
+        self, requests: AsyncIterator[pb.ModelInferRequest], context: Any
+    ) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        """Many requests on one stream; each response or error goes back as it comes.
+
+        A request's error is sent as that request's message and the stream stays open.
+        Decoupled models send several responses per request through the same path.
+        """
+        outbox: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
+        open_requests = 0
+        reading = True
+
+        def finish_one() -> None:
+            nonlocal open_requests
+            open_requests -= 1
+            if not reading and open_requests == 0:
+                outbox.put_nowait(None)
+
+        async def read() -> None:
+            nonlocal reading, open_requests
+            async for message in requests:
+                open_requests += 1
+                self._start_stream_request(message, outbox, finish_one)
+            reading = False
+            if open_requests == 0:
+                outbox.put_nowait(None)
+
+        reader = asyncio.create_task(read())
+        try:
+            while (item := await outbox.get()) is not None:
+                yield item
+            await reader
+        finally:
+            reader.cancel()
+
+    def _start_stream_request(
+        self,
+        message: pb.ModelInferRequest,
+        outbox: asyncio.Queue[pb.ModelStreamInferResponse | None],
+        finish_one: Callable[[], None],
+    ) -> None:
+        def error_message(error: CoreserveError) -> None:
+            outbox.put_nowait(
+                pb.ModelStreamInferResponse(
+                    error_message=error.message,
+                    infer_response=pb.ModelInferResponse(
+                        model_name=message.model_name, model_version=message.model_version, id=message.id
+                    ),
+                )
+            )
+            finish_one()
+
+        try:
+            request = decode_model_infer_request(message)
+            empty_final = request.parameters.pop(ENABLE_EMPTY_FINAL, False) is True
+        except CoreserveError as exc:
+            error_message(exc)
+            return
+
+        def on_response(response: InferenceResponse | None, final: bool) -> None:
+            if response is not None:
+                encoded = encode_model_infer_response(response)
+                if empty_final:
+                    encoded.parameters[FINAL_RESPONSE].bool_param = final
+                outbox.put_nowait(pb.ModelStreamInferResponse(infer_response=encoded))
+            elif empty_final:
+                encoded = pb.ModelInferResponse(model_name=request.model_name, id=request.id)
+                encoded.parameters[FINAL_RESPONSE].bool_param = True
+                outbox.put_nowait(pb.ModelStreamInferResponse(infer_response=encoded))
+            if final:
+                finish_one()
+
+        try:
+            self._dataplane.submit(request, StreamingResponses(on_response, error_message))
+        except CoreserveError as exc:
+            error_message(exc)
+
+
+class HealthServicer(health_pb2_grpc.HealthServicer):
+    """grpc.health.v1: SERVING while the server is ready (what its readiness endpoint says)."""
+
+    SERVICES = ("", INFERENCE_SERVICE)
+
+    def __init__(self, dataplane: DataPlane, watch_interval: float = 1.0) -> None:
+        self._dataplane = dataplane
+        self._watch_interval = watch_interval
+
+    def _status(self) -> health_pb2.HealthCheckResponse.ServingStatus:
+        Status = health_pb2.HealthCheckResponse
+        return Status.SERVING if self._dataplane.ready() else Status.NOT_SERVING
+
+    async def Check(
+        self, request: health_pb2.HealthCheckRequest, context: Any
+    ) -> health_pb2.HealthCheckResponse:
+        if request.service not in self.SERVICES:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown service '{request.service}'")
+        return health_pb2.HealthCheckResponse(status=self._status())
+
+    async def Watch(
+        self, request: health_pb2.HealthCheckRequest, context: Any
+    ) -> AsyncIterator[health_pb2.HealthCheckResponse]:
+        if request.service not in self.SERVICES:
+            yield health_pb2.HealthCheckResponse(status=health_pb2.HealthCheckResponse.SERVICE_UNKNOWN)
+            return
+        last = None
+        while True:
+            status = self._status()
+            if status != last:
+                yield health_pb2.HealthCheckResponse(status=status)
+                last = status
+            await asyncio.sleep(self._watch_interval)
+
+
+class GrpcFrontend:
+    """Serves the gRPC services for one data plane on one address and port."""
+
+    def __init__(self, dataplane: DataPlane, *, address: str, port: int, max_message_size: int) -> None:
+        self._dataplane = dataplane
+        self._address = address
+        self.port = port
+        self._server = grpc.aio.server(
+            options=[
+                ("grpc.max_send_message_length", max_message_size),
+                ("grpc.max_receive_message_length", max_message_size),
+            ]
+        )
+        pb_grpc.add_GRPCInferenceServiceServicer_to_server(  # type: ignore[no-untyped-call]
+            InferenceServicer(dataplane), self._server
+        )
+        health_pb2_grpc.add_HealthServicer_to_server(  # type: ignore[no-untyped-call]
+            HealthServicer(dataplane), self._server
+        )
+
+    async def start(self) -> None:
+        host = f"[{self._address}]" if ":" in self._address else self._address
+        self.port = self._server.add_insecure_port(f"{host}:{self.port}")
+        await self._server.start()
+        logger.info("Started GRPCInferenceService at %s:%d", self._address, self.port)
+
+    async def stop(self, grace: float | None = None) -> None:
+        await self._server.stop(grace)
