@@ -25,6 +25,7 @@ from coreserve.backend.batching import run_batched
 from coreserve.backend.hookspecs import hookimpl
 from coreserve.backend.registry import BackendRegistry
 from coreserve.backend.responder import Responder
+from coreserve.backend.threads import InstanceThread
 from coreserve.config.signature import ModelSignature, TensorSpec
 
 __all__ = [
@@ -32,6 +33,7 @@ __all__ = [
     "BackendRegistry",
     "InstanceKind",
     "InstancePlacement",
+    "InstanceThread",
     "ModelFiles",
     "ModelInstance",
     "ModelSignature",

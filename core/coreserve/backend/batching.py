@@ -6,13 +6,12 @@ once, so that each plugin only says how to run its framework on a dict of arrays
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Sequence
-from concurrent.futures import Executor
 
 import numpy as np
 
 from coreserve.backend.responder import Responder
+from coreserve.backend.threads import InstanceThread
 from coreserve.errors import CoreserveError, InternalError
 from coreserve.types import InferenceRequest
 
@@ -26,14 +25,14 @@ async def run_batched(
     responder: Responder,
     infer: InferFunction,
     *,
-    executor: Executor | None = None,
+    thread: InstanceThread | None = None,
     convert_input: InputConverter | None = None,
 ) -> None:
     """Runs `infer(inputs, output_names)` once for the whole batch and answers each request.
 
     Inputs are concatenated along the batch dimension (a batch of one is passed as is);
-    each request then gets its own rows of every output it asked for. `infer` runs on
-    `executor` when one is given (a blocking framework call), else inline. `convert_input`
+    each request then gets its own rows of every output it asked for. A blocking `infer`
+    runs through the instance's `thread`; without one it runs inline. `convert_input`
     adapts one request's input for the framework; if it raises, only that request fails.
     """
     if convert_input is not None:
@@ -45,10 +44,9 @@ async def run_batched(
     output_names = _output_names(requests, list(signature.outputs))
     responder.mark_inputs_ready()
     try:
-        if executor is None:
-            outputs = infer(inputs, output_names)
-        else:
-            outputs = await asyncio.get_running_loop().run_in_executor(executor, infer, inputs, output_names)
+        outputs = (
+            infer(inputs, output_names) if thread is None else await thread.run(infer, inputs, output_names)
+        )
     except CoreserveError as exc:
         responder.fail_open_requests(exc)
         return

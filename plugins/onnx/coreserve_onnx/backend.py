@@ -9,13 +9,14 @@ import onnxruntime as ort
 from coreserve import DataType, ModelConfig, ModelConfigError
 from coreserve.backend import (
     InstancePlacement,
+    InstanceThread,
     ModelFiles,
     ModelInstance,
     ModelSignature,
     ServerContext,
 )
 from coreserve_onnx.instance import OnnxInstance
-from coreserve_onnx.session import open_session, providers_for, session_options
+from coreserve_onnx.session import inline_below_us, open_session, providers_for, session_options
 from coreserve_onnx.signature import check_signature
 from coreserve_onnx.tensors import OnnxTensor, describe
 
@@ -71,7 +72,8 @@ class OnnxBackend:
         session = await asyncio.to_thread(open_session, model.model_file, options, providers, model.name)
         signature = ModelSignature(config)
         check_signature(signature, describe(session.get_inputs()), describe(session.get_outputs()))
-        return OnnxInstance(session, signature, placement.name)
+        thread = InstanceThread(placement.name, inline_below_us(config))
+        return OnnxInstance(session, signature, thread)
 
 
 def _config_type(tensor: OnnxTensor, model_name: str) -> int:

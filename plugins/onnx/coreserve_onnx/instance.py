@@ -3,22 +3,24 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import onnxruntime as ort
 from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument
 
 from coreserve import DataType, InferenceRequest, InvalidArgumentError
-from coreserve.backend import ModelSignature, Responder, run_batched
+from coreserve.backend import InstanceThread, ModelSignature, Responder, run_batched
 
 
 class OnnxInstance:
-    """Executes batches with `InferenceSession.run`, off the event loop (it releases the GIL)."""
+    """Executes batches with `InferenceSession.run`: on the instance's thread (onnxruntime
+    releases the GIL), or inline while runs are shorter than the thread hop would cost."""
 
-    def __init__(self, session: ort.InferenceSession, signature: ModelSignature, name: str) -> None:
+    def __init__(
+        self, session: ort.InferenceSession, signature: ModelSignature, thread: InstanceThread
+    ) -> None:
         self._session = session
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+        self._thread = thread
         self._string_inputs = {n for n, s in signature.inputs.items() if s.datatype is DataType.BYTES}
         self._string_outputs = {n for n, s in signature.outputs.items() if s.datatype is DataType.BYTES}
 
@@ -27,7 +29,7 @@ class OnnxInstance:
             requests,
             responder,
             self._run,
-            executor=self._executor,
+            thread=self._thread,
             convert_input=self._strings_to_str if self._string_inputs else None,
         )
 
@@ -60,5 +62,5 @@ class OnnxInstance:
         return outputs
 
     async def close(self) -> None:
-        self._executor.shutdown(wait=False)
+        self._thread.close()
         del self._session

@@ -86,6 +86,12 @@ def session_options(config: ModelConfig) -> ort.SessionOptions:
     return options
 
 
+def inline_below_us(config: ModelConfig) -> int | None:
+    """Parameter `inline_execution_below_us`: runs quicker than this stay on the event loop
+    (None: the core's default; 0 always uses the instance's thread)."""
+    return _int_parameter(config, "inline_execution_below_us")
+
+
 def providers_for(placement: InstancePlacement) -> list[str | tuple[str, dict[str, str]]]:
     if placement.kind is not InstanceKind.GPU:
         return ["CPUExecutionProvider"]
