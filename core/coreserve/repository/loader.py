@@ -22,7 +22,7 @@ from coreserve.errors import CoreserveError, ModelConfigError, UnsupportedError
 from coreserve.protos.model_config_pb2 import ModelConfig, ModelInstanceGroup
 from coreserve.repository.layout import CONFIG_FILENAME, ModelLocation, list_versions, select_versions
 from coreserve.repository.model import Model, ModelState, ModelVersion
-from coreserve.scheduling import LatencyOptions, ModelStatistics, Scheduler
+from coreserve.scheduling import LatencyOptions, ModelStatistics, make_scheduler
 
 logger = logging.getLogger(__name__)
 
@@ -151,8 +151,7 @@ class ModelLoader:
                 "model '%s' version %d is unavailable: %s", location.name, version.version, version.reason
             )
             return
-        decoupled = version.config.model_transaction_policy.decoupled
-        version.scheduler = Scheduler(version.signature, version.statistics, instances, decoupled=decoupled)
+        version.scheduler = make_scheduler(version.config, version.signature, version.statistics, instances)
         version.scheduler.start()
         version.load_seconds = time.monotonic() - started
         version.state = ModelState.READY

@@ -2,7 +2,26 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from coreserve.backend.api import ModelInstance
+from coreserve.config.signature import ModelSignature
+from coreserve.protos.model_config_pb2 import ModelConfig
+from coreserve.scheduling.dynamic import DynamicBatcher
 from coreserve.scheduling.scheduler import Scheduler
 from coreserve.scheduling.statistics import LatencyOptions, ModelStatistics
 
-__all__ = ["LatencyOptions", "ModelStatistics", "Scheduler"]
+__all__ = ["DynamicBatcher", "LatencyOptions", "ModelStatistics", "Scheduler", "make_scheduler"]
+
+
+def make_scheduler(
+    config: ModelConfig,
+    signature: ModelSignature,
+    statistics: ModelStatistics,
+    instances: Sequence[ModelInstance],
+) -> Scheduler:
+    """The scheduler a model configuration asks for."""
+    decoupled = config.model_transaction_policy.decoupled
+    if config.HasField("dynamic_batching"):
+        return DynamicBatcher(signature, statistics, instances, config.dynamic_batching, decoupled=decoupled)
+    return Scheduler(signature, statistics, instances, decoupled=decoupled)

@@ -2,7 +2,8 @@
 
 Each instance has a worker task that takes the next batch from the scheduler's queue and
 executes it, so an instance runs one batch at a time and requests run in parallel across
-instances. Subclasses decide how a batch is formed; the default one runs each request alone.
+instances. Subclasses decide how requests queue and how a batch is formed; the default
+scheduler runs each request alone, in arrival order.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from coreserve.backend.api import ModelInstance
 from coreserve.config.signature import ModelSignature
@@ -53,7 +54,7 @@ class Scheduler:
     @property
     def pending(self) -> int:
         """Requests queued or executing: Triton's pending request count."""
-        return len(self._queue) + self._executing
+        return self.queue_size + self._executing
 
     def start(self) -> None:
         self._idle.set()
@@ -62,15 +63,27 @@ class Scheduler:
             self._workers.append(asyncio.create_task(self._work(instance), name=name))
 
     def submit(self, request: InferenceRequest) -> None:
-        """Queues a request; its sink receives the response."""
+        """Queues a request; its sink receives the response. Raises if it cannot queue."""
         if self._closed:
             raise UnavailableError(
                 f"model '{self.signature.model_name}' version {self.model_version} is unloading"
             )
         request.queued_ns = now_ns()
-        self._queue.append(request)
+        self._enqueue(request)
         self._idle.clear()
         self._wake_worker()
+
+    def _enqueue(self, request: InferenceRequest) -> None:
+        self._queue.append(request)
+
+    async def _take_batch(self) -> list[InferenceRequest]:
+        """The next batch from a non-empty queue (may be empty if the queue emptied meanwhile)."""
+        return [self._queue.popleft()]
+
+    def _drain(self) -> Iterable[InferenceRequest]:
+        """Removes and returns every queued request."""
+        while self._queue:
+            yield self._queue.popleft()
 
     def _wake_worker(self) -> None:
         while self._waiters:
@@ -79,30 +92,30 @@ class Scheduler:
                 waiter.set_result(None)
                 return
 
-    def next_batch(self) -> list[InferenceRequest]:
-        """Takes the next batch from a non-empty queue: here, one request."""
-        return [self._queue.popleft()]
-
     async def _work(self, instance: ModelInstance) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            if not self._queue:
+            if not self.queue_size:
                 if self._busy == 0:
                     self._idle.set()
                 waiter: asyncio.Future[None] = loop.create_future()
                 self._waiters.append(waiter)
                 await waiter
                 continue
-            batch = self.next_batch()
             self._busy += 1
-            self._executing += len(batch)
             try:
-                await execute_batch(
-                    instance, batch, self.signature, self.statistics, decoupled=self.decoupled
-                )
+                batch = await self._take_batch()
+                if batch:
+                    self._executing += len(batch)
+                    try:
+                        await self._execute(instance, batch)
+                    finally:
+                        self._executing -= len(batch)
             finally:
                 self._busy -= 1
-                self._executing -= len(batch)
+
+    async def _execute(self, instance: ModelInstance, batch: list[InferenceRequest]) -> None:
+        await execute_batch(instance, batch, self.signature, self.statistics, decoupled=self.decoupled)
 
     async def close(self, timeout: float | None = None) -> None:
         """Stops taking requests, lets queued and running ones finish (up to `timeout`
@@ -115,14 +128,13 @@ class Scheduler:
                 "model '%s' version %s: %d requests still queued after %.1fs; failing them",
                 self.signature.model_name,
                 self.model_version,
-                len(self._queue),
+                self.queue_size,
                 timeout,
             )
         for worker in self._workers:
             worker.cancel()
         await asyncio.gather(*self._workers, return_exceptions=True)
-        while self._queue:
-            request = self._queue.popleft()
+        for request in self._drain():
             if request.sink is not None:
                 request.sink.fail(UnavailableError(f"model '{self.signature.model_name}' was unloaded"))
         for instance in self.instances:

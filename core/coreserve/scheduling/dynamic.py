@@ -1,0 +1,214 @@
+"""The dynamic batcher (`dynamic_batching { … }`): many small requests, few large executions.
+
+Requests queue per priority level (level 1 first). A batch starts from the oldest request of
+the highest non-empty level and takes the requests behind it while their inputs fit together
+(same names and non-batch shapes) and the batch stays within max_batch_size. It is sent at
+once when it reaches max_batch_size or a preferred batch size; otherwise the batcher waits up
+to max_queue_delay_microseconds (counted from the oldest request) for more requests.
+
+Queue policies apply per level: `max_queue_size` rejects requests when the level is full, and
+a timeout either rejects a request that waited too long or, with `timeout_action: DELAY`,
+moves it behind every request that has not timed out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from coreserve.backend.api import ModelInstance
+from coreserve.config.signature import ModelSignature
+from coreserve.errors import InvalidArgumentError, UnavailableError
+from coreserve.protos.model_config_pb2 import ModelDynamicBatching, ModelQueuePolicy
+from coreserve.scheduling.ordering import OrderedRelease
+from coreserve.scheduling.scheduler import Scheduler
+from coreserve.scheduling.statistics import ModelStatistics
+from coreserve.types import InferenceRequest, now_ns
+
+ShapeKey = tuple[tuple[str, tuple[int, ...]], ...]
+
+
+@dataclass(frozen=True)
+class QueuePolicy:
+    max_queue_size: int
+    timeout_us: int
+    delay_on_timeout: bool
+    allow_override: bool
+
+    @classmethod
+    def from_config(cls, policy: ModelQueuePolicy) -> QueuePolicy:
+        return cls(
+            max_queue_size=policy.max_queue_size,
+            timeout_us=policy.default_timeout_microseconds,
+            delay_on_timeout=policy.timeout_action == ModelQueuePolicy.DELAY,
+            allow_override=policy.allow_timeout_override,
+        )
+
+    def timeout_for(self, request: InferenceRequest) -> int:
+        """The request's timeout in microseconds (0: none); an override may only shorten it."""
+        requested = request.parameters.get("timeout", 0)
+        if not self.allow_override or not isinstance(requested, int) or isinstance(requested, bool):
+            return self.timeout_us
+        if requested <= 0:
+            return self.timeout_us
+        return min(requested, self.timeout_us) if self.timeout_us else requested
+
+
+def shape_key(request: InferenceRequest) -> ShapeKey:
+    """What must be equal for two requests to share a batch: input names and non-batch shapes."""
+    return tuple(sorted((name, array.shape[1:]) for name, array in request.inputs.items()))
+
+
+class DynamicBatcher(Scheduler):
+    """Forms batches from queued requests as Triton's dynamic batcher does."""
+
+    def __init__(
+        self,
+        signature: ModelSignature,
+        statistics: ModelStatistics,
+        instances: Sequence[ModelInstance],
+        batching: ModelDynamicBatching,
+        *,
+        decoupled: bool = False,
+    ) -> None:
+        super().__init__(signature, statistics, instances, decoupled=decoupled)
+        self._max_batch_size = signature.max_batch_size
+        self._preferred = frozenset(batching.preferred_batch_size)
+        self._delay_ns = batching.max_queue_delay_microseconds * 1000
+        self._levels = max(1, batching.priority_levels)
+        self._default_level = batching.default_priority_level or self._levels
+        self._policies = [
+            QueuePolicy.from_config(batching.priority_queue_policy.get(level, batching.default_queue_policy))
+            for level in range(1, self._levels + 1)
+        ]
+        self._queues: list[deque[InferenceRequest]] = [deque() for _ in range(self._levels)]
+        self._delayed: deque[InferenceRequest] = deque()  # timed out with timeout_action DELAY
+        self._timers: dict[int, asyncio.TimerHandle] = {}
+        self._forming = asyncio.Lock()
+        self._arrived = asyncio.Event()
+        self._ordered = OrderedRelease() if batching.preserve_ordering else None
+
+    @property
+    def queue_size(self) -> int:
+        return sum(len(queue) for queue in self._queues) + len(self._delayed)
+
+    def _level_of(self, request: InferenceRequest) -> int:
+        priority = request.parameters.get("priority", 0)
+        if not isinstance(priority, int) or isinstance(priority, bool) or priority < 0:
+            raise InvalidArgumentError(
+                f"request parameter 'priority' must be a non-negative integer, got {priority!r}"
+            )
+        if priority == 0 or self._levels == 1:
+            return self._default_level if self._levels > 1 else 1
+        if priority > self._levels:
+            raise InvalidArgumentError(
+                f"request priority {priority} is outside 1..{self._levels}, the priority levels of model "
+                f"'{self.signature.model_name}'"
+            )
+        return priority
+
+    def _enqueue(self, request: InferenceRequest) -> None:
+        level = self._level_of(request)
+        policy = self._policies[level - 1]
+        queue = self._queues[level - 1]
+        if policy.max_queue_size and len(queue) >= policy.max_queue_size:
+            self.statistics.record_failure(request, "REJECTED")
+            raise UnavailableError(
+                f"model '{self.signature.model_name}': the queue of priority level {level} is full "
+                f"(max_queue_size {policy.max_queue_size}); try again later"
+            )
+        timeout_us = policy.timeout_for(request)
+        if timeout_us:
+            loop = asyncio.get_running_loop()
+            self._timers[id(request)] = loop.call_later(
+                timeout_us / 1e6, self._expire, request, level, policy.delay_on_timeout
+            )
+        queue.append(request)
+        self._arrived.set()
+
+    def _expire(self, request: InferenceRequest, level: int, delay: bool) -> None:
+        self._timers.pop(id(request), None)
+        try:
+            self._queues[level - 1].remove(request)
+        except ValueError:
+            return  # already on its way to an instance
+        if delay:
+            self._delayed.append(request)
+            return
+        self.statistics.record_failure(request, "REJECTED")
+        if request.sink is not None:
+            request.sink.fail(
+                UnavailableError(
+                    f"request for model '{self.signature.model_name}' timed out after waiting in the queue"
+                )
+            )
+        self._arrived.set()  # the batch being formed may have lost its head
+
+    def _first_queue(self) -> deque[InferenceRequest] | None:
+        for queue in self._queues:
+            if queue:
+                return queue
+        return self._delayed or None
+
+    def _candidate(self) -> tuple[deque[InferenceRequest] | None, list[int], bool]:
+        """The batch that the oldest request of the first non-empty level starts.
+
+        Returns its queue, the batch sizes of its first 1, 2, … requests, and whether it is
+        complete: it cannot grow (max_batch_size reached, or the next request does not fit).
+        """
+        queue = self._first_queue()
+        if queue is None:
+            return None, [], False
+        key = shape_key(queue[0])
+        sizes: list[int] = []
+        size = 0
+        for request in queue:
+            if sizes and (shape_key(request) != key or size + request.batch_size > self._max_batch_size):
+                return queue, sizes, True
+            size += request.batch_size
+            sizes.append(size)
+            if size >= self._max_batch_size:
+                return queue, sizes, True
+        return queue, sizes, False
+
+    async def _take_batch(self) -> list[InferenceRequest]:
+        async with self._forming:
+            while True:
+                queue, sizes, complete = self._candidate()
+                if queue is None:
+                    return []
+                if complete or now_ns() - queue[0].queued_ns >= self._delay_ns:
+                    return self._pop(queue, len(sizes))
+                preferred = [count for count, size in enumerate(sizes, start=1) if size in self._preferred]
+                if preferred:
+                    return self._pop(queue, preferred[-1])
+                self._arrived.clear()
+                remaining = (queue[0].queued_ns + self._delay_ns - now_ns()) / 1e9
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._arrived.wait(), max(remaining, 0.0))
+
+    def _pop(self, queue: deque[InferenceRequest], count: int) -> list[InferenceRequest]:
+        batch = [queue.popleft() for _ in range(count)]
+        for request in batch:
+            timer = self._timers.pop(id(request), None)
+            if timer is not None:
+                timer.cancel()
+        return batch
+
+    async def _execute(self, instance: ModelInstance, batch: list[InferenceRequest]) -> None:
+        if self._ordered is None:
+            await super()._execute(instance, batch)
+            return
+        async with self._ordered.turn(batch):
+            await super()._execute(instance, batch)
+
+    def _drain(self) -> Iterable[InferenceRequest]:
+        for timer in self._timers.values():
+            timer.cancel()
+        self._timers.clear()
+        for queue in [*self._queues, self._delayed]:
+            while queue:
+                yield queue.popleft()

@@ -1,0 +1,72 @@
+"""`preserve_ordering`: responses leave in the order their requests were batched.
+
+Batches may finish out of order on several instances; each batch's responses are held until
+every earlier batch has released its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+
+from coreserve.errors import CoreserveError
+from coreserve.types import InferenceRequest, InferenceResponse, ResponseSink
+
+
+class HeldSink:
+    """Records what is sent to a request's sink and replays it on release."""
+
+    __slots__ = ("_calls", "_done", "_target")
+
+    def __init__(self, target: ResponseSink) -> None:
+        self._target = target
+        self._calls: list[tuple[InferenceResponse | None, bool] | CoreserveError] = []
+        self._done = False
+
+    @property
+    def done(self) -> bool:
+        return self._done
+
+    def send(self, response: InferenceResponse | None, final: bool) -> None:
+        self._done = self._done or final
+        self._calls.append((response, final))
+
+    def fail(self, error: CoreserveError) -> None:
+        self._done = True
+        self._calls.append(error)
+
+    def release(self) -> None:
+        for call in self._calls:
+            if isinstance(call, CoreserveError):
+                self._target.fail(call)
+            else:
+                self._target.send(*call)
+        self._calls.clear()
+
+
+class OrderedRelease:
+    """Hands out turns in batch order; a turn's responses wait for the turns before it."""
+
+    def __init__(self) -> None:
+        self._last: asyncio.Future[None] | None = None
+
+    @asynccontextmanager
+    async def turn(self, batch: Sequence[InferenceRequest]) -> AsyncIterator[None]:
+        previous = self._last
+        mine: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._last = mine
+        held = []
+        for request in batch:
+            if request.sink is not None:
+                sink = HeldSink(request.sink)
+                request.sink = sink
+                held.append(sink)
+        try:
+            yield
+        finally:
+            if previous is not None:
+                await asyncio.shield(previous)
+            for sink in held:
+                sink.release()
+            mine.set_result(None)

@@ -1,0 +1,261 @@
+"""The dynamic batcher: merging, preferred sizes, shapes, priorities, queue policies, ordering."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from coreserve.testing import ServerFactory, ServerProcess
+from model_builders import add_sub_model, write_model
+
+ADD_SUB = """
+backend: "onnxruntime"
+max_batch_size: 8
+input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ {dims} ] }}, {{ name: "INPUT1" data_type: TYPE_FP32 dims: [ {dims} ] }} ]
+output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ {dims} ] }}, {{ name: "OUTPUT1" data_type: TYPE_FP32 dims: [ {dims} ] }} ]
+dynamic_batching {{ {batching} }}
+"""
+ECHO = """
+backend: "echo"
+max_batch_size: {max_batch}
+input [ {{ name: "IN" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+output [ {{ name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+instance_group [ {{ count: {count} }} ]
+parameters {{ key: "delay_ms" value: {{ string_value: "{delay}" }} }}
+dynamic_batching {{ {batching} }}
+"""
+
+
+def _env(site: Path) -> dict[str, str]:
+    return {"PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))}
+
+
+def _add_sub(server: ServerProcess, a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    client = httpclient.InferenceServerClient(server.http_url)
+    try:
+        inputs = [
+            httpclient.InferInput("INPUT0", list(a.shape), "FP32"),
+            httpclient.InferInput("INPUT1", list(a.shape), "FP32"),
+        ]
+        inputs[0].set_data_from_numpy(a)
+        inputs[1].set_data_from_numpy(np.ones_like(a))
+        result = client.infer("add_sub", inputs)
+        return result.as_numpy("OUTPUT0"), result.as_numpy("OUTPUT1")
+    finally:
+        client.close()
+
+
+def _echo(
+    server: ServerProcess, value: int, priority: int = 0, timeout: int | None = None, **parameters: object
+) -> int:
+    client = httpclient.InferenceServerClient(server.http_url, network_timeout=60)
+    try:
+        tensor = httpclient.InferInput("IN", [1, 1], "INT32")
+        tensor.set_data_from_numpy(np.array([[value]], np.int32))
+        result = client.infer(
+            "echo", [tensor], priority=priority, timeout=timeout, parameters=parameters or None
+        )
+        return int(result.as_numpy("OUT")[0, 0])
+    finally:
+        client.close()
+
+
+def _statistics(server: ServerProcess, model: str) -> dict:
+    client = httpclient.InferenceServerClient(server.http_url)
+    try:
+        return client.get_inference_statistics(model)["model_stats"][0]
+    finally:
+        client.close()
+
+
+def _concurrently(calls: list[Callable[[], object]]) -> list[object]:
+    with ThreadPoolExecutor(len(calls)) as pool:
+        futures = [pool.submit(call) for call in calls]
+        return [future.result(timeout=60) for future in futures]
+
+
+def test_concurrent_requests_are_merged_and_get_their_own_rows(
+    coreserve_server: ServerFactory, tmp_path: Path
+) -> None:
+    write_model(
+        tmp_path,
+        "add_sub",
+        add_sub_model("FP32", ["batch", 4]),
+        ADD_SUB.format(dims="4", batching="max_queue_delay_microseconds: 300000"),
+    )
+    server = coreserve_server(tmp_path)
+    rows = [np.full((1 + index % 2, 4), index, np.float32) for index in range(8)]  # 12 rows in all
+    results = _concurrently([lambda a=a: _add_sub(server, a) for a in rows])
+    for a, (total, difference) in zip(rows, results, strict=True):
+        np.testing.assert_array_equal(total, a + 1)
+        np.testing.assert_array_equal(difference, a - 1)
+    stats = _statistics(server, "add_sub")
+    assert stats["inference_count"] == 12
+    assert stats["execution_count"] < 8  # merged: fewer executions than requests
+    assert sum(entry["compute_infer"]["count"] for entry in stats["batch_stats"]) == stats["execution_count"]
+    assert max(entry["batch_size"] for entry in stats["batch_stats"]) > 2
+    assert stats["inference_stats"]["queue"]["ns"] > 0
+
+
+def test_preferred_batch_size_is_sent_without_waiting(
+    coreserve_server: ServerFactory, tmp_path: Path
+) -> None:
+    write_model(
+        tmp_path,
+        "add_sub",
+        add_sub_model("FP32", ["batch", 4]),
+        ADD_SUB.format(
+            dims="4", batching="preferred_batch_size: [ 4 ] max_queue_delay_microseconds: 20000000"
+        ),
+    )
+    server = coreserve_server(tmp_path)
+    started = time.monotonic()
+    results = _concurrently([lambda i=i: _add_sub(server, np.full((1, 4), i, np.float32)) for i in range(4)])
+    assert time.monotonic() - started < 10  # far below the 20 s delay
+    assert [float(total[0, 0]) for total, _ in results] == [1.0, 2.0, 3.0, 4.0]
+    assert [entry["batch_size"] for entry in _statistics(server, "add_sub")["batch_stats"]] == [4]
+
+
+def test_requests_of_different_shapes_are_batched_separately(
+    coreserve_server: ServerFactory, tmp_path: Path
+) -> None:
+    write_model(
+        tmp_path,
+        "add_sub",
+        add_sub_model("FP32", ["batch", "n"]),
+        ADD_SUB.format(dims="-1", batching="max_queue_delay_microseconds: 200000"),
+    )
+    server = coreserve_server(tmp_path)
+    rows = [np.full((1, 2 + index % 3), index, np.float32) for index in range(9)]
+    results = _concurrently([lambda a=a: _add_sub(server, a) for a in rows])
+    for a, (total, _) in zip(rows, results, strict=True):
+        np.testing.assert_array_equal(total, a + 1)
+    stats = _statistics(server, "add_sub")
+    assert stats["inference_count"] == 9 and stats["execution_count"] >= 3
+
+
+def _echo_server(
+    coreserve_server: ServerFactory,
+    tmp_path: Path,
+    site: Path,
+    batching: str,
+    *,
+    delay: int = 0,
+    count: int = 1,
+    max_batch: int = 1,
+) -> ServerProcess:
+    write_model(
+        tmp_path,
+        "echo",
+        b"",
+        ECHO.format(batching=batching, delay=delay, count=count, max_batch=max_batch),
+        filename="model.echo",
+    )
+    return coreserve_server(tmp_path, env=_env(site))
+
+
+def _run_in_order(calls: list[Callable[[], object]], gap: float = 0.1) -> tuple[list[object], list[int]]:
+    """Starts calls `gap` seconds apart; returns results and the order in which they finished."""
+    finished: list[int] = []
+    lock = threading.Lock()
+
+    def run(index: int, call: Callable[[], object]) -> object:
+        try:
+            return call()
+        except InferenceServerException as exc:
+            return exc
+        finally:
+            with lock:
+                finished.append(index)
+
+    with ThreadPoolExecutor(len(calls)) as pool:
+        futures = []
+        for index, call in enumerate(calls):
+            futures.append(pool.submit(run, index, call))
+            time.sleep(gap)
+        results = [future.result(timeout=60) for future in futures]
+    return results, finished
+
+
+def test_priorities_reorder_a_backlog(
+    coreserve_server: ServerFactory, tmp_path: Path, echo_backend_site: Path
+) -> None:
+    server = _echo_server(
+        coreserve_server,
+        tmp_path,
+        echo_backend_site,
+        "priority_levels: 2 default_priority_level: 2",
+        delay=600,
+    )
+    calls = [
+        lambda: _echo(server, 0),  # occupies the instance
+        lambda: _echo(server, 1),
+        lambda: _echo(server, 2),
+        lambda: _echo(server, 3, priority=1),  # arrives last, runs next
+    ]
+    results, finished = _run_in_order(calls)
+    assert results == [0, 1, 2, 3]
+    assert finished.index(3) < finished.index(1) and finished.index(3) < finished.index(2)
+    with pytest.raises(InferenceServerException, match="outside 1..2") as info:
+        _echo(server, 4, priority=3)
+    assert info.value.status() == "400"
+
+
+def test_full_queue_rejects_with_503(
+    coreserve_server: ServerFactory, tmp_path: Path, echo_backend_site: Path
+) -> None:
+    server = _echo_server(
+        coreserve_server, tmp_path, echo_backend_site, "default_queue_policy { max_queue_size: 2 }", delay=500
+    )
+    results, _ = _run_in_order([lambda v=v: _echo(server, v) for v in range(4)], gap=0.05)
+    assert results[:3] == [0, 1, 2]
+    assert isinstance(results[3], InferenceServerException)
+    assert results[3].status() == "503" and "queue of priority level 1 is full" in results[3].message()
+    assert _echo(server, 9) == 9  # the server keeps serving
+    stats = _statistics(server, "echo")
+    assert stats["inference_stats"]["fail"]["count"] == 1
+
+
+def test_timeouts_reject_or_delay(
+    coreserve_server: ServerFactory, tmp_path: Path, echo_backend_site: Path
+) -> None:
+    batching = (
+        "priority_levels: 2 default_priority_level: 2 "
+        "default_queue_policy { default_timeout_microseconds: 150000 allow_timeout_override: true } "
+        "priority_queue_policy { key: 1 value { default_timeout_microseconds: 150000 timeout_action: DELAY } }"
+    )
+    server = _echo_server(coreserve_server, tmp_path, echo_backend_site, batching, delay=400)
+    calls = [
+        lambda: _echo(server, 0),  # executes at once
+        lambda: _echo(server, 1),  # waits > 150 ms: rejected
+        lambda: _echo(server, 2, priority=1),  # times out too, but DELAY keeps it queued
+    ]
+    results, _ = _run_in_order(calls, gap=0.05)
+    assert results[0] == 0 and results[2] == 2
+    assert isinstance(results[1], InferenceServerException)
+    assert results[1].status() == "503" and "timed out" in results[1].message()
+    # A request may shorten its timeout when the policy allows overrides.
+    results, _ = _run_in_order([lambda: _echo(server, 5), lambda: _echo(server, 6, timeout=1000)], gap=0.05)
+    assert results[0] == 5 and isinstance(results[1], InferenceServerException)
+
+
+@pytest.mark.parametrize("preserve", [False, True])
+def test_preserve_ordering(
+    coreserve_server: ServerFactory, tmp_path: Path, echo_backend_site: Path, preserve: bool
+) -> None:
+    server = _echo_server(
+        coreserve_server, tmp_path, echo_backend_site, f"preserve_ordering: {str(preserve).lower()}", count=2
+    )
+    calls = [lambda: _echo(server, 0, delay_ms=600), lambda: _echo(server, 1)]
+    results, finished = _run_in_order(calls, gap=0.1)
+    assert results == [0, 1]
+    assert finished == ([0, 1] if preserve else [1, 0])
