@@ -27,6 +27,19 @@ _LISTENING = re.compile(r"Started (HTTP|GRPC|Metrics)(?:Inference)?Service at ([
 SERVICES = ("HTTP", "GRPC", "Metrics")
 
 
+def _enabled_services(args: Sequence[str]) -> list[str]:
+    flags = {"HTTP": "--allow-http", "GRPC": "--allow-grpc", "Metrics": "--allow-metrics"}
+    turned_off = set()
+    for index, arg in enumerate(args):
+        name, _, value = arg.partition("=")
+        if not value and index + 1 < len(args):
+            value = args[index + 1]
+        for service, flag in flags.items():
+            if name == flag and value.lower() in ("false", "0", "no", "off"):
+                turned_off.add(service)
+    return [service for service in SERVICES if service not in turned_off]
+
+
 class ServerProcess:
     """A `coreserve` process on free ports of 127.0.0.1, with its log in a file."""
 
@@ -73,8 +86,11 @@ class ServerProcess:
         """The URL of the Prometheus endpoint."""
         return f"http://127.0.0.1:{self.ports['Metrics']}/metrics"
 
-    def start(self, timeout: float = 60.0, wait_for: Sequence[str] = SERVICES) -> ServerProcess:
-        """Starts the server and waits until the named services listen."""
+    def start(self, timeout: float = 60.0, wait_for: Sequence[str] | None = None) -> ServerProcess:
+        """Starts the server and waits until the services listen (by default, those that
+        the arguments do not turn off with --allow-<service>=false)."""
+        if wait_for is None:
+            wait_for = _enabled_services(self.args)
         self.process = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT, env=self.env)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -123,7 +139,7 @@ def coreserve_server() -> Iterator[ServerFactory]:
         repository: Path | Sequence[Path],
         *extra_args: str,
         env: dict[str, str] | None = None,
-        wait_for: Sequence[str] = SERVICES,
+        wait_for: Sequence[str] | None = None,
     ) -> ServerProcess:
         repositories = [repository] if isinstance(repository, Path) else list(repository)
         server = ServerProcess(repositories, extra_args, env)

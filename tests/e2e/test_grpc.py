@@ -346,6 +346,6 @@ def test_message_size_limit(coreserve_server, tmp_path: Path) -> None:
 
 def test_grpc_can_be_turned_off(coreserve_server, tmp_path: Path) -> None:
     write_model(tmp_path, "add_sub", add_sub_model("FP32", ["batch", 4]), ADD_SUB)
-    server = coreserve_server(tmp_path, "--allow-grpc=false", "--allow-metrics=false", wait_for=("HTTP",))
+    server = coreserve_server(tmp_path, "--allow-grpc=false", "--allow-metrics=false")
     assert "GRPC" not in server.ports and "Metrics" not in server.ports
     assert "Started GRPC" not in server.log

@@ -206,5 +206,5 @@ def test_statistics_of_unknown_models(server: ServerProcess) -> None:
 
 def test_metrics_can_be_turned_off(coreserve_server, tmp_path: Path) -> None:
     write_model(tmp_path, "add_sub", add_sub_model("FP32", ["batch", 4]), ADD_SUB)
-    server = coreserve_server(tmp_path, "--allow-metrics=false", wait_for=("HTTP", "GRPC"))
+    server = coreserve_server(tmp_path, "--allow-metrics=false")
     assert "Metrics" not in server.ports and "Started MetricsService" not in server.log

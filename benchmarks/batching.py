@@ -1,0 +1,166 @@
+"""What dynamic batching gains, and how close it gets to the limit of the framework.
+
+    python benchmarks/batching.py [--seconds 8] [--trials 3]
+
+An MLP where compute dominates: FP32 [N, 1024] through four 2048-wide dense layers with
+ReLU. Measured in one run: (a) in-process onnxruntime samples/s at batch 1 and batch 32 (the
+limit); (b) the server at client concurrency 32 without dynamic batching; (c) the same with
+dynamic batching. Requests are HTTP with binary tensors, one sample each, driven by wrk.
+Targets: (c) >= 3 x (b) and (c) >= 0.7 x in-process batch 32. Writes
+benchmarks/results/batching.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import calls_per_second, median_load, print_table, start_server, write_model, write_results, wrk
+
+WIDTH_IN, WIDTH, LAYERS, MAX_BATCH = 1024, 2048, 4, 32
+CONFIG = """
+backend: "onnxruntime"
+max_batch_size: 32
+input [ {{ name: "x" data_type: TYPE_FP32 dims: [ 1024 ] }} ]
+output [ {{ name: "y" data_type: TYPE_FP32 dims: [ 2048 ] }} ]
+{batching}
+"""
+TARGET_GAIN, TARGET_OF_LIMIT = 3.0, 0.7
+
+
+def mlp_model() -> bytes:
+    rng = np.random.default_rng(0)
+    nodes, initializers, current = [], [], "x"
+    for layer in range(LAYERS):
+        fan_in = WIDTH_IN if layer == 0 else WIDTH
+        weight = rng.normal(0, fan_in**-0.5, size=(fan_in, WIDTH)).astype(np.float32)
+        initializers += [
+            numpy_helper.from_array(weight, f"w{layer}"),
+            numpy_helper.from_array(np.zeros(WIDTH, np.float32), f"b{layer}"),
+        ]
+        nodes += [
+            helper.make_node("Gemm", [current, f"w{layer}", f"b{layer}"], [f"h{layer}"]),
+            helper.make_node("Relu", [f"h{layer}"], ["y" if layer == LAYERS - 1 else f"r{layer}"]),
+        ]
+        current = f"r{layer}"
+    graph = helper.make_graph(
+        nodes,
+        "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", WIDTH_IN])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", WIDTH])],
+        initializers,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
+def request_body() -> tuple[bytes, dict[str, str]]:
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "x",
+                    "shape": [1, WIDTH_IN],
+                    "datatype": "FP32",
+                    "parameters": {"binary_data_size": WIDTH_IN * 4},
+                }
+            ],
+            "outputs": [{"name": "y", "parameters": {"binary_data": True}}],
+        }
+    ).encode()
+    data = np.random.default_rng(1).normal(size=WIDTH_IN).astype(np.float32).tobytes()
+    return header + data, {
+        "Inference-Header-Content-Length": str(len(header)),
+        "Content-Type": "application/octet-stream",
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--trials", type=int, default=3)
+    args = parser.parse_args()
+
+    repository = Path(tempfile.mkdtemp(prefix="coreserve-batching-")) / "models"
+    model = mlp_model()
+    write_model(repository, "mlp", model, CONFIG.format(batching=""))
+    write_model(
+        repository,
+        "mlp_batched",
+        model,
+        CONFIG.format(batching="dynamic_batching { max_queue_delay_microseconds: 2000 }"),
+    )
+
+    session = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    limits = {}
+    for batch in (1, MAX_BATCH):
+        feeds = {"x": np.ones((batch, WIDTH_IN), np.float32)}
+        limits[batch] = batch * calls_per_second(lambda f=feeds: session.run(["y"], f), args.seconds / 2)
+    del session
+
+    body, headers = request_body()
+    server = start_server(repository, "--allow-metrics=false")
+    loads = {}
+    try:
+        for name in ("mlp", "mlp_batched"):
+            url = f"http://{server.http_url}/v2/models/{name}/infer"
+            wrk(url, 32, 2, body, headers)  # warm-up
+            loads[name] = median_load([wrk(url, 32, args.seconds, body, headers) for _ in range(args.trials)])
+        import tritonclient.http as httpclient
+
+        client = httpclient.InferenceServerClient(server.http_url)
+        stats = client.get_inference_statistics("mlp_batched")["model_stats"][0]
+        client.close()
+    finally:
+        server.close()
+
+    unbatched, batched = loads["mlp"], loads["mlp_batched"]
+    rows = [
+        ["(a) in-process onnxruntime, batch 1", "-", limits[1], "-", "-"],
+        ["(a) in-process onnxruntime, batch 32 (the limit)", "-", limits[MAX_BATCH], "-", "-"],
+        ["(b) server, no dynamic batching", 32, unbatched.requests_per_s, unbatched.p50_ms, unbatched.p99_ms],
+        ["(c) server, dynamic batching", 32, batched.requests_per_s, batched.p50_ms, batched.p99_ms],
+    ]
+    print_table(
+        "MLP [N,1024] -> 4 x 2048 ReLU, HTTP binary, one sample per request (median of trials)",
+        ["configuration", "concurrency", "samples/s", "p50 ms", "p99 ms"],
+        rows,
+    )
+    gain = batched.requests_per_s / unbatched.requests_per_s
+    of_limit = batched.requests_per_s / limits[MAX_BATCH]
+    average_batch = stats["inference_count"] / max(1, stats["execution_count"])
+    print(f"\nin-process batch 32 / batch 1: {limits[MAX_BATCH] / limits[1]:.1f}x")
+    print(f"(c) / (b) = {gain:.2f} (target >= {TARGET_GAIN}: {'met' if gain >= TARGET_GAIN else 'MISSED'})")
+    print(
+        f"(c) / in-process batch 32 = {of_limit:.2f} "
+        f"(target >= {TARGET_OF_LIMIT}: {'met' if of_limit >= TARGET_OF_LIMIT else 'MISSED'})"
+    )
+    print(f"average executed batch size with dynamic batching: {average_batch:.1f}")
+    path = write_results(
+        "batching",
+        {
+            "in_process_samples_per_s": {str(k): v for k, v in limits.items()},
+            "server_without_batching": unbatched,
+            "server_with_dynamic_batching": batched,
+            "gain": gain,
+            "fraction_of_limit": of_limit,
+            "average_batch_size": average_batch,
+            "targets": {"gain": TARGET_GAIN, "fraction_of_limit": TARGET_OF_LIMIT},
+        },
+    )
+    print(f"results: {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,255 @@
+"""Shared parts of the benchmarks: models, servers, load generators, tables and JSON results.
+
+Every benchmark compares numbers measured in one run on one machine; the machine is shared
+and noisy, so each figure is the median of several trials and conclusions rest on ratios.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import json
+import os
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+BENCHMARKS = Path(__file__).resolve().parent
+RESULTS = BENCHMARKS / "results"
+WRK_SCRIPT = BENCHMARKS / "wrk_report.lua"
+
+
+@dataclass
+class Load:
+    """What a load generator measured: throughput and latency percentiles."""
+
+    requests_per_s: float
+    p50_ms: float
+    p90_ms: float
+    p99_ms: float
+    errors: int = 0
+    tool: str = ""
+
+
+def median_load(loads: Sequence[Load]) -> Load:
+    """The trial with the median throughput (its latencies belong to it)."""
+    ordered = sorted(loads, key=lambda load: load.requests_per_s)
+    return ordered[len(ordered) // 2]
+
+
+def write_model(repository: Path, name: str, model_bytes: bytes, config: str) -> None:
+    (repository / name / "1").mkdir(parents=True, exist_ok=True)
+    (repository / name / "config.pbtxt").write_text(config)
+    (repository / name / "1" / "model.onnx").write_bytes(model_bytes)
+
+
+def start_server(repository: Path, *args: str) -> object:
+    """A coreserve process on free loopback ports (see coreserve.testing.ServerProcess)."""
+    from coreserve.testing import ServerProcess
+
+    return ServerProcess([repository], ["--log-verbose=0", *args]).start(timeout=120)
+
+
+def wrk(
+    url: str, concurrency: int, seconds: float, body: bytes, headers: dict[str, str] | None = None
+) -> Load:
+    """Drives an HTTP POST endpoint with wrk (one thread, `concurrency` connections)."""
+    if shutil.which("wrk") is None:
+        raise SystemExit("wrk is not installed (Debian: apt-get install wrk)")
+    with tempfile.NamedTemporaryFile(suffix=".body") as file:
+        file.write(body)
+        file.flush()
+        env = {
+            **os.environ,
+            "WRK_BODY_FILE": file.name,
+            "WRK_HEADERS": "|".join(f"{k}: {v}" for k, v in (headers or {}).items()),
+        }
+        completed = subprocess.run(
+            [
+                "wrk",
+                "-t1",
+                f"-c{concurrency}",
+                f"-d{max(1, round(seconds))}s",
+                "--timeout",
+                "10s",
+                "-s",
+                str(WRK_SCRIPT),
+                url,
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            check=True,
+            timeout=seconds + 60,
+        )
+    match = re.search(r"WRK_JSON (\{.*\})", completed.stdout)
+    if match is None:
+        raise RuntimeError(f"wrk printed no summary:\n{completed.stdout}\n{completed.stderr}")
+    report = json.loads(match.group(1))
+    return Load(
+        requests_per_s=report["requests"] / (report["duration_us"] / 1e6),
+        p50_ms=report["p50_us"] / 1000,
+        p90_ms=report["p90_us"] / 1000,
+        p99_ms=report["p99_us"] / 1000,
+        errors=report["errors"],
+        tool="wrk",
+    )
+
+
+def perf_analyzer() -> str | None:
+    """The perf_analyzer binary: $PERF_ANALYZER, or perf_analyzer on PATH."""
+    return os.environ.get("PERF_ANALYZER") or shutil.which("perf_analyzer")
+
+
+def run_perf_analyzer(
+    binary: str,
+    model: str,
+    protocol: str,
+    url: str,
+    concurrency: int,
+    seconds: float,
+    shape: dict[str, list[int]] | None = None,
+) -> Load:
+    """Drives a model with perf_analyzer (binary tensors, random data) and reads its CSV."""
+    with tempfile.TemporaryDirectory() as folder:
+        report = Path(folder) / "report.csv"
+        command = [
+            binary,
+            "-m",
+            model,
+            "-i",
+            protocol,
+            "-u",
+            url,
+            "--concurrency-range",
+            str(concurrency),
+            "--measurement-interval",
+            str(int(seconds * 1000)),
+            "--stability-percentage",
+            "100",
+            "--max-trials",
+            "3",
+            "-f",
+            str(report),
+        ]
+        for name, dims in (shape or {}).items():
+            command += ["--shape", f"{name}:{','.join(map(str, dims))}"]
+        subprocess.run(command, capture_output=True, text=True, check=True, timeout=seconds * 10 + 120)
+        with report.open() as file:
+            row = next(csv.DictReader(file))
+    return Load(
+        requests_per_s=float(row["Inferences/Second"]),
+        p50_ms=float(row["p50 latency"]) / 1000,
+        p90_ms=float(row["p90 latency"]) / 1000,
+        p99_ms=float(row["p99 latency"]) / 1000,
+        tool="perf_analyzer",
+    )
+
+
+def grpc_load(url: str, request: object, concurrency: int, seconds: float) -> Load:
+    """Our own gRPC load generator: `concurrency` coroutines repeating one ModelInferRequest.
+
+    Used where perf_analyzer is not installed. It runs in Python on the same machine, so it
+    takes CPU from the server and understates what the server can do.
+    """
+    import grpc
+
+    from coreserve.protos import grpc_service_pb2_grpc as pb_grpc
+
+    async def run() -> tuple[list[float], int]:
+        latencies: list[float] = []
+        errors = 0
+        async with grpc.aio.insecure_channel(url) as channel:
+            stub = pb_grpc.GRPCInferenceServiceStub(channel)
+            deadline = time.perf_counter() + seconds
+
+            async def worker() -> None:
+                nonlocal errors
+                while time.perf_counter() < deadline:
+                    started = time.perf_counter()
+                    try:
+                        await stub.ModelInfer(request)
+                    except grpc.RpcError:
+                        errors += 1
+                        continue
+                    latencies.append(time.perf_counter() - started)
+
+            await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return latencies, errors
+
+    started = time.perf_counter()
+    latencies, errors = asyncio.run(run())
+    elapsed = time.perf_counter() - started
+    points = np.percentile(latencies, [50, 90, 99]) * 1000 if latencies else [0, 0, 0]
+    return Load(
+        len(latencies) / elapsed,
+        float(points[0]),
+        float(points[1]),
+        float(points[2]),
+        errors,
+        tool="python grpc.aio client",
+    )
+
+
+def calls_per_second(call: Callable[[], object], seconds: float) -> float:
+    """How often `call` runs per second in this process (after a short warm-up)."""
+    for _ in range(20):
+        call()
+    count = 0
+    started = time.perf_counter()
+    while (elapsed := time.perf_counter() - started) < seconds:
+        call()
+        count += 1
+    return count / elapsed
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values)
+
+
+def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
+    cells = [[str(c) for c in columns]] + [[_format(v) for v in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
+    print(f"\n{title}")
+    for index, row in enumerate(cells):
+        print(
+            "  ".join(
+                cell.rjust(width) if i else cell.ljust(width)
+                for i, (cell, width) in enumerate(zip(row, widths, strict=True))
+            )
+        )
+        if index == 0:
+            print("  ".join("-" * width for width in widths))
+
+
+def _format(value: object) -> str:
+    if isinstance(value, float):
+        return f"{value:,.2f}" if abs(value) < 100 else f"{value:,.0f}"
+    return str(value)
+
+
+def write_results(name: str, results: dict[str, object]) -> Path:
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    document = {
+        "benchmark": name,
+        "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": sys.version.split()[0],
+            "platform": platform.platform(),
+        },
+        **results,
+    }
+    path.write_text(json.dumps(document, indent=2, default=lambda o: asdict(o)))
+    return path
