@@ -107,7 +107,6 @@ def main() -> None:
     for batch in (1, MAX_BATCH):
         feeds = {"x": np.ones((batch, WIDTH_IN), np.float32)}
         limits[batch] = batch * calls_per_second(lambda f=feeds: session.run(["y"], f), args.seconds / 2)
-    del session
 
     body, headers = request_body()
     server = start_server(repository, "--allow-metrics=false")

@@ -47,6 +47,17 @@ def record_cost_ns(latency: LatencyOptions) -> float:
     return seconds / CALLS * 1e9
 
 
+def scrape_ms(metrics_url: str) -> float:
+    """Milliseconds one GET /metrics takes (best of three rounds of 20)."""
+    import urllib.request
+
+    def scrape() -> None:
+        with urllib.request.urlopen(metrics_url, timeout=10) as response:
+            response.read()
+
+    return min(timeit.repeat(scrape, number=20, repeat=3)) / 20 * 1000
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -71,21 +82,8 @@ def main() -> None:
             url = f"http://{server.http_url}/v2/models/add/infer"
             wrk(url, 32, 2, json_body())
             loads[label] = median_load([wrk(url, 32, args.seconds, json_body()) for _ in range(args.trials)])
-            if flags == []:
-                import urllib.request
-
-                metrics_url = server.metrics_url
-                render_ms = (
-                    min(
-                        timeit.repeat(
-                            lambda: urllib.request.urlopen(metrics_url, timeout=10).read(),
-                            number=20,
-                            repeat=3,
-                        )
-                    )
-                    / 20
-                    * 1000
-                )
+            if not flags:
+                render_ms = scrape_ms(server.metrics_url)
         finally:
             server.close()
 
