@@ -90,3 +90,34 @@ def write_model(
             data = model if isinstance(model, bytes) else model.SerializeToString()
             (version_folder / filename).write_bytes(data)
     return folder
+
+
+def accumulator_model(corrid: str = "UINT64") -> onnx.ModelProto:
+    """A stateful running sum: OUTPUT = INPUT + (START ? 0 : acc_in); acc_out = OUTPUT.
+
+    START and CORRID are sequence-batcher control inputs; acc_in/acc_out the implicit state.
+    CORR_OUT echoes CORRID so tests can see it.
+    """
+    batch = ["batch", 1]
+    one = numpy_helper.from_array(np.array(1, dtype=np.int32), "one")
+    return onnx_model(
+        [
+            helper.make_node("Sub", ["one", "START"], ["keep"]),
+            helper.make_node("Mul", ["acc_in", "keep"], ["carried"]),
+            helper.make_node("Add", ["carried", "INPUT"], ["OUTPUT"]),
+            helper.make_node("Identity", ["OUTPUT"], ["acc_out"]),
+            helper.make_node("Identity", ["CORRID"], ["CORR_OUT"]),
+        ],
+        [
+            helper.make_tensor_value_info("INPUT", TensorProto.INT32, batch),
+            helper.make_tensor_value_info("START", TensorProto.INT32, batch),
+            helper.make_tensor_value_info("CORRID", ONNX_TYPES[corrid], batch),
+            helper.make_tensor_value_info("acc_in", TensorProto.INT32, batch),
+        ],
+        [
+            helper.make_tensor_value_info("OUTPUT", TensorProto.INT32, batch),
+            helper.make_tensor_value_info("acc_out", TensorProto.INT32, batch),
+            helper.make_tensor_value_info("CORR_OUT", ONNX_TYPES[corrid], batch),
+        ],
+        [one],
+    )

@@ -41,7 +41,7 @@ async def run_batched(
             return
     signature = responder.signature
     inputs = requests[0].inputs if len(requests) == 1 else _concatenate(requests)
-    output_names = _output_names(requests, list(signature.outputs))
+    output_names = _output_names(requests, list(signature.model_outputs))
     responder.mark_inputs_ready()
     try:
         outputs = (

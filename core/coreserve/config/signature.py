@@ -44,14 +44,49 @@ def _spec(tensor: Any, optional: bool = False) -> TensorSpec:
     )
 
 
+def control_datatype(control: Any) -> DataType:
+    """The datatype of a sequence batcher control tensor (`ModelSequenceBatching.Control`)."""
+    if control.int32_false_true:
+        return DataType.INT32
+    if control.fp32_false_true:
+        return DataType.FP32
+    if control.bool_false_true:
+        return DataType.BOOL
+    return DataType.from_config_value(control.data_type) if control.data_type else DataType.UINT64
+
+
+def _internal_tensors(config: ModelConfig) -> tuple[dict[str, TensorSpec], dict[str, TensorSpec]]:
+    """Inputs and outputs the server supplies or keeps itself: sequence controls and state."""
+    inputs: dict[str, TensorSpec] = {}
+    outputs: dict[str, TensorSpec] = {}
+    if config.HasField("sequence_batching"):
+        sequence = config.sequence_batching
+        for control_input in sequence.control_input:
+            datatype = control_datatype(control_input.control[0]) if control_input.control else DataType.INT32
+            inputs[control_input.name] = TensorSpec(control_input.name, datatype, (1,))
+        for state in sequence.state:
+            datatype = DataType.from_config_value(state.data_type)
+            inputs[state.input_name] = TensorSpec(state.input_name, datatype, tuple(state.dims))
+            outputs[state.output_name] = TensorSpec(state.output_name, datatype, tuple(state.dims))
+    return inputs, outputs
+
+
 class ModelSignature:
-    """The tensors of one model configuration and the batch limit that applies to them."""
+    """The tensors of one model configuration and the batch limit that applies to them.
+
+    `inputs` and `outputs` are what clients see. A backend's model may also take
+    `internal_inputs` (sequence control and state tensors, which the server fills in) and
+    produce `internal_outputs` (state); `model_inputs` and `model_outputs` hold all of them.
+    """
 
     def __init__(self, config: ModelConfig) -> None:
         self.model_name = config.name
         self.max_batch_size = config.max_batch_size
         self.inputs: dict[str, TensorSpec] = {t.name: _spec(t, t.optional) for t in config.input}
         self.outputs: dict[str, TensorSpec] = {t.name: _spec(t) for t in config.output}
+        self.internal_inputs, self.internal_outputs = _internal_tensors(config)
+        self.model_inputs = {**self.inputs, **self.internal_inputs}
+        self.model_outputs = {**self.outputs, **self.internal_outputs}
         self._required = tuple(name for name, spec in self.inputs.items() if not spec.optional)
         self._output_reshapes = {
             name: spec.dims for name, spec in self.outputs.items() if spec.reshape is not None

@@ -14,6 +14,7 @@ from coreserve.protos.model_config_pb2 import (
     DataType,
     ModelConfig,
     ModelInstanceGroup,
+    ModelSequenceBatching,
 )
 
 
@@ -33,6 +34,7 @@ def _first_problem(config: ModelConfig) -> str | None:
         _check_version_policy(config),
         _check_instance_groups(config),
         _check_dynamic_batching(config),
+        _check_sequence_batching(config),
     )
     return next((problem for problem in checks if problem is not None), None)
 
@@ -138,4 +140,43 @@ def _check_dynamic_batching(config: ModelConfig) -> str | None:
                 f"config field 'dynamic_batching.priority_queue_policy' has level {level}, "
                 f"outside 1..priority_levels ({levels})"
             )
+    return None
+
+
+def _check_sequence_batching(config: ModelConfig) -> str | None:
+    if not config.HasField("sequence_batching"):
+        return None
+    batching = config.sequence_batching
+    taken = {tensor.name for tensor in config.input}
+    for index, control_input in enumerate(batching.control_input):
+        where = f"config field 'sequence_batching.control_input[{index}]'"
+        if not control_input.name or control_input.name in taken:
+            return f"{where} needs a name that no other input has, got '{control_input.name}'"
+        taken.add(control_input.name)
+        if len(control_input.control) != 1:
+            return f"{where} must hold exactly one control"
+        control = control_input.control[0]
+        if control.kind == ModelSequenceBatching.Control.CONTROL_SEQUENCE_CORRID:
+            if control.data_type == DataType.TYPE_INVALID:
+                return f"{where}: a CORRID control needs data_type"
+            continue
+        pairs = [p for p in (control.int32_false_true, control.fp32_false_true, control.bool_false_true) if p]
+        if len(pairs) != 1 or len(pairs[0]) != 2:
+            return (
+                f"{where} needs exactly one of int32_false_true, fp32_false_true, bool_false_true "
+                "with two values"
+            )
+    for index, state in enumerate(batching.state):
+        where = f"config field 'sequence_batching.state[{index}]'"
+        if not state.input_name or not state.output_name:
+            return f"{where} needs input_name and output_name"
+        if state.input_name in taken:
+            return f"{where}: input_name '{state.input_name}' is already the name of an input"
+        taken.add(state.input_name)
+        if state.data_type == DataType.TYPE_INVALID:
+            return f"{where} needs a data_type"
+        initial = state.initial_state[0] if state.initial_state else None
+        dims = list(initial.dims) if initial is not None and initial.dims else list(state.dims)
+        if any(dim < 0 for dim in dims):
+            return f"{where}: dims {dims} are not fixed; give initial_state dims"
     return None

@@ -123,7 +123,7 @@ class ModelLoader:
     @staticmethod
     def _check_supported(config: ModelConfig) -> None:
         choice = config.WhichOneof("scheduling_choice")
-        if choice in ("sequence_batching", "ensemble_scheduling"):
+        if choice == "ensemble_scheduling":
             raise UnsupportedError(
                 f"model '{config.name}': {choice} is not supported by this coreserve version"
             )
@@ -140,6 +140,9 @@ class ModelLoader:
             context = self.context_for(backend)
             for placement in _placements(version.config):
                 instances.append(await backend.create_instance(files, version.config, placement, context))
+            scheduler = make_scheduler(
+                version.config, version.signature, version.statistics, instances, location.path
+            )
         except Exception as exc:
             for instance in instances:
                 await instance.close()
@@ -151,8 +154,8 @@ class ModelLoader:
                 "model '%s' version %d is unavailable: %s", location.name, version.version, version.reason
             )
             return
-        version.scheduler = make_scheduler(version.config, version.signature, version.statistics, instances)
-        version.scheduler.start()
+        version.scheduler = scheduler
+        scheduler.start()
         version.load_seconds = time.monotonic() - started
         version.state = ModelState.READY
         logger.info("model '%s' version %d is ready", location.name, version.version)

@@ -3,15 +3,24 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 from coreserve.backend.api import ModelInstance
 from coreserve.config.signature import ModelSignature
 from coreserve.protos.model_config_pb2 import ModelConfig
 from coreserve.scheduling.dynamic import DynamicBatcher
 from coreserve.scheduling.scheduler import Scheduler
+from coreserve.scheduling.sequence import SequenceBatcher
 from coreserve.scheduling.statistics import LatencyOptions, ModelStatistics
 
-__all__ = ["DynamicBatcher", "LatencyOptions", "ModelStatistics", "Scheduler", "make_scheduler"]
+__all__ = [
+    "DynamicBatcher",
+    "LatencyOptions",
+    "ModelStatistics",
+    "Scheduler",
+    "SequenceBatcher",
+    "make_scheduler",
+]
 
 
 def make_scheduler(
@@ -19,9 +28,14 @@ def make_scheduler(
     signature: ModelSignature,
     statistics: ModelStatistics,
     instances: Sequence[ModelInstance],
+    model_path: Path | None = None,
 ) -> Scheduler:
     """The scheduler a model configuration asks for."""
     decoupled = config.model_transaction_policy.decoupled
+    if config.HasField("sequence_batching"):
+        return SequenceBatcher(
+            signature, statistics, instances, config.sequence_batching, model_path, decoupled=decoupled
+        )
     if config.HasField("dynamic_batching"):
         return DynamicBatcher(signature, statistics, instances, config.dynamic_batching, decoupled=decoupled)
     return Scheduler(signature, statistics, instances, decoupled=decoupled)

@@ -21,8 +21,8 @@ class OnnxInstance:
     ) -> None:
         self._session = session
         self._thread = thread
-        self._string_inputs = {n for n, s in signature.inputs.items() if s.datatype is DataType.BYTES}
-        self._string_outputs = {n for n, s in signature.outputs.items() if s.datatype is DataType.BYTES}
+        self._string_inputs = {n for n, s in signature.model_inputs.items() if s.datatype is DataType.BYTES}
+        self._string_outputs = {n for n, s in signature.model_outputs.items() if s.datatype is DataType.BYTES}
 
     async def execute(self, requests: Sequence[InferenceRequest], responder: Responder) -> None:
         await run_batched(

@@ -12,7 +12,10 @@ def check_signature(
 ) -> None:
     """Raises ModelConfigError naming the tensor when the configuration and the model disagree."""
     model = signature.model_name
-    for kind, specs, tensors in (("input", signature.inputs, inputs), ("output", signature.outputs, outputs)):
+    for kind, specs, tensors in (
+        ("input", signature.model_inputs, inputs),
+        ("output", signature.model_outputs, outputs),
+    ):
         for spec in specs.values():
             tensor = tensors.get(spec.name)
             if tensor is None:
@@ -21,7 +24,7 @@ def check_signature(
                     f"(its {kind}s: {sorted(tensors)})"
                 )
             _check_tensor(signature, kind, spec, tensor)
-    missing = [name for name in inputs if name not in signature.inputs]
+    missing = [name for name in inputs if name not in signature.model_inputs]
     if missing:
         raise ModelConfigError(
             f"model '{model}': the ONNX model needs input(s) {missing} that the configuration does not list"

@@ -1,0 +1,318 @@
+"""The sequence batcher (`sequence_batching { … }`) for stateful models.
+
+Requests carry `sequence_id`, `sequence_start` and `sequence_end`. A sequence holds a slot
+from its first request to its last; the requests of one sequence run one at a time and in
+order, while requests of different sequences are batched together. With the `direct`
+strategy (the default) a sequence stays on one instance; with `oldest` any free instance
+takes the oldest waiting sequences. The batcher fills in control inputs (START, END, READY,
+CORRID) and feeds each sequence's implicit state from one request to the next.
+
+Slots: each instance has max(1, max_batch_size) of them (`oldest`: max_candidate_sequences,
+if set). A sequence that starts while every slot is busy waits for one; if none frees within
+max_sequence_idle_microseconds, its requests fail with UNAVAILABLE. A sequence that sends
+nothing for that long is released, and its later requests get an error saying so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import OrderedDict, deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from coreserve.backend.api import ModelInstance
+from coreserve.config.signature import ModelSignature
+from coreserve.errors import CoreserveError, InvalidArgumentError, UnavailableError
+from coreserve.protos.model_config_pb2 import ModelSequenceBatching
+from coreserve.scheduling.scheduler import Scheduler
+from coreserve.scheduling.sequence_tensors import (
+    SequenceId,
+    StateTensor,
+    control_tensors,
+    sequence_flags,
+    state_tensors,
+)
+from coreserve.scheduling.statistics import ModelStatistics
+from coreserve.types import InferenceRequest, InferenceResponse, ResponseSink, now_ns
+
+logger = logging.getLogger(__name__)
+DEFAULT_IDLE_US = 1_000_000
+_REMEMBERED_RELEASES = 1024
+
+
+@dataclass(slots=True)
+class Step:
+    """A queued request of a sequence with its flags."""
+
+    request: InferenceRequest
+    start: bool
+    end: bool
+
+
+@dataclass(eq=False)
+class SequenceSlot:
+    """An active sequence: its waiting requests, its state and where it runs."""
+
+    id: SequenceId
+    steps: deque[Step] = field(default_factory=deque)
+    state: dict[str, np.ndarray] = field(default_factory=dict)
+    instance: int | None = None
+    slotted: bool = False
+    busy: bool = False
+    ended: bool = False
+    waiting_since_ns: int = 0
+    active_ns: int = 0
+
+
+class StateCapture:
+    """Wraps a request's sink: takes the state outputs out of its response for the sequence."""
+
+    __slots__ = ("_sequence", "_states", "_target")
+
+    def __init__(self, target: ResponseSink, sequence: SequenceSlot, states: Sequence[StateTensor]) -> None:
+        self._target = target
+        self._sequence = sequence
+        self._states = states
+
+    @property
+    def done(self) -> bool:
+        return self._target.done
+
+    def send(self, response: InferenceResponse | None, final: bool) -> None:
+        if response is not None:
+            outputs = dict(response.outputs)
+            for state in self._states:
+                value = outputs.pop(state.output_name, None)
+                if value is not None:
+                    self._sequence.state[state.input_name] = value
+            response.outputs = outputs
+        self._target.send(response, final)
+
+    def fail(self, error: CoreserveError) -> None:
+        self._target.fail(error)
+
+
+class SequenceBatcher(Scheduler):
+    """Routes the requests of each sequence to its slot and batches across sequences."""
+
+    def __init__(
+        self,
+        signature: ModelSignature,
+        statistics: ModelStatistics,
+        instances: Sequence[ModelInstance],
+        batching: ModelSequenceBatching,
+        model_path: Path | None,
+        *,
+        decoupled: bool = False,
+    ) -> None:
+        super().__init__(signature, statistics, instances, decoupled=decoupled)
+        name = signature.model_name
+        self._controls = control_tensors(batching)
+        self._states = state_tensors(batching, name, model_path)
+        self._direct = batching.WhichOneof("strategy_choice") != "oldest"
+        self._per_batch = max(1, signature.max_batch_size)
+        if self._direct:
+            self._free = [self._per_batch] * len(self.instances)
+        else:
+            capacity = batching.oldest.max_candidate_sequences or self._per_batch * len(self.instances)
+            self._free = [capacity]
+        self._capacity = sum(self._free)
+        self._idle_ns = (batching.max_sequence_idle_microseconds or DEFAULT_IDLE_US) * 1000
+        self._sequences: dict[SequenceId, SequenceSlot] = {}
+        self._backlog: deque[SequenceSlot] = deque()
+        self._released: OrderedDict[SequenceId, str] = OrderedDict()
+        self._ready = [asyncio.Event() for _ in self.instances]
+        self._sweeper: asyncio.Task[None] | None = None
+
+    @property
+    def queue_size(self) -> int:
+        return sum(len(sequence.steps) for sequence in self._sequences.values())
+
+    def start(self) -> None:
+        self._idle.set()
+        for index, instance in enumerate(self.instances):
+            name = f"{self.signature.model_name}:{self.model_version}:instance{index}"
+            self._workers.append(asyncio.create_task(self._serve(index, instance), name=name))
+        self._sweeper = asyncio.create_task(self._sweep(), name=f"{self.signature.model_name}:sequences")
+
+    def submit(self, request: InferenceRequest) -> None:
+        model = self.signature.model_name
+        if self._closed:
+            raise UnavailableError(f"model '{model}' version {self.model_version} is unloading")
+        sequence_id, start, end = sequence_flags(request, model)
+        if self.signature.batching and request.batch_size != 1:
+            raise InvalidArgumentError(
+                f"requests to sequence model '{model}' must have batch size 1, got {request.batch_size}"
+            )
+        sequence = self._sequences.get(sequence_id)
+        if sequence is None:
+            if not start:
+                released = self._released.get(sequence_id)
+                reason = f" (it was released: {released})" if released else ""
+                raise InvalidArgumentError(
+                    f"inference request for sequence {sequence_id!r} to model '{model}' must set "
+                    f"sequence_start on the first request of the sequence{reason}"
+                )
+            sequence = SequenceSlot(sequence_id, waiting_since_ns=now_ns())
+            self._sequences[sequence_id] = sequence
+            self._released.pop(sequence_id, None)
+            self._take_slot(sequence)
+        elif sequence.ended and not start:
+            raise InvalidArgumentError(
+                f"sequence {sequence_id!r} of model '{model}' has already ended; "
+                "start it again with sequence_start"
+            )
+        request.queued_ns = sequence.active_ns = now_ns()
+        sequence.steps.append(Step(request, start, end))
+        sequence.ended = end
+        self._idle.clear()
+        self._notify(sequence)
+
+    def _take_slot(self, sequence: SequenceSlot) -> None:
+        pool = max(range(len(self._free)), key=lambda index: self._free[index])
+        if self._free[pool] > 0:
+            self._free[pool] -= 1
+            sequence.slotted = True
+            sequence.instance = pool if self._direct else None
+        else:
+            self._backlog.append(sequence)
+
+    def _release(self, sequence: SequenceSlot, reason: str) -> None:
+        if self._sequences.get(sequence.id) is sequence:
+            del self._sequences[sequence.id]
+        self._released[sequence.id] = reason
+        while len(self._released) > _REMEMBERED_RELEASES:
+            self._released.popitem(last=False)
+        if not sequence.slotted:
+            return
+        self._free[sequence.instance or 0] += 1
+        sequence.slotted = False
+        while self._backlog:
+            waiting = self._backlog.popleft()
+            if self._sequences.get(waiting.id) is waiting:
+                self._take_slot(waiting)
+                self._notify(waiting)
+                break
+
+    def _notify(self, sequence: SequenceSlot) -> None:
+        if not sequence.slotted:
+            return
+        if sequence.instance is not None:
+            self._ready[sequence.instance].set()
+        else:
+            for event in self._ready:
+                event.set()
+
+    def _take(self, index: int) -> list[tuple[SequenceSlot, Step]]:
+        candidates = [
+            sequence
+            for sequence in self._sequences.values()
+            if sequence.slotted
+            and not sequence.busy
+            and sequence.steps
+            and (sequence.instance is None or sequence.instance == index)
+        ]
+        candidates.sort(key=lambda sequence: sequence.steps[0].request.queued_ns)
+        taken = []
+        for sequence in candidates[: self._per_batch]:
+            sequence.busy = True
+            taken.append((sequence, sequence.steps.popleft()))
+        return taken
+
+    def _prepare(self, sequence: SequenceSlot, step: Step) -> InferenceRequest:
+        request = step.request
+        batching = self.signature.batching
+        for control in self._controls:
+            request.inputs[control.name] = control.value(sequence.id, step.start, step.end, batching)
+        if step.start:
+            sequence.state.clear()
+        for state in self._states:
+            value = sequence.state.get(state.input_name)
+            if value is None:
+                value = state.initial[np.newaxis] if batching else state.initial
+            request.inputs[state.input_name] = value
+        if self._states:
+            if request.requested_outputs is not None:
+                request.requested_outputs += tuple(state.output_name for state in self._states)
+            assert request.sink is not None
+            request.sink = StateCapture(request.sink, sequence, self._states)
+        return request
+
+    async def _serve(self, index: int, instance: ModelInstance) -> None:
+        ready = self._ready[index]
+        while True:
+            taken = self._take(index)
+            if not taken:
+                if self._busy == 0 and self.queue_size == 0:
+                    self._idle.set()
+                ready.clear()
+                await ready.wait()
+                continue
+            self._busy += 1
+            self._executing += len(taken)
+            try:
+                batch = []
+                for sequence, step in taken:
+                    try:
+                        batch.append(self._prepare(sequence, step))
+                    except CoreserveError as exc:
+                        if step.request.sink is not None:
+                            step.request.sink.fail(exc)
+                if batch:
+                    await self._execute(instance, batch)
+            finally:
+                self._busy -= 1
+                self._executing -= len(taken)
+                for sequence, step in taken:
+                    sequence.busy = False
+                    sequence.active_ns = now_ns()
+                    if step.end and not sequence.steps:
+                        self._release(sequence, "its last request (sequence_end) ran")
+                    else:
+                        self._notify(sequence)
+
+    async def _sweep(self) -> None:
+        """Releases idle sequences and gives up on sequences that waited too long for a slot."""
+        interval = max(self._idle_ns / 4e9, 0.01)
+        while True:
+            await asyncio.sleep(interval)
+            now = now_ns()
+            for sequence in list(self._sequences.values()):
+                if sequence.busy or sequence.steps or now - sequence.active_ns < self._idle_ns:
+                    continue
+                self._release(sequence, f"idle for more than {self._idle_ns // 1000} microseconds")
+            for sequence in list(self._backlog):
+                if now - sequence.waiting_since_ns < self._idle_ns:
+                    continue
+                self._backlog.remove(sequence)
+                self._sequences.pop(sequence.id, None)
+                error = UnavailableError(
+                    f"all {self._capacity} sequence slots of model '{self.signature.model_name}' stayed busy "
+                    f"for {self._idle_ns // 1000} microseconds; sequence {sequence.id!r} could not start"
+                )
+                for step in sequence.steps:
+                    self.statistics.record_failure(step.request, "REJECTED")
+                    if step.request.sink is not None:
+                        step.request.sink.fail(error)
+                sequence.steps.clear()
+            if not self.queue_size and self._busy == 0:
+                self._idle.set()
+
+    def _drain(self) -> Iterable[InferenceRequest]:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        for sequence in self._sequences.values():
+            while sequence.steps:
+                yield sequence.steps.popleft().request
+
+    async def close(self, timeout: float | None = None) -> None:
+        await super().close(timeout)
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
