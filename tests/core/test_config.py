@@ -167,3 +167,11 @@ def test_signature_applies_reshape_both_ways() -> None:
     assert request.inputs["a"].shape == (3, 2, 2)
     restored = signature.restore_output_shapes({"o": np.zeros((3, 2, 2), np.float32)})
     assert restored["o"].shape == (3, 4)
+
+
+def test_fields_without_effect_are_named() -> None:
+    from coreserve.config.ignored import ignored_fields
+
+    config = _config('response_cache { enable: true } model_warmup [ { name: "w" batch_size: 1 } ]')
+    assert ignored_fields(config) == ["model_warmup", "response_cache"]
+    assert ignored_fields(_config()) == []

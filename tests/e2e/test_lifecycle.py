@@ -262,3 +262,9 @@ def test_batch_of_rows_in_one_request(
     result = client.infer("add_sub", inputs)
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), 2 * a)
     np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), 0 * a)
+
+
+def test_fields_without_effect_are_logged(coreserve_server: ServerFactory, tmp_path: Path) -> None:
+    write_model(tmp_path, "scaled", scale_model(1.0), SCALE + "response_cache { enable: true }")
+    server = coreserve_server(tmp_path)
+    assert "model 'scaled': config field 'response_cache' is not supported and has no effect" in server.log

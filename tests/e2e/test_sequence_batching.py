@@ -214,17 +214,26 @@ def test_sequence_ids_over_grpc(coreserve_server: ServerFactory, tmp_path: Path)
 
 BAD_SEQUENCE_CONFIGS = {
     "control without values": (
-        "int32_false_true: [ 0, 1 ]", "", "needs exactly one of int32_false_true, fp32_false_true, bool_false_true"),
+        "int32_false_true: [ 0, 1 ]",
+        "",
+        "needs exactly one of int32_false_true, fp32_false_true, bool_false_true",
+    ),
     "corrid without datatype": (
-        "kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_UINT64", "kind: CONTROL_SEQUENCE_CORRID",
-        "a CORRID control needs data_type"),
+        "kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_UINT64",
+        "kind: CONTROL_SEQUENCE_CORRID",
+        "a CORRID control needs data_type",
+    ),
     "state with open dims": (
-        'data_type: TYPE_INT32 dims: [ 1 ] } ]\n}', 'data_type: TYPE_INT32 dims: [ -1 ] } ]\n}',
-        "are not fixed; give initial_state dims"),
+        "data_type: TYPE_INT32 dims: [ 1 ] } ]\n}",
+        "data_type: TYPE_INT32 dims: [ -1 ] } ]\n}",
+        "are not fixed; give initial_state dims",
+    ),
 }
 
 
-def test_bad_sequence_configurations_make_the_model_unavailable(coreserve_server: ServerFactory, tmp_path: Path) -> None:
+def test_bad_sequence_configurations_make_the_model_unavailable(
+    coreserve_server: ServerFactory, tmp_path: Path
+) -> None:
     good = ACCUMULATOR.format(count=1, max_batch=2, idle=1_000_000, strategy="")
     for index, (old, new, _) in enumerate(BAD_SEQUENCE_CONFIGS.values()):
         assert old in good

@@ -18,6 +18,7 @@ from coreserve.backend.api import (
 )
 from coreserve.backend.registry import BackendRegistry
 from coreserve.config import ModelSignature, apply_defaults, read_config_file, validate_config
+from coreserve.config.ignored import ignored_fields
 from coreserve.errors import CoreserveError, ModelConfigError, UnsupportedError
 from coreserve.protos.model_config_pb2 import ModelConfig, ModelInstanceGroup
 from coreserve.repository.layout import CONFIG_FILENAME, ModelLocation, list_versions, select_versions
@@ -89,6 +90,10 @@ class ModelLoader:
         apply_defaults(config, location.name)
         validate_config(config)
         self._check_supported(config)
+        for field_name in ignored_fields(config):
+            logger.warning(
+                "model '%s': config field '%s' is not supported and has no effect", config.name, field_name
+            )
         versions = select_versions(config.version_policy, available, location.name)
         if not versions:
             raise ModelConfigError(

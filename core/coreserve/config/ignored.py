@@ -1,0 +1,35 @@
+"""Configuration fields that parse but that this coreserve version does not act on.
+
+Loading a model logs a warning for each one it uses, so an operator is never left to wonder
+why a setting made no difference.
+"""
+
+from __future__ import annotations
+
+from coreserve.protos.model_config_pb2 import ModelConfig
+
+
+def ignored_fields(config: ModelConfig) -> list[str]:
+    """The fields `config` sets that coreserve ignores."""
+    ignored = []
+    if config.model_warmup:
+        ignored.append("model_warmup")
+    if config.response_cache.enable:
+        ignored.append("response_cache")
+    if config.batch_input or config.batch_output:
+        ignored.append("batch_input/batch_output")
+    if any(group.HasField("rate_limiter") for group in config.instance_group):
+        ignored.append("instance_group.rate_limiter")
+    if config.model_repository_agents.agents:
+        ignored.append("model_repository_agents")
+    if config.HasField("sequence_batching"):
+        sequence = config.sequence_batching
+        if sequence.iterative_sequence:
+            ignored.append("sequence_batching.iterative_sequence")
+        if sequence.direct.max_queue_delay_microseconds or sequence.direct.minimum_slot_utilization:
+            ignored.append("sequence_batching.direct.max_queue_delay_microseconds/minimum_slot_utilization")
+        if sequence.oldest.preferred_batch_size or sequence.oldest.max_queue_delay_microseconds:
+            ignored.append("sequence_batching.oldest.preferred_batch_size/max_queue_delay_microseconds")
+        if sequence.oldest.preserve_ordering:
+            ignored.append("sequence_batching.oldest.preserve_ordering")
+    return ignored
