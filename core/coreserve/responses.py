@@ -2,18 +2,19 @@
 
 A sink receives the responses of one request, the last one marked final, or an error
 that ends it. `SingleResponse` serves ordinary models (exactly one response);
-`StreamingResponses` hands each of any number of responses to callbacks (gRPC streams).
+`StreamingResponses` hands each of any number of responses to callbacks (gRPC streams);
+`QueuedResponses` queues them for a coroutine to iterate.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 from coreserve.errors import CoreserveError, InternalError
 from coreserve.types import InferenceResponse, ResponseSink
 
-__all__ = ["ResponseSink", "SingleResponse", "StreamingResponses"]
+__all__ = ["QueuedResponses", "ResponseSink", "SingleResponse", "StreamingResponses"]
 
 
 class SingleResponse:
@@ -71,3 +72,39 @@ class StreamingResponses:
         if not self._done:
             self._done = True
             self._on_error(error)
+
+
+class QueuedResponses:
+    """A sink whose responses a coroutine iterates: `async for response in sink.responses()`."""
+
+    __slots__ = ("_done", "_queue")
+
+    def __init__(self) -> None:
+        self._queue: asyncio.Queue[tuple[InferenceResponse | None, bool] | CoreserveError] = asyncio.Queue()
+        self._done = False
+
+    @property
+    def done(self) -> bool:
+        return self._done
+
+    def send(self, response: InferenceResponse | None, final: bool) -> None:
+        if not self._done:
+            self._done = final
+            self._queue.put_nowait((response, final))
+
+    def fail(self, error: CoreserveError) -> None:
+        if not self._done:
+            self._done = True
+            self._queue.put_nowait(error)
+
+    async def responses(self) -> AsyncIterator[InferenceResponse]:
+        """Yields each response until the final one; raises the error that ends the request."""
+        while True:
+            item = await self._queue.get()
+            if isinstance(item, CoreserveError):
+                raise item
+            response, final = item
+            if response is not None:
+                yield response
+            if final:
+                return

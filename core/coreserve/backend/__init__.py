@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from coreserve.backend.api import (
     Backend,
+    InferenceClient,
     InstanceKind,
     InstancePlacement,
     ModelFiles,
@@ -31,6 +32,7 @@ from coreserve.config.signature import ModelSignature, TensorSpec
 __all__ = [
     "Backend",
     "BackendRegistry",
+    "InferenceClient",
     "InstanceKind",
     "InstancePlacement",
     "InstanceThread",

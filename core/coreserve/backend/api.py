@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from coreserve.protos.model_config_pb2 import ModelConfig
-from coreserve.types import InferenceRequest
+from coreserve.types import InferenceRequest, InferenceResponse
 
 if TYPE_CHECKING:
     from coreserve.backend.responder import Responder
@@ -55,16 +55,30 @@ class InstancePlacement:
     device_id: int = 0
 
 
+class InferenceClient(Protocol):
+    """The server's in-process inference client: requests go through the target model's
+    scheduler (so its batching applies), exactly as requests from the network do."""
+
+    async def infer(self, request: InferenceRequest) -> InferenceResponse:
+        """Runs a request that has one response and returns it; raises a CoreserveError."""
+        ...
+
+    def stream(self, request: InferenceRequest) -> AsyncIterator[InferenceResponse]:
+        """Runs a request and yields its responses (many, for a decoupled model)."""
+        ...
+
+
 @dataclass(frozen=True)
 class ServerContext:
     """What a backend may ask of the server.
 
     `backend_config` holds the `--backend-config <backend>,<key>=<value>` settings given for
-    this backend.
+    this backend; `client` calls other models of this server (BLS, pipelines).
     """
 
     backend_config: Mapping[str, str] = field(default_factory=dict)
     logger: logging.Logger = field(default_factory=lambda: logging.getLogger("coreserve.backend"))
+    client: InferenceClient | None = None
 
 
 @runtime_checkable

@@ -72,7 +72,7 @@ def decode_infer_request(
             raise InvalidArgumentError(f"input '{name}' appears more than once")
         datatype = parse_datatype(item.get("datatype"), name)
         shape = parse_shape(item.get("shape"), name)
-        parameters = _parameters(item.get("parameters"), f"input '{name}'")
+        parameters = parse_parameters(item.get("parameters"), f"input '{name}'")
         size = parameters.get("binary_data_size")
         if size is not None:
             if type(size) is not int or size < 0:
@@ -93,7 +93,7 @@ def decode_infer_request(
             f"the body holds {len(binary) - offset} bytes of binary data that no input claims"
         )
 
-    parameters = _parameters(document.get("parameters"), "the request")
+    parameters = parse_parameters(document.get("parameters"), "the request")
     encoding = OutputEncoding(binary_by_default=parameters.pop("binary_data_output", False) is True)
     requested = _requested_outputs(document.get("outputs"), encoding)
     request_id = document.get("id", "")
@@ -175,7 +175,7 @@ def encode_infer_response(response: InferenceResponse, encoding: OutputEncoding)
     return b"".join([header, *chunks]), len(header)
 
 
-def _parameters(value: object, where: str) -> dict[str, ParameterValue]:
+def parse_parameters(value: object, where: str) -> dict[str, ParameterValue]:
     if value is None:
         return {}
     if not isinstance(value, dict):
@@ -198,7 +198,7 @@ def _requested_outputs(value: object, encoding: OutputEncoding) -> tuple[str, ..
         if not isinstance(item, dict) or not isinstance(item.get("name"), str):
             raise InvalidArgumentError("every requested output needs a 'name' string")
         name = item["name"]
-        parameters = _parameters(item.get("parameters"), f"output '{name}'")
+        parameters = parse_parameters(item.get("parameters"), f"output '{name}'")
         if "classification" in parameters:
             raise InvalidArgumentError(
                 f"output '{name}': the classification extension is not supported by coreserve yet"

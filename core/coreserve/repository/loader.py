@@ -10,6 +10,7 @@ from pathlib import Path
 
 from coreserve.backend.api import (
     Backend,
+    InferenceClient,
     InstanceKind,
     InstancePlacement,
     ModelFiles,
@@ -49,11 +50,13 @@ class ModelLoader:
         self._auto_complete = auto_complete
         self._backend_config = backend_config or {}
         self._latency = latency
+        self.client: InferenceClient | None = None  # the server sets its data plane here
 
     def context_for(self, backend: Backend) -> ServerContext:
         return ServerContext(
             backend_config=dict(self._backend_config.get(backend.name, {})),
             logger=logging.getLogger(f"coreserve.backend.{backend.name}"),
+            client=self.client,
         )
 
     async def load(self, location: ModelLocation) -> Model:

@@ -42,6 +42,7 @@ class Server:
         self.repository = ModelRepository(options.model_repositories, loader)
         self.flags = ServerFlags(strict_readiness=options.strict_readiness)
         self.dataplane = DataPlane(self.repository, self.flags)
+        loader.client = self.dataplane
         self.http: HttpFrontend | None = None
         self.grpc: GrpcFrontend | None = None
         self.metrics: MetricsFrontend | None = None

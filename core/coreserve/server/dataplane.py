@@ -7,19 +7,20 @@ model-related decision (which version, is it ready, is the request valid) is mad
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
 from coreserve import __version__
 from coreserve.config import ModelConfig
-from coreserve.errors import CoreserveError, NotFoundError, UnavailableError
+from coreserve.errors import CoreserveError, NotFoundError, UnavailableError, UnsupportedError
 from coreserve.repository import Model, ModelRepository, ModelState, ModelVersion
 from coreserve.repository.model import parse_version
-from coreserve.responses import SingleResponse
+from coreserve.responses import QueuedResponses, SingleResponse
 from coreserve.types import InferenceRequest, InferenceResponse, ResponseSink
 
 SERVER_NAME = "coreserve"
-EXTENSIONS = ("binary_tensor_data", "model_configuration", "statistics", "model_repository")
+EXTENSIONS = ("binary_tensor_data", "model_configuration", "statistics", "model_repository", "generate")
 
 
 @dataclass
@@ -103,9 +104,22 @@ class DataPlane:
 
     async def infer(self, request: InferenceRequest) -> InferenceResponse:
         """Schedules a request that has one response and waits for it."""
+        target = self.model_version(request.model_name, request.model_version)
+        if target.config.model_transaction_policy.decoupled:
+            raise UnsupportedError(
+                f"model '{request.model_name}' is decoupled (it may send many responses per request): "
+                "call it with the generate_stream endpoint or a gRPC stream"
+            )
         sink = SingleResponse(asyncio.get_running_loop())
         self.submit(request, sink)
         return await sink.future
+
+    async def stream(self, request: InferenceRequest) -> AsyncIterator[InferenceResponse]:
+        """Schedules a request and yields each of its responses (one for ordinary models)."""
+        sink = QueuedResponses()
+        self.submit(request, sink)
+        async for response in sink.responses():
+            yield response
 
     def statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
         """Statistics of every model, of one model's versions, or of one version."""

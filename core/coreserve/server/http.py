@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -11,7 +12,8 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 
 from coreserve.config import config_to_dict
-from coreserve.errors import CoreserveError, ErrorCode, InvalidArgumentError, UnsupportedError
+from coreserve.errors import CoreserveError, ErrorCode, InternalError, InvalidArgumentError, UnsupportedError
+from coreserve.protocol.generate import decode_generate_request, encode_generate_response
 from coreserve.protocol.http_body import (
     HEADER_LENGTH,
     decode_infer_request,
@@ -19,6 +21,7 @@ from coreserve.protocol.http_body import (
     encode_infer_response,
 )
 from coreserve.server.dataplane import DataPlane
+from coreserve.types import InferenceRequest
 
 logger = logging.getLogger(__name__)
 
@@ -82,6 +85,10 @@ class HttpFrontend:
             ("GET", "/v2/models/{model}/versions/{version}/config", self._model_config),
             ("POST", "/v2/models/{model}/infer", self._infer),
             ("POST", "/v2/models/{model}/versions/{version}/infer", self._infer),
+            ("POST", "/v2/models/{model}/generate", self._generate),
+            ("POST", "/v2/models/{model}/versions/{version}/generate", self._generate),
+            ("POST", "/v2/models/{model}/generate_stream", self._generate_stream),
+            ("POST", "/v2/models/{model}/versions/{version}/generate_stream", self._generate_stream),
             ("GET", "/v2/models/{model}/stats", self._statistics),
             ("GET", "/v2/models/{model}/versions/{version}/stats", self._statistics),
             ("POST", "/v2/repository/index", self._repository_index),
@@ -160,6 +167,43 @@ class HttpFrontend:
         if request.headers.get("Accept-Encoding"):
             reply.enable_compression()
         return reply
+
+    async def _generate_request(self, request: web.Request) -> InferenceRequest:
+        info = request.match_info
+        model, version = info["model"], info.get("version", "")
+        target = self._dataplane.model_version(model, version)
+        return decode_generate_request(await _read_body(request), target.signature, model, version)
+
+    async def _generate(self, request: web.Request) -> web.Response:
+        """One request, one JSON response: the last response of the model."""
+        inference = await self._generate_request(request)
+        last = None
+        async for response in self._dataplane.stream(inference):
+            last = response
+        if last is None:
+            raise InternalError(f"model '{inference.model_name}' sent no response")
+        return web.Response(body=encode_generate_response(last), content_type="application/json")
+
+    async def _generate_stream(self, request: web.Request) -> web.StreamResponse:
+        """One request, its responses as server-sent events; an error ends the stream as an event."""
+        inference = await self._generate_request(request)
+        responses = self._dataplane.stream(inference)
+        stream = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
+        first: bytes | None = None
+        with contextlib.suppress(StopAsyncIteration):
+            first = encode_generate_response(await anext(responses))
+        await stream.prepare(request)
+        try:
+            if first is not None:
+                await stream.write(b"data: " + first + b"\n\n")
+                async for response in responses:
+                    await stream.write(b"data: " + encode_generate_response(response) + b"\n\n")
+        except CoreserveError as exc:
+            await stream.write(b"data: " + orjson.dumps({"error": exc.message}) + b"\n\n")
+        await stream.write_eof()
+        return stream
 
     async def _statistics(self, request: web.Request) -> web.Response:
         info = request.match_info
