@@ -13,7 +13,7 @@ try:
 except importlib.metadata.PackageNotFoundError:  # running from a source tree
     __version__ = "0.0.0"
 
-from coreserve.config import ModelConfig
+from coreserve.config import ModelConfig, config_from_dict, config_to_dict
 from coreserve.errors import (
     AlreadyExistsError,
     CancelledError,
@@ -44,4 +44,6 @@ __all__ = [
     "UnavailableError",
     "UnsupportedError",
     "__version__",
+    "config_from_dict",
+    "config_to_dict",
 ]

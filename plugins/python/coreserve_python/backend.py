@@ -1,0 +1,47 @@
+"""The `python` backend: Triton Python models, each instance in a stub process of its own."""
+
+from __future__ import annotations
+
+from coreserve import ModelConfig, ModelConfigError, config_from_dict, config_to_dict
+from coreserve.backend import InstancePlacement, ModelFiles, ModelInstance, ServerContext
+from coreserve_python.environment import stub_launch
+from coreserve_python.instance import PythonInstance
+from coreserve_python.process import run_once
+
+AUTO_COMPLETE_TIMEOUT_S = 120.0
+
+
+class PythonBackend:
+    """Serves `model.py` files that define `TritonPythonModel`."""
+
+    name: str = "python"
+    platforms: tuple[str, ...] = ()
+    default_model_filename: str = "model.py"
+
+    def auto_complete_config(
+        self, model: ModelFiles, config: ModelConfig, server: ServerContext
+    ) -> ModelConfig:
+        """Runs the model's static `auto_complete_config(config)` in a short-lived stub."""
+        if not model.model_file.is_file():
+            raise ModelConfigError(f"model '{model.name}': {model.model_file} not found")
+        message = {
+            "op": "auto_complete",
+            "model_file": str(model.model_file),
+            "config": config_to_dict(config),
+        }
+        launch = stub_launch(config, model.name, model.path)
+        reply = run_once(launch, message, "auto_complete_done", AUTO_COMPLETE_TIMEOUT_S)
+        if reply["error"] is not None:
+            raise ModelConfigError(f"model '{model.name}': auto_complete_config() failed:\n{reply['error']}")
+        return config_from_dict(reply["config"], source=f"model '{model.name}' auto_complete_config()")
+
+    async def create_instance(
+        self, model: ModelFiles, config: ModelConfig, placement: InstancePlacement, server: ServerContext
+    ) -> ModelInstance:
+        if not model.model_file.is_file():
+            raise ModelConfigError(f"model '{model.name}': {model.model_file} not found")
+        instance = PythonInstance(
+            stub_launch(config, model.name, model.path), model, config, placement, server
+        )
+        await instance.start()
+        return instance

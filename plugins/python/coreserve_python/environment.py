@@ -1,0 +1,81 @@
+"""Which Python runs a model's stubs: this one, or the one `EXECUTION_ENV_PATH` names."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+from coreserve import ModelConfig, ModelConfigError
+from coreserve_python.process import StubLaunch, stub_environment
+
+PACKAGE = Path(__file__).resolve().parent
+STUB_MODULES = ("__init__.py", "wire.py", "pb_utils.py", "stub.py")
+CACHE = Path(os.environ.get("CORESERVE_CACHE", Path(tempfile.gettempdir()) / "coreserve-cache"))
+
+
+def stub_launch(config: ModelConfig, model_name: str, model_path: Path) -> StubLaunch:
+    """The interpreter and environment for the stubs of a model.
+
+    `EXECUTION_ENV_PATH` may name an environment folder (its bin/python is used), a Python
+    executable, or a packed environment (.tar.gz, unpacked once into a cache folder);
+    `$$TRITON_MODEL_DIRECTORY` in it stands for the model's folder. Another Python gets a
+    copy of the stub's modules on its PYTHONPATH, and nothing else of this environment.
+    """
+    entry = config.parameters.get("EXECUTION_ENV_PATH")
+    if entry is None or not entry.string_value.strip():
+        return StubLaunch(sys.executable)
+    where = f"model '{model_name}': parameter EXECUTION_ENV_PATH"
+    path = Path(entry.string_value.strip().replace("$$TRITON_MODEL_DIRECTORY", str(model_path)))
+    if not path.exists():
+        raise ModelConfigError(f"{where}: {path} does not exist")
+    if path.is_file() and path.name.endswith((".tar.gz", ".tgz")):
+        path = _unpacked(path, where)
+    python = _interpreter(path, where)
+    return StubLaunch(str(python), stub_environment(_stub_modules()))
+
+
+def _interpreter(path: Path, where: str) -> Path:
+    if path.is_dir():
+        for candidate in (path / "bin" / "python3", path / "bin" / "python", path / "python.exe"):
+            if candidate.exists():
+                return candidate
+        raise ModelConfigError(f"{where}: {path} holds no bin/python")
+    if not os.access(path, os.X_OK):
+        raise ModelConfigError(f"{where}: {path} is not an executable Python")
+    return path
+
+
+def _unpacked(archive: Path, where: str) -> Path:
+    digest = hashlib.sha256(f"{archive.resolve()}:{archive.stat().st_mtime_ns}".encode()).hexdigest()[:16]
+    target = CACHE / "envs" / digest
+    if not (target / ".complete").exists():
+        shutil.rmtree(target, ignore_errors=True)
+        target.mkdir(parents=True)
+        try:
+            with tarfile.open(archive) as packed:
+                # "tar", not "data": environments hold symlinks to their base interpreter.
+                packed.extractall(target, filter="tar")
+        except (tarfile.TarError, OSError) as exc:
+            raise ModelConfigError(f"{where}: cannot unpack {archive}: {exc}") from None
+        (target / ".complete").touch()
+    return target
+
+
+def _stub_modules() -> Path:
+    """A folder holding a copy of the stub's modules (standard library and numpy only)."""
+    from coreserve_python import __file__ as package_file  # noqa: F401 - the copy follows this version
+
+    digest = hashlib.sha256(b"".join((PACKAGE / name).read_bytes() for name in STUB_MODULES)).hexdigest()[:16]
+    root = CACHE / f"stub-{digest}"
+    package = root / "coreserve_python"
+    if not (package / "shim" / "triton_python_backend_utils.py").exists():
+        (package / "shim").mkdir(parents=True, exist_ok=True)
+        for name in STUB_MODULES:
+            shutil.copy2(PACKAGE / name, package / name)
+        shutil.copy2(PACKAGE / "shim" / "triton_python_backend_utils.py", package / "shim")
+    return root

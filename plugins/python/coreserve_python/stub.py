@@ -1,0 +1,363 @@
+"""The stub: the process that runs one instance of a Python model.
+
+    python -m coreserve_python.stub FD
+
+FD is this end of the socket pair the server made. The main thread loads `model.py` and runs
+`initialize`, `execute` and `finalize` as the server asks; a reader thread takes the server's
+messages, so that BLS responses reach a model that waits for them inside `execute`. When the
+server goes away the socket closes and the stub exits. Standard library and numpy only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import inspect
+import itertools
+import os
+import queue
+import signal
+import socket
+import sys
+import threading
+import traceback
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from coreserve_python import pb_utils
+from coreserve_python.wire import Channel, Message, SegmentPool, SegmentReader
+
+SHIM = Path(__file__).resolve().parent / "shim"
+
+
+def _describe(exc: BaseException) -> str:
+    """The exception with its traceback, for messages that reach the operator."""
+    return "".join(traceback.format_exception(exc)).rstrip()
+
+
+def load_model_module(model_file: Path) -> ModuleType:
+    """Imports model.py as Triton does: its folder is on sys.path for sibling imports."""
+    folder = str(model_file.parent)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    spec = importlib.util.spec_from_file_location(model_file.stem, model_file)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {model_file}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[model_file.stem] = module
+    spec.loader.exec_module(module)
+    if not hasattr(module, "TritonPythonModel"):
+        raise AttributeError(f"{model_file} defines no class TritonPythonModel")
+    return module
+
+
+class BlsCall:
+    """The responses to one BLS request, delivered by the reader thread."""
+
+    def __init__(self) -> None:
+        self._messages: queue.Queue[Message | None] = queue.Queue()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._async_messages: asyncio.Queue[Message | None] | None = None
+
+    def for_loop(self, loop: asyncio.AbstractEventLoop) -> BlsCall:
+        self._loop = loop
+        self._async_messages = asyncio.Queue()
+        return self
+
+    def deliver(self, message: Message | None) -> None:
+        if self._loop is not None and self._async_messages is not None:
+            self._loop.call_soon_threadsafe(self._async_messages.put_nowait, message)
+        else:
+            self._messages.put(message)
+
+    def next(self, timeout: float | None) -> Message | None:
+        try:
+            return self._messages.get(timeout=timeout)
+        except queue.Empty:
+            raise pb_utils.TritonModelException(f"the BLS request timed out after {timeout} s") from None
+
+    async def next_async(self) -> Message | None:
+        assert self._async_messages is not None
+        return await self._async_messages.get()
+
+
+class Stub:
+    """Runs the model and answers the server; the `pb_utils` runtime."""
+
+    def __init__(self, channel: Channel) -> None:
+        self._channel = channel
+        self._pool = SegmentPool("stub")
+        self._reader = SegmentReader()
+        self._inbox: queue.Queue[Message | None] = queue.Queue()
+        self._calls: dict[int, BlsCall] = {}
+        self._call_ids = itertools.count()
+        self._model: Any = None
+        self._decoupled = False
+        self._loop = asyncio.new_event_loop()
+        pb_utils._install_runtime(self)
+
+    # The server's messages.
+
+    def run(self) -> None:
+        threading.Thread(target=self._read, name="coreserve-stub-reader", daemon=True).start()
+        handlers = {"init": self._init, "auto_complete": self._auto_complete, "execute": self._execute}
+        try:
+            while (message := self._inbox.get()) is not None:
+                if message["op"] == "finalize":
+                    self._finalize()
+                    break
+                handlers[message["op"]](message)
+        except ConnectionError:
+            pass  # the server went away: nobody is left to answer
+        finally:
+            self._pool.close()
+            self._reader.close()
+
+    def _read(self) -> None:
+        while (message := self._channel.receive()) is not None:
+            op = message["op"]
+            if op == "release":
+                for name in message["segments"]:
+                    self._pool.release(name)
+            elif op == "bls_response":
+                call = self._calls.get(message["call"])
+                if call is not None:
+                    call.deliver(message)
+            else:
+                self._inbox.put(message)
+        for call in list(self._calls.values()):
+            call.deliver(None)
+        self._inbox.put(None)
+
+    def _init(self, message: Message) -> None:
+        try:
+            module = load_model_module(Path(message["model_file"]))
+            self._decoupled = message["decoupled"]
+            self._model = module.TritonPythonModel()
+            if hasattr(self._model, "initialize"):
+                result = self._model.initialize(message["args"])
+                if inspect.iscoroutine(result):
+                    self._loop.run_until_complete(result)
+        except BaseException as exc:
+            self._channel.send({"op": "init_done", "error": _describe(exc)})
+            return
+        self._channel.send({"op": "init_done", "error": None})
+
+    def _auto_complete(self, message: Message) -> None:
+        try:
+            module = load_model_module(Path(message["model_file"]))
+            config = pb_utils.ModelConfig(message["config"])
+            complete = getattr(module.TritonPythonModel, "auto_complete_config", None)
+            if complete is not None:
+                config = complete(config)
+            self._channel.send({"op": "auto_complete_done", "config": config.as_dict(), "error": None})
+        except BaseException as exc:
+            self._channel.send({"op": "auto_complete_done", "config": None, "error": _describe(exc)})
+
+    def _execute(self, message: Message) -> None:
+        segment = message["segment"]
+        requests = []
+        for item in message["requests"]:
+            arrays = self._reader.arrays(segment, item["inputs"], copy=self._decoupled)
+            request = pb_utils.InferenceRequest(
+                model_name=message["model_name"],
+                inputs=[pb_utils.Tensor(name, array) for name, array in arrays.items()],
+                requested_output_names=item["requested"],
+                correlation_id=item["correlation_id"],
+                parameters=item["parameters"],
+                flags=item["flags"],
+                request_id=item["id"],
+            )
+            request._key = item["key"]
+            requests.append(request)
+        error = None
+        try:
+            result = self._model.execute(requests)
+            if inspect.iscoroutine(result):
+                result = self._loop.run_until_complete(result)
+            if not self._decoupled:
+                self._send_results(requests, result)
+        except BaseException as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            traceback.print_exc()
+        del requests
+        self._channel.send({"op": "execute_done", "error": error, "release": [segment] if segment else []})
+
+    def _send_results(self, requests: list[pb_utils.InferenceRequest], result: Any) -> None:
+        if not isinstance(result, list | tuple) or len(result) != len(requests):
+            count = len(result) if isinstance(result, list | tuple) else type(result).__name__
+            raise pb_utils.TritonModelException(
+                f"execute() must return a list with one InferenceResponse per request: got {count} "
+                f"for {len(requests)} requests"
+            )
+        self._send_responses(
+            [(request._key, response, True) for request, response in zip(requests, result, strict=True)]
+        )
+
+    def _finalize(self) -> None:
+        error = None
+        if self._model is not None and hasattr(self._model, "finalize"):
+            try:
+                result = self._model.finalize()
+                if inspect.iscoroutine(result):
+                    self._loop.run_until_complete(result)
+            except BaseException as exc:
+                error = _describe(exc)
+        self._channel.send({"op": "finalize_done", "error": error})
+
+    # Responses to the server.
+
+    def _send_responses(self, items: list[tuple[Any, pb_utils.InferenceResponse | None, bool]]) -> None:
+        arrays = []
+        for index, (_, response, _) in enumerate(items):
+            if response is not None:
+                for tensor in response.output_tensors():
+                    if not isinstance(tensor, pb_utils.Tensor):
+                        raise pb_utils.TritonModelException(
+                            f"output_tensors must be pb_utils.Tensor, got {tensor!r}"
+                        )
+                    arrays.append((f"{index}/{tensor.name()}", tensor.as_numpy()))
+        segment, refs = self._pool.write(arrays)
+        by_response: dict[int, list[Any]] = {}
+        for ref in refs:
+            position, name = ref[0].split("/", 1)
+            by_response.setdefault(int(position), []).append((name, *ref[1:]))
+        encoded = []
+        for index, (key, response, final) in enumerate(items):
+            body = None
+            if response is not None:
+                error = response.error()
+                body = {
+                    "outputs": by_response.get(index, []),
+                    "error": (error.message(), error.code()) if error is not None else None,
+                    "parameters": response._parameters,
+                }
+            encoded.append((key, body, final))
+        self._channel.send({"op": "responses", "segment": segment, "items": encoded})
+
+    def send_response(self, key: int, response: pb_utils.InferenceResponse | None, flags: int) -> None:
+        final = bool(flags & pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        self._send_responses([(key, response, final)])
+
+    def log(self, level: str, message: str) -> None:
+        self._channel.send({"op": "log", "level": level, "message": message})
+
+    # BLS.
+
+    def _send_bls(self, request: pb_utils.InferenceRequest, decoupled: bool, call: BlsCall) -> int:
+        call_id = next(self._call_ids)
+        self._calls[call_id] = call
+        segment, refs = self._pool.write([(tensor.name(), tensor.as_numpy()) for tensor in request.inputs()])
+        version = request.model_version()
+        self._channel.send(
+            {
+                "op": "bls_request",
+                "call": call_id,
+                "model": request.model_name(),
+                "version": str(version) if version >= 0 else "",
+                "inputs": refs,
+                "segment": segment,
+                "requested": request.requested_output_names(),
+                "parameters": request._parameters,
+                "id": request.request_id(),
+                "correlation_id": request.correlation_id(),
+                "flags": request.flags(),
+                "decoupled": decoupled,
+            }
+        )
+        return call_id
+
+    def _bls_response(self, message: Message | None) -> tuple[pb_utils.InferenceResponse | None, bool]:
+        """Turns a bls_response message into (response, final); None message: the server went away."""
+        if message is None:
+            error = pb_utils.TritonError(
+                "the server went away during a BLS request", pb_utils.TritonError.UNAVAILABLE
+            )
+            return pb_utils.InferenceResponse(error=error), True
+        if message["error"] is not None:
+            text, code = message["error"]
+            return pb_utils.InferenceResponse(error=pb_utils.TritonError(text, code)), True
+        body = message["response"]
+        response = None
+        if body is not None:
+            arrays = self._reader.arrays(message["segment"], body["outputs"], copy=True)
+            if message["segment"]:
+                self._channel.send({"op": "release", "segments": [message["segment"]]})
+            outputs = [pb_utils.Tensor(name, array) for name, array in arrays.items()]
+            response = pb_utils.InferenceResponse(outputs, parameters=body["parameters"])
+        return response, message["final"]
+
+    def execute_bls(
+        self, request: pb_utils.InferenceRequest, decoupled: bool, timeout: float | None
+    ) -> list[pb_utils.InferenceResponse]:
+        call = BlsCall()
+        call_id = self._send_bls(request, decoupled, call)
+        try:
+            response, _ = self._bls_response(call.next(timeout))
+        finally:
+            self._calls.pop(call_id, None)
+        return [response or pb_utils.InferenceResponse()]
+
+    def stream_bls(
+        self, request: pb_utils.InferenceRequest, timeout: float | None
+    ) -> Iterator[pb_utils.InferenceResponse]:
+        call = BlsCall()
+        call_id = self._send_bls(request, True, call)
+
+        def responses() -> Iterator[pb_utils.InferenceResponse]:
+            try:
+                while True:
+                    response, final = self._bls_response(call.next(timeout))
+                    if response is not None:
+                        yield response
+                    elif final:
+                        yield pb_utils.InferenceResponse()  # Triton ends with an empty final response
+                    if final:
+                        return
+            finally:
+                self._calls.pop(call_id, None)
+
+        return responses()
+
+    async def execute_bls_async(self, request: pb_utils.InferenceRequest, decoupled: bool) -> Any:
+        call = BlsCall().for_loop(asyncio.get_running_loop())
+        call_id = self._send_bls(request, decoupled, call)
+        if not decoupled:
+            try:
+                response, _ = self._bls_response(await call.next_async())
+            finally:
+                self._calls.pop(call_id, None)
+            return response or pb_utils.InferenceResponse()
+
+        async def responses() -> AsyncIterator[pb_utils.InferenceResponse]:
+            try:
+                while True:
+                    response, final = self._bls_response(await call.next_async())
+                    if response is not None:
+                        yield response
+                    elif final:
+                        yield pb_utils.InferenceResponse()
+                    if final:
+                        return
+            finally:
+                self._calls.pop(call_id, None)
+
+        return responses()
+
+
+def main(argv: list[str]) -> int:
+    # The server decides when a stub ends (finalize, or its socket closing), not a terminal.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sys.path.insert(0, str(SHIM))
+    channel = Channel(socket.socket(fileno=int(argv[1])))
+    Stub(channel).run()
+    channel.close()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # daemon threads and user threads must not keep a finished stub alive
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,250 @@
+"""What crosses between the server and a stub: framed messages and tensors in shared memory.
+
+Messages are pickled dicts of plain values, each prefixed by its length, on a socket pair.
+Tensor data never goes through the socket: the writer copies the tensors of a message into a
+shared memory segment (a file in /dev/shm, mapped by both processes) and the message says
+where each tensor lies. Segments are pooled and reused; the reader sends their names back
+in a `release` message when it no longer needs them. Standard library and numpy only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import mmap
+import os
+import pickle
+import socket
+import struct
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+_LENGTH = struct.Struct("<I")
+_LENGTH_BYTES = struct.Struct("<I")
+ALIGNMENT = 64
+SMALLEST_SEGMENT = 64 * 1024
+SHM_DIR = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
+
+DTYPES: dict[str, Any] = {
+    "BOOL": np.bool_,
+    "UINT8": np.uint8,
+    "UINT16": np.uint16,
+    "UINT32": np.uint32,
+    "UINT64": np.uint64,
+    "INT8": np.int8,
+    "INT16": np.int16,
+    "INT32": np.int32,
+    "INT64": np.int64,
+    "FP16": np.float16,
+    "FP32": np.float32,
+    "FP64": np.float64,
+    "BYTES": np.object_,
+}
+try:  # BF16 needs ml_dtypes, which a custom stub environment may lack
+    import ml_dtypes
+
+    DTYPES["BF16"] = ml_dtypes.bfloat16
+except ImportError:  # pragma: no cover - depends on the environment
+    pass
+
+Message = dict[str, Any]
+TensorRef = tuple[str, str, tuple[int, ...], int, int]  # name, datatype, shape, offset, size
+
+
+def datatype_of(array: np.ndarray) -> str:
+    if array.dtype.kind in "OSU":
+        return "BYTES"
+    for name, dtype in DTYPES.items():
+        if name != "BYTES" and np.dtype(dtype) == array.dtype:
+            return name
+    raise TypeError(f"numpy dtype {array.dtype} has no Triton datatype")
+
+
+class Channel:
+    """Length-prefixed pickled messages on a blocking socket; `send` may be called from any thread."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._send_lock = threading.Lock()
+
+    def send(self, message: Message) -> None:
+        data = pickle.dumps(message, protocol=5)
+        with self._send_lock:
+            self._sock.sendall(_LENGTH.pack(len(data)) + data)
+
+    def receive(self) -> Message | None:
+        """The next message, or None when the other side has gone."""
+        header = self._read(_LENGTH.size)
+        if header is None:
+            return None
+        body = self._read(_LENGTH.unpack(header)[0])
+        return None if body is None else pickle.loads(body)
+
+    def _read(self, size: int) -> bytes | None:
+        chunks = bytearray()
+        while len(chunks) < size:
+            chunk = self._sock.recv(size - len(chunks))
+            if not chunk:
+                return None
+            chunks += chunk
+        return bytes(chunks)
+
+    def close(self) -> None:
+        self._sock.close()
+
+
+def encode_frame(message: Message) -> bytes:
+    data = pickle.dumps(message, protocol=5)
+    return _LENGTH.pack(len(data)) + data
+
+
+def decode_frame(body: bytes) -> Message:
+    message: Message = pickle.loads(body)
+    return message
+
+
+class Segment:
+    """A shared memory file mapped into this process."""
+
+    def __init__(self, path: Path, size: int, create: bool) -> None:
+        self.name = path.name
+        self.path = path
+        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
+        fd = os.open(path, flags, 0o600)
+        try:
+            if create:
+                os.ftruncate(fd, size)
+            self.size = os.fstat(fd).st_size
+            self.map = mmap.mmap(fd, self.size)
+        finally:
+            os.close(fd)
+
+    def close(self, unlink: bool = False) -> None:
+        with contextlib.suppress(BufferError):  # numpy views still use it; it goes when they do
+            self.map.close()
+        if unlink:
+            self.path.unlink(missing_ok=True)
+
+
+class SegmentPool:
+    """The segments one side writes into: reused once the other side releases them."""
+
+    _counter = itertools.count()
+
+    def __init__(self, prefix: str) -> None:
+        self._prefix = f"coreserve-{prefix}-{os.getpid()}"
+        self._free: list[Segment] = []
+        self._all: dict[str, Segment] = {}
+        self._lock = threading.Lock()
+
+    def write(self, arrays: list[tuple[str, np.ndarray]]) -> tuple[str | None, list[TensorRef]]:
+        """Copies named arrays into one segment; returns its name and where each array lies."""
+        blobs = []
+        total = 0
+        for name, array in arrays:
+            datatype = datatype_of(array)
+            data: Any = serialize_bytes(array) if datatype == "BYTES" else np.ascontiguousarray(array)
+            size = len(data) if isinstance(data, bytes) else data.nbytes
+            blobs.append((name, datatype, tuple(array.shape), total, size, data))
+            total += -(-size // ALIGNMENT) * ALIGNMENT
+        if total == 0:
+            return None, [(name, datatype, shape, 0, 0) for name, datatype, shape, _, _, _ in blobs]
+        segment = self._allocate(total)
+        for _, _, _, offset, size, data in blobs:
+            if isinstance(data, bytes):
+                segment.map[offset : offset + size] = data
+            else:
+                np.frombuffer(segment.map, dtype=np.uint8, count=size, offset=offset)[:] = data.reshape(
+                    -1
+                ).view(np.uint8)
+        return segment.name, [
+            (name, datatype, shape, offset, size) for name, datatype, shape, offset, size, _ in blobs
+        ]
+
+    def _allocate(self, size: int) -> Segment:
+        with self._lock:
+            fitting = [segment for segment in self._free if segment.size >= size]
+            if fitting:
+                segment = min(fitting, key=lambda s: s.size)
+                self._free.remove(segment)
+                return segment
+            capacity = max(SMALLEST_SEGMENT, 1 << (size - 1).bit_length())
+            path = SHM_DIR / f"{self._prefix}-{next(self._counter)}"
+            segment = Segment(path, capacity, create=True)
+            self._all[segment.name] = segment
+            return segment
+
+    def release(self, name: str) -> None:
+        with self._lock:
+            segment = self._all.get(name)
+            if segment is not None and segment not in self._free:
+                self._free.append(segment)
+
+    def close(self) -> None:
+        with self._lock:
+            for segment in self._all.values():
+                segment.close(unlink=True)
+            self._all.clear()
+            self._free.clear()
+
+
+class SegmentReader:
+    """The other side's segments, mapped on first use."""
+
+    def __init__(self) -> None:
+        self._mapped: dict[str, Segment] = {}
+
+    def arrays(self, name: str | None, refs: list[TensorRef], copy: bool) -> dict[str, np.ndarray]:
+        """The arrays a message describes: views into the segment, or copies when `copy`."""
+        if name is None:
+            return {ref[0]: _empty(ref[1], ref[2]) for ref in refs}
+        segment = self._mapped.get(name)
+        if segment is None:
+            segment = self._mapped[name] = Segment(SHM_DIR / name, 0, create=False)
+        result = {}
+        for tensor_name, datatype, shape, offset, size in refs:
+            if datatype == "BYTES":
+                result[tensor_name] = deserialize_bytes(segment.map[offset : offset + size]).reshape(shape)
+                continue
+            dtype = DTYPES[datatype]
+            count = size // np.dtype(dtype).itemsize
+            view = np.frombuffer(segment.map, dtype=dtype, count=count, offset=offset).reshape(shape)
+            result[tensor_name] = view.copy() if copy else view
+        return result
+
+    def close(self) -> None:
+        for segment in self._mapped.values():
+            segment.close()
+        self._mapped.clear()
+
+
+def _empty(datatype: str, shape: tuple[int, ...]) -> np.ndarray:
+    return np.empty(shape, dtype=DTYPES[datatype])
+
+
+def serialize_bytes(array: np.ndarray) -> bytes:
+    """BYTES elements as 4-byte little-endian lengths followed by the bytes (str: UTF-8)."""
+    parts = []
+    for item in array.reshape(-1):
+        data = item.encode("utf-8") if isinstance(item, str) else bytes(item)
+        parts.append(_LENGTH_BYTES.pack(len(data)))
+        parts.append(data)
+    return b"".join(parts)
+
+
+def deserialize_bytes(buffer: bytes | memoryview) -> np.ndarray:
+    view = memoryview(buffer)
+    items = []
+    offset = 0
+    while offset < len(view):
+        (length,) = _LENGTH_BYTES.unpack_from(view, offset)
+        offset += 4
+        items.append(bytes(view[offset : offset + length]))
+        offset += length
+    array = np.empty(len(items), dtype=np.object_)
+    array[:] = items
+    return array

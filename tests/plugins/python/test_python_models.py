@@ -1,0 +1,269 @@
+"""Triton Python models (model.py) served by plugin-python, through tritonclient."""
+
+from __future__ import annotations
+
+import json
+import queue
+import shutil
+import time
+import urllib.request
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from coreserve.testing import ServerProcess
+from model_builders import add_sub_model, write_model
+
+MODELS = Path(__file__).resolve().parent / "models"
+ADD_SUB = """
+backend: "onnxruntime"
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 1, 4 ] }, { name: "INPUT1" data_type: TYPE_FP32 dims: [ 1, 4 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 1, 4 ] }, { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 1, 4 ] } ]
+"""
+
+
+@pytest.fixture(scope="module")
+def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("python-models")
+    shutil.copytree(MODELS, root, dirs_exist_ok=True)
+    write_model(root, "add_sub", add_sub_model("FP32", [1, 4]), ADD_SUB)
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    marker = tmp_path_factory.mktemp("marker") / "finalized.txt"
+    process = ServerProcess(
+        [repository], ["--exit-on-error=false"], env={"CORESERVE_TEST_MARKER": str(marker)}
+    )
+    process.start(timeout=120)
+    yield process
+    process.close()
+
+
+@pytest.fixture
+def client(server: ServerProcess) -> Iterator[httpclient.InferenceServerClient]:
+    client = httpclient.InferenceServerClient(server.http_url, network_timeout=60)
+    yield client
+    client.close()
+
+
+def _infer(client: httpclient.InferenceServerClient, model: str, tensors: dict[str, np.ndarray], **kwargs):
+    inputs = []
+    for name, data in tensors.items():
+        datatype = (
+            "BYTES"
+            if data.dtype == np.object_
+            else {np.dtype(np.float32): "FP32", np.dtype(np.int32): "INT32", np.dtype(np.bool_): "BOOL"}[
+                data.dtype
+            ]
+        )
+        tensor = httpclient.InferInput(name, list(data.shape), datatype)
+        tensor.set_data_from_numpy(data)
+        inputs.append(tensor)
+    return client.infer(model, inputs, **kwargs)
+
+
+def test_add_one_with_args_and_parameters(client: httpclient.InferenceServerClient) -> None:
+    data = np.arange(6, dtype=np.float32).reshape(2, 3)
+    result = _infer(client, "add_one", {"INPUT0": data}, request_id="r1", parameters={"echo": "hello"})
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), data + 1)
+    parameters = result.get_response()["parameters"]
+    assert parameters["instance"].startswith("add_one_0_") and parameters["kind"] == "CPU"
+    assert parameters["version"] == "1" and parameters["request_id"] == "r1" and parameters["echo"] == "hello"
+
+
+def test_instances_are_processes_that_run_in_parallel(server: ServerProcess) -> None:
+    def call(seconds: float) -> int:
+        client = httpclient.InferenceServerClient(server.http_url, network_timeout=60)
+        try:
+            return int(
+                _infer(client, "slow", {"SECONDS": np.array([seconds], np.float32)}).as_numpy("PID")[0]
+            )
+        finally:
+            client.close()
+
+    call(0.01)
+    started = time.monotonic()
+    with ThreadPoolExecutor(2) as pool:
+        pids = list(pool.map(call, [0.6, 0.6]))
+    elapsed = time.monotonic() - started
+    assert len(set(pids)) == 2  # two stub processes
+    assert elapsed < 1.1  # CPU-bound Python ran in parallel (serially it takes 1.2 s)
+
+
+def test_tokenizer_preprocessing_of_bytes(client: httpclient.InferenceServerClient) -> None:
+    texts = np.array(
+        [["the movie was great"], ["terrible plot, great actors and a very long review here"]],
+        dtype=np.object_,
+    )
+    result = _infer(client, "tokenizer", {"TEXT": texts.astype(np.object_)})
+    ids, mask = result.as_numpy("input_ids"), result.as_numpy("attention_mask")
+    assert ids.shape == (2, 8) and ids.dtype == np.int64
+    assert mask[0].tolist() == [1, 1, 1, 1, 0, 0, 0, 0] and mask[1].tolist() == [1] * 8
+    assert ids[0, 3] == ids[1, 2]  # "great" gets the same id in both texts
+
+
+def test_bls_calls_an_onnx_model(client: httpclient.InferenceServerClient) -> None:
+    a = np.arange(4, dtype=np.float32).reshape(1, 4)
+    result = _infer(client, "bls_add_sub", {"A": a, "MODEL": np.array([b"add_sub"], dtype=np.object_)})
+    np.testing.assert_array_equal(result.as_numpy("SUM"), a + 1)
+    assert result.as_numpy("ERROR")[0] in (b"", "")
+    result = _infer(client, "bls_add_sub", {"A": a, "MODEL": np.array([b"missing_model"], dtype=np.object_)})
+    assert "unknown model 'missing_model'" in result.as_numpy("ERROR")[0].decode()
+    stats = client.get_inference_statistics("add_sub")["model_stats"][0]
+    assert stats["inference_count"] >= 1  # the BLS call went through add_sub's scheduler
+
+
+def test_async_execute_with_concurrent_bls(client: httpclient.InferenceServerClient) -> None:
+    a = np.arange(4, dtype=np.float32).reshape(1, 4)
+    result = _infer(client, "bls_async", {"A": a})
+    np.testing.assert_array_equal(result.as_numpy("SUM"), a + 2)
+    np.testing.assert_array_equal(result.as_numpy("DIFFERENCE"), a - 2)
+
+
+def test_decoupled_streaming_over_grpc(server: ServerProcess) -> None:
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    results: queue.Queue = queue.Queue()
+    client.start_stream(callback=partial(lambda q, result, error: q.put((result, error)), results))
+    try:
+        for request_id, count in (("a", 3), ("b", 5)):
+            tensor = grpcclient.InferInput("N", [1], "INT32")
+            tensor.set_data_from_numpy(np.array([count], np.int32))
+            client.async_stream_infer(
+                "countdown", [tensor], request_id=request_id, enable_empty_final_response=True
+            )
+        received: dict[str, list[int]] = {"a": [], "b": []}
+        finals = 0
+        while finals < 2:
+            result, error = results.get(timeout=30)
+            assert error is None
+            response = result.get_response()
+            if response.parameters["triton_final_response"].bool_param:
+                finals += 1
+                assert not response.outputs
+                continue
+            received[response.id].append(int(result.as_numpy("VALUE")[0]))
+    finally:
+        client.stop_stream()
+        client.close()
+    assert received == {"a": [3, 2, 1], "b": [5, 4, 3, 2, 1]}
+
+
+def test_decoupled_streaming_over_server_sent_events(server: ServerProcess) -> None:
+    request = urllib.request.Request(
+        f"http://{server.http_url}/v2/models/countdown/generate_stream",
+        data=json.dumps({"N": 4}).encode(),
+        method="POST",
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        assert response.headers["Content-Type"].startswith("text/event-stream")
+        body = response.read().decode()
+    events = [json.loads(line[len("data: ") :]) for line in body.splitlines() if line.startswith("data: ")]
+    assert [event["VALUE"] for event in events] == [4, 3, 2, 1]
+    assert events[0]["model_name"] == "countdown"
+    # A decoupled model over the plain infer endpoint is refused with a pointer to the stream.
+    status_request = urllib.request.Request(
+        f"http://{server.http_url}/v2/models/countdown/infer",
+        data=json.dumps({"inputs": [{"name": "N", "shape": [1], "datatype": "INT32", "data": [2]}]}).encode(),
+        method="POST",
+    )
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(status_request, timeout=30)
+    assert info.value.code == 501 and "generate_stream" in json.loads(info.value.read())["error"]
+
+
+def test_generate_endpoint_serves_ordinary_models(server: ServerProcess) -> None:
+    request = urllib.request.Request(
+        f"http://{server.http_url}/v2/models/tokenizer/generate",
+        data=json.dumps({"TEXT": "hello world"}).encode(),
+        method="POST",
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        document = json.loads(response.read())
+    assert document["attention_mask"] == [1, 1, 0, 0, 0, 0, 0, 0]
+
+
+def test_decoupled_bls(client: httpclient.InferenceServerClient) -> None:
+    result = _infer(client, "bls_countdown", {"N": np.array([4], np.int32)})
+    assert result.as_numpy("VALUES").tolist() == [4, 3, 2, 1]
+
+
+def test_errors_reach_the_client(client: httpclient.InferenceServerClient) -> None:
+    with pytest.raises(InferenceServerException, match="the input is not acceptable") as info:
+        _infer(client, "failing", {"MODE": np.array([b"error"], dtype=np.object_)})
+    assert info.value.status() == "400"
+    with pytest.raises(InferenceServerException, match="ValueError: execute raised on purpose") as info:
+        _infer(client, "failing", {"MODE": np.array([b"raise"], dtype=np.object_)})
+    assert info.value.status() == "500"
+    result = _infer(client, "failing", {"MODE": np.array([b"fine"], dtype=np.object_)})
+    assert result.as_numpy("OK").tolist() == [True]
+
+
+def test_a_stub_that_dies_is_restarted(client: httpclient.InferenceServerClient) -> None:
+    first = int(_infer(client, "crashing", {"CRASH": np.array([False])}).as_numpy("PID")[0])
+    with pytest.raises(InferenceServerException, match="exited unexpectedly") as info:
+        _infer(client, "crashing", {"CRASH": np.array([True])})
+    assert info.value.status() == "500"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            second = int(_infer(client, "crashing", {"CRASH": np.array([False])}).as_numpy("PID")[0])
+            break
+        except InferenceServerException:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+    assert second != first
+    assert client.is_server_live()
+
+
+def test_initialize_failure_makes_the_model_unavailable(client: httpclient.InferenceServerClient) -> None:
+    assert not client.is_model_ready("broken_init")
+    with pytest.raises(InferenceServerException) as info:
+        client.get_model_metadata("broken_init")
+    assert info.value.status() == "503"
+    assert "RuntimeError: the weights file is missing" in info.value.message()
+    assert "Traceback" in info.value.message()
+
+
+def test_auto_complete_config(client: httpclient.InferenceServerClient) -> None:
+    config = client.get_model_config("autocomplete")
+    assert config["max_batch_size"] == 4 and "dynamic_batching" in config
+    assert [(t["name"], t["data_type"], t["dims"]) for t in config["input"]] == [("X", "TYPE_INT32", [2])]
+    result = _infer(client, "autocomplete", {"X": np.array([[1, 2]], np.int32)})
+    assert result.as_numpy("DOUBLE").tolist() == [[2, 4]]
+
+
+def test_finalize_runs_at_shutdown(repository: Path, tmp_path: Path) -> None:
+    own_marker = tmp_path / "finalized.txt"
+    process = ServerProcess(
+        [repository], ["--exit-on-error=false"], env={"CORESERVE_TEST_MARKER": str(own_marker)}
+    )
+    process.start(timeout=120)
+    try:
+        assert process.process is not None
+        stubs = _children(process.process.pid)
+        assert len(stubs) >= 10  # one per instance of the repository's Python models
+        assert process.stop() == 0
+        assert own_marker.read_text() == "finalized"
+        assert not [pid for pid in stubs if Path(f"/proc/{pid}").exists()]  # no stub outlives the server
+    finally:
+        process.close()
+
+
+def _children(pid: int) -> list[int]:
+    import subprocess
+
+    table = subprocess.run(["ps", "-eo", "pid=,ppid="], capture_output=True, text=True, check=True).stdout
+    return [
+        int(child) for child, parent in (line.split() for line in table.splitlines()) if int(parent) == pid
+    ]
