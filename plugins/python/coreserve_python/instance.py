@@ -170,6 +170,8 @@ class PythonInstance:
         finally:
             if segment is not None:
                 self._pool.release(segment)
+        if reply["responses"] is not None:
+            self._deliver(reply["responses"])
         if reply["error"] is not None:
             error = InternalError(reply["error"])
             for key, request in entries:

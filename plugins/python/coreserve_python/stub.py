@@ -173,26 +173,35 @@ class Stub:
             request._key = item["key"]
             requests.append(request)
         error = None
+        responses = None
         try:
             result = self._model.execute(requests)
             if inspect.iscoroutine(result):
                 result = self._loop.run_until_complete(result)
             if not self._decoupled:
-                self._send_results(requests, result)
+                responses = self._results(requests, result)
         except BaseException as exc:
             error = f"{type(exc).__name__}: {exc}"
             traceback.print_exc()
         del requests
-        self._channel.send({"op": "execute_done", "error": error, "release": [segment] if segment else []})
+        # An ordinary model's responses travel with the end of the execution: one message.
+        self._channel.send(
+            {
+                "op": "execute_done",
+                "error": error,
+                "responses": responses,
+                "release": [segment] if segment else [],
+            }
+        )
 
-    def _send_results(self, requests: list[pb_utils.InferenceRequest], result: Any) -> None:
+    def _results(self, requests: list[pb_utils.InferenceRequest], result: Any) -> Message:
         if not isinstance(result, list | tuple) or len(result) != len(requests):
             count = len(result) if isinstance(result, list | tuple) else type(result).__name__
             raise pb_utils.TritonModelException(
                 f"execute() must return a list with one InferenceResponse per request: got {count} "
                 f"for {len(requests)} requests"
             )
-        self._send_responses(
+        return self._encode_responses(
             [(request._key, response, True) for request, response in zip(requests, result, strict=True)]
         )
 
@@ -209,7 +218,8 @@ class Stub:
 
     # Responses to the server.
 
-    def _send_responses(self, items: list[tuple[Any, pb_utils.InferenceResponse | None, bool]]) -> None:
+    def _encode_responses(self, items: list[tuple[Any, pb_utils.InferenceResponse | None, bool]]) -> Message:
+        """Responses as a `responses` message; their tensors go into one shared memory segment."""
         arrays = []
         for index, (_, response, _) in enumerate(items):
             if response is not None:
@@ -235,11 +245,11 @@ class Stub:
                     "parameters": response._parameters,
                 }
             encoded.append((key, body, final))
-        self._channel.send({"op": "responses", "segment": segment, "items": encoded})
+        return {"op": "responses", "segment": segment, "items": encoded}
 
     def send_response(self, key: int, response: pb_utils.InferenceResponse | None, flags: int) -> None:
         final = bool(flags & pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-        self._send_responses([(key, response, final)])
+        self._channel.send(self._encode_responses([(key, response, final)]))
 
     def log(self, level: str, message: str) -> None:
         self._channel.send({"op": "log", "level": level, "message": message})
