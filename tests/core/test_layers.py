@@ -18,6 +18,7 @@ LAYERS = {
     "coreserve.protocol": 1,
     "coreserve.backend": 2,
     "coreserve.scheduling": 3,
+    "coreserve.ensemble": 3,
     "coreserve.repository": 4,
     "coreserve.server": 5,
     "coreserve.cli": 6,

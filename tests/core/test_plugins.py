@@ -33,13 +33,13 @@ class FakePlugin:
 def test_plugins_registered_in_code_add_backends() -> None:
     plugins = Plugins(autoload=False)
     plugins.register(FakePlugin(), name="fake")
-    assert plugins.backends().names() == ["fake"]
+    assert plugins.backends().names() == ["ensemble", "fake"]  # the built-in and ours
 
 
 def test_entry_points_are_loaded_unless_disabled(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "onnxruntime" in Plugins().backends().names()
     monkeypatch.setenv("CORESERVE_DISABLE_PLUGIN_AUTOLOAD", "1")
-    assert Plugins().backends().names() == []
+    assert Plugins().backends().names() == ["ensemble"]
     monkeypatch.setenv("CORESERVE_DISABLE_PLUGIN_AUTOLOAD", "0")
     monkeypatch.setenv("CORESERVE_BLOCKED_PLUGINS", "plugin-onnx")
     assert "onnxruntime" not in Plugins().backends().names()

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
+from coreserve.config.signature import ModelSignature
 from coreserve.protos.model_config_pb2 import ModelConfig
 from coreserve.types import InferenceRequest, InferenceResponse
 
@@ -67,6 +68,10 @@ class InferenceClient(Protocol):
         """Runs a request and yields its responses (many, for a decoupled model)."""
         ...
 
+    def model_signature(self, name: str, version: str = "") -> ModelSignature:
+        """The inputs and outputs of a ready model version; raises NotFound or Unavailable."""
+        ...
+
 
 @dataclass(frozen=True)
 class ServerContext:
@@ -83,7 +88,11 @@ class ServerContext:
 
 @runtime_checkable
 class ModelInstance(Protocol):
-    """One loaded copy of a model that executes one batch at a time."""
+    """One loaded copy of a model that executes one batch at a time.
+
+    An instance that may run several batches at once (it only waits on other models, as an
+    ensemble does) says how many with an attribute `concurrency`.
+    """
 
     async def execute(self, requests: Sequence[InferenceRequest], responder: Responder) -> None:
         """Executes requests the scheduler grouped, answering each through `responder`.

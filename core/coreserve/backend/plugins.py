@@ -10,6 +10,7 @@ plugin never stops the server. Two environment variables control loading, as pyt
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
 import logging
 import os
@@ -23,6 +24,8 @@ from coreserve.backend.registry import BackendRegistry
 logger = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "coreserve.backends"
+# Built-in plugins, registered through the same hook as entry-point plugins.
+DEFAULT_PLUGINS = ("coreserve.ensemble",)
 DISABLE_AUTOLOAD_ENV = "CORESERVE_DISABLE_PLUGIN_AUTOLOAD"
 BLOCKED_PLUGINS_ENV = "CORESERVE_BLOCKED_PLUGINS"
 
@@ -53,6 +56,8 @@ class Plugins:
         self._backends: BackendRegistry | None = None
         self._origins: dict[str, BackendOrigin] = {}
         self.failures: list[PluginFailure] = []
+        for module_name in DEFAULT_PLUGINS:
+            self._manager.register(importlib.import_module(module_name), name=module_name)
         if autoload is None:
             autoload = os.environ.get(DISABLE_AUTOLOAD_ENV, "") in ("", "0")
         if autoload:

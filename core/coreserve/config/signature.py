@@ -82,6 +82,7 @@ class ModelSignature:
     def __init__(self, config: ModelConfig) -> None:
         self.model_name = config.name
         self.max_batch_size = config.max_batch_size
+        self.decoupled = config.model_transaction_policy.decoupled
         self.inputs: dict[str, TensorSpec] = {t.name: _spec(t, t.optional) for t in config.input}
         self.outputs: dict[str, TensorSpec] = {t.name: _spec(t) for t in config.output}
         self.internal_inputs, self.internal_outputs = _internal_tensors(config)

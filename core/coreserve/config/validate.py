@@ -35,6 +35,7 @@ def _first_problem(config: ModelConfig) -> str | None:
         _check_instance_groups(config),
         _check_dynamic_batching(config),
         _check_sequence_batching(config),
+        _check_ensemble(config),
     )
     return next((problem for problem in checks if problem is not None), None)
 
@@ -179,4 +180,12 @@ def _check_sequence_batching(config: ModelConfig) -> str | None:
         dims = list(initial.dims) if initial is not None and initial.dims else list(state.dims)
         if any(dim < 0 for dim in dims):
             return f"{where}: dims {dims} are not fixed; give initial_state dims"
+    return None
+
+
+def _check_ensemble(config: ModelConfig) -> str | None:
+    if config.HasField("ensemble_scheduling") and config.platform != "ensemble":
+        return "config field 'ensemble_scheduling' needs platform: \"ensemble\""
+    if config.platform == "ensemble" and not config.HasField("ensemble_scheduling"):
+        return "platform \"ensemble\" needs config field 'ensemble_scheduling'"
     return None

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from coreserve.config.parse import parse_config
 from coreserve.errors import ModelConfigError
 from coreserve.protos.model_config_pb2 import ModelVersionPolicy
 
@@ -46,6 +47,24 @@ def find_models(repositories: list[Path]) -> tuple[dict[str, ModelLocation], dic
     for name in duplicates:
         found.pop(name, None)
     return found, duplicates
+
+
+def ensemble_steps(location: ModelLocation) -> set[str] | None:
+    """The models an ensemble's configuration names, or None if the folder holds no ensemble.
+
+    A quick look at config.pbtxt for the order of loading; a configuration that does not parse
+    is reported when the model loads.
+    """
+    path = location.path / CONFIG_FILENAME
+    if not path.is_file():
+        return None
+    try:
+        config = parse_config(path.read_text(encoding="utf-8"))
+    except (ModelConfigError, UnicodeDecodeError, OSError):
+        return None
+    if not config.HasField("ensemble_scheduling"):
+        return None
+    return {step.model_name for step in config.ensemble_scheduling.step}
 
 
 def list_versions(model_path: Path) -> list[int]:

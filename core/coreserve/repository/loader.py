@@ -20,7 +20,7 @@ from coreserve.backend.api import (
 from coreserve.backend.registry import BackendRegistry
 from coreserve.config import ModelSignature, apply_defaults, read_config_file, validate_config
 from coreserve.config.ignored import ignored_fields
-from coreserve.errors import CoreserveError, ModelConfigError, UnsupportedError
+from coreserve.errors import CoreserveError, ModelConfigError
 from coreserve.protos.model_config_pb2 import ModelConfig, ModelInstanceGroup
 from coreserve.repository.layout import CONFIG_FILENAME, ModelLocation, list_versions, select_versions
 from coreserve.repository.model import Model, ModelState, ModelVersion
@@ -92,7 +92,6 @@ class ModelLoader:
             config.platform = backend.platforms[0]
         apply_defaults(config, location.name)
         validate_config(config)
-        self._check_supported(config)
         for field_name in ignored_fields(config):
             logger.warning(
                 "model '%s': config field '%s' is not supported and has no effect", config.name, field_name
@@ -116,6 +115,8 @@ class ModelLoader:
         if available:
             version_path = location.path / str(available[-1])
             for backend in self._backends:
+                if not backend.default_model_filename:
+                    continue  # a backend without model files (ensemble) is only chosen by name
                 filename = config.default_model_filename or backend.default_model_filename
                 same_kind = Path(filename).suffix == Path(backend.default_model_filename).suffix
                 if same_kind and (version_path / filename).exists():
@@ -127,14 +128,6 @@ class ModelLoader:
             f"model '{location.name}': cannot tell which backend serves it; set 'backend' or 'platform' "
             f"in {CONFIG_FILENAME} (installed backends: {installed})"
         )
-
-    @staticmethod
-    def _check_supported(config: ModelConfig) -> None:
-        choice = config.WhichOneof("scheduling_choice")
-        if choice == "ensemble_scheduling":
-            raise UnsupportedError(
-                f"model '{config.name}': {choice} is not supported by this coreserve version"
-            )
 
     async def _load_version(self, backend: Backend, location: ModelLocation, version: ModelVersion) -> None:
         files = ModelFiles(

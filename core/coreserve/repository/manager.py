@@ -7,7 +7,7 @@ import logging
 from pathlib import Path
 
 from coreserve.errors import NotFoundError
-from coreserve.repository.layout import find_models
+from coreserve.repository.layout import ensemble_steps, find_models
 from coreserve.repository.loader import ModelLoader
 from coreserve.repository.model import Model
 
@@ -23,13 +23,24 @@ class ModelRepository:
         self._models: dict[str, Model] = {}
 
     async def load_all(self) -> None:
-        """Loads every model of every repository folder, concurrently."""
+        """Loads every model of every repository folder, concurrently.
+
+        Ensembles load after the models they are made of (so that they can check them), an
+        ensemble of ensembles after those.
+        """
         locations, duplicates = find_models(self.paths)
         for name, reason in duplicates.items():
             self._models[name] = Model(name=name, path=None, reason=reason)
-        loaded = await asyncio.gather(*(self._loader.load(location) for location in locations.values()))
-        for model in loaded:
-            self._models[model.name] = model
+        pending = {name: ensemble_steps(location) for name, location in locations.items()}
+        while pending:
+            ready = [name for name, steps in pending.items() if steps is None or not steps & pending.keys()]
+            if not ready:  # ensembles that wait on each other: load them; they report the cycle
+                ready = list(pending)
+            loaded = await asyncio.gather(*(self._loader.load(locations[name]) for name in ready))
+            for model in loaded:
+                self._models[model.name] = model
+            for name in ready:
+                del pending[name]
 
     def get(self, name: str) -> Model:
         model = self._models.get(name)

@@ -59,8 +59,10 @@ class Scheduler:
     def start(self) -> None:
         self._idle.set()
         for index, instance in enumerate(self.instances):
-            name = f"{self.signature.model_name}:{self.model_version}:instance{index}"
-            self._workers.append(asyncio.create_task(self._work(instance), name=name))
+            # An instance may run several batches at once (an ensemble's runs only wait on others).
+            for slot in range(getattr(instance, "concurrency", 1)):
+                name = f"{self.signature.model_name}:{self.model_version}:instance{index}:{slot}"
+                self._workers.append(asyncio.create_task(self._work(instance), name=name))
 
     def submit(self, request: InferenceRequest) -> None:
         """Queues a request; its sink receives the response. Raises if it cannot queue."""

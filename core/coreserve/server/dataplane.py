@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from coreserve import __version__
-from coreserve.config import ModelConfig
+from coreserve.config import ModelConfig, ModelSignature
 from coreserve.errors import CoreserveError, NotFoundError, UnavailableError, UnsupportedError
 from coreserve.repository import Model, ModelRepository, ModelState, ModelVersion
 from coreserve.repository.model import parse_version
@@ -53,6 +53,9 @@ class DataPlane:
     def model_version(self, name: str, version: str = "") -> ModelVersion:
         """The ready model version a request names; raises NotFound or Unavailable."""
         return self.repository.get(name).version(version)
+
+    def model_signature(self, name: str, version: str = "") -> ModelSignature:
+        return self.model_version(name, version).signature
 
     def model_ready(self, name: str, version: str = "") -> bool:
         try:

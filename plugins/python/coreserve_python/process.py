@@ -136,12 +136,13 @@ class StubProcess:
     async def stop(self, timeout: float = 30.0) -> Message | None:
         """Asks the model to finalize, then ends the process; returns the finalize reply."""
         reply = None
-        if self.alive:
+        running = self.alive
+        self._stopping = True  # from now on the stub's exit is expected
+        if running:
             try:
                 reply = await self.request({"op": "finalize"}, "finalize_done", timeout)
             except (TimeoutError, InternalError):
                 logger.warning("the Python stub of %s did not finalize within %.0f s", self.name, timeout)
-        self._stopping = True
         if self._writer is not None:
             self._writer.close()
         if self._process is not None and self._process.returncode is None:

@@ -1,0 +1,10 @@
+"""Ensembles: pipelines of models (`platform: "ensemble"`), a built-in backend of the core.
+
+The module is a plugin like any other: `coreserve.backend.plugins` registers it by name.
+"""
+
+from __future__ import annotations
+
+from coreserve.ensemble.backend import EnsembleBackend, coreserve_register_backends
+
+__all__ = ["EnsembleBackend", "coreserve_register_backends"]

@@ -1,0 +1,185 @@
+"""An ensemble's steps as a graph of tensors, and the checks that run before it loads."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from coreserve.config.signature import ModelSignature, TensorSpec
+from coreserve.errors import CoreserveError, ModelConfigError
+from coreserve.protos.model_config_pb2 import ModelConfig
+
+SignatureLookup = Callable[[str, str], ModelSignature]
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step: a model, which ensemble tensors feed its inputs, which its outputs become."""
+
+    index: int
+    model_name: str
+    model_version: str
+    inputs: dict[str, str]  # model input -> ensemble tensor
+    outputs: dict[str, str]  # model output -> ensemble tensor
+
+    def label(self) -> str:
+        return f"step {self.index} (model '{self.model_name}')"
+
+
+class EnsembleGraph:
+    """The steps of `ensemble_scheduling` and what flows between them."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        self.name = config.name
+        self.steps = [
+            Step(
+                index=index,
+                model_name=step.model_name,
+                model_version=str(step.model_version) if step.model_version > 0 else "",
+                inputs=dict(step.input_map),
+                outputs=dict(step.output_map),
+            )
+            for index, step in enumerate(config.ensemble_scheduling.step)
+        ]
+        self.inputs = [tensor.name for tensor in config.input]
+        self.outputs = [tensor.name for tensor in config.output]
+        self.decoupled_steps: set[int] = set()
+
+    def _error(self, problem: str) -> ModelConfigError:
+        return ModelConfigError(f"ensemble '{self.name}': {problem}")
+
+    def validate(self, lookup: SignatureLookup, ensemble: ModelSignature) -> None:
+        """Raises ModelConfigError naming the step and the tensor of the first problem found."""
+        if not self.steps:
+            raise self._error("ensemble_scheduling has no steps")
+        signatures = {step.index: self._signature(step, lookup) for step in self.steps}
+        producers: dict[str, Step] = {}
+        for step in self.steps:
+            for output, tensor in step.outputs.items():
+                if tensor in self.inputs:
+                    raise self._error(
+                        f"{step.label()} output '{output}' writes tensor '{tensor}', an ensemble input"
+                    )
+                if tensor in producers:
+                    raise self._error(
+                        f"tensor '{tensor}' is produced by {producers[tensor].label()} and by {step.label()}"
+                    )
+                producers[tensor] = step
+        consumed = {tensor for step in self.steps for tensor in step.inputs.values()}
+        for step in self.steps:
+            for model_input, tensor in step.inputs.items():
+                if tensor not in producers and tensor not in self.inputs:
+                    raise self._error(
+                        f"{step.label()} input '{model_input}' reads tensor '{tensor}', "
+                        "which no step produces and which is not an ensemble input"
+                    )
+            for output, tensor in step.outputs.items():
+                if tensor not in consumed and tensor not in self.outputs:
+                    raise self._error(
+                        f"{step.label()} output '{output}' (tensor '{tensor}') is neither read by a step "
+                        "nor an ensemble output"
+                    )
+        for output in self.outputs:
+            if output not in producers:
+                raise self._error(f"ensemble output '{output}' is produced by no step")
+        self._check_acyclic(producers)
+        self._check_types(signatures, producers, ensemble)
+        self.decoupled_steps = {index for index, signature in signatures.items() if signature.decoupled}
+        if self.decoupled_steps and not ensemble.decoupled:
+            step = self.steps[min(self.decoupled_steps)]
+            raise self._error(
+                f"{step.label()} is decoupled, so the ensemble must be too: "
+                "set model_transaction_policy { decoupled: true }"
+            )
+
+    def _signature(self, step: Step, lookup: SignatureLookup) -> ModelSignature:
+        if not step.model_name:
+            raise self._error(f"step {step.index} names no model")
+        if step.model_name == self.name:
+            raise self._error(f"{step.label()} calls the ensemble itself")
+        try:
+            signature = lookup(step.model_name, step.model_version)
+        except CoreserveError as exc:
+            raise self._error(f"{step.label()}: {exc.message}") from None
+        for model_input in step.inputs:
+            if model_input not in signature.inputs:
+                raise self._error(
+                    f"{step.label()} input_map names '{model_input}', which is not an input of the model "
+                    f"(its inputs: {sorted(signature.inputs)})"
+                )
+        for name, spec in signature.inputs.items():
+            if name not in step.inputs and not spec.optional:
+                raise self._error(f"{step.label()} input '{name}' is not mapped to a tensor (input_map)")
+        for output in step.outputs:
+            if output not in signature.outputs:
+                raise self._error(
+                    f"{step.label()} output_map names '{output}', which is not an output of the model "
+                    f"(its outputs: {sorted(signature.outputs)})"
+                )
+        return signature
+
+    def _check_acyclic(self, producers: dict[str, Step]) -> None:
+        waiting = {
+            step.index: {producers[t].index for t in step.inputs.values() if t in producers}
+            for step in self.steps
+        }
+        done: set[int] = set()
+        while True:
+            ready = [index for index, needs in waiting.items() if index not in done and needs <= done]
+            if not ready:
+                break
+            done.update(ready)
+        stuck = sorted(set(waiting) - done)
+        if stuck:
+            labels = ", ".join(self.steps[index].label() for index in stuck)
+            raise self._error(f"steps form a cycle: {labels}")
+
+    def _check_types(
+        self, signatures: dict[int, ModelSignature], producers: dict[str, Step], ensemble: ModelSignature
+    ) -> None:
+        def source(tensor: str) -> tuple[TensorSpec, ModelSignature, str]:
+            if tensor in producers:
+                step = producers[tensor]
+                output = next(name for name, value in step.outputs.items() if value == tensor)
+                signature = signatures[step.index]
+                return signature.outputs[output], signature, f"{step.label()} output '{output}'"
+            return ensemble.inputs[tensor], ensemble, f"ensemble input '{tensor}'"
+
+        for step in self.steps:
+            signature = signatures[step.index]
+            for model_input, tensor in step.inputs.items():
+                spec, origin, where = source(tensor)
+                _compare(
+                    self,
+                    f"{step.label()} input '{model_input}' (tensor '{tensor}')",
+                    signature.inputs[model_input],
+                    signature,
+                    spec,
+                    origin,
+                    where,
+                )
+        for output in self.outputs:
+            spec, origin, where = source(output)
+            _compare(
+                self, f"ensemble output '{output}'", ensemble.outputs[output], ensemble, spec, origin, where
+            )
+
+
+def _compare(
+    graph: EnsembleGraph,
+    consumer: str,
+    wanted: TensorSpec,
+    wanted_in: ModelSignature,
+    given: TensorSpec,
+    given_in: ModelSignature,
+    source: str,
+) -> None:
+    wanted_shape, given_shape = wanted_in.client_shape(wanted), given_in.client_shape(given)
+    compatible = len(wanted_shape) == len(given_shape) and all(
+        a == b or -1 in (a, b) for a, b in zip(wanted_shape, given_shape, strict=True)
+    )
+    if wanted.datatype is not given.datatype or not compatible:
+        raise graph._error(
+            f"{consumer} expects {wanted.datatype} {wanted_shape}, but {source} gives "
+            f"{given.datatype} {given_shape}"
+        )
