@@ -255,7 +255,19 @@ def test_preserve_ordering(
     server = _echo_server(
         coreserve_server, tmp_path, echo_backend_site, f"preserve_ordering: {str(preserve).lower()}", count=2
     )
-    calls = [lambda: _echo(server, 0, delay_ms=600), lambda: _echo(server, 1)]
-    results, finished = _run_in_order(calls, gap=0.1)
-    assert results == [0, 1]
-    assert finished == ([0, 1] if preserve else [1, 0])
+
+    def timed(value: int, **parameters: object) -> tuple[int, float]:
+        started = time.monotonic()
+        result = _echo(server, value, **parameters)
+        return result, time.monotonic() - started
+
+    (first, _), (second, second_took) = _run_in_order(
+        [lambda: timed(0, delay_ms=600), lambda: timed(1)], gap=0.1
+    )[0]
+    assert (first, second) == (0, 1)
+    # The second request runs at once on the other instance; with preserve_ordering its
+    # response waits for the first request's (about 0.5 s more).
+    if preserve:
+        assert second_took > 0.4
+    else:
+        assert second_took < 0.3

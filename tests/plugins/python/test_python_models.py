@@ -93,10 +93,10 @@ def test_instances_are_processes_that_run_in_parallel(server: ServerProcess) -> 
     call(0.01)
     started = time.monotonic()
     with ThreadPoolExecutor(2) as pool:
-        pids = list(pool.map(call, [0.6, 0.6]))
+        pids = list(pool.map(call, [0.8, 0.8]))
     elapsed = time.monotonic() - started
     assert len(set(pids)) == 2  # two stub processes
-    assert elapsed < 1.1  # CPU-bound Python ran in parallel (serially it takes 1.2 s)
+    assert elapsed < 1.4  # CPU-bound Python ran in parallel (serially it takes 1.6 s)
 
 
 def test_tokenizer_preprocessing_of_bytes(client: httpclient.InferenceServerClient) -> None:
