@@ -23,6 +23,7 @@ from coreserve.errors import (
     InvalidArgumentError,
     ModelConfigError,
     NotFoundError,
+    PermissionDeniedError,
     UnavailableError,
     UnsupportedError,
 )
@@ -41,6 +42,7 @@ __all__ = [
     "ModelConfig",
     "ModelConfigError",
     "NotFoundError",
+    "PermissionDeniedError",
     "UnavailableError",
     "UnsupportedError",
     "__version__",

@@ -14,7 +14,9 @@ from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from coreserve import __version__
+from coreserve import InvalidArgumentError, __version__
+from coreserve.repository.manager import ControlMode
+from coreserve.server.restrictions import Restriction, parse_restriction
 
 if TYPE_CHECKING:
     from coreserve.server import ServerOptions
@@ -40,6 +42,13 @@ def _backend_config(text: str) -> tuple[str, str, str]:
 METRICS_SETTINGS = ("summary_latencies", "histogram_latencies")
 
 
+def _restriction(text: str) -> Restriction:
+    try:
+        return parse_restriction(text)
+    except InvalidArgumentError as exc:
+        raise argparse.ArgumentTypeError(exc.message) from None
+
+
 def _metrics_config(text: str) -> tuple[str, bool]:
     key, equals, value = text.partition("=")
     if key not in METRICS_SETTINGS or not equals:
@@ -62,13 +71,26 @@ def _serve_parser() -> argparse.ArgumentParser:
 
     flag("--version", action="version", version=f"coreserve {__version__}")
     flag("--model-repository", "--model-store", dest="model_repositories", action="append", required=True,
-         type=Path, metavar="DIR", help="a model repository folder (repeatable)")
+         metavar="DIR_OR_URL", help="a model repository: a folder, or s3://… gs://… (repeatable)")
+    flag("--model-control-mode", choices=[mode.value for mode in ControlMode], default="none",
+         help="none: load everything at start-up; poll: also apply repository changes; "
+              "explicit: load what --load-model names, then what the repository API asks")
+    flag("--load-model", dest="load_models", action="append", default=[], metavar="NAME",
+         help="a model to load at start-up in explicit mode (repeatable; * for all)")
+    flag("--repository-poll-secs", type=float, default=15.0, help="seconds between scans in poll mode")
+    flag("--model-load-thread-count", type=int, default=4, help="models that load at the same time")
+    flag("--model-cache-dir", type=Path, default=None,
+         help="where remote models and models loaded from files are kept (default: a temp folder)")
     for service, port in (("http", 8000), ("grpc", 8001), ("metrics", 8002)):
         bool_flag(f"--allow-{service}", True, f"serve {service} (default true)")
         flag(f"--{service}-address", default="0.0.0.0", help=f"address the {service} service binds")
         flag(f"--{service}-port", type=int, default=port, help=f"port (default {port}; 0: any free one)")
     flag("--http-max-input-size", type=int, default=64 * 1024 * 1024, metavar="BYTES",
          help="largest HTTP request body accepted (default 64 MiB)")
+    for service in ("http", "grpc"):
+        flag(f"--{service}-restricted-api", type=_restriction, action="append", default=[],
+             metavar="CATEGORY[,CATEGORY]:KEY=VALUE",
+             help="serve these API categories only to requests with this header (repeatable)")
     flag("--grpc-max-message-size", type=int, default=256 * 1024 * 1024, metavar="BYTES",
          help="largest gRPC message received or sent (default 256 MiB)")
     flag("--metrics-config", type=_metrics_config, action="append", default=[], metavar="KEY=BOOL",
@@ -93,8 +115,16 @@ def _options(args: argparse.Namespace) -> ServerOptions:
     for backend, key, value in args.backend_config:
         backend_config.setdefault(backend, {})[key] = value
     metrics = dict(args.metrics_config)
+    extra = {"cache_dir": args.model_cache_dir} if args.model_cache_dir else {}
     return ServerOptions(
         model_repositories=args.model_repositories,
+        model_control_mode=ControlMode(args.model_control_mode),
+        load_models=args.load_models,
+        repository_poll_secs=args.repository_poll_secs,
+        model_load_thread_count=args.model_load_thread_count,
+        http_restricted_api=args.http_restricted_api,
+        grpc_restricted_api=args.grpc_restricted_api,
+        **extra,
         allow_http=args.allow_http,
         http_address=args.http_address,
         http_port=args.http_port,

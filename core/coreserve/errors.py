@@ -8,6 +8,7 @@
      ├── UnsupportedError          a feature coreserve or the backend does not offer
      ├── AlreadyExistsError        the thing to create exists already
      ├── CancelledError            the request was cancelled
+     ├── PermissionDeniedError     a restricted API was called without its header
      └── InternalError             a fault in a backend or in the server
 
 Each class carries an `ErrorCode`, the same categories as Triton's `TRITONSERVER_Error_Code`.
@@ -31,6 +32,7 @@ class ErrorCode(enum.Enum):
     UNSUPPORTED = "UNSUPPORTED"
     ALREADY_EXISTS = "ALREADY_EXISTS"
     CANCELLED = "CANCELLED"
+    PERMISSION_DENIED = "PERMISSION_DENIED"
 
 
 class CoreserveError(Exception):
@@ -69,6 +71,10 @@ class AlreadyExistsError(CoreserveError):
 
 class CancelledError(CoreserveError):
     code = ErrorCode.CANCELLED
+
+
+class PermissionDeniedError(CoreserveError):
+    code = ErrorCode.PERMISSION_DENIED
 
 
 class InternalError(CoreserveError):

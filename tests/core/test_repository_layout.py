@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 
 from coreserve.config import parse_config
-from coreserve.errors import ModelConfigError
-from coreserve.repository.layout import find_models, list_versions, select_versions
+from coreserve.errors import InvalidArgumentError, ModelConfigError
+from coreserve.repository.layout import list_versions, select_versions
+from coreserve.repository.sources import LocalSource
 
 
 def test_models_and_numeric_versions(tmp_path: Path) -> None:
@@ -18,18 +19,35 @@ def test_models_and_numeric_versions(tmp_path: Path) -> None:
     for version in ("1", "10", "2", "0", "07", "latest", "x3"):
         (tmp_path / "a" / version).mkdir()
     (tmp_path / "a" / "3").write_text("a file, not a folder")
-    models, duplicates = find_models([tmp_path])
-    assert sorted(models) == ["a", "b"] and not duplicates
+    assert sorted(LocalSource(tmp_path).scan()) == ["a", "b"]
     assert list_versions(tmp_path / "a") == [1, 2, 10]
 
 
-def test_duplicate_model_names_across_repositories(tmp_path: Path) -> None:
-    (tmp_path / "r1" / "m").mkdir(parents=True)
-    (tmp_path / "r2" / "m").mkdir(parents=True)
-    (tmp_path / "r2" / "n").mkdir(parents=True)
-    models, duplicates = find_models([tmp_path / "r1", tmp_path / "r2"])
-    assert list(models) == ["n"]
-    assert "more than one repository" in duplicates["m"]
+def test_fingerprints_change_with_the_files(tmp_path: Path) -> None:
+    (tmp_path / "m" / "1").mkdir(parents=True)
+    (tmp_path / "m" / "1" / "model.onnx").write_bytes(b"one")
+    source = LocalSource(tmp_path)
+    first = source.scan()["m"]
+    assert source.scan()["m"] == first
+    (tmp_path / "m" / "1" / "model.onnx").write_bytes(b"three")
+    second = source.scan()["m"]
+    (tmp_path / "m" / "2").mkdir()
+    (tmp_path / "m" / "2" / "model.onnx").write_bytes(b"x")
+    assert len({first, second, source.scan()["m"]}) == 3
+
+
+@pytest.mark.parametrize("name", ["", ".", "..", "../m", "a/b", "a\\b", ".hidden", "m\x00"])
+def test_model_names_that_could_leave_the_repository(tmp_path: Path, name: str) -> None:
+    with pytest.raises(InvalidArgumentError, match="not a valid model name"):
+        LocalSource(tmp_path).local_path(name)
+
+
+def test_linked_model_folders_that_leave_the_repository(tmp_path: Path) -> None:
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "repo").mkdir()
+    (tmp_path / "repo" / "escape").symlink_to(tmp_path / "outside")
+    with pytest.raises(InvalidArgumentError, match="a link that leaves the repository"):
+        LocalSource(tmp_path / "repo").local_path("escape")
 
 
 @pytest.mark.parametrize(

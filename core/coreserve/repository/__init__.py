@@ -3,7 +3,20 @@
 from __future__ import annotations
 
 from coreserve.repository.loader import ModelLoader
-from coreserve.repository.manager import ModelRepository
+from coreserve.repository.manager import ControlMode, ModelRepository
 from coreserve.repository.model import Model, ModelState, ModelVersion
+from coreserve.repository.overrides import LoadOverrides, parse_load_parameters
+from coreserve.repository.sources import RepositorySource, source_for
 
-__all__ = ["Model", "ModelLoader", "ModelRepository", "ModelState", "ModelVersion"]
+__all__ = [
+    "ControlMode",
+    "LoadOverrides",
+    "Model",
+    "ModelLoader",
+    "ModelRepository",
+    "ModelState",
+    "ModelVersion",
+    "RepositorySource",
+    "parse_load_parameters",
+    "source_for",
+]

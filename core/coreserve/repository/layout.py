@@ -25,30 +25,6 @@ class ModelLocation:
     repository: Path
 
 
-def find_models(repositories: list[Path]) -> tuple[dict[str, ModelLocation], dict[str, str]]:
-    """Finds the model folders of every repository.
-
-    Returns the models by name, and the names that appear in more than one repository with
-    the reason they cannot be served (Triton refuses such duplicates too).
-    """
-    found: dict[str, ModelLocation] = {}
-    duplicates: dict[str, str] = {}
-    for repository in repositories:
-        for entry in sorted(repository.iterdir()):
-            if not entry.is_dir() or entry.name.startswith("."):
-                continue
-            if entry.name in found:
-                duplicates[entry.name] = (
-                    f"model '{entry.name}' appears in more than one repository: "
-                    f"{found[entry.name].path} and {entry}"
-                )
-                continue
-            found[entry.name] = ModelLocation(entry.name, entry, repository)
-    for name in duplicates:
-        found.pop(name, None)
-    return found, duplicates
-
-
 def ensemble_steps(location: ModelLocation) -> set[str] | None:
     """The models an ensemble's configuration names, or None if the folder holds no ensemble.
 

@@ -24,6 +24,7 @@ from coreserve.errors import CoreserveError, ModelConfigError
 from coreserve.protos.model_config_pb2 import ModelConfig, ModelInstanceGroup
 from coreserve.repository.layout import CONFIG_FILENAME, ModelLocation, list_versions, select_versions
 from coreserve.repository.model import Model, ModelState, ModelVersion
+from coreserve.repository.warmup import run_warmups
 from coreserve.scheduling import LatencyOptions, ModelStatistics, make_scheduler
 
 logger = logging.getLogger(__name__)
@@ -59,25 +60,40 @@ class ModelLoader:
             client=self.client,
         )
 
-    async def load(self, location: ModelLocation) -> Model:
-        model = Model(name=location.name, path=location.path)
-        try:
-            backend, config, versions = await self._prepare(location)
-        except CoreserveError as exc:
-            model.reason = exc.message
-            logger.error("model '%s' is unavailable: %s", location.name, model.reason)
-            return model
-        model.config = config
-        signature = ModelSignature(config)
-        for number in versions:
-            statistics = ModelStatistics(location.name, number, self._latency)
-            model.versions[number] = ModelVersion(location.name, number, config, signature, statistics)
-        await asyncio.gather(*(self._load_version(backend, location, model.versions[n]) for n in versions))
-        return model
+    async def load(self, location: ModelLocation, config: ModelConfig | None = None) -> Model:
+        """Loads a model folder (with `config` in place of its config.pbtxt, if given).
 
-    async def _prepare(self, location: ModelLocation) -> tuple[Backend, ModelConfig, list[int]]:
+        Never raises: a model that cannot load comes back with its reason.
+        """
+        model = Model(name=location.name, path=location.path)
+        progress = asyncio.create_task(_report_progress(location.name))
+        try:
+            try:
+                backend, config, versions = await self._prepare(location, config)
+            except CoreserveError as exc:
+                model.reason = exc.message
+                logger.error("model '%s' is unavailable: %s", location.name, model.reason)
+                return model
+            model.config = config
+            signature = ModelSignature(config)
+            for number in versions:
+                statistics = ModelStatistics(location.name, number, self._latency)
+                model.versions[number] = ModelVersion(location.name, number, config, signature, statistics)
+            await asyncio.gather(
+                *(self._load_version(backend, location, model.versions[n]) for n in versions)
+            )
+            return model
+        finally:
+            progress.cancel()
+
+    async def _prepare(
+        self, location: ModelLocation, config: ModelConfig | None
+    ) -> tuple[Backend, ModelConfig, list[int]]:
         config_path = location.path / CONFIG_FILENAME
-        config = read_config_file(config_path) if config_path.exists() else ModelConfig()
+        if config is None:
+            config = read_config_file(config_path) if config_path.exists() else ModelConfig()
+        else:
+            config = _copy(config)
         available = list_versions(location.path)
         backend = self._choose_backend(location, config, available)
         if not config.default_model_filename:
@@ -141,12 +157,22 @@ class ModelLoader:
             context = self.context_for(backend)
             for placement in _placements(version.config):
                 instances.append(await backend.create_instance(files, version.config, placement, context))
-            scheduler = make_scheduler(
+            version.scheduler = make_scheduler(
                 version.config, version.signature, version.statistics, instances, location.path
             )
+            version.scheduler.start()
+            if version.config.model_warmup:
+                await run_warmups(version, location.path)
+                # Statistics count what clients sent, not the warmup samples.
+                version.statistics = ModelStatistics(location.name, version.version, self._latency)
+                version.scheduler.statistics = version.statistics
         except Exception as exc:
-            for instance in instances:
-                await instance.close()
+            if version.scheduler is not None:
+                await version.scheduler.close(timeout=0)  # closes the instances too
+                version.scheduler = None
+            else:
+                for instance in instances:
+                    await instance.close()
             version.state = ModelState.UNAVAILABLE
             version.reason = (
                 exc.message if isinstance(exc, CoreserveError) else f"{type(exc).__name__}: {exc}"
@@ -155,8 +181,6 @@ class ModelLoader:
                 "model '%s' version %d is unavailable: %s", location.name, version.version, version.reason
             )
             return
-        version.scheduler = scheduler
-        scheduler.start()
         version.load_seconds = time.monotonic() - started
         version.state = ModelState.READY
         logger.info("model '%s' version %d is ready", location.name, version.version)
@@ -180,3 +204,17 @@ def _placements(config: ModelConfig) -> list[InstancePlacement]:
                     )
                 )
     return placements
+
+
+def _copy(config: ModelConfig) -> ModelConfig:
+    copy = ModelConfig()
+    copy.CopyFrom(config)
+    return copy
+
+
+async def _report_progress(name: str, every: float = 5.0) -> None:
+    """Logs now and then while a model takes long to load, so an operator sees it is alive."""
+    started = time.monotonic()
+    while True:
+        await asyncio.sleep(every)
+        logger.info("model '%s' is still loading (%.0f s so far)", name, time.monotonic() - started)

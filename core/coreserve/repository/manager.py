@@ -1,46 +1,71 @@
-"""The model repository: every model the server knows, loaded from the repository folders."""
+"""The model repository: which models the server serves, and their loading, reloading and unloading.
+
+Control modes, as tritonserver's `--model-control-mode`:
+- none: every model of the repositories loads at start-up; the repository API may not change them;
+- poll: as none, then the repositories are scanned every few seconds and added, changed and
+  removed models are loaded, reloaded and unloaded;
+- explicit: only the models named at start-up (`--load-model`, `*` for all) load; the
+  repository API loads and unloads.
+
+A reload never drops a request: the new model loads beside the old one, new requests go to it
+once it is ready, requests already queued finish on the old one, which then closes. If the new
+one fails, the old one keeps serving.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import enum
 import logging
+import shutil
+from collections.abc import Sequence
 from pathlib import Path
 
-from coreserve.errors import NotFoundError
-from coreserve.repository.layout import ensemble_steps, find_models
+from coreserve.errors import CoreserveError, InvalidArgumentError, NotFoundError, UnsupportedError
+from coreserve.repository.layout import ModelLocation, ensemble_steps
 from coreserve.repository.loader import ModelLoader
-from coreserve.repository.model import Model
+from coreserve.repository.model import Model, ModelState
+from coreserve.repository.overrides import LoadOverrides, write_override_files
+from coreserve.repository.sources import RepositorySource, check_model_name
 
 logger = logging.getLogger(__name__)
 
 
+class ControlMode(enum.StrEnum):
+    NONE = "none"
+    POLL = "poll"
+    EXPLICIT = "explicit"
+
+
 class ModelRepository:
-    """Loads the models of one or more repository folders and finds them by name."""
+    """The served models, found in one or more repository sources."""
 
-    def __init__(self, paths: list[Path], loader: ModelLoader) -> None:
-        self.paths = paths
+    def __init__(
+        self,
+        sources: Sequence[RepositorySource],
+        loader: ModelLoader,
+        *,
+        mode: ControlMode = ControlMode.NONE,
+        startup_models: Sequence[str] = ("*",),
+        load_threads: int = 4,
+        cache_dir: Path | None = None,
+        drain_timeout: float | None = None,
+    ) -> None:
+        self.sources = list(sources)
+        self.mode = mode
         self._loader = loader
+        self._startup_models = list(startup_models)
+        self._limit = asyncio.Semaphore(max(1, load_threads))
+        self._cache_dir = cache_dir
+        self._drain_timeout = drain_timeout
         self._models: dict[str, Model] = {}
+        self._fingerprints: dict[str, str] = {}
+        self._unloaded: set[str] = set()
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._closing: set[asyncio.Task[None]] = set()
 
-    async def load_all(self) -> None:
-        """Loads every model of every repository folder, concurrently.
-
-        Ensembles load after the models they are made of (so that they can check them), an
-        ensemble of ensembles after those.
-        """
-        locations, duplicates = find_models(self.paths)
-        for name, reason in duplicates.items():
-            self._models[name] = Model(name=name, path=None, reason=reason)
-        pending = {name: ensemble_steps(location) for name, location in locations.items()}
-        while pending:
-            ready = [name for name, steps in pending.items() if steps is None or not steps & pending.keys()]
-            if not ready:  # ensembles that wait on each other: load them; they report the cycle
-                ready = list(pending)
-            loaded = await asyncio.gather(*(self._loader.load(locations[name]) for name in ready))
-            for model in loaded:
-                self._models[model.name] = model
-            for name in ready:
-                del pending[name]
+    # What is served.
 
     def get(self, name: str) -> Model:
         model = self._models.get(name)
@@ -54,12 +79,254 @@ class ModelRepository:
     def all_ready(self) -> bool:
         return all(model.ready for model in self._models.values())
 
+    # Finding models.
+
+    async def _scan(self) -> tuple[dict[str, tuple[RepositorySource, str]], dict[str, str]]:
+        """Models by name with their source and fingerprint, and names found twice (refused)."""
+        found: dict[str, tuple[RepositorySource, str]] = {}
+        duplicates: dict[str, str] = {}
+        for source in self.sources:
+            listing = await asyncio.to_thread(source.scan)
+            for name, fingerprint in listing.items():
+                if name in found:
+                    duplicates[name] = (
+                        f"model '{name}' appears in more than one repository: "
+                        f"{found[name][0].label} and {source.label}"
+                    )
+                else:
+                    found[name] = (source, fingerprint)
+        for name in duplicates:
+            found.pop(name, None)
+        return found, duplicates
+
+    async def _location(self, name: str, source: RepositorySource) -> ModelLocation:
+        path = await asyncio.to_thread(source.local_path, name)
+        return ModelLocation(name, path, path.parent)
+
+    # Start-up and polling.
+
+    async def start(self) -> None:
+        """Loads what the control mode loads at start-up."""
+        found, duplicates = await self._scan()
+        for name, reason in duplicates.items():
+            self._models[name] = Model(name=name, path=None, reason=reason)
+        if self.mode is ControlMode.EXPLICIT and "*" not in self._startup_models:
+            wanted = {}
+            for name in self._startup_models:
+                if name in found:
+                    wanted[name] = found[name]
+                else:
+                    self._models[name] = Model(
+                        name=name, path=None, reason=f"model '{name}' is not in the repository"
+                    )
+            found = wanted
+        await self._load_many(found)
+
+    async def _load_many(self, found: dict[str, tuple[RepositorySource, str]]) -> None:
+        """Loads models concurrently; ensembles after the models they are made of."""
+        locations: dict[str, ModelLocation] = {}
+        for name, (source, _) in found.items():
+            try:
+                locations[name] = await self._location(name, source)
+            except CoreserveError as exc:
+                self._models[name] = Model(name=name, path=None, reason=exc.message)
+        pending = {name: ensemble_steps(location) for name, location in locations.items()}
+        while pending:
+            ready = [name for name, steps in pending.items() if steps is None or not steps & pending.keys()]
+            if not ready:  # ensembles that wait on each other: load them; they report the cycle
+                ready = list(pending)
+            await asyncio.gather(*(self._replace(locations[name], found[name][1]) for name in ready))
+            for name in ready:
+                del pending[name]
+
+    async def poll(self) -> None:
+        """Applies what changed in the repositories since the last look (poll mode)."""
+        found, duplicates = await self._scan()
+        changed = {
+            name: entry
+            for name, entry in found.items()
+            if self._fingerprints.get(name) != entry[1] and name not in duplicates
+        }
+        for name in sorted(set(self._models) - set(found)):
+            if self._models[name].path is not None or name in duplicates:
+                logger.info("model '%s' left the repository; unloading it", name)
+                await self._unload(name)
+        if changed:
+            logger.info("repository changes found for: %s", ", ".join(sorted(changed)))
+            await self._load_many(changed)
+
+    async def poll_forever(self, interval: float) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.poll()
+            except CoreserveError as exc:
+                logger.error("polling the model repository failed: %s", exc.message)
+
+    # Loading and unloading.
+
+    def _lock(self, name: str) -> asyncio.Lock:
+        return self._locks.setdefault(name, asyncio.Lock())
+
+    async def _replace(
+        self, location: ModelLocation, fingerprint: str | None, overrides: LoadOverrides | None = None
+    ) -> Model:
+        """Loads a model beside the one being served and switches to it when it is ready.
+
+        Returns the new model; if it could not load, the old one (if any) keeps serving.
+        """
+        async with self._lock(location.name), self._limit:
+            old = self._models.get(location.name)
+            logger.info("loading model '%s' from %s", location.name, location.path)
+            new = await self._loader.load(location, overrides.config if overrides else None)
+            if fingerprint is not None:
+                self._fingerprints[location.name] = fingerprint
+            failed = not new.versions or any(not v.ready for v in new.versions.values())
+            if failed and old is not None and old.ready:
+                logger.error(
+                    "model '%s' did not reload, the loaded version keeps serving: %s",
+                    location.name,
+                    _reason(new),
+                )
+                self._close_later(new)
+                return new
+            self._models[location.name] = new
+            self._unloaded.discard(location.name)
+            if old is not None:
+                self._close_later(old)
+            return new
+
+    def _close_later(self, model: Model) -> None:
+        """Closes a model once its queued and running requests have finished."""
+        task = asyncio.create_task(self._close(model), name=f"close:{model.name}")
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
+    async def _close(self, model: Model) -> None:
+        for version in model.versions.values():
+            version.state = ModelState.UNLOADING
+        await asyncio.gather(
+            *(
+                version.scheduler.close(self._drain_timeout)
+                for version in model.versions.values()
+                if version.scheduler is not None
+            )
+        )
+        for version in model.versions.values():
+            version.state = ModelState.UNAVAILABLE
+            version.reason = "unloaded"
+        if (
+            self._cache_dir is not None
+            and model.path is not None
+            and model.path.is_relative_to(self._cache_dir / "overrides")
+        ):
+            shutil.rmtree(model.path.parent, ignore_errors=True)
+
+    def _refuse_unless_explicit(self, action: str) -> None:
+        if self.mode is not ControlMode.EXPLICIT:
+            raise UnsupportedError(
+                f"{action} through the repository API needs --model-control-mode=explicit "
+                f"(this server runs in mode {self.mode.value})"
+            )
+
+    async def load(self, name: str, overrides: LoadOverrides | None = None) -> None:
+        """Loads or reloads a model (explicit mode); raises with the reason if it cannot load."""
+        self._refuse_unless_explicit("loading models")
+        check_model_name(name)
+        overrides = overrides or LoadOverrides()
+        if overrides.files:
+            if self._cache_dir is None:
+                raise UnsupportedError("loading models from files needs a cache folder")
+            path = await asyncio.to_thread(write_override_files, self._cache_dir, name, overrides.files)
+            location = ModelLocation(name, path, path.parent)
+            fingerprint = None
+        else:
+            found, duplicates = await self._scan()
+            if name in duplicates:
+                raise InvalidArgumentError(duplicates[name])
+            if name not in found:
+                raise NotFoundError(f"model '{name}' is not in the repository")
+            location = await self._location(name, found[name][0])
+            fingerprint = found[name][1]
+            for step in ensemble_steps(location) or ():
+                if step not in self._models or not self._models[step].ready:
+                    logger.info("loading model '%s' first: ensemble '%s' uses it", step, name)
+                    await self.load(step)
+        new = await self._replace(location, fingerprint, overrides)
+        if self._models.get(name) is not new:
+            raise InvalidArgumentError(
+                f"failed to load model '{name}'; the loaded version keeps serving: {_reason(new)}"
+            )
+        if not new.ready:
+            raise InvalidArgumentError(f"failed to load model '{name}': {_reason(new)}")
+
+    async def unload(self, name: str, dependents: bool = False) -> None:
+        """Unloads a model (explicit mode) and, with `dependents`, the ensembles that use it."""
+        self._refuse_unless_explicit("unloading models")
+        check_model_name(name)
+        if name not in self._models:
+            raise NotFoundError(f"unknown model '{name}'")
+        if dependents:
+            for other in list(self._models.values()):
+                if (
+                    other.config is not None
+                    and other.config.HasField("ensemble_scheduling")
+                    and any(step.model_name == name for step in other.config.ensemble_scheduling.step)
+                ):
+                    await self._unload(other.name)
+        await self._unload(name)
+
+    async def _unload(self, name: str) -> None:
+        async with self._lock(name):
+            model = self._models.pop(name, None)
+            self._fingerprints.pop(name, None)
+            if model is None:
+                return
+            self._unloaded.add(name)
+            logger.info("unloading model '%s'", name)
+            await self._close(model)
+
     async def unload_all(self, timeout: float | None = None) -> None:
         """Lets queued requests finish (up to `timeout` seconds), then closes every instance."""
-        schedulers = [
-            version.scheduler
-            for model in self._models.values()
-            for version in model.versions.values()
-            if version.scheduler is not None
-        ]
-        await asyncio.gather(*(scheduler.close(timeout) for scheduler in schedulers))
+        self._drain_timeout = timeout
+        models = list(self._models.values())
+        self._models.clear()
+        await asyncio.gather(*(self._close(model) for model in models))
+        for task in list(self._closing):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    # The repository index.
+
+    async def index(self, ready_only: bool = False) -> list[dict[str, str]]:
+        """Every model of the repositories and every served version, with state and reason."""
+        found, _ = await self._scan()
+        entries = []
+        for name in sorted(set(found) | set(self._models)):
+            model = self._models.get(name)
+            if model is None or not model.versions:
+                if ready_only:
+                    continue
+                reason = (
+                    model.reason
+                    if model is not None
+                    else ("unloaded" if name in self._unloaded else "not loaded")
+                )
+                entries.append({"name": name, "state": ModelState.UNAVAILABLE.value, "reason": reason})
+                continue
+            for number in sorted(model.versions):
+                version = model.versions[number]
+                if ready_only and not version.ready:
+                    continue
+                entry = {"name": name, "version": str(number), "state": version.state.value}
+                if version.reason:
+                    entry["reason"] = version.reason
+                entries.append(entry)
+        return entries
+
+
+def _reason(model: Model) -> str:
+    if model.reason:
+        return model.reason
+    reasons = [f"version {v.version}: {v.reason}" for v in model.versions.values() if v.reason]
+    return "; ".join(reasons) or "it did not become ready"

@@ -5,16 +5,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from pathlib import Path
 
 from coreserve.backend.plugins import Plugins
 from coreserve.errors import CoreserveError
-from coreserve.repository import ModelLoader, ModelRepository
+from coreserve.repository import ControlMode, ModelLoader, ModelRepository, source_for
 from coreserve.scheduling import LatencyOptions
 from coreserve.server.dataplane import DataPlane, ServerFlags
 from coreserve.server.grpc import GrpcFrontend
 from coreserve.server.http import HttpFrontend
 from coreserve.server.metrics import MetricsFrontend
 from coreserve.server.options import ServerOptions
+from coreserve.server.restrictions import ApiRestrictions
 from coreserve.server.status_table import model_status_table
 
 logger = logging.getLogger(__name__)
@@ -39,7 +41,20 @@ class Server:
                 histograms=options.histogram_latencies and options.allow_metrics,
             ),
         )
-        self.repository = ModelRepository(options.model_repositories, loader)
+        try:
+            sources = [source_for(location, options.cache_dir) for location in options.model_repositories]
+        except CoreserveError as exc:
+            raise StartupError(exc.message) from None
+        self.repository = ModelRepository(
+            sources,
+            loader,
+            mode=options.model_control_mode,
+            startup_models=options.load_models if options.load_models else ["*"],
+            load_threads=options.model_load_thread_count,
+            cache_dir=options.cache_dir,
+            drain_timeout=options.exit_timeout_secs,
+        )
+        self._poller: asyncio.Task[None] | None = None
         self.flags = ServerFlags(strict_readiness=options.strict_readiness)
         self.dataplane = DataPlane(self.repository, self.flags)
         loader.client = self.dataplane
@@ -49,10 +64,10 @@ class Server:
 
     async def start(self) -> None:
         """Loads the models and starts the frontends."""
-        for path in self.options.model_repositories:
-            if not path.is_dir():
-                raise StartupError(f"model repository '{path}' is not a folder")
-        await self.repository.load_all()
+        for location in self.options.model_repositories:
+            if "://" not in location and not Path(location).is_dir():
+                raise StartupError(f"model repository '{location}' is not a folder")
+        await self.repository.start()
         for line in model_status_table(self.repository.models()).splitlines():
             logger.info("%s", line)
         if self.options.exit_on_error and not self.repository.all_ready():
@@ -72,21 +87,28 @@ class Server:
                 address=options.grpc_address,
                 port=options.grpc_port,
                 max_message_size=options.grpc_max_message_size,
+                restrictions=ApiRestrictions(options.grpc_restricted_api),
             )
             await self.grpc.start()
-        if self.options.allow_http:
+        if options.allow_http:
             self.http = HttpFrontend(
                 self.dataplane,
-                address=self.options.http_address,
-                port=self.options.http_port,
-                max_body_size=self.options.http_max_input_size,
+                address=options.http_address,
+                port=options.http_port,
+                max_body_size=options.http_max_input_size,
+                restrictions=ApiRestrictions(options.http_restricted_api),
+                shutdown_timeout=options.exit_timeout_secs,
             )
             await self.http.start()
+        if options.model_control_mode is ControlMode.POLL:
+            self._poller = asyncio.create_task(self.repository.poll_forever(options.repository_poll_secs))
         self.flags.started = True
 
     async def stop(self) -> None:
         """Stops accepting requests, lets running ones finish, then unloads every model."""
         self.flags.stopping = True
+        if self._poller is not None:
+            self._poller.cancel()
         timeout = self.options.exit_timeout_secs
         await asyncio.gather(
             *([self.http.stop()] if self.http is not None else []),

@@ -14,7 +14,7 @@ from typing import Any
 from coreserve import __version__
 from coreserve.config import ModelConfig, ModelSignature
 from coreserve.errors import CoreserveError, NotFoundError, UnavailableError, UnsupportedError
-from coreserve.repository import Model, ModelRepository, ModelState, ModelVersion
+from coreserve.repository import Model, ModelRepository, ModelVersion, parse_load_parameters
 from coreserve.repository.model import parse_version
 from coreserve.responses import QueuedResponses, SingleResponse
 from coreserve.types import InferenceRequest, InferenceResponse, ResponseSink
@@ -138,24 +138,16 @@ class DataPlane:
             versions = _by_number(self.repository.get(name))
         return {"model_stats": [v.statistics.as_dict() for v in versions]}
 
-    def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
+    async def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
         """Every model and version with its state and, when not ready, the reason."""
-        index = []
-        for model in self.repository.models():
-            if not model.versions:
-                if not ready_only:
-                    index.append(
-                        {"name": model.name, "state": ModelState.UNAVAILABLE.value, "reason": model.reason}
-                    )
-                continue
-            for version in _by_number(model):
-                if ready_only and not version.ready:
-                    continue
-                entry = {"name": model.name, "version": str(version.version), "state": version.state.value}
-                if version.reason:
-                    entry["reason"] = version.reason
-                index.append(entry)
-        return index
+        return await self.repository.index(ready_only)
+
+    async def load_model(self, name: str, parameters: dict[str, object]) -> None:
+        """Loads or reloads a model; `parameters` as Triton's load request carries them."""
+        await self.repository.load(name, parse_load_parameters(name, parameters))
+
+    async def unload_model(self, name: str, dependents: bool = False) -> None:
+        await self.repository.unload(name, dependents)
 
 
 def _by_number(model: Model) -> list[ModelVersion]:

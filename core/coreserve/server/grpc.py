@@ -21,6 +21,7 @@ from coreserve.protos import grpc_service_pb2_grpc as pb_grpc
 from coreserve.protos import health_pb2, health_pb2_grpc
 from coreserve.responses import StreamingResponses
 from coreserve.server.dataplane import DataPlane
+from coreserve.server.restrictions import ApiRestrictions
 from coreserve.types import InferenceResponse
 
 logger = logging.getLogger(__name__)
@@ -32,6 +33,7 @@ GRPC_STATUS = {
     ErrorCode.UNSUPPORTED: grpc.StatusCode.UNIMPLEMENTED,
     ErrorCode.ALREADY_EXISTS: grpc.StatusCode.ALREADY_EXISTS,
     ErrorCode.CANCELLED: grpc.StatusCode.CANCELLED,
+    ErrorCode.PERMISSION_DENIED: grpc.StatusCode.PERMISSION_DENIED,
     ErrorCode.INTERNAL: grpc.StatusCode.INTERNAL,
     ErrorCode.UNKNOWN: grpc.StatusCode.UNKNOWN,
 }
@@ -45,17 +47,31 @@ Response = TypeVar("Response")
 Handler = Callable[[Any, Request, grpc.aio.ServicerContext], Awaitable[Response]]
 
 
-def _unary(handler: Handler[Request, Response]) -> Handler[Request, Response]:
-    """Turns CoreserveErrors into the gRPC status Triton would send."""
+def _metadata(context: grpc.aio.ServicerContext) -> dict[str, str]:
+    return {key: value for key, value in (context.invocation_metadata() or ()) if isinstance(value, str)}
 
-    async def wrapper(self: Any, request: Request, context: grpc.aio.ServicerContext) -> Response:
-        try:
-            return await handler(self, request, context)
-        except CoreserveError as exc:
-            await context.abort(GRPC_STATUS[exc.code], exc.message)
-            raise  # abort raises; this keeps type checkers informed
 
-    return wrapper
+def _unary(category: str) -> Callable[[Handler[Request, Response]], Handler[Request, Response]]:
+    """Checks the API restrictions of `category`; turns CoreserveErrors into Triton's statuses."""
+
+    def decorate(handler: Handler[Request, Response]) -> Handler[Request, Response]:
+        async def wrapper(self: Any, request: Request, context: grpc.aio.ServicerContext) -> Response:
+            try:
+                if self._restrictions:
+                    self._restrictions.check(category, _metadata(context))
+                return await handler(self, request, context)
+            except CoreserveError as exc:
+                await context.abort(GRPC_STATUS[exc.code], exc.message)
+                raise  # abort raises; this keeps type checkers informed
+
+        return wrapper
+
+    return decorate
+
+
+def _repository_parameter(parameter: pb.ModelRepositoryParameter) -> object:
+    choice = parameter.WhichOneof("parameter_choice")
+    return getattr(parameter, choice) if choice else None
 
 
 def _not_available(feature: str) -> UnsupportedError:
@@ -65,95 +81,108 @@ def _not_available(feature: str) -> UnsupportedError:
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     """The v2 inference service over the data plane."""
 
-    def __init__(self, dataplane: DataPlane) -> None:
+    def __init__(self, dataplane: DataPlane, restrictions: ApiRestrictions | None = None) -> None:
         self._dataplane = dataplane
+        self._restrictions = restrictions or ApiRestrictions()
 
-    @_unary
+    @_unary("health")
     async def ServerLive(self, request: pb.ServerLiveRequest, context: Any) -> pb.ServerLiveResponse:
         return pb.ServerLiveResponse(live=self._dataplane.live())
 
-    @_unary
+    @_unary("health")
     async def ServerReady(self, request: pb.ServerReadyRequest, context: Any) -> pb.ServerReadyResponse:
         return pb.ServerReadyResponse(ready=self._dataplane.ready())
 
-    @_unary
+    @_unary("health")
     async def ModelReady(self, request: pb.ModelReadyRequest, context: Any) -> pb.ModelReadyResponse:
         self._dataplane.repository.get(request.name)  # unknown model: NOT_FOUND
         return pb.ModelReadyResponse(ready=self._dataplane.model_ready(request.name, request.version))
 
-    @_unary
+    @_unary("metadata")
     async def ServerMetadata(
         self, request: pb.ServerMetadataRequest, context: Any
     ) -> pb.ServerMetadataResponse:
         return json_format.ParseDict(self._dataplane.server_metadata(), pb.ServerMetadataResponse())
 
-    @_unary
+    @_unary("metadata")
     async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: Any) -> pb.ModelMetadataResponse:
         metadata = self._dataplane.model_metadata(request.name, request.version)
         return json_format.ParseDict(metadata, pb.ModelMetadataResponse())
 
-    @_unary
+    @_unary("model-config")
     async def ModelConfig(self, request: pb.ModelConfigRequest, context: Any) -> pb.ModelConfigResponse:
         return pb.ModelConfigResponse(config=self._dataplane.model_config(request.name, request.version))
 
-    @_unary
+    @_unary("statistics")
     async def ModelStatistics(
         self, request: pb.ModelStatisticsRequest, context: Any
     ) -> pb.ModelStatisticsResponse:
         statistics = self._dataplane.statistics(request.name, request.version)
         return json_format.ParseDict(statistics, pb.ModelStatisticsResponse())
 
-    @_unary
+    @_unary("model-repository")
     async def RepositoryIndex(
         self, request: pb.RepositoryIndexRequest, context: Any
     ) -> pb.RepositoryIndexResponse:
-        index = self._dataplane.repository_index(ready_only=request.ready)
+        index = await self._dataplane.repository_index(ready_only=request.ready)
         return pb.RepositoryIndexResponse(
             models=[pb.RepositoryIndexResponse.ModelIndex(**entry) for entry in index]
         )
 
-    @_unary
-    async def RepositoryModelLoad(self, request: Any, context: Any) -> Any:
-        raise UnsupportedError(
-            "loading and unloading models through the repository API is not available: "
-            "coreserve serves the models it found at start-up (model control mode NONE)"
+    @_unary("model-repository")
+    async def RepositoryModelLoad(
+        self, request: pb.RepositoryModelLoadRequest, context: Any
+    ) -> pb.RepositoryModelLoadResponse:
+        parameters = {key: _repository_parameter(value) for key, value in request.parameters.items()}
+        await self._dataplane.load_model(request.model_name, parameters)
+        return pb.RepositoryModelLoadResponse()
+
+    @_unary("model-repository")
+    async def RepositoryModelUnload(
+        self, request: pb.RepositoryModelUnloadRequest, context: Any
+    ) -> pb.RepositoryModelUnloadResponse:
+        dependents = request.parameters.get("unload_dependents")
+        await self._dataplane.unload_model(
+            request.model_name,
+            dependents is not None
+            and dependents.WhichOneof("parameter_choice") == "bool_param"
+            and dependents.bool_param,
         )
+        return pb.RepositoryModelUnloadResponse()
 
-    RepositoryModelUnload = RepositoryModelLoad
-
-    @_unary
+    @_unary("shared-memory")
     async def SystemSharedMemoryStatus(
         self, request: pb.SystemSharedMemoryStatusRequest, context: Any
     ) -> pb.SystemSharedMemoryStatusResponse:
         return pb.SystemSharedMemoryStatusResponse()  # no regions: registering them is not offered
 
-    @_unary
+    @_unary("shared-memory")
     async def CudaSharedMemoryStatus(
         self, request: pb.CudaSharedMemoryStatusRequest, context: Any
     ) -> pb.CudaSharedMemoryStatusResponse:
         return pb.CudaSharedMemoryStatusResponse()
 
-    @_unary
+    @_unary("shared-memory")
     async def SystemSharedMemoryRegister(self, request: Any, context: Any) -> Any:
         raise _not_available("the system shared memory extension")
 
     SystemSharedMemoryUnregister = SystemSharedMemoryRegister
 
-    @_unary
+    @_unary("shared-memory")
     async def CudaSharedMemoryRegister(self, request: Any, context: Any) -> Any:
         raise _not_available("the CUDA shared memory extension")
 
     CudaSharedMemoryUnregister = CudaSharedMemoryRegister
 
-    @_unary
+    @_unary("trace")
     async def TraceSetting(self, request: Any, context: Any) -> Any:
         raise _not_available("the trace extension")
 
-    @_unary
+    @_unary("logging")
     async def LogSettings(self, request: Any, context: Any) -> Any:
         raise _not_available("the logging extension")
 
-    @_unary
+    @_unary("inference")
     async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
         response = await self._dataplane.infer(decode_model_infer_request(request))
         return encode_model_infer_response(response)
@@ -166,6 +195,11 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         A request's error is sent as that request's message and the stream stays open.
         Decoupled models send several responses per request through the same path.
         """
+        if self._restrictions:
+            try:
+                self._restrictions.check("inference", _metadata(context))
+            except CoreserveError as exc:
+                await context.abort(GRPC_STATUS[exc.code], exc.message)
         outbox: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
         open_requests = 0
         reading = True
@@ -274,7 +308,15 @@ class HealthServicer(health_pb2_grpc.HealthServicer):
 class GrpcFrontend:
     """Serves the gRPC services for one data plane on one address and port."""
 
-    def __init__(self, dataplane: DataPlane, *, address: str, port: int, max_message_size: int) -> None:
+    def __init__(
+        self,
+        dataplane: DataPlane,
+        *,
+        address: str,
+        port: int,
+        max_message_size: int,
+        restrictions: ApiRestrictions | None = None,
+    ) -> None:
         self._dataplane = dataplane
         self._address = address
         self.port = port
@@ -285,7 +327,7 @@ class GrpcFrontend:
             ]
         )
         pb_grpc.add_GRPCInferenceServiceServicer_to_server(  # type: ignore[no-untyped-call]
-            InferenceServicer(dataplane), self._server
+            InferenceServicer(dataplane, restrictions), self._server
         )
         health_pb2_grpc.add_HealthServicer_to_server(  # type: ignore[no-untyped-call]
             HealthServicer(dataplane), self._server

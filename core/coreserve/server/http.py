@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
@@ -12,7 +14,7 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 
 from coreserve.config import config_to_dict
-from coreserve.errors import CoreserveError, ErrorCode, InternalError, InvalidArgumentError, UnsupportedError
+from coreserve.errors import CoreserveError, ErrorCode, InternalError, InvalidArgumentError
 from coreserve.protocol.generate import decode_generate_request, encode_generate_response
 from coreserve.protocol.http_body import (
     HEADER_LENGTH,
@@ -21,6 +23,7 @@ from coreserve.protocol.http_body import (
     encode_infer_response,
 )
 from coreserve.server.dataplane import DataPlane
+from coreserve.server.restrictions import ApiRestrictions
 from coreserve.types import InferenceRequest
 
 logger = logging.getLogger(__name__)
@@ -32,6 +35,7 @@ HTTP_STATUS = {
     ErrorCode.UNSUPPORTED: 501,
     ErrorCode.ALREADY_EXISTS: 409,
     ErrorCode.CANCELLED: 499,
+    ErrorCode.PERMISSION_DENIED: 403,
     ErrorCode.INTERNAL: 500,
     ErrorCode.UNKNOWN: 500,
 }
@@ -47,9 +51,13 @@ def _json(data: Any) -> web.Response:
     return web.Response(body=orjson.dumps(data), content_type="application/json")
 
 
-def _handles_errors(handler: Handler) -> Handler:
+def _handles_errors(handler: Handler, category: str, restrictions: ApiRestrictions) -> Handler:
+    """Answers CoreserveErrors as JSON errors, and checks the API restrictions of `category`."""
+
     async def wrapper(request: web.Request) -> web.StreamResponse:
         try:
+            if restrictions:
+                restrictions.check(category, {key.lower(): value for key, value in request.headers.items()})
             return await handler(request)
         except CoreserveError as exc:
             return error_response(HTTP_STATUS[exc.code], exc.message)
@@ -62,45 +70,55 @@ def _handles_errors(handler: Handler) -> Handler:
 class HttpFrontend:
     """Serves the v2 REST API for one data plane on one address and port."""
 
-    def __init__(self, dataplane: DataPlane, *, address: str, port: int, max_body_size: int) -> None:
+    def __init__(
+        self,
+        dataplane: DataPlane,
+        *,
+        address: str,
+        port: int,
+        max_body_size: int,
+        restrictions: ApiRestrictions | None = None,
+        shutdown_timeout: float = 30.0,
+    ) -> None:
         self._dataplane = dataplane
         self._address = address
         self._port = port
+        self._restrictions = restrictions or ApiRestrictions()
+        self._shutdown_timeout = shutdown_timeout
         self._app = web.Application(client_max_size=max_body_size)
         self._add_routes()
         self._runner: web.AppRunner | None = None
         self.port = port
 
     def _add_routes(self) -> None:
+        model, version = "/v2/models/{model}", "/v2/models/{model}/versions/{version}"
         routes = [
-            ("GET", "/v2/health/live", self._live),
-            ("GET", "/v2/health/ready", self._ready),
-            ("GET", "/v2", self._server_metadata),
-            ("GET", "/v2/models/stats", self._statistics),  # before /v2/models/{model}
-            ("GET", "/v2/models/{model}", self._model_metadata),
-            ("GET", "/v2/models/{model}/versions/{version}", self._model_metadata),
-            ("GET", "/v2/models/{model}/ready", self._model_ready),
-            ("GET", "/v2/models/{model}/versions/{version}/ready", self._model_ready),
-            ("GET", "/v2/models/{model}/config", self._model_config),
-            ("GET", "/v2/models/{model}/versions/{version}/config", self._model_config),
-            ("POST", "/v2/models/{model}/infer", self._infer),
-            ("POST", "/v2/models/{model}/versions/{version}/infer", self._infer),
-            ("POST", "/v2/models/{model}/generate", self._generate),
-            ("POST", "/v2/models/{model}/versions/{version}/generate", self._generate),
-            ("POST", "/v2/models/{model}/generate_stream", self._generate_stream),
-            ("POST", "/v2/models/{model}/versions/{version}/generate_stream", self._generate_stream),
-            ("GET", "/v2/models/{model}/stats", self._statistics),
-            ("GET", "/v2/models/{model}/versions/{version}/stats", self._statistics),
-            ("POST", "/v2/repository/index", self._repository_index),
-            ("POST", "/v2/repository/models/{model}/load", self._model_control),
-            ("POST", "/v2/repository/models/{model}/unload", self._model_control),
+            ("health", "GET", "/v2/health/live", self._live),
+            ("health", "GET", "/v2/health/ready", self._ready),
+            ("metadata", "GET", "/v2", self._server_metadata),
+            ("statistics", "GET", "/v2/models/stats", self._statistics),  # before /v2/models/{model}
+            *[("metadata", "GET", base, self._model_metadata) for base in (model, version)],
+            *[("health", "GET", f"{base}/ready", self._model_ready) for base in (model, version)],
+            *[("model-config", "GET", f"{base}/config", self._model_config) for base in (model, version)],
+            *[("inference", "POST", f"{base}/infer", self._infer) for base in (model, version)],
+            *[("inference", "POST", f"{base}/generate", self._generate) for base in (model, version)],
+            *[
+                ("inference", "POST", f"{base}/generate_stream", self._generate_stream)
+                for base in (model, version)
+            ],
+            *[("statistics", "GET", f"{base}/stats", self._statistics) for base in (model, version)],
+            ("model-repository", "POST", "/v2/repository/index", self._repository_index),
+            ("model-repository", "POST", "/v2/repository/models/{model}/load", self._load_model),
+            ("model-repository", "POST", "/v2/repository/models/{model}/unload", self._unload_model),
         ]
-        for method, path, handler in routes:
-            self._app.router.add_route(method, path, _handles_errors(handler))
+        for category, method, path, handler in routes:
+            self._app.router.add_route(method, path, _handles_errors(handler, category, self._restrictions))
         self._app.router.add_route("*", "/{tail:.*}", self._unknown_endpoint)
 
     async def start(self) -> None:
-        self._runner = web.AppRunner(self._app, access_log=None, handle_signals=False)
+        self._runner = web.AppRunner(
+            self._app, access_log=None, handle_signals=False, shutdown_timeout=self._shutdown_timeout
+        )
         await self._runner.setup()
         site = web.TCPSite(self._runner, self._address, self._port, reuse_address=True)
         await site.start()
@@ -215,13 +233,39 @@ class HttpFrontend:
         ready = options.get("ready", False)
         if not isinstance(ready, bool):
             raise InvalidArgumentError("'ready' of a repository index request must be true or false")
-        return _json(self._dataplane.repository_index(ready_only=ready))
+        return _json(await self._dataplane.repository_index(ready_only=ready))
 
-    async def _model_control(self, request: web.Request) -> web.Response:
-        raise UnsupportedError(
-            "loading and unloading models through the repository API is not available: "
-            "coreserve serves the models it found at start-up (model control mode NONE)"
-        )
+    async def _control_parameters(self, request: web.Request) -> dict[str, Any]:
+        body = await _read_body(request)
+        options = _json_object(body, "repository request") if body.strip() else {}
+        parameters = options.get("parameters", {})
+        if not isinstance(parameters, dict):
+            raise InvalidArgumentError("'parameters' of a repository request must be a JSON object")
+        return parameters
+
+    async def _load_model(self, request: web.Request) -> web.Response:
+        parameters = await self._control_parameters(request)
+        decoded: dict[str, object] = {}
+        for key, value in parameters.items():
+            if key.startswith("file:"):  # file contents travel base64-encoded over HTTP
+                if not isinstance(value, str):
+                    raise InvalidArgumentError(f"load parameter '{key}' must be a base64 string")
+                try:
+                    decoded[key] = base64.b64decode(value, validate=True)
+                except binascii.Error:
+                    raise InvalidArgumentError(f"load parameter '{key}' is not valid base64") from None
+            else:
+                decoded[key] = value
+        await self._dataplane.load_model(request.match_info["model"], decoded)
+        return web.Response(status=200)
+
+    async def _unload_model(self, request: web.Request) -> web.Response:
+        parameters = await self._control_parameters(request)
+        dependents = parameters.get("unload_dependents", False)
+        if not isinstance(dependents, bool):
+            raise InvalidArgumentError("unload parameter 'unload_dependents' must be true or false")
+        await self._dataplane.unload_model(request.match_info["model"], dependents)
+        return web.Response(status=200)
 
     async def _unknown_endpoint(self, request: web.Request) -> web.Response:
         return error_response(404, f"unknown endpoint: {request.method} {request.path}")

@@ -2,23 +2,34 @@
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from coreserve.repository import ControlMode
+from coreserve.server.restrictions import Restriction
 
 
 @dataclass
 class ServerOptions:
     """Everything that shapes a running server; field names follow tritonserver's flags."""
 
-    model_repositories: list[Path]
+    model_repositories: list[str]
+    model_control_mode: ControlMode = ControlMode.NONE
+    load_models: list[str] = field(default_factory=list)
+    repository_poll_secs: float = 15.0
+    model_load_thread_count: int = 4
+    cache_dir: Path = field(default_factory=lambda: Path(tempfile.gettempdir()) / "coreserve-cache")
     allow_http: bool = True
     http_address: str = "0.0.0.0"
     http_port: int = 8000
     http_max_input_size: int = 64 * 1024 * 1024
+    http_restricted_api: list[Restriction] = field(default_factory=list)
     allow_grpc: bool = True
     grpc_address: str = "0.0.0.0"
     grpc_port: int = 8001
     grpc_max_message_size: int = 256 * 1024 * 1024
+    grpc_restricted_api: list[Restriction] = field(default_factory=list)
     allow_metrics: bool = True
     metrics_address: str = "0.0.0.0"
     metrics_port: int = 8002
