@@ -24,14 +24,14 @@ import tritonclient.grpc as grpcclient
 from onnx import TensorProto, helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import print_table, start_server, write_model, write_results  # noqa: E402
+from common import print_table, start_server, write_model, write_results
 
 CONFIG = """
 backend: "{backend}"
 input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
 output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
 """
-PYTHON_MODEL = '''
+PYTHON_MODEL = """
 import triton_python_backend_utils as pb_utils
 
 
@@ -39,14 +39,18 @@ class TritonPythonModel:
     def execute(self, requests):
         return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())])
                 for r in requests]
-'''
+"""
 SIZES = {"1 KiB": 256, "16 MiB": 4 * 1024 * 1024}
 
 
 def identity_onnx() -> bytes:
     info = lambda name: helper.make_tensor_value_info(name, TensorProto.FLOAT, ["n"])  # noqa: E731
-    graph = helper.make_graph([helper.make_node("Identity", ["INPUT0"], ["OUTPUT0"])], "identity",
-                              [info("INPUT0")], [info("OUTPUT0")])
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["INPUT0"], ["OUTPUT0"])],
+        "identity",
+        [info("INPUT0")],
+        [info("OUTPUT0")],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     return model.SerializeToString()
@@ -58,7 +62,9 @@ def server_ns_per_request(client: grpcclient.InferenceServerClient, model: str) 
     return total, int(stats["compute_infer"].get("count", 0))
 
 
-def measure(client: grpcclient.InferenceServerClient, model: str, elements: int, requests: int) -> dict[str, float]:
+def measure(
+    client: grpcclient.InferenceServerClient, model: str, elements: int, requests: int
+) -> dict[str, float]:
     data = np.random.default_rng(0).normal(size=elements).astype(np.float32)
     tensor = grpcclient.InferInput("INPUT0", [elements], "FP32")
     tensor.set_data_from_numpy(data)
@@ -79,8 +85,12 @@ def measure(client: grpcclient.InferenceServerClient, model: str, elements: int,
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--requests", type=int, default=200, help="requests per model and size (16 MiB: a tenth)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--requests", type=int, default=200, help="requests per model and size (16 MiB: a tenth)"
+    )
     args = parser.parse_args()
 
     repository = Path(tempfile.mkdtemp(prefix="coreserve-ipc-")) / "models"
@@ -95,8 +105,10 @@ def main() -> None:
         client = grpcclient.InferenceServerClient(server.grpc_url)
         for label, elements in SIZES.items():
             count = args.requests if elements < 1_000_000 else max(10, args.requests // 10)
-            results[label] = {model: measure(client, model, elements, count)
-                              for model in ("identity_onnx", "identity_python")}
+            results[label] = {
+                model: measure(client, model, elements, count)
+                for model in ("identity_onnx", "identity_python")
+            }
         client.close()
     finally:
         server.close()
@@ -104,11 +116,28 @@ def main() -> None:
     rows = []
     for label, by_model in results.items():
         onnx, python = by_model["identity_onnx"], by_model["identity_python"]
-        rows.append([label, onnx["server_us"], python["server_us"], python["server_us"] - onnx["server_us"],
-                     onnx["round_trip_ms"], python["round_trip_ms"]])
-    print_table("Identity model, sequential gRPC requests: ONNX (in process) vs Python (stub process)",
-                ["tensor", "onnx server us", "python server us", "IPC overhead us", "onnx round trip ms",
-                 "python round trip ms"], rows)
+        rows.append(
+            [
+                label,
+                onnx["server_us"],
+                python["server_us"],
+                python["server_us"] - onnx["server_us"],
+                onnx["round_trip_ms"],
+                python["round_trip_ms"],
+            ]
+        )
+    print_table(
+        "Identity model, sequential gRPC requests: ONNX (in process) vs Python (stub process)",
+        [
+            "tensor",
+            "onnx server us",
+            "python server us",
+            "IPC overhead us",
+            "onnx round trip ms",
+            "python round trip ms",
+        ],
+        rows,
+    )
     path = write_results("python_ipc", {"results": results})
     print(f"results: {path}")
 

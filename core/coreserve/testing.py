@@ -45,7 +45,7 @@ class ServerProcess:
 
     def __init__(
         self,
-        repositories: Sequence[Path],
+        repositories: Sequence[str | Path],
         extra_args: Sequence[str] = (),
         env: dict[str, str] | None = None,
     ) -> None:
@@ -136,12 +136,12 @@ def coreserve_server() -> Iterator[ServerFactory]:
     started: list[ServerProcess] = []
 
     def start(
-        repository: Path | Sequence[Path],
+        repository: str | Path | Sequence[str | Path],
         *extra_args: str,
         env: dict[str, str] | None = None,
         wait_for: Sequence[str] | None = None,
     ) -> ServerProcess:
-        repositories = [repository] if isinstance(repository, Path) else list(repository)
+        repositories = [repository] if isinstance(repository, str | Path) else list(repository)
         server = ServerProcess(repositories, extra_args, env)
         started.append(server)
         return server.start(wait_for=wait_for)

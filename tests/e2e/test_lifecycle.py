@@ -268,3 +268,51 @@ def test_fields_without_effect_are_logged(coreserve_server: ServerFactory, tmp_p
     write_model(tmp_path, "scaled", scale_model(1.0), SCALE + "response_cache { enable: true }")
     server = coreserve_server(tmp_path)
     assert "model 'scaled': config field 'response_cache' is not supported and has no effect" in server.log
+
+
+def _slow_echo_server(
+    coreserve_server: ServerFactory, tmp_path: Path, site: Path, delay_ms: int, *args: str
+) -> ServerProcess:
+    config = ECHO_SLOW.format(count=1).replace('"400"', f'"{delay_ms}"')
+    write_model(tmp_path, "slow", b"", config, filename="model.echo")
+    return coreserve_server(tmp_path, *args, env=_env_with(site))
+
+
+def _echo_once(server: ServerProcess, value: int) -> int:
+    client = httpclient.InferenceServerClient(server.http_url, network_timeout=60)
+    try:
+        tensor = httpclient.InferInput("IN", [1], "INT32")
+        tensor.set_data_from_numpy(np.array([value], np.int32))
+        return int(client.infer("slow", [tensor]).as_numpy("OUT")[0])
+    finally:
+        client.close()
+
+
+def test_sigterm_lets_requests_in_flight_finish(
+    coreserve_server: ServerFactory, tmp_path: Path, echo_backend_site: Path
+) -> None:
+    server = _slow_echo_server(coreserve_server, tmp_path, echo_backend_site, 1000)
+    assert server.process is not None
+    with ThreadPoolExecutor(2) as pool:
+        in_flight = [pool.submit(_echo_once, server, value) for value in (1, 2)]
+        time.sleep(0.3)
+        server.process.send_signal(signal.SIGTERM)
+        assert [future.result(timeout=30) for future in in_flight] == [1, 2]
+    assert server.wait(timeout=30) == 0
+    assert "coreserve stopped" in server.log
+
+
+def test_exit_timeout_bounds_the_wait(
+    coreserve_server: ServerFactory, tmp_path: Path, echo_backend_site: Path
+) -> None:
+    server = _slow_echo_server(coreserve_server, tmp_path, echo_backend_site, 20000, "--exit-timeout-secs=1")
+    assert server.process is not None
+    with ThreadPoolExecutor(1) as pool:
+        stuck = pool.submit(_echo_once, server, 1)
+        time.sleep(0.3)
+        started = time.monotonic()
+        server.process.send_signal(signal.SIGTERM)
+        assert server.wait(timeout=30) == 0
+        assert time.monotonic() - started < 10
+        with pytest.raises(Exception):  # noqa: B017 - the connection is cut; its kind depends on the client
+            stuck.result(timeout=30)

@@ -1,0 +1,116 @@
+"""A model repository in S3, served from a real S3-compatible server (moto) on loopback."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+
+from coreserve.testing import ServerFactory
+from model_builders import scale_model
+
+SCALE = """
+backend: "onnxruntime"
+max_batch_size: 4
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+"""
+CREDENTIALS = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def s3_endpoint() -> Iterator[str]:
+    """A moto S3 server process on a free loopback port."""
+    port = _free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                break
+        except OSError:
+            time.sleep(0.1)
+    yield f"127.0.0.1:{port}"
+    process.terminate()
+    process.wait(timeout=10)
+
+
+def _s3(endpoint: str):  # type: ignore[no-untyped-def]
+    import boto3
+
+    return boto3.client(
+        "s3",
+        endpoint_url=f"http://{endpoint}",
+        **{"aws_access_key_id": "testing", "aws_secret_access_key": "testing", "region_name": "us-east-1"},
+    )
+
+
+def _scale(client: httpclient.InferenceServerClient) -> float:
+    tensor = httpclient.InferInput("INPUT0", [1, 4], "FP32")
+    tensor.set_data_from_numpy(np.ones((1, 4), np.float32))
+    return float(client.infer("scaled", [tensor]).as_numpy("OUTPUT0")[0, 0])
+
+
+def test_serves_and_polls_an_s3_repository(
+    coreserve_server: ServerFactory, s3_endpoint: str, tmp_path: Path
+) -> None:
+    s3 = _s3(s3_endpoint)
+    s3.create_bucket(Bucket="models")
+    s3.put_object(Bucket="models", Key="repo/scaled/config.pbtxt", Body=SCALE.encode())
+    s3.put_object(Bucket="models", Key="repo/scaled/1/model.onnx", Body=scale_model(2.0).SerializeToString())
+    env = {**CREDENTIALS, "HOME": str(tmp_path)}
+    server = coreserve_server(
+        f"s3://{s3_endpoint}/models/repo",
+        "--model-control-mode=poll",
+        "--repository-poll-secs=0.5",
+        f"--model-cache-dir={tmp_path / 'cache'}",
+        env=env,
+    )
+    client = httpclient.InferenceServerClient(server.http_url)
+    try:
+        assert _scale(client) == 2.0
+        assert any((tmp_path / "cache").rglob("model.onnx"))  # fetched into the cache folder
+        s3.put_object(
+            Bucket="models", Key="repo/scaled/2/model.onnx", Body=scale_model(3.0).SerializeToString()
+        )
+        deadline = time.monotonic() + 30
+        while _scale(client) != 3.0 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _scale(client) == 3.0
+        assert client.get_model_metadata("scaled")["versions"] == ["2"]
+    finally:
+        client.close()
+
+
+def test_missing_filesystem_package_is_a_clear_error(tmp_path: Path) -> None:
+    completed = subprocess.run(
+        [sys.executable, "-m", "coreserve", "--model-repository=gs://bucket/models"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ},
+    )
+    assert completed.returncode != 0
+    assert "pip install 'core-server[gcs]'" in completed.stderr
