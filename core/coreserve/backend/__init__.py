@@ -24,6 +24,13 @@ from coreserve.backend.api import (
 )
 from coreserve.backend.batching import run_batched
 from coreserve.backend.hookspecs import hookimpl
+from coreserve.backend.model_tensors import (
+    ModelTensor,
+    check_model_tensors,
+    complete_config,
+    default_max_batch_size,
+)
+from coreserve.backend.parameters import bool_parameter, inline_below_us, int_parameter, str_parameter
 from coreserve.backend.registry import BackendRegistry
 from coreserve.backend.responder import Responder
 from coreserve.backend.threads import InstanceThread
@@ -39,9 +46,17 @@ __all__ = [
     "ModelFiles",
     "ModelInstance",
     "ModelSignature",
+    "ModelTensor",
     "Responder",
     "ServerContext",
     "TensorSpec",
+    "bool_parameter",
+    "check_model_tensors",
+    "complete_config",
+    "default_max_batch_size",
     "hookimpl",
+    "inline_below_us",
+    "int_parameter",
     "run_batched",
+    "str_parameter",
 ]

@@ -7,7 +7,7 @@ from pathlib import Path
 import onnxruntime as ort
 
 from coreserve import ModelConfig, ModelConfigError, UnavailableError
-from coreserve.backend import InstanceKind, InstancePlacement
+from coreserve.backend import InstanceKind, InstancePlacement, bool_parameter, int_parameter
 
 # optimization { graph { level } } as Triton's ONNX Runtime backend reads it.
 _GRAPH_LEVELS = {
@@ -16,65 +16,32 @@ _GRAPH_LEVELS = {
     1: ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
     2: ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
 }
-_TRUE = ("1", "true", "yes", "on")
-_FALSE = ("0", "false", "no", "off")
-
-
-def _parameter(config: ModelConfig, key: str) -> str | None:
-    entry = config.parameters.get(key)
-    return entry.string_value.strip() if entry is not None else None
-
-
-def _int_parameter(config: ModelConfig, key: str) -> int | None:
-    value = _parameter(config, key)
-    if value is None:
-        return None
-    try:
-        number = int(value)
-    except ValueError:
-        raise ModelConfigError(
-            f"model '{config.name}': parameter '{key}' must be an integer, got '{value}'"
-        ) from None
-    if number < 0:
-        raise ModelConfigError(f"model '{config.name}': parameter '{key}' must be >= 0, got {number}")
-    return number
-
-
-def _bool_parameter(config: ModelConfig, key: str) -> bool | None:
-    value = _parameter(config, key)
-    if value is None:
-        return None
-    if value.lower() in _TRUE:
-        return True
-    if value.lower() in _FALSE:
-        return False
-    raise ModelConfigError(f"model '{config.name}': parameter '{key}' must be true or false, got '{value}'")
 
 
 def session_options(config: ModelConfig) -> ort.SessionOptions:
     """SessionOptions from `parameters` and `optimization.graph.level`; bad values name the model."""
     options = ort.SessionOptions()
-    intra = _int_parameter(config, "intra_op_thread_count")
+    intra = int_parameter(config, "intra_op_thread_count")
     if intra is not None:
         options.intra_op_num_threads = intra
-    inter = _int_parameter(config, "inter_op_thread_count")
+    inter = int_parameter(config, "inter_op_thread_count")
     if inter is not None:
         options.inter_op_num_threads = inter
-    mode = _int_parameter(config, "execution_mode")
+    mode = int_parameter(config, "execution_mode")
     if mode is not None:
         if mode not in (0, 1):
             raise ModelConfigError(
                 f"model '{config.name}': parameter 'execution_mode' must be 0 (sequential) or 1 (parallel)"
             )
         options.execution_mode = ort.ExecutionMode.ORT_PARALLEL if mode else ort.ExecutionMode.ORT_SEQUENTIAL
-    arena = _bool_parameter(config, "enable_mem_arena")
+    arena = bool_parameter(config, "enable_mem_arena")
     if arena is not None:
         options.enable_cpu_mem_arena = arena
-    pattern = _bool_parameter(config, "enable_mem_pattern")
+    pattern = bool_parameter(config, "enable_mem_pattern")
     if pattern is not None:
         options.enable_mem_pattern = pattern
     # Spinning intra-op threads take CPU from the server's event loop; a server wants them idle.
-    spinning = _bool_parameter(config, "allow_spinning")
+    spinning = bool_parameter(config, "allow_spinning")
     options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
     level = config.optimization.graph.level
     if level not in _GRAPH_LEVELS:
@@ -84,12 +51,6 @@ def session_options(config: ModelConfig) -> ort.SessionOptions:
         )
     options.graph_optimization_level = _GRAPH_LEVELS[level]
     return options
-
-
-def inline_below_us(config: ModelConfig) -> int | None:
-    """Parameter `inline_execution_below_us`: runs quicker than this stay on the event loop
-    (None: the core's default; 0 always uses the instance's thread)."""
-    return _int_parameter(config, "inline_execution_below_us")
 
 
 def providers_for(placement: InstancePlacement) -> list[str | tuple[str, dict[str, str]]]:

@@ -1,12 +1,12 @@
-"""ONNX Runtime's tensor types as coreserve datatypes, and the model's I/O as onnxruntime reports it."""
+"""ONNX Runtime's tensor types as coreserve datatypes, and a model's tensors as coreserve sees them."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from coreserve import DataType
+from coreserve.backend import ModelTensor
 
 ORT_TYPES = {
     "tensor(bool)": DataType.BOOL,
@@ -24,25 +24,13 @@ ORT_TYPES = {
     "tensor(string)": DataType.BYTES,
     "tensor(bfloat16)": DataType.BF16,
 }
+FRAMEWORK = "the ONNX model"
 
 
-@dataclass(frozen=True)
-class OnnxTensor:
-    """An input or output of an ONNX model: dims are -1 where the model leaves them open."""
-
-    name: str
-    ort_type: str
-    dims: tuple[int, ...]
-
-    @property
-    def datatype(self) -> DataType | None:
-        return ORT_TYPES.get(self.ort_type)
-
-
-def describe(node_args: Sequence[Any]) -> dict[str, OnnxTensor]:
-    """onnxruntime's NodeArg list as OnnxTensors; symbolic or unknown dims become -1."""
+def describe(node_args: Sequence[Any]) -> dict[str, ModelTensor]:
+    """onnxruntime's NodeArg list as ModelTensors; symbolic or unknown dims become -1."""
     tensors = {}
     for arg in node_args:
         dims = tuple(d if isinstance(d, int) and d >= 0 else -1 for d in (arg.shape or []))
-        tensors[arg.name] = OnnxTensor(arg.name, arg.type, dims)
+        tensors[arg.name] = ModelTensor(arg.name, ORT_TYPES.get(arg.type), dims, arg.type)
     return tensors
