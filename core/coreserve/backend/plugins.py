@@ -58,6 +58,7 @@ class Plugins:
         self.failures: list[PluginFailure] = []
         for module_name in DEFAULT_PLUGINS:
             self._manager.register(importlib.import_module(module_name), name=module_name)
+        self._origins["coreserve"] = BackendOrigin("core-server", _core_version())
         if autoload is None:
             autoload = os.environ.get(DISABLE_AUTOLOAD_ENV, "") in ("", "0")
         if autoload:
@@ -129,3 +130,10 @@ class Plugins:
 def _distribution_label(entry_point: importlib.metadata.EntryPoint) -> str:
     dist = entry_point.dist
     return f"{dist.name} {dist.version}" if dist else "(unknown distribution)"
+
+
+def _core_version() -> str:
+    try:
+        return importlib.metadata.version("core-server")
+    except importlib.metadata.PackageNotFoundError:
+        return ""

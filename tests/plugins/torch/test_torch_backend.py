@@ -1,0 +1,192 @@
+"""plugin-torch on real models: TorchScript with Triton's naming, named arguments, dict outputs,
+torch.export programs, BF16, batching, and the reasons models are unavailable."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from coreserve.testing import ServerProcess
+from torch_models import AddSub, Double, Halves, Weighted
+
+
+def _config(
+    inputs: list[tuple[str, str]], outputs: list[tuple[str, str]], extra: str = "", max_batch: int = 8
+) -> str:
+    tensors = lambda items: ", ".join(  # noqa: E731
+        f'{{ name: "{name}" data_type: {dtype} dims: [ 4 ] }}' for name, dtype in items
+    )
+    return (
+        f'backend: "pytorch"\nmax_batch_size: {max_batch}\ninput [ {tensors(inputs)} ]\n'
+        f"output [ {tensors(outputs)} ]\n{extra}"
+    )
+
+
+def _save_script(folder: Path, module: torch.nn.Module, config: str | None) -> None:
+    (folder / "1").mkdir(parents=True)
+    with warnings.catch_warnings():  # torch deprecates TorchScript; Triton users still have model.pt files
+        warnings.simplefilter("ignore", DeprecationWarning)
+        torch.jit.save(torch.jit.script(module), str(folder / "1" / "model.pt"))
+    if config is not None:
+        (folder / "config.pbtxt").write_text(config)
+
+
+FP32 = "TYPE_FP32"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    repository = tmp_path_factory.mktemp("torch")
+    _save_script(
+        repository / "indexed",
+        AddSub(),
+        _config(
+            [("INPUT__0", FP32), ("INPUT__1", FP32)],
+            [("OUTPUT__0", FP32), ("OUTPUT__1", FP32)],
+            "instance_group [ { count: 2 } ]\ndynamic_batching { max_queue_delay_microseconds: 300000 }",
+        ),
+    )
+    _save_script(
+        repository / "named",
+        Weighted(),
+        _config(
+            [("y", FP32), ("x", FP32)],
+            [("OUT", FP32)],
+            'parameters { key: "INFERENCE_MODE" value: { string_value: "false" } }\n'
+            'parameters { key: "DISABLE_OPTIMIZED_EXECUTION" value: { string_value: "true" } }',
+        ),
+    )
+    _save_script(
+        repository / "dict_out", Halves(), _config([("x", FP32)], [("half", FP32), ("double", FP32)])
+    )
+    _save_script(repository / "bf16", Double(), _config([("x", "TYPE_BF16")], [("y", "TYPE_BF16")]))
+    _save_script(
+        repository / "on_gpu",
+        Double(),
+        _config([("x", FP32)], [("y", FP32)], "instance_group [ { kind: KIND_GPU gpus: [ 0 ] } ]"),
+    )
+    _save_script(
+        repository / "wrong_count", AddSub(), _config([("a", FP32), ("b", FP32), ("c", FP32)], [("o", FP32)])
+    )
+    (repository / "broken" / "1").mkdir(parents=True)
+    (repository / "broken" / "1" / "model.pt").write_bytes(b"not a torch file")
+    (repository / "broken" / "config.pbtxt").write_text(_config([("x", FP32)], [("y", FP32)]))
+    exported = torch.export.export(
+        AddSub(),
+        (torch.ones(2, 4), torch.ones(2, 4)),
+        dynamic_shapes=({0: torch.export.Dim("batch")}, {0: torch.export.Dim("batch")}),
+    )
+    (repository / "exported" / "1").mkdir(parents=True)
+    torch.export.save(exported, str(repository / "exported" / "1" / "model.pt2"))
+    (repository / "exported" / "config.pbtxt").write_text(
+        'backend: "pytorch"\ndefault_model_filename: "model.pt2"'
+    )
+    process = ServerProcess([repository], ["--exit-on-error=false"]).start(timeout=180)
+    yield process
+    process.close()
+
+
+@pytest.fixture
+def client(server: ServerProcess) -> Iterator[httpclient.InferenceServerClient]:
+    client = httpclient.InferenceServerClient(server.http_url)
+    yield client
+    client.close()
+
+
+def _infer(
+    client: httpclient.InferenceServerClient,
+    model: str,
+    tensors: dict[str, np.ndarray],
+    datatype: str = "FP32",
+) -> httpclient.InferResult:
+    inputs = []
+    for name, data in tensors.items():
+        tensor = httpclient.InferInput(name, list(data.shape), datatype)
+        tensor.set_data_from_numpy(data)
+        inputs.append(tensor)
+    return client.infer(model, inputs)
+
+
+def test_triton_index_naming(client: httpclient.InferenceServerClient) -> None:
+    a, b = np.arange(8, dtype=np.float32).reshape(2, 4), np.ones((2, 4), np.float32)
+    result = _infer(client, "indexed", {"INPUT__1": b, "INPUT__0": a})
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT__0"), a + b)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT__1"), a - b)
+
+
+def test_inputs_matched_by_argument_name(client: httpclient.InferenceServerClient) -> None:
+    x, y = np.full((1, 4), 3, np.float32), np.ones((1, 4), np.float32)
+    np.testing.assert_array_equal(_infer(client, "named", {"x": x, "y": y}).as_numpy("OUT"), x * 2 + y)
+
+
+def test_dict_outputs_matched_by_key(client: httpclient.InferenceServerClient) -> None:
+    x = np.full((1, 4), 8, np.float32)
+    result = _infer(client, "dict_out", {"x": x})
+    np.testing.assert_array_equal(result.as_numpy("half"), x / 2)
+    np.testing.assert_array_equal(result.as_numpy("double"), x * 2)
+
+
+def test_bf16(client: httpclient.InferenceServerClient) -> None:
+    x = np.array([[1.5, -2.0, 0.25, 3.0]], dtype=ml_dtypes.bfloat16)
+    result = _infer(client, "bf16", {"x": x}, datatype="BF16").as_numpy("y")
+    assert result.dtype == ml_dtypes.bfloat16
+    np.testing.assert_array_equal(result.astype(np.float32), x.astype(np.float32) * 2)
+
+
+def test_exported_program_with_completed_config(client: httpclient.InferenceServerClient) -> None:
+    config = client.get_model_config("exported")
+    assert config["max_batch_size"] == 4
+    assert [t["name"] for t in config["input"]] == ["a", "b"]
+    assert [(t["name"], t["dims"]) for t in config["output"]] == [("OUTPUT__0", [4]), ("OUTPUT__1", [4])]
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    result = _infer(client, "exported", {"a": a, "b": a})
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT__0"), 2 * a)
+
+
+def test_dynamic_batching_with_two_instances(server: ServerProcess) -> None:
+    def call(value: int) -> list[float]:
+        client = httpclient.InferenceServerClient(server.http_url)
+        try:
+            a = np.full((1, 4), value, np.float32)
+            return (
+                _infer(client, "indexed", {"INPUT__0": a, "INPUT__1": a})
+                .as_numpy("OUTPUT__0")
+                .ravel()
+                .tolist()
+            )
+        finally:
+            client.close()
+
+    with ThreadPoolExecutor(8) as pool:
+        assert list(pool.map(call, range(8))) == [[2.0 * v] * 4 for v in range(8)]
+    client = httpclient.InferenceServerClient(server.http_url)
+    try:
+        stats = client.get_inference_statistics("indexed")["model_stats"][0]
+    finally:
+        client.close()
+    assert stats["inference_count"] >= 8 and stats["execution_count"] < stats["inference_count"]
+
+
+@pytest.mark.parametrize(
+    ("model", "reason"),
+    [
+        ("on_gpu", "is KIND_GPU, but this torch has no CUDA device"),
+        ("wrong_count", "forward() takes 2 inputs ['a', 'b'], but the configuration lists 3"),
+        ("broken", "torch cannot load"),
+    ],
+)
+def test_unavailable_models_say_why(
+    client: httpclient.InferenceServerClient, model: str, reason: str
+) -> None:
+    with pytest.raises(InferenceServerException) as info:
+        client.get_model_metadata(model)
+    assert info.value.status() == "503" and reason in info.value.message()

@@ -1,0 +1,25 @@
+"""Small torch modules, scripted or exported by the tests (TorchScript needs their source file)."""
+
+from __future__ import annotations
+
+import torch
+
+
+class AddSub(torch.nn.Module):
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return a + b, a - b
+
+
+class Weighted(torch.nn.Module):
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return x * 2 + y
+
+
+class Halves(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"double": x * 2, "half": x / 2}
+
+
+class Double(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 2
