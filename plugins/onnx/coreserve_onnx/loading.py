@@ -1,0 +1,52 @@
+"""Reading ONNX files with ONNX Runtime (imports onnxruntime: used only once a model loads)."""
+
+from __future__ import annotations
+
+import onnxruntime as ort
+
+from coreserve import DataType, ModelConfig
+from coreserve.backend import (
+    InstancePlacement,
+    InstanceThread,
+    ModelFiles,
+    ModelSignature,
+    ServerContext,
+    check_model_tensors,
+    complete_config,
+    default_max_batch_size,
+    inline_below_us,
+)
+from coreserve_onnx.instance import OnnxInstance
+from coreserve_onnx.session import open_session, providers_for, session_options
+from coreserve_onnx.tensors import FRAMEWORK, describe
+
+
+def complete(model: ModelFiles, config: ModelConfig, server: ServerContext) -> ModelConfig:
+    """Fills inputs, outputs and max_batch_size from the model file, as Triton does."""
+    inspect_options = ort.SessionOptions()
+    inspect_options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = open_session(model.model_file, inspect_options, ["CPUExecutionProvider"], model.name)
+    return complete_config(
+        config,
+        list(describe(session.get_inputs()).values()),
+        list(describe(session.get_outputs()).values()),
+        model_name=model.name,
+        max_batch_size=default_max_batch_size(server, model.name),
+    )
+
+
+def create_instance(model: ModelFiles, config: ModelConfig, placement: InstancePlacement) -> OnnxInstance:
+    """Opens one session for `placement` and checks the configuration against the model's tensors."""
+    options = session_options(config)
+    providers = providers_for(placement)
+    session = open_session(model.model_file, options, providers, model.name)
+    signature = ModelSignature(config)
+    check_model_tensors(
+        signature,
+        describe(session.get_inputs()),
+        describe(session.get_outputs()),
+        FRAMEWORK,
+        unsupported=frozenset({DataType.BF16}),  # onnxruntime's Python API has no bfloat16 arrays
+    )
+    thread = InstanceThread(placement.name, inline_below_us(config))
+    return OnnxInstance(session, signature, thread)
