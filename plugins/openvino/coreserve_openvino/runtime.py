@@ -54,6 +54,8 @@ OV_TYPES = {
     "bf16": DataType.BF16,
 }
 HINTS = ("LATENCY", "THROUGHPUT", "CUMULATIVE_THROUGHPUT")
+# CPUs with bfloat16 units compute in bf16 unless told otherwise; f32 keeps a model's precision.
+PRECISIONS = ("f32", "bf16", "f16")
 
 
 def _tensors(ports: Sequence[Any]) -> dict[str, ModelTensor]:
@@ -97,6 +99,14 @@ def compile_options(config: ModelConfig) -> dict[str, str]:
     threads = int_parameter(config, "INFERENCE_NUM_THREADS", minimum=1)
     if threads is not None:
         options["INFERENCE_NUM_THREADS"] = str(threads)
+    precision = str_parameter(config, "INFERENCE_PRECISION_HINT")
+    if precision is not None:
+        if precision.lower() not in PRECISIONS:
+            raise ModelConfigError(
+                f"model '{config.name}': parameter 'INFERENCE_PRECISION_HINT' must be one of "
+                f"{', '.join(PRECISIONS)}, got '{precision}'"
+            )
+        options["INFERENCE_PRECISION_HINT"] = precision.lower()
     return options
 
 

@@ -29,6 +29,16 @@ def ir_add_mul(folder: Path, batch: int | None = None) -> None:
     ov.save_model(ov.Model([total, product], [a, b], "add_mul"), str(folder / "model.xml"))
 
 
+def ir_matmul(folder: Path) -> None:
+    """y = x @ W (FP32 [batch, 4] x [4, 4]) with weights that bfloat16 cannot hold exactly."""
+    x = ops.parameter([-1, 4], ov.Type.f32, name="x")
+    weights = np.full((4, 4), 1.0 + 2.0**-12, np.float32)
+    product = ops.matmul(x, ops.constant(weights), False, False)
+    product.output(0).get_tensor().set_names({"y"})
+    folder.mkdir(parents=True, exist_ok=True)
+    ov.save_model(ov.Model([product], [x], "matmul"), str(folder / "model.xml"), compress_to_fp16=False)
+
+
 EXPLICIT = """
 backend: "openvino"
 max_batch_size: 8
@@ -61,6 +71,14 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     ir_add_mul(repository / "bad_hint" / "1")
     (repository / "bad_hint" / "config.pbtxt").write_text(
         EXPLICIT + 'parameters { key: "PERFORMANCE_HINT" value: { string_value: "FASTEST" } }'
+    )
+    ir_add_mul(repository / "bad_precision" / "1")
+    (repository / "bad_precision" / "config.pbtxt").write_text(
+        EXPLICIT + 'parameters { key: "INFERENCE_PRECISION_HINT" value: { string_value: "f8" } }'
+    )
+    ir_matmul(repository / "precise" / "1")
+    (repository / "precise" / "config.pbtxt").write_text(
+        'backend: "openvino"\nparameters { key: "INFERENCE_PRECISION_HINT" value: { string_value: "F32" } }'
     )
     ir_add_mul(repository / "wrong_names" / "1")
     (repository / "wrong_names" / "config.pbtxt").write_text(EXPLICIT.replace('"INPUT1"', '"OTHER"'))
@@ -120,6 +138,14 @@ def test_onnx_read_by_openvino(client: httpclient.InferenceServerClient) -> None
     assert client.get_model_config("from_onnx")["platform"] == "openvino"
 
 
+def test_precision_hint_f32_keeps_fp32_results(client: httpclient.InferenceServerClient) -> None:
+    x = np.full((2, 4), 1.0 + 2.0**-11, np.float32)
+    tensor = httpclient.InferInput("x", [2, 4], "FP32")
+    tensor.set_data_from_numpy(x)
+    result = client.infer("precise", [tensor]).as_numpy("y")
+    np.testing.assert_allclose(result, x @ np.full((4, 4), 1.0 + 2.0**-12, np.float32), rtol=1e-6)
+
+
 def test_dynamic_batching_with_two_instances(server: ServerProcess) -> None:
     def call(value: int) -> list[float]:
         client = httpclient.InferenceServerClient(server.http_url)
@@ -144,6 +170,7 @@ def test_dynamic_batching_with_two_instances(server: ServerProcess) -> None:
     ("model", "reason"),
     [
         ("bad_hint", "parameter 'PERFORMANCE_HINT' must be one of LATENCY, THROUGHPUT"),
+        ("bad_precision", "parameter 'INFERENCE_PRECISION_HINT' must be one of f32, bf16, f16, got 'f8'"),
         ("wrong_names", "configuration input 'OTHER' is not an input of the OpenVINO model"),
         ("garbage", "OpenVINO cannot read"),
     ],

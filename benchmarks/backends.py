@@ -1,0 +1,263 @@
+"""What serving costs each CPU backend: one MLP as ONNX, TorchScript and OpenVINO IR.
+
+    python benchmarks/backends.py [--seconds 5] [--trials 3] [--batches 1 16]
+
+The same weights (FP32 [N, 512] through three 1024-wide dense layers with ReLU) are written
+as model.onnx (onnxruntime), model.pt (TorchScript, pytorch) and model.xml/.bin (OpenVINO IR,
+openvino). For each backend and batch size B, measured in one run: (a) the framework's own
+in-process samples/s, one caller running batch B in a loop; (b) the server's samples/s with
+16 concurrent HTTP binary requests of batch B each (wrk, one instance, no dynamic batching).
+The ratio (b) / (a) is what the server keeps of the framework's throughput. Before timing,
+the three served models are checked to give the same answer. Writes
+benchmarks/results/backends.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+from onnx import TensorProto, helper, numpy_helper
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import Load, calls_per_second, median_load, print_table, start_server, write_results, wrk
+
+WIDTH_IN, WIDTH, LAYERS, MAX_BATCH, CONCURRENCY = 512, 1024, 3, 16, 16
+BACKENDS = {"onnxruntime": "model.onnx", "pytorch": "model.pt", "openvino": "model.xml"}
+CONFIG = f"""
+backend: "{{backend}}"
+max_batch_size: {MAX_BATCH}
+input [ {{{{ name: "x" data_type: TYPE_FP32 dims: [ {WIDTH_IN} ] }}}} ]
+output [ {{{{ name: "y" data_type: TYPE_FP32 dims: [ {WIDTH} ] }}}} ]
+instance_group [ {{{{ count: 1 kind: KIND_CPU }}}} ]
+{{parameters}}
+"""
+# OpenVINO computes in bfloat16 on CPUs that have it; the comparison keeps every backend in FP32.
+F32_HINT = {"INFERENCE_PRECISION_HINT": "f32"}
+
+
+def mlp_weights() -> list[tuple[np.ndarray, np.ndarray]]:
+    rng = np.random.default_rng(0)
+    layers = []
+    for layer in range(LAYERS):
+        fan_in = WIDTH_IN if layer == 0 else WIDTH
+        weight = rng.normal(0, fan_in**-0.5, size=(fan_in, WIDTH)).astype(np.float32)
+        layers.append((weight, rng.normal(0, 0.1, size=WIDTH).astype(np.float32)))
+    return layers
+
+
+def write_onnx(weights: list[tuple[np.ndarray, np.ndarray]], path: Path) -> None:
+    nodes, initializers, current = [], [], "x"
+    for layer, (weight, bias) in enumerate(weights):
+        initializers += [
+            numpy_helper.from_array(weight, f"w{layer}"),
+            numpy_helper.from_array(bias, f"b{layer}"),
+        ]
+        output = "y" if layer == LAYERS - 1 else f"r{layer}"
+        nodes += [
+            helper.make_node("Gemm", [current, f"w{layer}", f"b{layer}"], [f"h{layer}"]),
+            helper.make_node("Relu", [f"h{layer}"], [output]),
+        ]
+        current = output
+    graph = helper.make_graph(
+        nodes,
+        "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", WIDTH_IN])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", WIDTH])],
+        initializers,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path.write_bytes(model.SerializeToString())
+
+
+def write_torchscript(weights: list[tuple[np.ndarray, np.ndarray]], path: Path) -> None:
+    import torch
+
+    layers: list[torch.nn.Module] = []
+    for weight, bias in weights:
+        linear = torch.nn.Linear(*weight.shape)
+        with torch.no_grad():
+            linear.weight.copy_(torch.from_numpy(weight.T.copy()))
+            linear.bias.copy_(torch.from_numpy(bias))
+        layers += [linear, torch.nn.ReLU()]
+    torch.jit.save(torch.jit.script(torch.nn.Sequential(*layers).eval()), str(path))
+
+
+def write_openvino_ir(onnx_file: Path, path: Path) -> None:
+    import openvino as ov
+
+    ov.save_model(ov.convert_model(str(onnx_file)), str(path), compress_to_fp16=False)
+
+
+def write_repository(repository: Path) -> dict[str, Path]:
+    """One model folder per backend, named after it; returns each backend's model file."""
+    weights = mlp_weights()
+    files = {}
+    for backend, filename in BACKENDS.items():
+        (repository / backend / "1").mkdir(parents=True)
+        parameters = (
+            'parameters { key: "INFERENCE_PRECISION_HINT" value: { string_value: "f32" } }'
+            if backend == "openvino"
+            else ""
+        )
+        (repository / backend / "config.pbtxt").write_text(
+            CONFIG.format(backend=backend, parameters=parameters)
+        )
+        files[backend] = repository / backend / "1" / filename
+    write_onnx(weights, files["onnxruntime"])
+    write_torchscript(weights, files["pytorch"])
+    write_openvino_ir(files["onnxruntime"], files["openvino"])
+    return files
+
+
+def in_process_runner(backend: str, model_file: Path) -> Callable[[np.ndarray], np.ndarray]:
+    """The framework's own call, as a user would make it without a server."""
+    if backend == "onnxruntime":
+        import onnxruntime as ort
+
+        session = ort.InferenceSession(str(model_file), providers=["CPUExecutionProvider"])
+        return lambda x: session.run(["y"], {"x": x})[0]
+    if backend == "pytorch":
+        import torch
+
+        module = torch.jit.load(str(model_file)).eval()
+
+        def run_torch(x: np.ndarray) -> np.ndarray:
+            with torch.inference_mode():
+                return module(torch.from_numpy(x)).numpy()
+
+        return run_torch
+    import openvino as ov
+
+    compiled = ov.Core().compile_model(str(model_file), "CPU", F32_HINT)
+    request = compiled.create_infer_request()
+    return lambda x: request.infer({"x": x})[compiled.output(0)]
+
+
+def request_body(batch: int) -> tuple[bytes, dict[str, str]]:
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "x",
+                    "shape": [batch, WIDTH_IN],
+                    "datatype": "FP32",
+                    "parameters": {"binary_data_size": batch * WIDTH_IN * 4},
+                }
+            ],
+            "outputs": [{"name": "y", "parameters": {"binary_data": True}}],
+        }
+    ).encode()
+    data = np.random.default_rng(1).normal(size=(batch, WIDTH_IN)).astype(np.float32).tobytes()
+    return header + data, {
+        "Inference-Header-Content-Length": str(len(header)),
+        "Content-Type": "application/octet-stream",
+    }
+
+
+def served_outputs_agree(http_url: str, reference: np.ndarray, sample: np.ndarray) -> dict[str, float]:
+    """The largest difference between each served model's output and the in-process ONNX one."""
+    import tritonclient.http as httpclient
+
+    client = httpclient.InferenceServerClient(http_url)
+    differences = {}
+    try:
+        for backend in BACKENDS:
+            tensor = httpclient.InferInput("x", list(sample.shape), "FP32")
+            tensor.set_data_from_numpy(sample)
+            output = client.infer(backend, [tensor]).as_numpy("y")
+            differences[backend] = float(np.abs(output - reference).max())
+    finally:
+        client.close()
+    worst = max(differences.values())
+    if worst > 1e-3:
+        raise SystemExit(f"the served models disagree (largest difference {worst}): {differences}")
+    return differences
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--seconds", type=float, default=5.0, help="length of one trial")
+    parser.add_argument("--trials", type=int, default=3, help="trials per row (the median is reported)")
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, MAX_BATCH], help="batch sizes")
+    args = parser.parse_args()
+    if any(not 1 <= batch <= MAX_BATCH for batch in args.batches):
+        parser.error(f"batch sizes must lie in 1..{MAX_BATCH}")
+
+    repository = Path(tempfile.mkdtemp(prefix="coreserve-backends-")) / "models"
+    files = write_repository(repository)
+
+    in_process: dict[str, dict[int, float]] = {}
+    sample = np.random.default_rng(2).normal(size=(4, WIDTH_IN)).astype(np.float32)
+    reference = in_process_runner("onnxruntime", files["onnxruntime"])(sample)
+    for backend, model_file in files.items():
+        run = in_process_runner(backend, model_file)
+        in_process[backend] = {}
+        for batch in args.batches:
+            x = np.ones((batch, WIDTH_IN), np.float32)
+            in_process[backend][batch] = batch * calls_per_second(lambda r=run, x=x: r(x), args.seconds / 2)
+
+    server = start_server(repository, "--allow-metrics=false")
+    served: dict[str, dict[int, Load]] = {backend: {} for backend in BACKENDS}
+    try:
+        differences = served_outputs_agree(server.http_url, reference, sample)
+        for backend in BACKENDS:
+            url = f"http://{server.http_url}/v2/models/{backend}/infer"
+            for batch in args.batches:
+                body, headers = request_body(batch)
+                wrk(url, CONCURRENCY, 2, body, headers)  # warm-up
+                served[backend][batch] = median_load(
+                    [wrk(url, CONCURRENCY, args.seconds, body, headers) for _ in range(args.trials)]
+                )
+    finally:
+        server.close()
+
+    rows, ratios = [], {}
+    for backend in BACKENDS:
+        for batch in args.batches:
+            load = served[backend][batch]
+            samples = load.requests_per_s * batch
+            ratio = samples / in_process[backend][batch]
+            ratios.setdefault(backend, {})[str(batch)] = ratio
+            rows.append(
+                [backend, batch, in_process[backend][batch], samples, ratio, load.p50_ms, load.p99_ms]
+            )
+    print_table(
+        f"MLP [N,{WIDTH_IN}] -> {LAYERS} x {WIDTH} ReLU: server at concurrency {CONCURRENCY} "
+        "(HTTP binary, wrk) vs the framework in-process (median of trials)",
+        [
+            "backend",
+            "batch",
+            "in-process samples/s",
+            "server samples/s",
+            "server / in-process",
+            "p50 ms",
+            "p99 ms",
+        ],
+        rows,
+    )
+    print(f"\nlargest output difference from in-process onnxruntime: {max(differences.values()):.2e}")
+    path = write_results(
+        "backends",
+        {
+            "model": {"width_in": WIDTH_IN, "width": WIDTH, "layers": LAYERS},
+            "concurrency": CONCURRENCY,
+            "in_process_samples_per_s": {b: {str(k): v for k, v in r.items()} for b, r in in_process.items()},
+            "server": {b: {str(k): v for k, v in r.items()} for b, r in served.items()},
+            "server_to_in_process": ratios,
+            "output_differences": differences,
+        },
+    )
+    print(f"results: {path}")
+
+
+if __name__ == "__main__":
+    main()
