@@ -15,17 +15,26 @@ benchmarks/results/backends.json.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import Load, calls_per_second, median_load, print_table, start_server, write_results, wrk
+from common import (
+    Load,
+    binary_infer_body,
+    calls_per_second,
+    median_load,
+    mlp_onnx,
+    mlp_weights,
+    print_table,
+    start_server,
+    write_results,
+    wrk,
+)
 
 WIDTH_IN, WIDTH, LAYERS, MAX_BATCH, CONCURRENCY = 512, 1024, 3, 16, 16
 BACKENDS = {"onnxruntime": "model.onnx", "pytorch": "model.pt", "openvino": "model.xml"}
@@ -39,41 +48,6 @@ instance_group [ {{{{ count: 1 kind: KIND_CPU }}}} ]
 """
 # OpenVINO computes in bfloat16 on CPUs that have it; the comparison keeps every backend in FP32.
 F32_HINT = {"INFERENCE_PRECISION_HINT": "f32"}
-
-
-def mlp_weights() -> list[tuple[np.ndarray, np.ndarray]]:
-    rng = np.random.default_rng(0)
-    layers = []
-    for layer in range(LAYERS):
-        fan_in = WIDTH_IN if layer == 0 else WIDTH
-        weight = rng.normal(0, fan_in**-0.5, size=(fan_in, WIDTH)).astype(np.float32)
-        layers.append((weight, rng.normal(0, 0.1, size=WIDTH).astype(np.float32)))
-    return layers
-
-
-def write_onnx(weights: list[tuple[np.ndarray, np.ndarray]], path: Path) -> None:
-    nodes, initializers, current = [], [], "x"
-    for layer, (weight, bias) in enumerate(weights):
-        initializers += [
-            numpy_helper.from_array(weight, f"w{layer}"),
-            numpy_helper.from_array(bias, f"b{layer}"),
-        ]
-        output = "y" if layer == LAYERS - 1 else f"r{layer}"
-        nodes += [
-            helper.make_node("Gemm", [current, f"w{layer}", f"b{layer}"], [f"h{layer}"]),
-            helper.make_node("Relu", [f"h{layer}"], [output]),
-        ]
-        current = output
-    graph = helper.make_graph(
-        nodes,
-        "mlp",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", WIDTH_IN])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", WIDTH])],
-        initializers,
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    path.write_bytes(model.SerializeToString())
 
 
 def write_torchscript(weights: list[tuple[np.ndarray, np.ndarray]], path: Path) -> None:
@@ -97,7 +71,7 @@ def write_openvino_ir(onnx_file: Path, path: Path) -> None:
 
 def write_repository(repository: Path) -> dict[str, Path]:
     """One model folder per backend, named after it; returns each backend's model file."""
-    weights = mlp_weights()
+    weights = mlp_weights(WIDTH_IN, WIDTH, LAYERS)
     files = {}
     for backend, filename in BACKENDS.items():
         (repository / backend / "1").mkdir(parents=True)
@@ -110,7 +84,7 @@ def write_repository(repository: Path) -> dict[str, Path]:
             CONFIG.format(backend=backend, parameters=parameters)
         )
         files[backend] = repository / backend / "1" / filename
-    write_onnx(weights, files["onnxruntime"])
+    files["onnxruntime"].write_bytes(mlp_onnx(weights))
     write_torchscript(weights, files["pytorch"])
     write_openvino_ir(files["onnxruntime"], files["openvino"])
     return files
@@ -138,27 +112,6 @@ def in_process_runner(backend: str, model_file: Path) -> Callable[[np.ndarray], 
     compiled = ov.Core().compile_model(str(model_file), "CPU", F32_HINT)
     request = compiled.create_infer_request()
     return lambda x: request.infer({"x": x})[compiled.output(0)]
-
-
-def request_body(batch: int) -> tuple[bytes, dict[str, str]]:
-    header = json.dumps(
-        {
-            "inputs": [
-                {
-                    "name": "x",
-                    "shape": [batch, WIDTH_IN],
-                    "datatype": "FP32",
-                    "parameters": {"binary_data_size": batch * WIDTH_IN * 4},
-                }
-            ],
-            "outputs": [{"name": "y", "parameters": {"binary_data": True}}],
-        }
-    ).encode()
-    data = np.random.default_rng(1).normal(size=(batch, WIDTH_IN)).astype(np.float32).tobytes()
-    return header + data, {
-        "Inference-Header-Content-Length": str(len(header)),
-        "Content-Type": "application/octet-stream",
-    }
 
 
 def served_outputs_agree(http_url: str, reference: np.ndarray, sample: np.ndarray) -> dict[str, float]:
@@ -212,7 +165,8 @@ def main() -> None:
         for backend in BACKENDS:
             url = f"http://{server.http_url}/v2/models/{backend}/infer"
             for batch in args.batches:
-                body, headers = request_body(batch)
+                inputs = np.random.default_rng(1).normal(size=(batch, WIDTH_IN))
+                body, headers = binary_infer_body("x", inputs, "y")
                 wrk(url, CONCURRENCY, 2, body, headers)  # warm-up
                 served[backend][batch] = median_load(
                     [wrk(url, CONCURRENCY, args.seconds, body, headers) for _ in range(args.trials)]

@@ -13,17 +13,26 @@ benchmarks/results/batching.json.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
-from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import calls_per_second, median_load, print_table, start_server, write_model, write_results, wrk
+from common import (
+    binary_infer_body,
+    calls_per_second,
+    median_load,
+    mlp_onnx,
+    mlp_weights,
+    print_table,
+    start_server,
+    write_model,
+    write_results,
+    wrk,
+)
 
 WIDTH_IN, WIDTH, LAYERS, MAX_BATCH = 1024, 2048, 4, 32
 CONFIG = """
@@ -36,54 +45,6 @@ output [ {{ name: "y" data_type: TYPE_FP32 dims: [ 2048 ] }} ]
 TARGET_GAIN, TARGET_OF_LIMIT = 3.0, 0.7
 
 
-def mlp_model() -> bytes:
-    rng = np.random.default_rng(0)
-    nodes, initializers, current = [], [], "x"
-    for layer in range(LAYERS):
-        fan_in = WIDTH_IN if layer == 0 else WIDTH
-        weight = rng.normal(0, fan_in**-0.5, size=(fan_in, WIDTH)).astype(np.float32)
-        initializers += [
-            numpy_helper.from_array(weight, f"w{layer}"),
-            numpy_helper.from_array(np.zeros(WIDTH, np.float32), f"b{layer}"),
-        ]
-        nodes += [
-            helper.make_node("Gemm", [current, f"w{layer}", f"b{layer}"], [f"h{layer}"]),
-            helper.make_node("Relu", [f"h{layer}"], ["y" if layer == LAYERS - 1 else f"r{layer}"]),
-        ]
-        current = f"r{layer}"
-    graph = helper.make_graph(
-        nodes,
-        "mlp",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", WIDTH_IN])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", WIDTH])],
-        initializers,
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    return model.SerializeToString()
-
-
-def request_body() -> tuple[bytes, dict[str, str]]:
-    header = json.dumps(
-        {
-            "inputs": [
-                {
-                    "name": "x",
-                    "shape": [1, WIDTH_IN],
-                    "datatype": "FP32",
-                    "parameters": {"binary_data_size": WIDTH_IN * 4},
-                }
-            ],
-            "outputs": [{"name": "y", "parameters": {"binary_data": True}}],
-        }
-    ).encode()
-    data = np.random.default_rng(1).normal(size=WIDTH_IN).astype(np.float32).tobytes()
-    return header + data, {
-        "Inference-Header-Content-Length": str(len(header)),
-        "Content-Type": "application/octet-stream",
-    }
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -93,7 +54,7 @@ def main() -> None:
     args = parser.parse_args()
 
     repository = Path(tempfile.mkdtemp(prefix="coreserve-batching-")) / "models"
-    model = mlp_model()
+    model = mlp_onnx(mlp_weights(WIDTH_IN, WIDTH, LAYERS))
     write_model(repository, "mlp", model, CONFIG.format(batching=""))
     write_model(
         repository,
@@ -108,7 +69,8 @@ def main() -> None:
         feeds = {"x": np.ones((batch, WIDTH_IN), np.float32)}
         limits[batch] = batch * calls_per_second(lambda f=feeds: session.run(["y"], f), args.seconds / 2)
 
-    body, headers = request_body()
+    sample = np.random.default_rng(1).normal(size=(1, WIDTH_IN))
+    body, headers = binary_infer_body("x", sample, "y")
     server = start_server(repository, "--allow-metrics=false")
     loads = {}
     try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import re
 
 from coreserve.backend import hookspecs
 from paths import REPO
@@ -31,3 +32,17 @@ def test_public_api_lists_are_sorted() -> None:
         assert module.__all__ == sorted(module.__all__)
         for name in module.__all__:
             assert hasattr(module, name), f"{module.__name__} exports missing name {name}"
+
+
+def test_documented_helpers_are_public() -> None:
+    import coreserve.backend
+
+    guide = (REPO / "docs" / "backends.md").read_text()
+    helpers = guide.split("## 5. Helpers for framework backends", 1)[1].split("## 6.", 1)[0]
+    first_cells = [line.split("|")[1] for line in helpers.splitlines() if line.startswith("| `")]
+    names = {name for cell in first_cells for name in re.findall(r"`([A-Za-z_]+)", cell)}
+    assert {"ModelTensor", "complete_config", "check_model_tensors", "choice_parameter"} <= names
+    for name in names:
+        assert name in coreserve.backend.__all__, (
+            f"docs/backends.md names {name}, which coreserve.backend lacks"
+        )

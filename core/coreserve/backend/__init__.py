@@ -30,7 +30,13 @@ from coreserve.backend.model_tensors import (
     complete_config,
     default_max_batch_size,
 )
-from coreserve.backend.parameters import bool_parameter, inline_below_us, int_parameter, str_parameter
+from coreserve.backend.parameters import (
+    bool_parameter,
+    choice_parameter,
+    inline_below_us,
+    int_parameter,
+    str_parameter,
+)
 from coreserve.backend.registry import BackendRegistry
 from coreserve.backend.responder import Responder
 from coreserve.backend.threads import InstanceThread
@@ -52,6 +58,7 @@ __all__ = [
     "TensorSpec",
     "bool_parameter",
     "check_model_tensors",
+    "choice_parameter",
     "complete_config",
     "default_max_batch_size",
     "hookimpl",

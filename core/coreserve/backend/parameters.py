@@ -43,6 +43,19 @@ def bool_parameter(config: ModelConfig, key: str) -> bool | None:
     raise ModelConfigError(f"model '{config.name}': parameter '{key}' must be true or false, got '{value}'")
 
 
+def choice_parameter(config: ModelConfig, key: str, choices: tuple[str, ...]) -> str | None:
+    """One of `choices`, matched without regard to case and returned as spelled there."""
+    value = str_parameter(config, key)
+    if value is None:
+        return None
+    for choice in choices:
+        if value.lower() == choice.lower():
+            return choice
+    raise ModelConfigError(
+        f"model '{config.name}': parameter '{key}' must be one of {', '.join(choices)}, got '{value}'"
+    )
+
+
 def inline_below_us(config: ModelConfig) -> int | None:
     """Parameter `inline_execution_below_us` for InstanceThread (None: the default)."""
     return int_parameter(config, "inline_execution_below_us")

@@ -29,6 +29,7 @@ from coreserve.backend import (
     Responder,
     ServerContext,
     check_model_tensors,
+    choice_parameter,
     complete_config,
     default_max_batch_size,
     inline_below_us,
@@ -83,14 +84,9 @@ def read_model(core: ov.Core, path: Path, model_name: str) -> ov.Model:
 
 def compile_options(config: ModelConfig) -> dict[str, str]:
     options: dict[str, str] = {}
-    hint = str_parameter(config, "PERFORMANCE_HINT")
+    hint = choice_parameter(config, "PERFORMANCE_HINT", HINTS)
     if hint is not None:
-        if hint.upper() not in HINTS:
-            raise ModelConfigError(
-                f"model '{config.name}': parameter 'PERFORMANCE_HINT' must be one of {', '.join(HINTS)}, "
-                f"got '{hint}'"
-            )
-        options["PERFORMANCE_HINT"] = hint.upper()
+        options["PERFORMANCE_HINT"] = hint
     streams = str_parameter(config, "NUM_STREAMS")
     if streams is not None:
         if streams.upper() != "AUTO":
@@ -99,14 +95,9 @@ def compile_options(config: ModelConfig) -> dict[str, str]:
     threads = int_parameter(config, "INFERENCE_NUM_THREADS", minimum=1)
     if threads is not None:
         options["INFERENCE_NUM_THREADS"] = str(threads)
-    precision = str_parameter(config, "INFERENCE_PRECISION_HINT")
+    precision = choice_parameter(config, "INFERENCE_PRECISION_HINT", PRECISIONS)
     if precision is not None:
-        if precision.lower() not in PRECISIONS:
-            raise ModelConfigError(
-                f"model '{config.name}': parameter 'INFERENCE_PRECISION_HINT' must be one of "
-                f"{', '.join(PRECISIONS)}, got '{precision}'"
-            )
-        options["INFERENCE_PRECISION_HINT"] = precision.lower()
+        options["INFERENCE_PRECISION_HINT"] = precision
     return options
 
 

@@ -14,7 +14,15 @@ from coreserve import ModelConfig, ModelConfigError
 from coreserve_python.process import StubLaunch, stub_environment
 
 PACKAGE = Path(__file__).resolve().parent
-STUB_MODULES = ("__init__.py", "wire.py", "pb_utils.py", "stub.py")
+STUB_MODULES = (
+    "__init__.py",
+    "wire.py",
+    "pb_errors.py",
+    "pb_types.py",
+    "pb_model_config.py",
+    "pb_utils.py",
+    "stub.py",
+)
 CACHE = Path(os.environ.get("CORESERVE_CACHE", Path(tempfile.gettempdir()) / "coreserve-cache"))
 
 

@@ -14,6 +14,17 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from coreserve_python.pb_errors import TritonError, TritonModelException
+from coreserve_python.pb_model_config import ModelConfig
+from coreserve_python.pb_types import (
+    deserialize_bytes_tensor,
+    numpy_to_triton_string,
+    numpy_to_triton_type,
+    serialize_byte_tensor,
+    triton_string_to_numpy,
+    triton_to_numpy_type,
+)
+
 __all__ = [
     "TRITONSERVER_REQUEST_FLAG_SEQUENCE_END",
     "TRITONSERVER_REQUEST_FLAG_SEQUENCE_START",
@@ -41,38 +52,6 @@ __all__ = [
 TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
-
-_CONFIG_TYPES: dict[str, Any] = {
-    "TYPE_BOOL": np.bool_,
-    "TYPE_UINT8": np.uint8,
-    "TYPE_UINT16": np.uint16,
-    "TYPE_UINT32": np.uint32,
-    "TYPE_UINT64": np.uint64,
-    "TYPE_INT8": np.int8,
-    "TYPE_INT16": np.int16,
-    "TYPE_INT32": np.int32,
-    "TYPE_INT64": np.int64,
-    "TYPE_FP16": np.float16,
-    "TYPE_FP32": np.float32,
-    "TYPE_FP64": np.float64,
-    "TYPE_STRING": np.object_,
-}
-# TRITONSERVER_DataType numbers, as Triton's pb_utils returns them.
-_TRITON_TYPE_NUMBERS = {
-    "TYPE_BOOL": 1,
-    "TYPE_UINT8": 2,
-    "TYPE_UINT16": 3,
-    "TYPE_UINT32": 4,
-    "TYPE_UINT64": 5,
-    "TYPE_INT8": 6,
-    "TYPE_INT16": 7,
-    "TYPE_INT32": 8,
-    "TYPE_INT64": 9,
-    "TYPE_FP16": 10,
-    "TYPE_FP32": 11,
-    "TYPE_FP64": 12,
-    "TYPE_STRING": 13,
-}
 
 
 class _Runtime(Protocol):
@@ -103,39 +82,6 @@ def _require_runtime(what: str) -> _Runtime:
     if _runtime is None:
         raise TritonModelException(f"{what} works only inside a model served by coreserve")
     return _runtime
-
-
-class TritonError:
-    """An error in a response; `code` is one of the class constants."""
-
-    UNKNOWN = 0
-    INTERNAL = 1
-    NOT_FOUND = 2
-    INVALID_ARG = 3
-    UNAVAILABLE = 4
-    UNSUPPORTED = 5
-    ALREADY_EXISTS = 6
-    CANCELLED = 7
-
-    def __init__(self, message: str, code: int = INTERNAL) -> None:
-        self._message = str(message)
-        self._code = code
-
-    def message(self) -> str:
-        return self._message
-
-    def code(self) -> int:
-        return self._code
-
-    def __repr__(self) -> str:
-        return f"TritonError({self._message!r}, code={self._code})"
-
-
-class TritonModelException(Exception):
-    """Raised by pb_utils calls that fail; a model may raise it too."""
-
-    def message(self) -> str:
-        return str(self.args[0]) if self.args else ""
 
 
 class _DLPackCapsule:
@@ -360,114 +306,3 @@ def get_input_config_by_name(model_config: dict[str, Any], name: str) -> dict[st
 
 def get_output_config_by_name(model_config: dict[str, Any], name: str) -> dict[str, Any] | None:
     return next((entry for entry in model_config.get("output", []) if entry.get("name") == name), None)
-
-
-def triton_string_to_numpy(triton_type_string: str) -> Any:
-    """The numpy type of a configuration type name: "TYPE_FP32" -> numpy.float32."""
-    try:
-        return _CONFIG_TYPES[triton_type_string]
-    except KeyError:
-        raise TritonModelException(f"unknown Triton type '{triton_type_string}'") from None
-
-
-def numpy_to_triton_string(data_type: Any) -> str:
-    """The configuration type name of a numpy type: numpy.float32 -> "TYPE_FP32"."""
-    dtype = np.dtype(data_type)
-    if dtype.kind in "OSU":
-        return "TYPE_STRING"
-    for name, numpy_type in _CONFIG_TYPES.items():
-        if name != "TYPE_STRING" and np.dtype(numpy_type) == dtype:
-            return name
-    raise TritonModelException(f"numpy type {dtype} has no Triton type")
-
-
-def numpy_to_triton_type(data_type: Any) -> int:
-    """The TRITONSERVER_DataType number of a numpy type."""
-    return _TRITON_TYPE_NUMBERS[numpy_to_triton_string(data_type)]
-
-
-def triton_to_numpy_type(data_type: int) -> Any:
-    for name, number in _TRITON_TYPE_NUMBERS.items():
-        if number == data_type:
-            return _CONFIG_TYPES[name]
-    raise TritonModelException(f"unknown TRITONSERVER_DataType {data_type}")
-
-
-def serialize_byte_tensor(input_tensor: np.ndarray) -> np.ndarray:
-    """BYTES elements in Triton's serialized form (4-byte lengths), as a uint8 array."""
-    parts = []
-    for item in np.asarray(input_tensor, dtype=np.object_).reshape(-1):
-        data = item.encode("utf-8") if isinstance(item, str) else bytes(item)
-        parts.append(len(data).to_bytes(4, "little") + data)
-    return np.frombuffer(b"".join(parts), dtype=np.uint8)
-
-
-def deserialize_bytes_tensor(encoded_tensor: bytes | np.ndarray) -> np.ndarray:
-    buffer = encoded_tensor.tobytes() if isinstance(encoded_tensor, np.ndarray) else bytes(encoded_tensor)
-    items = []
-    offset = 0
-    while offset < len(buffer):
-        length = int.from_bytes(buffer[offset : offset + 4], "little")
-        items.append(buffer[offset + 4 : offset + 4 + length])
-        offset += 4 + length
-    array = np.empty(len(items), dtype=np.object_)
-    array[:] = items
-    return array
-
-
-class ModelConfig:
-    """The configuration that `auto_complete_config` receives and completes (a JSON-shaped dict)."""
-
-    def __init__(self, model_config: dict[str, Any]) -> None:
-        self._config = model_config
-
-    def as_dict(self) -> dict[str, Any]:
-        return self._config
-
-    def max_batch_size(self) -> int:
-        return int(self._config.get("max_batch_size", 0))
-
-    def set_max_batch_size(self, max_batch_size: int) -> None:
-        if self.max_batch_size() and self.max_batch_size() != max_batch_size:
-            raise TritonModelException(
-                f"max_batch_size is already {self.max_batch_size()} in the configuration; "
-                f"cannot set {max_batch_size}"
-            )
-        self._config["max_batch_size"] = int(max_batch_size)
-
-    def set_dynamic_batching(self) -> None:
-        if "sequence_batching" in self._config:
-            raise TritonModelException(
-                "the configuration uses sequence_batching; cannot add dynamic_batching"
-            )
-        self._config.setdefault("dynamic_batching", {})
-
-    def add_input(self, input: dict[str, Any]) -> None:
-        self._add_tensor("input", input)
-
-    def add_output(self, output: dict[str, Any]) -> None:
-        self._add_tensor("output", output)
-
-    def set_model_transaction_policy(self, transaction_policy_dict: dict[str, Any]) -> None:
-        self._config.setdefault("model_transaction_policy", {}).update(transaction_policy_dict)
-
-    def _add_tensor(self, kind: str, tensor: dict[str, Any]) -> None:
-        for key in ("name", "data_type", "dims"):
-            if key not in tensor:
-                raise TritonModelException(f"add_{kind}() needs '{key}' in {tensor}")
-        tensor = {**tensor, "dims": [int(d) for d in tensor["dims"]]}
-        tensors = self._config.setdefault(kind, [])
-        existing = next((entry for entry in tensors if entry.get("name") == tensor["name"]), None)
-        if existing is None:
-            tensors.append(tensor)
-            return
-        # The configuration file wins where it says something; auto-complete fills the rest.
-        for key, value in tensor.items():
-            current = existing.get(key)
-            if current in (None, [], 0, "", "TYPE_INVALID"):
-                existing[key] = value
-            elif (list(map(int, current)) if key == "dims" else current) != value:
-                raise TritonModelException(
-                    f"{kind} '{tensor['name']}' has {key}={current!r} in the configuration, but "
-                    f"auto_complete_config asks for {value!r}"
-                )
