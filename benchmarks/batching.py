@@ -6,6 +6,7 @@ An MLP where compute dominates: FP32 [N, 1024] through four 2048-wide dense laye
 ReLU. Measured in one run: (a) in-process onnxruntime samples/s at batch 1 and batch 32 (the
 limit); (b) the server at client concurrency 32 without dynamic batching; (c) the same with
 dynamic batching. Requests are HTTP with binary tensors, one sample each, driven by wrk.
+Rounds of (a), (b), (c) repeat --trials times; each figure is the median of its rounds.
 Targets: (c) >= 3 x (b) and (c) >= 0.7 x in-process batch 32. Writes
 benchmarks/results/batching.json.
 """
@@ -22,8 +23,10 @@ import onnxruntime as ort
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (
+    Load,
     binary_infer_body,
     calls_per_second,
+    median,
     median_load,
     mlp_onnx,
     mlp_weights,
@@ -64,20 +67,26 @@ def main() -> None:
     )
 
     session = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
-    limits = {}
-    for batch in (1, MAX_BATCH):
-        feeds = {"x": np.ones((batch, WIDTH_IN), np.float32)}
-        limits[batch] = batch * calls_per_second(lambda f=feeds: session.run(["y"], f), args.seconds / 2)
-
+    feeds = {batch: {"x": np.ones((batch, WIDTH_IN), np.float32)} for batch in (1, MAX_BATCH)}
     sample = np.random.default_rng(1).normal(size=(1, WIDTH_IN))
     body, headers = binary_infer_body("x", sample, "y")
     server = start_server(repository, "--allow-metrics=false")
-    loads = {}
+    # Rounds interleave the in-process limit with the server rows, so that a neighbour who
+    # slows the machine for a while weighs on both sides of each ratio.
+    measured: dict[str, list[float]] = {"1": [], str(MAX_BATCH): []}
+    trials: dict[str, list[Load]] = {"mlp": [], "mlp_batched": []}
     try:
-        for name in ("mlp", "mlp_batched"):
-            url = f"http://{server.http_url}/v2/models/{name}/infer"
-            wrk(url, 32, 2, body, headers)  # warm-up
-            loads[name] = median_load([wrk(url, 32, args.seconds, body, headers) for _ in range(args.trials)])
+        for name in trials:
+            wrk(f"http://{server.http_url}/v2/models/{name}/infer", 32, 2, body, headers)  # warm-up
+        for _ in range(args.trials):
+            for batch, feed in feeds.items():
+                rate = calls_per_second(lambda f=feed: session.run(["y"], f), args.seconds / 2)
+                measured[str(batch)].append(batch * rate)
+            for name in trials:
+                url = f"http://{server.http_url}/v2/models/{name}/infer"
+                trials[name].append(wrk(url, 32, args.seconds, body, headers))
+        limits = {int(batch): median(rates) for batch, rates in measured.items()}
+        loads = {name: median_load(runs) for name, runs in trials.items()}
         import tritonclient.http as httpclient
 
         client = httpclient.InferenceServerClient(server.http_url)
