@@ -169,9 +169,10 @@ def test_signature_applies_reshape_both_ways() -> None:
     assert restored["o"].shape == (3, 4)
 
 
-def test_fields_without_effect_are_named() -> None:
+def test_only_fields_that_coreserve_does_not_act_on_are_reported_as_ignored() -> None:
     from coreserve.config.ignored import ignored_fields
 
-    config = _config('response_cache { enable: true } model_warmup [ { name: "w" batch_size: 1 } ]')
-    assert ignored_fields(config) == ["model_warmup", "response_cache"]
-    assert ignored_fields(_config()) == []
+    warmup = 'model_warmup [ { name: "w" batch_size: 1 inputs { key: "a" value { data_type: TYPE_FP32 dims: [ 3 ] zero_data: true } } } ]\n'
+    assert ignored_fields(_config(warmup + "dynamic_batching { }")) == []
+    unused = "response_cache { enable: true }\ninstance_group [ { rate_limiter { priority: 1 } } ]\n"
+    assert ignored_fields(_config(unused)) == ["response_cache", "instance_group.rate_limiter"]

@@ -12,8 +12,6 @@ from coreserve.protos.model_config_pb2 import ModelConfig
 def ignored_fields(config: ModelConfig) -> list[str]:
     """The fields `config` sets that coreserve ignores."""
     ignored = []
-    if config.model_warmup:
-        ignored.append("model_warmup")
     if config.response_cache.enable:
         ignored.append("response_cache")
     if config.batch_input or config.batch_output:
