@@ -178,6 +178,32 @@ def test_sequences_beyond_the_slots_wait_then_give_up(
     assert "sequence slots of model 'accumulator' stayed busy" in info.value.message()
 
 
+@pytest.mark.parametrize(
+    "strategy",
+    [
+        "direct { max_queue_delay_microseconds: 400000 minimum_slot_utilization: 1.0 }",
+        "oldest { max_queue_delay_microseconds: 400000 preferred_batch_size: [ 2 ] }",
+    ],
+)
+def test_a_batch_waits_for_more_sequences_up_to_the_queue_delay(
+    coreserve_server: ServerFactory, tmp_path: Path, strategy: str
+) -> None:
+    server = _server(coreserve_server, tmp_path, count=1, max_batch=2, strategy=strategy)
+    started = time.perf_counter()
+    assert _step_alone(server, 7, 5, start=True, end=True) == (5, 7)  # alone: runs when the delay ends
+    assert time.perf_counter() - started >= 0.35
+    with ThreadPoolExecutor(2) as pool:  # two ready sequences fill the batch: one execution
+        pair = [pool.submit(_step_alone, server, sid, sid, start=True, end=True) for sid in (1, 2)]
+        assert [future.result(timeout=30) for future in pair] == [(1, 1), (2, 2)]
+    client = httpclient.InferenceServerClient(server.http_url)
+    try:
+        stats = client.get_inference_statistics("accumulator")["model_stats"][0]
+    finally:
+        client.close()
+    assert (stats["inference_count"], stats["execution_count"]) == (3, 2)
+    assert {entry["batch_size"] for entry in stats["batch_stats"]} == {1, 2}
+
+
 def test_sequence_ids_over_grpc(coreserve_server: ServerFactory, tmp_path: Path) -> None:
     write_model(
         tmp_path,
@@ -222,6 +248,16 @@ BAD_SEQUENCE_CONFIGS = {
         "kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_UINT64",
         "kind: CONTROL_SEQUENCE_CORRID",
         "a CORRID control needs data_type",
+    ),
+    "slot utilization above 1": (
+        "max_sequence_idle_microseconds: 1000000\n",
+        "max_sequence_idle_microseconds: 1000000\n  direct { minimum_slot_utilization: 1.5 }\n",
+        "'sequence_batching.direct.minimum_slot_utilization' must lie in 0..1, got 1.5",
+    ),
+    "preferred batch above max_batch_size": (
+        "max_sequence_idle_microseconds: 1000000\n",
+        "max_sequence_idle_microseconds: 1000000\n  oldest { preferred_batch_size: [ 4 ] }\n",
+        "'sequence_batching.oldest.preferred_batch_size' has 4, outside 1..max_batch_size (2)",
     ),
     "state with open dims": (
         "data_type: TYPE_INT32 dims: [ 1 ] } ]\n}",

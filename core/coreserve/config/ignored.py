@@ -24,10 +24,6 @@ def ignored_fields(config: ModelConfig) -> list[str]:
         sequence = config.sequence_batching
         if sequence.iterative_sequence:
             ignored.append("sequence_batching.iterative_sequence")
-        if sequence.direct.max_queue_delay_microseconds or sequence.direct.minimum_slot_utilization:
-            ignored.append("sequence_batching.direct.max_queue_delay_microseconds/minimum_slot_utilization")
-        if sequence.oldest.preferred_batch_size or sequence.oldest.max_queue_delay_microseconds:
-            ignored.append("sequence_batching.oldest.preferred_batch_size/max_queue_delay_microseconds")
         if sequence.oldest.preserve_ordering:
             ignored.append("sequence_batching.oldest.preserve_ordering")
     return ignored

@@ -148,6 +148,19 @@ def _check_sequence_batching(config: ModelConfig) -> str | None:
     if not config.HasField("sequence_batching"):
         return None
     batching = config.sequence_batching
+    utilization = batching.direct.minimum_slot_utilization
+    if not 0.0 <= utilization <= 1.0:
+        return (
+            "config field 'sequence_batching.direct.minimum_slot_utilization' must lie in 0..1, "
+            f"got {utilization:g}"
+        )
+    slots = max(1, config.max_batch_size)
+    for size in batching.oldest.preferred_batch_size:
+        if not 1 <= size <= slots:
+            return (
+                f"config field 'sequence_batching.oldest.preferred_batch_size' has {size}, "
+                f"outside 1..max_batch_size ({slots})"
+            )
     taken = {tensor.name for tensor in config.input}
     for index, control_input in enumerate(batching.control_input):
         where = f"config field 'sequence_batching.control_input[{index}]'"

@@ -8,9 +8,13 @@ takes the oldest waiting sequences. The batcher fills in control inputs (START, 
 CORRID) and feeds each sequence's implicit state from one request to the next.
 
 Slots: each instance has max(1, max_batch_size) of them (`oldest`: max_candidate_sequences,
-if set). A sequence that starts while every slot is busy waits for one; if none frees within
-max_sequence_idle_microseconds, its requests fail with UNAVAILABLE. A sequence that sends
-nothing for that long is released, and its later requests get an error saying so.
+if set). A batch runs as soon as one request is ready, unless the strategy asks to wait for
+more, up to max_queue_delay_microseconds from the oldest ready request: `direct` while fewer
+than minimum_slot_utilization of an instance's slots are ready, `oldest` until the batch
+reaches max_batch_size or a preferred_batch_size. A sequence that starts while every slot
+is busy waits for one; if none frees within max_sequence_idle_microseconds, its requests
+fail with UNAVAILABLE. A sequence that sends nothing for that long is released, and its
+later requests get an error saying so.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -116,6 +121,7 @@ class SequenceBatcher(Scheduler):
         self._states = state_tensors(batching, name, model_path)
         self._direct = batching.WhichOneof("strategy_choice") != "oldest"
         self._per_batch = max(1, signature.max_batch_size)
+        self._delay_ns, self._enough = self._batch_policy(batching)
         if self._direct:
             self._free = [self._per_batch] * len(self.instances)
         else:
@@ -128,6 +134,17 @@ class SequenceBatcher(Scheduler):
         self._released: OrderedDict[SequenceId, str] = OrderedDict()
         self._ready = [asyncio.Event() for _ in self.instances]
         self._sweeper: asyncio.Task[None] | None = None
+
+    def _batch_policy(self, batching: ModelSequenceBatching) -> tuple[int, frozenset[int]]:
+        """How long a batch may wait for more ready sequences, and the sizes that end the wait."""
+        if self._direct:
+            delay_us = batching.direct.max_queue_delay_microseconds
+            minimum = math.ceil(batching.direct.minimum_slot_utilization * self._per_batch - 1e-9)
+            enough: Iterable[int] = range(max(1, minimum), self._per_batch + 1)
+        else:
+            delay_us = batching.oldest.max_queue_delay_microseconds
+            enough = [*batching.oldest.preferred_batch_size, self._per_batch]
+        return delay_us * 1000, frozenset(enough)
 
     @property
     def queue_size(self) -> int:
@@ -208,7 +225,8 @@ class SequenceBatcher(Scheduler):
             for event in self._ready:
                 event.set()
 
-    def _take(self, index: int) -> list[tuple[SequenceSlot, Step]]:
+    def _ready_sequences(self, index: int) -> list[SequenceSlot]:
+        """The sequences instance `index` may run now, the longest waiting first."""
         candidates = [
             sequence
             for sequence in self._sequences.values()
@@ -218,8 +236,17 @@ class SequenceBatcher(Scheduler):
             and (sequence.instance is None or sequence.instance == index)
         ]
         candidates.sort(key=lambda sequence: sequence.steps[0].request.queued_ns)
+        return candidates[: self._per_batch]
+
+    def _wait_ns(self, candidates: Sequence[SequenceSlot]) -> int:
+        """How much longer the batch of `candidates` should wait for more (0: run it now)."""
+        if not self._delay_ns or len(candidates) in self._enough:
+            return 0
+        return max(0, candidates[0].steps[0].request.queued_ns + self._delay_ns - now_ns())
+
+    def _take(self, candidates: Sequence[SequenceSlot]) -> list[tuple[SequenceSlot, Step]]:
         taken = []
-        for sequence in candidates[: self._per_batch]:
+        for sequence in candidates:
             sequence.busy = True
             taken.append((sequence, sequence.steps.popleft()))
         return taken
@@ -246,13 +273,20 @@ class SequenceBatcher(Scheduler):
     async def _serve(self, index: int, instance: ModelInstance) -> None:
         ready = self._ready[index]
         while True:
-            taken = self._take(index)
-            if not taken:
+            candidates = self._ready_sequences(index)
+            if not candidates:
                 if self._busy == 0 and self.queue_size == 0:
                     self._idle.set()
                 ready.clear()
                 await ready.wait()
                 continue
+            wait_ns = self._wait_ns(candidates)
+            if wait_ns:
+                ready.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(ready.wait(), wait_ns / 1e9)
+                continue
+            taken = self._take(candidates)
             self._busy += 1
             self._executing += len(taken)
             try:
