@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -202,6 +203,56 @@ def test_a_batch_waits_for_more_sequences_up_to_the_queue_delay(
         client.close()
     assert (stats["inference_count"], stats["execution_count"]) == (3, 2)
     assert {entry["batch_size"] for entry in stats["batch_stats"]} == {1, 2}
+
+
+ECHO_SEQUENCES = """
+backend: "echo"
+max_batch_size: 1
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+instance_group [ { count: 2 } ]
+sequence_batching { oldest { max_candidate_sequences: 2 preserve_ordering: %s } }
+"""
+
+
+@pytest.mark.parametrize("preserve", [False, True])
+def test_oldest_preserve_ordering_holds_later_responses(
+    coreserve_server: ServerFactory, tmp_path: Path, echo_backend_site: Path, preserve: bool
+) -> None:
+    write_model(tmp_path, "echo", b"", ECHO_SEQUENCES % str(preserve).lower(), filename="model.echo")
+    pythonpath = os.pathsep.join(filter(None, [str(echo_backend_site), os.environ.get("PYTHONPATH")]))
+    server = coreserve_server(tmp_path, env={"PYTHONPATH": pythonpath})
+
+    def step(sequence_id: int, **parameters: object) -> tuple[int, float]:
+        client = httpclient.InferenceServerClient(server.http_url, network_timeout=60)
+        tensor = httpclient.InferInput("IN", [1, 1], "INT32")
+        tensor.set_data_from_numpy(np.array([[sequence_id]], np.int32))
+        started = time.monotonic()
+        try:
+            result = client.infer(
+                "echo",
+                [tensor],
+                sequence_id=sequence_id,
+                sequence_start=True,
+                sequence_end=True,
+                parameters=parameters or None,
+            )
+        finally:
+            client.close()
+        return int(result.as_numpy("OUT")[0, 0]), time.monotonic() - started
+
+    with ThreadPoolExecutor(2) as pool:
+        slow = pool.submit(step, 1, delay_ms=600)
+        time.sleep(0.1)
+        fast = pool.submit(step, 2)
+        (first, _), (second, second_took) = slow.result(timeout=30), fast.result(timeout=30)
+    assert (first, second) == (1, 2)
+    # The second sequence runs at once on the other instance; with preserve_ordering its
+    # response waits for the first one's (about 0.5 s more).
+    if preserve:
+        assert second_took > 0.4
+    else:
+        assert second_took < 0.3
 
 
 def test_sequence_ids_over_grpc(coreserve_server: ServerFactory, tmp_path: Path) -> None:

@@ -24,6 +24,4 @@ def ignored_fields(config: ModelConfig) -> list[str]:
         sequence = config.sequence_batching
         if sequence.iterative_sequence:
             ignored.append("sequence_batching.iterative_sequence")
-        if sequence.oldest.preserve_ordering:
-            ignored.append("sequence_batching.oldest.preserve_ordering")
     return ignored

@@ -198,13 +198,6 @@ class DynamicBatcher(Scheduler):
                 timer.cancel()
         return batch
 
-    async def _execute(self, instance: ModelInstance, batch: list[InferenceRequest]) -> None:
-        if self._ordered is None:
-            await super()._execute(instance, batch)
-            return
-        async with self._ordered.turn(batch):
-            await super()._execute(instance, batch)
-
     def _drain(self) -> Iterable[InferenceRequest]:
         for timer in self._timers.values():
             timer.cancel()

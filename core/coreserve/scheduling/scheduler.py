@@ -17,6 +17,7 @@ from coreserve.backend.api import ModelInstance
 from coreserve.config.signature import ModelSignature
 from coreserve.errors import UnavailableError
 from coreserve.scheduling.execution import execute_batch
+from coreserve.scheduling.ordering import OrderedRelease
 from coreserve.scheduling.statistics import ModelStatistics
 from coreserve.types import InferenceRequest, now_ns
 
@@ -46,6 +47,7 @@ class Scheduler:
         self._executing = 0
         self._idle = asyncio.Event()
         self._closed = False
+        self._ordered: OrderedRelease | None = None  # set by schedulers that preserve ordering
 
     @property
     def queue_size(self) -> int:
@@ -117,7 +119,11 @@ class Scheduler:
                 self._busy -= 1
 
     async def _execute(self, instance: ModelInstance, batch: list[InferenceRequest]) -> None:
-        await execute_batch(instance, batch, self.signature, self.statistics, decoupled=self.decoupled)
+        if self._ordered is None:
+            await execute_batch(instance, batch, self.signature, self.statistics, decoupled=self.decoupled)
+            return
+        async with self._ordered.turn(batch):
+            await execute_batch(instance, batch, self.signature, self.statistics, decoupled=self.decoupled)
 
     async def close(self, timeout: float | None = None) -> None:
         """Stops taking requests, lets queued and running ones finish (up to `timeout`

@@ -11,10 +11,11 @@ Slots: each instance has max(1, max_batch_size) of them (`oldest`: max_candidate
 if set). A batch runs as soon as one request is ready, unless the strategy asks to wait for
 more, up to max_queue_delay_microseconds from the oldest ready request: `direct` while fewer
 than minimum_slot_utilization of an instance's slots are ready, `oldest` until the batch
-reaches max_batch_size or a preferred_batch_size. A sequence that starts while every slot
-is busy waits for one; if none frees within max_sequence_idle_microseconds, its requests
-fail with UNAVAILABLE. A sequence that sends nothing for that long is released, and its
-later requests get an error saying so.
+reaches max_batch_size or a preferred_batch_size; `oldest.preserve_ordering` holds each
+batch's responses until every earlier batch has sent its own. A sequence that starts while
+every slot is busy waits for one; if none frees within max_sequence_idle_microseconds, its
+requests fail with UNAVAILABLE. A sequence that sends nothing for that long is released, and
+its later requests get an error saying so.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from coreserve.backend.api import ModelInstance
 from coreserve.config.signature import ModelSignature
 from coreserve.errors import CoreserveError, InvalidArgumentError, UnavailableError
 from coreserve.protos.model_config_pb2 import ModelSequenceBatching
+from coreserve.scheduling.ordering import OrderedRelease
 from coreserve.scheduling.scheduler import Scheduler
 from coreserve.scheduling.sequence_tensors import (
     SequenceId,
@@ -122,6 +124,8 @@ class SequenceBatcher(Scheduler):
         self._direct = batching.WhichOneof("strategy_choice") != "oldest"
         self._per_batch = max(1, signature.max_batch_size)
         self._delay_ns, self._enough = self._batch_policy(batching)
+        if not self._direct and batching.oldest.preserve_ordering:
+            self._ordered = OrderedRelease()
         if self._direct:
             self._free = [self._per_batch] * len(self.instances)
         else:
