@@ -7,7 +7,7 @@ as model.onnx (onnxruntime), model.pt (TorchScript, pytorch) and model.xml/.bin 
 openvino). For each backend and batch size B, measured in one run: (a) the framework's own
 in-process samples/s, one caller running batch B in a loop; (b) the server's samples/s with
 16 concurrent HTTP binary requests of batch B each (wrk, one instance, no dynamic batching).
-The ratio (b) / (a) is what the server keeps of the framework's throughput. Before timing,
+Trials alternate (a) and (b); each figure is the median of its trials. The ratio (b) / (a) is what the server keeps of the framework's throughput. Before timing,
 the three served models are checked to give the same answer. Writes
 benchmarks/results/backends.json.
 """
@@ -27,6 +27,7 @@ from common import (
     Load,
     binary_infer_body,
     calls_per_second,
+    median,
     median_load,
     mlp_onnx,
     mlp_weights,
@@ -148,31 +149,41 @@ def main() -> None:
     repository = Path(tempfile.mkdtemp(prefix="coreserve-backends-")) / "models"
     files = write_repository(repository)
 
-    in_process: dict[str, dict[int, float]] = {}
     sample = np.random.default_rng(2).normal(size=(4, WIDTH_IN)).astype(np.float32)
-    reference = in_process_runner("onnxruntime", files["onnxruntime"])(sample)
-    for backend, model_file in files.items():
-        run = in_process_runner(backend, model_file)
-        in_process[backend] = {}
-        for batch in args.batches:
-            x = np.ones((batch, WIDTH_IN), np.float32)
-            in_process[backend][batch] = batch * calls_per_second(lambda r=run, x=x: r(x), args.seconds / 2)
-
+    runners = {backend: in_process_runner(backend, model_file) for backend, model_file in files.items()}
+    reference = runners["onnxruntime"](sample)
+    cases = [(backend, batch) for backend in BACKENDS for batch in args.batches]
+    own_rates: dict[tuple[str, int], list[float]] = {case: [] for case in cases}
+    server_runs: dict[tuple[str, int], list[Load]] = {case: [] for case in cases}
     server = start_server(repository, "--allow-metrics=false")
-    served: dict[str, dict[int, Load]] = {backend: {} for backend in BACKENDS}
     try:
         differences = served_outputs_agree(server.http_url, reference, sample)
-        for backend in BACKENDS:
+        requests = {}
+        for backend, batch in cases:
+            inputs = np.random.default_rng(1).normal(size=(batch, WIDTH_IN))
+            requests[backend, batch] = binary_infer_body("x", inputs, "y")
             url = f"http://{server.http_url}/v2/models/{backend}/infer"
-            for batch in args.batches:
-                inputs = np.random.default_rng(1).normal(size=(batch, WIDTH_IN))
-                body, headers = binary_infer_body("x", inputs, "y")
-                wrk(url, CONCURRENCY, 2, body, headers)  # warm-up
-                served[backend][batch] = median_load(
-                    [wrk(url, CONCURRENCY, args.seconds, body, headers) for _ in range(args.trials)]
+            wrk(url, CONCURRENCY, 2, *requests[backend, batch])  # warm-up
+        # Each trial measures the framework alone and then the server, case after case, so that
+        # a neighbour who slows the machine for a while weighs on both sides of each ratio.
+        for _ in range(args.trials):
+            for backend, batch in cases:
+                x = np.ones((batch, WIDTH_IN), np.float32)
+                rate = calls_per_second(lambda r=runners[backend], x=x: r(x), args.seconds / 2)
+                own_rates[backend, batch].append(batch * rate)
+                url = f"http://{server.http_url}/v2/models/{backend}/infer"
+                server_runs[backend, batch].append(
+                    wrk(url, CONCURRENCY, args.seconds, *requests[backend, batch])
                 )
     finally:
         server.close()
+    in_process = {
+        backend: {batch: median(own_rates[backend, batch]) for batch in args.batches} for backend in BACKENDS
+    }
+    served = {
+        backend: {batch: median_load(server_runs[backend, batch]) for batch in args.batches}
+        for backend in BACKENDS
+    }
 
     rows, ratios = [], {}
     for backend in BACKENDS:

@@ -129,16 +129,17 @@ class Scheduler:
         """Stops taking requests, lets queued and running ones finish (up to `timeout`
         seconds), fails the rest, then closes the instances."""
         self._closed = True
-        try:
-            await asyncio.wait_for(self._idle.wait(), timeout)
-        except TimeoutError:
-            logger.warning(
-                "model '%s' version %s: %d requests still queued after %.1fs; failing them",
-                self.signature.model_name,
-                self.model_version,
-                self.queue_size,
-                timeout,
-            )
+        if self.pending or self._busy:
+            try:
+                await asyncio.wait_for(self._idle.wait(), timeout)
+            except TimeoutError:
+                logger.warning(
+                    "model '%s' version %s: %d requests still queued after %.1fs; failing them",
+                    self.signature.model_name,
+                    self.model_version,
+                    self.queue_size,
+                    timeout,
+                )
         for worker in self._workers:
             worker.cancel()
         await asyncio.gather(*self._workers, return_exceptions=True)

@@ -1,4 +1,4 @@
-"""The HTTP/REST frontend: KServe v2 endpoints on aiohttp, a thin adapter over the data plane."""
+"""The HTTP/REST frontend: KServe v2 endpoints on a lean HTTP/1.1 server, over the data plane."""
 
 from __future__ import annotations
 
@@ -6,12 +6,12 @@ import base64
 import binascii
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
+from urllib.parse import unquote
 
 import orjson
-from aiohttp import web
-from aiohttp.web_protocol import RequestPayloadError
 
 from coreserve.config import config_to_dict
 from coreserve.errors import CoreserveError, ErrorCode, InternalError, InvalidArgumentError
@@ -23,10 +23,20 @@ from coreserve.protocol.http_body import (
     encode_infer_response,
 )
 from coreserve.server.dataplane import DataPlane
+from coreserve.server.http_wire import (
+    BodyTooLarge,
+    HttpRequest,
+    HttpResponse,
+    HttpServer,
+    Response,
+    StreamedResponse,
+    decompress,
+)
 from coreserve.server.restrictions import ApiRestrictions
 from coreserve.types import InferenceRequest
 
 logger = logging.getLogger(__name__)
+_HEADER_LENGTH_KEY = HEADER_LENGTH.lower()
 
 HTTP_STATUS = {
     ErrorCode.INVALID_ARG: 400,
@@ -40,31 +50,52 @@ HTTP_STATUS = {
     ErrorCode.UNKNOWN: 500,
 }
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Handler = Callable[[HttpRequest], Awaitable[Response]]
 
 
-def error_response(status: int, message: str) -> web.Response:
-    return web.Response(status=status, body=orjson.dumps({"error": message}), content_type="application/json")
+def error_response(status: int, message: str) -> HttpResponse:
+    return HttpResponse(status, orjson.dumps({"error": message}), "application/json")
 
 
-def _json(data: Any) -> web.Response:
-    return web.Response(body=orjson.dumps(data), content_type="application/json")
+def _json(data: Any) -> HttpResponse:
+    return HttpResponse(200, orjson.dumps(data), "application/json")
 
 
 def _handles_errors(handler: Handler, category: str, restrictions: ApiRestrictions) -> Handler:
     """Answers CoreserveErrors as JSON errors, and checks the API restrictions of `category`."""
 
-    async def wrapper(request: web.Request) -> web.StreamResponse:
+    async def wrapper(request: HttpRequest) -> Response:
         try:
             if restrictions:
-                restrictions.check(category, {key.lower(): value for key, value in request.headers.items()})
+                restrictions.check(category, request.headers)
             return await handler(request)
         except CoreserveError as exc:
             return error_response(HTTP_STATUS[exc.code], exc.message)
-        except web.HTTPRequestEntityTooLarge as exc:
-            return error_response(413, f"request body too large: {exc.text}")
+        except BodyTooLarge:
+            return error_response(413, "request body too large once decompressed")
 
     return wrapper
+
+
+class Router:
+    """Finds the handler of a method and path; `{name}` segments become match_info entries."""
+
+    def __init__(self) -> None:
+        self._routes: list[tuple[str, re.Pattern[str], Handler]] = []
+
+    def add(self, method: str, path: str, handler: Handler) -> None:
+        pattern = re.sub(r"\\\{(\w+)\\\}", r"(?P<\1>[^/]+)", re.escape(path))
+        self._routes.append((method, re.compile(f"^{pattern}$"), handler))
+
+    def resolve(self, request: HttpRequest) -> Handler | None:
+        for method, pattern, handler in self._routes:
+            if method != request.method:
+                continue
+            match = pattern.match(request.path)
+            if match is not None:
+                request.match_info = {name: unquote(value) for name, value in match.groupdict().items()}
+                return handler
+        return None
 
 
 class HttpFrontend:
@@ -85,14 +116,15 @@ class HttpFrontend:
         self._port = port
         self._restrictions = restrictions or ApiRestrictions()
         self._shutdown_timeout = shutdown_timeout
-        self._app = web.Application(client_max_size=max_body_size)
+        self._max_body_size = max_body_size
+        self._router = Router()
         self._add_routes()
-        self._runner: web.AppRunner | None = None
+        self._server = HttpServer(self._dispatch, error_response, max_body_size)
         self.port = port
 
     def _add_routes(self) -> None:
         model, version = "/v2/models/{model}", "/v2/models/{model}/versions/{version}"
-        routes = [
+        routes: list[tuple[str, str, str, Handler]] = [
             ("health", "GET", "/v2/health/live", self._live),
             ("health", "GET", "/v2/health/ready", self._ready),
             ("metadata", "GET", "/v2", self._server_metadata),
@@ -112,52 +144,50 @@ class HttpFrontend:
             ("model-repository", "POST", "/v2/repository/models/{model}/unload", self._unload_model),
         ]
         for category, method, path, handler in routes:
-            self._app.router.add_route(method, path, _handles_errors(handler, category, self._restrictions))
-        self._app.router.add_route("*", "/{tail:.*}", self._unknown_endpoint)
+            self._router.add(method, path, _handles_errors(handler, category, self._restrictions))
+
+    async def _dispatch(self, request: HttpRequest) -> Response:
+        handler = self._router.resolve(request)
+        if handler is None:
+            return error_response(404, f"unknown endpoint: {request.method} {request.path}")
+        return await handler(request)
 
     async def start(self) -> None:
-        self._runner = web.AppRunner(
-            self._app, access_log=None, handle_signals=False, shutdown_timeout=self._shutdown_timeout
-        )
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self._address, self._port, reuse_address=True)
-        await site.start()
-        self.port = self._runner.addresses[0][1]  # the real port when 0 was asked for
+        self.port = await self._server.start(self._address, self._port)  # the real port when 0 was asked for
         logger.info("Started HTTPService at %s:%d", self._address, self.port)
 
     async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
+        await self._server.stop(self._shutdown_timeout)
 
-    async def _live(self, request: web.Request) -> web.Response:
-        return web.Response(status=200 if self._dataplane.live() else 400)
+    async def _live(self, request: HttpRequest) -> HttpResponse:
+        return HttpResponse(200 if self._dataplane.live() else 400)
 
-    async def _ready(self, request: web.Request) -> web.Response:
-        return web.Response(status=200 if self._dataplane.ready() else 400)
+    async def _ready(self, request: HttpRequest) -> HttpResponse:
+        return HttpResponse(200 if self._dataplane.ready() else 400)
 
-    async def _server_metadata(self, request: web.Request) -> web.Response:
+    async def _server_metadata(self, request: HttpRequest) -> HttpResponse:
         return _json(self._dataplane.server_metadata())
 
-    async def _model_metadata(self, request: web.Request) -> web.Response:
+    async def _model_metadata(self, request: HttpRequest) -> HttpResponse:
         info = request.match_info
         return _json(self._dataplane.model_metadata(info["model"], info.get("version", "")))
 
-    async def _model_ready(self, request: web.Request) -> web.Response:
+    async def _model_ready(self, request: HttpRequest) -> HttpResponse:
         info = request.match_info
         self._dataplane.repository.get(info["model"])  # unknown model: 404
-        return web.Response(
-            status=200 if self._dataplane.model_ready(info["model"], info.get("version", "")) else 400
+        return HttpResponse(
+            200 if self._dataplane.model_ready(info["model"], info.get("version", "")) else 400
         )
 
-    async def _model_config(self, request: web.Request) -> web.Response:
+    async def _model_config(self, request: HttpRequest) -> HttpResponse:
         info = request.match_info
         return _json(config_to_dict(self._dataplane.model_config(info["model"], info.get("version", ""))))
 
-    async def _infer(self, request: web.Request) -> web.Response:
+    async def _infer(self, request: HttpRequest) -> HttpResponse:
         info = request.match_info
         model, version = info["model"], info.get("version", "")
-        body = await _read_body(request)
-        header = request.headers.get(HEADER_LENGTH)
+        body = await self._read_body(request)
+        header = request.headers.get(_HEADER_LENGTH_KEY)
         header_length = _parse_header_length(header) if header is not None else None
         if header_length == 0:
             target = self._dataplane.model_version(model, version)
@@ -175,24 +205,18 @@ class HttpFrontend:
         response = await self._dataplane.infer(infer_request)
         payload, json_length = encode_infer_response(response, encoding)
         if json_length is None:
-            reply = web.Response(body=payload, content_type="application/json")
-        else:
-            reply = web.Response(
-                body=payload,
-                content_type="application/octet-stream",
-                headers={HEADER_LENGTH: str(json_length)},
-            )
-        if request.headers.get("Accept-Encoding"):
-            reply.enable_compression()
-        return reply
+            return HttpResponse(200, payload, "application/json", compress=True)
+        return HttpResponse(
+            200, payload, "application/octet-stream", {HEADER_LENGTH: str(json_length)}, compress=True
+        )
 
-    async def _generate_request(self, request: web.Request) -> InferenceRequest:
+    async def _generate_request(self, request: HttpRequest) -> InferenceRequest:
         info = request.match_info
         model, version = info["model"], info.get("version", "")
         target = self._dataplane.model_version(model, version)
-        return decode_generate_request(await _read_body(request), target.signature, model, version)
+        return decode_generate_request(await self._read_body(request), target.signature, model, version)
 
-    async def _generate(self, request: web.Request) -> web.Response:
+    async def _generate(self, request: HttpRequest) -> HttpResponse:
         """One request, one JSON response: the last response of the model."""
         inference = await self._generate_request(request)
         last = None
@@ -200,50 +224,50 @@ class HttpFrontend:
             last = response
         if last is None:
             raise InternalError(f"model '{inference.model_name}' sent no response")
-        return web.Response(body=encode_generate_response(last), content_type="application/json")
+        return HttpResponse(200, encode_generate_response(last), "application/json")
 
-    async def _generate_stream(self, request: web.Request) -> web.StreamResponse:
+    async def _generate_stream(self, request: HttpRequest) -> StreamedResponse:
         """One request, its responses as server-sent events; an error ends the stream as an event."""
         inference = await self._generate_request(request)
         responses = self._dataplane.stream(inference)
-        stream = web.StreamResponse(
-            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-        )
         first: bytes | None = None
         with contextlib.suppress(StopAsyncIteration):
             first = encode_generate_response(await anext(responses))
-        await stream.prepare(request)
-        try:
-            if first is not None:
-                await stream.write(b"data: " + first + b"\n\n")
-                async for response in responses:
-                    await stream.write(b"data: " + encode_generate_response(response) + b"\n\n")
-        except CoreserveError as exc:
-            await stream.write(b"data: " + orjson.dumps({"error": exc.message}) + b"\n\n")
-        await stream.write_eof()
-        return stream
 
-    async def _statistics(self, request: web.Request) -> web.Response:
+        async def events() -> AsyncIterator[bytes]:
+            try:
+                if first is not None:
+                    yield b"data: " + first + b"\n\n"
+                    async for response in responses:
+                        yield b"data: " + encode_generate_response(response) + b"\n\n"
+            except CoreserveError as exc:
+                yield b"data: " + orjson.dumps({"error": exc.message}) + b"\n\n"
+
+        return StreamedResponse(
+            events(), headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
+
+    async def _statistics(self, request: HttpRequest) -> HttpResponse:
         info = request.match_info
         return _json(self._dataplane.statistics(info.get("model", ""), info.get("version", "")))
 
-    async def _repository_index(self, request: web.Request) -> web.Response:
-        body = await _read_body(request)
+    async def _repository_index(self, request: HttpRequest) -> HttpResponse:
+        body = await self._read_body(request)
         options = _json_object(body, "repository index request") if body.strip() else {}
         ready = options.get("ready", False)
         if not isinstance(ready, bool):
             raise InvalidArgumentError("'ready' of a repository index request must be true or false")
         return _json(await self._dataplane.repository_index(ready_only=ready))
 
-    async def _control_parameters(self, request: web.Request) -> dict[str, Any]:
-        body = await _read_body(request)
+    async def _control_parameters(self, request: HttpRequest) -> dict[str, Any]:
+        body = await self._read_body(request)
         options = _json_object(body, "repository request") if body.strip() else {}
         parameters = options.get("parameters", {})
         if not isinstance(parameters, dict):
             raise InvalidArgumentError("'parameters' of a repository request must be a JSON object")
         return parameters
 
-    async def _load_model(self, request: web.Request) -> web.Response:
+    async def _load_model(self, request: HttpRequest) -> HttpResponse:
         parameters = await self._control_parameters(request)
         decoded: dict[str, object] = {}
         for key, value in parameters.items():
@@ -257,27 +281,25 @@ class HttpFrontend:
             else:
                 decoded[key] = value
         await self._dataplane.load_model(request.match_info["model"], decoded)
-        return web.Response(status=200)
+        return HttpResponse(200)
 
-    async def _unload_model(self, request: web.Request) -> web.Response:
+    async def _unload_model(self, request: HttpRequest) -> HttpResponse:
         parameters = await self._control_parameters(request)
         dependents = parameters.get("unload_dependents", False)
         if not isinstance(dependents, bool):
             raise InvalidArgumentError("unload parameter 'unload_dependents' must be true or false")
         await self._dataplane.unload_model(request.match_info["model"], dependents)
-        return web.Response(status=200)
+        return HttpResponse(200)
 
-    async def _unknown_endpoint(self, request: web.Request) -> web.Response:
-        return error_response(404, f"unknown endpoint: {request.method} {request.path}")
-
-
-async def _read_body(request: web.Request) -> bytes:
-    try:
-        return await request.read()
-    except RequestPayloadError as exc:  # a body that its Content-Encoding cannot decode, say
-        raise InvalidArgumentError(
-            f"cannot read the request body: {str(exc).splitlines()[-1].strip()}"
-        ) from None
+    async def _read_body(self, request: HttpRequest) -> bytes:
+        """The body, decompressed under its Content-Encoding."""
+        encoding = request.headers.get("content-encoding", "identity").strip().lower()
+        if encoding == "identity" or not request.body:
+            return request.body
+        try:
+            return decompress(request.body, encoding, self._max_body_size)
+        except ValueError as exc:
+            raise InvalidArgumentError(f"cannot read the request body: {exc}") from None
 
 
 def _json_object(body: bytes, what: str) -> dict[str, Any]:
