@@ -338,8 +338,8 @@ def _compress(body: bytes, encoding: str) -> bytes:
     return compressor.compress(body) + compressor.flush()
 
 
+_REASONS = {status.value: status.phrase for status in HTTPStatus}
+
+
 def _reason(status: int) -> str:
-    try:
-        return HTTPStatus(status).phrase
-    except ValueError:
-        return "Unknown"
+    return _REASONS.get(status, "Unknown")
