@@ -72,13 +72,13 @@ class Model:
     def version(self, requested: str) -> ModelVersion:
         """The version a request names ("" for the latest ready one)."""
         if not requested:
-            ready = self.ready_versions()
+            ready = [number for number, version in self.versions.items() if version.ready]
             if not ready:
                 reason = self.reason or "; ".join(
                     f"version {v.version}: {v.reason or v.state}" for v in self.versions.values()
                 )
                 raise UnavailableError(f"model '{self.name}' is not ready: {reason or 'no versions loaded'}")
-            return self.versions[ready[-1]]
+            return self.versions[max(ready)]
         number = parse_version(requested)
         found = self.versions.get(number)
         if found is None:

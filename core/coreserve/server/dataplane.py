@@ -93,7 +93,9 @@ class DataPlane:
 
         Raises (and counts as a failure of the model) when the request does not fit.
         """
-        model_version = self.model_version(request.model_name, request.model_version)
+        self._submit(self.model_version(request.model_name, request.model_version), request, sink)
+
+    def _submit(self, model_version: ModelVersion, request: InferenceRequest, sink: ResponseSink) -> None:
         scheduler = model_version.scheduler
         if scheduler is None:
             raise UnavailableError(f"model '{request.model_name}' is not ready")
@@ -114,7 +116,7 @@ class DataPlane:
                 "call it with the generate_stream endpoint or a gRPC stream"
             )
         sink = SingleResponse(asyncio.get_running_loop())
-        self.submit(request, sink)
+        self._submit(target, request, sink)
         return await sink.future
 
     async def stream(self, request: InferenceRequest) -> AsyncIterator[InferenceResponse]:

@@ -78,23 +78,45 @@ def _handles_errors(handler: Handler, category: str, restrictions: ApiRestrictio
 
 
 class Router:
-    """Finds the handler of a method and path; `{name}` segments become match_info entries."""
+    """Finds the handler of a method and path; `{name}` segments become match_info entries.
+
+    Clients call the same few paths over and over, so resolved paths are remembered (up to
+    CACHE_SIZE of them) and a repeated path skips the patterns.
+    """
+
+    CACHE_SIZE = 4096
 
     def __init__(self) -> None:
         self._routes: list[tuple[str, re.Pattern[str], Handler]] = []
+        self._resolved: dict[tuple[str, str], tuple[Handler, dict[str, str]] | None] = {}
 
     def add(self, method: str, path: str, handler: Handler) -> None:
         pattern = re.sub(r"\\\{(\w+)\\\}", r"(?P<\1>[^/]+)", re.escape(path))
         self._routes.append((method, re.compile(f"^{pattern}$"), handler))
+        self._resolved.clear()
 
     def resolve(self, request: HttpRequest) -> Handler | None:
-        for method, pattern, handler in self._routes:
-            if method != request.method:
+        key = (request.method, request.path)
+        try:
+            found = self._resolved[key]
+        except KeyError:
+            found = self._match(*key)
+            if len(self._resolved) >= self.CACHE_SIZE:
+                self._resolved.clear()
+            self._resolved[key] = found
+        if found is None:
+            return None
+        handler, match_info = found
+        request.match_info = dict(match_info)
+        return handler
+
+    def _match(self, method: str, path: str) -> tuple[Handler, dict[str, str]] | None:
+        for route_method, pattern, handler in self._routes:
+            if route_method != method:
                 continue
-            match = pattern.match(request.path)
+            match = pattern.match(path)
             if match is not None:
-                request.match_info = {name: unquote(value) for name, value in match.groupdict().items()}
-                return handler
+                return handler, {name: unquote(value) for name, value in match.groupdict().items()}
         return None
 
 

@@ -201,8 +201,9 @@ class HttpProtocol(asyncio.Protocol):
             return
         body = response.body
         extra = "".join(f"{name}: {value}\r\n" for name, value in response.headers.items())
-        if response.compress and body:
-            encoding = _accepted_encoding(request_headers.get("accept-encoding", ""))
+        accept = request_headers.get("accept-encoding") if response.compress and body else None
+        if accept:
+            encoding = _accepted_encoding(accept)
             if encoding is not None:
                 body = _compress(body, encoding)
                 extra += f"Content-Encoding: {encoding}\r\n"
@@ -278,8 +279,8 @@ class HttpServer:
     def answered(self) -> None:
         if self.busy == 0:
             self._idle.set()
-        for connection in list(self.connections):
-            if self._server is None:
+        if self._server is None:  # stopping: close the connections that went idle
+            for connection in list(self.connections):
                 connection.close_if_idle()
 
     async def stop(self, timeout: float) -> None:
