@@ -12,6 +12,7 @@ import json
 import os
 import platform
 import re
+import resource
 import shutil
 import statistics
 import subprocess
@@ -272,6 +273,31 @@ def calls_per_second(call: Callable[[], object], seconds: float) -> float:
         call()
         count += 1
     return count / elapsed
+
+
+def thread_cpu_seconds(pid: int) -> dict[int, float]:
+    """CPU seconds (user + system) each thread of process `pid` has used, from /proc (Linux;
+    empty elsewhere)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    spent = {}
+    try:
+        threads = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return {}
+    for tid in threads:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as file:
+                fields = file.read().rpartition(")")[2].split()
+        except OSError:
+            continue  # the thread ended meanwhile
+        spent[int(tid)] = (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
+    return spent
+
+
+def children_cpu_seconds() -> float:
+    """CPU seconds used by this process's waited-for child processes (load generators)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def median(values: Sequence[float]) -> float:
