@@ -146,6 +146,7 @@ def test_bf16_models_are_refused_clearly(tmp_path: Path) -> None:
             "0 (sequential) or 1 (parallel)",
         ),
         ('parameters { key: "enable_mem_arena" value: { string_value: "maybe" } }', "must be true or false"),
+        ('parameters { key: "allow_spinning" value: { string_value: "often" } }', "must be true or false"),
         ("optimization { graph { level: 5 } }", "'optimization.graph.level' must be one of [-1, 0, 1, 2]"),
     ],
 )
@@ -166,6 +167,13 @@ def test_session_parameters_are_applied() -> None:
     assert options.intra_op_num_threads == 1
     assert options.execution_mode == ort.ExecutionMode.ORT_PARALLEL
     assert options.graph_optimization_level == ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+
+
+def test_intra_op_threads_spin_only_when_asked() -> None:
+    spinning = "session.intra_op.allow_spinning"
+    assert session_options(parse_config('name: "m"')).get_session_config_entry(spinning) == "0"
+    config = parse_config('name: "m" parameters { key: "allow_spinning" value: { string_value: "true" } }')
+    assert session_options(config).get_session_config_entry(spinning) == "1"
 
 
 def test_gpu_instances_need_the_cuda_provider(tmp_path: Path) -> None:
