@@ -72,13 +72,13 @@ class Model:
     def version(self, requested: str) -> ModelVersion:
         """The version a request names ("" for the latest ready one)."""
         if not requested:
-            ready = [number for number, version in self.versions.items() if version.ready]
+            ready = self.ready_versions()
             if not ready:
                 reason = self.reason or "; ".join(
                     f"version {v.version}: {v.reason or v.state}" for v in self.versions.values()
                 )
                 raise UnavailableError(f"model '{self.name}' is not ready: {reason or 'no versions loaded'}")
-            return self.versions[max(ready)]
+            return self.versions[ready[-1]]
         number = parse_version(requested)
         found = self.versions.get(number)
         if found is None:
