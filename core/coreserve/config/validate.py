@@ -17,6 +17,9 @@ from coreserve.protos.model_config_pb2 import (
     ModelSequenceBatching,
 )
 
+# proto3 enums are open: text format and JSON accept any number, e.g. `data_type: 99`.
+_DATA_TYPES = frozenset(DataType.values()) - {DataType.TYPE_INVALID}
+
 
 def validate_config(config: ModelConfig) -> None:
     """Raises ModelConfigError for the first problem found."""
@@ -59,6 +62,8 @@ def _check_tensors(kind: str, tensors: Iterable[Any]) -> str | None:
         where = f"config field '{kind}[{index}]' ('{tensor.name}')"
         if tensor.data_type == DataType.TYPE_INVALID:
             return f"{where} needs a data_type"
+        if tensor.data_type not in _DATA_TYPES:
+            return f"{where}: data_type {tensor.data_type} is not a known type"
         bad = [dim for dim in tensor.dims if dim < -1 or dim == 0]
         if bad:
             return f"{where}: every entry of dims must be -1 (any size) or >= 1, got {list(tensor.dims)}"
@@ -173,6 +178,8 @@ def _check_sequence_batching(config: ModelConfig) -> str | None:
         if control.kind == ModelSequenceBatching.Control.CONTROL_SEQUENCE_CORRID:
             if control.data_type == DataType.TYPE_INVALID:
                 return f"{where}: a CORRID control needs data_type"
+            if control.data_type not in _DATA_TYPES:
+                return f"{where}: data_type {control.data_type} is not a known type"
             continue
         pairs = [p for p in (control.int32_false_true, control.fp32_false_true, control.bool_false_true) if p]
         if len(pairs) != 1 or len(pairs[0]) != 2:
@@ -189,6 +196,8 @@ def _check_sequence_batching(config: ModelConfig) -> str | None:
         taken.add(state.input_name)
         if state.data_type == DataType.TYPE_INVALID:
             return f"{where} needs a data_type"
+        if state.data_type not in _DATA_TYPES:
+            return f"{where}: data_type {state.data_type} is not a known type"
         initial = state.initial_state[0] if state.initial_state else None
         dims = list(initial.dims) if initial is not None and initial.dims else list(state.dims)
         if any(dim < 0 for dim in dims):
