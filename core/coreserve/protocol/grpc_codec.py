@@ -11,7 +11,13 @@ from typing import Any
 import numpy as np
 
 from coreserve.errors import InvalidArgumentError
-from coreserve.protocol.tensors import array_from_bytes, array_to_bytes, element_count, parse_datatype
+from coreserve.protocol.tensors import (
+    array_from_bytes,
+    array_to_bytes,
+    check_shape,
+    element_count,
+    parse_datatype,
+)
 from coreserve.protos import grpc_service_pb2 as pb
 from coreserve.types import NUMPY_DTYPES, DataType, InferenceRequest, InferenceResponse, ParameterValue
 
@@ -67,9 +73,7 @@ def decode_model_infer_request(message: pb.ModelInferRequest) -> InferenceReques
         if name in inputs:
             raise InvalidArgumentError(f"input '{name}' appears more than once")
         datatype = parse_datatype(tensor.datatype, name)
-        shape = tuple(tensor.shape)
-        if any(dim < 0 for dim in shape):
-            raise InvalidArgumentError(f"input '{name}' has a negative dimension in its shape {list(shape)}")
+        shape = check_shape(tuple(tensor.shape), name)
         if raw:
             if tensor.HasField("contents"):
                 raise InvalidArgumentError(

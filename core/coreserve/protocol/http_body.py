@@ -134,7 +134,7 @@ def decode_raw_infer_request(
                 f"(dims {dims} have more than one -1); send a JSON header"
             )
         if dims.count(-1) == 1:
-            if len(body) % (known * itemsize):
+            if known == 0 or len(body) % (known * itemsize):
                 raise InvalidArgumentError(
                     f"raw request body of {len(body)} bytes does not fit input '{name}' of model "
                     f"'{model_name}' ({spec.datatype} {dims})"

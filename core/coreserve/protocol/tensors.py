@@ -36,15 +36,47 @@ def parse_datatype(value: object, name: str) -> DataType:
         return DataType(value if isinstance(value, str) else "")
     except ValueError:
         known = ", ".join(DataType)
-        raise InvalidArgumentError(f"input '{name}' has unknown datatype {value!r}; known: {known}") from None
+        text = repr(value)
+        if len(text) > 100:
+            text = text[:100] + "..."
+        raise InvalidArgumentError(f"input '{name}' has unknown datatype {text}; known: {known}") from None
+
+
+# numpy's limits: at most 64 dimensions, and an array's byte size must fit in a signed 64-bit
+# integer (checked with the widest element, 8 bytes, so that every datatype fits).
+MAX_DIMS = 64
+_MAX_ELEMENTS = (2**63 - 1) // 8
 
 
 def parse_shape(value: object, name: str) -> tuple[int, ...]:
+    """The shape of a JSON tensor: a list of non-negative integers that numpy can hold."""
     if not isinstance(value, list) or not all(type(d) is int and d >= 0 for d in value):
+        text = repr(value)
         raise InvalidArgumentError(
-            f"input '{name}' needs 'shape': a list of non-negative integers, got {value!r}"
+            f"input '{name}' needs 'shape': a list of non-negative integers, got "
+            f"{text if len(text) <= 200 else text[:200] + '...'}"
         )
-    return tuple(value)
+    return check_shape(tuple(value), name)
+
+
+def check_shape(shape: tuple[int, ...], name: str) -> tuple[int, ...]:
+    """Returns `shape` if numpy can make an array of it; raises InvalidArgumentError if not.
+
+    Without this, numpy's own ValueError would escape the codecs as a server fault.
+    """
+    if len(shape) > MAX_DIMS:
+        raise InvalidArgumentError(
+            f"input '{name}' has {len(shape)} dimensions; at most {MAX_DIMS} are supported"
+        )
+    elements = 1
+    for dim in shape:
+        if dim < 0:
+            raise InvalidArgumentError(f"input '{name}' has a negative dimension in its shape {list(shape)}")
+        # Zero-sized dimensions do not shrink what numpy checks: it multiplies the others.
+        elements *= dim or 1
+        if elements > _MAX_ELEMENTS:
+            raise InvalidArgumentError(f"input '{name}' has a shape too large for any tensor: {list(shape)}")
+    return shape
 
 
 def element_count(shape: Sequence[int]) -> int:
@@ -83,7 +115,8 @@ def array_from_json(data: Any, datatype: DataType, shape: tuple[int, ...], name:
             raise InvalidArgumentError(
                 f"input '{name}' has data that is not {datatype} (found {_describe_kind(source.dtype.kind)})"
             )
-        array = source.astype(NUMPY_DTYPES[datatype], copy=False)
+        with np.errstate(over="ignore"):  # a value beyond FP16/FP32 becomes inf, as in a C cast
+            array = source.astype(NUMPY_DTYPES[datatype], copy=False)
     if array.size != count:
         raise InvalidArgumentError(
             f"input '{name}' has {array.size} elements but its shape {list(shape)} needs {count}"

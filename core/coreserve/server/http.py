@@ -22,6 +22,7 @@ from coreserve.protocol.http_body import (
     decode_raw_infer_request,
     encode_infer_response,
 )
+from coreserve.server.codec_threads import CodecThreads
 from coreserve.server.dataplane import DataPlane
 from coreserve.server.http_wire import (
     BodyTooLarge,
@@ -33,10 +34,16 @@ from coreserve.server.http_wire import (
     decompress,
 )
 from coreserve.server.restrictions import ApiRestrictions
-from coreserve.types import InferenceRequest
+from coreserve.types import InferenceRequest, InferenceResponse
 
 logger = logging.getLogger(__name__)
 _HEADER_LENGTH_KEY = HEADER_LENGTH.lower()
+# Bodies (and responses) of at least this many bytes are decoded (encoded) on a worker thread:
+# parsing tens of megabytes of JSON takes long enough to stall every other client of the loop.
+# Smaller ones stay on the loop, where a thread hop would cost more than the work.
+OFF_LOOP_BYTES = 1 << 20
+# Compressed bodies can inflate a thousandfold, so they leave the loop from a smaller size.
+OFF_LOOP_COMPRESSED_BYTES = 16 << 10
 
 HTTP_STATUS = {
     ErrorCode.INVALID_ARG: 400,
@@ -142,6 +149,7 @@ class HttpFrontend:
         self._router = Router()
         self._add_routes()
         self._server = HttpServer(self._dispatch, error_response, max_body_size)
+        self._codec_threads = CodecThreads("coreserve-http-codec")
         self.port = port
 
     def _add_routes(self) -> None:
@@ -180,6 +188,7 @@ class HttpFrontend:
 
     async def stop(self) -> None:
         await self._server.stop(self._shutdown_timeout)
+        self._codec_threads.close()
 
     async def _live(self, request: HttpRequest) -> HttpResponse:
         return HttpResponse(200 if self._dataplane.live() else 400)
@@ -219,13 +228,21 @@ class HttpFrontend:
                     f"a raw request ({HEADER_LENGTH}: 0) needs a model with exactly one input; "
                     f"model '{model}' has {len(inputs)}"
                 )
+            # Raw data is wrapped, not parsed: cheap at any size.
             infer_request, encoding = decode_raw_infer_request(
                 body, inputs[0], target.signature.batching, model, version
             )
-        else:
+        elif len(body) < OFF_LOOP_BYTES:
             infer_request, encoding = decode_infer_request(body, header_length, model, version)
+        else:
+            infer_request, encoding = await self._codec_threads.run(
+                decode_infer_request, body, header_length, model, version
+            )
         response = await self._dataplane.infer(infer_request)
-        payload, json_length = encode_infer_response(response, encoding)
+        if _output_bytes(response) < OFF_LOOP_BYTES:
+            payload, json_length = encode_infer_response(response, encoding)
+        else:
+            payload, json_length = await self._codec_threads.run(encode_infer_response, response, encoding)
         if json_length is None:
             return HttpResponse(200, payload, "application/json", compress=True)
         return HttpResponse(
@@ -236,7 +253,10 @@ class HttpFrontend:
         info = request.match_info
         model, version = info["model"], info.get("version", "")
         target = self._dataplane.model_version(model, version)
-        return decode_generate_request(await self._read_body(request), target.signature, model, version)
+        body = await self._read_body(request)
+        if len(body) < OFF_LOOP_BYTES:
+            return decode_generate_request(body, target.signature, model, version)
+        return await self._codec_threads.run(decode_generate_request, body, target.signature, model, version)
 
     async def _generate(self, request: HttpRequest) -> HttpResponse:
         """One request, one JSON response: the last response of the model."""
@@ -319,9 +339,16 @@ class HttpFrontend:
         if encoding == "identity" or not request.body:
             return request.body
         try:
-            return decompress(request.body, encoding, self._max_body_size)
+            if len(request.body) < OFF_LOOP_COMPRESSED_BYTES:
+                return decompress(request.body, encoding, self._max_body_size)
+            return await self._codec_threads.run(decompress, request.body, encoding, self._max_body_size)
         except ValueError as exc:
             raise InvalidArgumentError(f"cannot read the request body: {exc}") from None
+
+
+def _output_bytes(response: InferenceResponse) -> int:
+    """Roughly how large a response's data is (BYTES arrays count their pointers only)."""
+    return sum(array.nbytes for array in response.outputs.values())
 
 
 def _json_object(body: bytes, what: str) -> dict[str, Any]:
