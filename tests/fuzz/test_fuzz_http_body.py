@@ -166,6 +166,8 @@ def raw_cases(draw: st.DrawFn) -> tuple[TensorSpec, bool, bytes]:
 
 
 @given(raw_cases())
+@example((TensorSpec("RAW", DataType.BOOL, (-1, 2**40, 2**40)), False, b""))
+@example((TensorSpec("RAW", DataType.BYTES, (1,) * 64), True, b"x"))
 def test_raw_bodies_get_a_client_error_or_a_request(case: tuple[TensorSpec, bool, bytes]) -> None:
     spec, batching, body = case
     decoded = client_error_or_answer(lambda: decode_raw_infer_request(body, spec, batching, "m", "1"))

@@ -20,6 +20,7 @@ from coreserve.protocol.tensors import (
     array_from_json,
     array_to_bytes,
     array_to_json,
+    check_shape,
     parse_datatype,
     parse_shape,
 )
@@ -120,7 +121,7 @@ def decode_raw_infer_request(
     """
     name = spec.name
     if spec.datatype is DataType.BYTES:
-        array = np.empty((1,) * (len(spec.dims) + (1 if batching else 0)), dtype=np.object_)
+        array = np.empty(check_shape((1,) * (len(spec.dims) + (1 if batching else 0)), name), dtype=np.object_)
         array.reshape(-1)[0] = bytes(body)
     else:
         itemsize = spec.datatype.numpy_dtype.itemsize
@@ -140,7 +141,8 @@ def decode_raw_infer_request(
                     f"'{model_name}' ({spec.datatype} {dims})"
                 )
             dims[dims.index(-1)] = len(body) // (known * itemsize)
-        shape = tuple([1, *dims] if batching else dims)
+        # The dims come from the model's configuration, which may ask for more than numpy holds.
+        shape = check_shape(tuple([1, *dims] if batching else dims), name)
         array = array_from_bytes(memoryview(body), spec.datatype, shape, name)
     request = InferenceRequest(model_name=model_name, model_version=model_version, inputs={name: array})
     return request, OutputEncoding(binary_by_default=True)
