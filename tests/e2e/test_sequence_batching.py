@@ -334,3 +334,63 @@ def test_bad_sequence_configurations_make_the_model_unavailable(
             assert info.value.status() == "503" and reason in info.value.message()
     finally:
         client.close()
+
+
+WHICH_INSTANCE_MODEL = """
+import os
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        pid = np.array([[os.getpid()]], np.int64)  # each instance is a process of its own
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("PID", pid)]) for _ in requests]
+"""
+WHICH_INSTANCE_CONFIG = """
+backend: "python"
+max_batch_size: 4
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "PID" data_type: TYPE_INT64 dims: [ 1 ] } ]
+instance_group [ { count: 2 kind: KIND_CPU } ]
+sequence_batching {
+  max_sequence_idle_microseconds: 30000000
+  %s
+}
+"""
+
+
+@pytest.mark.parametrize(
+    "strategy",
+    ["oldest { max_candidate_sequences: 10 }", "oldest { max_candidate_sequences: 2 }", "direct { }"],
+    ids=["oldest", "oldest-backlog", "direct"],
+)
+def test_every_request_of_a_sequence_runs_on_one_instance(
+    coreserve_server: ServerFactory, tmp_path: Path, strategy: str
+) -> None:
+    folder = write_model(tmp_path, "which", None, WHICH_INSTANCE_CONFIG % strategy)
+    (folder / "1" / "model.py").write_text(WHICH_INSTANCE_MODEL)
+    server = coreserve_server(tmp_path)
+
+    def run_sequence(sequence_id: int) -> list[int]:
+        client = httpclient.InferenceServerClient(server.http_url, network_timeout=60)
+        pids = []
+        try:
+            for step in range(5):
+                tensor = httpclient.InferInput("IN", [1, 1], "INT32")
+                tensor.set_data_from_numpy(np.array([[step]], np.int32))
+                result = client.infer(
+                    "which", [tensor], sequence_id=sequence_id, sequence_start=step == 0, sequence_end=step == 4
+                )
+                pids.append(int(result.as_numpy("PID")[0, 0]))
+        finally:
+            client.close()
+        return pids
+
+    with ThreadPoolExecutor(20) as pool:
+        runs = list(pool.map(run_sequence, range(1, 21), timeout=120))
+    instances_per_sequence = {sequence_id: set(pids) for sequence_id, pids in enumerate(runs, start=1)}
+    assert all(len(instances) == 1 for instances in instances_per_sequence.values()), instances_per_sequence
+    # Both instances served sequences: the test would prove nothing with one.
+    assert len(set().union(*instances_per_sequence.values())) == 2

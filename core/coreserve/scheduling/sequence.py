@@ -2,9 +2,11 @@
 
 Requests carry `sequence_id`, `sequence_start` and `sequence_end`. A sequence holds a slot
 from its first request to its last; the requests of one sequence run one at a time and in
-order, while requests of different sequences are batched together. With the `direct`
-strategy (the default) a sequence stays on one instance; with `oldest` any free instance
-takes the oldest waiting sequences. The batcher fills in control inputs (START, END, READY,
+order, while requests of different sequences are batched together. A sequence stays on one
+instance from start to end, as in Triton, so that a model's per-instance state follows it:
+the instance with the most free slots when it starts. With the `direct` strategy (the
+default) each batch holds at most one request per slot; with `oldest` an instance batches
+the oldest waiting of its sequences. The batcher fills in control inputs (START, END, READY,
 CORRID) and feeds each sequence's implicit state from one request to the next.
 
 Slots: each instance has max(1, max_batch_size) of them (`oldest`: max_candidate_sequences,
@@ -68,7 +70,7 @@ class SequenceSlot:
     id: SequenceId
     steps: deque[Step] = field(default_factory=deque)
     state: dict[str, np.ndarray] = field(default_factory=dict)
-    instance: int | None = None
+    instance: int | None = None  # set when it gets a slot, for good
     slotted: bool = False
     busy: bool = False
     ended: bool = False
@@ -126,11 +128,9 @@ class SequenceBatcher(Scheduler):
         self._delay_ns, self._enough = self._batch_policy(batching)
         if not self._direct and batching.oldest.preserve_ordering:
             self._ordered = OrderedRelease()
-        if self._direct:
-            self._free = [self._per_batch] * len(self.instances)
-        else:
-            capacity = batching.oldest.max_candidate_sequences or self._per_batch * len(self.instances)
-            self._free = [capacity]
+        # Each instance has its own slots (Triton gives each instance its own batcher).
+        slots = self._per_batch if self._direct else batching.oldest.max_candidate_sequences or self._per_batch
+        self._free = [slots] * len(self.instances)
         self._capacity = sum(self._free)
         self._idle_ns = (batching.max_sequence_idle_microseconds or DEFAULT_IDLE_US) * 1000
         self._sequences: dict[SequenceId, SequenceSlot] = {}
@@ -199,7 +199,7 @@ class SequenceBatcher(Scheduler):
         if self._free[pool] > 0:
             self._free[pool] -= 1
             sequence.slotted = True
-            sequence.instance = pool if self._direct else None
+            sequence.instance = pool
         else:
             self._backlog.append(sequence)
 
@@ -221,13 +221,8 @@ class SequenceBatcher(Scheduler):
                 break
 
     def _notify(self, sequence: SequenceSlot) -> None:
-        if not sequence.slotted:
-            return
-        if sequence.instance is not None:
+        if sequence.slotted and sequence.instance is not None:
             self._ready[sequence.instance].set()
-        else:
-            for event in self._ready:
-                event.set()
 
     def _ready_sequences(self, index: int) -> list[SequenceSlot]:
         """The sequences instance `index` may run now, the longest waiting first."""
@@ -237,7 +232,7 @@ class SequenceBatcher(Scheduler):
             if sequence.slotted
             and not sequence.busy
             and sequence.steps
-            and (sequence.instance is None or sequence.instance == index)
+            and sequence.instance == index
         ]
         candidates.sort(key=lambda sequence: sequence.steps[0].request.queued_ns)
         return candidates[: self._per_batch]
