@@ -134,6 +134,9 @@ class InferenceRequest:
     received_ns: int = field(default_factory=now_ns)
     queued_ns: int = 0
     sink: ResponseSink | None = None
+    # Set when the client stopped waiting (a gRPC deadline, a cancelled call): whatever the
+    # model answers afterwards, the request counts as a failure.
+    cancelled: bool = False
 
 
 @dataclass(slots=True, eq=False)

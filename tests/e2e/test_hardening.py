@@ -4,9 +4,12 @@ stall the event loop, and a deadline that expires is counted a failure."""
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -14,7 +17,7 @@ import orjson
 import pytest
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from coreserve.testing import ServerProcess
+from coreserve.testing import ServerFactory, ServerProcess
 from http_raw import request
 from model_builders import identity_model, write_model
 
@@ -247,3 +250,60 @@ def test_a_large_json_body_does_not_stall_other_clients(server: ServerProcess) -
     worst, probes = _worst_health_latency(server, big_request)
     assert probes >= 3
     assert worst < 1.0, f"a health probe waited {worst:.2f}s during a {len(body) >> 20} MiB request"
+
+
+ECHO = """
+backend: "echo"
+max_batch_size: 0
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+"""
+
+
+def _echo_server(coreserve_server: ServerFactory, repository: Path, echo_backend_site: Path) -> ServerProcess:
+    write_model(repository, "echo", b"", ECHO, filename="model.echo")
+    pythonpath = os.pathsep.join(filter(None, [str(echo_backend_site), os.environ.get("PYTHONPATH")]))
+    return coreserve_server(repository, env={"PYTHONPATH": pythonpath})
+
+
+def _echo_request(delay_ms: int) -> service_pb2.ModelInferRequest:
+    message = service_pb2.ModelInferRequest(model_name="echo")
+    message.inputs.add(name="IN", datatype="INT32", shape=[1])
+    message.raw_input_contents.append(np.array([7], np.int32).tobytes())
+    message.parameters["delay_ms"].int64_param = delay_ms
+    return message
+
+
+def _metric_value(server: ServerProcess, line_start: str) -> float:
+    with urllib.request.urlopen(server.metrics_url, timeout=30) as response:
+        text = response.read().decode()
+    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(line_start)]
+    assert len(values) == 1, (line_start, text)
+    return values[0]
+
+
+def test_a_request_past_its_grpc_deadline_counts_as_a_failure(
+    coreserve_server: ServerFactory, tmp_path: Path, echo_backend_site: Path
+) -> None:
+    server = _echo_server(coreserve_server, tmp_path, echo_backend_site)
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        stub.ModelInfer(_echo_request(0), timeout=30)
+        with pytest.raises(grpc.RpcError) as info:
+            stub.ModelInfer(_echo_request(1000), timeout=0.3)
+        assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    # The model still runs the request to its end (cancelling work is another matter);
+    # once it has, the statistics and metrics count it as a failure, not a success.
+    deadline = time.monotonic() + 30
+    while True:
+        status, _, reply = request(server.http_url, "GET", "/v2/models/echo/stats")
+        stats = json.loads(reply)["model_stats"][0]
+        if stats["execution_count"] == 2 or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert status == 200
+    assert stats["inference_stats"]["success"]["count"] == 1
+    assert stats["inference_stats"]["fail"]["count"] == 1
+    assert _metric_value(server, 'nv_inference_request_success{model="echo",version="1"}') == 1
+    failure = 'nv_inference_request_failure{model="echo",reason="CANCELED",version="1"}'
+    assert _metric_value(server, failure) == 1

@@ -113,9 +113,9 @@ class ModelStatistics:
         batch_size = 0
         for request in requests:
             total_ns = end_ns - request.received_ns
-            if responder.failed(request):
+            if request.cancelled or responder.failed(request):
                 self.fail.add(total_ns)
-                self.failures["BACKEND"] += 1
+                self.failures["CANCELED" if request.cancelled else "BACKEND"] += 1
                 continue
             queue_ns = start - request.queued_ns
             batch_size += request.batch_size

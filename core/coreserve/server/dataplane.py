@@ -117,7 +117,11 @@ class DataPlane:
             )
         sink = SingleResponse(asyncio.get_running_loop())
         self._submit(target, request, sink)
-        return await sink.future
+        try:
+            return await sink.future
+        except asyncio.CancelledError:  # how grpc.aio ends a call whose deadline passed
+            request.cancelled = True
+            raise
 
     async def stream(self, request: InferenceRequest) -> AsyncIterator[InferenceResponse]:
         """Schedules a request and yields each of its responses (one for ordinary models)."""
