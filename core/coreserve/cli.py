@@ -80,7 +80,9 @@ def _serve_parser() -> argparse.ArgumentParser:
     flag("--repository-poll-secs", type=float, default=15.0, help="seconds between scans in poll mode")
     flag("--model-load-thread-count", type=int, default=4, help="models that load at the same time")
     flag("--model-cache-dir", type=Path, default=None,
-         help="where remote models and models loaded from files are kept (default: a temp folder)")
+         help="where remote models and models loaded from files are kept; kept at exit (default: a new "
+              "temporary folder of this server's own, coreserve-cache-* in the system temp folder, "
+              "removed at exit)")
     for service, port in (("http", 8000), ("grpc", 8001), ("metrics", 8002)):
         bool_flag(f"--allow-{service}", True, f"serve {service} (default true)")
         flag(f"--{service}-address", default="0.0.0.0", help=f"address the {service} service binds")

@@ -287,3 +287,117 @@ def test_bad_restriction_flags_stop_the_start(repository: Path) -> None:
     assert "expected <category>" in server.log
     server.close()
     assert os.path.isdir(repository)
+
+
+SCALE_JSON = json.dumps(
+    {
+        "backend": "onnxruntime",
+        "max_batch_size": 4,
+        "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [4]}],
+        "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [4]}],
+    }
+)
+
+
+@pytest.mark.parametrize(
+    ("files", "message"),
+    [
+        ({f"file:1/{'n' * 300}.onnx": b"x"}, "has a name of 305 bytes; file systems hold at most 255"),
+        ({f"file:1/{'é' * 200}": b"x"}, "has a name of 400 bytes"),
+        ({"file:" + "/".join(["d" * 200] * 12): b"x"}, "is longer than 2048 bytes"),
+        # The second file needs a folder where the first one is: found only while writing.
+        ({"file:1/model.onnx": b"x", "file:1/model.onnx/inner": b"y"}, "cannot be written"),
+    ],
+    ids=["name too long", "name too long in bytes", "path too long", "paths that clash"],
+)
+def test_files_no_file_system_holds_are_400_and_leave_nothing(
+    server: ServerProcess, tmp_path: Path, files: dict[str, bytes], message: str
+) -> None:
+    encoded = {key: base64.b64encode(data).decode() for key, data in files.items()}
+    parameters = {"config": SCALE_JSON, **encoded}
+    body = json.dumps({"parameters": parameters}).encode()
+    status, _, reply = request(server.http_url, "POST", "/v2/repository/models/uploaded/load", body)
+    assert status == 400, reply
+    assert message in json.loads(reply)["error"]
+    overrides = tmp_path / "cache" / "overrides"
+    assert not overrides.exists() or not any(overrides.iterdir())
+    assert "Traceback" not in server.log
+    with grpcclient.InferenceServerClient(server.grpc_url) as grpc_client:
+        with pytest.raises(InferenceServerException) as info:
+            grpc_client.load_model("uploaded", config=SCALE_JSON, files=files)
+        assert info.value.status() == "StatusCode.INVALID_ARGUMENT"
+        assert message in info.value.message()
+    assert not overrides.exists() or not any(overrides.iterdir())
+
+
+def test_each_server_has_a_cache_of_its_own_removed_at_exit(
+    coreserve_server: ServerFactory, repository: Path, tmp_path: Path
+) -> None:
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    servers = [
+        coreserve_server(repository, "--model-control-mode=explicit", env={"TMPDIR": str(temp)})
+        for _ in range(2)
+    ]
+    for server in servers:
+        with httpclient.InferenceServerClient(server.http_url) as client:
+            files = {"file:1/model.onnx": scale_model(7.0).SerializeToString()}
+            client.load_model("uploaded", config=SCALE_JSON, files=files)
+            assert _scale(client, "uploaded") == 7.0
+    caches = sorted(temp.glob("coreserve-cache-*"))
+    assert len(caches) == 2
+    assert all(any((cache / "overrides").iterdir()) for cache in caches)
+    for server in servers:
+        assert server.stop() == 0
+    assert not list(temp.glob("coreserve-cache-*"))
+
+
+def test_a_cache_folder_given_is_kept_at_exit(
+    server: ServerProcess, client: httpclient.InferenceServerClient, tmp_path: Path
+) -> None:
+    cache = tmp_path / "cache"
+    cache.mkdir(exist_ok=True)
+    (cache / "mine.txt").write_text("the operator's file")
+    client.load_model(
+        "uploaded", config=SCALE_JSON, files={"file:1/model.onnx": scale_model(7.0).SerializeToString()}
+    )
+    assert len(list((cache / "overrides").glob("*/uploaded/1/model.onnx"))) == 1
+    assert server.stop() == 0
+    # The files of a model loaded from files go with the model; the folder and the rest stay.
+    assert (cache / "mine.txt").read_text() == "the operator's file"
+    assert not list((cache / "overrides").glob("*.partial"))
+
+
+def _ensemble_of(step: str) -> str:
+    return f"""
+platform: "ensemble"
+max_batch_size: 4
+input [ {{ name: "A" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+output [ {{ name: "B" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+ensemble_scheduling {{ step [ {{ model_name: "{step}" model_version: -1
+  input_map {{ key: "A" value: "A" }} output_map {{ key: "B" value: "B" }} }} ] }}
+"""
+
+
+@pytest.mark.parametrize(
+    ("model", "cycle"),
+    [("selfish", "selfish -> selfish"), ("ping", "ping -> pong -> ping"), ("entry", "ping -> pong -> ping")],
+)
+def test_ensembles_that_form_a_cycle_are_refused_with_the_cycle(
+    coreserve_server: ServerFactory, repository: Path, model: str, cycle: str
+) -> None:
+    for name, step in (("selfish", "selfish"), ("ping", "pong"), ("pong", "ping"), ("entry", "ping")):
+        (repository / name / "1").mkdir(parents=True)
+        (repository / name / "config.pbtxt").write_text(_ensemble_of(step))
+    server = coreserve_server(repository, "--model-control-mode=explicit", "--load-model=scaled")
+    status, _, reply = request(server.http_url, "POST", f"/v2/repository/models/{model}/load")
+    assert status == 400, reply
+    assert f"its steps form a cycle: {cycle}" in json.loads(reply)["error"]
+    with grpcclient.InferenceServerClient(server.grpc_url) as grpc_client:
+        with pytest.raises(InferenceServerException) as info:
+            grpc_client.load_model(model)
+        assert info.value.status() == "StatusCode.INVALID_ARGUMENT"
+        assert f"its steps form a cycle: {cycle}" in info.value.message()
+    with httpclient.InferenceServerClient(server.http_url) as client:
+        assert _scale(client) == 2.0  # the server keeps serving
+    assert "Traceback" not in server.log

@@ -231,9 +231,12 @@ class ModelRepository:
 
     async def load(self, name: str, overrides: LoadOverrides | None = None) -> None:
         """Loads or reloads a model (explicit mode); raises with the reason if it cannot load."""
+        await self._load(name, overrides or LoadOverrides(), ())
+
+    async def _load(self, name: str, overrides: LoadOverrides, loading: tuple[str, ...]) -> None:
+        """Loads a model; `loading` names the ensembles whose load led here, outermost first."""
         self._refuse_unless_explicit("loading models")
         check_model_name(name)
-        overrides = overrides or LoadOverrides()
         if overrides.files:
             if self._cache_dir is None:
                 raise UnsupportedError("loading models from files needs a cache folder")
@@ -248,10 +251,16 @@ class ModelRepository:
                 raise NotFoundError(f"model '{name}' is not in the repository")
             location = await self._location(name, found[name][0])
             fingerprint = found[name][1]
-            for step in ensemble_steps(location) or ():
+            for step in sorted(ensemble_steps(location) or ()):
+                chain = [*loading, name]
+                if step in chain:  # loading it first would never end
+                    cycle = " -> ".join([*chain[chain.index(step) :], step])
+                    raise InvalidArgumentError(
+                        f"cannot load ensemble '{name}': its steps form a cycle: {cycle}"
+                    )
                 if step not in self._models or not self._models[step].ready:
                     logger.info("loading model '%s' first: ensemble '%s' uses it", step, name)
-                    await self.load(step)
+                    await self._load(step, LoadOverrides(), (*loading, name))
         new = await self._replace(location, fingerprint, overrides)
         if self._models.get(name) is not new:
             raise InvalidArgumentError(

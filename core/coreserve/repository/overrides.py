@@ -3,19 +3,29 @@
 `config` is a JSON model configuration that replaces config.pbtxt for this load;
 `file:<path>` entries carry the model's files (`file:1/model.onnx`), which are written into a
 fresh folder of the server's cache, never into the repository. Paths that could leave that
-folder are refused before anything is written.
+folder, or that no file system holds (a name over 255 bytes), are refused before anything is
+written; the files go to a partial folder that is renamed into place once all are written,
+and removed if any write fails.
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import logging
+import shutil
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from coreserve.config import ModelConfig, config_from_dict
-from coreserve.errors import InvalidArgumentError
+from coreserve.errors import InternalError, InvalidArgumentError
+
+logger = logging.getLogger(__name__)
+# POSIX's NAME_MAX and PATH_MAX on Linux, macOS and the BSDs, in bytes.
+MAX_NAME_BYTES = 255
+MAX_PATH_BYTES = 4096
 
 
 @dataclass
@@ -55,7 +65,12 @@ def parse_load_parameters(model_name: str, parameters: Mapping[str, object]) -> 
 
 
 def check_relative_path(relative: str) -> None:
-    """Refuses paths that are absolute, climb out, or hide a NUL byte."""
+    """Refuses paths that are absolute, climb out, hide a NUL byte, or are too long to write."""
+    shown = relative if len(relative) <= 300 else relative[:300] + "..."
+    try:
+        size = len(relative.encode())
+    except UnicodeEncodeError:
+        raise InvalidArgumentError(f"file path {shown!r} is not valid text") from None
     parts = PurePosixPath(relative).parts
     if (
         not relative
@@ -65,18 +80,50 @@ def check_relative_path(relative: str) -> None:
         or any(part in ("..", ".", "") for part in relative.split("/"))
         or not parts
     ):
-        raise InvalidArgumentError(f"file path '{relative}' is not a relative path inside the model's folder")
+        raise InvalidArgumentError(f"file path '{shown}' is not a relative path inside the model's folder")
+    if size > MAX_PATH_BYTES // 2:  # leaves room for the cache folder's own path
+        raise InvalidArgumentError(f"file path '{shown}' is longer than {MAX_PATH_BYTES // 2} bytes")
+    for part in parts:
+        if len(part.encode()) > MAX_NAME_BYTES:
+            raise InvalidArgumentError(
+                f"file path '{shown}' has a name of {len(part.encode())} bytes; "
+                f"file systems hold at most {MAX_NAME_BYTES}"
+            )
 
 
 def write_override_files(cache_dir: Path, model_name: str, files: Mapping[str, bytes]) -> Path:
-    """Writes the files into a new folder `<cache>/overrides/<unique>/<model>` and returns it."""
-    folder = cache_dir / "overrides" / uuid.uuid4().hex / model_name
-    folder.mkdir(parents=True)
-    root = folder.resolve()
-    for relative, data in files.items():
-        target = folder / relative
-        if not target.resolve().is_relative_to(root):
-            raise InvalidArgumentError(f"file path '{relative}' would leave the model's folder")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(data)
-    return folder
+    """Writes the files into a new folder `<cache>/overrides/<unique>/<model>` and returns it.
+
+    Nothing is left behind when a write fails: the files are written under
+    `<unique>.partial`, renamed at the end, and the partial folder is removed on any error.
+    """
+    unique = uuid.uuid4().hex
+    partial = cache_dir / "overrides" / f"{unique}.partial"
+    try:
+        folder = partial / model_name
+        folder.mkdir(parents=True)
+        root = folder.resolve()
+        for relative, data in files.items():
+            target = folder / relative
+            if not target.resolve().is_relative_to(root):
+                raise InvalidArgumentError(f"file path '{relative}' would leave the model's folder")
+            try:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(data)
+            except OSError as exc:
+                if exc.errno in (errno.ENAMETOOLONG, errno.ENOTDIR, errno.EISDIR, errno.EEXIST):
+                    # The request's paths clash with each other or with the file system.
+                    raise InvalidArgumentError(
+                        f"file path '{relative[:300]}' cannot be written: {exc.strerror}"
+                    ) from None
+                raise
+        final = partial.with_name(unique)
+        partial.rename(final)
+    except InvalidArgumentError:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    except OSError as exc:  # the cache itself failed (full disk, permissions): a server fault
+        shutil.rmtree(partial, ignore_errors=True)
+        logger.error("cannot write the files of model '%s' to the cache %s: %s", model_name, cache_dir, exc)
+        raise InternalError(f"cannot write the files of model '{model_name}' to the cache: {exc}") from None
+    return final / model_name

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shutil
 import signal
+import tempfile
 from pathlib import Path
 
 from coreserve.backend.plugins import Plugins
@@ -41,9 +43,14 @@ class Server:
                 histograms=options.histogram_latencies and options.allow_metrics,
             ),
         )
+        # Unless a cache folder is given, each server has its own: servers on one machine
+        # must not find (or remove) each other's files.
+        self._own_cache = options.cache_dir is None
+        self.cache_dir = options.cache_dir or Path(tempfile.mkdtemp(prefix="coreserve-cache-"))
         try:
-            sources = [source_for(location, options.cache_dir) for location in options.model_repositories]
+            sources = [source_for(location, self.cache_dir) for location in options.model_repositories]
         except CoreserveError as exc:
+            self._remove_own_cache()
             raise StartupError(exc.message) from None
         self.repository = ModelRepository(
             sources,
@@ -51,7 +58,7 @@ class Server:
             mode=options.model_control_mode,
             startup_models=options.load_models if options.load_models else ["*"],
             load_threads=options.model_load_thread_count,
-            cache_dir=options.cache_dir,
+            cache_dir=self.cache_dir,
             drain_timeout=options.exit_timeout_secs,
         )
         self._poller: asyncio.Task[None] | None = None
@@ -117,7 +124,13 @@ class Server:
         await self.repository.unload_all(timeout=timeout)
         if self.metrics is not None:
             await self.metrics.stop()
+        self._remove_own_cache()
         logger.info("coreserve stopped")
+
+    def _remove_own_cache(self) -> None:
+        """Removes the cache folder this server made for itself (never one it was given)."""
+        if self._own_cache:
+            shutil.rmtree(self.cache_dir, ignore_errors=True)
 
     async def serve(self) -> None:
         """Starts, serves until SIGINT or SIGTERM, then stops."""
@@ -125,7 +138,11 @@ class Server:
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stop.set)
-        await self.start()
+        try:
+            await self.start()
+        except BaseException:
+            self._remove_own_cache()
+            raise
         try:
             await stop.wait()
             logger.info("signal received; stopping")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,7 +18,9 @@ class ServerOptions:
     load_models: list[str] = field(default_factory=list)
     repository_poll_secs: float = 15.0
     model_load_thread_count: int = 4
-    cache_dir: Path = field(default_factory=lambda: Path(tempfile.gettempdir()) / "coreserve-cache")
+    # None: a temporary folder of this server's own (never shared with another server),
+    # removed when it stops. A folder given here is kept, with what it holds.
+    cache_dir: Path | None = None
     allow_http: bool = True
     http_address: str = "0.0.0.0"
     http_port: int = 8000
