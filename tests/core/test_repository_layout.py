@@ -16,7 +16,7 @@ def test_models_and_numeric_versions(tmp_path: Path) -> None:
     for name in ("b", "a", ".hidden"):
         (tmp_path / name).mkdir()
     (tmp_path / "file.txt").write_text("not a model")
-    for version in ("1", "10", "2", "0", "07", "latest", "x3"):
+    for version in ("1", "10", "2", "0", "07", "latest", "x3", "\u00b2", "\u0663"):  # superscript 2, Arabic 3
         (tmp_path / "a" / version).mkdir()
     (tmp_path / "a" / "3").write_text("a file, not a folder")
     assert sorted(LocalSource(tmp_path).scan()) == ["a", "b"]

@@ -91,6 +91,7 @@ class Model:
 
 
 def parse_version(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
+    # isdigit() alone also accepts digits that int() refuses, such as '²'.
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:
         raise InvalidArgumentError(f"model version must be a positive integer, got '{text}'")
     return int(text)
