@@ -39,6 +39,16 @@ def _backend_config(text: str) -> tuple[str, str, str]:
     return backend, key, value
 
 
+def _stream_limit(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got '{text}'") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected at least 1, got {value}")
+    return value
+
+
 METRICS_SETTINGS = ("summary_latencies", "histogram_latencies")
 
 
@@ -95,6 +105,9 @@ def _serve_parser() -> argparse.ArgumentParser:
              help="serve these API categories only to requests with this header (repeatable)")
     flag("--grpc-max-message-size", type=int, default=256 * 1024 * 1024, metavar="BYTES",
          help="largest gRPC message received or sent (default 256 MiB)")
+    flag("--grpc-max-stream-inflight", type=_stream_limit, default=1024, metavar="N",
+         help="requests of one ModelStreamInfer stream that may await their responses; the stream "
+              "reads no more until one is answered (default 1024)")
     flag("--metrics-config", type=_metrics_config, action="append", default=[], metavar="KEY=BOOL",
          help="summary_latencies (default true) or histogram_latencies (default false)")
     bool_flag("--exit-on-error", True, "exit at start-up if a model fails to load (default true)")
@@ -135,6 +148,7 @@ def _options(args: argparse.Namespace) -> ServerOptions:
         grpc_address=args.grpc_address,
         grpc_port=args.grpc_port,
         grpc_max_message_size=args.grpc_max_message_size,
+        grpc_max_stream_inflight=args.grpc_max_stream_inflight,
         allow_metrics=args.allow_metrics,
         metrics_address=args.metrics_address,
         metrics_port=args.metrics_port,

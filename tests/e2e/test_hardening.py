@@ -307,3 +307,41 @@ def test_a_request_past_its_grpc_deadline_counts_as_a_failure(
     assert _metric_value(server, 'nv_inference_request_success{model="echo",version="1"}') == 1
     failure = 'nv_inference_request_failure{model="echo",reason="CANCELED",version="1"}'
     assert _metric_value(server, failure) == 1
+
+
+PENDING = 'nv_inference_pending_request_count{model="echo",version="1"}'
+
+
+def test_a_grpc_stream_holds_at_most_its_inflight_limit(
+    coreserve_server: ServerFactory, tmp_path: Path, echo_backend_site: Path
+) -> None:
+    write_model(tmp_path, "echo", b"", ECHO, filename="model.echo")
+    pythonpath = os.pathsep.join(filter(None, [str(echo_backend_site), os.environ.get("PYTHONPATH")]))
+    server = coreserve_server(tmp_path, "--grpc-max-stream-inflight=2", env={"PYTHONPATH": pythonpath})
+    pending_seen: list[float] = []
+    done = threading.Event()
+
+    def watch_pending() -> None:
+        while not done.is_set():
+            pending_seen.append(_metric_value(server, PENDING))
+            time.sleep(0.02)
+
+    messages = []
+    for index in range(8):
+        message = _echo_request(150)
+        message.id = str(index)
+        messages.append(message)
+    watcher = threading.Thread(target=watch_pending)
+    watcher.start()
+    try:
+        with grpc.insecure_channel(server.grpc_url) as channel:
+            stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+            replies = list(stub.ModelStreamInfer(iter(messages), timeout=60))
+    finally:
+        done.set()
+        watcher.join()
+    assert [reply.error_message for reply in replies] == [""] * 8
+    assert [reply.infer_response.id for reply in replies] == [str(index) for index in range(8)]
+    # The stream read two requests, then waited for an answer before it read the next one:
+    # the model never had more than two of them pending (eight without the limit).
+    assert max(pending_seen) == 2, pending_seen

@@ -94,6 +94,7 @@ class Server:
                 address=options.grpc_address,
                 port=options.grpc_port,
                 max_message_size=options.grpc_max_message_size,
+                max_stream_inflight=options.grpc_max_stream_inflight,
                 restrictions=ApiRestrictions(options.grpc_restricted_api),
             )
             await self.grpc.start()

@@ -41,10 +41,15 @@ INFERENCE_SERVICE = "inference.GRPCInferenceService"
 # Request and response parameters of Triton's streaming protocol.
 ENABLE_EMPTY_FINAL = "triton_enable_empty_final_response"
 FINAL_RESPONSE = "triton_final_response"
+# Requests of one ModelStreamInfer stream that may be open (read, and their last response not
+# yet sent) before the stream stops reading: a client that sends faster than the models answer,
+# or that reads no answers, holds at most this many requests and their responses in memory.
+DEFAULT_MAX_STREAM_INFLIGHT = 1024
 
 Request = TypeVar("Request")
 Response = TypeVar("Response")
 Handler = Callable[[Any, Request, grpc.aio.ServicerContext], Awaitable[Response]]
+Outbox = asyncio.Queue[tuple[pb.ModelStreamInferResponse | None, bool] | None]
 
 
 def _metadata(context: grpc.aio.ServicerContext) -> dict[str, str]:
@@ -81,9 +86,15 @@ def _not_available(feature: str) -> UnsupportedError:
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     """The v2 inference service over the data plane."""
 
-    def __init__(self, dataplane: DataPlane, restrictions: ApiRestrictions | None = None) -> None:
+    def __init__(
+        self,
+        dataplane: DataPlane,
+        restrictions: ApiRestrictions | None = None,
+        max_stream_inflight: int = DEFAULT_MAX_STREAM_INFLIGHT,
+    ) -> None:
         self._dataplane = dataplane
         self._restrictions = restrictions or ApiRestrictions()
+        self._max_stream_inflight = max_stream_inflight
 
     @_unary("health")
     async def ServerLive(self, request: pb.ServerLiveRequest, context: Any) -> pb.ServerLiveResponse:
@@ -193,56 +204,60 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         """Many requests on one stream; each response or error goes back as it comes.
 
         A request's error is sent as that request's message and the stream stays open.
-        Decoupled models send several responses per request through the same path.
+        Decoupled models send several responses per request through the same path. Once
+        max_stream_inflight requests are open, the stream reads no more until the last
+        response of one has been sent (HTTP/2 flow control then holds the client back).
         """
         if self._restrictions:
             try:
                 self._restrictions.check("inference", _metadata(context))
             except CoreserveError as exc:
                 await context.abort(GRPC_STATUS[exc.code], exc.message)
-        outbox: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
-        open_requests = 0
-        reading = True
-
-        def finish_one() -> None:
-            nonlocal open_requests
-            open_requests -= 1
-            if not reading and open_requests == 0:
-                outbox.put_nowait(None)
+        # (message, final): None as a message only ends a request; None alone: reading ended.
+        outbox: Outbox = asyncio.Queue()
+        limit = self._max_stream_inflight
+        open_requests = 0  # read, and their last message not yet sent
+        room = asyncio.Event()
+        room.set()
 
         async def read() -> None:
-            nonlocal reading, open_requests
+            nonlocal open_requests
             async for message in requests:
                 open_requests += 1
-                self._start_stream_request(message, outbox, finish_one)
-            reading = False
-            if open_requests == 0:
-                outbox.put_nowait(None)
+                self._start_stream_request(message, outbox)
+                if open_requests >= limit:
+                    room.clear()
+                    await room.wait()
+            outbox.put_nowait(None)
 
         reader = asyncio.create_task(read())
+        reading = True
         try:
-            while (item := await outbox.get()) is not None:
-                yield item
+            while reading or open_requests:
+                item = await outbox.get()
+                if item is None:
+                    reading = False
+                    continue
+                message, final = item
+                if message is not None:
+                    yield message
+                if final:
+                    open_requests -= 1
+                    if open_requests < limit:
+                        room.set()
             await reader
         finally:
             reader.cancel()
 
-    def _start_stream_request(
-        self,
-        message: pb.ModelInferRequest,
-        outbox: asyncio.Queue[pb.ModelStreamInferResponse | None],
-        finish_one: Callable[[], None],
-    ) -> None:
+    def _start_stream_request(self, message: pb.ModelInferRequest, outbox: Outbox) -> None:
         def error_message(error: CoreserveError) -> None:
-            outbox.put_nowait(
-                pb.ModelStreamInferResponse(
-                    error_message=error.message,
-                    infer_response=pb.ModelInferResponse(
-                        model_name=message.model_name, model_version=message.model_version, id=message.id
-                    ),
-                )
+            reply = pb.ModelStreamInferResponse(
+                error_message=error.message,
+                infer_response=pb.ModelInferResponse(
+                    model_name=message.model_name, model_version=message.model_version, id=message.id
+                ),
             )
-            finish_one()
+            outbox.put_nowait((reply, True))
 
         try:
             request = decode_model_infer_request(message)
@@ -252,17 +267,18 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             return
 
         def on_response(response: InferenceResponse | None, final: bool) -> None:
+            reply = None
             if response is not None:
                 encoded = encode_model_infer_response(response)
                 if empty_final:
                     encoded.parameters[FINAL_RESPONSE].bool_param = final
-                outbox.put_nowait(pb.ModelStreamInferResponse(infer_response=encoded))
+                reply = pb.ModelStreamInferResponse(infer_response=encoded)
             elif empty_final:
                 encoded = pb.ModelInferResponse(model_name=request.model_name, id=request.id)
                 encoded.parameters[FINAL_RESPONSE].bool_param = True
-                outbox.put_nowait(pb.ModelStreamInferResponse(infer_response=encoded))
-            if final:
-                finish_one()
+                reply = pb.ModelStreamInferResponse(infer_response=encoded)
+            if reply is not None or final:
+                outbox.put_nowait((reply, final))
 
         try:
             self._dataplane.submit(request, StreamingResponses(on_response, error_message))
@@ -316,6 +332,7 @@ class GrpcFrontend:
         port: int,
         max_message_size: int,
         restrictions: ApiRestrictions | None = None,
+        max_stream_inflight: int = DEFAULT_MAX_STREAM_INFLIGHT,
     ) -> None:
         self._dataplane = dataplane
         self._address = address
@@ -327,7 +344,7 @@ class GrpcFrontend:
             ]
         )
         pb_grpc.add_GRPCInferenceServiceServicer_to_server(  # type: ignore[no-untyped-call]
-            InferenceServicer(dataplane, restrictions), self._server
+            InferenceServicer(dataplane, restrictions, max_stream_inflight), self._server
         )
         health_pb2_grpc.add_HealthServicer_to_server(  # type: ignore[no-untyped-call]
             HealthServicer(dataplane), self._server

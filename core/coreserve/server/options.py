@@ -30,6 +30,7 @@ class ServerOptions:
     grpc_address: str = "0.0.0.0"
     grpc_port: int = 8001
     grpc_max_message_size: int = 256 * 1024 * 1024
+    grpc_max_stream_inflight: int = 1024  # open requests per ModelStreamInfer stream
     grpc_restricted_api: list[Restriction] = field(default_factory=list)
     allow_metrics: bool = True
     metrics_address: str = "0.0.0.0"
