@@ -157,6 +157,11 @@ def test_bad_control_requests_are_4xx_without_traceback(server: ServerProcess) -
         ("POST", "/v2/repository/models/identity/load", b'{"parameters": {"config": "{not json"}}'),
         ("POST", "/v2/repository/models/identity/load", b'{"parameters": {"file:1/model.onnx": 5}}'),
         ("POST", "/v2/repository/models/identity/load", b'{"parameters": {"file:1/model.onnx": "@@"}}'),
+        (
+            "POST",
+            "/v2/repository/models/identity/load",
+            json.dumps({"parameters": {"config": "[" * 5000 + "]" * 5000}}).encode(),
+        ),
         ("POST", "/v2/repository/models/identity/unload", b'{"parameters": {"unload_dependents": "yes"}}'),
         ("POST", "/v2/repository/index", b'{"ready": "yes"}'),
         ("POST", "/v2/repository/index", b"null"),

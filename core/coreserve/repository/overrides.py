@@ -46,6 +46,8 @@ def parse_load_parameters(model_name: str, parameters: Mapping[str, object]) -> 
                 document = json.loads(value)
             except json.JSONDecodeError as exc:
                 raise InvalidArgumentError(f"load parameter 'config' is not valid JSON: {exc}") from None
+            except RecursionError:  # no configuration nests that deep
+                raise InvalidArgumentError("load parameter 'config' nests too deep") from None
             if not isinstance(document, dict):
                 raise InvalidArgumentError("load parameter 'config' must be a JSON object")
             overrides.config = config_from_dict(
