@@ -90,8 +90,16 @@ class ServerContext:
 class ModelInstance(Protocol):
     """One loaded copy of a model that executes one batch at a time.
 
-    An instance that may run several batches at once (it only waits on other models, as an
-    ensemble does) says how many with an attribute `concurrency`.
+    Two optional attributes, read with `getattr` (an instance may leave them out):
+
+    - `concurrency: int`: an instance that may run several batches at once (it only waits
+      on other models, as an ensemble does) says how many.
+    - `failure: str | None`: an instance that can lose its ability to serve after it loaded
+      (a worker process that died and cannot be restarted) sets it to the reason, and back
+      to None once it can serve again. While an instance of a version has a failure, the
+      version reports UNAVAILABLE with that reason (repository index, ready endpoints false,
+      requests refused with UNAVAILABLE); it is READY again as soon as the failure clears.
+      It is read on every request: a plain attribute, not a computation.
     """
 
     async def execute(self, requests: Sequence[InferenceRequest], responder: Responder) -> None:
@@ -104,7 +112,12 @@ class ModelInstance(Protocol):
         ...
 
     async def close(self) -> None:
-        """Releases the instance; called once, after its last execute has finished."""
+        """Releases the instance; called once, after its last execute has finished.
+
+        On shutdown `--exit-timeout-secs` bounds the whole stop: a close still running when
+        it runs out is cancelled. Release what must not outlive the server (kill and reap
+        worker processes) in a `finally` block or on `asyncio.CancelledError`.
+        """
         ...
 
 

@@ -327,9 +327,9 @@ class ModelRepository:
                 version = model.versions[number]
                 if ready_only and not version.ready:
                     continue
-                entry = {"name": name, "version": str(number), "state": version.state.value}
-                if version.reason:
-                    entry["reason"] = version.reason
+                entry = {"name": name, "version": str(number), "state": version.current_state.value}
+                if version.current_reason:
+                    entry["reason"] = version.current_reason
                 entries.append(entry)
         return entries
 

@@ -37,7 +37,29 @@ class ModelVersion:
 
     @property
     def ready(self) -> bool:
-        return self.state is ModelState.READY
+        return self.state is ModelState.READY and not self.instance_failure()
+
+    def instance_failure(self) -> str:
+        """Why an instance of this loaded version cannot serve now ("" while every one can).
+
+        Read from the instances' optional `failure` attribute (see `ModelInstance`).
+        """
+        if self.state is not ModelState.READY or self.scheduler is None:
+            return ""
+        for instance in self.scheduler.instances:
+            failure = getattr(instance, "failure", None)
+            if failure:
+                return str(failure)
+        return ""
+
+    @property
+    def current_state(self) -> ModelState:
+        """The state to report: a loaded version whose instance failed is UNAVAILABLE."""
+        return ModelState.UNAVAILABLE if self.instance_failure() else self.state
+
+    @property
+    def current_reason(self) -> str:
+        return self.instance_failure() or self.reason
 
 
 @dataclass(eq=False)
@@ -55,7 +77,7 @@ class Model:
 
     @property
     def state(self) -> ModelState:
-        if any(v.state is ModelState.READY for v in self.versions.values()):
+        if any(v.ready for v in self.versions.values()):
             return ModelState.READY
         if any(v.state is ModelState.LOADING for v in self.versions.values()):
             return ModelState.LOADING
@@ -75,7 +97,8 @@ class Model:
             ready = self.ready_versions()
             if not ready:
                 reason = self.reason or "; ".join(
-                    f"version {v.version}: {v.reason or v.state}" for v in self.versions.values()
+                    f"version {v.version}: {v.current_reason or v.current_state}"
+                    for v in self.versions.values()
                 )
                 raise UnavailableError(f"model '{self.name}' is not ready: {reason or 'no versions loaded'}")
             return self.versions[ready[-1]]
@@ -84,9 +107,8 @@ class Model:
         if found is None:
             raise NotFoundError(f"model '{self.name}' has no version {number}")
         if not found.ready:
-            raise UnavailableError(
-                f"model '{self.name}' version {number} is not ready: {found.reason or found.state}"
-            )
+            why = found.current_reason or found.current_state
+            raise UnavailableError(f"model '{self.name}' version {number} is not ready: {why}")
         return found
 
 

@@ -22,6 +22,8 @@ from coreserve.scheduling.statistics import ModelStatistics
 from coreserve.types import InferenceRequest, now_ns
 
 logger = logging.getLogger(__name__)
+# How long an instance whose close was cancelled gets to release what it holds (kill workers).
+CANCELLED_CLOSE_GRACE_S = 10.0
 
 
 class Scheduler:
@@ -126,8 +128,11 @@ class Scheduler:
             await execute_batch(instance, batch, self.signature, self.statistics, decoupled=self.decoupled)
 
     async def close(self, timeout: float | None = None) -> None:
-        """Stops taking requests, lets queued and running ones finish (up to `timeout`
-        seconds), fails the rest, then closes the instances."""
+        """Stops taking requests, lets queued and running ones finish, fails the rest, then
+        closes the instances; `timeout` seconds bound all of it (an instance still closing
+        then is cancelled, see `ModelInstance.close`)."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
         self._closed = True
         if self.pending or self._busy:
             try:
@@ -146,8 +151,26 @@ class Scheduler:
         for request in self._drain():
             if request.sink is not None:
                 request.sink.fail(UnavailableError(f"model '{self.signature.model_name}' was unloaded"))
-        for instance in self.instances:
-            try:
-                await instance.close()
-            except Exception:
-                logger.exception("model '%s': closing an instance failed", self.signature.model_name)
+        remaining = None if deadline is None else max(0.0, deadline - loop.time())
+        await close_instances(self.instances, remaining, self.signature.model_name)
+
+
+async def close_instances(instances: Sequence[ModelInstance], timeout: float | None, model_name: str) -> None:
+    """Closes instances side by side; cancels the closes still running after `timeout` s."""
+    closes = [asyncio.create_task(instance.close()) for instance in instances]
+    if not closes:
+        return
+    await asyncio.sleep(0)  # every close has begun, so a cancellation reaches its cleanup
+    _, late = await asyncio.wait(closes, timeout=timeout)
+    if late:
+        logger.warning(
+            "model '%s': %d instances did not close within the exit timeout; cancelling them",
+            model_name,
+            len(late),
+        )
+        for task in late:
+            task.cancel()
+        await asyncio.wait(late, timeout=CANCELLED_CLOSE_GRACE_S)
+    for task in closes:
+        if task.done() and not task.cancelled() and task.exception() is not None:
+            logger.error("model '%s': closing an instance failed", model_name, exc_info=task.exception())

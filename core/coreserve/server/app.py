@@ -117,12 +117,15 @@ class Server:
         self.flags.stopping = True
         if self._poller is not None:
             self._poller.cancel()
+        # --exit-timeout-secs bounds the whole stop: draining the frontends, then the models.
         timeout = self.options.exit_timeout_secs
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
         await asyncio.gather(
             *([self.http.stop()] if self.http is not None else []),
             *([self.grpc.stop(grace=timeout)] if self.grpc is not None else []),
         )
-        await self.repository.unload_all(timeout=timeout)
+        await self.repository.unload_all(timeout=max(0.0, deadline - loop.time()))
         if self.metrics is not None:
             await self.metrics.stop()
         self._remove_own_cache()

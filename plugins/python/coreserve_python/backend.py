@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from coreserve import ModelConfig, ModelConfigError, config_from_dict, config_to_dict
 from coreserve.backend import InstancePlacement, ModelFiles, ModelInstance, ServerContext
 from coreserve_python.environment import stub_launch
@@ -40,8 +42,8 @@ class PythonBackend:
     ) -> ModelInstance:
         if not model.model_file.is_file():
             raise ModelConfigError(f"model '{model.name}': {model.model_file} not found")
-        instance = PythonInstance(
-            stub_launch(config, model.name, model.path), model, config, placement, server
-        )
+        # Unpacking a packed environment takes seconds: not on the event loop.
+        launch = await asyncio.to_thread(stub_launch, config, model.name, model.path)
+        instance = PythonInstance(launch, model, config, placement, server)
         await instance.start()
         return instance

@@ -59,18 +59,30 @@ def _interpreter(path: Path, where: str) -> Path:
 
 
 def _unpacked(archive: Path, where: str) -> Path:
+    """The folder `archive` is unpacked in, unpacking it first if no one has yet.
+
+    Unpacks into a folder of its own and renames it into place, so that two loads unpacking
+    the same archive at once (two versions of a model, say) never see a half-written folder.
+    """
     digest = hashlib.sha256(f"{archive.resolve()}:{archive.stat().st_mtime_ns}".encode()).hexdigest()[:16]
     target = CACHE / "envs" / digest
-    if not (target / ".complete").exists():
-        shutil.rmtree(target, ignore_errors=True)
-        target.mkdir(parents=True)
-        try:
-            with tarfile.open(archive) as packed:
-                # "tar", not "data": environments hold symlinks to their base interpreter.
-                packed.extractall(target, filter="tar")
-        except (tarfile.TarError, OSError) as exc:
-            raise ModelConfigError(f"{where}: cannot unpack {archive}: {exc}") from None
-        (target / ".complete").touch()
+    if (target / ".complete").exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{digest}-", dir=target.parent))
+    try:
+        with tarfile.open(archive) as packed:
+            # "tar", not "data": environments hold symlinks to their base interpreter.
+            packed.extractall(scratch, filter="tar")
+        (scratch / ".complete").touch()
+        if target.exists() and not (target / ".complete").exists():
+            shutil.rmtree(target, ignore_errors=True)  # left by an unpacking cut short
+        scratch.rename(target)
+    except (tarfile.TarError, OSError) as exc:
+        shutil.rmtree(scratch, ignore_errors=True)
+        if (target / ".complete").exists():
+            return target  # another load finished the same unpacking first
+        raise ModelConfigError(f"{where}: cannot unpack {archive}: {exc}") from None
     return target
 
 

@@ -25,6 +25,7 @@ from coreserve import (
 )
 from coreserve.backend import InstancePlacement, ModelFiles, Responder, ServerContext
 from coreserve_python.process import StubLaunch, StubProcess
+from coreserve_python.spawn import describe_exit
 from coreserve_python.wire import Message, SegmentPool, SegmentReader
 
 logger = logging.getLogger("coreserve.backend.python")
@@ -54,10 +55,20 @@ LOG_LEVELS = {
     "VERBOSE": logging.DEBUG,
 }
 SEQUENCE_START, SEQUENCE_END = 1, 2
+# Restarts of a stub that cannot start are retried after 0.1 s, 0.2 s, ... up to every 10 s.
+RESTART_FIRST_DELAY_S = 0.1
+RESTART_MAX_DELAY_S = 10.0
+# How long an initialize() that failed gets to run finalize() before its stub is killed.
+FAILED_INIT_FINALIZE_S = 5.0
 
 
 class PythonInstance:
-    """Runs batches in a stub process; restarts the stub if it dies."""
+    """Runs batches in a stub process; restarts the stub if it dies.
+
+    A restart that fails is retried with backoff for as long as the instance lives; meanwhile
+    `failure` says why the instance cannot serve (the core then reports the model version
+    UNAVAILABLE with that reason), and it is cleared when a restart succeeds.
+    """
 
     def __init__(
         self,
@@ -80,8 +91,11 @@ class PythonInstance:
         self._next_key = 0
         self._process: StubProcess | None = None
         self._restart: asyncio.Task[None] | None = None
+        # Set once the first restart attempt after a crash has ended, either way.
+        self._restart_tried = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
+        self.failure: str | None = None
 
     def _args(self) -> dict[str, str]:
         return {
@@ -95,7 +109,11 @@ class PythonInstance:
         }
 
     async def start(self) -> None:
-        """Starts the stub and runs the model's initialize(); raises with its traceback if it fails."""
+        """Starts the stub and runs the model's initialize(); raises with its traceback if it fails.
+
+        Whatever goes wrong (cancellation included), a stub that was spawned is stopped and
+        reaped before this raises.
+        """
         process = StubProcess(self._launch, self.name, self._on_message, self._on_exit)
         await process.start()
         message = {
@@ -106,18 +124,22 @@ class PythonInstance:
         }
         try:
             reply = await process.request(message, "init_done")
-        except CoreserveError:
-            await process.stop(timeout=5)
+            if reply["error"] is not None:
+                raise UnavailableError(f"{self.name}: initialize() failed:\n{reply['error']}")
+        except asyncio.CancelledError:
+            await process.kill()
             raise
-        if reply["error"] is not None:
-            await process.stop(timeout=5)
-            raise UnavailableError(f"{self.name}: initialize() failed:\n{reply['error']}")
+        except BaseException:
+            await process.stop(timeout=FAILED_INIT_FINALIZE_S)
+            raise
         self._process = process
 
-    def _on_exit(self, code: int | None) -> None:
+    def _on_exit(self, process: StubProcess, code: int | None) -> None:
+        if process is not self._process:
+            return  # a stub whose start failed: start() reports that
         error = InternalError(
-            f"the Python stub of {self.name} exited unexpectedly (code {code}) while serving; "
-            "in-flight requests failed and the stub is being restarted"
+            f"the Python stub of {self.name} exited unexpectedly ({describe_exit(code)}) while "
+            "serving; in-flight requests failed and the stub is being restarted"
         )
         logger.error("%s", error.message)
         for request, responder in list(self._open.values()):
@@ -125,20 +147,47 @@ class PythonInstance:
         self._open.clear()
         self._process = None
         if not self._closed:
-            self._restart = asyncio.create_task(self._start_again())
+            self._restart_tried.clear()
+            self._restart = asyncio.create_task(self._restart_until_running(), name=f"{self.name}:restart")
 
-    async def _start_again(self) -> None:
-        try:
-            await self.start()
-            logger.info("%s: the stub was restarted", self.name)
-        except CoreserveError as exc:
-            logger.error("%s: restarting the stub failed: %s", self.name, exc.message)
+    async def _restart_until_running(self) -> None:
+        """Restarts the stub, retrying with backoff until it runs (or the instance closes)."""
+        delay = RESTART_FIRST_DELAY_S
+        while True:
+            try:
+                await self.start()
+            except Exception as exc:
+                reason = exc.message if isinstance(exc, CoreserveError) else f"{type(exc).__name__}: {exc}"
+                if self.failure is None:
+                    # Once per outage; an error of ours (not a CoreserveError) with its traceback.
+                    logger.error(
+                        "%s: restarting the stub failed; the model is unavailable until a restart "
+                        "succeeds (retrying every %.1f-%.0f s): %s",
+                        self.name,
+                        RESTART_FIRST_DELAY_S,
+                        RESTART_MAX_DELAY_S,
+                        reason,
+                        exc_info=None if isinstance(exc, CoreserveError) else exc,
+                    )
+                self.failure = f"the Python stub of {self.name} cannot be restarted: {reason}"
+                self._restart_tried.set()
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, RESTART_MAX_DELAY_S)
+                continue
+            if self.failure is not None:
+                logger.info("%s: the stub is running again; the model is available", self.name)
+            else:
+                logger.info("%s: the stub was restarted", self.name)
+            self.failure = None
+            self._restart_tried.set()
+            return
 
     async def _running(self) -> StubProcess:
-        if self._restart is not None and not self._restart.done():
-            await self._restart
+        if self._process is None and self._restart is not None and not self._restart.done():
+            # Requests wait for the first restart attempt, not for the retries after it.
+            await self._restart_tried.wait()
         if self._process is None or not self._process.alive:
-            raise UnavailableError(f"the Python stub of {self.name} is not running")
+            raise UnavailableError(self.failure or f"the Python stub of {self.name} is not running")
         return self._process
 
     async def execute(self, requests: Sequence[InferenceRequest], responder: Responder) -> None:
@@ -231,24 +280,9 @@ class PythonInstance:
     async def _bls(self, message: Message) -> None:
         """Runs a BLS request from the model through the server and sends back its responses."""
         call = message["call"]
-        arrays = self._reader.arrays(message["segment"], message["inputs"], copy=True)
-        if message["segment"] is not None:
-            self._process_send({"op": "release", "segments": [message["segment"]]})
-        parameters = dict(message["parameters"])
-        if message["correlation_id"]:
-            parameters["sequence_id"] = message["correlation_id"]
-            parameters["sequence_start"] = bool(message["flags"] & SEQUENCE_START)
-            parameters["sequence_end"] = bool(message["flags"] & SEQUENCE_END)
-        request = InferenceRequest(
-            model_name=message["model"],
-            model_version=message["version"],
-            id=message["id"],
-            inputs=arrays,
-            parameters=parameters,
-            requested_outputs=tuple(message["requested"]) or None,
-        )
         client = self._server.client
         try:
+            request = self._bls_request(message)
             if client is None:
                 raise UnavailableError("this server offers no in-process client for BLS requests")
             if message["decoupled"]:
@@ -259,16 +293,45 @@ class PythonInstance:
                 response = await client.infer(request)
                 self._send_bls_response(call, response.outputs, response.parameters, final=True)
         except CoreserveError as exc:
-            self._process_send(
-                {
-                    "op": "bls_response",
-                    "call": call,
-                    "error": (exc.message, CODES.get(type(exc), 1)),
-                    "response": None,
-                    "segment": None,
-                    "final": True,
-                }
-            )
+            error = (exc.message, CODES.get(type(exc), 1))
+        except Exception as exc:
+            # Not the model's mistake nor the target's answer: a fault of the server, logged
+            # once with its traceback. The model still gets an answer, or it would wait forever.
+            logger.exception("%s: a BLS request to %r failed in the server", self.name, message["model"])
+            error = (f"internal error of the server in a BLS request: {type(exc).__name__}: {exc}", 1)
+        else:
+            return
+        self._process_send(
+            {
+                "op": "bls_response",
+                "call": call,
+                "error": error,
+                "response": None,
+                "segment": None,
+                "final": True,
+            }
+        )
+
+    def _bls_request(self, message: Message) -> InferenceRequest:
+        """The server-side request for a BLS request from the model; releases its segment."""
+        try:
+            arrays = self._reader.arrays(message["segment"], message["inputs"], copy=True)
+        finally:
+            if message["segment"] is not None:
+                self._process_send({"op": "release", "segments": [message["segment"]]})
+        parameters = dict(message["parameters"])
+        if message["correlation_id"]:
+            parameters["sequence_id"] = message["correlation_id"]
+            parameters["sequence_start"] = bool(message["flags"] & SEQUENCE_START)
+            parameters["sequence_end"] = bool(message["flags"] & SEQUENCE_END)
+        return InferenceRequest(
+            model_name=message["model"],
+            model_version=message["version"],
+            id=message["id"],
+            inputs=arrays,
+            parameters=parameters,
+            requested_outputs=tuple(message["requested"]) or None,
+        )
 
     def _send_bls_response(self, call: int, outputs: Any, parameters: Any, final: bool) -> None:
         segment, refs = self._pool.write(list(outputs.items())) if outputs is not None else (None, [])
@@ -285,18 +348,26 @@ class PythonInstance:
         )
 
     async def close(self) -> None:
-        """Runs the model's finalize() and stops the stub."""
+        """Runs the model's finalize() and stops the stub.
+
+        If the server cancels this (its exit timeout ran out), the stub is killed and reaped.
+        """
         self._closed = True
-        if self._restart is not None and not self._restart.done():
-            self._restart.cancel()
-        if self._process is not None:
-            reply = await self._process.stop()
-            if reply is not None and reply["error"]:
-                logger.error("%s: finalize() failed:\n%s", self.name, reply["error"])
-        for task in list(self._tasks):
-            task.cancel()
-        self._reader.close()
-        self._pool.close()
+        try:
+            if self._restart is not None and not self._restart.done():
+                self._restart.cancel()
+                await asyncio.wait([self._restart])  # its stub, if any, is stopped by then
+            if self._process is not None:
+                reply = await self._process.stop()
+                if reply is not None and reply["error"]:
+                    logger.error("%s: finalize() failed:\n%s", self.name, reply["error"])
+        finally:
+            if self._process is not None:
+                await self._process.kill()  # a no-op after stop(); kills if this was cancelled
+            for task in list(self._tasks):
+                task.cancel()
+            self._reader.close()
+            self._pool.close()
 
 
 def _request_item(

@@ -1,4 +1,10 @@
-"""Starting, talking to and stopping stub processes (server side)."""
+"""Starting, talking to and stopping stub processes (server side).
+
+Descriptors have one owner each: the server's end of a socket pair belongs to the asyncio
+transport once the connection is made (or to the `Channel`, for one-shot stubs) and is closed
+by it alone; the stub's end is closed here right after the spawn, whether the spawn worked or
+not. See `coreserve_python.spawn` for how a stub is started and reaped.
+"""
 
 from __future__ import annotations
 
@@ -8,15 +14,18 @@ import logging
 import os
 import socket
 import struct
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
-from coreserve import InternalError, UnavailableError
+from coreserve import CoreserveError, InternalError, UnavailableError
+from coreserve_python.spawn import STUB_FD, describe_exit, kill, reap_blocking, spawn_stub, watch_exit
 from coreserve_python.wire import SHM_DIR, Channel, Message, decode_frame, encode_frame
 
 logger = logging.getLogger("coreserve.backend.python")
 _LENGTH = struct.Struct("<I")
+FINALIZE_TIMEOUT_S = 30.0
+# How long a stub may take to exit after its socket closed, before it is killed.
+EXIT_GRACE_S = 5.0
 
 
 class StubLaunch:
@@ -26,37 +35,49 @@ class StubLaunch:
         self.python = python
         self.env = env
 
-    def command(self, fd: int) -> list[str]:
-        return [self.python, "-m", "coreserve_python.stub", str(fd)]
+    def command(self) -> list[str]:
+        # The stub checks that the server's pid is its parent's, to die with it.
+        return [self.python, "-m", "coreserve_python.stub", str(STUB_FD), str(os.getpid())]
+
+    def spawn(self, their_end: socket.socket) -> int:
+        """Starts a stub on `their_end`, then closes it here; returns the stub's pid."""
+        try:
+            return spawn_stub(self.python, self.command(), self.env, their_end)
+        except OSError as exc:
+            raise UnavailableError(f"cannot start the Python stub ({self.python}): {exc}") from None
+        finally:
+            their_end.close()
 
 
 def run_once(launch: StubLaunch, message: Message, reply_op: str, timeout: float) -> Message:
     """Starts a stub, sends one message, returns its reply and stops the stub (blocking)."""
     ours, theirs = socket.socketpair()
-    process = subprocess.Popen(
-        launch.command(theirs.fileno()), pass_fds=[theirs.fileno()], env=launch.env, start_new_session=True
-    )
-    theirs.close()
+    try:
+        pid = launch.spawn(theirs)
+    except BaseException:
+        ours.close()
+        raise
     ours.settimeout(timeout)
     channel = Channel(ours)
+    reaped = False
     try:
         channel.send(message)
         while (reply := channel.receive()) is not None and reply["op"] != reply_op:
             if reply["op"] == "log":
                 logger.info("%s", reply["message"])
         if reply is None:
-            raise InternalError(f"the Python stub exited with code {process.wait(timeout)} before answering")
+            code = reap_blocking(pid, timeout)
+            reaped = True
+            raise InternalError(f"the Python stub exited {describe_exit(code)} before answering")
         channel.send({"op": "finalize"})
         return reply
     except TimeoutError:
         raise UnavailableError(f"the Python stub did not answer within {timeout} s") from None
     finally:
         channel.close()
-        try:
-            process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        if not reaped:
+            reap_blocking(pid, timeout)
+        remove_segments_of(pid)
 
 
 class StubProcess:
@@ -67,13 +88,14 @@ class StubProcess:
         launch: StubLaunch,
         name: str,
         on_message: Callable[[Message], None],
-        on_exit: Callable[[int | None], None],
+        on_exit: Callable[[StubProcess, int | None], None],
     ) -> None:
         self._launch = launch
         self.name = name
         self._on_message = on_message
         self._on_exit = on_exit
-        self._process: asyncio.subprocess.Process | None = None
+        self.pid: int | None = None
+        self._exit: asyncio.Future[int | None] | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._reader_task: asyncio.Task[None] | None = None
         self._replies: dict[str, asyncio.Future[Message]] = {}
@@ -81,20 +103,24 @@ class StubProcess:
 
     @property
     def alive(self) -> bool:
-        return self._process is not None and self._process.returncode is None and not self._stopping
+        return self._exit is not None and not self._exit.done() and not self._stopping
 
     async def start(self) -> None:
+        """Spawns the stub (on the event loop's thread, which lives as long as the server)."""
+        loop = asyncio.get_running_loop()
         ours, theirs = socket.socketpair()
-        # A session of its own: a terminal's Ctrl-C reaches the server, which then finalizes
-        # the model; the stub must not die of it first.
-        self._process = await asyncio.create_subprocess_exec(
-            *self._launch.command(theirs.fileno()),
-            pass_fds=[theirs.fileno()],
-            env=self._launch.env,
-            start_new_session=True,
-        )
-        theirs.close()
-        reader, self._writer = await asyncio.open_unix_connection(sock=ours)
+        try:
+            self.pid = self._launch.spawn(theirs)
+        except BaseException:
+            ours.close()
+            raise
+        self._exit = watch_exit(self.pid, loop)
+        try:
+            reader, self._writer = await asyncio.open_unix_connection(sock=ours)
+        except BaseException:
+            ours.close()  # a no-op if the transport took it: it detaches the socket when it closes
+            await self._kill_and_reap()
+            raise
         self._reader_task = asyncio.create_task(self._read(reader), name=f"{self.name}:stub-reader")
 
     def send(self, message: Message) -> None:
@@ -121,46 +147,77 @@ class StubProcess:
                 else:
                     self._on_message(message)
         except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        code = await self._process.wait() if self._process is not None else None
-        if self._process is not None:
-            remove_segments_of(self._process.pid)
-        error = InternalError(f"the Python stub of {self.name} exited (code {code})")
+            pass  # the stub closed its end: it is exiting
+        except Exception:
+            # A message we cannot read (or handle) leaves the stub's state unknown: replace it.
+            logger.exception("the Python stub of %s sent a message the server cannot handle", self.name)
+        code = await self._wait_exit(EXIT_GRACE_S)
+        if self._writer is not None:
+            self._writer.close()
+        if self.pid is not None:
+            remove_segments_of(self.pid)
+        error = InternalError(f"the Python stub of {self.name} exited {describe_exit(code)}")
         for future in self._replies.values():
             if not future.done():
                 future.set_exception(error)
         self._replies.clear()
         if not self._stopping:
-            self._on_exit(code)
+            self._on_exit(self, code)
 
-    async def stop(self, timeout: float = 30.0) -> Message | None:
-        """Asks the model to finalize, then ends the process; returns the finalize reply."""
+    async def _wait_exit(self, timeout: float) -> int | None:
+        """The stub's exit code; kills it if it has not exited within `timeout` s."""
+        assert self._exit is not None
+        try:
+            return await asyncio.wait_for(asyncio.shield(self._exit), timeout)
+        except TimeoutError:
+            await self._kill_and_reap()
+            return self._exit.result()
+
+    async def _kill_and_reap(self) -> None:
+        if self._exit is None or self.pid is None:
+            return
+        if not self._exit.done():
+            kill(self.pid)
+            # SIGKILL cannot be caught: the exit follows at once (unless the kernel is stuck).
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._exit), EXIT_GRACE_S)
+
+    async def stop(self, timeout: float = FINALIZE_TIMEOUT_S) -> Message | None:
+        """Asks the model to finalize, then ends the process; returns the finalize reply.
+
+        A stub that does not finalize within `timeout` s, or that is still running when this
+        is cancelled (the server's exit timeout ran out), is killed; either way it is reaped
+        before this returns.
+        """
         reply = None
         running = self.alive
         self._stopping = True  # from now on the stub's exit is expected
-        if running:
-            try:
-                reply = await self.request({"op": "finalize"}, "finalize_done", timeout)
-            except (TimeoutError, InternalError):
-                logger.warning("the Python stub of %s did not finalize within %.0f s", self.name, timeout)
-        if self._writer is not None:
-            self._writer.close()
-        if self._process is not None and self._process.returncode is None:
-            try:
-                await asyncio.wait_for(self._process.wait(), timeout)
-            except TimeoutError:
-                self._process.kill()
-                await self._process.wait()
-        if self._reader_task is not None:
-            self._reader_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reader_task
+        try:
+            if running:
+                try:
+                    reply = await self.request({"op": "finalize"}, "finalize_done", timeout)
+                except (TimeoutError, CoreserveError):
+                    logger.warning("the Python stub of %s did not finalize within %.0f s", self.name, timeout)
+            if self._writer is not None:
+                self._writer.close()  # the stub exits when its socket closes
+            if self._exit is not None:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(self._exit), EXIT_GRACE_S)
+        finally:
+            await self.kill()
         return reply
 
-    def kill(self) -> None:
-        if self._process is not None and self._process.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                self._process.kill()
+    async def kill(self) -> None:
+        """Ends the stub now (SIGKILL unless it has exited) and reaps it; no finalize()."""
+        self._stopping = True
+        if self._writer is not None:
+            self._writer.close()
+        await self._kill_and_reap()
+        if self._reader_task is not None and not self._reader_task.done():
+            self._reader_task.cancel()
+            await asyncio.wait([self._reader_task])
+        if self.pid is not None and self._exit is not None and self._exit.done():
+            remove_segments_of(self.pid)
 
 
 def remove_segments_of(pid: int) -> None:

@@ -1,16 +1,22 @@
 """The stub: the process that runs one instance of a Python model.
 
-    python -m coreserve_python.stub FD
+    python -m coreserve_python.stub FD SERVER_PID
 
 FD is this end of the socket pair the server made. The main thread loads `model.py` and runs
 `initialize`, `execute` and `finalize` as the server asks; a reader thread takes the server's
-messages, so that BLS responses reach a model that waits for them inside `execute`. When the
-server goes away the socket closes and the stub exits. Standard library and numpy only.
+messages, so that BLS responses reach a model that waits for them inside `execute`.
+
+A stub dies with its server, however the server ends (SIGKILL, the OOM killer, a crash): on
+Linux the kernel kills it when the server's thread that spawned it dies (PR_SET_PDEATHSIG);
+everywhere, the reader thread ends the process when the server's end of the socket closes,
+even while the model is busy in `execute` (only the server holds that end, so it closes
+exactly when the server exits or lets the stub go). Standard library and numpy only.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
 import inspect
 import itertools
@@ -30,6 +36,26 @@ from coreserve_python import pb_utils
 from coreserve_python.wire import Channel, Message, SegmentPool, SegmentReader
 
 SHIM = Path(__file__).resolve().parent / "shim"
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+# How long the main thread may take to finish after the server closed the socket.
+EXIT_GRACE_S = 1.0
+
+
+def die_with_server(server_pid: int) -> None:
+    """Asks the kernel to kill this stub when its server dies; exits now if it already has.
+
+    The signal follows the thread that spawned the stub, which is the server's event loop
+    thread: it lives as long as the server does.
+    """
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(ImportError, OSError, AttributeError):
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    # The server may have died before prctl ran: then this stub was given to another parent.
+    if os.getppid() != server_pid:
+        os._exit(1)
 
 
 def _describe(exc: BaseException) -> str:
@@ -96,6 +122,7 @@ class Stub:
         self._model: Any = None
         self._decoupled = False
         self._loop = asyncio.new_event_loop()
+        self._finished = threading.Event()
         pb_utils._install_runtime(self)
 
     # The server's messages.
@@ -114,22 +141,32 @@ class Stub:
         finally:
             self._pool.close()
             self._reader.close()
+            self._finished.set()
 
     def _read(self) -> None:
-        while (message := self._channel.receive()) is not None:
-            op = message["op"]
-            if op == "release":
-                for name in message["segments"]:
-                    self._pool.release(name)
-            elif op == "bls_response":
-                call = self._calls.get(message["call"])
-                if call is not None:
-                    call.deliver(message)
-            else:
-                self._inbox.put(message)
+        try:
+            while (message := self._channel.receive()) is not None:
+                op = message["op"]
+                if op == "release":
+                    for name in message["segments"]:
+                        self._pool.release(name)
+                elif op == "bls_response":
+                    call = self._calls.get(message["call"])
+                    if call is not None:
+                        call.deliver(message)
+                else:
+                    self._inbox.put(message)
+        except OSError:
+            pass  # the server's end was reset: it went away as surely as with an orderly close
         for call in list(self._calls.values()):
             call.deliver(None)
         self._inbox.put(None)
+        # Nobody is left to answer: a model still busy (in execute, say) must not keep the
+        # process alive. An idle stub ends by itself well within the grace.
+        if not self._finished.wait(EXIT_GRACE_S):
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
 
     def _init(self, message: Message) -> None:
         try:
@@ -360,6 +397,8 @@ class Stub:
 def main(argv: list[str]) -> int:
     # The server decides when a stub ends (finalize, or its socket closing), not a terminal.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if len(argv) > 2:
+        die_with_server(int(argv[2]))
     sys.path.insert(0, str(SHIM))
     channel = Channel(socket.socket(fileno=int(argv[1])))
     Stub(channel).run()
