@@ -20,6 +20,7 @@ from coreserve.server.restrictions import Restriction, parse_restriction
 
 if TYPE_CHECKING:
     from coreserve.server import ServerOptions
+    from coreserve.server.http_limits import HttpLimits
 
 
 def _bool(text: str) -> bool:
@@ -37,6 +38,26 @@ def _backend_config(text: str) -> tuple[str, str, str]:
     if not backend or not key or not equals:
         raise argparse.ArgumentTypeError(f"expected <backend>,<key>=<value>, got '{text}'")
     return backend, key, value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got '{text}'") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a number above 0, got {value}")
+    return value
+
+
+def _positive_secs(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got '{text}'") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds above 0, got '{text}'")
+    return value
 
 
 def _stream_limit(text: str) -> int:
@@ -99,6 +120,7 @@ def _serve_parser() -> argparse.ArgumentParser:
         flag(f"--{service}-port", type=int, default=port, help=f"port (default {port}; 0: any free one)")
     flag("--http-max-input-size", type=int, default=64 * 1024 * 1024, metavar="BYTES",
          help="largest HTTP request body accepted (default 64 MiB)")
+    _http_limit_flags(flag)
     for service in ("http", "grpc"):
         flag(f"--{service}-restricted-api", type=_restriction, action="append", default=[],
              metavar="CATEGORY[,CATEGORY]:KEY=VALUE",
@@ -123,6 +145,56 @@ def _serve_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _http_limit_flags(flag: Callable[..., Any]) -> None:
+    """The limits and timeouts of the HTTP server (Triton has no flags for them)."""
+    from coreserve.server.http_limits import DEFAULT_HTTP_LIMITS, MAX_CONNECTIONS_CAP
+
+    limits = DEFAULT_HTTP_LIMITS
+    # fmt: off
+    flag("--http-max-header-count", type=_positive_int, default=limits.max_header_count, metavar="N",
+         help=f"most header fields in one request; more get 431 (default {limits.max_header_count})")
+    flag("--http-max-header-size", type=_positive_int, default=limits.max_header_size, metavar="BYTES",
+         help="most bytes of header names and values in one request; more get 431 "
+              f"(default {limits.max_header_size // 1024} KiB)")
+    flag("--http-max-url-size", type=_positive_int, default=limits.max_url_size, metavar="BYTES",
+         help=f"longest request URL; longer gets 414 (default {limits.max_url_size // 1024} KiB)")
+    flag("--http-header-timeout-secs", type=_positive_secs, default=limits.header_timeout, metavar="SECS",
+         help="time for a request's headers to arrive from its first byte, and for a new connection to "
+              f"send its first request; then 408 and close (default {limits.header_timeout:g})")
+    flag("--http-body-timeout-secs", type=_positive_secs, default=limits.body_timeout, metavar="SECS",
+         help=f"longest wait between two reads of a request body; then 408 and close "
+              f"(default {limits.body_timeout:g})")
+    flag("--http-keepalive-timeout-secs", type=_positive_secs, default=limits.keepalive_timeout,
+         metavar="SECS", help=f"an idle keep-alive connection is closed after this long "
+                              f"(default {limits.keepalive_timeout:g})")
+    flag("--http-write-timeout-secs", type=_positive_secs, default=limits.write_timeout, metavar="SECS",
+         help="a client that takes none of its answer for this long is dropped "
+              f"(default {limits.write_timeout:g})")
+    flag("--http-max-connections", type=_positive_int, default=limits.max_connections, metavar="N",
+         help="most open HTTP connections; more get 503 and are closed (default: 3/4 of the open-file "
+              f"limit, at most {MAX_CONNECTIONS_CAP})")
+    flag("--http-max-pipelined", type=_positive_int, default=limits.max_pipelined, metavar="N",
+         help="requests read ahead of their answers on one connection before reading pauses "
+              f"(default {limits.max_pipelined})")
+    # fmt: on
+
+
+def _http_limits(args: argparse.Namespace) -> HttpLimits:
+    from coreserve.server.http_limits import HttpLimits
+
+    return HttpLimits(
+        max_header_count=args.http_max_header_count,
+        max_header_size=args.http_max_header_size,
+        max_url_size=args.http_max_url_size,
+        header_timeout=args.http_header_timeout_secs,
+        body_timeout=args.http_body_timeout_secs,
+        keepalive_timeout=args.http_keepalive_timeout_secs,
+        write_timeout=args.http_write_timeout_secs,
+        max_connections=args.http_max_connections,
+        max_pipelined=args.http_max_pipelined,
+    )
+
+
 def _options(args: argparse.Namespace) -> ServerOptions:
     from coreserve.server import ServerOptions
 
@@ -144,6 +216,7 @@ def _options(args: argparse.Namespace) -> ServerOptions:
         http_address=args.http_address,
         http_port=args.http_port,
         http_max_input_size=args.http_max_input_size,
+        http_limits=_http_limits(args),
         allow_grpc=args.allow_grpc,
         grpc_address=args.grpc_address,
         grpc_port=args.grpc_port,

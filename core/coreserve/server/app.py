@@ -104,6 +104,7 @@ class Server:
                 address=options.http_address,
                 port=options.http_port,
                 max_body_size=options.http_max_input_size,
+                limits=options.http_limits,
                 restrictions=ApiRestrictions(options.http_restricted_api),
                 shutdown_timeout=options.exit_timeout_secs,
             )

@@ -24,6 +24,7 @@ from coreserve.protocol.http_body import (
 )
 from coreserve.server.codec_threads import CodecThreads
 from coreserve.server.dataplane import DataPlane
+from coreserve.server.http_limits import DEFAULT_HTTP_LIMITS, HttpLimits
 from coreserve.server.http_wire import (
     BodyTooLarge,
     HttpRequest,
@@ -137,6 +138,7 @@ class HttpFrontend:
         address: str,
         port: int,
         max_body_size: int,
+        limits: HttpLimits = DEFAULT_HTTP_LIMITS,
         restrictions: ApiRestrictions | None = None,
         shutdown_timeout: float = 30.0,
     ) -> None:
@@ -148,7 +150,7 @@ class HttpFrontend:
         self._max_body_size = max_body_size
         self._router = Router()
         self._add_routes()
-        self._server = HttpServer(self._dispatch, error_response, max_body_size)
+        self._server = HttpServer(self._dispatch, error_response, max_body_size, limits)
         self._codec_threads = CodecThreads("coreserve-http-codec")
         self.port = port
 
@@ -179,7 +181,7 @@ class HttpFrontend:
     async def _dispatch(self, request: HttpRequest) -> Response:
         handler = self._router.resolve(request)
         if handler is None:
-            return error_response(404, f"unknown endpoint: {request.method} {request.path}")
+            return error_response(404, f"unknown endpoint: {request.method} {_quoted_path(request.path)}")
         return await handler(request)
 
     async def start(self) -> None:
@@ -349,6 +351,11 @@ class HttpFrontend:
 def _output_bytes(response: InferenceResponse) -> int:
     """Roughly how large a response's data is (BYTES arrays count their pointers only)."""
     return sum(array.nbytes for array in response.outputs.values())
+
+
+def _quoted_path(path: str, limit: int = 200) -> str:
+    """The path as an error message quotes it: a long one cut short, so that it is not echoed whole."""
+    return path if len(path) <= limit else f"{path[:limit]}… ({len(path)} characters)"
 
 
 def _json_object(body: bytes, what: str) -> dict[str, Any]:

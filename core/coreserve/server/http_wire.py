@@ -4,7 +4,9 @@ The data plane's HTTP path is short, so the web framework around it was most of 
 CPU time; this module does only what the v2 API needs: keep-alive, pipelined requests
 answered in order, Content-Length and chunked request bodies, gzip and deflate request
 bodies, `Expect: 100-continue`, a body size limit (413), compressed responses on request,
-and streamed (chunked) responses for server-sent events.
+and streamed (chunked) responses for server-sent events. It protects itself with the limits
+and timeouts of `HttpLimits`: each is enforced as the request is parsed, before anything
+past the limit is kept.
 """
 
 from __future__ import annotations
@@ -18,6 +20,13 @@ from dataclasses import dataclass, field
 from http import HTTPStatus
 
 import httptools
+
+from coreserve.server.http_limits import (
+    DEFAULT_HTTP_LIMITS,
+    HttpLimits,
+    RateLimitedWarning,
+    default_max_connections,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -58,56 +67,133 @@ class BodyTooLarge(Exception):
     pass
 
 
+class _Refusal(Exception):
+    """Raised from a parser callback: the request breaks a limit and gets `status` at once."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
 class _Message:
     """A request being parsed."""
 
-    __slots__ = ("body", "headers", "method", "size", "too_large", "url")
+    __slots__ = (
+        "body", "header_count", "header_size", "headers", "method", "repeated", "size", "too_large", "url"
+    )
 
     def __init__(self) -> None:
         self.url = b""
         self.headers: dict[str, str] = {}
+        self.repeated: dict[str, list[str]] | None = None  # the values of headers sent more than once
+        self.header_count = 0
+        self.header_size = 0
         self.body: list[bytes] = []
         self.size = 0
         self.too_large = False
         self.method = ""
 
 
+# What the worker answers: a parsed request, or an answer ready before any handler (an error).
+_Pending = tuple[HttpRequest | HttpResponse, bool]
+
+
 class HttpProtocol(asyncio.Protocol):
-    """One client connection: parses requests and answers them one at a time, in order."""
+    """One client connection: parses requests and answers them one at a time, in order.
+
+    One timer per connection enforces the limits in time. It is not re-armed per request:
+    when it fires it works out the deadline of the connection's present state (see
+    `_deadline`) and sleeps again until then, so a busy keep-alive connection costs a timer
+    about once per keep-alive timeout.
+    """
 
     def __init__(self, server: HttpServer) -> None:
         self._server = server
+        self._limits = server.limits
+        self._loop = asyncio.get_running_loop()
         self._transport: asyncio.Transport | None = None
         self._parser = httptools.HttpRequestParser(self)
         self._message = _Message()
-        self._pending: deque[tuple[HttpRequest | int, bool]] = deque()
+        self._pending: deque[_Pending] = deque()
         self._worker: asyncio.Task[None] | None = None
+        self._answering = False
         self._writable: asyncio.Future[None] | None = None
         self._closed = False
+        self._parsing = True  # false once an answer that closes the connection is queued
+        self._reading_paused = False
+        # The state the timer reads.
+        self._in_message = False  # a request's first byte arrived and its last did not
+        self._headers_done = False  # ... and its headers are all in
+        self._requests = 0
+        self._message_started = 0.0
+        self._last_read = 0.0
+        self._idle_since = 0.0
+        self._write_blocked_since: float | None = None
+        self._lingering_until: float | None = None
+        self._head_bytes = 0  # bytes fed to the parser since the last request's headers ended
+        self._timer: asyncio.TimerHandle | None = None
 
     # asyncio.Protocol
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]  # uvloop's TCPTransport
-        self._server.connections.add(self)
+        server = self._server
+        connections = server.connections
+        if len(connections) >= server.connection_limit:
+            self._parsing = False
+            server.refuse(transport)  # type: ignore[arg-type]
+            return
+        connections.add(self)
+        if len(connections) > server.file_safe_connections:
+            server.near_file_limit(len(connections))
+        self._idle_since = self._last_read = self._loop.time()
+        self._watch()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
         self._server.connections.discard(self)
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         if self._writable is not None and not self._writable.done():
             self._writable.set_result(None)
 
     def data_received(self, data: bytes) -> None:
+        if not self._parsing:
+            return
+        self._last_read = self._loop.time()
+        if not self._headers_done:
+            self._head_bytes += len(data)
         try:
             self._parser.feed_data(data)
+        except httptools.HttpParserCallbackError as exc:
+            cause = exc.__context__
+            if isinstance(cause, _Refusal):
+                self._refuse(cause.status, cause.message)
+            else:
+                logger.error("HTTP: parsing a request failed", exc_info=cause)
+                self._refuse(HTTPStatus.INTERNAL_SERVER_ERROR, "internal server error")
+            return
         except httptools.HttpParserUpgrade:
-            self._reject(HTTPStatus.NOT_IMPLEMENTED, "protocol upgrades are not supported")
+            self._refuse(HTTPStatus.NOT_IMPLEMENTED, "protocol upgrades are not supported")
+            return
         except httptools.HttpParserError as exc:
-            self._reject(HTTPStatus.BAD_REQUEST, f"malformed HTTP request: {exc}")
+            self._refuse(HTTPStatus.BAD_REQUEST, f"malformed HTTP request: {exc}")
+            return
+        if self._in_message and not self._headers_done and self._head_bytes > self._server.head_limit:
+            # httptools gathers a header in memory before handing it over; this bounds that.
+            self._refuse(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, self._server.header_size_message)
+            return
+        if self._in_message:
+            self._watch()
+
+    def eof_received(self) -> bool | None:
+        return None  # the client is done sending: close (answers still due cannot be sent)
 
     def pause_writing(self) -> None:
         if self._writable is None or self._writable.done():
-            self._writable = asyncio.get_running_loop().create_future()
+            self._writable = self._loop.create_future()
 
     def resume_writing(self) -> None:
         if self._writable is not None and not self._writable.done():
@@ -117,23 +203,54 @@ class HttpProtocol(asyncio.Protocol):
 
     def on_message_begin(self) -> None:
         self._message = _Message()
+        self._in_message = True
+        self._message_started = self._last_read
 
     def on_url(self, url: bytes) -> None:
-        self._message.url += url
+        url = self._message.url + url
+        limit = self._limits.max_url_size
+        if len(url) > limit:
+            raise _Refusal(HTTPStatus.REQUEST_URI_TOO_LONG, f"URI too long: the limit is {limit} bytes")
+        self._message.url = url
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        message = self._message
+        message.header_count += 1
+        message.header_size += len(name) + len(value)
+        if message.header_count > self._limits.max_header_count:
+            raise _Refusal(
+                HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE,
+                f"too many header fields: the limit is {self._limits.max_header_count}",
+            )
+        if message.header_size > self._limits.max_header_size:
+            raise _Refusal(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, self._server.header_size_message)
         key = name.decode("latin-1").lower()
         text = value.decode("latin-1")
-        headers = self._message.headers
-        headers[key] = f"{headers[key]}, {text}" if key in headers else text
+        headers = message.headers
+        if key not in headers:
+            headers[key] = text
+        else:  # joined once the headers are all in: joining as they come is quadratic
+            if message.repeated is None:
+                message.repeated = {}
+            message.repeated.setdefault(key, [headers[key]]).append(text)
 
     def on_headers_complete(self) -> None:
+        self._headers_done = True
+        self._head_bytes = 0
         message = self._message
+        if message.repeated is not None:
+            for key, values in message.repeated.items():
+                message.headers[key] = ", ".join(values)
         message.method = self._parser.get_method().decode("ascii")
         length = message.headers.get("content-length")
+        expects = "expect" in message.headers and message.headers["expect"].lower() == "100-continue"
         if length is not None and length.isdigit() and int(length) > self._server.max_body_size:
+            if expects:  # answered before the client sends the body it announced
+                raise _Refusal(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, self._server.body_size_message)
             message.too_large = True
-        elif message.headers.get("expect", "").lower() == "100-continue" and self._transport is not None:
+        elif expects and self._transport is not None and not self._answering and not self._pending:
+            # (Behind pipelined requests still to be answered, a 100 would land in their midst;
+            # the client then sends the body when its own wait for the 100 runs out.)
             self._transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
     def on_body(self, body: bytes) -> None:
@@ -148,49 +265,74 @@ class HttpProtocol(asyncio.Protocol):
         message.body.append(body)
 
     def on_message_complete(self) -> None:
+        self._in_message = self._headers_done = False
+        self._requests += 1
         message = self._message
-        keep_alive = self._parser.should_keep_alive() and not message.too_large
+        if not self._parsing:  # the rest of a read that followed a request answered with an error
+            return
         if message.too_large:
-            self._pending.append((HTTPStatus.REQUEST_ENTITY_TOO_LARGE, False))
-        else:
-            path, _, _ = message.url.decode("latin-1").partition("?")
-            body = message.body[0] if len(message.body) == 1 else b"".join(message.body)
-            self._pending.append((HttpRequest(message.method, path, message.headers, body), keep_alive))
-        if len(self._pending) > 16 and self._transport is not None:
-            self._transport.pause_reading()  # a client pipelining far ahead waits for answers
-        if self._worker is None or self._worker.done():
-            self._worker = asyncio.get_running_loop().create_task(self._answer())
+            self._refuse(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, self._server.body_size_message)
+            return
+        keep_alive = self._parser.should_keep_alive()
+        path, _, _ = message.url.decode("latin-1").partition("?")
+        body = message.body[0] if len(message.body) == 1 else b"".join(message.body)
+        self._queue(HttpRequest(message.method, path, message.headers, body), keep_alive)
 
     # answering
 
+    def _queue(self, item: HttpRequest | HttpResponse, keep_alive: bool) -> None:
+        self._pending.append((item, keep_alive))
+        if len(self._pending) > self._limits.max_pipelined:
+            self._pause_reading()  # a client pipelining far ahead waits for answers
+        if not self._answering:
+            self._answering = True
+            self._worker = self._loop.create_task(self._answer())
+
+    def _refuse(self, status: int, message: str) -> None:
+        """Stops reading and answers `status` after the answers already due, then closes."""
+        self._parsing = False
+        self._pause_reading()
+        self._queue(self._server.error_response(status, message), False)
+
+    def _pause_reading(self) -> None:
+        if not self._reading_paused and self._transport is not None and not self._closed:
+            self._reading_paused = True
+            self._transport.pause_reading()
+
     async def _answer(self) -> None:
-        while self._pending and not self._closed:
-            item, keep_alive = self._pending.popleft()
-            self._server.busy += 1
-            try:
-                if isinstance(item, int):
-                    limit = self._server.max_body_size
-                    await self._send(
-                        self._server.error_response(
-                            item, f"request body too large: the limit is {limit} bytes"
-                        ),
-                        {},
-                        keep_alive,
-                    )
-                else:
-                    await self._send(await self._server.handle(item), item.headers, keep_alive)
-            except Exception:
-                logger.exception("HTTP request failed")
-                keep_alive = False
-                await self._send(self._server.error_response(500, "internal server error"), {}, False)
-            finally:
-                self._server.busy -= 1
-                self._server.answered()
-            if not keep_alive:
-                self._close()
-                return
-            if self._transport is not None and len(self._pending) <= 16:
-                self._transport.resume_reading()
+        server = self._server
+        try:
+            while self._pending and not self._closed:
+                item, keep_alive = self._pending.popleft()
+                server.busy += 1
+                try:
+                    if isinstance(item, HttpResponse):
+                        await self._send(item, {}, keep_alive)
+                    else:
+                        await self._send(await server.handle(item), item.headers, keep_alive)
+                except Exception:
+                    logger.exception("HTTP request failed")
+                    keep_alive = False
+                    await self._send(server.error_response(500, "internal server error"), {}, False)
+                finally:
+                    server.busy -= 1
+                    server.answered()
+                if not keep_alive:
+                    if self._parsing:
+                        self._close()
+                    else:
+                        self._linger()
+                    return
+                caught_up = len(self._pending) <= self._limits.max_pipelined
+                if self._reading_paused and self._parsing and caught_up:
+                    self._reading_paused = False
+                    if self._transport is not None:
+                        self._transport.resume_reading()
+        finally:
+            self._answering = False
+        if not self._closed:
+            self._idle_since = self._loop.time()
+            self._watch()
 
     async def _send(self, response: Response, request_headers: dict[str, str], keep_alive: bool) -> None:
         if self._closed or self._transport is None:
@@ -233,41 +375,181 @@ class HttpProtocol(asyncio.Protocol):
 
     async def _drained(self) -> None:
         if self._writable is not None and not self._writable.done():
-            await self._writable
+            self._write_blocked_since = self._loop.time()
+            self._watch()
+            try:
+                await self._writable
+            finally:
+                self._write_blocked_since = None
 
-    def _reject(self, status: int, message: str) -> None:
-        if self._transport is None or self._closed:
+    # the timer
+
+    def _deadline(self) -> tuple[float, str] | None:
+        """When the connection's present state runs out of time, and which state that is."""
+        limits = self._limits
+        if self._lingering_until is not None:
+            return self._lingering_until, "linger"
+        if self._write_blocked_since is not None:
+            return self._write_blocked_since + limits.write_timeout, "write"
+        if self._in_message and self._parsing and not self._reading_paused:
+            if self._headers_done:
+                return self._last_read + limits.body_timeout, "body"
+            return self._message_started + limits.header_timeout, "header"
+        if self._answering or not self._parsing:
+            return None  # a handler has the time it needs; the state changes when it is done
+        # A new connection has until the header timeout to send its first request.
+        idle = limits.keepalive_timeout if self._requests else limits.header_timeout
+        return self._idle_since + idle, "idle"
+
+    def _watch(self) -> None:
+        """Makes sure the timer fires no later than the present state's deadline."""
+        found = self._deadline()
+        if found is None or self._closed:
             return
-        response = self._server.error_response(status, message)
-        head = (
-            f"HTTP/1.1 {status} {_reason(status)}\r\nContent-Length: {len(response.body)}\r\n"
-            f"Content-Type: {response.content_type}\r\nConnection: close\r\n\r\n"
-        )
-        self._transport.write(head.encode("latin-1") + response.body)
-        self._close()
+        timer = self._timer
+        if timer is None or timer.when() > found[0]:
+            if timer is not None:
+                timer.cancel()
+            self._timer = self._loop.call_at(found[0], self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        found = self._deadline()
+        if found is None or self._closed:
+            return
+        deadline, state = found
+        if self._loop.time() < deadline:
+            self._timer = self._loop.call_at(deadline, self._on_timer)
+            return
+        limits = self._limits
+        if state == "linger":
+            self._close()
+        elif state == "write":
+            logger.debug("HTTP: dropped a client that took no answer for %.1fs", limits.write_timeout)
+            self._abort()
+        elif state == "header":
+            self._refuse(
+                HTTPStatus.REQUEST_TIMEOUT,
+                f"request headers not received within {limits.header_timeout:g}s",
+            )
+        elif state == "body":
+            self._refuse(
+                HTTPStatus.REQUEST_TIMEOUT,
+                f"request body: nothing received for {limits.body_timeout:g}s",
+            )
+        else:
+            self._close()
+
+    # closing
+
+    def _linger(self) -> None:
+        """Closes after an error answer, unlike `_close` without resetting the connection.
+
+        Closing a socket with unread data resets it, and a reset can destroy the answer before
+        the client reads it (the request it stopped is likely still arriving). So our side is
+        shut, and what the client still sends is read and dropped for a moment.
+        """
+        transport = self._transport
+        if transport is None or self._closed:
+            return
+        if not transport.can_write_eof():
+            self._close()
+            return
+        transport.write_eof()
+        self._lingering_until = self._loop.time() + LINGER_SECS
+        if self._reading_paused:
+            self._reading_paused = False
+            transport.resume_reading()
+        self._watch()
 
     def _close(self) -> None:
         if self._transport is not None and not self._closed:
             self._closed = True
             self._transport.close()
 
+    def _abort(self) -> None:
+        if self._transport is not None and not self._closed:
+            self._closed = True
+            self._transport.abort()
+
     def close_if_idle(self) -> None:
-        if not self._pending and (self._worker is None or self._worker.done()):
+        if not self._pending and not self._answering:
             self._close()
+
+
+# How long a connection closed after an error answer, or refused, stays open for its client to
+# read the answer (nginx lingers for up to 30 s; an answer is read on the spot or never).
+LINGER_SECS = 1.0
+
+
+class _RefusedConnection(asyncio.Protocol):
+    """A connection over the limit: it gets a 503, then is closed once the client saw it."""
+
+    def __init__(self, transport: asyncio.Transport, response: bytes, linger: float) -> None:
+        self._transport = transport
+        transport.set_protocol(self)
+        transport.write(response)
+        # Closing at once could reset the connection (the request unread) before the client
+        # reads the 503: the write side is shut instead, and the client closes.
+        if transport.can_write_eof():
+            transport.write_eof()
+        self._timer = asyncio.get_running_loop().call_later(linger, transport.close)
+
+    def data_received(self, data: bytes) -> None:
+        pass  # the request: unanswered
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._timer.cancel()
 
 
 class HttpServer:
     """Accepts connections for `handle`; `stop` lets the requests being answered finish."""
 
-    def __init__(self, handle: Handler, error_response: ErrorResponse, max_body_size: int) -> None:
+    def __init__(
+        self,
+        handle: Handler,
+        error_response: ErrorResponse,
+        max_body_size: int,
+        limits: HttpLimits = DEFAULT_HTTP_LIMITS,
+    ) -> None:
         self.handle = handle
         self.error_response = error_response
         self.max_body_size = max_body_size
+        self.limits = limits
+        self.connection_limit = limits.connection_limit()
+        # The request line and the separators of the headers come on top of their names and values.
+        self.head_limit = limits.max_url_size + limits.max_header_size + 4 * limits.max_header_count + 1024
+        self.header_size_message = (
+            f"request header fields too large: the limit is {limits.max_header_size} bytes"
+        )
+        self.body_size_message = f"request body too large: the limit is {max_body_size} bytes"
         self.connections: set[HttpProtocol] = set()
         self.busy = 0
         self._server: asyncio.Server | None = None
         self._idle = asyncio.Event()
         self._idle.set()
+        self._refused = RateLimitedWarning(
+            logger,
+            f"HTTP: refused %d connections over the limit of {self.connection_limit} "
+            "(--http-max-connections) in the last few seconds",
+        )
+        self._refusal: bytes | None = None
+        # Past this many connections, accept() may run out of descriptors: the system then
+        # resets new clients, unseen by us, so the condition is logged as it approaches.
+        self.file_safe_connections = default_max_connections()
+        self.near_file_limit = RateLimitedWarning(
+            logger,
+            "HTTP: %d connections open, near the open-file limit (ulimit -n): new clients may be reset "
+            "without an answer; lower --http-max-connections or raise the limit",
+            count_events=False,
+        )
+        if self.connection_limit > self.file_safe_connections:
+            logger.warning(
+                "HTTP: --http-max-connections=%d is above 3/4 of the open-file limit (ulimit -n); "
+                "past about %d connections new clients may be reset without an answer",
+                self.connection_limit,
+                self.file_safe_connections,
+            )
 
     async def start(self, address: str, port: int) -> int:
         loop = asyncio.get_running_loop()
@@ -275,6 +557,19 @@ class HttpServer:
             lambda: HttpProtocol(self), address, port, reuse_address=True, backlog=1024
         )
         return int(self._server.sockets[0].getsockname()[1])
+
+    def refuse(self, transport: asyncio.Transport) -> None:
+        """Answers a connection over the limit with 503 and closes it."""
+        self._refused()
+        if self._refusal is None:
+            error = self.error_response(
+                HTTPStatus.SERVICE_UNAVAILABLE, f"too many connections: the limit is {self.connection_limit}"
+            )
+            self._refusal = (
+                f"HTTP/1.1 503 {_reason(503)}\r\nContent-Length: {len(error.body)}\r\n"
+                f"Content-Type: {error.content_type}\r\nConnection: close\r\n\r\n"
+            ).encode("latin-1") + error.body
+        _RefusedConnection(transport, self._refusal, LINGER_SECS)
 
     def answered(self) -> None:
         if self.busy == 0:
@@ -302,27 +597,46 @@ class HttpServer:
         await server.wait_closed()
 
 
+_GZIP_WBITS = 16 + zlib.MAX_WBITS
+_WBITS = {"gzip": _GZIP_WBITS, "x-gzip": _GZIP_WBITS, "deflate": zlib.MAX_WBITS}
+
+
 def decompress(body: bytes, encoding: str, limit: int) -> bytes:
     """The body under its Content-Encoding (gzip or deflate); raises ValueError if corrupt,
-    BodyTooLarge past `limit` bytes."""
-    wbits = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}.get(
-        encoding
-    )
+    truncated or followed by anything but another gzip member, BodyTooLarge past `limit` bytes."""
+    wbits = _WBITS.get(encoding)
     if wbits is None:
         raise ValueError(f"unsupported Content-Encoding '{encoding}'")
+    parts: list[bytes] = []
+    size = 0
+    while True:
+        inflater, data = _inflate(body, wbits, limit - size)
+        size += len(data)
+        if size > limit:
+            raise BodyTooLarge()
+        parts.append(data)
+        if not inflater.eof:  # a stream cut short: no end block, or no CRC trailer
+            raise ValueError(f"the {encoding} stream is truncated")
+        body = inflater.unused_data
+        if not body:
+            return parts[0] if len(parts) == 1 else b"".join(parts)
+        if wbits != _GZIP_WBITS or not body.startswith(b"\x1f\x8b"):  # gzip allows several members
+            raise ValueError(f"{len(body)} bytes of trailing data after the {encoding} stream")
+
+
+def _inflate(body: bytes, wbits: int, limit: int) -> tuple[zlib._Decompress, bytes]:
+    """Inflates one stream, up to one byte past `limit`; the inflater tells where it ended."""
     inflater = zlib.decompressobj(wbits)
     try:
-        data = inflater.decompress(body, limit + 1)
+        return inflater, inflater.decompress(body, limit + 1)
     except zlib.error as exc:
-        if encoding != "deflate":
+        if wbits != zlib.MAX_WBITS:
             raise ValueError(str(exc)) from None
-        try:  # some clients send raw deflate streams without the zlib header
-            data = zlib.decompressobj(-zlib.MAX_WBITS).decompress(body, limit + 1)
-        except zlib.error as raw_exc:
-            raise ValueError(str(raw_exc)) from None
-    if len(data) > limit:
-        raise BodyTooLarge()
-    return data
+    raw = zlib.decompressobj(-zlib.MAX_WBITS)  # some clients send deflate without the zlib header
+    try:
+        return raw, raw.decompress(body, limit + 1)
+    except zlib.error as exc:
+        raise ValueError(str(exc)) from None
 
 
 def _accepted_encoding(accept: str) -> str | None:

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from coreserve.repository import ControlMode
+from coreserve.server.http_limits import HttpLimits
 from coreserve.server.restrictions import Restriction
 
 
@@ -26,6 +27,7 @@ class ServerOptions:
     http_port: int = 8000
     http_max_input_size: int = 64 * 1024 * 1024
     http_restricted_api: list[Restriction] = field(default_factory=list)
+    http_limits: HttpLimits = field(default_factory=HttpLimits)  # --http-max-*, --http-*-timeout-secs
     allow_grpc: bool = True
     grpc_address: str = "0.0.0.0"
     grpc_port: int = 8001
