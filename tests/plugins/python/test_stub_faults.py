@@ -123,8 +123,12 @@ def _status(url: str) -> int:
         return int(error.code)
 
 
+Connect = Callable[[ServerProcess], httpclient.InferenceServerClient]
+
+
 @pytest.fixture
-def http(request: pytest.FixtureRequest) -> Iterator[Callable[[ServerProcess], httpclient.InferenceServerClient]]:
+def http() -> Iterator[Connect]:
+    """Opens HTTP clients to a server (one per thread); closes them after the test."""
     clients: list[httpclient.InferenceServerClient] = []
 
     def connect(server: ServerProcess) -> httpclient.InferenceServerClient:
@@ -137,9 +141,9 @@ def http(request: pytest.FixtureRequest) -> Iterator[Callable[[ServerProcess], h
 
 
 def test_stubs_killed_at_random_under_load_heal_and_other_models_lose_nothing(
-    coreserve_server: ServerFactory, tmp_path: Path, http: Callable[[ServerProcess], httpclient.InferenceServerClient]
+    coreserve_server: ServerFactory, tmp_path: Path, http: Connect
 ) -> None:
-    _echo_model(tmp_path, "victim", config='instance_group [ { count: 2 } ]')
+    _echo_model(tmp_path, "victim", config="instance_group [ { count: 2 } ]")
     _echo_model(tmp_path, "bystander")
     server = coreserve_server(tmp_path)
     assert server.process is not None
@@ -165,8 +169,10 @@ def test_stubs_killed_at_random_under_load_heal_and_other_models_lose_nothing(
         while not stop.is_set():
             count += 1
             try:
-                value = float(count)
-                _infer_grpc(client, "bystander", value) if use_grpc else _infer_http(client, "bystander", value)
+                if use_grpc:
+                    _infer_grpc(client, "bystander", float(count))
+                else:
+                    _infer_http(client, "bystander", float(count))
                 bystander["ok"].append("ok")
             except Exception as exc:
                 bystander["failed"].append(repr(exc))
@@ -213,7 +219,7 @@ def test_stubs_killed_at_random_under_load_heal_and_other_models_lose_nothing(
 
 
 def test_a_stub_that_cannot_restart_makes_the_model_unavailable_until_it_can(
-    coreserve_server: ServerFactory, tmp_path: Path, http: Callable[[ServerProcess], httpclient.InferenceServerClient]
+    coreserve_server: ServerFactory, tmp_path: Path, http: Connect
 ) -> None:
     marker = tmp_path / "refuse-to-start"
     init = f"assert not os.path.exists({str(marker)!r}), 'the marker file forbids starting'"
@@ -246,10 +252,12 @@ def test_a_stub_that_cannot_restart_makes_the_model_unavailable_until_it_can(
 
 
 def test_shutdown_kills_hung_models_within_the_exit_timeout(
-    coreserve_server: ServerFactory, tmp_path: Path, http: Callable[[ServerProcess], httpclient.InferenceServerClient]
+    coreserve_server: ServerFactory, tmp_path: Path, http: Connect
 ) -> None:
     started = tmp_path / "executing"
-    _echo_model(tmp_path / "models", "stuck_finalize", extra="\n    def finalize(self):\n        time.sleep(3600)\n")
+    _echo_model(
+        tmp_path / "models", "stuck_finalize", extra="\n    def finalize(self):\n        time.sleep(3600)\n"
+    )
     execute = f"open({str(started)!r}, 'w').close(); time.sleep(3600)"
     _echo_model(tmp_path / "models", "stuck_execute", execute=execute)
     server = coreserve_server(tmp_path / "models", "--exit-timeout-secs=3")
@@ -279,7 +287,7 @@ def test_shutdown_kills_hung_models_within_the_exit_timeout(
 
 
 def test_stubs_die_with_a_killed_server(
-    coreserve_server: ServerFactory, tmp_path: Path, http: Callable[[ServerProcess], httpclient.InferenceServerClient]
+    coreserve_server: ServerFactory, tmp_path: Path, http: Connect
 ) -> None:
     started = tmp_path / "executing"
     execute = f"open({str(started)!r}, 'w').close(); time.sleep(30)"
@@ -334,7 +342,7 @@ output [ { name: "TEXT" data_type: TYPE_STRING dims: [ 1 ] } ]
 
 
 def test_a_bls_request_that_fails_inside_the_server_is_answered(
-    coreserve_server: ServerFactory, tmp_path: Path, http: Callable[[ServerProcess], httpclient.InferenceServerClient]
+    coreserve_server: ServerFactory, tmp_path: Path, http: Connect
 ) -> None:
     (tmp_path / "bls_fault" / "1").mkdir(parents=True)
     (tmp_path / "bls_fault" / "1" / "model.py").write_text(BLS_CALLER)
