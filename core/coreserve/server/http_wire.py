@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import zlib
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -21,6 +20,7 @@ from http import HTTPStatus
 
 import httptools
 
+from coreserve.server.http_encoding import accepted_encoding, compress
 from coreserve.server.http_limits import (
     DEFAULT_HTTP_LIMITS,
     HttpLimits,
@@ -61,10 +61,6 @@ class StreamedResponse:
 Response = HttpResponse | StreamedResponse
 Handler = Callable[[HttpRequest], Awaitable[Response]]
 ErrorResponse = Callable[[int, str], HttpResponse]
-
-
-class BodyTooLarge(Exception):
-    pass
 
 
 class _Refusal(Exception):
@@ -345,9 +341,9 @@ class HttpProtocol(asyncio.Protocol):
         extra = "".join(f"{name}: {value}\r\n" for name, value in response.headers.items())
         accept = request_headers.get("accept-encoding") if response.compress and body else None
         if accept:
-            encoding = _accepted_encoding(accept)
+            encoding = accepted_encoding(accept)
             if encoding is not None:
-                body = _compress(body, encoding)
+                body = compress(body, encoding)
                 extra += f"Content-Encoding: {encoding}\r\n"
         if response.content_type is not None:
             extra += f"Content-Type: {response.content_type}\r\n"
@@ -480,25 +476,29 @@ class HttpProtocol(asyncio.Protocol):
 # How long a connection closed after an error answer, or refused, stays open for its client to
 # read the answer (nginx lingers for up to 30 s; an answer is read on the spot or never).
 LINGER_SECS = 1.0
+# At most this many refused connections linger at once; past it (a connection flood) they are
+# closed at once, as each one holds a file descriptor while it lingers.
+MAX_LINGERING_REFUSALS = 64
 
 
 class _RefusedConnection(asyncio.Protocol):
     """A connection over the limit: it gets a 503, then is closed once the client saw it."""
 
-    def __init__(self, transport: asyncio.Transport, response: bytes, linger: float) -> None:
-        self._transport = transport
+    def __init__(self, server: HttpServer, transport: asyncio.Transport, response: bytes) -> None:
+        self._server = server
         transport.set_protocol(self)
         transport.write(response)
         # Closing at once could reset the connection (the request unread) before the client
         # reads the 503: the write side is shut instead, and the client closes.
-        if transport.can_write_eof():
-            transport.write_eof()
-        self._timer = asyncio.get_running_loop().call_later(linger, transport.close)
+        transport.write_eof()
+        server.lingering_refusals += 1
+        self._timer = asyncio.get_running_loop().call_later(LINGER_SECS, transport.close)
 
     def data_received(self, data: bytes) -> None:
         pass  # the request: unanswered
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._server.lingering_refusals -= 1
         self._timer.cancel()
 
 
@@ -534,6 +534,7 @@ class HttpServer:
             "(--http-max-connections) in the last few seconds",
         )
         self._refusal: bytes | None = None
+        self.lingering_refusals = 0
         # Past this many connections, accept() may run out of descriptors: the system then
         # resets new clients, unseen by us, so the condition is logged as it approaches.
         self.file_safe_connections = default_max_connections()
@@ -569,7 +570,11 @@ class HttpServer:
                 f"HTTP/1.1 503 {_reason(503)}\r\nContent-Length: {len(error.body)}\r\n"
                 f"Content-Type: {error.content_type}\r\nConnection: close\r\n\r\n"
             ).encode("latin-1") + error.body
-        _RefusedConnection(transport, self._refusal, LINGER_SECS)
+        if self.lingering_refusals < MAX_LINGERING_REFUSALS and transport.can_write_eof():
+            _RefusedConnection(self, transport, self._refusal)
+        else:
+            transport.write(self._refusal)
+            transport.close()
 
     def answered(self) -> None:
         if self.busy == 0:
@@ -595,62 +600,6 @@ class HttpServer:
         for connection in list(self.connections):
             connection._close()
         await server.wait_closed()
-
-
-_GZIP_WBITS = 16 + zlib.MAX_WBITS
-_WBITS = {"gzip": _GZIP_WBITS, "x-gzip": _GZIP_WBITS, "deflate": zlib.MAX_WBITS}
-
-
-def decompress(body: bytes, encoding: str, limit: int) -> bytes:
-    """The body under its Content-Encoding (gzip or deflate); raises ValueError if corrupt,
-    truncated or followed by anything but another gzip member, BodyTooLarge past `limit` bytes."""
-    wbits = _WBITS.get(encoding)
-    if wbits is None:
-        raise ValueError(f"unsupported Content-Encoding '{encoding}'")
-    parts: list[bytes] = []
-    size = 0
-    while True:
-        inflater, data = _inflate(body, wbits, limit - size)
-        size += len(data)
-        if size > limit:
-            raise BodyTooLarge()
-        parts.append(data)
-        if not inflater.eof:  # a stream cut short: no end block, or no CRC trailer
-            raise ValueError(f"the {encoding} stream is truncated")
-        body = inflater.unused_data
-        if not body:
-            return parts[0] if len(parts) == 1 else b"".join(parts)
-        if wbits != _GZIP_WBITS or not body.startswith(b"\x1f\x8b"):  # gzip allows several members
-            raise ValueError(f"{len(body)} bytes of trailing data after the {encoding} stream")
-
-
-def _inflate(body: bytes, wbits: int, limit: int) -> tuple[zlib._Decompress, bytes]:
-    """Inflates one stream, up to one byte past `limit`; the inflater tells where it ended."""
-    inflater = zlib.decompressobj(wbits)
-    try:
-        return inflater, inflater.decompress(body, limit + 1)
-    except zlib.error as exc:
-        if wbits != zlib.MAX_WBITS:
-            raise ValueError(str(exc)) from None
-    raw = zlib.decompressobj(-zlib.MAX_WBITS)  # some clients send deflate without the zlib header
-    try:
-        return raw, raw.decompress(body, limit + 1)
-    except zlib.error as exc:
-        raise ValueError(str(exc)) from None
-
-
-def _accepted_encoding(accept: str) -> str | None:
-    offered = {part.split(";")[0].strip().lower() for part in accept.split(",")}
-    for encoding in ("gzip", "deflate"):
-        if encoding in offered:
-            return encoding
-    return None
-
-
-def _compress(body: bytes, encoding: str) -> bytes:
-    wbits = 16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS
-    compressor = zlib.compressobj(6, zlib.DEFLATED, wbits)
-    return compressor.compress(body) + compressor.flush()
 
 
 _REASONS = {status.value: status.phrase for status in HTTPStatus}
