@@ -151,9 +151,9 @@ class StubProcess:
         except Exception:
             # A message we cannot read (or handle) leaves the stub's state unknown: replace it.
             logger.exception("the Python stub of %s sent a message the server cannot handle", self.name)
-        code = await self._wait_exit(EXIT_GRACE_S)
         if self._writer is not None:
-            self._writer.close()
+            self._writer.close()  # a stub still running takes this as the end (see stub.py)
+        code = await self._wait_exit(EXIT_GRACE_S)
         if self.pid is not None:
             remove_segments_of(self.pid)
         error = InternalError(f"the Python stub of {self.name} exited {describe_exit(code)}")
@@ -171,7 +171,7 @@ class StubProcess:
             return await asyncio.wait_for(asyncio.shield(self._exit), timeout)
         except TimeoutError:
             await self._kill_and_reap()
-            return self._exit.result()
+            return self._exit.result() if self._exit.done() else None
 
     async def _kill_and_reap(self) -> None:
         if self._exit is None or self.pid is None:
