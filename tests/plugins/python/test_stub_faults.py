@@ -7,6 +7,7 @@ import io
 import os
 import random
 import signal
+import socket
 import sys
 import tarfile
 import threading
@@ -23,6 +24,9 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from coreserve.testing import ServerFactory, ServerProcess
+from coreserve_python.process import StubLaunch
+from coreserve_python.spawn import describe_exit, reap_blocking
+from coreserve_python.wire import Channel
 
 ECHO_CONFIG = """
 backend: "python"
@@ -420,3 +424,40 @@ def test_unpacking_an_environment_leaves_the_server_responsive(
         assert client.is_model_ready("packed_env")
     finally:
         client.close()
+
+
+def test_a_busy_stub_ends_when_the_server_closes_its_socket(tmp_path: Path) -> None:
+    """The portable watch, without the parent-death signal: this test plays the server."""
+    started = tmp_path / "executing"
+    _echo_model(tmp_path, "busy", execute=f"open({str(started)!r}, 'w').close(); time.sleep(30)")
+    ours, theirs = socket.socketpair()
+    pid = StubLaunch(sys.executable).spawn(theirs)
+    channel = Channel(ours)
+    try:
+        args = {"model_config": "{}", "model_name": "busy", "model_instance_name": "busy_0"}
+        channel.send(
+            {
+                "op": "init",
+                "model_file": str(tmp_path / "busy" / "1" / "model.py"),
+                "args": args,
+                "decoupled": False,
+            }
+        )
+        assert channel.receive() == {"op": "init_done", "error": None}
+        request = {
+            "key": 0,
+            "id": "",
+            "inputs": [],
+            "requested": [],
+            "parameters": {},
+            "correlation_id": 0,
+            "flags": 0,
+        }
+        channel.send({"op": "execute", "model_name": "busy", "segment": None, "requests": [request]})
+        _wait_until(started.exists, 15, "the stub runs execute()")
+    finally:
+        channel.close()
+    began = time.monotonic()
+    code = reap_blocking(pid, timeout=10)  # kills it if it has not ended by itself
+    took = time.monotonic() - began
+    assert code == 0 and took < 5, f"the stub ended {describe_exit(code)} after {took:.1f} s"
