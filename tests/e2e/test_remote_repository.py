@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -13,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
 
 from coreserve.testing import ServerFactory
 from model_builders import scale_model
@@ -114,3 +116,79 @@ def test_missing_filesystem_package_is_a_clear_error(tmp_path: Path) -> None:
     )
     assert completed.returncode != 0
     assert "pip install 'core-server[gcs]'" in completed.stderr
+
+
+def _start_moto(port: int) -> subprocess.Popen[bytes]:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return process
+        except OSError:
+            time.sleep(0.1)
+    process.kill()
+    raise TimeoutError("moto did not start")
+
+
+def test_served_models_survive_an_s3_outage_and_changes_arrive_after_it(
+    coreserve_server: ServerFactory, tmp_path: Path
+) -> None:
+    port = _free_port()
+    endpoint = f"127.0.0.1:{port}"
+    moto = _start_moto(port)
+    try:
+        s3 = _s3(endpoint)
+        s3.create_bucket(Bucket="models")
+        s3.put_object(Bucket="models", Key="repo/scaled/config.pbtxt", Body=SCALE.encode())
+        s3.put_object(
+            Bucket="models", Key="repo/scaled/1/model.onnx", Body=scale_model(2.0).SerializeToString()
+        )
+        server = coreserve_server(
+            f"s3://{endpoint}/models/repo",
+            "--model-control-mode=poll",
+            "--repository-poll-secs=0.5",
+            f"--model-cache-dir={tmp_path / 'cache'}",
+            env={**CREDENTIALS, "HOME": str(tmp_path), "AWS_MAX_ATTEMPTS": "1"},
+        )
+        client = httpclient.InferenceServerClient(server.http_url)
+        try:
+            assert _scale(client) == 2.0
+            moto.terminate()
+            moto.wait(timeout=10)
+            outage_started = time.monotonic()
+            while time.monotonic() - outage_started < 4:  # several polls meet a dead endpoint
+                assert _scale(client) == 2.0
+                assert client.is_server_ready()
+                time.sleep(0.2)
+            outage = time.monotonic() - outage_started
+            # The storage comes back empty (moto keeps nothing; a poll that sees it empty
+            # unloads the model, as it should), then holds a new version.
+            moto = _start_moto(port)
+            s3.create_bucket(Bucket="models")
+            s3.put_object(Bucket="models", Key="repo/scaled/config.pbtxt", Body=SCALE.encode())
+            s3.put_object(
+                Bucket="models", Key="repo/scaled/2/model.onnx", Body=scale_model(3.0).SerializeToString()
+            )
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                with contextlib.suppress(InferenceServerException):
+                    if _scale(client) == 3.0:
+                        break
+                time.sleep(0.2)
+            assert _scale(client) == 3.0, server.log[-6000:]
+            assert client.get_model_metadata("scaled")["versions"] == ["2"]
+        finally:
+            client.close()
+        log = server.log
+        assert "Traceback" not in log, log[-3000:]
+        failures = log.count("polling the model repository failed")
+        assert 1 <= failures <= outage / 0.5 + 4, log[-3000:]
+        assert server.process is not None and server.process.poll() is None
+    finally:
+        moto.terminate()
+        moto.wait(timeout=10)

@@ -156,12 +156,23 @@ class ModelRepository:
             await self._load_many(changed)
 
     async def poll_forever(self, interval: float) -> None:
+        """Polls every `interval` seconds until cancelled; a failed poll is logged in one line
+        and the next one tries again (the models being served keep serving meanwhile)."""
+        failing = False
         while True:
             await asyncio.sleep(interval)
             try:
                 await self.poll()
             except CoreserveError as exc:
                 logger.error("polling the model repository failed: %s", exc.message)
+                failing = True
+            except Exception as exc:  # polling must go on whatever a repository source raises
+                logger.error("polling the model repository failed: %s: %s", type(exc).__name__, exc)
+                failing = True
+            else:
+                if failing:
+                    logger.info("polling the model repository works again")
+                failing = False
 
     # Loading and unloading.
 

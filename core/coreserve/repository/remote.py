@@ -55,8 +55,8 @@ class RemoteSource:
     def _listing(self) -> dict[str, dict[str, Any]]:
         try:
             found = self.fs.find(self.prefix, detail=True)
-        except (OSError, PermissionError) as exc:
-            raise UnavailableError(f"cannot list model repository {self.label}: {exc}") from None
+        except Exception as exc:  # each filesystem has its own errors (botocore's are no OSError)
+            raise UnavailableError(f"cannot list model repository {self.label}: {_describe(exc)}") from None
         return {
             path[len(self.prefix) + 1 :]: info for path, info in found.items() if info.get("type") == "file"
         }
@@ -114,7 +114,12 @@ class RemoteSource:
             started = time.monotonic()
             if size >= PROGRESS_BYTES:
                 logger.info("model '%s': downloading %s (%.1f MiB)", name, inner, size / 2**20)
-            self.fs.get(f"{self.prefix}/{name}/{inner}", str(target))
+            try:
+                self.fs.get(f"{self.prefix}/{name}/{inner}", str(target))
+            except Exception as exc:
+                raise UnavailableError(
+                    f"model '{name}': cannot fetch {inner} from {self.label}: {_describe(exc)}"
+                ) from None
             if size >= PROGRESS_BYTES:
                 logger.info("model '%s': downloaded %s in %.1f s", name, inner, time.monotonic() - started)
         for stale in set(known) - set(current):
@@ -125,3 +130,7 @@ class RemoteSource:
 
     def remove_cached(self, name: str) -> None:
         shutil.rmtree(self.cache / name, ignore_errors=True)
+
+
+def _describe(error: Exception) -> str:
+    return f"{type(error).__name__}: {error}"
