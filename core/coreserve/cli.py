@@ -159,8 +159,8 @@ def _http_limit_flags(flag: Callable[..., Any]) -> None:
     flag("--http-max-url-size", type=_positive_int, default=limits.max_url_size, metavar="BYTES",
          help=f"longest request URL; longer gets 414 (default {limits.max_url_size // 1024} KiB)")
     flag("--http-header-timeout-secs", type=_positive_secs, default=limits.header_timeout, metavar="SECS",
-         help="time for a request's headers to arrive from its first byte, and for a new connection to "
-              f"send its first request; then 408 and close (default {limits.header_timeout:g})")
+         help="time for a request's headers to arrive from its first byte (then 408 and close), and for "
+              f"a new connection to send its first byte (then close) (default {limits.header_timeout:g})")
     flag("--http-body-timeout-secs", type=_positive_secs, default=limits.body_timeout, metavar="SECS",
          help=f"longest wait between two reads of a request body; then 408 and close "
               f"(default {limits.body_timeout:g})")

@@ -31,6 +31,7 @@ MAX_URL = 4096
 MAX_HEADERS = 50
 MAX_HEADER_BYTES = 8192
 MAX_PIPELINED = 8
+HEADERS_TOO_LARGE = f"request header fields too large: the limit is {MAX_HEADER_BYTES} bytes"
 LIMIT_FLAGS = [
     f"--http-header-timeout-secs={TIMEOUT}",
     f"--http-body-timeout-secs={TIMEOUT}",
@@ -45,6 +46,8 @@ LIMIT_FLAGS = [
 # The worst latency a health probe may see during an attack: generous, as this machine is
 # shared and slow (the aim, measured in benchmarks, is far lower).
 PROBE_BOUND_S = 2.0
+# How late a timeout may fire on a loaded machine (never early).
+SLACK_S = 4.0
 # A log line at ERROR or CRITICAL level ("<time> E coreserve...] ...").
 _ERROR_LINE = re.compile(r"^\S+ \S+ [EC] \S+\] ", re.MULTILINE)
 
@@ -167,6 +170,12 @@ def _error(body: bytes) -> str:
     return str(json.loads(body)["error"])
 
 
+def _rss_kib(server: ServerProcess) -> int:
+    assert server.process is not None
+    status = Path(f"/proc/{server.process.pid}/status").read_text()
+    return int(re.search(r"VmRSS:\s+(\d+)", status).group(1))  # type: ignore[union-attr]
+
+
 def _send_in_background(connection: Raw, data: bytes) -> threading.Thread:
     """Sends `data` from a thread; the server may stop reading and close midway."""
 
@@ -198,7 +207,7 @@ def test_slowloris_headers_trickled_get_408_at_the_header_timeout(server: Server
         assert headers["connection"] == "close"
         assert "headers not received within 1s" in _error(body)
         assert connection.closed_by_server()
-        assert TIMEOUT * 0.9 < elapsed < TIMEOUT + PROBE_BOUND_S
+        assert TIMEOUT * 0.9 < elapsed < TIMEOUT + SLACK_S
 
 
 def _readable_or_open(connection: Raw) -> bool:
@@ -237,7 +246,7 @@ def test_half_sent_body_gets_408_at_the_body_timeout(server: ServerProcess) -> N
         status, _, body = connection.response()
         assert status == 408
         assert "request body: nothing received for 1s" in _error(body)
-        assert TIMEOUT * 0.9 < time.monotonic() - start < TIMEOUT + PROBE_BOUND_S
+        assert TIMEOUT * 0.9 < time.monotonic() - start < TIMEOUT + SLACK_S
         assert connection.closed_by_server()
 
 
@@ -250,14 +259,14 @@ def test_idle_keep_alive_connection_is_closed_after_the_keepalive_timeout(server
         assert connection.response()[0] == 200
         start = time.monotonic()
         assert connection.closed_by_server()
-        assert TIMEOUT * 0.9 < time.monotonic() - start < TIMEOUT + PROBE_BOUND_S
+        assert TIMEOUT * 0.9 < time.monotonic() - start < TIMEOUT + SLACK_S
 
 
 def test_a_connection_that_sends_nothing_is_closed_silently(server: ServerProcess) -> None:
     with raw(server) as connection:
         start = time.monotonic()
         assert connection.closed_by_server()
-        assert TIMEOUT * 0.9 < time.monotonic() - start < TIMEOUT + PROBE_BOUND_S
+        assert TIMEOUT * 0.9 < time.monotonic() - start < TIMEOUT + SLACK_S
 
 
 def test_a_client_that_reads_no_answer_is_dropped_after_the_write_timeout(server: ServerProcess) -> None:
@@ -265,7 +274,7 @@ def test_a_client_that_reads_no_answer_is_dropped_after_the_write_timeout(server
         connection.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         request = b"GET /v2/models/%s/ready HTTP/1.1\r\nHost: x\r\n\r\n" % (b"m" * 3000)
         sender = _send_in_background(connection, request * 2000)  # ~6 MB of answers, never read
-        sender.join(4 * TIMEOUT + PROBE_BOUND_S)
+        sender.join(4 * TIMEOUT + SLACK_S)
         assert not sender.is_alive(), "the server neither answered nor dropped the client"
     with raw(server) as connection:  # the server is fine
         connection.send(b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -315,16 +324,24 @@ def test_headers_at_the_limits_are_served(server: ServerProcess) -> None:
         assert connection.response()[0] == 200
 
 
-def test_huge_header_gets_431_before_it_is_all_sent(server: ServerProcess) -> None:
-    with HealthProbe(server), raw(server) as connection:
-        sender = _send_in_background(
-            connection, b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\nX-Big: " + b"v" * (40 << 20)
-        )
-        status, _, body = connection.response()
-        assert status == 431
-        assert _error(body) == f"request header fields too large: the limit is {MAX_HEADER_BYTES} bytes"
-        assert connection.closed_by_server()
-        sender.join(10)
+def test_huge_headers_get_431_before_they_are_all_sent(server: ServerProcess) -> None:
+    rss_before = _rss_kib(server)
+    attack = b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\nX-Big: " + b"v" * (30 << 20)
+    with HealthProbe(server):
+        connections = [Raw(server) for _ in range(10)]
+        try:
+            senders = [_send_in_background(connection, attack) for connection in connections]
+            for connection in connections:
+                status, _, body = connection.response()
+                assert status == 431
+                assert _error(body) == HEADERS_TOO_LARGE
+                assert connection.closed_by_server()
+            for sender in senders:
+                sender.join(10)
+        finally:
+            for connection in connections:
+                connection.close()
+    assert _rss_kib(server) - rss_before < 50 * 1024  # none of the 300 MB was kept
 
 
 def test_100k_repeated_headers_get_431_quickly(server: ServerProcess) -> None:
@@ -472,12 +489,6 @@ def test_smuggling_attempts_get_400_and_close(server: ServerProcess, head: bytes
 
 
 # Floods
-
-
-def _rss_kib(server: ServerProcess) -> int:
-    assert server.process is not None
-    status = Path(f"/proc/{server.process.pid}/status").read_text()
-    return int(re.search(r"VmRSS:\s+(\d+)", status).group(1))  # type: ignore[union-attr]
 
 
 def test_pipelining_flood_is_answered_in_order_with_flat_memory(server: ServerProcess) -> None:
