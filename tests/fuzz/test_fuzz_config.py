@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
@@ -91,6 +92,15 @@ def mutated_configs(draw: st.DrawFn) -> str:
     return text
 
 
+# protobuf's text parser hands string escapes to Python's unicode_escape codec, which warns
+# about an unknown escape such as '\ ' and keeps the characters: a parse that succeeds (the
+# server does not turn warnings into errors, as this suite does).
+unknown_escapes_are_kept = pytest.mark.filterwarnings(
+    "ignore:decoding with 'unicode_escape' codec failed:DeprecationWarning",
+    "ignore:invalid escape sequence:DeprecationWarning",
+)
+
+
 def _load_like_the_repository(config: ModelConfig) -> None:
     """The steps a configuration goes through when its model loads, and /config's rendering."""
     try:
@@ -111,6 +121,7 @@ def _parse_and_load(text: str) -> None:
     _load_like_the_repository(config)
 
 
+@unknown_escapes_are_kept
 @given(st.text(max_size=200))
 @example("input [ { name: \"x\" data_type: 99 dims: [ 1 ] } ]")
 @example("output [ { name: \"y\" data_type: TYPE_FP32 dims: [ 1 ] } ] " * 3)
@@ -119,7 +130,10 @@ def test_random_text_gets_a_config_error_or_a_config(text: str) -> None:
     _parse_and_load(text)
 
 
+@unknown_escapes_are_kept
 @given(mutated_configs())
+@example('name: " \\ rich"')
+@example('output [ { name: "y" data_type: 9223372036854775808 dims: [ 1 ] } ]')
 @example(RICH.replace("data_type: TYPE_FP32 dims: [ 4 ]\n", "data_type: 99 dims: [ 4 ]\n"))
 @example(RICH.replace("data_type: TYPE_UINT64", "data_type: 77"))
 def test_mutated_configs_get_a_config_error_or_a_config(text: str) -> None:

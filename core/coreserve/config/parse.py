@@ -18,6 +18,8 @@ def parse_config(text: str, source: str = "config.pbtxt") -> ModelConfig:
         return text_format.Parse(text, ModelConfig())
     except text_format.ParseError as exc:
         raise ModelConfigError(f"{source}: {exc}") from None
+    except ValueError as exc:  # protobuf refuses some values only when it sets them (an enum past int32)
+        raise ModelConfigError(f"{source}: {exc}") from None
 
 
 def read_config_file(path: Path) -> ModelConfig:
