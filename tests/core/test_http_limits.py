@@ -8,8 +8,8 @@ import zlib
 import pytest
 
 from coreserve import cli
-from coreserve.server.http_limits import DEFAULT_HTTP_LIMITS, HttpLimits, default_max_connections
 from coreserve.server.http_encoding import BodyTooLarge, decompress
+from coreserve.server.http_limits import DEFAULT_HTTP_LIMITS, HttpLimits, default_max_connections
 
 FLAGS = {
     "--http-max-header-count": "max_header_count",

@@ -24,8 +24,8 @@ from coreserve.protocol.http_body import (
 )
 from coreserve.server.codec_threads import CodecThreads
 from coreserve.server.dataplane import DataPlane
-from coreserve.server.http_limits import DEFAULT_HTTP_LIMITS, HttpLimits
 from coreserve.server.http_encoding import BodyTooLarge, decompress
+from coreserve.server.http_limits import DEFAULT_HTTP_LIMITS, HttpLimits
 from coreserve.server.http_wire import HttpRequest, HttpResponse, HttpServer, Response, StreamedResponse
 from coreserve.server.restrictions import ApiRestrictions
 from coreserve.types import InferenceRequest, InferenceResponse

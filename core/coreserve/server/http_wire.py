@@ -76,7 +76,15 @@ class _Message:
     """A request being parsed."""
 
     __slots__ = (
-        "body", "header_count", "header_size", "headers", "method", "repeated", "size", "too_large", "url"
+        "body",
+        "header_count",
+        "header_size",
+        "headers",
+        "method",
+        "repeated",
+        "size",
+        "too_large",
+        "url",
     )
 
     def __init__(self) -> None:
