@@ -222,13 +222,15 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
         async def read() -> None:
             nonlocal open_requests
-            async for message in requests:
-                open_requests += 1
-                self._start_stream_request(message, outbox)
-                if open_requests >= limit:
-                    room.clear()
-                    await room.wait()
-            outbox.put_nowait(None)
+            try:
+                async for message in requests:
+                    open_requests += 1
+                    self._start_stream_request(message, outbox)
+                    if open_requests >= limit:
+                        room.clear()
+                        await room.wait()
+            finally:  # even on a fault: the writer ends once the open requests are answered
+                outbox.put_nowait(None)
 
         reader = asyncio.create_task(read())
         reading = True
