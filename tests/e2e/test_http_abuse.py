@@ -567,3 +567,34 @@ def test_connections_past_the_file_limit_do_not_stop_the_server(tmp_path: Path) 
         assert "Traceback" not in log, log
     finally:
         server.close()
+
+
+def test_default_connection_limit_keeps_under_the_file_limit(tmp_path: Path) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))  # the server inherits it
+    try:
+        server = _server(tmp_path, *LIMIT_FLAGS)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    try:
+        host, port = server.http_url.rsplit(":", 1)
+        clients = [socket.create_connection((host, int(port)), timeout=10) for _ in range(250)]
+        try:
+            time.sleep(0.3)
+            refused = 0
+            for sock in clients[-50:]:  # 3/4 of 256 are served: the last ones are refused politely
+                answer = sock.recv(1 << 16)
+                assert answer.startswith(b"HTTP/1.1 503") and b"the limit is 192" in answer
+                refused += 1
+        finally:
+            for sock in clients:
+                sock.close()
+        assert refused == 50
+        with HealthProbe(server):
+            time.sleep(0.3)
+        log = server.log
+        assert "over the limit of 192" in log, log
+        assert "open-file limit" not in log, log  # the system never had to reset anyone
+        _assert_quiet_log(server)
+    finally:
+        server.close()

@@ -45,12 +45,18 @@ class HttpLimits:
 DEFAULT_HTTP_LIMITS = HttpLimits()
 
 
+def open_file_limit() -> int | None:
+    """The process's limit on open file descriptors (ulimit -n), None if it has none."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return None if soft == resource.RLIM_INFINITY else soft
+
+
 def default_max_connections() -> int:
     """A connection limit below the process's open-file limit, so that accept() never fails on it."""
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY:
+    limit = open_file_limit()
+    if limit is None:
         return MAX_CONNECTIONS_CAP
-    return max(1, min(MAX_CONNECTIONS_CAP, int(soft * CONNECTIONS_SHARE_OF_FILE_LIMIT)))
+    return max(1, min(MAX_CONNECTIONS_CAP, int(limit * CONNECTIONS_SHARE_OF_FILE_LIMIT)))
 
 
 class RateLimitedWarning:

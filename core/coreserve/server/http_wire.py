@@ -26,6 +26,7 @@ from coreserve.server.http_limits import (
     HttpLimits,
     RateLimitedWarning,
     default_max_connections,
+    open_file_limit,
 )
 
 logger = logging.getLogger(__name__)
@@ -484,8 +485,9 @@ class HttpProtocol(asyncio.Protocol):
 # How long a connection closed after an error answer, or refused, stays open for its client to
 # read the answer (nginx lingers for up to 30 s; an answer is read on the spot or never).
 LINGER_SECS = 1.0
-# At most this many refused connections linger at once; past it (a connection flood) they are
-# closed at once, as each one holds a file descriptor while it lingers.
+# At most this many refused connections linger at once, and at most a quarter of the descriptors
+# the connection limit leaves; past it (a connection flood) they are closed at once, as each
+# holds a descriptor while it lingers.
 MAX_LINGERING_REFUSALS = 64
 
 
@@ -543,6 +545,9 @@ class HttpServer:
         )
         self._refusal: bytes | None = None
         self.lingering_refusals = 0
+        files = open_file_limit()
+        spare = MAX_LINGERING_REFUSALS if files is None else (files - self.connection_limit) // 4
+        self._max_lingering_refusals = max(0, min(MAX_LINGERING_REFUSALS, spare))
         # Past this many connections, accept() may run out of descriptors: the system then
         # resets new clients, unseen by us, so the condition is logged as it approaches.
         self.file_safe_connections = default_max_connections()
@@ -578,7 +583,7 @@ class HttpServer:
                 f"HTTP/1.1 503 {_reason(503)}\r\nContent-Length: {len(error.body)}\r\n"
                 f"Content-Type: {error.content_type}\r\nConnection: close\r\n\r\n"
             ).encode("latin-1") + error.body
-        if self.lingering_refusals < MAX_LINGERING_REFUSALS and transport.can_write_eof():
+        if self.lingering_refusals < self._max_lingering_refusals and transport.can_write_eof():
             _RefusedConnection(self, transport, self._refusal)
         else:
             transport.write(self._refusal)
