@@ -168,7 +168,7 @@ class ModelLoader:
                 version.scheduler.statistics = version.statistics
         except Exception as exc:
             if version.scheduler is not None:
-                await version.scheduler.close(timeout=0)  # closes the instances too
+                await version.scheduler.close()  # nothing is queued yet; closes (finalizes) the instances
                 version.scheduler = None
             else:
                 for instance in instances:

@@ -78,7 +78,7 @@ class Server:
         for line in model_status_table(self.repository.models()).splitlines():
             logger.info("%s", line)
         if self.options.exit_on_error and not self.repository.all_ready():
-            await self.repository.unload_all(timeout=0)
+            await self.repository.unload_all(timeout=self.options.exit_timeout_secs)
             raise StartupError(
                 "some models failed to load (see above); exiting because --exit-on-error is true"
             )
