@@ -245,16 +245,25 @@ def test_a_large_json_body_does_not_stall_other_clients(server: ServerProcess) -
     )
     assert len(body) > 30_000_000
 
+    took = []
+
     def big_request() -> None:
+        started = time.perf_counter()
         status, headers, reply = request(server.http_url, "POST", INFER, body)
+        took.append(time.perf_counter() - started)
         assert status == 200, reply[:200]
         json_length = int(headers["Inference-Header-Content-Length"])
         output = np.frombuffer(reply[json_length:], np.float32)
         assert np.array_equal(output, values.astype(np.float32))
 
     worst, probes = _worst_health_latency(server, big_request)
+    # On the loop, one probe waited through nearly the whole request (2.0 of 2.0 s here). Off
+    # the loop, the longest wait is one C call of the decoder (orjson.loads: 0.2 of 1.0 s
+    # here). Both scale with the machine's speed, so the test compares them, with room for a
+    # busy machine, and bounds the wait outright.
     assert probes >= 3
-    assert worst < 1.0, f"a health probe waited {worst:.2f}s during a {len(body) >> 20} MiB request"
+    assert worst < 0.6 * took[0], f"a health probe waited {worst:.2f}s during a {took[0]:.2f}s request"
+    assert worst < 2.0
 
 
 ECHO = """
