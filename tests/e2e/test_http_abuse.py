@@ -344,6 +344,34 @@ def test_huge_headers_get_431_before_they_are_all_sent(server: ServerProcess) ->
     assert _rss_kib(server) - rss_before < 50 * 1024  # none of the 300 MB was kept
 
 
+@pytest.mark.parametrize(
+    "framing",
+    [b"2\r\n{}\r\n0\r\nX-Trailer: ", b"2;ext="],
+    ids=["trailer", "chunk-extension"],
+)
+def test_huge_trailer_or_chunk_framing_gets_431(server: ServerProcess, framing: bytes) -> None:
+    rss_before = _rss_kib(server)
+    with HealthProbe(server), raw(server) as connection:
+        head = b"POST /v2/repository/index HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+        sender = _send_in_background(connection, head + framing + b"v" * (40 << 20))
+        status, _, body = connection.response()
+        assert status == 431
+        assert _error(body) == "request body framing or trailer fields too large"
+        assert connection.closed_by_server()
+        sender.join(10)
+    assert _rss_kib(server) - rss_before < 20 * 1024
+
+
+def test_chunked_body_with_small_trailer_and_extensions_is_served(server: ServerProcess) -> None:
+    with raw(server) as connection:
+        connection.send(
+            b"POST /v2/repository/index HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+            b"1;name=value\r\n{\r\n1\r\n}\r\n0\r\nX-Checksum: abc\r\n\r\n"
+        )
+        status, _, body = connection.response()
+    assert (status, json.loads(body)) == (200, [])
+
+
 def test_100k_repeated_headers_get_431_quickly(server: ServerProcess) -> None:
     with HealthProbe(server), raw(server) as connection:
         start = time.monotonic()

@@ -137,6 +137,8 @@ class HttpProtocol(asyncio.Protocol):
         self._write_blocked_since: float | None = None
         self._lingering_until: float | None = None
         self._head_bytes = 0  # bytes fed to the parser since the last request's headers ended
+        self._body_progress = 0  # body and chunk callbacks so far
+        self._framing_bytes = 0  # bytes of a body fed in a row without a body or chunk callback
         self._timer: asyncio.TimerHandle | None = None
 
     # asyncio.Protocol
@@ -168,7 +170,10 @@ class HttpProtocol(asyncio.Protocol):
         if not self._parsing:
             return
         self._last_read = self._loop.time()
-        if not self._headers_done:
+        in_body = self._headers_done
+        if in_body:
+            progress = self._body_progress
+        else:
             self._head_bytes += len(data)
         try:
             self._parser.feed_data(data)
@@ -186,11 +191,22 @@ class HttpProtocol(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             self._refuse(HTTPStatus.BAD_REQUEST, f"malformed HTTP request: {exc}")
             return
-        if self._in_message and not self._headers_done and self._head_bytes > self._server.head_limit:
-            # httptools gathers a header in memory before handing it over; this bounds that.
-            self._refuse(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, self._server.header_size_message)
-            return
         if self._in_message:
+            if not self._headers_done:
+                if self._head_bytes > self._server.head_limit:
+                    # httptools gathers a header in memory before handing it over; this bounds that.
+                    self._refuse(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, self._server.header_size_message)
+                    return
+            elif in_body:
+                # Bytes that bring no body are chunk framing or trailer fields, which httptools
+                # also gathers in memory: a few are normal, a stream of them is not.
+                if self._body_progress != progress:
+                    self._framing_bytes = 0
+                else:
+                    self._framing_bytes += len(data)
+                    if self._framing_bytes > self._server.head_limit:
+                        self._refuse(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, self._server.trailer_message)
+                        return
             self._watch()
 
     def eof_received(self) -> bool | None:
@@ -258,7 +274,14 @@ class HttpProtocol(asyncio.Protocol):
             # the client then sends the body when its own wait for the 100 runs out.)
             self._transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
+    def on_chunk_header(self) -> None:
+        self._body_progress += 1
+
+    def on_chunk_complete(self) -> None:
+        self._body_progress += 1
+
     def on_body(self, body: bytes) -> None:
+        self._body_progress += 1
         message = self._message
         if message.too_large:
             return
@@ -532,6 +555,7 @@ class HttpServer:
         self.header_size_message = (
             f"request header fields too large: the limit is {limits.max_header_size} bytes"
         )
+        self.trailer_message = "request body framing or trailer fields too large"
         self.body_size_message = f"request body too large: the limit is {max_body_size} bytes"
         self.connections: set[HttpProtocol] = set()
         self.busy = 0
