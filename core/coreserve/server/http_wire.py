@@ -115,7 +115,12 @@ class HttpProtocol(asyncio.Protocol):
 
     def __init__(self, server: HttpServer) -> None:
         self._server = server
-        self._limits = server.limits
+        self._limits = limits = server.limits
+        # Read for every request: kept here, a lookup closer.
+        self._max_url_size = limits.max_url_size
+        self._max_header_count = limits.max_header_count
+        self._max_header_size = limits.max_header_size
+        self._max_pipelined = limits.max_pipelined
         self._loop = asyncio.get_running_loop()
         self._transport: asyncio.Transport | None = None
         self._parser = httptools.HttpRequestParser(self)
@@ -228,22 +233,25 @@ class HttpProtocol(asyncio.Protocol):
         self._message_started = self._last_read
 
     def on_url(self, url: bytes) -> None:
-        url = self._message.url + url
-        limit = self._limits.max_url_size
-        if len(url) > limit:
-            raise _Refusal(HTTPStatus.REQUEST_URI_TOO_LONG, f"URI too long: the limit is {limit} bytes")
-        self._message.url = url
+        message = self._message
+        if message.url:  # the URL came in pieces
+            url = message.url + url
+        if len(url) > self._max_url_size:
+            raise _Refusal(
+                HTTPStatus.REQUEST_URI_TOO_LONG, f"URI too long: the limit is {self._max_url_size} bytes"
+            )
+        message.url = url
 
     def on_header(self, name: bytes, value: bytes) -> None:
         message = self._message
         message.header_count += 1
         message.header_size += len(name) + len(value)
-        if message.header_count > self._limits.max_header_count:
-            raise _Refusal(
-                HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE,
-                f"too many header fields: the limit is {self._limits.max_header_count}",
-            )
-        if message.header_size > self._limits.max_header_size:
+        if message.header_count > self._max_header_count or message.header_size > self._max_header_size:
+            if message.header_count > self._max_header_count:
+                raise _Refusal(
+                    HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE,
+                    f"too many header fields: the limit is {self._max_header_count}",
+                )
             raise _Refusal(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, self._server.header_size_message)
         key = name.decode("latin-1").lower()
         text = value.decode("latin-1")
@@ -301,17 +309,24 @@ class HttpProtocol(asyncio.Protocol):
         if message.too_large:
             self._refuse(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, self._server.body_size_message)
             return
-        keep_alive = self._parser.should_keep_alive()
         path, _, _ = message.url.decode("latin-1").partition("?")
         body = message.body[0] if len(message.body) == 1 else b"".join(message.body)
-        self._queue(HttpRequest(message.method, path, message.headers, body), keep_alive)
+        pending = self._pending
+        pending.append(
+            (HttpRequest(message.method, path, message.headers, body), self._parser.should_keep_alive())
+        )
+        if len(pending) > self._max_pipelined:
+            self._pause_reading()  # a client pipelining far ahead waits for answers
+        if not self._answering:
+            self._answering = True
+            self._worker = self._loop.create_task(self._answer())
 
     # answering
 
     def _queue(self, item: HttpRequest | HttpResponse, keep_alive: bool) -> None:
         self._pending.append((item, keep_alive))
-        if len(self._pending) > self._limits.max_pipelined:
-            self._pause_reading()  # a client pipelining far ahead waits for answers
+        if len(self._pending) > self._max_pipelined:
+            self._pause_reading()
         if not self._answering:
             self._answering = True
             self._worker = self._loop.create_task(self._answer())
@@ -351,7 +366,7 @@ class HttpProtocol(asyncio.Protocol):
                     else:
                         self._linger()
                     return
-                caught_up = len(self._pending) <= self._limits.max_pipelined
+                caught_up = len(self._pending) <= self._max_pipelined
                 if self._reading_paused and self._parsing and caught_up:
                     self._reading_paused = False
                     if self._transport is not None:
