@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from coreserve.config import ModelSignature, parse_config
 from coreserve.errors import CoreserveError
+from coreserve.protos import grpc_service_pb2 as pb
 from coreserve.server.http import HTTP_STATUS
 from coreserve.types import DataType
 
@@ -72,10 +73,10 @@ def element_values(datatype: DataType) -> st.SearchStrategy[Any]:
     if datatype is DataType.BOOL:
         return st.booleans()
     if datatype.value.startswith(("INT", "UINT")):
-        info_bits = int(datatype.value.removeprefix("U").removeprefix("INT"))
+        bits = int(datatype.value.removeprefix("U").removeprefix("INT"))
         if datatype.value.startswith("U"):
-            return st.integers(0, 2**info_bits - 1)
-        return st.integers(-(2 ** (info_bits - 1)), 2 ** (info_bits - 1) - 1)
+            return st.integers(0, 2**bits - 1)
+        return st.integers(-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
     return st.floats(-1000, 1000, width=16 if datatype in (DataType.FP16, DataType.BF16) else 32)
 
 
@@ -117,10 +118,8 @@ _PARAMETER_CHOICES = st.one_of(
 
 
 @st.composite
-def model_infer_requests(draw: st.DrawFn, model_names: Sequence[str] = ("m",)) -> Any:
+def model_infer_requests(draw: st.DrawFn, model_names: Sequence[str] = ("m",)) -> pb.ModelInferRequest:
     """A ModelInferRequest that is valid, or nearly: wrong datatypes, shapes, sizes, contents."""
-    from coreserve.protos import grpc_service_pb2 as pb
-
     message = pb.ModelInferRequest(model_name=draw(st.sampled_from(model_names)), id=draw(st.text(max_size=4)))
     use_raw = draw(st.booleans())
     raw: list[bytes] = []
@@ -135,6 +134,7 @@ def model_infer_requests(draw: st.DrawFn, model_names: Sequence[str] = ("m",)) -
         )
         tensor.shape.extend(shape)
         if use_raw:
+            # The right size for the original small shape (a size under 4 KiB for a huge one).
             data = b""
             if datatype is not DataType.BYTES and datatype.itemsize is not None:
                 data = bytes(math.prod(s for s in tensor.shape if s > 0) * datatype.itemsize % 4096)

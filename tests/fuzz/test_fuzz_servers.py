@@ -270,3 +270,32 @@ def test_grpc_metadata_and_control_requests_never_get_unknown_or_internal(fuzz_s
         check()
         assert stub.ServerReady(pb.ServerReadyRequest(), timeout=30).ready
     _assert_no_traceback(fuzz_server)
+
+
+def test_grpc_message_bytes_that_do_not_decode_get_invalid_argument(fuzz_server: ServerProcess) -> None:
+    methods = ["ModelInfer", "ModelMetadata", "ModelConfig", "RepositoryModelLoad", "ServerReady"]
+    with grpc.insecure_channel(fuzz_server.grpc_url) as channel:
+        calls = {
+            method: channel.unary_unary(f"/inference.GRPCInferenceService/{method}")  # bytes in, bytes out
+            for method in methods
+        }
+
+        @given(st.sampled_from(methods), st.binary(max_size=64))
+        @example("ModelInfer", b"\xff\xff\xff")  # grpc's own decoding gave UNKNOWN and a traceback per call
+        @example("ModelInfer", b"\x2a\x03\x0a\x01")
+        def check(method: str, data: bytes) -> None:
+            try:
+                calls[method](data, timeout=60)
+            except grpc.RpcError as exc:
+                assert exc.code() not in (grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL), exc.details()
+
+        check()
+        stream = channel.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer")
+        try:
+            list(stream(iter([b"\xff\xff\xff"]), timeout=60))
+        except grpc.RpcError as exc:
+            assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT, exc.details()
+        else:
+            raise AssertionError("a stream message that does not decode was accepted")
+    _assert_ready(fuzz_server)
+    _assert_no_traceback(fuzz_server)

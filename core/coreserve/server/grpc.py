@@ -21,6 +21,7 @@ from coreserve.protos import grpc_service_pb2_grpc as pb_grpc
 from coreserve.protos import health_pb2, health_pb2_grpc
 from coreserve.responses import StreamingResponses
 from coreserve.server.dataplane import DataPlane
+from coreserve.server.grpc_decoding import DecodeInHandlers
 from coreserve.server.restrictions import ApiRestrictions
 from coreserve.types import InferenceResponse
 
@@ -340,6 +341,7 @@ class GrpcFrontend:
         self._address = address
         self.port = port
         self._server = grpc.aio.server(
+            interceptors=[DecodeInHandlers()],
             options=[
                 ("grpc.max_send_message_length", max_message_size),
                 ("grpc.max_receive_message_length", max_message_size),
