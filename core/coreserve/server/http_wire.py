@@ -145,6 +145,7 @@ class HttpProtocol(asyncio.Protocol):
         self._body_progress = 0  # body and chunk callbacks so far
         self._framing_bytes = 0  # bytes of a body fed in a row without a body or chunk callback
         self._timer: asyncio.TimerHandle | None = None
+        self._dropped = 0
 
     # asyncio.Protocol
 
@@ -172,7 +173,10 @@ class HttpProtocol(asyncio.Protocol):
             self._writable.set_result(None)
 
     def data_received(self, data: bytes) -> None:
-        if not self._parsing:
+        if not self._parsing:  # after an error answer: dropped, up to a budget, then unread
+            self._dropped += len(data)
+            if self._dropped > LINGER_DROP_BYTES:
+                self._pause_reading()
             return
         self._last_read = self._loop.time()
         in_body = self._headers_done
@@ -344,8 +348,14 @@ class HttpProtocol(asyncio.Protocol):
 
     async def _answer(self) -> None:
         server = self._server
+        answered = 0
         try:
             while self._pending and not self._closed:
+                if answered == self._max_pipelined:  # a deep pipeline lets other clients in
+                    answered = 0
+                    await asyncio.sleep(0)
+                    continue
+                answered += 1
                 item, keep_alive = self._pending.popleft()
                 server.busy += 1
                 try:
@@ -490,7 +500,8 @@ class HttpProtocol(asyncio.Protocol):
 
         Closing a socket with unread data resets it, and a reset can destroy the answer before
         the client reads it (the request it stopped is likely still arriving). So our side is
-        shut, and what the client still sends is read and dropped for a moment.
+        shut, and what the client still sends is read and dropped for a moment (up to
+        LINGER_DROP_BYTES: a client still sending past that is not reading either).
         """
         transport = self._transport
         if transport is None or self._closed:
@@ -527,6 +538,7 @@ LINGER_SECS = 1.0
 # the connection limit leaves; past it (a connection flood) they are closed at once, as each
 # holds a descriptor while it lingers.
 MAX_LINGERING_REFUSALS = 64
+LINGER_DROP_BYTES = 1 << 20
 
 
 class _RefusedConnection(asyncio.Protocol):
