@@ -1,8 +1,8 @@
 """Hypothesis profiles for the fuzz suite, and the one server its wire-level tests share.
 
 The suite runs in CI on every push, so its default profile ("ci") is small and
-derandomized: the same few hundred generated inputs each time, no example database, about a
-minute on 2 cores. Longer, random runs are for a person who asks for them:
+derandomized: the same 150 generated inputs per test each time, no example database, about
+10 s on 2 cores. Longer, random runs are for a person who asks for them:
 
     COREFUZZ_PROFILE=long .venv/bin/python -m pytest -p no:cacheprovider tests/fuzz
 
@@ -26,7 +26,7 @@ from paths import EXAMPLES
 _SLOW_IS_FINE = [HealthCheck.too_slow, HealthCheck.data_too_large]
 
 settings.register_profile(
-    "ci", max_examples=60, deadline=None, database=None, derandomize=True, suppress_health_check=_SLOW_IS_FINE
+    "ci", max_examples=150, deadline=None, database=None, derandomize=True, suppress_health_check=_SLOW_IS_FINE
 )
 settings.register_profile("long", max_examples=5_000, deadline=None, suppress_health_check=_SLOW_IS_FINE)
 settings.load_profile(os.environ.get("COREFUZZ_PROFILE", "ci"))

@@ -8,7 +8,6 @@ or a request that the rest of the request path can check and answer.
 from __future__ import annotations
 
 import copy
-import json
 from typing import Any
 
 import numpy as np
@@ -16,117 +15,9 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from coreserve.config.signature import TensorSpec
-from coreserve.protocol.bytes_codec import encode_bytes_tensor
 from coreserve.protocol.http_body import decode_infer_request, decode_raw_infer_request, encode_infer_response
-from coreserve.types import NUMPY_DTYPES, DataType, InferenceRequest, InferenceResponse
-from fuzz_support import SIMPLE, DATATYPES, client_error_or_answer, edge_integers, json_values, valid_tensors
-
-def _binary_form(datatype: DataType, shape: list[int], values: list[Any]) -> bytes:
-    if datatype is DataType.BYTES:
-        array = np.empty(len(values), dtype=np.object_)
-        array[:] = [value.encode() for value in values]
-        return encode_bytes_tensor(array)
-    return np.array(values, dtype=NUMPY_DTYPES[datatype]).tobytes()
-
-
-@st.composite
-def near_valid_bodies(draw: st.DrawFn) -> tuple[bytes, int | None]:
-    """A valid v2 request body (JSON, or JSON + binary data), then up to three mutations."""
-    inputs: list[dict[str, Any]] = []
-    chunks: list[bytes] = []
-    for index in range(draw(st.integers(1, 3))):
-        datatype, shape, values = draw(valid_tensors())
-        item: dict[str, Any] = {"name": f"INPUT{index}", "datatype": datatype.value, "shape": shape}
-        if draw(st.booleans()):
-            data = _binary_form(datatype, shape, values)
-            item["parameters"] = {"binary_data_size": len(data)}
-            chunks.append(data)
-        else:
-            item["data"] = values
-        inputs.append(item)
-    document: dict[str, Any] = {"inputs": inputs}
-    if draw(st.booleans()):
-        document["outputs"] = [{"name": "OUTPUT0", "parameters": {"binary_data": draw(st.booleans())}}]
-    if draw(st.booleans()):
-        document["id"] = draw(st.text(max_size=4))
-    binary = b"".join(chunks)
-    header_length: int | None = None
-
-    for _ in range(draw(st.integers(0, 3))):
-        target = draw(st.sampled_from(inputs))
-        kind = draw(
-            st.sampled_from(
-                [
-                    "datatype",
-                    "shape",
-                    "data",
-                    "binary_data_size",
-                    "parameters",
-                    "request_parameters",
-                    "outputs",
-                    "id",
-                    "drop_key",
-                    "duplicate",
-                    "binary_tail",
-                    "header_length",
-                    "inputs",
-                ]
-            )
-        )
-        if kind == "datatype":
-            target["datatype"] = draw(st.sampled_from(DATATYPES).map(str) | json_values | st.just("int32"))
-        elif kind == "shape":
-            target["shape"] = draw(
-                st.lists(edge_integers, max_size=5)
-                | st.lists(st.just(1), min_size=60, max_size=70)
-                | st.lists(st.sampled_from([0, 2**40]), min_size=2, max_size=3)
-                | json_values
-            )
-        elif kind == "data":
-            target["data"] = draw(
-                json_values
-                | st.lists(edge_integers, max_size=20)
-                | st.lists(st.lists(st.integers(0, 9), max_size=3), max_size=4)  # ragged nesting
-                | st.lists(st.floats() | st.text(max_size=3) | st.none(), max_size=6)
-            )
-        elif kind == "binary_data_size":
-            if not isinstance(target.get("parameters"), dict):
-                target["parameters"] = {}
-            target["parameters"]["binary_data_size"] = draw(
-                edge_integers | st.booleans() | st.floats() | st.text(max_size=3)
-            )
-        elif kind == "parameters":
-            target["parameters"] = draw(json_values)
-        elif kind == "request_parameters":
-            document["parameters"] = draw(
-                json_values | st.fixed_dictionaries({"binary_data_output": json_values})
-            )
-        elif kind == "outputs":
-            document["outputs"] = draw(
-                json_values
-                | st.lists(
-                    st.fixed_dictionaries({"name": json_values, "parameters": json_values}), max_size=3
-                )
-            )
-        elif kind == "id":
-            document["id"] = draw(json_values)
-        elif kind == "drop_key":
-            target.pop(draw(st.sampled_from(["name", "datatype", "shape", "data", "parameters"])), None)
-        elif kind == "duplicate":
-            inputs.append(copy.deepcopy(target))
-        elif kind == "binary_tail":
-            cut = draw(st.integers(0, len(binary)))
-            binary = binary[:cut] + draw(st.binary(max_size=16))
-        elif kind == "inputs":
-            document["inputs"] = draw(json_values)
-        header = json.dumps(document).encode()
-        if kind == "header_length":
-            header_length = draw(st.sampled_from([0, -1, len(header) - 1, len(header) + 1]) | edge_integers)
-
-    header = json.dumps(document).encode()
-    if header_length is None and binary:
-        header_length = len(header)
-    return header + binary, header_length
+from coreserve.types import DataType, InferenceRequest, InferenceResponse
+from fuzz_support import DATATYPES, SIMPLE, client_error_or_answer, edge_integers, near_valid_bodies
 
 
 def _answer(request: InferenceRequest, encoding: Any) -> None:

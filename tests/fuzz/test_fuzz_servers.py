@@ -23,8 +23,7 @@ from hypothesis import strategies as st
 from coreserve.protos import grpc_service_pb2 as pb
 from coreserve.protos import grpc_service_pb2_grpc as pb_grpc
 from coreserve.testing import ServerProcess
-from fuzz_support import edge_integers, model_infer_requests
-from test_fuzz_http_body import near_valid_bodies
+from fuzz_support import edge_integers, model_infer_requests, near_valid_bodies
 
 MODELS = ("simple", "simple_string", "text_classifier", "ensemble_pipeline", "no_such_model")
 INFER_PATHS = ["/v2/models/simple/infer", "/v2/models/simple/versions/1/infer", "/v2/models/simple_string/infer"]
