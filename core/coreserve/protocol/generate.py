@@ -16,7 +16,7 @@ import orjson
 from coreserve.config.signature import ModelSignature, TensorSpec
 from coreserve.errors import InvalidArgumentError
 from coreserve.protocol.http_body import parse_parameters
-from coreserve.protocol.tensors import array_from_json, array_to_json
+from coreserve.protocol.tensors import array_from_json, array_to_json, check_shape
 from coreserve.types import DataType, InferenceRequest, InferenceResponse
 
 RESERVED_KEYS = ("id", "parameters")
@@ -65,7 +65,8 @@ def _fit(value: Any, spec: TensorSpec, batching: bool) -> np.ndarray:
         raise InvalidArgumentError(
             f"input '{spec.name}' has {count} values, which do not fit its dims {list(spec.dims)}"
         )
-    shape = tuple([1, *dims] if batching else dims)
+    # The dims come from the model's configuration, which may ask for more than numpy holds.
+    shape = check_shape(tuple([1, *dims] if batching else dims), spec.name)
     return array_from_json(values, spec.datatype, shape, spec.name)
 
 
