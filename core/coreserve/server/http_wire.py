@@ -2,8 +2,8 @@
 
 The data plane's HTTP path is short, so the web framework around it was most of a request's
 CPU time; this module does only what the v2 API needs: keep-alive, pipelined requests
-answered in order, Content-Length and chunked request bodies, gzip and deflate request
-bodies, `Expect: 100-continue`, a body size limit (413), compressed responses on request,
+answered in order, Content-Length and chunked request bodies, `Expect: 100-continue`, a
+body size limit (413), compressed responses on request (`http_encoding` has the codings),
 and streamed (chunked) responses for server-sent events. It protects itself with the limits
 and timeouts of `HttpLimits`: each is enforced as the request is parsed, before anything
 past the limit is kept.
