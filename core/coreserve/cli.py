@@ -15,21 +15,28 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from coreserve import InvalidArgumentError, __version__
+from coreserve.cli_triton import accepted_flags_warning, add_accepted_flags, parse_bool, refuse_unknown
 from coreserve.repository.manager import ControlMode
 from coreserve.server.restrictions import Restriction, parse_restriction
 
 if TYPE_CHECKING:
     from coreserve.server import ServerOptions
+    from coreserve.server.grpc_transport import GrpcTransport
     from coreserve.server.http_limits import HttpLimits
+    from coreserve.server.log_settings import LogSettings
 
 
-def _bool(text: str) -> bool:
-    value = text.strip().lower()
-    if value in ("1", "true", "yes", "on"):
-        return True
-    if value in ("0", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got '{text}'")
+_bool = parse_bool  # true/false, on/off, 1/0: what tritonserver accepts
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got '{text}'") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected 0 or more, got {value}")
+    return value
 
 
 def _backend_config(text: str) -> tuple[str, str, str]:
@@ -90,6 +97,7 @@ def _metrics_config(text: str) -> tuple[str, bool]:
 def _serve_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="coreserve",
+        usage="coreserve --model-repository DIR [flag ...]   (coreserve --help lists them)",
         description="Serve the models of Triton-style model repositories over KServe v2 HTTP and gRPC.",
         epilog="Run `coreserve backends` to list the installed backends.",
     )
@@ -101,6 +109,8 @@ def _serve_parser() -> argparse.ArgumentParser:
         flag(name, type=_bool, nargs="?", const=True, default=default, metavar="BOOL", help=help)
 
     flag("--version", action="version", version=f"coreserve {__version__}")
+    flag("--id", dest="server_id", default="coreserve",
+         help="the name server metadata gives (default coreserve)")
     flag("--model-repository", "--model-store", dest="model_repositories", action="append", required=True,
          metavar="DIR_OR_URL", help="a model repository: a folder, or s3://… gs://… (repeatable)")
     flag("--model-control-mode", choices=[mode.value for mode in ControlMode], default="none",
@@ -110,6 +120,8 @@ def _serve_parser() -> argparse.ArgumentParser:
          help="a model to load at start-up in explicit mode (repeatable; * for all)")
     flag("--repository-poll-secs", type=float, default=15.0, help="seconds between scans in poll mode")
     flag("--model-load-thread-count", type=int, default=4, help="models that load at the same time")
+    flag("--model-config-name", default="", metavar="NAME",
+         help="load a model's configs/NAME.pbtxt where it has one, else its config.pbtxt")
     flag("--model-cache-dir", type=Path, default=None,
          help="where remote models and models loaded from files are kept; kept at exit (default: a new "
               "temporary folder of this server's own, coreserve-cache-* in the system temp folder, "
@@ -121,10 +133,14 @@ def _serve_parser() -> argparse.ArgumentParser:
     flag("--http-max-input-size", type=int, default=64 * 1024 * 1024, metavar="BYTES",
          help="largest HTTP request body accepted (default 64 MiB)")
     _http_limit_flags(flag)
-    for service in ("http", "grpc"):
-        flag(f"--{service}-restricted-api", type=_restriction, action="append", default=[],
-             metavar="CATEGORY[,CATEGORY]:KEY=VALUE",
-             help="serve these API categories only to requests with this header (repeatable)")
+    flag("--http-restricted-api", type=_restriction, action="append", default=[],
+         metavar="CATEGORY[,CATEGORY]:KEY=VALUE",
+         help="serve these API categories only to requests with the header KEY: VALUE (repeatable)")
+    flag("--grpc-restricted-protocol", "--grpc-restricted-api", dest="grpc_restricted_api", type=_restriction,
+         action="append", default=[], metavar="CATEGORY[,CATEGORY]:KEY=VALUE",
+         help="serve these API categories only to calls with the metadata triton-grpc-protocol-KEY: VALUE "
+              "(repeatable)")
+    _grpc_transport_flags(flag, bool_flag)
     flag("--grpc-max-message-size", type=int, default=256 * 1024 * 1024, metavar="BYTES",
          help="largest gRPC message received or sent (default 256 MiB)")
     flag("--grpc-max-stream-inflight", type=_stream_limit, default=1024, metavar="N",
@@ -136,13 +152,52 @@ def _serve_parser() -> argparse.ArgumentParser:
     bool_flag("--strict-readiness", True, "report ready only when every model is ready (default true)")
     flag("--disable-auto-complete-config", action="store_true",
          help="do not complete model configurations from the model files")
+    bool_flag("--strict-model-config", False, "deprecated in Triton: true is --disable-auto-complete-config")
     flag("--backend-config", type=_backend_config, action="append", default=[], metavar="BACKEND,KEY=VALUE",
          help="a setting handed to a backend (repeatable)")
     flag("--exit-timeout-secs", type=float, default=30.0,
          help="how long shutdown waits for in-flight requests (default 30)")
-    flag("--log-verbose", type=int, default=0, metavar="N", help="verbose logging when N > 0")
+    flag("--log-verbose", type=_non_negative_int, default=0, metavar="N", help="verbose logging when N > 0")
+    for level in ("info", "warning", "error"):
+        bool_flag(f"--log-{level}", True, f"log {level} messages (default true)")
+    flag("--log-format", choices=("default", "ISO8601"), default="default",
+         help="default: 'I1123 16:04:21.470339 <pid> <logger>] message'; "
+              "ISO8601: '2026-11-23T16:04:21Z I ...'")
+    flag("--log-file", default="", metavar="PATH",
+         help="append the log to this file (default: standard error)")
     # fmt: on
+    add_accepted_flags(parser)
     return parser
+
+
+def _grpc_transport_flags(flag: Callable[..., Any], bool_flag: Callable[..., None]) -> None:
+    """tritonserver's gRPC TLS, keepalive, connection age and compression flags."""
+    # fmt: off
+    bool_flag("--grpc-use-ssl", False, "serve gRPC over TLS (default false)")
+    bool_flag("--grpc-use-ssl-mutual", False, "serve gRPC over TLS and require client certificates signed by "
+                                              "--grpc-root-cert (default false)")
+    flag("--grpc-server-cert", type=Path, default=None, metavar="PEM_FILE", help="the server's certificate")
+    flag("--grpc-server-key", type=Path, default=None, metavar="PEM_FILE", help="the server's private key")
+    flag("--grpc-root-cert", type=Path, default=None, metavar="PEM_FILE",
+         help="the certificate that signs client certificates (mutual TLS)")
+    flag("--grpc-infer-response-compression-level", choices=("none", "low", "medium", "high"), default="none",
+         help="compression of responses, for clients that accept it (default none)")
+    bool_flag("--reuse-grpc-port", False, "let other servers bind the same gRPC port (default false)")
+    for name, default in (
+        ("--grpc-keepalive-time", "7200000"),
+        ("--grpc-keepalive-timeout", "20000"),
+        ("--grpc-http2-max-pings-without-data", "2"),
+        ("--grpc-http2-min-recv-ping-interval-without-data", "300000"),
+        ("--grpc-http2-max-ping-strikes", "2"),
+        ("--grpc-max-connection-age", "none"),
+        ("--grpc-max-connection-age-grace", "none"),
+    ):
+        unit = "" if "ping" in name and "interval" not in name else " (milliseconds)"
+        flag(name, type=_non_negative_int, default=None, metavar="N",
+             help=f"gRPC's setting of that name{unit}; default {default}")
+    flag("--grpc-keepalive-permit-without-calls", type=_bool, default=None, metavar="BOOL",
+         help="allow keepalive pings without calls in flight (default false)")
+    # fmt: on
 
 
 def _http_limit_flags(flag: Callable[..., Any]) -> None:
@@ -205,6 +260,10 @@ def _options(args: argparse.Namespace) -> ServerOptions:
     extra = {"cache_dir": args.model_cache_dir} if args.model_cache_dir else {}
     return ServerOptions(
         model_repositories=args.model_repositories,
+        server_id=args.server_id,
+        log_settings=_log_settings(args),
+        model_config_name=args.model_config_name,
+        grpc_transport=_grpc_transport(args),
         model_control_mode=ControlMode(args.model_control_mode),
         load_models=args.load_models,
         repository_poll_secs=args.repository_poll_secs,
@@ -229,30 +288,83 @@ def _options(args: argparse.Namespace) -> ServerOptions:
         histogram_latencies=metrics.get("histogram_latencies", False),
         exit_on_error=args.exit_on_error,
         strict_readiness=args.strict_readiness,
-        auto_complete_config=not args.disable_auto_complete_config,
+        auto_complete_config=not (args.disable_auto_complete_config or args.strict_model_config),
         backend_config=backend_config,
         exit_timeout_secs=args.exit_timeout_secs,
     )
 
 
-def _configure_logging(verbose: int) -> None:
-    logging.basicConfig(
-        level=logging.DEBUG if verbose > 0 else logging.INFO,
-        format="%(asctime)s %(levelname).1s %(name)s] %(message)s",
-        stream=sys.stderr,
+def _log_settings(args: argparse.Namespace) -> LogSettings:
+    from coreserve.server.log_settings import LogSettings
+
+    return LogSettings(
+        log_file=args.log_file,
+        log_info=args.log_info,
+        log_warning=args.log_warning,
+        log_error=args.log_error,
+        log_verbose_level=args.log_verbose,
+        log_format=args.log_format,
     )
+
+
+def _grpc_transport(args: argparse.Namespace) -> GrpcTransport:
+    from coreserve.server.grpc_transport import GrpcTls, GrpcTransport
+
+    tls = None
+    if args.grpc_use_ssl or args.grpc_use_ssl_mutual:
+        if args.grpc_server_cert is None or args.grpc_server_key is None:
+            raise InvalidArgumentError("--grpc-use-ssl needs --grpc-server-cert and --grpc-server-key")
+        tls = GrpcTls(
+            args.grpc_server_cert, args.grpc_server_key, args.grpc_root_cert, args.grpc_use_ssl_mutual
+        )
+    return GrpcTransport(
+        tls=tls,
+        compression_level=args.grpc_infer_response_compression_level,
+        reuse_port=args.reuse_grpc_port,
+        keepalive_time_ms=args.grpc_keepalive_time,
+        keepalive_timeout_ms=args.grpc_keepalive_timeout,
+        keepalive_permit_without_calls=args.grpc_keepalive_permit_without_calls,
+        http2_max_pings_without_data=args.grpc_http2_max_pings_without_data,
+        http2_min_recv_ping_interval_without_data_ms=args.grpc_http2_min_recv_ping_interval_without_data,
+        http2_max_ping_strikes=args.grpc_http2_max_ping_strikes,
+        max_connection_age_ms=args.grpc_max_connection_age,
+        max_connection_age_grace_ms=args.grpc_max_connection_age_grace,
+    )
+
+
+def parse_serve_args(argv: Sequence[str]) -> argparse.Namespace:
+    """The serving command line; exits with code 2 on a mistake, naming the closest real flag."""
+    parser = _serve_parser()
+    args, leftovers = parser.parse_known_args(argv)
+    if leftovers:
+        refuse_unknown(parser, leftovers)
+    use_ssl = args.grpc_use_ssl or args.grpc_use_ssl_mutual
+    if use_ssl and not (args.grpc_server_cert and args.grpc_server_key):
+        parser.error("--grpc-use-ssl needs --grpc-server-cert and --grpc-server-key")
+    return args
 
 
 def _run_server(argv: Sequence[str]) -> int:
     from coreserve.server import Server, StartupError
+    from coreserve.server.log_settings import ServerLog, StartupLogError
 
-    args = _serve_parser().parse_args(argv)
-    _configure_logging(args.log_verbose)
-    server = Server(_options(args))
+    args = parse_serve_args(argv)
+    logger = logging.getLogger("coreserve")
+    try:
+        options = _options(args)
+        log = ServerLog(options.log_settings)
+        log.install()
+    except (InvalidArgumentError, StartupLogError) as exc:
+        print(f"coreserve: error: {exc}", file=sys.stderr)
+        return 1
+    warning = accepted_flags_warning(args)
+    if warning:
+        logger.warning("%s", warning)
+    server = Server(options, log=log)
     try:
         _event_loop_runner()(server.serve())
     except StartupError as exc:
-        logging.getLogger("coreserve").error("%s", exc.message)
+        logger.error("%s", exc.message)
         return 1
     return 0
 

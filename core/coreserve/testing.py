@@ -63,13 +63,21 @@ class ServerProcess:
             *extra_args,
         ]
         self.env = {**os.environ, **(env or {})}
+        # With --log-file the server logs there, not to its standard error.
+        self._log_file = next(
+            (Path(arg.partition("=")[2]) for arg in extra_args if arg.startswith("--log-file=")), None
+        )
         self.ports: dict[str, int] = {}
         self._log = tempfile.NamedTemporaryFile(prefix="coreserve-", suffix=".log", delete=False)  # noqa: SIM115
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def log(self) -> str:
-        return Path(self._log.name).read_text(errors="replace")
+        """What the server wrote to its standard output and error, then to its --log-file."""
+        text = Path(self._log.name).read_text(errors="replace")
+        if self._log_file is not None and self._log_file.is_file():
+            text += self._log_file.read_text(errors="replace")
+        return text
 
     @property
     def http_url(self) -> str:

@@ -272,8 +272,9 @@ def test_restricted_model_repository_api(coreserve_server: ServerFactory, reposi
         with pytest.raises(InferenceServerException) as info:
             grpc.get_inference_statistics("scaled")
         assert info.value.status() == "StatusCode.PERMISSION_DENIED"
-        assert grpc.get_inference_statistics("scaled", headers={"admin-key": "secret"}).model_stats
-        grpc.load_model("other", headers={"admin-key": "secret"})
+        secret = {"triton-grpc-protocol-admin-key": "secret"}  # Triton's gRPC form of the header
+        assert grpc.get_inference_statistics("scaled", headers=secret).model_stats
+        grpc.load_model("other", headers=secret)
         assert grpc.is_model_ready("other")
     finally:
         http.close()

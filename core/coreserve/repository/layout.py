@@ -23,6 +23,16 @@ class ModelLocation:
     name: str
     path: Path
     repository: Path
+    config_name: str = ""  # --model-config-name
+
+    @property
+    def config_path(self) -> Path:
+        """configs/<config_name>.pbtxt where the model has one (Triton's rule), else config.pbtxt."""
+        if self.config_name:
+            custom = self.path / "configs" / f"{self.config_name}.pbtxt"
+            if custom.is_file():
+                return custom
+        return self.path / CONFIG_FILENAME
 
 
 def ensemble_steps(location: ModelLocation) -> set[str] | None:
@@ -31,7 +41,7 @@ def ensemble_steps(location: ModelLocation) -> set[str] | None:
     A quick look at config.pbtxt for the order of loading; a configuration that does not parse
     is reported when the model loads.
     """
-    path = location.path / CONFIG_FILENAME
+    path = location.config_path
     if not path.is_file():
         return None
     try:

@@ -45,9 +45,11 @@ class ModelLoader:
         *,
         auto_complete: bool = True,
         backend_config: Mapping[str, Mapping[str, str]] | None = None,
+        config_name: str = "",
         latency: LatencyOptions | None = None,
     ) -> None:
         self._backends = backends
+        self.config_name = config_name  # --model-config-name
         self._auto_complete = auto_complete
         self._backend_config = backend_config or {}
         self._latency = latency
@@ -89,7 +91,7 @@ class ModelLoader:
     async def _prepare(
         self, location: ModelLocation, config: ModelConfig | None
     ) -> tuple[Backend, ModelConfig, list[int]]:
-        config_path = location.path / CONFIG_FILENAME
+        config_path = location.config_path
         if config is None:
             config = read_config_file(config_path) if config_path.exists() else ModelConfig()
         else:

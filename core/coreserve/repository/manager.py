@@ -101,7 +101,7 @@ class ModelRepository:
 
     async def _location(self, name: str, source: RepositorySource) -> ModelLocation:
         path = await asyncio.to_thread(source.local_path, name)
-        return ModelLocation(name, path, path.parent)
+        return ModelLocation(name, path, path.parent, self._loader.config_name)
 
     # Start-up and polling.
 
@@ -252,7 +252,7 @@ class ModelRepository:
             if self._cache_dir is None:
                 raise UnsupportedError("loading models from files needs a cache folder")
             path = await asyncio.to_thread(write_override_files, self._cache_dir, name, overrides.files)
-            location = ModelLocation(name, path, path.parent)
+            location = ModelLocation(name, path, path.parent, self._loader.config_name)
             fingerprint = None
         else:
             found, duplicates = await self._scan()

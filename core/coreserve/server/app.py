@@ -15,10 +15,12 @@ from coreserve.repository import ControlMode, ModelLoader, ModelRepository, sour
 from coreserve.scheduling import LatencyOptions
 from coreserve.server.dataplane import DataPlane, ServerFlags
 from coreserve.server.grpc import GrpcFrontend
+from coreserve.server.grpc_transport import GrpcTlsError
 from coreserve.server.http import HttpFrontend
+from coreserve.server.log_settings import ServerLog
 from coreserve.server.metrics import MetricsFrontend
 from coreserve.server.options import ServerOptions
-from coreserve.server.restrictions import ApiRestrictions
+from coreserve.server.restrictions import GRPC_HEADER_PREFIX, ApiRestrictions
 from coreserve.server.status_table import model_status_table
 
 logger = logging.getLogger(__name__)
@@ -31,13 +33,17 @@ class StartupError(CoreserveError):
 class Server:
     """One coreserve server: start it, serve until told to stop, stop it."""
 
-    def __init__(self, options: ServerOptions, plugins: Plugins | None = None) -> None:
+    def __init__(
+        self, options: ServerOptions, plugins: Plugins | None = None, log: ServerLog | None = None
+    ) -> None:
+        """`log`: the installed log the logging extension changes (by default one of its own)."""
         self.options = options
         self.plugins = plugins if plugins is not None else Plugins()
         loader = ModelLoader(
             self.plugins.backends(),
             auto_complete=options.auto_complete_config,
             backend_config=options.backend_config,
+            config_name=options.model_config_name,
             latency=LatencyOptions(
                 summaries=options.summary_latencies and options.allow_metrics,
                 histograms=options.histogram_latencies and options.allow_metrics,
@@ -56,14 +62,16 @@ class Server:
             sources,
             loader,
             mode=options.model_control_mode,
-            startup_models=options.load_models if options.load_models else ["*"],
+            # Explicit mode loads only what --load-model names (nothing without it), as Triton.
+            startup_models=options.load_models,
             load_threads=options.model_load_thread_count,
             cache_dir=self.cache_dir,
             drain_timeout=options.exit_timeout_secs,
         )
         self._poller: asyncio.Task[None] | None = None
         self.flags = ServerFlags(strict_readiness=options.strict_readiness)
-        self.dataplane = DataPlane(self.repository, self.flags)
+        self.log = log or ServerLog(options.log_settings)
+        self.dataplane = DataPlane(self.repository, self.flags, log=self.log, name=options.server_id)
         loader.client = self.dataplane
         self.http: HttpFrontend | None = None
         self.grpc: GrpcFrontend | None = None
@@ -74,6 +82,12 @@ class Server:
         for location in self.options.model_repositories:
             if "://" not in location and not Path(location).is_dir():
                 raise StartupError(f"model repository '{location}' is not a folder")
+        tls = self.options.grpc_transport.tls
+        if self.options.allow_grpc and tls is not None:
+            try:  # before the models load: a missing certificate should not wait for them
+                tls.credentials()
+            except GrpcTlsError as exc:
+                raise StartupError(str(exc)) from None
         await self.repository.start()
         for line in model_status_table(self.repository.models()).splitlines():
             logger.info("%s", line)
@@ -95,7 +109,8 @@ class Server:
                 port=options.grpc_port,
                 max_message_size=options.grpc_max_message_size,
                 max_stream_inflight=options.grpc_max_stream_inflight,
-                restrictions=ApiRestrictions(options.grpc_restricted_api),
+                restrictions=ApiRestrictions(options.grpc_restricted_api, header_prefix=GRPC_HEADER_PREFIX),
+                transport=options.grpc_transport,
             )
             await self.grpc.start()
         if options.allow_http:

@@ -17,10 +17,18 @@ from coreserve.errors import CoreserveError, NotFoundError, UnavailableError, Un
 from coreserve.repository import Model, ModelRepository, ModelVersion, parse_load_parameters
 from coreserve.repository.model import parse_version
 from coreserve.responses import QueuedResponses, SingleResponse
+from coreserve.server.log_settings import LogSettings, ServerLog
 from coreserve.types import InferenceRequest, InferenceResponse, ResponseSink
 
 SERVER_NAME = "coreserve"
-EXTENSIONS = ("binary_tensor_data", "model_configuration", "statistics", "model_repository", "generate")
+EXTENSIONS = (
+    "binary_tensor_data",
+    "model_configuration",
+    "statistics",
+    "model_repository",
+    "generate",
+    "logging",
+)
 
 
 @dataclass
@@ -35,9 +43,18 @@ class ServerFlags:
 class DataPlane:
     """Health, metadata and inference over the model repository."""
 
-    def __init__(self, repository: ModelRepository, flags: ServerFlags) -> None:
+    def __init__(
+        self,
+        repository: ModelRepository,
+        flags: ServerFlags,
+        *,
+        log: ServerLog | None = None,
+        name: str = SERVER_NAME,
+    ) -> None:
         self.repository = repository
         self.flags = flags
+        self.log = log or ServerLog()
+        self.name = name  # --id
 
     def live(self) -> bool:
         return not self.flags.stopping
@@ -48,7 +65,14 @@ class DataPlane:
         return self.repository.all_ready() if self.flags.strict_readiness else True
 
     def server_metadata(self) -> dict[str, Any]:
-        return {"name": SERVER_NAME, "version": __version__, "extensions": list(EXTENSIONS)}
+        return {"name": self.name, "version": __version__, "extensions": list(EXTENSIONS)}
+
+    def log_settings(self) -> LogSettings:
+        return self.log.settings
+
+    def update_log_settings(self, changes: dict[str, Any]) -> LogSettings:
+        """Changes the log settings at run time, all or nothing (see ServerLog.update)."""
+        return self.log.update(changes)
 
     def model_version(self, name: str, version: str = "") -> ModelVersion:
         """The ready model version a request names; raises NotFound or Unavailable."""

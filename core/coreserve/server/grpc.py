@@ -22,6 +22,7 @@ from coreserve.protos import health_pb2, health_pb2_grpc
 from coreserve.responses import StreamingResponses
 from coreserve.server.dataplane import DataPlane
 from coreserve.server.grpc_decoding import DecodeInHandlers
+from coreserve.server.grpc_transport import GrpcTransport
 from coreserve.server.restrictions import ApiRestrictions
 from coreserve.types import InferenceResponse
 
@@ -78,6 +79,11 @@ def _unary(category: str) -> Callable[[Handler[Request, Response]], Handler[Requ
 def _repository_parameter(parameter: pb.ModelRepositoryParameter) -> object:
     choice = parameter.WhichOneof("parameter_choice")
     return getattr(parameter, choice) if choice else None
+
+
+def _log_setting(value: pb.LogSettingsRequest.SettingValue) -> object:
+    choice = value.WhichOneof("parameter_choice")
+    return getattr(value, choice) if choice else None
 
 
 def _not_available(feature: str) -> UnsupportedError:
@@ -191,8 +197,14 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         raise _not_available("the trace extension")
 
     @_unary("logging")
-    async def LogSettings(self, request: Any, context: Any) -> Any:
-        raise _not_available("the logging extension")
+    async def LogSettings(self, request: pb.LogSettingsRequest, context: Any) -> pb.LogSettingsResponse:
+        changes = {key: _log_setting(value) for key, value in request.settings.items()}
+        settings = self._dataplane.update_log_settings(changes) if changes else self._dataplane.log_settings()
+        response = pb.LogSettingsResponse()
+        for key, value in settings.as_dict().items():
+            field = {bool: "bool_param", int: "uint32_param", str: "string_param"}[type(value)]
+            setattr(response.settings[key], field, value)
+        return response
 
     @_unary("inference")
     async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
@@ -336,16 +348,19 @@ class GrpcFrontend:
         max_message_size: int,
         restrictions: ApiRestrictions | None = None,
         max_stream_inflight: int = DEFAULT_MAX_STREAM_INFLIGHT,
+        transport: GrpcTransport | None = None,
     ) -> None:
         self._dataplane = dataplane
         self._address = address
         self.port = port
+        self._transport = transport or GrpcTransport()
         self._server = grpc.aio.server(
             interceptors=[DecodeInHandlers()],
             options=[
                 ("grpc.max_send_message_length", max_message_size),
                 ("grpc.max_receive_message_length", max_message_size),
-            ]
+                *self._transport.server_options(),
+            ],
         )
         pb_grpc.add_GRPCInferenceServiceServicer_to_server(  # type: ignore[no-untyped-call]
             InferenceServicer(dataplane, restrictions, max_stream_inflight), self._server
@@ -356,7 +371,11 @@ class GrpcFrontend:
 
     async def start(self) -> None:
         host = f"[{self._address}]" if ":" in self._address else self._address
-        self.port = self._server.add_insecure_port(f"{host}:{self.port}")
+        tls = self._transport.tls
+        if tls is None:
+            self.port = self._server.add_insecure_port(f"{host}:{self.port}")
+        else:  # credentials() raises GrpcTlsError, a start-up error, for a file it cannot use
+            self.port = self._server.add_secure_port(f"{host}:{self.port}", tls.credentials())
         await self._server.start()
         logger.info("Started GRPCInferenceService at %s:%d", self._address, self.port)
 

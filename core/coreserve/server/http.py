@@ -167,6 +167,8 @@ class HttpFrontend:
             ("model-repository", "POST", "/v2/repository/index", self._repository_index),
             ("model-repository", "POST", "/v2/repository/models/{model}/load", self._load_model),
             ("model-repository", "POST", "/v2/repository/models/{model}/unload", self._unload_model),
+            ("logging", "GET", "/v2/logging", self._log_settings),
+            ("logging", "POST", "/v2/logging", self._update_log_settings),
         ]
         for category, method, path, handler in routes:
             self._router.add(method, path, _handles_errors(handler, category, self._restrictions))
@@ -327,6 +329,13 @@ class HttpFrontend:
             raise InvalidArgumentError("unload parameter 'unload_dependents' must be true or false")
         await self._dataplane.unload_model(request.match_info["model"], dependents)
         return HttpResponse(200)
+
+    async def _log_settings(self, request: HttpRequest) -> HttpResponse:
+        return _json(self._dataplane.log_settings().as_dict())
+
+    async def _update_log_settings(self, request: HttpRequest) -> HttpResponse:
+        changes = _json_object(await self._read_body(request), "log settings")
+        return _json(self._dataplane.update_log_settings(changes).as_dict())
 
     async def _read_body(self, request: HttpRequest) -> bytes:
         """The body, decompressed under its Content-Encoding."""

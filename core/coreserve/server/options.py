@@ -6,7 +6,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from coreserve.repository import ControlMode
+from coreserve.server.grpc_transport import GrpcTransport
 from coreserve.server.http_limits import HttpLimits
+from coreserve.server.log_settings import LogSettings
 from coreserve.server.restrictions import Restriction
 
 
@@ -15,6 +17,9 @@ class ServerOptions:
     """Everything that shapes a running server; field names follow tritonserver's flags."""
 
     model_repositories: list[str]
+    server_id: str = "coreserve"  # --id: the name server metadata gives
+    log_settings: LogSettings = field(default_factory=LogSettings)  # --log-*
+    model_config_name: str = ""  # --model-config-name: configs/<name>.pbtxt where a model has one
     model_control_mode: ControlMode = ControlMode.NONE
     load_models: list[str] = field(default_factory=list)
     repository_poll_secs: float = 15.0
@@ -33,7 +38,8 @@ class ServerOptions:
     grpc_port: int = 8001
     grpc_max_message_size: int = 256 * 1024 * 1024
     grpc_max_stream_inflight: int = 1024  # open requests per ModelStreamInfer stream
-    grpc_restricted_api: list[Restriction] = field(default_factory=list)
+    grpc_restricted_api: list[Restriction] = field(default_factory=list)  # --grpc-restricted-protocol
+    grpc_transport: GrpcTransport = field(default_factory=GrpcTransport)  # TLS, keepalive, compression
     allow_metrics: bool = True
     metrics_address: str = "0.0.0.0"
     metrics_port: int = 8002

@@ -1,8 +1,10 @@
-"""Restricted APIs, as tritonserver's `--http-restricted-api` / `--grpc-restricted-api`.
+"""Restricted APIs, as tritonserver's `--http-restricted-api` / `--grpc-restricted-protocol`.
 
 `--http-restricted-api model-repository,statistics:admin-key=secret` makes the endpoints of
-those categories answer only requests that carry the header `admin-key: secret` (gRPC: the
-metadata key); others get 403 / PERMISSION_DENIED.
+those categories answer only requests that carry the header `admin-key: secret`; others get
+403. Over gRPC, as in Triton, the metadata key is prefixed: `--grpc-restricted-protocol
+statistics:admin-key=secret` wants `triton-grpc-protocol-admin-key: secret`, else
+PERMISSION_DENIED.
 """
 
 from __future__ import annotations
@@ -11,6 +13,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from coreserve.errors import InvalidArgumentError, PermissionDeniedError
+
+# gRPC metadata keys are lowercase HTTP/2 headers; Triton prefixes the restricted key with this.
+GRPC_HEADER_PREFIX = "triton-grpc-protocol-"
 
 CATEGORIES = (
     "health",
@@ -48,7 +53,8 @@ def parse_restriction(text: str) -> Restriction:
 class ApiRestrictions:
     """The restrictions of one frontend, checked per request against its headers."""
 
-    def __init__(self, restrictions: Iterable[Restriction] = ()) -> None:
+    def __init__(self, restrictions: Iterable[Restriction] = (), header_prefix: str = "") -> None:
+        self._header_prefix = header_prefix
         self._by_category: dict[str, Restriction] = {}
         for restriction in restrictions:
             for category in restriction.categories:
@@ -61,7 +67,8 @@ class ApiRestrictions:
         restriction = self._by_category.get(category)
         if restriction is None:
             return
-        if headers.get(restriction.key) != restriction.value:
+        header = self._header_prefix + restriction.key
+        if headers.get(header) != restriction.value:
             raise PermissionDeniedError(
-                f"this API ({category}) is restricted: send the header '{restriction.key}' with its value"
+                f"this API ({category}) is restricted: send the header '{header}' with its value"
             )

@@ -1,0 +1,87 @@
+"""How the gRPC server talks on the wire: TLS, keepalive, connection age, response compression.
+
+Each setting is one of tritonserver's `--grpc-*` flags and becomes the gRPC core channel
+argument Triton sets for it. Settings left at None are not passed, so gRPC's own defaults
+apply (they are Triton's defaults too).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+# --grpc-infer-response-compression-level: gRPC core's compression levels.
+COMPRESSION_LEVELS = {"none": 0, "low": 1, "medium": 2, "high": 3}
+
+
+class GrpcTlsError(Exception):
+    """A certificate or key file of the gRPC TLS flags cannot be read."""
+
+
+@dataclass(frozen=True)
+class GrpcTls:
+    """--grpc-use-ssl and its files; `mutual`: clients must show a certificate the root signed."""
+
+    server_cert: Path
+    server_key: Path
+    root_cert: Path | None = None
+    mutual: bool = False
+
+    def credentials(self) -> grpc.ServerCredentials:
+        """The server's credentials; raises GrpcTlsError naming the file that cannot be read."""
+        key = _read(self.server_key, "--grpc-server-key")
+        cert = _read(self.server_cert, "--grpc-server-cert")
+        root = _read(self.root_cert, "--grpc-root-cert") if self.root_cert is not None else None
+        if self.mutual and root is None:
+            raise GrpcTlsError("--grpc-use-ssl-mutual needs --grpc-root-cert to check client certificates")
+        return grpc.ssl_server_credentials(
+            [(key, cert)], root_certificates=root, require_client_auth=self.mutual
+        )
+
+
+def _read(path: Path, flag: str) -> bytes:
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise GrpcTlsError(f"cannot read {flag} file '{path}': {exc.strerror}") from None
+    if b"-----BEGIN" not in data:
+        raise GrpcTlsError(f"{flag} file '{path}' holds no PEM data")
+    return data
+
+
+@dataclass(frozen=True)
+class GrpcTransport:
+    """The --grpc-* transport settings of tritonserver (times in milliseconds, as its flags)."""
+
+    tls: GrpcTls | None = None
+    compression_level: str = "none"
+    reuse_port: bool = False
+    keepalive_time_ms: int | None = None
+    keepalive_timeout_ms: int | None = None
+    keepalive_permit_without_calls: bool | None = None
+    http2_max_pings_without_data: int | None = None
+    http2_min_recv_ping_interval_without_data_ms: int | None = None
+    http2_max_ping_strikes: int | None = None
+    max_connection_age_ms: int | None = None
+    max_connection_age_grace_ms: int | None = None
+
+    def server_options(self) -> list[tuple[str, int]]:
+        """gRPC core channel arguments for these settings."""
+        options = [
+            ("grpc.so_reuseport", int(self.reuse_port)),
+            ("grpc.default_compression_level", COMPRESSION_LEVELS[self.compression_level]),
+        ]
+        optional = {
+            "grpc.keepalive_time_ms": self.keepalive_time_ms,
+            "grpc.keepalive_timeout_ms": self.keepalive_timeout_ms,
+            "grpc.keepalive_permit_without_calls": self.keepalive_permit_without_calls,
+            "grpc.http2.max_pings_without_data": self.http2_max_pings_without_data,
+            "grpc.http2.min_ping_interval_without_data_ms": self.http2_min_recv_ping_interval_without_data_ms,
+            "grpc.http2.max_ping_strikes": self.http2_max_ping_strikes,
+            "grpc.max_connection_age_ms": self.max_connection_age_ms,
+            "grpc.max_connection_age_grace_ms": self.max_connection_age_grace_ms,
+        }
+        options += [(name, int(value)) for name, value in optional.items() if value is not None]
+        return options
