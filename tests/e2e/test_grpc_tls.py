@@ -1,0 +1,213 @@
+"""gRPC over TLS: --grpc-use-ssl, --grpc-use-ssl-mutual and their certificate files, with tritonclient."""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+from tritonclient.utils import InferenceServerException
+
+from coreserve.testing import ServerFactory, ServerProcess
+from model_builders import scale_model, write_model
+
+SCALE = """
+backend: "onnxruntime"
+max_batch_size: 4
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+"""
+
+
+@dataclass
+class Identity:
+    """A certificate and its key, as PEM files."""
+
+    cert: Path
+    key: Path
+
+
+def _name(common_name: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+
+
+def _issue(
+    folder: Path,
+    label: str,
+    issuer: tuple[x509.Certificate, ec.EllipticCurvePrivateKey] | None,
+    *,
+    server: bool = False,
+) -> tuple[Identity, x509.Certificate, ec.EllipticCurvePrivateKey]:
+    """A certificate for `label`, signed by `issuer` (None: a self-signed authority)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.timezone.utc)
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(_name(label))
+        .issuer_name(issuer[0].subject if issuer else _name(label))
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=issuer is None, path_length=None), critical=True)
+    )
+    if server:
+        names = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+        builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
+    cert = builder.sign(issuer[1] if issuer else key, hashes.SHA256())
+    identity = Identity(folder / f"{label}.crt", folder / f"{label}.key")
+    identity.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    identity.key.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+    return identity, cert, key
+
+
+@dataclass
+class Pki:
+    root: Identity
+    server: Identity
+    client: Identity
+    stranger: Identity  # a client certificate from another authority
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    folder = tmp_path_factory.mktemp("pki")
+    root, root_cert, root_key = _issue(folder, "root", None)
+    server, _, _ = _issue(folder, "server", (root_cert, root_key), server=True)
+    client, _, _ = _issue(folder, "client", (root_cert, root_key))
+    other_root, other_cert, other_key = _issue(folder, "other-root", None)
+    stranger, _, _ = _issue(folder, "stranger", (other_cert, other_key))
+    return Pki(root, server, client, stranger)
+
+
+@pytest.fixture
+def repository(tmp_path: Path) -> Path:
+    root = tmp_path / "models"
+    write_model(root, "scaled", scale_model(2.0), SCALE)
+    return root
+
+
+def _tls_flags(pki: Pki, *, mutual: bool = False) -> list[str]:
+    return [
+        "--grpc-use-ssl-mutual=true" if mutual else "--grpc-use-ssl=true",
+        f"--grpc-server-cert={pki.server.cert}",
+        f"--grpc-server-key={pki.server.key}",
+        f"--grpc-root-cert={pki.root.cert}",
+    ]
+
+
+def _client(server: ServerProcess, pki: Pki, identity: Identity | None) -> grpcclient.InferenceServerClient:
+    return grpcclient.InferenceServerClient(
+        server.grpc_url,
+        ssl=True,
+        root_certificates=str(pki.root.cert),
+        private_key=str(identity.key) if identity else None,
+        certificate_chain=str(identity.cert) if identity else None,
+    )
+
+
+def _scale(client: grpcclient.InferenceServerClient) -> float:
+    tensor = grpcclient.InferInput("INPUT0", [1, 4], "FP32")
+    tensor.set_data_from_numpy(np.ones((1, 4), np.float32))
+    return float(client.infer("scaled", [tensor], client_timeout=20).as_numpy("OUTPUT0")[0, 0])
+
+
+def test_tls_serves_clients_that_trust_the_root(
+    coreserve_server: ServerFactory, repository: Path, pki: Pki
+) -> None:
+    server = coreserve_server(repository, *_tls_flags(pki))
+    client = _client(server, pki, None)
+    try:
+        assert client.is_server_ready(client_timeout=20)
+        assert _scale(client) == 2.0
+    finally:
+        client.close()
+    plain = grpcclient.InferenceServerClient(server.grpc_url)
+    try:  # a client speaking plaintext to a TLS port gets no answer
+        with pytest.raises(InferenceServerException) as info:
+            plain.is_server_live(client_timeout=10)
+        assert info.value.status() == "StatusCode.UNAVAILABLE"
+    finally:
+        plain.close()
+
+
+def test_mutual_tls_wants_a_client_certificate_the_root_signed(
+    coreserve_server: ServerFactory, repository: Path, pki: Pki
+) -> None:
+    server = coreserve_server(repository, *_tls_flags(pki, mutual=True))
+    client = _client(server, pki, pki.client)
+    try:
+        assert _scale(client) == 2.0
+    finally:
+        client.close()
+    for identity in (None, pki.stranger):
+        refused = _client(server, pki, identity)
+        try:
+            with pytest.raises(InferenceServerException) as info:
+                refused.is_server_live(client_timeout=10)
+            assert info.value.status() == "StatusCode.UNAVAILABLE"
+        finally:
+            refused.close()
+    # HTTP is not behind TLS, and the refused handshakes left the server serving.
+    assert "Traceback" not in server.log
+    client = _client(server, pki, pki.client)
+    try:
+        assert client.is_server_ready(client_timeout=20)
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize(
+    ("which", "expected"),
+    [
+        ("missing-cert", "cannot read --grpc-server-cert file"),
+        ("missing-key", "cannot read --grpc-server-key file"),
+        ("not-pem", "holds no PEM data"),
+        ("mutual-without-root", "--grpc-use-ssl-mutual needs --grpc-root-cert"),
+    ],
+)
+def test_unusable_certificate_files_stop_the_start_clearly(
+    repository: Path, pki: Pki, tmp_path: Path, which: str, expected: str
+) -> None:
+    not_pem = tmp_path / "not.pem"
+    not_pem.write_text("hello")
+    flags = {
+        "missing-cert": [
+            "--grpc-use-ssl=true",
+            f"--grpc-server-cert={tmp_path / 'nope.crt'}",
+            f"--grpc-server-key={pki.server.key}",
+        ],
+        "missing-key": [
+            "--grpc-use-ssl=true",
+            f"--grpc-server-cert={pki.server.cert}",
+            f"--grpc-server-key={tmp_path / 'nope.key'}",
+        ],
+        "not-pem": [
+            "--grpc-use-ssl=true",
+            f"--grpc-server-cert={not_pem}",
+            f"--grpc-server-key={pki.server.key}",
+        ],
+        "mutual-without-root": [
+            "--grpc-use-ssl-mutual=true",
+            f"--grpc-server-cert={pki.server.cert}",
+            f"--grpc-server-key={pki.server.key}",
+        ],
+    }[which]
+    server = ServerProcess([repository], flags)
+    with pytest.raises(RuntimeError, match="exited with 1"):
+        server.start()
+    assert expected in server.log
+    assert "Traceback" not in server.log
+    server.close()
