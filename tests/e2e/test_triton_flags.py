@@ -132,3 +132,17 @@ def test_an_unknown_flag_stops_the_start_with_a_suggestion(repository: Path) -> 
         server.start()
     assert "did you mean --model-namespacing?" in server.log
     server.close()
+
+
+def test_a_taken_grpc_port_stops_the_start_unless_both_reuse_it(
+    coreserve_server: ServerFactory, repository: Path
+) -> None:
+    first = coreserve_server(repository, "--reuse-grpc-port=true")
+    port = f"--grpc-port={first.ports['GRPC']}"
+    second = ServerProcess([repository], [port])
+    with pytest.raises(RuntimeError, match="exited with 1"):
+        second.start()
+    assert "cannot serve gRPC: Failed to bind" in second.log and "Traceback" not in second.log
+    second.close()
+    sharing = coreserve_server(repository, port, "--reuse-grpc-port=true")
+    assert sharing.ports["GRPC"] == first.ports["GRPC"]

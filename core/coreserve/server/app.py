@@ -112,7 +112,10 @@ class Server:
                 restrictions=ApiRestrictions(options.grpc_restricted_api, header_prefix=GRPC_HEADER_PREFIX),
                 transport=options.grpc_transport,
             )
-            await self.grpc.start()
+            try:
+                await self.grpc.start()
+            except RuntimeError as exc:  # grpc's "Failed to bind to address …"
+                raise StartupError(f"cannot serve gRPC: {exc}") from None
         if options.allow_http:
             self.http = HttpFrontend(
                 self.dataplane,
