@@ -338,6 +338,8 @@ def parse_serve_args(argv: Sequence[str]) -> argparse.Namespace:
     args, leftovers = parser.parse_known_args(argv)
     if leftovers:
         refuse_unknown(parser, leftovers)
+    if "*" in args.load_models and len(args.load_models) > 1:  # an error in Triton too
+        parser.error("--load-model=* loads every model: name no other --load-model beside it")
     use_ssl = args.grpc_use_ssl or args.grpc_use_ssl_mutual
     if use_ssl and not (args.grpc_server_cert and args.grpc_server_key):
         parser.error("--grpc-use-ssl needs --grpc-server-cert and --grpc-server-key")

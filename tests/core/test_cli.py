@@ -9,6 +9,10 @@ import pytest
 from coreserve.cli import _options, parse_serve_args
 from coreserve.cli_triton import TRITON_FLAGS, Effect, accepted_flags_warning
 from coreserve.repository import ControlMode
+from paths import TESTS
+
+# The flags of `tritonserver --help` (2.51), one a line, as the real binary lists them.
+TRITON_HELP_FLAGS = (TESTS / "fixtures" / "tritonserver_2_51_flags.txt").read_text().split()
 
 BASE = ["--model-repository=/tmp/models"]
 # A value each flag takes, where "1", "true" or "x" would not do.
@@ -64,6 +68,7 @@ def test_every_tritonserver_flag_is_accepted_in_both_forms(flag) -> None:
 def test_the_catalogue_names_each_flag_once_and_explains_the_inert_ones() -> None:
     names = [flag.name for flag in TRITON_FLAGS]
     assert len(names) == len(set(names))
+    assert sorted(names) == sorted(TRITON_HELP_FLAGS)
     assert all(flag.why for flag in TRITON_FLAGS if flag.effect is not Effect.ACTS)
     # A few of tritonserver 2.51's flags, from each of its help sections.
     for name in (
@@ -224,3 +229,12 @@ def test_negative_numbers_where_tritonserver_wants_counts_are_refused() -> None:
     with pytest.raises(SystemExit):
         parse_serve_args([*BASE, "--grpc-keepalive-time=-5"])
     assert isinstance(parse_serve_args([*BASE, "--log-verbose=3"]), argparse.Namespace)
+
+
+def test_load_model_star_goes_alone(capsys: pytest.CaptureFixture[str]) -> None:
+    args = [*BASE, "--model-control-mode=explicit", "--load-model=*"]
+    assert parse_serve_args(args).load_models == ["*"]
+    with pytest.raises(SystemExit) as exit_info:
+        parse_serve_args([*args, "--load-model=simple"])
+    assert exit_info.value.code == 2
+    assert "--load-model=* loads every model: name no other" in capsys.readouterr().err
