@@ -12,6 +12,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.grpc import service_pb2, service_pb2_grpc
+from tritonclient.utils import InferenceServerException
 
 from coreserve.testing import ServerFactory, ServerProcess
 from http_raw import request
@@ -198,3 +199,31 @@ def test_an_unwritable_log_file_stops_the_start_clearly(repository: Path, tmp_pa
     assert "cannot write the log file" in server.log and "No such file or directory" in server.log
     assert "Traceback" not in server.log
     server.close()
+
+
+def test_the_logging_category_can_be_restricted(coreserve_server: ServerFactory, repository: Path) -> None:
+    server = coreserve_server(
+        repository,
+        "--model-control-mode=explicit",
+        "--http-restricted-api=logging:admin-key=secret",
+        "--grpc-restricted-protocol=logging:admin-key=secret",
+    )
+    assert request(server.http_url, "GET", "/v2/logging", b"")[0] == 403
+    status, _, _ = request(server.http_url, "POST", "/v2/logging", b'{"log_verbose_level": 1}')
+    assert status == 403 and _settings_with_key(server)["log_verbose_level"] == 0
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        with pytest.raises(InferenceServerException) as info:
+            client.get_log_settings()
+        assert info.value.status() == "StatusCode.PERMISSION_DENIED"
+        secret = {"triton-grpc-protocol-admin-key": "secret"}
+        client.update_log_settings({"log_verbose_level": 1}, headers=secret)
+    finally:
+        client.close()
+    assert _settings_with_key(server)["log_verbose_level"] == 1
+
+
+def _settings_with_key(server: ServerProcess) -> dict[str, object]:
+    status, _, body = request(server.http_url, "GET", "/v2/logging", b"", headers={"admin-key": "secret"})
+    assert status == 200
+    return json.loads(body)
