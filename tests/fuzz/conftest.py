@@ -2,7 +2,7 @@
 
 The suite runs in CI on every push, so its default profile ("ci") is small and
 derandomized: the same 150 generated inputs per test each time, no example database, about
-10 s on 2 cores. Longer, random runs are for a person who asks for them:
+20 s on 2 cores. Longer, random runs are for a person who asks for them:
 
     COREFUZZ_PROFILE=long .venv/bin/python -m pytest -p no:cacheprovider tests/fuzz
 
