@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import grpc
+import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
@@ -227,3 +228,26 @@ def _settings_with_key(server: ServerProcess) -> dict[str, object]:
     status, _, body = request(server.http_url, "GET", "/v2/logging", b"", headers={"admin-key": "secret"})
     assert status == 200
     return json.loads(body)
+
+
+def test_verbose_levels_follow_requests(coreserve_server: ServerFactory, repository: Path) -> None:
+    server = coreserve_server(repository)
+
+    def infer(request_id: str) -> str:
+        before = len(server.log)
+        with httpclient.InferenceServerClient(server.http_url) as client:
+            tensor = httpclient.InferInput("INPUT0", [1, 4], "FP32")
+            tensor.set_data_from_numpy(np.ones((1, 4), np.float32))
+            client.infer("first", [tensor], request_id=request_id)
+        _wait_for(lambda: f"'{request_id}'" in server.log[before:], timeout=2.0)
+        return server.log[before:]
+
+    assert "'quiet'" not in infer("quiet")  # level 0: nothing per request
+    _post(server, b'{"log_verbose_level": 1}')
+    lines = infer("lifecycle")
+    assert "request 'lifecycle' for model 'first' version 1: received" in lines
+    assert "request 'lifecycle' for model 'first' version 1: answered" in lines
+    assert "inputs [" not in lines
+    _post(server, b'{"log_verbose_level": 2}')
+    lines = infer("detailed")
+    assert "request 'detailed' for model 'first' version 1: inputs [INPUT0 float32 [1, 4]]" in lines

@@ -17,6 +17,7 @@ from coreserve.errors import CoreserveError, NotFoundError, UnavailableError, Un
 from coreserve.repository import Model, ModelRepository, ModelVersion, parse_load_parameters
 from coreserve.repository.model import parse_version
 from coreserve.responses import QueuedResponses, SingleResponse
+from coreserve.server import request_log
 from coreserve.server.log_settings import LogSettings, ServerLog
 from coreserve.types import InferenceRequest, InferenceResponse, ResponseSink
 
@@ -129,6 +130,9 @@ class DataPlane:
             model_version.statistics.record_failure(request, "OTHER")
             raise
         request.sink = sink
+        level = self.log.settings.log_verbose_level
+        if level:
+            request_log.received(request, model_version.version, level)
         scheduler.submit(request)
 
     async def infer(self, request: InferenceRequest) -> InferenceResponse:
@@ -142,10 +146,17 @@ class DataPlane:
         sink = SingleResponse(asyncio.get_running_loop())
         self._submit(target, request, sink)
         try:
-            return await sink.future
+            response = await sink.future
         except asyncio.CancelledError:  # how grpc.aio ends a call whose deadline passed
             request.cancelled = True
             raise
+        except CoreserveError as exc:
+            if self.log.settings.log_verbose_level:
+                request_log.failed(request, target.version, exc.message)
+            raise
+        if self.log.settings.log_verbose_level:
+            request_log.answered(request, target.version)
+        return response
 
     async def stream(self, request: InferenceRequest) -> AsyncIterator[InferenceResponse]:
         """Schedules a request and yields each of its responses (one for ordinary models)."""
