@@ -128,7 +128,11 @@ def _serve_parser() -> argparse.ArgumentParser:
               "removed at exit)")
     for service, port in (("http", 8000), ("grpc", 8001), ("metrics", 8002)):
         bool_flag(f"--allow-{service}", True, f"serve {service} (default true)")
-        flag(f"--{service}-address", default="0.0.0.0", help=f"address the {service} service binds")
+        if service == "metrics":  # as tritonserver: the HTTP address unless told otherwise
+            flag("--metrics-address", default=None, help="address the metrics service binds (default: "
+                 "--http-address's)")
+        else:
+            flag(f"--{service}-address", default="0.0.0.0", help=f"address the {service} service binds")
         flag(f"--{service}-port", type=int, default=port, help=f"port (default {port}; 0: any free one)")
     flag("--http-max-input-size", type=int, default=64 * 1024 * 1024, metavar="BYTES",
          help="largest HTTP request body accepted (default 64 MiB)")
@@ -282,7 +286,7 @@ def _options(args: argparse.Namespace) -> ServerOptions:
         grpc_max_message_size=args.grpc_max_message_size,
         grpc_max_stream_inflight=args.grpc_max_stream_inflight,
         allow_metrics=args.allow_metrics,
-        metrics_address=args.metrics_address,
+        metrics_address=args.metrics_address or args.http_address,
         metrics_port=args.metrics_port,
         summary_latencies=metrics.get("summary_latencies", True),
         histogram_latencies=metrics.get("histogram_latencies", False),

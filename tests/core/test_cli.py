@@ -238,3 +238,10 @@ def test_load_model_star_goes_alone(capsys: pytest.CaptureFixture[str]) -> None:
         parse_serve_args([*args, "--load-model=simple"])
     assert exit_info.value.code == 2
     assert "--load-model=* loads every model: name no other" in capsys.readouterr().err
+
+
+def test_the_metrics_address_follows_the_http_address_unless_given() -> None:
+    assert _options(parse_serve_args(BASE)).metrics_address == "0.0.0.0"
+    assert _options(parse_serve_args([*BASE, "--http-address=127.0.0.1"])).metrics_address == "127.0.0.1"
+    given = [*BASE, "--http-address=127.0.0.1", "--metrics-address=0.0.0.0"]
+    assert _options(parse_serve_args(given)).metrics_address == "0.0.0.0"
