@@ -48,7 +48,7 @@ def _issue(
 ) -> tuple[Identity, x509.Certificate, ec.EllipticCurvePrivateKey]:
     """A certificate for `label`, signed by `issuer` (None: a self-signed authority)."""
     key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     builder = (
         x509.CertificateBuilder()
         .subject_name(_name(label))
@@ -87,7 +87,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     root, root_cert, root_key = _issue(folder, "root", None)
     server, _, _ = _issue(folder, "server", (root_cert, root_key), server=True)
     client, _, _ = _issue(folder, "client", (root_cert, root_key))
-    other_root, other_cert, other_key = _issue(folder, "other-root", None)
+    _, other_cert, other_key = _issue(folder, "other-root", None)
     stranger, _, _ = _issue(folder, "stranger", (other_cert, other_key))
     return Pki(root, server, client, stranger)
 
