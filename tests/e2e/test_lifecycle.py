@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -145,6 +146,24 @@ def test_missing_repository_folder_fails_start(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="exited with 1"):
         server.start()
     assert "is not a folder" in server.log
+    server.close()
+
+
+@pytest.mark.parametrize("service", ["http", "grpc", "metrics"])
+def test_a_port_in_use_fails_start_in_one_line(tmp_path: Path, service: str) -> None:
+    write_model(tmp_path, "good", scale_model(1.0), SCALE)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        server = ServerProcess([tmp_path], [f"--{service}-port={port}"])
+        with pytest.raises(RuntimeError, match="exited with 1"):
+            server.start()
+    label = {"http": "HTTP", "grpc": "gRPC", "metrics": "metrics"}[service]
+    assert f"failed to start {label} service" in server.log
+    assert str(port) in server.log
+    assert "Traceback" not in server.log
+    assert "coreserve stopped" in server.log  # the models that had loaded were unloaded
     server.close()
 
 

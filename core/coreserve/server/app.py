@@ -7,6 +7,7 @@ import logging
 import shutil
 import signal
 import tempfile
+from collections.abc import Awaitable
 from pathlib import Path
 
 from coreserve.backend.plugins import Plugins
@@ -101,7 +102,7 @@ class Server:
             self.metrics = MetricsFrontend(
                 self.repository, address=options.metrics_address, port=options.metrics_port
             )
-            await self.metrics.start()
+            await _start_service("metrics", self.metrics.start())
         if options.allow_grpc:
             self.grpc = GrpcFrontend(
                 self.dataplane,
@@ -112,10 +113,7 @@ class Server:
                 restrictions=ApiRestrictions(options.grpc_restricted_api, header_prefix=GRPC_HEADER_PREFIX),
                 transport=options.grpc_transport,
             )
-            try:
-                await self.grpc.start()
-            except RuntimeError as exc:  # grpc's "Failed to bind to address …"
-                raise StartupError(f"cannot serve gRPC: {exc}") from None
+            await _start_service("gRPC", self.grpc.start())
         if options.allow_http:
             self.http = HttpFrontend(
                 self.dataplane,
@@ -126,7 +124,7 @@ class Server:
                 restrictions=ApiRestrictions(options.http_restricted_api),
                 shutdown_timeout=options.exit_timeout_secs,
             )
-            await self.http.start()
+            await _start_service("HTTP", self.http.start())
         if options.model_control_mode is ControlMode.POLL:
             self._poller = asyncio.create_task(self.repository.poll_forever(options.repository_poll_secs))
         self.flags.started = True
@@ -164,10 +162,18 @@ class Server:
         try:
             await self.start()
         except BaseException:
-            self._remove_own_cache()
+            await self.stop()  # what did start (models, stubs, frontends) stops cleanly
             raise
         try:
             await stop.wait()
             logger.info("signal received; stopping")
         finally:
             await self.stop()
+
+
+async def _start_service(name: str, starting: Awaitable[None]) -> None:
+    """Starts a frontend; a port that cannot be bound is a start-up error in one line."""
+    try:
+        await starting
+    except (OSError, RuntimeError) as exc:  # asyncio's bind errors; grpc's "Failed to bind to address"
+        raise StartupError(f"failed to start {name} service: {exc}") from None
