@@ -30,6 +30,10 @@ from coreserve.server.http_limits import (
 )
 
 logger = logging.getLogger(__name__)
+# Responses at least this large are compressed on a worker thread (zlib releases the GIL), and
+# written after their head without being joined to it first.
+OFF_LOOP_COMPRESS_BYTES = 256 << 10
+SEPARATE_WRITE_BYTES = 64 << 10
 
 
 @dataclass(slots=True)
@@ -400,14 +404,20 @@ class HttpProtocol(asyncio.Protocol):
         if accept:
             encoding = accepted_encoding(accept)
             if encoding is not None:
-                body = compress(body, encoding)
+                if len(body) < OFF_LOOP_COMPRESS_BYTES:
+                    body = compress(body, encoding)
+                else:  # zlib lets go of the GIL: a large body compresses beside the loop
+                    body = await asyncio.to_thread(compress, body, encoding)
                 extra += f"Content-Encoding: {encoding}\r\n"
         if response.content_type is not None:
             extra += f"Content-Type: {response.content_type}\r\n"
         head = (
             f"HTTP/1.1 {response.status} {_reason(response.status)}\r\nContent-Length: {len(body)}\r\n{extra}"
         )
-        self._transport.write(head.encode("latin-1") + connection + b"\r\n" + body)
+        if len(body) < SEPARATE_WRITE_BYTES:
+            self._transport.write(head.encode("latin-1") + connection + b"\r\n" + body)
+        else:  # no copy of a large body just to put the head before it
+            self._transport.writelines((head.encode("latin-1"), connection, b"\r\n", body))
         await self._drained()
 
     async def _send_streamed(self, response: StreamedResponse, connection: bytes) -> None:
