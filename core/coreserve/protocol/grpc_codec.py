@@ -11,6 +11,14 @@ from typing import Any
 import numpy as np
 
 from coreserve.errors import InvalidArgumentError
+from coreserve.protocol.shared_memory import (
+    OutputInSharedMemory,
+    SharedMemoryRegions,
+    output_target,
+    read_input,
+    shared_memory_reference,
+    write_output,
+)
 from coreserve.protocol.tensors import (
     array_from_bytes,
     array_to_bytes,
@@ -60,26 +68,45 @@ def set_parameter(parameter: pb.InferParameter, value: ParameterValue) -> None:
         parameter.string_param = str(value)
 
 
-def decode_model_infer_request(message: pb.ModelInferRequest) -> InferenceRequest:
-    """Decodes a ModelInferRequest; raw contents are wrapped without copying when aligned."""
+def decode_model_infer_request(
+    message: pb.ModelInferRequest, regions: SharedMemoryRegions | None = None
+) -> InferenceRequest:
+    """Decodes a ModelInferRequest; raw contents are wrapped without copying when aligned.
+
+    Inputs in shared memory (read through `regions`) have no raw_input_contents entry: the
+    entries belong, in order, to the other inputs.
+    """
     raw = message.raw_input_contents
-    if raw and len(raw) != len(message.inputs):
+    in_shared_memory = {
+        tensor.name: reference
+        for tensor in message.inputs
+        if tensor.parameters
+        and (reference := shared_memory_reference(_parameters(tensor.parameters), f"input '{tensor.name}'"))
+    }
+    if raw and len(raw) != len(message.inputs) - len(in_shared_memory):
+        outside = " outside shared memory" if in_shared_memory else ""
         raise InvalidArgumentError(
-            f"the request has {len(message.inputs)} inputs but {len(raw)} raw_input_contents"
+            f"the request has {len(message.inputs) - len(in_shared_memory)} inputs{outside} "
+            f"but {len(raw)} raw_input_contents"
         )
     inputs: dict[str, np.ndarray] = {}
-    for index, tensor in enumerate(message.inputs):
+    index = 0
+    for tensor in message.inputs:
         name = tensor.name
         if name in inputs:
             raise InvalidArgumentError(f"input '{name}' appears more than once")
         datatype = parse_datatype(tensor.datatype, name)
         shape = check_shape(tuple(tensor.shape), name)
-        if raw:
+        reference = in_shared_memory.get(name)
+        if reference is not None:
+            inputs[name] = read_input(regions, reference, datatype, shape, name)
+        elif raw:
             if tensor.HasField("contents"):
                 raise InvalidArgumentError(
                     f"input '{name}' has both contents and raw_input_contents; send one of them"
                 )
             inputs[name] = array_from_bytes(memoryview(raw[index]), datatype, shape, name)
+            index += 1
         else:
             inputs[name] = _array_from_contents(tensor, datatype, shape)
     parameters = {key: parameter_value(value) for key, value in message.parameters.items()}
@@ -96,6 +123,24 @@ def decode_model_infer_request(message: pb.ModelInferRequest) -> InferenceReques
         parameters=parameters,
         requested_outputs=tuple(output.name for output in message.outputs) or None,
     )
+
+
+def shared_memory_outputs(
+    message: pb.ModelInferRequest, regions: SharedMemoryRegions | None
+) -> dict[str, OutputInSharedMemory]:
+    """The requested outputs to be written into shared memory, resolved now (see output_target)."""
+    targets = {}
+    for output in message.outputs:
+        if output.parameters:
+            where = f"output '{output.name}'"
+            reference = shared_memory_reference(_parameters(output.parameters), where)
+            if reference is not None:
+                targets[output.name] = output_target(regions, reference, output.name)
+    return targets
+
+
+def _parameters(parameters: Any) -> dict[str, ParameterValue]:
+    return {key: parameter_value(value) for key, value in parameters.items()}
 
 
 def _array_from_contents(tensor: Any, datatype: DataType, shape: tuple[int, ...]) -> np.ndarray:
@@ -124,8 +169,14 @@ def _array_from_contents(tensor: Any, datatype: DataType, shape: tuple[int, ...]
     return np.array(values, dtype=dtype).reshape(shape)
 
 
-def encode_model_infer_response(response: InferenceResponse) -> pb.ModelInferResponse:
-    """Encodes a response with every output in raw_output_contents, as Triton does."""
+def encode_model_infer_response(
+    response: InferenceResponse, shared_memory: dict[str, OutputInSharedMemory] | None = None
+) -> pb.ModelInferResponse:
+    """Encodes a response with every output in raw_output_contents, as Triton does.
+
+    Outputs in `shared_memory` are written into their regions and, as Triton sends them, keep
+    an empty raw_output_contents entry (so that the entries still line up with the outputs).
+    """
     message = pb.ModelInferResponse(
         model_name=response.model_name, model_version=response.model_version, id=response.id
     )
@@ -135,6 +186,11 @@ def encode_model_infer_response(response: InferenceResponse) -> pb.ModelInferRes
     for name, array in response.outputs.items():
         datatype = DataType.from_numpy(array.dtype)
         message.outputs.add(name=name, datatype=datatype.value, shape=array.shape)
+        target = shared_memory.get(name) if shared_memory else None
+        if target is not None:
+            write_output(target, array, datatype, name)
+            raw.append(b"")
+            continue
         data = array_to_bytes(array, datatype)
         raw.append(data if isinstance(data, bytes) else data.tobytes())
     return message

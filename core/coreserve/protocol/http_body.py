@@ -15,6 +15,14 @@ import orjson
 
 from coreserve.config.signature import TensorSpec
 from coreserve.errors import InvalidArgumentError
+from coreserve.protocol.shared_memory import (
+    OutputInSharedMemory,
+    SharedMemoryRegions,
+    output_target,
+    read_input,
+    shared_memory_reference,
+    write_output,
+)
 from coreserve.protocol.tensors import (
     array_from_bytes,
     array_from_json,
@@ -31,19 +39,24 @@ HEADER_LENGTH = "Inference-Header-Content-Length"
 
 @dataclass(slots=True)
 class OutputEncoding:
-    """How the client wants each output back: binary data or JSON."""
+    """How the client wants each output back: binary data, JSON, or written into shared memory."""
 
     binary_by_default: bool = False
     binary: dict[str, bool] = field(default_factory=dict)
+    shared_memory: dict[str, OutputInSharedMemory] = field(default_factory=dict)
 
     def is_binary(self, name: str) -> bool:
         return self.binary.get(name, self.binary_by_default)
 
 
 def decode_infer_request(
-    body: bytes, header_length: int | None, model_name: str, model_version: str
+    body: bytes,
+    header_length: int | None,
+    model_name: str,
+    model_version: str,
+    regions: SharedMemoryRegions | None = None,
 ) -> tuple[InferenceRequest, OutputEncoding]:
-    """Decodes a JSON (+ binary) inference request body."""
+    """Decodes a JSON (+ binary) inference request body; `regions` serves shared-memory tensors."""
     view = memoryview(body)
     if header_length is None:
         header, binary = view, view[len(view) :]
@@ -74,8 +87,11 @@ def decode_infer_request(
         datatype = parse_datatype(item.get("datatype"), name)
         shape = parse_shape(item.get("shape"), name)
         parameters = parse_parameters(item.get("parameters"), f"input '{name}'")
+        in_shared_memory = shared_memory_reference(parameters, f"input '{name}'")
         size = parameters.get("binary_data_size")
-        if size is not None:
+        if in_shared_memory is not None:
+            inputs[name] = read_input(regions, in_shared_memory, datatype, shape, name)
+        elif size is not None:
             if type(size) is not int or size < 0:
                 raise InvalidArgumentError(f"input '{name}': binary_data_size must be a non-negative integer")
             if offset + size > len(binary):
@@ -96,7 +112,7 @@ def decode_infer_request(
 
     parameters = parse_parameters(document.get("parameters"), "the request")
     encoding = OutputEncoding(binary_by_default=parameters.pop("binary_data_output", False) is True)
-    requested = _requested_outputs(document.get("outputs"), encoding)
+    requested = _requested_outputs(document.get("outputs"), encoding, regions)
     request_id = document.get("id", "")
     if not isinstance(request_id, str):
         raise InvalidArgumentError("request 'id' must be a string")
@@ -155,7 +171,10 @@ def encode_infer_response(response: InferenceResponse, encoding: OutputEncoding)
     for name, array in response.outputs.items():
         datatype = DataType.from_numpy(array.dtype)
         output: dict[str, Any] = {"name": name, "datatype": datatype.value, "shape": list(array.shape)}
-        if encoding.is_binary(name):
+        target = encoding.shared_memory.get(name)
+        if target is not None:  # written into the region; the response says no more, as Triton's
+            write_output(target, array, datatype, name)
+        elif encoding.is_binary(name):
             data = array_to_bytes(array, datatype)
             output["parameters"] = {"binary_data_size": len(data) if isinstance(data, bytes) else data.nbytes}
             chunks.append(data)
@@ -190,7 +209,9 @@ def parse_parameters(value: object, where: str) -> dict[str, ParameterValue]:
     return value
 
 
-def _requested_outputs(value: object, encoding: OutputEncoding) -> tuple[str, ...] | None:
+def _requested_outputs(
+    value: object, encoding: OutputEncoding, regions: SharedMemoryRegions | None
+) -> tuple[str, ...] | None:
     if value is None or value == []:
         return None
     if not isinstance(value, list):
@@ -205,6 +226,9 @@ def _requested_outputs(value: object, encoding: OutputEncoding) -> tuple[str, ..
             raise InvalidArgumentError(
                 f"output '{name}': the classification extension is not supported by coreserve yet"
             )
+        in_shared_memory = shared_memory_reference(parameters, f"output '{name}'")
+        if in_shared_memory is not None:
+            encoding.shared_memory[name] = output_target(regions, in_shared_memory, name)
         binary = parameters.get("binary_data")
         if binary is not None:
             encoding.binary[name] = binary is True

@@ -19,14 +19,21 @@ from coreserve.repository.model import parse_version
 from coreserve.responses import QueuedResponses, SingleResponse
 from coreserve.server import request_log
 from coreserve.server.log_settings import LogSettings, ServerLog
+from coreserve.server.shared_memory import SystemSharedMemory
 from coreserve.types import InferenceRequest, InferenceResponse, ResponseSink
 
 SERVER_NAME = "coreserve"
+# Exactly the extensions served (Triton's names; tests/e2e/test_shared_memory.py probes each).
 EXTENSIONS = (
-    "binary_tensor_data",
-    "model_configuration",
-    "statistics",
+    "sequence",
     "model_repository",
+    "model_repository(unload_dependents)",
+    "schedule_policy",
+    "model_configuration",
+    "system_shared_memory",
+    "binary_tensor_data",
+    "parameters",
+    "statistics",
     "generate",
     "logging",
 )
@@ -56,6 +63,7 @@ class DataPlane:
         self.flags = flags
         self.log = log or ServerLog()
         self.name = name  # --id
+        self.shared_memory = SystemSharedMemory()
 
     def live(self) -> bool:
         return not self.flags.stopping

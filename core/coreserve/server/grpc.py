@@ -14,8 +14,12 @@ from typing import Any, TypeVar
 import grpc
 from google.protobuf import json_format
 
-from coreserve.errors import CoreserveError, ErrorCode, UnsupportedError
-from coreserve.protocol.grpc_codec import decode_model_infer_request, encode_model_infer_response
+from coreserve.errors import CoreserveError, ErrorCode, NotFoundError, UnsupportedError
+from coreserve.protocol.grpc_codec import (
+    decode_model_infer_request,
+    encode_model_infer_response,
+    shared_memory_outputs,
+)
 from coreserve.protos import grpc_service_pb2 as pb
 from coreserve.protos import grpc_service_pb2_grpc as pb_grpc
 from coreserve.protos import health_pb2, health_pb2_grpc
@@ -24,6 +28,7 @@ from coreserve.server.dataplane import DataPlane
 from coreserve.server.grpc_decoding import DecodeInHandlers
 from coreserve.server.grpc_transport import GrpcTransport
 from coreserve.server.restrictions import ApiRestrictions
+from coreserve.server.shared_memory import cuda_shared_memory_unavailable
 from coreserve.types import InferenceResponse
 
 logger = logging.getLogger(__name__)
@@ -172,25 +177,46 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def SystemSharedMemoryStatus(
         self, request: pb.SystemSharedMemoryStatusRequest, context: Any
     ) -> pb.SystemSharedMemoryStatusResponse:
-        return pb.SystemSharedMemoryStatusResponse()  # no regions: registering them is not offered
+        response = pb.SystemSharedMemoryStatusResponse()
+        for region in self._dataplane.shared_memory.status(request.name):
+            response.regions[region["name"]].CopyFrom(
+                pb.SystemSharedMemoryStatusResponse.RegionStatus(**region)
+            )
+        return response
+
+    @_unary("shared-memory")
+    async def SystemSharedMemoryRegister(
+        self, request: pb.SystemSharedMemoryRegisterRequest, context: Any
+    ) -> pb.SystemSharedMemoryRegisterResponse:
+        self._dataplane.shared_memory.register(request.name, request.key, request.offset, request.byte_size)
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    @_unary("shared-memory")
+    async def SystemSharedMemoryUnregister(
+        self, request: pb.SystemSharedMemoryUnregisterRequest, context: Any
+    ) -> pb.SystemSharedMemoryUnregisterResponse:
+        self._dataplane.shared_memory.unregister(request.name)
+        return pb.SystemSharedMemoryUnregisterResponse()
 
     @_unary("shared-memory")
     async def CudaSharedMemoryStatus(
         self, request: pb.CudaSharedMemoryStatusRequest, context: Any
     ) -> pb.CudaSharedMemoryStatusResponse:
+        if request.name:  # no region can be registered, so none is found
+            raise NotFoundError(f"Unable to find cuda shared memory region: '{request.name}'")
         return pb.CudaSharedMemoryStatusResponse()
 
     @_unary("shared-memory")
-    async def SystemSharedMemoryRegister(self, request: Any, context: Any) -> Any:
-        raise _not_available("the system shared memory extension")
-
-    SystemSharedMemoryUnregister = SystemSharedMemoryRegister
+    async def CudaSharedMemoryRegister(
+        self, request: pb.CudaSharedMemoryRegisterRequest, context: Any
+    ) -> pb.CudaSharedMemoryRegisterResponse:
+        raise cuda_shared_memory_unavailable(request.name)
 
     @_unary("shared-memory")
-    async def CudaSharedMemoryRegister(self, request: Any, context: Any) -> Any:
-        raise _not_available("the CUDA shared memory extension")
-
-    CudaSharedMemoryUnregister = CudaSharedMemoryRegister
+    async def CudaSharedMemoryUnregister(
+        self, request: pb.CudaSharedMemoryUnregisterRequest, context: Any
+    ) -> pb.CudaSharedMemoryUnregisterResponse:
+        return pb.CudaSharedMemoryUnregisterResponse()  # nothing is registered; no error, as in Triton
 
     @_unary("trace")
     async def TraceSetting(self, request: Any, context: Any) -> Any:
@@ -208,8 +234,12 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     @_unary("inference")
     async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
-        response = await self._dataplane.infer(decode_model_infer_request(request))
-        return encode_model_infer_response(response)
+        regions = self._dataplane.shared_memory
+        inference = decode_model_infer_request(request, regions)
+        # Resolved before the model runs, so that unregistering the region meanwhile is harmless.
+        in_shared_memory = shared_memory_outputs(request, regions)
+        response = await self._dataplane.infer(inference)
+        return encode_model_infer_response(response, in_shared_memory)
 
     async def ModelStreamInfer(
         self, requests: AsyncIterator[pb.ModelInferRequest], context: Any
@@ -275,7 +305,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             outbox.put_nowait((reply, True))
 
         try:
-            request = decode_model_infer_request(message)
+            request = decode_model_infer_request(message, self._dataplane.shared_memory)
+            in_shared_memory = shared_memory_outputs(message, self._dataplane.shared_memory)
             empty_final = request.parameters.pop(ENABLE_EMPTY_FINAL, False) is True
         except CoreserveError as exc:
             error_message(exc)
@@ -284,10 +315,15 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         def on_response(response: InferenceResponse | None, final: bool) -> None:
             reply = None
             if response is not None:
-                encoded = encode_model_infer_response(response)
+                try:
+                    encoded = encode_model_infer_response(response, in_shared_memory)
+                    error = ""
+                except CoreserveError as exc:  # an output too large for its shared memory region
+                    encoded = pb.ModelInferResponse(model_name=request.model_name, id=request.id)
+                    error = exc.message
                 if empty_final:
                     encoded.parameters[FINAL_RESPONSE].bool_param = final
-                reply = pb.ModelStreamInferResponse(infer_response=encoded)
+                reply = pb.ModelStreamInferResponse(error_message=error, infer_response=encoded)
             elif empty_final:
                 encoded = pb.ModelInferResponse(model_name=request.model_name, id=request.id)
                 encoded.parameters[FINAL_RESPONSE].bool_param = True

@@ -26,6 +26,7 @@ from coreserve.server.codec_threads import CodecThreads
 from coreserve.server.dataplane import DataPlane
 from coreserve.server.http_encoding import BodyTooLarge, decompress
 from coreserve.server.http_limits import DEFAULT_HTTP_LIMITS, HttpLimits
+from coreserve.server.http_shared_memory import shared_memory_routes
 from coreserve.server.http_wire import HttpRequest, HttpResponse, HttpServer, Response, StreamedResponse
 from coreserve.server.restrictions import ApiRestrictions
 from coreserve.types import InferenceRequest, InferenceResponse
@@ -169,6 +170,7 @@ class HttpFrontend:
             ("model-repository", "POST", "/v2/repository/models/{model}/unload", self._unload_model),
             ("logging", "GET", "/v2/logging", self._log_settings),
             ("logging", "POST", "/v2/logging", self._update_log_settings),
+            *shared_memory_routes(self._dataplane.shared_memory, self._read_body),
         ]
         for category, method, path, handler in routes:
             self._router.add(method, path, _handles_errors(handler, category, self._restrictions))
@@ -217,6 +219,7 @@ class HttpFrontend:
         body = await self._read_body(request)
         header = request.headers.get(_HEADER_LENGTH_KEY)
         header_length = _parse_header_length(header) if header is not None else None
+        regions = self._dataplane.shared_memory
         if header_length == 0:
             target = self._dataplane.model_version(model, version)
             inputs = list(target.signature.inputs.values())
@@ -230,10 +233,10 @@ class HttpFrontend:
                 body, inputs[0], target.signature.batching, model, version
             )
         elif len(body) < OFF_LOOP_BYTES:
-            infer_request, encoding = decode_infer_request(body, header_length, model, version)
+            infer_request, encoding = decode_infer_request(body, header_length, model, version, regions)
         else:
             infer_request, encoding = await self._codec_threads.run(
-                decode_infer_request, body, header_length, model, version
+                decode_infer_request, body, header_length, model, version, regions
             )
         response = await self._dataplane.infer(infer_request)
         if _output_bytes(response) < OFF_LOOP_BYTES:

@@ -1,0 +1,198 @@
+"""The system shared-memory regions that clients registered with the server.
+
+A client creates a POSIX shared-memory segment (`shm_open`), registers part of it under a
+region name, and then sends tensors by reference to that region. The registry maps each
+registered segment once and hands out bounds-checked views of it.
+
+Keys are POSIX shared-memory names and nothing else: an optional leading '/', then one name
+without '/', opened as /dev/shm/<name> without following links. A key can never reach a file
+elsewhere.
+
+Unregistering a region that a request still reads or writes is safe: the mapping is closed
+at once only when nothing views it; otherwise it stays mapped until the last view (a numpy
+array of that request) is released, because Python's mmap refuses to unmap exported memory
+and is unmapped when its last reference goes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import stat
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from coreserve.errors import InvalidArgumentError, NotFoundError, UnsupportedError
+
+SHM_DIRECTORY = "/dev/shm"
+# Bounds on what one client can make the server hold: every region keeps a mapping open.
+MAX_REGIONS = 1024
+MAX_REGION_NAME_LENGTH = 256
+MAX_KEY_LENGTH = 255  # NAME_MAX: the longest file name /dev/shm can hold
+
+
+@dataclass(slots=True)
+class _Region:
+    name: str
+    key: str
+    offset: int
+    byte_size: int
+    mapping: mmap.mmap
+    start: int  # where the region begins in `mapping` (which starts on a page boundary)
+
+    def status(self) -> dict[str, Any]:
+        return {"name": self.name, "key": self.key, "offset": self.offset, "byte_size": self.byte_size}
+
+    def close(self) -> None:
+        # A request may still view it: then it is unmapped when its last view is released.
+        with contextlib.suppress(BufferError):
+            self.mapping.close()
+
+
+class SystemSharedMemory:
+    """Registers, lists and unregisters regions; gives the codecs views of them.
+
+    Used from the event loop and from codec threads, hence the lock (held only for lookups).
+    """
+
+    def __init__(self, max_regions: int = MAX_REGIONS) -> None:
+        self._regions: dict[str, _Region] = {}
+        self._lock = threading.Lock()
+        self._max_regions = max_regions
+
+    def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        """Maps `byte_size` bytes at `offset` of the segment `key` under `name`."""
+        _check_name(name)
+        path = _segment_path(name, key)
+        if type(offset) is not int or offset < 0:
+            raise InvalidArgumentError(
+                f"shared memory region '{name}': offset must be a non-negative integer"
+            )
+        if type(byte_size) is not int or byte_size <= 0:
+            raise InvalidArgumentError(f"shared memory region '{name}': byte_size must be a positive integer")
+        with self._lock:
+            self._check_room(name)
+        region = _map(name, key, path, offset, byte_size)
+        with self._lock:
+            try:
+                self._check_room(name)  # another registration may have taken the name meanwhile
+            except Exception:
+                region.close()
+                raise
+            self._regions[name] = region
+
+    def _check_room(self, name: str) -> None:
+        if name in self._regions:
+            raise InvalidArgumentError(f"shared memory region '{name}' already in manager")
+        if len(self._regions) >= self._max_regions:
+            raise InvalidArgumentError(
+                f"cannot register shared memory region '{name}': {self._max_regions} regions are "
+                "registered already, the most this server holds; unregister some first"
+            )
+
+    def unregister(self, name: str = "") -> None:
+        """Unregisters one region, or every region when `name` is empty; unknown names are ignored,
+        as Triton ignores them."""
+        with self._lock:
+            if name:
+                removed = [self._regions.pop(name)] if name in self._regions else []
+            else:
+                removed = list(self._regions.values())
+                self._regions.clear()
+        for region in removed:
+            region.close()
+
+    def status(self, name: str = "") -> list[dict[str, Any]]:
+        """The registered regions (or one of them), as Triton's status reports them."""
+        with self._lock:
+            if not name:
+                return [region.status() for region in self._regions.values()]
+            region = self._regions.get(name)
+            if region is None:
+                raise NotFoundError(f"Unable to find system shared memory region: '{name}'")
+            return [region.status()]
+
+    def buffer(self, region: str, offset: int, byte_size: int, *, writable: bool) -> memoryview:
+        """A view of `byte_size` bytes at `offset` within a registered region."""
+        with self._lock:
+            found = self._regions.get(region)
+            if found is None:
+                raise NotFoundError(f"Unable to find shared memory region: '{region}'")
+            if offset + byte_size > found.byte_size:
+                raise InvalidArgumentError(
+                    f"Invalid offset + byte size for shared memory region: '{region}' "
+                    f"({offset} + {byte_size} is past its {found.byte_size} bytes)"
+                )
+            # Taken under the lock: a concurrent unregister then finds the export and leaves
+            # the mapping open for this view.
+            view = memoryview(found.mapping)[found.start + offset : found.start + offset + byte_size]
+        return view if writable else view.toreadonly()
+
+    def close(self) -> None:
+        self.unregister()
+
+
+def cuda_shared_memory_unavailable(name: str) -> UnsupportedError:
+    """The answer to a CUDA shared-memory registration: this server has no GPU path."""
+    return UnsupportedError(
+        f"failed to register CUDA shared memory region: '{name}', GPUs not supported: coreserve "
+        "offers no CUDA shared memory (no GPU and CUDA runtime here); use system shared memory"
+    )
+
+
+def _check_name(name: str) -> None:
+    if not name or len(name) > MAX_REGION_NAME_LENGTH:
+        raise InvalidArgumentError(
+            f"a shared memory region name must have 1 to {MAX_REGION_NAME_LENGTH} characters, got {len(name)}"
+        )
+
+
+def _segment_path(name: str, key: str) -> str:
+    """/dev/shm/<key's name>, for a key that is a POSIX shared-memory name; raises otherwise."""
+    if not isinstance(key, str):
+        raise InvalidArgumentError(f"shared memory region '{name}': 'key' must be a string")
+    bare = key[1:] if key.startswith("/") else key
+    if not bare or len(bare) > MAX_KEY_LENGTH or "/" in bare or bare in (".", "..") or "\0" in bare:
+        shown = key if len(key) <= 80 else key[:80] + "..."
+        raise InvalidArgumentError(
+            f"shared memory region '{name}': key {shown!r} is not a POSIX shared memory name "
+            f"(an optional leading '/', then 1 to {MAX_KEY_LENGTH} characters without '/')"
+        )
+    return os.path.join(SHM_DIRECTORY, bare)
+
+
+def _map(name: str, key: str, path: str, offset: int, byte_size: int) -> _Region:
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise InvalidArgumentError(
+            f"Unable to open shared memory region '{name}': no shared memory segment '{key}'"
+        ) from None
+    except OSError as exc:
+        raise InvalidArgumentError(
+            f"Unable to open shared memory region '{name}' (key '{key}'): {exc.strerror}"
+        ) from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise InvalidArgumentError(
+                f"shared memory region '{name}': key '{key}' is not a shared memory segment"
+            )
+        if offset + byte_size > info.st_size:
+            # Mapping past the segment's end would crash the server on access (SIGBUS).
+            raise InvalidArgumentError(
+                f"Invalid shared memory region: '{name}': offset {offset} + byte_size {byte_size} is "
+                f"past the end of segment '{key}' ({info.st_size} bytes)"
+            )
+        start = offset % mmap.ALLOCATIONGRANULARITY
+        try:
+            mapping = mmap.mmap(fd, start + byte_size, offset=offset - start)
+        except OSError as exc:
+            raise InvalidArgumentError(
+                f"Unable to map shared memory region '{name}' (key '{key}'): {exc.strerror}"
+            ) from None
+    finally:
+        os.close(fd)
+    return _Region(name, key, offset, byte_size, mapping, start)
