@@ -130,6 +130,8 @@ class InferenceRequest:
     id: str = ""
     parameters: dict[str, ParameterValue] = field(default_factory=dict)
     requested_outputs: tuple[str, ...] | None = None
+    # Outputs to answer as their top K classes (the classification extension): name -> K.
+    class_counts: dict[str, int] | None = None
     batch_size: int = 1
     received_ns: int = field(default_factory=now_ns)
     queued_ns: int = 0

@@ -200,11 +200,11 @@ BAD_JSON_REQUESTS = {
         json.dumps(_with(_valid_request(), outputs=[{"name": "OUTPUT7"}])).encode(),
         "unexpected inference output 'OUTPUT7'",
     ),
-    "classification": (
+    "classification count below 1": (
         json.dumps(
-            _with(_valid_request(), outputs=[{"name": "OUTPUT0", "parameters": {"classification": 2}}])
+            _with(_valid_request(), outputs=[{"name": "OUTPUT0", "parameters": {"classification": -1}}])
         ).encode(),
-        "classification extension is not supported",
+        "invalid value for 'classification' parameter",
     ),
     "nested parameter": (
         json.dumps(_with(_valid_request(), parameters={"x": {"y": 1}})).encode(),

@@ -11,6 +11,8 @@ from typing import Any
 import numpy as np
 
 from coreserve.errors import InvalidArgumentError
+from coreserve.protocol.classification import PARAMETER as CLASSIFICATION
+from coreserve.protocol.classification import parse_class_count
 from coreserve.protocol.shared_memory import (
     OutputInSharedMemory,
     SharedMemoryRegions,
@@ -110,11 +112,10 @@ def decode_model_infer_request(
         else:
             inputs[name] = _array_from_contents(tensor, datatype, shape)
     parameters = {key: parameter_value(value) for key, value in message.parameters.items()}
+    class_counts = {}
     for output in message.outputs:
-        if "classification" in output.parameters:
-            raise InvalidArgumentError(
-                f"output '{output.name}': the classification extension is not supported by coreserve yet"
-            )
+        if CLASSIFICATION in output.parameters:
+            class_counts[output.name] = _class_count(output.parameters[CLASSIFICATION], output.name)
     return InferenceRequest(
         model_name=message.model_name,
         model_version=message.model_version,
@@ -122,7 +123,17 @@ def decode_model_infer_request(
         inputs=inputs,
         parameters=parameters,
         requested_outputs=tuple(output.name for output in message.outputs) or None,
+        class_counts=class_counts or None,
     )
+
+
+def _class_count(parameter: pb.InferParameter, output_name: str) -> int:
+    if parameter.WhichOneof("parameter_choice") != "int64_param":
+        raise InvalidArgumentError(
+            f"invalid value type for '{CLASSIFICATION}' parameter, expected int64_param "
+            f"(output '{output_name}')"
+        )
+    return parse_class_count(parameter.int64_param, output_name)
 
 
 def shared_memory_outputs(

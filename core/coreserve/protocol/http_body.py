@@ -15,6 +15,8 @@ import orjson
 
 from coreserve.config.signature import TensorSpec
 from coreserve.errors import InvalidArgumentError
+from coreserve.protocol.classification import PARAMETER as CLASSIFICATION
+from coreserve.protocol.classification import parse_class_count
 from coreserve.protocol.shared_memory import (
     OutputInSharedMemory,
     SharedMemoryRegions,
@@ -43,6 +45,7 @@ class OutputEncoding:
 
     binary_by_default: bool = False
     binary: dict[str, bool] = field(default_factory=dict)
+    class_counts: dict[str, int] = field(default_factory=dict)  # answered as top classes
     shared_memory: dict[str, OutputInSharedMemory] = field(default_factory=dict)
 
     def is_binary(self, name: str) -> bool:
@@ -123,6 +126,7 @@ def decode_infer_request(
         inputs=inputs,
         parameters=parameters,
         requested_outputs=requested,
+        class_counts=encoding.class_counts or None,
     )
     return request, encoding
 
@@ -222,10 +226,9 @@ def _requested_outputs(
             raise InvalidArgumentError("every requested output needs a 'name' string")
         name = item["name"]
         parameters = parse_parameters(item.get("parameters"), f"output '{name}'")
-        if "classification" in parameters:
-            raise InvalidArgumentError(
-                f"output '{name}': the classification extension is not supported by coreserve yet"
-            )
+        count = parameters.get(CLASSIFICATION)
+        if count is not None and not (type(count) is int and count == 0):  # Triton reads 0 as none
+            encoding.class_counts[name] = parse_class_count(count, name)
         in_shared_memory = shared_memory_reference(parameters, f"output '{name}'")
         if in_shared_memory is not None:
             encoding.shared_memory[name] = output_target(regions, in_shared_memory, name)

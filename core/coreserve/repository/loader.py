@@ -22,6 +22,7 @@ from coreserve.config import ModelSignature, apply_defaults, read_config_file, v
 from coreserve.config.ignored import ignored_fields
 from coreserve.errors import CoreserveError, ModelConfigError
 from coreserve.protos.model_config_pb2 import ModelConfig, ModelInstanceGroup
+from coreserve.repository.labels import read_output_labels
 from coreserve.repository.layout import CONFIG_FILENAME, ModelLocation, list_versions, select_versions
 from coreserve.repository.model import Model, ModelState, ModelVersion
 from coreserve.repository.warmup import run_warmups
@@ -156,6 +157,7 @@ class ModelLoader:
         try:
             if not files.version_path.is_dir():
                 raise ModelConfigError(f"model '{location.name}' has no folder for version {version.version}")
+            version.labels = read_output_labels(version.config, location.path)
             context = self.context_for(backend)
             for placement in _placements(version.config):
                 instances.append(await backend.create_instance(files, version.config, placement, context))

@@ -34,6 +34,8 @@ class ModelVersion:
     reason: str = ""
     scheduler: Scheduler | None = None
     load_seconds: float = 0.0
+    # Class labels per output (label_filename), for the classification extension.
+    labels: dict[str, tuple[bytes, ...]] = field(default_factory=dict)
 
     @property
     def ready(self) -> bool:

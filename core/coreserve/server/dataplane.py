@@ -14,6 +14,7 @@ from typing import Any
 from coreserve import __version__
 from coreserve.config import ModelConfig, ModelSignature
 from coreserve.errors import CoreserveError, NotFoundError, UnavailableError, UnsupportedError
+from coreserve.protocol.classification import ClassifyingSink, check_classifiable
 from coreserve.repository import Model, ModelRepository, ModelVersion, parse_load_parameters
 from coreserve.repository.model import parse_version
 from coreserve.responses import QueuedResponses, SingleResponse
@@ -25,6 +26,7 @@ from coreserve.types import InferenceRequest, InferenceResponse, ResponseSink
 SERVER_NAME = "coreserve"
 # Exactly the extensions served (Triton's names; tests/e2e/test_shared_memory.py probes each).
 EXTENSIONS = (
+    "classification",
     "sequence",
     "model_repository",
     "model_repository(unload_dependents)",
@@ -134,6 +136,8 @@ class DataPlane:
             raise UnavailableError(f"model '{request.model_name}' is not ready")
         try:
             model_version.signature.check_request(request)
+            if request.class_counts:
+                sink = _classifying(model_version, request.class_counts, sink)
         except CoreserveError:
             model_version.statistics.record_failure(request, "OTHER")
             raise
@@ -197,6 +201,16 @@ class DataPlane:
 
     async def unload_model(self, name: str, dependents: bool = False) -> None:
         await self.repository.unload(name, dependents)
+
+
+def _classifying(model_version: ModelVersion, counts: dict[str, int], sink: ResponseSink) -> ResponseSink:
+    """Wraps `sink` so that the outputs named in `counts` reach it as their top classes."""
+    signature = model_version.signature
+    for name in counts:
+        spec = signature.outputs.get(name)
+        if spec is not None:  # refused before the model runs, rather than after as Triton does
+            check_classifiable(spec.datatype, name)
+    return ClassifyingSink(sink, counts, model_version.labels, signature.batching)
 
 
 def _by_number(model: Model) -> list[ModelVersion]:
