@@ -1,8 +1,15 @@
 """Triton's generate extension: flat JSON in, flat JSON out (and server-sent events).
 
-A request is a JSON object whose keys are input names (plus `id` and `parameters`); a value
-is a scalar or a list, fitted to the input's dims. A response names each output with its
-value: a scalar when it holds one element, else a flat list; BYTES become text.
+A request is a JSON object. As in Triton, a key that names a model input is that input (a
+scalar or a list, fitted to the input's dims); every other key is a request parameter, so
+sampling options such as `"max_tokens": 16` or `"temperature": 0.7` reach the model (a Python
+model reads them with `request.parameters()`). The entries of a `"parameters"` object are request
+parameters too; where a name comes twice, the later one in the document wins. A parameter is a
+string, an integer, a float or a boolean. `"id"`, a string, is the request's id (and, as in
+Triton, a parameter as well).
+
+A response names each output with its value: a scalar when it holds one element, else a flat
+list; BYTES become text.
 """
 
 from __future__ import annotations
@@ -15,16 +22,19 @@ import orjson
 
 from coreserve.config.signature import ModelSignature, TensorSpec
 from coreserve.errors import InvalidArgumentError
-from coreserve.protocol.http_body import parse_parameters
 from coreserve.protocol.tensors import array_from_json, array_to_json, check_shape
-from coreserve.types import DataType, InferenceRequest, InferenceResponse
+from coreserve.types import DataType, InferenceRequest, InferenceResponse, ParameterValue
 
-RESERVED_KEYS = ("id", "parameters")
+PARAMETERS_KEY = "parameters"
+# Triton's words for a value that cannot be a parameter (it takes floats too, as we do).
+_INVALID_TYPE = "parameter '{}' has invalid type. It should be either 'int', 'bool', or 'string'."
+_INT64 = (-(2**63), 2**63 - 1)
 
 
 def decode_generate_request(
     body: bytes, signature: ModelSignature, model_name: str, model_version: str
 ) -> InferenceRequest:
+    """Decodes a generate request body: model inputs by name, every other key a parameter."""
     try:
         document = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
@@ -32,26 +42,52 @@ def decode_generate_request(
     if not isinstance(document, dict):
         raise InvalidArgumentError("the generate request must be a JSON object")
     inputs = {}
+    parameters: dict[str, ParameterValue] = {}
     for key, value in document.items():
-        if key in RESERVED_KEYS:
-            continue
         spec = signature.inputs.get(key)
-        if spec is None:
-            raise InvalidArgumentError(
-                f"unexpected input '{key}' for model '{model_name}'; "
-                f"its inputs are {sorted(signature.inputs)}"
-            )
-        inputs[key] = _fit(value, spec, signature.batching)
-    request_id = document.get("id", "")
+        if spec is not None:
+            inputs[key] = _fit(value, spec, signature.batching)
+        elif key == PARAMETERS_KEY:
+            if not isinstance(value, dict):
+                raise InvalidArgumentError(
+                    f"Expected JSON object for keyword: '{PARAMETERS_KEY}' (got {_json_type(value)})"
+                )
+            for name, item in value.items():
+                parameters[name] = _parameter(name, item, f"Converting keyword: '{PARAMETERS_KEY}': ")
+        else:
+            parameters[key] = _parameter(key, value)
+    request_id = "" if "id" in signature.inputs else document.get("id", "")
     if not isinstance(request_id, str):
-        raise InvalidArgumentError("request 'id' must be a string")
+        raise InvalidArgumentError(
+            f"Unable to parse 'id': request 'id' must be a string, got {_json_type(request_id)}"
+        )
     return InferenceRequest(
         model_name=model_name,
         model_version=model_version,
         id=request_id,
         inputs=inputs,
-        parameters=parse_parameters(document.get("parameters"), "the request"),
+        parameters=parameters,
     )
+
+
+def _parameter(name: str, value: Any, prefix: str = "") -> ParameterValue:
+    """A JSON value as a request parameter, with Triton's words when it cannot be one."""
+    if isinstance(value, bool | str | float):
+        return value
+    if isinstance(value, int):
+        # Triton holds integers as int64; beyond that range it passes the number as a double.
+        return value if _INT64[0] <= value <= _INT64[1] else float(value)
+    raise InvalidArgumentError(
+        prefix + _INVALID_TYPE.format(name) + f" (coreserve takes a number too; got {_json_type(value)})"
+    )
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, dict):
+        return "an object"
+    return "an array" if isinstance(value, list) else type(value).__name__
 
 
 def _fit(value: Any, spec: TensorSpec, batching: bool) -> np.ndarray:
