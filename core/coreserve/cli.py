@@ -77,7 +77,13 @@ def _stream_limit(text: str) -> int:
     return value
 
 
-METRICS_SETTINGS = ("summary_latencies", "histogram_latencies")
+# --metrics-config settings (Triton's) and their defaults.
+METRICS_SETTINGS = {
+    "counter_latencies": "true",
+    "summary_latencies": "false",
+    "histogram_latencies": "false",
+    "summary_quantiles": "0.5:0.05,0.9:0.01,0.95:0.001,0.99:0.001,0.999:0.0001",
+}
 
 
 def _restriction(text: str) -> Restriction:
@@ -87,11 +93,46 @@ def _restriction(text: str) -> Restriction:
         raise argparse.ArgumentTypeError(exc.message) from None
 
 
-def _metrics_config(text: str) -> tuple[str, bool]:
+def _metrics_config(text: str) -> tuple[str, bool | tuple[float, ...]]:
     key, equals, value = text.partition("=")
     if key not in METRICS_SETTINGS or not equals:
-        raise argparse.ArgumentTypeError(f"expected one of {', '.join(METRICS_SETTINGS)}=BOOL, got '{text}'")
-    return key, _bool(value)
+        raise argparse.ArgumentTypeError(
+            f"expected <setting>=<value> with a setting among {', '.join(METRICS_SETTINGS)}; got '{text}'"
+        )
+    if key == "summary_quantiles":
+        return key, _summary_quantiles(value)
+    try:
+        return key, _bool(value)
+    except argparse.ArgumentTypeError as exc:
+        raise argparse.ArgumentTypeError(f"{key}: {exc}") from None
+
+
+def _summary_quantiles(text: str) -> tuple[float, ...]:
+    """Triton's `<quantile>:<error>,...`: the quantiles, each in (0, 1) with an error in [0, 1]."""
+    quantiles = []
+    for item in text.strip('"').split(","):
+        quantile, colon, error = item.partition(":")
+        try:
+            point, margin = float(quantile), float(error)
+        except ValueError:
+            point = margin = float("nan")
+        if not colon or not 0 < point < 1 or not 0 <= margin <= 1:
+            raise argparse.ArgumentTypeError(
+                f"summary_quantiles: expected <quantile>:<error>,... with each quantile above 0 and below 1 "
+                f"and each error from 0 to 1 (e.g. 0.5:0.05,0.99:0.001); got '{item}'"
+            )
+        quantiles.append(point)
+    return tuple(sorted(set(quantiles)))
+
+
+def _interval_ms(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of milliseconds, got '{text}'") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of milliseconds above 0, got '{text}'")
+    return value
 
 
 def _serve_parser() -> argparse.ArgumentParser:
@@ -150,8 +191,15 @@ def _serve_parser() -> argparse.ArgumentParser:
     flag("--grpc-max-stream-inflight", type=_stream_limit, default=1024, metavar="N",
          help="requests of one ModelStreamInfer stream that may await their responses; the stream "
               "reads no more until one is answered (default 1024)")
-    flag("--metrics-config", type=_metrics_config, action="append", default=[], metavar="KEY=BOOL",
-         help="summary_latencies (default true) or histogram_latencies (default false)")
+    flag("--metrics-config", type=_metrics_config, action="append", default=[], metavar="SETTING=VALUE",
+         help="counter_latencies=BOOL (default true), summary_latencies=BOOL (default false), "
+              "histogram_latencies=BOOL (default false), summary_quantiles=Q:E,... (default "
+              f"{METRICS_SETTINGS['summary_quantiles']}) (repeatable)")
+    bool_flag("--allow-cpu-metrics", True, "report the nv_cpu_* families (default true)")
+    bool_flag("--allow-gpu-metrics", True, "report the nv_gpu_* families where NVML (the nvidia-ml-py "
+                                           "package) finds GPUs (default true)")
+    flag("--metrics-interval-ms", type=_interval_ms, default=2000.0, metavar="MS",
+         help="how often the CPU and GPU families are read (default 2000)")
     bool_flag("--exit-on-error", True, "exit at start-up if a model fails to load (default true)")
     bool_flag("--strict-readiness", True, "report ready only when every model is ready (default true)")
     flag("--disable-auto-complete-config", action="store_true",
@@ -288,8 +336,15 @@ def _options(args: argparse.Namespace) -> ServerOptions:
         allow_metrics=args.allow_metrics,
         metrics_address=args.metrics_address or args.http_address,
         metrics_port=args.metrics_port,
-        summary_latencies=metrics.get("summary_latencies", True),
+        counter_latencies=metrics.get("counter_latencies", True),
+        summary_latencies=metrics.get("summary_latencies", False),
         histogram_latencies=metrics.get("histogram_latencies", False),
+        summary_quantiles=metrics.get(
+            "summary_quantiles", _summary_quantiles(METRICS_SETTINGS["summary_quantiles"])
+        ),
+        allow_cpu_metrics=args.allow_cpu_metrics,
+        allow_gpu_metrics=args.allow_gpu_metrics,
+        metrics_interval_ms=args.metrics_interval_ms,
         exit_on_error=args.exit_on_error,
         strict_readiness=args.strict_readiness,
         auto_complete_config=not (args.disable_auto_complete_config or args.strict_model_config),

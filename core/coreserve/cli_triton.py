@@ -110,11 +110,11 @@ TRITON_FLAGS: tuple[TritonFlag, ...] = (
     TritonFlag("--vertex-ai-default-model", _I, "str", "no Vertex AI endpoint here"),
     # Metrics
     TritonFlag("--allow-metrics", _A, "bool"),
-    TritonFlag("--allow-gpu-metrics", _N, "bool", "GPU metrics are not built yet", harmless=_FALSE),
-    TritonFlag("--allow-cpu-metrics", _N, "bool", "CPU metrics are not built yet", harmless=_FALSE),
+    TritonFlag("--allow-gpu-metrics", _A, "bool"),
+    TritonFlag("--allow-cpu-metrics", _A, "bool"),
     TritonFlag("--metrics-address", _A),
     TritonFlag("--metrics-port", _A, "int"),
-    TritonFlag("--metrics-interval-ms", _N, "float", "metrics are counted as they happen, not polled"),
+    TritonFlag("--metrics-interval-ms", _A, "float"),
     TritonFlag("--metrics-config", _A),
     # Tracing
     TritonFlag("--trace-config", _N, "str", _TRACE, repeatable=True),

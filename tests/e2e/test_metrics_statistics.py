@@ -46,7 +46,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     repository = tmp_path_factory.mktemp("metrics")
     write_model(repository, "add_sub", add_sub_model("FP32", ["batch", 4]), ADD_SUB)
     write_model(repository, "strings", identity_model("BYTES", ["n"]), STRINGS)
-    process = ServerProcess([repository], ["--metrics-config", "histogram_latencies=true"]).start()
+    flags = ["--metrics-config", "histogram_latencies=true", "--metrics-config=summary_latencies=true"]
+    process = ServerProcess([repository], flags).start()
     yield process
     process.close()
 
@@ -100,7 +101,7 @@ def test_names_and_types_are_tritons(server: ServerProcess) -> None:
     assert "# TYPE nv_inference_pending_request_count gauge" in text
     assert re.search(r'^nv_inference_count\{model="add_sub",version="1"\} ', text, re.M)
     assert "# TYPE nv_inference_request_summary_us summary" in text
-    assert "# TYPE nv_inference_request_latency_us histogram" in text
+    assert "# TYPE coreserve_inference_request_latency_us histogram" in text
     assert "# TYPE nv_model_load_duration_secs gauge" in text
     assert "process_cpu_seconds_total" in text and "nv_cpu_utilization" in text
 
@@ -134,7 +135,7 @@ def test_counters_move_by_exactly_the_requests_sent(server: ServerProcess) -> No
     assert delta("nv_inference_request_failure", reason="BACKEND") == 0
     assert delta("nv_inference_request_duration_us") > 0
     assert delta("nv_inference_request_summary_us_count") == 6
-    assert delta("nv_inference_request_latency_us_count") == 6
+    assert delta("coreserve_inference_request_latency_us_count") == 6
     assert _metric(after, "nv_inference_pending_request_count", **labels) == 0
     assert _metric(after, "nv_inference_request_summary_us", **labels, quantile="0.99") > 0
 

@@ -63,6 +63,10 @@ class ModelLoader:
             client=self.client,
         )
 
+    def _latency_for(self, config: ModelConfig) -> LatencyOptions:
+        """The latency options with the histogram buckets the model's `model_metrics` sets."""
+        return (self._latency or LatencyOptions()).for_config(config)
+
     async def load(self, location: ModelLocation, config: ModelConfig | None = None) -> Model:
         """Loads a model folder (with `config` in place of its config.pbtxt, if given).
 
@@ -80,7 +84,7 @@ class ModelLoader:
             model.config = config
             signature = ModelSignature(config)
             for number in versions:
-                statistics = ModelStatistics(location.name, number, self._latency)
+                statistics = ModelStatistics(location.name, number, self._latency_for(config))
                 model.versions[number] = ModelVersion(location.name, number, config, signature, statistics)
             await asyncio.gather(
                 *(self._load_version(backend, location, model.versions[n]) for n in versions)
@@ -168,7 +172,8 @@ class ModelLoader:
             if version.config.model_warmup:
                 await run_warmups(version, location.path)
                 # Statistics count what clients sent, not the warmup samples.
-                version.statistics = ModelStatistics(location.name, version.version, self._latency)
+                latency = self._latency_for(version.config)
+                version.statistics = ModelStatistics(location.name, version.version, latency)
                 version.scheduler.statistics = version.statistics
         except Exception as exc:
             if version.scheduler is not None:

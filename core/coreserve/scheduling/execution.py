@@ -10,7 +10,7 @@ from coreserve.backend.responder import Responder
 from coreserve.config.signature import ModelSignature
 from coreserve.errors import CoreserveError, InternalError
 from coreserve.scheduling.statistics import ModelStatistics
-from coreserve.types import InferenceRequest, now_ns
+from coreserve.types import InferenceRequest, InferenceResponse, ResponseSink, now_ns
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +30,10 @@ async def execute_batch(
     The execution is recorded in `statistics`.
     """
     model_version = statistics.version
+    if decoupled and statistics.first_response is not None:
+        for request in batch:
+            if request.sink is not None:
+                request.sink = FirstResponseTimer(request, request.sink, statistics)
     responder = Responder(signature, model_version, batch)
     try:
         await instance.execute(batch, responder)
@@ -47,3 +51,28 @@ async def execute_batch(
             )
     statistics.record_execution(batch, responder, now_ns())
     return responder
+
+
+class FirstResponseTimer:
+    """A request's sink that records when its first response leaves, for Triton's histogram."""
+
+    __slots__ = ("_received_ns", "_statistics", "_target", "_timed")
+
+    def __init__(self, request: InferenceRequest, target: ResponseSink, statistics: ModelStatistics) -> None:
+        self._received_ns = request.received_ns
+        self._target = target
+        self._statistics = statistics
+        self._timed = False
+
+    @property
+    def done(self) -> bool:
+        return self._target.done
+
+    def send(self, response: InferenceResponse | None, final: bool) -> None:
+        if response is not None and not self._timed:
+            self._timed = True
+            self._statistics.record_first_response(now_ns() - self._received_ns)
+        self._target.send(response, final)
+
+    def fail(self, error: CoreserveError) -> None:
+        self._target.fail(error)

@@ -11,15 +11,24 @@ import bisect
 import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
 from coreserve.backend.responder import Responder
 from coreserve.types import InferenceRequest
 
+if TYPE_CHECKING:
+    from coreserve.protos.model_config_pb2 import ModelConfig
+
 FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
+# The per-request latencies a summary window keeps, in the order of its tuples (after end_ns).
 LATENCY_KINDS = ("request", "queue", "compute_input", "compute_infer", "compute_output")
-# Upper bounds (microseconds) of the latency histogram buckets.
+# Triton's default summary quantiles (`--metrics-config summary_quantiles`).
+DEFAULT_QUANTILES = (0.5, 0.9, 0.95, 0.99, 0.999)
+# Triton's default buckets (milliseconds) of its first-response histogram.
+FIRST_RESPONSE_FAMILY = "nv_inference_first_response_histogram_ms"
+FIRST_RESPONSE_BUCKETS_MS = (100.0, 500.0, 2000.0, 5000.0)
+# Upper bounds (microseconds) of coreserve's own request and queue latency histograms.
 HISTOGRAM_BUCKETS_US = (
     100,
     250,
@@ -64,11 +73,31 @@ class BatchDurations:
 
 @dataclass(frozen=True)
 class LatencyOptions:
-    """Which per-request latency distributions to keep (the metrics' summaries and histograms)."""
+    """Which latency families to keep: `--metrics-config` and a model's `model_metrics`.
 
-    summaries: bool = True
-    histograms: bool = False
+    The cumulative durations are always kept (the statistics extension reports them);
+    `counters` only says whether /metrics shows them.
+    """
+
+    counters: bool = True  # counter_latencies
+    summaries: bool = False  # summary_latencies
+    histograms: bool = False  # histogram_latencies
+    quantiles: tuple[float, ...] = DEFAULT_QUANTILES  # summary_quantiles
+    # A summary's quantiles cover the successes of the last `max_age_s` seconds (the
+    # Prometheus client libraries' default, which Triton keeps), at most the last `window`.
+    max_age_s: float = 60.0
     window: int = 4096
+    first_response_buckets_ms: tuple[float, ...] = FIRST_RESPONSE_BUCKETS_MS
+
+    def for_config(self, config: ModelConfig) -> LatencyOptions:
+        """These options with the histogram buckets a model's `model_metrics` sets."""
+        for control in config.model_metrics.metric_control:
+            if control.metric_identifier.family == FIRST_RESPONSE_FAMILY and control.HasField(
+                "histogram_options"
+            ):
+                buckets = tuple(sorted(set(control.histogram_options.buckets)))
+                return replace(self, first_response_buckets_ms=buckets)
+        return self
 
 
 class ModelStatistics:
@@ -89,16 +118,20 @@ class ModelStatistics:
         self.execution_count = 0
         self.last_inference_ms = 0
         self.batches: dict[int, BatchDurations] = {}
-        self.recent: dict[str, deque[int]] = (
-            {kind: deque(maxlen=self.latency.window) for kind in LATENCY_KINDS}
-            if self.latency.summaries
-            else {}
+        # (end_ns, request, queue, compute input, infer, output ns) of recent successes.
+        self.recent: deque[tuple[int, int, int, int, int, int]] | None = (
+            deque(maxlen=self.latency.window) if self.latency.summaries else None
         )
         self.histograms: dict[str, list[int]] = (
             {kind: [0] * (len(HISTOGRAM_BUCKETS_US) + 1) for kind in ("request", "queue")}
             if self.latency.histograms
             else {}
         )
+        # Triton's first-response histogram (decoupled models): bucket counts and sum in ms.
+        self.first_response: list[int] | None = (
+            [0] * (len(self.latency.first_response_buckets_ms) + 1) if self.latency.histograms else None
+        )
+        self.first_response_ms = 0.0
 
     def record_execution(
         self, requests: Sequence[InferenceRequest], responder: Responder, end_ns: int
@@ -125,8 +158,8 @@ class ModelStatistics:
             self.compute_input.add(input_ns)
             self.compute_infer.add(infer_ns)
             self.compute_output.add(output_ns)
-            if self.recent:
-                self._observe(total_ns, queue_ns, input_ns, infer_ns, output_ns)
+            if self.recent is not None:
+                self.recent.append((end_ns, total_ns, queue_ns, input_ns, infer_ns, output_ns))
             if self.histograms:
                 self._bucket("request", total_ns)
                 self._bucket("queue", queue_ns)
@@ -143,18 +176,24 @@ class ModelStatistics:
         self.fail.add(time.monotonic_ns() - request.received_ns)
         self.failures[reason] += 1
 
-    def _observe(self, *values: int) -> None:
-        for kind, value in zip(LATENCY_KINDS, values, strict=True):
-            self.recent[kind].append(value)
+    def record_first_response(self, ns: int) -> None:
+        """Records the time from a request's arrival to its first response (decoupled models)."""
+        if self.first_response is None:
+            return
+        ms = ns / 1_000_000
+        self.first_response[bisect.bisect_left(self.latency.first_response_buckets_ms, ms)] += 1
+        self.first_response_ms += ms
 
     def _bucket(self, kind: str, ns: int) -> None:
         self.histograms[kind][bisect.bisect_left(HISTOGRAM_BUCKETS_US, ns / 1000)] += 1
 
-    def quantiles(self, kind: str, points: Sequence[float]) -> list[float]:
-        """Quantiles (in microseconds) of the recent observations of one latency kind."""
-        values = sorted(self.recent.get(kind, ()))
+    def quantiles(self, kind: str, points: Sequence[float], now_ns: int) -> list[float]:
+        """Quantiles (microseconds) of one latency kind over the summary window; NaN if empty."""
+        oldest = now_ns - int(self.latency.max_age_s * 1e9)
+        column = LATENCY_KINDS.index(kind) + 1
+        values = sorted(entry[column] for entry in self.recent or () if entry[0] >= oldest)
         if not values:
-            return [0.0 for _ in points]
+            return [float("nan") for _ in points]
         last = len(values) - 1
         return [values[min(last, round(point * last))] / 1000 for point in points]
 

@@ -45,10 +45,7 @@ class Server:
             auto_complete=options.auto_complete_config,
             backend_config=options.backend_config,
             config_name=options.model_config_name,
-            latency=LatencyOptions(
-                summaries=options.summary_latencies and options.allow_metrics,
-                histograms=options.histogram_latencies and options.allow_metrics,
-            ),
+            latency=self._latency_options(),
         )
         # Unless a cache folder is given, each server has its own: servers on one machine
         # must not find (or remove) each other's files.
@@ -78,6 +75,16 @@ class Server:
         self.grpc: GrpcFrontend | None = None
         self.metrics: MetricsFrontend | None = None
 
+    def _latency_options(self) -> LatencyOptions:
+        """The latency families `--metrics-config` asks for (none when metrics are off)."""
+        options = self.options
+        return LatencyOptions(
+            counters=options.counter_latencies,
+            summaries=options.summary_latencies and options.allow_metrics,
+            histograms=options.histogram_latencies and options.allow_metrics,
+            quantiles=options.summary_quantiles,
+        )
+
     async def start(self) -> None:
         """Loads the models and starts the frontends."""
         for location in self.options.model_repositories:
@@ -100,7 +107,13 @@ class Server:
         options = self.options
         if options.allow_metrics:
             self.metrics = MetricsFrontend(
-                self.repository, address=options.metrics_address, port=options.metrics_port
+                self.repository,
+                address=options.metrics_address,
+                port=options.metrics_port,
+                latency=self._latency_options(),
+                cpu=options.allow_cpu_metrics,
+                gpu=options.allow_gpu_metrics,
+                interval_ms=options.metrics_interval_ms,
             )
             await _start_service("metrics", self.metrics.start())
         if options.allow_grpc:

@@ -1,16 +1,19 @@
-"""Prometheus metrics on `--metrics-port` at `/metrics`, with Triton's names and labels.
+"""Prometheus metrics on `--metrics-port` at `/metrics`, with Triton's names, HELP texts and labels.
 
 Model metrics are read from each version's statistics when Prometheus scrapes, so serving a
 request costs no metric updates beyond the statistics it records anyway. Triton's counters
 carry no `_total` suffix, which prometheus-client's own writer would add; so these families
-are written here, and prometheus-client adds its process, platform and GC collectors.
+are written here, and prometheus-client adds its process, platform and GC collectors (names
+Triton does not use). Families follow `--metrics-config` as Triton's do: latency counters on,
+summaries and histograms off unless asked for.
 """
 
 from __future__ import annotations
 
 import logging
+import math
+import time
 from collections.abc import Iterable, Iterator
-from pathlib import Path
 
 from aiohttp import web
 from prometheus_client import (
@@ -22,23 +25,57 @@ from prometheus_client import (
 )
 
 from coreserve.repository import ModelRepository, ModelVersion
-from coreserve.scheduling.statistics import HISTOGRAM_BUCKETS_US, ModelStatistics
+from coreserve.scheduling.statistics import (
+    FIRST_RESPONSE_FAMILY,
+    HISTOGRAM_BUCKETS_US,
+    LatencyOptions,
+    ModelStatistics,
+)
+from coreserve.server.metrics_system import SystemMetrics, family
 
 logger = logging.getLogger(__name__)
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-QUANTILES = (0.5, 0.9, 0.95, 0.99)
-SUMMARIES = {
-    "request": ("nv_inference_request_summary_us", "Summary of inference request durations (success)"),
-    "queue": ("nv_inference_queue_summary_us", "Summary of time requests spent queued"),
-    "compute_input": ("nv_inference_compute_input_summary_us", "Summary of compute input durations"),
-    "compute_infer": ("nv_inference_compute_infer_summary_us", "Summary of compute infer durations"),
-    "compute_output": ("nv_inference_compute_output_summary_us", "Summary of compute output durations"),
-}
-HISTOGRAMS = {
-    "request": ("nv_inference_request_latency_us", "Histogram of inference request durations (success)"),
-    "queue": ("nv_inference_queue_latency_us", "Histogram of time requests spent queued"),
-}
+# Triton's order of the failure reasons in a scrape.
+FAILURE_ORDER = ("OTHER", "BACKEND", "CANCELED", "REJECTED")
+_CACHED = "(includes cached requests)"
+_NOT_CACHED = "(does not include cached requests)"
+# Latency counters (counter_latencies): name, HELP, the statistics' Duration they read.
+LATENCY_COUNTERS = (
+    ("nv_inference_request_duration_us", f"Cumulative inference request duration in microseconds {_CACHED}",
+     "success"),
+    ("nv_inference_queue_duration_us", f"Cumulative inference queuing duration in microseconds {_CACHED}",
+     "queue"),
+    ("nv_inference_compute_input_duration_us",
+     f"Cumulative compute input duration in microseconds {_NOT_CACHED}", "compute_input"),
+    ("nv_inference_compute_infer_duration_us",
+     f"Cumulative compute inference duration in microseconds {_NOT_CACHED}", "compute_infer"),
+    ("nv_inference_compute_output_duration_us",
+     f"Cumulative inference compute output duration in microseconds {_NOT_CACHED}", "compute_output"),
+)  # fmt: skip
+# Summaries (summary_latencies): name, HELP (Triton's, word for word), latency kind, Duration.
+SUMMARIES = (
+    ("nv_inference_request_summary_us", f"Summary of inference request duration in microseconds {_CACHED}",
+     "request", "success"),
+    ("nv_inference_queue_summary_us", f"Summary of inference queuing duration in microseconds {_CACHED}",
+     "queue", "queue"),
+    ("nv_inference_compute_input_summary_us",
+     f"Cumulative compute input duration in microseconds {_NOT_CACHED}", "compute_input", "compute_input"),
+    ("nv_inference_compute_infer_summary_us",
+     f"Cumulative compute inference duration in microseconds {_NOT_CACHED}", "compute_infer",
+     "compute_infer"),
+    ("nv_inference_compute_output_summary_us",
+     f"Cumulative inference compute output duration in microseconds {_NOT_CACHED}", "compute_output",
+     "compute_output"),
+)  # fmt: skip
+FIRST_RESPONSE_HELP = "Duration from request to first response in milliseconds"
+# coreserve's own histograms (histogram_latencies), under names Triton does not use.
+OWN_HISTOGRAMS = (
+    ("coreserve_inference_request_latency_us", "Histogram of successful inference request durations "
+     "in microseconds (coreserve)", "request", "success"),
+    ("coreserve_inference_queue_latency_us", "Histogram of inference queuing durations in microseconds "
+     "(coreserve)", "queue", "queue"),
+)  # fmt: skip
 
 
 def _escape(value: str) -> str:
@@ -49,8 +86,13 @@ def _labels(**labels: str) -> str:
     return "{" + ",".join(f'{key}="{_escape(value)}"' for key, value in labels.items()) + "}"
 
 
-def _family(name: str, kind: str, help_text: str, samples: Iterable[str]) -> list[str]:
-    return [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", *samples]
+def _number(value: float) -> str:
+    """A sample value: whole numbers in full (no exponent), others to 9 significant digits."""
+    if isinstance(value, int):
+        return str(value)
+    if math.isnan(value):
+        return "NaN"
+    return f"{value:.9g}"
 
 
 def _versions(repository: ModelRepository) -> list[ModelVersion]:
@@ -62,188 +104,172 @@ def _versions(repository: ModelRepository) -> list[ModelVersion]:
     ]
 
 
-def render_model_metrics(repository: ModelRepository) -> str:
+def render_model_metrics(repository: ModelRepository, latency: LatencyOptions | None = None) -> str:
     """The model families in Prometheus text format 0.0.4."""
+    latency = latency or LatencyOptions()
     versions = _versions(repository)
     ids = [(v, _labels(model=v.name, version=str(v.version))) for v in versions]
+    stats = [(labels, v.statistics) for v, labels in ids]
     lines: list[str] = []
 
-    def counter(name: str, help_text: str, value: Iterable[tuple[str, float]]) -> None:
-        lines.extend(
-            _family(name, "counter", help_text, (f"{name}{labels} {number:g}" for labels, number in value))
-        )
+    def add(name: str, kind: str, help_text: str, samples: Iterable[str]) -> None:
+        samples = list(samples)
+        if samples:  # as Triton's writer: a family without samples is left out
+            lines.extend(family(name, kind, help_text, samples))
 
-    stats = [(labels, v.statistics) for v, labels in ids]
+    def counter(name: str, help_text: str, values: Iterable[tuple[str, float]]) -> None:
+        add(name, "counter", help_text, (f"{name}{labels} {_number(number)}" for labels, number in values))
+
     counter(
         "nv_inference_request_success",
         "Number of successful inference requests, all batch sizes",
         ((labels, s.success.count) for labels, s in stats),
     )
-    failures = (
-        (_labels(model=v.name, reason=why, version=str(v.version)), count)
-        for v, _ in ids
-        for why, count in v.statistics.failures.items()
+    counter(
+        "nv_inference_request_failure",
+        "Number of failed inference requests, all batch sizes",
+        (
+            (_labels(model=v.name, reason=why, version=str(v.version)), v.statistics.failures.get(why, 0))
+            for v, _ in ids
+            for why in FAILURE_ORDER
+        ),
     )
-    counter("nv_inference_request_failure", "Number of failed inference requests, all batch sizes", failures)
     counter(
         "nv_inference_count",
-        "Number of inferences performed (a request of batch size N counts N)",
+        f"Number of inferences performed {_NOT_CACHED}",
         ((labels, s.inference_count) for labels, s in stats),
     )
     counter(
         "nv_inference_exec_count",
-        "Number of model executions performed (a batch counts once)",
+        f"Number of model executions performed {_NOT_CACHED}",
         ((labels, s.execution_count) for labels, s in stats),
     )
-    counter(
-        "nv_inference_request_duration_us",
-        "Cumulative inference request duration in microseconds",
-        ((labels, s.success.ns // 1000) for labels, s in stats),
+    if latency.counters:
+        for name, help_text, duration in LATENCY_COUNTERS:
+            counter(name, help_text, ((labels, getattr(s, duration).ns // 1000) for labels, s in stats))
+    add(
+        "nv_inference_pending_request_count",
+        "gauge",
+        "Instantaneous number of pending requests awaiting execution per-model.",
+        (f"nv_inference_pending_request_count{labels} {v.scheduler.pending if v.scheduler else 0}"
+         for v, labels in ids),
+    )  # fmt: skip
+    add(
+        "nv_model_load_duration_secs",
+        "gauge",
+        "Model load time in seconds",
+        (f"nv_model_load_duration_secs{labels} {v.load_seconds:.9g}" for v, labels in ids),
     )
-    counter(
-        "nv_inference_queue_duration_us",
-        "Cumulative inference queuing duration in microseconds",
-        ((labels, s.queue.ns // 1000) for labels, s in stats),
-    )
-    counter(
-        "nv_inference_compute_input_duration_us",
-        "Cumulative compute input duration in microseconds",
-        ((labels, s.compute_input.ns // 1000) for labels, s in stats),
-    )
-    counter(
-        "nv_inference_compute_infer_duration_us",
-        "Cumulative compute inference duration in microseconds",
-        ((labels, s.compute_infer.ns // 1000) for labels, s in stats),
-    )
-    counter(
-        "nv_inference_compute_output_duration_us",
-        "Cumulative inference compute output duration in microseconds",
-        ((labels, s.compute_output.ns // 1000) for labels, s in stats),
-    )
-    lines.extend(
-        _family(
-            "nv_inference_pending_request_count",
-            "gauge",
-            "Instantaneous number of pending requests awaiting execution per model",
-            (
-                f"nv_inference_pending_request_count{labels} {v.scheduler.pending if v.scheduler else 0}"
+    lines.extend(render_latency_distributions(ids, latency))
+    return "\n".join(lines) + "\n" if lines else ""
+
+
+def render_latency_distributions(ids: list[tuple[ModelVersion, str]], latency: LatencyOptions) -> list[str]:
+    """The summaries and histograms `--metrics-config` asks for."""
+    lines: list[str] = []
+    now = time.monotonic_ns()
+    if latency.summaries:
+        for name, help_text, kind, duration in SUMMARIES:
+            samples = [
+                sample
                 for v, labels in ids
-            ),
-        )
-    )
-    lines.extend(
-        _family(
-            "nv_model_load_duration_secs",
-            "gauge",
-            "Time taken to load a model version, in seconds",
-            (f"nv_model_load_duration_secs{labels} {v.load_seconds:.6f}" for v, labels in ids),
-        )
-    )
-    for kind, (name, help_text) in SUMMARIES.items():
-        samples = list(_summary_samples(name, kind, stats))
-        if samples:
-            lines.extend(_family(name, "summary", help_text + " over the most recent requests", samples))
-    for kind, (name, help_text) in HISTOGRAMS.items():
-        samples = list(_histogram_samples(name, kind, ids))
-        if samples:
-            lines.extend(_family(name, "histogram", help_text, samples))
-    return "\n".join(lines) + "\n"
-
-
-def _summary_samples(name: str, kind: str, stats: list[tuple[str, ModelStatistics]]) -> Iterator[str]:
-    for labels, s in stats:
-        if kind not in s.recent:
-            continue
-        window = s.recent[kind]
-        inner = labels[1:-1]
-        for point, value in zip(QUANTILES, s.quantiles(kind, QUANTILES), strict=True):
-            yield f'{name}{{{inner},quantile="{point}"}} {value:g}'
-        yield f"{name}_count{labels} {len(window)}"
-        yield f"{name}_sum{labels} {sum(window) / 1000:g}"
-
-
-def _histogram_samples(name: str, kind: str, ids: list[tuple[ModelVersion, str]]) -> Iterator[str]:
-    for version, labels in ids:
-        s = version.statistics
-        counts = s.histograms.get(kind)
-        if counts is None:
-            continue
-        inner = labels[1:-1]
-        running = 0
-        for bound, count in zip([*HISTOGRAM_BUCKETS_US, float("inf")], counts, strict=True):
-            running += count
-            le = "+Inf" if bound == float("inf") else f"{bound:g}"
-            yield f'{name}_bucket{{{inner},le="{le}"}} {running}'
-        total_ns = s.success.ns if kind == "request" else s.queue.ns
-        yield f"{name}_count{labels} {running}"
-        yield f"{name}_sum{labels} {total_ns / 1000:g}"
-
-
-class CpuMetrics:
-    """Triton's CPU gauges (utilization and memory) read from /proc on Linux."""
-
-    def __init__(self) -> None:
-        self._last: tuple[int, int] | None = None
-
-    def render(self) -> str:
-        stat, meminfo = Path("/proc/stat"), Path("/proc/meminfo")
-        if not stat.exists() or not meminfo.exists():
-            return ""
-        fields = [int(value) for value in stat.read_text().splitlines()[0].split()[1:]]
-        idle, total = fields[3] + (fields[4] if len(fields) > 4 else 0), sum(fields)
-        utilization = 0.0
-        if self._last is not None and total > self._last[1]:
-            utilization = 1.0 - (idle - self._last[0]) / (total - self._last[1])
-        self._last = (idle, total)
-        memory = {}
-        for line in meminfo.read_text().splitlines():
-            key, _, rest = line.partition(":")
-            memory[key] = int(rest.split()[0]) * 1024
-        total_bytes = memory.get("MemTotal", 0)
-        used_bytes = total_bytes - memory.get("MemAvailable", memory.get("MemFree", 0))
-        lines = [
-            *_family(
-                "nv_cpu_utilization",
-                "gauge",
-                "CPU utilization rate [0.0 - 1.0]",
-                [f"nv_cpu_utilization {utilization:.6f}"],
-            ),
-            *_family(
-                "nv_cpu_memory_total_bytes",
-                "gauge",
-                "CPU total memory (RAM), in bytes",
-                [f"nv_cpu_memory_total_bytes {total_bytes}"],
-            ),
-            *_family(
-                "nv_cpu_memory_used_bytes",
-                "gauge",
-                "CPU used memory (RAM), in bytes",
-                [f"nv_cpu_memory_used_bytes {used_bytes}"],
-            ),
+                for sample in _summary(name, labels, v.statistics, kind, duration, now)
+            ]
+            if samples:
+                lines.extend(family(name, "summary", help_text, samples))
+    if latency.histograms:
+        samples = [
+            sample
+            for v, labels in ids
+            if v.statistics.first_response is not None and v.signature.decoupled
+            for sample in _first_response(labels, v.statistics)
         ]
-        return "\n".join(lines) + "\n"
+        if samples:
+            lines.extend(family(FIRST_RESPONSE_FAMILY, "histogram", FIRST_RESPONSE_HELP, samples))
+        for name, help_text, kind, duration in OWN_HISTOGRAMS:
+            samples = [
+                sample for v, labels in ids for sample in _own_histogram(name, labels, v, kind, duration)
+            ]
+            if samples:
+                lines.extend(family(name, "histogram", help_text, samples))
+    return lines
+
+
+def _summary(
+    name: str, labels: str, s: ModelStatistics, kind: str, duration: str, now_ns: int
+) -> Iterator[str]:
+    if s.recent is None:
+        return
+    # _count and _sum cover every success since the start, as a Prometheus summary's do;
+    # the quantiles cover the recent window.
+    total = getattr(s, duration)
+    yield f"{name}_count{labels} {total.count}"
+    yield f"{name}_sum{labels} {total.ns // 1000}"
+    inner = labels[1:-1]
+    points = s.latency.quantiles
+    for point, value in zip(points, s.quantiles(kind, points, now_ns), strict=True):
+        yield f'{name}{{{inner},quantile="{point:g}"}} {_number(value)}'
+
+
+def _first_response(labels: str, s: ModelStatistics) -> Iterator[str]:
+    counts = s.first_response
+    assert counts is not None
+    name, inner = FIRST_RESPONSE_FAMILY, labels[1:-1]
+    yield f"{name}_count{labels} {sum(counts)}"
+    yield f"{name}_sum{labels} {_number(s.first_response_ms)}"
+    running = 0
+    for bound, count in zip([*s.latency.first_response_buckets_ms, math.inf], counts, strict=True):
+        running += count
+        le = "+Inf" if bound == math.inf else f"{bound:g}"
+        yield f'{name}_bucket{{{inner},le="{le}"}} {running}'
+
+
+def _own_histogram(name: str, labels: str, version: ModelVersion, kind: str, duration: str) -> Iterator[str]:
+    s = version.statistics
+    counts = s.histograms.get(kind)
+    if counts is None:
+        return
+    inner = labels[1:-1]
+    running = 0
+    for bound, count in zip([*HISTOGRAM_BUCKETS_US, math.inf], counts, strict=True):
+        running += count
+        le = "+Inf" if bound == math.inf else f"{bound:g}"
+        yield f'{name}_bucket{{{inner},le="{le}"}} {running}'
+    yield f"{name}_count{labels} {running}"
+    yield f"{name}_sum{labels} {getattr(s, duration).ns / 1000:.9g}"
 
 
 class MetricsFrontend:
     """Serves `/metrics` for one model repository on its own address and port."""
 
-    def __init__(self, repository: ModelRepository, *, address: str, port: int) -> None:
+    def __init__(
+        self,
+        repository: ModelRepository,
+        *,
+        address: str,
+        port: int,
+        latency: LatencyOptions | None = None,
+        cpu: bool = True,
+        gpu: bool = True,
+        interval_ms: float = 2000.0,
+    ) -> None:
         self._repository = repository
         self._address = address
         self.port = port
+        self._latency = latency or LatencyOptions()
         self._process = CollectorRegistry(auto_describe=False)
         ProcessCollector(registry=self._process)
         PlatformCollector(registry=self._process)
         GCCollector(registry=self._process)
-        self._cpu = CpuMetrics()
+        self._system = SystemMetrics(cpu=cpu, gpu=gpu, interval_ms=interval_ms)
         self._app = web.Application()
         self._app.router.add_get("/metrics", self._metrics)
         self._runner: web.AppRunner | None = None
 
     def render(self) -> str:
         return (
-            render_model_metrics(self._repository)
-            + self._cpu.render()
+            render_model_metrics(self._repository, self._latency)
+            + self._system.render()
             + generate_latest(self._process).decode()
         )
 
@@ -256,8 +282,10 @@ class MetricsFrontend:
         site = web.TCPSite(self._runner, self._address, self.port, reuse_address=True)
         await site.start()
         self.port = self._runner.addresses[0][1]
+        self._system.start()
         logger.info("Started MetricsService at %s:%d", self._address, self.port)
 
     async def stop(self) -> None:
+        await self._system.stop()
         if self._runner is not None:
             await self._runner.cleanup()

@@ -43,8 +43,14 @@ class ServerOptions:
     allow_metrics: bool = True
     metrics_address: str = "0.0.0.0"
     metrics_port: int = 8002
-    summary_latencies: bool = True
+    # --metrics-config: Triton's defaults (latency counters on, summaries and histograms off).
+    counter_latencies: bool = True
+    summary_latencies: bool = False
     histogram_latencies: bool = False
+    summary_quantiles: tuple[float, ...] = (0.5, 0.9, 0.95, 0.99, 0.999)
+    allow_cpu_metrics: bool = True
+    allow_gpu_metrics: bool = True  # reported where NVML (nvidia-ml-py) finds GPUs
+    metrics_interval_ms: float = 2000.0  # how often the CPU and GPU families are polled
     exit_on_error: bool = True
     strict_readiness: bool = True
     auto_complete_config: bool = True
