@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
 import threading
 import time
 import urllib.error
@@ -26,10 +28,11 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
-from tritonclient.utils import InferenceServerException
+from tritonclient.utils import InferenceServerException, serialize_byte_tensor
 
 from coreserve.testing import ServerProcess
 from model_builders import add_sub_model, write_model
+from paths import EXAMPLES
 
 BYTE_SIZE = 64  # one INT32 [1, 16] tensor
 SLOW_MODEL = """
@@ -67,6 +70,7 @@ def marker(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def server(tmp_path_factory: pytest.TempPathFactory, marker: Path) -> Iterator[ServerProcess]:
     repository = tmp_path_factory.mktemp("repository")
     write_model(repository, "simple", add_sub_model("INT32", ["batch", 16]), "max_batch_size: 8\n")
+    shutil.copytree(EXAMPLES / "simple_string", repository / "simple_string")
     folder = write_model(repository, "slow", None, SLOW_CONFIG)
     (folder / "1" / "model.py").write_text(SLOW_MODEL.format(marker=str(marker)))
     process = ServerProcess([repository]).start()
@@ -97,8 +101,8 @@ class Segment:
     def write(self, *arrays: np.ndarray, offset: int = 0) -> None:
         shm.set_shared_memory_region(self.handle, list(arrays), offset=offset)
 
-    def read(self, shape: list[int], offset: int = 0) -> np.ndarray:
-        return shm.get_contents_as_numpy(self.handle, np.int32, shape, offset=offset)
+    def read(self, shape: list[int], offset: int = 0, dtype: Any = np.int32) -> np.ndarray:
+        return shm.get_contents_as_numpy(self.handle, dtype, shape, offset=offset)
 
     def destroy(self) -> None:
         shm.destroy_shared_memory_region(self.handle)
@@ -504,3 +508,51 @@ def test_no_segment_is_left_open_by_the_server(
     finally:
         client.close()
     assert os.path.exists(f"/dev/shm{segment.key}")
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_bytes_tensors_in_shared_memory(
+    server: ServerProcess, segments: Callable[[int], Segment], protocol: str
+) -> None:
+    """Triton's simple_*_shm_string_client: BYTES inputs and outputs in their serialized form."""
+    module: Any = httpclient if protocol == "http" else grpcclient
+    client = module.InferenceServerClient(server.http_url if protocol == "http" else server.grpc_url)
+    input0 = np.array([[str(i).encode() for i in range(16)]], dtype=np.object_)
+    input1 = np.array([[b"1"] * 16], dtype=np.object_)
+    serialized = [serialize_byte_tensor(array).item() for array in (input0, input1)]
+    inputs_segment, outputs_segment = segments(sum(map(len, serialized))), segments(2 * 512)
+    inputs_segment.write(*(np.frombuffer(data, np.uint8) for data in serialized))
+    try:
+        client.register_system_shared_memory("strings_in", inputs_segment.key, sum(map(len, serialized)))
+        client.register_system_shared_memory("strings_out", outputs_segment.key, 2 * 512)
+        tensors = [module.InferInput(name, [1, 16], "BYTES") for name in ("INPUT0", "INPUT1")]
+        tensors[0].set_shared_memory("strings_in", len(serialized[0]))
+        tensors[1].set_shared_memory("strings_in", len(serialized[1]), offset=len(serialized[0]))
+        outputs = [module.InferRequestedOutput(name) for name in ("OUTPUT0", "OUTPUT1")]
+        outputs[0].set_shared_memory("strings_out", 512)
+        outputs[1].set_shared_memory("strings_out", 512, offset=512)
+        client.infer("simple_string", tensors, outputs=outputs)
+        sums = outputs_segment.read([1, 16], dtype=np.object_)
+        differences = outputs_segment.read([1, 16], offset=512, dtype=np.object_)
+        assert [int(value) for value in sums.ravel()] == [i + 1 for i in range(16)]
+        assert [int(value) for value in differences.ravel()] == [i - 1 for i in range(16)]
+    finally:
+        client.close()
+
+
+@pytest.mark.skipif(
+    not os.environ.get("PERF_ANALYZER"),
+    reason="set PERF_ANALYZER to tritonclient 2.51's perf_analyzer (README, Benchmarks) to run it",
+)
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_perf_analyzer_drives_system_shared_memory(server: ServerProcess, protocol: str) -> None:
+    command = [
+        os.environ["PERF_ANALYZER"],
+        *("-m", "simple", "-i", protocol, "-u", server.http_url if protocol == "http" else server.grpc_url),
+        *("--shared-memory", "system", "--output-shared-memory-size", "64"),
+        *("--concurrency-range", "2", "--measurement-interval", "1000", "--max-trials", "3"),
+        *("--stability-percentage", "100"),
+    ]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert "Successful request count" in run.stdout
