@@ -102,3 +102,15 @@ def test_a_link_in_dev_shm_is_not_followed() -> None:
             SystemSharedMemory().register("r", f"/{name}", 0, 1)
     finally:
         os.unlink(f"/dev/shm/{name}")
+
+
+def test_a_segment_truncated_after_registration_is_refused_not_read(
+    segment: shared_memory.SharedMemory,
+) -> None:
+    """Reading a mapping past its file's end is SIGBUS: the registry checks the size first."""
+    regions = SystemSharedMemory()
+    regions.register("r", f"/{segment.name}", 0, 4096)
+    os.truncate(f"/dev/shm/{segment.name}", 1024)
+    with pytest.raises(InvalidArgumentError, match=r"region 'r'.*shrank to 1024 bytes"):
+        regions.buffer("r", 0, 16, writable=False)
+    regions.close()

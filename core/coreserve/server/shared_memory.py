@@ -25,9 +25,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from coreserve.errors import InvalidArgumentError, NotFoundError, UnsupportedError
+from coreserve.server.http_limits import open_file_limit
 
 SHM_DIRECTORY = "/dev/shm"
-# Bounds on what one client can make the server hold: every region keeps a mapping open.
+# Bounds on what clients can make the server hold: every region keeps a mapping and a file
+# descriptor open (Python's mmap keeps one), so the number of regions also stays within an
+# eighth of the open-file limit, leaving the rest to connections and models.
 MAX_REGIONS = 1024
 MAX_REGION_NAME_LENGTH = 256
 MAX_KEY_LENGTH = 255  # NAME_MAX: the longest file name /dev/shm can hold
@@ -57,10 +60,10 @@ class SystemSharedMemory:
     Used from the event loop and from codec threads, hence the lock (held only for lookups).
     """
 
-    def __init__(self, max_regions: int = MAX_REGIONS) -> None:
+    def __init__(self, max_regions: int | None = None) -> None:
         self._regions: dict[str, _Region] = {}
         self._lock = threading.Lock()
-        self._max_regions = max_regions
+        self._max_regions = default_max_regions() if max_regions is None else max_regions
 
     def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
         """Maps `byte_size` bytes at `offset` of the segment `key` under `name`."""
@@ -125,6 +128,14 @@ class SystemSharedMemory:
                     f"Invalid offset + byte size for shared memory region: '{region}' "
                     f"({offset} + {byte_size} is past its {found.byte_size} bytes)"
                 )
+            # A client that truncates its segment (re-creating it with a smaller size does)
+            # would make reading the mapping kill the server with SIGBUS: check it still holds.
+            segment_size = found.mapping.size()
+            if found.offset + found.byte_size > segment_size:
+                raise InvalidArgumentError(
+                    f"shared memory region '{region}': segment '{found.key}' shrank to {segment_size} "
+                    "bytes after it was registered; unregister the region and register it again"
+                )
             # Taken under the lock: a concurrent unregister then finds the export and leaves
             # the mapping open for this view.
             view = memoryview(found.mapping)[found.start + offset : found.start + offset + byte_size]
@@ -132,6 +143,12 @@ class SystemSharedMemory:
 
     def close(self) -> None:
         self.unregister()
+
+
+def default_max_regions() -> int:
+    """MAX_REGIONS, or an eighth of the open-file limit when that is smaller."""
+    limit = open_file_limit()
+    return MAX_REGIONS if limit is None else max(1, min(MAX_REGIONS, limit // 8))
 
 
 def cuda_shared_memory_unavailable(name: str) -> UnsupportedError:
