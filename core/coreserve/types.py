@@ -7,9 +7,11 @@ v2 datatype names (`"FP32"`, `"BYTES"` …) appear only at the protocol boundary
 
 from __future__ import annotations
 
+import asyncio
 import enum
+import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -20,6 +22,7 @@ if TYPE_CHECKING:
     from coreserve.errors import CoreserveError
 
 ParameterValue = bool | int | float | str
+logger = logging.getLogger(__name__)
 
 
 class DataType(enum.StrEnum):
@@ -136,9 +139,87 @@ class InferenceRequest:
     received_ns: int = field(default_factory=now_ns)
     queued_ns: int = 0
     sink: ResponseSink | None = None
-    # Set when the client stopped waiting (a gRPC deadline, a cancelled call): whatever the
-    # model answers afterwards, the request counts as a failure.
-    cancelled: bool = False
+    # Cancellation (see `cancel`). The callback list is made by the first `on_cancel`, so a
+    # request nobody watches costs one flag; `queue` is set by the scheduler it waits in.
+    _cancelled: bool = field(default=False, init=False, repr=False)
+    _on_cancel: list[Callable[[], object]] | None = field(default=None, init=False, repr=False)
+    queue: RequestQueue | None = field(default=None, init=False, repr=False)
+
+    def is_cancelled(self) -> bool:
+        """True once the request was cancelled: its client gave up, or its parent was cancelled.
+
+        Cheap enough to call between every two responses of a decoupled model.
+        """
+        return self._cancelled
+
+    def cancel(self) -> None:
+        """Cancels the request: the frontends call it when the client gives up.
+
+        A request still waiting in a scheduler queue leaves it and fails with CANCELLED (it
+        never reaches a backend); a running one is marked, so that its backend can stop early.
+        Either way it counts as a failure with reason CANCELED. Then the callbacks registered
+        with `on_cancel` run, in order. Only the first call does anything. Call it on the event
+        loop thread.
+        """
+        if self._cancelled:
+            return
+        self._cancelled = True
+        if self.queue is not None:
+            self.queue.withdraw(self)
+        callbacks, self._on_cancel = self._on_cancel, None
+        for callback in callbacks or ():
+            try:
+                callback()
+            except Exception:  # one faulty callback must not keep the others from running
+                logger.exception("a cancellation callback of request '%s' failed", self.id)
+
+    def on_cancel(self, callback: Callable[[], object]) -> Callable[[], None]:
+        """Calls `callback()` (on the event loop thread) when the request is cancelled.
+
+        :param callback: runs once, at once if the request is cancelled already.
+        :return: a function that unregisters the callback; call it once the request is done,
+            so that a long-lived request does not gather callbacks.
+        """
+        if self._cancelled:
+            callback()
+            return _nothing
+        if self._on_cancel is None:
+            self._on_cancel = []
+        self._on_cancel.append(callback)
+
+        def remove() -> None:
+            if self._on_cancel is not None and callback in self._on_cancel:
+                self._on_cancel.remove(callback)
+
+        return remove
+
+    async def wait_cancelled(self) -> None:
+        """Returns once the request is cancelled (never, if it is not): a backend can race its
+        work against it, e.g. with `asyncio.wait(..., return_when=FIRST_COMPLETED)`."""
+        if self._cancelled:
+            return
+        cancelled: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def wake() -> None:
+            if not cancelled.done():
+                cancelled.set_result(None)
+
+        remove = self.on_cancel(wake)
+        try:
+            await cancelled
+        finally:
+            remove()
+
+
+def _nothing() -> None:
+    return None
+
+
+class RequestQueue(Protocol):
+    """A scheduler queue that may hold a request: told when the request is cancelled."""
+
+    def withdraw(self, request: InferenceRequest) -> None:
+        """Removes a cancelled request if it is still queued, and fails it with CANCELLED."""
 
 
 @dataclass(slots=True, eq=False)

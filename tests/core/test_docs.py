@@ -46,3 +46,12 @@ def test_documented_helpers_are_public() -> None:
         assert name in coreserve.backend.__all__, (
             f"docs/backends.md names {name}, which coreserve.backend lacks"
         )
+
+
+def test_request_cancellation_is_documented() -> None:
+    import coreserve
+
+    guide = (REPO / "docs" / "backends.md").read_text()
+    for name in ("is_cancelled", "on_cancel", "wait_cancelled", "cancel"):
+        assert callable(getattr(coreserve.InferenceRequest, name))
+        assert f"`{name}(" in guide or f"`async {name}(" in guide, f"docs/backends.md lacks {name}"

@@ -16,7 +16,7 @@ import numpy as np
 from coreserve.backend.api import InferenceClient
 from coreserve.backend.responder import Responder
 from coreserve.ensemble.graph import EnsembleGraph, Step
-from coreserve.errors import CoreserveError, InternalError
+from coreserve.errors import CancelledError, CoreserveError, InternalError
 from coreserve.types import InferenceRequest
 
 Tensors = dict[str, np.ndarray]
@@ -67,6 +67,8 @@ class EnsembleInstance:
         deferred: list[Step] = []  # decoupled steps: they fork the run, so they go last
         try:
             while True:
+                if request.is_cancelled():  # no further step starts; those running were cancelled
+                    raise CancelledError(f"request for ensemble '{self._graph.name}' was cancelled")
                 for step in self._ready(tensors, finished, running, deferred):
                     if step.index in self._graph.decoupled_steps:
                         deferred.append(step)
@@ -123,17 +125,25 @@ class EnsembleInstance:
         return {tensor: outputs[output] for output, tensor in step.outputs.items() if output in outputs}
 
     async def _call(self, request: InferenceRequest, step: Step, tensors: Tensors) -> Tensors:
+        child = self._step_request(request, step, tensors)
+        forget = request.on_cancel(child.cancel)  # cancelling the ensemble's request cancels its steps
         try:
-            response = await self._client.infer(self._step_request(request, step, tensors))
+            response = await self._client.infer(child)
         except CoreserveError as exc:
             raise type(exc)(f"ensemble '{self._graph.name}' {step.label()} failed: {exc.message}") from None
+        finally:
+            forget()
         return self._renamed(step, dict(response.outputs))
 
     async def _stream(
         self, request: InferenceRequest, step: Step, tensors: Tensors
     ) -> AsyncIterator[Tensors]:
+        child = self._step_request(request, step, tensors)
+        forget = request.on_cancel(child.cancel)
         try:
-            async for response in self._client.stream(self._step_request(request, step, tensors)):
+            async for response in self._client.stream(child):
                 yield self._renamed(step, dict(response.outputs))
         except CoreserveError as exc:
             raise type(exc)(f"ensemble '{self._graph.name}' {step.label()} failed: {exc.message}") from None
+        finally:
+            forget()

@@ -147,6 +147,19 @@ class DynamicBatcher(Scheduler):
             )
         self._arrived.set()  # the batch being formed may have lost its head
 
+    def _remove_queued(self, request: InferenceRequest) -> bool:
+        for queue in [*self._queues, self._delayed]:
+            try:
+                queue.remove(request)
+            except ValueError:
+                continue
+            timer = self._timers.pop(id(request), None)
+            if timer is not None:
+                timer.cancel()
+            self._arrived.set()  # the batch being formed may have lost its head
+            return True
+        return False
+
     def _first_queue(self) -> deque[InferenceRequest] | None:
         for queue in self._queues:
             if queue:

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 
 from coreserve.backend.api import ModelInstance
 from coreserve.config.signature import ModelSignature
-from coreserve.errors import UnavailableError
+from coreserve.errors import CancelledError, UnavailableError
 from coreserve.scheduling.execution import execute_batch
 from coreserve.scheduling.ordering import OrderedRelease
 from coreserve.scheduling.statistics import ModelStatistics
@@ -74,13 +74,36 @@ class Scheduler:
             raise UnavailableError(
                 f"model '{self.signature.model_name}' version {self.model_version} is unloading"
             )
+        if request.is_cancelled():  # its client gave up while it was being decoded
+            self.statistics.record_failure(request, "CANCELED")
+            raise CancelledError(_cancelled_message(request))
         request.queued_ns = now_ns()
         self._enqueue(request)
+        request.queue = self
         self._idle.clear()
         self._wake_worker()
 
+    def withdraw(self, request: InferenceRequest) -> None:
+        """Takes a cancelled request out of the queue, if it is still there, and fails it.
+
+        One that an instance has taken already runs on; its backend sees `is_cancelled()`.
+        """
+        if not self._remove_queued(request):
+            return
+        self.statistics.record_failure(request, "CANCELED")
+        if request.sink is not None:
+            request.sink.fail(CancelledError(_cancelled_message(request)))
+
     def _enqueue(self, request: InferenceRequest) -> None:
         self._queue.append(request)
+
+    def _remove_queued(self, request: InferenceRequest) -> bool:
+        """Removes a request from the queue; False if it is not there (taken, or never queued)."""
+        try:
+            self._queue.remove(request)
+        except ValueError:
+            return False
+        return True
 
     async def _take_batch(self) -> list[InferenceRequest]:
         """The next batch from a non-empty queue (may be empty if the queue emptied meanwhile)."""
@@ -153,6 +176,10 @@ class Scheduler:
                 request.sink.fail(UnavailableError(f"model '{self.signature.model_name}' was unloaded"))
         remaining = None if deadline is None else max(0.0, deadline - loop.time())
         await close_instances(self.instances, remaining, self.signature.model_name)
+
+
+def _cancelled_message(request: InferenceRequest) -> str:
+    return f"request for model '{request.model_name}' was cancelled"
 
 
 async def close_instances(instances: Sequence[ModelInstance], timeout: float | None, model_name: str) -> None:

@@ -146,9 +146,10 @@ class ModelStatistics:
         batch_size = 0
         for request in requests:
             total_ns = end_ns - request.received_ns
-            if request.cancelled or responder.failed(request):
+            cancelled = request.is_cancelled()
+            if cancelled or responder.failed(request):
                 self.fail.add(total_ns)
-                self.failures["CANCELED" if request.cancelled else "BACKEND"] += 1
+                self.failures["CANCELED" if cancelled else "BACKEND"] += 1
                 continue
             queue_ns = start - request.queued_ns
             batch_size += request.batch_size

@@ -7,7 +7,7 @@ model-related decision (which version, is it ready, is the request valid) is mad
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
@@ -133,7 +133,10 @@ class DataPlane:
     def _submit(self, model_version: ModelVersion, request: InferenceRequest, sink: ResponseSink) -> None:
         scheduler = model_version.scheduler
         if scheduler is None:
-            raise UnavailableError(f"model '{request.model_name}' is not ready")
+            raise UnavailableError(
+                f"Request for unknown model: '{request.model_name}' version {model_version.version} "
+                "is not at ready state"
+            )
         try:
             model_version.signature.check_request(request)
             if request.class_counts:
@@ -159,8 +162,8 @@ class DataPlane:
         self._submit(target, request, sink)
         try:
             response = await sink.future
-        except asyncio.CancelledError:  # how grpc.aio ends a call whose deadline passed
-            request.cancelled = True
+        except asyncio.CancelledError:  # its caller was cancelled (a gRPC deadline or cancel, a BLS parent)
+            request.cancel()
             raise
         except CoreserveError as exc:
             if self.log.settings.log_verbose_level:
@@ -170,12 +173,18 @@ class DataPlane:
             request_log.answered(request, target.version)
         return response
 
-    async def stream(self, request: InferenceRequest) -> AsyncIterator[InferenceResponse]:
+    async def stream(self, request: InferenceRequest) -> AsyncGenerator[InferenceResponse, None]:
         """Schedules a request and yields each of its responses (one for ordinary models)."""
         sink = QueuedResponses()
         self.submit(request, sink)
-        async for response in sink.responses():
-            yield response
+        try:
+            async for response in sink.responses():
+                yield response
+        finally:
+            # Left before the last response (the caller was cancelled, or stopped iterating):
+            # nobody listens any more.
+            if not sink.done:
+                request.cancel()
 
     def statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
         """Statistics of every model, of one model's versions, or of one version."""
@@ -185,7 +194,9 @@ class DataPlane:
             model = self.repository.get(name)
             number = parse_version(version)
             if number not in model.versions:
-                raise NotFoundError(f"model '{name}' has no version {number}")
+                raise NotFoundError(
+                    f"requested model version is not available for model '{name}' (no version {number})"
+                )
             versions = [model.versions[number]]
         else:
             versions = _by_number(self.repository.get(name))

@@ -29,7 +29,7 @@ from coreserve.server.grpc_decoding import DecodeInHandlers
 from coreserve.server.grpc_transport import GrpcTransport
 from coreserve.server.restrictions import ApiRestrictions
 from coreserve.server.shared_memory import cuda_shared_memory_unavailable
-from coreserve.types import InferenceResponse
+from coreserve.types import InferenceRequest, InferenceResponse
 
 logger = logging.getLogger(__name__)
 
@@ -260,6 +260,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         outbox: Outbox = asyncio.Queue()
         limit = self._max_stream_inflight
         open_requests = 0  # read, and their last message not yet sent
+        running: set[InferenceRequest] = set()  # submitted, and their last response not yet given
         room = asyncio.Event()
         room.set()
 
@@ -268,7 +269,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             try:
                 async for message in requests:
                     open_requests += 1
-                    self._start_stream_request(message, outbox)
+                    self._start_stream_request(message, outbox, running)
                     if open_requests >= limit:
                         room.clear()
                         await room.wait()
@@ -293,8 +294,14 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             await reader
         finally:
             reader.cancel()
+            # The stream ended before these were answered (the client cancelled it, or its
+            # deadline passed): nobody will read their responses.
+            for request in list(running):
+                request.cancel()
 
-    def _start_stream_request(self, message: pb.ModelInferRequest, outbox: Outbox) -> None:
+    def _start_stream_request(
+        self, message: pb.ModelInferRequest, outbox: Outbox, running: set[InferenceRequest]
+    ) -> None:
         def error_message(error: CoreserveError) -> None:
             reply = pb.ModelStreamInferResponse(
                 error_message=error.message,
@@ -328,13 +335,21 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 encoded = pb.ModelInferResponse(model_name=request.model_name, id=request.id)
                 encoded.parameters[FINAL_RESPONSE].bool_param = True
                 reply = pb.ModelStreamInferResponse(infer_response=encoded)
+            if final:
+                running.discard(request)
             if reply is not None or final:
                 outbox.put_nowait((reply, final))
 
+        def on_error(error: CoreserveError) -> None:
+            running.discard(request)
+            error_message(error)
+
         try:
-            self._dataplane.submit(request, StreamingResponses(on_response, error_message))
+            self._dataplane.submit(request, StreamingResponses(on_response, on_error))
         except CoreserveError as exc:
             error_message(exc)
+            return
+        running.add(request)  # (no response can come before submit returns)
 
 
 class HealthServicer(health_pb2_grpc.HealthServicer):

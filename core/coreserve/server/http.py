@@ -238,6 +238,7 @@ class HttpFrontend:
             infer_request, encoding = await self._codec_threads.run(
                 decode_infer_request, body, header_length, model, version, regions
             )
+        _cancel_on_disconnect(request, infer_request)
         response = await self._dataplane.infer(infer_request)
         if _output_bytes(response) < OFF_LOOP_BYTES:
             payload, json_length = encode_infer_response(response, encoding)
@@ -255,8 +256,13 @@ class HttpFrontend:
         target = self._dataplane.model_version(model, version)
         body = await self._read_body(request)
         if len(body) < OFF_LOOP_BYTES:
-            return decode_generate_request(body, target.signature, model, version)
-        return await self._codec_threads.run(decode_generate_request, body, target.signature, model, version)
+            inference = decode_generate_request(body, target.signature, model, version)
+        else:
+            inference = await self._codec_threads.run(
+                decode_generate_request, body, target.signature, model, version
+            )
+        _cancel_on_disconnect(request, inference)
+        return inference
 
     async def _generate(self, request: HttpRequest) -> HttpResponse:
         """One request, one JSON response: the last response of the model."""
@@ -284,6 +290,8 @@ class HttpFrontend:
                         yield b"data: " + encode_generate_response(response) + b"\n\n"
             except CoreserveError as exc:
                 yield b"data: " + orjson.dumps({"error": exc.message}) + b"\n\n"
+            finally:
+                await responses.aclose()  # a client that left cancels the request: see stream()
 
         return StreamedResponse(
             events(), headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
@@ -351,6 +359,14 @@ class HttpFrontend:
             return await self._codec_threads.run(decompress, request.body, encoding, self._max_body_size)
         except ValueError as exc:
             raise InvalidArgumentError(f"cannot read the request body: {exc}") from None
+
+
+def _cancel_on_disconnect(request: HttpRequest, inference: InferenceRequest) -> None:
+    """Cancels `inference` if the client of `request` disconnects before it is answered."""
+    if request.disconnected:
+        inference.cancel()
+    else:
+        request.on_disconnect = inference.cancel
 
 
 def _output_bytes(response: InferenceResponse) -> int:

@@ -43,6 +43,11 @@ class HttpRequest:
     headers: dict[str, str]  # names in lower case
     body: bytes
     match_info: dict[str, str] = field(default_factory=dict)
+    # Set by a handler whose work should stop if the client goes away before its answer is
+    # sent (an inference: it cancels the request); called once, on the event loop. A client
+    # that left before the handler set it leaves `disconnected` true instead.
+    on_disconnect: Callable[[], object] | None = None
+    disconnected: bool = False
 
 
 @dataclass(slots=True)
@@ -132,6 +137,7 @@ class HttpProtocol(asyncio.Protocol):
         self._pending: deque[_Pending] = deque()
         self._worker: asyncio.Task[None] | None = None
         self._answering = False
+        self._current: HttpRequest | None = None  # the request being answered
         self._writable: asyncio.Future[None] | None = None
         self._closed = False
         self._parsing = True  # false once an answer that closes the connection is queued
@@ -175,6 +181,11 @@ class HttpProtocol(asyncio.Protocol):
             self._timer = None
         if self._writable is not None and not self._writable.done():
             self._writable.set_result(None)
+        current, self._current = self._current, None
+        if current is not None:
+            current.disconnected = True
+            if current.on_disconnect is not None:
+                current.on_disconnect()
 
     def data_received(self, data: bytes) -> None:
         if not self._parsing:  # after an error answer: dropped, up to a budget, then unread
@@ -366,12 +377,14 @@ class HttpProtocol(asyncio.Protocol):
                     if isinstance(item, HttpResponse):
                         await self._send(item, {}, keep_alive)
                     else:
+                        self._current = item
                         await self._send(await server.handle(item), item.headers, keep_alive)
                 except Exception:
                     logger.exception("HTTP request failed")
                     keep_alive = False
                     await self._send(server.error_response(500, "internal server error"), {}, False)
                 finally:
+                    self._current = None
                     server.busy -= 1
                     server.answered()
                 if not keep_alive:
@@ -427,14 +440,20 @@ class HttpProtocol(asyncio.Protocol):
             f"HTTP/1.1 {response.status} {_reason(response.status)}\r\nTransfer-Encoding: chunked\r\n{extra}"
         )
         self._transport.write(head.encode("latin-1") + connection + b"\r\n")
-        async for chunk in response.chunks:
-            if self._closed:
-                return
-            if chunk:
-                self._transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
-                await self._drained()
-        if not self._closed:
-            self._transport.write(b"0\r\n\r\n")
+        chunks = response.chunks
+        try:
+            async for chunk in chunks:
+                if self._closed:
+                    return
+                if chunk:
+                    self._transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
+                    await self._drained()
+            if not self._closed:
+                self._transport.write(b"0\r\n\r\n")
+        finally:
+            close = getattr(chunks, "aclose", None)  # an async generator's cleanup runs now, not at GC
+            if close is not None:
+                await close()
 
     async def _drained(self) -> None:
         if self._writable is not None and not self._writable.done():
