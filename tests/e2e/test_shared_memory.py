@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import shutil
 import subprocess
 import threading
@@ -556,3 +557,36 @@ def test_perf_analyzer_drives_system_shared_memory(server: ServerProcess, protoc
     run = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     assert "Successful request count" in run.stdout
+
+
+def test_grpc_stream_writes_outputs_into_shared_memory(
+    server: ServerProcess, segments: Callable[[int], Segment]
+) -> None:
+    """ModelStreamInfer takes the same shared-memory tensors as ModelInfer."""
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    inputs_segment, outputs_segment = segments(2 * BYTE_SIZE), segments(BYTE_SIZE)
+    input0, input1 = _values()
+    inputs_segment.write(input0, input1)
+    answers: queue.Queue[Any] = queue.Queue()
+    try:
+        client.register_system_shared_memory("stream_in", inputs_segment.key, 2 * BYTE_SIZE)
+        client.register_system_shared_memory("stream_out", outputs_segment.key, BYTE_SIZE)
+        tensors = [grpcclient.InferInput(name, [1, 16], "INT32") for name in ("INPUT0", "INPUT1")]
+        tensors[0].set_shared_memory("stream_in", BYTE_SIZE)
+        tensors[1].set_shared_memory("stream_in", BYTE_SIZE, offset=BYTE_SIZE)
+        fits, too_small = (
+            grpcclient.InferRequestedOutput("OUTPUT0"),
+            grpcclient.InferRequestedOutput("OUTPUT0"),
+        )
+        fits.set_shared_memory("stream_out", BYTE_SIZE)
+        too_small.set_shared_memory("stream_out", 32)
+        client.start_stream(callback=lambda result, error: answers.put((result, error)))
+        client.async_stream_infer("simple", tensors, outputs=[fits], request_id="1")
+        client.async_stream_infer("simple", tensors, outputs=[too_small], request_id="2")
+        first, second = answers.get(timeout=60), answers.get(timeout=60)
+        client.stop_stream()
+        assert first[1] is None and first[0].get_response().id == "1"
+        np.testing.assert_array_equal(outputs_segment.read([1, 16]), input0 + input1)
+        assert second[0] is None and "region 'stream_out'" in second[1].message()
+    finally:
+        client.close()
