@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -87,7 +88,9 @@ class PythonInstance:
         self.name = f"model '{model.name}' instance {placement.name}"
         self._pool = SegmentPool(placement.name)
         self._reader = SegmentReader()
-        self._open: dict[int, tuple[InferenceRequest, Responder]] = {}
+        # Requests given to the stub and not yet answered in full, by key: with their responder
+        # and the function that stops relaying their cancellation to the stub.
+        self._open: dict[int, tuple[InferenceRequest, Responder, Callable[[], None]]] = {}
         self._next_key = 0
         self._process: StubProcess | None = None
         self._restart: asyncio.Task[None] | None = None
@@ -142,7 +145,8 @@ class PythonInstance:
             "serving; in-flight requests failed and the stub is being restarted"
         )
         logger.error("%s", error.message)
-        for request, responder in list(self._open.values()):
+        for request, responder, forget in list(self._open.values()):
+            forget()
             responder.send_error(request, error)
         self._open.clear()
         self._process = None
@@ -197,7 +201,7 @@ class PythonInstance:
         for request in requests:
             key = self._next_key
             self._next_key += 1
-            self._open[key] = (request, responder)
+            self._open[key] = (request, responder, request.on_cancel(partial(self._relay_cancel, key)))
             arrays.extend((f"{key}/{name}", array) for name, array in request.inputs.items())
             entries.append((key, request))
         segment, refs = self._pool.write(arrays)
@@ -224,8 +228,19 @@ class PythonInstance:
         if reply["error"] is not None:
             error = InternalError(reply["error"])
             for key, request in entries:
-                if self._open.pop(key, None) is not None:
+                if self._close_entry(key) is not None:
                     responder.send_error(request, error)
+
+    def _relay_cancel(self, key: int) -> None:
+        """Tells the stub that a request it has was cancelled (pb_utils' is_cancelled())."""
+        self._process_send({"op": "cancel", "key": key})
+
+    def _close_entry(self, key: int) -> tuple[InferenceRequest, Responder, Callable[[], None]] | None:
+        """Forgets an open request (its last response is given); None if it was not open."""
+        entry = self._open.pop(key, None)
+        if entry is not None:
+            entry[2]()
+        return entry
 
     def _on_message(self, message: Message) -> None:
         op = message["op"]
@@ -261,9 +276,9 @@ class PythonInstance:
             entry = self._open.get(key)
             if entry is None:
                 continue
-            request, responder = entry
+            request, responder, _ = entry
             if final:
-                del self._open[key]
+                self._close_entry(key)
             if body is None:
                 responder.send_final(request)
             elif body["error"] is not None:
@@ -281,8 +296,12 @@ class PythonInstance:
         """Runs a BLS request from the model through the server and sends back its responses."""
         call = message["call"]
         client = self._server.client
+        forget = _nothing
         try:
             request = self._bls_request(message)
+            # The requests whose execute() made this call: cancelling them cancels it.
+            parents = [entry[0] for key in message.get("parents", ()) if (entry := self._open.get(key))]
+            forget = cancel_with_parents(request, parents)
             if client is None:
                 raise UnavailableError("this server offers no in-process client for BLS requests")
             if message["decoupled"]:
@@ -301,6 +320,8 @@ class PythonInstance:
             error = (f"internal error of the server in a BLS request: {type(exc).__name__}: {exc}", 1)
         else:
             return
+        finally:
+            forget()
         self._process_send(
             {
                 "op": "bls_response",
@@ -370,6 +391,32 @@ class PythonInstance:
             self._pool.close()
 
 
+def cancel_with_parents(request: InferenceRequest, parents: list[InferenceRequest]) -> Callable[[], None]:
+    """Cancels `request` once every one of `parents` is cancelled; returns what undoes the link.
+
+    A BLS call made by the execute() of a batch serves the whole batch, as far as the server
+    can tell: it is cancelled when all of the batch's requests are.
+    """
+    if not parents:
+        return _nothing
+
+    def check() -> None:
+        if all(parent.is_cancelled() for parent in parents):
+            request.cancel()
+
+    forgets = [parent.on_cancel(check) for parent in parents]
+
+    def forget() -> None:
+        for undo in forgets:
+            undo()
+
+    return forget
+
+
+def _nothing() -> None:
+    return None
+
+
 def _request_item(
     key: int, request: InferenceRequest, inputs: list[Any], outputs: list[str]
 ) -> dict[str, Any]:
@@ -385,4 +432,5 @@ def _request_item(
         "parameters": dict(parameters),
         "correlation_id": parameters.get("sequence_id", 0),
         "flags": flags,
+        "cancelled": request.is_cancelled(),
     }

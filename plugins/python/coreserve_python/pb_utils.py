@@ -162,12 +162,22 @@ class InferenceResponse:
         return json.dumps(self._parameters)
 
 
+class _Cancellation:
+    """Whether the server cancelled a request: set by the stub's reader thread, read by the model."""
+
+    __slots__ = ("cancelled",)
+
+    def __init__(self, cancelled: bool = False) -> None:
+        self.cancelled = cancelled
+
+
 class InferenceResponseSender:
     """Sends the responses of a request of a decoupled model, from any thread."""
 
-    def __init__(self, key: int) -> None:
+    def __init__(self, key: int, cancellation: _Cancellation | None = None) -> None:
         self._key = key
         self._closed = False
+        self._cancellation = cancellation or _Cancellation()
 
     def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
         if self._closed:
@@ -181,7 +191,8 @@ class InferenceResponseSender:
             self._closed = True
 
     def is_cancelled(self) -> bool:
-        return False
+        """True once the request was cancelled (its client gave up): a model may stop sending."""
+        return self._cancellation.cancelled
 
 
 class InferenceRequest:
@@ -212,6 +223,7 @@ class InferenceRequest:
         self._timeout = timeout
         self._request_id = request_id
         self._key: int | None = None  # set for requests given to execute
+        self._cancellation = _Cancellation()  # shared with the stub, which sets it
 
     def inputs(self) -> list[Tensor]:
         return self._inputs
@@ -242,12 +254,13 @@ class InferenceRequest:
         return json.dumps(self._parameters)
 
     def is_cancelled(self) -> bool:
-        return False
+        """True once the request was cancelled (its client gave up, or its deadline passed)."""
+        return self._cancellation.cancelled
 
     def get_response_sender(self) -> InferenceResponseSender:
         if self._key is None:
             raise TritonModelException("only requests given to execute() have a response sender")
-        return InferenceResponseSender(self._key)
+        return InferenceResponseSender(self._key, self._cancellation)
 
     def exec(self, decoupled: bool = False) -> Any:
         """Runs this request on its model through the server; returns the response, or for

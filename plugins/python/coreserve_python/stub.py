@@ -119,6 +119,12 @@ class Stub:
         self._inbox: queue.Queue[Message | None] = queue.Queue()
         self._calls: dict[int, BlsCall] = {}
         self._call_ids = itertools.count()
+        # The cancellation flags of the requests given to the model and not yet answered in
+        # full, by key; the reader thread sets them when the server says "cancel".
+        self._cancellations: dict[int, pb_utils._Cancellation] = {}
+        # The keys of the batch in execute(), for the BLS calls that the executing thread makes.
+        self._executing: list[int] = []
+        self._main_thread = threading.get_ident()
         self._model: Any = None
         self._decoupled = False
         self._loop = asyncio.new_event_loop()
@@ -154,6 +160,10 @@ class Stub:
                     call = self._calls.get(message["call"])
                     if call is not None:
                         call.deliver(message)
+                elif op == "cancel":
+                    cancellation = self._cancellations.get(message["key"])
+                    if cancellation is not None:  # (None: answered meanwhile)
+                        cancellation.cancelled = True
                 else:
                     self._inbox.put(message)
         except OSError:
@@ -208,9 +218,12 @@ class Stub:
                 request_id=item["id"],
             )
             request._key = item["key"]
+            request._cancellation.cancelled = item.get("cancelled", False)
+            self._cancellations[item["key"]] = request._cancellation
             requests.append(request)
         error = None
         responses = None
+        self._executing = [item["key"] for item in message["requests"]]
         try:
             result = self._model.execute(requests)
             if inspect.iscoroutine(result):
@@ -220,6 +233,11 @@ class Stub:
         except BaseException as exc:
             error = f"{type(exc).__name__}: {exc}"
             traceback.print_exc()
+        finally:
+            self._executing = []
+        if error is not None or not self._decoupled:  # every request of the batch is answered now
+            for item in message["requests"]:
+                self._cancellations.pop(item["key"], None)
         del requests
         # An ordinary model's responses travel with the end of the execution: one message.
         self._channel.send(
@@ -287,6 +305,8 @@ class Stub:
     def send_response(self, key: int, response: pb_utils.InferenceResponse | None, flags: int) -> None:
         final = bool(flags & pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         self._channel.send(self._encode_responses([(key, response, final)]))
+        if final:
+            self._cancellations.pop(key, None)
 
     def log(self, level: str, message: str) -> None:
         self._channel.send({"op": "log", "level": level, "message": message})
@@ -312,6 +332,8 @@ class Stub:
                 "correlation_id": request.correlation_id(),
                 "flags": request.flags(),
                 "decoupled": decoupled,
+                # Made by the thread that runs execute(): a child of the batch being executed.
+                "parents": self._executing if threading.get_ident() == self._main_thread else [],
             }
         )
         return call_id

@@ -1,0 +1,282 @@
+"""Request cancellation, end to end: clients that give up stop the work done for them.
+
+A real server serves Python models (tests/e2e/cancellation_models): `sleepy` takes 0.5 s per
+request on one instance, so 50 requests take 25 s unless the ones whose clients left never
+run; `streamer` streams up to 10,000 responses (20 s) unless its response sender says the
+request was cancelled. The model's own statistics (execution_count) and the server's metrics
+say what ran; the clients are tritonclient, http.client, grpc and raw sockets.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import re
+import shutil
+import socket
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+
+from coreserve.testing import ServerProcess
+
+MODELS = Path(__file__).resolve().parent / "cancellation_models"
+CLIENTS = 50
+# The most executions of `sleepy` that the 50 requests may cause: the one running when the
+# clients give up, those that ran while they were waiting (1 s, 0.5 s each), and slack for a
+# slow machine. Without cancellation all 50 run.
+MOST_EXECUTIONS = 10
+INFER_BODY = json.dumps({"inputs": [{"name": "X", "shape": [1], "datatype": "INT32", "data": [7]}]}).encode()
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[ServerProcess]:
+    shutil.copytree(MODELS, tmp_path, dirs_exist_ok=True)
+    (tmp_path / "sleepy_pipeline" / "1").mkdir(exist_ok=True)
+    process = ServerProcess([tmp_path])
+    try:
+        process.start(timeout=120)
+        yield process
+        log = process.log
+    finally:
+        process.close()
+    # A cancelled request is an ordinary event: never a traceback.
+    assert "Traceback" not in log, log
+
+
+def _statistics(server: ServerProcess, model: str) -> dict:
+    with urllib.request.urlopen(f"http://{server.http_url}/v2/models/{model}/stats", timeout=30) as reply:
+        return json.loads(reply.read())["model_stats"][0]
+
+
+def _metric(server: ServerProcess, name: str, **labels: str) -> float:
+    with urllib.request.urlopen(server.metrics_url, timeout=30) as reply:
+        text = reply.read().decode()
+    wanted = ",".join(f'{key}="{value}"' for key, value in sorted(labels.items()))
+    for line in text.splitlines():
+        if line.startswith(f"{name}{{{wanted}}} "):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"no {name}{{{wanted}}} in\n{text}")
+
+
+def _wait_for(condition: Callable[[], bool], timeout: float, what: str) -> float:
+    """Polls until `condition()` holds; returns the seconds it took."""
+    start = time.monotonic()
+    while not condition():
+        if time.monotonic() - start > timeout:
+            raise AssertionError(f"not within {timeout}s: {what}")
+        time.sleep(0.05)
+    return time.monotonic() - start
+
+
+def _idle(server: ServerProcess, model: str) -> bool:
+    return _metric(server, "nv_inference_pending_request_count", model=model, version="1") == 0
+
+
+def _sleepy_serves(server: ServerProcess) -> None:
+    """The server still answers: a request to the model that was flooded succeeds."""
+    client = httpclient.InferenceServerClient(server.http_url, network_timeout=60)
+    try:
+        x = httpclient.InferInput("X", [1], "INT32")
+        x.set_data_from_numpy(np.array([3], np.int32))
+        assert client.infer("sleepy", [x]).as_numpy("Y").tolist() == [3]
+    finally:
+        client.close()
+
+
+def _post_and_give_up(server: ServerProcess, model: str, timeout: float) -> str:
+    """POSTs an inference with http.client and gives up (closes the socket) after `timeout` s."""
+    host, port = server.http_url.split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=timeout)
+    try:
+        connection.request(
+            "POST", f"/v2/models/{model}/infer", INFER_BODY, {"Content-Type": "application/json"}
+        )
+        return str(connection.getresponse().status)
+    except TimeoutError:
+        return "gave up"
+    finally:
+        connection.close()
+
+
+def _assert_all_cancelled_but_those_answered(server: ServerProcess, model: str, answered: int) -> None:
+    stats = _statistics(server, model)
+    failed = stats["inference_stats"]["fail"]["count"]
+    assert stats["inference_stats"]["success"]["count"] == answered
+    assert failed == CLIENTS - answered
+    assert (
+        _metric(server, "nv_inference_request_failure", model=model, reason="CANCELED", version="1") == failed
+    )
+
+
+def test_http_clients_that_give_up_leave_the_queue(server: ServerProcess) -> None:
+    with ThreadPoolExecutor(CLIENTS) as pool:
+        outcomes = list(pool.map(lambda _: _post_and_give_up(server, "sleepy", 1.0), range(CLIENTS)))
+    _wait_for(lambda: _idle(server, "sleepy"), 20, "the queue of sleepy empties")
+    executed = _statistics(server, "sleepy")["execution_count"]
+    assert executed <= MOST_EXECUTIONS, f"{executed} of {CLIENTS} requests ran after their clients left"
+    _assert_all_cancelled_but_those_answered(server, "sleepy", outcomes.count("200"))
+    _sleepy_serves(server)
+
+
+def _grpc_inputs() -> list[grpcclient.InferInput]:
+    x = grpcclient.InferInput("X", [1], "INT32")
+    x.set_data_from_numpy(np.array([7], np.int32))
+    return [x]
+
+
+def test_grpc_calls_past_their_deadline_leave_the_queue(server: ServerProcess) -> None:
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    outcomes: list[str] = []
+    done = threading.Semaphore(0)
+
+    def finished(result: object, error: Exception | None) -> None:
+        outcomes.append("ok" if error is None else error.status())
+        done.release()
+
+    try:
+        for _ in range(CLIENTS):
+            client.async_infer("sleepy", _grpc_inputs(), finished, client_timeout=1.0)
+        for _ in range(CLIENTS):
+            assert done.acquire(timeout=60)
+    finally:
+        client.close()
+    assert outcomes.count("StatusCode.DEADLINE_EXCEEDED") >= CLIENTS - MOST_EXECUTIONS
+    _wait_for(lambda: _idle(server, "sleepy"), 20, "the queue of sleepy empties")
+    executed = _statistics(server, "sleepy")["execution_count"]
+    assert executed <= MOST_EXECUTIONS, f"{executed} of {CLIENTS} requests ran past their deadline"
+    _assert_all_cancelled_but_those_answered(server, "sleepy", outcomes.count("ok"))
+    _sleepy_serves(server)
+
+
+def test_cancelled_grpc_calls_leave_the_queue(server: ServerProcess) -> None:
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    outcomes: list[str] = []
+    done = threading.Semaphore(0)
+
+    def finished(result: object, error: Exception | None) -> None:
+        outcomes.append("ok" if error is None else error.status())
+        done.release()
+
+    try:
+        calls = [client.async_infer("sleepy", _grpc_inputs(), finished) for _ in range(CLIENTS)]
+        time.sleep(1.0)
+        for call in calls:
+            call.cancel()
+        for _ in range(CLIENTS):
+            assert done.acquire(timeout=60)
+    finally:
+        client.close()
+    _wait_for(lambda: _idle(server, "sleepy"), 20, "the queue of sleepy empties")
+    executed = _statistics(server, "sleepy")["execution_count"]
+    assert executed <= MOST_EXECUTIONS, f"{executed} of {CLIENTS} cancelled requests ran"
+    assert outcomes.count("StatusCode.CANCELLED") >= CLIENTS - MOST_EXECUTIONS
+    _assert_all_cancelled_but_those_answered(server, "sleepy", outcomes.count("ok"))
+    _sleepy_serves(server)
+
+
+STOPPED = re.compile(
+    r"streamer stopped after (\d+) of 10000 responses: cancelled \(request.is_cancelled\(\)=True\)"
+)
+# How long a decoupled model may go on after its client closed the stream (it stops within
+# one response in practice; the machine may be slow).
+STOP_WITHIN_S = 10.0
+
+
+def _stopped_streamer(server: ServerProcess) -> int | None:
+    found = STOPPED.search(server.log)
+    return int(found.group(1)) if found else None
+
+
+def test_a_grpc_stream_closed_by_its_client_stops_a_decoupled_model(server: ServerProcess) -> None:
+    received: list[int] = []
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    n = grpcclient.InferInput("N", [1], "INT32")
+    n.set_data_from_numpy(np.array([10_000], np.int32))
+    client.start_stream(lambda result, error: received.append(0 if error else 1))
+    client.async_stream_infer("streamer", [n])
+    _wait_for(lambda: len(received) >= 20, 30, "the first responses arrive")
+    client.stop_stream(cancel_requests=True)
+    closed = time.monotonic()
+    client.close()
+    _wait_for(lambda: _stopped_streamer(server) is not None, STOP_WITHIN_S, "the model stops streaming")
+    stopped_after = time.monotonic() - closed
+    sent = _stopped_streamer(server)
+    assert sent is not None and sent < 10_000
+    assert stopped_after < STOP_WITHIN_S
+    _wait_for(
+        lambda: (
+            _metric(server, "nv_inference_request_failure", model="streamer", reason="CANCELED", version="1")
+            == 1
+        ),
+        STOP_WITHIN_S,
+        "the request counts as cancelled",
+    )
+    _sleepy_serves(server)
+
+
+def test_an_sse_stream_closed_by_its_client_stops_a_decoupled_model(server: ServerProcess) -> None:
+    host, port = server.http_url.split(":")
+    body = json.dumps({"N": 10_000}).encode()
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(
+            b"POST /v2/models/streamer/generate_stream HTTP/1.1\r\nHost: test\r\n"
+            b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%b" % (len(body), body)
+        )
+        seen = b""
+        while seen.count(b"data: ") < 20:
+            chunk = sock.recv(65536)
+            assert chunk, seen
+            seen += chunk
+        assert seen.startswith(b"HTTP/1.1 200 ")
+    closed = time.monotonic()
+    _wait_for(lambda: _stopped_streamer(server) is not None, STOP_WITHIN_S, "the model stops streaming")
+    assert time.monotonic() - closed < STOP_WITHIN_S
+    sent = _stopped_streamer(server)
+    assert sent is not None and sent < 10_000
+    _wait_for(
+        lambda: (
+            _metric(server, "nv_inference_request_failure", model="streamer", reason="CANCELED", version="1")
+            == 1
+        ),
+        STOP_WITHIN_S,
+        "the request counts as cancelled",
+    )
+    _sleepy_serves(server)
+
+
+def test_cancelling_an_ensemble_request_cancels_its_steps(server: ServerProcess) -> None:
+    # The ensemble runs every request at once; their steps queue at sleepy.
+    with ThreadPoolExecutor(CLIENTS) as pool:
+        outcomes = list(pool.map(lambda _: _post_and_give_up(server, "sleepy_pipeline", 1.0), range(CLIENTS)))
+    _wait_for(lambda: _idle(server, "sleepy"), 20, "the queue of sleepy empties")
+    executed = _statistics(server, "sleepy")["execution_count"]
+    assert executed <= MOST_EXECUTIONS, f"{executed} of {CLIENTS} ensemble steps ran after their clients left"
+    _wait_for(lambda: _idle(server, "sleepy_pipeline"), 20, "the ensemble's requests end")
+    _assert_all_cancelled_but_those_answered(server, "sleepy_pipeline", outcomes.count("200"))
+    _sleepy_serves(server)
+
+
+def test_cancelling_a_python_model_request_cancels_its_bls_calls(server: ServerProcess) -> None:
+    # bls_parent calls sleepy five times in a row (2.5 s); its client gives up after 0.7 s,
+    # while the second call runs.
+    assert _post_and_give_up(server, "bls_parent", 0.7) == "gave up"
+    _wait_for(lambda: _statistics(server, "bls_parent")["execution_count"] == 1, 20, "bls_parent ends")
+    sleepy = _statistics(server, "sleepy")
+    # The call that was running stopped (sleepy checks is_cancelled()); the later ones were
+    # refused before they reached it.
+    assert sleepy["execution_count"] <= 2
+    assert sleepy["inference_stats"]["fail"]["count"] == 5 - sleepy["inference_stats"]["success"]["count"]
+    assert (
+        _metric(server, "nv_inference_request_failure", model="bls_parent", reason="CANCELED", version="1")
+        == 1
+    )
+    _sleepy_serves(server)
