@@ -163,6 +163,8 @@ def _serve_parser() -> argparse.ArgumentParser:
     flag("--model-load-thread-count", type=int, default=4, help="models that load at the same time")
     flag("--model-config-name", default="", metavar="NAME",
          help="load a model's configs/NAME.pbtxt where it has one, else its config.pbtxt")
+    bool_flag("--model-namespacing", False, "let models of the same name live in different repositories; "
+              "a request names one only if one repository has it (default false)")
     flag("--model-cache-dir", type=Path, default=None,
          help="where remote models and models loaded from files are kept; kept at exit (default: a new "
               "temporary folder of this server's own, coreserve-cache-* in the system temp folder, "
@@ -315,6 +317,7 @@ def _options(args: argparse.Namespace) -> ServerOptions:
         server_id=args.server_id,
         log_settings=_log_settings(args),
         model_config_name=args.model_config_name,
+        model_namespacing=args.model_namespacing,
         grpc_transport=_grpc_transport(args),
         model_control_mode=ControlMode(args.model_control_mode),
         load_models=args.load_models,

@@ -67,7 +67,7 @@ TRITON_FLAGS: tuple[TritonFlag, ...] = (
     TritonFlag("--model-config-name", _A),
     TritonFlag("--model-load-thread-count", _A, "int"),
     TritonFlag("--model-load-retry-count", _N, "int", "loads are not retried yet", harmless=("0",)),
-    TritonFlag("--model-namespacing", _N, "bool", "model namespacing is not built yet", harmless=_FALSE),
+    TritonFlag("--model-namespacing", _A, "bool"),
     TritonFlag("--enable-peer-access", _I, "bool", "no GPUs to connect here"),
     # HTTP
     TritonFlag("--allow-http", _A, "bool"),

@@ -12,6 +12,7 @@ from pathlib import Path
 from coreserve.config.parse import parse_config
 from coreserve.errors import ModelConfigError
 from coreserve.protos.model_config_pb2 import ModelVersionPolicy
+from coreserve.repository.namespaces import qualified
 
 CONFIG_FILENAME = "config.pbtxt"
 
@@ -24,6 +25,12 @@ class ModelLocation:
     path: Path
     repository: Path
     config_name: str = ""  # --model-config-name
+    namespace: str = ""  # its repository, under --model-namespacing
+
+    @property
+    def key(self) -> str:
+        """What the repository holds the model under: its name, qualified by its namespace."""
+        return qualified(self.namespace, self.name)
 
     @property
     def config_path(self) -> Path:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from coreserve.backend.api import (
@@ -25,6 +25,7 @@ from coreserve.protos.model_config_pb2 import ModelConfig, ModelInstanceGroup
 from coreserve.repository.labels import read_output_labels
 from coreserve.repository.layout import CONFIG_FILENAME, ModelLocation, list_versions, select_versions
 from coreserve.repository.model import Model, ModelState, ModelVersion
+from coreserve.repository.namespaces import NamespacedClient
 from coreserve.repository.warmup import run_warmups
 from coreserve.scheduling import LatencyOptions, ModelStatistics, make_scheduler
 
@@ -55,12 +56,17 @@ class ModelLoader:
         self._backend_config = backend_config or {}
         self._latency = latency
         self.client: InferenceClient | None = None  # the server sets its data plane here
+        # Under --model-namespacing, the repository's test for a qualified model key.
+        self.has_model: Callable[[str], bool] | None = None
 
-    def context_for(self, backend: Backend) -> ServerContext:
+    def context_for(self, backend: Backend, namespace: str = "") -> ServerContext:
+        client = self.client
+        if namespace and client is not None and self.has_model is not None:
+            client = NamespacedClient(client, namespace, self.has_model)
         return ServerContext(
             backend_config=dict(self._backend_config.get(backend.name, {})),
             logger=logging.getLogger(f"coreserve.backend.{backend.name}"),
-            client=self.client,
+            client=client,
         )
 
     def _latency_for(self, config: ModelConfig) -> LatencyOptions:
@@ -72,7 +78,7 @@ class ModelLoader:
 
         Never raises: a model that cannot load comes back with its reason.
         """
-        model = Model(name=location.name, path=location.path)
+        model = Model(name=location.name, path=location.path, namespace=location.namespace)
         progress = asyncio.create_task(_report_progress(location.name))
         try:
             try:
@@ -162,7 +168,7 @@ class ModelLoader:
             if not files.version_path.is_dir():
                 raise ModelConfigError(f"model '{location.name}' has no folder for version {version.version}")
             version.labels = read_output_labels(version.config, location.path)
-            context = self.context_for(backend)
+            context = self.context_for(backend, location.namespace)
             for placement in _placements(version.config):
                 instances.append(await backend.create_instance(files, version.config, placement, context))
             version.scheduler = make_scheduler(

@@ -10,6 +10,9 @@ Control modes, as tritonserver's `--model-control-mode`:
 A reload never drops a request: the new model loads beside the old one, new requests go to it
 once it is ready, requests already queued finish on the old one, which then closes. If the new
 one fails, the old one keeps serving.
+
+Without `--model-namespacing` a model name found in two repositories is refused; with it,
+each repository is a namespace and models are held under qualified keys (see namespaces.py).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from coreserve.errors import CoreserveError, InvalidArgumentError, NotFoundError
 from coreserve.repository.layout import ModelLocation, ensemble_steps
 from coreserve.repository.loader import ModelLoader
 from coreserve.repository.model import Model, ModelState
+from coreserve.repository.namespaces import ModelTable, ambiguous, qualified
 from coreserve.repository.overrides import LoadOverrides, write_override_files
 from coreserve.repository.sources import RepositorySource, check_model_name
 
@@ -51,30 +55,49 @@ class ModelRepository:
         load_threads: int = 4,
         cache_dir: Path | None = None,
         drain_timeout: float | None = None,
+        namespacing: bool = False,
     ) -> None:
         self.sources = list(sources)
         self.mode = mode
+        self.namespacing = namespacing
         self._loader = loader
         self._startup_models = list(startup_models)
         self._limit = asyncio.Semaphore(max(1, load_threads))
         self._cache_dir = cache_dir
         self._drain_timeout = drain_timeout
-        self._models: dict[str, Model] = {}
+        self._models = ModelTable()  # by key: the name, qualified by its namespace under namespacing
         self._fingerprints: dict[str, str] = {}
         self._unloaded: set[str] = set()
         self._locks: dict[str, asyncio.Lock] = {}
         self._closing: set[asyncio.Task[None]] = set()
+        if namespacing:
+            loader.has_model = self._models.__contains__
 
     # What is served.
 
     def get(self, name: str) -> Model:
+        """The model a request names; under namespacing, the one repository that has that name."""
         model = self._models.get(name)
+        if model is None and self.namespacing:
+            matches = self._models.named(name)
+            if len(matches) > 1:
+                raise ambiguous(name, len(matches))
+            model = matches[0] if matches else None
         if model is None:
             raise NotFoundError(f"unknown model '{name}'")
         return model
 
     def models(self) -> list[Model]:
-        return [self._models[name] for name in sorted(self._models)]
+        return [self._models[key] for key in sorted(self._models)]
+
+    def _key(self, source: RepositorySource, name: str) -> str:
+        return qualified(source.label, name) if self.namespacing else name
+
+    def _keys_named(self, name: str, found: dict[str, tuple[RepositorySource, str]]) -> list[str]:
+        """The keys of the models called `name` among those found (one unless namespacing)."""
+        if not self.namespacing:
+            return [name] if name in found else []
+        return [key for key, (source, _) in found.items() if key == self._key(source, name)]
 
     def all_ready(self) -> bool:
         return all(model.ready for model in self._models.values())
@@ -82,13 +105,16 @@ class ModelRepository:
     # Finding models.
 
     async def _scan(self) -> tuple[dict[str, tuple[RepositorySource, str]], dict[str, str]]:
-        """Models by name with their source and fingerprint, and names found twice (refused)."""
+        """Models by key with their source and fingerprint, and names found twice (refused
+        unless namespacing)."""
         found: dict[str, tuple[RepositorySource, str]] = {}
         duplicates: dict[str, str] = {}
         for source in self.sources:
             listing = await asyncio.to_thread(source.scan)
             for name, fingerprint in listing.items():
-                if name in found:
+                if self.namespacing:
+                    found[self._key(source, name)] = (source, fingerprint)
+                elif name in found:
                     duplicates[name] = (
                         f"model '{name}' appears in more than one repository: "
                         f"{found[name][0].label} and {source.label}"
@@ -99,9 +125,15 @@ class ModelRepository:
             found.pop(name, None)
         return found, duplicates
 
-    async def _location(self, name: str, source: RepositorySource) -> ModelLocation:
+    def _split(self, key: str, source: RepositorySource) -> tuple[str, str]:
+        """A found model's namespace ("" unless namespacing) and plain name."""
+        namespace = source.label if self.namespacing else ""
+        return namespace, key.removeprefix(qualified(namespace, "")) if namespace else key
+
+    async def _location(self, key: str, source: RepositorySource) -> ModelLocation:
+        namespace, name = self._split(key, source)
         path = await asyncio.to_thread(source.local_path, name)
-        return ModelLocation(name, path, path.parent, self._loader.config_name)
+        return ModelLocation(name, path, path.parent, self._loader.config_name, namespace)
 
     # Start-up and polling.
 
@@ -113,24 +145,51 @@ class ModelRepository:
         if self.mode is ControlMode.EXPLICIT and "*" not in self._startup_models:
             wanted = {}
             for name in self._startup_models:
-                if name in found:
-                    wanted[name] = found[name]
-                else:
+                keys = self._keys_named(name, found)  # under namespacing: every repository's
+                wanted.update({key: found[key] for key in keys})
+                if not keys:
                     self._models[name] = Model(
                         name=name, path=None, reason=f"model '{name}' is not in the repository"
                     )
-            found = wanted
+            found = await self._with_steps(wanted, found)
         await self._load_many(found)
+
+    async def _with_steps(
+        self, wanted: dict[str, tuple[RepositorySource, str]], found: dict[str, tuple[RepositorySource, str]]
+    ) -> dict[str, tuple[RepositorySource, str]]:
+        """The models wanted and, as Triton loads them, the steps of the ensembles among them:
+        under namespacing, the step of the ensemble's own repository where it has one."""
+        wanted = dict(wanted)
+        unexplored = list(wanted)
+        while unexplored:
+            key = unexplored.pop()
+            try:
+                location = await self._location(key, wanted[key][0])
+            except CoreserveError:
+                continue  # _load_many records why it cannot load
+            for step in ensemble_steps(location) or ():
+                own = qualified(location.namespace, step)
+                for step_key in [own] if own in found else self._keys_named(step, found):
+                    if step_key not in wanted:
+                        wanted[step_key] = found[step_key]
+                        unexplored.append(step_key)
+        return wanted
 
     async def _load_many(self, found: dict[str, tuple[RepositorySource, str]]) -> None:
         """Loads models concurrently; ensembles after the models they are made of."""
         locations: dict[str, ModelLocation] = {}
-        for name, (source, _) in found.items():
+        for key, (source, _) in found.items():
             try:
-                locations[name] = await self._location(name, source)
+                locations[key] = await self._location(key, source)
             except CoreserveError as exc:
-                self._models[name] = Model(name=name, path=None, reason=exc.message)
-        pending = {name: ensemble_steps(location) for name, location in locations.items()}
+                namespace, name = self._split(key, source)
+                self._models[key] = Model(name=name, path=None, reason=exc.message, namespace=namespace)
+        # An ensemble's steps, as keys: under namespacing, in its own repository.
+        pending = {
+            key: {qualified(location.namespace, step) for step in steps} if steps is not None else None
+            for key, location in locations.items()
+            for steps in (ensemble_steps(location),)
+        }
         while pending:
             ready = [name for name, steps in pending.items() if steps is None or not steps & pending.keys()]
             if not ready:  # ensembles that wait on each other: load them; they report the cycle
@@ -186,12 +245,13 @@ class ModelRepository:
 
         Returns the new model; if it could not load, the old one (if any) keeps serving.
         """
-        async with self._lock(location.name), self._limit:
-            old = self._models.get(location.name)
+        key = location.key
+        async with self._lock(key), self._limit:
+            old = self._models.get(key)
             logger.info("loading model '%s' from %s", location.name, location.path)
             new = await self._loader.load(location, overrides.config if overrides else None)
             if fingerprint is not None:
-                self._fingerprints[location.name] = fingerprint
+                self._fingerprints[key] = fingerprint
             failed = not new.versions or any(not v.ready for v in new.versions.values())
             if failed and old is not None and old.ready:
                 logger.error(
@@ -201,8 +261,8 @@ class ModelRepository:
                 )
                 self._close_later(new)
                 return new
-            self._models[location.name] = new
-            self._unloaded.discard(location.name)
+            self._models[key] = new
+            self._unloaded.discard(key)
             if old is not None:
                 self._close_later(old)
             return new
@@ -254,14 +314,17 @@ class ModelRepository:
             path = await asyncio.to_thread(write_override_files, self._cache_dir, name, overrides.files)
             location = ModelLocation(name, path, path.parent, self._loader.config_name)
             fingerprint = None
-        else:
-            found, duplicates = await self._scan()
-            if name in duplicates:
-                raise InvalidArgumentError(duplicates[name])
-            if name not in found:
-                raise NotFoundError(f"model '{name}' is not in the repository")
-            location = await self._location(name, found[name][0])
-            fingerprint = found[name][1]
+            await self._load_location(name, location, fingerprint, overrides)
+            return
+        found, duplicates = await self._scan()
+        if name in duplicates:
+            raise InvalidArgumentError(duplicates[name])
+        keys = self._keys_named(name, found)
+        if not keys:
+            raise NotFoundError(f"model '{name}' is not in the repository")
+        # Under namespacing, as Triton: a name loads the models of that name in every repository.
+        for key in keys:
+            location = await self._location(key, found[key][0])
             for step in sorted(ensemble_steps(location) or ()):
                 chain = [*loading, name]
                 if step in chain:  # loading it first would never end
@@ -269,11 +332,17 @@ class ModelRepository:
                     raise InvalidArgumentError(
                         f"cannot load ensemble '{name}': its steps form a cycle: {cycle}"
                     )
-                if step not in self._models or not self._models[step].ready:
+                step_key = qualified(location.namespace, step)
+                if step_key not in self._models or not self._models[step_key].ready:
                     logger.info("loading model '%s' first: ensemble '%s' uses it", step, name)
                     await self._load(step, LoadOverrides(), (*loading, name))
+            await self._load_location(name, location, found[key][1], overrides)
+
+    async def _load_location(
+        self, name: str, location: ModelLocation, fingerprint: str | None, overrides: LoadOverrides
+    ) -> None:
         new = await self._replace(location, fingerprint, overrides)
-        if self._models.get(name) is not new:
+        if self._models.get(location.key) is not new:
             raise InvalidArgumentError(
                 f"failed to load model '{name}'; the loaded version keeps serving: {_reason(new)}"
             )
@@ -284,17 +353,20 @@ class ModelRepository:
         """Unloads a model (explicit mode) and, with `dependents`, the ensembles that use it."""
         self._refuse_unless_explicit("unloading models")
         check_model_name(name)
-        if name not in self._models:
+        # Under namespacing, as Triton: a name unloads the models of that name in every repository.
+        keys = [key for key, model in self._models.items() if key == name or model.name == name]
+        if not keys:
             raise NotFoundError(f"unknown model '{name}'")
         if dependents:
-            for other in list(self._models.values()):
+            for key, other in list(self._models.items()):
                 if (
                     other.config is not None
                     and other.config.HasField("ensemble_scheduling")
                     and any(step.model_name == name for step in other.config.ensemble_scheduling.step)
                 ):
-                    await self._unload(other.name)
-        await self._unload(name)
+                    await self._unload(key)
+        for key in keys:
+            await self._unload(key)
 
     async def _unload(self, name: str) -> None:
         async with self._lock(name):
@@ -322,15 +394,16 @@ class ModelRepository:
         """Every model of the repositories and every served version, with state and reason."""
         found, _ = await self._scan()
         entries = []
-        for name in sorted(set(found) | set(self._models)):
-            model = self._models.get(name)
+        for key in sorted(set(found) | set(self._models)):
+            model = self._models.get(key)
+            name = model.name if model is not None else self._split(key, found[key][0])[1]
             if model is None or not model.versions:
                 if ready_only:
                     continue
                 reason = (
                     model.reason
                     if model is not None
-                    else ("unloaded" if name in self._unloaded else "not loaded")
+                    else ("unloaded" if key in self._unloaded else "not loaded")
                 )
                 entries.append({"name": name, "state": ModelState.UNAVAILABLE.value, "reason": reason})
                 continue

@@ -76,6 +76,7 @@ class Model:
     config: ModelConfig | None = None
     versions: dict[int, ModelVersion] = field(default_factory=dict)
     reason: str = ""
+    namespace: str = ""  # its repository, under --model-namespacing
 
     @property
     def state(self) -> ModelState:

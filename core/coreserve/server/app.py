@@ -65,6 +65,7 @@ class Server:
             load_threads=options.model_load_thread_count,
             cache_dir=self.cache_dir,
             drain_timeout=options.exit_timeout_secs,
+            namespacing=options.model_namespacing,
         )
         self._poller: asyncio.Task[None] | None = None
         self.flags = ServerFlags(strict_readiness=options.strict_readiness)

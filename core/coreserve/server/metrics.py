@@ -95,20 +95,26 @@ def _number(value: float) -> str:
     return f"{value:.9g}"
 
 
-def _versions(repository: ModelRepository) -> list[ModelVersion]:
+def _versions(repository: ModelRepository) -> list[tuple[ModelVersion, str]]:
+    """The versions to report, each with its labels (and, under namespacing, Triton's namespace)."""
     return [
-        version
+        (version, _version_labels(model.name, model.namespace, version.version))
         for model in repository.models()
         for _, version in sorted(model.versions.items())
         if version.ready or version.statistics.execution_count or version.statistics.fail.count
     ]
 
 
+def _version_labels(name: str, namespace: str, version: int) -> str:
+    if namespace:
+        return _labels(model=name, namespace=namespace, version=str(version))
+    return _labels(model=name, version=str(version))
+
+
 def render_model_metrics(repository: ModelRepository, latency: LatencyOptions | None = None) -> str:
     """The model families in Prometheus text format 0.0.4."""
     latency = latency or LatencyOptions()
-    versions = _versions(repository)
-    ids = [(v, _labels(model=v.name, version=str(v.version))) for v in versions]
+    ids = _versions(repository)
     stats = [(labels, v.statistics) for v, labels in ids]
     lines: list[str] = []
 
@@ -129,8 +135,8 @@ def render_model_metrics(repository: ModelRepository, latency: LatencyOptions | 
         "nv_inference_request_failure",
         "Number of failed inference requests, all batch sizes",
         (
-            (_labels(model=v.name, reason=why, version=str(v.version)), v.statistics.failures.get(why, 0))
-            for v, _ in ids
+            (_with_reason(labels, why), v.statistics.failures.get(why, 0))
+            for v, labels in ids
             for why in FAILURE_ORDER
         ),
     )
@@ -162,6 +168,12 @@ def render_model_metrics(repository: ModelRepository, latency: LatencyOptions | 
     )
     lines.extend(render_latency_distributions(ids, latency))
     return "\n".join(lines) + "\n" if lines else ""
+
+
+def _with_reason(labels: str, reason: str) -> str:
+    """Labels with Triton's failure `reason` among them, before `version` as Triton orders them."""
+    head, _, version = labels.rpartition(",version=")
+    return f'{head},reason="{reason}",version={version}'
 
 
 def render_latency_distributions(ids: list[tuple[ModelVersion, str]], latency: LatencyOptions) -> list[str]:

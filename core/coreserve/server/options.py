@@ -20,6 +20,7 @@ class ServerOptions:
     server_id: str = "coreserve"  # --id: the name server metadata gives
     log_settings: LogSettings = field(default_factory=LogSettings)  # --log-*
     model_config_name: str = ""  # --model-config-name: configs/<name>.pbtxt where a model has one
+    model_namespacing: bool = False  # the same model name may live in several repositories
     model_control_mode: ControlMode = ControlMode.NONE
     load_models: list[str] = field(default_factory=list)
     repository_poll_secs: float = 15.0

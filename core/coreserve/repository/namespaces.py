@@ -1,0 +1,92 @@
+"""`--model-namespacing`: the same model name in several repositories, as Triton serves it.
+
+Each repository is a namespace (its path or URL, as Triton uses the repository path). A
+model is held under its qualified name, `<namespace>::<name>`; a request that names a model
+finds it if one repository only has a model of that name, and is refused with Triton's words
+when several do. A model's own calls (ensemble steps, BLS) look in its repository first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING
+
+from coreserve.errors import InvalidArgumentError
+
+if TYPE_CHECKING:
+    from coreserve.backend.api import InferenceClient
+    from coreserve.config.signature import ModelSignature
+    from coreserve.repository.model import Model
+    from coreserve.types import InferenceRequest, InferenceResponse
+
+SEPARATOR = "::"  # Triton's, between namespace and name in its model identifiers
+
+
+def qualified(namespace: str, name: str) -> str:
+    """The key a model is held under: its name, qualified by its namespace when it has one."""
+    return f"{namespace}{SEPARATOR}{name}" if namespace else name
+
+
+def ambiguous(name: str, count: int) -> InvalidArgumentError:
+    """Triton's error for a name that several namespaces hold."""
+    return InvalidArgumentError(
+        f"There are {count} identifiers of model '{name}' in global map, "
+        "model namespace must be provided to resolve ambiguity."
+    )
+
+
+class ModelTable(dict[str, "Model"]):
+    """The served models by key, with an index by plain name kept up to date with every change."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._by_name: dict[str, list[Model]] | None = None
+
+    def __setitem__(self, key: str, model: Model) -> None:
+        super().__setitem__(key, model)
+        self._by_name = None
+
+    def __delitem__(self, key: str) -> None:
+        super().__delitem__(key)
+        self._by_name = None
+
+    def pop(self, key: str, default: Model | None = None) -> Model | None:  # type: ignore[override]
+        self._by_name = None
+        return super().pop(key, default)
+
+    def clear(self) -> None:
+        super().clear()
+        self._by_name = None
+
+    def named(self, name: str) -> list[Model]:
+        """The models of that plain name, in every namespace."""
+        if self._by_name is None:
+            index: dict[str, list[Model]] = {}
+            for model in self.values():
+                index.setdefault(model.name, []).append(model)
+            self._by_name = index
+        return self._by_name.get(name, [])
+
+
+class NamespacedClient:
+    """The in-process client a model gets under namespacing: names resolve in its namespace first."""
+
+    def __init__(self, client: InferenceClient, namespace: str, has_model: Callable[[str], bool]) -> None:
+        self._client = client
+        self._namespace = namespace
+        self._has_model = has_model
+
+    def _resolve(self, name: str) -> str:
+        key = qualified(self._namespace, name)
+        return key if self._has_model(key) else name
+
+    async def infer(self, request: InferenceRequest) -> InferenceResponse:
+        request.model_name = self._resolve(request.model_name)
+        return await self._client.infer(request)
+
+    def stream(self, request: InferenceRequest) -> AsyncIterator[InferenceResponse]:
+        request.model_name = self._resolve(request.model_name)
+        return self._client.stream(request)
+
+    def model_signature(self, name: str, version: str = "") -> ModelSignature:
+        return self._client.model_signature(self._resolve(name), version)
