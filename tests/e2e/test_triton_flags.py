@@ -142,7 +142,7 @@ def test_a_taken_grpc_port_stops_the_start_unless_both_reuse_it(
     second = ServerProcess([repository], [port])
     with pytest.raises(RuntimeError, match="exited with 1"):
         second.start()
-    assert "cannot serve gRPC: Failed to bind" in second.log and "Traceback" not in second.log
+    assert "failed to start gRPC service: Failed to bind" in second.log and "Traceback" not in second.log
     second.close()
     sharing = coreserve_server(repository, port, "--reuse-grpc-port=true")
     assert sharing.ports["GRPC"] == first.ports["GRPC"]
