@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import logging
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -93,8 +94,8 @@ class GpuMetrics:
     @classmethod
     def open(cls) -> tuple[GpuMetrics | None, str]:
         """NVML's GPUs, or None and the reason there are none to report."""
-        try:
-            import pynvml  # nvidia-ml-py: optional, only for --allow-gpu-metrics
+        try:  # nvidia-ml-py: optional, only for --allow-gpu-metrics
+            pynvml = importlib.import_module("pynvml")
         except ImportError:
             return None, "the nvidia-ml-py package (NVML) is not installed"
         try:
