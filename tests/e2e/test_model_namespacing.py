@@ -9,9 +9,11 @@ the text asserted here (400 / INVALID_ARGUMENT), and labels the metrics with `na
 from __future__ import annotations
 
 import json
+import shutil
+import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -192,3 +194,37 @@ def test_without_namespacing_a_duplicate_name_stays_an_error(repositories: tuple
     assert failing.wait(timeout=60) == 1
     assert "model 'add' appears in more than one repository" in failing.log
     failing.close()
+
+
+def _eventually(check: Callable[[], bool], timeout: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def _answers(server: ServerProcess, model: str) -> object:
+    try:
+        return _http(server, model).tolist()
+    except InferenceServerException as exc:
+        return exc.message()
+
+
+def test_poll_mode_follows_names_arriving_and_leaving(
+    tmp_path: Path, repositories: tuple[Path, Path]
+) -> None:
+    a, b = (shutil.copytree(root, tmp_path / root.name) for root in repositories)
+    flags = ["--model-namespacing=true", "--model-control-mode=poll", "--repository-poll-secs=0.5"]
+    server = ServerProcess([a, b], flags).start()
+    try:
+        assert _answers(server, "only_a") == [1.0, 1.0]
+        shutil.copytree(b / "only_b", b / "only_a")  # b now has an only_a too (it adds 100)
+        ambiguous_only_a = AMBIGUOUS.replace("'add'", "'only_a'")
+        assert _eventually(lambda: _answers(server, "only_a") == ambiguous_only_a)
+        shutil.rmtree(a / "only_a")  # one repository has it again: b's
+        assert _eventually(lambda: _answers(server, "only_a") == [100.0, 100.0])
+        assert _answers(server, "ens_a") == [1.0, 1.0]
+    finally:
+        server.close()
