@@ -47,6 +47,25 @@ class TritonPythonModel:
             for r in requests
         ]
 """
+BLS = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for r in requests:
+            call = pb_utils.InferenceRequest(
+                model_name="TARGET",
+                inputs=[pb_utils.get_input_tensor_by_name(r, "X")],
+                requested_output_names=["Y"],
+            ).exec()
+            if call.has_error():
+                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(call.error().message())))
+            else:
+                responses.append(pb_utils.InferenceResponse([pb_utils.get_output_tensor_by_name(call, "Y")]))
+        return responses
+"""
 ENSEMBLE = """
 platform: "ensemble"
 ensemble_scheduling { step [ {
@@ -71,6 +90,11 @@ def repositories(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
         (root / f"ens_{letter}" / "1").mkdir(parents=True)
         (root / f"ens_{letter}" / "config.pbtxt").write_text(SIGNATURE + ENSEMBLE)
         roots.append(root)
+    # Python models of repository a that call another model (BLS).
+    for name, target in (("bls_add", "add"), ("bls_only_b", "only_b")):
+        (roots[0] / name / "1").mkdir(parents=True)
+        (roots[0] / name / "config.pbtxt").write_text(f'backend: "python"\n{SIGNATURE}')
+        (roots[0] / name / "1" / "model.py").write_text(BLS.replace("TARGET", target))
     return roots[0], roots[1]
 
 
@@ -133,12 +157,20 @@ def test_a_name_two_repositories_hold_is_refused_in_tritons_words(namespaced: Se
     assert _http(namespaced, "ens_a").tolist() == [1.0, 1.0]
 
 
+def test_bls_calls_name_models_globally_as_tritons(namespaced: ServerProcess) -> None:
+    # Triton's Python backend sends BLS requests to the server by name: an ambiguous name fails
+    # (Triton 2.51: "Model 'add' is not ready"), a name one repository has is found.
+    assert _answers(namespaced, "bls_only_b") == [100.0, 100.0]
+    assert AMBIGUOUS in str(_answers(namespaced, "bls_add"))
+
+
 def test_index_and_metrics_show_both_models(
     namespaced: ServerProcess, repositories: tuple[Path, Path]
 ) -> None:
     status, index = _post(namespaced, "/v2/repository/index")
     assert status == 200
-    assert sorted(entry["name"] for entry in index) == ["add", "add", "ens_a", "ens_b", "only_a", "only_b"]
+    names = sorted(entry["name"] for entry in index)
+    assert names == ["add", "add", "bls_add", "bls_only_b", "ens_a", "ens_b", "only_a", "only_b"]
     assert all(entry["state"] == "READY" for entry in index)
     _http(namespaced, "ens_a")
     with urllib.request.urlopen(namespaced.metrics_url, timeout=30) as response:
@@ -151,6 +183,8 @@ def test_index_and_metrics_show_both_models(
     assert {(model, namespace) for model, namespace in success} == {
         ("add", a),
         ("add", b),
+        ("bls_add", a),
+        ("bls_only_b", a),
         ("ens_a", a),
         ("ens_b", b),
         ("only_a", a),

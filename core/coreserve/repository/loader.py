@@ -61,7 +61,9 @@ class ModelLoader:
 
     def context_for(self, backend: Backend, namespace: str = "") -> ServerContext:
         client = self.client
-        if namespace and client is not None and self.has_model is not None:
+        # Under namespacing an ensemble's steps resolve in its own repository first; other
+        # backends' calls (BLS) name models globally, as Triton's do.
+        if namespace and backend.name == "ensemble" and client is not None and self.has_model is not None:
             client = NamespacedClient(client, namespace, self.has_model)
         return ServerContext(
             backend_config=dict(self._backend_config.get(backend.name, {})),

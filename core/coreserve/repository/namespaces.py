@@ -3,7 +3,8 @@
 Each repository is a namespace (its path or URL, as Triton uses the repository path). A
 model is held under its qualified name, `<namespace>::<name>`; a request that names a model
 finds it if one repository only has a model of that name, and is refused with Triton's words
-when several do. A model's own calls (ensemble steps, BLS) look in its repository first.
+when several do. An ensemble's steps look in its own repository first; a Python model's BLS
+calls name models globally, as Triton's do (an ambiguous name fails there too).
 """
 
 from __future__ import annotations
