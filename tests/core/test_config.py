@@ -147,7 +147,7 @@ def test_signature_checks_requests() -> None:
     signature.check_request(request)
     assert request.batch_size == 2
     bad = InferenceRequest("m", {"a": __import__("numpy").zeros((2, 5, 4), "float32")})
-    with pytest.raises(InvalidArgumentError, match=r"expected \[-1, -1, 3\], got \[2, 5, 4\]"):
+    with pytest.raises(InvalidArgumentError, match=r"Expected \[-1,-1,3\], got \[2,5,4\]"):
         signature.check_request(bad)
 
 

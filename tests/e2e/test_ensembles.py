@@ -59,7 +59,7 @@ FP32_4 = "data_type: TYPE_FP32 dims: [ 4 ]"
 INVALID = {
     "unknown_model": (
         [_step("nowhere", {"IN": "IN"}, {"OUT": "OUT"})],
-        "step 0 (model 'nowhere'): unknown model 'nowhere'",
+        "step 0 (model 'nowhere'): Request for unknown model: 'nowhere' is not found",
     ),
     "unproduced_tensor": (
         [_step("join", {"X": "IN", "Y": "ghost"}, {"SUM": "OUT"})],

@@ -153,7 +153,10 @@ BAD_JSON_REQUESTS = {
     "no inputs": (b"{}", "needs 'inputs'"),
     "inputs not a list": (json.dumps({"inputs": {"INPUT0": 1}}).encode(), "needs 'inputs'"),
     "input without name": (json.dumps({"inputs": [{"shape": [1]}]}).encode(), "needs a 'name'"),
-    "unknown datatype": (json.dumps(_input(0, datatype="FLOAT")).encode(), "unknown datatype 'FLOAT'"),
+    "unknown datatype": (
+        json.dumps(_input(0, datatype="FLOAT")).encode(),
+        "invalid datatype for input INPUT0",
+    ),
     "shape not a list": (json.dumps(_input(0, shape="1x4")).encode(), "needs 'shape'"),
     "negative dimension": (json.dumps(_input(0, shape=[1, -4])).encode(), "needs 'shape'"),
     "no data": (
@@ -175,26 +178,26 @@ BAD_JSON_REQUESTS = {
     ),
     "duplicate input": (
         json.dumps({"inputs": [_valid_request()["inputs"][0]] * 2}).encode(),
-        "appears more than once",
+        "input 'INPUT0' already exists in request",
     ),
     "unknown input": (json.dumps(_input(1, name="INPUT9")).encode(), "unexpected inference input 'INPUT9'"),
     "missing input": (
         json.dumps({"inputs": _valid_request()["inputs"][:1]}).encode(),
-        "expects input(s) ['INPUT1']",
+        "expected 2 inputs but got 1 inputs for model 'add_sub'",
     ),
     "wrong datatype": (
         json.dumps(_input(0, datatype="INT32")).encode(),
-        "has datatype INT32, but model 'add_sub' expects FP32",
+        "inference input 'INPUT0' data-type is 'INT32', but model 'add_sub' expects 'FP32'",
     ),
-    "wrong shape": (json.dumps(_input(0, shape=[1, 2, 2])).encode(), "expected [-1, 4], got [1, 2, 2]"),
+    "wrong shape": (json.dumps(_input(0, shape=[1, 2, 2])).encode(), "Expected [-1,4], got [1,2,2]"),
     "batch too large": (
-        json.dumps(_input(0, shape=[9, 4], data=[0.0] * 36)).encode(),
-        "must be between 1 and 8",
+        json.dumps(_input(1, shape=[9, 4], data=[0.0] * 36)).encode(),  # the input checked first
+        "inference request batch-size must be <= 8 for 'add_sub'",
     ),
-    "zero batch": (json.dumps(_input(0, shape=[0, 4], data=[])).encode(), "must be between 1 and 8"),
+    "zero batch": (json.dumps(_input(1, shape=[0, 4], data=[])).encode(), "must be between 1 and 8"),
     "batch mismatch": (
         json.dumps(_input(1, shape=[2, 4], data=[0.0] * 8)).encode(),
-        "must share the batch size",
+        "batch size does not match other inputs for 'add_sub'",
     ),
     "unknown output": (
         json.dumps(_with(_valid_request(), outputs=[{"name": "OUTPUT7"}])).encode(),
@@ -260,9 +263,13 @@ BAD_BINARY_REQUESTS = {
     "size does not fit the shape": (
         (12, 16),
         28,
-        "has 12 bytes of data, but 4 FP32 elements of shape [1, 4] need 16",
+        "input byte size mismatch for input 'INPUT0' for model 'add_sub'. Expected 16, got 12",
     ),
-    "size beyond the body": ((16, 64), 32, "announces 64 bytes of binary data, but only 16 remain"),
+    "size beyond the body": (
+        (16, 64),
+        32,
+        "unexpected size for input 'INPUT1', expecting 48 additional bytes for model 'add_sub'",
+    ),
     "bytes left over": ((16, 16), 40, "8 bytes of binary data that no input claims"),
 }
 
@@ -308,7 +315,10 @@ def test_raw_binary_request(server: ServerProcess) -> None:
     status, error = error_of(
         server.http_url, "/v2/models/fixed/infer", bytes(20), {"Inference-Header-Content-Length": "0"}
     )
-    assert status == 400 and "has 20 bytes of data" in error
+    assert (
+        status == 400
+        and "input byte size mismatch for input 'INPUT0' for model 'fixed'. Expected 24, got 20" in error
+    )
     status, error = error_of(server.http_url, INFER, bytes(16), {"Inference-Header-Content-Length": "0"})
     assert status == 400 and "exactly one input" in error
 
@@ -321,11 +331,14 @@ def test_body_over_the_limit_is_refused(server: ServerProcess) -> None:
 
 def test_unknown_model_version_and_endpoint(server: ServerProcess) -> None:
     body = json.dumps(_valid_request()).encode()
-    assert error_of(server.http_url, "/v2/models/nope/infer", body) == (404, "unknown model 'nope'")
+    assert error_of(server.http_url, "/v2/models/nope/infer", body) == (
+        404,
+        "Request for unknown model: 'nope' is not found",
+    )
     status, error = error_of(server.http_url, "/v2/models/add_sub/versions/3/infer", body)
-    assert status == 404 and "has no version 3" in error
+    assert status == 404 and "Request for unknown model: 'add_sub' version 3 is not found" in error
     status, error = error_of(server.http_url, "/v2/models/add_sub/versions/x1/infer", body)
-    assert status == 400 and "must be a positive integer" in error
+    assert status == 400 and "failed to get model version from specified version string 'x1'" in error
     status, _, reply = request(server.http_url, "GET", "/v2/nothing/here")
     assert status == 404 and "unknown endpoint" in json.loads(reply)["error"]
     _assert_still_serving(server)

@@ -103,10 +103,14 @@ def test_text_classifier_batch(examples_client: httpclient.InferenceServerClient
 
 
 def test_unknown_model_and_version(examples_client: httpclient.InferenceServerClient) -> None:
-    with pytest.raises(InferenceServerException, match="unknown model 'nope'") as info:
+    with pytest.raises(
+        InferenceServerException, match="Request for unknown model: 'nope' is not found"
+    ) as info:
         examples_client.get_model_metadata("nope")
     assert info.value.status() == "404"
-    with pytest.raises(InferenceServerException, match="has no version 7") as info:
+    with pytest.raises(
+        InferenceServerException, match="Request for unknown model: 'simple' version 7 is not found"
+    ) as info:
         examples_client.get_model_metadata("simple", "7")
     assert info.value.status() == "404"
     assert not examples_client.is_model_ready("simple", "7")

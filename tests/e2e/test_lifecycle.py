@@ -70,7 +70,7 @@ def test_version_policy(
     for version in served:
         assert _scale(client, str(version)) == version
     for version in {1, 2, 3} - set(served):
-        with pytest.raises(InferenceServerException, match=f"has no version {version}"):
+        with pytest.raises(InferenceServerException, match=f"'scaled' version {version} is not found"):
             _scale(client, str(version))
 
 

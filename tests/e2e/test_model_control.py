@@ -87,7 +87,9 @@ def test_only_the_named_models_load_at_start(client: httpclient.InferenceServerC
     assert states["scaled"] == ("READY", "")
     assert states["other"] == ("UNAVAILABLE", "not loaded")
     assert _scale(client) == 2.0
-    with pytest.raises(InferenceServerException, match="unknown model 'other'") as info:
+    with pytest.raises(
+        InferenceServerException, match="Request for unknown model: 'other' is not found"
+    ) as info:
         _scale(client, "other")
     assert info.value.status() == "404"
     assert [entry["name"] for entry in client.get_model_repository_index() if entry["state"] == "READY"] == [
@@ -102,7 +104,7 @@ def test_load_and_unload_over_http_and_grpc(
     assert client.is_model_ready("other") and _scale(client, "other") == 3.0
     client.unload_model("other")
     assert _states(client)["other"] == ("UNAVAILABLE", "unloaded")
-    with pytest.raises(InferenceServerException, match="unknown model 'other'"):
+    with pytest.raises(InferenceServerException, match="Request for unknown model: 'other' is not found"):
         _scale(client, "other")
     grpc = grpcclient.InferenceServerClient(server.grpc_url)
     try:

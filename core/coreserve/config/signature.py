@@ -33,6 +33,20 @@ class TensorSpec:
         return all(want == -1 or want == got for want, got in zip(self.dims, shape, strict=True))
 
 
+# What Triton adds to a shape error of a model that batches.
+_BATCH_NOTE = (
+    "NOTE: Setting a non-zero max_batch_size in the model config requires a batch dimension to be "
+    "prepended to each input shape. If you want to specify the full shape including the batch dim "
+    "in your input dims config, try setting max_batch_size to zero. See the model configuration "
+    "docs for more info on max_batch_size."
+)
+
+
+def _names(names: list[str]) -> str:
+    """Tensor names as Triton lists them: ['a','b']."""
+    return "[" + ",".join(f"'{name}'" for name in names) + "]"
+
+
 def _spec(tensor: Any, optional: bool = False) -> TensorSpec:
     reshape = tuple(tensor.reshape.shape) if tensor.HasField("reshape") else None
     return TensorSpec(
@@ -110,7 +124,8 @@ class ModelSignature:
         model = self.model_name
         inputs = request.inputs
         batch_size = 0
-        for name, array in inputs.items():
+        # Last input first, as Triton walks them: an error names the input Triton's would name.
+        for name, array in reversed(inputs.items()):
             spec = self.inputs.get(name)
             if spec is None:
                 raise InvalidArgumentError(
@@ -120,8 +135,8 @@ class ModelSignature:
             if array.dtype != spec.datatype.numpy_dtype:
                 got = DataType.from_numpy(array.dtype)
                 raise InvalidArgumentError(
-                    f"inference input '{name}' has datatype {got}, "
-                    f"but model '{model}' expects {spec.datatype}"
+                    f"inference input '{name}' data-type is '{got}', but model '{model}' expects "
+                    f"'{spec.datatype}'"
                 )
             shape = array.shape
             if self.max_batch_size > 0:
@@ -129,15 +144,20 @@ class ModelSignature:
                     raise InvalidArgumentError(self._shape_error(spec, shape))
                 if batch_size == 0:
                     batch_size = shape[0]
-                    if not 1 <= batch_size <= self.max_batch_size:
+                    if batch_size > self.max_batch_size:
                         raise InvalidArgumentError(
-                            f"inference request batch size {batch_size} (first dimension of input "
-                            f"'{name}') must be between 1 and {self.max_batch_size} for model '{model}'"
+                            f"inference request batch-size must be <= {self.max_batch_size} for "
+                            f"'{model}' (input '{name}' has {batch_size})"
+                        )
+                    if batch_size < 1:
+                        raise InvalidArgumentError(
+                            f"inference request batch size 0 (first dimension of input '{name}') "
+                            f"must be between 1 and {self.max_batch_size} for model '{model}'"
                         )
                 elif shape[0] != batch_size:
                     raise InvalidArgumentError(
-                        f"inputs of one request must share the batch size: input '{name}' has "
-                        f"{shape[0]}, an earlier input has {batch_size} (model '{model}')"
+                        f"input '{name}' batch size does not match other inputs for '{model}' "
+                        f"(it has {shape[0]}, another input has {batch_size})"
                     )
                 shape = shape[1:]
             if not spec.matches(shape):
@@ -148,9 +168,7 @@ class ModelSignature:
         if len(inputs) < len(self.inputs):
             missing = [name for name in self._required if name not in inputs]
             if missing:
-                raise InvalidArgumentError(
-                    f"model '{model}' expects input(s) {missing} that the request does not provide"
-                )
+                raise InvalidArgumentError(self._missing_error(list(reversed(inputs)), missing))
         requested = request.requested_outputs
         if requested is not None:
             for name in requested:
@@ -161,12 +179,27 @@ class ModelSignature:
                     )
         request.batch_size = batch_size or 1
 
-    def _shape_error(self, spec: TensorSpec, shape: tuple[int, ...]) -> str:
-        expected = self.client_shape(spec)
-        return (
-            f"unexpected shape for input '{spec.name}' for model '{self.model_name}': "
-            f"expected {expected}, got {list(shape)}"
+    def _missing_error(self, given: list[str], missing: list[str]) -> str:
+        """Triton's words for a request without some required inputs."""
+        required, total = len(self._required), len(self.inputs)
+        expected = (
+            f"{required} inputs" if required == total else f"number of inputs between {required} and {total}"
         )
+        return (
+            f"expected {expected} but got {len(given)} inputs for model '{self.model_name}'. "
+            f"Got input(s) {_names(given)}, but missing required input(s) {_names(missing)}. "
+            "Please provide all required input(s)."
+        )
+
+    def _shape_error(self, spec: TensorSpec, shape: tuple[int, ...]) -> str:
+        """Triton's words for an input whose shape does not fit its dims (and its hint)."""
+        expected = ",".join(str(dim) for dim in self.client_shape(spec))
+        got = ",".join(str(dim) for dim in shape)
+        message = (
+            f"unexpected shape for input '{spec.name}' for model '{self.model_name}'. "
+            f"Expected [{expected}], got [{got}]. "
+        )
+        return message + _BATCH_NOTE if self.batching else message.rstrip()
 
     def restore_output_shapes(self, outputs: Mapping[str, np.ndarray]) -> Mapping[str, np.ndarray]:
         """Undoes output reshapes: the model produced `reshape`, the client sees `dims`."""

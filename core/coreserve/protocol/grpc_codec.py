@@ -96,7 +96,7 @@ def decode_model_infer_request(
     for tensor in message.inputs:
         name = tensor.name
         if name in inputs:
-            raise InvalidArgumentError(f"input '{name}' appears more than once")
+            raise InvalidArgumentError(f"input '{name}' already exists in request")
         datatype = parse_datatype(tensor.datatype, name)
         shape = check_shape(tuple(tensor.shape), name)
         reference = in_shared_memory.get(name)
@@ -105,9 +105,10 @@ def decode_model_infer_request(
         elif raw:
             if tensor.HasField("contents"):
                 raise InvalidArgumentError(
-                    f"input '{name}' has both contents and raw_input_contents; send one of them"
+                    "contents field must not be specified when using raw_input_contents for "
+                    f"'{name}' for model '{message.model_name}'; send one of them"
                 )
-            inputs[name] = array_from_bytes(memoryview(raw[index]), datatype, shape, name)
+            inputs[name] = array_from_bytes(memoryview(raw[index]), datatype, shape, name, message.model_name)
             index += 1
         else:
             inputs[name] = _array_from_contents(tensor, datatype, shape)

@@ -86,7 +86,7 @@ def decode_infer_request(
             raise InvalidArgumentError("every input needs a 'name' string")
         name = item["name"]
         if name in inputs:
-            raise InvalidArgumentError(f"input '{name}' appears more than once")
+            raise InvalidArgumentError(f"input '{name}' already exists in request")
         datatype = parse_datatype(item.get("datatype"), name)
         shape = parse_shape(item.get("shape"), name)
         parameters = parse_parameters(item.get("parameters"), f"input '{name}'")
@@ -98,11 +98,13 @@ def decode_infer_request(
             if type(size) is not int or size < 0:
                 raise InvalidArgumentError(f"input '{name}': binary_data_size must be a non-negative integer")
             if offset + size > len(binary):
+                missing = offset + size - len(binary)
                 raise InvalidArgumentError(
-                    f"input '{name}' announces {size} bytes of binary data, but only "
-                    f"{len(binary) - offset} remain in the body"
+                    f"unexpected size for input '{name}', expecting {missing} additional bytes for model "
+                    f"'{model_name}' (it announces {size} bytes of binary data, "
+                    f"{len(binary) - offset} remain in the body)"
                 )
-            inputs[name] = array_from_bytes(binary[offset : offset + size], datatype, shape, name)
+            inputs[name] = array_from_bytes(binary[offset : offset + size], datatype, shape, name, model_name)
             offset += size
         else:
             if "data" not in item:
@@ -141,7 +143,9 @@ def decode_raw_infer_request(
     """
     name = spec.name
     if spec.datatype is DataType.BYTES:
-        array = np.empty(check_shape((1,) * (len(spec.dims) + (1 if batching else 0)), name), dtype=np.object_)
+        array = np.empty(
+            check_shape((1,) * (len(spec.dims) + (1 if batching else 0)), name), dtype=np.object_
+        )
         array.reshape(-1)[0] = bytes(body)
     else:
         itemsize = spec.datatype.numpy_dtype.itemsize
@@ -163,7 +167,7 @@ def decode_raw_infer_request(
             dims[dims.index(-1)] = len(body) // (known * itemsize)
         # The dims come from the model's configuration, which may ask for more than numpy holds.
         shape = check_shape(tuple([1, *dims] if batching else dims), name)
-        array = array_from_bytes(memoryview(body), spec.datatype, shape, name)
+        array = array_from_bytes(memoryview(body), spec.datatype, shape, name, model_name)
     request = InferenceRequest(model_name=model_name, model_version=model_version, inputs={name: array})
     return request, OutputEncoding(binary_by_default=True)
 

@@ -39,7 +39,9 @@ def parse_datatype(value: object, name: str) -> DataType:
         text = repr(value)
         if len(text) > 100:
             text = text[:100] + "..."
-        raise InvalidArgumentError(f"input '{name}' has unknown datatype {text}; known: {known}") from None
+        raise InvalidArgumentError(
+            f"invalid datatype for input {name}: unknown datatype {text}; known: {known}"
+        ) from None
 
 
 # numpy's limits: at most 64 dimensions, and an array's byte size must fit in a signed 64-bit
@@ -151,17 +153,23 @@ def _describe_kind(kind: str) -> str:
     }.get(kind, f"numpy kind '{kind}'")
 
 
-def array_from_bytes(buffer: memoryview, datatype: DataType, shape: tuple[int, ...], name: str) -> np.ndarray:
-    """Wraps raw tensor bytes as an array of `shape`, without copying when aligned."""
+def array_from_bytes(
+    buffer: memoryview, datatype: DataType, shape: tuple[int, ...], name: str, model: str = ""
+) -> np.ndarray:
+    """Wraps raw tensor bytes as an array of `shape`, without copying when aligned.
+
+    `model` (the model's name, when known) makes the size error Triton's, word for word.
+    """
     count = element_count(shape)
     if datatype is DataType.BYTES:
         return decode_bytes_tensor(buffer, count, name).reshape(shape)
     dtype = NUMPY_DTYPES[datatype]
     expected = count * dtype.itemsize
     if len(buffer) != expected:
+        for_model = f" for model '{model}'" if model else ""
         raise InvalidArgumentError(
-            f"input '{name}' has {len(buffer)} bytes of data, but {count} {datatype} elements "
-            f"of shape {list(shape)} need {expected}"
+            f"input byte size mismatch for input '{name}'{for_model}. Expected {expected}, got "
+            f"{len(buffer)} ({count} {datatype} elements of shape {list(shape)})"
         )
     array = np.frombuffer(buffer, dtype=dtype).reshape(shape)
     # Frameworks may use the memory in place; give them aligned memory.

@@ -84,7 +84,7 @@ class ModelRepository:
                 raise ambiguous(name, len(matches))
             model = matches[0] if matches else None
         if model is None:
-            raise NotFoundError(f"unknown model '{name}'")
+            raise NotFoundError(f"Request for unknown model: '{name}' is not found")
         return model
 
     def models(self) -> list[Model]:
@@ -321,7 +321,7 @@ class ModelRepository:
             raise InvalidArgumentError(duplicates[name])
         keys = self._keys_named(name, found)
         if not keys:
-            raise NotFoundError(f"model '{name}' is not in the repository")
+            raise _not_in_repository(name)
         # Under namespacing, as Triton: a name loads the models of that name in every repository.
         for key in keys:
             location = await self._location(key, found[key][0])
@@ -344,10 +344,10 @@ class ModelRepository:
         new = await self._replace(location, fingerprint, overrides)
         if self._models.get(location.key) is not new:
             raise InvalidArgumentError(
-                f"failed to load model '{name}'; the loaded version keeps serving: {_reason(new)}"
+                f"load failed for model '{name}': {_reason(new)} (the loaded version keeps serving)"
             )
         if not new.ready:
-            raise InvalidArgumentError(f"failed to load model '{name}': {_reason(new)}")
+            raise InvalidArgumentError(f"load failed for model '{name}': {_reason(new)}")
 
     async def unload(self, name: str, dependents: bool = False) -> None:
         """Unloads a model (explicit mode) and, with `dependents`, the ensembles that use it."""
@@ -418,8 +418,20 @@ class ModelRepository:
         return entries
 
 
+def _not_in_repository(name: str) -> NotFoundError:
+    return NotFoundError(
+        f"failed to load '{name}', failed to poll from model repository: "
+        f"model '{name}' is not in the repository"
+    )
+
+
 def _reason(model: Model) -> str:
     if model.reason:
         return model.reason
-    reasons = [f"version {v.version}: {v.reason}" for v in model.versions.values() if v.reason]
-    return "; ".join(reasons) or "it did not become ready"
+    # In Triton's words: "version 1 is at UNAVAILABLE state: <why>;" for each version.
+    reasons = [
+        f"version {v.version} is at {v.current_state} state: {v.reason};"
+        for v in model.versions.values()
+        if v.reason
+    ]
+    return " ".join(reasons) or "it did not become ready"

@@ -103,20 +103,35 @@ class Model:
                     f"version {v.version}: {v.current_reason or v.current_state}"
                     for v in self.versions.values()
                 )
-                raise UnavailableError(f"model '{self.name}' is not ready: {reason or 'no versions loaded'}")
+                raise UnavailableError(
+                    f"Request for unknown model: '{self.name}' has no available versions "
+                    f"({reason or 'no versions loaded'})"
+                )
             return self.versions[ready[-1]]
         number = parse_version(requested)
         found = self.versions.get(number)
         if found is None:
-            raise NotFoundError(f"model '{self.name}' has no version {number}")
+            raise NotFoundError(f"Request for unknown model: '{self.name}' version {number} is not found")
         if not found.ready:
             why = found.current_reason or found.current_state
-            raise UnavailableError(f"model '{self.name}' version {number} is not ready: {why}")
+            raise UnavailableError(
+                f"Request for unknown model: '{self.name}' version {number} is not at ready state ({why})"
+            )
         return found
 
 
 def parse_version(text: str) -> int:
+    """The version number a request names; raises in Triton's words for anything but 1, 2, ..."""
     # isdigit() alone also accepts digits that int() refuses, such as '²'.
-    if not (text.isascii() and text.isdigit()) or int(text) < 1:
-        raise InvalidArgumentError(f"model version must be a positive integer, got '{text}'")
-    return int(text)
+    if text.isascii() and text.isdigit() and int(text) >= 1:
+        return int(text)
+    try:
+        int(text)
+    except ValueError:
+        raise InvalidArgumentError(
+            f"failed to get model version from specified version string '{text}', "
+            "version should be an integral value > 0"
+        ) from None
+    raise InvalidArgumentError(
+        f"invalid model version specified '{text}', version should be an integral value > 0"
+    )

@@ -1,0 +1,387 @@
+"""The errors a client meets every day, in Triton's words, over HTTP and gRPC.
+
+Client programs (and Triton's own client examples) match on error text, so each message starts
+with, or contains, what Triton 2.51 says for the same mistake; coreserve's detail may follow.
+Each Triton text below is taken from Triton's source (core: model_lifecycle.cc,
+model_repository_manager.cc, infer_request.cc; server: http_server.cc, grpc/infer_handler.cc)
+and was checked against the real tritonserver 2.51 with the same requests to a python-backend
+model of the same signature.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+from coreserve.testing import ServerProcess
+from http_raw import request
+from model_builders import add_sub_model, write_model
+
+ADD_SUB = """
+backend: "onnxruntime"
+max_batch_size: 8
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "INPUT1" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 4 ] } ]
+"""
+BATCH_NOTE = (
+    "NOTE: Setting a non-zero max_batch_size in the model config requires a batch dimension to be "
+    "prepended to each input shape."
+)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    repository = tmp_path_factory.mktemp("repository")
+    write_model(repository, "add_sub", add_sub_model("FP32", ["batch", 4]), ADD_SUB)
+    # Version 1 serves, version 2's file is not a model: version 2 is UNAVAILABLE.
+    folder = write_model(
+        repository, "two_versions", add_sub_model("FP32", ["batch", 4]), ADD_SUB + "version_policy { all {} }"
+    )
+    (folder / "2").mkdir()
+    (folder / "2" / "model.onnx").write_bytes(b"not onnx")
+    write_model(repository, "broken", b"not onnx", ADD_SUB)
+    args = [
+        "--model-control-mode=explicit",
+        "--load-model=add_sub",
+        "--load-model=two_versions",
+        "--load-model=broken",
+        "--exit-on-error=false",
+    ]
+    process = ServerProcess([repository], args).start()
+    yield process
+    process.close()
+
+
+@pytest.fixture(autouse=True)
+def no_traceback(server: ServerProcess) -> Iterator[None]:
+    yield
+    assert "Traceback" not in server.log
+
+
+# --- HTTP ---------------------------------------------------------------------------------
+
+
+def _tensor(
+    name: str, shape: list[int], datatype: str = "FP32", data: list[Any] | None = None
+) -> dict[str, Any]:
+    return {
+        "name": name,
+        "datatype": datatype,
+        "shape": shape,
+        "data": data if data is not None else [1.0] * 4,
+    }
+
+
+def _infer_body(*tensors: dict[str, Any], **extra: Any) -> bytes:
+    return json.dumps({"inputs": list(tensors), **extra}).encode()
+
+
+INPUT0 = _tensor("INPUT0", [1, 4])
+INPUT1 = _tensor("INPUT1", [1, 4])
+GOOD = _infer_body(INPUT0, INPUT1)
+
+# case: (method, path, body, Triton's text)
+HTTP_CASES: dict[str, tuple[str, str, bytes | None, str]] = {
+    "unknown model": (
+        "POST",
+        "/v2/models/nosuch/infer",
+        GOOD,
+        "Request for unknown model: 'nosuch' is not found",
+    ),
+    "unknown model metadata": (
+        "GET",
+        "/v2/models/nosuch",
+        None,
+        "Request for unknown model: 'nosuch' is not found",
+    ),
+    "unknown model config": (
+        "GET",
+        "/v2/models/nosuch/config",
+        None,
+        "Request for unknown model: 'nosuch' is not found",
+    ),
+    "unknown version": (
+        "POST",
+        "/v2/models/add_sub/versions/7/infer",
+        GOOD,
+        "Request for unknown model: 'add_sub' version 7 is not found",
+    ),
+    "malformed version": (
+        "POST",
+        "/v2/models/add_sub/versions/abc/infer",
+        GOOD,
+        "failed to get model version from specified version string 'abc'",
+    ),
+    "negative version": (
+        "POST",
+        "/v2/models/add_sub/versions/-1/infer",
+        GOOD,
+        "invalid model version specified '-1'",
+    ),
+    "version not ready": (
+        "POST",
+        "/v2/models/two_versions/versions/2/infer",
+        GOOD,
+        "Request for unknown model: 'two_versions' version 2 is not at ready state",
+    ),
+    "no ready version": (
+        "POST",
+        "/v2/models/broken/infer",
+        GOOD,
+        "Request for unknown model: 'broken' has no available versions",
+    ),
+    "unknown version statistics": (
+        "GET",
+        "/v2/models/add_sub/versions/7/stats",
+        None,
+        "requested model version is not available for model 'add_sub'",
+    ),
+    "load of a model not in the repository": (
+        "POST",
+        "/v2/repository/models/nosuch/load",
+        None,
+        "failed to load 'nosuch', failed to poll from model repository",
+    ),
+    "load that fails": (
+        "POST",
+        "/v2/repository/models/broken/load",
+        None,
+        "load failed for model 'broken': version 1 is at UNAVAILABLE state: ",
+    ),
+    "unknown input": (
+        "POST",
+        "/v2/models/add_sub/infer",
+        _infer_body(INPUT0, _tensor("INPUT9", [1, 4])),
+        "unexpected inference input 'INPUT9' for model 'add_sub'",
+    ),
+    "missing input": (
+        "POST",
+        "/v2/models/add_sub/infer",
+        _infer_body(INPUT0),
+        "expected 2 inputs but got 1 inputs for model 'add_sub'. Got input(s) ['INPUT0'], but missing "
+        "required input(s) ['INPUT1']. Please provide all required input(s).",
+    ),
+    "duplicate input": (
+        "POST",
+        "/v2/models/add_sub/infer",
+        _infer_body(INPUT0, INPUT0, INPUT1),
+        "input 'INPUT0' already exists in request",
+    ),
+    "wrong datatype": (
+        "POST",
+        "/v2/models/add_sub/infer",
+        _infer_body(_tensor("INPUT0", [1, 4], "INT32", [1, 2, 3, 4]), INPUT1),
+        "inference input 'INPUT0' data-type is 'INT32', but model 'add_sub' expects 'FP32'",
+    ),
+    "unknown datatype": (
+        "POST",
+        "/v2/models/add_sub/infer",
+        _infer_body(_tensor("INPUT0", [1, 4], "FLOAT"), INPUT1),
+        "invalid datatype for input INPUT0",
+    ),
+    "wrong shape": (
+        "POST",
+        "/v2/models/add_sub/infer",
+        _infer_body(_tensor("INPUT0", [1, 2, 2]), INPUT1),
+        "unexpected shape for input 'INPUT0' for model 'add_sub'. Expected [-1,4], got [1,2,2]. "
+        + BATCH_NOTE,
+    ),
+    "batch too large": (
+        "POST",
+        "/v2/models/add_sub/infer",
+        _infer_body(_tensor("INPUT0", [9, 4], data=[1.0] * 36), _tensor("INPUT1", [9, 4], data=[1.0] * 36)),
+        "inference request batch-size must be <= 8 for 'add_sub'",
+    ),
+    "batch sizes differ": (
+        "POST",
+        "/v2/models/add_sub/infer",
+        _infer_body(INPUT0, _tensor("INPUT1", [2, 4], data=[1.0] * 8)),
+        "input 'INPUT0' batch size does not match other inputs for 'add_sub'",
+    ),
+    "unknown output": (
+        "POST",
+        "/v2/models/add_sub/infer",
+        _infer_body(INPUT0, INPUT1, outputs=[{"name": "OUTPUT7"}]),
+        "unexpected inference output 'OUTPUT7' for model 'add_sub'",
+    ),
+    "binary data beyond the body": (
+        "POST",
+        "/v2/models/add_sub/infer",
+        _infer_body({**INPUT0, "data": None, "parameters": {"binary_data_size": 16}}, INPUT1),
+        "unexpected size for input 'INPUT0', expecting 16 additional bytes for model 'add_sub'",
+    ),
+}
+
+
+# A model that cannot serve now is 503 here (Triton: 404 for no ready version, 400 for a version
+# not ready); every other mistake is a 4xx.
+UNAVAILABLE_CASES = ("version not ready", "no ready version")
+
+
+def _without_null_data(body: bytes) -> bytes:
+    document = json.loads(body)
+    for tensor in document.get("inputs", []):
+        if tensor.get("data", 0) is None:
+            del tensor["data"]
+    return json.dumps(document).encode()
+
+
+@pytest.mark.parametrize("case", list(HTTP_CASES))
+def test_http_says_what_triton_says(server: ServerProcess, case: str) -> None:
+    method, path, body, triton_text = HTTP_CASES[case]
+    status, _, reply = request(server.http_url, method, path, _without_null_data(body) if body else b"")
+    message = json.loads(reply)["error"]
+    assert status == 503 if case in UNAVAILABLE_CASES else 400 <= status < 500, (status, message)
+    assert triton_text in message, message
+
+
+# --- gRPC ---------------------------------------------------------------------------------
+
+
+def _infer_request(
+    model: str = "add_sub",
+    version: str = "",
+    inputs: tuple[tuple[str, list[int], str], ...] = (("INPUT0", [1, 4], "FP32"), ("INPUT1", [1, 4], "FP32")),
+    raw: list[bytes] | None = None,
+    outputs: tuple[str, ...] = (),
+) -> service_pb2.ModelInferRequest:
+    message = service_pb2.ModelInferRequest(model_name=model, model_version=version)
+    for name, shape, datatype in inputs:
+        message.inputs.add(name=name, shape=shape, datatype=datatype)
+    for data in raw if raw is not None else [np.ones(4, np.float32).tobytes()] * len(inputs):
+        message.raw_input_contents.append(data)
+    for name in outputs:
+        message.outputs.add(name=name)
+    return message
+
+
+def _with_contents_and_raw() -> service_pb2.ModelInferRequest:
+    message = _infer_request()
+    message.inputs[0].contents.fp32_contents.extend([1, 2, 3, 4])
+    return message
+
+
+Call = Callable[[service_pb2_grpc.GRPCInferenceServiceStub], Any]
+# case: (call, status code, Triton's text)
+GRPC_CASES: dict[str, tuple[Call, grpc.StatusCode, str]] = {
+    "unknown model": (
+        lambda stub: stub.ModelInfer(_infer_request("nosuch")),
+        grpc.StatusCode.NOT_FOUND,
+        "Request for unknown model: 'nosuch' is not found",
+    ),
+    "unknown model metadata": (
+        lambda stub: stub.ModelMetadata(service_pb2.ModelMetadataRequest(name="nosuch")),
+        grpc.StatusCode.NOT_FOUND,
+        "Request for unknown model: 'nosuch' is not found",
+    ),
+    "unknown version": (
+        lambda stub: stub.ModelInfer(_infer_request(version="7")),
+        grpc.StatusCode.NOT_FOUND,
+        "Request for unknown model: 'add_sub' version 7 is not found",
+    ),
+    "malformed version": (
+        lambda stub: stub.ModelInfer(_infer_request(version="abc")),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "failed to get model version from specified version string 'abc'",
+    ),
+    "malformed version of metadata": (
+        lambda stub: stub.ModelMetadata(service_pb2.ModelMetadataRequest(name="add_sub", version="abc")),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "failed to get model version from specified version string 'abc'",
+    ),
+    "negative version": (
+        lambda stub: stub.ModelInfer(_infer_request(version="-1")),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "invalid model version specified '-1'",
+    ),
+    "version not ready": (
+        lambda stub: stub.ModelInfer(_infer_request("two_versions", "2")),
+        grpc.StatusCode.UNAVAILABLE,
+        "Request for unknown model: 'two_versions' version 2 is not at ready state",
+    ),
+    "load of a model not in the repository": (
+        lambda stub: stub.RepositoryModelLoad(service_pb2.RepositoryModelLoadRequest(model_name="nosuch")),
+        grpc.StatusCode.NOT_FOUND,
+        "failed to load 'nosuch', failed to poll from model repository",
+    ),
+    "load that fails": (
+        lambda stub: stub.RepositoryModelLoad(service_pb2.RepositoryModelLoadRequest(model_name="broken")),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "load failed for model 'broken': version 1 is at UNAVAILABLE state: ",
+    ),
+    "contents and raw_input_contents": (
+        lambda stub: stub.ModelInfer(_with_contents_and_raw()),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "contents field must not be specified when using raw_input_contents for 'INPUT0' for model 'add_sub'",
+    ),
+    "raw data of the wrong size": (
+        lambda stub: stub.ModelInfer(_infer_request(raw=[np.ones(3, np.float32).tobytes()] * 2)),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "input byte size mismatch for input 'INPUT0' for model 'add_sub'. Expected 16, got 12",
+    ),
+    "unknown input": (
+        lambda stub: stub.ModelInfer(
+            _infer_request(inputs=(("INPUT0", [1, 4], "FP32"), ("INPUT9", [1, 4], "FP32")))
+        ),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "unexpected inference input 'INPUT9' for model 'add_sub'",
+    ),
+    "missing input": (
+        lambda stub: stub.ModelInfer(_infer_request(inputs=(("INPUT0", [1, 4], "FP32"),))),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "expected 2 inputs but got 1 inputs for model 'add_sub'. Got input(s) ['INPUT0'], but missing "
+        "required input(s) ['INPUT1']. Please provide all required input(s).",
+    ),
+    "wrong datatype": (
+        lambda stub: stub.ModelInfer(
+            _infer_request(inputs=(("INPUT0", [1, 4], "INT32"), ("INPUT1", [1, 4], "FP32")))
+        ),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "inference input 'INPUT0' data-type is 'INT32', but model 'add_sub' expects 'FP32'",
+    ),
+    "wrong shape": (
+        lambda stub: stub.ModelInfer(
+            _infer_request(inputs=(("INPUT0", [1, 2, 2], "FP32"), ("INPUT1", [1, 4], "FP32")))
+        ),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "unexpected shape for input 'INPUT0' for model 'add_sub'. Expected [-1,4], got [1,2,2]. "
+        + BATCH_NOTE,
+    ),
+    "batch too large": (
+        lambda stub: stub.ModelInfer(
+            _infer_request(
+                inputs=(("INPUT0", [9, 4], "FP32"), ("INPUT1", [9, 4], "FP32")),
+                raw=[np.ones(36, np.float32).tobytes()] * 2,
+            )
+        ),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "inference request batch-size must be <= 8 for 'add_sub'",
+    ),
+    "unknown output": (
+        lambda stub: stub.ModelInfer(_infer_request(outputs=("OUTPUT7",))),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "unexpected inference output 'OUTPUT7' for model 'add_sub'",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(GRPC_CASES))
+def test_grpc_says_what_triton_says(server: ServerProcess, case: str) -> None:
+    call, code, triton_text = GRPC_CASES[case]
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as info:
+            call(stub)
+    assert info.value.code() == code, info.value.details()
+    assert triton_text in info.value.details()
+
+
+def test_the_model_keeps_serving_after_every_mistake(server: ServerProcess) -> None:
+    status, _, reply = request(server.http_url, "POST", "/v2/models/add_sub/infer", GOOD)
+    assert status == 200 and json.loads(reply)["outputs"][0]["data"] == [2.0] * 4
