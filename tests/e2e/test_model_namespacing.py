@@ -193,6 +193,8 @@ def test_index_and_metrics_show_both_models(
     assert success[("add", a)] >= 1  # counted where the ensemble's step ran
     assert success[("add", a)] == success[("ens_a", a)]
     assert success[("add", b)] == success[("ens_b", b)]
+    # The start-up table names each as Triton's does: <repository>::<name>.
+    assert f"| {a}::add " in namespaced.log and f"| {b}::add " in namespaced.log
 
 
 def test_explicit_mode_loads_and_unloads_a_name_in_every_repository(repositories: tuple[Path, Path]) -> None:

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 from coreserve.repository import Model
+from coreserve.repository.namespaces import qualified
 
 
 def model_status_table(models: list[Model]) -> str:
     rows = [("Model", "Version", "Status")]
     for model in models:
+        name = qualified(model.namespace, model.name)  # <repository>::<name> under namespacing, as Triton
         if not model.versions:
-            rows.append((model.name, "-", f"UNAVAILABLE: {model.reason}"))
+            rows.append((name, "-", f"UNAVAILABLE: {model.reason}"))
         for version in sorted(model.versions.values(), key=lambda v: v.version):
             status = version.state.value + (f": {version.reason}" if version.reason else "")
-            rows.append((model.name, str(version.version), status))
+            rows.append((name, str(version.version), status))
     if len(rows) == 1:
         rows.append(("(no models)", "", ""))
     widths = [max(len(row[i]) for row in rows) for i in range(3)]
