@@ -58,13 +58,14 @@ def _statistics(server: ServerProcess, model: str) -> dict:
 
 
 def _metric(server: ServerProcess, name: str, **labels: str) -> float:
+    """The value of the sample of `name` with exactly these labels (in whatever order)."""
     with urllib.request.urlopen(server.metrics_url, timeout=30) as reply:
         text = reply.read().decode()
-    wanted = ",".join(f'{key}="{value}"' for key, value in sorted(labels.items()))
     for line in text.splitlines():
-        if line.startswith(f"{name}{{{wanted}}} "):
-            return float(line.rsplit(" ", 1)[1])
-    raise AssertionError(f"no {name}{{{wanted}}} in\n{text}")
+        found = re.fullmatch(rf"{name}\{{(.*)\}} (\S+)", line)
+        if found and dict(re.findall(r'(\w+)="([^"]*)"', found.group(1))) == labels:
+            return float(found.group(2))
+    raise AssertionError(f"no {name} sample with labels {labels} in\n{text}")
 
 
 def _wait_for(condition: Callable[[], bool], timeout: float, what: str) -> float:
