@@ -320,6 +320,16 @@ GRPC_CASES: dict[str, tuple[Call, grpc.StatusCode, str]] = {
         grpc.StatusCode.INVALID_ARGUMENT,
         "contents field must not be specified when using raw_input_contents for 'INPUT0' for model 'add_sub'",
     ),
+    "fewer raw_input_contents than inputs": (
+        lambda stub: stub.ModelInfer(_infer_request(raw=[np.ones(4, np.float32).tobytes()])),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "unable to find data for input tensor 'INPUT1' for model 'add_sub' in request.",
+    ),
+    "malformed version of readiness": (
+        lambda stub: stub.ModelReady(service_pb2.ModelReadyRequest(name="add_sub", version="abc")),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "failed to get model version from specified version string 'abc'",
+    ),
     "raw data of the wrong size": (
         lambda stub: stub.ModelInfer(_infer_request(raw=[np.ones(3, np.float32).tobytes()] * 2)),
         grpc.StatusCode.INVALID_ARGUMENT,

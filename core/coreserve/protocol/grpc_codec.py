@@ -87,10 +87,17 @@ def decode_model_infer_request(
     }
     if raw and len(raw) != len(message.inputs) - len(in_shared_memory):
         outside = " outside shared memory" if in_shared_memory else ""
-        raise InvalidArgumentError(
+        detail = (
             f"the request has {len(message.inputs) - len(in_shared_memory)} inputs{outside} "
             f"but {len(raw)} raw_input_contents"
         )
+        unfed = [tensor.name for tensor in message.inputs if tensor.name not in in_shared_memory][len(raw) :]
+        if unfed:  # Triton's words for the first input left without data
+            detail = (
+                f"unable to find data for input tensor '{unfed[0]}' for model '{message.model_name}' "
+                f"in request. ({detail})"
+            )
+        raise InvalidArgumentError(detail)
     inputs: dict[str, np.ndarray] = {}
     index = 0
     for tensor in message.inputs:

@@ -95,8 +95,8 @@ class DataPlane:
     def model_ready(self, name: str, version: str = "") -> bool:
         try:
             self.model_version(name, version)
-        except CoreserveError:
-            return False
+        except (NotFoundError, UnavailableError):
+            return False  # a malformed version stays an error, as Triton answers it
         return True
 
     def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
