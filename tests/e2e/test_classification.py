@@ -8,6 +8,7 @@ from `label_filename` (an index past the file's last line has none), the shapes 
 from __future__ import annotations
 
 import json
+import queue
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -289,3 +290,18 @@ def test_a_missing_label_file_makes_the_model_unavailable_with_triton_words(
     assert entry["reason"].startswith("failed to open text file for read ")
     assert "missing_labels/nothere.txt: No such file or directory" in entry["reason"]
     assert index["scores"]["state"] == "READY"
+
+
+def test_grpc_stream_answers_classes_too(grpc: grpcclient.InferenceServerClient) -> None:
+    results: queue.Queue[Any] = queue.Queue()
+    grpc.start_stream(callback=lambda result, error: results.put(error or result))
+    try:
+        tensor = grpcclient.InferInput("IN", [2, 5], "FP32")
+        tensor.set_data_from_numpy(TWO_ROWS)
+        output = grpcclient.InferRequestedOutput("OUT", class_count=3)
+        grpc.async_stream_infer("scores", [tensor], outputs=[output])
+        result = results.get(timeout=30)
+    finally:
+        grpc.stop_stream()
+    assert not isinstance(result, InferenceServerException), result
+    assert _strings(result.as_numpy("OUT")) == TWO_ROWS_TOP3
