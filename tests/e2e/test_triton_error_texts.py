@@ -29,6 +29,23 @@ max_batch_size: 8
 input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "INPUT1" data_type: TYPE_FP32 dims: [ 4 ] } ]
 output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 4 ] } ]
 """
+DECOUPLED_CONFIG = """
+backend: "python"
+max_batch_size: 0
+model_transaction_policy { decoupled: true }
+input [ { name: "IN" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] } ]
+"""
+DECOUPLED_MODEL = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+"""
 BATCH_NOTE = (
     "NOTE: Setting a non-zero max_batch_size in the model config requires a batch dimension to be "
     "prepended to each input shape."
@@ -46,11 +63,14 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     (folder / "2").mkdir()
     (folder / "2" / "model.onnx").write_bytes(b"not onnx")
     write_model(repository, "broken", b"not onnx", ADD_SUB)
+    folder = write_model(repository, "decoupled", None, DECOUPLED_CONFIG)
+    (folder / "1" / "model.py").write_text(DECOUPLED_MODEL)
     args = [
         "--model-control-mode=explicit",
         "--load-model=add_sub",
         "--load-model=two_versions",
         "--load-model=broken",
+        "--load-model=decoupled",
         "--exit-on-error=false",
     ]
     process = ServerProcess([repository], args).start()
@@ -210,6 +230,12 @@ HTTP_CASES: dict[str, tuple[str, str, bytes | None, str]] = {
         _infer_body(INPUT0, INPUT1, outputs=[{"name": "OUTPUT7"}]),
         "unexpected inference output 'OUTPUT7' for model 'add_sub'",
     ),
+    "decoupled model on the infer endpoint": (
+        "POST",
+        "/v2/models/decoupled/infer",
+        _infer_body(_tensor("IN", [4])),
+        "HTTP end point doesn't support models with decoupled transaction policy",
+    ),
     "binary data beyond the body": (
         "POST",
         "/v2/models/add_sub/infer",
@@ -222,6 +248,7 @@ HTTP_CASES: dict[str, tuple[str, str, bytes | None, str]] = {
 # A model that cannot serve now is 503 here (Triton: 404 for no ready version, 400 for a version
 # not ready); every other mistake is a 4xx.
 UNAVAILABLE_CASES = ("version not ready", "no ready version")
+UNSUPPORTED_CASES = ("decoupled model on the infer endpoint",)  # 501, as Triton
 
 
 def _without_null_data(body: bytes) -> bytes:
@@ -237,7 +264,8 @@ def test_http_says_what_triton_says(server: ServerProcess, case: str) -> None:
     method, path, body, triton_text = HTTP_CASES[case]
     status, _, reply = request(server.http_url, method, path, _without_null_data(body) if body else b"")
     message = json.loads(reply)["error"]
-    assert status == 503 if case in UNAVAILABLE_CASES else 400 <= status < 500, (status, message)
+    expected = 503 if case in UNAVAILABLE_CASES else 501 if case in UNSUPPORTED_CASES else None
+    assert status == expected if expected else 400 <= status < 500, (status, message)
     assert triton_text in message, message
 
 
@@ -372,6 +400,11 @@ GRPC_CASES: dict[str, tuple[Call, grpc.StatusCode, str]] = {
         ),
         grpc.StatusCode.INVALID_ARGUMENT,
         "inference request batch-size must be <= 8 for 'add_sub'",
+    ),
+    "decoupled model on ModelInfer": (
+        lambda stub: stub.ModelInfer(_infer_request("decoupled", inputs=(("IN", [4], "FP32"),))),
+        grpc.StatusCode.UNIMPLEMENTED,
+        "ModelInfer RPC doesn't support models with decoupled transaction policy",
     ),
     "unknown output": (
         lambda stub: stub.ModelInfer(_infer_request(outputs=("OUTPUT7",))),

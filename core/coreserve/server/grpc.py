@@ -238,7 +238,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         inference = decode_model_infer_request(request, regions)
         # Resolved before the model runs, so that unregistering the region meanwhile is harmless.
         in_shared_memory = shared_memory_outputs(request, regions)
-        response = await self._dataplane.infer(inference)
+        response = await self._dataplane.infer(inference, endpoint="ModelInfer RPC")
         return encode_model_infer_response(response, in_shared_memory)
 
     async def ModelStreamInfer(

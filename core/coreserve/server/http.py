@@ -239,7 +239,7 @@ class HttpFrontend:
                 decode_infer_request, body, header_length, model, version, regions
             )
         _cancel_on_disconnect(request, infer_request)
-        response = await self._dataplane.infer(infer_request)
+        response = await self._dataplane.infer(infer_request, endpoint="HTTP end point")
         if _output_bytes(response) < OFF_LOOP_BYTES:
             payload, json_length = encode_infer_response(response, encoding)
         else:
