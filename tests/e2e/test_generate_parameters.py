@@ -156,3 +156,11 @@ def test_an_id_that_is_not_a_string_is_a_400(server: ServerProcess) -> None:
     # Triton answers 500 with this text; a client's mistake is a 400 here.
     status, document = _post(server, '{"text_input": "hi", "id": 5}')
     assert status == 400 and document["error"].startswith("Unable to parse 'id'")
+
+
+def test_values_that_do_not_fit_an_input_are_a_400_in_triton_words(server: ServerProcess) -> None:
+    status, document = _post(server, '{"text_input": "hi", "max_tokens": [1, 2]}')
+    assert status == 400
+    assert document["error"].startswith(
+        "The schema can not convert input 'max_tokens' to tensor with proper shape"
+    )

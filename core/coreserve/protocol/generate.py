@@ -99,7 +99,8 @@ def _fit(value: Any, spec: TensorSpec, batching: bool) -> np.ndarray:
         dims[dims.index(-1)] = count // known
     elif dims.count(-1) > 1 or math.prod(dims) != count:
         raise InvalidArgumentError(
-            f"input '{spec.name}' has {count} values, which do not fit its dims {list(spec.dims)}"
+            f"The schema can not convert input '{spec.name}' to tensor with proper shape: "
+            f"{count} values do not fit its dims {list(spec.dims)}"
         )
     # The dims come from the model's configuration, which may ask for more than numpy holds.
     shape = check_shape(tuple([1, *dims] if batching else dims), spec.name)
