@@ -191,7 +191,10 @@ def near_valid_bodies(draw: st.DrawFn) -> tuple[bytes, int | None]:
         inputs.append(item)
     document: dict[str, Any] = {"inputs": inputs}
     if draw(st.booleans()):
-        document["outputs"] = [{"name": "OUTPUT0", "parameters": {"binary_data": draw(st.booleans())}}]
+        parameters: dict[str, Any] = {"binary_data": draw(st.booleans())}
+        if draw(st.booleans()):  # the classification extension: any K, any JSON value
+            parameters["classification"] = draw(edge_integers | json_values)
+        document["outputs"] = [{"name": "OUTPUT0", "parameters": parameters}]
     if draw(st.booleans()):
         document["id"] = draw(st.text(max_size=4))
     binary = b"".join(chunks)
