@@ -267,21 +267,36 @@ def growth(samples: list[Sample], warmup: float) -> dict[str, float]:
         raise SystemExit(f"only {len(settled)} samples after the warm-up: run longer or sample more often")
     middle, last = settled[third : 2 * third], settled[2 * third :]
     return {
-        name: statistics.median(getattr(s, name) for s in last) - statistics.median(getattr(s, name) for s in middle)
+        name: statistics.median(getattr(s, name) for s in last)
+        - statistics.median(getattr(s, name) for s in middle)
         for name in ("rss_mb", "fds", "threads", "children")
     }
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--minutes", type=float, default=2.0, help="how long traffic is sent (default 2)")
     parser.add_argument("--concurrency", type=int, default=8, help="client threads (default 8)")
-    parser.add_argument("--max-requests", type=int, default=200_000, help="stop after this many requests (default 200000)")
-    parser.add_argument("--sample-secs", type=float, default=4.0, help="seconds between resource samples (default 4)")
-    parser.add_argument("--warmup-secs", type=float, default=20.0, help="samples before this are not judged (default 20)")
-    parser.add_argument("--server-cmd", help="start this command instead of coreserve over examples/model_repository")
-    parser.add_argument("--rss-growth-percent", type=float, default=10.0, help="RSS growth that fails, in %% (default 10)")
-    parser.add_argument("--rss-growth-mb", type=float, default=20.0, help="... and in MB (default 20; both must be exceeded)")
+    parser.add_argument(
+        "--max-requests", type=int, default=200_000, help="stop after this many requests (default 200000)"
+    )
+    parser.add_argument(
+        "--sample-secs", type=float, default=4.0, help="seconds between resource samples (default 4)"
+    )
+    parser.add_argument(
+        "--warmup-secs", type=float, default=20.0, help="samples before this are not judged (default 20)"
+    )
+    parser.add_argument(
+        "--server-cmd", help="start this command instead of coreserve over examples/model_repository"
+    )
+    parser.add_argument(
+        "--rss-growth-percent", type=float, default=10.0, help="RSS growth that fails, in %% (default 10)"
+    )
+    parser.add_argument(
+        "--rss-growth-mb", type=float, default=20.0, help="... and in MB (default 20; both must be exceeded)"
+    )
     parser.add_argument("--fd-growth", type=int, default=16, help="descriptor growth that fails (default 16)")
     parser.add_argument("--thread-growth", type=int, default=8, help="thread growth that fails (default 8)")
     args = parser.parse_args()
@@ -308,7 +323,9 @@ def main() -> None:
 
     try:
         samples.append(sample(pid, started))
-        threads = [threading.Thread(target=client, args=(seed,), daemon=True) for seed in range(args.concurrency)]
+        threads = [
+            threading.Thread(target=client, args=(seed,), daemon=True) for seed in range(args.concurrency)
+        ]
         for thread in threads:
             thread.start()
         while any(thread.is_alive() for thread in threads):
@@ -330,7 +347,10 @@ def main() -> None:
     changes = growth(samples, args.warmup_secs)
     middle_rss = statistics.median(s.rss_mb for s in samples if s.seconds >= args.warmup_secs)
     failures = []
-    if changes["rss_mb"] > args.rss_growth_mb and changes["rss_mb"] > middle_rss * args.rss_growth_percent / 100:
+    if (
+        changes["rss_mb"] > args.rss_growth_mb
+        and changes["rss_mb"] > middle_rss * args.rss_growth_percent / 100
+    ):
         failures.append(f"RSS grew by {changes['rss_mb']:.1f} MB")
     if changes["fds"] > args.fd_growth:
         failures.append(f"open descriptors grew by {changes['fds']:.0f}")

@@ -67,4 +67,3 @@ def test_wait_cancelled_returns_once_the_request_is_cancelled() -> None:
         return events
 
     assert asyncio.run(scenario()) == ["cancelled", "again"]
-

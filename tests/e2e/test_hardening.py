@@ -104,7 +104,7 @@ def test_impossible_shapes_are_client_errors(server: ServerProcess, shape: list[
 # Bodies a careless or hostile client may send to the infer endpoint; each must be a 400.
 _HUGE_BINARY = _http_input([1], parameters={"binary_data_size": 2**40})
 BAD_HTTP_BODIES: dict[str, tuple[bytes, dict[str, str]]] = {
-    "not JSON": (b"{\"inputs\": [", {}),
+    "not JSON": (b'{"inputs": [', {}),
     "a JSON list": (b"[1, 2]", {}),
     "a JSON string": (b'"inputs"', {}),
     "inputs as an object": (b'{"inputs": {"INPUT0": [1]}}', {}),
@@ -267,15 +267,20 @@ def test_a_large_json_body_does_not_stall_other_clients(server: ServerProcess) -
     assert worst < 2.0
 
 
-
 def test_a_large_compressed_response_does_not_stall_other_clients(server: ServerProcess) -> None:
     # Compressing tens of megabytes takes a good part of a second; zlib lets go of the GIL,
     # so on a worker thread the loop answers the probes meanwhile.
     values = np.random.default_rng(11).integers(0, 1000, 12_000_000).astype(np.float32)
     header = orjson.dumps(
         {
-            "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [values.size],
-                        "parameters": {"binary_data_size": values.nbytes}}],
+            "inputs": [
+                {
+                    "name": "INPUT0",
+                    "datatype": "FP32",
+                    "shape": [values.size],
+                    "parameters": {"binary_data_size": values.nbytes},
+                }
+            ],
             "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}}],
         }
     )
@@ -284,7 +289,9 @@ def test_a_large_compressed_response_does_not_stall_other_clients(server: Server
 
     def big_request() -> None:
         started = time.perf_counter()
-        status, reply_headers, reply = request(server.http_url, "POST", INFER, header + values.tobytes(), headers)
+        status, reply_headers, reply = request(
+            server.http_url, "POST", INFER, header + values.tobytes(), headers
+        )
         took.append(time.perf_counter() - started)
         assert status == 200, reply[:200]
         assert reply_headers["Content-Encoding"] == "gzip"
@@ -296,6 +303,7 @@ def test_a_large_compressed_response_does_not_stall_other_clients(server: Server
     assert probes >= 3
     assert worst < 0.6 * took[0], f"a health probe waited {worst:.2f}s during a {took[0]:.2f}s request"
     assert worst < 2.0
+
 
 ECHO = """
 backend: "echo"

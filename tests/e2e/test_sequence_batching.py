@@ -381,7 +381,11 @@ def test_every_request_of_a_sequence_runs_on_one_instance(
                 tensor = httpclient.InferInput("IN", [1, 1], "INT32")
                 tensor.set_data_from_numpy(np.array([[step]], np.int32))
                 result = client.infer(
-                    "which", [tensor], sequence_id=sequence_id, sequence_start=step == 0, sequence_end=step == 4
+                    "which",
+                    [tensor],
+                    sequence_id=sequence_id,
+                    sequence_start=step == 0,
+                    sequence_end=step == 4,
                 )
                 pids.append(int(result.as_numpy("PID")[0, 0]))
         finally:

@@ -26,7 +26,12 @@ from paths import EXAMPLES
 _SLOW_IS_FINE = [HealthCheck.too_slow, HealthCheck.data_too_large]
 
 settings.register_profile(
-    "ci", max_examples=150, deadline=None, database=None, derandomize=True, suppress_health_check=_SLOW_IS_FINE
+    "ci",
+    max_examples=150,
+    deadline=None,
+    database=None,
+    derandomize=True,
+    suppress_health_check=_SLOW_IS_FINE,
 )
 settings.register_profile("long", max_examples=5_000, deadline=None, suppress_health_check=_SLOW_IS_FINE)
 settings.load_profile(os.environ.get("COREFUZZ_PROFILE", "ci"))

@@ -33,14 +33,16 @@ json_values = st.recursive(
     | st.integers()
     | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(max_size=8),
-    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=6), children, max_size=4),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=6), children, max_size=4)
+    ),
     max_leaves=8,
 )
 
 # Integers near the edges that codecs tend to get wrong (sizes, counts, dims, lengths).
-edge_integers = st.sampled_from([-(2**63), -(2**31), -1, 0, 1, 2**31 - 1, 2**32, 2**63 - 1, 2**64, 2**100]) | st.integers(
-    -5, 70
-)
+edge_integers = st.sampled_from(
+    [-(2**63), -(2**31), -1, 0, 1, 2**31 - 1, 2**32, 2**63 - 1, 2**64, 2**100]
+) | st.integers(-5, 70)
 
 DATATYPES = list(DataType)
 
@@ -126,13 +128,17 @@ _PARAMETER_CHOICES = st.one_of(
 @st.composite
 def model_infer_requests(draw: st.DrawFn, model_names: Sequence[str] = ("m",)) -> pb.ModelInferRequest:
     """A ModelInferRequest that is valid, or nearly: wrong datatypes, shapes, sizes, contents."""
-    message = pb.ModelInferRequest(model_name=draw(st.sampled_from(model_names)), id=draw(st.text(max_size=4)))
+    message = pb.ModelInferRequest(
+        model_name=draw(st.sampled_from(model_names)), id=draw(st.text(max_size=4))
+    )
     use_raw = draw(st.booleans())
     raw: list[bytes] = []
     for index in range(draw(st.integers(0, 3))):
         datatype, shape, values = draw(valid_tensors())
         tensor = message.inputs.add(name=draw(st.sampled_from([f"INPUT{index}", "INPUT0", ""])))
-        tensor.datatype = draw(st.just(datatype.value) | st.sampled_from(DATATYPES).map(str) | st.text(max_size=5))
+        tensor.datatype = draw(
+            st.just(datatype.value) | st.sampled_from(DATATYPES).map(str) | st.text(max_size=5)
+        )
         shape = draw(
             st.just(shape)
             | st.lists(edge_integers.filter(lambda n: -(2**63) <= n < 2**63), max_size=5)
@@ -148,15 +154,23 @@ def model_infer_requests(draw: st.DrawFn, model_names: Sequence[str] = ("m",)) -
         else:
             field = draw(st.sampled_from(sorted(_CONTENTS_VALUES)))
             count = draw(st.just(len(values)) | st.integers(0, 8))
-            getattr(tensor.contents, field).extend(draw(st.lists(_CONTENTS_VALUES[field], min_size=count, max_size=count)))
-        for key, (choice, value) in draw(st.dictionaries(st.sampled_from(["binary_data_size", "x"]), _PARAMETER_CHOICES, max_size=2)).items():
+            getattr(tensor.contents, field).extend(
+                draw(st.lists(_CONTENTS_VALUES[field], min_size=count, max_size=count))
+            )
+        for key, (choice, value) in draw(
+            st.dictionaries(st.sampled_from(["binary_data_size", "x"]), _PARAMETER_CHOICES, max_size=2)
+        ).items():
             _set_parameter(tensor.parameters[key], choice, value)
     if use_raw:
         extra = draw(st.integers(-1, 1))
         raw = raw[: max(0, len(raw) + extra)] if extra < 0 else raw + [b"\0"] * extra
         message.raw_input_contents.extend(raw)
     for key, (choice, value) in draw(
-        st.dictionaries(st.sampled_from(["priority", "timeout", "sequence_id", "sequence_start", "z"]), _PARAMETER_CHOICES, max_size=3)
+        st.dictionaries(
+            st.sampled_from(["priority", "timeout", "sequence_id", "sequence_start", "z"]),
+            _PARAMETER_CHOICES,
+            max_size=3,
+        )
     ).items():
         _set_parameter(message.parameters[key], choice, value)
     for name in draw(st.lists(st.sampled_from(["OUTPUT0", "OUTPUT1", "nope", ""]), max_size=2)):
@@ -305,9 +319,10 @@ dynamic_batching { preferred_batch_size: [ 2, 4 ] max_queue_delay_microseconds: 
                    priority_levels: 2 default_priority_level: 1
                    priority_queue_policy { key: 2 value: { max_queue_size: 3 } } }
 """
-SEEDS = [RICH, DYNAMIC] + sorted(
+_REPOSITORY_CONFIGS = sorted(
     path.read_text() for root in (EXAMPLES, TESTS) for path in Path(root).rglob("config.pbtxt")
 )
+SEEDS = [RICH, DYNAMIC, *_REPOSITORY_CONFIGS]
 # Pieces of the text format: what a hand edit or a truncated copy leaves in a config.
 TOKENS = st.sampled_from(
     [
@@ -329,8 +344,10 @@ def config_documents(draw: st.DrawFn) -> Any:
     for _ in range(draw(st.integers(1, 3))):
         node: Any = document
         while isinstance(node, dict | list) and node and draw(st.booleans()):
-            key = draw(st.sampled_from(sorted(node))) if isinstance(node, dict) else draw(
-                st.integers(0, len(node) - 1)
+            key = (
+                draw(st.sampled_from(sorted(node)))
+                if isinstance(node, dict)
+                else draw(st.integers(0, len(node) - 1))
             )
             if not isinstance(node[key], dict | list) or not node[key]:
                 break

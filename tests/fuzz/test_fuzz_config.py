@@ -26,6 +26,7 @@ from coreserve.config import (
 from coreserve.errors import ModelConfigError
 from fuzz_support import RICH, SEEDS, TOKENS, config_documents, json_values
 
+
 @st.composite
 def mutated_configs(draw: st.DrawFn) -> str:
     """A real configuration with up to four edits: cuts, duplicated slices, inserted tokens."""
@@ -76,8 +77,8 @@ def _parse_and_load(text: str) -> None:
 
 @unknown_escapes_are_kept
 @given(st.text(max_size=200))
-@example("input [ { name: \"x\" data_type: 99 dims: [ 1 ] } ]")
-@example("output [ { name: \"y\" data_type: TYPE_FP32 dims: [ 1 ] } ] " * 3)
+@example('input [ { name: "x" data_type: 99 dims: [ 1 ] } ]')
+@example('output [ { name: "y" data_type: TYPE_FP32 dims: [ 1 ] } ] ' * 3)
 @example("{" * 200)
 def test_random_text_gets_a_config_error_or_a_config(text: str) -> None:
     _parse_and_load(text)

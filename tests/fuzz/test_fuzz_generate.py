@@ -67,6 +67,8 @@ def test_generate_bodies_get_a_client_error_or_a_request(data: st.DataObject) ->
 
 def test_generate_dims_past_numpys_limits_get_a_client_error() -> None:
     """Found by the fuzzer: a -1 filled in next to huge dims gave numpy's ValueError (a 500)."""
-    config = 'name: "g" input [ { name: "IN0" data_type: TYPE_BOOL dims: [ -1, 1099511627776, 1099511627776 ] } ]'
+    config = (
+        'name: "g" input [ { name: "IN0" data_type: TYPE_BOOL dims: [ -1, 1099511627776, 1099511627776 ] } ]'
+    )
     with pytest.raises(InvalidArgumentError, match="input 'IN0' has a shape too large for any tensor"):
         decode_generate_request(b'{"IN0": []}', ModelSignature(parse_config(config)), "g", "1")

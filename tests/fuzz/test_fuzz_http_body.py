@@ -38,7 +38,12 @@ def test_random_bytes_get_a_client_error_or_a_request(body: bytes, header_length
 
 
 @given(near_valid_bodies())
-@example((b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [0, 1099511627776, 1099511627776], "data": []}]}', None))
+@example(
+    (
+        b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [0, 1099511627776, 1099511627776], "data": []}]}',
+        None,
+    )
+)
 def test_near_valid_bodies_get_a_client_error_or_a_request(case: tuple[bytes, int | None]) -> None:
     body, header_length = case
     decoded = client_error_or_answer(lambda: decode_infer_request(body, header_length, "m", "1"))

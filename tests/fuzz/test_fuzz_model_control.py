@@ -84,7 +84,9 @@ def test_http_loads_with_generated_configs_get_4xx_or_load(explicit_server: Serv
     assert "Traceback" not in log, log[-4000:]
 
 
-def test_grpc_loads_with_generated_configs_never_get_unknown_or_internal(explicit_server: ServerProcess) -> None:
+def test_grpc_loads_with_generated_configs_never_get_unknown_or_internal(
+    explicit_server: ServerProcess,
+) -> None:
     with grpc.insecure_channel(explicit_server.grpc_url) as channel:
         stub = pb_grpc.GRPCInferenceServiceStub(channel)
 

@@ -26,7 +26,11 @@ from coreserve.testing import ServerProcess
 from fuzz_support import edge_integers, model_infer_requests, near_valid_bodies
 
 MODELS = ("simple", "simple_string", "text_classifier", "ensemble_pipeline", "no_such_model")
-INFER_PATHS = ["/v2/models/simple/infer", "/v2/models/simple/versions/1/infer", "/v2/models/simple_string/infer"]
+INFER_PATHS = [
+    "/v2/models/simple/infer",
+    "/v2/models/simple/versions/1/infer",
+    "/v2/models/simple_string/infer",
+]
 PATHS = st.sampled_from(
     [
         *(f"/v2/models/{model}/infer" for model in MODELS),
@@ -53,9 +57,11 @@ _STATUS_LINE = re.compile(rb"^HTTP/1\.[01] (\d{3})")
 
 
 def _header_value() -> st.SearchStrategy[str]:
-    return st.sampled_from(["0", "1", "-1", "chunked", "gzip", "deflate", "identity", "100-continue", "close"]) | (
-        edge_integers.map(str)
-    ) | st.text(st.characters(min_codepoint=32, max_codepoint=126), max_size=12)
+    return (
+        st.sampled_from(["0", "1", "-1", "chunked", "gzip", "deflate", "identity", "100-continue", "close"])
+        | (edge_integers.map(str))
+        | st.text(st.characters(min_codepoint=32, max_codepoint=126), max_size=12)
+    )
 
 
 def _chunked(body: bytes, sizes: list[int], lie: int) -> bytes:
@@ -84,7 +90,12 @@ def simple_infer_bodies(draw: st.DrawFn) -> tuple[bytes, int | None]:
         return json.dumps({"inputs": inputs}).encode(), None
     chunks = [struct.pack(f"<{len(data)}i", *data) for data in (first, second)]
     inputs = [
-        {"name": name, "datatype": "INT32", "shape": [batch, 16], "parameters": {"binary_data_size": len(chunk)}}
+        {
+            "name": name,
+            "datatype": "INT32",
+            "shape": [batch, 16],
+            "parameters": {"binary_data_size": len(chunk)},
+        }
         for name, chunk in zip(("INPUT0", "INPUT1"), chunks, strict=True)
     ]
     header = json.dumps({"inputs": inputs, "parameters": {"binary_data_output": True}}).encode()
@@ -109,12 +120,16 @@ def raw_http_requests(draw: st.DrawFn) -> bytes:
     headers = [("Host", "127.0.0.1")]
     if header_length is not None:
         headers.append(("Inference-Header-Content-Length", str(header_length)))
-    encoding = draw(st.sampled_from([None, None, "gzip", "deflate"] + ([] if well_formed else ["br", "gzip-cut"])))
+    encoding = draw(
+        st.sampled_from([None, None, "gzip", "deflate"] + ([] if well_formed else ["br", "gzip-cut"]))
+    )
     if encoding == "gzip":
         body = gzip.compress(body)
     elif encoding == "gzip-cut":
         encoding = "gzip"
-        body = gzip.compress(body)[: draw(st.sampled_from([-4, -8, 10]))] + draw(st.sampled_from([b"", b"junk"]))
+        body = gzip.compress(body)[: draw(st.sampled_from([-4, -8, 10]))] + draw(
+            st.sampled_from([b"", b"junk"])
+        )
     elif encoding == "deflate":
         body = zlib.compress(body)
     if encoding:
@@ -204,8 +219,12 @@ def test_raw_http_requests_get_4xx_or_an_answer(fuzz_server: ServerProcess) -> N
 
     @given(raw_http_requests())
     @example(b"POST /v2/models/simple/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\n{]}\x00x")
-    @example(b"GET /v2/health/ready HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n0\r\n\r\n")
-    @example(b"POST /v2/models/simple/infer HTTP/1.1\r\nContent-Encoding: gzip\r\nContent-Length: 4\r\n\r\n\x1f\x8b\x08\x00")
+    @example(
+        b"GET /v2/health/ready HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n0\r\n\r\n"
+    )
+    @example(
+        b"POST /v2/models/simple/infer HTTP/1.1\r\nContent-Encoding: gzip\r\nContent-Length: 4\r\n\r\n\x1f\x8b\x08\x00"
+    )
     @example(b"GET /v2/models/simple/versions/%C2%B2 HTTP/1.1\r\n\r\n")  # int() refuses the digit '\u00b2'
     @example(b"POST /v2/repository/models/simple/load HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}")
     @example(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03")  # a TLS hello
@@ -244,14 +263,29 @@ def test_grpc_metadata_and_control_requests_never_get_unknown_or_internal(fuzz_s
 
         @given(
             st.one_of(
-                st.builds(lambda n, v: (stub.ModelMetadata, pb.ModelMetadataRequest(name=n, version=v)), names, st.text(max_size=4)),
-                st.builds(lambda n, v: (stub.ModelConfig, pb.ModelConfigRequest(name=n, version=v)), names, st.text(max_size=4)),
-                st.builds(lambda n, v: (stub.ModelReady, pb.ModelReadyRequest(name=n, version=v)), names, st.text(max_size=4)),
+                st.builds(
+                    lambda n, v: (stub.ModelMetadata, pb.ModelMetadataRequest(name=n, version=v)),
+                    names,
+                    st.text(max_size=4),
+                ),
+                st.builds(
+                    lambda n, v: (stub.ModelConfig, pb.ModelConfigRequest(name=n, version=v)),
+                    names,
+                    st.text(max_size=4),
+                ),
+                st.builds(
+                    lambda n, v: (stub.ModelReady, pb.ModelReadyRequest(name=n, version=v)),
+                    names,
+                    st.text(max_size=4),
+                ),
                 st.builds(lambda n: (stub.ModelStatistics, pb.ModelStatisticsRequest(name=n)), names),
                 st.builds(
                     lambda n, config: (
                         stub.RepositoryModelLoad,
-                        pb.RepositoryModelLoadRequest(model_name=n, parameters={"config": pb.ModelRepositoryParameter(string_param=config)}),
+                        pb.RepositoryModelLoadRequest(
+                            model_name=n,
+                            parameters={"config": pb.ModelRepositoryParameter(string_param=config)},
+                        ),
                     ),
                     names,
                     st.text(max_size=30) | st.just('{"input": 3}'),

@@ -19,13 +19,13 @@ from urllib.parse import quote
 import grpc
 import pytest
 import tritonclient.utils.shared_memory as shm
-from fuzz_support import edge_integers, json_values
 from hypothesis import example, given
 from hypothesis import strategies as st
 
 from coreserve.protos import grpc_service_pb2 as pb
 from coreserve.protos import grpc_service_pb2_grpc as pb_grpc
 from coreserve.testing import ServerProcess
+from fuzz_support import edge_integers, json_values
 
 SEGMENT_BYTES = 4096
 NAMES = st.sampled_from(["r", "in", "out", "x" * 300]) | st.text(max_size=6)

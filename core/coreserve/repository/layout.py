@@ -64,7 +64,12 @@ def list_versions(model_path: Path) -> list[int]:
     """The numeric version folders of a model, ascending; other entries are ignored."""
     versions = []
     for entry in model_path.iterdir():
-        if entry.is_dir() and entry.name.isascii() and entry.name.isdigit() and not entry.name.startswith("0"):
+        if (
+            entry.is_dir()
+            and entry.name.isascii()
+            and entry.name.isdigit()
+            and not entry.name.startswith("0")
+        ):
             versions.append(int(entry.name))
     return sorted(versions)
 

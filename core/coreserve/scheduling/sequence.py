@@ -129,7 +129,9 @@ class SequenceBatcher(Scheduler):
         if not self._direct and batching.oldest.preserve_ordering:
             self._ordered = OrderedRelease()
         # Each instance has its own slots (Triton gives each instance its own batcher).
-        slots = self._per_batch if self._direct else batching.oldest.max_candidate_sequences or self._per_batch
+        slots = (
+            self._per_batch if self._direct else batching.oldest.max_candidate_sequences or self._per_batch
+        )
         self._free = [slots] * len(self.instances)
         self._capacity = sum(self._free)
         self._idle_ns = (batching.max_sequence_idle_microseconds or DEFAULT_IDLE_US) * 1000
@@ -229,10 +231,7 @@ class SequenceBatcher(Scheduler):
         candidates = [
             sequence
             for sequence in self._sequences.values()
-            if sequence.slotted
-            and not sequence.busy
-            and sequence.steps
-            and sequence.instance == index
+            if sequence.slotted and not sequence.busy and sequence.steps and sequence.instance == index
         ]
         candidates.sort(key=lambda sequence: sequence.steps[0].request.queued_ns)
         return candidates[: self._per_batch]
