@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from coreserve.server.grpc_transport import GrpcTransport
     from coreserve.server.http_limits import HttpLimits
     from coreserve.server.log_settings import LogSettings
+    from coreserve.tracing import TraceConfig
 
 
 _bool = parse_bool  # true/false, on/off, 1/0: what tritonserver accepts
@@ -219,9 +220,46 @@ def _serve_parser() -> argparse.ArgumentParser:
               "ISO8601: '2026-11-23T16:04:21Z I ...'")
     flag("--log-file", default="", metavar="PATH",
          help="append the log to this file (default: standard error)")
+    _trace_flags(flag)
     # fmt: on
     add_accepted_flags(parser)
     return parser
+
+
+def _trace_flags(flag: Callable[..., Any]) -> None:
+    """tritonserver's --trace-config, and its older --trace-* flags."""
+    # fmt: off
+    flag("--trace-config", action="append", default=[], metavar="[MODE,]SETTING=VALUE",
+         help="level=OFF|TIMESTAMPS|TENSORS (repeatable; default OFF), rate=N (trace every N-th request; "
+              "default 1000), count=N (traces to take; default -1, no limit), mode=triton|opentelemetry "
+              "(default triton), triton,file=PATH, triton,log-frequency=N (write the file every N traces; "
+              "default 0, at exit), opentelemetry,url=URL (default http://localhost:4318/v1/traces), "
+              "opentelemetry,resource=KEY=VALUE, opentelemetry,bsp_max_queue_size=N (2048), "
+              "opentelemetry,bsp_schedule_delay=MS (5000), opentelemetry,bsp_max_export_batch_size=N (512)")
+    flag("--trace-file", default=None, metavar="PATH",
+         help="deprecated in Triton: --trace-config triton,file=PATH")
+    flag("--trace-level", action="append", default=[], metavar="LEVEL",
+         help="deprecated in Triton: --trace-config level=LEVEL")
+    flag("--trace-rate", type=int, default=None, metavar="N",
+         help="deprecated in Triton: --trace-config rate=N")
+    flag("--trace-count", type=int, default=None, metavar="N",
+         help="deprecated in Triton: --trace-config count=N")
+    flag("--trace-log-frequency", type=int, default=None, metavar="N",
+         help="deprecated in Triton: --trace-config triton,log-frequency=N")
+    # fmt: on
+
+
+def _trace_config(args: argparse.Namespace) -> TraceConfig:
+    from coreserve.tracing.config import parse_trace_config
+
+    return parse_trace_config(
+        args.trace_config,
+        trace_file=args.trace_file,
+        levels=args.trace_level,
+        rate=args.trace_rate,
+        count=args.trace_count,
+        log_frequency=args.trace_log_frequency,
+    )
 
 
 def _grpc_transport_flags(flag: Callable[..., Any], bool_flag: Callable[..., None]) -> None:
@@ -316,6 +354,7 @@ def _options(args: argparse.Namespace) -> ServerOptions:
         model_repositories=args.model_repositories,
         server_id=args.server_id,
         log_settings=_log_settings(args),
+        trace_config=_trace_config(args),
         model_config_name=args.model_config_name,
         model_namespacing=args.model_namespacing,
         grpc_transport=_grpc_transport(args),

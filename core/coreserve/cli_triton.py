@@ -41,7 +41,6 @@ class TritonFlag:
 _A, _I, _N = Effect.ACTS, Effect.INERT, Effect.NOT_YET
 _GPU = "no GPU memory management here"
 _LIB = "no shared-library plugins here"
-_TRACE = "the trace extension is not built yet"
 _FALSE = ("false", "0", "off")
 
 TRITON_FLAGS: tuple[TritonFlag, ...] = (
@@ -117,7 +116,7 @@ TRITON_FLAGS: tuple[TritonFlag, ...] = (
     TritonFlag("--metrics-interval-ms", _A, "float"),
     TritonFlag("--metrics-config", _A),
     # Tracing
-    TritonFlag("--trace-config", _N, "str", _TRACE, repeatable=True),
+    TritonFlag("--trace-config", _A, "str", repeatable=True),
     # Backends, repository agents, caches: shared libraries in Triton
     TritonFlag("--backend-directory", _I, "str", "backends are Python packages found by entry point"),
     TritonFlag("--backend-config", _A),
@@ -138,11 +137,11 @@ TRITON_FLAGS: tuple[TritonFlag, ...] = (
     # Deprecated in Triton
     TritonFlag("--strict-model-config", _A, "bool"),
     TritonFlag("--response-cache-byte-size", _N, "int", "the response cache is not built yet"),
-    TritonFlag("--trace-file", _N, "str", _TRACE),
-    TritonFlag("--trace-level", _N, "str", _TRACE, repeatable=True),
-    TritonFlag("--trace-rate", _N, "int", _TRACE),
-    TritonFlag("--trace-count", _N, "int", _TRACE),
-    TritonFlag("--trace-log-frequency", _N, "int", _TRACE),
+    TritonFlag("--trace-file", _A),
+    TritonFlag("--trace-level", _A, "str", repeatable=True),
+    TritonFlag("--trace-rate", _A, "int"),
+    TritonFlag("--trace-count", _A, "int"),
+    TritonFlag("--trace-log-frequency", _A, "int"),
 )
 
 

@@ -20,6 +20,7 @@ import numpy as np
 
 if TYPE_CHECKING:
     from coreserve.errors import CoreserveError
+    from coreserve.tracing.trace import RequestTrace, TraceContext
 
 ParameterValue = bool | int | float | str
 logger = logging.getLogger(__name__)
@@ -139,6 +140,10 @@ class InferenceRequest:
     received_ns: int = field(default_factory=now_ns)
     queued_ns: int = 0
     sink: ResponseSink | None = None
+    # Tracing: what a frontend or parent request knows before sampling (set only while some
+    # trace setting is on), and the request's trace once it is sampled (None otherwise).
+    trace_context: TraceContext | None = None
+    trace: RequestTrace | None = None
     # Cancellation (see `cancel`). The callback list is made by the first `on_cancel`, so a
     # request nobody watches costs one flag; `queue` is set by the scheduler it waits in.
     _cancelled: bool = field(default=False, init=False, repr=False)

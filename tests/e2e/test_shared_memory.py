@@ -417,7 +417,7 @@ def test_server_metadata_lists_exactly_what_is_served(server: ServerProcess) -> 
     grpc = grpcclient.InferenceServerClient(server.grpc_url)
     assert list(grpc.get_server_metadata().extensions) == extensions
     grpc.close()
-    assert "cuda_shared_memory" not in extensions and "trace" not in extensions
+    assert "cuda_shared_memory" not in extensions
     infer = {
         "inputs": [
             {"name": name, "datatype": "INT32", "shape": [1, 16], "data": [1] * 16}
@@ -448,6 +448,7 @@ def test_server_metadata_lists_exactly_what_is_served(server: ServerProcess) -> 
             _http_request(server, "POST", "/v2/models/simple/generate", {"INPUT0": [1] * 16})[0] in (200, 400)
         ),
         "logging": lambda: _http_request(server, "GET", "/v2/logging")[0] == 200,
+        "trace": lambda: _http_request(server, "GET", "/v2/trace/setting")[0] == 200,
         "parameters": lambda: (
             _http_request(
                 server, "POST", "/v2/models/simple/infer", {**infer, "parameters": {"custom": "x"}}

@@ -17,6 +17,7 @@ from coreserve.backend.api import InferenceClient
 from coreserve.backend.responder import Responder
 from coreserve.ensemble.graph import EnsembleGraph, Step
 from coreserve.errors import CancelledError, CoreserveError, InternalError
+from coreserve.tracing.trace import TraceContext
 from coreserve.types import InferenceRequest
 
 Tensors = dict[str, np.ndarray]
@@ -112,7 +113,7 @@ class EnsembleInstance:
         ]
 
     def _step_request(self, request: InferenceRequest, step: Step, tensors: Tensors) -> InferenceRequest:
-        return InferenceRequest(
+        child = InferenceRequest(
             model_name=step.model_name,
             model_version=step.model_version,
             id=request.id,
@@ -120,6 +121,9 @@ class EnsembleInstance:
             parameters=dict(request.parameters),
             requested_outputs=tuple(step.outputs),
         )
+        if request.trace is not None:  # a traced ensemble traces its steps, as children of its trace
+            child.trace_context = TraceContext(parent=request.trace)
+        return child
 
     def _renamed(self, step: Step, outputs: dict[str, np.ndarray]) -> Tensors:
         return {tensor: outputs[output] for output, tensor in step.outputs.items() if output in outputs}

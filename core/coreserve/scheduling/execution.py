@@ -49,7 +49,17 @@ async def execute_batch(
             responder.fail_open_requests(
                 InternalError(f"model '{signature.model_name}' returned without answering the request")
             )
-    statistics.record_execution(batch, responder, now_ns())
+    end_ns = now_ns()
+    statistics.record_execution(batch, responder, end_ns)
+    for request in batch:
+        if request.trace is not None:  # the whole cost of tracing for a request not traced
+            request.trace.executed(
+                request.queued_ns,
+                responder.compute_start_ns,
+                responder.inputs_ready_ns,
+                responder.infer_done_ns,
+                end_ns,
+            )
     return responder
 
 

@@ -23,6 +23,7 @@ from coreserve.server.metrics import MetricsFrontend
 from coreserve.server.options import ServerOptions
 from coreserve.server.restrictions import GRPC_HEADER_PREFIX, ApiRestrictions
 from coreserve.server.status_table import model_status_table
+from coreserve.tracing import Tracer, TraceStartupError
 
 logger = logging.getLogger(__name__)
 
@@ -70,8 +71,17 @@ class Server:
         self._poller: asyncio.Task[None] | None = None
         self.flags = ServerFlags(strict_readiness=options.strict_readiness)
         self.log = log or ServerLog(options.log_settings)
-        self.dataplane = DataPlane(self.repository, self.flags, log=self.log, name=options.server_id)
+        try:
+            self.tracer = Tracer(options.trace_config)
+        except TraceStartupError as exc:
+            self._remove_own_cache()
+            raise StartupError(str(exc)) from None
+        self.dataplane = DataPlane(
+            self.repository, self.flags, log=self.log, name=options.server_id, tracer=self.tracer
+        )
         loader.client = self.dataplane
+        loader.models = self.dataplane
+        self.custom_metrics = loader.metrics
         self.http: HttpFrontend | None = None
         self.grpc: GrpcFrontend | None = None
         self.metrics: MetricsFrontend | None = None
@@ -97,6 +107,10 @@ class Server:
                 tls.credentials()
             except GrpcTlsError as exc:
                 raise StartupError(str(exc)) from None
+        try:  # before the models load, as the certificates: a trace file that cannot be written
+            self.tracer.start()
+        except TraceStartupError as exc:
+            raise StartupError(str(exc)) from None
         await self.repository.start()
         for line in model_status_table(self.repository.models()).splitlines():
             logger.info("%s", line)
@@ -159,6 +173,7 @@ class Server:
         await self.repository.unload_all(timeout=max(0.0, deadline - loop.time()))
         if self.metrics is not None:
             await self.metrics.stop()
+        self.tracer.close()
         self._remove_own_cache()
         logger.info("coreserve stopped")
 

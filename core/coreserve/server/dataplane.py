@@ -13,7 +13,13 @@ from typing import Any
 
 from coreserve import __version__
 from coreserve.config import ModelConfig, ModelSignature
-from coreserve.errors import CoreserveError, NotFoundError, UnavailableError, UnsupportedError
+from coreserve.errors import (
+    CoreserveError,
+    InvalidArgumentError,
+    NotFoundError,
+    UnavailableError,
+    UnsupportedError,
+)
 from coreserve.protocol.classification import ClassifyingSink, check_classifiable
 from coreserve.repository import Model, ModelRepository, ModelVersion, parse_load_parameters
 from coreserve.repository.model import parse_version
@@ -21,7 +27,8 @@ from coreserve.responses import QueuedResponses, SingleResponse
 from coreserve.server import request_log
 from coreserve.server.log_settings import LogSettings, ServerLog
 from coreserve.server.shared_memory import SystemSharedMemory
-from coreserve.types import InferenceRequest, InferenceResponse, ResponseSink
+from coreserve.tracing import Tracer, TraceSetting
+from coreserve.types import InferenceRequest, InferenceResponse, ResponseSink, now_ns
 
 SERVER_NAME = "coreserve"
 # Exactly the extensions served (Triton's names; tests/e2e/test_shared_memory.py probes each).
@@ -37,6 +44,7 @@ EXTENSIONS = (
     "parameters",
     "statistics",
     "generate",
+    "trace",
     "logging",
 )
 
@@ -60,12 +68,14 @@ class DataPlane:
         *,
         log: ServerLog | None = None,
         name: str = SERVER_NAME,
+        tracer: Tracer | None = None,
     ) -> None:
         self.repository = repository
         self.flags = flags
         self.log = log or ServerLog()
         self.name = name  # --id
         self.shared_memory = SystemSharedMemory()
+        self.tracer = tracer or Tracer()
 
     def live(self) -> bool:
         return not self.flags.stopping
@@ -84,6 +94,23 @@ class DataPlane:
     def update_log_settings(self, changes: dict[str, Any]) -> LogSettings:
         """Changes the log settings at run time, all or nothing (see ServerLog.update)."""
         return self.log.update(changes)
+
+    def trace_setting(self, model: str = "") -> TraceSetting:
+        """The trace setting in force for a model ("" for the global one)."""
+        self._check_traced_model(model)
+        return self.tracer.setting(model)
+
+    def update_trace_setting(self, changes: dict[str, Any], model: str = "") -> TraceSetting:
+        """Changes the global trace setting or a model's, all or nothing (see TraceSettings.update)."""
+        self._check_traced_model(model)
+        return self.tracer.update(changes, model)
+
+    def _check_traced_model(self, model: str) -> None:
+        if model:
+            try:
+                self.repository.get(model)
+            except NotFoundError:
+                raise InvalidArgumentError(f"Request for unknown model : {model}") from None
 
     def model_version(self, name: str, version: str = "") -> ModelVersion:
         """The ready model version a request names; raises NotFound or Unavailable."""
@@ -145,6 +172,8 @@ class DataPlane:
             model_version.statistics.record_failure(request, "OTHER")
             raise
         request.sink = sink
+        if self.tracer.active:
+            request.trace = self.tracer.trace(request, model_version.version)
         level = self.log.settings.log_verbose_level
         if level:
             request_log.received(request, model_version.version, level)
@@ -171,9 +200,13 @@ class DataPlane:
             request.cancel()
             raise
         except CoreserveError as exc:
+            if request.trace is not None:
+                _end_trace(request, None, finish=True)
             if self.log.settings.log_verbose_level:
                 request_log.failed(request, target.version, exc.message)
             raise
+        if request.trace is not None:
+            _end_trace(request, response, finish=False)
         if self.log.settings.log_verbose_level:
             request_log.answered(request, target.version)
         return response
@@ -190,6 +223,9 @@ class DataPlane:
             # nobody listens any more.
             if not sink.done:
                 request.cancel()
+            if request.trace is not None:
+                request.trace.mark("REQUEST_END", now_ns())
+                request.trace.finish()
 
     def statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
         """Statistics of every model, of one model's versions, or of one version."""
@@ -217,6 +253,18 @@ class DataPlane:
 
     async def unload_model(self, name: str, dependents: bool = False) -> None:
         await self.repository.unload(name, dependents)
+
+
+def _end_trace(request: InferenceRequest, response: InferenceResponse | None, *, finish: bool) -> None:
+    """Marks a traced request's end; finishes its trace unless a frontend still sends the answer."""
+    trace = request.trace
+    assert trace is not None
+    if response is not None:
+        trace.outputs(response.outputs)
+    trace.mark("REQUEST_END", now_ns())
+    context = request.trace_context
+    if finish or context is None or not context.protocol:
+        trace.finish()
 
 
 def _classifying(model_version: ModelVersion, counts: dict[str, int], sink: ResponseSink) -> ResponseSink:

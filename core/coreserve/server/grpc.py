@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 import grpc
 from google.protobuf import json_format
 
-from coreserve.errors import CoreserveError, ErrorCode, NotFoundError, UnsupportedError
+from coreserve.errors import CoreserveError, ErrorCode, NotFoundError
 from coreserve.protocol.grpc_codec import (
     decode_model_infer_request,
     encode_model_infer_response,
@@ -29,7 +29,8 @@ from coreserve.server.grpc_decoding import DecodeInHandlers
 from coreserve.server.grpc_transport import GrpcTransport
 from coreserve.server.restrictions import ApiRestrictions
 from coreserve.server.shared_memory import cuda_shared_memory_unavailable
-from coreserve.types import InferenceRequest, InferenceResponse
+from coreserve.tracing import RequestTrace, TraceContext
+from coreserve.types import InferenceRequest, InferenceResponse, now_ns
 
 logger = logging.getLogger(__name__)
 
@@ -91,8 +92,18 @@ def _log_setting(value: pb.LogSettingsRequest.SettingValue) -> object:
     return getattr(value, choice) if choice else None
 
 
-def _not_available(feature: str) -> UnsupportedError:
-    return UnsupportedError(f"{feature} is not supported by coreserve")
+def _trace_context(inference: InferenceRequest, context: Any, received_ns: int) -> None:
+    """The gRPC marks and the client's W3C trace context of a request that may be traced."""
+    traceparent = _metadata(context).get("traceparent")
+    inference.trace_context = TraceContext("GRPC", received_ns, now_ns(), traceparent)
+
+
+def _traced_encoding(trace: RequestTrace, response: InferenceResponse, in_shared_memory: Any) -> Any:
+    trace.mark("GRPC_SEND_START", now_ns())
+    message = encode_model_infer_response(response, in_shared_memory)
+    trace.mark("GRPC_SEND_END", now_ns())
+    trace.finish()
+    return message
 
 
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
@@ -219,8 +230,20 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return pb.CudaSharedMemoryUnregisterResponse()  # nothing is registered; no error, as in Triton
 
     @_unary("trace")
-    async def TraceSetting(self, request: Any, context: Any) -> Any:
-        raise _not_available("the trace extension")
+    async def TraceSetting(self, request: pb.TraceSettingRequest, context: Any) -> pb.TraceSettingResponse:
+        # An empty value list clears a setting, as JSON's null does over HTTP.
+        changes: dict[str, Any] = {
+            key: (list(value.value) if key == "trace_level" else value.value[0]) if value.value else None
+            for key, value in request.settings.items()
+        }
+        if changes:
+            setting = self._dataplane.update_trace_setting(changes, request.model_name)
+        else:
+            setting = self._dataplane.trace_setting(request.model_name)
+        response = pb.TraceSettingResponse()
+        for key, value in setting.as_dict().items():
+            response.settings[key].value.extend(value if isinstance(value, list) else [value])
+        return response
 
     @_unary("logging")
     async def LogSettings(self, request: pb.LogSettingsRequest, context: Any) -> pb.LogSettingsResponse:
@@ -234,12 +257,18 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     @_unary("inference")
     async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
+        tracing = self._dataplane.tracer.active
+        received_ns = now_ns() if tracing else 0
         regions = self._dataplane.shared_memory
         inference = decode_model_infer_request(request, regions)
         # Resolved before the model runs, so that unregistering the region meanwhile is harmless.
         in_shared_memory = shared_memory_outputs(request, regions)
+        if tracing:
+            _trace_context(inference, context, received_ns)
         response = await self._dataplane.infer(inference, endpoint="ModelInfer RPC")
-        return encode_model_infer_response(response, in_shared_memory)
+        if inference.trace is None:
+            return encode_model_infer_response(response, in_shared_memory)
+        return _traced_encoding(inference.trace, response, in_shared_memory)
 
     async def ModelStreamInfer(
         self, requests: AsyncIterator[pb.ModelInferRequest], context: Any

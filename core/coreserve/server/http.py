@@ -29,7 +29,8 @@ from coreserve.server.http_limits import DEFAULT_HTTP_LIMITS, HttpLimits
 from coreserve.server.http_shared_memory import shared_memory_routes
 from coreserve.server.http_wire import HttpRequest, HttpResponse, HttpServer, Response, StreamedResponse
 from coreserve.server.restrictions import ApiRestrictions
-from coreserve.types import InferenceRequest, InferenceResponse
+from coreserve.tracing import TraceContext
+from coreserve.types import InferenceRequest, InferenceResponse, now_ns
 
 logger = logging.getLogger(__name__)
 _HEADER_LENGTH_KEY = HEADER_LENGTH.lower()
@@ -170,6 +171,10 @@ class HttpFrontend:
             ("model-repository", "POST", "/v2/repository/models/{model}/unload", self._unload_model),
             ("logging", "GET", "/v2/logging", self._log_settings),
             ("logging", "POST", "/v2/logging", self._update_log_settings),
+            ("trace", "GET", "/v2/trace/setting", self._trace_setting),
+            ("trace", "POST", "/v2/trace/setting", self._update_trace_setting),
+            ("trace", "GET", f"{model}/trace/setting", self._trace_setting),
+            ("trace", "POST", f"{model}/trace/setting", self._update_trace_setting),
             *shared_memory_routes(self._dataplane.shared_memory, self._read_body),
         ]
         for category, method, path, handler in routes:
@@ -214,6 +219,8 @@ class HttpFrontend:
         return _json(config_to_dict(self._dataplane.model_config(info["model"], info.get("version", ""))))
 
     async def _infer(self, request: HttpRequest) -> HttpResponse:
+        tracing = self._dataplane.tracer.active
+        received_ns = now_ns() if tracing else 0
         info = request.match_info
         model, version = info["model"], info.get("version", "")
         body = await self._read_body(request)
@@ -239,11 +246,21 @@ class HttpFrontend:
                 decode_infer_request, body, header_length, model, version, regions
             )
         _cancel_on_disconnect(request, infer_request)
+        if tracing:
+            infer_request.trace_context = TraceContext(
+                "HTTP", received_ns, now_ns(), request.headers.get("traceparent")
+            )
         response = await self._dataplane.infer(infer_request, endpoint="HTTP end point")
+        trace = infer_request.trace
+        if trace is not None:
+            trace.mark("HTTP_SEND_START", now_ns())
         if _output_bytes(response) < OFF_LOOP_BYTES:
             payload, json_length = encode_infer_response(response, encoding)
         else:
             payload, json_length = await self._codec_threads.run(encode_infer_response, response, encoding)
+        if trace is not None:  # the answer is encoded and handed to the connection
+            trace.mark("HTTP_SEND_END", now_ns())
+            trace.finish()
         if json_length is None:
             return HttpResponse(200, payload, "application/json", compress=True)
         return HttpResponse(
@@ -347,6 +364,14 @@ class HttpFrontend:
     async def _update_log_settings(self, request: HttpRequest) -> HttpResponse:
         changes = _json_object(await self._read_body(request), "log settings")
         return _json(self._dataplane.update_log_settings(changes).as_dict())
+
+    async def _trace_setting(self, request: HttpRequest) -> HttpResponse:
+        return _json(self._dataplane.trace_setting(request.match_info.get("model", "")).as_dict())
+
+    async def _update_trace_setting(self, request: HttpRequest) -> HttpResponse:
+        changes = _json_object(await self._read_body(request), "trace settings")
+        model = request.match_info.get("model", "")
+        return _json(self._dataplane.update_trace_setting(changes, model).as_dict())
 
     async def _read_body(self, request: HttpRequest) -> bytes:
         """The body, decompressed under its Content-Encoding."""

@@ -10,6 +10,7 @@ from coreserve.server.grpc_transport import GrpcTransport
 from coreserve.server.http_limits import HttpLimits
 from coreserve.server.log_settings import LogSettings
 from coreserve.server.restrictions import Restriction
+from coreserve.tracing import TraceConfig
 
 
 @dataclass
@@ -19,6 +20,7 @@ class ServerOptions:
     model_repositories: list[str]
     server_id: str = "coreserve"  # --id: the name server metadata gives
     log_settings: LogSettings = field(default_factory=LogSettings)  # --log-*
+    trace_config: TraceConfig = field(default_factory=TraceConfig)  # --trace-config, --trace-*
     model_config_name: str = ""  # --model-config-name: configs/<name>.pbtxt where a model has one
     model_namespacing: bool = False  # the same model name may live in several repositories
     model_control_mode: ControlMode = ControlMode.NONE

@@ -1,0 +1,22 @@
+"""Request tracing: the trace extension's settings, Triton's trace file, OpenTelemetry spans.
+
+OpenTelemetry is an optional extra (`core-server[opentelemetry]`), imported only when
+`--trace-config mode=opentelemetry` asks for it.
+"""
+
+from __future__ import annotations
+
+from coreserve.tracing.settings import TraceSetting, TraceSettings
+from coreserve.tracing.trace import RequestTrace, TraceContext
+from coreserve.tracing.tracer import OpenTelemetryOptions, TraceConfig, Tracer, TraceStartupError
+
+__all__ = [
+    "OpenTelemetryOptions",
+    "RequestTrace",
+    "TraceConfig",
+    "TraceContext",
+    "TraceSetting",
+    "TraceSettings",
+    "TraceStartupError",
+    "Tracer",
+]

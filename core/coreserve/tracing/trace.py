@@ -1,0 +1,155 @@
+"""One traced request: its timestamps and tensors, and where they go once it ends.
+
+A `RequestTrace` exists only for a request that was sampled; every other request carries
+None, so the request path's whole cost with tracing off is a check for None. The marks
+are the ones the statistics already take (received, queued, compute start, inputs ready,
+infer done, end); a trace reads them, it takes no second set.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+from coreserve.types import DataType
+
+if TYPE_CHECKING:
+    from coreserve.types import InferenceRequest
+
+
+class TraceRecorder(Protocol):
+    """Where finished traces go: Triton's trace file, or OpenTelemetry spans."""
+
+    def record(self, trace: RequestTrace) -> None:
+        """Takes a finished trace (on the event loop thread)."""
+
+
+@dataclass(slots=True)
+class TraceContext:
+    """What a frontend or a parent request knows of a request before it is sampled.
+
+    `protocol` is "HTTP" or "GRPC" (Triton's timestamp prefixes) or "" for a request made
+    in-process; `traceparent` is the client's W3C header; `parent` the trace of the ensemble
+    or BLS request that made this one.
+    """
+
+    protocol: str = ""
+    recv_start_ns: int = 0
+    recv_end_ns: int = 0
+    traceparent: str | None = None
+    parent: RequestTrace | None = None
+
+
+@dataclass(slots=True)
+class TensorRecord:
+    activity: str  # TENSOR_QUEUE_INPUT or TENSOR_BACKEND_OUTPUT
+    name: str
+    data: str
+    shape: str
+    dtype: str
+
+
+class RequestTrace:
+    """The trace of one request: Triton's named timestamps, in the order they happened."""
+
+    __slots__ = (
+        "context",
+        "id",
+        "marks",
+        "model_name",
+        "model_version",
+        "otel",
+        "parent",
+        "recorder",
+        "request_id",
+        "tensor_records",
+        "tensors",
+    )
+
+    def __init__(
+        self,
+        trace_id: int,
+        request: InferenceRequest,
+        model_version: int,
+        recorder: TraceRecorder,
+        *,
+        tensors: bool,
+        context: TraceContext | None,
+    ) -> None:
+        self.id = trace_id
+        self.model_name = request.model_name
+        self.model_version = model_version
+        self.request_id = request.id
+        self.recorder = recorder
+        self.tensors = tensors
+        self.context = context
+        self.parent = context.parent if context is not None else None
+        self.marks: list[tuple[str, int]] = []
+        self.tensor_records: list[TensorRecord] = []
+        self.otel: Any = None  # the OpenTelemetry spans of this request, in that mode
+        if context is not None and context.protocol:
+            prefix = context.protocol
+            first, last = (
+                ("WAITREAD_START", "WAITREAD_END") if prefix == "GRPC" else ("RECV_START", "RECV_END")
+            )
+            self.marks.append((f"{prefix}_{first}", context.recv_start_ns))
+            self.marks.append((f"{prefix}_{last}", context.recv_end_ns))
+        # The request object is made as its decoding ends, so its mark can precede the frontend's
+        # last receive mark by the decoder's last steps; Triton's order is kept.
+        received = request.received_ns
+        self.marks.append(("REQUEST_START", max(received, self.marks[-1][1]) if self.marks else received))
+        if tensors:
+            self.add_tensors("TENSOR_QUEUE_INPUT", request.inputs.items())
+
+    def mark(self, name: str, ns: int) -> None:
+        self.marks.append((name, ns))
+
+    def executed(
+        self, queued_ns: int, start_ns: int, inputs_ready_ns: int, infer_done_ns: int, end_ns: int
+    ) -> None:
+        """Records the queue and compute phases, from the marks the statistics took."""
+        self.marks.append(("QUEUE_START", queued_ns or start_ns))
+        self.marks.append(("COMPUTE_START", start_ns))
+        self.marks.append(("COMPUTE_INPUT_END", inputs_ready_ns or start_ns))
+        self.marks.append(("COMPUTE_OUTPUT_START", infer_done_ns or end_ns))
+        self.marks.append(("COMPUTE_END", end_ns))
+
+    def add_tensors(self, activity: str, tensors: Iterable[tuple[str, np.ndarray]]) -> None:
+        for name, array in tensors:
+            self.tensor_records.append(_tensor_record(activity, name, array))
+
+    def outputs(self, outputs: Mapping[str, np.ndarray]) -> None:
+        if self.tensors:
+            self.add_tensors("TENSOR_BACKEND_OUTPUT", outputs.items())
+
+    def finish(self) -> None:
+        """Hands the trace to its recorder; call once, when the request has been answered."""
+        recorder, self.recorder = self.recorder, None  # type: ignore[assignment]
+        if recorder is not None:
+            recorder.record(self)
+
+    def first(self, name: str) -> int | None:
+        for mark, ns in self.marks:
+            if mark == name:
+                return ns
+        return None
+
+
+def _tensor_record(activity: str, name: str, array: np.ndarray) -> TensorRecord:
+    try:
+        dtype = DataType.from_numpy(array.dtype).value
+    except ValueError:
+        dtype = str(array.dtype)
+    flat = array.reshape(-1)
+    if array.dtype == np.object_:
+        values = [v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v) for v in flat]
+    elif array.dtype.kind == "f" or dtype == "BF16":
+        values = [format(float(v), "g") for v in flat]
+    elif array.dtype.kind == "b":
+        values = ["1" if v else "0" for v in flat]
+    else:
+        values = [str(int(v)) for v in flat]
+    return TensorRecord(activity, name, ",".join(values), ",".join(str(d) for d in array.shape), dtype)

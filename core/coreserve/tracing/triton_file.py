@@ -1,0 +1,118 @@
+"""Triton's JSON trace file: what `--trace-config mode=triton` writes.
+
+The file is a JSON array of small objects, one per model record, timestamp and tensor,
+each naming its trace by `id`, exactly as Triton 2.51 writes it (Triton's
+qa/common/trace_summary.py reads it). Traces are kept in memory and written:
+every `log_frequency` traces to `<file>.<n>` (n counting from 0), when the trace count runs
+out to `<file>.<n>` as well, and at shut-down the rest to `<file>.<n>` once numbered files
+were written, or to `<file>` itself when none were.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from coreserve.tracing.trace import RequestTrace
+
+logger = logging.getLogger(__name__)
+
+
+class TraceFileError(Exception):
+    """The trace file cannot be written."""
+
+
+def check_writable(path: str) -> None:
+    """Raises TraceFileError when `path` (or its numbered siblings) could not be written."""
+    target = Path(path)
+    folder = target.parent if str(target.parent) else Path(".")
+    if target.is_dir():
+        raise TraceFileError(f"the trace file '{path}' is a folder")
+    if not folder.is_dir():
+        raise TraceFileError(f"cannot write the trace file '{path}': no folder '{folder}'")
+    if not os.access(folder, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
+        raise TraceFileError(f"cannot write the trace file '{path}': permission denied")
+
+
+def trace_entries(trace: RequestTrace) -> list[dict[str, Any]]:
+    """One trace as Triton's file writes it: model record, timestamps, tensors."""
+    entries: list[dict[str, Any]] = []
+    marks = trace.marks
+    # Receive marks come before the model record, as in Triton's file.
+    leading = 2 if marks and marks[0][0].startswith(("HTTP_", "GRPC_")) else 0
+    for name, ns in marks[:leading]:
+        entries.append({"id": trace.id, "timestamps": [{"name": name, "ns": ns}]})
+    record: dict[str, Any] = {
+        "id": trace.id,
+        "model_name": trace.model_name,
+        "model_version": trace.model_version,
+    }
+    if trace.request_id:
+        record["request_id"] = trace.request_id
+    if trace.parent is not None:
+        record["parent_id"] = trace.parent.id
+    entries.append(record)
+    inputs = [t for t in trace.tensor_records if t.activity == "TENSOR_QUEUE_INPUT"]
+    outputs = [t for t in trace.tensor_records if t.activity != "TENSOR_QUEUE_INPUT"]
+    for name, ns in marks[leading:]:
+        entries.append({"id": trace.id, "timestamps": [{"name": name, "ns": ns}]})
+        if name == "QUEUE_START":
+            entries.extend(_tensor_entry(trace.id, t) for t in inputs)
+        elif name == "COMPUTE_END":
+            entries.extend(_tensor_entry(trace.id, t) for t in outputs)
+    return entries
+
+
+def _tensor_entry(trace_id: int, tensor: Any) -> dict[str, Any]:
+    return {
+        "id": trace_id,
+        "activity": tensor.activity,
+        "tensor": {"name": tensor.name, "data": tensor.data, "shape": tensor.shape, "dtype": tensor.dtype},
+    }
+
+
+class TritonTraceFile:
+    """Collects finished traces and writes them in Triton's JSON format."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.log_frequency = 0
+        self._pending: list[bytes] = []  # each trace's entries, JSON-encoded, without brackets
+        self._traces = 0
+        self._index = 0
+
+    def add(self, trace: RequestTrace) -> None:
+        encoded = orjson.dumps(trace_entries(trace))
+        self._pending.append(encoded[1:-1])
+        self._traces += 1
+        if self.log_frequency and self._traces >= self.log_frequency:
+            self.write_numbered()
+
+    def write_numbered(self) -> None:
+        """Writes the traces kept so far to `<file>.<n>` (nothing when none is kept)."""
+        if not self._pending:
+            return
+        self._write(f"{self.path}.{self._index}")
+        self._index += 1
+
+    def close(self) -> None:
+        """Writes what is left: to `<file>` unless numbered files were written."""
+        if not self._pending:
+            return
+        if self._index or self.log_frequency:
+            self.write_numbered()
+        else:
+            self._write(self.path)
+
+    def _write(self, path: str) -> None:
+        body = b"[" + b",".join(part for part in self._pending if part) + b"]"
+        self._pending = []
+        self._traces = 0
+        try:
+            Path(path).write_bytes(body)
+        except OSError as exc:  # the file was writable at start-up; say once why it is not now
+            logger.error("cannot write the trace file '%s': %s", path, exc.strerror)
