@@ -64,8 +64,13 @@ class Tracer:
         """Opens what the mode needs; raises TraceStartupError when it cannot."""
         setting = self.settings.startup
         if setting.trace_mode == "opentelemetry":
-            from coreserve.tracing.opentelemetry import OpenTelemetryExporter  # the optional extra
-
+            try:  # the optional extra, imported only in this mode
+                from coreserve.tracing.opentelemetry import OpenTelemetryExporter
+            except ImportError as exc:
+                raise TraceStartupError(
+                    f"--trace-config mode=opentelemetry needs the OpenTelemetry SDK ({exc.name} is missing): "
+                    "pip install 'core-server[opentelemetry]'"
+                ) from None
             self._exporter = OpenTelemetryExporter(self.config.opentelemetry)
         elif setting.trace_file:
             try:

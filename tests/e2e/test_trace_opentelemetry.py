@@ -1,0 +1,235 @@
+"""`--trace-config mode=opentelemetry`: spans over OTLP/HTTP, checked at a real receiver process.
+
+The receiver (tests/e2e/otlp_receiver.py) is a separate process on loopback that decodes the
+exporter's `ExportTraceServiceRequest`s; the tests assert the span tree it got: the request's
+`InferRequest` span, the model span under it, `queue` and `compute` under that, ensemble steps
+under the ensemble's model span, and a client's W3C `traceparent` continuing the client's trace.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+
+from coreserve.testing import ServerFactory, ServerProcess
+from http_raw import request
+from model_builders import scale_model, write_model
+
+SCALE = """
+backend: "onnxruntime"
+max_batch_size: 4
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+"""
+TWICE = """
+platform: "ensemble"
+max_batch_size: 4
+input [ { name: "IN" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] } ]
+ensemble_scheduling { step [
+  { model_name: "scale" model_version: -1 input_map { key: "INPUT0" value: "IN" }
+    output_map { key: "OUTPUT0" value: "mid" } },
+  { model_name: "scale" model_version: -1 input_map { key: "INPUT0" value: "mid" }
+    output_map { key: "OUTPUT0" value: "OUT" } }
+] }
+"""
+CLIENT_TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+CLIENT_SPAN_ID = "00f067aa0ba902b7"
+TRACEPARENT = f"00-{CLIENT_TRACE_ID}-{CLIENT_SPAN_ID}-01"
+BODY = json.dumps(
+    {"id": "r1", "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]}
+).encode()
+
+
+class OtlpReceiver:
+    """The receiver process and the spans it wrote."""
+
+    def __init__(self, spans_file: Path) -> None:
+        self.spans_file = spans_file
+        receiver = Path(__file__).with_name("otlp_receiver.py")
+        self.process = subprocess.Popen(
+            [sys.executable, str(receiver), str(spans_file)], stdout=subprocess.PIPE, text=True
+        )
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline()
+        assert line.startswith("listening "), line
+        self.url = f"http://127.0.0.1:{int(line.split()[1])}/v1/traces"
+
+    def spans(self) -> list[dict[str, Any]]:
+        if not self.spans_file.exists():
+            return []
+        return [json.loads(line) for line in self.spans_file.read_text().splitlines()]
+
+    def wait_for(self, count: int, timeout: float = 30.0) -> list[dict[str, Any]]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            spans = self.spans()
+            if len(spans) >= count:
+                return spans
+            time.sleep(0.1)
+        raise AssertionError(f"the receiver got {len(self.spans())} spans, not {count}")
+
+    def close(self) -> None:
+        self.process.terminate()
+        self.process.wait(10)
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+
+
+@pytest.fixture
+def receiver(tmp_path: Path) -> Iterator[OtlpReceiver]:
+    running = OtlpReceiver(tmp_path / "spans.jsonl")
+    yield running
+    running.close()
+
+
+@pytest.fixture
+def repository(tmp_path: Path) -> Path:
+    root = tmp_path / "models"
+    write_model(root, "scale", scale_model(2.0), SCALE)
+    (root / "twice" / "1").mkdir(parents=True)
+    (root / "twice" / "config.pbtxt").write_text(TWICE)
+    return root
+
+
+def _otel_server(coreserve_server: ServerFactory, repository: Path, receiver: OtlpReceiver, *extra: str):
+    config = [
+        "mode=opentelemetry",
+        "level=TIMESTAMPS",
+        "rate=1",
+        f"opentelemetry,url={receiver.url}",
+        "opentelemetry,resource=service.name=coreserve-test",
+        "opentelemetry,resource=deployment.environment=e2e",
+        "opentelemetry,bsp_schedule_delay=100",
+        *extra,
+    ]
+    args = [item for entry in config for item in ("--trace-config", entry)]
+    return coreserve_server(repository, *args)
+
+
+def _children(spans: list[dict[str, Any]], parent: dict[str, Any]) -> list[dict[str, Any]]:
+    return [span for span in spans if span["parent_span_id"] == parent["span_id"]]
+
+
+def _one(spans: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    (span,) = [span for span in spans if span["name"] == name]
+    return span
+
+
+def test_a_request_is_a_span_tree_and_continues_the_clients_trace(
+    coreserve_server: ServerFactory, repository: Path, receiver: OtlpReceiver
+) -> None:
+    server = _otel_server(coreserve_server, repository, receiver)
+    status, _, reply = request(
+        server.http_url, "POST", "/v2/models/scale/infer", BODY, {"traceparent": TRACEPARENT}
+    )
+    assert status == 200, reply
+    spans = receiver.wait_for(4)
+    assert {span["trace_id"] for span in spans} == {CLIENT_TRACE_ID}
+    root = _one(spans, "InferRequest")
+    assert root["parent_span_id"] == CLIENT_SPAN_ID  # the client's span is the parent
+    assert root["resource"]["service.name"] == "coreserve-test"
+    assert root["resource"]["deployment.environment"] == "e2e"
+    assert root["events"][:2] == ["HTTP_RECV_START", "HTTP_RECV_END"]
+    assert root["events"][-2:] == ["HTTP_SEND_START", "HTTP_SEND_END"]
+    (model,) = _children(spans, root)
+    assert model["name"] == "scale"
+    assert model["attributes"]["triton.model_name"] == "scale"
+    assert model["attributes"]["triton.model_version"] == 1
+    assert model["attributes"]["triton.request_id"] == "r1"
+    assert model["events"] == ["REQUEST_START", "QUEUE_START", "REQUEST_END"]
+    phases = {span["name"]: span for span in _children(spans, model)}
+    assert sorted(phases) == ["compute", "queue"]
+    assert phases["compute"]["events"] == [
+        "COMPUTE_START",
+        "COMPUTE_INPUT_END",
+        "COMPUTE_OUTPUT_START",
+        "COMPUTE_END",
+    ]
+    # The phases nest in time: root ⊇ model ⊇ queue, compute; queue ends where compute starts.
+    assert root["start"] <= model["start"] <= phases["queue"]["start"]
+    assert phases["queue"]["end"] == phases["compute"]["start"]
+    assert phases["compute"]["end"] <= model["end"] <= root["end"]
+
+
+def test_grpc_metadata_traceparent_and_ensemble_steps(
+    coreserve_server: ServerFactory, repository: Path, receiver: OtlpReceiver
+) -> None:
+    server = _otel_server(coreserve_server, repository, receiver)
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        tensor = grpcclient.InferInput("IN", [1, 4], "FP32")
+        tensor.set_data_from_numpy(np.ones((1, 4), np.float32))
+        result = client.infer("twice", [tensor], headers={"traceparent": TRACEPARENT})
+        assert result.as_numpy("OUT").tolist() == [[4.0] * 4]
+    finally:
+        client.close()
+    # InferRequest, the ensemble's model span, and per step: model, queue, compute.
+    spans = receiver.wait_for(8)
+    assert len(spans) == 8
+    assert {span["trace_id"] for span in spans} == {CLIENT_TRACE_ID}
+    root = _one(spans, "InferRequest")
+    assert root["parent_span_id"] == CLIENT_SPAN_ID
+    assert root["events"][:2] == ["GRPC_WAITREAD_START", "GRPC_WAITREAD_END"]
+    (ensemble,) = _children(spans, root)
+    assert ensemble["name"] == "twice"
+    steps = _children(spans, ensemble)
+    assert [step["name"] for step in steps] == ["scale", "scale"]
+    for step in steps:
+        assert step["attributes"]["triton.parent_id"] == ensemble["attributes"]["triton.trace_id"]
+        assert sorted(span["name"] for span in _children(spans, step)) == ["compute", "queue"]
+
+
+def test_without_a_traceparent_each_request_starts_its_own_trace(
+    coreserve_server: ServerFactory, repository: Path, receiver: OtlpReceiver
+) -> None:
+    server = _otel_server(coreserve_server, repository, receiver)
+    for _ in range(2):
+        assert request(server.http_url, "POST", "/v2/models/scale/infer", BODY)[0] == 200
+    spans = receiver.wait_for(8)
+    roots = [span for span in spans if span["name"] == "InferRequest"]
+    assert len(roots) == 2 and all(root["parent_span_id"] == "" for root in roots)
+    assert len({root["trace_id"] for root in roots}) == 2
+
+
+def test_rate_zero_traces_only_requests_that_carry_a_trace_context(
+    coreserve_server: ServerFactory, repository: Path, receiver: OtlpReceiver
+) -> None:
+    """Triton's documented use of rate=0 in OpenTelemetry mode."""
+    server = _otel_server(coreserve_server, repository, receiver, "rate=0")
+    assert request(server.http_url, "POST", "/v2/models/scale/infer", BODY)[0] == 200
+    headers = {"traceparent": TRACEPARENT}
+    assert request(server.http_url, "POST", "/v2/models/scale/infer", BODY, headers)[0] == 200
+    server.stop()  # the exporter sends what it holds at exit
+    spans = receiver.wait_for(4)
+    assert len(spans) == 4
+    assert {span["trace_id"] for span in spans} == {CLIENT_TRACE_ID}
+
+
+def test_spans_left_in_the_batch_are_sent_at_exit(
+    coreserve_server: ServerFactory, repository: Path, receiver: OtlpReceiver
+) -> None:
+    # A schedule delay far beyond the test: only the flush at exit can deliver the spans.
+    server = _otel_server(coreserve_server, repository, receiver, "opentelemetry,bsp_schedule_delay=600000")
+    assert request(server.http_url, "POST", "/v2/models/scale/infer", BODY)[0] == 200
+    time.sleep(0.5)
+    assert receiver.spans() == []
+    assert server.stop() == 0
+    assert len(receiver.wait_for(4)) == 4
+
+
+def test_settings_answer_the_mode(
+    coreserve_server: ServerFactory, repository: Path, receiver: OtlpReceiver
+) -> None:
+    server: ServerProcess = _otel_server(coreserve_server, repository, receiver)
+    status, _, body = request(server.http_url, "GET", "/v2/trace/setting", b"")
+    assert status == 200 and json.loads(body)["trace_mode"] == "opentelemetry"
