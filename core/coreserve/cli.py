@@ -48,6 +48,25 @@ def _backend_config(text: str) -> tuple[str, str, str]:
     return backend, key, value
 
 
+def _cache_setting(text: str) -> tuple[str, str, str]:
+    from coreserve.scheduling.cache_config import CacheConfigError, parse_cache_setting
+
+    try:
+        return parse_cache_setting(text)
+    except CacheConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _cache_config(args: argparse.Namespace) -> dict[str, dict[str, str]]:
+    """--cache-config as cache -> settings; --response-cache-byte-size N is local,size=N."""
+    config: dict[str, dict[str, str]] = {}
+    for cache, key, value in args.cache_config:
+        config.setdefault(cache, {})[key] = value
+    if args.response_cache_byte_size is not None:
+        config["local"] = {"size": str(args.response_cache_byte_size)}
+    return config
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -210,6 +229,11 @@ def _serve_parser() -> argparse.ArgumentParser:
     bool_flag("--strict-model-config", False, "deprecated in Triton: true is --disable-auto-complete-config")
     flag("--backend-config", type=_backend_config, action="append", default=[], metavar="BACKEND,KEY=VALUE",
          help="a setting handed to a backend (repeatable)")
+    flag("--cache-config", type=_cache_setting, action="append", default=[], metavar="CACHE,KEY=VALUE",
+         help="the response cache that models with response_cache { enable: true } use: local,size=BYTES "
+              "(default: none, nothing is cached)")
+    flag("--response-cache-byte-size", type=_non_negative_int, default=None, metavar="BYTES",
+         help="deprecated in Triton: --cache-config local,size=BYTES")
     flag("--exit-timeout-secs", type=float, default=30.0,
          help="how long shutdown waits for in-flight requests (default 30)")
     flag("--log-verbose", type=_non_negative_int, default=0, metavar="N", help="verbose logging when N > 0")
@@ -391,6 +415,7 @@ def _options(args: argparse.Namespace) -> ServerOptions:
         strict_readiness=args.strict_readiness,
         auto_complete_config=not (args.disable_auto_complete_config or args.strict_model_config),
         backend_config=backend_config,
+        cache_config=_cache_config(args),
         exit_timeout_secs=args.exit_timeout_secs,
     )
 
@@ -444,7 +469,23 @@ def parse_serve_args(argv: Sequence[str]) -> argparse.Namespace:
     use_ssl = args.grpc_use_ssl or args.grpc_use_ssl_mutual
     if use_ssl and not (args.grpc_server_cert and args.grpc_server_key):
         parser.error("--grpc-use-ssl needs --grpc-server-cert and --grpc-server-key")
+    _check_cache_flags(parser, args)
     return args
+
+
+def _check_cache_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuses a --cache-config no cache can be made of, in one line (Triton's words where it has them)."""
+    from coreserve.scheduling.cache_config import CacheConfigError, check_cache_config
+
+    if args.response_cache_byte_size is not None and args.cache_config:
+        parser.error(
+            "Incompatible flags --response-cache-byte-size and --cache-config both provided. "
+            "Please provide one or the other."
+        )
+    try:
+        check_cache_config(_cache_config(args))
+    except CacheConfigError as exc:
+        parser.error(str(exc))
 
 
 def _run_server(argv: Sequence[str]) -> int:
@@ -463,6 +504,7 @@ def _run_server(argv: Sequence[str]) -> int:
     warning = accepted_flags_warning(args)
     if warning:
         logger.warning("%s", warning)
+    _warn_cache_flags(args, logger)
     server = Server(options, log=log)
     try:
         _event_loop_runner()(server.serve())
@@ -470,6 +512,19 @@ def _run_server(argv: Sequence[str]) -> int:
         logger.error("%s", exc.message)
         return 1
     return 0
+
+
+def _warn_cache_flags(args: argparse.Namespace, logger: logging.Logger) -> None:
+    from coreserve.scheduling.cache_config import check_cache_config
+
+    not_built = check_cache_config(_cache_config(args))
+    if not_built:
+        logger.warning("%s", not_built)
+    if args.response_cache_byte_size is not None:  # as Triton warns
+        logger.warning(
+            "'--response-cache-byte-size' is deprecated; it means --cache-config=local,size=%d",
+            args.response_cache_byte_size,
+        )
 
 
 def _event_loop_runner() -> Callable[[Coroutine[Any, Any, None]], None]:

@@ -121,7 +121,7 @@ TRITON_FLAGS: tuple[TritonFlag, ...] = (
     TritonFlag("--backend-directory", _I, "str", "backends are Python packages found by entry point"),
     TritonFlag("--backend-config", _A),
     TritonFlag("--repoagent-directory", _I, "str", _LIB),
-    TritonFlag("--cache-config", _N, "str", "the response cache is not built yet", repeatable=True),
+    TritonFlag("--cache-config", _A, "str", repeatable=True),
     TritonFlag("--cache-directory", _I, "str", _LIB),
     # Rate limiter
     TritonFlag("--rate-limit", _N, "str", "the rate limiter is not built yet", harmless=("off",)),
@@ -136,7 +136,7 @@ TRITON_FLAGS: tuple[TritonFlag, ...] = (
     TritonFlag("--model-load-gpu-limit", _I, "str", _GPU, repeatable=True),
     # Deprecated in Triton
     TritonFlag("--strict-model-config", _A, "bool"),
-    TritonFlag("--response-cache-byte-size", _N, "int", "the response cache is not built yet"),
+    TritonFlag("--response-cache-byte-size", _A, "int"),
     TritonFlag("--trace-file", _A),
     TritonFlag("--trace-level", _A, "str", repeatable=True),
     TritonFlag("--trace-rate", _A, "int"),

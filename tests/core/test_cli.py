@@ -153,7 +153,7 @@ def test_one_warning_names_the_inert_flags_given_and_skips_harmless_values() -> 
             "--cuda-memory-pool-byte-size=1:67108864",
             "--http-thread-count",
             "8",
-            "--cache-config=local,size=1048576",
+            "--model-load-retry-count=3",
             "--rate-limit=off",  # what coreserve does anyway
             "--allow-sagemaker=false",
             "--model-namespacing=off",
@@ -163,7 +163,7 @@ def test_one_warning_names_the_inert_flags_given_and_skips_harmless_values() -> 
     assert warning is not None
     for name in ("--pinned-memory-pool-byte-size", "--cuda-memory-pool-byte-size", "--http-thread-count"):
         assert warning.count(name) == 1
-    assert "do not act yet: --cache-config (the response cache is not built yet)" in warning
+    assert "do not act yet: --model-load-retry-count (loads are not retried yet)" in warning
     for name in ("--rate-limit", "--allow-sagemaker", "--model-namespacing"):
         assert name not in warning
     assert accepted_flags_warning(parse_serve_args(BASE)) is None

@@ -175,4 +175,4 @@ def test_only_fields_that_coreserve_does_not_act_on_are_reported_as_ignored() ->
     warmup = 'model_warmup [ { name: "w" batch_size: 1 inputs { key: "a" value { data_type: TYPE_FP32 dims: [ 3 ] zero_data: true } } } ]\n'
     assert ignored_fields(_config(warmup + "dynamic_batching { }")) == []
     unused = "response_cache { enable: true }\ninstance_group [ { rate_limiter { priority: 1 } } ]\n"
-    assert ignored_fields(_config(unused)) == ["response_cache", "instance_group.rate_limiter"]
+    assert ignored_fields(_config(unused)) == ["instance_group.rate_limiter"]

@@ -284,9 +284,11 @@ def test_batch_of_rows_in_one_request(
 
 
 def test_fields_without_effect_are_logged(coreserve_server: ServerFactory, tmp_path: Path) -> None:
-    write_model(tmp_path, "scaled", scale_model(1.0), SCALE + "response_cache { enable: true }")
+    rate_limited = "instance_group [ { kind: KIND_CPU rate_limiter { priority: 1 } } ]"
+    write_model(tmp_path, "scaled", scale_model(1.0), SCALE + rate_limited)
     server = coreserve_server(tmp_path)
-    assert "model 'scaled': config field 'response_cache' is not supported and has no effect" in server.log
+    expected = "model 'scaled': config field 'instance_group.rate_limiter' is not supported and has no effect"
+    assert expected in server.log
 
 
 def _slow_echo_server(

@@ -39,6 +39,7 @@ def _first_problem(config: ModelConfig) -> str | None:
         _check_dynamic_batching(config),
         _check_sequence_batching(config),
         _check_ensemble(config),
+        _check_response_cache(config),
     )
     return next((problem for problem in checks if problem is not None), None)
 
@@ -202,6 +203,23 @@ def _check_sequence_batching(config: ModelConfig) -> str | None:
         dims = list(initial.dims) if initial is not None and initial.dims else list(state.dims)
         if any(dim < 0 for dim in dims):
             return f"{where}: dims {dims} are not fixed; give initial_state dims"
+    return None
+
+
+def _check_response_cache(config: ModelConfig) -> str | None:
+    """Triton refuses a cache where one request may have many answers (in Triton's words)."""
+    if not config.response_cache.enable:
+        return None
+    if config.model_transaction_policy.decoupled:
+        return (
+            f"Response Cache does not currently support model {config.name} with 'decoupled' "
+            "transaction policy. Please disable the response cache."
+        )
+    if config.HasField("sequence_batching"):
+        return (
+            f"Response Cache does not currently support model {config.name} with sequence batching "
+            "scheduler. Please disable the response cache."
+        )
     return None
 
 

@@ -28,6 +28,7 @@ from coreserve.repository.model import Model, ModelState, ModelVersion
 from coreserve.repository.namespaces import NamespacedClient
 from coreserve.repository.warmup import run_warmups
 from coreserve.scheduling import LatencyOptions, ModelStatistics, make_scheduler
+from coreserve.scheduling.response_cache import ModelResponseCache, ResponseCache
 
 logger = logging.getLogger(__name__)
 
@@ -49,8 +50,10 @@ class ModelLoader:
         backend_config: Mapping[str, Mapping[str, str]] | None = None,
         config_name: str = "",
         latency: LatencyOptions | None = None,
+        response_cache: ResponseCache | None = None,
     ) -> None:
         self._backends = backends
+        self.response_cache = response_cache  # --cache-config; models opt in with response_cache
         self.config_name = config_name  # --model-config-name
         self._auto_complete = auto_complete
         self._backend_config = backend_config or {}
@@ -127,6 +130,13 @@ class ModelLoader:
             logger.warning(
                 "model '%s': config field '%s' is not supported and has no effect", config.name, field_name
             )
+        if config.response_cache.enable and self.response_cache is None:
+            # Triton says nothing here; a line spares an operator wondering why nothing is cached.
+            logger.warning(
+                "model '%s': response_cache is enabled but the server has no cache "
+                "(--cache-config local,size=BYTES); its responses are not cached",
+                config.name,
+            )
         versions = select_versions(config.version_policy, available, location.name)
         if not versions:
             raise ModelConfigError(
@@ -183,6 +193,10 @@ class ModelLoader:
                 latency = self._latency_for(version.config)
                 version.statistics = ModelStatistics(location.name, version.version, latency)
                 version.scheduler.statistics = version.statistics
+            if version.config.response_cache.enable and self.response_cache is not None:
+                version.scheduler.response_cache = ModelResponseCache(
+                    self.response_cache, location.name, version.version
+                )
         except Exception as exc:
             if version.scheduler is not None:
                 await version.scheduler.close()  # nothing is queued yet; closes (finalizes) the instances

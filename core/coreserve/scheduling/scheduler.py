@@ -18,6 +18,7 @@ from coreserve.config.signature import ModelSignature
 from coreserve.errors import CancelledError, UnavailableError
 from coreserve.scheduling.execution import execute_batch
 from coreserve.scheduling.ordering import OrderedRelease
+from coreserve.scheduling.response_cache import ModelResponseCache
 from coreserve.scheduling.statistics import ModelStatistics
 from coreserve.types import InferenceRequest, now_ns
 
@@ -50,6 +51,8 @@ class Scheduler:
         self._idle = asyncio.Event()
         self._closed = False
         self._ordered: OrderedRelease | None = None  # set by schedulers that preserve ordering
+        # In front of the queue when the model enables response_cache and the server has one.
+        self.response_cache: ModelResponseCache | None = None
 
     @property
     def queue_size(self) -> int:
@@ -78,6 +81,9 @@ class Scheduler:
             self.statistics.record_failure(request, "CANCELED")
             raise CancelledError(_cancelled_message(request))
         request.queued_ns = now_ns()
+        cache = self.response_cache
+        if cache is not None and cache.answer(request, self.statistics):
+            return  # answered from the cache: it never queues, and no instance runs it
         self._enqueue(request)
         request.queue = self
         self._idle.clear()
@@ -157,6 +163,8 @@ class Scheduler:
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         self._closed = True
+        if self.response_cache is not None:
+            self.response_cache.close()  # its answers go with it (unload, or a reload's new files)
         if self.pending or self._busy:
             try:
                 await asyncio.wait_for(self._idle.wait(), timeout)

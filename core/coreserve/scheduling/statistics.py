@@ -113,6 +113,8 @@ class ModelStatistics:
         self.compute_input = Duration()
         self.compute_infer = Duration()
         self.compute_output = Duration()
+        self.cache_hit = Duration()  # lookup and answer of each response cache hit
+        self.cache_miss = Duration()  # lookup and insertion of each miss
         self.failures = dict.fromkeys(FAILURE_REASONS, 0)
         self.inference_count = 0
         self.execution_count = 0
@@ -172,6 +174,17 @@ class ModelStatistics:
             durations.compute_infer.add(infer_ns)
             durations.compute_output.add(output_ns)
 
+    def record_cache_hit(self, request: InferenceRequest, lookup_start_ns: int, end_ns: int) -> None:
+        """Records a request answered from the response cache: a success, never an execution."""
+        self.last_inference_ms = time.time_ns() // 1_000_000
+        self.success.add(end_ns - request.received_ns)
+        self.queue.add(lookup_start_ns - request.queued_ns)  # Triton counts hits in the queue too
+        self.cache_hit.add(end_ns - lookup_start_ns)
+
+    def record_cache_miss(self, ns: int) -> None:
+        """Records a response cache miss and the time its lookup and insertion took."""
+        self.cache_miss.add(ns)
+
     def record_failure(self, request: InferenceRequest, reason: str) -> None:
         """Records a request that failed before it executed (invalid, rejected, cancelled)."""
         self.fail.add(time.monotonic_ns() - request.received_ns)
@@ -213,8 +226,8 @@ class ModelStatistics:
                 "compute_input": self.compute_input.as_dict(),
                 "compute_infer": self.compute_infer.as_dict(),
                 "compute_output": self.compute_output.as_dict(),
-                "cache_hit": Duration().as_dict(),
-                "cache_miss": Duration().as_dict(),
+                "cache_hit": self.cache_hit.as_dict(),
+                "cache_miss": self.cache_miss.as_dict(),
             },
             "batch_stats": [
                 {

@@ -14,6 +14,7 @@ from coreserve.backend.plugins import Plugins
 from coreserve.errors import CoreserveError
 from coreserve.repository import ControlMode, ModelLoader, ModelRepository, source_for
 from coreserve.scheduling import LatencyOptions
+from coreserve.scheduling.cache_config import make_response_cache
 from coreserve.server.dataplane import DataPlane, ServerFlags
 from coreserve.server.grpc import GrpcFrontend
 from coreserve.server.grpc_transport import GrpcTlsError
@@ -41,12 +42,14 @@ class Server:
         """`log`: the installed log the logging extension changes (by default one of its own)."""
         self.options = options
         self.plugins = plugins if plugins is not None else Plugins()
+        self.response_cache = make_response_cache(options.cache_config)  # checked by the CLI already
         loader = ModelLoader(
             self.plugins.backends(),
             auto_complete=options.auto_complete_config,
             backend_config=options.backend_config,
             config_name=options.model_config_name,
             latency=self._latency_options(),
+            response_cache=self.response_cache,
         )
         # Unless a cache folder is given, each server has its own: servers on one machine
         # must not find (or remove) each other's files.
@@ -129,6 +132,7 @@ class Server:
                 cpu=options.allow_cpu_metrics,
                 gpu=options.allow_gpu_metrics,
                 interval_ms=options.metrics_interval_ms,
+                response_cache=self.response_cache,
             )
             await _start_service("metrics", self.metrics.start())
         if options.allow_grpc:

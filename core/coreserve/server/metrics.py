@@ -25,6 +25,7 @@ from prometheus_client import (
 )
 
 from coreserve.repository import ModelRepository, ModelVersion
+from coreserve.scheduling.response_cache import ResponseCache
 from coreserve.scheduling.statistics import (
     FIRST_RESPONSE_FAMILY,
     HISTOGRAM_BUCKETS_US,
@@ -167,7 +168,52 @@ def render_model_metrics(repository: ModelRepository, latency: LatencyOptions | 
         (f"nv_model_load_duration_secs{labels} {v.load_seconds:.9g}" for v, labels in ids),
     )
     lines.extend(render_latency_distributions(ids, latency))
+    lines.extend(_model_cache_families(ids))
     return "\n".join(lines) + "\n" if lines else ""
+
+
+# Triton's per-model response cache families: name, HELP, the statistics' Duration, count or µs.
+MODEL_CACHE_FAMILIES = (
+    ("nv_cache_num_hits_per_model", "Number of cache hits per model", "cache_hit", "count"),
+    ("nv_cache_hit_duration_per_model", "Total cache hit duration per model, in microseconds",
+     "cache_hit", "us"),
+    ("nv_cache_num_misses_per_model", "Number of cache misses per model", "cache_miss", "count"),
+    ("nv_cache_miss_duration_per_model",
+     "Total cache miss (insert+lookup) duration per model, in microseconds", "cache_miss", "us"),
+)  # fmt: skip
+
+
+def _model_cache_families(ids: list[tuple[ModelVersion, str]]) -> list[str]:
+    """The per-model cache families, for the versions that use the response cache (as Triton)."""
+    cached = [(v, labels) for v, labels in ids if v.scheduler is not None and v.scheduler.response_cache]
+    lines: list[str] = []
+    for name, help_text, duration, unit in MODEL_CACHE_FAMILIES if cached else ():
+        samples = []
+        for v, labels in cached:
+            total = getattr(v.statistics, duration)
+            samples.append(f"{name}{labels} {total.count if unit == 'count' else total.ns // 1000}")
+        lines.extend(family(name, "counter", help_text, samples))
+    return lines
+
+
+def render_cache_metrics(cache: ResponseCache) -> str:
+    """Triton's cache-wide families (gauges, no labels), from the cache's statistics."""
+    stats = cache.statistics()
+    values = (
+        ("nv_cache_num_entries", "Number of responses stored in response cache", stats.entries),
+        ("nv_cache_num_lookups", "Number of cache lookups in response cache", stats.lookups),
+        ("nv_cache_num_hits", "Number of cache hits in response cache", stats.hits),
+        ("nv_cache_num_misses", "Number of cache misses in response cache", stats.misses),
+        ("nv_cache_num_evictions", "Number of cache evictions in response cache", stats.evictions),
+        ("nv_cache_lookup_duration", "Total cache lookup duration (hit and miss), in microseconds",
+         stats.lookup_ns // 1000),
+        ("nv_cache_insertion_duration", "Total cache insertion duration, in microseconds",
+         stats.insertion_ns // 1000),
+        ("nv_cache_util", "Cache utilization [0.0 - 1.0]", stats.utilization),
+    )  # fmt: skip
+    lines = [line for name, help_text, value in values for line in family(name, "gauge", help_text,
+             [f"{name} {_number(value)}"])]  # fmt: skip
+    return "\n".join(lines) + "\n"
 
 
 def _with_reason(labels: str, reason: str) -> str:
@@ -264,8 +310,10 @@ class MetricsFrontend:
         cpu: bool = True,
         gpu: bool = True,
         interval_ms: float = 2000.0,
+        response_cache: ResponseCache | None = None,
     ) -> None:
         self._repository = repository
+        self._response_cache = response_cache
         self._address = address
         self.port = port
         self._latency = latency or LatencyOptions()
@@ -281,6 +329,7 @@ class MetricsFrontend:
     def render(self) -> str:
         return (
             render_model_metrics(self._repository, self._latency)
+            + (render_cache_metrics(self._response_cache) if self._response_cache is not None else "")
             + self._system.render()
             + generate_latest(self._process).decode()
         )

@@ -58,4 +58,6 @@ class ServerOptions:
     strict_readiness: bool = True
     auto_complete_config: bool = True
     backend_config: dict[str, dict[str, str]] = field(default_factory=dict)
+    # --cache-config: cache name -> its settings ({"local": {"size": "1048576"}}); empty: no cache.
+    cache_config: dict[str, dict[str, str]] = field(default_factory=dict)
     exit_timeout_secs: float = 30.0

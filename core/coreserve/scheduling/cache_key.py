@@ -1,0 +1,52 @@
+"""The key a response cache files a request under: a hash of what decides its answer.
+
+The hash covers the model version (through a prefix), each input's name, datatype, shape and
+bytes, the outputs the request asks for and the request parameters a model may read. Array
+data is fed to the hash as it lies in memory (no copy for contiguous arrays), so hashing
+costs one pass over the input bytes.
+"""
+
+from __future__ import annotations
+
+from hashlib import blake2b
+
+import numpy as np
+
+from coreserve.types import InferenceRequest
+
+# 128 bits: a collision (another request's answer) is out of reach in practice; Triton's is 64.
+DIGEST_SIZE = 16
+# Request parameters that change when or how a request runs, never what it answers.
+SCHEDULING_PARAMETERS = frozenset({"priority", "timeout"})
+
+
+def model_prefix(model_name: str, version: int, generation: int) -> bytes:
+    """The part of every key of one loaded model version; a reload gets a new `generation`."""
+    return f"{len(model_name)}:{model_name}:{version}:{generation}:".encode()
+
+
+def request_key(prefix: bytes, request: InferenceRequest) -> bytes:
+    """The cache key of `request` for the model version that `prefix` names."""
+    digest = blake2b(prefix, digest_size=DIGEST_SIZE)
+    update = digest.update
+    inputs = request.inputs
+    for name in sorted(inputs) if len(inputs) > 1 else inputs:
+        array = inputs[name]
+        # Every variable-length field carries its length, so two requests never feed the same bytes.
+        update(f"{len(name)}:{name}:{array.dtype.name}:{array.shape}:".encode())
+        if array.dtype.kind == "O":
+            for element in array.reshape(-1):
+                data = element if isinstance(element, bytes) else str(element).encode()
+                update(len(data).to_bytes(8, "little"))
+                update(data)
+        else:
+            contiguous = array if array.flags.c_contiguous else np.ascontiguousarray(array)
+            update(contiguous.reshape(-1).view(np.uint8).data)
+    requested = request.requested_outputs
+    update(b"*" if requested is None else repr(requested).encode())
+    parameters = request.parameters
+    if parameters:
+        kept = sorted((k, v) for k, v in parameters.items() if k not in SCHEDULING_PARAMETERS)
+        if kept:
+            update(repr(kept).encode())
+    return digest.digest()

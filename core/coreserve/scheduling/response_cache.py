@@ -1,0 +1,260 @@
+"""The response cache: answers a request seen before without running the model again.
+
+Two layers, as Triton has them. A `ResponseCache` (`--cache-config`) holds entries for every
+model of the server, bounded in bytes; `LocalResponseCache` keeps them in this process and
+evicts the least recently used. A `ModelResponseCache` is what one loaded model version with
+`response_cache { enable: true }` puts in front of its scheduler: it looks a request up before
+it queues (a hit is answered at once, and the backend never sees it), files the successful
+response of a miss, and records the hit and miss statistics of the model.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from coreserve.errors import CoreserveError
+from coreserve.scheduling.cache_key import model_prefix, request_key
+from coreserve.scheduling.statistics import ModelStatistics
+from coreserve.types import InferenceRequest, InferenceResponse, ParameterValue, ResponseSink, now_ns
+
+# What an entry costs beyond its tensor bytes (the key, names, bookkeeping), for the size bound.
+ENTRY_OVERHEAD = 64
+_generations = itertools.count(1)
+
+
+@dataclass(frozen=True, slots=True)
+class CachedResponse:
+    """The outputs and parameters of one response, read-only, and what they count against the size."""
+
+    outputs: Mapping[str, np.ndarray]
+    parameters: Mapping[str, ParameterValue]
+    nbytes: int
+
+    @classmethod
+    def of(cls, response: InferenceResponse) -> CachedResponse:
+        """A private, read-only copy of a response's outputs (a backend may reuse its buffers)."""
+        outputs: dict[str, np.ndarray] = {}
+        nbytes = ENTRY_OVERHEAD
+        for name, array in response.outputs.items():
+            stored = np.array(array, copy=True, order="C")
+            stored.flags.writeable = False  # handed to every hit: nobody may change it
+            outputs[name] = stored
+            nbytes += len(name) + _data_bytes(stored)
+        return cls(outputs, dict(response.parameters), nbytes)
+
+
+def _data_bytes(array: np.ndarray) -> int:
+    if array.dtype.kind != "O":
+        return array.nbytes
+    # BYTES: each element's bytes and its 4-byte length, as the wire carries them.
+    return sum(len(element) + 4 if isinstance(element, bytes) else 8 for element in array.reshape(-1))
+
+
+@dataclass(slots=True)
+class CacheStatistics:
+    """Cache-wide counts and durations: Triton's nv_cache_* families."""
+
+    entries: int = 0
+    lookups: int = 0
+    hits: int = 0
+    misses: int = 0
+    evictions: int = 0
+    lookup_ns: int = 0
+    insertion_ns: int = 0
+    used_bytes: int = 0
+    size_bytes: int = 0
+
+    @property
+    def utilization(self) -> float:
+        """The fraction of the size that entries hold, from 0.0 to 1.0."""
+        return self.used_bytes / self.size_bytes if self.size_bytes else 0.0
+
+
+class ResponseCache(Protocol):
+    """A store of responses by key, shared by the models of a server (`--cache-config`).
+
+    Called on the event loop thread only.
+    """
+
+    name: str  # the --cache-config implementation name ("local")
+
+    def lookup(self, key: bytes) -> CachedResponse | None:
+        """The response filed under `key`, or None; a hit makes the entry most recently used."""
+        ...
+
+    def insert(self, key: bytes, owner: int, entry: CachedResponse) -> bool:
+        """Files `entry` under `key` for `owner` (a loaded model version); False if it cannot
+        hold it (larger than the whole cache)."""
+        ...
+
+    def evict_owner(self, owner: int) -> int:
+        """Removes every entry of `owner` (a model version unloading); returns how many."""
+        ...
+
+    def statistics(self) -> CacheStatistics:
+        """The counts and durations so far."""
+        ...
+
+
+class LocalResponseCache:
+    """Entries in this process's memory, at most `size` bytes, least recently used evicted first."""
+
+    name = "local"
+
+    def __init__(self, size: int) -> None:
+        if size <= 0:
+            raise ValueError(f"a cache size must be above 0 bytes, got {size}")
+        self.size = size
+        self._entries: OrderedDict[bytes, tuple[int, CachedResponse]] = OrderedDict()
+        self._by_owner: dict[int, set[bytes]] = {}
+        self._stats = CacheStatistics(size_bytes=size)
+
+    def lookup(self, key: bytes) -> CachedResponse | None:
+        started = now_ns()
+        stats = self._stats
+        stats.lookups += 1
+        found = self._entries.get(key)
+        if found is None:
+            stats.misses += 1
+            stats.lookup_ns += now_ns() - started
+            return None
+        self._entries.move_to_end(key)
+        stats.hits += 1
+        stats.lookup_ns += now_ns() - started
+        return found[1]
+
+    def insert(self, key: bytes, owner: int, entry: CachedResponse) -> bool:
+        if entry.nbytes > self.size:
+            return False  # an entry never exceeds the cache: it would evict everything, then not fit
+        started = now_ns()
+        stats = self._stats
+        if key in self._entries:  # two misses of the same request raced; keep the newer answer
+            self._remove(key)
+        while stats.used_bytes + entry.nbytes > self.size:
+            oldest = next(iter(self._entries))
+            self._remove(oldest)
+            stats.evictions += 1
+        self._entries[key] = (owner, entry)
+        self._by_owner.setdefault(owner, set()).add(key)
+        stats.used_bytes += entry.nbytes
+        stats.entries = len(self._entries)
+        stats.insertion_ns += now_ns() - started
+        return True
+
+    def evict_owner(self, owner: int) -> int:
+        keys = self._by_owner.pop(owner, set())
+        for key in keys:
+            self._remove(key)
+        return len(keys)
+
+    def _remove(self, key: bytes) -> None:
+        owner, entry = self._entries.pop(key)
+        self._stats.used_bytes -= entry.nbytes
+        self._stats.entries = len(self._entries)
+        keys = self._by_owner.get(owner)
+        if keys is not None:
+            keys.discard(key)
+            if not keys:
+                del self._by_owner[owner]
+
+    def statistics(self) -> CacheStatistics:
+        stats = self._stats
+        return CacheStatistics(
+            entries=stats.entries,
+            lookups=stats.lookups,
+            hits=stats.hits,
+            misses=stats.misses,
+            evictions=stats.evictions,
+            lookup_ns=stats.lookup_ns,
+            insertion_ns=stats.insertion_ns,
+            used_bytes=stats.used_bytes,
+            size_bytes=stats.size_bytes,
+        )
+
+
+class ModelResponseCache:
+    """The cache in front of one loaded model version's scheduler."""
+
+    __slots__ = ("cache", "closed", "model_version", "owner", "prefix")
+
+    def __init__(self, cache: ResponseCache, model_name: str, version: int) -> None:
+        self.cache = cache
+        self.model_version = str(version)
+        # Each load is a new owner with its own keys: a reloaded model never finds the answers
+        # of the files it replaced, even before those are evicted.
+        self.owner = next(_generations)
+        self.prefix = model_prefix(model_name, version, self.owner)
+        self.closed = False
+
+    def answer(self, request: InferenceRequest, statistics: ModelStatistics) -> bool:
+        """Answers `request` from the cache (True), or arranges for its response to be filed."""
+        started = now_ns()
+        key = request_key(self.prefix, request)
+        found = self.cache.lookup(key)
+        sink = request.sink
+        assert sink is not None
+        if found is None:
+            request.sink = CachingSink(sink, self, key, statistics, now_ns() - started)
+            return False
+        response = InferenceResponse(
+            model_name=request.model_name,
+            model_version=self.model_version,
+            outputs=found.outputs,
+            id=request.id,
+            parameters=dict(found.parameters),
+        )
+        statistics.record_cache_hit(request, started, now_ns())
+        sink.send(response, True)
+        return True
+
+    def file(self, key: bytes, response: InferenceResponse) -> None:
+        """Files the response of a miss (not once the version is unloading: it would linger)."""
+        if not self.closed:
+            self.cache.insert(key, self.owner, CachedResponse.of(response))
+
+    def close(self) -> None:
+        """Drops this version's entries; called when it unloads or is replaced."""
+        self.closed = True
+        self.cache.evict_owner(self.owner)
+
+
+class CachingSink:
+    """A missed request's sink: files its successful response, then passes everything on."""
+
+    __slots__ = ("_cache", "_key", "_lookup_ns", "_statistics", "_target")
+
+    def __init__(
+        self,
+        target: ResponseSink,
+        cache: ModelResponseCache,
+        key: bytes,
+        statistics: ModelStatistics,
+        lookup_ns: int,
+    ) -> None:
+        self._target = target
+        self._cache = cache
+        self._key = key
+        self._statistics = statistics
+        self._lookup_ns = lookup_ns
+
+    @property
+    def done(self) -> bool:
+        return self._target.done
+
+    def send(self, response: InferenceResponse | None, final: bool) -> None:
+        if response is not None and final and not self._target.done:
+            started = now_ns()
+            self._cache.file(self._key, response)
+            self._statistics.record_cache_miss(self._lookup_ns + now_ns() - started)
+        self._target.send(response, final)
+
+    def fail(self, error: CoreserveError) -> None:
+        if not self._target.done:
+            self._statistics.record_cache_miss(self._lookup_ns)
+        self._target.fail(error)
