@@ -150,6 +150,18 @@ class InferenceRequest:
     _on_cancel: list[Callable[[], object]] | None = field(default=None, init=False, repr=False)
     queue: RequestQueue | None = field(default=None, init=False, repr=False)
 
+    def trace_as_child_of(self, parent: InferenceRequest) -> None:
+        """Traces this request as a child of `parent`'s trace, if `parent` is traced.
+
+        For requests a model makes while executing `parent` (BLS calls): the child's trace
+        names the parent's (`parent_id` in Triton's trace file; a child span in OpenTelemetry).
+        Call it before submitting this request.
+        """
+        if parent.trace is not None:
+            from coreserve.tracing.trace import TraceContext  # tracing imports this module
+
+            self.trace_context = TraceContext(parent=parent.trace)
+
     def is_cancelled(self) -> bool:
         """True once the request was cancelled: its client gave up, or its parent was cancelled.
 

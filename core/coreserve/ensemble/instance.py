@@ -17,7 +17,6 @@ from coreserve.backend.api import InferenceClient
 from coreserve.backend.responder import Responder
 from coreserve.ensemble.graph import EnsembleGraph, Step
 from coreserve.errors import CancelledError, CoreserveError, InternalError
-from coreserve.tracing.trace import TraceContext
 from coreserve.types import InferenceRequest
 
 Tensors = dict[str, np.ndarray]
@@ -121,8 +120,7 @@ class EnsembleInstance:
             parameters=dict(request.parameters),
             requested_outputs=tuple(step.outputs),
         )
-        if request.trace is not None:  # a traced ensemble traces its steps, as children of its trace
-            child.trace_context = TraceContext(parent=request.trace)
+        child.trace_as_child_of(request)  # a traced ensemble traces its steps as its children
         return child
 
     def _renamed(self, step: Step, outputs: dict[str, np.ndarray]) -> Tensors:

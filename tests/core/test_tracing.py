@@ -1,0 +1,96 @@
+"""Tracing in process: the settings' rules, sampling by rate and count, --trace-config parsing."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from coreserve.errors import InvalidArgumentError, UnsupportedError
+from coreserve.tracing import TraceConfig, Tracer, TraceSetting, TraceSettings
+from coreserve.tracing.config import parse_trace_config
+from coreserve.types import InferenceRequest
+
+
+def _request(model: str = "m", request_id: str = "") -> InferenceRequest:
+    return InferenceRequest(model, {"X": np.zeros((1, 2), np.float32)}, id=request_id)
+
+
+def test_tracing_off_by_default_leaves_the_request_path_one_check() -> None:
+    tracer = Tracer()
+    assert tracer.active is False
+    assert tracer.setting() == TraceSetting()
+
+
+def test_model_fields_override_and_follow_the_global_setting() -> None:
+    settings = TraceSettings(TraceSetting(trace_level=("TIMESTAMPS",), trace_rate=1))
+    assert settings.update({"trace_rate": "5"}, "m").trace_rate == 5
+    settings.update({"trace_count": "10", "trace_rate": "7"})
+    assert (settings.setting("m").trace_rate, settings.setting("m").trace_count) == (5, 10)
+    assert settings.update({"trace_rate": None}, "m").trace_rate == 7
+    assert not settings.has_own("m")
+    assert settings.update({"trace_rate": None}).trace_rate == 1  # back to the start-up value
+
+
+def test_a_bad_change_changes_nothing() -> None:
+    settings = TraceSettings(TraceSetting(trace_rate=3))
+    with pytest.raises(InvalidArgumentError, match="Expecting value >= -1"):
+        settings.update({"trace_rate": "9", "trace_count": "-2"})
+    with pytest.raises(UnsupportedError):
+        settings.update({"trace_file": "x"})
+    assert settings.setting().trace_rate == 3
+
+
+def test_rate_samples_every_nth_request_while_the_count_lasts() -> None:
+    tracer = Tracer(TraceConfig(TraceSetting(trace_level=("TIMESTAMPS",), trace_rate=2, trace_count=2)))
+    traced = [tracer.trace(_request(request_id=str(n)), 1) for n in range(8)]
+    assert [t.request_id for t in traced if t is not None] == ["1", "3"]
+    assert tracer.setting().trace_count == 0
+
+
+def test_a_model_with_its_own_count_spends_its_own() -> None:
+    tracer = Tracer(TraceConfig(TraceSetting(trace_level=("TIMESTAMPS",), trace_rate=1, trace_count=5)))
+    tracer.update({"trace_count": "1"}, "m")
+    assert tracer.trace(_request("m"), 1) is not None
+    assert tracer.trace(_request("m"), 1) is None
+    assert tracer.trace(_request("other"), 1) is not None
+    assert (tracer.setting("m").trace_count, tracer.setting().trace_count) == (0, 4)
+
+
+def test_a_child_request_is_traced_with_its_parent() -> None:
+    tracer = Tracer(TraceConfig(TraceSetting(trace_level=("TENSORS",), trace_rate=1)))
+    parent = _request("ensemble")
+    parent.trace = tracer.trace(parent, 1)
+    tracer.update({"trace_level": ["OFF"]})  # children still follow a traced parent
+    child = _request("step")
+    child.trace_as_child_of(parent)
+    trace = tracer.trace(child, 1)
+    assert trace is not None and trace.parent is parent.trace
+    assert [t.activity for t in trace.tensor_records] == ["TENSOR_QUEUE_INPUT"]
+    untraced = _request("step")
+    untraced.trace_as_child_of(_request("ensemble"))
+    assert untraced.trace_context is None
+
+
+def test_trace_config_reads_tritons_forms_and_the_older_flags() -> None:
+    config = parse_trace_config(
+        [
+            "level=TIMESTAMPS",
+            "level=TENSORS",
+            "rate=10",
+            "triton,log-frequency=5",
+            "opentelemetry,resource=a=b",
+        ],
+        trace_file="/tmp/t.json",
+        rate=3,
+        count=7,
+    )
+    assert config.setting == TraceSetting(
+        trace_level=("TIMESTAMPS", "TENSORS"),
+        trace_rate=10,
+        trace_count=7,
+        log_frequency=5,
+        trace_file="/tmp/t.json",
+    )
+    assert config.opentelemetry.resource == {"service.name": "triton-inference-server", "a": "b"}
+    with pytest.raises(InvalidArgumentError, match="unknown setting 'url'"):
+        parse_trace_config(["triton,url=x"])
