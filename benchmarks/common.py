@@ -181,8 +181,12 @@ def run_perf_analyzer(
     concurrency: int,
     seconds: float,
     shape: dict[str, list[int]] | None = None,
+    extra: Sequence[str] = (),
 ) -> Load:
-    """Drives a model with perf_analyzer (binary tensors, random data) and reads its CSV."""
+    """Drives a model with perf_analyzer (binary tensors, random data) and reads its CSV.
+
+    `extra`: more perf_analyzer options, such as `--streaming`.
+    """
     with tempfile.TemporaryDirectory() as folder:
         report = Path(folder) / "report.csv"
         command = [
@@ -206,6 +210,7 @@ def run_perf_analyzer(
         ]
         for name, dims in (shape or {}).items():
             command += ["--shape", f"{name}:{','.join(map(str, dims))}"]
+        command += extra
         subprocess.run(command, capture_output=True, text=True, check=True, timeout=seconds * 10 + 120)
         with report.open() as file:
             row = next(csv.DictReader(file))
