@@ -112,7 +112,6 @@ class LocalResponseCache:
             raise ValueError(f"a cache size must be above 0 bytes, got {size}")
         self.size = size
         self._entries: OrderedDict[bytes, tuple[int, CachedResponse]] = OrderedDict()
-        self._by_owner: dict[int, set[bytes]] = {}
         self._stats = CacheStatistics(size_bytes=size)
 
     def lookup(self, key: bytes) -> CachedResponse | None:
@@ -134,39 +133,31 @@ class LocalResponseCache:
             return False  # an entry never exceeds the cache: it would evict everything, then not fit
         started = now_ns()
         stats = self._stats
-        if key in self._entries:  # two misses of the same request raced; keep the newer answer
-            self._remove(key)
-        while stats.used_bytes + entry.nbytes > self.size:
-            oldest = next(iter(self._entries))
-            self._remove(oldest)
+        entries = self._entries
+        previous = entries.pop(key, None)
+        if previous is not None:  # two misses of the same request raced; keep the newer answer
+            stats.used_bytes -= previous[1].nbytes
+        used = stats.used_bytes + entry.nbytes
+        while used > self.size:
+            _, (_, oldest) = entries.popitem(last=False)  # the least recently used
+            used -= oldest.nbytes
             stats.evictions += 1
-        self._entries[key] = (owner, entry)
-        self._by_owner.setdefault(owner, set()).add(key)
-        stats.used_bytes += entry.nbytes
-        stats.entries = len(self._entries)
+        entries[key] = (owner, entry)
+        stats.used_bytes = used
         stats.insertion_ns += now_ns() - started
         return True
 
     def evict_owner(self, owner: int) -> int:
-        keys = self._by_owner.pop(owner, set())
+        # A scan: unloads are rare, and no per-owner index then costs each insert and eviction.
+        keys = [key for key, (holder, _) in self._entries.items() if holder == owner]
         for key in keys:
-            self._remove(key)
+            self._stats.used_bytes -= self._entries.pop(key)[1].nbytes
         return len(keys)
-
-    def _remove(self, key: bytes) -> None:
-        owner, entry = self._entries.pop(key)
-        self._stats.used_bytes -= entry.nbytes
-        self._stats.entries = len(self._entries)
-        keys = self._by_owner.get(owner)
-        if keys is not None:
-            keys.discard(key)
-            if not keys:
-                del self._by_owner[owner]
 
     def statistics(self) -> CacheStatistics:
         stats = self._stats
         return CacheStatistics(
-            entries=stats.entries,
+            entries=len(self._entries),
             lookups=stats.lookups,
             hits=stats.hits,
             misses=stats.misses,

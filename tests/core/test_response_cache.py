@@ -1,0 +1,127 @@
+"""The response cache in-process: what its key tells apart, LRU by bytes, owners, statistics."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from coreserve.scheduling.cache_config import CacheConfigError, check_cache_config, make_response_cache
+from coreserve.scheduling.cache_key import model_prefix, request_key
+from coreserve.scheduling.response_cache import ENTRY_OVERHEAD, CachedResponse, LocalResponseCache
+from coreserve.types import InferenceRequest, InferenceResponse
+
+PREFIX = model_prefix("m", 1, 1)
+
+
+def _key(prefix: bytes = PREFIX, **fields: object) -> bytes:
+    inputs = fields.pop("inputs", {"X": np.arange(6, dtype=np.float32).reshape(2, 3)})
+    return request_key(prefix, InferenceRequest("m", inputs, **fields))  # type: ignore[arg-type]
+
+
+def _entry(nbytes: int) -> CachedResponse:
+    return CachedResponse({}, {}, nbytes)
+
+
+def test_the_key_tells_apart_what_changes_an_answer() -> None:
+    base = np.arange(6, dtype=np.float32)
+    same = _key(inputs={"X": base.reshape(2, 3)})
+    assert same == _key()
+    others = [
+        _key(inputs={"X": base.reshape(3, 2)}),  # shape
+        _key(inputs={"X": base.view(np.int32).reshape(2, 3)}),  # datatype, same bytes
+        _key(inputs={"Y": base.reshape(2, 3)}),  # name
+        _key(inputs={"X": (base + 1).reshape(2, 3)}),  # bytes
+        _key(requested_outputs=("A",)),
+        _key(requested_outputs=("A", "B")),
+        _key(parameters={"offset": 1}),
+        _key(parameters={"offset": True}),
+        _key(model_prefix("m", 2, 1)),  # another version
+        _key(model_prefix("m", 1, 2)),  # another load of the same version
+        _key(model_prefix("n", 1, 1)),
+    ]
+    assert len({same, *others}) == len(others) + 1
+
+
+def test_the_key_ignores_layout_input_order_and_scheduling_parameters() -> None:
+    array = np.arange(6, dtype=np.float32).reshape(3, 2)
+    assert _key(inputs={"X": array.T}) == _key(inputs={"X": np.ascontiguousarray(array.T)})
+    a, b = np.ones(2, np.float32), np.zeros(2, np.float32)
+    assert _key(inputs={"A": a, "B": b}) == _key(inputs={"B": b, "A": a})
+    assert _key(parameters={"priority": 2, "timeout": 5}) == _key()
+
+
+def test_bytes_elements_keep_their_boundaries_and_bf16_hashes() -> None:
+    first = _key(inputs={"S": np.array([b"ab", b"c"], dtype=np.object_)})
+    second = _key(inputs={"S": np.array([b"a", b"bc"], dtype=np.object_)})
+    assert first != second
+    bf16 = np.ones((2, 2), dtype=ml_dtypes.bfloat16)
+    assert _key(inputs={"X": bf16.T}) == _key(inputs={"X": bf16})
+    assert _key(inputs={"X": bf16}) != _key(inputs={"X": np.ones((2, 2), np.float16)})
+
+
+def test_least_recently_used_goes_first_and_an_entry_never_exceeds_the_cache() -> None:
+    cache = LocalResponseCache(300)
+    for key in (b"a", b"b", b"c"):
+        assert cache.insert(key, 1, _entry(100))
+    assert cache.lookup(b"a") is not None  # a is now the most recently used
+    assert cache.insert(b"d", 1, _entry(100))
+    assert cache.lookup(b"b") is None  # evicted: used least recently
+    assert [cache.lookup(k) is not None for k in (b"a", b"c", b"d")] == [True, True, True]
+    assert not cache.insert(b"huge", 1, _entry(301))
+    assert cache.statistics().entries == 3  # nothing was evicted for it
+    assert cache.insert(b"whole", 1, _entry(300))  # exactly the size: fits, alone
+    stats = cache.statistics()
+    assert (stats.entries, stats.used_bytes, stats.evictions, stats.utilization) == (1, 300, 4, 1.0)
+
+
+def test_evicting_an_owner_removes_only_its_entries() -> None:
+    cache = LocalResponseCache(1000)
+    cache.insert(b"a", 1, _entry(100))
+    cache.insert(b"b", 2, _entry(100))
+    cache.insert(b"c", 1, _entry(100))
+    assert cache.evict_owner(1) == 2
+    stats = cache.statistics()
+    assert (stats.entries, stats.used_bytes) == (1, 100)
+    assert cache.lookup(b"b") is not None and cache.lookup(b"a") is None
+    assert (stats.lookups, stats.hits, stats.misses) == (0, 0, 0)  # a copy, taken before the lookups
+    after = cache.statistics()
+    assert (after.lookups, after.hits, after.misses) == (2, 1, 1)
+
+
+def test_a_cached_response_is_a_private_read_only_copy() -> None:
+    output = np.arange(4, dtype=np.float32)
+    cached = CachedResponse.of(InferenceResponse("m", "1", {"OUT": output}, parameters={"p": 1}))
+    output[0] = 99  # the backend reuses its buffer
+    assert cached.outputs["OUT"][0] == 0
+    assert not cached.outputs["OUT"].flags.writeable
+    assert cached.nbytes == ENTRY_OVERHEAD + len("OUT") + 16
+    words = CachedResponse.of(InferenceResponse("m", "1", {"W": np.array([b"abc"], dtype=np.object_)}))
+    assert words.nbytes == ENTRY_OVERHEAD + len("W") + 3 + 4
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({"local": {"size": "x"}}, "size must be a whole number of bytes above 0, got 'x'"),
+        ({"local": {"size": "1e6"}}, "got '1e6'"),
+        ({"local": {}}, "needs size=BYTES"),
+        ({"local": {"size": "5", "ttl": "3"}}, "unknown setting 'ttl'"),
+        ({"disk": {"size": "5"}}, "unknown cache 'disk'"),
+        ({"local": {"size": "5"}, "redis": {"host": "h"}}, "found multiple cache configurations"),
+    ],
+)
+def test_cache_configs_that_make_no_cache_are_refused(
+    config: dict[str, dict[str, str]], message: str
+) -> None:
+    with pytest.raises(CacheConfigError, match=message):
+        check_cache_config(config)
+
+
+def test_a_local_config_makes_a_local_cache_and_redis_only_warns() -> None:
+    cache = make_response_cache({"local": {"size": "4096"}})
+    assert isinstance(cache, LocalResponseCache) and cache.size == 4096
+    assert make_response_cache({}) is None
+    warning = check_cache_config({"redis": {"host": "localhost", "port": "6379"}})
+    assert warning is not None and "not built yet" in warning
+    assert make_response_cache({"redis": {"host": "localhost"}}) is None
