@@ -260,8 +260,44 @@ def test_an_ensembles_steps_are_traced_as_its_children(
     children = [trace for trace in traces.values() if trace["record"]["model_name"] == "scale"]
     assert "parent_id" not in parent["record"]
     assert [child["record"]["parent_id"] for child in children] == [parent["record"]["id"]] * 2
-    # An ensemble is not queued nor computed itself: its steps are.
-    ensemble_marks = ["HTTP_RECV_START", "HTTP_RECV_END", "REQUEST_START", "REQUEST_END"]
-    assert [name for name, _ in parent["marks"]] == [*ensemble_marks, "HTTP_SEND_START", "HTTP_SEND_END"]
+    # The ensemble's own compute spans its steps'.
+    assert [name for name, _ in parent["marks"]] == HTTP_MARKS
+    compute = dict(parent["marks"])
+    for child in children:
+        stamps = dict(child["marks"])
+        assert (
+            compute["COMPUTE_START"]
+            <= stamps["REQUEST_START"]
+            <= stamps["REQUEST_END"]
+            <= compute["COMPUTE_END"]
+        )
     for child in children:
         assert [name for name, _ in child["marks"]] == HTTP_MARKS[2:-2]  # in-process: no frontend marks
+
+
+def test_streamed_and_generate_requests_are_traced_to_their_last_response(
+    coreserve_server: ServerFactory, repository: Path, tmp_path: Path
+) -> None:
+    trace_file = tmp_path / "trace.json"
+    server = _traced_server(coreserve_server, repository, trace_file, "level=TIMESTAMPS", "rate=1")
+    answers: list[object] = []
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        client.start_stream(callback=lambda result, error: answers.append(error or result))
+        for index in range(2):
+            tensor = grpcclient.InferInput("INPUT0", [1, 4], "FP32")
+            tensor.set_data_from_numpy(np.full((1, 4), index, np.float32))
+            client.async_stream_infer("scale", [tensor], request_id=f"stream{index}")
+        client.stop_stream()
+    finally:
+        client.close()
+    assert len(answers) == 2 and all(not isinstance(a, Exception) for a in answers)
+    body = json.dumps({"INPUT0": [1, 2, 3, 4]}).encode()
+    status, _, reply = request(server.http_url, "POST", "/v2/models/scale/generate", body)
+    assert status == 200, reply
+    server.stop()
+    traces = _read(trace_file)
+    assert len(traces) == 3
+    for trace in traces.values():
+        assert [name for name, _ in trace["marks"]] == HTTP_MARKS[2:-2]
+    assert sorted(t["record"].get("request_id", "") for t in traces.values()) == ["", "stream0", "stream1"]

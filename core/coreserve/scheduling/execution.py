@@ -34,6 +34,9 @@ async def execute_batch(
         for request in batch:
             if request.sink is not None:
                 request.sink = FirstResponseTimer(request, request.sink, statistics)
+    for request in batch:
+        if request.trace is not None:  # the compute marks are still to come
+            request.trace.computing = True
     responder = Responder(signature, model_version, batch)
     try:
         await instance.execute(batch, responder)

@@ -28,6 +28,7 @@ from coreserve.server import request_log
 from coreserve.server.log_settings import LogSettings, ServerLog
 from coreserve.server.shared_memory import SystemSharedMemory
 from coreserve.tracing import Tracer, TraceSetting
+from coreserve.tracing.trace import TraceEndingSink
 from coreserve.types import InferenceRequest, InferenceResponse, ResponseSink, now_ns
 
 SERVER_NAME = "coreserve"
@@ -155,9 +156,16 @@ class DataPlane:
 
         Raises (and counts as a failure of the model) when the request does not fit.
         """
-        self._submit(self.model_version(request.model_name, request.model_version), request, sink)
+        self._submit(self.model_version(request.model_name, request.model_version), request, sink, True)
 
-    def _submit(self, model_version: ModelVersion, request: InferenceRequest, sink: ResponseSink) -> None:
+    def _submit(
+        self,
+        model_version: ModelVersion,
+        request: InferenceRequest,
+        sink: ResponseSink,
+        ends_trace: bool = False,
+    ) -> None:
+        """`ends_trace`: the sink ends a traced request's trace (infer ends it itself)."""
         scheduler = model_version.scheduler
         if scheduler is None:
             raise UnavailableError(
@@ -174,6 +182,8 @@ class DataPlane:
         request.sink = sink
         if self.tracer.active:
             request.trace = self.tracer.trace(request, model_version.version)
+            if ends_trace and request.trace is not None:
+                request.sink = TraceEndingSink(request.trace, sink)
         level = self.log.settings.log_verbose_level
         if level:
             request_log.received(request, model_version.version, level)
@@ -223,9 +233,6 @@ class DataPlane:
             # nobody listens any more.
             if not sink.done:
                 request.cancel()
-            if request.trace is not None:
-                request.trace.mark("REQUEST_END", now_ns())
-                request.trace.finish()
 
     def statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
         """Statistics of every model, of one model's versions, or of one version."""
@@ -261,7 +268,7 @@ def _end_trace(request: InferenceRequest, response: InferenceResponse | None, *,
     assert trace is not None
     if response is not None:
         trace.outputs(response.outputs)
-    trace.mark("REQUEST_END", now_ns())
+    trace.request_end(now_ns())
     context = request.trace_context
     if finish or context is None or not context.protocol:
         trace.finish()

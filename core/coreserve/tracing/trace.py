@@ -14,10 +14,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from coreserve.types import DataType
+from coreserve.types import DataType, now_ns
 
 if TYPE_CHECKING:
-    from coreserve.types import InferenceRequest
+    from coreserve.errors import CoreserveError
+    from coreserve.types import InferenceRequest, InferenceResponse, ResponseSink
 
 
 class TraceRecorder(Protocol):
@@ -56,7 +57,10 @@ class RequestTrace:
     """The trace of one request: Triton's named timestamps, in the order they happened."""
 
     __slots__ = (
+        "computing",
         "context",
+        "end_pending",
+        "finish_pending",
         "id",
         "marks",
         "model_name",
@@ -90,6 +94,11 @@ class RequestTrace:
         self.marks: list[tuple[str, int]] = []
         self.tensor_records: list[TensorRecord] = []
         self.otel: Any = None  # the OpenTelemetry spans of this request, in that mode
+        # A backend may send a request's last response before its execution ends (the core
+        # takes the compute marks after): then the trace is finished once they are taken.
+        self.computing = False
+        self.finish_pending = False
+        self.end_pending = 0
         if context is not None and context.protocol:
             prefix = context.protocol
             first, last = (
@@ -107,6 +116,13 @@ class RequestTrace:
     def mark(self, name: str, ns: int) -> None:
         self.marks.append((name, ns))
 
+    def request_end(self, ns: int) -> None:
+        """Marks REQUEST_END: the request is answered; never before its compute ends (as Triton)."""
+        if self.computing:
+            self.end_pending = ns
+        else:
+            self.marks.append(("REQUEST_END", ns))
+
     def executed(
         self, queued_ns: int, start_ns: int, inputs_ready_ns: int, infer_done_ns: int, end_ns: int
     ) -> None:
@@ -116,6 +132,11 @@ class RequestTrace:
         self.marks.append(("COMPUTE_INPUT_END", inputs_ready_ns or start_ns))
         self.marks.append(("COMPUTE_OUTPUT_START", infer_done_ns or end_ns))
         self.marks.append(("COMPUTE_END", end_ns))
+        self.computing = False
+        if self.end_pending:
+            self.marks.append(("REQUEST_END", max(self.end_pending, end_ns)))
+        if self.finish_pending:
+            self.finish()
 
     def add_tensors(self, activity: str, tensors: Iterable[tuple[str, np.ndarray]]) -> None:
         for name, array in tensors:
@@ -127,6 +148,9 @@ class RequestTrace:
 
     def finish(self) -> None:
         """Hands the trace to its recorder; call once, when the request has been answered."""
+        if self.computing:
+            self.finish_pending = True
+            return
         recorder, self.recorder = self.recorder, None  # type: ignore[assignment]
         if recorder is not None:
             recorder.record(self)
@@ -136,6 +160,35 @@ class RequestTrace:
             if mark == name:
                 return ns
         return None
+
+
+class TraceEndingSink:
+    """A traced request's sink that ends its trace with its last response (streams, ModelStreamInfer)."""
+
+    __slots__ = ("_target", "_trace")
+
+    def __init__(self, trace: RequestTrace, target: ResponseSink) -> None:
+        self._trace = trace
+        self._target = target
+
+    @property
+    def done(self) -> bool:
+        return self._target.done
+
+    def send(self, response: InferenceResponse | None, final: bool) -> None:
+        if response is not None:
+            self._trace.outputs(response.outputs)
+        self._target.send(response, final)
+        if final:
+            self._end()
+
+    def fail(self, error: CoreserveError) -> None:
+        self._target.fail(error)
+        self._end()
+
+    def _end(self) -> None:
+        self._trace.request_end(now_ns())
+        self._trace.finish()
 
 
 def _tensor_record(activity: str, name: str, array: np.ndarray) -> TensorRecord:

@@ -20,6 +20,23 @@ import orjson
 from coreserve.tracing.trace import RequestTrace
 
 logger = logging.getLogger(__name__)
+# Where each timestamp stands in Triton's file (the frontend's send marks without their prefix).
+_ORDER = {
+    name: index
+    for index, name in enumerate(
+        (
+            "REQUEST_START",
+            "QUEUE_START",
+            "COMPUTE_START",
+            "COMPUTE_INPUT_END",
+            "COMPUTE_OUTPUT_START",
+            "COMPUTE_END",
+            "REQUEST_END",
+            "SEND_START",
+            "SEND_END",
+        )
+    )
+}
 
 
 class TraceFileError(Exception):
@@ -56,15 +73,24 @@ def trace_entries(trace: RequestTrace) -> list[dict[str, Any]]:
     if trace.parent is not None:
         record["parent_id"] = trace.parent.id
     entries.append(record)
+    # Triton's order; a mark taken late (a response sent before the compute marks) keeps its place.
+    rest = sorted(marks[leading:], key=_place)
     inputs = [t for t in trace.tensor_records if t.activity == "TENSOR_QUEUE_INPUT"]
     outputs = [t for t in trace.tensor_records if t.activity != "TENSOR_QUEUE_INPUT"]
-    for name, ns in marks[leading:]:
+    for name, ns in rest:
         entries.append({"id": trace.id, "timestamps": [{"name": name, "ns": ns}]})
         if name == "QUEUE_START":
             entries.extend(_tensor_entry(trace.id, t) for t in inputs)
         elif name == "COMPUTE_END":
             entries.extend(_tensor_entry(trace.id, t) for t in outputs)
     return entries
+
+
+def _place(mark: tuple[str, int]) -> int:
+    name = mark[0]
+    if name.startswith(("HTTP_", "GRPC_")):
+        name = name.partition("_")[2]
+    return _ORDER.get(name, len(_ORDER))
 
 
 def _tensor_entry(trace_id: int, tensor: Any) -> dict[str, Any]:
