@@ -42,7 +42,7 @@ class CachedResponse:
         outputs: dict[str, np.ndarray] = {}
         nbytes = ENTRY_OVERHEAD
         for name, array in response.outputs.items():
-            stored = np.array(array, copy=True, order="C")
+            stored = array.copy()  # C order
             stored.flags.writeable = False  # handed to every hit: nobody may change it
             outputs[name] = stored
             nbytes += len(name) + _data_bytes(stored)
@@ -172,7 +172,7 @@ class LocalResponseCache:
 class ModelResponseCache:
     """The cache in front of one loaded model version's scheduler."""
 
-    __slots__ = ("cache", "closed", "model_version", "owner", "prefix")
+    __slots__ = ("_headers", "cache", "closed", "model_version", "owner", "prefix")
 
     def __init__(self, cache: ResponseCache, model_name: str, version: int) -> None:
         self.cache = cache
@@ -182,11 +182,12 @@ class ModelResponseCache:
         self.owner = next(_generations)
         self.prefix = model_prefix(model_name, version, self.owner)
         self.closed = False
+        self._headers: dict[object, bytes] = {}  # see request_key
 
     def answer(self, request: InferenceRequest, statistics: ModelStatistics) -> bool:
         """Answers `request` from the cache (True), or arranges for its response to be filed."""
         started = now_ns()
-        key = request_key(self.prefix, request)
+        key = request_key(self.prefix, request, self._headers)
         found = self.cache.lookup(key)
         sink = request.sink
         assert sink is not None
