@@ -18,11 +18,13 @@ from coreserve.backend.api import (
     InferenceClient,
     InstanceKind,
     InstancePlacement,
+    ModelControl,
     ModelFiles,
     ModelInstance,
     ServerContext,
 )
 from coreserve.backend.batching import run_batched
+from coreserve.backend.custom_metrics import CustomMetric, CustomMetricFamily, CustomMetrics, MetricKind
 from coreserve.backend.hookspecs import hookimpl
 from coreserve.backend.model_tensors import (
     ModelTensor,
@@ -45,10 +47,15 @@ from coreserve.config.signature import ModelSignature, TensorSpec
 __all__ = [
     "Backend",
     "BackendRegistry",
+    "CustomMetric",
+    "CustomMetricFamily",
+    "CustomMetrics",
     "InferenceClient",
     "InstanceKind",
     "InstancePlacement",
     "InstanceThread",
+    "MetricKind",
+    "ModelControl",
     "ModelFiles",
     "ModelInstance",
     "ModelSignature",

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
+from coreserve.backend.custom_metrics import CustomMetrics
 from coreserve.config.signature import ModelSignature
 from coreserve.protos.model_config_pb2 import ModelConfig
 from coreserve.types import InferenceRequest, InferenceResponse
@@ -73,17 +74,40 @@ class InferenceClient(Protocol):
         ...
 
 
+class ModelControl(Protocol):
+    """The server's model repository API, for backends whose models manage other models
+    (Triton's `pb_utils.load_model`). Loading and unloading work only under
+    `--model-control-mode=explicit` (an UnsupportedError otherwise), as over HTTP and gRPC."""
+
+    async def load_model(self, name: str, parameters: dict[str, object]) -> None:
+        """Loads or reloads a model; `parameters` as a repository load request carries them
+        (`config`: a JSON string, `file:<path>`: bytes). Raises a CoreserveError with the reason."""
+        ...
+
+    async def unload_model(self, name: str, dependents: bool = False) -> None:
+        """Unloads a model (and, with `dependents`, the ensembles that use it)."""
+        ...
+
+    def model_ready(self, name: str, version: str = "") -> bool:
+        """Whether the model (the version, if given) is ready to serve."""
+        ...
+
+
 @dataclass(frozen=True)
 class ServerContext:
     """What a backend may ask of the server.
 
     `backend_config` holds the `--backend-config <backend>,<key>=<value>` settings given for
-    this backend; `client` calls other models of this server (BLS, pipelines).
+    this backend; `client` calls other models of this server (BLS, pipelines); `models` loads,
+    unloads and checks models through the repository API; `metrics` adds custom metric
+    families to the metrics endpoint (release them when the instance closes).
     """
 
     backend_config: Mapping[str, str] = field(default_factory=dict)
     logger: logging.Logger = field(default_factory=lambda: logging.getLogger("coreserve.backend"))
     client: InferenceClient | None = None
+    models: ModelControl | None = None
+    metrics: CustomMetrics = field(default_factory=CustomMetrics)
 
 
 @runtime_checkable

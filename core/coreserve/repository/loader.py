@@ -13,10 +13,12 @@ from coreserve.backend.api import (
     InferenceClient,
     InstanceKind,
     InstancePlacement,
+    ModelControl,
     ModelFiles,
     ModelInstance,
     ServerContext,
 )
+from coreserve.backend.custom_metrics import CustomMetrics
 from coreserve.backend.registry import BackendRegistry
 from coreserve.config import ModelSignature, apply_defaults, read_config_file, validate_config
 from coreserve.config.ignored import ignored_fields
@@ -59,6 +61,8 @@ class ModelLoader:
         self._backend_config = backend_config or {}
         self._latency = latency
         self.client: InferenceClient | None = None  # the server sets its data plane here
+        self.models: ModelControl | None = None  # and here, for backends that load models
+        self.metrics = CustomMetrics()  # the custom metric families the metrics endpoint writes
         # Under --model-namespacing, the repository's test for a qualified model key.
         self.has_model: Callable[[str], bool] | None = None
 
@@ -72,6 +76,8 @@ class ModelLoader:
             backend_config=dict(self._backend_config.get(backend.name, {})),
             logger=logging.getLogger(f"coreserve.backend.{backend.name}"),
             client=client,
+            models=self.models,
+            metrics=self.metrics,
         )
 
     def _latency_for(self, config: ModelConfig) -> LatencyOptions:

@@ -132,6 +132,7 @@ class Server:
                 cpu=options.allow_cpu_metrics,
                 gpu=options.allow_gpu_metrics,
                 interval_ms=options.metrics_interval_ms,
+                custom=self.custom_metrics,
                 response_cache=self.response_cache,
             )
             await _start_service("metrics", self.metrics.start())

@@ -24,6 +24,7 @@ from prometheus_client import (
     generate_latest,
 )
 
+from coreserve.backend.custom_metrics import CustomMetrics
 from coreserve.repository import ModelRepository, ModelVersion
 from coreserve.scheduling.response_cache import ResponseCache
 from coreserve.scheduling.statistics import (
@@ -310,6 +311,7 @@ class MetricsFrontend:
         cpu: bool = True,
         gpu: bool = True,
         interval_ms: float = 2000.0,
+        custom: CustomMetrics | None = None,
         response_cache: ResponseCache | None = None,
     ) -> None:
         self._repository = repository
@@ -317,6 +319,7 @@ class MetricsFrontend:
         self._address = address
         self.port = port
         self._latency = latency or LatencyOptions()
+        self._custom = custom or CustomMetrics()  # families the backends add (Triton's custom metrics)
         self._process = CollectorRegistry(auto_describe=False)
         ProcessCollector(registry=self._process)
         PlatformCollector(registry=self._process)
@@ -329,6 +332,7 @@ class MetricsFrontend:
     def render(self) -> str:
         return (
             render_model_metrics(self._repository, self._latency)
+            + self._custom.render()
             + (render_cache_metrics(self._response_cache) if self._response_cache is not None else "")
             + self._system.render()
             + generate_latest(self._process).decode()
