@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import Callable, Sequence
@@ -24,7 +25,15 @@ from coreserve import (
     UnsupportedError,
     config_to_dict,
 )
-from coreserve.backend import InstancePlacement, ModelFiles, Responder, ServerContext
+from coreserve.backend import (
+    CustomMetric,
+    CustomMetricFamily,
+    InstancePlacement,
+    MetricKind,
+    ModelFiles,
+    Responder,
+    ServerContext,
+)
 from coreserve_python.process import StubLaunch, StubProcess
 from coreserve_python.spawn import describe_exit
 from coreserve_python.wire import Message, SegmentPool, SegmentReader
@@ -56,6 +65,10 @@ LOG_LEVELS = {
     "VERBOSE": logging.DEBUG,
 }
 SEQUENCE_START, SEQUENCE_END = 1, 2
+# The model's requests the server answers with a `reply` (matched by the stub's call id).
+ANSWERED_OPS = frozenset(
+    {"metric_family", "metric", "metric_value", "load_model", "unload_model", "model_ready"}
+)
 # Restarts of a stub that cannot start are retried after 0.1 s, 0.2 s, ... up to every 10 s.
 RESTART_FIRST_DELAY_S = 0.1
 RESTART_MAX_DELAY_S = 10.0
@@ -93,10 +106,17 @@ class PythonInstance:
         self._open: dict[int, tuple[InferenceRequest, Responder, Callable[[], None]]] = {}
         self._next_key = 0
         self._process: StubProcess | None = None
+        self._starting: StubProcess | None = None  # the stub whose initialize() runs
         self._restart: asyncio.Task[None] | None = None
         # Set once the first restart attempt after a crash has ended, either way.
         self._restart_tried = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
+        # The server-side requests of BLS calls in flight, by the stub's call id (to cancel them).
+        self._bls_calls: dict[int, InferenceRequest] = {}
+        # The custom metric families and metrics the model made, by the ids the stub knows them by.
+        self._families: dict[int, CustomMetricFamily] = {}
+        self._metrics: dict[int, CustomMetric] = {}
+        self._metric_ids = 0
         self._closed = False
         self.failure: str | None = None
 
@@ -119,6 +139,7 @@ class PythonInstance:
         """
         process = StubProcess(self._launch, self.name, self._on_message, self._on_exit)
         await process.start()
+        self._starting = process  # initialize() may ask the server things (metrics, models)
         message = {
             "op": "init",
             "model_file": str(self._model.model_file),
@@ -134,7 +155,10 @@ class PythonInstance:
             raise
         except BaseException:
             await process.stop(timeout=FAILED_INIT_FINALIZE_S)
+            self._release_metrics()  # what a failed initialize() made
             raise
+        finally:
+            self._starting = None
         self._process = process
 
     def _on_exit(self, process: StubProcess, code: int | None) -> None:
@@ -145,6 +169,7 @@ class PythonInstance:
             "serving; in-flight requests failed and the stub is being restarted"
         )
         logger.error("%s", error.message)
+        self._release_metrics()  # the restarted model makes its own again
         for request, responder, forget in list(self._open.values()):
             forget()
             responder.send_error(request, error)
@@ -247,9 +272,15 @@ class PythonInstance:
         if op == "responses":
             self._deliver(message)
         elif op == "bls_request":
-            task = asyncio.create_task(self._bls(message))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._spawn(self._bls(message))
+        elif op == "bls_cancel":
+            call = self._bls_calls.get(message["call"])
+            if call is not None:
+                call.cancel()
+        elif op == "metric_update":
+            self._update_metric(message)
+        elif op in ANSWERED_OPS:
+            self._spawn(self._answer(message))
         elif op == "release":
             for name in message["segments"]:
                 self._pool.release(name)
@@ -260,6 +291,80 @@ class PythonInstance:
                 self._model.name,
                 message["message"],
             )
+
+    def _spawn(self, work: Any) -> None:
+        task = asyncio.create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _answer(self, message: Message) -> None:
+        """Answers a request of the model (metrics, model management) with a `reply`."""
+        result: Any = None
+        error = None
+        try:
+            result = await self._handle_request(message)
+        except CoreserveError as exc:
+            error = exc.message
+        except Exception as exc:  # a fault of the server: logged once, and the model still answered
+            logger.exception("%s: the server failed a '%s' request of the model", self.name, message["op"])
+            error = f"internal error of the server: {type(exc).__name__}: {exc}"
+        self._process_send({"op": "reply", "call": message["call"], "result": result, "error": error})
+
+    async def _handle_request(self, message: Message) -> Any:
+        op = message["op"]
+        if op == "metric_family":
+            family = self._server.metrics.family(
+                message["name"], message["description"], MetricKind(message["kind"])
+            )
+            return self._remember_metric(self._families, family)
+        if op == "metric":
+            family = self._families[message["family"]]
+            metric = family.metric(message["labels"], message["buckets"] or None)
+            return self._remember_metric(self._metrics, metric)
+        if op == "metric_value":
+            return self._metrics[message["metric"]].value()
+        models = self._server.models
+        if models is None:
+            raise UnavailableError("this server offers no model repository API to backends")
+        if op == "model_ready":
+            version = message["version"]
+            if version and not version.isdigit():  # refused before the name is looked up, as Triton
+                raise InvalidArgumentError(
+                    f"failed to get model version from specified version string '{version}' (details: "
+                    "stol), version should be an integral value > 0"
+                )
+            return models.model_ready(message["name"], version)
+        if op == "load_model":
+            await models.load_model(message["name"], message["parameters"])
+            return None
+        # unload_model: a model that is not loaded is unloaded already, as Triton answers
+        with contextlib.suppress(NotFoundError):
+            await models.unload_model(message["name"], message["dependents"])
+        return None
+
+    def _remember_metric(self, table: dict[int, Any], item: Any) -> int:
+        self._metric_ids += 1
+        table[self._metric_ids] = item
+        return self._metric_ids
+
+    def _update_metric(self, message: Message) -> None:
+        """Applies an increment, set or observe the model sent (checked by the stub already)."""
+        metric = self._metrics.get(message["metric"])
+        if metric is None:
+            return
+        try:
+            getattr(metric, message["action"])(message["value"])
+        except CoreserveError as exc:  # the stub checks first; a mismatch is ours to report
+            logger.warning("%s: a metric update was refused: %s", self.name, exc.message)
+
+    def _release_metrics(self) -> None:
+        """Takes the model's custom metrics off the metrics endpoint (unload, stub exit)."""
+        for metric in self._metrics.values():
+            metric.family.release_metric(metric)
+        for family in self._families.values():
+            self._server.metrics.release(family)
+        self._metrics.clear()
+        self._families.clear()
 
     def _deliver(self, message: Message) -> None:
         segment = message["segment"]
@@ -289,8 +394,9 @@ class PythonInstance:
                 responder.send(request, outputs, parameters=body["parameters"], final=final)
 
     def _process_send(self, message: Message) -> None:
-        if self._process is not None and self._process.alive:
-            self._process.send(message)
+        process = self._process or self._starting
+        if process is not None and process.alive:
+            process.send(message)
 
     async def _bls(self, message: Message) -> None:
         """Runs a BLS request from the model through the server and sends back its responses."""
@@ -299,6 +405,7 @@ class PythonInstance:
         forget = _nothing
         try:
             request = self._bls_request(message)
+            self._bls_calls[call] = request
             # The requests whose execute() made this call: cancelling them cancels it.
             parents = [entry[0] for key in message.get("parents", ()) if (entry := self._open.get(key))]
             forget = cancel_with_parents(request, parents)
@@ -322,6 +429,7 @@ class PythonInstance:
             return
         finally:
             forget()
+            self._bls_calls.pop(call, None)
         self._process_send(
             {
                 "op": "bls_response",
@@ -341,6 +449,8 @@ class PythonInstance:
             if message["segment"] is not None:
                 self._process_send({"op": "release", "segments": [message["segment"]]})
         parameters = dict(message["parameters"])
+        if message.get("timeout"):  # microseconds, the request timeout a client may set too
+            parameters["timeout"] = message["timeout"]
         if message["correlation_id"]:
             parameters["sequence_id"] = message["correlation_id"]
             parameters["sequence_start"] = bool(message["flags"] & SEQUENCE_START)
@@ -387,6 +497,7 @@ class PythonInstance:
                 await self._process.kill()  # a no-op after stop(); kills if this was cancelled
             for task in list(self._tasks):
                 task.cancel()
+            self._release_metrics()
             self._reader.close()
             self._pool.close()
 

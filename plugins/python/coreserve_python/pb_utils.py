@@ -1,22 +1,30 @@
 """The API a Triton `model.py` uses: `triton_python_backend_utils`, here under a coreserve name.
 
-Inside a stub process `import triton_python_backend_utils as pb_utils` gives this module.
-Standard library and numpy only; calls that need the server (BLS requests, streamed responses,
-log lines) go through the stub's runtime, which the stub installs with `_install_runtime`.
+Inside a stub process `import triton_python_backend_utils as pb_utils` gives this module. It
+offers every name Triton 2.51's module offers (its Python file and what its stub adds from
+`c_python_backend_utils`), with the same arguments and answers; tests/plugins/python/
+test_pb_utils_triton.py checks that name by name. Standard library and numpy only; calls that
+need the server go through the stub's runtime (`coreserve_python.pb_runtime`).
 """
 
 from __future__ import annotations
 
+import enum
 import json
+import struct  # noqa: F401  (a module attribute of Triton's pb_utils too)
 import sys
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any, Protocol
 
 import numpy as np
 
+from coreserve_python import pb_runtime
 from coreserve_python.pb_errors import TritonError, TritonModelException
+from coreserve_python.pb_management import is_model_ready, load_model, unload_model
+from coreserve_python.pb_metrics import MetricFamily
 from coreserve_python.pb_model_config import ModelConfig
 from coreserve_python.pb_types import (
+    TRITON_STRING_TO_NUMPY,
     deserialize_bytes_tensor,
     numpy_to_triton_string,
     numpy_to_triton_type,
@@ -26,62 +34,84 @@ from coreserve_python.pb_types import (
 )
 
 __all__ = [
+    "TRITONSERVER_MEMORY_CPU",
+    "TRITONSERVER_MEMORY_GPU",
     "TRITONSERVER_REQUEST_FLAG_SEQUENCE_END",
     "TRITONSERVER_REQUEST_FLAG_SEQUENCE_START",
+    "TRITONSERVER_REQUEST_RELEASE_ALL",
+    "TRITONSERVER_REQUEST_RELEASE_RESCHEDULE",
     "TRITONSERVER_RESPONSE_COMPLETE_FINAL",
+    "TRITON_STRING_TO_NUMPY",
     "InferenceRequest",
     "InferenceResponse",
     "InferenceResponseSender",
+    "InferenceTrace",
     "Logger",
+    "MemoryType",
+    "MetricFamily",
     "ModelConfig",
+    "PreferredMemory",
+    "ResponseIterator",
     "Tensor",
     "TritonError",
     "TritonModelException",
     "deserialize_bytes_tensor",
     "get_input_config_by_name",
     "get_input_tensor_by_name",
+    "get_model_dir",
     "get_output_config_by_name",
     "get_output_tensor_by_name",
+    "is_model_ready",
+    "load_model",
     "numpy_to_triton_string",
     "numpy_to_triton_type",
     "serialize_byte_tensor",
     "triton_string_to_numpy",
     "triton_to_numpy_type",
+    "unload_model",
+    "using_decoupled_model_transaction_policy",
 ]
 
-TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
+TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+TRITONSERVER_REQUEST_RELEASE_ALL = 1
+TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
+# TRITONSERVER_DataType numbers by wire datatype, for Tensor.triton_dtype().
+_DATATYPE_NUMBERS = {
+    "BOOL": 1, "UINT8": 2, "UINT16": 3, "UINT32": 4, "UINT64": 5, "INT8": 6, "INT16": 7,
+    "INT32": 8, "INT64": 9, "FP16": 10, "FP32": 11, "FP64": 12, "BYTES": 13, "BF16": 14,
+}  # fmt: skip
 
 
-class _Runtime(Protocol):
-    """What the stub provides to this module."""
+class MemoryType(enum.IntEnum):
+    """Where a BLS caller prefers its output tensors (Triton's numbering)."""
 
-    def execute_bls(
-        self, request: InferenceRequest, decoupled: bool, timeout: float | None
-    ) -> list[InferenceResponse]: ...
-
-    def stream_bls(self, request: InferenceRequest, timeout: float | None) -> Iterator[InferenceResponse]: ...
-
-    async def execute_bls_async(self, request: InferenceRequest, decoupled: bool) -> Any: ...
-
-    def send_response(self, key: int, response: InferenceResponse | None, flags: int) -> None: ...
-
-    def log(self, level: str, message: str) -> None: ...
+    TRITONSERVER_MEMORY_GPU = 0
+    TRITONSERVER_MEMORY_CPU = 1
 
 
-_runtime: _Runtime | None = None
+TRITONSERVER_MEMORY_GPU = MemoryType.TRITONSERVER_MEMORY_GPU
+TRITONSERVER_MEMORY_CPU = MemoryType.TRITONSERVER_MEMORY_CPU
 
 
-def _install_runtime(runtime: _Runtime) -> None:
-    global _runtime
-    _runtime = runtime
+class PreferredMemory:
+    """A BLS request's preferred output memory; outputs reach a model in CPU memory here."""
+
+    def __init__(self, preferred_memory_type: MemoryType | int, preferred_device_id: int = 0) -> None:
+        self.preferred_memory_type = MemoryType(preferred_memory_type)
+        self.preferred_device_id = int(preferred_device_id)
 
 
-def _require_runtime(what: str) -> _Runtime:
-    if _runtime is None:
-        raise TritonModelException(f"{what} works only inside a model served by coreserve")
-    return _runtime
+class InferenceTrace:
+    """The trace of a request, as Triton's `request.trace()` returns it."""
+
+    def __init__(self, context: str | None = None) -> None:
+        self._context = context
+
+    def get_context(self) -> str | None:
+        """The trace's OpenTelemetry context as a JSON string; None when not traced."""
+        return self._context
 
 
 class _DLPackCapsule:
@@ -97,15 +127,24 @@ class _DLPackCapsule:
         return (1, 0)
 
 
+def _text(value: str | bytes, what: str) -> str:
+    """A name given as str or as bytes (from a BYTES tensor), as Triton's bindings accept both."""
+    if isinstance(value, bytes | bytearray | np.bytes_):
+        return bytes(value).decode("utf-8")
+    if isinstance(value, str):
+        return value
+    raise TypeError(f"{what} must be str or bytes, got {type(value).__name__}")
+
+
 class Tensor:
     """A named tensor; its data is a numpy array (BYTES: an object array of bytes)."""
 
-    def __init__(self, name: str, data: np.ndarray) -> None:
+    def __init__(self, name: str | bytes, data: np.ndarray) -> None:
         if not isinstance(data, np.ndarray):
-            raise TritonModelException(f"tensor '{name}' needs a numpy array, got {type(data).__name__}")
+            raise TritonModelException(f"tensor '{name!s}' needs a numpy array, got {type(data).__name__}")
         if data.dtype.kind in "SU":
             data = data.astype(np.object_)
-        self._name = name
+        self._name = _text(name, "a tensor's name")
         self._data = data
 
     def name(self) -> str:
@@ -117,6 +156,12 @@ class Tensor:
     def shape(self) -> list[int]:
         return list(self._data.shape)
 
+    def triton_dtype(self) -> int:
+        """The tensor's TRITONSERVER_DataType number (FP32: 11, BYTES: 13)."""
+        from coreserve_python.wire import datatype_of
+
+        return _DATATYPE_NUMBERS[datatype_of(self._data)]
+
     def is_cpu(self) -> bool:
         return True
 
@@ -125,6 +170,12 @@ class Tensor:
             raise TritonModelException(f"tensor '{self._name}' holds BYTES, which DLPack cannot carry")
         return self._data.__dlpack__()
 
+    def __dlpack__(self, stream: Any = None) -> Any:
+        return self.to_dlpack()
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (1, 0)  # kDLCPU, device 0
+
     @staticmethod
     def from_dlpack(name: str, capsule: Any) -> Tensor:
         source = capsule if hasattr(capsule, "__dlpack__") else _DLPackCapsule(capsule)
@@ -132,6 +183,24 @@ class Tensor:
 
     def __repr__(self) -> str:
         return f"Tensor({self._name!r}, shape={list(self._data.shape)}, dtype={self._data.dtype})"
+
+
+def _parameters(parameters: dict[str, Any] | str | None) -> dict[str, Any]:
+    """Request or response parameters, checked as Triton's bindings check them."""
+    if parameters is None:
+        return {}
+    if isinstance(parameters, str):  # coreserve's own stub passes them decoded already
+        parameters = json.loads(parameters)
+    if not isinstance(parameters, dict):
+        raise TritonModelException(f"parameters must be a dict, found type {type(parameters)}")
+    for key, value in parameters.items():
+        if not isinstance(key, str):
+            raise TritonModelException(f"Expect parameters keys to have type str, found type {type(key)}")
+        if not isinstance(value, bool | int | str):
+            raise TritonModelException(
+                f"Expect parameters values to have type bool/int/str, found type {type(value)}"
+            )
+    return dict(parameters)
 
 
 class InferenceResponse:
@@ -145,9 +214,7 @@ class InferenceResponse:
     ) -> None:
         self._outputs = list(output_tensors or [])
         self._error = error
-        self._parameters: dict[str, Any] = (
-            json.loads(parameters) if isinstance(parameters, str) else dict(parameters or {})
-        )
+        self._parameters = _parameters(parameters)
 
     def output_tensors(self) -> list[Tensor]:
         return self._outputs
@@ -181,12 +248,14 @@ class InferenceResponseSender:
 
     def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
         if self._closed:
-            raise TritonModelException("this request's final response was already sent")
-        if response is None and not flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL:
+            raise TritonModelException("Unable to send response. Response sender has been closed.")
+        if flags not in (0, TRITONSERVER_RESPONSE_COMPLETE_FINAL):
+            raise TritonModelException("Unable to send response. Unsupported flag provided.")
+        if response is None and not flags:
             raise TritonModelException(
-                "send() needs a response unless flags has TRITONSERVER_RESPONSE_COMPLETE_FINAL"
+                "Inference Response object must be provided when the response flags is set to zero."
             )
-        _require_runtime("InferenceResponseSender.send").send_response(self._key, response, flags)
+        pb_runtime.require("InferenceResponseSender.send").send_response(self._key, response, flags)
         if flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL:
             self._closed = True
 
@@ -195,33 +264,95 @@ class InferenceResponseSender:
         return self._cancellation.cancelled
 
 
+class _ResponseSource(Protocol):
+    """The responses of one decoupled BLS call, as the stub delivers them."""
+
+    def next(self) -> InferenceResponse | None: ...
+
+    async def next_async(self) -> InferenceResponse | None: ...
+
+    def cancel(self) -> None: ...
+
+
+class ResponseIterator:
+    """The responses of a decoupled BLS call (`exec(decoupled=True)`), as Triton's iterator.
+
+    `for` waits for each response in turn; `async for` waits without blocking the event loop
+    of an `async def execute`. The last response is an empty one with the final flag, as on
+    Triton. `cancel()` asks the server to stop the call.
+    """
+
+    def __init__(self, source: _ResponseSource) -> None:
+        self._source = source
+        self._done = False
+
+    def __iter__(self) -> Iterator[InferenceResponse]:
+        return self
+
+    def __next__(self) -> InferenceResponse:
+        if self._done:
+            raise StopIteration
+        response = self._source.next()
+        if response is None:
+            self._done = True
+            raise StopIteration
+        return response
+
+    def __aiter__(self) -> AsyncIterator[InferenceResponse]:
+        return self
+
+    async def __anext__(self) -> InferenceResponse:
+        if self._done:
+            raise StopAsyncIteration
+        response = await self._source.next_async()
+        if response is None:
+            self._done = True
+            raise StopAsyncIteration
+        return response
+
+    def cancel(self) -> None:
+        """Asks the server to cancel the call; the responses still due end early."""
+        self._source.cancel()
+
+
 class InferenceRequest:
-    """A request: the ones `execute` receives, or a BLS request to another model of the server."""
+    """A request: the ones `execute` receives, or a BLS request to another model of the server.
+
+    Arguments are accepted in every form Triton's bindings accept: names as str or bytes (a
+    model name read from a BYTES tensor), the correlation ID as int or str, parameters as a
+    dict of str to bool, int or str. `timeout` (microseconds) is the server-side request
+    timeout, as for a client's request; `preferred_memory` is accepted (outputs reach a
+    model in CPU memory here).
+    """
 
     def __init__(
         self,
-        model_name: str = "",
-        inputs: list[Tensor] | None = None,
-        requested_output_names: list[str] | None = None,
-        model_version: int = -1,
+        request_id: str | bytes = "",
         correlation_id: int | str = 0,
-        parameters: dict[str, Any] | str | None = None,
+        inputs: list[Tensor] | None = None,
+        requested_output_names: list[str | bytes] | None = None,
+        model_name: str | bytes = "",
+        model_version: int = -1,
         flags: int = 0,
         timeout: int = 0,
-        request_id: str = "",
-        **_: Any,
+        preferred_memory: PreferredMemory | None = None,
+        trace: InferenceTrace | None = None,
+        parameters: dict[str, Any] | str | None = None,
     ) -> None:
-        self._model_name = model_name
-        self._inputs = list(inputs or [])
-        self._requested = list(requested_output_names or [])
-        self._model_version = model_version
+        if not isinstance(correlation_id, int | str):
+            raise TritonModelException("Correlation ID must be integer or string")
+        self._request_id = _text(request_id, "request_id")
         self._correlation_id = correlation_id
-        self._parameters: dict[str, Any] = (
-            json.loads(parameters) if isinstance(parameters, str) else dict(parameters or {})
-        )
-        self._flags = flags
-        self._timeout = timeout
-        self._request_id = request_id
+        self._inputs = list(inputs or [])
+        self._requested = [_text(name, "an output name") for name in requested_output_names or []]
+        self._model_name = _text(model_name, "model_name")
+        self._model_version = int(model_version)
+        self._flags = int(flags)
+        self._timeout = int(timeout)
+        self._preferred_memory = preferred_memory or PreferredMemory(TRITONSERVER_MEMORY_CPU)
+        self._trace = trace or InferenceTrace()
+        self._parameters = _parameters(parameters)
+        self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
         self._key: int | None = None  # set for requests given to execute
         self._cancellation = _Cancellation()  # shared with the stub, which sets it
 
@@ -240,6 +371,9 @@ class InferenceRequest:
     def flags(self) -> int:
         return self._flags
 
+    def set_flags(self, flags: int) -> None:
+        self._flags = int(flags)
+
     def timeout(self) -> int:
         return self._timeout
 
@@ -253,9 +387,21 @@ class InferenceRequest:
         """The request's parameters as a JSON string (as Triton gives them)."""
         return json.dumps(self._parameters)
 
+    def trace(self) -> InferenceTrace:
+        return self._trace
+
     def is_cancelled(self) -> bool:
         """True once the request was cancelled (its client gave up, or its deadline passed)."""
         return self._cancellation.cancelled
+
+    def set_release_flags(self, flags: int) -> None:
+        """Triton's request release flags; RESCHEDULE (iterative sequences) is not served yet."""
+        if flags & TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
+            raise TritonModelException(
+                "TRITONSERVER_REQUEST_RELEASE_RESCHEDULE is not supported by coreserve yet: a request "
+                "cannot be handed back for rescheduling"
+            )
+        self._release_flags = int(flags)
 
     def get_response_sender(self) -> InferenceResponseSender:
         if self._key is None:
@@ -263,30 +409,39 @@ class InferenceRequest:
         return InferenceResponseSender(self._key, self._cancellation)
 
     def exec(self, decoupled: bool = False) -> Any:
-        """Runs this request on its model through the server; returns the response, or for
-        `decoupled=True` an iterator of the responses."""
-        runtime = _require_runtime("InferenceRequest.exec")
-        timeout = self._timeout / 1e6 if self._timeout else None
-        if decoupled:
-            return runtime.stream_bls(self, timeout)
-        return runtime.execute_bls(self, False, timeout)[0]
+        """Runs this request on its model through the server: its response, or for
+        `decoupled=True` a `ResponseIterator` of its responses."""
+        runtime = pb_runtime.require("InferenceRequest.exec")
+        return runtime.stream_bls(self) if decoupled else runtime.execute_bls(self)
 
-    async def async_exec(self, decoupled: bool = False) -> Any:
-        """exec() for `async def execute`: awaitable; decoupled gives an async iterator."""
-        return await _require_runtime("InferenceRequest.async_exec").execute_bls_async(self, decoupled)
+    def async_exec(self, decoupled: bool = False) -> Any:
+        """exec() for `async def execute`: sends the request now and returns an awaitable
+        future of its response (of a `ResponseIterator` for `decoupled=True`)."""
+        return pb_runtime.require("InferenceRequest.async_exec").async_bls(self, decoupled)
 
 
 class Logger:
     """Log lines that appear in the server's log, tagged with the model."""
 
-    INFO, WARNING, ERROR, VERBOSE = "INFO", "WARNING", "ERROR", "VERBOSE"
+    class LogLevel(enum.IntEnum):
+        INFO = 0
+        WARNING = 1
+        ERROR = 2
+        VERBOSE = 3
+
+    INFO = LogLevel.INFO
+    WARNING = LogLevel.WARNING
+    ERROR = LogLevel.ERROR
+    VERBOSE = LogLevel.VERBOSE
 
     @staticmethod
-    def log(message: str, level: str = "INFO") -> None:
-        if _runtime is None:
-            print(f"{level}: {message}", file=sys.stderr)
+    def log(message: str, level: LogLevel | str = LogLevel.INFO) -> None:
+        name = level if isinstance(level, str) else Logger.LogLevel(level).name
+        runtime = pb_runtime.current()
+        if runtime is None:
+            print(f"{name}: {message}", file=sys.stderr)
         else:
-            _runtime.log(level, str(message))
+            runtime.log(name, str(message))
 
     @staticmethod
     def log_info(message: str) -> None:
@@ -305,17 +460,33 @@ class Logger:
         Logger.log(message, Logger.VERBOSE)
 
 
-def get_input_tensor_by_name(request: InferenceRequest, name: str) -> Tensor | None:
-    return next((tensor for tensor in request.inputs() if tensor.name() == name), None)
+def get_model_dir() -> str:
+    """The folder of the model version being served (where its model.py lies)."""
+    return pb_runtime.require("get_model_dir").model_dir()
 
 
-def get_output_tensor_by_name(response: InferenceResponse, name: str) -> Tensor | None:
-    return next((tensor for tensor in response.output_tensors() if tensor.name() == name), None)
+def get_input_tensor_by_name(inference_request: InferenceRequest, name: str) -> Tensor | None:
+    """The request's input tensor named `name`, or None."""
+    return next((tensor for tensor in inference_request.inputs() if tensor.name() == name), None)
+
+
+def get_output_tensor_by_name(inference_response: InferenceResponse, name: str) -> Tensor | None:
+    """The response's output tensor named `name`, or None."""
+    return next((tensor for tensor in inference_response.output_tensors() if tensor.name() == name), None)
 
 
 def get_input_config_by_name(model_config: dict[str, Any], name: str) -> dict[str, Any] | None:
-    return next((entry for entry in model_config.get("input", []) if entry.get("name") == name), None)
+    """The configuration of the input named `name`, or None."""
+    return next((entry for entry in model_config.get("input", ()) if entry["name"] == name), None)
 
 
 def get_output_config_by_name(model_config: dict[str, Any], name: str) -> dict[str, Any] | None:
-    return next((entry for entry in model_config.get("output", []) if entry.get("name") == name), None)
+    """The configuration of the output named `name`, or None."""
+    return next((entry for entry in model_config.get("output", ()) if entry["name"] == name), None)
+
+
+def using_decoupled_model_transaction_policy(model_config: dict[str, Any]) -> bool:
+    """Whether the configuration makes the model decoupled."""
+    if "model_transaction_policy" in model_config:
+        return model_config["model_transaction_policy"]["decoupled"]  # type: ignore[no-any-return]
+    return False

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import importlib.util
 import inspect
 import itertools
@@ -27,18 +28,21 @@ import socket
 import sys
 import threading
 import traceback
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from coreserve_python import pb_utils
+from coreserve_python import pb_runtime, pb_utils
 from coreserve_python.wire import Channel, Message, SegmentPool, SegmentReader
 
 SHIM = Path(__file__).resolve().parent / "shim"
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 # How long the main thread may take to finish after the server closed the socket.
 EXIT_GRACE_S = 1.0
+# The keys of the batch whose execute() runs in this context: the BLS calls it makes are its
+# children (cancelled with it). A context variable, so that each concurrent `async def execute`
+# of a decoupled model has its own.
+_executing: contextvars.ContextVar[tuple[int, ...]] = contextvars.ContextVar("executing", default=())
 
 
 def die_with_server(server_pid: int) -> None:
@@ -80,33 +84,58 @@ def load_model_module(model_file: Path) -> ModuleType:
 
 
 class BlsCall:
-    """The responses to one BLS request, delivered by the reader thread."""
+    """The messages answering one request of the model (a BLS call, a metric, a model load),
+    delivered by the reader thread; read blocking, or awaited on an event loop."""
 
-    def __init__(self) -> None:
-        self._messages: queue.Queue[Message | None] = queue.Queue()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._async_messages: asyncio.Queue[Message | None] | None = None
-
-    def for_loop(self, loop: asyncio.AbstractEventLoop) -> BlsCall:
+    def __init__(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self._messages: queue.SimpleQueue[Message | None] = queue.SimpleQueue()
         self._loop = loop
-        self._async_messages = asyncio.Queue()
-        return self
+        self._arrived = asyncio.Event() if loop is not None else None
 
     def deliver(self, message: Message | None) -> None:
-        if self._loop is not None and self._async_messages is not None:
-            self._loop.call_soon_threadsafe(self._async_messages.put_nowait, message)
-        else:
-            self._messages.put(message)
+        self._messages.put(message)
+        if self._loop is not None and self._arrived is not None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody awaits any more
+                self._loop.call_soon_threadsafe(self._arrived.set)
 
-    def next(self, timeout: float | None) -> Message | None:
-        try:
-            return self._messages.get(timeout=timeout)
-        except queue.Empty:
-            raise pb_utils.TritonModelException(f"the BLS request timed out after {timeout} s") from None
+    def next(self) -> Message | None:
+        return self._messages.get()
 
     async def next_async(self) -> Message | None:
-        assert self._async_messages is not None
-        return await self._async_messages.get()
+        assert self._arrived is not None
+        while True:
+            self._arrived.clear()
+            try:
+                return self._messages.get_nowait()
+            except queue.Empty:
+                await self._arrived.wait()
+
+
+class BlsStream:
+    """The responses of a decoupled BLS call, for `pb_utils.ResponseIterator`."""
+
+    def __init__(self, stub: Stub, call_id: int, call: BlsCall) -> None:
+        self._stub = stub
+        self._call_id = call_id
+        self._call = call
+        self._ended = False
+
+    def _convert(self, message: Message | None) -> pb_utils.InferenceResponse | None:
+        response, final = self._stub._bls_response(message)
+        if final:
+            self._ended = True
+            self._stub._calls.pop(self._call_id, None)
+        return response or pb_utils.InferenceResponse()  # Triton ends with an empty final response
+
+    def next(self) -> pb_utils.InferenceResponse | None:
+        return None if self._ended else self._convert(self._call.next())
+
+    async def next_async(self) -> pb_utils.InferenceResponse | None:
+        return None if self._ended else self._convert(await self._call.next_async())
+
+    def cancel(self) -> None:
+        if not self._ended:
+            self._stub._channel.send({"op": "bls_cancel", "call": self._call_id})
 
 
 class Stub:
@@ -122,14 +151,21 @@ class Stub:
         # The cancellation flags of the requests given to the model and not yet answered in
         # full, by key; the reader thread sets them when the server says "cancel".
         self._cancellations: dict[int, pb_utils._Cancellation] = {}
-        # The keys of the batch in execute(), for the BLS calls that the executing thread makes.
-        self._executing: list[int] = []
-        self._main_thread = threading.get_ident()
         self._model: Any = None
         self._decoupled = False
+        self._instance_name = ""
+        self._model_dir = ""
+        # Coroutines of the model (async initialize, execute, finalize) run on this loop, in a
+        # thread of its own: the executions of a decoupled model's `async def execute` overlap
+        # there while the main thread takes the next batch, as Triton runs them.
         self._loop = asyncio.new_event_loop()
+        threading.Thread(target=self._loop.run_forever, name="coreserve-stub-loop", daemon=True).start()
         self._finished = threading.Event()
-        pb_utils._install_runtime(self)
+        pb_runtime.install(self)
+
+    def _run_coroutine(self, coroutine: Any) -> Any:
+        """Runs a coroutine of the model on the stub's loop and waits for its result."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
 
     # The server's messages.
 
@@ -156,7 +192,7 @@ class Stub:
                 if op == "release":
                     for name in message["segments"]:
                         self._pool.release(name)
-                elif op == "bls_response":
+                elif op in ("bls_response", "reply"):
                     call = self._calls.get(message["call"])
                     if call is not None:
                         call.deliver(message)
@@ -180,13 +216,15 @@ class Stub:
 
     def _init(self, message: Message) -> None:
         try:
+            self._model_dir = str(Path(message["model_file"]).parent)
+            self._instance_name = message["args"].get("model_instance_name", "")
             module = load_model_module(Path(message["model_file"]))
             self._decoupled = message["decoupled"]
             self._model = module.TritonPythonModel()
             if hasattr(self._model, "initialize"):
                 result = self._model.initialize(message["args"])
                 if inspect.iscoroutine(result):
-                    self._loop.run_until_complete(result)
+                    self._run_coroutine(result)
         except BaseException as exc:
             self._channel.send({"op": "init_done", "error": _describe(exc)})
             return
@@ -223,18 +261,24 @@ class Stub:
             requests.append(request)
         error = None
         responses = None
-        self._executing = [item["key"] for item in message["requests"]]
+        keys = tuple(item["key"] for item in message["requests"])
+        token = _executing.set(keys)
         try:
             result = self._model.execute(requests)
             if inspect.iscoroutine(result):
-                result = self._loop.run_until_complete(result)
+                if self._decoupled:
+                    # Runs on while this thread takes the next batch; its responses go through
+                    # the senders, as any decoupled model's.
+                    self._start_execution(result, keys)
+                else:
+                    result = self._run_coroutine(_in_context(result, keys))
             if not self._decoupled:
                 responses = self._results(requests, result)
         except BaseException as exc:
             error = f"{type(exc).__name__}: {exc}"
             traceback.print_exc()
         finally:
-            self._executing = []
+            _executing.reset(token)
         if error is not None or not self._decoupled:  # every request of the batch is answered now
             for item in message["requests"]:
                 self._cancellations.pop(item["key"], None)
@@ -248,6 +292,28 @@ class Stub:
                 "release": [segment] if segment else [],
             }
         )
+
+    def _start_execution(self, coroutine: Any, keys: tuple[int, ...]) -> None:
+        """Starts a decoupled model's `async def execute` on the stub's loop, not waiting for it."""
+        future = asyncio.run_coroutine_threadsafe(_in_context(coroutine, keys), self._loop)
+
+        def finished(done: Any) -> None:
+            exc = done.exception()
+            if exc is None:
+                return
+            traceback.print_exception(exc)
+            # The requests it left unanswered fail with its error instead of waiting forever.
+            error = pb_utils.TritonError(f"{type(exc).__name__}: {exc}")
+            for key in keys:
+                if key in self._cancellations:
+                    with contextlib.suppress(OSError):
+                        self.send_response(
+                            key,
+                            pb_utils.InferenceResponse(error=error),
+                            pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
+                        )
+
+        future.add_done_callback(finished)
 
     def _results(self, requests: list[pb_utils.InferenceRequest], result: Any) -> Message:
         if not isinstance(result, list | tuple) or len(result) != len(requests):
@@ -266,7 +332,7 @@ class Stub:
             try:
                 result = self._model.finalize()
                 if inspect.iscoroutine(result):
-                    self._loop.run_until_complete(result)
+                    self._run_coroutine(result)
             except BaseException as exc:
                 error = _describe(exc)
         self._channel.send({"op": "finalize_done", "error": error})
@@ -311,7 +377,32 @@ class Stub:
     def log(self, level: str, message: str) -> None:
         self._channel.send({"op": "log", "level": level, "message": message})
 
-    # BLS.
+    # Requests of the model to the server: BLS, metrics, model management.
+
+    def ask(self, op: str, fields: dict[str, Any], what: str) -> Any:
+        """Sends a request to the server and waits for its `reply` (matched by call id)."""
+        call = BlsCall()
+        call_id = next(self._call_ids)
+        self._calls[call_id] = call
+        try:
+            self._channel.send({"op": op, "call": call_id, **fields})
+            reply = call.next()
+        finally:
+            self._calls.pop(call_id, None)
+        if reply is None:
+            raise pb_utils.TritonModelException(self.failure(what, "the server went away"))
+        if reply["error"] is not None:
+            raise pb_utils.TritonModelException(self.failure(what, reply["error"]))
+        return reply["result"]
+
+    def tell(self, op: str, fields: dict[str, Any]) -> None:
+        self._channel.send({"op": op, **fields})
+
+    def failure(self, what: str, reason: str) -> str:
+        return f"{what}: Failed to process the request for model '{self._instance_name}', message: {reason}"
+
+    def model_dir(self) -> str:
+        return self._model_dir
 
     def _send_bls(self, request: pb_utils.InferenceRequest, decoupled: bool, call: BlsCall) -> int:
         call_id = next(self._call_ids)
@@ -331,9 +422,10 @@ class Stub:
                 "id": request.request_id(),
                 "correlation_id": request.correlation_id(),
                 "flags": request.flags(),
+                "timeout": request.timeout(),
                 "decoupled": decoupled,
-                # Made by the thread that runs execute(): a child of the batch being executed.
-                "parents": self._executing if threading.get_ident() == self._main_thread else [],
+                # Made by an execute() of this stub: a child of the batch being executed.
+                "parents": list(_executing.get()),
             }
         )
         return call_id
@@ -358,62 +450,43 @@ class Stub:
             response = pb_utils.InferenceResponse(outputs, parameters=body["parameters"])
         return response, message["final"]
 
-    def execute_bls(
-        self, request: pb_utils.InferenceRequest, decoupled: bool, timeout: float | None
-    ) -> list[pb_utils.InferenceResponse]:
+    def execute_bls(self, request: pb_utils.InferenceRequest) -> pb_utils.InferenceResponse:
         call = BlsCall()
-        call_id = self._send_bls(request, decoupled, call)
+        call_id = self._send_bls(request, False, call)
         try:
-            response, _ = self._bls_response(call.next(timeout))
+            response, _ = self._bls_response(call.next())
         finally:
             self._calls.pop(call_id, None)
-        return [response or pb_utils.InferenceResponse()]
+        return response or pb_utils.InferenceResponse()
 
-    def stream_bls(
-        self, request: pb_utils.InferenceRequest, timeout: float | None
-    ) -> Iterator[pb_utils.InferenceResponse]:
+    def stream_bls(self, request: pb_utils.InferenceRequest) -> pb_utils.ResponseIterator:
         call = BlsCall()
-        call_id = self._send_bls(request, True, call)
+        return pb_utils.ResponseIterator(BlsStream(self, self._send_bls(request, True, call), call))
 
-        def responses() -> Iterator[pb_utils.InferenceResponse]:
-            try:
-                while True:
-                    response, final = self._bls_response(call.next(timeout))
-                    if response is not None:
-                        yield response
-                    elif final:
-                        yield pb_utils.InferenceResponse()  # Triton ends with an empty final response
-                    if final:
-                        return
-            finally:
-                self._calls.pop(call_id, None)
-
-        return responses()
-
-    async def execute_bls_async(self, request: pb_utils.InferenceRequest, decoupled: bool) -> Any:
-        call = BlsCall().for_loop(asyncio.get_running_loop())
+    def async_bls(self, request: pb_utils.InferenceRequest, decoupled: bool) -> asyncio.Future[Any]:
+        """Sends a BLS request now; a future of its response (decoupled: of its iterator)."""
+        loop = asyncio.get_running_loop()  # RuntimeError outside a coroutine, as on Triton
+        call = BlsCall(loop)
         call_id = self._send_bls(request, decoupled, call)
-        if not decoupled:
+        if decoupled:
+            future: asyncio.Future[Any] = loop.create_future()
+            future.set_result(pb_utils.ResponseIterator(BlsStream(self, call_id, call)))
+            return future
+
+        async def response() -> pb_utils.InferenceResponse:
             try:
-                response, _ = self._bls_response(await call.next_async())
+                answer, _ = self._bls_response(await call.next_async())
             finally:
                 self._calls.pop(call_id, None)
-            return response or pb_utils.InferenceResponse()
+            return answer or pb_utils.InferenceResponse()
 
-        async def responses() -> AsyncIterator[pb_utils.InferenceResponse]:
-            try:
-                while True:
-                    response, final = self._bls_response(await call.next_async())
-                    if response is not None:
-                        yield response
-                    elif final:
-                        yield pb_utils.InferenceResponse()
-                    if final:
-                        return
-            finally:
-                self._calls.pop(call_id, None)
+        return asyncio.ensure_future(response())
 
-        return responses()
+
+async def _in_context(coroutine: Any, keys: tuple[int, ...]) -> Any:
+    """Runs a coroutine of execute() with its batch's keys in its context (see `_executing`)."""
+    _executing.set(keys)
+    return await coroutine
 
 
 def main(argv: list[str]) -> int:
