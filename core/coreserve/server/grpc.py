@@ -25,7 +25,7 @@ from coreserve.protos import grpc_service_pb2_grpc as pb_grpc
 from coreserve.protos import health_pb2, health_pb2_grpc
 from coreserve.responses import StreamingResponses
 from coreserve.server.dataplane import DataPlane
-from coreserve.server.grpc_decoding import DecodeInHandlers
+from coreserve.server.grpc_decoding import DecodingRegistrar
 from coreserve.server.grpc_transport import GrpcTransport
 from coreserve.server.restrictions import ApiRestrictions
 from coreserve.server.shared_memory import cuda_shared_memory_unavailable
@@ -435,7 +435,6 @@ class GrpcFrontend:
         self.port = port
         self._transport = transport or GrpcTransport()
         self._server = grpc.aio.server(
-            interceptors=[DecodeInHandlers()],
             options=[
                 ("grpc.max_send_message_length", max_message_size),
                 ("grpc.max_receive_message_length", max_message_size),
@@ -443,10 +442,10 @@ class GrpcFrontend:
             ],
         )
         pb_grpc.add_GRPCInferenceServiceServicer_to_server(  # type: ignore[no-untyped-call]
-            InferenceServicer(dataplane, restrictions, max_stream_inflight), self._server
+            InferenceServicer(dataplane, restrictions, max_stream_inflight), DecodingRegistrar(self._server)
         )
         health_pb2_grpc.add_HealthServicer_to_server(  # type: ignore[no-untyped-call]
-            HealthServicer(dataplane), self._server
+            HealthServicer(dataplane), DecodingRegistrar(self._server)
         )
 
     async def start(self) -> None:
