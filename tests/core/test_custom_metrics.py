@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from coreserve.backend import CustomMetrics, MetricKind
@@ -44,7 +46,7 @@ def test_families_render_in_prometheus_text_and_leave_with_their_last_owner() ->
 def test_mistakes_are_refused_in_tritons_words() -> None:
     metrics = CustomMetrics()
     gauge = metrics.family("level", "d", MetricKind.GAUGE)
-    cases = [
+    cases: list[tuple[Callable[[], object], str]] = [
         (lambda: metrics.family("bad name", "d", MetricKind.GAUGE), "Invalid metric name"),
         (lambda: metrics.family("level", "d", MetricKind.COUNTER), "Family name already exists with different type"),
         (lambda: gauge.metric({"a": 1}), "attempt to access JSON non-string as string"),  # type: ignore[dict-item]

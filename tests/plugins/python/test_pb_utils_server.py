@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import queue
+import time
 import urllib.request
 from collections.abc import Iterator
 from functools import partial
@@ -18,7 +19,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from coreserve.testing import ServerProcess
+from coreserve.testing import ServerFactory, ServerProcess
 
 # A model whose execute runs the Python of its request's CODE input and answers its result as
 # JSON: one model serves every scenario below, each test sending the code it needs.
@@ -31,6 +32,7 @@ output [ { name: "RESULT" data_type: TYPE_STRING dims: [ 1 ] } ]
 PROBE_MODEL = """
 import asyncio
 import json
+import time
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -81,6 +83,7 @@ output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 1 ] } ]
 """
 ECHO_MODEL = """
 import json
+import time
 import triton_python_backend_utils as pb_utils
 
 
@@ -203,7 +206,7 @@ def _run(client: httpclient.InferenceServerClient, code: str, model: str = "prob
 
 def _metrics(server: ServerProcess) -> str:
     with urllib.request.urlopen(server.metrics_url, timeout=30) as response:
-        return response.read().decode()
+        return str(response.read().decode())
 
 
 def _failure(instance: str, what: str, reason: str) -> str:
@@ -467,8 +470,75 @@ def test_async_execute_of_a_decoupled_model_runs_concurrently(server: ServerProc
         for _ in range(3):
             answer = answers.get(timeout=60)
             assert not isinstance(answer, InferenceServerException), answer
-            seen.append(int(answer.as_numpy("SEEN")[0]))  # type: ignore[union-attr]
+            seen.append(int(answer.as_numpy("SEEN")[0]))  # type: ignore[attr-defined]
     finally:
         client.stop_stream()
         client.close()
     assert seen == [3, 3, 3]
+
+
+COUNTING_MODEL = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        family = pb_utils.MetricFamily("counting_calls", "Calls", pb_utils.MetricFamily.COUNTER)
+        self.calls = family.Metric(labels={"model": "counting"})
+
+    def execute(self, requests):
+        self.calls.increment(len(requests))
+        return [
+            pb_utils.InferenceResponse([pb_utils.Tensor("OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy())])
+            for r in requests
+        ]
+"""
+
+
+def test_custom_metrics_leave_with_their_model(
+    server: ServerProcess, client: httpclient.InferenceServerClient, tmp_path: Path
+) -> None:
+    config = json.dumps(
+        {
+            "backend": "python",
+            "max_batch_size": 0,
+            "input": [{"name": "IN", "data_type": "TYPE_FP32", "dims": [1]}],
+            "output": [{"name": "OUT", "data_type": "TYPE_FP32", "dims": [1]}],
+        }
+    )
+    client.load_model("counting", config=config, files={"file:1/model.py": COUNTING_MODEL.encode()})
+    tensor = httpclient.InferInput("IN", [1], "FP32")
+    tensor.set_data_from_numpy(np.array([1.0], np.float32))
+    for _ in range(3):
+        client.infer("counting", [tensor])
+    assert 'counting_calls{model="counting"} 3\n' in _metrics(server)
+    client.unload_model("counting")
+    deadline = time.monotonic() + 30  # unloading finishes in the background
+    while "counting_calls" in _metrics(server):
+        assert time.monotonic() < deadline, "the family outlived its model"
+        time.sleep(0.1)
+    assert "probe_requests_total" in _metrics(server)  # other models' families stay
+
+
+def test_loading_from_a_model_needs_explicit_mode(coreserve_server: ServerFactory, tmp_path: Path) -> None:
+    _write(tmp_path, "probe", PROBE_CONFIG, PROBE_MODEL)
+    server = coreserve_server(tmp_path)  # --model-control-mode none
+    client = httpclient.InferenceServerClient(server.http_url, network_timeout=60)
+    try:
+        result = _run(
+            client,
+            """
+return [self.instance, attempt(lambda: pb_utils.load_model("probe")),
+        attempt(lambda: pb_utils.unload_model("probe")), attempt(lambda: pb_utils.is_model_ready("probe"))]
+""",
+        )
+    finally:
+        client.close()
+    assert isinstance(result, list)
+    instance, load, unload, ready = result
+    assert load["error"] == unload["error"] == "TritonModelException"
+    assert load["message"].startswith(_failure(instance, "Failed to load model", "loading models through"))
+    assert "--model-control-mode=explicit" in load["message"]
+    assert unload["message"].startswith(_failure(instance, "Failed to unload model", "unloading models"))
+    assert ready == {"ok": True}
+    assert server.process is not None and server.process.poll() is None  # the server keeps serving

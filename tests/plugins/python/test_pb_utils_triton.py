@@ -192,14 +192,14 @@ class _Request:
 
 def test_tensor_lookups_answer_as_tritons(triton: ModuleType) -> None:
     tensors = [pb_utils.Tensor("A", np.zeros(1)), pb_utils.Tensor("B", np.ones(2))]
-    holder = _Request(tensors)
+    holder: Any = _Request(tensors)  # a request and a response, as both helpers read them
     for name in ("A", "B", "C"):
         assert pb_utils.get_input_tensor_by_name(holder, name) is triton.get_input_tensor_by_name(
             holder, name
-        )  # type: ignore[arg-type]
+        )
         assert pb_utils.get_output_tensor_by_name(holder, name) is triton.get_output_tensor_by_name(
             holder, name
-        )  # type: ignore[arg-type]
+        )
 
 
 # (method, argument) steps of auto_complete_config, run on both ModelConfigs from the same start.
@@ -269,7 +269,7 @@ def test_requests_take_every_argument_form_tritons_bindings_take() -> None:
     assert request.flags() == 1
     # Refused in Triton's words.
     with pytest.raises(pb_utils.TritonModelException, match=r"^Correlation ID must be integer or string$"):
-        pb_utils.InferenceRequest(model_name="x", inputs=[], requested_output_names=[], correlation_id=1.5)
+        pb_utils.InferenceRequest(model_name="x", inputs=[], requested_output_names=[], correlation_id=1.5)  # type: ignore[arg-type]
     with pytest.raises(
         pb_utils.TritonModelException,
         match=r"^Expect parameters values to have type bool/int/str, found type <class 'float'>$",
