@@ -98,7 +98,9 @@ def _trace_context(inference: InferenceRequest, context: Any, received_ns: int) 
     inference.trace_context = TraceContext("GRPC", received_ns, now_ns(), traceparent)
 
 
-def _traced_encoding(trace: RequestTrace, response: InferenceResponse, in_shared_memory: Any) -> Any:
+def _traced_encoding(
+    trace: RequestTrace, response: InferenceResponse, in_shared_memory: Any
+) -> pb.ModelInferResponse:
     trace.mark("GRPC_SEND_START", now_ns())
     message = encode_model_infer_response(response, in_shared_memory)
     trace.mark("GRPC_SEND_END", now_ns())

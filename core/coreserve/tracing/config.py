@@ -40,9 +40,9 @@ def parse_trace_config(
         setting["trace_file"] = trace_file
     if levels:
         setting["trace_level"] = _levels(levels)
-    for key, value in (("trace_rate", rate), ("trace_count", count), ("log_frequency", log_frequency)):
-        if value is not None:
-            setting[key] = value
+    for name, given in (("trace_rate", rate), ("trace_count", count), ("log_frequency", log_frequency)):
+        if given is not None:
+            setting[name] = given
     otel: dict[str, Any] = {}
     resource: dict[str, str] = {}
     config_levels: list[str] = []
