@@ -114,6 +114,10 @@ class InferenceTrace:
         return self._context
 
 
+_CPU_MEMORY = PreferredMemory(TRITONSERVER_MEMORY_CPU)
+_NOT_TRACED = InferenceTrace()
+
+
 class _DLPackCapsule:
     """Presents a bare DLPack capsule to numpy.from_dlpack (CPU memory only)."""
 
@@ -175,6 +179,14 @@ class Tensor:
 
     def __dlpack_device__(self) -> tuple[int, int]:
         return (1, 0)  # kDLCPU, device 0
+
+    @classmethod
+    def _wrap(cls, name: str, data: np.ndarray) -> Tensor:
+        """A tensor of data the stub decoded (already checked): no checks on the request path."""
+        tensor = cls.__new__(cls)
+        tensor._name = name
+        tensor._data = data
+        return tensor
 
     @staticmethod
     def from_dlpack(name: str, capsule: Any) -> Tensor:
@@ -349,12 +361,44 @@ class InferenceRequest:
         self._model_version = int(model_version)
         self._flags = int(flags)
         self._timeout = int(timeout)
-        self._preferred_memory = preferred_memory or PreferredMemory(TRITONSERVER_MEMORY_CPU)
-        self._trace = trace or InferenceTrace()
+        self._preferred_memory = preferred_memory or _CPU_MEMORY
+        self._trace = trace or _NOT_TRACED
         self._parameters = _parameters(parameters)
         self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
         self._key: int | None = None  # set for requests given to execute
         self._cancellation = _Cancellation()  # shared with the stub, which sets it
+
+    @classmethod
+    def _served(
+        cls,
+        key: int,
+        model_name: str,
+        inputs: list[Tensor],
+        requested_output_names: list[str],
+        correlation_id: int | str,
+        parameters: dict[str, Any],
+        flags: int,
+        request_id: str,
+        cancelled: bool,
+    ) -> InferenceRequest:
+        """A request the server gives to execute(): its values come checked, so none are
+        checked again on the request path."""
+        request = cls.__new__(cls)
+        request._request_id = request_id
+        request._correlation_id = correlation_id
+        request._inputs = inputs
+        request._requested = requested_output_names
+        request._model_name = model_name
+        request._model_version = -1
+        request._flags = flags
+        request._timeout = 0
+        request._preferred_memory = _CPU_MEMORY
+        request._trace = _NOT_TRACED
+        request._parameters = parameters
+        request._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
+        request._key = key
+        request._cancellation = _Cancellation(cancelled)
+        return request
 
     def inputs(self) -> list[Tensor]:
         return self._inputs

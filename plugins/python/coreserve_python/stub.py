@@ -246,17 +246,17 @@ class Stub:
         requests = []
         for item in message["requests"]:
             arrays = self._reader.arrays(segment, item["inputs"], copy=self._decoupled)
-            request = pb_utils.InferenceRequest(
-                model_name=message["model_name"],
-                inputs=[pb_utils.Tensor(name, array) for name, array in arrays.items()],
-                requested_output_names=item["requested"],
-                correlation_id=item["correlation_id"],
-                parameters=item["parameters"],
-                flags=item["flags"],
-                request_id=item["id"],
+            request = pb_utils.InferenceRequest._served(
+                item["key"],
+                message["model_name"],
+                [pb_utils.Tensor._wrap(name, array) for name, array in arrays.items()],
+                item["requested"],
+                item["correlation_id"],
+                item["parameters"],
+                item["flags"],
+                item["id"],
+                item.get("cancelled", False),
             )
-            request._key = item["key"]
-            request._cancellation.cancelled = item.get("cancelled", False)
             self._cancellations[item["key"]] = request._cancellation
             requests.append(request)
         error = None
