@@ -13,6 +13,8 @@ LAYERS = {
     "coreserve.errors": 0,
     "coreserve.types": 0,
     "coreserve.protos": 0,
+    # A request carries its trace (types names it), so tracing sits beside types and errors.
+    "coreserve.tracing": 0,
     "coreserve.responses": 1,
     "coreserve.config": 1,
     "coreserve.protocol": 1,
