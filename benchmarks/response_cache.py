@@ -2,7 +2,7 @@
 
     python benchmarks/response_cache.py [--seconds 5] [--trials 3] [--concurrency 32]
 
-One server (`--cache-config local,size=1048576`) serves the add model of overhead.py twice:
+One server (`--cache-config local,size=1048576`, or `--cache-size`) serves the add model of overhead.py twice:
 `add` without `response_cache` and `add_cached` with it. wrk (one thread) drives each in turn,
 trial by trial, so that a neighbour slowing the machine weighs on both sides of each ratio:
 
@@ -93,6 +93,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0, help="length of one trial")
     parser.add_argument("--trials", type=int, default=3, help="trials per row (the median is reported)")
     parser.add_argument("--concurrency", type=int, default=32, help="wrk connections")
+    parser.add_argument("--cache-size", type=int, default=CACHE_SIZE, help="--cache-config local,size (bytes)")
     args = parser.parse_args()
     SECONDS[0] = args.seconds
 
@@ -100,7 +101,7 @@ def main() -> None:
     model = add_model()
     write_model(repository, "add", model, CONFIG)
     write_model(repository, "add_cached", model, CONFIG + "response_cache { enable: true }\n")
-    server = start_server(repository, f"--cache-config=local,size={CACHE_SIZE}")
+    server = start_server(repository, f"--cache-config=local,size={args.cache_size}")
     base = f"http://{server.http_url}/v2/models"
     body = json_body()
     hits: list[tuple[tuple[Load, float], tuple[Load, float]]] = []
@@ -169,7 +170,7 @@ def main() -> None:
             "concurrency": args.concurrency,
             "seconds": args.seconds,
             "trials": args.trials,
-            "cache_size": CACHE_SIZE,
+            "cache_size": args.cache_size,
             "hits": [[{**load.__dict__, "cpu_us": cpu} for load, cpu in pair] for pair in hits],
             "misses": [[{**load.__dict__, "cpu_us": cpu} for load, cpu in pair] for pair in misses],
             "hit_cpu_ratio": hit_cpu,
