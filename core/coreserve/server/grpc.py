@@ -16,8 +16,10 @@ from google.protobuf import json_format
 
 from coreserve.errors import CoreserveError, ErrorCode, NotFoundError
 from coreserve.protocol.grpc_codec import (
+    ReceivedInferRequest,
     decode_model_infer_request,
     encode_model_infer_response,
+    parse_model_infer_request,
     shared_memory_outputs,
 )
 from coreserve.protos import grpc_service_pb2 as pb
@@ -258,11 +260,12 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return response
 
     @_unary("inference")
-    async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
+    async def ModelInfer(self, received: ReceivedInferRequest, context: Any) -> pb.ModelInferResponse:
         tracing = self._dataplane.tracer.active
         received_ns = now_ns() if tracing else 0
         regions = self._dataplane.shared_memory
-        inference = decode_model_infer_request(request, regions)
+        request = received.message
+        inference = decode_model_infer_request(request, regions, received.raw)
         # Resolved before the model runs, so that unregistering the region meanwhile is harmless.
         in_shared_memory = shared_memory_outputs(request, regions)
         if tracing:
@@ -273,7 +276,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return _traced_encoding(inference.trace, response, in_shared_memory)
 
     async def ModelStreamInfer(
-        self, requests: AsyncIterator[pb.ModelInferRequest], context: Any
+        self, requests: AsyncIterator[ReceivedInferRequest], context: Any
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
         """Many requests on one stream; each response or error goes back as it comes.
 
@@ -331,8 +334,10 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 request.cancel()
 
     def _start_stream_request(
-        self, message: pb.ModelInferRequest, outbox: Outbox, running: set[InferenceRequest]
+        self, received: ReceivedInferRequest, outbox: Outbox, running: set[InferenceRequest]
     ) -> None:
+        message = received.message
+
         def error_message(error: CoreserveError) -> None:
             reply = pb.ModelStreamInferResponse(
                 error_message=error.message,
@@ -343,7 +348,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             outbox.put_nowait((reply, True))
 
         try:
-            request = decode_model_infer_request(message, self._dataplane.shared_memory)
+            request = decode_model_infer_request(message, self._dataplane.shared_memory, received.raw)
             in_shared_memory = shared_memory_outputs(message, self._dataplane.shared_memory)
             empty_final = request.parameters.pop(ENABLE_EMPTY_FINAL, False) is True
         except CoreserveError as exc:
@@ -444,7 +449,12 @@ class GrpcFrontend:
             ],
         )
         pb_grpc.add_GRPCInferenceServiceServicer_to_server(  # type: ignore[no-untyped-call]
-            InferenceServicer(dataplane, restrictions, max_stream_inflight), DecodingRegistrar(self._server)
+            InferenceServicer(dataplane, restrictions, max_stream_inflight),
+            DecodingRegistrar(
+                self._server,
+                # Large raw contents are kept as views of the received bytes (no copy).
+                {"ModelInfer": parse_model_infer_request, "ModelStreamInfer": parse_model_infer_request},
+            ),
         )
         health_pb2_grpc.add_HealthServicer_to_server(  # type: ignore[no-untyped-call]
             HealthServicer(dataplane), DecodingRegistrar(self._server)

@@ -8,7 +8,7 @@ such a message as a marker instead, and answers it as the client error it is.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
@@ -33,8 +33,13 @@ class DecodingRegistrar:
     every call and cannot use its registered-method fast path.
     """
 
-    def __init__(self, server: grpc.aio.Server) -> None:
+    def __init__(
+        self, server: grpc.aio.Server, deserializers: dict[str, Callable[[bytes], Any]] | None = None
+    ) -> None:
+        """`deserializers`: what decodes the requests of some methods instead of the generated
+        message's FromString, by method name; they raise DecodeError as FromString does."""
         self._server = server
+        self._deserializers = deserializers or {}
 
     def add_generic_rpc_handlers(self, handlers: Any) -> None:
         """Ignored: the generated code passes the same handlers to add_registered_method_handlers."""
@@ -43,15 +48,18 @@ class DecodingRegistrar:
         self, service: str, handlers: dict[str, grpc.RpcMethodHandler]
     ) -> None:
         wrapped = {
-            name: _decoding_in_handler(handler, f"/{service}/{name}") for name, handler in handlers.items()
+            name: _decoding_in_handler(handler, f"/{service}/{name}", self._deserializers.get(name))
+            for name, handler in handlers.items()
         }
         self._server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, wrapped),))
         self._server.add_registered_method_handlers(service, wrapped)
 
 
-def _decoding_in_handler(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
-    """The same handler, decoding its request itself."""
-    decode = handler.request_deserializer
+def _decoding_in_handler(
+    handler: grpc.RpcMethodHandler, method: str, deserializer: Callable[[bytes], Any] | None = None
+) -> grpc.RpcMethodHandler:
+    """The same handler, decoding its request itself (with `deserializer` if given)."""
+    decode = deserializer or handler.request_deserializer
 
     def tolerant_decode(data: bytes) -> Any:
         try:

@@ -1,0 +1,94 @@
+"""parse_model_infer_request: large raw contents become views of the received bytes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from google.protobuf.message import DecodeError
+
+from coreserve.protocol.grpc_codec import (
+    VIEW_RAW_CONTENTS_FROM,
+    decode_model_infer_request,
+    parse_model_infer_request,
+)
+from coreserve.protos import grpc_service_pb2 as pb
+
+
+def _request(*arrays: np.ndarray) -> pb.ModelInferRequest:
+    request = pb.ModelInferRequest(model_name="identity", id="7")
+    request.parameters["priority"].int64_param = 3
+    for index, array in enumerate(arrays):
+        tensor = request.inputs.add(name=f"INPUT{index}", datatype="FP32", shape=array.shape)
+        tensor.parameters["note"].string_param = "x"
+        request.raw_input_contents.append(array.tobytes())
+    request.outputs.add(name="OUTPUT0")
+    return request
+
+
+def test_a_large_request_keeps_its_raw_contents_as_views_of_the_received_bytes() -> None:
+    big = np.arange(VIEW_RAW_CONTENTS_FROM, dtype=np.float32)
+    small = np.ones(3, np.float32)
+    data = _request(big, small).SerializeToString()
+
+    received = parse_model_infer_request(data)
+
+    assert received.raw is not None and len(received.raw) == 2
+    assert len(received.message.raw_input_contents) == 0
+    assert [bytes(view) for view in received.raw] == [big.tobytes(), small.tobytes()]
+    assert all(isinstance(view, memoryview) and view.obj is data for view in received.raw)
+    # Everything but the raw contents is the message protobuf parses.
+    whole = pb.ModelInferRequest.FromString(data)
+    del whole.raw_input_contents[:]
+    assert received.message == whole
+    decoded = decode_model_infer_request(received.message, None, received.raw)
+    np.testing.assert_array_equal(decoded.inputs["INPUT0"], big)
+    np.testing.assert_array_equal(decoded.inputs["INPUT1"], small)
+    assert decoded.id == "7" and decoded.parameters == {"priority": 3}
+    assert decoded.requested_outputs == ("OUTPUT0",)
+    # The view is used as is where FP32 alignment allows; else copied once, to aligned memory.
+    aligned = np.frombuffer(received.raw[0], np.float32).flags.aligned
+    assert np.shares_memory(decoded.inputs["INPUT0"], np.frombuffer(data, np.uint8)) == aligned
+    uint8 = _request(big)
+    uint8.inputs[0].datatype = "UINT8"
+    uint8.inputs[0].shape[:] = [big.nbytes]
+    data = uint8.SerializeToString()
+    received = parse_model_infer_request(data)
+    array = decode_model_infer_request(received.message, None, received.raw).inputs["INPUT0"]
+    assert np.shares_memory(array, np.frombuffer(data, np.uint8))  # bytes are always aligned
+
+
+def test_raw_contents_between_other_fields_keep_their_order() -> None:
+    first = pb.ModelInferRequest(model_name="m")
+    first.raw_input_contents.append(b"a" * VIEW_RAW_CONTENTS_FROM)
+    second = pb.ModelInferRequest()
+    second.inputs.add(name="INPUT0", datatype="UINT8", shape=[VIEW_RAW_CONTENTS_FROM])
+    second.raw_input_contents.append(b"b")
+    data = first.SerializeToString() + second.SerializeToString()  # concatenation merges messages
+
+    received = parse_model_infer_request(data)
+
+    assert received.raw is not None
+    assert [bytes(view) for view in received.raw] == [b"a" * VIEW_RAW_CONTENTS_FROM, b"b"]
+    assert received.message.model_name == "m" and received.message.inputs[0].name == "INPUT0"
+
+
+def test_a_small_request_is_parsed_whole() -> None:
+    data = _request(np.ones(4, np.float32)).SerializeToString()
+    received = parse_model_infer_request(data)
+    assert received.raw is None
+    assert received.message == pb.ModelInferRequest.FromString(data)
+
+
+@pytest.mark.parametrize(
+    "tail",
+    [
+        b"\x3a\xff\xff\xff\x7f",  # raw contents longer than the data
+        b"\x3a",  # a field with no length
+        b"\xff" * 11,  # a key varint that never ends
+        b"\x0b",  # a group, which this message has none of
+    ],
+)
+def test_malformed_large_requests_raise_protobufs_decode_error(tail: bytes) -> None:
+    data = _request(np.zeros(VIEW_RAW_CONTENTS_FROM, np.float32)).SerializeToString() + tail
+    with pytest.raises(DecodeError):
+        parse_model_infer_request(data)
