@@ -125,3 +125,24 @@ def test_a_local_config_makes_a_local_cache_and_redis_only_warns() -> None:
     warning = check_cache_config({"redis": {"host": "localhost", "port": "6379"}})
     assert warning is not None and "not built yet" in warning
     assert make_response_cache({"redis": {"host": "localhost"}}) is None
+
+
+def test_a_hit_counts_as_a_success_and_in_the_request_summary_not_as_an_execution() -> None:
+    from coreserve.scheduling.statistics import LatencyOptions, ModelStatistics
+
+    statistics = ModelStatistics("m", 1, LatencyOptions(summaries=True, histograms=True))
+    request = InferenceRequest("m", {}, received_ns=1_000)
+    request.queued_ns = 2_000
+    statistics.record_cache_hit(request, lookup_start_ns=3_000, end_ns=11_000)
+    inference = statistics.as_dict()["inference_stats"]
+    assert inference["success"] == {"count": 1, "ns": 10_000}
+    assert inference["queue"] == {"count": 1, "ns": 1_000}
+    assert inference["cache_hit"] == {"count": 1, "ns": 8_000}
+    assert inference["compute_infer"] == {"count": 0, "ns": 0}
+    assert (statistics.inference_count, statistics.execution_count) == (0, 0)
+    assert statistics.quantiles("request", [0.5], 11_000) == [10.0]  # µs
+    assert statistics.quantiles("queue", [0.5], 11_000) == [1.0]
+    assert np.isnan(statistics.quantiles("compute_infer", [0.5], 11_000)[0])  # hits are not computed
+    assert sum(statistics.histograms["request"]) == 1
+    statistics.record_cache_miss(500)
+    assert statistics.as_dict()["inference_stats"]["cache_miss"] == {"count": 1, "ns": 500}

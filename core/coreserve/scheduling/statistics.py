@@ -177,9 +177,16 @@ class ModelStatistics:
     def record_cache_hit(self, request: InferenceRequest, lookup_start_ns: int, end_ns: int) -> None:
         """Records a request answered from the response cache: a success, never an execution."""
         self.last_inference_ms = time.time_ns() // 1_000_000
-        self.success.add(end_ns - request.received_ns)
-        self.queue.add(lookup_start_ns - request.queued_ns)  # Triton counts hits in the queue too
+        total_ns, queue_ns = end_ns - request.received_ns, lookup_start_ns - request.queued_ns
+        self.success.add(total_ns)
+        self.queue.add(queue_ns)  # Triton counts hits in the queue too
         self.cache_hit.add(end_ns - lookup_start_ns)
+        # The request and queue summaries include cached requests, the compute ones do not (-1).
+        if self.recent is not None:
+            self.recent.append((end_ns, total_ns, queue_ns, -1, -1, -1))
+        if self.histograms:
+            self._bucket("request", total_ns)
+            self._bucket("queue", queue_ns)
 
     def record_cache_miss(self, ns: int) -> None:
         """Records a response cache miss and the time its lookup and insertion took."""
@@ -205,7 +212,9 @@ class ModelStatistics:
         """Quantiles (microseconds) of one latency kind over the summary window; NaN if empty."""
         oldest = now_ns - int(self.latency.max_age_s * 1e9)
         column = LATENCY_KINDS.index(kind) + 1
-        values = sorted(entry[column] for entry in self.recent or () if entry[0] >= oldest)
+        values = sorted(
+            entry[column] for entry in self.recent or () if entry[0] >= oldest and entry[column] >= 0
+        )
         if not values:
             return [float("nan") for _ in points]
         last = len(values) - 1
