@@ -187,6 +187,21 @@ def test_what_changes_the_answer_misses(client: httpclient.InferenceServerClient
     assert _calls(_infer(client, "counter", [5, 6], priority=1)) == base
 
 
+def test_a_hit_is_classified_like_a_run(client: httpclient.InferenceServerClient) -> None:
+    def classes() -> list[bytes]:
+        data = np.array([3, 9, 1], np.float32)
+        tensor = httpclient.InferInput("INPUT0", [3], "FP32")
+        tensor.set_data_from_numpy(data)
+        wanted = [httpclient.InferRequestedOutput("OUTPUT1", class_count=2)]
+        return list(client.infer("counter", [tensor], outputs=wanted).as_numpy("OUTPUT1"))
+
+    before = _stats(client, "counter")["execution_count"]
+    assert classes() == classes() == [b"10.000000:1", b"4.000000:0"]
+    assert _stats(client, "counter")["execution_count"] == before + 1  # the second was a hit
+    plain = _infer(client, "counter", [3, 9, 1], outputs=["OUTPUT1"])  # the raw values, not classes
+    np.testing.assert_array_equal(plain.as_numpy("OUTPUT1"), [4, 10, 2])
+
+
 def test_failures_are_not_cached(client: httpclient.InferenceServerClient) -> None:
     before = _stats(client, "counter")["execution_count"]
     for _ in range(2):

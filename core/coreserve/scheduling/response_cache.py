@@ -197,7 +197,7 @@ class ModelResponseCache:
         response = InferenceResponse(
             model_name=request.model_name,
             model_version=self.model_version,
-            outputs=found.outputs,
+            outputs=dict(found.outputs),  # its own mapping: a sink may replace outputs in it
             id=request.id,
             parameters=dict(found.parameters),
         )
