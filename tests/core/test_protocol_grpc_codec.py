@@ -1,4 +1,4 @@
-"""parse_model_infer_request: large raw contents become views of the received bytes."""
+"""The gRPC codec's copy-saving paths: large raw inputs as views, outputs serialized once."""
 
 from __future__ import annotations
 
@@ -9,9 +9,12 @@ from google.protobuf.message import DecodeError
 from coreserve.protocol.grpc_codec import (
     VIEW_RAW_CONTENTS_FROM,
     decode_model_infer_request,
+    encode_model_infer_response,
     parse_model_infer_request,
+    serialize_model_infer_response,
 )
 from coreserve.protos import grpc_service_pb2 as pb
+from coreserve.types import InferenceResponse
 
 
 def _request(*arrays: np.ndarray) -> pb.ModelInferRequest:
@@ -92,3 +95,21 @@ def test_malformed_large_requests_raise_protobufs_decode_error(tail: bytes) -> N
     data = _request(np.zeros(VIEW_RAW_CONTENTS_FROM, np.float32)).SerializeToString() + tail
     with pytest.raises(DecodeError):
         parse_model_infer_request(data)
+
+
+@pytest.mark.parametrize(
+    "outputs",
+    [
+        {"OUTPUT0": np.arange(4, dtype=np.float32).reshape(1, 4)},
+        {"BIG": np.arange(300_000, dtype=np.float64), "EMPTY": np.zeros((0, 3), np.int8)},
+        {"TEXT": np.array([b"a", b"", b"xyz" * 50], dtype=np.object_), "T": np.ones((2, 2), np.float32).T},
+        {},
+    ],
+)
+def test_a_serialized_response_is_the_bytes_protobuf_writes(outputs: dict[str, np.ndarray]) -> None:
+    response = InferenceResponse("m", "1", outputs, id="42", parameters={"sequence_end": True, "n": 3})
+    serialized = serialize_model_infer_response(response)
+    assert serialized == encode_model_infer_response(response).SerializeToString()
+    parsed = pb.ModelInferResponse.FromString(serialized)
+    assert [output.name for output in parsed.outputs] == list(outputs)
+    assert len(parsed.raw_output_contents) == len(outputs)

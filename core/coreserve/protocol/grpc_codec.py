@@ -288,12 +288,49 @@ def encode_model_infer_response(
     Outputs in `shared_memory` are written into their regions and, as Triton sends them, keep
     an empty raw_output_contents entry (so that the entries still line up with the outputs).
     """
+    message, raw = _response_without_raw(response, shared_memory)
+    message.raw_output_contents.extend(data if isinstance(data, bytes) else data.tobytes() for data in raw)
+    return message
+
+
+def serialize_model_infer_response(
+    response: InferenceResponse, shared_memory: dict[str, OutputInSharedMemory] | None = None
+) -> bytes:
+    """encode_model_infer_response's message, serialized, with each output copied only once.
+
+    protobuf would copy an output three times (to bytes, into its arena, into the serialized
+    message); here the raw_output_contents entries are written after the rest of the message,
+    where protobuf writes them too (the highest field number last): the bytes are the same.
+    """
+    message, raw = _response_without_raw(response, shared_memory)
+    pieces: list[bytes | memoryview] = [message.SerializeToString()]
+    for data in raw:
+        pieces += (_RAW_OUTPUT_CONTENTS_KEY, _varint_bytes(len(data)), data)
+    return b"".join(pieces)
+
+
+# The key of ModelInferResponse.raw_output_contents (field 6, length-delimited).
+_RAW_OUTPUT_CONTENTS_KEY = bytes([6 << 3 | 2])
+
+
+def _varint_bytes(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _response_without_raw(
+    response: InferenceResponse, shared_memory: dict[str, OutputInSharedMemory] | None
+) -> tuple[pb.ModelInferResponse, list[bytes | memoryview]]:
     message = pb.ModelInferResponse(
         model_name=response.model_name, model_version=response.model_version, id=response.id
     )
     for key, value in response.parameters.items():
         set_parameter(message.parameters[key], value)
-    raw = message.raw_output_contents
+    raw: list[bytes | memoryview] = []
     for name, array in response.outputs.items():
         datatype = DataType.from_numpy(array.dtype)
         message.outputs.add(name=name, datatype=datatype.value, shape=array.shape)
@@ -301,7 +338,6 @@ def encode_model_infer_response(
         if target is not None:
             write_output(target, array, datatype, name)
             raw.append(b"")
-            continue
-        data = array_to_bytes(array, datatype)
-        raw.append(data if isinstance(data, bytes) else data.tobytes())
-    return message
+        else:
+            raw.append(array_to_bytes(array, datatype))
+    return message, raw

@@ -20,6 +20,7 @@ from coreserve.protocol.grpc_codec import (
     decode_model_infer_request,
     encode_model_infer_response,
     parse_model_infer_request,
+    serialize_model_infer_response,
     shared_memory_outputs,
 )
 from coreserve.protos import grpc_service_pb2 as pb
@@ -108,6 +109,11 @@ def _traced_encoding(
     trace.mark("GRPC_SEND_END", now_ns())
     trace.finish()
     return message
+
+
+def _serialized(response: bytes | pb.ModelInferResponse) -> bytes:
+    """A ModelInfer response on the wire: ModelInfer serializes its own, except traced ones."""
+    return response if isinstance(response, bytes) else response.SerializeToString()
 
 
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
@@ -260,7 +266,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return response
 
     @_unary("inference")
-    async def ModelInfer(self, received: ReceivedInferRequest, context: Any) -> pb.ModelInferResponse:
+    async def ModelInfer(self, received: ReceivedInferRequest, context: Any) -> bytes | pb.ModelInferResponse:
         tracing = self._dataplane.tracer.active
         received_ns = now_ns() if tracing else 0
         regions = self._dataplane.shared_memory
@@ -272,7 +278,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             _trace_context(inference, context, received_ns)
         response = await self._dataplane.infer(inference, endpoint="ModelInfer RPC")
         if inference.trace is None:
-            return encode_model_infer_response(response, in_shared_memory)
+            return serialize_model_infer_response(response, in_shared_memory)
         return _traced_encoding(inference.trace, response, in_shared_memory)
 
     async def ModelStreamInfer(
@@ -454,6 +460,7 @@ class GrpcFrontend:
                 self._server,
                 # Large raw contents are kept as views of the received bytes (no copy).
                 {"ModelInfer": parse_model_infer_request, "ModelStreamInfer": parse_model_infer_request},
+                {"ModelInfer": _serialized},
             ),
         )
         health_pb2_grpc.add_HealthServicer_to_server(  # type: ignore[no-untyped-call]

@@ -34,12 +34,17 @@ class DecodingRegistrar:
     """
 
     def __init__(
-        self, server: grpc.aio.Server, deserializers: dict[str, Callable[[bytes], Any]] | None = None
+        self,
+        server: grpc.aio.Server,
+        deserializers: dict[str, Callable[[bytes], Any]] | None = None,
+        serializers: dict[str, Callable[[Any], bytes]] | None = None,
     ) -> None:
         """`deserializers`: what decodes the requests of some methods instead of the generated
-        message's FromString, by method name; they raise DecodeError as FromString does."""
+        message's FromString, by method name; they raise DecodeError as FromString does.
+        `serializers`: what encodes the responses of some methods, by method name."""
         self._server = server
         self._deserializers = deserializers or {}
+        self._serializers = serializers or {}
 
     def add_generic_rpc_handlers(self, handlers: Any) -> None:
         """Ignored: the generated code passes the same handlers to add_registered_method_handlers."""
@@ -48,7 +53,9 @@ class DecodingRegistrar:
         self, service: str, handlers: dict[str, grpc.RpcMethodHandler]
     ) -> None:
         wrapped = {
-            name: _decoding_in_handler(handler, f"/{service}/{name}", self._deserializers.get(name))
+            name: _decoding_in_handler(
+                handler, f"/{service}/{name}", self._deserializers.get(name), self._serializers.get(name)
+            )
             for name, handler in handlers.items()
         }
         self._server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, wrapped),))
@@ -56,7 +63,10 @@ class DecodingRegistrar:
 
 
 def _decoding_in_handler(
-    handler: grpc.RpcMethodHandler, method: str, deserializer: Callable[[bytes], Any] | None = None
+    handler: grpc.RpcMethodHandler,
+    method: str,
+    deserializer: Callable[[bytes], Any] | None = None,
+    serializer: Callable[[Any], bytes] | None = None,
 ) -> grpc.RpcMethodHandler:
     """The same handler, decoding its request itself (with `deserializer` if given)."""
     decode = deserializer or handler.request_deserializer
@@ -109,5 +119,5 @@ def _decoding_in_handler(
     return make_handler(
         responses if handler.response_streaming else one_response,
         request_deserializer=tolerant_decode,
-        response_serializer=handler.response_serializer,
+        response_serializer=serializer or handler.response_serializer,
     )
