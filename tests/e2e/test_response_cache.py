@@ -101,6 +101,10 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ("step_cached", True),
     ):
         _counter(root, name, cached)
+    _counter(root, "versions", cached=True)
+    shutil.copytree(root / "versions" / "1", root / "versions" / "2")
+    with (root / "versions" / "config.pbtxt").open("a") as config:
+        config.write("version_policy { all { } }\n")
     _ensemble(root, "pipeline_cached", "step", cached=True)
     _ensemble(root, "pipeline", "step_cached", cached=False)
     return root
@@ -200,6 +204,20 @@ def test_a_hit_is_classified_like_a_run(client: httpclient.InferenceServerClient
     assert _stats(client, "counter")["execution_count"] == before + 1  # the second was a hit
     plain = _infer(client, "counter", [3, 9, 1], outputs=["OUTPUT1"])  # the raw values, not classes
     np.testing.assert_array_equal(plain.as_numpy("OUTPUT1"), [4, 10, 2])
+
+
+def test_a_version_never_gets_another_versions_answer(client: httpclient.InferenceServerClient) -> None:
+    data = np.array([6], np.float32)
+    for version in ("1", "2", "1", "2"):
+        tensor = httpclient.InferInput("INPUT0", [1], "FP32")
+        tensor.set_data_from_numpy(data)
+        assert (
+            client.infer("versions", [tensor], model_version=version).get_response()["model_version"]
+            == version
+        )
+    for version in ("1", "2"):
+        stats = client.get_inference_statistics("versions", version)["model_stats"][0]
+        assert stats["execution_count"] == 1 and _count(stats, "cache_hit") == 1, version
 
 
 def test_failures_are_not_cached(client: httpclient.InferenceServerClient) -> None:
