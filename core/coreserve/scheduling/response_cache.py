@@ -14,7 +14,7 @@ import itertools
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
@@ -28,8 +28,7 @@ ENTRY_OVERHEAD = 64
 _generations = itertools.count(1)
 
 
-@dataclass(frozen=True, slots=True)
-class CachedResponse:
+class CachedResponse(NamedTuple):
     """The outputs and parameters of one response, read-only, and what they count against the size."""
 
     outputs: Mapping[str, np.ndarray]
