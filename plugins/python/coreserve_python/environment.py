@@ -20,6 +20,9 @@ STUB_MODULES = (
     "pb_errors.py",
     "pb_types.py",
     "pb_model_config.py",
+    "pb_runtime.py",
+    "pb_metrics.py",
+    "pb_management.py",
     "pb_utils.py",
     "stub.py",
 )

@@ -10,8 +10,6 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
-import numpy as np
-
 from coreserve import (
     AlreadyExistsError,
     CancelledError,
@@ -34,30 +32,36 @@ from coreserve.backend import (
     Responder,
     ServerContext,
 )
+from coreserve_python.pb_errors import TritonError
 from coreserve_python.process import StubLaunch, StubProcess
 from coreserve_python.spawn import describe_exit
-from coreserve_python.wire import Message, SegmentPool, SegmentReader
+from coreserve_python.wire import Message, SegmentPool, SegmentReader, write_groups
 
 logger = logging.getLogger("coreserve.backend.python")
-# pb_utils.TritonError codes -> coreserve errors.
-ERRORS: dict[int, type[CoreserveError]] = {
-    0: InternalError,
-    1: InternalError,
-    2: NotFoundError,
-    3: InvalidArgumentError,
-    4: UnavailableError,
-    5: UnsupportedError,
-    6: AlreadyExistsError,
-    7: CancelledError,
-}
-CODES = {
-    InvalidArgumentError: 3,
-    NotFoundError: 2,
-    UnavailableError: 4,
-    UnsupportedError: 5,
-    AlreadyExistsError: 6,
-    CancelledError: 7,
-}
+# pb_utils.TritonError codes and coreserve's errors: one table, read both ways.
+_ERROR_TABLE: tuple[tuple[int, type[CoreserveError]], ...] = (
+    (TritonError.INTERNAL, InternalError),
+    (TritonError.NOT_FOUND, NotFoundError),
+    (TritonError.INVALID_ARG, InvalidArgumentError),
+    (TritonError.UNAVAILABLE, UnavailableError),
+    (TritonError.UNSUPPORTED, UnsupportedError),
+    (TritonError.ALREADY_EXISTS, AlreadyExistsError),
+    (TritonError.CANCELLED, CancelledError),
+)
+ERRORS: dict[int, type[CoreserveError]] = dict(_ERROR_TABLE)
+CODES: dict[type[CoreserveError], int] = {error: code for code, error in _ERROR_TABLE}
+
+
+def error_for(code: int, text: str) -> CoreserveError:
+    """The coreserve error for a model's TritonError (UNKNOWN and others: internal)."""
+    return ERRORS.get(code, InternalError)(text)
+
+
+def code_of(error: CoreserveError) -> int:
+    """The TritonError code of a coreserve error (a subclass maps as its parent does)."""
+    return next((CODES[cls] for cls in type(error).__mro__ if cls in CODES), TritonError.INTERNAL)
+
+
 LOG_LEVELS = {
     "INFO": logging.INFO,
     "WARNING": logging.WARNING,
@@ -221,26 +225,20 @@ class PythonInstance:
 
     async def execute(self, requests: Sequence[InferenceRequest], responder: Responder) -> None:
         process = await self._running()
-        arrays: list[tuple[str, np.ndarray]] = []
         entries = []
         for request in requests:
             key = self._next_key
             self._next_key += 1
             self._open[key] = (request, responder, request.on_cancel(partial(self._relay_cancel, key)))
-            arrays.extend((f"{key}/{name}", array) for name, array in request.inputs.items())
             entries.append((key, request))
-        segment, refs = self._pool.write(arrays)
-        by_key: dict[int, list[Any]] = {}
-        for ref in refs:
-            prefix, name = ref[0].split("/", 1)
-            by_key.setdefault(int(prefix), []).append((name, *ref[1:]))
+        segment, refs = write_groups(self._pool, [list(request.inputs.items()) for request in requests])
         message = {
             "op": "execute",
             "model_name": self._model.name,
             "segment": segment,
             "requests": [
-                _request_item(key, request, by_key.get(key, []), list(responder.signature.outputs))
-                for key, request in entries
+                _request_item(key, request, inputs, list(responder.signature.outputs))
+                for (key, request), inputs in zip(entries, refs, strict=True)
             ],
         }
         try:
@@ -368,16 +366,13 @@ class PythonInstance:
 
     def _deliver(self, message: Message) -> None:
         segment = message["segment"]
-        refs = [
-            (f"{index}/{ref[0]}", *ref[1:])
-            for index, (_, body, _) in enumerate(message["items"])
-            if body is not None
-            for ref in body["outputs"]
+        outputs_of = [
+            self._reader.arrays(segment, body["outputs"], copy=True) if body is not None else {}
+            for _, body, _ in message["items"]
         ]
-        arrays = self._reader.arrays(segment, refs, copy=True)
         if segment is not None:
             self._process_send({"op": "release", "segments": [segment]})
-        for index, (key, body, final) in enumerate(message["items"]):
+        for (key, body, final), outputs in zip(message["items"], outputs_of, strict=True):
             entry = self._open.get(key)
             if entry is None:
                 continue
@@ -388,9 +383,8 @@ class PythonInstance:
                 responder.send_final(request)
             elif body["error"] is not None:
                 text, code = body["error"]
-                responder.send_error(request, ERRORS.get(code, InternalError)(text))
+                responder.send_error(request, error_for(code, text))
             else:
-                outputs = {ref[0]: arrays[f"{index}/{ref[0]}"] for ref in body["outputs"]}
                 responder.send(request, outputs, parameters=body["parameters"], final=final)
 
     def _process_send(self, message: Message) -> None:
@@ -419,12 +413,15 @@ class PythonInstance:
                 response = await client.infer(request)
                 self._send_bls_response(call, response.outputs, response.parameters, final=True)
         except CoreserveError as exc:
-            error = (exc.message, CODES.get(type(exc), 1))
+            error = (exc.message, code_of(exc))
         except Exception as exc:
             # Not the model's mistake nor the target's answer: a fault of the server, logged
             # once with its traceback. The model still gets an answer, or it would wait forever.
             logger.exception("%s: a BLS request to %r failed in the server", self.name, message["model"])
-            error = (f"internal error of the server in a BLS request: {type(exc).__name__}: {exc}", 1)
+            error = (
+                f"internal error of the server in a BLS request: {type(exc).__name__}: {exc}",
+                TritonError.INTERNAL,
+            )
         else:
             return
         finally:

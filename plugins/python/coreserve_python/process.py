@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import os
 import socket
@@ -98,7 +99,9 @@ class StubProcess:
         self._exit: asyncio.Future[int | None] | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._reader_task: asyncio.Task[None] | None = None
-        self._replies: dict[str, asyncio.Future[Message]] = {}
+        # Replies awaited, by the id of the message they answer (several may wait at once).
+        self._replies: dict[int, tuple[str, asyncio.Future[Message]]] = {}
+        self._message_ids = itertools.count()
         self._stopping = False
 
     @property
@@ -129,23 +132,30 @@ class StubProcess:
         self._writer.write(encode_frame(message))
 
     async def request(self, message: Message, reply_op: str, timeout: float | None = None) -> Message:
-        """Sends a message and waits for the stub's reply of kind `reply_op`."""
+        """Sends a message and waits for the stub's reply of kind `reply_op` to it (by id)."""
         future: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
-        self._replies[reply_op] = future
-        self.send(message)
-        return await asyncio.wait_for(future, timeout)
+        message_id = next(self._message_ids)
+        self._replies[message_id] = (reply_op, future)
+        try:
+            self.send({**message, "id": message_id})
+            return await asyncio.wait_for(future, timeout)
+        finally:
+            self._replies.pop(message_id, None)
 
     async def _read(self, reader: asyncio.StreamReader) -> None:
         try:
             while True:
                 header = await reader.readexactly(_LENGTH.size)
                 message = decode_frame(await reader.readexactly(_LENGTH.unpack(header)[0]))
-                future = self._replies.pop(message["op"], None)
-                if future is not None:
-                    if not future.done():
-                        future.set_result(message)
-                else:
+                waiting = self._replies.pop(message.get("reply_to", -1), None)
+                if waiting is None:
                     self._on_message(message)
+                elif waiting[0] != message["op"]:
+                    raise InternalError(
+                        f"the stub answered with '{message['op']}' where '{waiting[0]}' was due"
+                    )
+                elif not waiting[1].done():
+                    waiting[1].set_result(message)
         except (asyncio.IncompleteReadError, ConnectionError):
             pass  # the stub closed its end: it is exiting
         except Exception:
@@ -157,7 +167,7 @@ class StubProcess:
         if self.pid is not None:
             remove_segments_of(self.pid)
         error = InternalError(f"the Python stub of {self.name} exited {describe_exit(code)}")
-        for future in self._replies.values():
+        for _, future in self._replies.values():
             if not future.done():
                 future.set_exception(error)
         self._replies.clear()

@@ -33,7 +33,7 @@ from types import ModuleType
 from typing import Any
 
 from coreserve_python import pb_runtime, pb_utils
-from coreserve_python.wire import Channel, Message, SegmentPool, SegmentReader
+from coreserve_python.wire import Channel, Message, SegmentPool, SegmentReader, write_groups
 
 SHIM = Path(__file__).resolve().parent / "shim"
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -175,7 +175,7 @@ class Stub:
         try:
             while (message := self._inbox.get()) is not None:
                 if message["op"] == "finalize":
-                    self._finalize()
+                    self._finalize(message)
                     break
                 handlers[message["op"]](message)
         except ConnectionError:
@@ -226,9 +226,9 @@ class Stub:
                 if inspect.iscoroutine(result):
                     self._run_coroutine(result)
         except BaseException as exc:
-            self._channel.send({"op": "init_done", "error": _describe(exc)})
+            self._channel.send({"op": "init_done", "reply_to": message.get("id"), "error": _describe(exc)})
             return
-        self._channel.send({"op": "init_done", "error": None})
+        self._channel.send({"op": "init_done", "reply_to": message.get("id"), "error": None})
 
     def _auto_complete(self, message: Message) -> None:
         try:
@@ -237,9 +237,10 @@ class Stub:
             complete = getattr(module.TritonPythonModel, "auto_complete_config", None)
             if complete is not None:
                 config = complete(config)
-            self._channel.send({"op": "auto_complete_done", "config": config.as_dict(), "error": None})
+            reply: Message = {"config": config.as_dict(), "error": None}
         except BaseException as exc:
-            self._channel.send({"op": "auto_complete_done", "config": None, "error": _describe(exc)})
+            reply = {"config": None, "error": _describe(exc)}
+        self._channel.send({"op": "auto_complete_done", "reply_to": message.get("id"), **reply})
 
     def _execute(self, message: Message) -> None:
         segment = message["segment"]
@@ -287,6 +288,7 @@ class Stub:
         self._channel.send(
             {
                 "op": "execute_done",
+                "reply_to": message.get("id"),
                 "error": error,
                 "responses": responses,
                 "release": [segment] if segment else [],
@@ -326,7 +328,7 @@ class Stub:
             [(request._key, response, True) for request, response in zip(requests, result, strict=True)]
         )
 
-    def _finalize(self) -> None:
+    def _finalize(self, message: Message) -> None:
         error = None
         if self._model is not None and hasattr(self._model, "finalize"):
             try:
@@ -335,33 +337,30 @@ class Stub:
                     self._run_coroutine(result)
             except BaseException as exc:
                 error = _describe(exc)
-        self._channel.send({"op": "finalize_done", "error": error})
+        self._channel.send({"op": "finalize_done", "reply_to": message.get("id"), "error": error})
 
     # Responses to the server.
 
     def _encode_responses(self, items: list[tuple[Any, pb_utils.InferenceResponse | None, bool]]) -> Message:
         """Responses as a `responses` message; their tensors go into one shared memory segment."""
-        arrays = []
-        for index, (_, response, _) in enumerate(items):
-            if response is not None:
-                for tensor in response.output_tensors():
-                    if not isinstance(tensor, pb_utils.Tensor):
-                        raise pb_utils.TritonModelException(
-                            f"output_tensors must be pb_utils.Tensor, got {tensor!r}"
-                        )
-                    arrays.append((f"{index}/{tensor.name()}", tensor.as_numpy()))
-        segment, refs = self._pool.write(arrays)
-        by_response: dict[int, list[Any]] = {}
-        for ref in refs:
-            position, name = ref[0].split("/", 1)
-            by_response.setdefault(int(position), []).append((name, *ref[1:]))
+        groups: list[list[tuple[str, Any]]] = []
+        for _, response, _ in items:
+            group = []
+            for tensor in response.output_tensors() if response is not None else ():
+                if not isinstance(tensor, pb_utils.Tensor):
+                    raise pb_utils.TritonModelException(
+                        f"output_tensors must be pb_utils.Tensor, got {tensor!r}"
+                    )
+                group.append((tensor.name(), tensor.as_numpy()))
+            groups.append(group)
+        segment, refs = write_groups(self._pool, groups)
         encoded = []
-        for index, (key, response, final) in enumerate(items):
+        for (key, response, final), outputs in zip(items, refs, strict=True):
             body = None
             if response is not None:
                 error = response.error()
                 body = {
-                    "outputs": by_response.get(index, []),
+                    "outputs": outputs,
                     "error": (error.message(), error.code()) if error is not None else None,
                     "parameters": response._parameters,
                 }

@@ -192,6 +192,23 @@ class SegmentPool:
             self._free.clear()
 
 
+def write_groups(
+    pool: SegmentPool, groups: list[list[tuple[str, np.ndarray]]]
+) -> tuple[str | None, list[list[TensorRef]]]:
+    """Writes the tensors of several requests or responses into one segment; the refs of each.
+
+    Each group's tensor names are unique within it, not across groups: the refs come back per
+    group, in the order given.
+    """
+    segment, refs = pool.write([named for group in groups for named in group])
+    grouped = []
+    start = 0
+    for group in groups:
+        grouped.append(refs[start : start + len(group)])
+        start += len(group)
+    return segment, grouped
+
+
 class SegmentReader:
     """The other side's segments, mapped on first use."""
 

@@ -98,3 +98,20 @@ def test_shim_module_has_the_same_api() -> None:
         sys.path.pop(0)
     for name in pb_utils.__all__:
         assert getattr(shim, name) is getattr(pb_utils, name)
+
+
+def test_stub_copies_for_other_pythons_carry_every_module_the_stub_imports() -> None:
+    """A custom EXECUTION_ENV_PATH runs a copy of the stub's modules: none may be left out."""
+    import re
+    from pathlib import Path
+
+    import coreserve_python
+    from coreserve_python.environment import STUB_MODULES
+
+    package = Path(coreserve_python.__file__).parent
+    for name in STUB_MODULES:
+        text = (package / name).read_text()
+        for module, names in re.findall(r"from coreserve_python(?:\.(\w+))? import ([\w, ]+)", text):
+            imported = [module] if module else [n.strip() for n in names.split(",")]
+            for target in imported:
+                assert f"{target}.py" in STUB_MODULES, f"{name} imports coreserve_python.{target}"

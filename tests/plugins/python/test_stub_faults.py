@@ -441,12 +441,13 @@ def test_a_busy_stub_ends_when_the_server_closes_its_socket(tmp_path: Path) -> N
         channel.send(
             {
                 "op": "init",
+                "id": 1,
                 "model_file": str(tmp_path / "busy" / "1" / "model.py"),
                 "args": args,
                 "decoupled": False,
             }
         )
-        assert channel.receive() == {"op": "init_done", "error": None}
+        assert channel.receive() == {"op": "init_done", "reply_to": 1, "error": None}
         request = {
             "key": 0,
             "id": "",
