@@ -12,6 +12,7 @@ from coreserve.protocol.grpc_codec import (
     encode_model_infer_response,
     parse_model_infer_request,
     serialize_model_infer_response,
+    serialize_model_stream_infer_response,
 )
 from coreserve.protos import grpc_service_pb2 as pb
 from coreserve.types import InferenceResponse
@@ -113,3 +114,10 @@ def test_a_serialized_response_is_the_bytes_protobuf_writes(outputs: dict[str, n
     parsed = pb.ModelInferResponse.FromString(serialized)
     assert [output.name for output in parsed.outputs] == list(outputs)
     assert len(parsed.raw_output_contents) == len(outputs)
+
+    stream = pb.ModelStreamInferResponse.FromString(
+        serialize_model_stream_infer_response(response, None, {"triton_final_response": True})
+    )
+    expected = encode_model_infer_response(response)
+    expected.parameters["triton_final_response"].bool_param = True
+    assert stream == pb.ModelStreamInferResponse(infer_response=expected)

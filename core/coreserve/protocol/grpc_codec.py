@@ -302,15 +302,45 @@ def serialize_model_infer_response(
     message); here the raw_output_contents entries are written after the rest of the message,
     where protobuf writes them too (the highest field number last): the bytes are the same.
     """
+    return b"".join(_serialized_pieces(response, shared_memory)[0])
+
+
+def serialize_model_stream_infer_response(
+    response: InferenceResponse,
+    shared_memory: dict[str, OutputInSharedMemory] | None = None,
+    parameters: dict[str, ParameterValue] | None = None,
+) -> bytes:
+    """A ModelStreamInferResponse carrying serialize_model_infer_response's message, serialized.
+
+    `parameters` are added to the response's own (the streaming protocol's final flag).
+    """
+    pieces, size = _serialized_pieces(response, shared_memory, parameters)
+    return b"".join([_INFER_RESPONSE_KEY, _varint_bytes(size), *pieces])
+
+
+def _serialized_pieces(
+    response: InferenceResponse,
+    shared_memory: dict[str, OutputInSharedMemory] | None,
+    parameters: dict[str, ParameterValue] | None = None,
+) -> tuple[list[bytes | memoryview], int]:
+    """The pieces of a serialized ModelInferResponse, and their total size."""
     message, raw = _response_without_raw(response, shared_memory)
-    pieces: list[bytes | memoryview] = [message.SerializeToString()]
+    for key, value in (parameters or {}).items():
+        set_parameter(message.parameters[key], value)
+    header = message.SerializeToString()
+    pieces: list[bytes | memoryview] = [header]
+    size = len(header)
     for data in raw:
-        pieces += (_RAW_OUTPUT_CONTENTS_KEY, _varint_bytes(len(data)), data)
-    return b"".join(pieces)
+        length = _varint_bytes(len(data))
+        pieces += (_RAW_OUTPUT_CONTENTS_KEY, length, data)
+        size += len(_RAW_OUTPUT_CONTENTS_KEY) + len(length) + len(data)
+    return pieces, size
 
 
 # The key of ModelInferResponse.raw_output_contents (field 6, length-delimited).
 _RAW_OUTPUT_CONTENTS_KEY = bytes([6 << 3 | 2])
+# The key of ModelStreamInferResponse.infer_response (field 2, length-delimited).
+_INFER_RESPONSE_KEY = bytes([2 << 3 | 2])
 
 
 def _varint_bytes(value: int) -> bytes:

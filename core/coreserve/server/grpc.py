@@ -21,6 +21,7 @@ from coreserve.protocol.grpc_codec import (
     encode_model_infer_response,
     parse_model_infer_request,
     serialize_model_infer_response,
+    serialize_model_stream_infer_response,
     shared_memory_outputs,
 )
 from coreserve.protos import grpc_service_pb2 as pb
@@ -60,7 +61,7 @@ DEFAULT_MAX_STREAM_INFLIGHT = 1024
 Request = TypeVar("Request")
 Response = TypeVar("Response")
 Handler = Callable[[Any, Request, grpc.aio.ServicerContext], Awaitable[Response]]
-Outbox = asyncio.Queue[tuple[pb.ModelStreamInferResponse | None, bool] | None]
+Outbox = asyncio.Queue[tuple[bytes | pb.ModelStreamInferResponse | None, bool] | None]
 
 
 def _metadata(context: grpc.aio.ServicerContext) -> dict[str, str]:
@@ -111,8 +112,8 @@ def _traced_encoding(
     return message
 
 
-def _serialized(response: bytes | pb.ModelInferResponse) -> bytes:
-    """A ModelInfer response on the wire: ModelInfer serializes its own, except traced ones."""
+def _serialized(response: bytes | pb.ModelInferResponse | pb.ModelStreamInferResponse) -> bytes:
+    """An inference response on the wire: most come serialized already (no message copies)."""
     return response if isinstance(response, bytes) else response.SerializeToString()
 
 
@@ -283,7 +284,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def ModelStreamInfer(
         self, requests: AsyncIterator[ReceivedInferRequest], context: Any
-    ) -> AsyncIterator[pb.ModelStreamInferResponse]:
+    ) -> AsyncIterator[bytes | pb.ModelStreamInferResponse]:
         """Many requests on one stream; each response or error goes back as it comes.
 
         A request's error is sent as that request's message and the stream stays open.
@@ -362,17 +363,16 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             return
 
         def on_response(response: InferenceResponse | None, final: bool) -> None:
-            reply = None
+            reply: bytes | pb.ModelStreamInferResponse | None = None
             if response is not None:
+                final_parameter = {FINAL_RESPONSE: final} if empty_final else None
                 try:
-                    encoded = encode_model_infer_response(response, in_shared_memory)
-                    error = ""
+                    reply = serialize_model_stream_infer_response(response, in_shared_memory, final_parameter)
                 except CoreserveError as exc:  # an output too large for its shared memory region
                     encoded = pb.ModelInferResponse(model_name=request.model_name, id=request.id)
-                    error = exc.message
-                if empty_final:
-                    encoded.parameters[FINAL_RESPONSE].bool_param = final
-                reply = pb.ModelStreamInferResponse(error_message=error, infer_response=encoded)
+                    if empty_final:
+                        encoded.parameters[FINAL_RESPONSE].bool_param = final
+                    reply = pb.ModelStreamInferResponse(error_message=exc.message, infer_response=encoded)
             elif empty_final:
                 encoded = pb.ModelInferResponse(model_name=request.model_name, id=request.id)
                 encoded.parameters[FINAL_RESPONSE].bool_param = True
@@ -460,7 +460,7 @@ class GrpcFrontend:
                 self._server,
                 # Large raw contents are kept as views of the received bytes (no copy).
                 {"ModelInfer": parse_model_infer_request, "ModelStreamInfer": parse_model_infer_request},
-                {"ModelInfer": _serialized},
+                {"ModelInfer": _serialized, "ModelStreamInfer": _serialized},
             ),
         )
         health_pb2_grpc.add_HealthServicer_to_server(  # type: ignore[no-untyped-call]
