@@ -8,6 +8,7 @@ from coreserve import ModelConfig, ModelConfigError, config_from_dict, config_to
 from coreserve.backend import InstancePlacement, ModelFiles, ModelInstance, ServerContext
 from coreserve_python.environment import stub_launch
 from coreserve_python.instance import PythonInstance
+from coreserve_python.messages import AutoCompleteMessage
 from coreserve_python.process import run_once
 
 AUTO_COMPLETE_TIMEOUT_S = 120.0
@@ -26,7 +27,7 @@ class PythonBackend:
         """Runs the model's static `auto_complete_config(config)` in a short-lived stub."""
         if not model.model_file.is_file():
             raise ModelConfigError(f"model '{model.name}': {model.model_file} not found")
-        message = {
+        message: AutoCompleteMessage = {
             "op": "auto_complete",
             "model_file": str(model.model_file),
             "config": config_to_dict(config),

@@ -17,6 +17,7 @@ PACKAGE = Path(__file__).resolve().parent
 STUB_MODULES = (
     "__init__.py",
     "wire.py",
+    "messages.py",
     "pb_errors.py",
     "pb_types.py",
     "pb_model_config.py",

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any
 
@@ -31,6 +31,16 @@ from coreserve.backend import (
     ModelFiles,
     Responder,
     ServerContext,
+)
+from coreserve_python.messages import (
+    BlsResponseBody,
+    BlsResponseMessage,
+    CancelMessage,
+    ExecuteMessage,
+    InitMessage,
+    ReplyMessage,
+    RequestItem,
+    TensorRef,
 )
 from coreserve_python.pb_errors import TritonError
 from coreserve_python.process import StubLaunch, StubProcess
@@ -144,7 +154,7 @@ class PythonInstance:
         process = StubProcess(self._launch, self.name, self._on_message, self._on_exit)
         await process.start()
         self._starting = process  # initialize() may ask the server things (metrics, models)
-        message = {
+        message: InitMessage = {
             "op": "init",
             "model_file": str(self._model.model_file),
             "args": self._args(),
@@ -232,7 +242,7 @@ class PythonInstance:
             self._open[key] = (request, responder, request.on_cancel(partial(self._relay_cancel, key)))
             entries.append((key, request))
         segment, refs = write_groups(self._pool, [list(request.inputs.items()) for request in requests])
-        message = {
+        message: ExecuteMessage = {
             "op": "execute",
             "model_name": self._model.name,
             "segment": segment,
@@ -256,7 +266,8 @@ class PythonInstance:
 
     def _relay_cancel(self, key: int) -> None:
         """Tells the stub that a request it has was cancelled (pb_utils' is_cancelled())."""
-        self._process_send({"op": "cancel", "key": key})
+        cancel: CancelMessage = {"op": "cancel", "key": key}
+        self._process_send(cancel)
 
     def _close_entry(self, key: int) -> tuple[InferenceRequest, Responder, Callable[[], None]] | None:
         """Forgets an open request (its last response is given); None if it was not open."""
@@ -306,7 +317,8 @@ class PythonInstance:
         except Exception as exc:  # a fault of the server: logged once, and the model still answered
             logger.exception("%s: the server failed a '%s' request of the model", self.name, message["op"])
             error = f"internal error of the server: {type(exc).__name__}: {exc}"
-        self._process_send({"op": "reply", "call": message["call"], "result": result, "error": error})
+        reply: ReplyMessage = {"op": "reply", "call": message["call"], "result": result, "error": error}
+        self._process_send(reply)
 
     async def _handle_request(self, message: Message) -> Any:
         op = message["op"]
@@ -387,7 +399,7 @@ class PythonInstance:
             else:
                 responder.send(request, outputs, parameters=body["parameters"], final=final)
 
-    def _process_send(self, message: Message) -> None:
+    def _process_send(self, message: Mapping[str, Any]) -> None:
         process = self._process or self._starting
         if process is not None and process.alive:
             process.send(message)
@@ -427,16 +439,15 @@ class PythonInstance:
         finally:
             forget()
             self._bls_calls.pop(call, None)
-        self._process_send(
-            {
-                "op": "bls_response",
-                "call": call,
-                "error": error,
-                "response": None,
-                "segment": None,
-                "final": True,
-            }
-        )
+        failed: BlsResponseMessage = {
+            "op": "bls_response",
+            "call": call,
+            "error": error,
+            "response": None,
+            "segment": None,
+            "final": True,
+        }
+        self._process_send(failed)
 
     def _bls_request(self, message: Message) -> InferenceRequest:
         """The server-side request for a BLS request from the model; releases its segment."""
@@ -463,17 +474,18 @@ class PythonInstance:
 
     def _send_bls_response(self, call: int, outputs: Any, parameters: Any, final: bool) -> None:
         segment, refs = self._pool.write(list(outputs.items())) if outputs is not None else (None, [])
-        body = {"outputs": refs, "parameters": parameters or {}} if outputs is not None else None
-        self._process_send(
-            {
-                "op": "bls_response",
-                "call": call,
-                "error": None,
-                "response": body,
-                "segment": segment,
-                "final": final,
-            }
+        body: BlsResponseBody | None = (
+            {"outputs": refs, "parameters": parameters or {}} if outputs is not None else None
         )
+        answer: BlsResponseMessage = {
+            "op": "bls_response",
+            "call": call,
+            "error": None,
+            "response": body,
+            "segment": segment,
+            "final": final,
+        }
+        self._process_send(answer)
 
     async def close(self) -> None:
         """Runs the model's finalize() and stops the stub.
@@ -526,19 +538,21 @@ def _nothing() -> None:
 
 
 def _request_item(
-    key: int, request: InferenceRequest, inputs: list[Any], outputs: list[str]
-) -> dict[str, Any]:
+    key: int, request: InferenceRequest, inputs: list[TensorRef], outputs: list[str]
+) -> RequestItem:
     parameters = request.parameters
     flags = (SEQUENCE_START if parameters.get("sequence_start") else 0) | (
         SEQUENCE_END if parameters.get("sequence_end") else 0
     )
+    sequence_id = parameters.get("sequence_id", 0)
     return {
         "key": key,
         "id": request.id,
         "inputs": inputs,
         "requested": list(request.requested_outputs) if request.requested_outputs is not None else outputs,
         "parameters": dict(parameters),
-        "correlation_id": parameters.get("sequence_id", 0),
+        # pb_utils gives a correlation ID as int or str, as Triton does
+        "correlation_id": sequence_id if isinstance(sequence_id, int | str) else int(sequence_id),
         "flags": flags,
         "cancelled": request.is_cancelled(),
     }

@@ -15,10 +15,12 @@ import logging
 import os
 import socket
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from coreserve import CoreserveError, InternalError, UnavailableError
+from coreserve_python.messages import FinalizeMessage
 from coreserve_python.spawn import STUB_FD, describe_exit, kill, reap_blocking, spawn_stub, watch_exit
 from coreserve_python.wire import SHM_DIR, Channel, Message, decode_frame, encode_frame
 
@@ -50,7 +52,7 @@ class StubLaunch:
             their_end.close()
 
 
-def run_once(launch: StubLaunch, message: Message, reply_op: str, timeout: float) -> Message:
+def run_once(launch: StubLaunch, message: Mapping[str, Any], reply_op: str, timeout: float) -> Message:
     """Starts a stub, sends one message, returns its reply and stops the stub (blocking)."""
     ours, theirs = socket.socketpair()
     try:
@@ -126,12 +128,14 @@ class StubProcess:
             raise
         self._reader_task = asyncio.create_task(self._read(reader), name=f"{self.name}:stub-reader")
 
-    def send(self, message: Message) -> None:
+    def send(self, message: Mapping[str, Any]) -> None:
         if self._writer is None or self._writer.is_closing():
             raise InternalError(f"the Python stub of {self.name} is not running")
         self._writer.write(encode_frame(message))
 
-    async def request(self, message: Message, reply_op: str, timeout: float | None = None) -> Message:
+    async def request(
+        self, message: Mapping[str, Any], reply_op: str, timeout: float | None = None
+    ) -> Message:
         """Sends a message and waits for the stub's reply of kind `reply_op` to it (by id)."""
         future: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
         message_id = next(self._message_ids)
@@ -205,7 +209,8 @@ class StubProcess:
         try:
             if running:
                 try:
-                    reply = await self.request({"op": "finalize"}, "finalize_done", timeout)
+                    finalize: FinalizeMessage = {"op": "finalize"}
+                    reply = await self.request(finalize, "finalize_done", timeout)
                 except (TimeoutError, CoreserveError):
                     logger.warning("the Python stub of %s did not finalize within %.0f s", self.name, timeout)
             if self._writer is not None:

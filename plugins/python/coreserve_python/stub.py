@@ -33,6 +33,17 @@ from types import ModuleType
 from typing import Any
 
 from coreserve_python import pb_runtime, pb_utils
+from coreserve_python.messages import (
+    AutoCompleteDoneMessage,
+    BlsCancelMessage,
+    BlsRequestMessage,
+    ExecuteDoneMessage,
+    FinalizeDoneMessage,
+    InitDoneMessage,
+    LogMessage,
+    ResponseBody,
+    ResponsesMessage,
+)
 from coreserve_python.wire import Channel, Message, SegmentPool, SegmentReader, write_groups
 
 SHIM = Path(__file__).resolve().parent / "shim"
@@ -135,7 +146,8 @@ class BlsStream:
 
     def cancel(self) -> None:
         if not self._ended:
-            self._stub._channel.send({"op": "bls_cancel", "call": self._call_id})
+            cancel: BlsCancelMessage = {"op": "bls_cancel", "call": self._call_id}
+            self._stub._channel.send(cancel)
 
 
 class Stub:
@@ -226,9 +238,12 @@ class Stub:
                 if inspect.iscoroutine(result):
                     self._run_coroutine(result)
         except BaseException as exc:
-            self._channel.send({"op": "init_done", "reply_to": message.get("id"), "error": _describe(exc)})
+            error = _describe(exc)
+            failed: InitDoneMessage = {"op": "init_done", "reply_to": message.get("id"), "error": error}
+            self._channel.send(failed)
             return
-        self._channel.send({"op": "init_done", "reply_to": message.get("id"), "error": None})
+        done: InitDoneMessage = {"op": "init_done", "reply_to": message.get("id"), "error": None}
+        self._channel.send(done)
 
     def _auto_complete(self, message: Message) -> None:
         try:
@@ -237,10 +252,16 @@ class Stub:
             complete = getattr(module.TritonPythonModel, "auto_complete_config", None)
             if complete is not None:
                 config = complete(config)
-            reply: Message = {"config": config.as_dict(), "error": None}
+            completed, error = config.as_dict(), None
         except BaseException as exc:
-            reply = {"config": None, "error": _describe(exc)}
-        self._channel.send({"op": "auto_complete_done", "reply_to": message.get("id"), **reply})
+            completed, error = None, _describe(exc)
+        reply: AutoCompleteDoneMessage = {
+            "op": "auto_complete_done",
+            "reply_to": message.get("id"),
+            "config": completed,
+            "error": error,
+        }
+        self._channel.send(reply)
 
     def _execute(self, message: Message) -> None:
         segment = message["segment"]
@@ -261,7 +282,7 @@ class Stub:
             self._cancellations[item["key"]] = request._cancellation
             requests.append(request)
         error = None
-        responses = None
+        responses: ResponsesMessage | None = None
         keys = tuple(item["key"] for item in message["requests"])
         token = _executing.set(keys)
         try:
@@ -285,15 +306,14 @@ class Stub:
                 self._cancellations.pop(item["key"], None)
         del requests
         # An ordinary model's responses travel with the end of the execution: one message.
-        self._channel.send(
-            {
-                "op": "execute_done",
-                "reply_to": message.get("id"),
-                "error": error,
-                "responses": responses,
-                "release": [segment] if segment else [],
-            }
-        )
+        done: ExecuteDoneMessage = {
+            "op": "execute_done",
+            "reply_to": message.get("id"),
+            "error": error,
+            "responses": responses,
+            "release": [segment] if segment else [],
+        }
+        self._channel.send(done)
 
     def _start_execution(self, coroutine: Any, keys: tuple[int, ...]) -> None:
         """Starts a decoupled model's `async def execute` on the stub's loop, not waiting for it."""
@@ -317,7 +337,7 @@ class Stub:
 
         future.add_done_callback(finished)
 
-    def _results(self, requests: list[pb_utils.InferenceRequest], result: Any) -> Message:
+    def _results(self, requests: list[pb_utils.InferenceRequest], result: Any) -> ResponsesMessage:
         if not isinstance(result, list | tuple) or len(result) != len(requests):
             count = len(result) if isinstance(result, list | tuple) else type(result).__name__
             raise pb_utils.TritonModelException(
@@ -325,7 +345,8 @@ class Stub:
                 f"for {len(requests)} requests"
             )
         return self._encode_responses(
-            [(request._key, response, True) for request, response in zip(requests, result, strict=True)]
+            # (every request given to execute() has its key)
+            [(request._key or 0, response, True) for request, response in zip(requests, result, strict=True)]
         )
 
     def _finalize(self, message: Message) -> None:
@@ -337,11 +358,14 @@ class Stub:
                     self._run_coroutine(result)
             except BaseException as exc:
                 error = _describe(exc)
-        self._channel.send({"op": "finalize_done", "reply_to": message.get("id"), "error": error})
+        done: FinalizeDoneMessage = {"op": "finalize_done", "reply_to": message.get("id"), "error": error}
+        self._channel.send(done)
 
     # Responses to the server.
 
-    def _encode_responses(self, items: list[tuple[Any, pb_utils.InferenceResponse | None, bool]]) -> Message:
+    def _encode_responses(
+        self, items: list[tuple[int, pb_utils.InferenceResponse | None, bool]]
+    ) -> ResponsesMessage:
         """Responses as a `responses` message; their tensors go into one shared memory segment."""
         groups: list[list[tuple[str, Any]]] = []
         for _, response, _ in items:
@@ -354,9 +378,9 @@ class Stub:
                 group.append((tensor.name(), tensor.as_numpy()))
             groups.append(group)
         segment, refs = write_groups(self._pool, groups)
-        encoded = []
+        encoded: list[tuple[int, ResponseBody | None, bool]] = []
         for (key, response, final), outputs in zip(items, refs, strict=True):
-            body = None
+            body: ResponseBody | None = None
             if response is not None:
                 error = response.error()
                 body = {
@@ -374,7 +398,8 @@ class Stub:
             self._cancellations.pop(key, None)
 
     def log(self, level: str, message: str) -> None:
-        self._channel.send({"op": "log", "level": level, "message": message})
+        line: LogMessage = {"op": "log", "level": level, "message": message}
+        self._channel.send(line)
 
     # Requests of the model to the server: BLS, metrics, model management.
 
@@ -408,25 +433,24 @@ class Stub:
         self._calls[call_id] = call
         segment, refs = self._pool.write([(tensor.name(), tensor.as_numpy()) for tensor in request.inputs()])
         version = request.model_version()
-        self._channel.send(
-            {
-                "op": "bls_request",
-                "call": call_id,
-                "model": request.model_name(),
-                "version": str(version) if version >= 0 else "",
-                "inputs": refs,
-                "segment": segment,
-                "requested": request.requested_output_names(),
-                "parameters": request._parameters,
-                "id": request.request_id(),
-                "correlation_id": request.correlation_id(),
-                "flags": request.flags(),
-                "timeout": request.timeout(),
-                "decoupled": decoupled,
-                # Made by an execute() of this stub: a child of the batch being executed.
-                "parents": list(_executing.get()),
-            }
-        )
+        message: BlsRequestMessage = {
+            "op": "bls_request",
+            "call": call_id,
+            "model": request.model_name(),
+            "version": str(version) if version >= 0 else "",
+            "inputs": refs,
+            "segment": segment,
+            "requested": request.requested_output_names(),
+            "parameters": request._parameters,
+            "id": request.request_id(),
+            "correlation_id": request.correlation_id(),
+            "flags": request.flags(),
+            "timeout": request.timeout(),
+            "decoupled": decoupled,
+            # Made by an execute() of this stub: a child of the batch being executed.
+            "parents": list(_executing.get()),
+        }
+        self._channel.send(message)
         return call_id
 
     def _bls_response(self, message: Message | None) -> tuple[pb_utils.InferenceResponse | None, bool]:

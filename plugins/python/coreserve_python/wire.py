@@ -18,6 +18,7 @@ import socket
 import struct
 import tempfile
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -71,7 +72,7 @@ class Channel:
         self._sock = sock
         self._send_lock = threading.Lock()
 
-    def send(self, message: Message) -> None:
+    def send(self, message: Mapping[str, Any]) -> None:
         data = pickle.dumps(message, protocol=5)
         with self._send_lock:
             self._sock.sendall(_LENGTH.pack(len(data)) + data)
@@ -97,7 +98,7 @@ class Channel:
         self._sock.close()
 
 
-def encode_frame(message: Message) -> bytes:
+def encode_frame(message: Mapping[str, Any]) -> bytes:
     data = pickle.dumps(message, protocol=5)
     return _LENGTH.pack(len(data)) + data
 

@@ -1,0 +1,174 @@
+"""The messages between the server and a stub, one TypedDict each: the protocol, in one place.
+
+Every message is a dict with an `op`; on the wire it is pickled (see `wire.Channel`), so these
+types cost nothing at run time: they let mypy check each message where it is built.
+
+Requests that wait for an answer carry an id, and the answer names it:
+
+- server -> stub: `init`, `execute`, `finalize` (and `auto_complete`, in a one-shot stub) carry
+  `id`; the stub answers `init_done`, `execute_done`, `finalize_done`, `auto_complete_done`
+  with `reply_to` = that id.
+- stub -> server: `bls_request` and the model's requests (`metric_family`, `metric`,
+  `metric_value`, `load_model`, `unload_model`, `model_ready`) carry `call`; the server answers
+  `bls_response` (one or more) or `reply` with the same `call`.
+
+Messages that need no answer: `cancel` (a request given to the model was cancelled),
+`bls_cancel` (the model cancels a decoupled BLS call), `release` (segments the reader is done
+with), `responses` (a model's responses outside an execution), `log`, `metric_update`.
+Tensors travel in shared memory segments; a message lists them as `TensorRef`s.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, NotRequired, TypedDict
+
+# name, datatype, shape, offset, size: where one tensor lies in a segment (see wire.py).
+TensorRef = tuple[str, str, tuple[int, ...], int, int]
+# A response's error: its text and its pb_utils.TritonError code.
+ErrorTuple = tuple[str, int]
+
+# Server -> stub.
+
+
+class InitMessage(TypedDict):
+    op: Literal["init"]
+    id: NotRequired[int]
+    model_file: str
+    args: dict[str, str]
+    decoupled: bool
+
+
+class AutoCompleteMessage(TypedDict):
+    op: Literal["auto_complete"]
+    id: NotRequired[int]
+    model_file: str
+    config: dict[str, Any]
+
+
+class RequestItem(TypedDict):
+    """One request of an `execute` message."""
+
+    key: int  # the server's handle of the request, in responses and cancellations
+    id: str
+    inputs: list[TensorRef]
+    requested: list[str]
+    parameters: dict[str, Any]
+    correlation_id: int | str
+    flags: int
+    cancelled: NotRequired[bool]
+
+
+class ExecuteMessage(TypedDict):
+    op: Literal["execute"]
+    id: NotRequired[int]
+    model_name: str
+    segment: str | None
+    requests: list[RequestItem]
+
+
+class FinalizeMessage(TypedDict):
+    op: Literal["finalize"]
+    id: NotRequired[int]
+
+
+class CancelMessage(TypedDict):
+    op: Literal["cancel"]
+    key: int
+
+
+class BlsResponseBody(TypedDict):
+    outputs: list[TensorRef]
+    parameters: dict[str, Any]
+
+
+class BlsResponseMessage(TypedDict):
+    op: Literal["bls_response"]
+    call: int
+    error: ErrorTuple | None
+    response: BlsResponseBody | None  # None with `final`: the end of a decoupled call
+    segment: str | None
+    final: bool
+
+
+class ReplyMessage(TypedDict):
+    op: Literal["reply"]
+    call: int
+    result: Any
+    error: str | None
+
+
+class ReleaseMessage(TypedDict):
+    op: Literal["release"]
+    segments: list[str]
+
+
+# Stub -> server.
+
+
+class InitDoneMessage(TypedDict):
+    op: Literal["init_done"]
+    reply_to: int | None
+    error: str | None
+
+
+class AutoCompleteDoneMessage(TypedDict):
+    op: Literal["auto_complete_done"]
+    reply_to: int | None
+    config: dict[str, Any] | None
+    error: str | None
+
+
+class ResponseBody(TypedDict):
+    outputs: list[TensorRef]
+    error: ErrorTuple | None
+    parameters: dict[str, Any]
+
+
+class ResponsesMessage(TypedDict):
+    """Responses of requests given to the model: (key, body or None for a bare final, final)."""
+
+    op: Literal["responses"]
+    segment: str | None
+    items: list[tuple[int, ResponseBody | None, bool]]
+
+
+class ExecuteDoneMessage(TypedDict):
+    op: Literal["execute_done"]
+    reply_to: int | None
+    error: str | None
+    responses: ResponsesMessage | None  # an ordinary model's responses travel with the end
+    release: list[str]
+
+
+class FinalizeDoneMessage(TypedDict):
+    op: Literal["finalize_done"]
+    reply_to: int | None
+    error: str | None
+
+
+class BlsRequestMessage(TypedDict):
+    op: Literal["bls_request"]
+    call: int
+    model: str
+    version: str
+    inputs: list[TensorRef]
+    segment: str | None
+    requested: list[str]
+    parameters: dict[str, Any]
+    id: str
+    correlation_id: int | str
+    flags: int
+    timeout: int  # microseconds; 0: none
+    decoupled: bool
+    parents: list[int]  # the keys of the batch whose execute() made the call
+
+
+class BlsCancelMessage(TypedDict):
+    op: Literal["bls_cancel"]
+    call: int
+
+
+class LogMessage(TypedDict):
+    op: Literal["log"]
+    level: str
+    message: str
