@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -46,12 +47,17 @@ CACHE_SIZE = 1024 * 1024
 MAX_MISS_COST = 0.05
 
 
+_RUNS = [0]
+
+
 def wrk_unique(url: str, concurrency: int, seconds: float) -> Load:
-    """wrk with a different body for every request (no two share a cache key)."""
+    """wrk with a different body for every request (no two share a cache key, across runs too)."""
+    _RUNS[0] += 1
     completed = subprocess.run(
         ["wrk", "-t1", f"-c{concurrency}", f"-d{max(1, round(seconds))}s", "--timeout", "10s", "-s",
          str(UNIQUE_SCRIPT), url],
-        capture_output=True, text=True, env=dict(os.environ), check=True, timeout=seconds + 60,
+        capture_output=True, text=True, env={**os.environ, "WRK_RUN_ID": str(_RUNS[0])}, check=True,
+        timeout=seconds + 60,
     )  # fmt: skip
     match = re.search(r"WRK_JSON (\{.*\})", completed.stdout)
     if match is None:
@@ -93,7 +99,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0, help="length of one trial")
     parser.add_argument("--trials", type=int, default=3, help="trials per row (the median is reported)")
     parser.add_argument("--concurrency", type=int, default=32, help="wrk connections")
-    parser.add_argument("--cache-size", type=int, default=CACHE_SIZE, help="--cache-config local,size (bytes)")
+    parser.add_argument(
+        "--cache-size", type=int, default=CACHE_SIZE, help="--cache-config local,size (bytes)"
+    )
     args = parser.parse_args()
     SECONDS[0] = args.seconds
 
@@ -112,23 +120,20 @@ def main() -> None:
         # Warm both paths (the instances' threads, the cache's first entry) before measuring.
         wrk(f"{base}/add/infer", args.concurrency, 1, body)
         wrk(f"{base}/add_cached/infer", args.concurrency, 1, body)
-        for _ in range(args.trials):
-            hits.append(
-                tuple(  # type: ignore[arg-type]
-                    measured(
-                        pid, lambda m=model: wrk(f"{base}/{m}/infer", args.concurrency, args.seconds, body)
-                    )
-                    for model in ("add", "add_cached")
-                )
-            )
-            misses.append(
-                tuple(  # type: ignore[arg-type]
-                    measured(
-                        pid, lambda m=model: wrk_unique(f"{base}/{m}/infer", args.concurrency, args.seconds)
-                    )
-                    for model in ("add", "add_cached")
-                )
-            )
+        for trial in range(args.trials):
+            # Which side runs first alternates too: a side that always ran second would always
+            # meet the machine in the state the first left it.
+            order = ("add", "add_cached") if trial % 2 == 0 else ("add_cached", "add")
+            hit_runs = {
+                m: measured(pid, partial(wrk, f"{base}/{m}/infer", args.concurrency, args.seconds, body))
+                for m in order
+            }
+            miss_runs = {
+                m: measured(pid, partial(wrk_unique, f"{base}/{m}/infer", args.concurrency, args.seconds))
+                for m in order
+            }
+            hits.append((hit_runs["add"], hit_runs["add_cached"]))
+            misses.append((miss_runs["add"], miss_runs["add_cached"]))
         statistics = json.loads(
             subprocess.run(
                 ["curl", "-s", f"{base}/add_cached/stats"], capture_output=True, text=True, check=True

@@ -8,7 +8,12 @@ import pytest
 
 from coreserve.scheduling.cache_config import CacheConfigError, check_cache_config, make_response_cache
 from coreserve.scheduling.cache_key import model_prefix, request_key
-from coreserve.scheduling.response_cache import ENTRY_OVERHEAD, CachedResponse, LocalResponseCache
+from coreserve.scheduling.response_cache import (
+    ENTRY_OVERHEAD,
+    OUTPUT_OVERHEAD,
+    CachedResponse,
+    LocalResponseCache,
+)
 from coreserve.types import InferenceRequest, InferenceResponse
 
 PREFIX = model_prefix("m", 1, 1)
@@ -95,9 +100,9 @@ def test_a_cached_response_is_a_private_read_only_copy() -> None:
     output[0] = 99  # the backend reuses its buffer
     assert cached.outputs["OUT"][0] == 0
     assert not cached.outputs["OUT"].flags.writeable
-    assert cached.nbytes == ENTRY_OVERHEAD + len("OUT") + 16
+    assert cached.nbytes == ENTRY_OVERHEAD + OUTPUT_OVERHEAD + 16
     words = CachedResponse.of(InferenceResponse("m", "1", {"W": np.array([b"abc"], dtype=np.object_)}))
-    assert words.nbytes == ENTRY_OVERHEAD + len("W") + 3 + 4
+    assert words.nbytes == ENTRY_OVERHEAD + OUTPUT_OVERHEAD + 3 + 4
 
 
 @pytest.mark.parametrize(

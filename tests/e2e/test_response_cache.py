@@ -24,8 +24,9 @@ from coreserve.testing import ServerProcess
 from paths import TESTS
 
 REFERENCE = json.loads((TESTS / "fixtures" / "triton_metric_families.json").read_text())["families"]
-# Two entries of 500 floats fit (about 4.1 kB each), a third evicts; 2,000 floats never fit.
-CACHE_SIZE = 10_000
+# Two entries of 500 floats fit (4,008 bytes of outputs and 848 of overheads each), a third
+# evicts; 2,000 floats (16 kB of outputs) never fit.
+CACHE_SIZE = 12_000
 COUNTER_PY = '''
 import json
 import numpy as np

@@ -23,8 +23,11 @@ from coreserve.scheduling.cache_key import model_prefix, request_key
 from coreserve.scheduling.statistics import ModelStatistics
 from coreserve.types import InferenceRequest, InferenceResponse, ParameterValue, ResponseSink, now_ns
 
-# What an entry costs beyond its tensor bytes (the key, names, bookkeeping), for the size bound.
-ENTRY_OVERHEAD = 64
+# What an entry holds beyond its tensor bytes, so that the size bounds the memory the cache
+# really holds (measured with sys.getsizeof on CPython 3.11): the key, the LRU order's node,
+# the tuples and mappings (about 512 bytes), and each output's array object (112 bytes).
+ENTRY_OVERHEAD = 512
+OUTPUT_OVERHEAD = 112
 _generations = itertools.count(1)
 
 
@@ -44,7 +47,7 @@ class CachedResponse(NamedTuple):
             stored = array.copy()  # C order
             stored.flags.writeable = False  # handed to every hit: nobody may change it
             outputs[name] = stored
-            nbytes += len(name) + _data_bytes(stored)
+            nbytes += OUTPUT_OVERHEAD + _data_bytes(stored)
         return cls(outputs, dict(response.parameters), nbytes)
 
 
