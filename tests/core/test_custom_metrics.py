@@ -48,6 +48,11 @@ def test_mistakes_are_refused_in_tritons_words() -> None:
     gauge = metrics.family("level", "d", MetricKind.GAUGE)
     cases: list[tuple[Callable[[], object], str]] = [
         (lambda: metrics.family("bad name", "d", MetricKind.GAUGE), "Invalid metric name"),
+        (
+            lambda: metrics.family("nv_inference_count", "d", MetricKind.COUNTER),
+            "metric family name 'nv_inference_count' is reserved: names starting with nv_ or coreserve_ "
+            "are the server's own families",
+        ),
         (lambda: metrics.family("level", "d", MetricKind.COUNTER), "Family name already exists with different type"),
         (lambda: gauge.metric({"a": 1}), "attempt to access JSON non-string as string"),  # type: ignore[dict-item]
         (lambda: gauge.metric({"__x": "1"}), "Invalid label name '__x'"),

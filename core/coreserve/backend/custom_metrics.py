@@ -20,6 +20,8 @@ from coreserve.errors import InvalidArgumentError
 
 _METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+# The server's own families start so (Triton's nv_*, coreserve's own histograms).
+RESERVED_PREFIXES = ("nv_", "coreserve_")
 
 
 class MetricKind(enum.StrEnum):
@@ -154,6 +156,12 @@ class CustomMetrics:
         """
         if not _METRIC_NAME.fullmatch(name):
             raise InvalidArgumentError("Invalid metric name")
+        if name.startswith(RESERVED_PREFIXES):
+            # A second family of one of the server's names would break the whole scrape.
+            raise InvalidArgumentError(
+                f"metric family name '{name}' is reserved: names starting with "
+                f"{' or '.join(RESERVED_PREFIXES)} are the server's own families"
+            )
         family = self._families.get(name)
         if family is None:
             family = self._families[name] = CustomMetricFamily(name, description, MetricKind(kind))
