@@ -542,3 +542,28 @@ return [self.instance, attempt(lambda: pb_utils.load_model("probe")),
     assert unload["message"].startswith(_failure(instance, "Failed to unload model", "unloading models"))
     assert ready == {"ok": True}
     assert server.process is not None and server.process.poll() is None  # the server keeps serving
+
+
+def test_logger_levels_reach_the_server_log(
+    server: ServerProcess, client: httpclient.InferenceServerClient
+) -> None:
+    _run(
+        client,
+        """
+pb_utils.Logger.log("probe-says-info")
+pb_utils.Logger.log("probe-says-warning", pb_utils.Logger.WARNING)
+pb_utils.Logger.log_error("probe-says-error")
+pb_utils.Logger.log("probe-says-level-enum", pb_utils.Logger.LogLevel.ERROR)
+""",
+    )
+    deadline = time.monotonic() + 30
+    while "probe-says-level-enum" not in server.log:
+        assert time.monotonic() < deadline, "the model's log lines did not reach the server's log"
+        time.sleep(0.1)
+    lines = {line.split("] ", 2)[-1]: line[0] for line in server.log.splitlines() if "probe-says-" in line}
+    assert lines == {
+        "probe-says-info": "I",
+        "probe-says-warning": "W",
+        "probe-says-error": "E",
+        "probe-says-level-enum": "E",
+    }
