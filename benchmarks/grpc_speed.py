@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -78,7 +79,7 @@ def main() -> None:
             for concurrency in CONCURRENCIES:
                 order = PATHS[round_index % len(PATHS) :] + PATHS[: round_index % len(PATHS)]
                 for path in order:
-                    load = _retrying(lambda p=path, c=concurrency: drive[p](c))
+                    load = _retrying(partial(drive[path], concurrency))
                     rates[path][concurrency].append(load.requests_per_s)
                     print(
                         f"round {round_index + 1} c={concurrency} {path}: {load.requests_per_s:,.0f}/s",
@@ -116,7 +117,7 @@ def main() -> None:
             print(
                 f"{path} / HTTP binary at concurrency {concurrency}: {ratio:.2f} ({verdict} the {TARGET_RATIO} target)"
             )
-    path = write_results(
+    results = write_results(
         "grpc_speed",
         {
             "requests_per_s_by_round": {p: {str(c): v for c, v in by_c.items()} for p, by_c in rates.items()},
@@ -126,7 +127,7 @@ def main() -> None:
             "target_ratio": TARGET_RATIO,
         },
     )
-    print(f"results: {path}")
+    print(f"results: {results}")
 
 
 if __name__ == "__main__":

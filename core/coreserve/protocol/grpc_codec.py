@@ -6,7 +6,7 @@ expects) or in the typed `contents` fields, which are accepted on input.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -308,7 +308,7 @@ def serialize_model_infer_response(
 def serialize_model_stream_infer_response(
     response: InferenceResponse,
     shared_memory: dict[str, OutputInSharedMemory] | None = None,
-    parameters: dict[str, ParameterValue] | None = None,
+    parameters: Mapping[str, ParameterValue] | None = None,
 ) -> bytes:
     """A ModelStreamInferResponse carrying serialize_model_infer_response's message, serialized.
 
@@ -321,7 +321,7 @@ def serialize_model_stream_infer_response(
 def _serialized_pieces(
     response: InferenceResponse,
     shared_memory: dict[str, OutputInSharedMemory] | None,
-    parameters: dict[str, ParameterValue] | None = None,
+    parameters: Mapping[str, ParameterValue] | None = None,
 ) -> tuple[list[bytes | memoryview], int]:
     """The pieces of a serialized ModelInferResponse, and their total size."""
     message, raw = _response_without_raw(response, shared_memory)
