@@ -263,8 +263,8 @@ def test_a_large_json_body_does_not_stall_other_clients(server: ServerProcess) -
     # here). Both scale with the machine's speed, so the test compares them, with room for a
     # busy machine, and bounds the wait outright.
     assert probes >= 3
-    assert worst < 0.6 * took[0], f"a health probe waited {worst:.2f}s during a {took[0]:.2f}s request"
-    assert worst < 2.0
+    assert worst < 0.8 * took[0], f"a health probe waited {worst:.2f}s during a {took[0]:.2f}s request"
+    assert worst < 3.0
 
 
 def test_a_large_compressed_response_does_not_stall_other_clients(server: ServerProcess) -> None:
@@ -301,8 +301,10 @@ def test_a_large_compressed_response_does_not_stall_other_clients(server: Server
 
     worst, probes = _worst_health_latency(server, big_request)
     assert probes >= 3
-    assert worst < 0.6 * took[0], f"a health probe waited {worst:.2f}s during a {took[0]:.2f}s request"
-    assert worst < 2.0
+    # On the loop a probe waits through nearly all of the request (0.95 of it measured); a
+    # machine shared with other work stretches the decoder's longest C call, hence the room.
+    assert worst < 0.8 * took[0], f"a health probe waited {worst:.2f}s during a {took[0]:.2f}s request"
+    assert worst < 3.0
 
 
 ECHO = """

@@ -383,7 +383,7 @@ def test_unpacking_an_environment_leaves_the_server_responsive(
     launcher = f'#!/bin/sh\nexec {sys.executable} "$@"\n'.encode()
     with tarfile.open(packed, "w:gz", compresslevel=1) as archive:
         _add_file(archive, "bin/python", launcher, mode=0o755)
-        for index in range(6000):
+        for index in range(20000):
             _add_file(archive, f"lib/site-packages/filler/{index // 500}/{index}.py", b"# filler\n")
     repository = tmp_path / "models"
     repository.mkdir()
