@@ -19,6 +19,7 @@ about either transport.
 from __future__ import annotations
 
 import enum
+from typing import Any
 
 
 class ErrorCode(enum.Enum):
@@ -79,3 +80,19 @@ class PermissionDeniedError(CoreserveError):
 
 class InternalError(CoreserveError):
     code = ErrorCode.INTERNAL
+
+
+def clipped(text: str, limit: int = 100) -> str:
+    """`text` cut short for an error message, so that a client's huge value is not echoed whole."""
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def quoted_value(value: Any) -> str:
+    """A value as an error message quotes it: JSON's spelling, cut short."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return f"'{clipped(value)}'"
+    return clipped(repr(value))

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import IO, Any
 
-from coreserve.errors import InvalidArgumentError, UnsupportedError
+from coreserve.errors import InvalidArgumentError, UnsupportedError, clipped, quoted_value
 
 LOG_FORMATS = ("default", "ISO8601")
 _BOOL_SETTINGS = ("log_info", "log_warning", "log_error")
@@ -122,20 +122,22 @@ class ServerLog:
                 raise UnsupportedError("log file location can not be updated through network protocol")
             if key in _BOOL_SETTINGS:
                 if type(value) is not bool:
-                    raise InvalidArgumentError(f"expect boolean for '{key}', got {_shown(value)}")
+                    raise InvalidArgumentError(f"expect boolean for '{key}', got {quoted_value(value)}")
             elif key == "log_verbose_level":
                 if type(value) is not int or value < 0:
                     raise InvalidArgumentError(
-                        f"expect a whole number of 0 or more for 'log_verbose_level', got {_shown(value)}"
+                        "expect a whole number of 0 or more for 'log_verbose_level', "
+                        f"got {quoted_value(value)}"
                     )
             elif key == "log_format":
                 if value not in LOG_FORMATS:
                     raise InvalidArgumentError(
-                        f"invalid argument for log_format, got: {_shown(value)} (expected default or ISO8601)"
+                        f"invalid argument for log_format, got: {quoted_value(value)} "
+                        "(expected default or ISO8601)"
                     )
             else:
                 known = ", ".join(LogSettings().as_dict())
-                raise InvalidArgumentError(f"unknown log setting '{_clip(key)}'; known: {known}")
+                raise InvalidArgumentError(f"unknown log setting '{clipped(key)}'; known: {known}")
             values[key] = value
         if values:
             self.settings = replace(self.settings, **values)
@@ -155,18 +157,3 @@ def _check(settings: LogSettings) -> None:
         raise InvalidArgumentError(f"unknown log format '{settings.log_format}'; expected default or ISO8601")
     if settings.log_verbose_level < 0:
         raise InvalidArgumentError(f"the verbose level must be 0 or more, got {settings.log_verbose_level}")
-
-
-def _clip(text: str, limit: int = 100) -> str:
-    return text if len(text) <= limit else text[:limit] + "…"
-
-
-def _shown(value: Any) -> str:
-    """A value as an error message quotes it: JSON's spelling, cut short."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return f"'{_clip(value)}'"
-    return _clip(repr(value))

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from coreserve.errors import InvalidArgumentError, UnsupportedError
+from coreserve.errors import InvalidArgumentError, UnsupportedError, clipped, quoted_value
 
 LEVELS = ("OFF", "TIMESTAMPS", "TENSORS")
 MODES = ("triton", "opentelemetry")
@@ -103,7 +103,7 @@ class TraceSettings:
                 continue
             if key not in _CHANGEABLE:
                 known = ", ".join(SETTING_KEYS)
-                raise InvalidArgumentError(f"unknown trace setting '{_clip(str(key))}'; known: {known}")
+                raise InvalidArgumentError(f"unknown trace setting '{clipped(str(key))}'; known: {known}")
             parsed[key] = None if value is None else parse_value(key, value)
         if model:
             own = dict(self._model_fields.get(model, {}))
@@ -155,22 +155,22 @@ def parse_value(key: str, value: Any) -> Any:
         if not isinstance(value, list) or not all(isinstance(item, str) for item in value) or not value:
             raise InvalidArgumentError(
                 "expect a list of trace levels for 'trace_level' (OFF, TIMESTAMPS, TENSORS), "
-                f"got {_shown(value)}"
+                f"got {quoted_value(value)}"
             )
         unknown = [item for item in value if item not in LEVELS]
         if unknown:
             raise InvalidArgumentError(
-                f"unknown trace level {_shown(unknown[0])} in 'trace_level'; "
+                f"unknown trace level {quoted_value(unknown[0])} in 'trace_level'; "
                 "expected OFF, TIMESTAMPS or TENSORS"
             )
         levels = tuple(dict.fromkeys(value))
         return ("OFF",) if "OFF" in levels else levels
     if isinstance(value, bool) or not isinstance(value, str | int):
-        raise InvalidArgumentError(f"expect a string for '{key}', got {_shown(value)}")
+        raise InvalidArgumentError(f"expect a string for '{key}', got {quoted_value(value)}")
     try:
         number = int(value)
     except ValueError:
-        raise InvalidArgumentError(f"Unable to parse '{key}', got: {_clip(str(value))}") from None
+        raise InvalidArgumentError(f"Unable to parse '{key}', got: {clipped(str(value))}") from None
     if key == "trace_rate" and number < 1:
         if number == 0:
             raise InvalidArgumentError(
@@ -201,17 +201,3 @@ def check_setting(setting: TraceSetting) -> None:
         raise InvalidArgumentError(f"the trace count must be -1 or more, got {setting.trace_count}")
     if setting.log_frequency < 0:
         raise InvalidArgumentError(f"the trace log frequency must be 0 or more, got {setting.log_frequency}")
-
-
-def _clip(text: str, limit: int = 100) -> str:
-    return text if len(text) <= limit else text[:limit] + "…"
-
-
-def _shown(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return f"'{_clip(value)}'"
-    return _clip(repr(value))
