@@ -154,6 +154,11 @@ def wrk(
             check=True,
             timeout=seconds + 60,
         )
+    return wrk_load(completed)
+
+
+def wrk_load(completed: subprocess.CompletedProcess[str]) -> Load:
+    """The Load of a wrk run that used wrk_report.lua (its `WRK_JSON {...}` summary line)."""
     match = re.search(r"WRK_JSON (\{.*\})", completed.stdout)
     if match is None:
         raise RuntimeError(f"wrk printed no summary:\n{completed.stdout}\n{completed.stderr}")
@@ -166,6 +171,22 @@ def wrk(
         errors=report["errors"],
         tool="wrk",
     )
+
+
+def identity_onnx() -> bytes:
+    """An ONNX model whose OUTPUT0 is its FP32 [n] INPUT0."""
+    from onnx import TensorProto, helper
+
+    info = lambda name: helper.make_tensor_value_info(name, TensorProto.FLOAT, ["n"])  # noqa: E731
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["INPUT0"], ["OUTPUT0"])],
+        "identity",
+        [info("INPUT0")],
+        [info("OUTPUT0")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model.SerializeToString()
 
 
 def perf_analyzer() -> str | None:

@@ -21,10 +21,9 @@ from pathlib import Path
 
 import numpy as np
 import tritonclient.grpc as grpcclient
-from onnx import TensorProto, helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import print_table, start_server, write_model, write_results
+from common import identity_onnx, print_table, start_server, write_model, write_results
 
 CONFIG = """
 backend: "{backend}"
@@ -41,19 +40,6 @@ class TritonPythonModel:
                 for r in requests]
 """
 SIZES = {"1 KiB": 256, "16 MiB": 4 * 1024 * 1024}
-
-
-def identity_onnx() -> bytes:
-    info = lambda name: helper.make_tensor_value_info(name, TensorProto.FLOAT, ["n"])  # noqa: E731
-    graph = helper.make_graph(
-        [helper.make_node("Identity", ["INPUT0"], ["OUTPUT0"])],
-        "identity",
-        [info("INPUT0")],
-        [info("OUTPUT0")],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    return model.SerializeToString()
 
 
 def server_ns_per_request(client: grpcclient.InferenceServerClient, model: str) -> tuple[int, int]:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -39,6 +38,7 @@ from common import (
     write_model,
     write_results,
     wrk,
+    wrk_load,
 )
 from overhead import CONFIG, add_model, json_body
 
@@ -59,18 +59,7 @@ def wrk_unique(url: str, concurrency: int, seconds: float) -> Load:
         capture_output=True, text=True, env={**os.environ, "WRK_RUN_ID": str(_RUNS[0])}, check=True,
         timeout=seconds + 60,
     )  # fmt: skip
-    match = re.search(r"WRK_JSON (\{.*\})", completed.stdout)
-    if match is None:
-        raise RuntimeError(f"wrk printed no summary:\n{completed.stdout}\n{completed.stderr}")
-    report = json.loads(match.group(1))
-    return Load(
-        requests_per_s=report["requests"] / (report["duration_us"] / 1e6),
-        p50_ms=report["p50_us"] / 1000,
-        p90_ms=report["p90_us"] / 1000,
-        p99_ms=report["p99_us"] / 1000,
-        errors=report["errors"],
-        tool="wrk",
-    )
+    return wrk_load(completed)
 
 
 def cpu_seconds(pid: int) -> float:

@@ -27,10 +27,9 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
-from onnx import TensorProto, helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import print_table, start_server, write_model, write_results
+from common import identity_onnx, print_table, start_server, write_model, write_results
 
 ELEMENTS = 4 * 1024 * 1024  # 16 MiB of FP32
 BYTE_SIZE = ELEMENTS * 4
@@ -40,19 +39,6 @@ input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
 output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
 """
 PATHS = ("HTTP binary", "gRPC", "shm, HTTP control", "shm, gRPC control")
-
-
-def identity_onnx() -> bytes:
-    info = lambda name: helper.make_tensor_value_info(name, TensorProto.FLOAT, ["n"])  # noqa: E731
-    graph = helper.make_graph(
-        [helper.make_node("Identity", ["INPUT0"], ["OUTPUT0"])],
-        "identity",
-        [info("INPUT0")],
-        [info("OUTPUT0")],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    return model.SerializeToString()
 
 
 class SharedMemoryPath:
