@@ -74,7 +74,10 @@ def test_defaults_fill_name_policy_and_instances() -> None:
     apply_defaults(config, "folder")
     assert config.name == "folder"
     assert config.version_policy.latest.num_versions == 1
-    assert [(g.name, g.count) for g in config.instance_group] == [("folder_0", 1)]
+    assert [(g.name, g.count) for g in config.instance_group] == [("folder", 1)]
+    listed = parse_config("instance_group [ { count: 2 }, { name: 'grp' } ]")
+    apply_defaults(listed, "folder")
+    assert [(g.name, g.count) for g in listed.instance_group] == [("folder_0", 2), ("grp", 1)]
     with pytest.raises(ModelConfigError, match="folder is named 'other'"):
         apply_defaults(parse_config('name: "x"'), "other")
 

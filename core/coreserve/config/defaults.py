@@ -21,7 +21,9 @@ def apply_defaults(config: ModelConfig, model_name: str) -> None:
     if config.version_policy.WhichOneof("policy_choice") is None:
         config.version_policy.latest.num_versions = 1
     if not config.instance_group:
-        config.instance_group.add()
+        # Triton names the group it adds after the model (instances `<model>_0`); groups the
+        # configuration lists without a name are `<model>_<index>` (instances `<model>_<index>_<k>`).
+        config.instance_group.add(name=config.name)
     for index, group in enumerate(config.instance_group):
         if not group.name:
             group.name = f"{config.name}_{index}"

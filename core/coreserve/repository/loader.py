@@ -230,10 +230,11 @@ def _placements(config: ModelConfig) -> list[InstancePlacement]:
         devices = list(group.gpus) if kind is InstanceKind.GPU and group.gpus else [0]
         for device_id in devices:
             for index in range(group.count):
-                suffix = f"{index}" if len(devices) == 1 else f"{device_id}_{index}"
+                # Triton's name, `<group>_<k>`, whatever the count; a GPU group's instances on
+                # different devices share it (their device id tells them apart).
                 placements.append(
                     InstancePlacement(
-                        name=f"{group.name}_{suffix}",
+                        name=f"{group.name}_{index}",
                         group_name=group.name,
                         index=index,
                         kind=kind,
