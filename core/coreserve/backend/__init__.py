@@ -23,6 +23,7 @@ from coreserve.backend.api import (
     ModelInstance,
     ServerContext,
 )
+from coreserve.backend.base import BaseBackend
 from coreserve.backend.batching import run_batched
 from coreserve.backend.custom_metrics import CustomMetric, CustomMetricFamily, CustomMetrics, MetricKind
 from coreserve.backend.hookspecs import hookimpl
@@ -47,6 +48,7 @@ from coreserve.config.signature import ModelSignature, TensorSpec
 __all__ = [
     "Backend",
     "BackendRegistry",
+    "BaseBackend",
     "CustomMetric",
     "CustomMetricFamily",
     "CustomMetrics",

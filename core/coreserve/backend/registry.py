@@ -39,6 +39,8 @@ class BackendRegistry:
         for attribute in ("name", "platforms", "default_model_filename"):
             if not hasattr(backend, attribute):
                 raise TypeError(f"backend {backend!r} has no attribute '{attribute}'")
+        if not backend.name:
+            raise TypeError(f"backend {backend!r} has an empty name; set its `name`")
         if not isinstance(backend, Backend):
             raise TypeError(f"backend {backend!r} lacks auto_complete_config or create_instance")
         if backend.name in self._by_name:

@@ -5,31 +5,25 @@ onnxruntime is imported when a model loads, not when the plugin registers.
 
 from __future__ import annotations
 
-import asyncio
-
 from coreserve import ModelConfig
-from coreserve.backend import InstancePlacement, ModelFiles, ModelInstance, ServerContext
+from coreserve.backend import BaseBackend, InstancePlacement, ModelFiles, ModelInstance, ServerContext
 
 
-class OnnxBackend:
+class OnnxBackend(BaseBackend):
     """Serves ONNX models with ONNX Runtime, one InferenceSession per instance."""
 
     name: str = "onnxruntime"
     platforms: tuple[str, ...] = ("onnxruntime_onnx",)
     default_model_filename: str = "model.onnx"
 
-    def auto_complete_config(
-        self, model: ModelFiles, config: ModelConfig, server: ServerContext
-    ) -> ModelConfig:
-        if config.input and config.output:
-            return config
+    def complete_config(self, model: ModelFiles, config: ModelConfig, server: ServerContext) -> ModelConfig:
         from coreserve_onnx.loading import complete
 
         return complete(model, config, server)
 
-    async def create_instance(
+    def load_instance(
         self, model: ModelFiles, config: ModelConfig, placement: InstancePlacement, server: ServerContext
     ) -> ModelInstance:
         from coreserve_onnx.loading import create_instance
 
-        return await asyncio.to_thread(create_instance, model, config, placement)
+        return create_instance(model, config, placement)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from coreserve import ModelConfig, ModelConfigError, config_from_dict, config_to_dict
-from coreserve.backend import InstancePlacement, ModelFiles, ModelInstance, ServerContext
+from coreserve.backend import BaseBackend, InstancePlacement, ModelFiles, ModelInstance, ServerContext
 from coreserve_python.environment import stub_launch
 from coreserve_python.instance import PythonInstance
 from coreserve_python.messages import AutoCompleteMessage
@@ -14,7 +14,7 @@ from coreserve_python.process import run_once
 AUTO_COMPLETE_TIMEOUT_S = 120.0
 
 
-class PythonBackend:
+class PythonBackend(BaseBackend):
     """Serves `model.py` files that define `TritonPythonModel`."""
 
     name: str = "python"
@@ -25,8 +25,7 @@ class PythonBackend:
         self, model: ModelFiles, config: ModelConfig, server: ServerContext
     ) -> ModelConfig:
         """Runs the model's static `auto_complete_config(config)` in a short-lived stub."""
-        if not model.model_file.is_file():
-            raise ModelConfigError(f"model '{model.name}': {model.model_file} not found")
+        self.check_model_file(model)
         message: AutoCompleteMessage = {
             "op": "auto_complete",
             "model_file": str(model.model_file),
@@ -41,8 +40,7 @@ class PythonBackend:
     async def create_instance(
         self, model: ModelFiles, config: ModelConfig, placement: InstancePlacement, server: ServerContext
     ) -> ModelInstance:
-        if not model.model_file.is_file():
-            raise ModelConfigError(f"model '{model.name}': {model.model_file} not found")
+        self.check_model_file(model)
         # Unpacking a packed environment takes seconds: not on the event loop.
         launch = await asyncio.to_thread(stub_launch, config, model.name, model.path)
         instance = PythonInstance(launch, model, config, placement, server)

@@ -7,6 +7,7 @@ from typing import Any
 
 from coreserve import ModelConfig, ModelConfigError, UnavailableError
 from coreserve.backend import (
+    BaseBackend,
     InstanceKind,
     InstancePlacement,
     InstanceThread,
@@ -52,18 +53,14 @@ def engine_tensors(trt: Any, engine: Any) -> tuple[dict[str, ModelTensor], dict[
     return inputs, outputs
 
 
-class TensorRTBackend:
+class TensorRTBackend(BaseBackend):
     """Serves TensorRT engines; TensorRT and CUDA are imported when a model loads."""
 
     name: str = "tensorrt"
     platforms: tuple[str, ...] = ("tensorrt_plan",)
     default_model_filename: str = "model.plan"
 
-    def auto_complete_config(
-        self, model: ModelFiles, config: ModelConfig, server: ServerContext
-    ) -> ModelConfig:
-        if config.input and config.output:
-            return config
+    def complete_config(self, model: ModelFiles, config: ModelConfig, server: ServerContext) -> ModelConfig:
         try:
             trt = import_tensorrt(model.name)
             import_cudart(model.name)
