@@ -23,6 +23,7 @@ LAYERS = {
     "coreserve.ensemble": 3,
     "coreserve.repository": 4,
     "coreserve.server": 5,
+    "coreserve.openai": 5,  # a frontend, beside the server's own
     "coreserve.cli": 6,
     "coreserve.testing": 6,
     "coreserve.__main__": 6,

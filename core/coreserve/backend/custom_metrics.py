@@ -170,6 +170,10 @@ class CustomMetrics:
         family.owners += 1
         return family
 
+    def add_server_family(self, family: CustomMetricFamily) -> None:
+        """Adds one of the server's own families (a frontend's): it may take a reserved name."""
+        self._families[family.name] = family
+
     def release(self, family: CustomMetricFamily) -> None:
         """Drops one owner of a family; it leaves the endpoint when its last owner lets it go."""
         family.owners -= 1
