@@ -124,8 +124,8 @@ TRITON_FLAGS: tuple[TritonFlag, ...] = (
     TritonFlag("--cache-config", _A, "str", repeatable=True),
     TritonFlag("--cache-directory", _I, "str", _LIB),
     # Rate limiter
-    TritonFlag("--rate-limit", _N, "str", "the rate limiter is not built yet", harmless=("off",)),
-    TritonFlag("--rate-limit-resource", _N, "str", "the rate limiter is not built yet", repeatable=True),
+    TritonFlag("--rate-limit", _A),
+    TritonFlag("--rate-limit-resource", _A, "str", repeatable=True),
     # Memory and devices
     TritonFlag("--pinned-memory-pool-byte-size", _I, "int", _GPU),
     TritonFlag("--cuda-memory-pool-byte-size", _I, "str", _GPU, repeatable=True),

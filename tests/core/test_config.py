@@ -177,5 +177,9 @@ def test_only_fields_that_coreserve_does_not_act_on_are_reported_as_ignored() ->
 
     warmup = 'model_warmup [ { name: "w" batch_size: 1 inputs { key: "a" value { data_type: TYPE_FP32 dims: [ 3 ] zero_data: true } } } ]\n'
     assert ignored_fields(_config(warmup + "dynamic_batching { }")) == []
-    unused = "response_cache { enable: true }\ninstance_group [ { rate_limiter { priority: 1 } } ]\n"
-    assert ignored_fields(_config(unused)) == ["instance_group.rate_limiter"]
+    # rate_limiter acts under --rate-limit=execution_count (the loader warns when it is off).
+    unused = (
+        "response_cache { enable: true }\ninstance_group [ { rate_limiter { priority: 1 } } ]\n"
+        'model_repository_agents { agents [ { name: "checksum" } ] }\n'
+    )
+    assert ignored_fields(_config(unused)) == ["model_repository_agents"]

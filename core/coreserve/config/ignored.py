@@ -14,8 +14,6 @@ def ignored_fields(config: ModelConfig) -> list[str]:
     ignored = []
     if config.batch_input or config.batch_output:
         ignored.append("batch_input/batch_output")
-    if any(group.HasField("rate_limiter") for group in config.instance_group):
-        ignored.append("instance_group.rate_limiter")
     if config.model_repository_agents.agents:
         ignored.append("model_repository_agents")
     if config.HasField("sequence_batching"):

@@ -30,6 +30,7 @@ from coreserve.repository.model import Model, ModelState, ModelVersion
 from coreserve.repository.namespaces import NamespacedClient
 from coreserve.repository.warmup import run_warmups
 from coreserve.scheduling import LatencyOptions, ModelStatistics, make_scheduler
+from coreserve.scheduling.rate_limiter import RateLimiter
 from coreserve.scheduling.response_cache import ModelResponseCache, ResponseCache
 
 logger = logging.getLogger(__name__)
@@ -53,8 +54,10 @@ class ModelLoader:
         config_name: str = "",
         latency: LatencyOptions | None = None,
         response_cache: ResponseCache | None = None,
+        rate_limiter: RateLimiter | None = None,
     ) -> None:
         self._backends = backends
+        self.rate_limiter = rate_limiter  # --rate-limit=execution_count
         self.response_cache = response_cache  # --cache-config; models opt in with response_cache
         self.config_name = config_name  # --model-config-name
         self._auto_complete = auto_complete
@@ -143,6 +146,13 @@ class ModelLoader:
                 "(--cache-config local,size=BYTES); its responses are not cached",
                 config.name,
             )
+        limited = any(group.HasField("rate_limiter") for group in config.instance_group)
+        if limited and self.rate_limiter is None:
+            # Triton ignores it silently under its default --rate-limit=off.
+            logger.warning(
+                "model '%s': instance_group.rate_limiter has no effect without --rate-limit=execution_count",
+                config.name,
+            )
         versions = select_versions(config.version_policy, available, location.name)
         if not versions:
             raise ModelConfigError(
@@ -187,11 +197,20 @@ class ModelLoader:
                 raise ModelConfigError(f"model '{location.name}' has no folder for version {version.version}")
             version.labels = read_output_labels(version.config, location.path)
             context = self.context_for(backend, location.namespace)
-            for placement in _placements(version.config):
+            grouped = _grouped_placements(version.config)
+            for _, placement in grouped:
                 instances.append(await backend.create_instance(files, version.config, placement, context))
             version.scheduler = make_scheduler(
                 version.config, version.signature, version.statistics, instances, location.path
             )
+            # An ensemble only waits on its steps, which take their own turns.
+            if self.rate_limiter is not None and not version.config.HasField("ensemble_scheduling"):
+                slots = self.rate_limiter.register(
+                    location.name,
+                    [(group.rate_limiter, placement.device_id) for group, placement in grouped],
+                    version.config.optimization.priority,
+                )
+                version.scheduler.limit_rate(self.rate_limiter, slots)
             version.scheduler.start()
             if version.config.model_warmup:
                 await run_warmups(version, location.path)
@@ -223,7 +242,8 @@ class ModelLoader:
         logger.info("model '%s' version %d is ready", location.name, version.version)
 
 
-def _placements(config: ModelConfig) -> list[InstancePlacement]:
+def _grouped_placements(config: ModelConfig) -> list[tuple[ModelInstanceGroup, InstancePlacement]]:
+    """Where each instance runs, beside the instance_group entry that asks for it."""
     placements = []
     for group in config.instance_group:
         kind = _KINDS[group.kind]
@@ -232,15 +252,14 @@ def _placements(config: ModelConfig) -> list[InstancePlacement]:
             for index in range(group.count):
                 # Triton's name, `<group>_<k>`, whatever the count; a GPU group's instances on
                 # different devices share it (their device id tells them apart).
-                placements.append(
-                    InstancePlacement(
-                        name=f"{group.name}_{index}",
-                        group_name=group.name,
-                        index=index,
-                        kind=kind,
-                        device_id=device_id,
-                    )
+                placement = InstancePlacement(
+                    name=f"{group.name}_{index}",
+                    group_name=group.name,
+                    index=index,
+                    kind=kind,
+                    device_id=device_id,
                 )
+                placements.append((group, placement))
     return placements
 
 

@@ -18,6 +18,7 @@ from coreserve.config.signature import ModelSignature
 from coreserve.errors import CancelledError, UnavailableError
 from coreserve.scheduling.execution import execute_batch
 from coreserve.scheduling.ordering import OrderedRelease
+from coreserve.scheduling.rate_limiter import InstanceSlot, RateLimiter
 from coreserve.scheduling.response_cache import ModelResponseCache
 from coreserve.scheduling.statistics import ModelStatistics
 from coreserve.types import InferenceRequest, now_ns
@@ -53,6 +54,14 @@ class Scheduler:
         self._ordered: OrderedRelease | None = None  # set by schedulers that preserve ordering
         # In front of the queue when the model enables response_cache and the server has one.
         self.response_cache: ModelResponseCache | None = None
+        # Under --rate-limit=execution_count: each instance's place in the server's limiter.
+        self._rate_limiter: RateLimiter | None = None
+        self._slots: dict[int, InstanceSlot] = {}
+
+    def limit_rate(self, limiter: RateLimiter, slots: Sequence[InstanceSlot]) -> None:
+        """Makes each instance wait for its turn at `limiter` (`slots`: one per instance, in order)."""
+        self._rate_limiter = limiter
+        self._slots = {id(instance): slot for instance, slot in zip(self.instances, slots, strict=True)}
 
     @property
     def queue_size(self) -> int:
@@ -151,9 +160,18 @@ class Scheduler:
 
     async def _execute(self, instance: ModelInstance, batch: list[InferenceRequest]) -> None:
         if self._ordered is None:
+            await self._execute_in_turn(instance, batch)
+            return
+        # The limiter's turn is inside: a batch waiting for earlier ones must not hold resources.
+        async with self._ordered.turn(batch):
+            await self._execute_in_turn(instance, batch)
+
+    async def _execute_in_turn(self, instance: ModelInstance, batch: list[InferenceRequest]) -> None:
+        limiter = self._rate_limiter
+        if limiter is None:
             await execute_batch(instance, batch, self.signature, self.statistics, decoupled=self.decoupled)
             return
-        async with self._ordered.turn(batch):
+        async with limiter.turn(self._slots[id(instance)]):
             await execute_batch(instance, batch, self.signature, self.statistics, decoupled=self.decoupled)
 
     async def close(self, timeout: float | None = None) -> None:
@@ -182,6 +200,8 @@ class Scheduler:
         for request in self._drain():
             if request.sink is not None:
                 request.sink.fail(UnavailableError(f"model '{self.signature.model_name}' was unloaded"))
+        if self._rate_limiter is not None:
+            self._rate_limiter.unregister(self._slots.values())
         remaining = None if deadline is None else max(0.0, deadline - loop.time())
         await close_instances(self.instances, remaining, self.signature.model_name)
 
