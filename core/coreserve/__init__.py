@@ -6,6 +6,7 @@ What is not exported here or there is internal and may change.
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
 
 try:
@@ -29,6 +30,25 @@ from coreserve.errors import (
 )
 from coreserve.types import DataType, InferenceRequest, InferenceResponse
 
+# The in-process API brings the whole server (frontends included) with it: imported on first
+# use, so that a plugin importing `coreserve` for its backend API does not pay for it.
+_IN_PROCESS = {
+    "Model": "coreserve.inprocess",
+    "Server": "coreserve.inprocess",
+    "ServerOptions": "coreserve.server",
+    "StartupError": "coreserve.server",
+}
+
+
+def __getattr__(name: str) -> object:
+    module = _IN_PROCESS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'coreserve' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
 __all__ = [
     "AlreadyExistsError",
     "CancelledError",
@@ -39,10 +59,14 @@ __all__ = [
     "InferenceResponse",
     "InternalError",
     "InvalidArgumentError",
+    "Model",
     "ModelConfig",
     "ModelConfigError",
     "NotFoundError",
     "PermissionDeniedError",
+    "Server",
+    "ServerOptions",
+    "StartupError",
     "UnavailableError",
     "UnsupportedError",
     "__version__",

@@ -20,7 +20,6 @@ from coreserve.repository.manager import ControlMode
 from coreserve.server.restrictions import Restriction, parse_restriction
 
 if TYPE_CHECKING:
-    from coreserve.scheduling.rate_limiter import ResourceSetting
     from coreserve.server import ServerOptions
     from coreserve.server.grpc_transport import GrpcTransport
     from coreserve.server.http_limits import HttpLimits
@@ -66,15 +65,6 @@ def _cache_config(args: argparse.Namespace) -> dict[str, dict[str, str]]:
     if args.response_cache_byte_size is not None:
         config["local"] = {"size": str(args.response_cache_byte_size)}
     return config
-
-
-def _rate_limit_resource(text: str) -> ResourceSetting:
-    from coreserve.scheduling.rate_limiter import RateLimitSettingError, parse_resource_setting
-
-    try:
-        return parse_resource_setting(text)
-    except RateLimitSettingError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _positive_int(text: str) -> int:
@@ -207,10 +197,6 @@ def _serve_parser() -> argparse.ArgumentParser:
         else:
             flag(f"--{service}-address", default="0.0.0.0", help=f"address the {service} service binds")
         flag(f"--{service}-port", type=int, default=port, help=f"port (default {port}; 0: any free one)")
-    flag("--openai-port", type=int, default=None, metavar="PORT",
-         help="serve the OpenAI-compatible API (/v1/models, /v1/completions, /v1/chat/completions, "
-              "/v1/embeddings) on this port; needs core-server[openai] (default: not served; 0: any free one)")
-    flag("--openai-address", default=None, help="address the OpenAI frontend binds (default: --http-address's)")
     flag("--http-max-input-size", type=int, default=64 * 1024 * 1024, metavar="BYTES",
          help="largest HTTP request body accepted (default 64 MiB)")
     _http_limit_flags(flag)
@@ -248,13 +234,6 @@ def _serve_parser() -> argparse.ArgumentParser:
               "(default: none, nothing is cached)")
     flag("--response-cache-byte-size", type=_non_negative_int, default=None, metavar="BYTES",
          help="deprecated in Triton: --cache-config local,size=BYTES")
-    flag("--rate-limit", choices=("off", "execution_count"), default="off",
-         help="execution_count: an instance executes only when the resources its instance_group's "
-              "rate_limiter names are free, higher priority first (default off)")
-    flag("--rate-limit-resource", type=_rate_limit_resource, action="append", default=[],
-         metavar="NAME:COUNT[:DEVICE]",
-         help="how many copies of a resource exist, on DEVICE or on every device (repeatable; default: "
-              "the most any instance asks for; once given, every resource a model names needs one)")
     flag("--exit-timeout-secs", type=float, default=30.0,
          help="how long shutdown waits for in-flight requests (default 30)")
     flag("--log-verbose", type=_non_negative_int, default=0, metavar="N", help="verbose logging when N > 0")
@@ -414,8 +393,6 @@ def _options(args: argparse.Namespace) -> ServerOptions:
         http_address=args.http_address,
         http_port=args.http_port,
         http_max_input_size=args.http_max_input_size,
-        openai_port=args.openai_port,
-        openai_address=args.openai_address or args.http_address,
         http_limits=_http_limits(args),
         allow_grpc=args.allow_grpc,
         grpc_address=args.grpc_address,
@@ -440,8 +417,6 @@ def _options(args: argparse.Namespace) -> ServerOptions:
         backend_config=backend_config,
         cache_config=_cache_config(args),
         exit_timeout_secs=args.exit_timeout_secs,
-        rate_limit=args.rate_limit,
-        rate_limit_resources=args.rate_limit_resource,
     )
 
 
@@ -514,7 +489,7 @@ def _check_cache_flags(parser: argparse.ArgumentParser, args: argparse.Namespace
 
 
 def _run_server(argv: Sequence[str]) -> int:
-    from coreserve.server import Server, StartupError
+    from coreserve.server import ServerRuntime, StartupError
     from coreserve.server.log_settings import ServerLog, StartupLogError
 
     args = parse_serve_args(argv)
@@ -530,9 +505,7 @@ def _run_server(argv: Sequence[str]) -> int:
     if warning:
         logger.warning("%s", warning)
     _warn_cache_flags(args, logger)
-    if args.rate_limit_resource and args.rate_limit == "off":
-        logger.warning("--rate-limit-resource has no effect under --rate-limit=off")
-    server = Server(options, log=log)
+    server = ServerRuntime(options, log=log)
     try:
         _event_loop_runner()(server.serve())
     except StartupError as exc:

@@ -24,6 +24,7 @@ LAYERS = {
     "coreserve.repository": 4,
     "coreserve.server": 5,
     "coreserve.openai": 5,  # a frontend, beside the server's own
+    "coreserve.inprocess": 6,  # the in-process API runs a server
     "coreserve.cli": 6,
     "coreserve.testing": 6,
     "coreserve.__main__": 6,

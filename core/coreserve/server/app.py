@@ -1,4 +1,10 @@
-"""The `Server`: owns the plugins, the model repository, the data plane and the frontends."""
+"""The `ServerRuntime`: owns the plugins, the model repository, the data plane and the frontends.
+
+One runtime is one server. The `coreserve` command runs it on its main event loop; the
+in-process API (`coreserve.Server`) runs it on a loop thread of its own. Either way the
+frontends it opens (HTTP, gRPC, metrics) are thin adapters over its `DataPlane` and
+`MetricsReport`, the same objects that in-process callers use.
+"""
 
 from __future__ import annotations
 
@@ -9,27 +15,22 @@ import signal
 import tempfile
 from collections.abc import Awaitable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from coreserve.backend.plugins import Plugins
 from coreserve.errors import CoreserveError
 from coreserve.repository import ControlMode, ModelLoader, ModelRepository, source_for
 from coreserve.scheduling import LatencyOptions
 from coreserve.scheduling.cache_config import make_response_cache
-from coreserve.scheduling.rate_limiter import RateLimiter
 from coreserve.server.dataplane import DataPlane, ServerFlags
 from coreserve.server.grpc import GrpcFrontend
 from coreserve.server.grpc_transport import GrpcTlsError
 from coreserve.server.http import HttpFrontend
 from coreserve.server.log_settings import ServerLog
-from coreserve.server.metrics import MetricsFrontend
+from coreserve.server.metrics import MetricsFrontend, MetricsReport
 from coreserve.server.options import ServerOptions
 from coreserve.server.restrictions import GRPC_HEADER_PREFIX, ApiRestrictions
 from coreserve.server.status_table import model_status_table
 from coreserve.tracing import Tracer, TraceStartupError
-
-if TYPE_CHECKING:
-    from coreserve.openai.frontend import OpenAIFrontend
 
 logger = logging.getLogger(__name__)
 
@@ -38,8 +39,8 @@ class StartupError(CoreserveError):
     """The server cannot start (with --exit-on-error, a model failed to load)."""
 
 
-class Server:
-    """One coreserve server: start it, serve until told to stop, stop it."""
+class ServerRuntime:
+    """One coreserve server: start it, serve until told to stop, stop it (all on one event loop)."""
 
     def __init__(
         self, options: ServerOptions, plugins: Plugins | None = None, log: ServerLog | None = None
@@ -55,9 +56,6 @@ class Server:
             config_name=options.model_config_name,
             latency=self._latency_options(),
             response_cache=self.response_cache,
-            rate_limiter=(
-                RateLimiter(options.rate_limit_resources) if options.rate_limit == "execution_count" else None
-            ),
         )
         # Unless a cache folder is given, each server has its own: servers on one machine
         # must not find (or remove) each other's files.
@@ -93,11 +91,20 @@ class Server:
         loader.client = self.dataplane
         loader.models = self.dataplane
         self.custom_metrics = loader.metrics
+        self.metrics_report: MetricsReport | None = None
+        if options.allow_metrics:
+            self.metrics_report = MetricsReport(
+                self.repository,
+                latency=self._latency_options(),
+                cpu=options.allow_cpu_metrics,
+                gpu=options.allow_gpu_metrics,
+                interval_ms=options.metrics_interval_ms,
+                custom=self.custom_metrics,
+                response_cache=self.response_cache,
+            )
         self.http: HttpFrontend | None = None
         self.grpc: GrpcFrontend | None = None
         self.metrics: MetricsFrontend | None = None
-        self.openai: OpenAIFrontend | None = None
-        self._openai_type: type[OpenAIFrontend] | None = None
 
     def _latency_options(self) -> LatencyOptions:
         """The latency families `--metrics-config` asks for (none when metrics are off)."""
@@ -110,7 +117,17 @@ class Server:
         )
 
     async def start(self) -> None:
-        """Loads the models and starts the frontends."""
+        """Loads the models, then opens the frontends the options ask for."""
+        await self.load_models()
+        await self.open_frontends()
+        if self.options.model_control_mode is ControlMode.POLL:
+            self._poller = asyncio.create_task(
+                self.repository.poll_forever(self.options.repository_poll_secs)
+            )
+        self.flags.started = True
+
+    async def load_models(self) -> None:
+        """Checks the start-up settings and loads the models the control mode asks for."""
         for location in self.options.model_repositories:
             if "://" not in location and not Path(location).is_dir():
                 raise StartupError(f"model repository '{location}' is not a folder")
@@ -124,8 +141,6 @@ class Server:
             self.tracer.start()
         except TraceStartupError as exc:
             raise StartupError(str(exc)) from None
-        if self.options.openai_port is not None:  # before the models load, as the certificates
-            self._openai_type = _openai_frontend_type()
         await self.repository.start()
         for line in model_status_table(self.repository.models()).splitlines():
             logger.info("%s", line)
@@ -134,20 +149,17 @@ class Server:
             raise StartupError(
                 "some models failed to load (see above); exiting because --exit-on-error is true"
             )
+
+    async def open_frontends(self) -> None:
+        """Starts the metrics polling and the HTTP, gRPC and metrics frontends the options allow."""
         options = self.options
-        if options.allow_metrics:
-            self.metrics = MetricsFrontend(
-                self.repository,
-                address=options.metrics_address,
-                port=options.metrics_port,
-                latency=self._latency_options(),
-                cpu=options.allow_cpu_metrics,
-                gpu=options.allow_gpu_metrics,
-                interval_ms=options.metrics_interval_ms,
-                custom=self.custom_metrics,
-                response_cache=self.response_cache,
-            )
-            await _start_service("metrics", self.metrics.start())
+        if self.metrics_report is not None:
+            self.metrics_report.start()
+            if options.open_metrics_port:
+                self.metrics = MetricsFrontend(
+                    self.metrics_report, address=options.metrics_address, port=options.metrics_port
+                )
+                await _start_service("metrics", self.metrics.start())
         if options.allow_grpc:
             self.grpc = GrpcFrontend(
                 self.dataplane,
@@ -170,20 +182,6 @@ class Server:
                 shutdown_timeout=options.exit_timeout_secs,
             )
             await _start_service("HTTP", self.http.start())
-        if self._openai_type is not None and options.openai_port is not None:
-            self.openai = self._openai_type(
-                self.dataplane,
-                self.custom_metrics,
-                address=options.openai_address,
-                port=options.openai_port,
-                max_body_size=options.http_max_input_size,
-                limits=options.http_limits,
-                shutdown_timeout=options.exit_timeout_secs,
-            )
-            await _start_service("OpenAI", self.openai.start())
-        if options.model_control_mode is ControlMode.POLL:
-            self._poller = asyncio.create_task(self.repository.poll_forever(options.repository_poll_secs))
-        self.flags.started = True
 
     async def stop(self) -> None:
         """Stops accepting requests, lets running ones finish, then unloads every model."""
@@ -196,12 +194,13 @@ class Server:
         deadline = loop.time() + timeout
         await asyncio.gather(
             *([self.http.stop()] if self.http is not None else []),
-            *([self.openai.stop()] if self.openai is not None else []),
             *([self.grpc.stop(grace=timeout)] if self.grpc is not None else []),
         )
         await self.repository.unload_all(timeout=max(0.0, deadline - loop.time()))
         if self.metrics is not None:
             await self.metrics.stop()
+        if self.metrics_report is not None:
+            await self.metrics_report.stop()
         self.tracer.close()
         self._remove_own_cache()
         logger.info("coreserve stopped")
@@ -235,14 +234,3 @@ async def _start_service(name: str, starting: Awaitable[None]) -> None:
         await starting
     except (OSError, RuntimeError) as exc:  # asyncio's bind errors; grpc's "Failed to bind to address"
         raise StartupError(f"failed to start {name} service: {exc}") from None
-
-
-def _openai_frontend_type() -> type[OpenAIFrontend]:
-    """The OpenAI frontend's class; without its extra (jinja2), a start-up error in one line."""
-    try:
-        from coreserve.openai.frontend import OpenAIFrontend
-    except ImportError as exc:
-        raise StartupError(
-            f"--openai-port needs the OpenAI frontend's extra: pip install 'core-server[openai]' ({exc})"
-        ) from None
-    return OpenAIFrontend

@@ -189,18 +189,24 @@ class DataPlane:
             request_log.received(request, model_version.version, level)
         scheduler.submit(request)
 
-    async def infer(self, request: InferenceRequest, *, endpoint: str = "this call") -> InferenceResponse:
+    async def infer(
+        self,
+        request: InferenceRequest,
+        *,
+        endpoint: str = "this call",
+        instead: str = "the generate_stream endpoint or a gRPC stream",
+    ) -> InferenceResponse:
         """Schedules a request that has one response and waits for it.
 
         `endpoint` names the caller in the refusal of a decoupled model, as Triton words it
-        ("HTTP end point", "ModelInfer RPC").
+        ("HTTP end point", "ModelInfer RPC"); `instead` says what serves such a model there.
         """
         target = self.model_version(request.model_name, request.model_version)
         if target.config.model_transaction_policy.decoupled:
             raise UnsupportedError(
                 f"{endpoint} doesn't support models with decoupled transaction policy: model "
-                f"'{request.model_name}' may send many responses per request; call it with the "
-                "generate_stream endpoint or a gRPC stream"
+                f"'{request.model_name}' may send many responses per request; call it with "
+                f"{instead}"
             )
         sink = SingleResponse(asyncio.get_running_loop())
         self._submit(target, request, sink)

@@ -298,15 +298,13 @@ def _own_histogram(name: str, labels: str, version: ModelVersion, kind: str, dur
     yield f"{name}_sum{labels} {getattr(s, duration).ns / 1000:.9g}"
 
 
-class MetricsFrontend:
-    """Serves `/metrics` for one model repository on its own address and port."""
+class MetricsReport:
+    """The whole metrics text of one server, whether a port serves it or `coreserve.Server.metrics()` asks."""
 
     def __init__(
         self,
         repository: ModelRepository,
         *,
-        address: str,
-        port: int,
         latency: LatencyOptions | None = None,
         cpu: bool = True,
         gpu: bool = True,
@@ -316,8 +314,6 @@ class MetricsFrontend:
     ) -> None:
         self._repository = repository
         self._response_cache = response_cache
-        self._address = address
-        self.port = port
         self._latency = latency or LatencyOptions()
         self._custom = custom or CustomMetrics()  # families the backends add (Triton's custom metrics)
         self._process = CollectorRegistry(auto_describe=False)
@@ -325,11 +321,9 @@ class MetricsFrontend:
         PlatformCollector(registry=self._process)
         GCCollector(registry=self._process)
         self._system = SystemMetrics(cpu=cpu, gpu=gpu, interval_ms=interval_ms)
-        self._app = web.Application()
-        self._app.router.add_get("/metrics", self._metrics)
-        self._runner: web.AppRunner | None = None
 
     def render(self) -> str:
+        """The metrics in Prometheus text format 0.0.4."""
         return (
             render_model_metrics(self._repository, self._latency)
             + self._custom.render()
@@ -338,8 +332,27 @@ class MetricsFrontend:
             + generate_latest(self._process).decode()
         )
 
+    def start(self) -> None:
+        """Starts polling the CPU and GPU families (on the running event loop)."""
+        self._system.start()
+
+    async def stop(self) -> None:
+        await self._system.stop()
+
+
+class MetricsFrontend:
+    """Serves a server's `MetricsReport` at `/metrics` on its own address and port."""
+
+    def __init__(self, report: MetricsReport, *, address: str, port: int) -> None:
+        self._report = report
+        self._address = address
+        self.port = port
+        self._app = web.Application()
+        self._app.router.add_get("/metrics", self._metrics)
+        self._runner: web.AppRunner | None = None
+
     async def _metrics(self, request: web.Request) -> web.Response:
-        return web.Response(body=self.render().encode(), headers={"Content-Type": CONTENT_TYPE})
+        return web.Response(body=self._report.render().encode(), headers={"Content-Type": CONTENT_TYPE})
 
     async def start(self) -> None:
         self._runner = web.AppRunner(self._app, access_log=None, handle_signals=False)
@@ -347,10 +360,8 @@ class MetricsFrontend:
         site = web.TCPSite(self._runner, self._address, self.port, reuse_address=True)
         await site.start()
         self.port = self._runner.addresses[0][1]
-        self._system.start()
         logger.info("Started MetricsService at %s:%d", self._address, self.port)
 
     async def stop(self) -> None:
-        await self._system.stop()
         if self._runner is not None:
             await self._runner.cleanup()

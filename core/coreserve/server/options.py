@@ -6,7 +6,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from coreserve.repository import ControlMode
-from coreserve.scheduling.rate_limiter import ResourceSetting
 from coreserve.server.grpc_transport import GrpcTransport
 from coreserve.server.http_limits import HttpLimits
 from coreserve.server.log_settings import LogSettings
@@ -44,12 +43,12 @@ class ServerOptions:
     grpc_max_stream_inflight: int = 1024  # open requests per ModelStreamInfer stream
     grpc_restricted_api: list[Restriction] = field(default_factory=list)  # --grpc-restricted-protocol
     grpc_transport: GrpcTransport = field(default_factory=GrpcTransport)  # TLS, keepalive, compression
-    # --openai-port: the OpenAI-compatible frontend (core-server[openai]); None: not served.
-    openai_port: int | None = None
-    openai_address: str = "0.0.0.0"
     allow_metrics: bool = True
     metrics_address: str = "0.0.0.0"
     metrics_port: int = 8002
+    # False: metrics are collected (allow_metrics) but no port serves them; the in-process
+    # API (coreserve.Server.metrics()) reads them without one.
+    open_metrics_port: bool = True
     # --metrics-config: Triton's defaults (latency counters on, summaries and histograms off).
     counter_latencies: bool = True
     summary_latencies: bool = False
@@ -65,6 +64,3 @@ class ServerOptions:
     # --cache-config: cache name -> its settings ({"local": {"size": "1048576"}}); empty: no cache.
     cache_config: dict[str, dict[str, str]] = field(default_factory=dict)
     exit_timeout_secs: float = 30.0
-    # --rate-limit: "execution_count" makes instances wait for the resources their rate_limiter names.
-    rate_limit: str = "off"
-    rate_limit_resources: list[ResourceSetting] = field(default_factory=list)  # --rate-limit-resource

@@ -1,0 +1,185 @@
+"""`Model`: one model of an in-process server, to ask about and to run inferences on."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+from coreserve.config import config_to_dict
+from coreserve.inprocess._loop import LoopThread
+from coreserve.inprocess._tensors import input_arrays
+from coreserve.types import InferenceRequest, InferenceResponse, ParameterValue
+
+if TYPE_CHECKING:
+    from coreserve.server.dataplane import DataPlane
+
+logger = logging.getLogger(__name__)
+_END = object()  # after the last response of a stream
+
+
+class Model:
+    """A model (and version) of a running `coreserve.Server`: get one with `server.model(name)`.
+
+    A handle only: it holds no model. Each call finds the version that serves at that moment,
+    so a handle outlives reloads; after an unload its calls raise `NotFoundError` or
+    `UnavailableError`, as requests over the wire would fail.
+
+    Inputs are a mapping of input name to tensor: numpy arrays, objects that speak DLPack
+    (read without a copy), or lists; text becomes BYTES. Outputs are numpy arrays.
+    """
+
+    def __init__(self, dataplane: DataPlane, loop: LoopThread, name: str, version: int | str = "") -> None:
+        self._dataplane = dataplane
+        self._loop = loop
+        self.name = name
+        self.version = str(version)  # "": the latest ready version
+
+    def __repr__(self) -> str:
+        return f"Model({self.name!r}, version={self.version!r})"
+
+    # About the model.
+
+    def ready(self) -> bool:
+        """True while the model (version) can serve requests."""
+        return bool(self._loop.run(self._on_loop(self._dataplane.model_ready, self.name, self.version)))
+
+    def metadata(self) -> dict[str, Any]:
+        """Name, versions, platform, inputs and outputs: the v2 protocol's model metadata."""
+        return self._loop.run(self._on_loop(self._dataplane.model_metadata, self.name, self.version))
+
+    def config(self) -> dict[str, Any]:
+        """The model configuration in force, as Triton's JSON model configuration."""
+        config = self._loop.run(self._on_loop(self._dataplane.model_config, self.name, self.version))
+        return config_to_dict(config)
+
+    def statistics(self) -> dict[str, Any]:
+        """Inference statistics, as the v2 statistics extension answers them (`model_stats`)."""
+        return self._loop.run(self._on_loop(self._dataplane.statistics, self.name, self.version))
+
+    # Inference.
+
+    def infer(
+        self,
+        inputs: Mapping[str, Any],
+        *,
+        outputs: Iterable[str] | None = None,
+        request_id: str = "",
+        parameters: Mapping[str, ParameterValue] | None = None,
+    ) -> InferenceResponse:
+        """Runs one inference and blocks until its response arrives.
+
+        :param inputs: input name -> tensor (numpy array, DLPack tensor, or list).
+        :param outputs: the outputs to return (all of them when None).
+        :param request_id: the request's id, echoed in the response.
+        :param parameters: request parameters as the v2 protocol carries them (`priority`,
+            `timeout`, `sequence_id`, `sequence_start`, `sequence_end`, or a model's own).
+        :return: the response; its `outputs` map each output name to a numpy array.
+        :raises CoreserveError: a subclass saying what failed (`InvalidArgumentError` for a
+            request that does not fit the model, `UnsupportedError` for a decoupled model: use
+            `stream`).
+        """
+        request = self._request(inputs, outputs, request_id, parameters)
+        return self._loop.run(self._infer(request))
+
+    async def async_infer(
+        self,
+        inputs: Mapping[str, Any],
+        *,
+        outputs: Iterable[str] | None = None,
+        request_id: str = "",
+        parameters: Mapping[str, ParameterValue] | None = None,
+    ) -> InferenceResponse:
+        """`infer` for async callers, on any event loop: cancelling the await cancels the request."""
+        request = self._request(inputs, outputs, request_id, parameters)
+        return await asyncio.wrap_future(self._loop.submit(self._infer(request)))
+
+    def stream(
+        self,
+        inputs: Mapping[str, Any],
+        *,
+        outputs: Iterable[str] | None = None,
+        request_id: str = "",
+        parameters: Mapping[str, ParameterValue] | None = None,
+    ) -> Iterator[InferenceResponse]:
+        """Yields each response of one request (many for a decoupled model, one otherwise).
+
+        Arguments as for `infer`. Leaving the loop early cancels the request.
+        """
+        request = self._request(inputs, outputs, request_id, parameters)
+        received: queue.SimpleQueue[object] = queue.SimpleQueue()
+        pump = self._loop.submit(self._pump(request, received.put))
+        try:
+            while (item := received.get()) is not _END:
+                if isinstance(item, BaseException):
+                    raise item
+                assert isinstance(item, InferenceResponse)
+                yield item
+        finally:
+            pump.cancel()  # no-op once the stream ended; otherwise the request is cancelled
+
+    async def async_stream(
+        self,
+        inputs: Mapping[str, Any],
+        *,
+        outputs: Iterable[str] | None = None,
+        request_id: str = "",
+        parameters: Mapping[str, ParameterValue] | None = None,
+    ) -> AsyncIterator[InferenceResponse]:
+        """`stream` for async callers: `async for response in model.async_stream(inputs)`."""
+        request = self._request(inputs, outputs, request_id, parameters)
+        caller = asyncio.get_running_loop()
+        received: asyncio.Queue[object] = asyncio.Queue()
+
+        def deliver(item: object) -> None:
+            caller.call_soon_threadsafe(received.put_nowait, item)
+
+        pump = self._loop.submit(self._pump(request, deliver))
+        try:
+            while (item := await received.get()) is not _END:
+                if isinstance(item, BaseException):
+                    raise item
+                assert isinstance(item, InferenceResponse)
+                yield item
+        finally:
+            pump.cancel()
+
+    # On the server's loop.
+
+    def _request(
+        self,
+        inputs: Mapping[str, Any],
+        outputs: Iterable[str] | None,
+        request_id: str,
+        parameters: Mapping[str, ParameterValue] | None,
+    ) -> InferenceRequest:
+        return InferenceRequest(
+            model_name=self.name,
+            inputs=input_arrays(inputs),
+            model_version=self.version,
+            id=request_id,
+            parameters=dict(parameters or {}),
+            requested_outputs=None if outputs is None else tuple(outputs),
+        )
+
+    async def _infer(self, request: InferenceRequest) -> InferenceResponse:
+        return await self._dataplane.infer(
+            request, endpoint="Model.infer", instead="Model.stream or Model.async_stream"
+        )
+
+    async def _pump(self, request: InferenceRequest, deliver: Callable[[object], None]) -> None:
+        """Hands each response of a request to `deliver` (another thread's), then `_END` or the error."""
+        try:
+            async for response in self._dataplane.stream(request):
+                deliver(response)
+        except Exception as exc:  # the caller raises it in its own thread
+            deliver(exc)
+            return
+        deliver(_END)
+
+    @staticmethod
+    async def _on_loop(call: Callable[..., Any], *args: Any) -> Any:
+        """Runs a data-plane call on the server's loop, where the repository may be read safely."""
+        return call(*args)
