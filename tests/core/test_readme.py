@@ -1,8 +1,10 @@
-"""README's two set-up commands stay true: CI runs the test command word for word."""
+"""README stays true: CI runs the test command word for word, and the in-process example runs."""
 
 from __future__ import annotations
 
 import re
+
+import pytest
 
 from paths import REPO
 
@@ -25,3 +27,16 @@ def test_example_models_of_the_readme_exist() -> None:
     readme = (REPO / "README.md").read_text()
     for name in re.findall(r"^\| `(\w+)` \|", readme, flags=re.M):
         assert (REPO / "examples" / "model_repository" / name / "1").is_dir(), name
+
+
+def test_the_in_process_example_runs(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("## In-process API", 1)[1].split("\n## ", 1)[0]
+    example = re.findall(r"```python\n(.+?)\n```", section, flags=re.S)[0]
+    monkeypatch.chdir(REPO)  # the example names examples/model_repository as a user's clone would
+    exec(compile(example, "README.md (In-process API)", "exec"), {})
+    printed = capsys.readouterr().out
+    assert "[[ 1  2  3" in printed  # OUTPUT0 = INPUT0 + 1
+    assert "True 7" in printed  # ready, and the seven example models

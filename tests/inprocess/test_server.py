@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import threading
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 import pytest
@@ -12,12 +14,19 @@ import tritonclient.http as httpclient
 
 import coreserve
 from model_builders import scale_model, write_model
+from paths import TESTS
 
 SCALE = """
 backend: "onnxruntime"
 max_batch_size: 8
 input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
 output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+"""
+ECHO = """
+backend: "echo"
+max_batch_size: 0
+input [ { name: "IN" data_type: TYPE_STRING dims: [ -1 ] } ]
+output [ { name: "OUT" data_type: TYPE_STRING dims: [ -1 ] } ]
 """
 
 
@@ -154,3 +163,26 @@ def test_blocking_calls_on_the_servers_own_loop_are_refused(server: coreserve.Se
     assert loop is not None
     message = asyncio.run_coroutine_threadsafe(on_the_server_loop(), loop.loop).result(timeout=30)
     assert "async_" in message
+
+
+def _echo_plugin() -> ModuleType:
+    """The third-party echo backend of tests/fixtures, imported from its file (not installed)."""
+    path = TESTS / "fixtures" / "echo_backend" / "coreserve_echo" / "__init__.py"
+    spec = importlib.util.spec_from_file_location("coreserve_echo_in_process", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_plugins_given_in_code_serve_and_parameters_reach_the_backend(tmp_path: Path) -> None:
+    folder = write_model(tmp_path, "echo", None, ECHO)
+    (folder / "1" / "model.echo").write_bytes(b"")
+    with coreserve.Server(tmp_path, plugins=[_echo_plugin()]) as server:
+        result = server.model("echo").infer(
+            {"IN": np.array([b"a", b"b"], dtype=object)}, parameters={"greeting": "hi", "n": 3, "on": True}
+        )
+        assert result.outputs["OUT"].tolist() == [b"a", b"b"]
+        assert result.parameters == {"greeting": "hi", "n": 3, "on": True}
+    with pytest.raises(coreserve.StartupError, match="failed to load"):
+        coreserve.Server(tmp_path).start()  # without the plugin, no backend 'echo'

@@ -9,6 +9,7 @@ from collections.abc import Coroutine, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
+from coreserve.backend.plugins import Plugins
 from coreserve.errors import InvalidArgumentError
 from coreserve.inprocess._loop import LoopThread
 from coreserve.inprocess._model import Model
@@ -44,6 +45,8 @@ class Server:
             (none by default). Their addresses and ports are options (`http_port=0` picks a
             free port; `server.ports` says which).
         options: a whole `ServerOptions` to start from; the arguments above override it.
+        plugins: plugin objects or modules to register beside the installed ones (each with a
+            `coreserve_register_backends` hook implementation): backends given in code.
         settings: any other `ServerOptions` field by name (`exit_timeout_secs=5`,
             `strict_readiness=False`, `backend_config={...}` …).
     """
@@ -56,11 +59,13 @@ class Server:
         load_models: Iterable[str] = (),
         frontends: Iterable[str] = (),
         options: ServerOptions | None = None,
+        plugins: Iterable[object] = (),
         **settings: Any,
     ) -> None:
         self.options = _options(
             model_repository, model_control_mode, load_models, frontends, options, settings
         )
+        self._plugins = list(plugins)
         self._loop: LoopThread | None = None
         self._runtime: ServerRuntime | None = None
         self._stopped = False
@@ -79,7 +84,7 @@ class Server:
             return self
         loop = LoopThread(name="coreserve-server")
         try:
-            runtime = loop.run(_construct(self.options))
+            runtime = loop.run(_construct(self.options, self._plugins))
             self._loop, self._runtime = loop, runtime
             loop.run(_start(runtime))
         except BaseException:
@@ -191,9 +196,12 @@ class Server:
         return self._loop.run(work)
 
 
-async def _construct(options: ServerOptions) -> ServerRuntime:
+async def _construct(options: ServerOptions, extra_plugins: list[object]) -> ServerRuntime:
     """The runtime, made on the loop it will run on (what it creates binds to that loop)."""
-    return ServerRuntime(options)
+    plugins = Plugins()
+    for plugin in extra_plugins:
+        plugins.register(plugin)
+    return ServerRuntime(options, plugins=plugins)
 
 
 async def _start(runtime: ServerRuntime) -> None:
