@@ -2,7 +2,8 @@
 
     CoreserveError                 every error a client or a backend may see
      ├── InvalidArgumentError      the request or a configuration is wrong (names, types, shapes, bodies)
-     │    └── ModelConfigError     a model's configuration is invalid
+     │    ├── ModelConfigError     a model's configuration is invalid
+     │    └── RequestMismatchError a request's tensors do not fit its model (Triton names the request)
      ├── NotFoundError             no such model or version
      ├── UnavailableError          the model exists but cannot serve now (not ready, queue full)
      ├── UnsupportedError          a feature coreserve or the backend does not offer
@@ -54,6 +55,14 @@ class ModelConfigError(InvalidArgumentError):
     """A model's configuration is invalid; the message names the model and the field."""
 
 
+class RequestMismatchError(InvalidArgumentError):
+    """A request's tensors do not fit the model: their count, datatypes, shapes, sizes, batch size.
+
+    Triton finds these once the request exists and puts its id first (`with_request_id`); the
+    place that knows the request adds it, so a model's warmup samples read without it.
+    """
+
+
 class NotFoundError(CoreserveError):
     code = ErrorCode.NOT_FOUND
 
@@ -96,3 +105,8 @@ def quoted_value(value: Any) -> str:
     if isinstance(value, str):
         return f"'{clipped(value)}'"
     return clipped(repr(value))
+
+
+def with_request_id(request_id: str, message: str) -> str:
+    """`message` as Triton words an error of one request: `[request id: ID] message`."""
+    return f"[request id: {request_id or '<id_unknown>'}] {message}"

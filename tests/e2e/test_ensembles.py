@@ -235,7 +235,7 @@ def test_invalid_ensembles_are_unavailable_with_reason(
     assert not client.is_model_ready(name)
     with pytest.raises(InferenceServerException) as info:
         client.get_model_metadata(name)
-    assert info.value.status() == "503"
+    assert info.value.status() == "404"
     assert f"ensemble '{name}': {reason}" in info.value.message()
 
 

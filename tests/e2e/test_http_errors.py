@@ -121,12 +121,12 @@ def test_broken_models_are_unavailable_with_reason(
     assert not client.is_model_ready(model)
     with pytest.raises(InferenceServerException) as info:
         client.get_model_metadata(model)
-    assert info.value.status() == "503"
+    assert info.value.status() == "404"  # Triton: no available versions is NOT_FOUND
     assert reason in info.value.message()
     status, error = error_of(
         server.http_url, f"/v2/models/{model}/infer", json.dumps(_valid_request()).encode()
     )
-    assert status == 503 and reason in error
+    assert status == 404 and reason in error
     assert reason in server.log  # the start-up table shows it too
     _assert_still_serving(server)
 

@@ -196,15 +196,18 @@ def test_statistics_agree_between_clients_and_requests(server: ServerProcess) ->
 def test_statistics_of_unknown_models(server: ServerProcess) -> None:
     client = httpclient.InferenceServerClient(server.http_url)
     try:
+        # Triton's words and status (400), with our reason after them.
         with pytest.raises(
-            InferenceServerException, match="Request for unknown model: 'nope' is not found"
+            InferenceServerException,
+            match=r"requested model 'nope' is not available \(Request for unknown model: 'nope' is not found\)",
         ) as info:
             client.get_inference_statistics("nope")
-        assert info.value.status() == "404"
+        assert info.value.status() == "400"
         with pytest.raises(
             InferenceServerException, match="requested model version is not available for model 'add_sub'"
-        ):
+        ) as info:
             client.get_inference_statistics("add_sub", "9")
+        assert info.value.status() == "400"
     finally:
         client.close()
 

@@ -331,7 +331,7 @@ def test_bad_sequence_configurations_make_the_model_unavailable(
         for index, (_, _, reason) in enumerate(BAD_SEQUENCE_CONFIGS.values()):
             with pytest.raises(InferenceServerException) as info:
                 client.get_model_metadata(f"bad{index}")
-            assert info.value.status() == "503" and reason in info.value.message()
+            assert info.value.status() == "404" and reason in info.value.message()
     finally:
         client.close()
 

@@ -20,7 +20,7 @@ import pytest
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from coreserve.testing import ServerProcess
-from http_raw import request
+from http_raw import error_of, request
 from model_builders import add_sub_model, write_model
 
 ADD_SUB = """
@@ -162,6 +162,12 @@ HTTP_CASES: dict[str, tuple[str, str, bytes | None, str]] = {
         None,
         "requested model version is not available for model 'add_sub'",
     ),
+    "unknown model statistics": (
+        "GET",
+        "/v2/models/nosuch/stats",
+        None,
+        "requested model 'nosuch' is not available",
+    ),
     "load of a model not in the repository": (
         "POST",
         "/v2/repository/models/nosuch/load",
@@ -245,10 +251,19 @@ HTTP_CASES: dict[str, tuple[str, str, bytes | None, str]] = {
 }
 
 
-# A model that cannot serve now is 503 here (Triton: 404 for no ready version, 400 for a version
-# not ready); every other mistake is a 4xx.
-UNAVAILABLE_CASES = ("version not ready", "no ready version")
-UNSUPPORTED_CASES = ("decoupled model on the infer endpoint",)  # 501, as Triton
+# The status the real Triton 2.51 answers where it is not 400 (checked with the same requests).
+# A malformed or negative version in the path is 400 here; Triton's routes do not match such a
+# path at all (404 "Not Found").
+TRITON_STATUS = {
+    "unknown model": 404,
+    "unknown model metadata": 404,
+    "unknown model config": 404,
+    "unknown version": 404,
+    "version not ready": 503,
+    "no ready version": 404,
+    "load of a model not in the repository": 500,
+    "decoupled model on the infer endpoint": 501,
+}
 
 
 def _without_null_data(body: bytes) -> bytes:
@@ -264,8 +279,7 @@ def test_http_says_what_triton_says(server: ServerProcess, case: str) -> None:
     method, path, body, triton_text = HTTP_CASES[case]
     status, _, reply = request(server.http_url, method, path, _without_null_data(body) if body else b"")
     message = json.loads(reply)["error"]
-    expected = 503 if case in UNAVAILABLE_CASES else 501 if case in UNSUPPORTED_CASES else None
-    assert status == expected if expected else 400 <= status < 500, (status, message)
+    assert status == TRITON_STATUS.get(case, 400), (status, message)
     assert triton_text in message, message
 
 
@@ -333,9 +347,24 @@ GRPC_CASES: dict[str, tuple[Call, grpc.StatusCode, str]] = {
         grpc.StatusCode.UNAVAILABLE,
         "Request for unknown model: 'two_versions' version 2 is not at ready state",
     ),
+    "no ready version": (
+        lambda stub: stub.ModelInfer(_infer_request("broken")),
+        grpc.StatusCode.NOT_FOUND,
+        "Request for unknown model: 'broken' has no available versions",
+    ),
+    "statistics of an unknown model": (
+        lambda stub: stub.ModelStatistics(service_pb2.ModelStatisticsRequest(name="nosuch")),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "requested model 'nosuch' is not available",
+    ),
+    "statistics of an unknown version": (
+        lambda stub: stub.ModelStatistics(service_pb2.ModelStatisticsRequest(name="add_sub", version="7")),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "requested model version is not available for model 'add_sub'",
+    ),
     "load of a model not in the repository": (
         lambda stub: stub.RepositoryModelLoad(service_pb2.RepositoryModelLoadRequest(model_name="nosuch")),
-        grpc.StatusCode.NOT_FOUND,
+        grpc.StatusCode.INTERNAL,
         "failed to load 'nosuch', failed to poll from model repository",
     ),
     "load that fails": (
@@ -423,6 +452,103 @@ def test_grpc_says_what_triton_says(server: ServerProcess, case: str) -> None:
             call(stub)
     assert info.value.code() == code, info.value.details()
     assert triton_text in info.value.details()
+
+
+# --- The request's id in errors -------------------------------------------------------------
+# Triton puts `[request id: ID] ` (`<id_unknown>` when the request has none) before the errors it
+# finds once the request exists (inputs' count, datatypes, shapes, sizes, batch size), and not
+# before those of the frontend's parsing or of the model lookup. Checked against the real 2.51.
+
+BINARY_HEADER = json.dumps(
+    {"id": "r1", "inputs": [{**INPUT0, "data": None, "parameters": {"binary_data_size": 12}}, INPUT1]}
+).encode()
+# case: (body with "id": "r1", the message as Triton's starts)
+ID_CASES: dict[str, tuple[bytes, str]] = {
+    "missing input": (_infer_body(INPUT0, id="r1"), "[request id: r1] expected 2 inputs but got 1 inputs"),
+    "wrong datatype": (
+        _infer_body(_tensor("INPUT0", [1, 4], "INT32", [1, 2, 3, 4]), INPUT1, id="r1"),
+        "[request id: r1] inference input 'INPUT0' data-type is 'INT32'",
+    ),
+    "wrong shape": (
+        _infer_body(_tensor("INPUT0", [1, 2, 2]), INPUT1, id="r1"),
+        "[request id: r1] unexpected shape for input 'INPUT0' for model 'add_sub'",
+    ),
+    "batch too large": (
+        _infer_body(
+            _tensor("INPUT0", [9, 4], data=[1.0] * 36), _tensor("INPUT1", [9, 4], data=[1.0] * 36), id="r1"
+        ),
+        "[request id: r1] inference request batch-size must be <= 8 for 'add_sub'",
+    ),
+    "duplicate input": (
+        _infer_body(INPUT0, INPUT0, INPUT1, id="r1"),
+        "[request id: r1] input 'INPUT0' already exists in request",
+    ),
+    "no id": (_infer_body(INPUT0), "[request id: <id_unknown>] expected 2 inputs but got 1 inputs"),
+    "empty id": (_infer_body(INPUT0, id=""), "[request id: <id_unknown>] expected 2 inputs"),
+    "unknown input": (
+        _infer_body(INPUT0, _tensor("INPUT9", [1, 4]), id="r1"),
+        "unexpected inference input 'INPUT9' for model 'add_sub'",
+    ),
+    "unknown output": (
+        _infer_body(INPUT0, INPUT1, outputs=[{"name": "OUTPUT7"}], id="r1"),
+        "unexpected inference output 'OUTPUT7' for model 'add_sub'",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(ID_CASES))
+def test_http_errors_name_the_request_as_triton_does(server: ServerProcess, case: str) -> None:
+    body, triton_start = ID_CASES[case]
+    status, message = error_of(server.http_url, "/v2/models/add_sub/infer", body)
+    assert status == 400 and message.startswith(triton_start), message
+
+
+def test_binary_data_and_generate_errors_name_the_request(server: ServerProcess) -> None:
+    body = BINARY_HEADER + np.ones(3, np.float32).tobytes()
+    headers = {"Inference-Header-Content-Length": str(len(BINARY_HEADER))}
+    status, message = error_of(server.http_url, "/v2/models/add_sub/infer", body, headers)
+    assert status == 400 and message.startswith(
+        "[request id: r1] input byte size mismatch for input 'INPUT0' for model 'add_sub'. Expected 16, got 12"
+    ), message
+    generate = json.dumps({"id": "g7", "INPUT0": [1.0] * 4}).encode()
+    status, message = error_of(server.http_url, "/v2/models/add_sub/generate", generate)
+    assert status == 400 and message.startswith("[request id: g7] expected 2 inputs but got 1 inputs"), (
+        message
+    )
+
+
+def test_grpc_errors_name_the_request_as_triton_does(server: ServerProcess) -> None:
+    missing = _infer_request(inputs=(("INPUT0", [1, 4], "FP32"),))
+    short = _infer_request(raw=[np.ones(3, np.float32).tobytes()] * 2)
+    unknown = _infer_request(inputs=(("INPUT0", [1, 4], "FP32"), ("INPUT9", [1, 4], "FP32")))
+    cases = [
+        (missing, "q1", "[request id: q1] expected 2 inputs but got 1 inputs"),
+        (missing, "", "[request id: <id_unknown>] expected 2 inputs but got 1 inputs"),
+        (short, "q2", "[request id: q2] input byte size mismatch for input 'INPUT0' for model 'add_sub'"),
+        (unknown, "q3", "unexpected inference input 'INPUT9' for model 'add_sub'"),
+    ]
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        for message, request_id, triton_start in cases:
+            message.id = request_id
+            with pytest.raises(grpc.RpcError) as info:
+                stub.ModelInfer(message)
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert info.value.details().startswith(triton_start), info.value.details()
+        # On a stream, the error comes back in the response that carries the request's id.
+        missing.id = "s2"
+        replies = list(stub.ModelStreamInfer(iter([_infer_request("nosuch"), missing]), timeout=30))
+    assert [reply.infer_response.id for reply in replies] == ["", "s2"]
+    assert replies[0].error_message.startswith("Request for unknown model: 'nosuch' is not found")
+    assert replies[1].error_message.startswith("[request id: s2] expected 2 inputs but got 1 inputs")
+
+
+def test_unloading_a_model_that_is_not_loaded_succeeds_as_in_triton(server: ServerProcess) -> None:
+    status, _, reply = request(server.http_url, "POST", "/v2/repository/models/nosuch/unload", b"")
+    assert (status, reply) == (200, b"")
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        stub.RepositoryModelUnload(service_pb2.RepositoryModelUnloadRequest(model_name="nosuch"))
 
 
 def test_the_model_keeps_serving_after_every_mistake(server: ServerProcess) -> None:

@@ -56,6 +56,6 @@ def test_warmup_runs_before_ready_and_failures_make_the_model_unavailable(
         for name, (_, reason) in FAILING.items():
             with pytest.raises(InferenceServerException) as info:
                 client.get_model_metadata(name)
-            assert info.value.status() == "503" and reason in info.value.message(), name
+            assert info.value.status() == "404" and reason in info.value.message(), name
     finally:
         client.close()

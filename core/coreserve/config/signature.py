@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from coreserve.errors import InvalidArgumentError
+from coreserve.errors import InvalidArgumentError, RequestMismatchError
 from coreserve.protos.model_config_pb2 import ModelConfig
 from coreserve.types import DataType, InferenceRequest
 
@@ -82,6 +82,10 @@ def _internal_tensors(config: ModelConfig) -> tuple[dict[str, TensorSpec], dict[
             datatype = DataType.from_config_value(state.data_type)
             inputs[state.input_name] = TensorSpec(state.input_name, datatype, tuple(state.dims))
             outputs[state.output_name] = TensorSpec(state.output_name, datatype, tuple(state.dims))
+    for batch_input in config.batch_input:  # ragged batching: counts and shapes of the batch
+        datatype = DataType.from_config_value(batch_input.data_type)
+        for name in batch_input.target_name:
+            inputs[name] = TensorSpec(name, datatype, (-1,))
     return inputs, outputs
 
 
@@ -102,6 +106,11 @@ class ModelSignature:
         self.internal_inputs, self.internal_outputs = _internal_tensors(config)
         self.model_inputs = {**self.inputs, **self.internal_inputs}
         self.model_outputs = {**self.outputs, **self.internal_outputs}
+        # Ragged batching (coreserve/backend/ragged.py): inputs the model takes flat, the
+        # batch_input tensors the server makes and the batch_output tensors it scatters.
+        self.ragged_inputs = frozenset(t.name for t in config.input if t.allow_ragged_batch)
+        self.batch_inputs = tuple(config.batch_input)
+        self.batch_outputs = tuple(config.batch_output)
         self._required = tuple(name for name, spec in self.inputs.items() if not spec.optional)
         self._output_reshapes = {
             name: spec.dims for name, spec in self.outputs.items() if spec.reshape is not None
@@ -119,7 +128,8 @@ class ModelSignature:
         """Checks input names, datatypes and shapes and the requested outputs.
 
         Sets `request.batch_size` and applies the configuration's input reshapes.
-        Raises InvalidArgumentError naming the tensor and the model.
+        Raises InvalidArgumentError naming the tensor and the model: RequestMismatchError where
+        Triton puts the request's id first.
         """
         model = self.model_name
         inputs = request.inputs
@@ -134,41 +144,41 @@ class ModelSignature:
                 )
             if array.dtype != spec.datatype.numpy_dtype:
                 got = DataType.from_numpy(array.dtype)
-                raise InvalidArgumentError(
+                raise RequestMismatchError(
                     f"inference input '{name}' data-type is '{got}', but model '{model}' expects "
                     f"'{spec.datatype}'"
                 )
             shape = array.shape
             if self.max_batch_size > 0:
                 if not shape:
-                    raise InvalidArgumentError(self._shape_error(spec, shape))
+                    raise RequestMismatchError(self._shape_error(spec, shape))
                 if batch_size == 0:
                     batch_size = shape[0]
                     if batch_size > self.max_batch_size:
-                        raise InvalidArgumentError(
+                        raise RequestMismatchError(
                             f"inference request batch-size must be <= {self.max_batch_size} for "
                             f"'{model}' (input '{name}' has {batch_size})"
                         )
                     if batch_size < 1:
-                        raise InvalidArgumentError(
+                        raise RequestMismatchError(
                             f"inference request batch size 0 (first dimension of input '{name}') "
                             f"must be between 1 and {self.max_batch_size} for model '{model}'"
                         )
                 elif shape[0] != batch_size:
-                    raise InvalidArgumentError(
+                    raise RequestMismatchError(
                         f"input '{name}' batch size does not match other inputs for '{model}' "
                         f"(it has {shape[0]}, another input has {batch_size})"
                     )
                 shape = shape[1:]
             if not spec.matches(shape):
-                raise InvalidArgumentError(self._shape_error(spec, array.shape))
+                raise RequestMismatchError(self._shape_error(spec, array.shape))
             if spec.reshape is not None:
                 lead = (array.shape[0],) if self.max_batch_size > 0 else ()
                 inputs[name] = array.reshape(lead + spec.reshape)
         if len(inputs) < len(self.inputs):
             missing = [name for name in self._required if name not in inputs]
             if missing:
-                raise InvalidArgumentError(self._missing_error(list(reversed(inputs)), missing))
+                raise RequestMismatchError(self._missing_error(list(reversed(inputs)), missing))
         requested = request.requested_outputs
         if requested is not None:
             for name in requested:

@@ -13,11 +13,12 @@ from typing import Any
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from coreserve.errors import InvalidArgumentError
+from coreserve.errors import InvalidArgumentError, RequestMismatchError, with_request_id
 from coreserve.protocol.classification import PARAMETER as CLASSIFICATION
 from coreserve.protocol.classification import parse_class_count
 from coreserve.protocol.shared_memory import (
     OutputInSharedMemory,
+    SharedMemoryReference,
     SharedMemoryRegions,
     output_target,
     read_input,
@@ -190,12 +191,39 @@ def decode_model_infer_request(
                 f"in request. ({detail})"
             )
         raise InvalidArgumentError(detail)
+    try:
+        inputs = _decode_inputs(message, regions, raw, in_shared_memory)
+    except RequestMismatchError as exc:  # Triton names the request in these
+        raise RequestMismatchError(with_request_id(message.id, exc.message)) from None
+    parameters = {key: parameter_value(value) for key, value in message.parameters.items()}
+    class_counts = {}
+    for output in message.outputs:
+        if CLASSIFICATION in output.parameters:
+            class_counts[output.name] = _class_count(output.parameters[CLASSIFICATION], output.name)
+    return InferenceRequest(
+        model_name=message.model_name,
+        model_version=message.model_version,
+        id=message.id,
+        inputs=inputs,
+        parameters=parameters,
+        requested_outputs=tuple(output.name for output in message.outputs) or None,
+        class_counts=class_counts or None,
+    )
+
+
+def _decode_inputs(
+    message: pb.ModelInferRequest,
+    regions: SharedMemoryRegions | None,
+    raw: Sequence[bytes | memoryview],
+    in_shared_memory: Mapping[str, SharedMemoryReference],
+) -> dict[str, np.ndarray]:
+    """The input arrays of a ModelInferRequest, from shared memory, raw contents or contents."""
     inputs: dict[str, np.ndarray] = {}
     index = 0
     for tensor in message.inputs:
         name = tensor.name
         if name in inputs:
-            raise InvalidArgumentError(f"input '{name}' already exists in request")
+            raise RequestMismatchError(f"input '{name}' already exists in request")
         datatype = parse_datatype(tensor.datatype, name)
         shape = check_shape(tuple(tensor.shape), name)
         reference = in_shared_memory.get(name)
@@ -211,20 +239,7 @@ def decode_model_infer_request(
             index += 1
         else:
             inputs[name] = _array_from_contents(tensor, datatype, shape)
-    parameters = {key: parameter_value(value) for key, value in message.parameters.items()}
-    class_counts = {}
-    for output in message.outputs:
-        if CLASSIFICATION in output.parameters:
-            class_counts[output.name] = _class_count(output.parameters[CLASSIFICATION], output.name)
-    return InferenceRequest(
-        model_name=message.model_name,
-        model_version=message.model_version,
-        id=message.id,
-        inputs=inputs,
-        parameters=parameters,
-        requested_outputs=tuple(output.name for output in message.outputs) or None,
-        class_counts=class_counts or None,
-    )
+    return inputs
 
 
 def _class_count(parameter: pb.InferParameter, output_name: str) -> int:

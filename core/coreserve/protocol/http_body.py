@@ -14,7 +14,7 @@ import numpy as np
 import orjson
 
 from coreserve.config.signature import TensorSpec
-from coreserve.errors import InvalidArgumentError
+from coreserve.errors import InvalidArgumentError, RequestMismatchError, with_request_id
 from coreserve.protocol.classification import PARAMETER as CLASSIFICATION
 from coreserve.protocol.classification import parse_class_count
 from coreserve.protocol.shared_memory import (
@@ -52,41 +52,18 @@ class OutputEncoding:
         return self.binary.get(name, self.binary_by_default)
 
 
-def decode_infer_request(
-    body: bytes,
-    header_length: int | None,
-    model_name: str,
-    model_version: str,
-    regions: SharedMemoryRegions | None = None,
-) -> tuple[InferenceRequest, OutputEncoding]:
-    """Decodes a JSON (+ binary) inference request body; `regions` serves shared-memory tensors."""
-    view = memoryview(body)
-    if header_length is None:
-        header, binary = view, view[len(view) :]
-    else:
-        if not 0 < header_length <= len(view):
-            raise InvalidArgumentError(
-                f"{HEADER_LENGTH} is {header_length}, but the body holds {len(view)} bytes"
-            )
-        header, binary = view[:header_length], view[header_length:]
-    try:
-        document = orjson.loads(header)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidArgumentError(f"malformed JSON in the request body: {exc}") from None
-    if not isinstance(document, dict):
-        raise InvalidArgumentError("the request body must be a JSON object")
-
-    inputs_json = document.get("inputs")
-    if not isinstance(inputs_json, list):
-        raise InvalidArgumentError("the request needs 'inputs': a list of input tensors")
-    inputs = {}
+def _decode_inputs(
+    inputs_json: list[Any], binary: memoryview, model_name: str, regions: SharedMemoryRegions | None
+) -> dict[str, np.ndarray]:
+    """The input arrays of a request body: from JSON data, the binary part, or shared memory."""
+    inputs: dict[str, np.ndarray] = {}
     offset = 0
     for item in inputs_json:
         if not isinstance(item, dict) or not isinstance(item.get("name"), str):
             raise InvalidArgumentError("every input needs a 'name' string")
         name = item["name"]
         if name in inputs:
-            raise InvalidArgumentError(f"input '{name}' already exists in request")
+            raise RequestMismatchError(f"input '{name}' already exists in request")
         datatype = parse_datatype(item.get("datatype"), name)
         shape = parse_shape(item.get("shape"), name)
         parameters = parse_parameters(item.get("parameters"), f"input '{name}'")
@@ -114,13 +91,47 @@ def decode_infer_request(
         raise InvalidArgumentError(
             f"the body holds {len(binary) - offset} bytes of binary data that no input claims"
         )
+    return inputs
+
+
+def decode_infer_request(
+    body: bytes,
+    header_length: int | None,
+    model_name: str,
+    model_version: str,
+    regions: SharedMemoryRegions | None = None,
+) -> tuple[InferenceRequest, OutputEncoding]:
+    """Decodes a JSON (+ binary) inference request body; `regions` serves shared-memory tensors."""
+    view = memoryview(body)
+    if header_length is None:
+        header, binary = view, view[len(view) :]
+    else:
+        if not 0 < header_length <= len(view):
+            raise InvalidArgumentError(
+                f"{HEADER_LENGTH} is {header_length}, but the body holds {len(view)} bytes"
+            )
+        header, binary = view[:header_length], view[header_length:]
+    try:
+        document = orjson.loads(header)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidArgumentError(f"malformed JSON in the request body: {exc}") from None
+    if not isinstance(document, dict):
+        raise InvalidArgumentError("the request body must be a JSON object")
+
+    request_id = document.get("id", "")
+    if not isinstance(request_id, str):
+        raise InvalidArgumentError("request 'id' must be a string")
+    inputs_json = document.get("inputs")
+    if not isinstance(inputs_json, list):
+        raise InvalidArgumentError("the request needs 'inputs': a list of input tensors")
+    try:
+        inputs = _decode_inputs(inputs_json, binary, model_name, regions)
+    except RequestMismatchError as exc:  # Triton names the request in these
+        raise RequestMismatchError(with_request_id(request_id, exc.message)) from None
 
     parameters = parse_parameters(document.get("parameters"), "the request")
     encoding = OutputEncoding(binary_by_default=parameters.pop("binary_data_output", False) is True)
     requested = _requested_outputs(document.get("outputs"), encoding, regions)
-    request_id = document.get("id", "")
-    if not isinstance(request_id, str):
-        raise InvalidArgumentError("request 'id' must be a string")
     request = InferenceRequest(
         model_name=model_name,
         model_version=model_version,

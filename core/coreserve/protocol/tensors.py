@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from coreserve.errors import InvalidArgumentError
+from coreserve.errors import InvalidArgumentError, RequestMismatchError
 from coreserve.protocol.bytes_codec import decode_bytes_tensor, encode_bytes_tensor
 from coreserve.types import NUMPY_DTYPES, DataType
 
@@ -167,7 +167,7 @@ def array_from_bytes(
     expected = count * dtype.itemsize
     if len(buffer) != expected:
         for_model = f" for model '{model}'" if model else ""
-        raise InvalidArgumentError(
+        raise RequestMismatchError(
             f"input byte size mismatch for input '{name}'{for_model}. Expected {expected}, got "
             f"{len(buffer)} ({count} {datatype} elements of shape {list(shape)})"
         )

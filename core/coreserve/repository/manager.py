@@ -25,7 +25,13 @@ import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
-from coreserve.errors import CoreserveError, InvalidArgumentError, NotFoundError, UnsupportedError
+from coreserve.errors import (
+    CoreserveError,
+    InternalError,
+    InvalidArgumentError,
+    NotFoundError,
+    UnsupportedError,
+)
 from coreserve.repository.layout import ModelLocation, ensemble_steps
 from coreserve.repository.loader import ModelLoader
 from coreserve.repository.model import Model, ModelState
@@ -356,7 +362,7 @@ class ModelRepository:
         # Under namespacing, as Triton: a name unloads the models of that name in every repository.
         keys = [key for key, model in self._models.items() if key == name or model.name == name]
         if not keys:
-            raise NotFoundError(f"unknown model '{name}'")
+            return  # Triton answers success: a model that is not loaded is unloaded already
         if dependents:
             for key, other in list(self._models.items()):
                 if (
@@ -418,8 +424,9 @@ class ModelRepository:
         return entries
 
 
-def _not_in_repository(name: str) -> NotFoundError:
-    return NotFoundError(
+def _not_in_repository(name: str) -> InternalError:
+    # Triton 2.51 answers this with INTERNAL (HTTP 500), and clients may check for it.
+    return InternalError(
         f"failed to load '{name}', failed to poll from model repository: "
         f"model '{name}' is not in the repository"
     )

@@ -103,7 +103,8 @@ class Model:
                     f"version {v.version}: {v.current_reason or v.current_state}"
                     for v in self.versions.values()
                 )
-                raise UnavailableError(
+                # NOT_FOUND, as Triton 2.51 (HTTP 404); one version not ready is UNAVAILABLE.
+                raise NotFoundError(
                     f"Request for unknown model: '{self.name}' has no available versions "
                     f"({reason or 'no versions loaded'})"
                 )

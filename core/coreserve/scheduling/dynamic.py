@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from coreserve.backend.api import ModelInstance
 from coreserve.config.signature import ModelSignature
-from coreserve.errors import InvalidArgumentError, UnavailableError
+from coreserve.errors import InvalidArgumentError, UnavailableError, with_request_id
 from coreserve.protos.model_config_pb2 import ModelDynamicBatching, ModelQueuePolicy
 from coreserve.scheduling.ordering import OrderedRelease
 from coreserve.scheduling.scheduler import Scheduler
@@ -57,9 +57,12 @@ class QueuePolicy:
         return min(requested, self.timeout_us) if self.timeout_us else requested
 
 
-def shape_key(request: InferenceRequest) -> ShapeKey:
-    """What must be equal for two requests to share a batch: input names and non-batch shapes."""
-    return tuple(sorted((name, array.shape[1:]) for name, array in request.inputs.items()))
+def shape_key(request: InferenceRequest, ragged: frozenset[str] = frozenset()) -> ShapeKey:
+    """What must be equal for two requests to share a batch: input names and non-batch shapes
+    (of a `ragged` input only the name: the model takes the batch's elements flat)."""
+    return tuple(
+        sorted((name, () if name in ragged else array.shape[1:]) for name, array in request.inputs.items())
+    )
 
 
 class DynamicBatcher(Scheduler):
@@ -116,8 +119,10 @@ class DynamicBatcher(Scheduler):
         queue = self._queues[level - 1]
         if policy.max_queue_size and len(queue) >= policy.max_queue_size:
             self.statistics.record_failure(request, "REJECTED")
+            # Triton's words first (core's PriorityQueue), then which queue.
             raise UnavailableError(
-                f"model '{self.signature.model_name}': the queue of priority level {level} is full "
+                with_request_id(request.id, "Exceeds maximum queue size")
+                + f": model '{self.signature.model_name}': the queue of priority level {level} is full "
                 f"(max_queue_size {policy.max_queue_size}); try again later"
             )
         timeout_us = policy.timeout_for(request)
@@ -175,11 +180,13 @@ class DynamicBatcher(Scheduler):
         queue = self._first_queue()
         if queue is None:
             return None, [], False
-        key = shape_key(queue[0])
+        ragged = self.signature.ragged_inputs
+        key = shape_key(queue[0], ragged)
         sizes: list[int] = []
         size = 0
         for request in queue:
-            if sizes and (shape_key(request) != key or size + request.batch_size > self._max_batch_size):
+            too_big = size + request.batch_size > self._max_batch_size
+            if sizes and (shape_key(request, ragged) != key or too_big):
                 return queue, sizes, True
             size += request.batch_size
             sizes.append(size)

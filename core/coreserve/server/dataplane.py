@@ -17,8 +17,10 @@ from coreserve.errors import (
     CoreserveError,
     InvalidArgumentError,
     NotFoundError,
+    RequestMismatchError,
     UnavailableError,
     UnsupportedError,
+    with_request_id,
 )
 from coreserve.protocol.classification import ClassifyingSink, check_classifiable
 from coreserve.repository import Model, ModelRepository, ModelVersion, parse_load_parameters
@@ -176,8 +178,10 @@ class DataPlane:
             model_version.signature.check_request(request)
             if request.class_counts:
                 sink = _classifying(model_version, request.class_counts, sink)
-        except CoreserveError:
+        except CoreserveError as exc:
             model_version.statistics.record_failure(request, "OTHER")
+            if isinstance(exc, RequestMismatchError):
+                raise RequestMismatchError(with_request_id(request.id, exc.message)) from None
             raise
         request.sink = sink
         if self.tracer.active:
@@ -244,16 +248,21 @@ class DataPlane:
         """Statistics of every model, of one model's versions, or of one version."""
         if not name:
             versions = [v for model in self.repository.models() for v in _by_number(model)]
-        elif version:
+            return {"model_stats": [v.statistics.as_dict() for v in versions]}
+        # INVALID_ARG (HTTP 400) for an unknown model or version, as Triton 2.51 answers here.
+        try:
             model = self.repository.get(name)
+        except NotFoundError as exc:
+            raise InvalidArgumentError(f"requested model '{name}' is not available ({exc.message})") from None
+        if version:
             number = parse_version(version)
             if number not in model.versions:
-                raise NotFoundError(
+                raise InvalidArgumentError(
                     f"requested model version is not available for model '{name}' (no version {number})"
                 )
             versions = [model.versions[number]]
         else:
-            versions = _by_number(self.repository.get(name))
+            versions = _by_number(model)
         return {"model_stats": [v.statistics.as_dict() for v in versions]}
 
     async def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:

@@ -230,7 +230,7 @@ def test_initialize_failure_makes_the_model_unavailable(client: httpclient.Infer
     assert not client.is_model_ready("broken_init")
     with pytest.raises(InferenceServerException) as info:
         client.get_model_metadata("broken_init")
-    assert info.value.status() == "503"
+    assert info.value.status() == "404"
     assert "RuntimeError: the weights file is missing" in info.value.message()
     assert "Traceback" in info.value.message()
 

@@ -62,7 +62,7 @@ def test_plan_is_unavailable_with_a_reason_and_others_serve(
     try:
         with pytest.raises(InferenceServerException) as info:
             client.get_model_metadata("engine")
-        assert info.value.status() == "503" and _expected_reason() in info.value.message()
+        assert info.value.status() == "404" and _expected_reason() in info.value.message()
         assert client.is_model_ready("add_sub")
     finally:
         client.close()

@@ -189,4 +189,4 @@ def test_unavailable_models_say_why(
 ) -> None:
     with pytest.raises(InferenceServerException) as info:
         client.get_model_metadata(model)
-    assert info.value.status() == "503" and reason in info.value.message()
+    assert info.value.status() == "404" and reason in info.value.message()
