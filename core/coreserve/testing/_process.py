@@ -1,12 +1,4 @@
-"""A test kit for coreserve and for backend authors: real server processes on free loopback ports.
-
-Use it from pytest with `pytest_plugins = ["coreserve.testing"]`; the `coreserve_server`
-fixture starts servers that stop when the test ends::
-
-    def test_my_backend(coreserve_server, tmp_path):
-        server = coreserve_server(tmp_path / "models")
-        client = tritonclient.http.InferenceServerClient(server.http_url)
-"""
+"""Real `coreserve` processes on free loopback ports, and the `coreserve_server` fixture."""
 
 from __future__ import annotations
 
