@@ -121,3 +121,43 @@ def accumulator_model(corrid: str = "UINT64") -> onnx.ModelProto:
         ],
         [one],
     )
+
+
+def ragged_sum_model() -> onnx.ModelProto:
+    """A BERT-style model without padding: INPUT is every request's elements concatenated (FP32,
+    1-D) and INDEX the accumulated element count after each request (INT32, one per request).
+
+    SUM[i] = the sum of request i's elements ([requests, 1]); DOUBLED = 2 * INPUT, flat (for a
+    batch_output that scatters it back in the shape of each request's INPUT).
+    """
+    nodes = [
+        helper.make_node("CumSum", ["INPUT", "axis"], ["running"]),
+        helper.make_node("Concat", ["zero", "running"], ["running0"], axis=0),
+        helper.make_node("Cast", ["INDEX"], ["index"], to=TensorProto.INT64),
+        helper.make_node("Gather", ["running0", "index"], ["upto"], axis=0),
+        helper.make_node("Slice", ["upto", "first", "last"], ["upto_before"]),
+        helper.make_node("Concat", ["zero", "upto_before"], ["before"], axis=0),
+        helper.make_node("Sub", ["upto", "before"], ["sums"]),
+        helper.make_node("Unsqueeze", ["sums", "column"], ["SUM"]),
+        helper.make_node("Mul", ["INPUT", "two"], ["DOUBLED"]),
+    ]
+    constants = [
+        numpy_helper.from_array(np.array(0, np.int64), "axis"),
+        numpy_helper.from_array(np.zeros(1, np.float32), "zero"),
+        numpy_helper.from_array(np.array([0], np.int64), "first"),
+        numpy_helper.from_array(np.array([-1], np.int64), "last"),
+        numpy_helper.from_array(np.array([1], np.int64), "column"),
+        numpy_helper.from_array(np.array(2, np.float32), "two"),
+    ]
+    return onnx_model(
+        nodes,
+        [
+            helper.make_tensor_value_info("INPUT", TensorProto.FLOAT, ["elements"]),
+            helper.make_tensor_value_info("INDEX", TensorProto.INT32, ["requests"]),
+        ],
+        [
+            helper.make_tensor_value_info("SUM", TensorProto.FLOAT, ["requests", 1]),
+            helper.make_tensor_value_info("DOUBLED", TensorProto.FLOAT, ["elements"]),
+        ],
+        constants,
+    )

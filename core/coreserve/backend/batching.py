@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from coreserve.backend.ragged import is_ragged, merge_ragged, split_ragged
 from coreserve.backend.responder import Responder
 from coreserve.backend.threads import InstanceThread
 from coreserve.errors import CoreserveError, InternalError
@@ -31,7 +32,9 @@ async def run_batched(
     """Runs `infer(inputs, output_names)` once for the whole batch and answers each request.
 
     Inputs are concatenated along the batch dimension (a batch of one is passed as is);
-    each request then gets its own rows of every output it asked for. A blocking `infer`
+    each request then gets its own rows of every output it asked for. A model configured for
+    ragged batching gets its ragged inputs flat and its batch inputs, and each request its part
+    of the batch outputs (see `coreserve.backend.ragged`). A blocking `infer`
     runs through the instance's `thread`; without one it runs inline. `convert_input`
     adapts one request's input for the framework; if it raises, only that request fails.
     """
@@ -40,7 +43,11 @@ async def run_batched(
         if not requests:
             return
     signature = responder.signature
-    inputs = requests[0].inputs if len(requests) == 1 else _concatenate(requests)
+    ragged = is_ragged(signature)
+    if ragged:
+        inputs = merge_ragged(requests, signature)
+    else:
+        inputs = requests[0].inputs if len(requests) == 1 else _concatenate(requests)
     output_names = _output_names(requests, list(signature.model_outputs))
     responder.mark_inputs_ready()
     try:
@@ -56,6 +63,15 @@ async def run_batched(
         )
         return
     responder.mark_infer_done()
+    if ragged:
+        try:
+            parts = split_ragged(outputs, requests, signature)
+        except CoreserveError as exc:
+            responder.fail_open_requests(exc)
+            return
+        for request, part in zip(requests, parts, strict=True):
+            responder.send(request, part)
+        return
     if len(requests) == 1:
         responder.send(requests[0], outputs)
         return

@@ -127,6 +127,11 @@ def _check_tensor(
     dims = list(spec.reshape if spec.reshape is not None else spec.dims)
     expected = [-1, *dims] if signature.batching else dims
     actual = list(tensor.dims)
+    if any(spec.name in batch_input.target_name for batch_input in signature.batch_inputs):
+        return  # a batch_input: its shape follows the batch (e.g. [requests], [items, rank])
+    scattered = any(spec.name in batch_output.target_name for batch_output in signature.batch_outputs)
+    if scattered or spec.name in signature.ragged_inputs:
+        expected = [-1]  # the whole batch, flat (Triton's ragged layout)
     if signature.batching and (not actual or actual[0] != -1):
         raise ModelConfigError(
             f"{where}: max_batch_size is {signature.max_batch_size}, so {framework}'s first dimension "

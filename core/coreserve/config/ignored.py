@@ -12,8 +12,6 @@ from coreserve.protos.model_config_pb2 import ModelConfig
 def ignored_fields(config: ModelConfig) -> list[str]:
     """The fields `config` sets that coreserve ignores."""
     ignored = []
-    if config.batch_input or config.batch_output:
-        ignored.append("batch_input/batch_output")
     if config.model_repository_agents.agents:
         ignored.append("model_repository_agents")
     if config.HasField("sequence_batching"):

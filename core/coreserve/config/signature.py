@@ -82,6 +82,10 @@ def _internal_tensors(config: ModelConfig) -> tuple[dict[str, TensorSpec], dict[
             datatype = DataType.from_config_value(state.data_type)
             inputs[state.input_name] = TensorSpec(state.input_name, datatype, tuple(state.dims))
             outputs[state.output_name] = TensorSpec(state.output_name, datatype, tuple(state.dims))
+    for batch_input in config.batch_input:  # ragged batching: counts and shapes of the batch
+        datatype = DataType.from_config_value(batch_input.data_type)
+        for name in batch_input.target_name:
+            inputs[name] = TensorSpec(name, datatype, (-1,))
     return inputs, outputs
 
 
@@ -102,6 +106,11 @@ class ModelSignature:
         self.internal_inputs, self.internal_outputs = _internal_tensors(config)
         self.model_inputs = {**self.inputs, **self.internal_inputs}
         self.model_outputs = {**self.outputs, **self.internal_outputs}
+        # Ragged batching (coreserve/backend/ragged.py): inputs the model takes flat, the
+        # batch_input tensors the server makes and the batch_output tensors it scatters.
+        self.ragged_inputs = frozenset(t.name for t in config.input if t.allow_ragged_batch)
+        self.batch_inputs = tuple(config.batch_input)
+        self.batch_outputs = tuple(config.batch_output)
         self._required = tuple(name for name, spec in self.inputs.items() if not spec.optional)
         self._output_reshapes = {
             name: spec.dims for name, spec in self.outputs.items() if spec.reshape is not None

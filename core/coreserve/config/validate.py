@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from coreserve.config.batch_io import check_batch_io
 from coreserve.errors import ModelConfigError
 from coreserve.protos.model_config_pb2 import (
     DataType,
@@ -40,6 +41,7 @@ def _first_problem(config: ModelConfig) -> str | None:
         _check_sequence_batching(config),
         _check_ensemble(config),
         _check_response_cache(config),
+        check_batch_io(config),
     )
     return next((problem for problem in checks if problem is not None), None)
 

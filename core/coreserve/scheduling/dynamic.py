@@ -57,9 +57,12 @@ class QueuePolicy:
         return min(requested, self.timeout_us) if self.timeout_us else requested
 
 
-def shape_key(request: InferenceRequest) -> ShapeKey:
-    """What must be equal for two requests to share a batch: input names and non-batch shapes."""
-    return tuple(sorted((name, array.shape[1:]) for name, array in request.inputs.items()))
+def shape_key(request: InferenceRequest, ragged: frozenset[str] = frozenset()) -> ShapeKey:
+    """What must be equal for two requests to share a batch: input names and non-batch shapes
+    (of a `ragged` input only the name: the model takes the batch's elements flat)."""
+    return tuple(
+        sorted((name, () if name in ragged else array.shape[1:]) for name, array in request.inputs.items())
+    )
 
 
 class DynamicBatcher(Scheduler):
@@ -177,11 +180,13 @@ class DynamicBatcher(Scheduler):
         queue = self._first_queue()
         if queue is None:
             return None, [], False
-        key = shape_key(queue[0])
+        ragged = self.signature.ragged_inputs
+        key = shape_key(queue[0], ragged)
         sizes: list[int] = []
         size = 0
         for request in queue:
-            if sizes and (shape_key(request) != key or size + request.batch_size > self._max_batch_size):
+            too_big = size + request.batch_size > self._max_batch_size
+            if sizes and (shape_key(request, ragged) != key or too_big):
                 return queue, sizes, True
             size += request.batch_size
             sizes.append(size)
