@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -70,3 +72,40 @@ def test_read_chunk_takes_the_text_and_the_counts_where_given() -> None:
     }
     chunk = read_chunk(InferenceResponse(model_name="lm", model_version="1", outputs=outputs))
     assert (chunk.text, chunk.input_tokens, chunk.output_tokens) == ("héllo", None, 2)
+
+
+# The inputs of Triton's vLLM backend model (its model.json aside).
+VLLM_CONFIG = """
+name: "vllm_model"
+backend: "python"
+max_batch_size: 0
+model_transaction_policy { decoupled: true }
+input [
+  { name: "text_input" data_type: TYPE_STRING dims: [ 1 ] },
+  { name: "stream" data_type: TYPE_BOOL dims: [ 1 ] optional: true },
+  { name: "sampling_parameters" data_type: TYPE_STRING dims: [ 1 ] optional: true },
+  { name: "exclude_input_in_output" data_type: TYPE_BOOL dims: [ 1 ] optional: true },
+  { name: "return_num_input_tokens" data_type: TYPE_BOOL dims: [ 1 ] optional: true },
+  { name: "return_num_output_tokens" data_type: TYPE_BOOL dims: [ 1 ] optional: true }
+]
+output [
+  { name: "text_output" data_type: TYPE_STRING dims: [ -1 ] },
+  { name: "num_input_tokens" data_type: TYPE_UINT32 dims: [ 1 ] },
+  { name: "num_output_tokens" data_type: TYPE_UINT32 dims: [ 1 ] }
+]
+"""
+
+
+def test_a_vllm_shaped_model_gets_its_options_as_sampling_parameters() -> None:
+    signature = ModelSignature(parse_config(VLLM_CONFIG))
+    options = {"max_tokens": 7, "temperature": 0.2, "stop": ["\n"], "sampling_parameters": "sneaky"}
+    inputs = generation_inputs("vllm_model", signature, "Hi", options, stream=True).inputs
+    assert json.loads(inputs["sampling_parameters"][0]) == options  # a client's own key is one option more
+    assert {
+        name: inputs[name].tolist() for name in inputs if name not in ("text_input", "sampling_parameters")
+    } == {
+        "stream": [True],
+        "exclude_input_in_output": [True],
+        "return_num_input_tokens": [True],
+        "return_num_output_tokens": [True],
+    }

@@ -4,13 +4,18 @@ A model serves completions as Triton's OpenAI frontend expects: a `text_input` (
 and a `text_output` (BYTES) output. Each sampling option (`max_tokens`, `temperature`, `top_p`,
 `stop`, `seed`…) goes to the input of the same name, in that input's datatype and dims, as the
 model's configuration declares it; an option the model has no input for is refused (400),
-never dropped. A model with a BOOL `stream` input is told whether the client streams. Usage
-is read from `num_input_tokens` and `num_output_tokens` outputs where the model has them (the
-vLLM backend's names); decoupled models send one response per chunk of text.
+never dropped, unless the model takes a BYTES `sampling_parameters` input: then, as Triton's
+frontend does for vLLM models, the options it has no input for travel there as one JSON object.
+A model with a BOOL `stream` input is told whether the client streams, and the vLLM backend's
+BOOL inputs `exclude_input_in_output`, `return_num_input_tokens` and `return_num_output_tokens`
+are set to true where a model has them. Usage is read from `num_input_tokens` and
+`num_output_tokens` outputs (the vLLM backend's names); decoupled models send one response per
+chunk of text.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -30,8 +35,11 @@ STREAM_INPUT = "stream"
 INPUT_TOKENS = "num_input_tokens"
 OUTPUT_TOKENS = "num_output_tokens"
 EMBEDDING_OUTPUT = "embedding"
+SAMPLING_PARAMETERS = "sampling_parameters"
+# The vLLM backend's switches, all set to true: the answer without the prompt, with its counts.
+_TRUE_SWITCHES = ("exclude_input_in_output", "return_num_input_tokens", "return_num_output_tokens")
 # Inputs the frontend fills itself: an option of one of these names is not the model's to take.
-_FRONTEND_INPUTS = (TEXT_INPUT, STREAM_INPUT)
+_FRONTEND_INPUTS = (TEXT_INPUT, STREAM_INPUT, SAMPLING_PARAMETERS, *_TRUE_SWITCHES)
 
 
 def check_text_model(name: str, signature: ModelSignature) -> None:
@@ -55,19 +63,29 @@ def generation_inputs(
     check_text_model(name, signature)
     batching = signature.batching
     inputs = {TEXT_INPUT: _tensor(TEXT_INPUT, prompt, signature.inputs[TEXT_INPUT], batching)}
-    stream_spec = signature.inputs.get(STREAM_INPUT)
-    if stream_spec is not None and stream_spec.datatype is DataType.BOOL:
-        inputs[STREAM_INPUT] = _tensor(STREAM_INPUT, stream, stream_spec, batching)
+    for switch, on in ((STREAM_INPUT, stream), *((switch, True) for switch in _TRUE_SWITCHES)):
+        spec = signature.inputs.get(switch)
+        if spec is not None and spec.datatype is DataType.BOOL:
+            inputs[switch] = _tensor(switch, on, spec, batching)
+    sampling = signature.inputs.get(SAMPLING_PARAMETERS)
+    if sampling is not None and sampling.datatype is not DataType.BYTES:
+        sampling = None
+    rest = {}  # the options that travel in sampling_parameters
     for key, value in options.items():
-        spec = signature.inputs.get(key)
-        if spec is None or key in _FRONTEND_INPUTS:
+        spec = None if key in _FRONTEND_INPUTS else signature.inputs.get(key)
+        if spec is not None:
+            inputs[key] = _tensor(key, value, spec, batching)
+        elif sampling is not None:
+            rest[key] = value
+        else:
             takes = sorted(k for k in signature.inputs if k not in _FRONTEND_INPUTS)
             raise OptionError(
                 key,
                 f"model '{name}' does not support option '{key}' (the options it takes: "
                 f"{', '.join(takes) or 'none'})",
             )
-        inputs[key] = _tensor(key, value, spec, batching)
+    if sampling is not None:
+        inputs[SAMPLING_PARAMETERS] = _tensor(SAMPLING_PARAMETERS, json.dumps(rest), sampling, batching)
     return InferenceRequest(model_name=name, inputs=inputs)
 
 
