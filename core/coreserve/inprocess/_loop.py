@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import queue
 import threading
-from collections.abc import Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+_END = object()  # after the last item of an iterator handed across
 
 
 def _new_loop() -> asyncio.AbstractEventLoop:
@@ -69,6 +71,39 @@ class LoopThread:
             )
         return wait(self.submit(work))
 
+    async def call(self, work: Coroutine[Any, Any, T]) -> T:
+        """Awaits, on the caller's event loop, `work` run on this loop; cancelling cancels it."""
+        return await asyncio.wrap_future(self.submit(work))
+
+    async def across(self, items: AsyncIterator[T]) -> AsyncIterator[T]:
+        """Iterates, on the caller's event loop, an async iterator that runs on this loop.
+
+        Leaving early (break, cancellation) stops the iterator on this loop, whose cleanup
+        then runs there (a request's stream cancels its request).
+        """
+        caller = asyncio.get_running_loop()
+        received: asyncio.Queue[object] = asyncio.Queue()
+        pump = self.submit(_pump(items, lambda item: caller.call_soon_threadsafe(received.put_nowait, item)))
+        try:
+            while (item := await received.get()) is not _END:
+                if isinstance(item, BaseException):
+                    raise item
+                yield item  # type: ignore[misc]  # what `items` yielded
+        finally:
+            pump.cancel()  # nothing once the iterator ended
+
+    def iterate(self, items: AsyncIterator[T]) -> Iterator[T]:
+        """`across` for a thread without an event loop: a blocking iterator."""
+        received: queue.SimpleQueue[object] = queue.SimpleQueue()
+        pump = self.submit(_pump(items, received.put))
+        try:
+            while (item := received.get()) is not _END:
+                if isinstance(item, BaseException):
+                    raise item
+                yield item  # type: ignore[misc]
+        finally:
+            pump.cancel()
+
     def stop(self) -> None:
         """Stops the loop once what runs on it returns, joins the thread and closes the loop."""
         if self._thread.is_alive():
@@ -78,6 +113,21 @@ class LoopThread:
             self._thread.join()
         if not self.loop.is_closed():
             self.loop.close()
+
+
+async def _pump(items: AsyncIterator[Any], deliver: Callable[[object], object]) -> None:
+    """Hands each item to `deliver` (which passes it to another thread), then `_END` or the error."""
+    try:
+        async for item in items:
+            deliver(item)
+    except Exception as exc:  # raised again in the caller's thread
+        deliver(exc)
+        return
+    finally:
+        aclose = getattr(items, "aclose", None)
+        if aclose is not None:  # a generator left early runs its cleanup here, on its own loop
+            await aclose()
+    deliver(_END)
 
 
 def wait(future: concurrent.futures.Future[T]) -> T:

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import logging
-import queue
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -15,9 +12,6 @@ from coreserve.types import InferenceRequest, InferenceResponse, ParameterValue
 
 if TYPE_CHECKING:
     from coreserve.server.dataplane import DataPlane
-
-logger = logging.getLogger(__name__)
-_END = object()  # after the last response of a stream
 
 
 class Model:
@@ -94,7 +88,7 @@ class Model:
     ) -> InferenceResponse:
         """`infer` for async callers, on any event loop: cancelling the await cancels the request."""
         request = self._request(inputs, outputs, request_id, parameters)
-        return await asyncio.wrap_future(self._loop.submit(self._infer(request)))
+        return await self._loop.call(self._infer(request))
 
     def stream(
         self,
@@ -109,16 +103,7 @@ class Model:
         Arguments as for `infer`. Leaving the loop early cancels the request.
         """
         request = self._request(inputs, outputs, request_id, parameters)
-        received: queue.SimpleQueue[object] = queue.SimpleQueue()
-        pump = self._loop.submit(self._pump(request, received.put))
-        try:
-            while (item := received.get()) is not _END:
-                if isinstance(item, BaseException):
-                    raise item
-                assert isinstance(item, InferenceResponse)
-                yield item
-        finally:
-            pump.cancel()  # no-op once the stream ended; otherwise the request is cancelled
+        return self._loop.iterate(self._dataplane.stream(request))
 
     async def async_stream(
         self,
@@ -130,21 +115,8 @@ class Model:
     ) -> AsyncIterator[InferenceResponse]:
         """`stream` for async callers: `async for response in model.async_stream(inputs)`."""
         request = self._request(inputs, outputs, request_id, parameters)
-        caller = asyncio.get_running_loop()
-        received: asyncio.Queue[object] = asyncio.Queue()
-
-        def deliver(item: object) -> None:
-            caller.call_soon_threadsafe(received.put_nowait, item)
-
-        pump = self._loop.submit(self._pump(request, deliver))
-        try:
-            while (item := await received.get()) is not _END:
-                if isinstance(item, BaseException):
-                    raise item
-                assert isinstance(item, InferenceResponse)
-                yield item
-        finally:
-            pump.cancel()
+        async for response in self._loop.across(self._dataplane.stream(request)):
+            yield response
 
     # On the server's loop.
 
@@ -168,16 +140,6 @@ class Model:
         return await self._dataplane.infer(
             request, endpoint="Model.infer", instead="Model.stream or Model.async_stream"
         )
-
-    async def _pump(self, request: InferenceRequest, deliver: Callable[[object], None]) -> None:
-        """Hands each response of a request to `deliver` (another thread's), then `_END` or the error."""
-        try:
-            async for response in self._dataplane.stream(request):
-                deliver(response)
-        except Exception as exc:  # the caller raises it in its own thread
-            deliver(exc)
-            return
-        deliver(_END)
 
     @staticmethod
     async def _on_loop(call: Callable[..., Any], *args: Any) -> Any:

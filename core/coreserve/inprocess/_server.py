@@ -11,10 +11,13 @@ from typing import Any, TypeVar
 
 from coreserve.backend.plugins import Plugins
 from coreserve.errors import InvalidArgumentError
+from coreserve.inprocess._http import HttpBridge
 from coreserve.inprocess._loop import LoopThread
 from coreserve.inprocess._model import Model
 from coreserve.repository import ControlMode
 from coreserve.server import ServerOptions, ServerRuntime
+from coreserve.server.http import HttpFrontend
+from coreserve.server.restrictions import ApiRestrictions
 
 T = TypeVar("T")
 FRONTENDS = ("grpc", "http", "metrics")
@@ -67,6 +70,7 @@ class Server:
         )
         self._plugins = list(plugins)
         self._loop: LoopThread | None = None
+        self._http: HttpFrontend | None = None  # the routes http_bridge() answers with
         self._runtime: ServerRuntime | None = None
         self._stopped = False
 
@@ -104,6 +108,8 @@ class Server:
         if self._loop is None:
             return
         try:
+            if self._http is not None:
+                self._loop.run(self._http.stop())
             if self._runtime is not None:
                 self._loop.run(self._runtime.stop())
         finally:
@@ -175,6 +181,25 @@ class Server:
         """Server name, version and extensions: the v2 protocol's server metadata."""
         return self._started().dataplane.server_metadata()
 
+    def pending_requests(self) -> int:
+        """Requests queued or executing in every model: what an autoscaler watches.
+
+        The sum of the `nv_inference_pending_request_count` metric over the models.
+        """
+        return int(self._run(_call(self._started().dataplane.pending_requests)))
+
+    def http_bridge(self) -> HttpBridge:
+        """The v2 REST API of this server as a call, for an HTTP server that is not coreserve's.
+
+        Ray Serve's deployment (`coreserve.ray`) answers its proxy's requests with it: the same
+        routes, codecs, limits and error texts as the `http` frontend, without its socket.
+        """
+        runtime = self._started()
+        assert self._loop is not None
+        if self._http is None:
+            self._http = self._run(_call(lambda: _unbound_http_frontend(runtime)))
+        return HttpBridge(self._http, self._loop)
+
     @property
     def ports(self) -> dict[str, int]:
         """The ports the open frontends listen on, by frontend ("http", "grpc", "metrics")."""
@@ -210,6 +235,19 @@ async def _start(runtime: ServerRuntime) -> None:
 
 async def _call(function: Any) -> Any:
     return function()
+
+
+def _unbound_http_frontend(runtime: ServerRuntime) -> HttpFrontend:
+    """An HTTP frontend with the server's HTTP settings, whose socket server never starts."""
+    options = runtime.options
+    return HttpFrontend(
+        runtime.dataplane,
+        address=options.http_address,
+        port=options.http_port,
+        max_body_size=options.http_max_input_size,
+        limits=options.http_limits,
+        restrictions=ApiRestrictions(options.http_restricted_api),
+    )
 
 
 def _options(

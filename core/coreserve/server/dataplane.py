@@ -244,6 +244,15 @@ class DataPlane:
             if not sink.done:
                 request.cancel()
 
+    def pending_requests(self) -> int:
+        """Requests queued or executing in every model version: Triton's pending count, summed."""
+        return sum(
+            version.scheduler.pending
+            for model in self.repository.models()
+            for version in model.versions.values()
+            if version.scheduler is not None
+        )
+
     def statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
         """Statistics of every model, of one model's versions, or of one version."""
         if not name:

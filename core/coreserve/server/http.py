@@ -180,6 +180,10 @@ class HttpFrontend:
         for category, method, path, handler in routes:
             self._router.add(method, path, _handles_errors(handler, category, self._restrictions))
 
+    async def handle(self, request: HttpRequest) -> Response:
+        """Answers one request: for this frontend's own HTTP server, or another's (Ray Serve's proxy)."""
+        return await self._dispatch(request)
+
     async def _dispatch(self, request: HttpRequest) -> Response:
         handler = self._router.resolve(request)
         if handler is None:
