@@ -155,6 +155,23 @@ def test_oversized_prompts_and_bodies(address: str) -> None:
     assert status == 413 and "too large" in error["message"]
 
 
+def test_a_model_fault_is_a_500_or_an_error_event_logged_once(server: ServerProcess, address: str) -> None:
+    logged = len(server.log)
+    body = {"model": "charlm", "prompt": "x", "max_tokens": 10, "fail_after_tokens": 3}
+    status, error = _error(address, "/v1/completions", body)
+    assert (status, error["type"]) == (500, "server_error")
+    assert "charlm failed after 3 tokens, as asked" in error["message"]
+    # Streamed, the status went out with the first token: the error is an event, then [DONE].
+    data = json.dumps({**body, "stream": True}).encode()
+    status, _, reply = request(address, "POST", "/v1/completions", data, {"Content-Type": "application/json"})
+    events = [line[len("data: ") :] for line in reply.decode().splitlines() if line.startswith("data: ")]
+    assert status == 200 and events[-1] == "[DONE]"
+    assert "charlm failed after 3 tokens" in json.loads(events[-2])["error"]["message"]
+    assert "".join(json.loads(event)["choices"][0]["text"] for event in events[:-2]) != ""
+    lines = [line for line in server.log[logged:].splitlines() if "charlm failed after 3 tokens" in line]
+    assert len(lines) == 2 and all("OpenAI frontend:" in line for line in lines), lines
+
+
 def test_the_openai_client_reads_these_errors(server: ServerProcess) -> None:
     with openai.OpenAI(base_url=openai_url(server), api_key="unused", max_retries=0, timeout=60) as client:
         with pytest.raises(openai.NotFoundError) as missing:

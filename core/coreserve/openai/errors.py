@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import logging
+
 import orjson
 
 from coreserve.errors import CoreserveError, ErrorCode, InvalidArgumentError
 from coreserve.server.http import HTTP_STATUS
 from coreserve.server.http_wire import HttpResponse
 
+logger = logging.getLogger(__name__)
 # OpenAI's `type` for each status class it documents; the rest are server errors.
 _ERROR_TYPES = {
     400: "invalid_request_error",
@@ -53,9 +56,15 @@ def openai_error(
     return HttpResponse(status, orjson.dumps(body), "application/json")
 
 
-def error_answer(exc: CoreserveError) -> HttpResponse:
-    """The OpenAI-format answer to a domain error."""
+def error_answer(exc: CoreserveError, where: str) -> HttpResponse:
+    """The OpenAI-format answer to a domain error; a server fault (5xx) is logged, once, here.
+
+    `where` names the request in that log line.
+    """
     if isinstance(exc, ModelNotFound):
         return openai_error(404, exc.message, "model", "model_not_found")
+    status = HTTP_STATUS[exc.code]
+    if status >= 500:
+        logger.error("OpenAI frontend: %s failed: %s", where, exc.message)
     param = exc.param if isinstance(exc, OptionError) else None
-    return openai_error(HTTP_STATUS[exc.code], exc.message, param)
+    return openai_error(status, exc.message, param)

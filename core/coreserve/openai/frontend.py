@@ -48,7 +48,7 @@ def _answers_errors(handler: Handler) -> Handler:
         try:
             return await handler(request)
         except CoreserveError as exc:
-            return error_answer(exc)
+            return error_answer(exc, f"{request.method} {request.path}")
         except BodyTooLarge:
             return openai_error(413, "request body too large once decompressed")
 

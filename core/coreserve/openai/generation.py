@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
@@ -22,7 +21,6 @@ from coreserve.server.dataplane import DataPlane
 from coreserve.server.http_wire import HttpRequest, HttpResponse, Response, StreamedResponse
 from coreserve.types import InferenceRequest, InferenceResponse
 
-logger = logging.getLogger(__name__)
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 
 
@@ -137,7 +135,7 @@ class Generation:
             if include_usage:
                 yield answer.usage_chunk(usage)
         except CoreserveError as exc:  # the status is sent: the error travels as an event
-            yield event(_error_document(exc))
+            yield event(_error_document(exc, f"the streamed answer {answer.id} of model '{answer.model}'"))
         finally:
             await responses.aclose()  # a client that left cancels the request: see DataPlane.stream
             timing.done(usage)
@@ -150,8 +148,8 @@ async def _chunks(first: Chunk, responses: AsyncGenerator[InferenceResponse, Non
         yield read_chunk(response)
 
 
-def _error_document(exc: CoreserveError) -> dict[str, Any]:
-    document: dict[str, Any] = orjson.loads(error_answer(exc).body)
+def _error_document(exc: CoreserveError, where: str) -> dict[str, Any]:
+    document: dict[str, Any] = orjson.loads(error_answer(exc, where).body)
     return document
 
 

@@ -72,6 +72,7 @@ class TritonPythonModel:
         top_p = _option(request, "top_p", 1.0)
         seed = _option(request, "seed", None)
         delay = _option(request, "token_delay_ms", 0) / 1000
+        fail_after = _option(request, "fail_after_tokens", -1)
         stops = [s.decode("utf-8") for s in _option(request, "stop", [])]
         rng = np.random.default_rng(seed)
         text = prompt
@@ -80,6 +81,10 @@ class TritonPythonModel:
         hold = max((len(s) for s in stops), default=1) - 1  # what might still become a stop sequence
         tokens = reported = 0
         while tokens < max_tokens and not sender.is_cancelled():
+            if tokens == fail_after:
+                error = pb_utils.TritonError(f"charlm failed after {tokens} tokens, as asked")
+                sender.send(pb_utils.InferenceResponse(error=error), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                return
             character = self._next(text, rng, temperature, top_p)
             text += character
             generated += character
