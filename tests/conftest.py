@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import pytest
 import tritonclient.http as httpclient
 
-from paths import TESTS
+from paths import REPO, TESTS
 
 if TYPE_CHECKING:
     from coreserve.testing import ServerProcess
@@ -41,8 +41,9 @@ def _install(package: Path, target: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def echo_backend_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A site folder holding the third-party `echo` backend distribution; put it on PYTHONPATH."""
-    return _install(TESTS / "fixtures" / "echo_backend", tmp_path_factory.mktemp("echo-site"))
+    """A site folder holding the example `echo` backend distribution (examples/backends/echo);
+    put it on PYTHONPATH."""
+    return _install(REPO / "examples" / "backends" / "echo", tmp_path_factory.mktemp("echo-site"))
 
 
 @pytest.fixture(scope="session")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import sys
 import threading
 from pathlib import Path
 from types import ModuleType
@@ -14,7 +15,7 @@ import tritonclient.http as httpclient
 
 import coreserve
 from model_builders import scale_model, write_model
-from paths import TESTS
+from paths import REPO
 
 SCALE = """
 backend: "onnxruntime"
@@ -166,11 +167,12 @@ def test_blocking_calls_on_the_servers_own_loop_are_refused(server: coreserve.Se
 
 
 def _echo_plugin() -> ModuleType:
-    """The third-party echo backend of tests/fixtures, imported from its file (not installed)."""
-    path = TESTS / "fixtures" / "echo_backend" / "coreserve_echo" / "__init__.py"
-    spec = importlib.util.spec_from_file_location("coreserve_echo_in_process", path)
+    """The example echo backend (examples/backends/echo), imported from its folder (not installed)."""
+    path = REPO / "examples" / "backends" / "echo" / "coreserve_echo" / "__init__.py"
+    spec = importlib.util.spec_from_file_location("coreserve_echo", path, submodule_search_locations=[])
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules["coreserve_echo"] = module  # its own modules import coreserve_echo.backend
     spec.loader.exec_module(module)
     return module
 
