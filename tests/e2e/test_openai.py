@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import re
 import time
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlsplit
 
 import numpy as np
 import openai
@@ -19,6 +22,7 @@ import pytest
 from openai_repository import openai_repository, openai_url
 
 from coreserve.testing import ServerProcess
+from http_raw import request
 
 PROMPT = "The server reads"
 # What charlm's chat template (tokenizer_config.json) makes of SYSTEM_AND_USER.
@@ -63,7 +67,8 @@ def _metric(server: ServerProcess, name: str, **labels: str) -> float:
     return 0.0
 
 
-def test_models_lists_the_ready_models(client: openai.OpenAI) -> None:
+def test_models_lists_the_ready_models(client: openai.OpenAI, base_url: str) -> None:
+    assert request(urlsplit(base_url).netloc, "GET", "/health/ready")[0] == 200  # as Triton's frontend
     models = client.models.list().data
     assert [model.id for model in models] == ["charlm", "embedder"]
     assert all(
@@ -235,3 +240,30 @@ def test_a_client_that_closes_the_stream_stops_the_model(
         time.sleep(0.05)
     # The instance it held serves again.
     assert client.completions.create(model="charlm", prompt=PROMPT, max_tokens=3).usage is not None
+
+
+def test_requests_are_traced_as_the_data_planes(tmp_path: Path) -> None:
+    trace_file = tmp_path / "trace.json"
+    args = ["--openai-port=0", "--trace-config", f"triton,file={trace_file}", "--trace-config", "level=TIMESTAMPS",
+            "--trace-config", "rate=1"]  # fmt: skip
+    process = ServerProcess([openai_repository(tmp_path / "models")], args).start()
+    try:
+        with openai.OpenAI(
+            base_url=openai_url(process), api_key="unused", max_retries=0, timeout=60
+        ) as client:
+            list(client.completions.create(model="charlm", prompt=PROMPT, max_tokens=4, stream=True))
+            client.embeddings.create(model="embedder", input=["a", "b"])
+        assert process.stop() == 0
+        entries = json.loads(trace_file.read_text())
+    finally:
+        process.close()
+    models: dict[int, str] = {}
+    marks: dict[int, list[str]] = {}
+    for entry in entries:
+        if "model_name" in entry:
+            models[entry["id"]] = entry["model_name"]
+        for stamp in entry.get("timestamps", []):
+            marks.setdefault(entry["id"], []).append(stamp["name"])
+    assert sorted(models.values()) == ["charlm", "embedder", "embedder"]
+    for names in marks.values():
+        assert names[0] == "REQUEST_START" and names[-1] == "REQUEST_END" and "COMPUTE_START" in names
