@@ -65,17 +65,16 @@ class ChatTemplates:
 
     def __init__(self) -> None:
         self._environment = _environment()
-        self._templates: dict[tuple[str, int, int], ChatTemplate] = {}
+        # Per model version, the config it was read for: a reloaded version has a new one.
+        self._templates: dict[tuple[str, int], tuple[ModelConfig, ChatTemplate]] = {}
 
     def template(self, name: str, version: int, config: ModelConfig, folder: Path | None) -> ChatTemplate:
-        # A reloaded version has a new config object: its id is part of the key.
-        key = (name, version, id(config))
-        found = self._templates.get(key)
-        if found is None:
-            found = self._templates[key] = self._load(name, config, folder)
-            if len(self._templates) > 1024:  # stale entries of reloaded models
-                self._templates = {key: found}
-        return found
+        found = self._templates.get((name, version))
+        if found is not None and found[0] is config:
+            return found[1]
+        template = self._load(name, config, folder)
+        self._templates[(name, version)] = (config, template)
+        return template
 
     def _load(self, name: str, config: ModelConfig, folder: Path | None) -> ChatTemplate:
         tokens: dict[str, str] = {}
