@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from coreserve import InvalidArgumentError, __version__
+from coreserve.cli_tls import add_http_tls_flags, check_http_tls_flags, http_tls
 from coreserve.cli_triton import accepted_flags_warning, add_accepted_flags, parse_bool, refuse_unknown
 from coreserve.repository.manager import ControlMode
 from coreserve.server.restrictions import Restriction, parse_restriction
@@ -200,6 +201,7 @@ def _serve_parser() -> argparse.ArgumentParser:
     flag("--http-max-input-size", type=int, default=64 * 1024 * 1024, metavar="BYTES",
          help="largest HTTP request body accepted (default 64 MiB)")
     _http_limit_flags(flag)
+    add_http_tls_flags(flag, bool_flag)
     flag("--http-restricted-api", type=_restriction, action="append", default=[],
          metavar="CATEGORY[,CATEGORY]:KEY=VALUE",
          help="serve these API categories only to requests with the header KEY: VALUE (repeatable)")
@@ -394,6 +396,7 @@ def _options(args: argparse.Namespace) -> ServerOptions:
         http_port=args.http_port,
         http_max_input_size=args.http_max_input_size,
         http_limits=_http_limits(args),
+        http_tls=http_tls(args),
         allow_grpc=args.allow_grpc,
         grpc_address=args.grpc_address,
         grpc_port=args.grpc_port,
@@ -469,6 +472,7 @@ def parse_serve_args(argv: Sequence[str]) -> argparse.Namespace:
     use_ssl = args.grpc_use_ssl or args.grpc_use_ssl_mutual
     if use_ssl and not (args.grpc_server_cert and args.grpc_server_key):
         parser.error("--grpc-use-ssl needs --grpc-server-cert and --grpc-server-key")
+    check_http_tls_flags(parser, args)
     _check_cache_flags(parser, args)
     return args
 

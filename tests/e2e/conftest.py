@@ -9,6 +9,7 @@ import tritonclient.http as httpclient
 
 from coreserve.testing import ServerProcess
 from paths import EXAMPLES
+from tls_certs import Pki, make_pki
 
 
 @pytest.fixture(scope="module")
@@ -24,3 +25,9 @@ def examples_client(examples_server: ServerProcess) -> Iterator[httpclient.Infer
     client = httpclient.InferenceServerClient(examples_server.http_url)
     yield client
     client.close()
+
+
+@pytest.fixture(scope="session")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    """Certificates for the TLS tests (HTTP and gRPC): a root, a server, a client, a stranger."""
+    return make_pki(tmp_path_factory.mktemp("pki"))

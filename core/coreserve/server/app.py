@@ -23,13 +23,13 @@ from coreserve.scheduling import LatencyOptions
 from coreserve.scheduling.cache_config import make_response_cache
 from coreserve.server.dataplane import DataPlane, ServerFlags
 from coreserve.server.grpc import GrpcFrontend
-from coreserve.server.grpc_transport import GrpcTlsError
 from coreserve.server.http import HttpFrontend
 from coreserve.server.log_settings import ServerLog
 from coreserve.server.metrics import MetricsFrontend, MetricsReport
 from coreserve.server.options import ServerOptions
 from coreserve.server.restrictions import GRPC_HEADER_PREFIX, ApiRestrictions
 from coreserve.server.status_table import model_status_table
+from coreserve.server.tls_files import TlsFileError
 from coreserve.tracing import Tracer, TraceStartupError
 
 logger = logging.getLogger(__name__)
@@ -131,12 +131,14 @@ class ServerRuntime:
         for location in self.options.model_repositories:
             if "://" not in location and not Path(location).is_dir():
                 raise StartupError(f"model repository '{location}' is not a folder")
-        tls = self.options.grpc_transport.tls
-        if self.options.allow_grpc and tls is not None:
-            try:  # before the models load: a missing certificate should not wait for them
-                tls.credentials()
-            except GrpcTlsError as exc:
-                raise StartupError(str(exc)) from None
+        grpc_tls, http_tls = self.options.grpc_transport.tls, self.options.http_tls
+        try:  # before the models load: a missing certificate should not wait for them
+            if self.options.allow_grpc and grpc_tls is not None:
+                grpc_tls.credentials()
+            if self.options.allow_http and http_tls is not None:
+                http_tls.context()
+        except TlsFileError as exc:
+            raise StartupError(str(exc)) from None
         try:  # before the models load, as the certificates: a trace file that cannot be written
             self.tracer.start()
         except TraceStartupError as exc:
@@ -180,6 +182,7 @@ class ServerRuntime:
                 limits=options.http_limits,
                 restrictions=ApiRestrictions(options.http_restricted_api),
                 shutdown_timeout=options.exit_timeout_secs,
+                tls=options.http_tls,
             )
             await _start_service("HTTP", self.http.start())
 

@@ -472,7 +472,7 @@ class GrpcFrontend:
         tls = self._transport.tls
         if tls is None:
             self.port = self._server.add_insecure_port(f"{host}:{self.port}")
-        else:  # credentials() raises GrpcTlsError, a start-up error, for a file it cannot use
+        else:  # credentials() raises TlsFileError, a start-up error, for a file it cannot use
             self.port = self._server.add_secure_port(f"{host}:{self.port}", tls.credentials())
         await self._server.start()
         logger.info("Started GRPCInferenceService at %s:%d", self._address, self.port)

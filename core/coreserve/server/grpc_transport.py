@@ -12,12 +12,10 @@ from pathlib import Path
 
 import grpc
 
+from coreserve.server.tls_files import TlsFileError, read_pem
+
 # --grpc-infer-response-compression-level: gRPC core's compression levels.
 COMPRESSION_LEVELS = {"none": 0, "low": 1, "medium": 2, "high": 3}
-
-
-class GrpcTlsError(Exception):
-    """A certificate or key file of the gRPC TLS flags cannot be read."""
 
 
 @dataclass(frozen=True)
@@ -30,25 +28,15 @@ class GrpcTls:
     mutual: bool = False
 
     def credentials(self) -> grpc.ServerCredentials:
-        """The server's credentials; raises GrpcTlsError naming the file that cannot be read."""
-        key = _read(self.server_key, "--grpc-server-key")
-        cert = _read(self.server_cert, "--grpc-server-cert")
-        root = _read(self.root_cert, "--grpc-root-cert") if self.root_cert is not None else None
+        """The server's credentials; raises TlsFileError naming the file that cannot be read."""
+        key = read_pem(self.server_key, "--grpc-server-key")
+        cert = read_pem(self.server_cert, "--grpc-server-cert")
+        root = read_pem(self.root_cert, "--grpc-root-cert") if self.root_cert is not None else None
         if self.mutual and root is None:
-            raise GrpcTlsError("--grpc-use-ssl-mutual needs --grpc-root-cert to check client certificates")
+            raise TlsFileError("--grpc-use-ssl-mutual needs --grpc-root-cert to check client certificates")
         return grpc.ssl_server_credentials(
             [(key, cert)], root_certificates=root, require_client_auth=self.mutual
         )
-
-
-def _read(path: Path, flag: str) -> bytes:
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise GrpcTlsError(f"cannot read {flag} file '{path}': {exc.strerror}") from None
-    if b"-----BEGIN" not in data:
-        raise GrpcTlsError(f"{flag} file '{path}' holds no PEM data")
-    return data
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from coreserve.server.dataplane import DataPlane
 from coreserve.server.http_encoding import BodyTooLarge, decompress
 from coreserve.server.http_limits import DEFAULT_HTTP_LIMITS, HttpLimits
 from coreserve.server.http_shared_memory import shared_memory_routes
+from coreserve.server.http_tls import HttpTls
 from coreserve.server.http_wire import HttpRequest, HttpResponse, HttpServer, Response, StreamedResponse
 from coreserve.server.restrictions import ApiRestrictions
 from coreserve.tracing import TraceContext
@@ -136,8 +137,10 @@ class HttpFrontend:
         limits: HttpLimits = DEFAULT_HTTP_LIMITS,
         restrictions: ApiRestrictions | None = None,
         shutdown_timeout: float = 30.0,
+        tls: HttpTls | None = None,
     ) -> None:
         self._dataplane = dataplane
+        self._tls = tls
         self._address = address
         self._port = port
         self._restrictions = restrictions or ApiRestrictions()
@@ -191,8 +194,9 @@ class HttpFrontend:
         return await handler(request)
 
     async def start(self) -> None:
-        self.port = await self._server.start(self._address, self._port)  # the real port when 0 was asked for
-        logger.info("Started HTTPService at %s:%d", self._address, self.port)
+        context = self._tls.context() if self._tls is not None else None
+        self.port = await self._server.start(self._address, self._port, context)  # the real port for 0
+        logger.info("Started HTTPService at %s:%d%s", self._address, self.port, " (TLS)" if context else "")
 
     async def stop(self) -> None:
         await self._server.stop(self._shutdown_timeout)

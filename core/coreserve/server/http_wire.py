@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -645,10 +646,17 @@ class HttpServer:
                 self.file_safe_connections,
             )
 
-    async def start(self, address: str, port: int) -> int:
+    async def start(self, address: str, port: int, tls: ssl.SSLContext | None = None) -> int:
+        """Listens; with `tls`, each connection's handshake must finish within the header timeout."""
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            lambda: HttpProtocol(self), address, port, reuse_address=True, backlog=1024
+            lambda: HttpProtocol(self),
+            address,
+            port,
+            reuse_address=True,
+            backlog=1024,
+            ssl=tls,
+            ssl_handshake_timeout=self.limits.header_timeout if tls is not None else None,
         )
         return int(self._server.sockets[0].getsockname()[1])
 

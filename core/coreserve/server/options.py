@@ -8,6 +8,7 @@ from pathlib import Path
 from coreserve.repository import ControlMode
 from coreserve.server.grpc_transport import GrpcTransport
 from coreserve.server.http_limits import HttpLimits
+from coreserve.server.http_tls import HttpTls
 from coreserve.server.log_settings import LogSettings
 from coreserve.server.restrictions import Restriction
 from coreserve.tracing import TraceConfig
@@ -36,6 +37,7 @@ class ServerOptions:
     http_max_input_size: int = 64 * 1024 * 1024
     http_restricted_api: list[Restriction] = field(default_factory=list)
     http_limits: HttpLimits = field(default_factory=HttpLimits)  # --http-max-*, --http-*-timeout-secs
+    http_tls: HttpTls | None = None  # --http-use-ssl*: None serves plain HTTP
     allow_grpc: bool = True
     grpc_address: str = "0.0.0.0"
     grpc_port: int = 8001
