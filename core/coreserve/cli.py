@@ -2,6 +2,7 @@
 
 coreserve --model-repository DIR [--http-port 8000] [--exit-on-error BOOL] ...
 coreserve backends
+coreserve new-backend NAME [--directory DIR]
 """
 
 from __future__ import annotations
@@ -562,4 +563,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     arguments = list(sys.argv[1:] if argv is None else argv)
     if arguments[:1] == ["backends"]:
         return _list_backends()
+    if arguments[:1] == ["new-backend"]:
+        from coreserve.backend.skeleton import main as new_backend
+
+        return new_backend(arguments[1:])
     return _run_server(arguments)

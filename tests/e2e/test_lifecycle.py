@@ -245,7 +245,7 @@ def test_backends_command_lists_distributions(echo_backend_site: Path) -> None:
     output = _coreserve_backends(_env_with(echo_backend_site))
     lines = {line.split()[0]: line.split() for line in output.splitlines() if line.strip()}
     assert lines["onnxruntime"][1:] == ["onnxruntime_onnx", "plugin-onnx", "0.1.0"]
-    assert lines["echo"][1:] == ["echo_platform", "coreserve-echo-backend", "1.2.3"]
+    assert lines["echo"][1:] == ["echo_platform", "coreserve-echo-backend", "0.1.0"]
 
 
 def test_broken_plugin_is_reported_and_server_starts(

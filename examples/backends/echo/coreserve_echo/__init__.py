@@ -1,4 +1,4 @@
-"""coreserve's example backend, `echo`: each output is the input at the same position.
+"""The coreserve backend `echo`: as written, each output is the input at the same position.
 
 The entry point `coreserve.backends: echo = "coreserve_echo"` names this module; coreserve
 calls its `coreserve_register_backends` hook once at start-up.

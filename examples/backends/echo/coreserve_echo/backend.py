@@ -1,5 +1,8 @@
 """The `echo` backend: echoes each input as the output at the same position of the configuration.
 
+An echo to start from (`coreserve new-backend` wrote it): replace what `load_instance` loads
+and what `execute` computes with your format's, and keep the conformance tests passing.
+
 It uses only coreserve's public API. Configuration parameters:
 
 - `delay_ms`: each execution waits this long first (to observe scheduling); a request
