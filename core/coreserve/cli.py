@@ -199,6 +199,10 @@ def _serve_parser() -> argparse.ArgumentParser:
         else:
             flag(f"--{service}-address", default="0.0.0.0", help=f"address the {service} service binds")
         flag(f"--{service}-port", type=int, default=port, help=f"port (default {port}; 0: any free one)")
+    flag("--openai-port", type=int, default=None, metavar="PORT",
+         help="serve the OpenAI-compatible API (/v1/models, /v1/completions, /v1/chat/completions, "
+              "/v1/embeddings) on this port; needs core-server[openai] (default: not served; 0: any free one)")
+    flag("--openai-address", default=None, help="address the OpenAI frontend binds (default: --http-address's)")
     flag("--http-max-input-size", type=int, default=64 * 1024 * 1024, metavar="BYTES",
          help="largest HTTP request body accepted (default 64 MiB)")
     _http_limit_flags(flag)
@@ -396,6 +400,8 @@ def _options(args: argparse.Namespace) -> ServerOptions:
         http_address=args.http_address,
         http_port=args.http_port,
         http_max_input_size=args.http_max_input_size,
+        openai_port=args.openai_port,
+        openai_address=args.openai_address or args.http_address,
         http_limits=_http_limits(args),
         http_tls=http_tls(args),
         allow_grpc=args.allow_grpc,

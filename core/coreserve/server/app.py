@@ -15,6 +15,7 @@ import signal
 import tempfile
 from collections.abc import Awaitable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from coreserve.backend.plugins import Plugins
 from coreserve.errors import CoreserveError
@@ -31,6 +32,9 @@ from coreserve.server.restrictions import GRPC_HEADER_PREFIX, ApiRestrictions
 from coreserve.server.status_table import model_status_table
 from coreserve.server.tls_files import TlsFileError
 from coreserve.tracing import Tracer, TraceStartupError
+
+if TYPE_CHECKING:
+    from coreserve.openai.frontend import OpenAIFrontend
 
 logger = logging.getLogger(__name__)
 
@@ -105,6 +109,8 @@ class ServerRuntime:
         self.http: HttpFrontend | None = None
         self.grpc: GrpcFrontend | None = None
         self.metrics: MetricsFrontend | None = None
+        self.openai: OpenAIFrontend | None = None
+        self._openai_type: type[OpenAIFrontend] | None = None
 
     def _latency_options(self) -> LatencyOptions:
         """The latency families `--metrics-config` asks for (none when metrics are off)."""
@@ -143,6 +149,8 @@ class ServerRuntime:
             self.tracer.start()
         except TraceStartupError as exc:
             raise StartupError(str(exc)) from None
+        if self.options.openai_port is not None:  # before the models load, as the certificates
+            self._openai_type = _openai_frontend_type()
         await self.repository.start()
         for line in model_status_table(self.repository.models()).splitlines():
             logger.info("%s", line)
@@ -185,6 +193,17 @@ class ServerRuntime:
                 tls=options.http_tls,
             )
             await _start_service("HTTP", self.http.start())
+        if self._openai_type is not None and options.openai_port is not None:
+            self.openai = self._openai_type(
+                self.dataplane,
+                self.custom_metrics,
+                address=options.openai_address,
+                port=options.openai_port,
+                max_body_size=options.http_max_input_size,
+                limits=options.http_limits,
+                shutdown_timeout=options.exit_timeout_secs,
+            )
+            await _start_service("OpenAI", self.openai.start())
 
     async def stop(self) -> None:
         """Stops accepting requests, lets running ones finish, then unloads every model."""
@@ -197,6 +216,7 @@ class ServerRuntime:
         deadline = loop.time() + timeout
         await asyncio.gather(
             *([self.http.stop()] if self.http is not None else []),
+            *([self.openai.stop()] if self.openai is not None else []),
             *([self.grpc.stop(grace=timeout)] if self.grpc is not None else []),
         )
         await self.repository.unload_all(timeout=max(0.0, deadline - loop.time()))
@@ -237,3 +257,14 @@ async def _start_service(name: str, starting: Awaitable[None]) -> None:
         await starting
     except (OSError, RuntimeError) as exc:  # asyncio's bind errors; grpc's "Failed to bind to address"
         raise StartupError(f"failed to start {name} service: {exc}") from None
+
+
+def _openai_frontend_type() -> type[OpenAIFrontend]:
+    """The OpenAI frontend's class; without its extra (jinja2), a start-up error in one line."""
+    try:
+        from coreserve.openai.frontend import OpenAIFrontend
+    except ImportError as exc:
+        raise StartupError(
+            f"--openai-port needs the OpenAI frontend's extra: pip install 'core-server[openai]' ({exc})"
+        ) from None
+    return OpenAIFrontend

@@ -45,6 +45,9 @@ class ServerOptions:
     grpc_max_stream_inflight: int = 1024  # open requests per ModelStreamInfer stream
     grpc_restricted_api: list[Restriction] = field(default_factory=list)  # --grpc-restricted-protocol
     grpc_transport: GrpcTransport = field(default_factory=GrpcTransport)  # TLS, keepalive, compression
+    # --openai-port: the OpenAI-compatible frontend (core-server[openai]); None: not served.
+    openai_port: int | None = None
+    openai_address: str = "0.0.0.0"
     allow_metrics: bool = True
     metrics_address: str = "0.0.0.0"
     metrics_port: int = 8002
