@@ -22,6 +22,7 @@ from coreserve.repository.manager import ControlMode
 from coreserve.server.restrictions import Restriction, parse_restriction
 
 if TYPE_CHECKING:
+    from coreserve.scheduling.rate_limiter import ResourceSetting
     from coreserve.server import ServerOptions
     from coreserve.server.grpc_transport import GrpcTransport
     from coreserve.server.http_limits import HttpLimits
@@ -67,6 +68,15 @@ def _cache_config(args: argparse.Namespace) -> dict[str, dict[str, str]]:
     if args.response_cache_byte_size is not None:
         config["local"] = {"size": str(args.response_cache_byte_size)}
     return config
+
+
+def _rate_limit_resource(text: str) -> ResourceSetting:
+    from coreserve.scheduling.rate_limiter import RateLimitSettingError, parse_resource_setting
+
+    try:
+        return parse_resource_setting(text)
+    except RateLimitSettingError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _positive_int(text: str) -> int:
@@ -241,6 +251,13 @@ def _serve_parser() -> argparse.ArgumentParser:
               "(default: none, nothing is cached)")
     flag("--response-cache-byte-size", type=_non_negative_int, default=None, metavar="BYTES",
          help="deprecated in Triton: --cache-config local,size=BYTES")
+    flag("--rate-limit", choices=("off", "execution_count"), default="off",
+         help="execution_count: an instance executes only when the resources its instance_group's "
+              "rate_limiter names are free, higher priority first (default off)")
+    flag("--rate-limit-resource", type=_rate_limit_resource, action="append", default=[],
+         metavar="NAME:COUNT[:DEVICE]",
+         help="how many copies of a resource exist, on DEVICE or on every device (repeatable; default: "
+              "the most any instance asks for; once given, every resource a model names needs one)")
     flag("--exit-timeout-secs", type=float, default=30.0,
          help="how long shutdown waits for in-flight requests (default 30)")
     flag("--log-verbose", type=_non_negative_int, default=0, metavar="N", help="verbose logging when N > 0")
@@ -427,6 +444,8 @@ def _options(args: argparse.Namespace) -> ServerOptions:
         backend_config=backend_config,
         cache_config=_cache_config(args),
         exit_timeout_secs=args.exit_timeout_secs,
+        rate_limit=args.rate_limit,
+        rate_limit_resources=args.rate_limit_resource,
     )
 
 
@@ -516,6 +535,8 @@ def _run_server(argv: Sequence[str]) -> int:
     if warning:
         logger.warning("%s", warning)
     _warn_cache_flags(args, logger)
+    if args.rate_limit_resource and args.rate_limit == "off":
+        logger.warning("--rate-limit-resource has no effect under --rate-limit=off")
     server = ServerRuntime(options, log=log)
     try:
         _event_loop_runner()(server.serve())

@@ -22,6 +22,7 @@ from coreserve.errors import CoreserveError
 from coreserve.repository import ControlMode, ModelLoader, ModelRepository, source_for
 from coreserve.scheduling import LatencyOptions
 from coreserve.scheduling.cache_config import make_response_cache
+from coreserve.scheduling.rate_limiter import RateLimiter
 from coreserve.server.dataplane import DataPlane, ServerFlags
 from coreserve.server.grpc import GrpcFrontend
 from coreserve.server.http import HttpFrontend
@@ -60,6 +61,9 @@ class ServerRuntime:
             config_name=options.model_config_name,
             latency=self._latency_options(),
             response_cache=self.response_cache,
+            rate_limiter=(
+                RateLimiter(options.rate_limit_resources) if options.rate_limit == "execution_count" else None
+            ),
         )
         # Unless a cache folder is given, each server has its own: servers on one machine
         # must not find (or remove) each other's files.

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from coreserve.repository import ControlMode
+from coreserve.scheduling.rate_limiter import ResourceSetting
 from coreserve.server.grpc_transport import GrpcTransport
 from coreserve.server.http_limits import HttpLimits
 from coreserve.server.http_tls import HttpTls
@@ -69,3 +70,6 @@ class ServerOptions:
     # --cache-config: cache name -> its settings ({"local": {"size": "1048576"}}); empty: no cache.
     cache_config: dict[str, dict[str, str]] = field(default_factory=dict)
     exit_timeout_secs: float = 30.0
+    # --rate-limit: "execution_count" makes instances wait for the resources their rate_limiter names.
+    rate_limit: str = "off"
+    rate_limit_resources: list[ResourceSetting] = field(default_factory=list)  # --rate-limit-resource
