@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import inspect
 import re
 
@@ -55,3 +57,69 @@ def test_request_cancellation_is_documented() -> None:
     for name in ("is_cancelled", "on_cancel", "wait_cancelled", "cancel"):
         assert callable(getattr(coreserve.InferenceRequest, name))
         assert f"`{name}(" in guide or f"`async {name}(" in guide, f"docs/backends.md lacks {name}"
+
+
+def _reference_sections() -> dict[str, str]:
+    """The guide's section 7, by the public name each `### `Name`` heading documents."""
+    guide = (REPO / "docs" / "backends.md").read_text()
+    reference = guide.split("## 7. Reference", 1)[1]
+    sections = {}
+    for block in reference.split("\n### `")[1:]:
+        name, _, body = block.partition("`")
+        sections[name] = body
+    return sections
+
+
+def _parameters(function: object) -> list[str]:
+    signature = inspect.signature(function)  # type: ignore[arg-type]
+    skipped = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    return [p.name for p in signature.parameters.values() if p.name != "self" and p.kind not in skipped]
+
+
+def _mentions(section: str, owner: str, parameter: str) -> bool:
+    """`parameter` quoted alone, or inside a quoted call of `owner`: `owner(a, parameter=…)`."""
+    quoted_call = re.search(rf"`(async |await )?{re.escape(owner)}\([^`]*\b{re.escape(parameter)}\b", section)
+    return f"`{parameter}`" in section or quoted_call is not None
+
+
+def _undocumented(name: str, item: object, section: str) -> list[str]:
+    """What of `item` (a public name of coreserve.backend) its section does not mention."""
+    missing = []
+    if not inspect.isclass(item):
+        return [f"parameter '{p}'" for p in _parameters(item) if not _mentions(section, name, p)]
+    if issubclass(item, enum.Enum):
+        return [f"member '{member.name}'" for member in item if f"`{member.name}`" not in section]
+    fields = [f.name for f in dataclasses.fields(item)] if dataclasses.is_dataclass(item) else []
+    attributes = [a for a in vars(item).get("__annotations__", {}) if not a.startswith("_")]
+    missing += [f"attribute '{a}'" for a in dict.fromkeys(fields + attributes) if f"`{a}`" not in section]
+    if "__init__" in vars(item) and not dataclasses.is_dataclass(item):
+        missing += [
+            f"constructor parameter '{p}'" for p in _parameters(item) if not _mentions(section, name, p)
+        ]
+    for member, value in vars(item).items():
+        if member.startswith("_") or not (callable(value) or isinstance(value, property | classmethod)):
+            continue
+        if not re.search(rf"`(async )?{member}[`(]", section):
+            missing.append(f"member '{member}'")
+            continue
+        if callable(value):
+            missing += [
+                f"parameter '{p}' of {member}"
+                for p in _parameters(value)
+                if not _mentions(section, member, p)
+            ]
+    return missing
+
+
+def test_every_public_name_of_the_backend_api_is_documented_with_its_parameters() -> None:
+    import coreserve.backend
+
+    sections = _reference_sections()
+    problems = []
+    for name in coreserve.backend.__all__:
+        if name not in sections:
+            problems.append(f"{name}: no '### `{name}`' heading in section 7")
+            continue
+        missing = _undocumented(name, getattr(coreserve.backend, name), sections[name])
+        problems += [f"{name}: {what} is not mentioned" for what in missing]
+    assert not problems, "docs/backends.md section 7 is incomplete:\n" + "\n".join(problems)
