@@ -247,8 +247,8 @@ def _serve_parser() -> argparse.ArgumentParser:
     flag("--backend-config", type=_backend_config, action="append", default=[], metavar="BACKEND,KEY=VALUE",
          help="a setting handed to a backend (repeatable)")
     flag("--cache-config", type=_cache_setting, action="append", default=[], metavar="CACHE,KEY=VALUE",
-         help="the response cache that models with response_cache { enable: true } use: local,size=BYTES "
-              "(default: none, nothing is cached)")
+         help="the response cache that models with response_cache { enable: true } use: local,size=BYTES, "
+              "or redis,host=HOST and redis,port=PORT (repeated) (default: none, nothing is cached)")
     flag("--response-cache-byte-size", type=_non_negative_int, default=None, metavar="BYTES",
          help="deprecated in Triton: --cache-config local,size=BYTES")
     flag("--rate-limit", choices=("off", "execution_count"), default="off",

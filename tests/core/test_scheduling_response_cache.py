@@ -123,13 +123,15 @@ def test_cache_configs_that_make_no_cache_are_refused(
         check_cache_config(config)
 
 
-def test_a_local_config_makes_a_local_cache_and_redis_only_warns() -> None:
+def test_a_local_config_makes_a_local_cache_and_redis_needs_an_address() -> None:
     cache = make_response_cache({"local": {"size": "4096"}})
     assert isinstance(cache, LocalResponseCache) and cache.size == 4096
     assert make_response_cache({}) is None
-    warning = check_cache_config({"redis": {"host": "localhost", "port": "6379"}})
-    assert warning is not None and "not built yet" in warning
-    assert make_response_cache({"redis": {"host": "localhost"}}) is None
+    assert check_cache_config({"redis": {"host": "localhost", "port": "6379", "db": "2"}}) is None
+    with pytest.raises(CacheConfigError, match="didn't specify address"):  # Triton's words
+        check_cache_config({"redis": {"host": "localhost"}})
+    with pytest.raises(CacheConfigError, match="socket_timeout must be a whole number, got '1.5'"):
+        check_cache_config({"redis": {"host": "h", "port": "1", "socket_timeout": "1.5"}})
 
 
 def test_a_hit_counts_as_a_success_and_in_the_request_summary_not_as_an_execution() -> None:

@@ -30,6 +30,7 @@ from coreserve.repository.model import Model, ModelState, ModelVersion
 from coreserve.repository.namespaces import NamespacedClient
 from coreserve.repository.warmup import run_warmups
 from coreserve.scheduling import LatencyOptions, ModelStatistics, make_scheduler
+from coreserve.scheduling.cache_key import version_fingerprint
 from coreserve.scheduling.rate_limiter import RateLimiter
 from coreserve.scheduling.response_cache import ModelResponseCache, ResponseCache
 
@@ -219,8 +220,14 @@ class ModelLoader:
                 version.statistics = ModelStatistics(location.name, version.version, latency)
                 version.scheduler.statistics = version.statistics
             if version.config.response_cache.enable and self.response_cache is not None:
+                # A cache other processes share knows the version by its files, not by this load.
+                fingerprint = (
+                    version_fingerprint(location.path, version.version, str(version.config))
+                    if self.response_cache.shared
+                    else ""
+                )
                 version.scheduler.response_cache = ModelResponseCache(
-                    self.response_cache, location.name, version.version
+                    self.response_cache, location.name, version.version, fingerprint
                 )
         except Exception as exc:
             if version.scheduler is not None:

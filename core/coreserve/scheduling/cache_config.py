@@ -1,20 +1,20 @@
 """`--cache-config <cache>,<key>=<value>`: which response cache a server has, checked at start-up.
 
 Triton's flag and keys: `--cache-config local,size=BYTES` makes a cache of BYTES in this
-process. Triton's `redis` cache is accepted with any keys but is not built yet: it is named in
-a start-up warning and nothing is cached. Every other mistake is refused before the server
-starts, in one line.
+process; `--cache-config redis,host=H --cache-config redis,port=P` (and Triton's other redis
+settings) one in a Redis server that several processes share (see redis_cache). Every mistake
+is refused before the server starts, in one line.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
+from coreserve.scheduling.redis_cache import RedisResponseCache, redis_settings_problem
 from coreserve.scheduling.response_cache import LocalResponseCache, ResponseCache
 
 # The settings each cache takes.
 LOCAL_KEYS = ("size",)
-NOT_BUILT = ("redis",)
 
 
 class CacheConfigError(ValueError):
@@ -31,18 +31,21 @@ def parse_cache_setting(text: str) -> tuple[str, str, str]:
 
 
 def check_cache_config(config: Mapping[str, Mapping[str, str]]) -> str | None:
-    """Raises CacheConfigError for a config no cache can be made of; returns a warning for a
-    cache accepted but not built (redis), else None."""
+    """Raises CacheConfigError for a config no cache can be made of; returns a warning to log
+    for one that is made but may not act as asked (none yet), else None."""
     if len(config) > 1:  # Triton's words
         raise CacheConfigError(
             "found multiple cache configurations, but only a single cache is currently supported"
         )
     for name, settings in config.items():
-        if name in NOT_BUILT:
-            return f"--cache-config {name}: the {name} cache is not built yet; responses are not cached"
+        if name == "redis":
+            problem = redis_settings_problem(settings)
+            if problem is not None:
+                raise CacheConfigError(problem)
+            continue
         if name != "local":
             raise CacheConfigError(
-                f"--cache-config: unknown cache '{name}' (coreserve has 'local'; 'redis' is not built yet)"
+                f"--cache-config: unknown cache '{name}' (coreserve has 'local' and 'redis')"
             )
         unknown = sorted(set(settings) - set(LOCAL_KEYS))
         if unknown:
@@ -70,7 +73,9 @@ def local_size(settings: Mapping[str, str]) -> int:
 
 
 def make_response_cache(config: Mapping[str, Mapping[str, str]]) -> ResponseCache | None:
-    """The cache `config` asks for, or None (no --cache-config, or a cache not built yet)."""
+    """The cache `config` asks for, or None (no --cache-config)."""
     check_cache_config(config)
+    if "redis" in config:
+        return RedisResponseCache(config["redis"])
     settings = config.get("local")
     return LocalResponseCache(local_size(settings)) if settings is not None else None

@@ -9,6 +9,7 @@ costs one pass over the input bytes.
 from __future__ import annotations
 
 from hashlib import blake2b
+from pathlib import Path
 
 import numpy as np
 
@@ -22,9 +23,23 @@ SCHEDULING_PARAMETERS = frozenset({"priority", "timeout"})
 MAX_HEADERS = 1024
 
 
-def model_prefix(model_name: str, version: int, generation: int) -> bytes:
-    """The part of every key of one loaded model version; a reload gets a new `generation`."""
+def model_prefix(model_name: str, version: int, generation: int | str) -> bytes:
+    """The part of every key of one loaded model version; a reload gets a new `generation`
+    (a number in this process, or a fingerprint of the version's files in a shared cache)."""
     return f"{len(model_name)}:{model_name}:{version}:{generation}:".encode()
+
+
+def version_fingerprint(model_path: Path, version: int, config_text: str) -> str:
+    """What identifies a model version's files across processes: its configuration and each
+    file's path, size and modification time (not the contents: hashing a large model at each
+    load would cost seconds)."""
+    digest = blake2b(config_text.encode(), digest_size=8)
+    folder = model_path / str(version)
+    for path in sorted(folder.rglob("*")) if folder.is_dir() else []:
+        if path.is_file():
+            stat = path.stat()
+            digest.update(f"{path.relative_to(folder)}:{stat.st_size}:{stat.st_mtime_ns};".encode())
+    return digest.hexdigest()
 
 
 def request_key(

@@ -85,6 +85,9 @@ class ResponseCache(Protocol):
     """
 
     name: str  # the --cache-config implementation name ("local")
+    # True when other processes read the same entries: keys then name a model version by a
+    # fingerprint of its files, not by this process's load number.
+    shared: bool
 
     def lookup(self, key: bytes) -> CachedResponse | None:
         """The response filed under `key`, or None; a hit makes the entry most recently used."""
@@ -108,6 +111,7 @@ class LocalResponseCache:
     """Entries in this process's memory, at most `size` bytes, least recently used evicted first."""
 
     name = "local"
+    shared = False
 
     def __init__(self, size: int) -> None:
         if size <= 0:
@@ -176,13 +180,15 @@ class ModelResponseCache:
 
     __slots__ = ("_headers", "cache", "closed", "model_version", "owner", "prefix")
 
-    def __init__(self, cache: ResponseCache, model_name: str, version: int) -> None:
+    def __init__(self, cache: ResponseCache, model_name: str, version: int, fingerprint: str = "") -> None:
+        """`fingerprint`: what names this version's files in a shared cache (see redis_cache)."""
         self.cache = cache
         self.model_version = str(version)
         # Each load is a new owner with its own keys: a reloaded model never finds the answers
-        # of the files it replaced, even before those are evicted.
+        # of the files it replaced, even before those are evicted. In a shared cache the
+        # fingerprint of the files does that, and keys agree across processes.
         self.owner = next(_generations)
-        self.prefix = model_prefix(model_name, version, self.owner)
+        self.prefix = model_prefix(model_name, version, fingerprint or self.owner)
         self.closed = False
         self._headers: dict[object, bytes] = {}  # see request_key
 
