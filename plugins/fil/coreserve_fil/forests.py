@@ -58,37 +58,36 @@ def _xgboost(path: Path, settings: FilSettings) -> Forest:
     booster = xgboost.Booster()
     # From bytes, XGBoost tells JSON from UBJSON by their content (from a path, by the suffix).
     booster.load_model(bytearray(path.read_bytes()))
-    if settings.cpu_nthread is not None:
-        booster.set_param({"nthread": settings.cpu_nthread})
     learner = json.loads(booster.save_config())["learner"]
     parameters = learner["learner_model_param"]
     classes = int(parameters.get("num_class", "0"))
     outputs = max(classes, int(parameters.get("num_target", "1")), 1)
-    if learner["objective"]["name"] == "multi:softmax":
-        # Its predictions are class ids; FIL's outputs are the probabilities behind them.
-        def predict(rows: np.ndarray) -> np.ndarray:
+    softmax = learner["objective"]["name"] == "multi:softmax"
+    current = [-1]  # the booster's nthread; set_param only when it changes
+
+    def predict(rows: np.ndarray) -> np.ndarray:
+        threads = settings.threads_for(len(rows)) or 0  # 0: XGBoost's default, every core
+        if threads != current[0]:
+            booster.set_param({"nthread": threads})
+            current[0] = threads
+        if softmax:
+            # Its predictions are class ids; FIL's outputs are the probabilities behind them.
             margins = booster.inplace_predict(rows, predict_type="margin")
             return _softmax(np.asarray(margins, np.float32).reshape(len(rows), outputs))
-
-        return Forest(booster.num_features(), outputs, predict)
-
-    def predict_rows(rows: np.ndarray) -> np.ndarray:
         return np.asarray(booster.inplace_predict(rows), np.float32).reshape(len(rows), outputs)
 
-    return Forest(booster.num_features(), outputs, predict_rows)
+    return Forest(booster.num_features(), outputs, predict)
 
 
 def _lightgbm(path: Path, settings: FilSettings) -> Forest:
     import lightgbm
 
     booster = lightgbm.Booster(model_file=str(path))
-    options: dict[str, Any] = {}
-    if settings.cpu_nthread is not None:
-        options["num_threads"] = settings.cpu_nthread
     outputs = booster.num_model_per_iteration()
 
     def predict(rows: np.ndarray) -> np.ndarray:
-        scores = booster.predict(rows, **options)
+        threads = settings.threads_for(len(rows)) or 0  # 0: LightGBM's default, every core
+        scores = booster.predict(rows, num_threads=threads)
         return np.asarray(scores, np.float32).reshape(len(rows), outputs)
 
     return Forest(booster.num_feature(), outputs, predict)
@@ -108,9 +107,9 @@ def _gtil_forest(model: Any, settings: FilSettings) -> Forest:
     if targets != 1:
         raise ModelConfigError(f"a forest of {targets} targets is not served (FIL serves one)")
     outputs = int(header.get_field("num_class")[0])
-    threads = -1 if settings.cpu_nthread is None else settings.cpu_nthread  # -1: every core
 
     def predict(rows: np.ndarray) -> np.ndarray:
+        threads = settings.threads_for(len(rows)) or -1  # -1: Treelite's default, every core
         scores = treelite.gtil.predict(model, np.ascontiguousarray(rows), nthread=threads)
         return np.asarray(scores, np.float32).reshape(len(rows), outputs)
 

@@ -26,6 +26,10 @@ STORAGE_TYPES = ("AUTO", "DENSE", "SPARSE", "SPARSE8")
 ALGORITHMS = ("ALGO_AUTO", "NAIVE", "TREE_REORG", "BATCH_TREE_REORG")
 GPU_ONLY_INTEGERS = ("threads_per_tree", "blocks_per_sm", "transfer_threshold")
 IGNORED_FLAGS = ("use_experimental_optimizations", "xgboost_allow_unknown_field")
+# Below this many rows a prediction runs on one thread unless `cpu_nthread` says otherwise: an
+# OpenMP parallel region costs more than such a batch takes, and its spinning threads slow the
+# other instances down (benchmarks/fil.py, README of plugin-fil).
+SMALL_BATCH_ROWS = 128
 
 
 @dataclass(frozen=True)
@@ -35,7 +39,7 @@ class FilSettings:
     `output_class`: the model classifies (Triton's newer name `is_classifier` is read too);
     `predict_proba`: answer each class's probability instead of the class id; `threshold`:
     the probability above which a binary classifier answers class 1; `cpu_nthread`: the
-    threads one prediction uses (None: the framework's default, every core).
+    threads one prediction uses (None: see `threads_for`).
     """
 
     model_type: str = "xgboost"
@@ -72,6 +76,13 @@ class FilSettings:
                 "the file holds; set parameter 'allow_pickle' to 'true' only for files you trust"
             )
         return settings
+
+    def threads_for(self, rows: int) -> int | None:
+        """The threads a prediction of `rows` rows uses: `cpu_nthread` if set, else one for a
+        small batch and None (the framework's default: every core) for a large one."""
+        if self.cpu_nthread is not None:
+            return self.cpu_nthread
+        return 1 if rows < SMALL_BATCH_ROWS else None
 
     def model_file(self, model: ModelFiles) -> Path:
         """The file to read: `default_model_filename` when the configuration names one, else
