@@ -20,7 +20,8 @@ class Responder:
     An ordinary model calls `send` once per request; a decoupled model may call it many
     times with `final=False` and then once with `final=True` (outputs may be empty then).
     `send_error` ends a request with an error. The core keeps only the outputs each request
-    asked for, so a backend may compute the union for the whole batch.
+    asked for, so a backend may compute the union for the whole batch. `reschedule` hands a
+    request back to be executed again instead (Triton's RESCHEDULE release).
 
     Backends that time their phases call `mark_inputs_ready` and `mark_infer_done`; the
     statistics take compute-input, compute-infer and compute-output from these marks.
@@ -29,6 +30,7 @@ class Responder:
     __slots__ = (
         "_failed",
         "_open",
+        "_rescheduled",
         "compute_start_ns",
         "infer_done_ns",
         "inputs_ready_ns",
@@ -45,6 +47,7 @@ class Responder:
         self.requests = requests
         self._open = {id(request) for request in requests}
         self._failed: set[int] = set()
+        self._rescheduled: list[InferenceRequest] = []
         self.compute_start_ns = now_ns()
         self.inputs_ready_ns = 0
         self.infer_done_ns = 0
@@ -62,6 +65,25 @@ class Responder:
     def is_open(self, request: InferenceRequest) -> bool:
         """True while the request has not had its final response or an error."""
         return id(request) in self._open
+
+    @property
+    def rescheduled(self) -> Sequence[InferenceRequest]:
+        """The requests handed back with `reschedule`, in the order they were."""
+        return self._rescheduled
+
+    def reschedule(self, request: InferenceRequest) -> None:
+        """Hands an open request back to its scheduler, to be executed again in a later batch.
+
+        This is Triton's `TRITONSERVER_REQUEST_RELEASE_RESCHEDULE`: the request is not answered
+        now (a decoupled model may have sent it non-final responses). Only iterative sequences
+        (`sequence_batching { iterative_sequence: true }`) take requests back; under any other
+        scheduler the request fails with Triton's error once the execution ends.
+        """
+        key = id(request)
+        if key not in self._open:
+            raise InternalError(f"request '{request.id}' was already answered; it cannot be rescheduled")
+        self._open.discard(key)
+        self._rescheduled.append(request)
 
     def send(
         self,

@@ -14,8 +14,4 @@ def ignored_fields(config: ModelConfig) -> list[str]:
     ignored = []
     if config.model_repository_agents.agents:
         ignored.append("model_repository_agents")
-    if config.HasField("sequence_batching"):
-        sequence = config.sequence_batching
-        if sequence.iterative_sequence:
-            ignored.append("sequence_batching.iterative_sequence")
     return ignored

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from functools import partial
 
 from coreserve.backend.api import ModelInstance
 from coreserve.backend.responder import Responder
 from coreserve.config.signature import ModelSignature
 from coreserve.errors import CoreserveError, InternalError
 from coreserve.scheduling.statistics import ModelStatistics
+from coreserve.scheduling.stream_outcome import StreamOutcome
 from coreserve.types import InferenceRequest, InferenceResponse, ResponseSink, now_ns
 
 logger = logging.getLogger(__name__)
@@ -27,13 +29,18 @@ async def execute_batch(
 
     An exception from the backend fails the requests it left open; a non-decoupled backend
     that returns without answering a request fails that request with an internal error.
-    The execution is recorded in `statistics`.
+    The execution is recorded in `statistics`; a decoupled request still open counts when it
+    ends (see StreamOutcome). Requests the backend handed back (`Responder.reschedule`) stay
+    open: the caller schedules them again or fails them.
     """
     model_version = statistics.version
-    if decoupled and statistics.first_response is not None:
+    if decoupled:
         for request in batch:
-            if request.sink is not None:
-                request.sink = FirstResponseTimer(request, request.sink, statistics)
+            # Wrapped once: a rescheduled request comes back with its wrappers on.
+            if request.sink is not None and not isinstance(request.sink, StreamOutcome):
+                if statistics.first_response is not None:
+                    request.sink = FirstResponseTimer(request, request.sink, statistics)
+                request.sink = StreamOutcome(request, request.sink)
     for request in batch:
         if request.trace is not None:  # the compute marks are still to come
             request.trace.computing = True
@@ -53,7 +60,11 @@ async def execute_batch(
                 InternalError(f"model '{signature.model_name}' returned without answering the request")
             )
     end_ns = now_ns()
-    statistics.record_execution(batch, responder, end_ns)
+    timing = statistics.record_execution(batch, responder, end_ns)
+    for request in batch:
+        if decoupled and responder.is_open(request) and isinstance(request.sink, StreamOutcome):
+            # Still answering (from the model's own thread): it counts once it ends.
+            request.sink.defer(partial(statistics.record_outcome, request, timing))
     for request in batch:
         if request.trace is not None:  # the whole cost of tracing for a request not traced
             request.trace.executed(

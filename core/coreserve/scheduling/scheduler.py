@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 
 from coreserve.backend.api import ModelInstance
 from coreserve.config.signature import ModelSignature
-from coreserve.errors import CancelledError, UnavailableError
+from coreserve.errors import CancelledError, InternalError, UnavailableError
 from coreserve.scheduling.execution import execute_batch
 from coreserve.scheduling.ordering import OrderedRelease
 from coreserve.scheduling.rate_limiter import InstanceSlot, RateLimiter
@@ -24,6 +24,11 @@ from coreserve.scheduling.statistics import ModelStatistics
 from coreserve.types import InferenceRequest, now_ns
 
 logger = logging.getLogger(__name__)
+# Triton 2.51's words when a model hands back a request that its scheduler cannot take back.
+RESCHEDULE_REFUSED = (
+    "Request is released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, while the model is not "
+    "configured to handle such a flag."
+)
 # How long an instance whose close was cancelled gets to release what it holds (kill workers).
 CANCELLED_CLOSE_GRACE_S = 10.0
 
@@ -169,10 +174,31 @@ class Scheduler:
     async def _execute_in_turn(self, instance: ModelInstance, batch: list[InferenceRequest]) -> None:
         limiter = self._rate_limiter
         if limiter is None:
-            await execute_batch(instance, batch, self.signature, self.statistics, decoupled=self.decoupled)
-            return
-        async with limiter.turn(self._slots[id(instance)]):
-            await execute_batch(instance, batch, self.signature, self.statistics, decoupled=self.decoupled)
+            responder = await execute_batch(
+                instance, batch, self.signature, self.statistics, decoupled=self.decoupled
+            )
+        else:
+            async with limiter.turn(self._slots[id(instance)]):
+                responder = await execute_batch(
+                    instance, batch, self.signature, self.statistics, decoupled=self.decoupled
+                )
+        if responder.rescheduled:
+            self._take_back(responder.rescheduled)
+
+    def _take_back(self, requests: Sequence[InferenceRequest]) -> None:
+        """Requests a backend handed back to be executed again: only iterative sequences take
+        them (SequenceBatcher); here each fails with Triton's error."""
+        for request in requests:
+            logger.error(
+                "model '%s' version %s: failed to release request '%s': %s",
+                self.signature.model_name,
+                self.model_version,
+                request.id,
+                RESCHEDULE_REFUSED,
+            )
+            self.statistics.record_failure(request, "BACKEND")
+            if request.sink is not None:
+                request.sink.fail(InternalError(RESCHEDULE_REFUSED))
 
     async def close(self, timeout: float | None = None) -> None:
         """Stops taking requests, lets queued and running ones finish, fails the rest, then

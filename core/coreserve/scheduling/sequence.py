@@ -18,12 +18,20 @@ batch's responses until every earlier batch has sent its own. A sequence that st
 every slot is busy waits for one; if none frees within max_sequence_idle_microseconds, its
 requests fail with UNAVAILABLE. A sequence that sends nothing for that long is released, and
 its later requests get an error saying so.
+
+Cancellation (as Triton's): a cancelled request leaves without executing, and so does every
+request its sequence still has waiting; the sequence is released (its next request must start
+it again). Iterative sequences (`iterative_sequence: true`): a request without a sequence id
+is a sequence of its own, and a request the model hands back (`Responder.reschedule`, pb_utils'
+RESCHEDULE release) runs again in its slot, before the sequence's later requests, with START
+off; the sequence of such a request ends when the request is finally answered.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import math
 from collections import OrderedDict, deque
@@ -35,7 +43,7 @@ import numpy as np
 
 from coreserve.backend.api import ModelInstance
 from coreserve.config.signature import ModelSignature
-from coreserve.errors import CoreserveError, InvalidArgumentError, UnavailableError
+from coreserve.errors import CancelledError, CoreserveError, InvalidArgumentError, UnavailableError
 from coreserve.protos.model_config_pb2 import ModelSequenceBatching
 from coreserve.scheduling.ordering import OrderedRelease
 from coreserve.scheduling.scheduler import Scheduler
@@ -61,6 +69,7 @@ class Step:
     request: InferenceRequest
     start: bool
     end: bool
+    again: bool = False  # handed back by the model (rescheduled): already prepared once
 
 
 @dataclass(eq=False)
@@ -74,6 +83,7 @@ class SequenceSlot:
     slotted: bool = False
     busy: bool = False
     ended: bool = False
+    auto: bool = False  # an iterative sequence the batcher opened for a request without an id
     waiting_since_ns: int = 0
     active_ns: int = 0
 
@@ -140,6 +150,9 @@ class SequenceBatcher(Scheduler):
         self._released: OrderedDict[SequenceId, str] = OrderedDict()
         self._ready = [asyncio.Event() for _ in self.instances]
         self._sweeper: asyncio.Task[None] | None = None
+        self._iterative = batching.iterative_sequence
+        self._auto_ids = itertools.count(1)
+        self._returned: set[int] = set()  # ids of requests the model handed back, this batch
 
     def _batch_policy(self, batching: ModelSequenceBatching) -> tuple[int, frozenset[int]]:
         """How long a batch may wait for more ready sequences, and the sizes that end the wait."""
@@ -167,7 +180,11 @@ class SequenceBatcher(Scheduler):
         model = self.signature.model_name
         if self._closed:
             raise UnavailableError(f"model '{model}' version {self.model_version} is unloading")
-        sequence_id, start, end = sequence_flags(request, model)
+        if request.is_cancelled():  # its client gave up while it was being decoded
+            self.statistics.record_failure(request, "CANCELED")
+            raise CancelledError(f"request for model '{model}' was cancelled")
+        auto = self._iterative and request.parameters.get("sequence_id", 0) in (0, "")
+        sequence_id, start, end = (self._auto_id(), True, False) if auto else sequence_flags(request, model)
         if self.signature.batching and request.batch_size != 1:
             raise InvalidArgumentError(
                 f"requests to sequence model '{model}' must have batch size 1, got {request.batch_size}"
@@ -181,7 +198,7 @@ class SequenceBatcher(Scheduler):
                     f"inference request for sequence {sequence_id!r} to model '{model}' must set "
                     f"sequence_start on the first request of the sequence{reason}"
                 )
-            sequence = SequenceSlot(sequence_id, waiting_since_ns=now_ns())
+            sequence = SequenceSlot(sequence_id, waiting_since_ns=now_ns(), auto=auto)
             self._sequences[sequence_id] = sequence
             self._released.pop(sequence_id, None)
             self._take_slot(sequence)
@@ -193,8 +210,52 @@ class SequenceBatcher(Scheduler):
         request.queued_ns = sequence.active_ns = now_ns()
         sequence.steps.append(Step(request, start, end))
         sequence.ended = end
+        request.queue = self
         self._idle.clear()
         self._notify(sequence)
+
+    def _auto_id(self) -> int:
+        """A sequence id for a request of an iterative sequence that has none (Triton counts
+        from 1), skipping ids that clients' sequences hold now."""
+        while True:
+            sequence_id = next(self._auto_ids)
+            if sequence_id not in self._sequences:
+                return sequence_id
+
+    def withdraw(self, request: InferenceRequest) -> None:
+        """Fails a cancelled request that waits here, and every request its sequence still has
+        waiting; releases the sequence (at once, or when the request it runs returns)."""
+        sequence = next(
+            (
+                sequence
+                for sequence in self._sequences.values()
+                if any(step.request is request for step in sequence.steps)
+            ),
+            None,
+        )
+        if sequence is None:
+            return  # running (its backend sees is_cancelled()), or answered already
+        self._cancel_sequence(sequence)
+
+    def _cancel_sequence(self, sequence: SequenceSlot) -> None:
+        model = self.signature.model_name
+        steps, sequence.steps = list(sequence.steps), deque()
+        for step in steps:
+            self.statistics.record_failure(step.request, "CANCELED")
+            if step.request.sink is not None:
+                step.request.sink.fail(CancelledError(f"request for model '{model}' was cancelled"))
+        if not sequence.busy:
+            self._release(sequence, "a request of it was cancelled")
+        else:
+            sequence.ended = True  # released once the request it runs returns
+        if not self.queue_size and self._busy == 0:
+            self._idle.set()
+
+    def _take_back(self, requests: Sequence[InferenceRequest]) -> None:
+        if not self._iterative:
+            super()._take_back(requests)
+            return
+        self._returned.update(id(request) for request in requests)
 
     def _take_slot(self, sequence: SequenceSlot) -> None:
         pool = max(range(len(self._free)), key=lambda index: self._free[index])
@@ -208,6 +269,8 @@ class SequenceBatcher(Scheduler):
     def _release(self, sequence: SequenceSlot, reason: str) -> None:
         if self._sequences.get(sequence.id) is sequence:
             del self._sequences[sequence.id]
+        with contextlib.suppress(ValueError):
+            self._backlog.remove(sequence)
         self._released[sequence.id] = reason
         while len(self._released) > _REMEMBERED_RELEASES:
             self._released.popitem(last=False)
@@ -254,6 +317,8 @@ class SequenceBatcher(Scheduler):
         batching = self.signature.batching
         for control in self._controls:
             request.inputs[control.name] = control.value(sequence.id, step.start, step.end, batching)
+        if step.again:
+            return request  # its state outputs are asked for and captured since its first run
         if step.start:
             sequence.state.clear()
         for state in self._states:
@@ -303,10 +368,31 @@ class SequenceBatcher(Scheduler):
                 for sequence, step in taken:
                     sequence.busy = False
                     sequence.active_ns = now_ns()
-                    if step.end and not sequence.steps:
-                        self._release(sequence, "its last request (sequence_end) ran")
-                    else:
-                        self._notify(sequence)
+                    self._after_step(sequence, step)
+
+    def _after_step(self, sequence: SequenceSlot, step: Step) -> None:
+        """Puts a handed-back request first in line again, and releases a sequence that ended."""
+        request = step.request
+        if id(request) in self._returned:
+            self._returned.discard(id(request))
+            if request.is_cancelled() or self._sequences.get(sequence.id) is not sequence:
+                self.statistics.record_failure(request, "CANCELED")
+                if request.sink is not None:
+                    request.sink.fail(
+                        CancelledError(f"request for model '{request.model_name}' was cancelled")
+                    )
+                self._cancel_sequence(sequence)
+                return
+            request.queued_ns = now_ns()
+            sequence.steps.appendleft(Step(request, False, step.end, again=True))
+            self._notify(sequence)
+            return
+        if self._sequences.get(sequence.id) is not sequence:
+            return  # released meanwhile (cancelled, or idle)
+        if (step.end or sequence.auto or sequence.ended) and not sequence.steps:
+            self._release(sequence, "its last request (sequence_end) ran")
+        else:
+            self._notify(sequence)
 
     async def _sweep(self) -> None:
         """Releases idle sequences and gives up on sequences that waited too long for a slot."""
@@ -322,7 +408,8 @@ class SequenceBatcher(Scheduler):
                 if now - sequence.waiting_since_ns < self._idle_ns:
                     continue
                 self._backlog.remove(sequence)
-                self._sequences.pop(sequence.id, None)
+                if self._sequences.get(sequence.id) is sequence:
+                    del self._sequences[sequence.id]
                 error = UnavailableError(
                     f"all {self._capacity} sequence slots of model '{self.signature.model_name}' stayed busy "
                     f"for {self._idle_ns // 1000} microseconds; sequence {sequence.id!r} could not start"

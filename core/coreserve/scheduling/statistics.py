@@ -12,7 +12,7 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from coreserve.backend.responder import Responder
 from coreserve.types import InferenceRequest
@@ -100,6 +100,16 @@ class LatencyOptions:
         return self
 
 
+class ExecutionTiming(NamedTuple):
+    """When one execution of a batch started and how long its phases took (nanoseconds)."""
+
+    start_ns: int
+    input_ns: int
+    infer_ns: int
+    output_ns: int
+    end_ns: int
+
+
 class ModelStatistics:
     """Cumulative statistics of one model version."""
 
@@ -137,42 +147,63 @@ class ModelStatistics:
 
     def record_execution(
         self, requests: Sequence[InferenceRequest], responder: Responder, end_ns: int
-    ) -> None:
-        """Records one execution of a batch and the outcome of each of its requests."""
+    ) -> ExecutionTiming:
+        """Records one execution of a batch and the outcome of each request it settled.
+
+        A request still open (a decoupled model answers it after execute returned) or handed
+        back for rescheduling is not settled yet: its caller records it later with
+        `record_outcome` and the timing returned here.
+        """
         start = responder.compute_start_ns
         inputs_ready = responder.inputs_ready_ns or start
         infer_done = responder.infer_done_ns or end_ns
-        input_ns, infer_ns, output_ns = inputs_ready - start, infer_done - inputs_ready, end_ns - infer_done
+        timing = ExecutionTiming(
+            start, inputs_ready - start, infer_done - inputs_ready, end_ns - infer_done, end_ns
+        )
         self.execution_count += 1
         self.last_inference_ms = time.time_ns() // 1_000_000
+        rescheduled = {id(request) for request in responder.rescheduled}
         batch_size = 0
         for request in requests:
-            total_ns = end_ns - request.received_ns
-            cancelled = request.is_cancelled()
-            if cancelled or responder.failed(request):
-                self.fail.add(total_ns)
-                self.failures["CANCELED" if cancelled else "BACKEND"] += 1
+            if responder.is_open(request) or id(request) in rescheduled:
+                if not request.is_cancelled():
+                    batch_size += request.batch_size
                 continue
-            queue_ns = start - request.queued_ns
-            batch_size += request.batch_size
-            self.inference_count += request.batch_size
-            self.success.add(total_ns)
-            self.queue.add(queue_ns)
-            self.compute_input.add(input_ns)
-            self.compute_infer.add(infer_ns)
-            self.compute_output.add(output_ns)
-            if self.recent is not None:
-                self.recent.append((end_ns, total_ns, queue_ns, input_ns, infer_ns, output_ns))
-            if self.histograms:
-                self._bucket("request", total_ns)
-                self._bucket("queue", queue_ns)
+            cancelled = request.is_cancelled()
+            reason = "CANCELED" if cancelled else "BACKEND" if responder.failed(request) else None
+            self.record_outcome(request, timing, reason)
+            if reason is None:
+                batch_size += request.batch_size
         if batch_size:
             durations = self.batches.get(batch_size)
             if durations is None:
                 durations = self.batches[batch_size] = BatchDurations()
-            durations.compute_input.add(input_ns)
-            durations.compute_infer.add(infer_ns)
-            durations.compute_output.add(output_ns)
+            durations.compute_input.add(timing.input_ns)
+            durations.compute_infer.add(timing.infer_ns)
+            durations.compute_output.add(timing.output_ns)
+        return timing
+
+    def record_outcome(self, request: InferenceRequest, timing: ExecutionTiming, reason: str | None) -> None:
+        """Records how an executed request ended: a success (`reason` None) or a failure."""
+        total_ns = timing.end_ns - request.received_ns
+        if reason is not None:
+            self.fail.add(total_ns)
+            self.failures[reason] += 1
+            return
+        queue_ns = timing.start_ns - request.queued_ns
+        self.inference_count += request.batch_size
+        self.success.add(total_ns)
+        self.queue.add(queue_ns)
+        self.compute_input.add(timing.input_ns)
+        self.compute_infer.add(timing.infer_ns)
+        self.compute_output.add(timing.output_ns)
+        if self.recent is not None:
+            self.recent.append(
+                (timing.end_ns, total_ns, queue_ns, timing.input_ns, timing.infer_ns, timing.output_ns)
+            )
+        if self.histograms:
+            self._bucket("request", total_ns)
+            self._bucket("queue", queue_ns)
 
     def record_cache_hit(self, request: InferenceRequest, lookup_start_ns: int, end_ns: int) -> None:
         """Records a request answered from the response cache: a success, never an execution."""

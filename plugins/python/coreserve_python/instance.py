@@ -258,6 +258,10 @@ class PythonInstance:
                 self._pool.release(segment)
         if reply["responses"] is not None:
             self._deliver(reply["responses"])
+        for key in reply.get("rescheduled", ()):
+            entry = self._close_entry(key)
+            if entry is not None:  # (not if the model also ended it)
+                responder.reschedule(entry[0])
         if reply["error"] is not None:
             error = InternalError(reply["error"])
             for key, request in entries:

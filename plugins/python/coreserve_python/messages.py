@@ -138,6 +138,7 @@ class ExecuteDoneMessage(TypedDict):
     error: str | None
     responses: ResponsesMessage | None  # an ordinary model's responses travel with the end
     release: list[str]
+    rescheduled: list[int]  # keys of requests handed back (RESCHEDULE), to be executed again
 
 
 class FinalizeDoneMessage(TypedDict):

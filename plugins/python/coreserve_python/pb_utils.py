@@ -439,13 +439,14 @@ class InferenceRequest:
         return self._cancellation.cancelled
 
     def set_release_flags(self, flags: int) -> None:
-        """Triton's request release flags; RESCHEDULE (iterative sequences) is not served yet."""
-        if flags & TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
-            raise TritonModelException(
-                "TRITONSERVER_REQUEST_RELEASE_RESCHEDULE is not supported by coreserve yet: a request "
-                "cannot be handed back for rescheduling"
-            )
+        """How the request is released when execute() returns: with
+        TRITONSERVER_REQUEST_RELEASE_RESCHEDULE it is executed again in a later batch (models
+        with `sequence_batching { iterative_sequence: true }`); a non-decoupled model then
+        returns None in its place."""
         self._release_flags = int(flags)
+
+    def _rescheduled(self) -> bool:
+        return self._release_flags == TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
 
     def get_response_sender(self) -> InferenceResponseSender:
         if self._key is None:

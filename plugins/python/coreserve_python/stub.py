@@ -283,6 +283,7 @@ class Stub:
             requests.append(request)
         error = None
         responses: ResponsesMessage | None = None
+        rescheduled: list[int] = []
         keys = tuple(item["key"] for item in message["requests"])
         token = _executing.set(keys)
         try:
@@ -295,7 +296,12 @@ class Stub:
                 else:
                     result = self._run_coroutine(_in_context(result, keys))
             if not self._decoupled:
-                responses = self._results(requests, result)
+                # A return value Triton refuses is the model's mistake: no stub traceback.
+                responses, refused = self._results(requests, result)
+                if refused is not None:
+                    error = f"TritonModelException: {refused}"
+            # Handed back to the server (RESCHEDULE): they come again in a later execute.
+            rescheduled = [request._key or 0 for request in requests if request._rescheduled()]
         except BaseException as exc:
             error = f"{type(exc).__name__}: {exc}"
             traceback.print_exc()
@@ -304,6 +310,8 @@ class Stub:
         if error is not None or not self._decoupled:  # every request of the batch is answered now
             for item in message["requests"]:
                 self._cancellations.pop(item["key"], None)
+        for key in rescheduled:
+            self._cancellations.pop(key, None)
         del requests
         # An ordinary model's responses travel with the end of the execution: one message.
         done: ExecuteDoneMessage = {
@@ -312,6 +320,7 @@ class Stub:
             "error": error,
             "responses": responses,
             "release": [segment] if segment else [],
+            "rescheduled": rescheduled if error is None else [],
         }
         self._channel.send(done)
 
@@ -337,17 +346,28 @@ class Stub:
 
         future.add_done_callback(finished)
 
-    def _results(self, requests: list[pb_utils.InferenceRequest], result: Any) -> ResponsesMessage:
+    def _results(
+        self, requests: list[pb_utils.InferenceRequest], result: Any
+    ) -> tuple[ResponsesMessage | None, str | None]:
+        """An ordinary model's responses as a message, or why its return value is refused."""
         if not isinstance(result, list | tuple) or len(result) != len(requests):
             count = len(result) if isinstance(result, list | tuple) else type(result).__name__
-            raise pb_utils.TritonModelException(
+            return None, (
                 f"execute() must return a list with one InferenceResponse per request: got {count} "
                 f"for {len(requests)} requests"
             )
-        return self._encode_responses(
+        items = []
+        for request, response in zip(requests, result, strict=True):
+            if request._rescheduled():
+                if response is not None:  # Triton's check (and its spelling)
+                    return None, (
+                        "Expected a None object in the execute function return list for reschduled "
+                        f"request, found type '{type(response)}'."
+                    )
+                continue  # answered by a later execution
             # (every request given to execute() has its key)
-            [(request._key or 0, response, True) for request, response in zip(requests, result, strict=True)]
-        )
+            items.append((request._key or 0, response, True))
+        return self._encode_responses(items), None
 
     def _finalize(self, message: Message) -> None:
         error = None

@@ -1,0 +1,63 @@
+"""How a decoupled request counts when it ends after its execution returned."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from coreserve.errors import CoreserveError
+from coreserve.types import InferenceRequest, InferenceResponse, ResponseSink
+
+# Called once with None (a success) or the failure reason ("CANCELED", "BACKEND").
+Settle = Callable[[str | None], None]
+
+
+class StreamOutcome:
+    """A decoupled request's sink: settles the request's statistics once it really ends.
+
+    A decoupled model may answer after execute() returned (from a thread of its own), so the
+    execution cannot say how the request went. It counts when its final response or error is
+    delivered, or as CANCELED as soon as it is cancelled: a model may never answer a request
+    its client gave up. Responses sent after the cancellation are dropped (nobody waits for
+    them); a final one still closes the sink, without its payload.
+    """
+
+    __slots__ = ("_request", "_settle", "_target", "_unregister")
+
+    def __init__(self, request: InferenceRequest, target: ResponseSink) -> None:
+        self._request = request
+        self._target = target
+        self._settle: Settle | None = None
+        self._unregister: Callable[[], None] | None = None
+
+    @property
+    def done(self) -> bool:
+        return self._target.done
+
+    def defer(self, settle: Settle) -> None:
+        """Calls `settle` once the request ends (at once if it was cancelled already)."""
+        if self._request.is_cancelled():
+            settle("CANCELED")
+            return
+        self._settle = settle
+        self._unregister = self._request.on_cancel(lambda: self._end("CANCELED"))
+
+    def send(self, response: InferenceResponse | None, final: bool) -> None:
+        if self._request.is_cancelled():
+            if not final:
+                return
+            response = None
+        self._target.send(response, final)
+        if final:
+            self._end(None)
+
+    def fail(self, error: CoreserveError) -> None:
+        self._target.fail(error)
+        self._end("CANCELED" if self._request.is_cancelled() else "BACKEND")
+
+    def _end(self, reason: str | None) -> None:
+        settle, self._settle = self._settle, None
+        if self._unregister is not None:
+            self._unregister()
+            self._unregister = None
+        if settle is not None:
+            settle(reason)
