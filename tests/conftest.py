@@ -52,6 +52,12 @@ def broken_plugin_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _install(TESTS / "fixtures" / "broken_plugin", tmp_path_factory.mktemp("broken-site"))
 
 
+@pytest.fixture(scope="session")
+def gpu_report_backend_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A site folder holding the `gpu_report` backend, which reports the GPUs $GPU_REPORT_GPUS lists."""
+    return _install(TESTS / "fixtures" / "gpu_report_backend", tmp_path_factory.mktemp("gpu-report-site"))
+
+
 @pytest.fixture
 def http_client() -> Iterator[Callable[[ServerProcess], httpclient.InferenceServerClient]]:
     """Makes tritonclient HTTP clients for servers and closes them when the test ends."""

@@ -26,6 +26,7 @@ from coreserve.backend.api import (
 from coreserve.backend.base import BaseBackend
 from coreserve.backend.batching import run_batched
 from coreserve.backend.custom_metrics import CustomMetric, CustomMetricFamily, CustomMetrics, MetricKind
+from coreserve.backend.devices import DeviceReporter
 from coreserve.backend.hookspecs import hookimpl
 from coreserve.backend.model_tensors import (
     ModelTensor,
@@ -52,6 +53,7 @@ __all__ = [
     "CustomMetric",
     "CustomMetricFamily",
     "CustomMetrics",
+    "DeviceReporter",
     "InferenceClient",
     "InstanceKind",
     "InstancePlacement",

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from coreserve.config.instance_groups import place_instance_group
 from coreserve.errors import ModelConfigError
-from coreserve.protos.model_config_pb2 import ModelConfig, ModelInstanceGroup
+from coreserve.protos.model_config_pb2 import ModelConfig
 
 
-def apply_defaults(config: ModelConfig, model_name: str) -> None:
+def apply_defaults(config: ModelConfig, model_name: str, gpus: tuple[int, ...] | None = None) -> None:
     """Fills the name, version policy and instance groups as Triton does.
 
     The model's folder name is its name; a configuration that names another model is an error.
+    `gpus` are the GPU ids the model's backend reports (None: it does not report); they decide
+    where each instance group runs (see `coreserve.config.instance_groups`).
     """
     if not config.name:
         config.name = model_name
@@ -29,5 +32,4 @@ def apply_defaults(config: ModelConfig, model_name: str) -> None:
             group.name = f"{config.name}_{index}"
         if group.count == 0:
             group.count = 1
-        if group.kind == ModelInstanceGroup.KIND_AUTO:
-            group.kind = ModelInstanceGroup.KIND_GPU if group.gpus else ModelInstanceGroup.KIND_CPU
+        place_instance_group(config, group, gpus)

@@ -19,9 +19,11 @@ from coreserve.backend.api import (
     ServerContext,
 )
 from coreserve.backend.custom_metrics import CustomMetrics
+from coreserve.backend.devices import reported_gpus
 from coreserve.backend.registry import BackendRegistry
 from coreserve.config import ModelSignature, apply_defaults, read_config_file, validate_config
 from coreserve.config.ignored import ignored_fields
+from coreserve.config.instance_groups import depends_on_gpus
 from coreserve.errors import CoreserveError, ModelConfigError
 from coreserve.protos.model_config_pb2 import ModelConfig, ModelInstanceGroup
 from coreserve.repository.labels import read_output_labels
@@ -134,7 +136,9 @@ class ModelLoader:
         config.backend = config.backend or backend.name
         if not config.platform and backend.platforms:
             config.platform = backend.platforms[0]
-        apply_defaults(config, location.name)
+        # Where instances may run is the backend's to say (it may start CUDA to count GPUs).
+        gpus = await asyncio.to_thread(reported_gpus, backend) if depends_on_gpus(config) else None
+        apply_defaults(config, location.name, gpus)
         validate_config(config)
         for field_name in ignored_fields(config):
             logger.warning(

@@ -1,0 +1,71 @@
+"""Where instance groups run, from the GPUs a backend reports (coreserve.config.instance_groups)."""
+
+from __future__ import annotations
+
+import pytest
+
+from coreserve.config import apply_defaults, parse_config
+from coreserve.errors import ModelConfigError
+from coreserve.protos.model_config_pb2 import ModelInstanceGroup
+
+CPU, GPU = ModelInstanceGroup.KIND_CPU, ModelInstanceGroup.KIND_GPU
+
+
+def _groups(text: str, gpus: tuple[int, ...] | None) -> list[tuple[int, list[int], int]]:
+    config = parse_config('backend: "b"\n' + text)
+    apply_defaults(config, "m", gpus)
+    return [(group.kind, list(group.gpus), group.count) for group in config.instance_group]
+
+
+@pytest.mark.parametrize(
+    ("text", "gpus", "placed"),
+    [
+        # No instance_group, or KIND_AUTO: every reported GPU, else the CPU.
+        ("", (0, 1), [(GPU, [0, 1], 1)]),
+        ("", (), [(CPU, [], 1)]),
+        ("instance_group [ { kind: KIND_AUTO count: 2 } ]", (1,), [(GPU, [1], 2)]),
+        ("instance_group [ { kind: KIND_AUTO count: 2 } ]", (), [(CPU, [], 2)]),
+        ("instance_group [ { kind: KIND_AUTO gpus: [ 1 ] } ]", (0, 1), [(GPU, [1], 1)]),
+        # KIND_GPU without gpus: count instances on each reported GPU.
+        ("instance_group [ { kind: KIND_GPU count: 2 } ]", (0, 1, 2), [(GPU, [0, 1, 2], 2)]),
+        ("instance_group [ { kind: KIND_GPU gpus: [ 2 ] } ]", (0, 1, 2), [(GPU, [2], 1)]),
+        ("instance_group [ { kind: KIND_CPU count: 3 } ]", (0, 1), [(CPU, [], 3)]),
+        # A backend that does not report keeps the placement it always had.
+        ("", None, [(CPU, [], 1)]),
+        ("instance_group [ { kind: KIND_GPU } ]", None, [(GPU, [], 1)]),
+        ("instance_group [ { gpus: [ 3 ] } ]", None, [(GPU, [3], 1)]),
+    ],
+)
+def test_groups_are_placed_as_triton_places_them(
+    text: str, gpus: tuple[int, ...] | None, placed: list[tuple[int, list[int], int]]
+) -> None:
+    assert _groups(text, gpus) == placed
+
+
+@pytest.mark.parametrize(
+    ("text", "gpus", "reason"),
+    [
+        (
+            "instance_group [ { kind: KIND_GPU } ]",
+            (),
+            "instance group m_0 of model m has kind KIND_GPU but no GPUs are available "
+            "(backend 'b' reports no GPU it can use; use KIND_CPU or KIND_AUTO)",
+        ),
+        (
+            "instance_group [ { kind: KIND_GPU gpus: [ 0, 3 ] } ]",
+            (0, 1),
+            "instance group m_0 of model m specifies invalid or unsupported gpu id 3; "
+            "the GPUs backend 'b' can use are: 0, 1",
+        ),
+        (
+            "instance_group [ { gpus: [ 0 ] } ]",
+            (),
+            "instance group m_0 of model m specifies invalid or unsupported gpu id 0; "
+            "the GPUs backend 'b' can use are: none",
+        ),
+    ],
+)
+def test_gpu_groups_the_backend_cannot_serve_say_why(text: str, gpus: tuple[int, ...], reason: str) -> None:
+    with pytest.raises(ModelConfigError) as info:
+        _groups(text, gpus)
+    assert info.value.message == reason
