@@ -149,6 +149,37 @@ def test_a_streamed_chat_opens_with_the_role_and_ends_with_the_usage(client: ope
     assert text == whole.choices[0].message.content
 
 
+def test_n_choices_are_n_requests_seeded_apart(client: openai.OpenAI) -> None:
+    whole = client.completions.create(model="charlm", prompt=PROMPT, max_tokens=12, seed=40, n=3)
+    assert [choice.index for choice in whole.choices] == [0, 1, 2]
+    singles = [
+        client.completions.create(model="charlm", prompt=PROMPT, max_tokens=12, seed=40 + index)
+        .choices[0]
+        .text
+        for index in range(3)
+    ]
+    assert [choice.text for choice in whole.choices] == singles  # choice i samples with seed + i
+    assert whole.usage is not None
+    assert (whole.usage.prompt_tokens, whole.usage.completion_tokens) == (len(PROMPT), 36)  # the prompt once
+    chunks = list(
+        client.chat.completions.create(
+            model="charlm", messages=SYSTEM_AND_USER, max_tokens=8, seed=40, n=3, stream=True
+        )
+    )
+    texts = {index: "" for index in range(3)}
+    roles, finished = [], []
+    for chunk in chunks:
+        (choice,) = chunk.choices
+        texts[choice.index] += choice.delta.content or ""
+        roles += [choice.index] if choice.delta.role == "assistant" else []
+        finished += [choice.index] if choice.finish_reason == "length" else []
+    assert sorted(roles) == sorted(finished) == [0, 1, 2]  # each choice opens with its role and ends
+    whole_chat = client.chat.completions.create(
+        model="charlm", messages=SYSTEM_AND_USER, max_tokens=8, seed=40, n=3
+    )
+    assert [texts[index] for index in range(3)] == [c.message.content for c in whole_chat.choices]
+
+
 def test_the_async_client_streams_many_at_once(base_url: str, client: openai.OpenAI) -> None:
     seeds = range(8)
 
@@ -214,32 +245,37 @@ def test_metrics_count_tokens_and_time_them(server: ServerProcess, client: opena
 STOPPED = re.compile(r"charlm stopped after (\d+) of 100000 tokens: cancelled")
 
 
+@pytest.mark.parametrize("n", [1, 2])
 def test_a_client_that_closes_the_stream_stops_the_model(
-    server: ServerProcess, client: openai.OpenAI
+    server: ServerProcess, client: openai.OpenAI, n: int
 ) -> None:
+    stopped_before = len(STOPPED.findall(server.log))
+    cancelled_before = _metric(
+        server, "nv_inference_request_failure", model="charlm", reason="CANCELED", version="1"
+    )
     stream = client.completions.create(
-        model="charlm", prompt=PROMPT, max_tokens=100_000, stream=True, extra_body={"token_delay_ms": 2}
+        model="charlm", prompt=PROMPT, max_tokens=100_000, stream=True, n=n, extra_body={"token_delay_ms": 2}
     )
     received = 0
     for chunk in stream:
         received += bool(chunk.choices[0].text)
-        if received == 20:
+        if received == 20 * n:
             break
     stream.close()
     closed = time.monotonic()
-    while STOPPED.search(server.log) is None:
+    while len(STOPPED.findall(server.log)) < stopped_before + n:  # each choice's request stops
         assert time.monotonic() - closed < 15, "the model did not stop within 15 s"
         time.sleep(0.05)
-    found = STOPPED.search(server.log)
-    assert found is not None and 20 <= int(found.group(1)) < 100_000
+    assert all(int(sent) < 100_000 for sent in STOPPED.findall(server.log))
     deadline = time.monotonic() + 15
     while (
-        _metric(server, "nv_inference_request_failure", model="charlm", reason="CANCELED", version="1") != 1
+        _metric(server, "nv_inference_request_failure", model="charlm", reason="CANCELED", version="1")
+        != cancelled_before + n
     ):
-        assert time.monotonic() < deadline, "the request was not counted as cancelled"
+        assert time.monotonic() < deadline, "the requests were not counted as cancelled"
         time.sleep(0.05)
-    # The instance it held serves again.
-    assert client.completions.create(model="charlm", prompt=PROMPT, max_tokens=3).usage is not None
+    # The instances they held serve again.
+    assert client.completions.create(model="charlm", prompt=PROMPT, max_tokens=3, n=2).usage is not None
 
 
 def test_requests_are_traced_as_the_data_planes(tmp_path: Path) -> None:

@@ -40,6 +40,15 @@ class Usage:
             self.completion_tokens += output_tokens
         self.reported = self.reported or input_tokens is not None or output_tokens is not None
 
+    @classmethod
+    def total(cls, usages: list[Usage]) -> Usage:
+        """The usage of several choices of one prompt: the prompt once, every completion."""
+        total = cls()
+        for usage in usages:
+            if usage.reported:
+                total.add(usage.prompt_tokens, usage.completion_tokens)
+        return total
+
     def as_dict(self) -> dict[str, int] | None:
         if not self.reported:
             return None
@@ -72,9 +81,9 @@ class Answer:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
 
     def _choice(
-        self, text: str | None, finish_reason: str | None, streamed: bool, first: bool
+        self, index: int, text: str | None, finish_reason: str | None, streamed: bool, first: bool
     ) -> dict[str, Any]:
-        choice: dict[str, Any] = {"index": 0}
+        choice: dict[str, Any] = {"index": index}
         if not self.chat:
             choice["text"] = text or ""
             choice["logprobs"] = None
@@ -90,17 +99,20 @@ class Answer:
         choice["finish_reason"] = finish_reason
         return choice
 
-    def whole(self, text: str, finish_reason: str, usage: Usage) -> bytes:
-        """The body of an answer that is not streamed."""
+    def whole(self, choices: list[tuple[str, str]], usage: Usage) -> bytes:
+        """The body of an answer that is not streamed: each choice's text and finish reason."""
         document = self._frame(streamed=False)
-        document["choices"] = [self._choice(text, finish_reason, streamed=False, first=True)]
+        document["choices"] = [
+            self._choice(index, text, reason, streamed=False, first=True)
+            for index, (text, reason) in enumerate(choices)
+        ]
         document["usage"] = usage.as_dict()
         return orjson.dumps(document)
 
-    def chunk(self, text: str, finish_reason: str | None = None, first: bool = False) -> bytes:
-        """One streamed chunk: some text, or (with `finish_reason`) the end of the choice."""
+    def chunk(self, index: int, text: str, finish_reason: str | None = None, first: bool = False) -> bytes:
+        """One streamed chunk of choice `index`: some text, or (with `finish_reason`) its end."""
         document = self._frame(streamed=True)
-        document["choices"] = [self._choice(text, finish_reason, streamed=True, first=first)]
+        document["choices"] = [self._choice(index, text, finish_reason, streamed=True, first=first)]
         return event(document)
 
     def usage_chunk(self, usage: Usage) -> bytes:

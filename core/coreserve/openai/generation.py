@@ -3,52 +3,25 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
 
 from coreserve.errors import CoreserveError
 from coreserve.openai.chat_template import ChatTemplates
+from coreserve.openai.choices import Choice, ChoiceTiming, merged, run_all
 from coreserve.openai.chunks import DONE, Answer, Usage, event, finish_reason
 from coreserve.openai.errors import error_answer
-from coreserve.openai.mapping import Chunk, generation_inputs, read_chunk
-from coreserve.openai.metrics import ModelTokenMetrics, OpenAIMetrics
+from coreserve.openai.mapping import Chunk, generation_inputs
+from coreserve.openai.metrics import OpenAIMetrics
 from coreserve.openai.requests import GenerationRequest
 from coreserve.repository import ModelVersion
 from coreserve.server.dataplane import DataPlane
 from coreserve.server.http_wire import HttpRequest, HttpResponse, Response, StreamedResponse
-from coreserve.types import InferenceRequest, InferenceResponse
+from coreserve.types import InferenceRequest
 
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-
-
-@dataclass
-class _Timing:
-    """Times chunks for the metrics: the first one against the request's start, others apart."""
-
-    metrics: ModelTokenMetrics
-    started: float
-    last: float | None = None
-    chunks: int = 0
-
-    def chunk(self, chunk: Chunk) -> None:
-        if not chunk.text:
-            return
-        now = time.perf_counter()
-        if self.last is None:
-            self.metrics.time_to_first_token.observe(now - self.started)
-        else:
-            self.metrics.inter_token_latency.observe(now - self.last)
-        self.last = now
-        self.chunks += 1
-
-    def done(self, usage: Usage) -> None:
-        if usage.prompt_tokens is not None:
-            self.metrics.prompt_tokens.increment(usage.prompt_tokens)
-        # A model that counts no tokens generated one per chunk, as far as the metrics can tell.
-        self.metrics.generation_tokens.increment(usage.completion_tokens if usage.reported else self.chunks)
 
 
 class Generation:
@@ -69,83 +42,82 @@ class Generation:
             prompt = template.render(request.messages)
         else:
             prompt = request.prompt
-        inference = generation_inputs(
-            request.model, target.signature, prompt, request.options, request.stream
-        )
-        inference.model_version = str(target.version)
-        _cancel_on_disconnect(http, inference)
-        timing = _Timing(self._metrics.model(request.model, target.version), started)
+        inferences = [
+            generation_inputs(request.model, target.signature, prompt, options, request.stream)
+            for options in _choice_options(request)
+        ]
+        for inference in inferences:
+            inference.model_version = str(target.version)
+        _cancel_on_disconnect(http, inferences)
+        metrics = self._metrics.model(request.model, target.version)
+        choices = [
+            Choice(index, self._dataplane.stream(inference), ChoiceTiming(metrics, started))
+            for index, inference in enumerate(inferences)
+        ]
         answer = Answer(request.model, chat)
         max_tokens = request.options.get("max_tokens")
-        responses = self._dataplane.stream(inference)
-        if not request.stream:
-            return await self._whole(responses, answer, timing, max_tokens)
         try:
-            first = read_chunk(await anext(responses))
-        except StopAsyncIteration:
-            first = Chunk("", None, None)
+            if request.stream:
+                # The status goes out with the first chunks: a model that refuses the request gets its 4xx.
+                firsts = await run_all([choice.first() for choice in choices])
+            else:
+                texts = await run_all([choice.text() for choice in choices])
         except BaseException:
-            await responses.aclose()
+            for choice in choices:
+                await choice.close()
             raise
-        return StreamedResponse(
-            self._events(first, responses, answer, timing, max_tokens, request.include_usage),
-            headers=SSE_HEADERS,
-        )
-
-    async def _whole(
-        self,
-        responses: AsyncGenerator[InferenceResponse, None],
-        answer: Answer,
-        timing: _Timing,
-        max_tokens: int | None,
-    ) -> HttpResponse:
-        usage = Usage()
-        texts = []
-        try:
-            async for response in responses:
-                chunk = read_chunk(response)
-                timing.chunk(chunk)
-                usage.add(chunk.input_tokens, chunk.output_tokens)
-                texts.append(chunk.text)
-        finally:
-            await responses.aclose()
-        timing.done(usage)
-        body = answer.whole("".join(texts), finish_reason(usage, max_tokens), usage)
+        if request.stream:
+            events = self._events(
+                list(zip(choices, firsts, strict=True)), answer, max_tokens, request.include_usage
+            )
+            return StreamedResponse(events, headers=SSE_HEADERS)
+        for choice in choices:
+            await choice.close()
+        reasons = [finish_reason(choice.usage, max_tokens) for choice in choices]
+        body = answer.whole(list(zip(texts, reasons, strict=True)), Usage.total([c.usage for c in choices]))
         return HttpResponse(200, body, "application/json")
 
     async def _events(
         self,
-        first: Chunk,
-        responses: AsyncGenerator[InferenceResponse, None],
+        firsts: list[tuple[Choice, Chunk]],
         answer: Answer,
-        timing: _Timing,
         max_tokens: int | None,
         include_usage: bool,
     ) -> AsyncIterator[bytes]:
-        usage = Usage()
-        opening = True
+        choices = [choice for choice, _ in firsts]
+        rest = merged(choices)
         try:
-            async for chunk in _chunks(first, responses):
-                timing.chunk(chunk)
-                usage.add(chunk.input_tokens, chunk.output_tokens)
-                if chunk.text or (opening and answer.chat):  # the chat stream opens with the role
-                    yield answer.chunk(chunk.text, first=opening)
-                    opening = False
-            yield answer.chunk("", finish_reason(usage, max_tokens))
+            for choice, chunk in firsts:
+                if chunk.text or answer.chat:  # a chat stream opens each choice with its role
+                    yield _chunk_event(answer, choice, chunk)
+            async for choice, found in rest:
+                if found is None:
+                    yield answer.chunk(choice.index, "", finish_reason(choice.usage, max_tokens))
+                elif found.text or (answer.chat and not choice.opened):
+                    yield _chunk_event(answer, choice, found)
             if include_usage:
-                yield answer.usage_chunk(usage)
+                yield answer.usage_chunk(Usage.total([choice.usage for choice in choices]))
         except CoreserveError as exc:  # the status is sent: the error travels as an event
             yield event(_error_document(exc, f"the streamed answer {answer.id} of model '{answer.model}'"))
         finally:
-            await responses.aclose()  # a client that left cancels the request: see DataPlane.stream
-            timing.done(usage)
+            await rest.aclose()  # stops the readers of several choices first
+            for choice in choices:  # a client that left cancels the requests: see DataPlane.stream
+                await choice.close()
         yield DONE
 
 
-async def _chunks(first: Chunk, responses: AsyncGenerator[InferenceResponse, None]) -> AsyncIterator[Chunk]:
-    yield first
-    async for response in responses:
-        yield read_chunk(response)
+def _chunk_event(answer: Answer, choice: Choice, chunk: Chunk) -> bytes:
+    opening = not choice.opened
+    choice.opened = True
+    return answer.chunk(choice.index, chunk.text, first=opening)
+
+
+def _choice_options(request: GenerationRequest) -> list[dict[str, Any]]:
+    """Each choice's options: with a seed, choice i samples with seed + i (else all would be one)."""
+    seed = request.options.get("seed")
+    if request.n == 1 or seed is None:
+        return [request.options] * request.n
+    return [{**request.options, "seed": seed + index} for index in range(request.n)]
 
 
 def _error_document(exc: CoreserveError, where: str) -> dict[str, Any]:
@@ -153,9 +125,14 @@ def _error_document(exc: CoreserveError, where: str) -> dict[str, Any]:
     return document
 
 
-def _cancel_on_disconnect(request: HttpRequest, inference: InferenceRequest) -> None:
-    """Cancels `inference` if the client of `request` disconnects before it is answered."""
+def _cancel_on_disconnect(request: HttpRequest, inferences: list[InferenceRequest]) -> None:
+    """Cancels the requests if the client of `request` disconnects before it is answered."""
+
+    def cancel() -> None:
+        for inference in inferences:
+            inference.cancel()
+
     if request.disconnected:
-        inference.cancel()
+        cancel()
     else:
-        request.on_disconnect = inference.cancel
+        request.on_disconnect = cancel

@@ -21,6 +21,8 @@ from coreserve.openai.errors import OptionError
 _CALLER_KEYS = ("user",)
 _ROLES = ("system", "developer", "user", "assistant", "tool")
 _MAX_STOP_SEQUENCES = 4
+# Each choice is a request of its own: this bounds what one client request can set running.
+MAX_CHOICES = 16
 
 
 @dataclass
@@ -28,6 +30,7 @@ class GenerationRequest:
     """A completion or chat completion request: what the frontend and the model each get."""
 
     model: str
+    n: int = 1  # choices: each its own inference request
     stream: bool = False
     include_usage: bool = False  # stream_options.include_usage: a last chunk with the usage
     options: dict[str, Any] = field(default_factory=dict)  # sampling options, for the model
@@ -109,10 +112,10 @@ def _generation_request(document: dict[str, Any], content_keys: tuple[str, ...])
             raise OptionError("stream_options", "'stream_options.include_usage' must be true or false")
         request.include_usage = usage
     n = document.get("n")
-    if n is not None and (type(n) is not int or n != 1):
-        raise OptionError(
-            "n", f"'n' must be 1: this server returns one choice per request (got {quoted_value(n)})"
-        )
+    if n is not None:
+        if type(n) is not int or not 1 <= n <= MAX_CHOICES:
+            raise OptionError("n", f"'n' must be an integer from 1 to {MAX_CHOICES}, got {quoted_value(n)}")
+        request.n = n
     handled = {"model", "stream", "stream_options", "n", *content_keys, *_CALLER_KEYS}
     for key, value in document.items():
         if key not in handled and value is not None:  # null means the default in OpenAI's API
