@@ -87,6 +87,11 @@ class QueuedResponses:
     def done(self) -> bool:
         return self._done
 
+    @property
+    def drained(self) -> bool:
+        """True once `responses()` has taken the final response or the error: nothing more comes."""
+        return self._done and self._queue.empty()
+
     def send(self, response: InferenceResponse | None, final: bool) -> None:
         if not self._done:
             self._done = final

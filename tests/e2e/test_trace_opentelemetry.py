@@ -194,6 +194,58 @@ def test_grpc_metadata_traceparent_and_ensemble_steps(
         assert sorted(span["name"] for span in _children(spans, step)) == ["compute", "queue"]
 
 
+def test_streams_and_generate_continue_the_clients_trace(
+    coreserve_server: ServerFactory, repository: Path, receiver: OtlpReceiver
+) -> None:
+    server = _otel_server(coreserve_server, repository, receiver)
+    answers: list[object] = []
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:  # the stream's metadata carries the traceparent of each of its requests
+        client.start_stream(
+            lambda result, error: answers.append(error or result), headers={"traceparent": TRACEPARENT}
+        )
+        tensor = grpcclient.InferInput("INPUT0", [1, 4], "FP32")
+        tensor.set_data_from_numpy(np.ones((1, 4), np.float32))
+        client.async_stream_infer("scale", [tensor], request_id="streamed")
+        client.stop_stream()
+    finally:
+        client.close()
+    assert len(answers) == 1 and not isinstance(answers[0], Exception), answers
+    other_trace = "5bf92f3577b34da6a3ce929d0e0e4737"
+    for endpoint in ("generate", "generate_stream"):
+        body = json.dumps({"id": endpoint, "INPUT0": [1, 2, 3, 4]}).encode()
+        headers = {"traceparent": f"00-{other_trace}-{CLIENT_SPAN_ID}-01"}
+        status, _, reply = request(server.http_url, "POST", f"/v2/models/scale/{endpoint}", body, headers)
+        assert status == 200, reply
+    spans = receiver.wait_for(12)  # per request: InferRequest, the model's span, queue, compute
+    roots = {
+        _children(spans, root)[0]["attributes"]["triton.request_id"]: root
+        for root in spans
+        if root["name"] == "InferRequest"
+    }
+    assert sorted(roots) == ["generate", "generate_stream", "streamed"]
+    assert roots["streamed"]["trace_id"] == CLIENT_TRACE_ID
+    assert roots["streamed"]["events"] == [
+        "GRPC_WAITREAD_START",
+        "GRPC_WAITREAD_END",
+        "GRPC_SEND_START",
+        "GRPC_SEND_END",
+    ]
+    for endpoint in ("generate", "generate_stream"):
+        assert roots[endpoint]["trace_id"] == other_trace
+        assert roots[endpoint]["events"] == [
+            "HTTP_RECV_START",
+            "HTTP_RECV_END",
+            "HTTP_SEND_START",
+            "HTTP_SEND_END",
+        ]
+    for root in roots.values():
+        assert root["parent_span_id"] == CLIENT_SPAN_ID
+        (model,) = _children(spans, root)
+        assert sorted(span["name"] for span in _children(spans, model)) == ["compute", "queue"]
+        assert root["start"] <= model["start"] and model["end"] <= root["end"]
+
+
 def test_without_a_traceparent_each_request_starts_its_own_trace(
     coreserve_server: ServerFactory, repository: Path, receiver: OtlpReceiver
 ) -> None:

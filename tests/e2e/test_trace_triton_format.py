@@ -275,9 +275,12 @@ def test_an_ensembles_steps_are_traced_as_its_children(
         assert [name for name, _ in child["marks"]] == HTTP_MARKS[2:-2]  # in-process: no frontend marks
 
 
-def test_streamed_and_generate_requests_are_traced_to_their_last_response(
+def test_streamed_and_generate_requests_are_traced_with_their_frontend_marks(
     coreserve_server: ServerFactory, repository: Path, tmp_path: Path
 ) -> None:
+    # The real Triton 2.51 writes, for the same requests: GRPC_WAITREAD_* and GRPC_SEND_* on each
+    # ModelStreamInfer request, HTTP_RECV_* and HTTP_SEND_* on generate and generate_stream (with
+    # INFER_RESPONSE_COMPLETE, which coreserve does not write); file order aside, the same names.
     trace_file = tmp_path / "trace.json"
     server = _traced_server(coreserve_server, repository, trace_file, "level=TIMESTAMPS", "rate=1")
     answers: list[object] = []
@@ -292,12 +295,14 @@ def test_streamed_and_generate_requests_are_traced_to_their_last_response(
     finally:
         client.close()
     assert len(answers) == 2 and all(not isinstance(a, Exception) for a in answers)
-    body = json.dumps({"INPUT0": [1, 2, 3, 4]}).encode()
-    status, _, reply = request(server.http_url, "POST", "/v2/models/scale/generate", body)
-    assert status == 200, reply
+    for endpoint in ("generate", "generate_stream"):
+        body = json.dumps({"id": endpoint, "INPUT0": [1, 2, 3, 4]}).encode()
+        status, _, reply = request(server.http_url, "POST", f"/v2/models/scale/{endpoint}", body)
+        assert status == 200 and b"OUTPUT0" in reply, reply
     server.stop()
-    traces = _read(trace_file)
-    assert len(traces) == 3
-    for trace in traces.values():
-        assert [name for name, _ in trace["marks"]] == HTTP_MARKS[2:-2]
-    assert sorted(t["record"].get("request_id", "") for t in traces.values()) == ["", "stream0", "stream1"]
+    traces = {trace["record"]["request_id"]: trace for trace in _read(trace_file).values()}
+    assert sorted(traces) == ["generate", "generate_stream", "stream0", "stream1"]
+    for request_id, trace in traces.items():
+        expected = GRPC_MARKS if request_id.startswith("stream") else HTTP_MARKS
+        assert sorted(name for name, _ in trace["marks"]) == sorted(expected), request_id
+        assert [name for name, _ in trace["marks"][:3]] == expected[:3]  # received, then started

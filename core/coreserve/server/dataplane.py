@@ -231,14 +231,31 @@ class DataPlane:
             request_log.answered(request, target.version)
         return response
 
-    async def stream(self, request: InferenceRequest) -> AsyncGenerator[InferenceResponse, None]:
-        """Schedules a request and yields each of its responses (one for ordinary models)."""
+    async def stream(
+        self, request: InferenceRequest, *, frontend_sends: bool = False
+    ) -> AsyncGenerator[InferenceResponse, None]:
+        """Schedules a request and yields each of its responses (one for ordinary models).
+
+        `frontend_sends`: the caller marks its sending of the responses on a traced request's
+        trace and then finishes it (as infer's callers do); otherwise the trace ends with the
+        last response.
+        """
         sink = QueuedResponses()
-        self.submit(request, sink)
+        target = self.model_version(request.model_name, request.model_version)
+        self._submit(target, request, sink, ends_trace=not frontend_sends)
+        trace = request.trace if frontend_sends else None
         try:
             async for response in sink.responses():
+                if trace is not None:
+                    trace.outputs(response.outputs)
+                    if sink.drained:  # the last one: the request is answered
+                        trace.request_end(now_ns())
+                        trace = None
                 yield response
         finally:
+            # Ended by an error or by a final flag without a response (not by a caller that left).
+            if trace is not None and sink.drained:
+                trace.request_end(now_ns())
             # Left before the last response (the caller was cancelled, or stopped iterating):
             # nobody listens any more.
             if not sink.done:

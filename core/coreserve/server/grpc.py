@@ -310,7 +310,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             try:
                 async for message in requests:
                     open_requests += 1
-                    self._start_stream_request(message, outbox, running)
+                    self._start_stream_request(message, outbox, running, context)
                     if open_requests >= limit:
                         room.clear()
                         await room.wait()
@@ -341,8 +341,10 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 request.cancel()
 
     def _start_stream_request(
-        self, received: ReceivedInferRequest, outbox: Outbox, running: set[InferenceRequest]
+        self, received: ReceivedInferRequest, outbox: Outbox, running: set[InferenceRequest], context: Any
     ) -> None:
+        tracing = self._dataplane.tracer.active
+        received_ns = now_ns() if tracing else 0
         message = received.message
 
         def error_message(error: CoreserveError) -> None:
@@ -361,8 +363,14 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         except CoreserveError as exc:
             error_message(exc)
             return
+        if tracing:  # the stream's metadata (its traceparent) holds for each of its requests
+            _trace_context(request, context, received_ns)
 
         def on_response(response: InferenceResponse | None, final: bool) -> None:
+            # Called before the trace ends with the final response: the send marks are in it.
+            trace = request.trace
+            if trace is not None:
+                trace.mark("GRPC_SEND_START", now_ns())
             reply: bytes | pb.ModelStreamInferResponse | None = None
             if response is not None:
                 final_parameter = {FINAL_RESPONSE: final} if empty_final else None
@@ -381,6 +389,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 running.discard(request)
             if reply is not None or final:
                 outbox.put_nowait((reply, final))
+            if trace is not None:
+                trace.mark("GRPC_SEND_END", now_ns())
 
         def on_error(error: CoreserveError) -> None:
             running.discard(request)

@@ -30,7 +30,7 @@ from coreserve.server.http_shared_memory import shared_memory_routes
 from coreserve.server.http_tls import HttpTls
 from coreserve.server.http_wire import HttpRequest, HttpResponse, HttpServer, Response, StreamedResponse
 from coreserve.server.restrictions import ApiRestrictions
-from coreserve.tracing import TraceContext
+from coreserve.tracing import RequestTrace, TraceContext
 from coreserve.types import InferenceRequest, InferenceResponse, now_ns
 
 logger = logging.getLogger(__name__)
@@ -276,6 +276,8 @@ class HttpFrontend:
         )
 
     async def _generate_request(self, request: HttpRequest) -> InferenceRequest:
+        tracing = self._dataplane.tracer.active
+        received_ns = now_ns() if tracing else 0
         info = request.match_info
         model, version = info["model"], info.get("version", "")
         target = self._dataplane.model_version(model, version)
@@ -287,36 +289,60 @@ class HttpFrontend:
                 decode_generate_request, body, target.signature, model, version
             )
         _cancel_on_disconnect(request, inference)
+        if tracing:
+            inference.trace_context = TraceContext(
+                "HTTP", received_ns, now_ns(), request.headers.get("traceparent")
+            )
         return inference
 
     async def _generate(self, request: HttpRequest) -> HttpResponse:
         """One request, one JSON response: the last response of the model."""
         inference = await self._generate_request(request)
         last = None
-        async for response in self._dataplane.stream(inference):
-            last = response
-        if last is None:
-            raise InternalError(f"model '{inference.model_name}' sent no response")
-        return HttpResponse(200, encode_generate_response(last), "application/json")
+        try:
+            async for response in self._dataplane.stream(inference, frontend_sends=True):
+                last = response
+            if last is None:
+                raise InternalError(f"model '{inference.model_name}' sent no response")
+            _mark(inference.trace, "HTTP_SEND_START")
+            body = encode_generate_response(last)
+            _mark(inference.trace, "HTTP_SEND_END")
+        finally:
+            if inference.trace is not None:
+                inference.trace.finish()
+        return HttpResponse(200, body, "application/json")
 
     async def _generate_stream(self, request: HttpRequest) -> StreamedResponse:
         """One request, its responses as server-sent events; an error ends the stream as an event."""
         inference = await self._generate_request(request)
-        responses = self._dataplane.stream(inference)
+        responses = self._dataplane.stream(inference, frontend_sends=True)
         first: bytes | None = None
-        with contextlib.suppress(StopAsyncIteration):
-            first = encode_generate_response(await anext(responses))
+        try:
+            with contextlib.suppress(StopAsyncIteration):
+                response = await anext(responses)
+                _mark(inference.trace, "HTTP_SEND_START")
+                first = encode_generate_response(response)
+        except CoreserveError:
+            if inference.trace is not None:
+                inference.trace.finish()
+            raise
 
         async def events() -> AsyncIterator[bytes]:
+            trace = inference.trace
             try:
                 if first is not None:
                     yield b"data: " + first + b"\n\n"
+                    _mark(trace, "HTTP_SEND_END")  # the event is handed to the connection
                     async for response in responses:
+                        _mark(trace, "HTTP_SEND_START")
                         yield b"data: " + encode_generate_response(response) + b"\n\n"
+                        _mark(trace, "HTTP_SEND_END")
             except CoreserveError as exc:
                 yield b"data: " + orjson.dumps({"error": exc.message}) + b"\n\n"
             finally:
                 await responses.aclose()  # a client that left cancels the request: see stream()
+                if trace is not None:
+                    trace.finish()
 
         return StreamedResponse(
             events(), headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
@@ -400,6 +426,12 @@ def _cancel_on_disconnect(request: HttpRequest, inference: InferenceRequest) -> 
         inference.cancel()
     else:
         request.on_disconnect = inference.cancel
+
+
+def _mark(trace: RequestTrace | None, name: str) -> None:
+    """Marks a frontend timestamp (HTTP_SEND_START, ...) on a traced request's trace."""
+    if trace is not None:
+        trace.mark(name, now_ns())
 
 
 def _output_bytes(response: InferenceResponse) -> int:
