@@ -172,7 +172,8 @@ def _serve_parser() -> argparse.ArgumentParser:
         prog="coreserve",
         usage="coreserve --model-repository DIR [flag ...]   (coreserve --help lists them)",
         description="Serve the models of Triton-style model repositories over KServe v2 HTTP and gRPC.",
-        epilog="Run `coreserve backends` to list the installed backends.",
+        epilog="Run `coreserve backends` to list the installed backends, "
+        "`coreserve new-backend NAME` to write a new one.",
     )
     flag = parser.add_argument
 
