@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import Any
 
 from coreserve import ModelConfig, ModelConfigError, UnavailableError
@@ -20,7 +21,7 @@ from coreserve.backend import (
     complete_config,
     default_max_batch_size,
 )
-from coreserve_tensorrt.runtime import datatypes, import_cudart, import_tensorrt
+from coreserve_tensorrt.runtime import datatypes, import_cudart, import_tensorrt, visible_gpus
 
 FRAMEWORK = "the TensorRT engine"
 
@@ -59,6 +60,10 @@ class TensorRTBackend(BaseBackend):
     name: str = "tensorrt"
     platforms: tuple[str, ...] = ("tensorrt_plan",)
     default_model_filename: str = "model.plan"
+
+    def usable_gpus(self) -> Sequence[int]:
+        """Every GPU CUDA sees: a plan without instance_group runs on each, as on Triton."""
+        return visible_gpus()
 
     def complete_config(self, model: ModelFiles, config: ModelConfig, server: ServerContext) -> ModelConfig:
         try:

@@ -91,6 +91,12 @@ def engine_server(coreserve_server: ServerFactory, tmp_path: Path) -> Iterator[S
     folder.mkdir(parents=True)
     _build_engine(add_sub_model("FP32", ["batch", 4]).SerializeToString(), folder / "model.plan")
     (tmp_path / "engine" / "config.pbtxt").write_text(PLAN + "dynamic_batching { }")
+    # No instance_group, as plans usually come: one instance on each GPU, as on Triton.
+    (tmp_path / "engine_auto" / "1").mkdir(parents=True)
+    (tmp_path / "engine_auto" / "1" / "model.plan").write_bytes((folder / "model.plan").read_bytes())
+    (tmp_path / "engine_auto" / "config.pbtxt").write_text(
+        PLAN.replace("instance_group [ { kind: KIND_GPU gpus: [ 0 ] } ]", "")
+    )
     yield coreserve_server(tmp_path)
 
 
@@ -111,5 +117,9 @@ def test_engine_on_the_gpu(engine_server: ServerProcess) -> None:
             np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + 1)
             np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - 1)
         assert client.get_model_config("engine")["platform"] == "tensorrt_plan"
+        groups = client.get_model_config("engine_auto")["instance_group"]
+        assert [(g["kind"], g["gpus"]) for g in groups] == [("KIND_GPU", list(range(_gpu_count())))]
+        result = client.infer("engine_auto", inputs)
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + 1)
     finally:
         client.close()
