@@ -6,13 +6,11 @@ plugin registers.
 
 from __future__ import annotations
 
-import asyncio
-
 from coreserve import ModelConfig
-from coreserve.backend import InstancePlacement, ModelFiles, ModelInstance, ServerContext
+from coreserve.backend import BaseBackend, InstancePlacement, ModelFiles, ModelInstance, ServerContext
 
 
-class FilBackend:
+class FilBackend(BaseBackend):
     """Serves XGBoost, LightGBM and Treelite forests as Triton's FIL backend does.
 
     It has no default file name of its own: as in Triton's FIL, the file follows the
@@ -24,18 +22,14 @@ class FilBackend:
     platforms: tuple[str, ...] = ()
     default_model_filename: str = ""
 
-    def auto_complete_config(
-        self, model: ModelFiles, config: ModelConfig, server: ServerContext
-    ) -> ModelConfig:
-        if config.input and config.output:
-            return config
+    def complete_config(self, model: ModelFiles, config: ModelConfig, server: ServerContext) -> ModelConfig:
         from coreserve_fil.instance import complete
 
         return complete(model, config, server)
 
-    async def create_instance(
+    def load_instance(
         self, model: ModelFiles, config: ModelConfig, placement: InstancePlacement, server: ServerContext
     ) -> ModelInstance:
         from coreserve_fil.instance import create_instance
 
-        return await asyncio.to_thread(create_instance, model, config, placement)
+        return create_instance(model, config, placement)
