@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
 
 from coreserve.testing import ServerProcess
 
@@ -280,4 +281,145 @@ def test_cancelling_a_python_model_request_cancels_its_bls_calls(server: ServerP
         _metric(server, "nv_inference_request_failure", model="bls_parent", reason="CANCELED", version="1")
         == 1
     )
+    _sleepy_serves(server)
+
+
+def _sequence_infer(
+    client: grpcclient.InferenceServerClient,
+    sequence_id: int,
+    outcomes: list[str],
+    done: threading.Semaphore,
+    timeout: float | None = None,
+    **flags: bool,
+) -> None:
+    """Sends X=sequence_id to sleepy_sequence; its outcome ("ok" or the status) lands in `outcomes`."""
+
+    def finished(result: object, error: Exception | None) -> None:
+        outcomes.append("ok" if error is None else error.status())  # type: ignore[attr-defined]
+        done.release()
+
+    x = grpcclient.InferInput("X", [1], "INT32")
+    x.set_data_from_numpy(np.array([sequence_id], np.int32))
+    client.async_infer(
+        "sleepy_sequence", [x], finished, sequence_id=sequence_id, client_timeout=timeout, **flags
+    )
+
+
+def _sequence_serves(client: grpcclient.InferenceServerClient, sequence_id: int) -> None:
+    x = grpcclient.InferInput("X", [1], "INT32")
+    x.set_data_from_numpy(np.array([sequence_id], np.int32))
+    result = client.infer(
+        "sleepy_sequence", [x], sequence_id=sequence_id, sequence_start=True, sequence_end=True
+    )
+    assert result.as_numpy("Y").tolist() == [sequence_id]
+
+
+def test_cancelled_requests_of_a_sequence_leave_it_with_its_pending_requests(server: ServerProcess) -> None:
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    outcomes: list[str] = []
+    done = threading.Semaphore(0)
+    try:
+        # Sequence 1 starts, then its next requests queue behind one another (0.5 s each); their
+        # clients give up after a second. As on Triton, the first one cancelled takes every
+        # pending request of its sequence with it, and the sequence is released.
+        _sequence_infer(client, 1, outcomes, done, sequence_start=True)
+        _wait_for(lambda: not _idle(server, "sleepy_sequence"), 20, "sequence 1 starts")  # (RPCs race)
+        for _ in range(CLIENTS - 1):
+            _sequence_infer(client, 1, outcomes, done, timeout=1.0)
+        for _ in range(CLIENTS):
+            assert done.acquire(timeout=60)
+        _wait_for(lambda: _idle(server, "sleepy_sequence"), 20, "sleepy_sequence has nothing queued")
+        stats = _statistics(server, "sleepy_sequence")
+        answered = outcomes.count("ok")
+        # Those that ran before the first client gave up, and the one running then (it stops).
+        assert answered <= stats["execution_count"] <= 4, outcomes
+        assert stats["inference_stats"]["success"]["count"] == answered
+        assert stats["inference_stats"]["fail"]["count"] == CLIENTS - answered
+        assert (
+            _metric(
+                server,
+                "nv_inference_request_failure",
+                model="sleepy_sequence",
+                reason="CANCELED",
+                version="1",
+            )
+            == CLIENTS - answered
+        )
+        # The sequence was released: it must start again, and then it runs from a fresh start.
+        x = grpcclient.InferInput("X", [1], "INT32")
+        x.set_data_from_numpy(np.array([1], np.int32))
+        with pytest.raises(
+            InferenceServerException, match=r"must set sequence_start.*a request of it was cancelled"
+        ):
+            client.infer("sleepy_sequence", [x], sequence_id=1)
+        _sequence_serves(client, 1)
+    finally:
+        client.close()
+
+
+def test_sequences_cancelled_while_waiting_for_a_slot_never_run(server: ServerProcess) -> None:
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    outcomes: list[str] = []
+    done = threading.Semaphore(0)
+    try:
+        # Sequence 1 takes the only slot and keeps it; 20 sequences wait in the backlog for it
+        # and their clients give up.
+        _sequence_infer(client, 1, outcomes, done, sequence_start=True)
+        assert done.acquire(timeout=60) and outcomes == ["ok"]
+        waiting = range(100, 120)
+        for sequence_id in waiting:
+            _sequence_infer(client, sequence_id, outcomes, done, timeout=1.0, sequence_start=True)
+        for _ in waiting:
+            assert done.acquire(timeout=60)
+        assert outcomes.count("ok") == 1
+        # Sequence 1 ends and frees the slot: none of the cancelled sequences takes it.
+        _sequence_infer(client, 1, outcomes, done, sequence_end=True)
+        assert done.acquire(timeout=60) and outcomes.count("ok") == 2
+        _wait_for(lambda: _idle(server, "sleepy_sequence"), 20, "sleepy_sequence has nothing queued")
+        assert _statistics(server, "sleepy_sequence")["execution_count"] == 2
+        assert _metric(
+            server, "nv_inference_request_failure", model="sleepy_sequence", reason="CANCELED", version="1"
+        ) == len(waiting)
+        # A cancelled sequence can start again, and the slot serves it.
+        _sequence_serves(client, 100)
+        assert _statistics(server, "sleepy_sequence")["execution_count"] == 3
+    finally:
+        client.close()
+
+
+def test_a_decoupled_request_cancelled_after_execute_returned_counts_as_cancelled(
+    server: ServerProcess,
+) -> None:
+    # background_streamer's execute() returns at once; a thread of its own streams, and goes on
+    # sending a few responses after it sees the cancellation, then the final flag.
+    received: list[int] = []
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    n = grpcclient.InferInput("N", [1], "INT32")
+    n.set_data_from_numpy(np.array([10_000], np.int32))
+    client.start_stream(lambda result, error: received.append(0 if error else 1))
+    client.async_stream_infer("background_streamer", [n])
+    _wait_for(lambda: len(received) >= 20, 30, "the first responses arrive")
+    assert _statistics(server, "background_streamer")["execution_count"] == 1
+    client.stop_stream(cancel_requests=True)
+    client.close()
+    ended = re.compile(r"background streamer ended after (\d+) of 10000 responses")
+    _wait_for(lambda: ended.search(server.log) is not None, STOP_WITHIN_S, "the model's thread ends")
+    found = ended.search(server.log)
+    assert found is not None and int(found.group(1)) < 10_000
+    stats = _statistics(server, "background_streamer")
+    assert stats["inference_stats"]["success"]["count"] == 0
+    assert stats["inference_stats"]["fail"]["count"] == 1
+    assert (
+        _metric(
+            server,
+            "nv_inference_request_failure",
+            model="background_streamer",
+            reason="CANCELED",
+            version="1",
+        )
+        == 1
+    )
+    assert _metric(server, "nv_inference_request_success", model="background_streamer", version="1") == 0
+    # The responses it sent after the cancellation were dropped without a fuss (the fixture
+    # checks the log has no traceback), and the server serves on.
     _sleepy_serves(server)

@@ -60,6 +60,7 @@ from coreserve.types import InferenceRequest, InferenceResponse, ResponseSink, n
 logger = logging.getLogger(__name__)
 DEFAULT_IDLE_US = 1_000_000
 _REMEMBERED_RELEASES = 1024
+CANCELLED_REASON = "a request of it was cancelled"
 
 
 @dataclass(slots=True)
@@ -84,6 +85,7 @@ class SequenceSlot:
     busy: bool = False
     ended: bool = False
     auto: bool = False  # an iterative sequence the batcher opened for a request without an id
+    cancelled: bool = False  # released once the request it runs returns
     waiting_since_ns: int = 0
     active_ns: int = 0
 
@@ -210,6 +212,7 @@ class SequenceBatcher(Scheduler):
         request.queued_ns = sequence.active_ns = now_ns()
         sequence.steps.append(Step(request, start, end))
         sequence.ended = end
+        sequence.cancelled = sequence.cancelled and not start
         request.queue = self
         self._idle.clear()
         self._notify(sequence)
@@ -245,9 +248,9 @@ class SequenceBatcher(Scheduler):
             if step.request.sink is not None:
                 step.request.sink.fail(CancelledError(f"request for model '{model}' was cancelled"))
         if not sequence.busy:
-            self._release(sequence, "a request of it was cancelled")
+            self._release(sequence, CANCELLED_REASON)
         else:
-            sequence.ended = True  # released once the request it runs returns
+            sequence.ended = sequence.cancelled = True
         if not self.queue_size and self._busy == 0:
             self._idle.set()
 
@@ -390,7 +393,8 @@ class SequenceBatcher(Scheduler):
         if self._sequences.get(sequence.id) is not sequence:
             return  # released meanwhile (cancelled, or idle)
         if (step.end or sequence.auto or sequence.ended) and not sequence.steps:
-            self._release(sequence, "its last request (sequence_end) ran")
+            ran = "its last request ran" if sequence.auto else "its last request (sequence_end) ran"
+            self._release(sequence, CANCELLED_REASON if sequence.cancelled else ran)
         else:
             self._notify(sequence)
 
