@@ -320,6 +320,11 @@ class SequenceBatcher(Scheduler):
         batching = self.signature.batching
         for control in self._controls:
             request.inputs[control.name] = control.value(sequence.id, step.start, step.end, batching)
+        if sequence.auto or step.again:
+            # What the backend reads as the request's correlation id and flags (Triton's): the
+            # id the batcher gave, START on the first execution only.
+            request.parameters["sequence_id"] = sequence.id
+            request.parameters["sequence_start"] = step.start
         if step.again:
             return request  # its state outputs are asked for and captured since its first run
         if step.start:

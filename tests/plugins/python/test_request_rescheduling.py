@@ -11,7 +11,6 @@ import queue
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -77,6 +76,32 @@ class TritonPythonModel:
                 responses.append(response)
         return responses
 """
+# Each execution answers correlation id * 10 + request flags, and hands the request back twice.
+FLAGS_MODEL = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.runs = {}
+
+    def execute(self, requests):
+        for request in requests:
+            key = request.correlation_id()
+            self.runs[key] = self.runs.get(key, 0) + 1
+            value = pb_utils.Tensor("OUT", np.array([[key * 10 + request.flags()]], np.int32))
+            sender = request.get_response_sender()
+            if self.runs[key] < 3:
+                request.set_release_flags(pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
+                sender.send(pb_utils.InferenceResponse([value]))
+            else:
+                del self.runs[key]
+                sender.send(
+                    pb_utils.InferenceResponse([value]), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+                )
+        return None
+"""
 CONFIG = """
 backend: "python"
 max_batch_size: 4
@@ -93,6 +118,7 @@ MODELS = {
     "twice_iterative": (ORDINARY_MODEL.format(none_in_place=True), False, ITERATIVE),
     "twice_default": (ORDINARY_MODEL.format(none_in_place=True), False, ""),
     "twice_answering": (ORDINARY_MODEL.format(none_in_place=False), False, ITERATIVE),
+    "flags_iterative": (FLAGS_MODEL, True, ITERATIVE),
 }
 REFUSED = (
     "Request is released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, while the model is not "
@@ -119,7 +145,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     assert "iterative_sequence" not in log  # no longer warned about as ignored
 
 
-def _stream(server: ServerProcess, model: str, value: int) -> list[tuple[str, object]]:
+def _stream(server: ServerProcess, model: str, value: int, **sequence: object) -> list[tuple[str, object]]:
     """One request over a gRPC stream: ("out", value) per response, ("error", text), "final"."""
     results: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(server.grpc_url)
@@ -128,7 +154,7 @@ def _stream(server: ServerProcess, model: str, value: int) -> list[tuple[str, ob
     try:
         tensor = grpcclient.InferInput("IN", [1, 1], "INT32")
         tensor.set_data_from_numpy(np.array([[value]], np.int32))
-        client.async_stream_infer(model, [tensor], enable_empty_final_response=True)
+        client.async_stream_infer(model, [tensor], enable_empty_final_response=True, **sequence)
         while True:
             result, error = results.get(timeout=60)
             if error is not None:
@@ -204,9 +230,11 @@ def test_a_model_without_iterative_sequences_cannot_hand_requests_back(server: S
         client.close()
     grpc_tensor = grpcclient.InferInput("IN", [1, 1], "INT32")
     grpc_tensor.set_data_from_numpy(np.array([[1]], np.int32))
-    with grpcclient.InferenceServerClient(server.grpc_url) as grpc_client:
-        with pytest.raises(InferenceServerException) as grpc_info:
-            grpc_client.infer("twice_default", [grpc_tensor])
+    with (
+        grpcclient.InferenceServerClient(server.grpc_url) as grpc_client,
+        pytest.raises(InferenceServerException) as grpc_info,
+    ):
+        grpc_client.infer("twice_default", [grpc_tensor])
     assert grpc_info.value.status() == "StatusCode.INTERNAL" and grpc_info.value.message() == REFUSED
     assert _statistics(server, "twice_default")["inference_stats"]["fail"]["count"] == 2
     # One log line per refused request, naming the model.
@@ -227,3 +255,19 @@ def test_a_response_for_a_request_handed_back_is_refused_as_triton_refuses_it(se
         "Expected a None object in the execute function return list for reschduled request, found type "
         in info.value.message()
     )
+
+
+def test_a_handed_back_request_runs_with_its_sequence_id_and_start_only_once(server: ServerProcess) -> None:
+    # Without a sequence id the batcher gives one (Triton counts from 1) and START.
+    first = _stream(server, "flags_iterative", 0)
+    assert [kind for kind, _ in first] == ["out", "out", "out", "final"]
+    auto_id = int(first[0][1]) // 10  # type: ignore[call-overload]
+    assert auto_id >= 1
+    assert [value for _, value in first[:3]] == [auto_id * 10 + 1, auto_id * 10, auto_id * 10]
+    # A client's sequence keeps its id; START only on the first execution, END until answered.
+    assert _stream(server, "flags_iterative", 0, sequence_id=42, sequence_start=True, sequence_end=True) == [
+        ("out", 423),
+        ("out", 422),
+        ("out", 422),
+        ("final", None),
+    ]
