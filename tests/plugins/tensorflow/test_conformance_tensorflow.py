@@ -2,26 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from tf_repository import GRAPHDEF_CONFIG as GRAPHDEF
+from tf_repository import build_models, skip_without_tensorflow
 
 from coreserve.testing import BackendConformance
 
-pytest.importorskip("coreserve_tensorflow", reason="plugin-tensorflow is not installed")
-if importlib.util.find_spec("tensorflow") is None:
-    pytest.skip("TensorFlow is not installed (pip install ./plugins/tensorflow)", allow_module_level=True)
-
-BUILDERS = Path(__file__).with_name("tf_model_builders.py")
-GRAPHDEF = """
-platform: "tensorflow_graphdef"
-max_batch_size: 8
-input [ { name: "x" data_type: TYPE_FP32 dims: [ 4 ] } ]
-output [ { name: "y" data_type: TYPE_FP32 dims: [ 4 ] } ]
-"""
+skip_without_tensorflow()
 
 
 class TestTensorFlowBackendConformance(BackendConformance):
@@ -31,8 +20,6 @@ class TestTensorFlowBackendConformance(BackendConformance):
     @classmethod
     def conformance_repository(cls, tmp_path_factory: pytest.TempPathFactory) -> Path:
         root = tmp_path_factory.mktemp("tf-conformance")
-        subprocess.run(
-            [sys.executable, str(BUILDERS), str(root)], check=True, capture_output=True, timeout=240
-        )
+        build_models(root)
         (root / "graphdef" / "config.pbtxt").write_text(GRAPHDEF)
         return root

@@ -3,10 +3,7 @@
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
-import subprocess
-import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -16,21 +13,14 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from tf_repository import GRAPHDEF_CONFIG as GRAPHDEF
+from tf_repository import build_models, skip_without_tensorflow
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from coreserve.testing import ServerProcess
 
-pytest.importorskip("coreserve_tensorflow", reason="plugin-tensorflow is not installed")
-if importlib.util.find_spec("tensorflow") is None:
-    pytest.skip("TensorFlow is not installed (pip install ./plugins/tensorflow)", allow_module_level=True)
+skip_without_tensorflow()
 
-BUILDERS = Path(__file__).with_name("tf_model_builders.py")
-GRAPHDEF = """
-platform: "tensorflow_graphdef"
-max_batch_size: 8
-input [ { name: "x" data_type: TYPE_FP32 dims: [ 4 ] } ]
-output [ { name: "y" data_type: TYPE_FP32 dims: [ 4 ] } ]
-"""
 NUMPY_TYPES = {
     "BOOL": np.bool_,
     "UINT8": np.uint8,
@@ -57,8 +47,7 @@ def _copy(built: Path, repository: Path, source: str, name: str, config: str | N
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    built = tmp_path_factory.mktemp("tf-built")
-    subprocess.run([sys.executable, str(BUILDERS), str(built)], check=True, capture_output=True, timeout=240)
+    built = build_models(tmp_path_factory.mktemp("tf-built"))
     repository = tmp_path_factory.mktemp("tf-repository")
     _copy(built, repository, "affine", "affine", None)  # no config.pbtxt at all: found and completed
     _copy(

@@ -1,0 +1,35 @@
+"""What the TensorFlow tests share: the models built by tf_model_builders.py, and the GraphDef's config."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BUILDERS = Path(__file__).with_name("tf_model_builders.py")
+GRAPHDEF_CONFIG = """
+platform: "tensorflow_graphdef"
+max_batch_size: 8
+input [ { name: "x" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "y" data_type: TYPE_FP32 dims: [ 4 ] } ]
+"""
+
+
+def skip_without_tensorflow() -> None:
+    """Skips the calling test module where plugin-tensorflow or TensorFlow is not installed."""
+    if (
+        importlib.util.find_spec("coreserve_tensorflow") is None
+        or importlib.util.find_spec("tensorflow") is None
+    ):
+        pytest.skip(
+            "plugin-tensorflow is not installed (pip install ./plugins/tensorflow)", allow_module_level=True
+        )
+
+
+def build_models(target: Path) -> Path:
+    """Builds every test model into `target` (<name>/1/...) with TensorFlow, in a process of its own."""
+    subprocess.run([sys.executable, str(BUILDERS), str(target)], check=True, capture_output=True, timeout=240)
+    return target
