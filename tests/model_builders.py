@@ -161,3 +161,44 @@ def ragged_sum_model() -> onnx.ModelProto:
         ],
         constants,
     )
+
+
+BLS_CALLS_SCALE = '''
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    """OUT = scale(scale(INPUT0)) through two BLS calls: the first given the request's trace."""
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            values = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            for trace in (request.trace(), None):
+                call = pb_utils.InferenceRequest(
+                    model_name="scale",
+                    requested_output_names=["OUTPUT0"],
+                    inputs=[pb_utils.Tensor("INPUT0", values)],
+                    trace=trace,
+                )
+                answer = call.exec()
+                if answer.has_error():
+                    raise pb_utils.TritonModelException(answer.error().message())
+                values = pb_utils.get_output_tensor_by_name(answer, "OUTPUT0").as_numpy()
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", values)]))
+        return responses
+'''
+BLS_CONFIG = """
+backend: "python"
+max_batch_size: 4
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] } ]
+"""
+
+
+def write_bls_model(repository: Path, name: str = "bls") -> Path:
+    """A Python model that calls the repository's `scale` model twice by BLS, the first call with
+    `trace=request.trace()` (a child of the request in its trace), the second without (untraced)."""
+    folder = write_model(repository, name, None, BLS_CONFIG)
+    (folder / "1" / "model.py").write_text(BLS_CALLS_SCALE)
+    return folder

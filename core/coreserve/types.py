@@ -150,17 +150,21 @@ class InferenceRequest:
     _on_cancel: list[Callable[[], object]] | None = field(default=None, init=False, repr=False)
     queue: RequestQueue | None = field(default=None, init=False, repr=False)
 
-    def trace_as_child_of(self, parent: InferenceRequest) -> None:
+    def trace_as_child_of(self, parent: InferenceRequest | None) -> None:
         """Traces this request as a child of `parent`'s trace, if `parent` is traced.
 
-        For requests a model makes while executing `parent` (BLS calls): the child's trace
-        names the parent's (`parent_id` in Triton's trace file; a child span in OpenTelemetry).
+        For requests a model makes while executing `parent` (ensemble steps, BLS calls): the
+        child's trace names the parent's (`parent_id` in Triton's trace file; a child span in
+        OpenTelemetry). As in Triton, such a request is traced with its parent or not at all:
+        it is not sampled on its own (None: the model did not give its request's trace).
         Call it before submitting this request.
         """
-        if parent.trace is not None:
-            from coreserve.tracing.trace import TraceContext  # tracing imports this module
+        from coreserve.tracing.trace import UNSAMPLED, TraceContext  # tracing imports this module
 
+        if parent is not None and parent.trace is not None:
             self.trace_context = TraceContext(parent=parent.trace)
+        else:
+            self.trace_context = UNSAMPLED
 
     def is_cancelled(self) -> bool:
         """True once the request was cancelled: its client gave up, or its parent was cancelled.

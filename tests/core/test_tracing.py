@@ -66,9 +66,15 @@ def test_a_child_request_is_traced_with_its_parent() -> None:
     trace = tracer.trace(child, 1)
     assert trace is not None and trace.parent is parent.trace
     assert [t.activity for t in trace.tensor_records] == ["TENSOR_QUEUE_INPUT"]
-    untraced = _request("step")
-    untraced.trace_as_child_of(_request("ensemble"))
-    assert untraced.trace_context is None
+    # The child of an untraced request (or of none: a BLS call without the request's trace) is
+    # not traced, whatever the rate: as Triton, it is not sampled on its own.
+    tracer.update({"trace_level": ["TIMESTAMPS"]})
+    for untraced_parent in (_request("ensemble"), None):
+        untraced = _request("step")
+        untraced.trace_as_child_of(untraced_parent)
+        assert untraced.trace_context is not None and not untraced.trace_context.sampled
+        assert tracer.trace(untraced, 1) is None
+    assert tracer.trace(_request("step"), 1) is not None  # a client's request is sampled at rate 1
 
 
 def test_trace_config_reads_tritons_forms_and_the_older_flags() -> None:

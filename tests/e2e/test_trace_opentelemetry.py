@@ -22,7 +22,7 @@ import tritonclient.grpc as grpcclient
 
 from coreserve.testing import ServerFactory, ServerProcess
 from http_raw import request
-from model_builders import scale_model, write_model
+from model_builders import scale_model, write_bls_model, write_model
 
 SCALE = """
 backend: "onnxruntime"
@@ -244,6 +244,43 @@ def test_streams_and_generate_continue_the_clients_trace(
         (model,) = _children(spans, root)
         assert sorted(span["name"] for span in _children(spans, model)) == ["compute", "queue"]
         assert root["start"] <= model["start"] and model["end"] <= root["end"]
+
+
+def test_a_bls_call_given_the_requests_trace_is_a_child_span(
+    coreserve_server: ServerFactory, repository: Path, receiver: OtlpReceiver
+) -> None:
+    write_bls_model(repository)
+    server = _otel_server(coreserve_server, repository, receiver)
+    body = json.dumps(
+        {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]}
+    ).encode()
+    status, _, reply = request(
+        server.http_url, "POST", "/v2/models/bls/infer", body, {"traceparent": TRACEPARENT}
+    )
+    assert status == 200, reply
+    # InferRequest, bls, its queue and compute; the traced call's scale, queue and compute. The
+    # call made without trace=request.trace() is not traced (as Triton).
+    spans = receiver.wait_for(7)
+    time.sleep(0.5)  # (a stray span of the untraced call would arrive in the same batch)
+    spans = receiver.spans()
+    assert sorted(span["name"] for span in spans) == [
+        "InferRequest",
+        "bls",
+        "compute",
+        "compute",
+        "queue",
+        "queue",
+        "scale",
+    ]
+    assert {span["trace_id"] for span in spans} == {CLIENT_TRACE_ID}
+    root = _one(spans, "InferRequest")
+    (model,) = _children(spans, root)
+    assert model["name"] == "bls"
+    assert sorted(span["name"] for span in _children(spans, model)) == ["compute", "queue", "scale"]
+    call = _one(spans, "scale")
+    assert call["attributes"]["triton.parent_id"] == model["attributes"]["triton.trace_id"]
+    assert sorted(span["name"] for span in _children(spans, call)) == ["compute", "queue"]
+    assert model["start"] <= call["start"] <= call["end"] <= model["end"]
 
 
 def test_without_a_traceparent_each_request_starts_its_own_trace(

@@ -20,7 +20,7 @@ import tritonclient.http as httpclient
 
 from coreserve.testing import ServerFactory, ServerProcess
 from http_raw import request
-from model_builders import scale_model, write_model
+from model_builders import scale_model, write_bls_model, write_model
 
 SCALE = """
 backend: "onnxruntime"
@@ -306,3 +306,40 @@ def test_streamed_and_generate_requests_are_traced_with_their_frontend_marks(
         expected = GRPC_MARKS if request_id.startswith("stream") else HTTP_MARKS
         assert sorted(name for name, _ in trace["marks"]) == sorted(expected), request_id
         assert [name for name, _ in trace["marks"][:3]] == expected[:3]  # received, then started
+
+
+def test_a_bls_call_given_the_requests_trace_is_traced_as_its_child(
+    coreserve_server: ServerFactory, repository: Path, tmp_path: Path
+) -> None:
+    # As the real Triton 2.51 writes it for the same model: the call made with
+    # trace=request.trace() is a trace with the request's id as parent_id and no frontend marks;
+    # the call made without it is not traced at all, whatever the rate.
+    write_bls_model(repository)
+    trace_file = tmp_path / "trace.json"
+    server = _traced_server(coreserve_server, repository, trace_file, "level=TIMESTAMPS", "rate=1")
+    body = json.dumps(
+        {
+            "id": "b1",
+            "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}],
+        }
+    ).encode()
+    status, _, reply = request(server.http_url, "POST", "/v2/models/bls/infer", body)
+    assert status == 200 and json.loads(reply)["outputs"][0]["data"] == [4.0, 8.0, 12.0, 16.0], reply
+    server.stop()
+    traces = _read(trace_file)
+    assert len(traces) == 2, traces
+    parent = next(trace for trace in traces.values() if trace["record"]["model_name"] == "bls")
+    (child,) = [trace for trace in traces.values() if trace["record"]["model_name"] == "scale"]
+    assert parent["record"] == {
+        "id": parent["record"]["id"],
+        "model_name": "bls",
+        "model_version": 1,
+        "request_id": "b1",
+    }
+    assert child["record"]["parent_id"] == parent["record"]["id"]
+    assert [name for name, _ in parent["marks"]] == HTTP_MARKS
+    assert [name for name, _ in child["marks"]] == HTTP_MARKS[2:-2]
+    compute, stamps = dict(parent["marks"]), dict(child["marks"])
+    assert (
+        compute["COMPUTE_START"] <= stamps["REQUEST_START"] <= stamps["REQUEST_END"] <= compute["COMPUTE_END"]
+    )

@@ -34,7 +34,8 @@ class TraceContext:
 
     `protocol` is "HTTP" or "GRPC" (Triton's timestamp prefixes) or "" for a request made
     in-process; `traceparent` is the client's W3C header; `parent` the trace of the ensemble
-    or BLS request that made this one.
+    or BLS request that made this one. `sampled` False: a request a model made for an untraced
+    request (or without its trace), which is not traced (UNSAMPLED).
     """
 
     protocol: str = ""
@@ -42,6 +43,10 @@ class TraceContext:
     recv_end_ns: int = 0
     traceparent: str | None = None
     parent: RequestTrace | None = None
+    sampled: bool = True
+
+
+UNSAMPLED = TraceContext(sampled=False)
 
 
 @dataclass(slots=True)

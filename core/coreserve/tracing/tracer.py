@@ -112,7 +112,7 @@ class Tracer:
         if parent is not None:
             tensors = tensors or parent.tensors  # an ensemble step or BLS call is traced with its parent
         else:
-            if setting.trace_level == ("OFF",):
+            if setting.trace_level == ("OFF",) or (context is not None and not context.sampled):
                 return None
             # Triton traces every request that carries a client's trace context, whatever the
             # rate and count (OpenTelemetry mode).

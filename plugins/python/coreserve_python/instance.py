@@ -419,6 +419,11 @@ class PythonInstance:
             # The requests whose execute() made this call: cancelling them cancels it.
             parents = [entry[0] for key in message.get("parents", ()) if (entry := self._open.get(key))]
             forget = cancel_with_parents(request, parents)
+            # Traced as the child of the request whose trace() it was given, when that one is
+            # traced; without trace=, not traced (as Triton).
+            key = message.get("trace_parent")
+            traced = self._open.get(key) if key is not None else None
+            request.trace_as_child_of(traced[0] if traced is not None else None)
             if client is None:
                 raise UnavailableError("this server offers no in-process client for BLS requests")
             if message["decoupled"]:

@@ -162,6 +162,7 @@ class BlsRequestMessage(TypedDict):
     timeout: int  # microseconds; 0: none
     decoupled: bool
     parents: list[int]  # the keys of the batch whose execute() made the call
+    trace_parent: int | None  # the key of the request whose trace() the call was given
 
 
 class BlsCancelMessage(TypedDict):

@@ -104,10 +104,15 @@ class PreferredMemory:
 
 
 class InferenceTrace:
-    """The trace of a request, as Triton's `request.trace()` returns it."""
+    """The trace of a request, as Triton's `request.trace()` returns it.
 
-    def __init__(self, context: str | None = None) -> None:
+    Given to a BLS request (`InferenceRequest(..., trace=request.trace())`), it makes the BLS
+    call a child of that request in the server's trace, when that request is traced.
+    """
+
+    def __init__(self, context: str | None = None, _request_key: int | None = None) -> None:
         self._context = context
+        self._request_key = _request_key  # the server's key of the request it belongs to
 
     def get_context(self) -> str | None:
         """The trace's OpenTelemetry context as a JSON string; None when not traced."""
@@ -432,6 +437,8 @@ class InferenceRequest:
         return json.dumps(self._parameters)
 
     def trace(self) -> InferenceTrace:
+        if self._key is not None:  # a request given to execute(): made only when asked for
+            return InferenceTrace(None, self._key)
         return self._trace
 
     def is_cancelled(self) -> bool:

@@ -469,6 +469,7 @@ class Stub:
             "decoupled": decoupled,
             # Made by an execute() of this stub: a child of the batch being executed.
             "parents": list(_executing.get()),
+            "trace_parent": request.trace()._request_key,
         }
         self._channel.send(message)
         return call_id
