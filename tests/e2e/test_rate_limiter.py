@@ -10,11 +10,13 @@ then is the limiter's choice alone.
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -100,25 +102,39 @@ def server(tmp_path_factory: pytest.TempPathFactory, markers: Markers, gate: Pat
     assert "Traceback" not in log, log
 
 
+class Client:
+    """Sends inference requests from threads of its own, so they stay in flight while a test
+    polls (tritonclient's async_infer runs on gevent, which a test sleeping in time.sleep starves)."""
+
+    def __init__(self, server: ServerProcess) -> None:
+        self._url = f"http://{server.http_url}/v2/models"
+        self._pool = ThreadPoolExecutor(4 * REQUESTS)
+
+    def send(self, model: str, count: int, milliseconds: int = 0) -> list[Future[int]]:
+        return [self._pool.submit(self._infer, model, milliseconds) for _ in range(count)]
+
+    def _infer(self, model: str, milliseconds: int) -> int:
+        body = json.dumps(
+            {"inputs": [{"name": "X", "shape": [1], "datatype": "INT32", "data": [milliseconds]}]}
+        )
+        request = urllib.request.Request(f"{self._url}/{model}/infer", body.encode(), method="POST")
+        with urllib.request.urlopen(request, timeout=120) as reply:
+            return int(json.loads(reply.read())["outputs"][0]["data"][0])
+
+    def close(self) -> None:
+        self._pool.shutdown(cancel_futures=True)
+
+
 @pytest.fixture
-def client(server: ServerProcess) -> Iterator[httpclient.InferenceServerClient]:
-    client = httpclient.InferenceServerClient(server.http_url, concurrency=4 * REQUESTS, network_timeout=120)
+def client(server: ServerProcess) -> Iterator[Client]:
+    client = Client(server)
     yield client
     client.close()
 
 
-def _send(client: httpclient.InferenceServerClient, model: str, count: int, milliseconds: int = 0) -> list:
-    requests = []
-    for _ in range(count):
-        tensor = httpclient.InferInput("X", [1], "INT32")
-        tensor.set_data_from_numpy(np.array([milliseconds], np.int32))
-        requests.append(client.async_infer(model, [tensor]))
-    return requests
-
-
-def _answers(requests: list) -> list[int]:
+def _answers(requests: list[Future[int]]) -> list[int]:
     """Each request's Y (raises if a request failed: the limiter delays, never fails)."""
-    return [int(request.get_result().as_numpy("Y")[0]) for request in requests]
+    return [request.result(timeout=180) for request in requests]
 
 
 def _pending(server: ServerProcess, model: str) -> int:
@@ -138,7 +154,7 @@ def _wait_for(condition: Callable[[], bool], what: str, timeout: float = 60) -> 
 
 def _behind_the_gate(
     server: ServerProcess,
-    client: httpclient.InferenceServerClient,
+    client: Client,
     markers: Markers,
     gate: Path,
     models: list[str],
@@ -147,9 +163,9 @@ def _behind_the_gate(
     the models' executions in order (one letter each)."""
     gate.unlink(missing_ok=True)
     markers.begin()
-    held = _send(client, "gate", 1)
+    held = client.send("gate", 1)
     _wait_for(lambda: markers.entered("gate") == "g", "the gate model runs")
-    waiting = {model: _send(client, model, REQUESTS) for model in models}
+    waiting = {model: client.send(model, REQUESTS) for model in models}
     for model in models:
         _wait_for(
             lambda model=model: _pending(server, model) == REQUESTS, f"{REQUESTS} requests for '{model}' wait"
@@ -164,11 +180,11 @@ def _behind_the_gate(
 
 
 def test_two_models_needing_the_whole_of_one_resource_never_execute_at_once(
-    client: httpclient.InferenceServerClient, markers: Markers
+    client: Client, markers: Markers
 ) -> None:
     markers.begin()
-    requests = _send(client, "left", REQUESTS, milliseconds=30) + _send(
-        client, "right", REQUESTS, milliseconds=30
+    requests = client.send("left", REQUESTS, milliseconds=30) + client.send(
+        "right", REQUESTS, milliseconds=30
     )
     assert _answers(requests) == [30] * (2 * REQUESTS)  # delayed, never failed
     running = most = 0
@@ -183,7 +199,7 @@ def test_two_models_needing_the_whole_of_one_resource_never_execute_at_once(
 
 
 def test_a_priority_two_instance_gets_half_the_executions_of_a_priority_one_instance(
-    server: ServerProcess, client: httpclient.InferenceServerClient, markers: Markers, gate: Path
+    server: ServerProcess, client: Client, markers: Markers, gate: Path
 ) -> None:
     order = _behind_the_gate(server, client, markers, gate, ["first", "second"])
     contended = order[: REQUESTS + REQUESTS // 2]  # both still have requests waiting
@@ -192,7 +208,7 @@ def test_a_priority_two_instance_gets_half_the_executions_of_a_priority_one_inst
 
 
 def test_model_priority_max_runs_all_its_work_before_priority_min(
-    server: ServerProcess, client: httpclient.InferenceServerClient, markers: Markers, gate: Path
+    server: ServerProcess, client: Client, markers: Markers, gate: Path
 ) -> None:
     order = _behind_the_gate(server, client, markers, gate, ["later", "urgent"])
     assert order == "u" * REQUESTS + "l" * REQUESTS
