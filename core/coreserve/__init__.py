@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+from typing import TYPE_CHECKING
 
 try:
     __version__ = importlib.metadata.version("core-server")
@@ -29,6 +30,10 @@ from coreserve.errors import (
     UnsupportedError,
 )
 from coreserve.types import DataType, InferenceRequest, InferenceResponse
+
+if TYPE_CHECKING:  # what __getattr__ below imports on first use
+    from coreserve.inprocess import Model, Server
+    from coreserve.server import ServerOptions, StartupError
 
 # The in-process API brings the whole server (frontends included) with it: imported on first
 # use, so that a plugin importing `coreserve` for its backend API does not pay for it.

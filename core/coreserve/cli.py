@@ -587,10 +587,27 @@ def _list_backends() -> int:
     return 0
 
 
+def _ray(argv: Sequence[str]) -> int:
+    """`coreserve ray …` (coreserve.ray), or one line saying which extra it needs."""
+    try:
+        from coreserve.ray._cli import main as ray_main
+    except ImportError as exc:
+        if (exc.name or "").split(".")[0] not in ("ray", "starlette"):
+            raise
+        print(
+            f"coreserve: error: 'coreserve ray' needs Ray Serve: pip install 'core-server[ray]' ({exc})",
+            file=sys.stderr,
+        )
+        return 1
+    return ray_main(argv)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     arguments = list(sys.argv[1:] if argv is None else argv)
     if arguments[:1] == ["backends"]:
         return _list_backends()
+    if arguments[:1] == ["ray"]:
+        return _ray(arguments[1:])
     if arguments[:1] == ["new-backend"]:
         from coreserve.backend.skeleton import main as new_backend
 

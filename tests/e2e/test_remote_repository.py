@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ from tritonclient.utils import InferenceServerException
 
 from coreserve.testing import ServerFactory
 from model_builders import scale_model
+from s3_server import CREDENTIALS, free_port, s3_client, start_moto
 
 SCALE = """
 backend: "onnxruntime"
@@ -25,48 +25,16 @@ max_batch_size: 4
 input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
 output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
 """
-CREDENTIALS = {
-    "AWS_ACCESS_KEY_ID": "testing",
-    "AWS_SECRET_ACCESS_KEY": "testing",
-    "AWS_DEFAULT_REGION": "us-east-1",
-}
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture
 def s3_endpoint() -> Iterator[str]:
     """A moto S3 server process on a free loopback port."""
-    port = _free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                break
-        except OSError:
-            time.sleep(0.1)
+    port = free_port()
+    process = start_moto(port)
     yield f"127.0.0.1:{port}"
     process.terminate()
     process.wait(timeout=10)
-
-
-def _s3(endpoint: str):  # type: ignore[no-untyped-def]
-    import boto3
-
-    return boto3.client(
-        "s3",
-        endpoint_url=f"http://{endpoint}",
-        **{"aws_access_key_id": "testing", "aws_secret_access_key": "testing", "region_name": "us-east-1"},
-    )
 
 
 def _scale(client: httpclient.InferenceServerClient) -> float:
@@ -78,7 +46,7 @@ def _scale(client: httpclient.InferenceServerClient) -> float:
 def test_serves_and_polls_an_s3_repository(
     coreserve_server: ServerFactory, s3_endpoint: str, tmp_path: Path
 ) -> None:
-    s3 = _s3(s3_endpoint)
+    s3 = s3_client(s3_endpoint)
     s3.create_bucket(Bucket="models")
     s3.put_object(Bucket="models", Key="repo/scaled/config.pbtxt", Body=SCALE.encode())
     s3.put_object(Bucket="models", Key="repo/scaled/1/model.onnx", Body=scale_model(2.0).SerializeToString())
@@ -118,31 +86,14 @@ def test_missing_filesystem_package_is_a_clear_error(tmp_path: Path) -> None:
     assert "pip install 'core-server[gcs]'" in completed.stderr
 
 
-def _start_moto(port: int) -> subprocess.Popen[bytes]:
-    process = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return process
-        except OSError:
-            time.sleep(0.1)
-    process.kill()
-    raise TimeoutError("moto did not start")
-
-
 def test_served_models_survive_an_s3_outage_and_changes_arrive_after_it(
     coreserve_server: ServerFactory, tmp_path: Path
 ) -> None:
-    port = _free_port()
+    port = free_port()
     endpoint = f"127.0.0.1:{port}"
-    moto = _start_moto(port)
+    moto = start_moto(port)
     try:
-        s3 = _s3(endpoint)
+        s3 = s3_client(endpoint)
         s3.create_bucket(Bucket="models")
         s3.put_object(Bucket="models", Key="repo/scaled/config.pbtxt", Body=SCALE.encode())
         s3.put_object(
@@ -168,7 +119,7 @@ def test_served_models_survive_an_s3_outage_and_changes_arrive_after_it(
             outage = time.monotonic() - outage_started
             # The storage comes back empty (moto keeps nothing; a poll that sees it empty
             # unloads the model, as it should), then holds a new version.
-            moto = _start_moto(port)
+            moto = start_moto(port)
             s3.create_bucket(Bucket="models")
             s3.put_object(Bucket="models", Key="repo/scaled/config.pbtxt", Body=SCALE.encode())
             s3.put_object(
