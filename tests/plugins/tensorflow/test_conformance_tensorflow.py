@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
 from tf_repository import GRAPHDEF_CONFIG as GRAPHDEF
-from tf_repository import build_models, skip_without_tensorflow
+from tf_repository import built_models, skip_without_tensorflow
 
 from coreserve.testing import BackendConformance
 
@@ -19,7 +20,7 @@ class TestTensorFlowBackendConformance(BackendConformance):
     @pytest.fixture(scope="class")
     @classmethod
     def conformance_repository(cls, tmp_path_factory: pytest.TempPathFactory) -> Path:
-        root = tmp_path_factory.mktemp("tf-conformance")
-        build_models(root)
+        root = tmp_path_factory.mktemp("tf-conformance") / "models"
+        shutil.copytree(built_models(tmp_path_factory), root)
         (root / "graphdef" / "config.pbtxt").write_text(GRAPHDEF)
         return root

@@ -14,7 +14,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tf_repository import GRAPHDEF_CONFIG as GRAPHDEF
-from tf_repository import build_models, skip_without_tensorflow
+from tf_repository import built_models, skip_without_tensorflow
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from coreserve.testing import ServerProcess
@@ -47,7 +47,7 @@ def _copy(built: Path, repository: Path, source: str, name: str, config: str | N
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    built = build_models(tmp_path_factory.mktemp("tf-built"))
+    built = built_models(tmp_path_factory)
     repository = tmp_path_factory.mktemp("tf-repository")
     _copy(built, repository, "affine", "affine", None)  # no config.pbtxt at all: found and completed
     _copy(

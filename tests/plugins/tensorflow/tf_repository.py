@@ -29,7 +29,16 @@ def skip_without_tensorflow() -> None:
         )
 
 
-def build_models(target: Path) -> Path:
-    """Builds every test model into `target` (<name>/1/...) with TensorFlow, in a process of its own."""
-    subprocess.run([sys.executable, str(BUILDERS), str(target)], check=True, capture_output=True, timeout=240)
-    return target
+_built: list[Path] = []
+
+
+def built_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder holding every test model (<name>/1/...), built once per test session with
+    TensorFlow in a process of its own; copy what you change."""
+    if not _built:
+        target = tmp_path_factory.mktemp("tf-built")
+        subprocess.run(
+            [sys.executable, str(BUILDERS), str(target)], check=True, capture_output=True, timeout=240
+        )
+        _built.append(target)
+    return _built[0]
