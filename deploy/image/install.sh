@@ -29,7 +29,7 @@ run() {
 
 core="$source_dir/core"
 if [ -n "$extras" ]; then
-    core="$core[$extras]"
+    core="${core}[${extras}]"
 fi
 targets=$core
 onnx_on_gpu=false

