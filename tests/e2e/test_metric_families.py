@@ -21,6 +21,7 @@ import tritonclient.http as httpclient
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
+from coreserve.server.metrics_system import GpuMetrics
 from coreserve.testing import ServerProcess
 from paths import TESTS
 
@@ -175,13 +176,47 @@ def test_metrics_config_switches_latency_families_as_tritons(configured_server: 
     assert first == {"countdown": 3, "countdown_buckets": 3}
 
 
+def _gpus_here() -> tuple[int, str]:
+    """How many GPUs the server's NVML reader finds here, and its words for none."""
+    gpus, found = GpuMetrics.open()
+    if gpus is None:
+        return 0, found
+    gpus.close()
+    return int(found.split()[0]), found
+
+
 def test_cpu_metrics_off_gpu_metrics_absent_without_nvml(tmp_path: Path) -> None:
+    count, why = _gpus_here()
+    if count:
+        pytest.skip(f"NVML finds {count} GPU(s) here: test_gpu_families_are_tritons covers them")
     server = _serve(tmp_path, "--allow-cpu-metrics=false", "--allow-gpu-metrics", "true")
     try:
         families = _families(_scrape(server))
         assert not [name for name in families if name.startswith(("nv_cpu_", "nv_gpu_", "nv_energy"))]
-        why = "GPU metrics are not reported: the nvidia-ml-py package (NVML) is not installed"
-        assert server.log.count(why) == 1
+        # One clear line: the package is missing, NVML fails (no driver), or it finds no GPU.
+        assert server.log.count(f"GPU metrics are not reported: {why}") == 1, server.log
+        assert "Traceback" not in server.log
+    finally:
+        server.close()
+
+
+@pytest.mark.gpu
+def test_gpu_families_are_tritons(tmp_path: Path) -> None:
+    count, why = _gpus_here()
+    if not count:
+        pytest.skip(f"the GPU families need NVML (nvidia-ml-py) and an NVIDIA GPU: {why}")
+    server = _serve(tmp_path, "--allow-gpu-metrics=true", "--metrics-interval-ms=200")
+    try:
+        time.sleep(1)  # a few polls: utilization and power are averaged by the driver
+        families = _families(_scrape(server))
+        gpu = _when("gpu")
+        _assert_tritons({name: families[name] for name in gpu if name in families}, gpu)
+        for name in gpu:
+            uuids = [sample.labels["gpu_uuid"] for sample in families[name].samples]
+            assert len(set(uuids)) == count and all(uuid.startswith("GPU-") for uuid in uuids), name
+        assert all(s.value > 0 for s in families["nv_gpu_memory_total_bytes"].samples)
+        assert all(0 <= s.value <= 1 for s in families["nv_gpu_utilization"].samples)
+        assert server.log.count(f"Collecting GPU metrics: {count} GPU(s)") == 1
     finally:
         server.close()
 
