@@ -11,7 +11,7 @@ from tritonclient.utils import InferenceServerException
 
 from coreserve.testing import ServerFactory, ServerProcess
 from model_builders import scale_model, write_model
-from tls_certs import Identity, Pki
+from tls_certs import Identity, Pki, tls_flags
 
 SCALE = """
 backend: "onnxruntime"
@@ -29,12 +29,7 @@ def repository(tmp_path: Path) -> Path:
 
 
 def _tls_flags(pki: Pki, *, mutual: bool = False) -> list[str]:
-    return [
-        "--grpc-use-ssl-mutual=true" if mutual else "--grpc-use-ssl=true",
-        f"--grpc-server-cert={pki.server.cert}",
-        f"--grpc-server-key={pki.server.key}",
-        f"--grpc-root-cert={pki.root.cert}",
-    ]
+    return tls_flags(pki, "grpc", mutual=mutual)
 
 
 def _client(server: ServerProcess, pki: Pki, identity: Identity | None) -> grpcclient.InferenceServerClient:

@@ -18,7 +18,7 @@ import tritonclient.http as httpclient
 
 from coreserve.testing import ServerFactory, ServerProcess
 from model_builders import scale_model, write_model
-from tls_certs import Identity, Pki
+from tls_certs import Identity, Pki, tls_flags
 
 SCALE = """
 backend: "onnxruntime"
@@ -37,12 +37,7 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _tls_flags(pki: Pki, *, mutual: bool = False) -> list[str]:
-    return [
-        "--http-use-ssl-mutual=true" if mutual else "--http-use-ssl=true",
-        f"--http-server-cert={pki.server.cert}",
-        f"--http-server-key={pki.server.key}",
-        f"--http-root-cert={pki.root.cert}",
-    ]
+    return tls_flags(pki, "http", mutual=mutual)
 
 
 def _client(server: ServerProcess, pki: Pki, identity: Identity | None) -> httpclient.InferenceServerClient:

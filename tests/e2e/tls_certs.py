@@ -75,3 +75,13 @@ def make_pki(folder: Path) -> Pki:
     _, other_cert, other_key = _issue(folder, "other-root", None)
     stranger, _, _ = _issue(folder, "stranger", (other_cert, other_key))
     return Pki(root, server, client, stranger)
+
+
+def tls_flags(pki: Pki, protocol: str, *, mutual: bool = False) -> list[str]:
+    """The flags that serve `protocol` ("http" or "grpc") over TLS with these certificates."""
+    return [
+        f"--{protocol}-use-ssl-mutual=true" if mutual else f"--{protocol}-use-ssl=true",
+        f"--{protocol}-server-cert={pki.server.cert}",
+        f"--{protocol}-server-key={pki.server.key}",
+        f"--{protocol}-root-cert={pki.root.cert}",
+    ]
