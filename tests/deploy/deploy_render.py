@@ -16,6 +16,7 @@ from paths import REPO
 
 DEPLOY = REPO / "deploy"
 KUBERNETES = DEPLOY / "kubernetes"
+IMAGE_RECIPE = DEPLOY / "image" / "Dockerfile"
 # Every tree that `kubectl apply -k` takes: the two overlays and the KServe runtime.
 TREES = {
     "cpu": KUBERNETES / "overlays" / "cpu",

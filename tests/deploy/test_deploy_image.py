@@ -14,13 +14,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from deploy_render import DEPLOY
+from deploy_render import DEPLOY, IMAGE_RECIPE
 from dockerfile_reader import build_args, stages
 
 from paths import REPO
 
 IMAGE = DEPLOY / "image"
-DOCKERFILE = IMAGE / "Dockerfile"
+DOCKERFILE = IMAGE_RECIPE
 INSTALL = IMAGE / "install.sh"
 
 

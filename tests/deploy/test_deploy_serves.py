@@ -1,13 +1,19 @@
 """coreserve started with exactly a manifest's container arguments and environment serves the
-example repository, every probe the manifest declares answers on the port it names, and the
-metric the autoscaler reads is exported where Prometheus is told to scrape."""
+example repository, every probe the manifest declares answers on the port it names, the metric
+the autoscaler reads is exported where Prometheus is told to scrape, and the image's health
+check follows the server's readiness."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -15,7 +21,8 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from deploy_render import TREES, flag_values, one, render, server_container
+from deploy_render import IMAGE_RECIPE, TREES, flag_values, one, render, server_container
+from dockerfile_reader import stages
 
 from coreserve.protos import health_pb2, health_pb2_grpc
 from coreserve.testing import ServerProcess
@@ -53,7 +60,7 @@ class ServedManifest:
         return self.ports[int(flag_values(self.container["args"])[flag])]
 
 
-def start_as_manifest(container: dict[str, Any]) -> ServedManifest:
+def start_as_manifest(container: dict[str, Any], repository: Path = EXAMPLES) -> ServedManifest:
     """Starts coreserve with the container's arguments and environment (repository and ports aside)."""
     flags = flag_values(container["args"])
     kept = [arg for arg in container["args"] if arg.partition("=")[0] not in _REPLACED]
@@ -61,7 +68,7 @@ def start_as_manifest(container: dict[str, Any]) -> ServedManifest:
     for variable in container.get("env", []):
         assert set(variable) == {"name", "value"}, f"only plain values can be reproduced here: {variable}"
         env[variable["name"]] = variable["value"]
-    server = ServerProcess([EXAMPLES], kept, env).start(timeout=120)
+    server = ServerProcess([repository], kept, env).start(timeout=120)
     ports = {int(flags[flag]): server.ports[service] for flag, service in _PORT_FLAGS.items()}
     return ServedManifest(container, server, ports)
 
@@ -130,3 +137,44 @@ def test_sigterm_ends_the_server_within_the_grace_period() -> None:
         assert time.monotonic() - started < pod["terminationGracePeriodSeconds"]
     finally:
         running.server.close()
+
+
+def test_the_image_health_check_passes_on_a_ready_server(served: ServedManifest) -> None:
+    result = _run_health_check(served.flag_port("--http-port"))
+    assert result.returncode == 0, result.stderr
+
+
+def test_probes_and_the_health_check_fail_while_a_model_is_not_ready(tmp_path: Path) -> None:
+    broken = tmp_path / "broken"
+    (broken / "1").mkdir(parents=True)
+    (broken / "config.pbtxt").write_text('name: "broken"\nbackend: "no_such_backend"\n')
+    container = server_container(render(TREES["cpu"]))
+    # As the manifest, except that a model failing to load leaves the server up, not ready.
+    container["args"] = [*container["args"], "--exit-on-error=false"]
+    running = start_as_manifest(container, repository=tmp_path)
+    try:
+        http_port = running.flag_port("--http-port")
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(f"http://127.0.0.1:{http_port}/v2/health/ready", timeout=10)
+        refused.value.close()
+        assert refused.value.code >= 400
+        with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/v2/health/live", timeout=10) as answer:
+            assert answer.status == 200  # alive: the kubelet must not restart it for a model
+        with grpc.insecure_channel(f"127.0.0.1:{running.flag_port('--grpc-port')}") as channel:
+            answer = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
+        assert answer.status == health_pb2.HealthCheckResponse.NOT_SERVING
+        assert _run_health_check(http_port).returncode == 1
+    finally:
+        running.server.close()
+
+
+def _run_health_check(http_port: int) -> subprocess.CompletedProcess[str]:
+    """Runs the image's HEALTHCHECK command with this interpreter, against `http_port`."""
+    [check] = [
+        instruction for instruction in stages(IMAGE_RECIPE)[-1] if instruction.keyword == "HEALTHCHECK"
+    ]
+    command_text = check.arguments.partition(" CMD ")[2]
+    command = json.loads(command_text)
+    assert command[0] == "python"
+    code = [word.replace("127.0.0.1:8000", f"127.0.0.1:{http_port}") for word in command[1:]]
+    return subprocess.run([sys.executable, *code], capture_output=True, text=True, timeout=30)
