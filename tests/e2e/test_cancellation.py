@@ -357,6 +357,52 @@ def test_cancelled_requests_of_a_sequence_leave_it_with_its_pending_requests(ser
         client.close()
 
 
+def test_cancelling_the_running_request_of_a_sequence_cancels_its_waiting_ones(server: ServerProcess) -> None:
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    outcomes: list[str] = []
+    done = threading.Semaphore(0)
+
+    def finished(result: object, error: Exception | None) -> None:
+        outcomes.append("ok" if error is None else error.status())  # type: ignore[attr-defined]
+        done.release()
+
+    try:
+        x = grpcclient.InferInput("X", [1], "INT32")
+        x.set_data_from_numpy(np.array([1], np.int32))
+        running = client.async_infer("sleepy_sequence", [x], finished, sequence_id=1, sequence_start=True)
+        _wait_for(lambda: not _idle(server, "sleepy_sequence"), 20, "sequence 1 starts")
+        waiting = 5
+        for _ in range(waiting):
+            _sequence_infer(client, 1, outcomes, done)
+        _wait_for(
+            lambda: (
+                _metric(server, "nv_inference_pending_request_count", model="sleepy_sequence", version="1")
+                == 1 + waiting
+            ),
+            20,
+            "the requests of sequence 1 wait",
+        )
+        running.cancel()  # sleepy sees is_cancelled() and stops; its sequence's waiting requests go
+        for _ in range(1 + waiting):
+            assert done.acquire(timeout=60)
+        assert outcomes.count("StatusCode.CANCELLED") == 1 + waiting, outcomes
+        _wait_for(lambda: _idle(server, "sleepy_sequence"), 20, "sleepy_sequence has nothing queued")
+        assert _statistics(server, "sleepy_sequence")["execution_count"] == 1
+        assert (
+            _metric(
+                server,
+                "nv_inference_request_failure",
+                model="sleepy_sequence",
+                reason="CANCELED",
+                version="1",
+            )
+            == 1 + waiting
+        )
+        _sequence_serves(client, 1)
+    finally:
+        client.close()
+
+
 def test_sequences_cancelled_while_waiting_for_a_slot_never_run(server: ServerProcess) -> None:
     client = grpcclient.InferenceServerClient(server.grpc_url)
     outcomes: list[str] = []

@@ -36,7 +36,6 @@ import logging
 import math
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -47,75 +46,20 @@ from coreserve.errors import CancelledError, CoreserveError, InvalidArgumentErro
 from coreserve.protos.model_config_pb2 import ModelSequenceBatching
 from coreserve.scheduling.ordering import OrderedRelease
 from coreserve.scheduling.scheduler import Scheduler
+from coreserve.scheduling.sequence_slot import SequenceSlot, StateCapture, Step
 from coreserve.scheduling.sequence_tensors import (
     SequenceId,
-    StateTensor,
     control_tensors,
     sequence_flags,
     state_tensors,
 )
 from coreserve.scheduling.statistics import ModelStatistics
-from coreserve.types import InferenceRequest, InferenceResponse, ResponseSink, now_ns
+from coreserve.types import InferenceRequest, now_ns
 
 logger = logging.getLogger(__name__)
 DEFAULT_IDLE_US = 1_000_000
 _REMEMBERED_RELEASES = 1024
 CANCELLED_REASON = "a request of it was cancelled"
-
-
-@dataclass(slots=True)
-class Step:
-    """A queued request of a sequence with its flags."""
-
-    request: InferenceRequest
-    start: bool
-    end: bool
-    again: bool = False  # handed back by the model (rescheduled): already prepared once
-
-
-@dataclass(eq=False)
-class SequenceSlot:
-    """An active sequence: its waiting requests, its state and where it runs."""
-
-    id: SequenceId
-    steps: deque[Step] = field(default_factory=deque)
-    state: dict[str, np.ndarray] = field(default_factory=dict)
-    instance: int | None = None  # set when it gets a slot, for good
-    slotted: bool = False
-    busy: bool = False
-    ended: bool = False
-    auto: bool = False  # an iterative sequence the batcher opened for a request without an id
-    cancelled: bool = False  # released once the request it runs returns
-    waiting_since_ns: int = 0
-    active_ns: int = 0
-
-
-class StateCapture:
-    """Wraps a request's sink: takes the state outputs out of its response for the sequence."""
-
-    __slots__ = ("_sequence", "_states", "_target")
-
-    def __init__(self, target: ResponseSink, sequence: SequenceSlot, states: Sequence[StateTensor]) -> None:
-        self._target = target
-        self._sequence = sequence
-        self._states = states
-
-    @property
-    def done(self) -> bool:
-        return self._target.done
-
-    def send(self, response: InferenceResponse | None, final: bool) -> None:
-        if response is not None:
-            outputs = dict(response.outputs)
-            for state in self._states:
-                value = outputs.pop(state.output_name, None)
-                if value is not None:
-                    self._sequence.state[state.input_name] = value
-            response.outputs = outputs
-        self._target.send(response, final)
-
-    def fail(self, error: CoreserveError) -> None:
-        self._target.fail(error)
 
 
 class SequenceBatcher(Scheduler):
@@ -227,17 +171,19 @@ class SequenceBatcher(Scheduler):
 
     def withdraw(self, request: InferenceRequest) -> None:
         """Fails a cancelled request that waits here, and every request its sequence still has
-        waiting; releases the sequence (at once, or when the request it runs returns)."""
+        waiting; releases the sequence (at once, or when the request it runs returns). A
+        running request runs on (its backend sees is_cancelled()), but its sequence's waiting
+        requests fail all the same, as on Triton."""
         sequence = next(
             (
                 sequence
                 for sequence in self._sequences.values()
-                if any(step.request is request for step in sequence.steps)
+                if sequence.running is request or any(step.request is request for step in sequence.steps)
             ),
             None,
         )
         if sequence is None:
-            return  # running (its backend sees is_cancelled()), or answered already
+            return  # answered already
         self._cancel_sequence(sequence)
 
     def _cancel_sequence(self, sequence: SequenceSlot) -> None:
@@ -312,7 +258,9 @@ class SequenceBatcher(Scheduler):
         taken = []
         for sequence in candidates:
             sequence.busy = True
-            taken.append((sequence, sequence.steps.popleft()))
+            step = sequence.steps.popleft()
+            sequence.running = step.request
+            taken.append((sequence, step))
         return taken
 
     def _prepare(self, sequence: SequenceSlot, step: Step) -> InferenceRequest:
@@ -375,6 +323,7 @@ class SequenceBatcher(Scheduler):
                 self._executing -= len(taken)
                 for sequence, step in taken:
                     sequence.busy = False
+                    sequence.running = None
                     sequence.active_ns = now_ns()
                     self._after_step(sequence, step)
 
