@@ -17,7 +17,6 @@ from coreserve.inprocess._model import Model
 from coreserve.repository import ControlMode
 from coreserve.server import ServerOptions, ServerRuntime
 from coreserve.server.http import HttpFrontend
-from coreserve.server.restrictions import ApiRestrictions
 
 T = TypeVar("T")
 FRONTENDS = ("grpc", "http", "metrics")
@@ -197,7 +196,7 @@ class Server:
         runtime = self._started()
         assert self._loop is not None
         if self._http is None:
-            self._http = self._run(_call(lambda: _unbound_http_frontend(runtime)))
+            self._http = self._run(_call(runtime.http_frontend))
         return HttpBridge(self._http, self._loop)
 
     @property
@@ -235,19 +234,6 @@ async def _start(runtime: ServerRuntime) -> None:
 
 async def _call(function: Any) -> Any:
     return function()
-
-
-def _unbound_http_frontend(runtime: ServerRuntime) -> HttpFrontend:
-    """An HTTP frontend with the server's HTTP settings, whose socket server never starts."""
-    options = runtime.options
-    return HttpFrontend(
-        runtime.dataplane,
-        address=options.http_address,
-        port=options.http_port,
-        max_body_size=options.http_max_input_size,
-        limits=options.http_limits,
-        restrictions=ApiRestrictions(options.http_restricted_api),
-    )
 
 
 def _options(

@@ -186,16 +186,7 @@ class ServerRuntime:
             )
             await _start_service("gRPC", self.grpc.start())
         if options.allow_http:
-            self.http = HttpFrontend(
-                self.dataplane,
-                address=options.http_address,
-                port=options.http_port,
-                max_body_size=options.http_max_input_size,
-                limits=options.http_limits,
-                restrictions=ApiRestrictions(options.http_restricted_api),
-                shutdown_timeout=options.exit_timeout_secs,
-                tls=options.http_tls,
-            )
+            self.http = self.http_frontend()
             await _start_service("HTTP", self.http.start())
         if self._openai_type is not None and options.openai_port is not None:
             self.openai = self._openai_type(
@@ -208,6 +199,24 @@ class ServerRuntime:
                 shutdown_timeout=options.exit_timeout_secs,
             )
             await _start_service("OpenAI", self.openai.start())
+
+    def http_frontend(self) -> HttpFrontend:
+        """An HTTP frontend over this server with the options' HTTP settings, not yet listening.
+
+        `open_frontends` starts one; `coreserve.Server.http_bridge` answers with one that never
+        listens (Ray Serve's proxy brings the requests).
+        """
+        options = self.options
+        return HttpFrontend(
+            self.dataplane,
+            address=options.http_address,
+            port=options.http_port,
+            max_body_size=options.http_max_input_size,
+            limits=options.http_limits,
+            restrictions=ApiRestrictions(options.http_restricted_api),
+            shutdown_timeout=options.exit_timeout_secs,
+            tls=options.http_tls,
+        )
 
     async def stop(self) -> None:
         """Stops accepting requests, lets running ones finish, then unloads every model."""
