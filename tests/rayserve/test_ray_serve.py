@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from model_builders import add_sub_model, write_model
+from model_builders import add_sub_model, scale_model, write_model
 from paths import TESTS
 from ray_cluster import Deployment, RayCluster
 from s3_server import free_port, s3_client, start_moto
@@ -34,6 +34,12 @@ backend: "onnxruntime"
 max_batch_size: 8
 input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "INPUT1" data_type: TYPE_FP32 dims: [ 4 ] } ]
 output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 4 ] } ]
+"""
+SCALE = """
+backend: "onnxruntime"
+max_batch_size: 8
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
 """
 REPLICA = "coreserve-replica"
 
@@ -234,3 +240,53 @@ def test_an_s3_repository_is_read_by_every_replica(ray_cluster: RayCluster, tmp_
     finally:
         moto.terminate()
         moto.wait(timeout=10)
+
+
+def _scale_json(deployment: Deployment, model: str) -> tuple[str, float]:
+    body = {"inputs": [{"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "data": [1.0] * 4}]}
+    status, headers, answer = deployment.post(f"/v2/models/{model}/infer", body)
+    assert status == 200, answer
+    return headers[REPLICA], json.loads(answer)["outputs"][0]["data"][0]
+
+
+def test_many_models_are_multiplexed_over_replicas_holding_at_most_n(
+    ray_cluster: RayCluster, tmp_path: Path
+) -> None:
+    repository = tmp_path / "many"
+    factors = {"double": 2.0, "triple": 3.0, "fivefold": 5.0}
+    for name, factor in factors.items():
+        write_model(repository, name, scale_model(factor), SCALE)
+    deployment = Deployment(
+        ray_cluster, str(repository), "--num-replicas=2", "--models-per-replica=1", log=tmp_path / "many.log"
+    )
+    try:
+        client = httpclient.InferenceServerClient(ray_cluster.url, network_timeout=120)
+        try:  # tritonclient unchanged: the model name in the path is what routes it
+            for name, factor in factors.items():
+                tensor = httpclient.InferInput("INPUT0", [1, 4], "FP32")
+                tensor.set_data_from_numpy(np.ones((1, 4), np.float32))
+                assert client.infer(name, [tensor]).as_numpy("OUTPUT0").tolist() == [[factor] * 4]
+        finally:
+            client.close()
+        # Once a replica has told Ray Serve which models it holds (replicas report it every few
+        # seconds), a model's requests go to the replica that holds it.
+        deadline = time.monotonic() + 60
+        holders: set[str] = set()
+        while time.monotonic() < deadline:
+            holders = {_scale_json(deployment, "double")[0] for _ in range(10)}
+            if len(holders) == 1:
+                break
+            time.sleep(2)
+        assert len(holders) == 1, holders
+        # Each replica holds at most one model: the others were unloaded (least recently used).
+        ready: dict[str, list[str]] = {}
+        deadline = time.monotonic() + 60
+        while len(ready) < 2 and time.monotonic() < deadline:
+            status, headers, body = deployment.post("/v2/repository/index", {"ready": True})
+            assert status == 200, body
+            ready[headers[REPLICA]] = [entry["name"] for entry in json.loads(body)]
+        assert len(ready) == 2 and all(len(names) <= 1 for names in ready.values()), ready
+        for name, factor in factors.items():  # evicted models load again on demand
+            assert _scale_json(deployment, name)[1] == factor
+    finally:
+        deployment.close()

@@ -49,6 +49,15 @@ def _parser() -> argparse.ArgumentParser:
         "--serve-port", type=int, default=8000, help="port of Ray Serve's HTTP proxy (default 8000)"
     )
     parser.add_argument(
+        "--models-per-replica",
+        type=int,
+        default=0,
+        metavar="N",
+        help="many-model repositories: each replica loads the models its requests name, at most N "
+        "(least recently used unloaded first), and Ray Serve routes each model to replicas holding it "
+        "(default 0: every replica serves the whole repository)",
+    )
+    parser.add_argument(
         "--proxy-location",
         choices=("EveryNode", "HeadOnly", "Disabled"),
         default="EveryNode",
@@ -85,7 +94,9 @@ def main(argv: Sequence[str]) -> int:
     serve.start(
         proxy_location=args.proxy_location, http_options={"host": args.serve_host, "port": args.serve_port}
     )
-    app = coreserve_app(options.model_repositories, {"options": options}, **deployment_options(args))
+    app = coreserve_app(
+        options.model_repositories, {"options": options}, args.models_per_replica, **deployment_options(args)
+    )
     serve.run(app, name=DEPLOYMENT_NAME, route_prefix="/")
     # The line tests and scripts wait for: every replica has started and is healthy.
     print(f"coreserve ray: serving at http://{args.serve_host}:{args.serve_port}", flush=True)

@@ -36,15 +36,15 @@ class CoreserveReplica:
     def __init__(
         self, model_repository: str | Sequence[str], settings: Mapping[str, Any] | None = None
     ) -> None:
-        self.identity = f"{socket.gethostname()}:{os.getpid()}"
+        self.identity = replica_identity()
         self._server = Server(model_repository, **dict(settings or {})).start()
         self._http = self._server.http_bridge()
 
     async def __call__(self, request: Request) -> Response:
         """Answers one KServe v2 request that the proxy routed here."""
-        raw_path = request.scope.get("raw_path")
-        path = raw_path.decode("latin-1") if raw_path else request.url.path
-        answer = await self._http.handle(request.method, path, request.headers, await request.body())
+        answer = await self._http.handle(
+            request.method, request_path(request), request.headers, await request.body()
+        )
         headers = {**answer.headers, REPLICA_HEADER: self.identity}
         if answer.chunks is not None:
             return StreamingResponse(answer.chunks, status_code=answer.status, headers=headers)
@@ -65,3 +65,16 @@ class CoreserveReplica:
         server = getattr(self, "_server", None)
         if server is not None:
             server.stop()
+
+
+def replica_identity() -> str:
+    """What the replica header says: host and process id."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def request_path(request: Request) -> str:
+    """The path as the client sent it (percent-encoded, as coreserve's router expects), with its query."""
+    raw_path = request.scope.get("raw_path")
+    path = raw_path.decode("latin-1") if raw_path else request.url.path
+    query = request.scope.get("query_string") or b""
+    return f"{path}?{query.decode('latin-1')}" if query else path
