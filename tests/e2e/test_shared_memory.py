@@ -31,11 +31,16 @@ import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException, serialize_byte_tensor
 
+from coreserve.server.cuda_shared_memory import load_cuda_runtime
 from coreserve.testing import ServerProcess
 from model_builders import add_sub_model, write_model
 from paths import EXAMPLES
 
 BYTE_SIZE = 64  # one INT32 [1, 16] tensor
+# The server offers CUDA shared memory exactly where this probe finds a usable CUDA device.
+GPU = load_cuda_runtime() is not None
+needs_gpu = pytest.mark.skipif(not GPU, reason="no CUDA device")
+without_gpu = pytest.mark.skipif(GPU, reason="a CUDA device is usable here: the GPU path answers instead")
 SLOW_MODEL = """
 import time
 from pathlib import Path
@@ -386,6 +391,7 @@ def test_region_unregistered_while_a_request_uses_it(
         client.close()
 
 
+@without_gpu
 def test_cuda_shared_memory_says_this_server_has_no_gpu_path(server: ServerProcess) -> None:
     """Triton's answer where GPUs are not supported: UNSUPPORTED (501 / UNIMPLEMENTED); status is empty."""
     assert _http_request(server, "GET", "/v2/cudasharedmemory/status") == (200, [])
@@ -409,6 +415,51 @@ def test_cuda_shared_memory_says_this_server_has_no_gpu_path(server: ServerProce
         grpc.close()
 
 
+@needs_gpu
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_tritonclient_cuda_shared_memory_flow(server: ServerProcess, protocol: str) -> None:
+    """Triton's simple_*_cudashm_client: inputs and outputs in GPU memory the client allocated,
+    shared by IPC handle; the server copies them to and from the host."""
+    import tritonclient.utils.cuda_shared_memory as cudashm
+
+    module: Any = httpclient if protocol == "http" else grpcclient
+    client = module.InferenceServerClient(server.http_url if protocol == "http" else server.grpc_url)
+    inputs_region = cudashm.create_shared_memory_region("cuda_inputs", 2 * BYTE_SIZE, 0)
+    outputs_region = cudashm.create_shared_memory_region("cuda_outputs", 2 * BYTE_SIZE, 0)
+    input0, input1 = _values()
+    try:
+        cudashm.set_shared_memory_region(inputs_region, [input0, input1])
+        for name, region in (("cuda_inputs", inputs_region), ("cuda_outputs", outputs_region)):
+            client.register_cuda_shared_memory(name, cudashm.get_raw_handle(region), 0, 2 * BYTE_SIZE)
+        tensors = [module.InferInput(name, [1, 16], "INT32") for name in ("INPUT0", "INPUT1")]
+        tensors[0].set_shared_memory("cuda_inputs", BYTE_SIZE)
+        tensors[1].set_shared_memory("cuda_inputs", BYTE_SIZE, offset=BYTE_SIZE)
+        outputs = [module.InferRequestedOutput(name) for name in ("OUTPUT0", "OUTPUT1")]
+        outputs[0].set_shared_memory("cuda_outputs", BYTE_SIZE)
+        outputs[1].set_shared_memory("cuda_outputs", BYTE_SIZE, offset=BYTE_SIZE)
+        client.infer("simple", tensors, outputs=outputs)
+        written = cudashm.get_contents_as_numpy(outputs_region, np.int32, [2, 16])
+        np.testing.assert_array_equal(written, np.concatenate([input0 + input1, input0 - input1]))
+
+        status = client.get_cuda_shared_memory_status()
+        regions = (
+            {region["name"]: (region["device_id"], region["byte_size"]) for region in status}
+            if protocol == "http"
+            else {name: (region.device_id, region.byte_size) for name, region in status.regions.items()}
+        )
+        assert regions == {"cuda_inputs": (0, 2 * BYTE_SIZE), "cuda_outputs": (0, 2 * BYTE_SIZE)}
+        # System and CUDA regions share one namespace, as in Triton.
+        with pytest.raises(InferenceServerException, match="'cuda_inputs' already in manager"):
+            client.register_system_shared_memory("cuda_inputs", "/coreserve-unused", BYTE_SIZE)
+        client.unregister_cuda_shared_memory()
+        status = client.get_cuda_shared_memory_status()
+        assert (status if protocol == "http" else list(status.regions)) == []
+    finally:
+        client.close()
+        cudashm.destroy_shared_memory_region(inputs_region)
+        cudashm.destroy_shared_memory_region(outputs_region)
+
+
 def test_server_metadata_lists_exactly_what_is_served(server: ServerProcess) -> None:
     """Each extension listed answers its own request; the ones coreserve lacks are not listed."""
     status, metadata = _http_request(server, "GET", "/v2")
@@ -417,7 +468,7 @@ def test_server_metadata_lists_exactly_what_is_served(server: ServerProcess) -> 
     grpc = grpcclient.InferenceServerClient(server.grpc_url)
     assert list(grpc.get_server_metadata().extensions) == extensions
     grpc.close()
-    assert "cuda_shared_memory" not in extensions
+    assert ("cuda_shared_memory" in extensions) is GPU
     infer = {
         "inputs": [
             {"name": name, "datatype": "INT32", "shape": [1, 16], "data": [1] * 16}
@@ -443,6 +494,9 @@ def test_server_metadata_lists_exactly_what_is_served(server: ServerProcess) -> 
         ),
         "system_shared_memory": lambda: (
             _http_request(server, "GET", "/v2/systemsharedmemory/status") == (200, [])
+        ),
+        "cuda_shared_memory": lambda: (
+            _http_request(server, "GET", "/v2/cudasharedmemory/status") == (200, [])
         ),
         "generate": lambda: (
             _http_request(server, "POST", "/v2/models/simple/generate", {"INPUT0": [1] * 16})[0] in (200, 400)

@@ -9,7 +9,7 @@ this module stays free of I/O and HTTP and gRPC share it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -35,6 +35,13 @@ class SharedMemoryRegions(Protocol):
         """
         ...
 
+    def output_buffer(
+        self, region: str, offset: int, byte_size: int
+    ) -> tuple[memoryview, Callable[[], None] | None]:
+        """Where an output bound for `region` is written, and the call (if any) that moves it
+        there afterwards (a CUDA region's device copy)."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class SharedMemoryReference:
@@ -51,6 +58,7 @@ class OutputInSharedMemory:
 
     reference: SharedMemoryReference
     buffer: memoryview
+    commit: Callable[[], None] | None = None  # called once the output is in `buffer`
 
 
 def shared_memory_reference(
@@ -103,9 +111,10 @@ def output_target(
 ) -> OutputInSharedMemory:
     """Resolves where an output goes when the request arrives, so that a region unregistered
     while the model runs still receives the output instead of failing the request late."""
-    return OutputInSharedMemory(
-        reference, _buffer(regions, reference, writable=True, name=f"output '{name}'")
-    )
+    if regions is None:
+        raise _no_shared_memory(reference, f"output '{name}'")
+    buffer, commit = regions.output_buffer(reference.region, reference.offset, reference.byte_size)
+    return OutputInSharedMemory(reference, buffer, commit)
 
 
 def write_output(target: OutputInSharedMemory, array: np.ndarray, datatype: DataType, name: str) -> None:
@@ -120,14 +129,19 @@ def write_output(target: OutputInSharedMemory, array: np.ndarray, datatype: Data
         )
     destination = np.frombuffer(target.buffer, dtype=np.uint8, count=size)
     destination[:] = np.frombuffer(data, dtype=np.uint8)
+    if target.commit is not None:
+        target.commit()
 
 
 def _buffer(
     regions: SharedMemoryRegions | None, reference: SharedMemoryReference, *, writable: bool, name: str
 ) -> memoryview:
     if regions is None:
-        raise InvalidArgumentError(
-            f"{name} names shared memory region '{reference.region}', "
-            "but this endpoint offers no shared memory"
-        )
+        raise _no_shared_memory(reference, name)
     return regions.buffer(reference.region, reference.offset, reference.byte_size, writable=writable)
+
+
+def _no_shared_memory(reference: SharedMemoryReference, name: str) -> InvalidArgumentError:
+    return InvalidArgumentError(
+        f"{name} names shared memory region '{reference.region}', but this endpoint offers no shared memory"
+    )

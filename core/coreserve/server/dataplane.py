@@ -27,6 +27,7 @@ from coreserve.repository import Model, ModelRepository, ModelVersion, parse_loa
 from coreserve.repository.model import parse_version
 from coreserve.responses import QueuedResponses, SingleResponse
 from coreserve.server import request_log
+from coreserve.server.cuda_shared_memory import CudaSharedMemory, load_cuda_runtime
 from coreserve.server.log_settings import LogSettings, ServerLog
 from coreserve.server.shared_memory import SystemSharedMemory
 from coreserve.tracing import Tracer, TraceSetting
@@ -78,6 +79,9 @@ class DataPlane:
         self.log = log or ServerLog()
         self.name = name  # --id
         self.shared_memory = SystemSharedMemory()
+        runtime = load_cuda_runtime()
+        if runtime is not None:  # CUDA shared memory only where a CUDA device is usable
+            self.shared_memory.cuda = CudaSharedMemory(runtime)
         self.tracer = tracer or Tracer()
 
     def live(self) -> bool:
@@ -89,7 +93,10 @@ class DataPlane:
         return self.repository.all_ready() if self.flags.strict_readiness else True
 
     def server_metadata(self) -> dict[str, Any]:
-        return {"name": self.name, "version": __version__, "extensions": list(EXTENSIONS)}
+        extensions = list(EXTENSIONS)
+        if self.shared_memory.cuda is not None:
+            extensions.insert(extensions.index("system_shared_memory") + 1, "cuda_shared_memory")
+        return {"name": self.name, "version": __version__, "extensions": extensions}
 
     def log_settings(self) -> LogSettings:
         return self.log.settings

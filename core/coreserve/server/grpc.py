@@ -32,7 +32,6 @@ from coreserve.server.dataplane import DataPlane
 from coreserve.server.grpc_decoding import DecodingRegistrar
 from coreserve.server.grpc_transport import GrpcTransport
 from coreserve.server.restrictions import ApiRestrictions
-from coreserve.server.shared_memory import cuda_shared_memory_unavailable
 from coreserve.tracing import RequestTrace, TraceContext
 from coreserve.types import InferenceRequest, InferenceResponse, now_ns
 
@@ -224,21 +223,35 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def CudaSharedMemoryStatus(
         self, request: pb.CudaSharedMemoryStatusRequest, context: Any
     ) -> pb.CudaSharedMemoryStatusResponse:
-        if request.name:  # no region can be registered, so none is found
-            raise NotFoundError(f"Unable to find cuda shared memory region: '{request.name}'")
-        return pb.CudaSharedMemoryStatusResponse()
+        cuda = self._dataplane.shared_memory.cuda
+        response = pb.CudaSharedMemoryStatusResponse()
+        if cuda is None:
+            if request.name:  # no region can be registered, so none is found
+                raise NotFoundError(f"Unable to find cuda shared memory region: '{request.name}'")
+            return response
+        for region in cuda.status(request.name):
+            response.regions[region["name"]].CopyFrom(
+                pb.CudaSharedMemoryStatusResponse.RegionStatus(**region)
+            )
+        return response
 
     @_unary("shared-memory")
     async def CudaSharedMemoryRegister(
         self, request: pb.CudaSharedMemoryRegisterRequest, context: Any
     ) -> pb.CudaSharedMemoryRegisterResponse:
-        raise cuda_shared_memory_unavailable(request.name)
+        self._dataplane.shared_memory.register_cuda(
+            request.name, request.raw_handle, request.device_id, request.byte_size
+        )
+        return pb.CudaSharedMemoryRegisterResponse()
 
     @_unary("shared-memory")
     async def CudaSharedMemoryUnregister(
         self, request: pb.CudaSharedMemoryUnregisterRequest, context: Any
     ) -> pb.CudaSharedMemoryUnregisterResponse:
-        return pb.CudaSharedMemoryUnregisterResponse()  # nothing is registered; no error, as in Triton
+        cuda = self._dataplane.shared_memory.cuda
+        if cuda is not None:
+            cuda.unregister(request.name)
+        return pb.CudaSharedMemoryUnregisterResponse()  # unknown names are no error, as in Triton
 
     @_unary("trace")
     async def TraceSetting(self, request: pb.TraceSettingRequest, context: Any) -> pb.TraceSettingResponse:

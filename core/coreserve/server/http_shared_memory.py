@@ -4,12 +4,17 @@
     POST /v2/systemsharedmemory/region/{name}/register     {"key": ..., "offset": ..., "byte_size": ...}
     POST /v2/systemsharedmemory[/region/{name}]/unregister
 
-and the same paths under /v2/cudasharedmemory, which answer that this server has no CUDA path.
+and the same paths under /v2/cudasharedmemory (register: {"raw_handle": {"b64": ...},
+"device_id": ..., "byte_size": ...}), which answer that this server has no CUDA path where no
+CUDA device is usable.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import orjson
 
@@ -31,19 +36,8 @@ def shared_memory_routes(
         return _json(regions.status(request.match_info.get("name", "")))
 
     async def register(request: HttpRequest) -> HttpResponse:
+        document = await _register_document(request, read_body, ("key", "byte_size"))
         name = request.match_info["name"]
-        body = await read_body(request)
-        try:
-            document = orjson.loads(body)
-        except orjson.JSONDecodeError as exc:
-            raise InvalidArgumentError(
-                f"malformed JSON in the shared memory register request: {exc}"
-            ) from None
-        if not isinstance(document, dict):
-            raise InvalidArgumentError("the shared memory register request must be a JSON object")
-        for field in ("key", "byte_size"):
-            if field not in document:
-                raise InvalidArgumentError(f"Shared memory register request has no '{field}' field")
         regions.register(name, document["key"], document.get("offset", 0), document["byte_size"])
         return HttpResponse(200)
 
@@ -53,15 +47,35 @@ def shared_memory_routes(
 
     async def cuda_status(request: HttpRequest) -> HttpResponse:
         name = request.match_info.get("name", "")
+        if regions.cuda is not None:
+            return _json(regions.cuda.status(name))
         if name:  # no region can be registered, so none is found
             raise NotFoundError(f"Unable to find cuda shared memory region: '{name}'")
         return _json([])
 
     async def cuda_register(request: HttpRequest) -> HttpResponse:
-        raise cuda_shared_memory_unavailable(request.match_info["name"])
+        name = request.match_info["name"]
+        if regions.cuda is None:
+            raise cuda_shared_memory_unavailable(name)
+        document = await _register_document(request, read_body, ("raw_handle", "device_id", "byte_size"))
+        handle = document["raw_handle"]
+        if not isinstance(handle, dict) or not isinstance(handle.get("b64"), str):
+            raise InvalidArgumentError(
+                f"CUDA shared memory region '{name}': 'raw_handle' must be {{\"b64\": ...}}"
+            )
+        try:
+            raw = base64.b64decode(handle["b64"], validate=True)
+        except binascii.Error:
+            raise InvalidArgumentError(
+                f"CUDA shared memory region '{name}': 'raw_handle' is not base64"
+            ) from None
+        regions.register_cuda(name, raw, document["device_id"], document["byte_size"])
+        return HttpResponse(200)
 
     async def cuda_unregister(request: HttpRequest) -> HttpResponse:
-        return HttpResponse(200)  # nothing is registered; unknown names are no error, as in Triton
+        if regions.cuda is not None:
+            regions.cuda.unregister(request.match_info.get("name", ""))
+        return HttpResponse(200)  # unknown names are no error, as in Triton
 
     routes: list[tuple[str, str, str, Handler]] = []
     for base, on_status, on_register, on_unregister in (
@@ -81,3 +95,20 @@ def shared_memory_routes(
 
 def _json(data: object) -> HttpResponse:
     return HttpResponse(200, orjson.dumps(data), "application/json")
+
+
+async def _register_document(
+    request: HttpRequest, read_body: ReadBody, fields: tuple[str, ...]
+) -> dict[str, Any]:
+    """The JSON object of a register request, with each of `fields` present."""
+    body = await read_body(request)
+    try:
+        document = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidArgumentError(f"malformed JSON in the shared memory register request: {exc}") from None
+    if not isinstance(document, dict):
+        raise InvalidArgumentError("the shared memory register request must be a JSON object")
+    for field in fields:
+        if field not in document:
+            raise InvalidArgumentError(f"Shared memory register request has no '{field}' field")
+    return document

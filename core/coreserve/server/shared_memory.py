@@ -8,6 +8,10 @@ Keys are POSIX shared-memory names and nothing else: an optional leading '/', th
 without '/', opened as /dev/shm/<name> without following links. A key can never reach a file
 elsewhere.
 
+Where a CUDA device is usable, `cuda` holds the CUDA regions (cuda_shared_memory.py): names
+are one namespace for both kinds, as in Triton, and the codecs reach either through `buffer`
+and `output_buffer`.
+
 Unregistering a region that a request still reads or writes is safe: the mapping is closed
 at once only when nothing views it; otherwise it stays mapped until the last view (a numpy
 array of that request) is released, because Python's mmap refuses to unmap exported memory
@@ -21,10 +25,12 @@ import mmap
 import os
 import stat
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from coreserve.errors import InvalidArgumentError, NotFoundError, UnsupportedError
+from coreserve.server.cuda_shared_memory import CudaSharedMemory
 from coreserve.server.http_limits import open_file_limit
 
 SHM_DIRECTORY = "/dev/shm"
@@ -64,6 +70,16 @@ class SystemSharedMemory:
         self._regions: dict[str, _Region] = {}
         self._lock = threading.Lock()
         self._max_regions = default_max_regions() if max_regions is None else max_regions
+        self.cuda: CudaSharedMemory | None = None  # set where a CUDA device is usable
+
+    def register_cuda(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
+        """Registers a CUDA region (a client's cudaIpcMemHandle_t); refused without a GPU."""
+        if self.cuda is None:
+            raise cuda_shared_memory_unavailable(name)
+        _check_name(name)
+        with self._lock:
+            self._check_room(name)
+        self.cuda.register(name, raw_handle, device_id, byte_size)
 
     def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
         """Maps `byte_size` bytes at `offset` of the segment `key` under `name`."""
@@ -87,9 +103,9 @@ class SystemSharedMemory:
             self._regions[name] = region
 
     def _check_room(self, name: str) -> None:
-        if name in self._regions:
+        if name in self._regions or (self.cuda is not None and self.cuda.has(name)):
             raise InvalidArgumentError(f"shared memory region '{name}' already in manager")
-        if len(self._regions) >= self._max_regions:
+        if len(self._regions) + len(self.cuda or ()) >= self._max_regions:
             raise InvalidArgumentError(
                 f"cannot register shared memory region '{name}': {self._max_regions} regions are "
                 "registered already, the most this server holds; unregister some first"
@@ -122,6 +138,8 @@ class SystemSharedMemory:
         with self._lock:
             found = self._regions.get(region)
             if found is None:
+                if self.cuda is not None and self.cuda.has(region) and not writable:
+                    return self.cuda.read(region, offset, byte_size)  # (outputs: output_buffer)
                 raise NotFoundError(f"Unable to find shared memory region: '{region}'")
             if offset + byte_size > found.byte_size:
                 raise InvalidArgumentError(
@@ -141,8 +159,19 @@ class SystemSharedMemory:
             view = memoryview(found.mapping)[found.start + offset : found.start + offset + byte_size]
         return view if writable else view.toreadonly()
 
+    def output_buffer(
+        self, region: str, offset: int, byte_size: int
+    ) -> tuple[memoryview, Callable[[], None] | None]:
+        """Where an output bound for a region is written, and what to call once it is (None for
+        a system region, which is written in place; a CUDA region's copy goes to the device)."""
+        if self.cuda is not None and self.cuda.has(region):
+            return self.cuda.staging(region, offset, byte_size)
+        return self.buffer(region, offset, byte_size, writable=True), None
+
     def close(self) -> None:
         self.unregister()
+        if self.cuda is not None:
+            self.cuda.unregister()
 
 
 def default_max_regions() -> int:
