@@ -26,7 +26,7 @@ from coreserve.backend.api import (
 from coreserve.backend.base import BaseBackend
 from coreserve.backend.batching import run_batched
 from coreserve.backend.custom_metrics import CustomMetric, CustomMetricFamily, CustomMetrics, MetricKind
-from coreserve.backend.devices import DeviceReporter
+from coreserve.backend.devices import DeviceReporter, cuda_driver_gpus
 from coreserve.backend.hookspecs import hookimpl
 from coreserve.backend.model_tensors import (
     ModelTensor,
@@ -71,6 +71,7 @@ __all__ = [
     "check_model_tensors",
     "choice_parameter",
     "complete_config",
+    "cuda_driver_gpus",
     "default_max_batch_size",
     "hookimpl",
     "inline_below_us",

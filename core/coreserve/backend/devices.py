@@ -19,6 +19,9 @@ backend that does not report keeps the placement it always had (`KIND_AUTO` is C
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
@@ -50,3 +53,24 @@ def reported_gpus(backend: object) -> tuple[int, ...] | None:
         name = getattr(backend, "name", type(backend).__name__)
         raise ModelConfigError(f"backend '{name}' cannot tell which GPUs it can use: {exc}") from None
     return tuple(gpus)
+
+
+@functools.cache
+def cuda_driver_gpus() -> tuple[int, ...]:
+    """The ids of the GPUs the CUDA driver shows this process (`CUDA_VISIBLE_DEVICES` applies),
+    for a backend whose framework has no device count of its own (Triton's core counts them so).
+
+    Asks libcuda through ctypes (`cuInit`, `cuDeviceGetCount`), so it needs no GPU library;
+    empty where there is no driver or no GPU. Found once per process.
+
+    :return: 0 .. count-1, or ().
+    """
+    name = ctypes.util.find_library("cuda") or "libcuda.so.1"
+    try:
+        driver = ctypes.CDLL(name)
+    except OSError:
+        return ()
+    count = ctypes.c_int(0)
+    if driver.cuInit(0) != 0 or driver.cuDeviceGetCount(ctypes.byref(count)) != 0:
+        return ()  # no device, or a driver that cannot start: either way no GPU to use
+    return tuple(range(count.value))
