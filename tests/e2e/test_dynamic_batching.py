@@ -220,6 +220,8 @@ def test_full_queue_rejects_with_503(
     assert results[:3] == [0, 1, 2]
     assert isinstance(results[3], InferenceServerException)
     assert results[3].status() == "503" and "queue of priority level 1 is full" in results[3].message()
+    # Triton's words first (its PriorityQueue's), with the request's id as Triton puts it.
+    assert results[3].message().startswith("[request id: <id_unknown>] Exceeds maximum queue size: ")
     assert _echo(server, 9) == 9  # the server keeps serving
     stats = _statistics(server, "echo")
     assert stats["inference_stats"]["fail"]["count"] == 1
