@@ -16,8 +16,9 @@ from coreserve.backend import (
     default_max_batch_size,
     inline_below_us,
 )
+from coreserve_onnx.accelerators import CPU, OPTIONAL_PARAMETER, Provider, missing_reason
 from coreserve_onnx.instance import OnnxInstance
-from coreserve_onnx.session import open_session, providers_for, session_options
+from coreserve_onnx.session import open_session, providers_for, session_options, start_session
 from coreserve_onnx.tensors import FRAMEWORK, describe
 
 
@@ -25,7 +26,7 @@ def complete(model: ModelFiles, config: ModelConfig, server: ServerContext) -> M
     """Fills inputs, outputs and max_batch_size from the model file, as Triton does."""
     inspect_options = ort.SessionOptions()
     inspect_options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    session = open_session(model.model_file, inspect_options, ["CPUExecutionProvider"], model.name)
+    session = open_session(model.model_file, inspect_options, [Provider(CPU)], model.name)
     return complete_config(
         config,
         list(describe(session.get_inputs()).values()),
@@ -35,11 +36,21 @@ def complete(model: ModelFiles, config: ModelConfig, server: ServerContext) -> M
     )
 
 
-def create_instance(model: ModelFiles, config: ModelConfig, placement: InstancePlacement) -> OnnxInstance:
-    """Opens one session for `placement` and checks the configuration against the model's tensors."""
+def create_instance(
+    model: ModelFiles, config: ModelConfig, placement: InstancePlacement, server: ServerContext
+) -> OnnxInstance:
+    """Opens one session for `placement` (with the configuration's execution accelerators) and
+    checks the configuration against the model's tensors."""
     options = session_options(config)
-    providers = providers_for(placement)
-    session = open_session(model.model_file, options, providers, model.name)
+    providers, missing = providers_for(config, placement, model.name)
+    for provider in missing:
+        server.logger.warning(
+            "%s; instance '%s' runs without it (it is listed in '%s')",
+            missing_reason(provider, ort.get_available_providers(), model.name, placement.name),
+            placement.name,
+            OPTIONAL_PARAMETER,
+        )
+    session = start_session(model.model_file, options, providers, model.name, placement.name, server.logger)
     signature = ModelSignature(config)
     check_model_tensors(
         signature,

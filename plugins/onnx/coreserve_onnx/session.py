@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Sequence
 from pathlib import Path
 
 import onnxruntime as ort
 
 from coreserve import ModelConfig, ModelConfigError, UnavailableError
-from coreserve.backend import InstanceKind, InstancePlacement, bool_parameter, int_parameter
+from coreserve.backend import InstancePlacement, bool_parameter, int_parameter
+from coreserve_onnx.accelerators import Provider, available_providers, plan_providers
 
 # optimization { graph { level } } as Triton's ONNX Runtime backend reads it.
 _GRAPH_LEVELS = {
@@ -53,21 +56,22 @@ def session_options(config: ModelConfig) -> ort.SessionOptions:
     return options
 
 
-def providers_for(placement: InstancePlacement) -> list[str | tuple[str, dict[str, str]]]:
-    if placement.kind is not InstanceKind.GPU:
-        return ["CPUExecutionProvider"]
-    if "CUDAExecutionProvider" not in ort.get_available_providers():
-        raise UnavailableError(
-            f"instance '{placement.name}' is KIND_GPU, but this onnxruntime has no CUDA provider: "
-            "install the GPU build (pip uninstall onnxruntime && pip install 'plugin-onnx[gpu]')"
-        )
-    return [("CUDAExecutionProvider", {"device_id": str(placement.device_id)}), "CPUExecutionProvider"]
+def providers_for(
+    config: ModelConfig, placement: InstancePlacement, model_name: str
+) -> tuple[list[Provider], list[Provider]]:
+    """The providers for one instance that this onnxruntime build has, and the optional ones it lacks.
+
+    :raises ModelConfigError: an unknown accelerator, parameter or value.
+    :raises UnavailableError: a provider that is not optional is missing.
+    """
+    planned = plan_providers(config, placement.kind, placement.device_id)
+    return available_providers(planned, ort.get_available_providers(), model_name, placement.name)
 
 
 def open_session(
     path: Path,
     options: ort.SessionOptions,
-    providers: list[str | tuple[str, dict[str, str]]],
+    providers: Sequence[Provider],
     model_name: str,
 ) -> ort.InferenceSession:
     """Loads an ONNX model; a missing or unreadable file gives an error naming it."""
@@ -76,6 +80,53 @@ def open_session(
     if not path.is_file():
         raise ModelConfigError(f"model '{model_name}': model file {path} not found")
     try:
-        return ort.InferenceSession(str(path), sess_options=options, providers=providers)
+        # No silent fallback to other providers: a provider that fails must say so.
+        return ort.InferenceSession(
+            str(path), sess_options=options, providers=[p.as_ort() for p in providers], enable_fallback=0
+        )
     except Exception as exc:
         raise ModelConfigError(f"model '{model_name}': onnxruntime cannot load {path}: {exc}") from None
+
+
+def start_session(
+    path: Path,
+    options: ort.SessionOptions,
+    providers: Sequence[Provider],
+    model_name: str,
+    instance: str,
+    logger: logging.Logger,
+) -> ort.InferenceSession:
+    """Opens the session of one instance, and checks that each provider it asked for runs.
+
+    An optional accelerator whose provider fails to start is left out (one warning); one that
+    is not optional makes the instance UNAVAILABLE.
+    """
+    try:
+        session = open_session(path, options, providers, model_name)
+    except ModelConfigError as exc:
+        optional = [p for p in providers if p.optional]
+        if not optional:
+            raise
+        logger.warning(
+            "model '%s': instance '%s' runs without %s: %s",
+            model_name,
+            instance,
+            ", ".join(p.name for p in optional),
+            exc.message,
+        )
+        providers = [p for p in providers if not p.optional]
+        session = open_session(path, options, providers, model_name)
+    active = session.get_providers()
+    for provider in providers:
+        if provider.name in active:
+            continue
+        # onnxruntime logs why it dropped a provider (a driver or library missing) and goes on.
+        reason = (
+            f"model '{model_name}': onnxruntime did not start {provider.name} for instance "
+            f"'{instance}' (its log says why); the session has {', '.join(active)}"
+        )
+        if not provider.optional:
+            raise UnavailableError(reason)
+        logger.warning("%s; running without it", reason)
+    logger.info("model '%s': instance '%s' runs on %s", model_name, instance, ", ".join(active))
+    return session
