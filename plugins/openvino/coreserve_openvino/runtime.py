@@ -17,7 +17,6 @@ from coreserve import (
     ModelConfig,
     ModelConfigError,
     UnavailableError,
-    UnsupportedError,
 )
 from coreserve.backend import (
     InstanceKind,
@@ -162,10 +161,20 @@ def complete(model: ModelFiles, config: ModelConfig, server: ServerContext) -> M
     )
 
 
+def visible_gpus() -> list[int]:
+    """The GPUs OpenVINO's GPU plugin sees ("GPU" alone is GPU.0); none without one."""
+    ids = []
+    for device in core().available_devices:
+        kind, _, index = device.partition(".")
+        if kind == "GPU":
+            ids.append(int(index) if index.isdigit() else 0)
+    return ids
+
+
 def create_instance(model: ModelFiles, config: ModelConfig, placement: InstancePlacement) -> OpenVinoInstance:
     """Reads and compiles the model for one instance (blocking: run it on a worker thread)."""
-    if placement.kind is InstanceKind.GPU:
-        raise UnsupportedError(f"model '{model.name}': plugin-openvino runs on the CPU; use KIND_CPU")
+    # A GPU instance runs on OpenVINO's GPU plugin device of the same number.
+    device = f"GPU.{placement.device_id}" if placement.kind is InstanceKind.GPU else "CPU"
     signature = ModelSignature(config)
     network = read_model(core(), model.model_file, model.name)
     if signature.batching:
@@ -173,9 +182,9 @@ def create_instance(model: ModelFiles, config: ModelConfig, placement: InstanceP
     check_model_tensors(signature, _tensors(network.inputs), _tensors(network.outputs), FRAMEWORK)
     options = compile_options(config)
     try:
-        compiled = core().compile_model(network, "CPU", options)
+        compiled = core().compile_model(network, device, options)
     except Exception as exc:
         raise UnavailableError(
-            f"model '{model.name}': OpenVINO cannot compile it for the CPU: {exc}"
+            f"model '{model.name}': OpenVINO cannot compile it for {device}: {exc}"
         ) from None
     return OpenVinoInstance(compiled, InstanceThread(placement.name, inline_below_us(config)))

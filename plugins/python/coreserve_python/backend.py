@@ -3,9 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 
 from coreserve import ModelConfig, ModelConfigError, config_from_dict, config_to_dict
-from coreserve.backend import BaseBackend, InstancePlacement, ModelFiles, ModelInstance, ServerContext
+from coreserve.backend import (
+    BaseBackend,
+    InstancePlacement,
+    ModelFiles,
+    ModelInstance,
+    ServerContext,
+    cuda_driver_gpus,
+)
 from coreserve_python.environment import stub_launch
 from coreserve_python.instance import PythonInstance
 from coreserve_python.messages import AutoCompleteMessage
@@ -20,6 +28,12 @@ class PythonBackend(BaseBackend):
     name: str = "python"
     platforms: tuple[str, ...] = ()
     default_model_filename: str = "model.py"
+
+    def usable_gpus(self) -> Sequence[int]:
+        """The GPUs the CUDA driver shows: as on Triton (whose python backend prefers GPU
+        instances where there are GPUs), a model without instance_group gets an instance on
+        each, and the model sees its kind and device in `args`; none here means CPU."""
+        return cuda_driver_gpus()
 
     def auto_complete_config(
         self, model: ModelFiles, config: ModelConfig, server: ServerContext

@@ -5,6 +5,7 @@ torch is imported when a model loads, not when the plugin registers.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from coreserve import ModelConfig
@@ -19,6 +20,12 @@ class TorchBackend(BaseBackend):
     name: str = "pytorch"
     platforms: tuple[str, ...] = ("pytorch_libtorch",)
     default_model_filename: str = "model.pt"
+
+    def usable_gpus(self) -> Sequence[int]:
+        """The GPUs torch sees (none with the CPU build of torch)."""
+        import torch
+
+        return range(torch.cuda.device_count()) if torch.cuda.is_available() else ()
 
     def complete_config(self, model: ModelFiles, config: ModelConfig, server: ServerContext) -> ModelConfig:
         """Completes configurations of torch.export programs; TorchScript files carry no shapes."""

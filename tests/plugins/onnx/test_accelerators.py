@@ -10,7 +10,7 @@ from pathlib import Path
 import onnxruntime as ort
 import pytest
 
-from coreserve import ModelConfigError, UnavailableError
+from coreserve import ModelConfig, ModelConfigError, UnavailableError
 from coreserve.backend import InstanceKind, InstancePlacement, ModelFiles, ServerContext
 from coreserve.config import apply_defaults, parse_config
 from coreserve_onnx import OnnxBackend
@@ -29,13 +29,15 @@ GPU, CPU_KIND = InstanceKind.GPU, InstanceKind.CPU
 NO_OPENVINO = OPENVINO not in ort.get_available_providers()
 
 
-def _config(accelerators: str, parameters: str = "") -> object:
+def _config(accelerators: str, parameters: str = "") -> ModelConfig:
     return parse_config(
         f'name: "m" optimization {{ execution_accelerators {{ {accelerators} }} }} {parameters}'
     )
 
 
-def _plan(accelerators: str, kind: InstanceKind = GPU, device_id: int = 1, parameters: str = "") -> list:
+def _plan(
+    accelerators: str, kind: InstanceKind = GPU, device_id: int = 1, parameters: str = ""
+) -> list[tuple[str, dict[str, str], bool]]:
     return [
         (p.name, dict(p.options), p.optional)
         for p in plan_providers(_config(accelerators, parameters), kind, device_id)

@@ -64,7 +64,7 @@ def _repository(root: Path, names: tuple[str, ...]) -> Path:
 def _reason(client: httpclient.InferenceServerClient, model: str) -> str:
     with pytest.raises(InferenceServerException) as info:
         client.get_model_metadata(model)
-    return info.value.message()
+    return str(info.value.message())
 
 
 def _infer(client: httpclient.InferenceServerClient, model: str) -> None:

@@ -85,6 +85,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     (repository / "garbage" / "1").mkdir(parents=True)
     (repository / "garbage" / "1" / "model.xml").write_text("<not an ir>")
     (repository / "garbage" / "config.pbtxt").write_text(EXPLICIT)
+    ir_add_mul(repository / "on_gpu" / "1")
+    (repository / "on_gpu" / "config.pbtxt").write_text(EXPLICIT + "instance_group [ { kind: KIND_GPU } ]")
     process = ServerProcess([repository], ["--exit-on-error=false"]).start(timeout=120)
     yield process
     process.close()
@@ -146,6 +148,13 @@ def test_precision_hint_f32_keeps_fp32_results(client: httpclient.InferenceServe
     np.testing.assert_allclose(result, x @ np.full((4, 4), 1.0 + 2.0**-12, np.float32), rtol=1e-6)
 
 
+def test_without_gpus_kind_auto_runs_on_the_cpu(client: httpclient.InferenceServerClient) -> None:
+    assert [(g["kind"], g["count"]) for g in client.get_model_config("batched")["instance_group"]] == [
+        ("KIND_CPU", 2)
+    ]
+    assert [g["kind"] for g in client.get_model_config("auto")["instance_group"]] == ["KIND_CPU"]
+
+
 def test_dynamic_batching_with_two_instances(server: ServerProcess) -> None:
     def call(value: int) -> list[float]:
         client = httpclient.InferenceServerClient(server.http_url)
@@ -173,6 +182,8 @@ def test_dynamic_batching_with_two_instances(server: ServerProcess) -> None:
         ("bad_precision", "parameter 'INFERENCE_PRECISION_HINT' must be one of f32, bf16, f16, got 'f8'"),
         ("wrong_names", "configuration input 'OTHER' is not an input of the OpenVINO model"),
         ("garbage", "OpenVINO cannot read"),
+        # The backend reports the devices of OpenVINO's GPU plugin: none here, so the core refuses.
+        ("on_gpu", "has kind KIND_GPU but no GPUs are available (backend 'openvino' reports no GPU"),
     ],
 )
 def test_unavailable_models_say_why(

@@ -116,6 +116,12 @@ def _infer(
     return client.infer(model, inputs)
 
 
+def test_without_gpus_models_without_instance_group_run_on_the_cpu(
+    client: httpclient.InferenceServerClient,
+) -> None:
+    assert [g["kind"] for g in client.get_model_config("exported")["instance_group"]] == ["KIND_CPU"]
+
+
 def test_triton_index_naming(client: httpclient.InferenceServerClient) -> None:
     a, b = np.arange(8, dtype=np.float32).reshape(2, 4), np.ones((2, 4), np.float32)
     result = _infer(client, "indexed", {"INPUT__1": b, "INPUT__0": a})
@@ -179,7 +185,8 @@ def test_dynamic_batching_with_two_instances(server: ServerProcess) -> None:
 @pytest.mark.parametrize(
     ("model", "reason"),
     [
-        ("on_gpu", "is KIND_GPU, but this torch has no CUDA device"),
+        # The backend reports the GPUs torch sees: none with the CPU build, so the core refuses.
+        ("on_gpu", "specifies invalid or unsupported gpu id 0; the GPUs backend 'pytorch' can use are: none"),
         ("wrong_count", "forward() takes 2 inputs ['a', 'b'], but the configuration lists 3"),
         ("broken", "torch cannot load"),
     ],
