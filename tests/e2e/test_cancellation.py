@@ -20,6 +20,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -284,153 +285,138 @@ def test_cancelling_a_python_model_request_cancels_its_bls_calls(server: ServerP
     _sleepy_serves(server)
 
 
-def _sequence_infer(
-    client: grpcclient.InferenceServerClient,
-    sequence_id: int,
-    outcomes: list[str],
-    done: threading.Semaphore,
-    timeout: float | None = None,
-    **flags: bool,
+class SequenceCalls:
+    """gRPC calls to sleepy_sequence (X = the sequence id), each outcome ("ok" or its status)
+    collected in `outcomes`."""
+
+    def __init__(self, server: ServerProcess) -> None:
+        self.client = grpcclient.InferenceServerClient(server.grpc_url)
+        self.outcomes: list[str] = []
+        self._done = threading.Semaphore(0)
+
+    def send(self, sequence_id: int, timeout: float | None = None, **flags: bool) -> Any:
+        """Starts a call; returns its context (`cancel()`)."""
+
+        def finished(result: object, error: Exception | None) -> None:
+            self.outcomes.append("ok" if error is None else error.status())  # type: ignore[attr-defined]
+            self._done.release()
+
+        return self.client.async_infer(
+            "sleepy_sequence",
+            [self._x(sequence_id)],
+            finished,
+            sequence_id=sequence_id,
+            client_timeout=timeout,
+            **flags,
+        )
+
+    def wait(self, count: int) -> list[str]:
+        """Waits until `count` more calls ended; returns every outcome so far."""
+        for _ in range(count):
+            assert self._done.acquire(timeout=60)
+        return self.outcomes
+
+    def serves(self, sequence_id: int) -> None:
+        """A whole sequence of one request runs and answers."""
+        result = self.client.infer(
+            "sleepy_sequence",
+            [self._x(sequence_id)],
+            sequence_id=sequence_id,
+            sequence_start=True,
+            sequence_end=True,
+        )
+        assert result.as_numpy("Y").tolist() == [sequence_id]
+
+    @staticmethod
+    def _x(value: int) -> grpcclient.InferInput:
+        x = grpcclient.InferInput("X", [1], "INT32")
+        x.set_data_from_numpy(np.array([value], np.int32))
+        return x
+
+
+@pytest.fixture
+def sequence_calls(server: ServerProcess) -> Iterator[SequenceCalls]:
+    calls = SequenceCalls(server)
+    yield calls
+    calls.client.close()
+
+
+def _canceled(server: ServerProcess, model: str) -> float:
+    return _metric(server, "nv_inference_request_failure", model=model, reason="CANCELED", version="1")
+
+
+def test_cancelled_requests_of_a_sequence_leave_it_with_its_pending_requests(
+    server: ServerProcess, sequence_calls: SequenceCalls
 ) -> None:
-    """Sends X=sequence_id to sleepy_sequence; its outcome ("ok" or the status) lands in `outcomes`."""
-
-    def finished(result: object, error: Exception | None) -> None:
-        outcomes.append("ok" if error is None else error.status())  # type: ignore[attr-defined]
-        done.release()
-
-    x = grpcclient.InferInput("X", [1], "INT32")
-    x.set_data_from_numpy(np.array([sequence_id], np.int32))
-    client.async_infer(
-        "sleepy_sequence", [x], finished, sequence_id=sequence_id, client_timeout=timeout, **flags
-    )
-
-
-def _sequence_serves(client: grpcclient.InferenceServerClient, sequence_id: int) -> None:
-    x = grpcclient.InferInput("X", [1], "INT32")
-    x.set_data_from_numpy(np.array([sequence_id], np.int32))
-    result = client.infer(
-        "sleepy_sequence", [x], sequence_id=sequence_id, sequence_start=True, sequence_end=True
-    )
-    assert result.as_numpy("Y").tolist() == [sequence_id]
-
-
-def test_cancelled_requests_of_a_sequence_leave_it_with_its_pending_requests(server: ServerProcess) -> None:
-    client = grpcclient.InferenceServerClient(server.grpc_url)
-    outcomes: list[str] = []
-    done = threading.Semaphore(0)
-    try:
-        # Sequence 1 starts, then its next requests queue behind one another (0.5 s each); their
-        # clients give up after a second. As on Triton, the first one cancelled takes every
-        # pending request of its sequence with it, and the sequence is released.
-        _sequence_infer(client, 1, outcomes, done, sequence_start=True)
-        _wait_for(lambda: not _idle(server, "sleepy_sequence"), 20, "sequence 1 starts")  # (RPCs race)
-        for _ in range(CLIENTS - 1):
-            _sequence_infer(client, 1, outcomes, done, timeout=1.0)
-        for _ in range(CLIENTS):
-            assert done.acquire(timeout=60)
-        _wait_for(lambda: _idle(server, "sleepy_sequence"), 20, "sleepy_sequence has nothing queued")
-        stats = _statistics(server, "sleepy_sequence")
-        answered = outcomes.count("ok")
-        # Those that ran before the first client gave up, and the one running then (it stops).
-        assert answered <= stats["execution_count"] <= 4, outcomes
-        assert stats["inference_stats"]["success"]["count"] == answered
-        assert stats["inference_stats"]["fail"]["count"] == CLIENTS - answered
-        assert (
-            _metric(
-                server,
-                "nv_inference_request_failure",
-                model="sleepy_sequence",
-                reason="CANCELED",
-                version="1",
-            )
-            == CLIENTS - answered
-        )
-        # The sequence was released: it must start again, and then it runs from a fresh start.
-        x = grpcclient.InferInput("X", [1], "INT32")
-        x.set_data_from_numpy(np.array([1], np.int32))
-        with pytest.raises(
-            InferenceServerException, match=r"must set sequence_start.*a request of it was cancelled"
-        ):
-            client.infer("sleepy_sequence", [x], sequence_id=1)
-        _sequence_serves(client, 1)
-    finally:
-        client.close()
+    # Sequence 1 starts, then its next requests queue behind one another (0.5 s each); their
+    # clients give up after a second. As on Triton, the first one cancelled takes every
+    # pending request of its sequence with it, and the sequence is released.
+    sequence_calls.send(1, sequence_start=True)
+    _wait_for(lambda: not _idle(server, "sleepy_sequence"), 20, "sequence 1 starts")  # (RPCs race)
+    for _ in range(CLIENTS - 1):
+        sequence_calls.send(1, timeout=1.0)
+    outcomes = sequence_calls.wait(CLIENTS)
+    _wait_for(lambda: _idle(server, "sleepy_sequence"), 20, "sleepy_sequence has nothing queued")
+    stats = _statistics(server, "sleepy_sequence")
+    answered = outcomes.count("ok")
+    # Those that ran before the first client gave up, and the one running then (it stops).
+    assert answered <= stats["execution_count"] <= 4, outcomes
+    assert stats["inference_stats"]["success"]["count"] == answered
+    assert stats["inference_stats"]["fail"]["count"] == CLIENTS - answered
+    assert _canceled(server, "sleepy_sequence") == CLIENTS - answered
+    # The sequence was released: it must start again, and then it runs from a fresh start.
+    with pytest.raises(
+        InferenceServerException, match=r"must set sequence_start.*a request of it was cancelled"
+    ):
+        sequence_calls.client.infer("sleepy_sequence", [SequenceCalls._x(1)], sequence_id=1)
+    sequence_calls.serves(1)
 
 
-def test_cancelling_the_running_request_of_a_sequence_cancels_its_waiting_ones(server: ServerProcess) -> None:
-    client = grpcclient.InferenceServerClient(server.grpc_url)
-    outcomes: list[str] = []
-    done = threading.Semaphore(0)
-
-    def finished(result: object, error: Exception | None) -> None:
-        outcomes.append("ok" if error is None else error.status())  # type: ignore[attr-defined]
-        done.release()
-
-    try:
-        x = grpcclient.InferInput("X", [1], "INT32")
-        x.set_data_from_numpy(np.array([1], np.int32))
-        running = client.async_infer("sleepy_sequence", [x], finished, sequence_id=1, sequence_start=True)
-        _wait_for(lambda: not _idle(server, "sleepy_sequence"), 20, "sequence 1 starts")
-        waiting = 5
-        for _ in range(waiting):
-            _sequence_infer(client, 1, outcomes, done)
-        _wait_for(
-            lambda: (
-                _metric(server, "nv_inference_pending_request_count", model="sleepy_sequence", version="1")
-                == 1 + waiting
-            ),
-            20,
-            "the requests of sequence 1 wait",
-        )
-        running.cancel()  # sleepy sees is_cancelled() and stops; its sequence's waiting requests go
-        for _ in range(1 + waiting):
-            assert done.acquire(timeout=60)
-        assert outcomes.count("StatusCode.CANCELLED") == 1 + waiting, outcomes
-        _wait_for(lambda: _idle(server, "sleepy_sequence"), 20, "sleepy_sequence has nothing queued")
-        assert _statistics(server, "sleepy_sequence")["execution_count"] == 1
-        assert (
-            _metric(
-                server,
-                "nv_inference_request_failure",
-                model="sleepy_sequence",
-                reason="CANCELED",
-                version="1",
-            )
+def test_cancelling_the_running_request_of_a_sequence_cancels_its_waiting_ones(
+    server: ServerProcess, sequence_calls: SequenceCalls
+) -> None:
+    running = sequence_calls.send(1, sequence_start=True)
+    _wait_for(lambda: not _idle(server, "sleepy_sequence"), 20, "sequence 1 starts")
+    waiting = 5
+    for _ in range(waiting):
+        sequence_calls.send(1)
+    _wait_for(
+        lambda: (
+            _metric(server, "nv_inference_pending_request_count", model="sleepy_sequence", version="1")
             == 1 + waiting
-        )
-        _sequence_serves(client, 1)
-    finally:
-        client.close()
+        ),
+        20,
+        "the requests of sequence 1 wait",
+    )
+    running.cancel()  # sleepy sees is_cancelled() and stops; its sequence's waiting requests go
+    outcomes = sequence_calls.wait(1 + waiting)
+    assert outcomes.count("StatusCode.CANCELLED") == 1 + waiting, outcomes
+    _wait_for(lambda: _idle(server, "sleepy_sequence"), 20, "sleepy_sequence has nothing queued")
+    assert _statistics(server, "sleepy_sequence")["execution_count"] == 1
+    assert _canceled(server, "sleepy_sequence") == 1 + waiting
+    sequence_calls.serves(1)
 
 
-def test_sequences_cancelled_while_waiting_for_a_slot_never_run(server: ServerProcess) -> None:
-    client = grpcclient.InferenceServerClient(server.grpc_url)
-    outcomes: list[str] = []
-    done = threading.Semaphore(0)
-    try:
-        # Sequence 1 takes the only slot and keeps it; 20 sequences wait in the backlog for it
-        # and their clients give up.
-        _sequence_infer(client, 1, outcomes, done, sequence_start=True)
-        assert done.acquire(timeout=60) and outcomes == ["ok"]
-        waiting = range(100, 120)
-        for sequence_id in waiting:
-            _sequence_infer(client, sequence_id, outcomes, done, timeout=1.0, sequence_start=True)
-        for _ in waiting:
-            assert done.acquire(timeout=60)
-        assert outcomes.count("ok") == 1
-        # Sequence 1 ends and frees the slot: none of the cancelled sequences takes it.
-        _sequence_infer(client, 1, outcomes, done, sequence_end=True)
-        assert done.acquire(timeout=60) and outcomes.count("ok") == 2
-        _wait_for(lambda: _idle(server, "sleepy_sequence"), 20, "sleepy_sequence has nothing queued")
-        assert _statistics(server, "sleepy_sequence")["execution_count"] == 2
-        assert _metric(
-            server, "nv_inference_request_failure", model="sleepy_sequence", reason="CANCELED", version="1"
-        ) == len(waiting)
-        # A cancelled sequence can start again, and the slot serves it.
-        _sequence_serves(client, 100)
-        assert _statistics(server, "sleepy_sequence")["execution_count"] == 3
-    finally:
-        client.close()
+def test_sequences_cancelled_while_waiting_for_a_slot_never_run(
+    server: ServerProcess, sequence_calls: SequenceCalls
+) -> None:
+    # Sequence 1 takes the only slot and keeps it; 20 sequences wait in the backlog for it
+    # and their clients give up.
+    sequence_calls.send(1, sequence_start=True)
+    assert sequence_calls.wait(1) == ["ok"]
+    waiting = range(100, 120)
+    for sequence_id in waiting:
+        sequence_calls.send(sequence_id, timeout=1.0, sequence_start=True)
+    assert sequence_calls.wait(len(waiting)).count("ok") == 1
+    # Sequence 1 ends and frees the slot: none of the cancelled sequences takes it.
+    sequence_calls.send(1, sequence_end=True)
+    assert sequence_calls.wait(1).count("ok") == 2
+    _wait_for(lambda: _idle(server, "sleepy_sequence"), 20, "sleepy_sequence has nothing queued")
+    assert _statistics(server, "sleepy_sequence")["execution_count"] == 2
+    assert _canceled(server, "sleepy_sequence") == len(waiting)
+    # A cancelled sequence can start again, and the slot serves it.
+    sequence_calls.serves(100)
+    assert _statistics(server, "sleepy_sequence")["execution_count"] == 3
 
 
 def test_a_decoupled_request_cancelled_after_execute_returned_counts_as_cancelled(
@@ -455,16 +441,7 @@ def test_a_decoupled_request_cancelled_after_execute_returned_counts_as_cancelle
     stats = _statistics(server, "background_streamer")
     assert stats["inference_stats"]["success"]["count"] == 0
     assert stats["inference_stats"]["fail"]["count"] == 1
-    assert (
-        _metric(
-            server,
-            "nv_inference_request_failure",
-            model="background_streamer",
-            reason="CANCELED",
-            version="1",
-        )
-        == 1
-    )
+    assert _canceled(server, "background_streamer") == 1
     assert _metric(server, "nv_inference_request_success", model="background_streamer", version="1") == 0
     # The responses it sent after the cancellation were dropped without a fuss (the fixture
     # checks the log has no traceback), and the server serves on.
