@@ -127,11 +127,13 @@ _PRECISIONS = {"FP32": None, "FP16": "trt_fp16_enable", "BF16": "trt_bf16_enable
 # CUDA options Triton checks as flags; it hands any other key to ONNX Runtime as it is.
 _CUDA_FLAGS = ("do_copy_in_default_stream", "use_ep_level_unified_stream")
 # The model-level parameters Triton still reads for the CUDA provider (deprecated there).
-_CUDA_MODEL_PARAMETERS: dict[str, dict[str, str] | None] = {
+_CUDA_MODEL_CHOICES = {
     "cudnn_conv_algo_search": {"0": "EXHAUSTIVE", "1": "HEURISTIC", "2": "DEFAULT"},
     "arena_extend_strategy": {"0": "kNextPowerOfTwo", "1": "kSameAsRequested"},
-    "gpu_mem_limit": None,
-    "do_copy_in_default_stream": None,
+}
+_CUDA_MODEL_VALUES: dict[str, Callable[[str], str]] = {
+    "gpu_mem_limit": _unsigned,
+    "do_copy_in_default_stream": _boolean,
 }
 
 
@@ -192,16 +194,26 @@ def cuda_options(config: ModelConfig, parameters: Mapping[str, str], device_id: 
     :param device_id: the instance's GPU.
     """
     options: dict[str, str] = {}
-    for key, choices in _CUDA_MODEL_PARAMETERS.items():
+    for key, choices in _CUDA_MODEL_CHOICES.items():
         value = str_parameter(config, key)
         if value is None:
             continue
-        if choices is not None and value not in choices:
+        if value not in choices:
             raise ModelConfigError(
                 f"model '{config.name}': unsupported {key} value '{value}' is requested "
                 f"(one of {', '.join(choices)})"
             )
-        options[key] = choices[value] if choices is not None else value
+        options[key] = choices[value]
+    for key, check in _CUDA_MODEL_VALUES.items():
+        value = str_parameter(config, key)
+        if value is None:
+            continue
+        try:
+            options[key] = check(value)
+        except ValueError as exc:
+            raise ModelConfigError(
+                f"model '{config.name}': parameter '{key}' must be {exc}, got '{value}'"
+            ) from None
     for key in sorted(parameters):
         check = _boolean if key in _CUDA_FLAGS else _text
         value = _checked(config, "cuda", key, parameters[key], check)
@@ -257,19 +269,17 @@ def plan_providers(config: ModelConfig, kind: InstanceKind, device_id: int = 0) 
     accelerators = config.optimization.execution_accelerators
     gpu_listed = _listed(config, accelerators.gpu_execution_accelerator, ("tensorrt", "cuda"), "gpu")
     cpu_listed = _listed(config, accelerators.cpu_execution_accelerator, ("openvino",), "cpu")
-    providers: list[Provider] = []
+    gpu_providers: list[Provider] = []
     cuda_parameters: Mapping[str, str] = {}
     for accelerator in gpu_listed:
         if accelerator.name == "tensorrt":
             options = tensorrt_options(config, accelerator.parameters, device_id)
-            providers.append(Provider(TENSORRT, options, "tensorrt", "tensorrt" in optional))
+            gpu_providers.append(Provider(TENSORRT, options, "tensorrt", "tensorrt" in optional))
         else:
             cuda_parameters = accelerator.parameters
-    cuda = Provider(CUDA, cuda_options(config, cuda_parameters, device_id), "cuda")
-    if kind is not InstanceKind.GPU:
-        providers = []  # checked above; on a CPU instance they do not apply
-    else:
-        providers.append(cuda)
+    gpu_providers.append(Provider(CUDA, cuda_options(config, cuda_parameters, device_id), "cuda"))
+    # Checked whatever the kind, but only a GPU instance runs them.
+    providers = gpu_providers if kind is InstanceKind.GPU else []
     for accelerator in cpu_listed:
         if accelerator.parameters:
             raise ModelConfigError(

@@ -94,7 +94,8 @@ def test_cuda_accelerator_and_the_deprecated_model_parameters_set_cuda_options()
         device_id=0,
         parameters='parameters { key: "cudnn_conv_algo_search" value: { string_value: "1" } } '
         'parameters { key: "gpu_mem_limit" value: { string_value: "4294967200" } } '
-        'parameters { key: "arena_extend_strategy" value: { string_value: "1" } }',
+        'parameters { key: "arena_extend_strategy" value: { string_value: "1" } } '
+        'parameters { key: "do_copy_in_default_stream" value: { string_value: "false" } }',
     )
     assert plan == [
         (
@@ -103,6 +104,7 @@ def test_cuda_accelerator_and_the_deprecated_model_parameters_set_cuda_options()
                 "cudnn_conv_algo_search": "HEURISTIC",
                 "arena_extend_strategy": "kSameAsRequested",
                 "gpu_mem_limit": "4294967200",
+                "do_copy_in_default_stream": "0",
                 "cudnn_conv_use_max_workspace": "0",
                 "use_ep_level_unified_stream": "1",
                 "device_id": "0",
@@ -197,6 +199,11 @@ def test_optional_accelerators_are_marked() -> None:
             "",
             'parameters { key: "cudnn_conv_algo_search" value: { string_value: "7" } }',
             "unsupported cudnn_conv_algo_search value '7' is requested",
+        ),
+        (
+            "",
+            'parameters { key: "gpu_mem_limit" value: { string_value: "-1" } }',
+            "parameter 'gpu_mem_limit' must be an integer >= 0, got '-1'",
         ),
         (
             "",
