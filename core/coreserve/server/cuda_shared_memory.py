@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from coreserve.errors import InternalError, InvalidArgumentError, NotFoundError
+from coreserve.server.region_table import RegionTable
 
 CUDA_IPC_HANDLE_SIZE = 64
 # Present wherever an NVIDIA driver is: without it, cuda-python is not even imported.
@@ -57,20 +57,14 @@ class _CudaRegion:
         return {"name": self.name, "device_id": self.device_id, "byte_size": self.byte_size}
 
 
-class CudaSharedMemory:
+class CudaSharedMemory(RegionTable[_CudaRegion]):
     """Registers, lists and unregisters CUDA regions; copies tensors out of and into them."""
 
+    kind = "cuda"
+
     def __init__(self, runtime: Any) -> None:
+        super().__init__()
         self._runtime = runtime
-        self._regions: dict[str, _CudaRegion] = {}
-        self._lock = threading.Lock()
-
-    def has(self, name: str) -> bool:
-        with self._lock:
-            return name in self._regions
-
-    def __len__(self) -> int:
-        return len(self._regions)
 
     def register(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
         """Opens the IPC handle of `byte_size` bytes on `device_id` under `name` (the caller
@@ -107,24 +101,10 @@ class CudaSharedMemory:
     def unregister(self, name: str = "") -> None:
         """Closes one region's handle, or every region's when `name` is empty; unknown names
         are ignored, as Triton ignores them."""
-        with self._lock:
-            if name:
-                removed = [self._regions.pop(name)] if name in self._regions else []
-            else:
-                removed = list(self._regions.values())
-                self._regions.clear()
-            for region in removed:
-                self._runtime.cudaSetDevice(region.device_id)
-                self._runtime.cudaIpcCloseMemHandle(region.pointer)
-
-    def status(self, name: str = "") -> list[dict[str, Any]]:
-        with self._lock:
-            if not name:
-                return [region.status() for region in self._regions.values()]
-            region = self._regions.get(name)
-            if region is None:
-                raise NotFoundError(f"Unable to find cuda shared memory region: '{name}'")
-            return [region.status()]
+        # (a copy in progress holds the lock: the handle closes after it)
+        for region in self._remove(name):
+            self._runtime.cudaSetDevice(region.device_id)
+            self._runtime.cudaIpcCloseMemHandle(region.pointer)
 
     def read(self, region: str, offset: int, byte_size: int) -> memoryview:
         """A host copy of `byte_size` bytes at `offset` in `region`."""

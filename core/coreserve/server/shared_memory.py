@@ -24,7 +24,6 @@ import contextlib
 import mmap
 import os
 import stat
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +31,7 @@ from typing import Any
 from coreserve.errors import InvalidArgumentError, NotFoundError, UnsupportedError
 from coreserve.server.cuda_shared_memory import CudaSharedMemory
 from coreserve.server.http_limits import open_file_limit
+from coreserve.server.region_table import RegionTable
 
 SHM_DIRECTORY = "/dev/shm"
 # Bounds on what clients can make the server hold: every region keeps a mapping and a file
@@ -60,15 +60,16 @@ class _Region:
             self.mapping.close()
 
 
-class SystemSharedMemory:
+class SystemSharedMemory(RegionTable[_Region]):
     """Registers, lists and unregisters regions; gives the codecs views of them.
 
     Used from the event loop and from codec threads, hence the lock (held only for lookups).
     """
 
+    kind = "system"
+
     def __init__(self, max_regions: int | None = None) -> None:
-        self._regions: dict[str, _Region] = {}
-        self._lock = threading.Lock()
+        super().__init__()
         self._max_regions = default_max_regions() if max_regions is None else max_regions
         self.cuda: CudaSharedMemory | None = None  # set where a CUDA device is usable
 
@@ -105,7 +106,7 @@ class SystemSharedMemory:
     def _check_room(self, name: str) -> None:
         if name in self._regions or (self.cuda is not None and self.cuda.has(name)):
             raise InvalidArgumentError(f"shared memory region '{name}' already in manager")
-        if len(self._regions) + len(self.cuda or ()) >= self._max_regions:
+        if len(self._regions) + (self.cuda.count() if self.cuda is not None else 0) >= self._max_regions:
             raise InvalidArgumentError(
                 f"cannot register shared memory region '{name}': {self._max_regions} regions are "
                 "registered already, the most this server holds; unregister some first"
@@ -114,24 +115,8 @@ class SystemSharedMemory:
     def unregister(self, name: str = "") -> None:
         """Unregisters one region, or every region when `name` is empty; unknown names are ignored,
         as Triton ignores them."""
-        with self._lock:
-            if name:
-                removed = [self._regions.pop(name)] if name in self._regions else []
-            else:
-                removed = list(self._regions.values())
-                self._regions.clear()
-        for region in removed:
+        for region in self._remove(name):
             region.close()
-
-    def status(self, name: str = "") -> list[dict[str, Any]]:
-        """The registered regions (or one of them), as Triton's status reports them."""
-        with self._lock:
-            if not name:
-                return [region.status() for region in self._regions.values()]
-            region = self._regions.get(name)
-            if region is None:
-                raise NotFoundError(f"Unable to find system shared memory region: '{name}'")
-            return [region.status()]
 
     def buffer(self, region: str, offset: int, byte_size: int, *, writable: bool) -> memoryview:
         """A view of `byte_size` bytes at `offset` within a registered region."""
