@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import queue
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -119,6 +120,7 @@ MODELS = {
     "twice_default": (ORDINARY_MODEL.format(none_in_place=True), False, ""),
     "twice_answering": (ORDINARY_MODEL.format(none_in_place=False), False, ITERATIVE),
     "flags_iterative": (FLAGS_MODEL, True, ITERATIVE),
+    "countdown_abandoned": (DECOUPLED_MODEL, True, ITERATIVE),
 }
 REFUSED = (
     "Request is released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, while the model is not "
@@ -271,3 +273,45 @@ def test_a_handed_back_request_runs_with_its_sequence_id_and_start_only_once(ser
         ("out", 422),
         ("final", None),
     ]
+
+
+def test_a_handed_back_request_whose_client_leaves_is_not_run_again(server: ServerProcess) -> None:
+    # A countdown from 100,000 hands its request back after each response; the client closes
+    # its stream after 20 of them: the request leaves the sequence batcher, CANCELED.
+    received: list[int] = []
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    tensor = grpcclient.InferInput("IN", [1, 1], "INT32")
+    tensor.set_data_from_numpy(np.array([[100_000]], np.int32))
+    client.start_stream(callback=lambda result, error: received.append(0 if error else 1))
+    client.async_stream_infer("countdown_abandoned", [tensor])
+    deadline = time.monotonic() + 60
+    while len(received) < 20:
+        assert time.monotonic() < deadline, "the first responses did not arrive"
+        time.sleep(0.01)
+    client.stop_stream(cancel_requests=True)
+    client.close()
+
+    def settled() -> dict:
+        deadline = time.monotonic() + 30
+        while True:
+            stats = _statistics(server, "countdown_abandoned")
+            if stats["inference_stats"]["fail"]["count"] == 1:
+                return stats
+            assert time.monotonic() < deadline, stats
+            time.sleep(0.05)
+
+    executed = settled()["execution_count"]
+    time.sleep(0.5)  # it would have run hundreds of times more by now
+    stats = _statistics(server, "countdown_abandoned")
+    assert stats["execution_count"] == executed < 100_000
+    assert stats["inference_stats"]["success"]["count"] == 0
+    with urllib.request.urlopen(server.metrics_url, timeout=30) as reply:
+        metrics = reply.read().decode().splitlines()
+    canceled = [
+        line
+        for line in metrics
+        if line.startswith("nv_inference_request_failure{")
+        and 'model="countdown_abandoned"' in line
+        and 'reason="CANCELED"' in line
+    ]
+    assert len(canceled) == 1 and canceled[0].endswith(" 1"), canceled
