@@ -123,6 +123,12 @@ def main() -> None:
         default=os.environ.get("TRITON_CMD"),
         help="command that starts tritonserver (default $TRITON_CMD; none: no Triton rows)",
     )
+    parser.add_argument(
+        "--grpc-server",
+        choices=("grpcio", "native"),
+        default="grpcio",
+        help="coreserve's --grpc-server (default grpcio)",
+    )
     args = parser.parse_args()
     analyzer = perf_analyzer()
     if analyzer is None:
@@ -130,7 +136,7 @@ def main() -> None:
 
     repository = Path(tempfile.mkdtemp(prefix="coreserve-grpc-speed-")) / "models"
     write_model(repository, "add", add_model(), CONFIG)
-    server = start_server(repository)
+    server = start_server(repository, f"--grpc-server={args.grpc_server}")
     paths: tuple[str, ...] = PATHS
     triton = None
     triton_url = ""

@@ -35,7 +35,15 @@ output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory, echo_backend_site: Path) -> Iterator[ServerProcess]:
+def grpc_server_flags() -> list[str]:
+    """More flags for this module's server (test_grpc_native.py runs these tests on the native one)."""
+    return []
+
+
+@pytest.fixture(scope="module")
+def server(
+    tmp_path_factory: pytest.TempPathFactory, echo_backend_site: Path, grpc_server_flags: list[str]
+) -> Iterator[ServerProcess]:
     repository = tmp_path_factory.mktemp("grpc")
     write_model(repository, "add_sub", add_sub_model("FP32", ["batch", 4]), ADD_SUB)
     for datatype in ONNX_TYPES:
@@ -54,7 +62,7 @@ def server(tmp_path_factory: pytest.TempPathFactory, echo_backend_site: Path) ->
     env = {
         "PYTHONPATH": os.pathsep.join(filter(None, [str(echo_backend_site), os.environ.get("PYTHONPATH")]))
     }
-    process = ServerProcess([repository], ["--exit-on-error=false"], env=env).start()
+    process = ServerProcess([repository], ["--exit-on-error=false", *grpc_server_flags], env=env).start()
     yield process
     process.close()
 

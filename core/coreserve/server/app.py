@@ -25,6 +25,7 @@ from coreserve.scheduling.cache_config import make_response_cache
 from coreserve.scheduling.rate_limiter import RateLimiter
 from coreserve.server.dataplane import DataPlane, ServerFlags
 from coreserve.server.grpc import GrpcFrontend
+from coreserve.server.grpc_native import NativeGrpcFrontend
 from coreserve.server.http import HttpFrontend
 from coreserve.server.log_settings import ServerLog
 from coreserve.server.metrics import MetricsFrontend, MetricsReport
@@ -111,7 +112,7 @@ class ServerRuntime:
                 response_cache=self.response_cache,
             )
         self.http: HttpFrontend | None = None
-        self.grpc: GrpcFrontend | None = None
+        self.grpc: GrpcFrontend | NativeGrpcFrontend | None = None
         self.metrics: MetricsFrontend | None = None
         self.openai: OpenAIFrontend | None = None
         self._openai_type: type[OpenAIFrontend] | None = None
@@ -175,7 +176,7 @@ class ServerRuntime:
                 )
                 await _start_service("metrics", self.metrics.start())
         if options.allow_grpc:
-            self.grpc = GrpcFrontend(
+            self.grpc = (NativeGrpcFrontend if options.grpc_server == "native" else GrpcFrontend)(
                 self.dataplane,
                 address=options.grpc_address,
                 port=options.grpc_port,

@@ -452,6 +452,30 @@ class HealthServicer(health_pb2_grpc.HealthServicer):
             await asyncio.sleep(self._watch_interval)
 
 
+def add_services(
+    server: Any,
+    dataplane: DataPlane,
+    restrictions: ApiRestrictions | None,
+    max_stream_inflight: int = DEFAULT_MAX_STREAM_INFLIGHT,
+) -> None:
+    """Registers GRPCInferenceService and grpc.health.v1 on `server`: grpc.aio's or the native one.
+
+    `server` takes `add_registered_method_handlers(service, handlers)` as grpc.aio's does.
+    """
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(  # type: ignore[no-untyped-call]
+        InferenceServicer(dataplane, restrictions, max_stream_inflight),
+        DecodingRegistrar(
+            server,
+            # Large raw contents are kept as views of the received bytes (no copy).
+            {"ModelInfer": parse_model_infer_request, "ModelStreamInfer": parse_model_infer_request},
+            {"ModelInfer": _serialized, "ModelStreamInfer": _serialized},
+        ),
+    )
+    health_pb2_grpc.add_HealthServicer_to_server(  # type: ignore[no-untyped-call]
+        HealthServicer(dataplane), DecodingRegistrar(server)
+    )
+
+
 class GrpcFrontend:
     """Serves the gRPC services for one data plane on one address and port."""
 
@@ -477,18 +501,7 @@ class GrpcFrontend:
                 *self._transport.server_options(),
             ],
         )
-        pb_grpc.add_GRPCInferenceServiceServicer_to_server(  # type: ignore[no-untyped-call]
-            InferenceServicer(dataplane, restrictions, max_stream_inflight),
-            DecodingRegistrar(
-                self._server,
-                # Large raw contents are kept as views of the received bytes (no copy).
-                {"ModelInfer": parse_model_infer_request, "ModelStreamInfer": parse_model_infer_request},
-                {"ModelInfer": _serialized, "ModelStreamInfer": _serialized},
-            ),
-        )
-        health_pb2_grpc.add_HealthServicer_to_server(  # type: ignore[no-untyped-call]
-            HealthServicer(dataplane), DecodingRegistrar(self._server)
-        )
+        add_services(self._server, dataplane, restrictions, max_stream_inflight)
 
     async def start(self) -> None:
         host = f"[{self._address}]" if ":" in self._address else self._address

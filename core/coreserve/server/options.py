@@ -44,6 +44,7 @@ class ServerOptions:
     grpc_port: int = 8001
     grpc_max_message_size: int = 256 * 1024 * 1024
     grpc_max_stream_inflight: int = 1024  # open requests per ModelStreamInfer stream
+    grpc_server: str = "grpcio"  # --grpc-server: "grpcio" (grpc.aio) or "native" (grpc_native's HTTP/2)
     grpc_restricted_api: list[Restriction] = field(default_factory=list)  # --grpc-restricted-protocol
     grpc_transport: GrpcTransport = field(default_factory=GrpcTransport)  # TLS, keepalive, compression
     # --openai-port: the OpenAI-compatible frontend (core-server[openai]); None: not served.

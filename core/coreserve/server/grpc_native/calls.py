@@ -1,0 +1,241 @@
+"""One gRPC call on an HTTP/2 stream: its messages in, the servicer's handler, its answer out.
+
+The handlers are the ones grpc.aio runs (registered through the same DecodingRegistrar, so the
+same tolerant decoding and serializers); `CallContext` gives them the part of
+grpc.aio.ServicerContext that coreserve's servicers use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+import zlib
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any
+
+import grpc
+
+from coreserve.server.grpc_native.headers import RequestHeaders
+
+if TYPE_CHECKING:
+    from coreserve.server.grpc_native.connection import Http2Connection
+
+logger = logging.getLogger("coreserve.server.grpc")
+
+OK = 0
+CANCELLED = grpc.StatusCode.CANCELLED.value[0]
+UNKNOWN = grpc.StatusCode.UNKNOWN.value[0]
+DEADLINE_EXCEEDED = grpc.StatusCode.DEADLINE_EXCEEDED.value[0]
+RESOURCE_EXHAUSTED = grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
+UNIMPLEMENTED = grpc.StatusCode.UNIMPLEMENTED.value[0]
+INTERNAL = grpc.StatusCode.INTERNAL.value[0]
+_MESSAGE_PREFIX = struct.Struct(">BI")
+
+
+class CallAborted(Exception):
+    """Ends a call with a status: what `context.abort` raises, and the server's own refusals."""
+
+    def __init__(self, code: int, details: str) -> None:
+        super().__init__(details)
+        self.code = code
+        self.details = details
+
+
+class CallContext:
+    """The grpc.aio.ServicerContext methods coreserve's servicers call, for a native call."""
+
+    def __init__(self, call: Call) -> None:
+        self._call = call
+
+    def invocation_metadata(self) -> tuple[tuple[str, str | bytes], ...]:
+        return self._call.headers.metadata
+
+    async def abort(self, code: grpc.StatusCode, details: str = "", trailing_metadata: object = ()) -> None:
+        raise CallAborted(code.value[0], details)
+
+    def time_remaining(self) -> float | None:
+        deadline = self._call.deadline
+        return None if deadline is None else max(0.0, deadline - asyncio.get_running_loop().time())
+
+    def cancelled(self) -> bool:
+        return self._call.reset
+
+    def peer(self) -> str:
+        return self._call.connection.peer
+
+
+def _decompress(data: bytes, encoding: bytes | None, limit: int) -> bytes:
+    if encoding == b"gzip":
+        decompressor = zlib.decompressobj(wbits=31)
+    elif encoding == b"deflate":
+        decompressor = zlib.decompressobj(wbits=15)
+    else:
+        raise CallAborted(INTERNAL, "a compressed message without a supported grpc-encoding")
+    try:
+        out = decompressor.decompress(data, limit + 1)
+    except zlib.error as exc:
+        raise CallAborted(INTERNAL, f"the message does not decompress: {exc}") from None
+    if len(out) > limit:
+        raise CallAborted(RESOURCE_EXHAUSTED, f"Received message larger than max ({len(out)} vs. {limit})")
+    return out
+
+
+class Call:
+    """A call's state: received bytes, complete messages, the handler's task, what waits to be sent."""
+
+    def __init__(
+        self,
+        connection: Http2Connection,
+        stream_id: int,
+        headers: RequestHeaders,
+        handler: grpc.RpcMethodHandler,
+        send_window: int,
+    ) -> None:
+        self.connection = connection
+        self.stream_id = stream_id
+        self.headers = headers
+        self.handler = handler
+        self.partial = bytearray()
+        self.messages: deque[bytes] = deque()
+        self.half_closed = False  # the client sent END_STREAM
+        self.reset = False  # the client reset the stream, or the connection went
+        self.finished = False  # our trailers are queued
+        self.status: CallAborted | None = None  # why the server cancelled the task
+        self.task: asyncio.Task[None] | None = None
+        self.deadline: float | None = None
+        self.deadline_timer: asyncio.TimerHandle | None = None
+        self.waiter: asyncio.Future[None] | None = None
+        self.headers_sent = False
+        # Outbound, under the peer's flow control: bytes not yet framed, then trailers.
+        self.send_window = send_window
+        self.outbound: deque[memoryview] = deque()
+        self.trailers: bytes | None = None
+        self.drained: asyncio.Future[None] | None = None
+        self.unacked = 0  # received bytes whose window the client has not had back
+
+    # Receiving -----------------------------------------------------------------------------
+
+    def receive(self, payload: memoryview | bytes, max_size: int) -> None:
+        """Adds DATA bytes; splits out complete messages (CallAborted when one is refused)."""
+        buffer = self.partial
+        buffer += payload
+        while len(buffer) >= 5:
+            compressed, length = _MESSAGE_PREFIX.unpack_from(buffer)
+            if length > max_size:
+                raise CallAborted(
+                    RESOURCE_EXHAUSTED, f"Received message larger than max ({length} vs. {max_size})"
+                )
+            if len(buffer) < 5 + length:
+                break
+            message = bytes(memoryview(buffer)[5 : 5 + length])
+            del buffer[: 5 + length]
+            if compressed:
+                message = _decompress(message, self.headers.encoding, max_size)
+            self.messages.append(message)
+        self._wake()
+
+    def close_input(self) -> None:
+        """The client half-closed the stream."""
+        self.half_closed = True
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def _requests(self, decode: Callable[[bytes], Any]) -> AsyncIterator[Any]:
+        while True:
+            while self.messages:
+                message = self.messages.popleft()
+                self.connection.consumed(self)
+                yield decode(message)
+            if self.half_closed:
+                if self.partial:
+                    raise CallAborted(INTERNAL, "the stream ended inside a message")
+                return
+            self.waiter = asyncio.get_running_loop().create_future()
+            await self.waiter
+            self.waiter = None
+
+    # Running -------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.task = asyncio.get_running_loop().create_task(self._run())
+
+    def cancel(self, status: CallAborted | None) -> None:
+        """Stops the handler; `status`: the answer the client gets (None: it is gone)."""
+        if status is None:
+            self.reset = True
+        if self.task is None:
+            if status is not None:
+                self.finish(status.code, status.details)
+            return
+        if self.status is None:
+            self.status = status
+        self.task.cancel()
+
+    async def _run(self) -> None:
+        handler = self.handler
+        context = CallContext(self)
+        decode = handler.request_deserializer or (lambda data: data)
+        encode = handler.response_serializer or (lambda message: message)
+        try:
+            if handler.request_streaming:
+                request: Any = self._requests(decode)
+            else:
+                request = decode(self._single_message())
+            if handler.response_streaming:
+                behavior = handler.stream_stream if handler.request_streaming else handler.unary_stream
+                async for response in behavior(request, context):
+                    await self.send(encode(response))
+            else:
+                behavior = handler.stream_unary if handler.request_streaming else handler.unary_unary
+                await self.send(encode(await behavior(request, context)))
+        except CallAborted as exc:
+            self.finish(exc.code, exc.details)
+        except asyncio.CancelledError:
+            if self.status is not None:
+                self.finish(self.status.code, self.status.details)
+            return  # the client went: nothing to answer
+        except Exception as exc:
+            logger.exception("gRPC call %s failed", self.headers.path)
+            self.finish(UNKNOWN, f"Unexpected {type(exc)}: {exc}")
+        else:
+            self.finish(OK, "")
+        finally:
+            if self.deadline_timer is not None:
+                self.deadline_timer.cancel()
+
+    def _single_message(self) -> bytes:
+        if len(self.messages) != 1 or self.partial:
+            raise CallAborted(
+                UNIMPLEMENTED if not self.messages else INTERNAL,
+                "a unary call needs exactly one request message",
+            )
+        message = self.messages.popleft()
+        self.connection.consumed(self)
+        return message
+
+    # Sending -------------------------------------------------------------------------------
+
+    async def send(self, message: bytes) -> None:
+        limit = self.connection.max_message_size
+        if len(message) > limit:
+            raise CallAborted(
+                RESOURCE_EXHAUSTED, f"Sent message larger than max ({len(message)} vs. {limit})"
+            )
+        if self.reset:
+            raise asyncio.CancelledError
+        self.connection.send_message(self, _MESSAGE_PREFIX.pack(0, len(message)), message)
+        if self.outbound or self.connection.paused:
+            # The client reads slower than we answer: hold this handler back (bounded memory).
+            await self.connection.wait_drained(self)
+
+    def finish(self, code: int, details: str) -> None:
+        if self.finished or self.reset:
+            return
+        self.finished = True
+        self.connection.send_trailers(self, code, details)

@@ -1,0 +1,453 @@
+"""One HTTP/2 connection of the native gRPC server: frames in, calls started, frames out.
+
+Flow control both ways: the client gets its receive windows back as its bytes arrive (a
+stream's only once its handler has taken the messages waiting, so that ModelStreamInfer's
+in-flight limit holds the client back), and answers wait for the client's windows. Frames the
+connection writes while handling one read go out in one write; answers written from handler
+tasks are gathered until the loop's next turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+
+from coreserve.server.grpc_native import wire
+from coreserve.server.grpc_native.calls import (
+    DEADLINE_EXCEEDED,
+    RESOURCE_EXHAUSTED,
+    UNIMPLEMENTED,
+    Call,
+    CallAborted,
+)
+from coreserve.server.grpc_native.headers import HeaderBlockDecoder, RequestHeaders
+from coreserve.server.grpc_native.wire import ConnectionFault
+
+logger = logging.getLogger("coreserve.server.grpc")
+
+STREAM_WINDOW = 4 * 1024 * 1024  # what each stream may send ahead of its handler
+CONNECTION_WINDOW = 64 * 1024 * 1024
+MAX_FRAME_SIZE = 1024 * 1024  # frames we accept: fewer, larger frames for large tensors
+MAX_HEADER_LIST = 16 * 1024  # gRPC's own limit on metadata
+MAX_HEADER_BLOCK = 64 * 1024  # encoded; a larger block ends the connection before decoding
+MAX_CONCURRENT = 1024
+
+
+class Http2Connection(asyncio.Protocol):
+    """The server side of one client connection."""
+
+    def __init__(
+        self,
+        handlers: dict[str, grpc.RpcMethodHandler],
+        max_message_size: int,
+        on_close: Callable[[Http2Connection], None],
+    ) -> None:
+        self.handlers = handlers
+        self.max_message_size = max_message_size
+        self._on_close = on_close
+        self.transport: Any = None
+        self.peer = ""
+        self.paused = False
+        self._buffer = bytearray()
+        self._preface = False
+        self._decoder = HeaderBlockDecoder()
+        self.calls: dict[int, Call] = {}
+        self._last_stream = 0
+        self._continuation: tuple[int, int, bytearray] | None = None
+        self._received = 0  # connection window we owe the client
+        self._send_window = wire.DEFAULT_WINDOW
+        self._initial_send_window = wire.DEFAULT_WINDOW
+        self._peer_max_frame = wire.DEFAULT_MAX_FRAME
+        self._blocked: dict[int, Call] = {}  # calls whose answers wait for a window
+        self._out: list[bytes | memoryview] = []
+        self._flush_scheduled = False
+        self._going_away = False
+        self._closed = asyncio.get_running_loop().create_future()
+
+    # asyncio.Protocol ----------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+        address = transport.get_extra_info("peername")
+        self.peer = f"ipv4:{address[0]}:{address[1]}" if address else ""
+        self._out.append(
+            wire.settings_frame(
+                {
+                    wire.MAX_CONCURRENT_STREAMS: MAX_CONCURRENT,
+                    wire.INITIAL_WINDOW_SIZE: STREAM_WINDOW,
+                    wire.MAX_FRAME_SIZE: MAX_FRAME_SIZE,
+                    wire.MAX_HEADER_LIST_SIZE: MAX_HEADER_LIST,
+                }
+            )
+            + wire.window_update(0, CONNECTION_WINDOW - wire.DEFAULT_WINDOW)
+        )
+        self._flush()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        for call in list(self.calls.values()):
+            call.cancel(None)
+        self.calls.clear()
+        self._wake_all()
+        if not self._closed.done():
+            self._closed.set_result(None)
+        self._on_close(self)
+
+    def pause_writing(self) -> None:
+        self.paused = True
+
+    def resume_writing(self) -> None:
+        self.paused = False
+        self._wake_all()
+
+    def data_received(self, data: bytes) -> None:
+        buffer = self._buffer
+        buffer += data
+        position = 0
+        try:
+            if not self._preface:
+                if len(buffer) < 24:
+                    if not wire.PREFACE.startswith(bytes(buffer)):
+                        raise ConnectionFault(wire.PROTOCOL_ERROR, "not an HTTP/2 connection preface")
+                    return
+                if buffer[:24] != wire.PREFACE:
+                    raise ConnectionFault(wire.PROTOCOL_ERROR, "not an HTTP/2 connection preface")
+                self._preface = True
+                position = 24
+            size = len(buffer)
+            view = memoryview(buffer)  # frames are views; none outlives this read
+            while size - position >= 9:
+                length = (buffer[position] << 16) | (buffer[position + 1] << 8) | buffer[position + 2]
+                if length > MAX_FRAME_SIZE:
+                    raise ConnectionFault(wire.FRAME_SIZE_ERROR, f"a frame of {length} bytes")
+                if size - position - 9 < length:
+                    break
+                kind = buffer[position + 3]
+                flags = buffer[position + 4]
+                stream_id = int.from_bytes(buffer[position + 5 : position + 9], "big") & 0x7FFFFFFF
+                start = position + 9
+                position = start + length
+                self._frame(kind, flags, stream_id, view[start:position])
+            view.release()
+        except ConnectionFault as fault:
+            self._fail_connection(fault)
+            return
+        except Exception:  # a fault of ours: this connection ends, the server goes on
+            logger.exception("gRPC connection from %s failed", self.peer)
+            self._fail_connection(ConnectionFault(wire.INTERNAL_ERROR, "internal error"))
+            return
+        del buffer[:position]
+        self._flush()
+
+    # Frames --------------------------------------------------------------------------------
+
+    def _frame(self, kind: int, flags: int, stream_id: int, payload: memoryview) -> None:
+        if self._continuation is not None and kind != wire.CONTINUATION:
+            raise ConnectionFault(wire.PROTOCOL_ERROR, "a header block interrupted")
+        if kind == wire.DATA:
+            self._data(flags, stream_id, payload)
+        elif kind == wire.HEADERS:
+            self._headers(flags, stream_id, payload)
+        elif kind == wire.CONTINUATION:
+            self._continue_headers(flags, stream_id, payload)
+        elif kind == wire.SETTINGS:
+            self._settings(flags, stream_id, payload)
+        elif kind == wire.WINDOW_UPDATE:
+            self._window_update(stream_id, payload)
+        elif kind == wire.PING:
+            if stream_id or len(payload) != 8:
+                raise ConnectionFault(wire.PROTOCOL_ERROR, "a malformed PING")
+            if not flags & wire.ACK:
+                self._out.append(wire.frame(wire.PING, wire.ACK, 0, bytes(payload)))
+        elif kind == wire.RST_STREAM:
+            if stream_id == 0 or len(payload) != 4:
+                raise ConnectionFault(wire.PROTOCOL_ERROR, "a malformed RST_STREAM")
+            call = self.calls.pop(stream_id, None)
+            if call is not None:
+                self._blocked.pop(stream_id, None)
+                call.cancel(None)
+        elif kind == wire.GOAWAY:
+            self._going_away = True
+        elif kind == wire.PUSH_PROMISE:
+            raise ConnectionFault(wire.PROTOCOL_ERROR, "clients may not push")
+        # PRIORITY and unknown frame types are ignored, as RFC 9113 asks.
+
+    def _settings(self, flags: int, stream_id: int, payload: memoryview) -> None:
+        if stream_id or len(payload) % 6 or (flags & wire.ACK and payload):
+            raise ConnectionFault(
+                wire.FRAME_SIZE_ERROR if len(payload) % 6 else wire.PROTOCOL_ERROR, "bad SETTINGS"
+            )
+        if flags & wire.ACK:
+            return
+        for offset in range(0, len(payload), 6):
+            key, value = struct.unpack_from(">HI", payload, offset)
+            if key == wire.INITIAL_WINDOW_SIZE:
+                if value > wire.MAX_WINDOW:
+                    raise ConnectionFault(wire.FLOW_CONTROL_ERROR, "initial window too large")
+                delta = value - self._initial_send_window
+                self._initial_send_window = value
+                for call in self.calls.values():
+                    call.send_window += delta
+            elif key == wire.MAX_FRAME_SIZE:
+                if not wire.DEFAULT_MAX_FRAME <= value <= 2**24 - 1:
+                    raise ConnectionFault(wire.PROTOCOL_ERROR, "bad SETTINGS_MAX_FRAME_SIZE")
+                self._peer_max_frame = value
+        self._out.append(wire.frame(wire.SETTINGS, wire.ACK, 0))
+        self._send_blocked()
+
+    def _window_update(self, stream_id: int, payload: memoryview) -> None:
+        if len(payload) != 4:
+            raise ConnectionFault(wire.FRAME_SIZE_ERROR, "a WINDOW_UPDATE of the wrong size")
+        increment = int.from_bytes(payload, "big") & 0x7FFFFFFF
+        if stream_id == 0:
+            if increment == 0:
+                raise ConnectionFault(wire.PROTOCOL_ERROR, "a WINDOW_UPDATE of 0")
+            self._send_window += increment
+            if self._send_window > wire.MAX_WINDOW:
+                raise ConnectionFault(wire.FLOW_CONTROL_ERROR, "connection window past 2^31-1")
+            self._send_blocked()
+            return
+        call = self.calls.get(stream_id)
+        if call is not None:
+            call.send_window += increment
+            self._send_pending(call)
+
+    def _headers(self, flags: int, stream_id: int, payload: memoryview) -> None:
+        if flags & wire.PADDED:
+            if not payload or payload[0] >= len(payload):
+                raise ConnectionFault(wire.PROTOCOL_ERROR, "bad padding")
+            payload = payload[1 : len(payload) - payload[0]]
+        if flags & wire.PRIORITY_FLAG:
+            payload = payload[5:]
+        if flags & wire.END_HEADERS:
+            self._header_block(stream_id, flags, bytes(payload))
+        else:
+            self._continuation = (stream_id, flags, bytearray(payload))
+
+    def _continue_headers(self, flags: int, stream_id: int, payload: memoryview) -> None:
+        pending = self._continuation
+        if pending is None or pending[0] != stream_id:
+            raise ConnectionFault(wire.PROTOCOL_ERROR, "CONTINUATION without its HEADERS")
+        pending[2].extend(payload)
+        if len(pending[2]) > MAX_HEADER_BLOCK:
+            raise ConnectionFault(wire.ENHANCE_YOUR_CALM, f"a header block over {MAX_HEADER_BLOCK} bytes")
+        if flags & wire.END_HEADERS:
+            self._continuation = None
+            self._header_block(stream_id, pending[1], bytes(pending[2]))
+
+    def _header_block(self, stream_id: int, flags: int, block: bytes) -> None:
+        if len(block) > MAX_HEADER_BLOCK:
+            raise ConnectionFault(wire.ENHANCE_YOUR_CALM, f"a header block over {MAX_HEADER_BLOCK} bytes")
+        headers = self._decoder.decode(block)  # always: the HPACK table must stay in step
+        if stream_id in self.calls:  # trailers from the client: gRPC has none
+            self._end_input(self.calls[stream_id])
+            return
+        if stream_id % 2 == 0 or stream_id <= self._last_stream:
+            raise ConnectionFault(wire.PROTOCOL_ERROR, f"stream {stream_id} may not open here")
+        self._last_stream = stream_id
+        if self._going_away or len(self.calls) >= MAX_CONCURRENT:
+            self._out.append(wire.rst_stream(stream_id, wire.REFUSED_STREAM))
+            return
+        refusal = self._refusal(headers)
+        if refusal is not None:
+            self._out.append(wire.frame(wire.HEADERS, wire.END_HEADERS | wire.END_STREAM, stream_id, refusal))
+            if not flags & wire.END_STREAM:
+                self._out.append(wire.rst_stream(stream_id, wire.NO_ERROR))
+            return
+        call = Call(self, stream_id, headers, self.handlers[headers.path], self._initial_send_window)
+        self.calls[stream_id] = call
+        if headers.timeout is not None:
+            timeout = wire.parse_timeout(headers.timeout)
+            if timeout is not None:
+                loop = asyncio.get_running_loop()
+                call.deadline = loop.time() + timeout
+                call.deadline_timer = loop.call_later(
+                    timeout, call.cancel, CallAborted(DEADLINE_EXCEEDED, "Deadline Exceeded")
+                )
+        if call.handler.request_streaming:
+            call.start()
+        if flags & wire.END_STREAM:
+            self._end_input(call)
+
+    def _refusal(self, headers: RequestHeaders) -> bytes | None:
+        """The answer to a request that cannot become a call; None when it can."""
+        if headers.method != b"POST" or not headers.content_type.startswith(b"application/grpc"):
+            return wire.http_status(415 if headers.method == b"POST" else 405)
+        if headers.size > MAX_HEADER_LIST:
+            status = (RESOURCE_EXHAUSTED, f"header list of {headers.size} bytes (at most {MAX_HEADER_LIST})")
+        elif headers.path not in self.handlers:
+            status = (UNIMPLEMENTED, "Method not found!")
+        elif headers.encoding not in (None, b"identity", b"gzip", b"deflate"):
+            status = (UNIMPLEMENTED, f"grpc-encoding {headers.encoding.decode('latin-1')} is not supported")
+        else:
+            return None
+        return wire.RESPONSE_HEADERS + wire.status_trailers(*status)
+
+    def _data(self, flags: int, stream_id: int, payload: memoryview) -> None:
+        if stream_id == 0:
+            raise ConnectionFault(wire.PROTOCOL_ERROR, "DATA on stream 0")
+        size = len(payload)
+        self._received += size
+        if self._received > CONNECTION_WINDOW:
+            raise ConnectionFault(wire.FLOW_CONTROL_ERROR, "the client overran the connection window")
+        if self._received >= CONNECTION_WINDOW // 4:
+            self._out.append(wire.window_update(0, self._received))
+            self._received = 0
+        if flags & wire.PADDED:
+            if not payload or payload[0] >= size:
+                raise ConnectionFault(wire.PROTOCOL_ERROR, "bad padding")
+            payload = payload[1 : size - payload[0]]
+        call = self.calls.get(stream_id)
+        if call is None or call.half_closed or call.status is not None:
+            if stream_id > self._last_stream:
+                raise ConnectionFault(wire.PROTOCOL_ERROR, f"DATA on idle stream {stream_id}")
+            return  # a stream we ended or reset: its window came back with the connection's
+        call.unacked += size
+        if call.unacked > STREAM_WINDOW:
+            self._reset(call, wire.FLOW_CONTROL_ERROR)
+            return
+        try:
+            call.receive(payload, self.max_message_size)
+        except CallAborted as refusal:
+            # A fresh status: the raised one's traceback holds views of the read buffer.
+            call.cancel(CallAborted(refusal.code, refusal.details))
+            return
+        if len(call.messages) < 2:
+            self.consumed(call)
+        if flags & wire.END_STREAM:
+            self._end_input(call)
+
+    def _end_input(self, call: Call) -> None:
+        call.close_input()
+        if call.task is None and not call.finished:
+            call.start()
+
+    def consumed(self, call: Call) -> None:
+        """The handler took messages: gives the stream's window back unless many still wait."""
+        if call.unacked >= STREAM_WINDOW // 4 and len(call.messages) < 2 and not call.half_closed:
+            self._write(wire.window_update(call.stream_id, call.unacked))
+            call.unacked = 0
+
+    def _reset(self, call: Call, code: int) -> None:
+        self.calls.pop(call.stream_id, None)
+        self._blocked.pop(call.stream_id, None)
+        call.cancel(None)
+        self._out.append(wire.rst_stream(call.stream_id, code))
+
+    # Sending -------------------------------------------------------------------------------
+
+    def send_message(self, call: Call, prefix: bytes, message: bytes) -> None:
+        if not call.headers_sent:
+            call.headers_sent = True
+            self._write(wire.frame(wire.HEADERS, wire.END_HEADERS, call.stream_id, wire.RESPONSE_HEADERS))
+        size = len(prefix) + len(message)
+        if not call.outbound and size <= min(call.send_window, self._send_window, self._peer_max_frame):
+            call.send_window -= size
+            self._send_window -= size
+            self._write(wire.frame_header(wire.DATA, 0, call.stream_id, size), prefix, message)
+            return
+        call.outbound.append(memoryview(prefix))
+        call.outbound.append(memoryview(message))
+        self._send_pending(call)
+
+    def send_trailers(self, call: Call, code: int, details: str) -> None:
+        if call.stream_id not in self.calls:
+            return
+        if not call.headers_sent:  # trailers only
+            call.headers_sent = True
+            block = wire.RESPONSE_HEADERS + wire.status_trailers(code, details)
+        else:
+            block = wire.status_trailers(code, details)
+        call.trailers = block
+        self._send_pending(call)
+
+    def _send_pending(self, call: Call) -> None:
+        """Frames what the windows allow of `call`'s answer; ends the stream once all is out."""
+        outbound = call.outbound
+        while outbound:
+            room = min(call.send_window, self._send_window, self._peer_max_frame)
+            if room <= 0:
+                self._blocked[call.stream_id] = call
+                return
+            chunk = outbound[0]
+            if len(chunk) <= room:
+                outbound.popleft()
+            else:
+                outbound[0] = chunk[room:]
+                chunk = chunk[:room]
+            call.send_window -= len(chunk)
+            self._send_window -= len(chunk)
+            self._write(wire.frame_header(wire.DATA, 0, call.stream_id, len(chunk)), chunk)
+        self._blocked.pop(call.stream_id, None)
+        self._wake(call)
+        if call.trailers is not None:
+            self._write(
+                wire.frame(wire.HEADERS, wire.END_HEADERS | wire.END_STREAM, call.stream_id, call.trailers)
+            )
+            call.trailers = None
+            del self.calls[call.stream_id]
+            if not call.half_closed:  # the client may still be sending: it need not
+                self._write(wire.rst_stream(call.stream_id, wire.NO_ERROR))
+
+    def _send_blocked(self) -> None:
+        for call in list(self._blocked.values()):
+            if self._send_window <= 0:
+                return
+            self._send_pending(call)
+
+    async def wait_drained(self, call: Call) -> None:
+        while (call.outbound or self.paused) and not call.reset:
+            call.drained = asyncio.get_running_loop().create_future()
+            await call.drained
+
+    def _wake(self, call: Call) -> None:
+        if call.drained is not None and not call.drained.done() and not self.paused:
+            call.drained.set_result(None)
+
+    def _wake_all(self) -> None:
+        for call in list(self.calls.values()):
+            self._wake(call)
+        if self.transport is None or self.transport.is_closing():
+            for call in list(self._blocked.values()):
+                if call.drained is not None and not call.drained.done():
+                    call.drained.set_result(None)
+
+    def _write(self, *parts: bytes | memoryview) -> None:
+        self._out.extend(parts)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if self._out:
+            if not self.transport.is_closing():
+                self.transport.writelines(self._out)
+            self._out.clear()
+
+    # Ending --------------------------------------------------------------------------------
+
+    def _fail_connection(self, fault: ConnectionFault) -> None:
+        logger.info("gRPC connection from %s closed: %s", self.peer, fault.reason)
+        self._out.append(wire.goaway(self._last_stream, fault.code, fault.reason))
+        self._flush()
+        self.transport.close()
+
+    async def shut_down(self, grace: float | None) -> None:
+        """GOAWAY, lets the calls in progress finish (at most `grace` seconds), then closes."""
+        if self.transport.is_closing():
+            return
+        self._going_away = True
+        self._write(wire.goaway(self._last_stream, wire.NO_ERROR))
+        deadline = asyncio.get_running_loop().time() + (grace if grace is not None else 0.0)
+        while self.calls and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.05)
+        for call in list(self.calls.values()):
+            call.cancel(None)
+        self._flush()
+        self.transport.close()
+        await self._closed

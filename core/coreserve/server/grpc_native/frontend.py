@@ -1,0 +1,85 @@
+"""The gRPC frontend on the native HTTP/2 server (`--grpc-server native`).
+
+Serves the same servicers as the grpc.aio frontend, registered by the same function, so both
+share one data path; only the transport differs. Plain HTTP/2 only: TLS stays with grpcio.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from typing import Any
+
+import grpc
+
+from coreserve.server.dataplane import DataPlane
+from coreserve.server.grpc import DEFAULT_MAX_STREAM_INFLIGHT, add_services
+from coreserve.server.grpc_native.connection import Http2Connection
+from coreserve.server.grpc_transport import GrpcTransport
+from coreserve.server.restrictions import ApiRestrictions
+
+logger = logging.getLogger("coreserve.server.grpc")
+
+
+class NativeGrpcFrontend:
+    """Serves the gRPC services for one data plane on one address and port, over our HTTP/2."""
+
+    def __init__(
+        self,
+        dataplane: DataPlane,
+        *,
+        address: str,
+        port: int,
+        max_message_size: int,
+        restrictions: ApiRestrictions | None = None,
+        max_stream_inflight: int = DEFAULT_MAX_STREAM_INFLIGHT,
+        transport: GrpcTransport | None = None,
+    ) -> None:
+        self._transport = transport or GrpcTransport()
+        if self._transport.tls is not None:
+            raise ValueError(
+                "the native gRPC server serves plain HTTP/2 only: TLS needs --grpc-server grpcio"
+            )
+        self._address = address
+        self.port = port
+        self._max_message_size = max_message_size
+        self._handlers: dict[str, grpc.RpcMethodHandler] = {}
+        self._connections: set[Http2Connection] = set()
+        self._server: asyncio.Server | None = None
+        add_services(self, dataplane, restrictions, max_stream_inflight)
+
+    def add_generic_rpc_handlers(self, handlers: Any) -> None:
+        """Ignored: the same handlers come through add_registered_method_handlers."""
+
+    def add_registered_method_handlers(
+        self, service: str, handlers: dict[str, grpc.RpcMethodHandler]
+    ) -> None:
+        for name, handler in handlers.items():
+            self._handlers[f"/{service}/{name}"] = handler
+
+    def _connection(self) -> Http2Connection:
+        connection = Http2Connection(self._handlers, self._max_message_size, self._connections.discard)
+        self._connections.add(connection)
+        return connection
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            self._connection,
+            host=self._address,
+            port=self.port,
+            reuse_port=self._transport.reuse_port or None,
+            backlog=1024,
+        )
+        for sock in self._server.sockets:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.port = self._server.sockets[0].getsockname()[1]
+        logger.info("Started GRPCInferenceService at %s:%d (native HTTP/2)", self._address, self.port)
+
+    async def stop(self, grace: float | None = None) -> None:
+        if self._server is None:
+            return
+        self._server.close()
+        await asyncio.gather(*(connection.shut_down(grace) for connection in list(self._connections)))
+        await self._server.wait_closed()
