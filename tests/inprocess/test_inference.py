@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 import coreserve
+from model_builders import accumulator_model, write_model
 
 
 def _pair(batch: int = 2) -> dict[str, np.ndarray]:
@@ -150,3 +152,37 @@ def test_cancelled_async_calls_cancel_their_requests(server: coreserve.Server) -
     assert time.monotonic() - started < 15
     # Of the ten sleepy calls, the running one (and any taken while the test slept) ran.
     assert sleepy.statistics()["model_stats"][0]["execution_count"] - executions <= 1 + 4
+
+
+ACCUMULATOR = """
+backend: "onnxruntime"
+max_batch_size: 2
+input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+sequence_batching {
+  control_input [
+    { name: "START" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] },
+    { name: "CORRID" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_UINT64 } ] }
+  ]
+  state [ { input_name: "acc_in" output_name: "acc_out" data_type: TYPE_INT32 dims: [ 1 ] } ]
+}
+"""
+
+
+def test_request_parameters_drive_sequences(tmp_path: Path) -> None:
+    write_model(tmp_path, "accumulator", accumulator_model(), ACCUMULATOR)
+    with coreserve.Server(tmp_path) as server:
+        model = server.model("accumulator")
+
+        def add(sequence: int, value: int, *, start: bool = False, end: bool = False) -> int:
+            parameters = {"sequence_id": sequence, "sequence_start": start, "sequence_end": end}
+            result = model.infer({"INPUT": np.array([[value]], np.int32)}, parameters=parameters)
+            return int(result.outputs["OUTPUT"][0, 0])
+
+        assert add(7, 1, start=True) == 1
+        assert add(9, 100, start=True) == 100
+        assert add(7, 2) == 3
+        assert add(9, 5) == 105
+        assert add(7, 3, end=True) == 6
+        with pytest.raises(coreserve.InvalidArgumentError, match="sequence"):
+            add(7, 1)  # ended: a new request needs sequence_start
