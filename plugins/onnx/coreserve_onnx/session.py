@@ -107,6 +107,9 @@ def start_session(
         optional = [p for p in providers if p.optional]
         if not optional:
             raise
+        providers = [p for p in providers if not p.optional]
+        # A fault of the model itself fails again here, and is reported as it is.
+        session = open_session(path, options, providers, model_name)
         logger.warning(
             "model '%s': instance '%s' runs without %s: %s",
             model_name,
@@ -114,8 +117,6 @@ def start_session(
             ", ".join(p.name for p in optional),
             exc.message,
         )
-        providers = [p for p in providers if not p.optional]
-        session = open_session(path, options, providers, model_name)
     active = session.get_providers()
     for provider in providers:
         if provider.name in active:
