@@ -1,0 +1,355 @@
+"""The native gRPC server (`--grpc-server native`) on the wire: raw HTTP/2 frames and real clients.
+
+Raw frames check what grpc's clients never send: bad prefaces, garbage frames, oversized header
+blocks, streams reset mid-message, tiny flow-control windows. Each attack checks its answer,
+that the server keeps serving (a health probe over HTTP measures it during the attack, and a
+real client's call succeeds after it) and that the log holds no traceback.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import grpc
+import hpack
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from test_http_abuse import HealthProbe
+
+from coreserve.protos import grpc_service_pb2 as pb
+from coreserve.testing import ServerProcess
+from model_builders import identity_model, write_model
+
+IDENTITY = """
+backend: "onnxruntime"
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+"""
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+DATA, HEADERS, RST_STREAM, SETTINGS, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = 0, 1, 3, 4, 6, 7, 8, 9
+END_STREAM, END_HEADERS, PADDED = 0x1, 0x4, 0x8
+SERVICE = "/inference.GRPCInferenceService/"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    repository = tmp_path_factory.mktemp("grpc-native")
+    write_model(repository, "identity", identity_model("FP32", ["n"]), IDENTITY)
+    process = ServerProcess([repository], ["--grpc-server=native", "--allow-metrics=false"]).start()
+    yield process
+    process.close()
+
+
+@pytest.fixture(autouse=True)
+def _serves_after_and_logs_no_traceback(server: ServerProcess) -> Iterator[None]:
+    yield
+    _assert_a_real_call_works(server)
+    assert "Traceback" not in server.log, server.log[-3000:]
+
+
+def _assert_a_real_call_works(server: ServerProcess) -> None:
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        data = np.arange(8, dtype=np.float32)
+        tensor = grpcclient.InferInput("INPUT0", [8], "FP32")
+        tensor.set_data_from_numpy(data)
+        np.testing.assert_array_equal(client.infer("identity", [tensor]).as_numpy("OUTPUT0"), data)
+    finally:
+        client.close()
+
+
+def frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
+    length = len(payload)
+    return struct.pack(">HBBBI", length >> 8, length & 0xFF, kind, flags, stream_id) + payload
+
+
+def message(body: bytes) -> bytes:
+    return struct.pack(">BI", 0, len(body)) + body
+
+
+def infer_request(values: int) -> bytes:
+    request = pb.ModelInferRequest(model_name="identity")
+    request.inputs.add(name="INPUT0", datatype="FP32", shape=[values])
+    request.raw_input_contents.append(np.arange(values, dtype=np.float32).tobytes())
+    return request.SerializeToString()
+
+
+class RawHttp2:
+    """A client connection that writes frames by hand and reads the server's frames back."""
+
+    def __init__(self, server: ServerProcess, settings: bytes = b"") -> None:
+        host, port = server.grpc_url.rsplit(":", 1)
+        self.sock = socket.create_connection((host, int(port)), timeout=10)
+        self.encoder = hpack.Encoder()
+        self.decoder = hpack.Decoder()
+        self.buffer = b""
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def open(self, settings: bytes = b"") -> None:
+        self.send(PREFACE + frame(SETTINGS, 0, 0, settings))
+
+    def headers_block(self, method: str, *extra: tuple[str, str]) -> bytes:
+        fields = [
+            (":method", "POST"),
+            (":scheme", "http"),
+            (":path", SERVICE + method),
+            (":authority", "test"),
+            ("content-type", "application/grpc"),
+            ("te", "trailers"),
+            *extra,
+        ]
+        return bytes(self.encoder.encode(fields))
+
+    def frames(self, seconds: float = 10.0) -> Iterator[tuple[int, int, int, bytes]]:
+        """The server's frames as they come, until it closes or `seconds` pass."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            while len(self.buffer) >= 9:
+                length = int.from_bytes(self.buffer[:3], "big")
+                if len(self.buffer) < 9 + length:
+                    break
+                kind, flags = self.buffer[3], self.buffer[4]
+                stream_id = int.from_bytes(self.buffer[5:9], "big") & 0x7FFFFFFF
+                payload = self.buffer[9 : 9 + length]
+                self.buffer = self.buffer[9 + length :]
+                yield kind, flags, stream_id, payload
+            try:
+                chunk = self.sock.recv(1 << 20)
+            except (ConnectionResetError, TimeoutError):
+                return
+            if not chunk:
+                return
+            self.buffer += chunk
+
+    def call(self, stream_id: int, seconds: float = 10.0) -> tuple[dict[str, str], bytes]:
+        """Reads until `stream_id` ends: its headers and trailers merged, and its DATA bytes."""
+        fields: dict[str, str] = {}
+        body = b""
+        for kind, flags, sid, payload in self.frames(seconds):
+            if kind == SETTINGS and not flags & 1:
+                self.send(frame(SETTINGS, 1, 0))
+            if sid != stream_id:
+                continue
+            if kind == HEADERS:
+                fields.update(self.decoder.decode(payload))
+            elif kind == DATA:
+                body += payload
+            if (flags & END_STREAM and kind in (HEADERS, DATA)) or kind == RST_STREAM:
+                break
+        return fields, body
+
+    def goaway_code(self) -> int | None:
+        """The error code of the server's GOAWAY, once it has closed the connection."""
+        code = None
+        for kind, _flags, _sid, payload in self.frames():
+            if kind == GOAWAY:
+                code = int.from_bytes(payload[4:8], "big")
+        return code
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest.fixture
+def raw(server: ServerProcess) -> Iterator[RawHttp2]:
+    connection = RawHttp2(server)
+    yield connection
+    connection.close()
+
+
+def test_a_call_in_padded_and_continued_frames(raw: RawHttp2) -> None:
+    raw.open()
+    block = raw.headers_block("ModelInfer")
+    padded = bytes([3]) + block[:10] + b"\0\0\0"
+    raw.send(frame(HEADERS, PADDED, 1, padded) + frame(CONTINUATION, END_HEADERS, 1, block[10:]))
+    body = message(infer_request(4))
+    raw.send(frame(DATA, 0, 1, body[:7]) + frame(DATA, END_STREAM, 1, body[7:]))
+    fields, answer = raw.call(1)
+    assert fields[":status"] == "200" and fields["grpc-status"] == "0", fields
+    response = pb.ModelInferResponse.FromString(answer[5:])
+    assert np.frombuffer(response.raw_output_contents[0], np.float32).tolist() == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize(
+    ("attack", "code"),
+    [
+        (b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n", 0x1),  # not a preface: PROTOCOL_ERROR
+        (PREFACE + frame(CONTINUATION, END_HEADERS, 1, b"x"), 0x1),  # no HEADERS before it
+        (PREFACE + b"\xff\xff\xff\x00\x00\x00\x00\x00\x01", 0x6),  # a 16 MiB frame: FRAME_SIZE_ERROR
+        (PREFACE + frame(HEADERS, END_HEADERS, 1, b"\xff\xff\xff\xff\x0f"), 0x9),  # HPACK: COMPRESSION
+        (PREFACE + frame(HEADERS, END_HEADERS, 2, b"\x83"), 0x1),  # an even stream id
+        (PREFACE + frame(DATA, 0, 7, b"abc"), 0x1),  # DATA on a stream never opened
+        (PREFACE + frame(SETTINGS, 0, 0, b"\x00\x04"), 0x6),  # SETTINGS of a bad length
+        (PREFACE + frame(PING, 0, 0, b"1234"), 0x1),  # a short PING
+        (PREFACE + frame(WINDOW_UPDATE, 0, 0, b"\x00\x00\x00\x00"), 0x1),  # an increment of 0
+    ],
+    ids=[
+        "bad-preface",
+        "stray-continuation",
+        "huge-frame",
+        "bad-hpack",
+        "even-stream",
+        "idle-data",
+        "bad-settings",
+        "short-ping",
+        "zero-window-update",
+    ],
+)
+def test_garbage_gets_goaway_and_the_server_keeps_serving(
+    server: ServerProcess, raw: RawHttp2, attack: bytes, code: int
+) -> None:
+    with HealthProbe(server):
+        raw.send(attack)
+        assert raw.goaway_code() == code
+
+
+def test_random_bytes_after_the_preface_never_stop_the_server(server: ServerProcess) -> None:
+    generator = np.random.default_rng(16)
+    with HealthProbe(server):
+        for _ in range(30):
+            connection = RawHttp2(server)
+            try:
+                connection.send(PREFACE + generator.bytes(int(generator.integers(1, 400))))
+                connection.sock.shutdown(socket.SHUT_WR)
+                for _frame in connection.frames(5.0):
+                    pass  # the server answers or closes; it never hangs the probe
+            finally:
+                connection.close()
+
+
+def test_an_oversized_header_block_ends_the_connection(server: ServerProcess, raw: RawHttp2) -> None:
+    raw.open()
+    with HealthProbe(server):
+        raw.send(frame(HEADERS, 0, 1, raw.headers_block("ServerLive")))
+        chunk = b"\0" * 16000
+        for _ in range(5):  # 80 kB of CONTINUATION, over the 64 KiB a block may have
+            raw.send(frame(CONTINUATION, 0, 1, chunk))
+        assert raw.goaway_code() == 0xB  # ENHANCE_YOUR_CALM
+
+
+def test_too_much_metadata_is_resource_exhausted(raw: RawHttp2) -> None:
+    raw.open()
+    block = raw.headers_block("ServerLive", *((f"x-meta-{i}", "v" * 1000) for i in range(20)))
+    raw.send(frame(HEADERS, END_HEADERS, 1, block) + frame(DATA, END_STREAM, 1, message(b"")))
+    fields, _ = raw.call(1)
+    assert fields["grpc-status"] == str(grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]), fields
+    assert "header list" in fields["grpc-message"]
+
+
+def test_a_stream_reset_mid_message_leaves_the_connection_serving(raw: RawHttp2) -> None:
+    raw.open()
+    body = message(infer_request(1024))
+    raw.send(frame(HEADERS, END_HEADERS, 1, raw.headers_block("ModelInfer")) + frame(DATA, 0, 1, body[:100]))
+    raw.send(frame(RST_STREAM, 0, 1, struct.pack(">I", 0x8)))  # CANCEL
+    raw.send(frame(DATA, 0, 1, body[100:200]))  # late bytes of the reset stream: ignored
+    raw.send(
+        frame(HEADERS, END_HEADERS, 3, raw.headers_block("ServerLive"))
+        + frame(DATA, END_STREAM, 3, message(b""))
+    )
+    fields, answer = raw.call(3)
+    assert fields["grpc-status"] == "0"
+    assert pb.ServerLiveResponse.FromString(answer[5:]).live
+
+
+def test_a_deadline_that_passes_before_the_request_arrives(raw: RawHttp2) -> None:
+    raw.open()
+    raw.send(frame(HEADERS, END_HEADERS, 1, raw.headers_block("ModelInfer", ("grpc-timeout", "50m"))))
+    fields, _ = raw.call(1)
+    assert fields["grpc-status"] == str(grpc.StatusCode.DEADLINE_EXCEEDED.value[0]), fields
+
+
+def test_not_grpc_and_unknown_methods(raw: RawHttp2) -> None:
+    raw.open()
+    block = raw.encoder.encode(
+        [
+            (":method", "POST"),
+            (":scheme", "http"),
+            (":path", "/x"),
+            (":authority", "t"),
+            ("content-type", "application/json"),
+        ]
+    )
+    raw.send(frame(HEADERS, END_HEADERS | END_STREAM, 1, bytes(block)))
+    assert raw.call(1)[0][":status"] == "415"
+    raw.send(
+        frame(HEADERS, END_HEADERS, 3, raw.headers_block("NoSuchMethod"))
+        + frame(DATA, END_STREAM, 3, message(b""))
+    )
+    fields, _ = raw.call(3)
+    assert fields["grpc-status"] == str(grpc.StatusCode.UNIMPLEMENTED.value[0])
+
+
+def test_answers_wait_for_the_clients_flow_control_windows(raw: RawHttp2) -> None:
+    # The client allows 1000 bytes per stream: a 160 kB answer comes in window-sized pieces,
+    # each after a WINDOW_UPDATE, and is whole at the end.
+    raw.open(struct.pack(">HI", 0x4, 1000))
+    raw.send(frame(HEADERS, END_HEADERS, 1, raw.headers_block("ModelInfer")))
+    raw.send(frame(DATA, END_STREAM, 1, message(infer_request(40000))))
+    body = b""
+    pieces = 0
+    for kind, flags, stream_id, payload in raw.frames():
+        if kind == SETTINGS and not flags & 1:
+            raw.send(frame(SETTINGS, 1, 0))
+        if stream_id != 1:
+            continue
+        if kind == DATA:
+            assert len(payload) <= 1000
+            body += payload
+            pieces += 1
+            grant = struct.pack(">I", len(payload))
+            raw.send(frame(WINDOW_UPDATE, 0, 1, grant) + frame(WINDOW_UPDATE, 0, 0, grant))
+        if kind == HEADERS and flags & END_STREAM:
+            break
+    response = pb.ModelInferResponse.FromString(body[5:])
+    assert np.frombuffer(response.raw_output_contents[0], np.float32).size == 40000
+    assert pieces > 100
+
+
+def test_many_concurrent_calls_and_16_mib_both_ways(server: ServerProcess) -> None:
+    large = np.random.default_rng(0).random(4 * 1024 * 1024, dtype=np.float32)  # 16 MiB
+
+    def infer(data: np.ndarray) -> np.ndarray:
+        tensor = grpcclient.InferInput("INPUT0", list(data.shape), "FP32")
+        tensor.set_data_from_numpy(data)
+        return client.infer("identity", [tensor]).as_numpy("OUTPUT0")
+
+    client = grpcclient.InferenceServerClient(server.grpc_url)  # one channel: streams of one connection
+    try:
+        with ThreadPoolExecutor(32) as pool:
+            small = [np.full(16, i, np.float32) for i in range(256)]
+            for sent, got in zip(small, pool.map(infer, small), strict=True):
+                np.testing.assert_array_equal(got, sent)
+            results = list(pool.map(infer, [large] * 3))
+        for result in results:
+            np.testing.assert_array_equal(result, large)
+    finally:
+        client.close()
+
+
+def test_gzip_requests_are_read(server: ServerProcess) -> None:
+    with grpc.insecure_channel(server.grpc_url, compression=grpc.Compression.Gzip) as channel:
+        call = channel.unary_unary(SERVICE + "ModelInfer")
+        answer = call(infer_request(1000), timeout=30)
+    response = pb.ModelInferResponse.FromString(answer)
+    assert np.frombuffer(response.raw_output_contents[0], np.float32).tolist() == list(range(1000))
+
+
+def test_a_tls_flag_is_refused_with_the_native_server(tmp_path: Path) -> None:
+    process = ServerProcess(
+        [tmp_path],
+        ["--grpc-server=native", "--grpc-use-ssl=true", "--grpc-server-cert=c", "--grpc-server-key=k"],
+    )
+    try:
+        with pytest.raises(RuntimeError) as info:
+            process.start(timeout=30)
+    finally:
+        process.close()
+    assert "--grpc-server native serves plain HTTP/2 only" in str(info.value)
