@@ -29,11 +29,13 @@ class RecordingInstance:
     def __init__(self, name: str = "instance0", holds: dict[str, asyncio.Event] | None = None) -> None:
         self.name = name
         self.batches: list[list[str]] = []
+        self.requests: list[InferenceRequest] = []  # every request it executed, in order
         self.holds = holds if holds is not None else {}
         self.closed = False
 
     async def execute(self, requests: Sequence[InferenceRequest], responder: Responder) -> None:
         self.batches.append([request.id for request in requests])
+        self.requests.extend(requests)
         for request in requests:
             hold = self.holds.get(request.id)
             if hold is not None:

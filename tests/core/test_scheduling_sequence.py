@@ -1,0 +1,210 @@
+"""The sequence batcher in-process: one request of a sequence at a time, in order, on one instance.
+
+The instances record every batch (tests/core/scheduling_doubles.py); the test queues requests
+before the batcher starts, or while a held request keeps a slot busy, so the batches below
+follow from the queue alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import pytest
+from scheduling_doubles import RecordingInstance, make_request, model_config, settle, signature_and_statistics
+
+from coreserve.errors import InvalidArgumentError
+from coreserve.scheduling.sequence import SequenceBatcher
+from coreserve.types import InferenceRequest
+
+Log = list[tuple[str, str]]
+FOREVER_US = 600_000_000
+CONTROLS = """
+control_input [
+  { name: "START" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] },
+  { name: "END" control [ { kind: CONTROL_SEQUENCE_END int32_false_true: [ 0, 1 ] } ] },
+  { name: "CORRID" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_UINT64 } ] }
+]
+"""
+
+
+def _batcher(
+    strategy: str = "", *, max_batch: int = 2, instances: int = 1
+) -> tuple[SequenceBatcher, list[RecordingInstance]]:
+    config = model_config(
+        f'name: "m" max_batch_size: {max_batch} '
+        'input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ] '
+        'output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ] '
+        f"sequence_batching {{ max_sequence_idle_microseconds: {FOREVER_US} {strategy} {CONTROLS} }}"
+    )
+    signature, statistics = signature_and_statistics(config)
+    recorders = [RecordingInstance(f"instance{index}") for index in range(instances)]
+    return SequenceBatcher(signature, statistics, recorders, config.sequence_batching, None), recorders
+
+
+def _step(
+    name: str, log: Log, sequence_id: int, *, start: bool = False, end: bool = False
+) -> InferenceRequest:
+    return make_request(name, log, sequence_id=sequence_id, sequence_start=start, sequence_end=end)
+
+
+def _controls(request: InferenceRequest) -> tuple[int, int, int]:
+    """The START, END and CORRID values the batcher gave a request's row."""
+    inputs = request.inputs
+    return int(inputs["START"][0, 0]), int(inputs["END"][0, 0]), int(inputs["CORRID"][0, 0])
+
+
+def _run(scenario: Callable[[], Awaitable[None]]) -> None:
+    asyncio.run(asyncio.wait_for(scenario(), 60))
+
+
+async def _finish(batcher: SequenceBatcher) -> None:
+    await settle()
+    await batcher.close(timeout=30)
+
+
+def test_a_sequence_runs_one_request_at_a_time_and_sequences_share_batches() -> None:
+    async def scenario() -> None:
+        batcher, [instance] = _batcher()
+        log: Log = []
+        for request in [
+            _step("a1", log, 1, start=True),
+            _step("a2", log, 1),
+            _step("a3", log, 1, end=True),
+            _step("b1", log, 2, start=True),
+            _step("b2", log, 2, end=True),
+        ]:
+            batcher.submit(request)
+        batcher.start()
+        await _finish(batcher)
+        assert instance.batches == [["a1", "b1"], ["a2", "b2"], ["a3"]]
+        controls = {request.id: _controls(request) for request in instance.requests}
+        assert controls == {
+            "a1": (1, 0, 1),
+            "a2": (0, 0, 1),
+            "a3": (0, 1, 1),
+            "b1": (1, 0, 2),
+            "b2": (0, 1, 2),
+        }
+        assert [name for name, kind in log if kind == "final"] == ["a1", "b1", "a2", "b2", "a3"]
+
+    _run(scenario)
+
+
+def test_a_sequence_stays_on_the_instance_it_started_on() -> None:
+    async def scenario() -> None:
+        batcher, instances = _batcher(max_batch=1, instances=2)
+        log: Log = []
+        batcher.start()
+        for step in range(3):
+            for sequence_id, name in ((1, "a"), (2, "b")):
+                batcher.submit(_step(f"{name}{step}", log, sequence_id, start=step == 0, end=step == 2))
+            await settle()
+        await _finish(batcher)
+        runs = sorted([request.id for request in instance.requests] for instance in instances)
+        assert runs == [["a0", "a1", "a2"], ["b0", "b1", "b2"]]
+
+    _run(scenario)
+
+
+def test_a_sequence_that_finds_every_slot_taken_waits_for_one_to_free() -> None:
+    async def scenario() -> None:
+        batcher, [instance] = _batcher(max_batch=1)
+        log: Log = []
+        batcher.start()
+        batcher.submit(_step("a1", log, 1, start=True))
+        batcher.submit(_step("b1", log, 2, start=True, end=True))
+        await settle()
+        # The one slot belongs to sequence 1 until it ends, though the instance is idle.
+        assert instance.batches == [["a1"]]
+        batcher.submit(_step("a2", log, 1, end=True))
+        await _finish(batcher)
+        assert instance.batches == [["a1"], ["a2"], ["b1"]]
+
+    _run(scenario)
+
+
+def test_direct_waits_for_enough_ready_sequences_to_fill_its_slots() -> None:
+    async def scenario() -> None:
+        batcher, [instance] = _batcher(
+            f"direct {{ max_queue_delay_microseconds: {FOREVER_US} minimum_slot_utilization: 1.0 }}"
+        )
+        log: Log = []
+        batcher.start()
+        batcher.submit(_step("a", log, 1, start=True, end=True))
+        await settle()
+        assert instance.batches == []  # one of two slots ready: it waits for the queue delay
+        batcher.submit(_step("b", log, 2, start=True, end=True))
+        await _finish(batcher)
+        assert instance.batches == [["a", "b"]]
+
+    _run(scenario)
+
+
+def test_oldest_sends_a_preferred_size_at_once() -> None:
+    async def scenario() -> None:
+        batcher, [instance] = _batcher(
+            f"oldest {{ max_candidate_sequences: 4 preferred_batch_size: [ 2 ] "
+            f"max_queue_delay_microseconds: {FOREVER_US} }}",
+            max_batch=4,
+        )
+        log: Log = []
+        batcher.start()
+        batcher.submit(_step("a", log, 1, start=True, end=True))
+        await settle()
+        assert instance.batches == []
+        batcher.submit(_step("b", log, 2, start=True, end=True))
+        await settle()
+        assert instance.batches == [["a", "b"]]
+        await _finish(batcher)
+
+    _run(scenario)
+
+
+@pytest.mark.parametrize(
+    ("parameters", "message"),
+    [
+        ({}, "inference request to model 'm' must specify a non-zero or non-empty sequence_id"),
+        ({"sequence_id": 9}, "inference request for sequence 9 to model 'm' must set sequence_start"),
+        ({"sequence_id": True}, "request parameter 'sequence_id' must be an integer or a string, got True"),
+        (
+            {"sequence_id": 9, "sequence_start": 1},
+            "'sequence_start' and 'sequence_end' must be true or false",
+        ),
+    ],
+)
+def test_a_request_without_a_usable_sequence_is_refused(parameters: dict[str, int], message: str) -> None:
+    async def scenario() -> None:
+        batcher, _ = _batcher()
+        request = make_request("r", [], **parameters)
+        with pytest.raises(InvalidArgumentError, match=message):
+            batcher.submit(request)
+        assert batcher.queue_size == 0
+
+    _run(scenario)
+
+
+def test_a_batched_sequence_request_must_be_one_row() -> None:
+    async def scenario() -> None:
+        batcher, _ = _batcher()
+        with pytest.raises(InvalidArgumentError, match="must have batch size 1, got 2"):
+            batcher.submit(make_request("r", [], rows=2, sequence_id=1, sequence_start=True))
+
+    _run(scenario)
+
+
+def test_a_sequence_that_ended_says_so_to_its_next_request() -> None:
+    async def scenario() -> None:
+        batcher, [instance] = _batcher()
+        log: Log = []
+        batcher.start()
+        batcher.submit(_step("only", log, 5, start=True, end=True))
+        await settle()
+        with pytest.raises(InvalidArgumentError) as error:
+            batcher.submit(_step("late", log, 5))
+        assert "(it was released: its last request (sequence_end) ran)" in str(error.value)
+        batcher.submit(_step("again", log, 5, start=True, end=True))  # a new start is welcome
+        await _finish(batcher)
+        assert instance.batches == [["only"], ["again"]]
+
+    _run(scenario)
