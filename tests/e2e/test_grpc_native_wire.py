@@ -8,6 +8,7 @@ real client's call succeeds after it) and that the log holds no traceback.
 
 from __future__ import annotations
 
+import gzip
 import socket
 import struct
 import time
@@ -353,3 +354,84 @@ def test_a_tls_flag_is_refused_with_the_native_server(tmp_path: Path) -> None:
     finally:
         process.close()
     assert "--grpc-server native serves plain HTTP/2 only" in str(info.value)
+
+
+def _native(coreserve_server, tmp_path: Path, *flags: str) -> ServerProcess:  # type: ignore[no-untyped-def]
+    write_model(tmp_path, "identity", identity_model("FP32", ["n"]), IDENTITY)
+    return coreserve_server(tmp_path, "--grpc-server=native", "--allow-metrics=false", *flags)
+
+
+def test_keepalive_pings_and_a_client_that_never_answers_is_dropped(coreserve_server, tmp_path: Path) -> None:
+    server = _native(
+        coreserve_server,
+        tmp_path,
+        "--grpc-keepalive-time=200",
+        "--grpc-keepalive-timeout=500",
+        "--grpc-keepalive-permit-without-calls=true",
+    )
+    connection = RawHttp2(server)
+    try:
+        connection.open()
+        start = time.monotonic()
+        pings = [
+            payload
+            for kind, flags, _sid, payload in connection.frames(15.0)
+            if kind == PING and not flags & 1
+        ]
+        assert pings, "no keepalive PING came"
+        assert time.monotonic() - start < 10.0, "the connection was not closed after the keepalive timeout"
+    finally:
+        connection.close()
+
+
+def test_a_client_that_pings_too_often_gets_goaway_too_many_pings(coreserve_server, tmp_path: Path) -> None:
+    server = _native(
+        coreserve_server,
+        tmp_path,
+        "--grpc-http2-min-recv-ping-interval-without-data=60000",
+        "--grpc-http2-max-ping-strikes=1",
+    )
+    connection = RawHttp2(server)
+    try:
+        connection.open()
+        connection.send(b"".join(frame(PING, 0, 0, b"%08d" % i) for i in range(4)))
+        assert connection.goaway_code() == 0xB
+    finally:
+        connection.close()
+
+
+def test_max_connection_age_sends_goaway_then_closes(coreserve_server, tmp_path: Path) -> None:
+    server = _native(
+        coreserve_server, tmp_path, "--grpc-max-connection-age=300", "--grpc-max-connection-age-grace=300"
+    )
+    connection = RawHttp2(server)
+    try:
+        connection.open()
+        assert connection.goaway_code() == 0  # NO_ERROR, and the connection ended (frames() returned)
+    finally:
+        connection.close()
+
+
+def test_inference_answers_are_gzipped_at_the_compression_level_asked(
+    coreserve_server, tmp_path: Path
+) -> None:
+    server = _native(coreserve_server, tmp_path, "--grpc-infer-response-compression-level=high")
+    connection = RawHttp2(server)
+    try:
+        connection.open()
+        block = connection.headers_block("ModelInfer", ("grpc-accept-encoding", "identity,gzip"))
+        connection.send(
+            frame(HEADERS, END_HEADERS, 1, block) + frame(DATA, END_STREAM, 1, message(infer_request(4096)))
+        )
+        fields, answer = connection.call(1)
+    finally:
+        connection.close()
+    assert fields["grpc-encoding"] == "gzip" and fields["grpc-status"] == "0", fields
+    assert answer[0] == 1  # the compressed flag
+    response = pb.ModelInferResponse.FromString(gzip.decompress(answer[5:]))
+    assert np.frombuffer(response.raw_output_contents[0], np.float32).tolist() == list(range(4096))
+    with grpc.insecure_channel(server.grpc_url) as channel:  # grpc's own client reads it as well
+        answer = channel.unary_unary(SERVICE + "ModelInfer")(infer_request(8), timeout=30)
+    assert (
+        np.frombuffer(pb.ModelInferResponse.FromString(answer).raw_output_contents[0], np.float32).size == 8
+    )

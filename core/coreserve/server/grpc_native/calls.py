@@ -32,6 +32,7 @@ RESOURCE_EXHAUSTED = grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
 UNIMPLEMENTED = grpc.StatusCode.UNIMPLEMENTED.value[0]
 INTERNAL = grpc.StatusCode.INTERNAL.value[0]
 _MESSAGE_PREFIX = struct.Struct(">BI")
+_INFER_METHODS = ("/ModelInfer", "/ModelStreamInfer")
 
 
 class CallAborted(Exception):
@@ -114,6 +115,9 @@ class Call:
         self.trailers: bytes | None = None
         self.drained: asyncio.Future[None] | None = None
         self.unacked = 0  # received bytes whose window the client has not had back
+        # --grpc-infer-response-compression-level: inference answers gzipped where the client takes it
+        compressed = headers.accepts_gzip and headers.path.endswith(_INFER_METHODS)
+        self.gzip_level = connection.gzip_level if compressed else 0
 
     # Receiving -----------------------------------------------------------------------------
 
@@ -169,6 +173,8 @@ class Call:
         """Stops the handler; `status`: the answer the client gets (None: it is gone)."""
         if status is None:
             self.reset = True
+            if self.deadline_timer is not None:
+                self.deadline_timer.cancel()
         if self.task is None:
             if status is not None:
                 self.finish(status.code, status.details)
@@ -229,13 +235,20 @@ class Call:
             )
         if self.reset:
             raise asyncio.CancelledError
-        self.connection.send_message(self, _MESSAGE_PREFIX.pack(0, len(message)), message)
-        if self.outbound or self.connection.paused:
+        outbound = self.connection.outbound
+        self.connection.data_sent()
+        flag = 0
+        if self.gzip_level:
+            message = zlib.compress(message, self.gzip_level, wbits=31)
+            flag = 1
+        outbound.send_message(self, _MESSAGE_PREFIX.pack(flag, len(message)), message)
+        if self.outbound or outbound.paused:
             # The client reads slower than we answer: hold this handler back (bounded memory).
-            await self.connection.wait_drained(self)
+            await outbound.wait_drained(self)
 
     def finish(self, code: int, details: str) -> None:
         if self.finished or self.reset:
             return
         self.finished = True
-        self.connection.send_trailers(self, code, details)
+        if self.stream_id in self.connection.calls:
+            self.connection.outbound.send_trailers(self, code, details)

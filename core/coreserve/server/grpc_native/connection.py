@@ -26,7 +26,10 @@ from coreserve.server.grpc_native.calls import (
     CallAborted,
 )
 from coreserve.server.grpc_native.headers import HeaderBlockDecoder, RequestHeaders
+from coreserve.server.grpc_native.keepalive import PING_PAYLOAD, KeepaliveTimers
+from coreserve.server.grpc_native.sending import Outbound
 from coreserve.server.grpc_native.wire import ConnectionFault
+from coreserve.server.grpc_transport import GrpcTransport
 
 logger = logging.getLogger("coreserve.server.grpc")
 
@@ -36,6 +39,8 @@ MAX_FRAME_SIZE = 1024 * 1024  # frames we accept: fewer, larger frames for large
 MAX_HEADER_LIST = 16 * 1024  # gRPC's own limit on metadata
 MAX_HEADER_BLOCK = 64 * 1024  # encoded; a larger block ends the connection before decoding
 MAX_CONCURRENT = 1024
+# --grpc-infer-response-compression-level as zlib's levels
+GZIP_LEVELS = {"none": 0, "low": 1, "medium": 6, "high": 9}
 
 
 class Http2Connection(asyncio.Protocol):
@@ -45,14 +50,17 @@ class Http2Connection(asyncio.Protocol):
         self,
         handlers: dict[str, grpc.RpcMethodHandler],
         max_message_size: int,
+        settings: GrpcTransport,
         on_close: Callable[[Http2Connection], None],
     ) -> None:
         self.handlers = handlers
+        self._transport_settings = settings
+        self.gzip_level = GZIP_LEVELS[settings.compression_level]
+        self._keepalive: KeepaliveTimers | None = None
         self.max_message_size = max_message_size
         self._on_close = on_close
         self.transport: Any = None
         self.peer = ""
-        self.paused = False
         self._buffer = bytearray()
         self._preface = False
         self._decoder = HeaderBlockDecoder()
@@ -60,10 +68,7 @@ class Http2Connection(asyncio.Protocol):
         self._last_stream = 0
         self._continuation: tuple[int, int, bytearray] | None = None
         self._received = 0  # connection window we owe the client
-        self._send_window = wire.DEFAULT_WINDOW
-        self._initial_send_window = wire.DEFAULT_WINDOW
-        self._peer_max_frame = wire.DEFAULT_MAX_FRAME
-        self._blocked: dict[int, Call] = {}  # calls whose answers wait for a window
+        self.outbound = Outbound(self._write, self._stream_done)
         self._out: list[bytes | memoryview] = []
         self._flush_scheduled = False
         self._going_away = False
@@ -87,22 +92,31 @@ class Http2Connection(asyncio.Protocol):
             + wire.window_update(0, CONNECTION_WINDOW - wire.DEFAULT_WINDOW)
         )
         self._flush()
+        self._keepalive = KeepaliveTimers(
+            self._transport_settings,
+            send_ping=lambda: self._write(wire.frame(wire.PING, 0, 0, PING_PAYLOAD)),
+            go_away=self._go_away,
+            close=self.transport.close,
+            has_calls=lambda: bool(self.calls),
+        )
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._keepalive is not None:
+            self._keepalive.cancel()
         for call in list(self.calls.values()):
             call.cancel(None)
         self.calls.clear()
-        self._wake_all()
+        self.outbound.wake_all(closed=True)
         if not self._closed.done():
             self._closed.set_result(None)
         self._on_close(self)
 
     def pause_writing(self) -> None:
-        self.paused = True
+        self.outbound.paused = True
 
     def resume_writing(self) -> None:
-        self.paused = False
-        self._wake_all()
+        self.outbound.paused = False
+        self.outbound.wake_all()
 
     def data_received(self, data: bytes) -> None:
         buffer = self._buffer
@@ -161,14 +175,19 @@ class Http2Connection(asyncio.Protocol):
         elif kind == wire.PING:
             if stream_id or len(payload) != 8:
                 raise ConnectionFault(wire.PROTOCOL_ERROR, "a malformed PING")
-            if not flags & wire.ACK:
+            if flags & wire.ACK:
+                if self._keepalive is not None:
+                    self._keepalive.ping_acknowledged(bytes(payload))
+            else:
                 self._out.append(wire.frame(wire.PING, wire.ACK, 0, bytes(payload)))
+                if self._keepalive is not None:
+                    self._keepalive.ping_received()
         elif kind == wire.RST_STREAM:
             if stream_id == 0 or len(payload) != 4:
                 raise ConnectionFault(wire.PROTOCOL_ERROR, "a malformed RST_STREAM")
             call = self.calls.pop(stream_id, None)
             if call is not None:
-                self._blocked.pop(stream_id, None)
+                self.outbound.forget(call)
                 call.cancel(None)
         elif kind == wire.GOAWAY:
             self._going_away = True
@@ -188,16 +207,13 @@ class Http2Connection(asyncio.Protocol):
             if key == wire.INITIAL_WINDOW_SIZE:
                 if value > wire.MAX_WINDOW:
                     raise ConnectionFault(wire.FLOW_CONTROL_ERROR, "initial window too large")
-                delta = value - self._initial_send_window
-                self._initial_send_window = value
-                for call in self.calls.values():
-                    call.send_window += delta
+                self.outbound.initial_window(value, self.calls.values())
             elif key == wire.MAX_FRAME_SIZE:
                 if not wire.DEFAULT_MAX_FRAME <= value <= 2**24 - 1:
                     raise ConnectionFault(wire.PROTOCOL_ERROR, "bad SETTINGS_MAX_FRAME_SIZE")
-                self._peer_max_frame = value
+                self.outbound.max_frame = value
         self._out.append(wire.frame(wire.SETTINGS, wire.ACK, 0))
-        self._send_blocked()
+        self.outbound.send_blocked()
 
     def _window_update(self, stream_id: int, payload: memoryview) -> None:
         if len(payload) != 4:
@@ -206,15 +222,15 @@ class Http2Connection(asyncio.Protocol):
         if stream_id == 0:
             if increment == 0:
                 raise ConnectionFault(wire.PROTOCOL_ERROR, "a WINDOW_UPDATE of 0")
-            self._send_window += increment
-            if self._send_window > wire.MAX_WINDOW:
+            self.outbound.window += increment
+            if self.outbound.window > wire.MAX_WINDOW:
                 raise ConnectionFault(wire.FLOW_CONTROL_ERROR, "connection window past 2^31-1")
-            self._send_blocked()
+            self.outbound.send_blocked()
             return
         call = self.calls.get(stream_id)
         if call is not None:
             call.send_window += increment
-            self._send_pending(call)
+            self.outbound.send_pending(call)
 
     def _headers(self, flags: int, stream_id: int, payload: memoryview) -> None:
         if flags & wire.PADDED:
@@ -258,7 +274,7 @@ class Http2Connection(asyncio.Protocol):
             if not flags & wire.END_STREAM:
                 self._out.append(wire.rst_stream(stream_id, wire.NO_ERROR))
             return
-        call = Call(self, stream_id, headers, self.handlers[headers.path], self._initial_send_window)
+        call = Call(self, stream_id, headers, self.handlers[headers.path], self.outbound.initial)
         self.calls[stream_id] = call
         if headers.timeout is not None:
             timeout = wire.parse_timeout(headers.timeout)
@@ -334,87 +350,22 @@ class Http2Connection(asyncio.Protocol):
 
     def _reset(self, call: Call, code: int) -> None:
         self.calls.pop(call.stream_id, None)
-        self._blocked.pop(call.stream_id, None)
+        self.outbound.forget(call)
         call.cancel(None)
         self._out.append(wire.rst_stream(call.stream_id, code))
 
-    # Sending -------------------------------------------------------------------------------
+    def _stream_done(self, call: Call) -> None:
+        """Our END_STREAM went out for `call`."""
+        del self.calls[call.stream_id]
+        if not call.half_closed:  # the client may still be sending: it need not
+            self._write(wire.rst_stream(call.stream_id, wire.NO_ERROR))
+        if self._going_away and not self.calls:  # GOAWAY sent, the last call answered
+            self._flush()
+            self.transport.close()
 
-    def send_message(self, call: Call, prefix: bytes, message: bytes) -> None:
-        if not call.headers_sent:
-            call.headers_sent = True
-            self._write(wire.frame(wire.HEADERS, wire.END_HEADERS, call.stream_id, wire.RESPONSE_HEADERS))
-        size = len(prefix) + len(message)
-        if not call.outbound and size <= min(call.send_window, self._send_window, self._peer_max_frame):
-            call.send_window -= size
-            self._send_window -= size
-            self._write(wire.frame_header(wire.DATA, 0, call.stream_id, size), prefix, message)
-            return
-        call.outbound.append(memoryview(prefix))
-        call.outbound.append(memoryview(message))
-        self._send_pending(call)
-
-    def send_trailers(self, call: Call, code: int, details: str) -> None:
-        if call.stream_id not in self.calls:
-            return
-        if not call.headers_sent:  # trailers only
-            call.headers_sent = True
-            block = wire.RESPONSE_HEADERS + wire.status_trailers(code, details)
-        else:
-            block = wire.status_trailers(code, details)
-        call.trailers = block
-        self._send_pending(call)
-
-    def _send_pending(self, call: Call) -> None:
-        """Frames what the windows allow of `call`'s answer; ends the stream once all is out."""
-        outbound = call.outbound
-        while outbound:
-            room = min(call.send_window, self._send_window, self._peer_max_frame)
-            if room <= 0:
-                self._blocked[call.stream_id] = call
-                return
-            chunk = outbound[0]
-            if len(chunk) <= room:
-                outbound.popleft()
-            else:
-                outbound[0] = chunk[room:]
-                chunk = chunk[:room]
-            call.send_window -= len(chunk)
-            self._send_window -= len(chunk)
-            self._write(wire.frame_header(wire.DATA, 0, call.stream_id, len(chunk)), chunk)
-        self._blocked.pop(call.stream_id, None)
-        self._wake(call)
-        if call.trailers is not None:
-            self._write(
-                wire.frame(wire.HEADERS, wire.END_HEADERS | wire.END_STREAM, call.stream_id, call.trailers)
-            )
-            call.trailers = None
-            del self.calls[call.stream_id]
-            if not call.half_closed:  # the client may still be sending: it need not
-                self._write(wire.rst_stream(call.stream_id, wire.NO_ERROR))
-
-    def _send_blocked(self) -> None:
-        for call in list(self._blocked.values()):
-            if self._send_window <= 0:
-                return
-            self._send_pending(call)
-
-    async def wait_drained(self, call: Call) -> None:
-        while (call.outbound or self.paused) and not call.reset:
-            call.drained = asyncio.get_running_loop().create_future()
-            await call.drained
-
-    def _wake(self, call: Call) -> None:
-        if call.drained is not None and not call.drained.done() and not self.paused:
-            call.drained.set_result(None)
-
-    def _wake_all(self) -> None:
-        for call in list(self.calls.values()):
-            self._wake(call)
-        if self.transport is None or self.transport.is_closing():
-            for call in list(self._blocked.values()):
-                if call.drained is not None and not call.drained.done():
-                    call.drained.set_result(None)
+    def data_sent(self) -> None:
+        if self._keepalive is not None:
+            self._keepalive.data_sent()
 
     def _write(self, *parts: bytes | memoryview) -> None:
         self._out.extend(parts)
@@ -430,6 +381,15 @@ class Http2Connection(asyncio.Protocol):
             self._out.clear()
 
     # Ending --------------------------------------------------------------------------------
+
+    def _go_away(self, reason: str, calm: bool) -> None:
+        """GOAWAY for keepalive's reasons: calm (too many pings) closes now, else after the calls."""
+        self._going_away = True
+        self._write(wire.goaway(self._last_stream, wire.ENHANCE_YOUR_CALM if calm else wire.NO_ERROR, reason))
+        if calm or not self.calls:
+            logger.info("gRPC connection from %s closed: %s", self.peer, reason)
+            self._flush()
+            self.transport.close()
 
     def _fail_connection(self, fault: ConnectionFault) -> None:
         logger.info("gRPC connection from %s closed: %s", self.peer, fault.reason)

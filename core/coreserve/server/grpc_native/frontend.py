@@ -59,7 +59,9 @@ class NativeGrpcFrontend:
             self._handlers[f"/{service}/{name}"] = handler
 
     def _connection(self) -> Http2Connection:
-        connection = Http2Connection(self._handlers, self._max_message_size, self._connections.discard)
+        connection = Http2Connection(
+            self._handlers, self._max_message_size, self._transport, self._connections.discard
+        )
         self._connections.add(connection)
         return connection
 

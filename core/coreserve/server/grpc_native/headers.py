@@ -29,6 +29,7 @@ class RequestHeaders:
     content_type: bytes
     timeout: bytes | None
     encoding: bytes | None
+    accepts_gzip: bool  # grpc-accept-encoding names gzip
     metadata: tuple[tuple[str, str | bytes], ...]
     size: int  # RFC 9113's header list size: names + values + 32 per field
 
@@ -43,6 +44,7 @@ def _request_headers(fields: Iterable[tuple[bytes, bytes]]) -> RequestHeaders:
     metadata: list[tuple[str, str | bytes]] = []
     content_type = b""
     timeout = encoding = None
+    accepts_gzip = False
     size = 0
     for name, value in fields:
         size += len(name) + len(value) + 32
@@ -54,6 +56,8 @@ def _request_headers(fields: Iterable[tuple[bytes, bytes]]) -> RequestHeaders:
             timeout = value
         elif name == b"grpc-encoding":
             encoding = value
+        elif name == b"grpc-accept-encoding":
+            accepts_gzip = b"gzip" in value
         if name in _RESERVED or name.startswith(b":"):
             if name == b"user-agent":
                 metadata.append(("user-agent", value.decode("latin-1")))
@@ -67,6 +71,7 @@ def _request_headers(fields: Iterable[tuple[bytes, bytes]]) -> RequestHeaders:
         content_type=content_type,
         timeout=timeout,
         encoding=encoding,
+        accepts_gzip=accepts_gzip,
         metadata=tuple(metadata),
         size=size,
     )

@@ -110,6 +110,7 @@ def literal(name: bytes, value: bytes) -> bytes:
 # ":status: 200" (static table entry 8) and "content-type: application/grpc" (static name 31).
 RESPONSE_HEADERS = b"\x88" + _integer(31, 4, 0x00) + _string(b"application/grpc")
 OK_TRAILERS = literal(b"grpc-status", b"0")
+GZIP_RESPONSE_HEADERS = RESPONSE_HEADERS + literal(b"grpc-encoding", b"gzip")
 
 
 def status_trailers(code: int, message: str) -> bytes:

@@ -1,0 +1,115 @@
+"""Answers under the client's HTTP/2 flow control: DATA frames as its windows allow, then trailers.
+
+A small answer that fits the windows goes out at once as one frame; a larger one, or one
+behind another, is queued on its call and framed as WINDOW_UPDATEs come in. The handler that
+sends waits (Call.send) while its call has bytes queued or the socket's buffer is full, so a
+client that reads slowly holds its answers back instead of filling the server's memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
+
+from coreserve.server.grpc_native import wire
+
+if TYPE_CHECKING:
+    from coreserve.server.grpc_native.calls import Call
+
+
+class Outbound:
+    """One connection's send windows and the calls whose answers wait for them."""
+
+    def __init__(self, write: Callable[..., None], stream_done: Callable[[Call], None]) -> None:
+        self._write = write
+        self._stream_done = stream_done
+        self.window = wire.DEFAULT_WINDOW  # the connection's send window
+        self.initial = wire.DEFAULT_WINDOW  # the client's SETTINGS_INITIAL_WINDOW_SIZE
+        self.max_frame = wire.DEFAULT_MAX_FRAME
+        self.paused = False  # the transport's buffer is full
+        self._blocked: dict[int, Call] = {}
+
+    def initial_window(self, value: int, calls: Iterable[Call]) -> None:
+        """The client changed its initial window: every open stream's window moves by the change."""
+        delta = value - self.initial
+        self.initial = value
+        for call in calls:
+            call.send_window += delta
+
+    def send_message(self, call: Call, prefix: bytes, message: bytes) -> None:
+        if not call.headers_sent:
+            call.headers_sent = True
+            block = wire.GZIP_RESPONSE_HEADERS if call.gzip_level else wire.RESPONSE_HEADERS
+            self._write(wire.frame(wire.HEADERS, wire.END_HEADERS, call.stream_id, block))
+        size = len(prefix) + len(message)
+        if not call.outbound and size <= min(call.send_window, self.window, self.max_frame):
+            call.send_window -= size
+            self.window -= size
+            self._write(wire.frame_header(wire.DATA, 0, call.stream_id, size), prefix, message)
+            return
+        call.outbound.append(memoryview(prefix))
+        call.outbound.append(memoryview(message))
+        self.send_pending(call)
+
+    def send_trailers(self, call: Call, code: int, details: str) -> None:
+        if not call.headers_sent:  # trailers only
+            call.headers_sent = True
+            call.trailers = wire.RESPONSE_HEADERS + wire.status_trailers(code, details)
+        else:
+            call.trailers = wire.status_trailers(code, details)
+        self.send_pending(call)
+
+    def send_pending(self, call: Call) -> None:
+        """Frames what the windows allow of `call`'s answer; ends the stream once all is out."""
+        outbound = call.outbound
+        while outbound:
+            room = min(call.send_window, self.window, self.max_frame)
+            if room <= 0:
+                self._blocked[call.stream_id] = call
+                return
+            chunk = outbound[0]
+            if len(chunk) <= room:
+                outbound.popleft()
+            else:
+                outbound[0] = chunk[room:]
+                chunk = chunk[:room]
+            call.send_window -= len(chunk)
+            self.window -= len(chunk)
+            self._write(wire.frame_header(wire.DATA, 0, call.stream_id, len(chunk)), chunk)
+        self._blocked.pop(call.stream_id, None)
+        self._wake(call)
+        if call.trailers is not None:
+            self._write(
+                wire.frame(wire.HEADERS, wire.END_HEADERS | wire.END_STREAM, call.stream_id, call.trailers)
+            )
+            call.trailers = None
+            self._stream_done(call)
+
+    def send_blocked(self) -> None:
+        for call in list(self._blocked.values()):
+            if self.window <= 0:
+                return
+            self.send_pending(call)
+
+    def forget(self, call: Call) -> None:
+        """`call` was reset: nothing more of it goes out."""
+        self._blocked.pop(call.stream_id, None)
+        call.outbound.clear()
+        self._wake(call)
+
+    async def wait_drained(self, call: Call) -> None:
+        while (call.outbound or self.paused) and not call.reset:
+            call.drained = asyncio.get_running_loop().create_future()
+            await call.drained
+
+    def _wake(self, call: Call) -> None:
+        if call.drained is not None and not call.drained.done() and (not self.paused or call.reset):
+            call.drained.set_result(None)
+
+    def wake_all(self, closed: bool = False) -> None:
+        """The transport can take more (or is gone: `closed`): waiting handlers go on."""
+        for call in list(self._blocked.values()):
+            if closed:
+                call.outbound.clear()
+            self._wake(call)
