@@ -263,13 +263,14 @@ def test_preserve_ordering(
         result = _echo(server, value, **parameters)
         return result, time.monotonic() - started
 
-    (first, _), (second, second_took) = _run_in_order(
+    [(first, _), (second, second_took)], finished = _run_in_order(
         [lambda: timed(0, delay_ms=600), lambda: timed(1)], gap=0.1
-    )[0]
+    )
     assert (first, second) == (0, 1)
     # The second request runs at once on the other instance; with preserve_ordering its
-    # response waits for the first request's (about 0.5 s more).
+    # response waits for the first request's (about 0.5 s more: a lower bound, safe on a slow
+    # machine). tests/core/test_scheduling_ordering.py asserts the order of release exactly.
     if preserve:
         assert second_took > 0.4
     else:
-        assert second_took < 0.3
+        assert finished == [1, 0]

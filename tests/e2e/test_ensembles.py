@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import queue
 import shutil
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -203,14 +202,14 @@ def test_example_pipeline_over_http_and_grpc(examples_server: ServerProcess) -> 
 def test_diamond_branches_run_at_the_same_time(client: httpclient.InferenceServerClient) -> None:
     tensor = httpclient.InferInput("IN", [4], "FP32")
     tensor.set_data_from_numpy(np.arange(4, dtype=np.float32))
-    started = time.monotonic()
     result = client.infer("diamond", [tensor])
-    elapsed = time.monotonic() - started
     np.testing.assert_array_equal(result.as_numpy("OUT"), np.arange(4, dtype=np.float32) * 5)
     span_a, span_b = result.as_numpy("SPAN_A"), result.as_numpy("SPAN_B")
-    overlap = min(span_a[1], span_b[1]) - max(span_a[0], span_b[0])
-    assert overlap > 0.3, f"the branches overlapped for {overlap:.3f} s only"
-    assert elapsed < 0.95  # two 0.5 s branches, serially they would take 1 s
+    # Each 0.5 s branch began before the other ended: they ran side by side (serially, one
+    # would begin only after the other's end), however slow the machine.
+    assert span_a[0] < span_b[1] and span_b[0] < span_a[1], (
+        f"one branch ran after the other: {span_a}, {span_b}"
+    )
 
 
 def test_a_failing_step_names_its_model(client: httpclient.InferenceServerClient) -> None:

@@ -245,14 +245,17 @@ def test_oldest_preserve_ordering_holds_later_responses(
         slow = pool.submit(step, 1, delay_ms=600)
         time.sleep(0.1)
         fast = pool.submit(step, 2)
+        fast.result(timeout=30)
+        first_still_running = not slow.done()
         (first, _), (second, second_took) = slow.result(timeout=30), fast.result(timeout=30)
     assert (first, second) == (1, 2)
     # The second sequence runs at once on the other instance; with preserve_ordering its
-    # response waits for the first one's (about 0.5 s more).
+    # response waits for the first one's (about 0.5 s more: a lower bound, safe on a slow
+    # machine). tests/core/test_scheduling_ordering.py asserts the order of release exactly.
     if preserve:
         assert second_took > 0.4
     else:
-        assert second_took < 0.3
+        assert first_still_running
 
 
 def test_sequence_ids_over_grpc(coreserve_server: ServerFactory, tmp_path: Path) -> None:
