@@ -20,6 +20,8 @@ STUB_MODULES = (
     "messages.py",
     "pb_errors.py",
     "pb_types.py",
+    "pb_dlpack.py",
+    "pb_tensor.py",
     "pb_model_config.py",
     "pb_runtime.py",
     "pb_metrics.py",

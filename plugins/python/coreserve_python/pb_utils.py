@@ -16,13 +16,12 @@ import sys
 from collections.abc import AsyncIterator, Iterator
 from typing import Any, Protocol
 
-import numpy as np
-
 from coreserve_python import pb_runtime
 from coreserve_python.pb_errors import TritonError, TritonModelException
 from coreserve_python.pb_management import is_model_ready, load_model, unload_model
 from coreserve_python.pb_metrics import MetricFamily
 from coreserve_python.pb_model_config import ModelConfig
+from coreserve_python.pb_tensor import _DATATYPE_NUMBERS, Tensor, _text  # noqa: F401  (names of pb_utils)
 from coreserve_python.pb_types import (
     TRITON_STRING_TO_NUMPY,
     deserialize_bytes_tensor,
@@ -77,11 +76,6 @@ TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
 TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
 TRITONSERVER_REQUEST_RELEASE_ALL = 1
 TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
-# TRITONSERVER_DataType numbers by wire datatype, for Tensor.triton_dtype().
-_DATATYPE_NUMBERS = {
-    "BOOL": 1, "UINT8": 2, "UINT16": 3, "UINT32": 4, "UINT64": 5, "INT8": 6, "INT16": 7,
-    "INT32": 8, "INT64": 9, "FP16": 10, "FP32": 11, "FP64": 12, "BYTES": 13, "BF16": 14,
-}  # fmt: skip
 
 
 class MemoryType(enum.IntEnum):
@@ -121,85 +115,6 @@ class InferenceTrace:
 
 _CPU_MEMORY = PreferredMemory(TRITONSERVER_MEMORY_CPU)
 _NOT_TRACED = InferenceTrace()
-
-
-class _DLPackCapsule:
-    """Presents a bare DLPack capsule to numpy.from_dlpack (CPU memory only)."""
-
-    def __init__(self, capsule: Any) -> None:
-        self._capsule = capsule
-
-    def __dlpack__(self, stream: Any = None, **_: Any) -> Any:
-        return self._capsule
-
-    def __dlpack_device__(self) -> tuple[int, int]:
-        return (1, 0)
-
-
-def _text(value: str | bytes, what: str) -> str:
-    """A name given as str or as bytes (from a BYTES tensor), as Triton's bindings accept both."""
-    if isinstance(value, bytes | bytearray | np.bytes_):
-        return bytes(value).decode("utf-8")
-    if isinstance(value, str):
-        return value
-    raise TypeError(f"{what} must be str or bytes, got {type(value).__name__}")
-
-
-class Tensor:
-    """A named tensor; its data is a numpy array (BYTES: an object array of bytes)."""
-
-    def __init__(self, name: str | bytes, data: np.ndarray) -> None:
-        if not isinstance(data, np.ndarray):
-            raise TritonModelException(f"tensor '{name!s}' needs a numpy array, got {type(data).__name__}")
-        if data.dtype.kind in "SU":
-            data = data.astype(np.object_)
-        self._name = _text(name, "a tensor's name")
-        self._data = data
-
-    def name(self) -> str:
-        return self._name
-
-    def as_numpy(self) -> np.ndarray:
-        return self._data
-
-    def shape(self) -> list[int]:
-        return list(self._data.shape)
-
-    def triton_dtype(self) -> int:
-        """The tensor's TRITONSERVER_DataType number (FP32: 11, BYTES: 13)."""
-        from coreserve_python.wire import datatype_of
-
-        return _DATATYPE_NUMBERS[datatype_of(self._data)]
-
-    def is_cpu(self) -> bool:
-        return True
-
-    def to_dlpack(self) -> Any:
-        if self._data.dtype == np.object_:
-            raise TritonModelException(f"tensor '{self._name}' holds BYTES, which DLPack cannot carry")
-        return self._data.__dlpack__()
-
-    def __dlpack__(self, stream: Any = None) -> Any:
-        return self.to_dlpack()
-
-    def __dlpack_device__(self) -> tuple[int, int]:
-        return (1, 0)  # kDLCPU, device 0
-
-    @classmethod
-    def _wrap(cls, name: str, data: np.ndarray) -> Tensor:
-        """A tensor of data the stub decoded (already checked): no checks on the request path."""
-        tensor = cls.__new__(cls)
-        tensor._name = name
-        tensor._data = data
-        return tensor
-
-    @staticmethod
-    def from_dlpack(name: str, capsule: Any) -> Tensor:
-        source = capsule if hasattr(capsule, "__dlpack__") else _DLPackCapsule(capsule)
-        return Tensor(name, np.from_dlpack(source))
-
-    def __repr__(self) -> str:
-        return f"Tensor({self._name!r}, shape={list(self._data.shape)}, dtype={self._data.dtype})"
 
 
 def _parameters(parameters: dict[str, Any] | str | None) -> dict[str, Any]:

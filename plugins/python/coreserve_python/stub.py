@@ -395,7 +395,7 @@ class Stub:
                     raise pb_utils.TritonModelException(
                         f"output_tensors must be pb_utils.Tensor, got {tensor!r}"
                     )
-                group.append((tensor.name(), tensor.as_numpy()))
+                group.append((tensor.name(), tensor._host_array()))
             groups.append(group)
         segment, refs = write_groups(self._pool, groups)
         encoded: list[tuple[int, ResponseBody | None, bool]] = []
@@ -451,7 +451,8 @@ class Stub:
     def _send_bls(self, request: pb_utils.InferenceRequest, decoupled: bool, call: BlsCall) -> int:
         call_id = next(self._call_ids)
         self._calls[call_id] = call
-        segment, refs = self._pool.write([(tensor.name(), tensor.as_numpy()) for tensor in request.inputs()])
+        inputs = [(tensor.name(), tensor._host_array()) for tensor in request.inputs()]
+        segment, refs = self._pool.write(inputs)
         version = request.model_version()
         message: BlsRequestMessage = {
             "op": "bls_request",

@@ -1,0 +1,125 @@
+"""`pb_utils.Tensor`: a named tensor in host memory, or in GPU memory when given by DLPack.
+
+Host tensors are numpy arrays, as in Triton's python backend; `from_dlpack` shares the memory of
+its argument and keeps a CUDA tensor on its GPU (coreserve_python.pb_dlpack holds it and copies
+it to host memory when it leaves the stub). tests/plugins/python/test_pb_dlpack.py compares the
+behaviour and error texts with Triton 2.51's pb_tensor.cc.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from coreserve_python import pb_dlpack
+from coreserve_python.pb_dlpack import DeviceTensor
+from coreserve_python.pb_errors import TritonModelException
+from coreserve_python.pb_types import numpy_to_triton_type
+
+# TRITONSERVER_DataType numbers by wire datatype, for Tensor.triton_dtype().
+_DATATYPE_NUMBERS = {
+    "BOOL": 1, "UINT8": 2, "UINT16": 3, "UINT32": 4, "UINT64": 5, "INT8": 6, "INT16": 7,
+    "INT32": 8, "INT64": 9, "FP16": 10, "FP32": 11, "FP64": 12, "BYTES": 13, "BF16": 14,
+}  # fmt: skip
+
+
+def _text(value: str | bytes, what: str) -> str:
+    """A name given as str or as bytes (from a BYTES tensor), as Triton's bindings accept both."""
+    if isinstance(value, bytes | bytearray | np.bytes_):
+        return bytes(value).decode("utf-8")
+    if isinstance(value, str):
+        return value
+    raise TypeError(f"{what} must be str or bytes, got {type(value).__name__}")
+
+
+class Tensor:
+    """A named tensor: a numpy array in host memory (BYTES: an object array of bytes), or a
+    tensor in GPU memory given to `from_dlpack`, kept there (see coreserve_python.pb_dlpack)."""
+
+    _device: DeviceTensor | None = None  # set only for tensors in GPU memory
+
+    def __init__(self, name: str | bytes, data: np.ndarray) -> None:
+        if not isinstance(data, np.ndarray):
+            raise TritonModelException(f"tensor '{name!s}' needs a numpy array, got {type(data).__name__}")
+        if data.dtype.kind in "SU":
+            data = data.astype(np.object_)
+        self._name = _text(name, "a tensor's name")
+        self._data = data
+
+    def name(self) -> str:
+        return self._name
+
+    def as_numpy(self) -> np.ndarray:
+        if self._device is not None:
+            raise TritonModelException(pb_dlpack.GPU_AS_NUMPY_TEXT)
+        return self._data
+
+    def shape(self) -> list[int]:
+        if self._device is not None:
+            return list(self._device.layout.shape)
+        return list(self._data.shape)
+
+    def triton_dtype(self) -> int:
+        """The tensor's TRITONSERVER_DataType number (FP32: 11, BYTES: 13)."""
+        if self._device is not None:
+            dtype = self._device.layout.numpy_dtype()
+            return 14 if dtype is None else numpy_to_triton_type(dtype)  # type: ignore[return-value]
+        from coreserve_python.wire import datatype_of
+
+        return _DATATYPE_NUMBERS[datatype_of(self._data)]
+
+    def is_cpu(self) -> bool:
+        """False for a tensor in GPU memory."""
+        return self._device is None
+
+    def to_dlpack(self) -> Any:
+        """A DLPack capsule of the tensor's memory, on its device (no copy)."""
+        return self.__dlpack__()
+
+    def __dlpack__(self, stream: Any = None, **options: Any) -> Any:
+        if self._device is not None:
+            return pb_dlpack.export(self._device.producer, stream, **options)
+        if self._data.dtype == np.object_:
+            raise TritonModelException(pb_dlpack.STRING_DLPACK_TEXT)
+        return pb_dlpack.export(self._data, stream, **options)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        if self._device is not None:
+            return (pb_dlpack.KDL_CUDA, self._device.device_id)
+        return (pb_dlpack.KDL_CPU, 0)
+
+    def _host_array(self) -> np.ndarray:
+        """The elements in host memory, for the stub to send: a GPU tensor is copied here."""
+        if self._device is not None:
+            return pb_dlpack.host_copy(self._device)
+        return self._data
+
+    @classmethod
+    def _wrap(cls, name: str, data: np.ndarray) -> Tensor:
+        """A tensor of data the stub decoded (already checked): no checks on the request path."""
+        tensor = cls.__new__(cls)
+        tensor._name = name
+        tensor._data = data
+        return tensor
+
+    @staticmethod
+    def from_dlpack(name: str, capsule: Any) -> Tensor:
+        """A tensor sharing the memory of a DLPack capsule or of an object with `__dlpack__`
+        (a torch tensor, a numpy or CuPy array): a CUDA tensor stays on its GPU."""
+        if name == "":
+            raise TritonModelException(pb_dlpack.EMPTY_NAME_TEXT)
+        held = pb_dlpack.host_or_device(capsule)
+        if isinstance(held, np.ndarray):
+            return Tensor(name, held)
+        tensor = Tensor.__new__(Tensor)
+        tensor._name = _text(name, "a tensor's name")
+        tensor._data = None  # type: ignore[assignment]
+        tensor._device = held
+        return tensor
+
+    def __repr__(self) -> str:
+        if self._device is not None:
+            dtype, device_id = self._device.layout.numpy_dtype(), self._device.device_id
+            return f"Tensor({self._name!r}, shape={self.shape()}, dtype={dtype}, device=cuda:{device_id})"
+        return f"Tensor({self._name!r}, shape={list(self._data.shape)}, dtype={self._data.dtype})"
