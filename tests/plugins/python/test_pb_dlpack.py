@@ -63,7 +63,10 @@ def test_triton_error_texts_for_what_dlpack_cannot_take() -> None:
             make()
         return str(caught.value)
 
-    assert refused(lambda: pb_utils.Tensor.from_dlpack("", np.ones(2))) == "Tensor name cannot be an empty string."
+    assert (
+        refused(lambda: pb_utils.Tensor.from_dlpack("", np.ones(2)))
+        == "Tensor name cannot be an empty string."
+    )
     assert refused(lambda: pb_utils.Tensor.from_dlpack("X", [1.0, 2.0])) == (
         "Provided tensor is not supported. Tensor must be a DLPack capsule "
         "or have `__dlpack__` and `__dlpack_device__` attributes"
@@ -103,7 +106,10 @@ def test_a_tensor_in_gpu_memory_stays_there_and_refuses_numpy() -> None:
         tensor.as_numpy()
     assert str(caught.value) == "Tensor is stored in GPU and cannot be converted to NumPy."
     # to_dlpack hands out the producer's own memory again, not a copy
-    assert np.from_dlpack(pb_utils.Tensor.from_dlpack("H", _ProducerOn(data, (1, 0)))).ctypes.data == data.ctypes.data
+    assert (
+        np.from_dlpack(pb_utils.Tensor.from_dlpack("H", _ProducerOn(data, (1, 0)))).ctypes.data
+        == data.ctypes.data
+    )
     assert torch.utils.dlpack.from_dlpack(tensor.to_dlpack()).data_ptr() == data.ctypes.data
 
 
