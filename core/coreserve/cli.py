@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
@@ -231,9 +232,10 @@ def _serve_parser() -> argparse.ArgumentParser:
     flag("--grpc-max-stream-inflight", type=_stream_limit, default=1024, metavar="N",
          help="requests of one ModelStreamInfer stream that may await their responses; the stream "
               "reads no more until one is answered (default 1024)")
-    flag("--grpc-server", choices=("grpcio", "native"), default="grpcio",
+    flag("--grpc-server", choices=("grpcio", "native"),
+         default=os.environ.get("CORESERVE_GRPC_SERVER", "grpcio"),
          help="what serves gRPC: grpcio (grpc.aio) or native (coreserve's own HTTP/2 server, faster on "
-              "small calls; plain HTTP/2 only, no --grpc-use-ssl) (default grpcio)")
+              "small calls; plain HTTP/2 only, no --grpc-use-ssl) (default $CORESERVE_GRPC_SERVER or grpcio)")
     flag("--metrics-config", type=_metrics_config, action="append", default=[], metavar="SETTING=VALUE",
          help="counter_latencies=BOOL (default true), summary_latencies=BOOL (default false), "
               "histogram_latencies=BOOL (default false), summary_quantiles=Q:E,... (default "

@@ -67,13 +67,16 @@ class NativeGrpcFrontend:
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            self._connection,
-            host=self._address,
-            port=self.port,
-            reuse_port=self._transport.reuse_port or None,
-            backlog=1024,
-        )
+        try:
+            self._server = await loop.create_server(
+                self._connection,
+                host=self._address,
+                port=self.port,
+                reuse_port=self._transport.reuse_port or None,
+                backlog=1024,
+            )
+        except OSError as exc:  # grpcio's words, which the start-up error repeats
+            raise OSError(f"Failed to bind to address {self._address}:{self.port}: {exc.strerror}") from None
         for sock in self._server.sockets:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.port = self._server.sockets[0].getsockname()[1]
