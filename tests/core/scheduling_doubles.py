@@ -10,7 +10,7 @@ which order their responses left, never on how long anything took.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import numpy as np
 from google.protobuf import text_format
@@ -19,6 +19,7 @@ from coreserve.backend.responder import Responder
 from coreserve.config.signature import ModelSignature
 from coreserve.errors import CoreserveError
 from coreserve.protos.model_config_pb2 import ModelConfig
+from coreserve.scheduling.scheduler import Scheduler
 from coreserve.scheduling.statistics import ModelStatistics
 from coreserve.types import InferenceRequest, InferenceResponse
 
@@ -109,3 +110,14 @@ async def settle(rounds: int = 20) -> None:
     """Lets every task that can run on the loop run: the scheduler forms and sends its batches."""
     for _ in range(rounds):
         await asyncio.sleep(0)
+
+
+async def finish(scheduler: Scheduler) -> None:
+    """Lets the scheduler send what it will, then closes it (running batches end first)."""
+    await settle()
+    await scheduler.close(timeout=30)
+
+
+def run_scenario(scenario: Callable[[], Awaitable[None]]) -> None:
+    """Runs a test's coroutine on a new event loop, bounded so that a hang fails the test."""
+    asyncio.run(asyncio.wait_for(scenario(), 60))

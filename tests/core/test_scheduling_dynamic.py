@@ -7,15 +7,16 @@ busy, so every batch below is decided by the queue's contents, never by how fast
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
 
 import numpy as np
 import pytest
 from scheduling_doubles import (
     RecordingInstance,
+    finish,
     make_request,
     model_config,
     recording_sink,
+    run_scenario,
     settle,
     signature_and_statistics,
 )
@@ -42,15 +43,6 @@ def _batcher(batching: str, max_batch: int = 8) -> tuple[DynamicBatcher, Recordi
     return DynamicBatcher(signature, statistics, [instance], config.dynamic_batching), instance
 
 
-def _run(scenario: Callable[[], Awaitable[None]]) -> None:
-    asyncio.run(asyncio.wait_for(scenario(), 60))
-
-
-async def _finish(batcher: DynamicBatcher) -> None:
-    await settle()
-    await batcher.close(timeout=30)
-
-
 def test_queued_requests_form_batches_up_to_max_batch_size() -> None:
     async def scenario() -> None:
         batcher, instance = _batcher("", max_batch=4)
@@ -59,7 +51,7 @@ def test_queued_requests_form_batches_up_to_max_batch_size() -> None:
         for request in requests:
             batcher.submit(request)
         batcher.start()
-        await _finish(batcher)
+        await finish(batcher)
         assert instance.batches == [["r0", "r1", "r2", "r3"], ["r4", "r5", "r6", "r7"], ["r8", "r9"]]
         assert log == [(f"r{index}", "final") for index in range(10)]
         for request in requests:  # each request got exactly its own rows back
@@ -68,7 +60,7 @@ def test_queued_requests_form_batches_up_to_max_batch_size() -> None:
             np.testing.assert_array_equal(response.outputs["OUT"], request.inputs["IN"])
         assert (batcher.statistics.inference_count, batcher.statistics.execution_count) == (10, 3)
 
-    _run(scenario)
+    run_scenario(scenario)
 
 
 def test_rows_count_toward_max_batch_size_and_a_request_is_never_split() -> None:
@@ -78,10 +70,10 @@ def test_rows_count_toward_max_batch_size_and_a_request_is_never_split() -> None
         for name, rows in [("a", 2), ("b", 3), ("c", 1), ("d", 4)]:
             batcher.submit(make_request(name, log, rows=rows))
         batcher.start()
-        await _finish(batcher)
+        await finish(batcher)
         assert instance.batches == [["a"], ["b", "c"], ["d"]]
 
-    _run(scenario)
+    run_scenario(scenario)
 
 
 def test_only_requests_of_the_same_shape_share_a_batch() -> None:
@@ -91,11 +83,11 @@ def test_only_requests_of_the_same_shape_share_a_batch() -> None:
         for name, width in [("a", 2), ("b", 2), ("c", 3), ("d", 2)]:
             batcher.submit(make_request(name, log, width=width))
         batcher.start()
-        await _finish(batcher)
+        await finish(batcher)
         # The batch stops at the first request that does not fit; order is never changed.
         assert instance.batches == [["a", "b"], ["c"], ["d"]]
 
-    _run(scenario)
+    run_scenario(scenario)
 
 
 def test_the_largest_preferred_size_goes_at_once_and_the_rest_waits_for_company() -> None:
@@ -118,10 +110,10 @@ def test_the_largest_preferred_size_goes_at_once_and_the_rest_waits_for_company(
         assert instance.batches == [["r0", "r1", "r2", "r3"], ["r4", "r5", "r6", "r7"]]
         batcher.submit(make_request("r8", log))
         batcher.submit(make_request("r9", log))
-        await _finish(batcher)
+        await finish(batcher)
         assert instance.batches[2:] == [["r8", "r9"]]
 
-    _run(scenario)
+    run_scenario(scenario)
 
 
 def test_a_full_batch_goes_without_waiting_for_the_queue_delay() -> None:
@@ -134,10 +126,10 @@ def test_a_full_batch_goes_without_waiting_for_the_queue_delay() -> None:
             await settle()
         assert instance.batches == []  # two of three: the batch may still grow
         batcher.submit(make_request("r2", log))
-        await _finish(batcher)
+        await finish(batcher)
         assert instance.batches == [["r0", "r1", "r2"]]
 
-    _run(scenario)
+    run_scenario(scenario)
 
 
 def test_a_lone_request_is_sent_when_its_queue_delay_ends() -> None:
@@ -146,12 +138,12 @@ def test_a_lone_request_is_sent_when_its_queue_delay_ends() -> None:
         log: Log = []
         batcher.start()
         batcher.submit(make_request("alone", log))
-        while not log:  # the delay is the behaviour here; the test's own bound is _run's 60 s
+        while not log:  # the delay is the behaviour here; the test's own bound is run_scenario's 60 s
             await asyncio.sleep(0.01)
         assert instance.batches == [["alone"]]
-        await _finish(batcher)
+        await finish(batcher)
 
-    _run(scenario)
+    run_scenario(scenario)
 
 
 def test_the_highest_priority_level_is_served_first() -> None:
@@ -163,11 +155,11 @@ def test_the_highest_priority_level_is_served_first() -> None:
         batcher.submit(make_request("high", log, priority=1))
         batcher.submit(make_request("low2", log))
         batcher.start()
-        await _finish(batcher)
+        await finish(batcher)
         # A batch takes requests of one level only.
         assert instance.batches == [["high"], ["low0", "low1", "low2"]]
 
-    _run(scenario)
+    run_scenario(scenario)
 
 
 @pytest.mark.parametrize(
@@ -185,7 +177,7 @@ def test_a_priority_outside_the_levels_is_refused(priority: int | str, message: 
         assert str(error.value) == message
         assert batcher.queue_size == 0
 
-    _run(scenario)
+    run_scenario(scenario)
 
 
 def test_a_full_priority_queue_rejects_with_tritons_words() -> None:
@@ -199,10 +191,10 @@ def test_a_full_priority_queue_rejects_with_tritons_words() -> None:
         assert str(error.value).startswith("[request id: c] Exceeds maximum queue size: model 'm'")
         assert batcher.statistics.failures["REJECTED"] == 1
         batcher.start()
-        await _finish(batcher)
+        await finish(batcher)
         assert instance.batches == [["a", "b"]]
 
-    _run(scenario)
+    run_scenario(scenario)
 
 
 async def _busy_with(batcher: DynamicBatcher, instance: RecordingInstance, log: Log) -> asyncio.Event:
@@ -235,12 +227,12 @@ def test_a_request_that_waits_past_its_timeout_is_rejected() -> None:
         assert isinstance(error, UnavailableError)
         assert str(error) == "request for model 'm' timed out after waiting in the queue"
         release.set()
-        await _finish(batcher)
+        await finish(batcher)
         assert instance.batches == [["busy"]]
         assert log == [("late", "error"), ("busy", "final")]
         assert batcher.statistics.failures["REJECTED"] == 1
 
-    _run(scenario)
+    run_scenario(scenario)
 
 
 def test_a_delayed_request_goes_behind_every_request_that_did_not_time_out() -> None:
@@ -255,11 +247,11 @@ def test_a_delayed_request_goes_behind_every_request_that_did_not_time_out() -> 
         await _after_timers_of(1000)
         batcher.submit(make_request("newcomer", log))
         release.set()
-        await _finish(batcher)
+        await finish(batcher)
         assert instance.batches == [["busy"], ["patient", "newcomer"], ["impatient"]]
         assert batcher.statistics.failures["REJECTED"] == 0
 
-    _run(scenario)
+    run_scenario(scenario)
 
 
 @pytest.mark.parametrize(
@@ -295,11 +287,11 @@ def test_a_cancelled_request_leaves_the_queue_and_never_runs() -> None:
         assert log == [("gone", "error")]
         assert isinstance(recording_sink(gone).error, CancelledError)
         release.set()
-        await _finish(batcher)
+        await finish(batcher)
         assert instance.batches == [["busy"], ["kept"]]
         assert batcher.statistics.failures["CANCELED"] == 1
 
-    _run(scenario)
+    run_scenario(scenario)
 
 
 def test_closing_lets_the_running_batch_finish_then_closes_the_instance() -> None:
@@ -317,4 +309,4 @@ def test_closing_lets_the_running_batch_finish_then_closes_the_instance() -> Non
         assert log == [("busy", "final")]
         assert instance.closed
 
-    _run(scenario)
+    run_scenario(scenario)

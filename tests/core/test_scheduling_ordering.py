@@ -14,6 +14,7 @@ from scheduling_doubles import (
     RecordingSink,
     make_request,
     model_config,
+    run_scenario,
     settle,
     signature_and_statistics,
 )
@@ -119,7 +120,7 @@ def test_held_responses_and_errors_replay_in_the_order_they_were_sent() -> None:
             ("second", "final"),
         ]
 
-    asyncio.run(asyncio.wait_for(scenario(), 60))
+    run_scenario(scenario)
 
 
 def test_a_turn_that_raises_still_releases_the_turns_behind_it() -> None:
@@ -141,4 +142,4 @@ def test_a_turn_that_raises_still_releases_the_turns_behind_it() -> None:
         assert isinstance(results[0], RuntimeError) and results[1] is None
         assert log == [("second", "final")]
 
-    asyncio.run(asyncio.wait_for(scenario(), 60))
+    run_scenario(scenario)

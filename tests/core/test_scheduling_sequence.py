@@ -7,11 +7,16 @@ follow from the queue alone.
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable
-
 import pytest
-from scheduling_doubles import RecordingInstance, make_request, model_config, settle, signature_and_statistics
+from scheduling_doubles import (
+    RecordingInstance,
+    finish,
+    make_request,
+    model_config,
+    run_scenario,
+    settle,
+    signature_and_statistics,
+)
 
 from coreserve.errors import InvalidArgumentError
 from coreserve.scheduling.sequence import SequenceBatcher
@@ -54,15 +59,6 @@ def _controls(request: InferenceRequest) -> tuple[int, int, int]:
     return int(inputs["START"][0, 0]), int(inputs["END"][0, 0]), int(inputs["CORRID"][0, 0])
 
 
-def _run(scenario: Callable[[], Awaitable[None]]) -> None:
-    asyncio.run(asyncio.wait_for(scenario(), 60))
-
-
-async def _finish(batcher: SequenceBatcher) -> None:
-    await settle()
-    await batcher.close(timeout=30)
-
-
 def test_a_sequence_runs_one_request_at_a_time_and_sequences_share_batches() -> None:
     async def scenario() -> None:
         batcher, [instance] = _batcher()
@@ -76,7 +72,7 @@ def test_a_sequence_runs_one_request_at_a_time_and_sequences_share_batches() -> 
         ]:
             batcher.submit(request)
         batcher.start()
-        await _finish(batcher)
+        await finish(batcher)
         assert instance.batches == [["a1", "b1"], ["a2", "b2"], ["a3"]]
         controls = {request.id: _controls(request) for request in instance.requests}
         assert controls == {
@@ -88,7 +84,7 @@ def test_a_sequence_runs_one_request_at_a_time_and_sequences_share_batches() -> 
         }
         assert [name for name, kind in log if kind == "final"] == ["a1", "b1", "a2", "b2", "a3"]
 
-    _run(scenario)
+    run_scenario(scenario)
 
 
 def test_a_sequence_stays_on_the_instance_it_started_on() -> None:
@@ -100,11 +96,11 @@ def test_a_sequence_stays_on_the_instance_it_started_on() -> None:
             for sequence_id, name in ((1, "a"), (2, "b")):
                 batcher.submit(_step(f"{name}{step}", log, sequence_id, start=step == 0, end=step == 2))
             await settle()
-        await _finish(batcher)
+        await finish(batcher)
         runs = sorted([request.id for request in instance.requests] for instance in instances)
         assert runs == [["a0", "a1", "a2"], ["b0", "b1", "b2"]]
 
-    _run(scenario)
+    run_scenario(scenario)
 
 
 def test_a_sequence_that_finds_every_slot_taken_waits_for_one_to_free() -> None:
@@ -118,10 +114,10 @@ def test_a_sequence_that_finds_every_slot_taken_waits_for_one_to_free() -> None:
         # The one slot belongs to sequence 1 until it ends, though the instance is idle.
         assert instance.batches == [["a1"]]
         batcher.submit(_step("a2", log, 1, end=True))
-        await _finish(batcher)
+        await finish(batcher)
         assert instance.batches == [["a1"], ["a2"], ["b1"]]
 
-    _run(scenario)
+    run_scenario(scenario)
 
 
 def test_direct_waits_for_enough_ready_sequences_to_fill_its_slots() -> None:
@@ -135,10 +131,10 @@ def test_direct_waits_for_enough_ready_sequences_to_fill_its_slots() -> None:
         await settle()
         assert instance.batches == []  # one of two slots ready: it waits for the queue delay
         batcher.submit(_step("b", log, 2, start=True, end=True))
-        await _finish(batcher)
+        await finish(batcher)
         assert instance.batches == [["a", "b"]]
 
-    _run(scenario)
+    run_scenario(scenario)
 
 
 def test_oldest_sends_a_preferred_size_at_once() -> None:
@@ -156,9 +152,9 @@ def test_oldest_sends_a_preferred_size_at_once() -> None:
         batcher.submit(_step("b", log, 2, start=True, end=True))
         await settle()
         assert instance.batches == [["a", "b"]]
-        await _finish(batcher)
+        await finish(batcher)
 
-    _run(scenario)
+    run_scenario(scenario)
 
 
 @pytest.mark.parametrize(
@@ -181,7 +177,7 @@ def test_a_request_without_a_usable_sequence_is_refused(parameters: dict[str, in
             batcher.submit(request)
         assert batcher.queue_size == 0
 
-    _run(scenario)
+    run_scenario(scenario)
 
 
 def test_a_batched_sequence_request_must_be_one_row() -> None:
@@ -190,7 +186,7 @@ def test_a_batched_sequence_request_must_be_one_row() -> None:
         with pytest.raises(InvalidArgumentError, match="must have batch size 1, got 2"):
             batcher.submit(make_request("r", [], rows=2, sequence_id=1, sequence_start=True))
 
-    _run(scenario)
+    run_scenario(scenario)
 
 
 def test_a_sequence_that_ended_says_so_to_its_next_request() -> None:
@@ -204,7 +200,7 @@ def test_a_sequence_that_ended_says_so_to_its_next_request() -> None:
             batcher.submit(_step("late", log, 5))
         assert "(it was released: its last request (sequence_end) ran)" in str(error.value)
         batcher.submit(_step("again", log, 5, start=True, end=True))  # a new start is welcome
-        await _finish(batcher)
+        await finish(batcher)
         assert instance.batches == [["only"], ["again"]]
 
-    _run(scenario)
+    run_scenario(scenario)
