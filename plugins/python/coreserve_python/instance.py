@@ -45,7 +45,7 @@ from coreserve_python.messages import (
 from coreserve_python.pb_errors import TritonError
 from coreserve_python.process import StubLaunch, StubProcess
 from coreserve_python.spawn import describe_exit
-from coreserve_python.wire import Message, SegmentPool, SegmentReader, write_groups
+from coreserve_python.wire import Message, SegmentPool, SegmentReader, segment_to_release, write_groups
 
 logger = logging.getLogger("coreserve.backend.python")
 # pb_utils.TritonError codes and coreserve's errors: one table, read both ways.
@@ -254,8 +254,8 @@ class PythonInstance:
         try:
             reply = await process.request(message, "execute_done")
         finally:
-            if segment is not None:
-                self._pool.release(segment)
+            if (shared := segment_to_release(segment)) is not None:
+                self._pool.release(shared)
         if reply["responses"] is not None:
             self._deliver(reply["responses"])
         for key in reply.get("rescheduled", ()):
@@ -386,8 +386,8 @@ class PythonInstance:
             self._reader.arrays(segment, body["outputs"], copy=True) if body is not None else {}
             for _, body, _ in message["items"]
         ]
-        if segment is not None:
-            self._process_send({"op": "release", "segments": [segment]})
+        if (shared := segment_to_release(segment)) is not None:
+            self._process_send({"op": "release", "segments": [shared]})
         for (key, body, final), outputs in zip(message["items"], outputs_of, strict=True):
             entry = self._open.get(key)
             if entry is None:
@@ -463,8 +463,8 @@ class PythonInstance:
         try:
             arrays = self._reader.arrays(message["segment"], message["inputs"], copy=True)
         finally:
-            if message["segment"] is not None:
-                self._process_send({"op": "release", "segments": [message["segment"]]})
+            if (shared := segment_to_release(message["segment"])) is not None:
+                self._process_send({"op": "release", "segments": [shared]})
         parameters = dict(message["parameters"])
         if message.get("timeout"):  # microseconds, the request timeout a client may set too
             parameters["timeout"] = message["timeout"]

@@ -15,7 +15,8 @@ Requests that wait for an answer carry an id, and the answer names it:
 Messages that need no answer: `cancel` (a request given to the model was cancelled),
 `bls_cancel` (the model cancels a decoupled BLS call), `release` (segments the reader is done
 with), `responses` (a model's responses outside an execution), `log`, `metric_update`.
-Tensors travel in shared memory segments; a message lists them as `TensorRef`s.
+Tensors travel in shared memory segments, or inline when small (a message's `segment` is a
+`wire.Blob`); a message lists them as `TensorRef`s.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from typing import Any, Literal, NotRequired, TypedDict
 
 # name, datatype, shape, offset, size: where one tensor lies in a segment (see wire.py).
 TensorRef = tuple[str, str, tuple[int, ...], int, int]
+# A segment's name, the tensors' bytes inline, or None (no tensor data): see wire.py.
+Blob = str | bytearray | None
 # A response's error: its text and its pb_utils.TritonError code.
 ErrorTuple = tuple[str, int]
 
@@ -62,7 +65,7 @@ class ExecuteMessage(TypedDict):
     op: Literal["execute"]
     id: NotRequired[int]
     model_name: str
-    segment: str | None
+    segment: Blob
     requests: list[RequestItem]
 
 
@@ -86,7 +89,7 @@ class BlsResponseMessage(TypedDict):
     call: int
     error: ErrorTuple | None
     response: BlsResponseBody | None  # None with `final`: the end of a decoupled call
-    segment: str | None
+    segment: Blob
     final: bool
 
 
@@ -128,7 +131,7 @@ class ResponsesMessage(TypedDict):
     """Responses of requests given to the model: (key, body or None for a bare final, final)."""
 
     op: Literal["responses"]
-    segment: str | None
+    segment: Blob
     items: list[tuple[int, ResponseBody | None, bool]]
 
 
@@ -153,7 +156,7 @@ class BlsRequestMessage(TypedDict):
     model: str
     version: str
     inputs: list[TensorRef]
-    segment: str | None
+    segment: Blob
     requested: list[str]
     parameters: dict[str, Any]
     id: str

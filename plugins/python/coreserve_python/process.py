@@ -13,6 +13,7 @@ import contextlib
 import itertools
 import logging
 import os
+import pickle
 import socket
 import struct
 from collections.abc import Callable, Mapping
@@ -22,7 +23,7 @@ from typing import Any
 from coreserve import CoreserveError, InternalError, UnavailableError
 from coreserve_python.messages import FinalizeMessage
 from coreserve_python.spawn import STUB_FD, describe_exit, kill, reap_blocking, spawn_stub, watch_exit
-from coreserve_python.wire import SHM_DIR, Channel, Message, decode_frame, encode_frame
+from coreserve_python.wire import SHM_DIR, Channel, Message, encode_frame
 
 logger = logging.getLogger("coreserve.backend.python")
 _LENGTH = struct.Struct("<I")
@@ -99,7 +100,7 @@ class StubProcess:
         self._on_exit = on_exit
         self.pid: int | None = None
         self._exit: asyncio.Future[int | None] | None = None
-        self._writer: asyncio.StreamWriter | None = None
+        self._writer: asyncio.Transport | None = None
         self._reader_task: asyncio.Task[None] | None = None
         # Replies awaited, by the id of the message they answer (several may wait at once).
         self._replies: dict[int, tuple[str, asyncio.Future[Message]]] = {}
@@ -120,13 +121,14 @@ class StubProcess:
             ours.close()
             raise
         self._exit = watch_exit(self.pid, loop)
+        connection = StubConnection(self._dispatch)
         try:
-            reader, self._writer = await asyncio.open_unix_connection(sock=ours)
+            self._writer, _ = await loop.create_unix_connection(lambda: connection, sock=ours)
         except BaseException:
             ours.close()  # a no-op if the transport took it: it detaches the socket when it closes
             await self._kill_and_reap()
             raise
-        self._reader_task = asyncio.create_task(self._read(reader), name=f"{self.name}:stub-reader")
+        self._reader_task = asyncio.create_task(self._read(connection), name=f"{self.name}:stub-reader")
 
     def send(self, message: Mapping[str, Any]) -> None:
         if self._writer is None or self._writer.is_closing():
@@ -146,25 +148,25 @@ class StubProcess:
         finally:
             self._replies.pop(message_id, None)
 
-    async def _read(self, reader: asyncio.StreamReader) -> None:
-        try:
-            while True:
-                header = await reader.readexactly(_LENGTH.size)
-                message = decode_frame(await reader.readexactly(_LENGTH.unpack(header)[0]))
-                waiting = self._replies.pop(message.get("reply_to", -1), None)
-                if waiting is None:
-                    self._on_message(message)
-                elif waiting[0] != message["op"]:
-                    raise InternalError(
-                        f"the stub answered with '{message['op']}' where '{waiting[0]}' was due"
-                    )
-                elif not waiting[1].done():
-                    waiting[1].set_result(message)
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass  # the stub closed its end: it is exiting
-        except Exception:
+    def _dispatch(self, message: Message) -> None:
+        """Hands a message of the stub to whoever waits for it (by id), or to `on_message`."""
+        waiting = self._replies.pop(message.get("reply_to", -1), None)
+        if waiting is None:
+            self._on_message(message)
+        elif waiting[0] != message["op"]:
+            raise InternalError(f"the stub answered with '{message['op']}' where '{waiting[0]}' was due")
+        elif not waiting[1].done():
+            waiting[1].set_result(message)
+
+    async def _read(self, connection: StubConnection) -> None:
+        """Waits for the end of the stub's socket, then for the stub's exit, and reports it."""
+        if await connection.ended is not None:
             # A message we cannot read (or handle) leaves the stub's state unknown: replace it.
-            logger.exception("the Python stub of %s sent a message the server cannot handle", self.name)
+            logger.error(
+                "the Python stub of %s sent a message the server cannot handle",
+                self.name,
+                exc_info=connection.ended.result(),
+            )
         if self._writer is not None:
             self._writer.close()  # a stub still running takes this as the end (see stub.py)
         code = await self._wait_exit(EXIT_GRACE_S)
@@ -233,6 +235,54 @@ class StubProcess:
             await asyncio.wait([self._reader_task])
         if self.pid is not None and self._exit is not None and self._exit.done():
             remove_segments_of(self.pid)
+
+
+class StubConnection(asyncio.Protocol):
+    """The server's end of a stub's socket: cuts what arrives into messages as it arrives.
+
+    Each message is handled from the event loop's callback for the bytes that carry it (no
+    reader task woken per message, as a StreamReader would need). `ended` resolves when the
+    socket closes: to None, or to the exception that a message which cannot be read or handled
+    raised (the socket is then closed).
+    """
+
+    def __init__(self, handle: Callable[[Message], None]) -> None:
+        self._handle = handle
+        self._pending = bytearray()
+        self._transport: asyncio.BaseTransport | None = None
+        self.ended: asyncio.Future[BaseException | None] = asyncio.get_running_loop().create_future()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        if self._pending:  # the end of a message that came in pieces
+            self._pending += data
+            data = bytes(self._pending)
+            self._pending.clear()
+        view = memoryview(data)
+        offset = 0
+        try:
+            while len(data) - offset >= _LENGTH.size:
+                end = offset + _LENGTH.size + _LENGTH.unpack_from(data, offset)[0]
+                if end > len(data):
+                    break
+                message = pickle.loads(view[offset + _LENGTH.size : end])
+                offset = end
+                self._handle(message)
+        except Exception as exc:
+            self._end(exc)
+            return
+        self._pending += view[offset:]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._end(None)  # (a reset: the stub went away, as surely as with an orderly close)
+
+    def _end(self, error: BaseException | None) -> None:
+        if not self.ended.done():
+            self.ended.set_result(error)
+        if self._transport is not None:
+            self._transport.close()
 
 
 def remove_segments_of(pid: int) -> None:

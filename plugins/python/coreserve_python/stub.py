@@ -44,7 +44,14 @@ from coreserve_python.messages import (
     ResponseBody,
     ResponsesMessage,
 )
-from coreserve_python.wire import Channel, Message, SegmentPool, SegmentReader, write_groups
+from coreserve_python.wire import (
+    Channel,
+    Message,
+    SegmentPool,
+    SegmentReader,
+    segment_to_release,
+    write_groups,
+)
 
 SHIM = Path(__file__).resolve().parent / "shim"
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -157,7 +164,7 @@ class Stub:
         self._channel = channel
         self._pool = SegmentPool("stub")
         self._reader = SegmentReader()
-        self._inbox: queue.Queue[Message | None] = queue.Queue()
+        self._inbox: queue.SimpleQueue[Message | None] = queue.SimpleQueue()
         self._calls: dict[int, BlsCall] = {}
         self._call_ids = itertools.count()
         # The cancellation flags of the requests given to the model and not yet answered in
@@ -319,7 +326,7 @@ class Stub:
             "reply_to": message.get("id"),
             "error": error,
             "responses": responses,
-            "release": [segment] if segment else [],
+            "release": [shared] if (shared := segment_to_release(segment)) else [],
             "rescheduled": rescheduled if error is None else [],
         }
         self._channel.send(done)
@@ -386,7 +393,7 @@ class Stub:
     def _encode_responses(
         self, items: list[tuple[int, pb_utils.InferenceResponse | None, bool]]
     ) -> ResponsesMessage:
-        """Responses as a `responses` message; their tensors go into one shared memory segment."""
+        """Responses as a `responses` message; their tensors go into one segment (or inline)."""
         groups: list[list[tuple[str, Any]]] = []
         for _, response, _ in items:
             group = []
@@ -489,8 +496,8 @@ class Stub:
         response = None
         if body is not None:
             arrays = self._reader.arrays(message["segment"], body["outputs"], copy=True)
-            if message["segment"]:
-                self._channel.send({"op": "release", "segments": [message["segment"]]})
+            if (shared := segment_to_release(message["segment"])) is not None:
+                self._channel.send({"op": "release", "segments": [shared]})
             outputs = [pb_utils.Tensor(name, array) for name, array in arrays.items()]
             response = pb_utils.InferenceResponse(outputs, parameters=body["parameters"])
         return response, message["final"]

@@ -1,10 +1,13 @@
 """What crosses between the server and a stub: framed messages and tensors in shared memory.
 
 Messages are pickled dicts of plain values, each prefixed by its length, on a socket pair.
-Tensor data never goes through the socket: the writer copies the tensors of a message into a
-shared memory segment (a file in /dev/shm, mapped by both processes) and the message says
-where each tensor lies. Segments are pooled and reused; the reader sends their names back
-in a `release` message when it no longer needs them. Standard library and numpy only.
+Large tensor data never goes through the socket: the writer copies the tensors of a message
+into a shared memory segment (a file in /dev/shm, mapped by both processes) and the message
+says where each tensor lies. Segments are pooled and reused; the reader sends their names back
+in a `release` message when it no longer needs them. Tensors that take INLINE_LIMIT bytes or
+less in all travel in the message itself, as one bytearray laid out as a segment would be:
+for them a segment costs more (a copy in, a copy out, and a `release` message that wakes the
+writer's reader thread) than the bytes on the socket. Standard library and numpy only.
 """
 
 from __future__ import annotations
@@ -24,10 +27,16 @@ from typing import Any
 
 import numpy as np
 
+from coreserve_python.messages import Blob
+
 _LENGTH = struct.Struct("<I")
 _LENGTH_BYTES = struct.Struct("<I")
 ALIGNMENT = 64
 SMALLEST_SEGMENT = 64 * 1024
+# The tensors of a message up to this size in all travel inline (see above).
+INLINE_LIMIT = 64 * 1024
+# What one recv asks for: a few small messages at once.
+RECEIVE_CHUNK = 64 * 1024
 SHM_DIR = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
 
 DTYPES: dict[str, Any] = {
@@ -56,6 +65,11 @@ Message = dict[str, Any]
 TensorRef = tuple[str, str, tuple[int, ...], int, int]  # name, datatype, shape, offset, size
 
 
+def segment_to_release(blob: Blob) -> str | None:
+    """The segment a reader must release once done with a message's tensors (None if inline)."""
+    return blob if isinstance(blob, str) else None
+
+
 def datatype_of(array: np.ndarray) -> str:
     if array.dtype.kind in "OSU":
         return "BYTES"
@@ -66,11 +80,17 @@ def datatype_of(array: np.ndarray) -> str:
 
 
 class Channel:
-    """Length-prefixed pickled messages on a blocking socket; `send` may be called from any thread."""
+    """Length-prefixed pickled messages on a blocking socket; `send` may be called from any thread.
+
+    `receive` (one thread at a time) reads what the socket has, up to RECEIVE_CHUNK bytes, and
+    keeps what follows the message for the next call: one recv per message, not one for the
+    length and one for the body.
+    """
 
     def __init__(self, sock: socket.socket) -> None:
         self._sock = sock
         self._send_lock = threading.Lock()
+        self._received = bytearray()
 
     def send(self, message: Mapping[str, Any]) -> None:
         data = pickle.dumps(message, protocol=5)
@@ -79,20 +99,24 @@ class Channel:
 
     def receive(self) -> Message | None:
         """The next message, or None when the other side has gone."""
-        header = self._read(_LENGTH.size)
-        if header is None:
+        if not self._fill(_LENGTH.size):
             return None
-        body = self._read(_LENGTH.unpack(header)[0])
-        return None if body is None else pickle.loads(body)
+        end = _LENGTH.size + _LENGTH.unpack_from(self._received)[0]
+        if not self._fill(end):
+            return None
+        body = bytes(memoryview(self._received)[_LENGTH.size : end])
+        del self._received[:end]
+        message: Message = pickle.loads(body)
+        return message
 
-    def _read(self, size: int) -> bytes | None:
-        chunks = bytearray()
-        while len(chunks) < size:
-            chunk = self._sock.recv(size - len(chunks))
+    def _fill(self, size: int) -> bool:
+        """Reads until `size` bytes are buffered; False if the other side closed first."""
+        while len(self._received) < size:
+            chunk = self._sock.recv(max(RECEIVE_CHUNK, size - len(self._received)))
             if not chunk:
-                return None
-            chunks += chunk
-        return bytes(chunks)
+                return False
+            self._received += chunk
+        return True
 
     def close(self) -> None:
         self._sock.close()
@@ -101,11 +125,6 @@ class Channel:
 def encode_frame(message: Mapping[str, Any]) -> bytes:
     data = pickle.dumps(message, protocol=5)
     return _LENGTH.pack(len(data)) + data
-
-
-def decode_frame(body: bytes) -> Message:
-    message: Message = pickle.loads(body)
-    return message
 
 
 class Segment:
@@ -142,8 +161,8 @@ class SegmentPool:
         self._all: dict[str, Segment] = {}
         self._lock = threading.Lock()
 
-    def write(self, arrays: list[tuple[str, np.ndarray]]) -> tuple[str | None, list[TensorRef]]:
-        """Copies named arrays into one segment; returns its name and where each array lies."""
+    def write(self, arrays: list[tuple[str, np.ndarray]]) -> tuple[Blob, list[TensorRef]]:
+        """Copies named arrays into one segment, or inline when small; returns it and the refs."""
         blobs = []
         total = 0
         for name, array in arrays:
@@ -154,17 +173,14 @@ class SegmentPool:
             total += -(-size // ALIGNMENT) * ALIGNMENT
         if total == 0:
             return None, [(name, datatype, shape, 0, 0) for name, datatype, shape, _, _, _ in blobs]
+        refs = [(name, datatype, shape, offset, size) for name, datatype, shape, offset, size, _ in blobs]
+        if total <= INLINE_LIMIT:
+            inline = bytearray(total)
+            _fill(inline, blobs)
+            return inline, refs
         segment = self._allocate(total)
-        for _, _, _, offset, size, data in blobs:
-            if isinstance(data, bytes):
-                segment.map[offset : offset + size] = data
-            else:
-                np.frombuffer(segment.map, dtype=np.uint8, count=size, offset=offset)[:] = data.reshape(
-                    -1
-                ).view(np.uint8)
-        return segment.name, [
-            (name, datatype, shape, offset, size) for name, datatype, shape, offset, size, _ in blobs
-        ]
+        _fill(segment.map, blobs)
+        return segment.name, refs
 
     def _allocate(self, size: int) -> Segment:
         with self._lock:
@@ -193,9 +209,20 @@ class SegmentPool:
             self._free.clear()
 
 
+def _fill(buffer: Any, blobs: list[tuple[str, str, tuple[int, ...], int, int, Any]]) -> None:
+    """Copies each blob's data (bytes or a contiguous array) to its offset in `buffer`."""
+    for _, _, _, offset, size, data in blobs:
+        if isinstance(data, bytes):
+            buffer[offset : offset + size] = data
+        else:
+            np.frombuffer(buffer, dtype=np.uint8, count=size, offset=offset)[:] = data.reshape(-1).view(
+                np.uint8
+            )
+
+
 def write_groups(
     pool: SegmentPool, groups: list[list[tuple[str, np.ndarray]]]
-) -> tuple[str | None, list[list[TensorRef]]]:
+) -> tuple[Blob, list[list[TensorRef]]]:
     """Writes the tensors of several requests or responses into one segment; the refs of each.
 
     Each group's tensor names are unique within it, not across groups: the refs come back per
@@ -216,28 +243,36 @@ class SegmentReader:
     def __init__(self) -> None:
         self._mapped: dict[str, Segment] = {}
 
-    def arrays(self, name: str | None, refs: list[TensorRef], copy: bool) -> dict[str, np.ndarray]:
-        """The arrays a message describes: views into the segment, or copies when `copy`."""
+    def arrays(self, name: Blob, refs: list[TensorRef], copy: bool) -> dict[str, np.ndarray]:
+        """The arrays a message describes: views into its segment (copies when `copy`) or its
+        inline bytes (views always: the message's bytearray belongs to nobody else)."""
         if name is None:
             return {ref[0]: _empty(ref[1], ref[2]) for ref in refs}
+        if isinstance(name, bytearray):
+            return _views(name, refs, copy=False)
         segment = self._mapped.get(name)
         if segment is None:
             segment = self._mapped[name] = Segment(SHM_DIR / name, 0, create=False)
-        result = {}
-        for tensor_name, datatype, shape, offset, size in refs:
-            if datatype == "BYTES":
-                result[tensor_name] = deserialize_bytes(segment.map[offset : offset + size]).reshape(shape)
-                continue
-            dtype = DTYPES[datatype]
-            count = size // np.dtype(dtype).itemsize
-            view = np.frombuffer(segment.map, dtype=dtype, count=count, offset=offset).reshape(shape)
-            result[tensor_name] = view.copy() if copy else view
-        return result
+        return _views(segment.map, refs, copy)
 
     def close(self) -> None:
         for segment in self._mapped.values():
             segment.close()
         self._mapped.clear()
+
+
+def _views(buffer: Any, refs: list[TensorRef], copy: bool) -> dict[str, np.ndarray]:
+    """The arrays `refs` place in `buffer` (a mapped segment or an inline bytearray)."""
+    result = {}
+    for tensor_name, datatype, shape, offset, size in refs:
+        if datatype == "BYTES":
+            result[tensor_name] = deserialize_bytes(memoryview(buffer)[offset : offset + size]).reshape(shape)
+            continue
+        dtype = DTYPES[datatype]
+        count = size // np.dtype(dtype).itemsize
+        view = np.frombuffer(buffer, dtype=dtype, count=count, offset=offset).reshape(shape)
+        result[tensor_name] = view.copy() if copy else view
+    return result
 
 
 def _empty(datatype: str, shape: tuple[int, ...]) -> np.ndarray:

@@ -80,6 +80,20 @@ def test_add_one_with_args_and_parameters(client: httpclient.InferenceServerClie
     assert parameters["version"] == "1" and parameters["request_id"] == "r1" and parameters["echo"] == "hello"
 
 
+@pytest.mark.parametrize("elements", [4, 4 * 1024 * 1024], ids=["inline", "shared-memory"])
+def test_tensors_cross_inline_or_in_shared_memory(
+    client: httpclient.InferenceServerClient, elements: int
+) -> None:
+    # Small tensors travel in the message, large ones in a shared memory segment: both arrive
+    # intact, writable, and with BYTES elements beside them.
+    data = np.random.default_rng(elements).normal(size=elements).astype(np.float32)
+    text = np.array([b"small", b"x" * 1000], dtype=np.object_)
+    for _ in range(3):  # the second and third reuse the first one's segments
+        result = _infer(client, "in_place", {"INPUT0": data, "TEXT": text})
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), data + 1)
+        assert result.as_numpy("TEXT_OUT").tolist() == [b"SMALL", b"X" * 1000]
+
+
 def test_instances_are_processes_that_run_in_parallel(server: ServerProcess) -> None:
     def call(seconds: float) -> tuple[int, np.ndarray]:
         client = httpclient.InferenceServerClient(server.http_url, network_timeout=60)
