@@ -9,7 +9,7 @@ a test sees exactly which bytes went out, in which order, without any sleep.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -109,3 +109,23 @@ def post(path: str, body: bytes, *, headers: str = "") -> bytes:
     return (
         f"POST {path} HTTP/1.1\r\nHost: test\r\nContent-Length: {len(body)}\r\n{headers}\r\n".encode() + body
     )
+
+
+Scenario = Callable[[RunningServer, RecordingHandler], Awaitable[None]]
+
+
+def run_with_server(
+    scenario: Scenario, *, max_body_size: int = 1 << 20, limits: HttpLimits | None = None
+) -> RecordingHandler:
+    """Runs `scenario` against a server of a new RecordingHandler; returns the handler.
+
+    The whole run is bounded, so that a hang fails the test.
+    """
+    handler = RecordingHandler()
+
+    async def main() -> None:
+        async with serving(handler, max_body_size=max_body_size, limits=limits) as running:
+            await scenario(running, handler)
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+    return handler

@@ -9,24 +9,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import zlib
-from collections.abc import Awaitable, Callable
 
 import orjson
 import pytest
-from http_server_doubles import RecordingHandler, RunningServer, get, post, read_response, serving
-
-Scenario = Callable[[RunningServer, RecordingHandler], Awaitable[None]]
-
-
-def _run(scenario: Scenario, **server_options: object) -> RecordingHandler:
-    handler = RecordingHandler()
-
-    async def main() -> None:
-        async with serving(handler, **server_options) as running:  # type: ignore[arg-type]
-            await scenario(running, handler)
-
-    asyncio.run(asyncio.wait_for(main(), 60))
-    return handler
+from http_server_doubles import (
+    RecordingHandler,
+    RunningServer,
+    get,
+    post,
+    read_response,
+    run_with_server,
+)
 
 
 async def _closed_by_server(reader: asyncio.StreamReader) -> bool:
@@ -54,7 +47,7 @@ def test_pipelined_requests_are_handled_one_at_a_time_and_answered_in_order() ->
         assert all(answer.status == 200 and "connection" not in answer.headers for answer in answers)
         await _done(writer)
 
-    handler = _run(scenario)
+    handler = run_with_server(scenario)
     assert handler.events == ["begin /slow", "end /slow", "begin /b", "end /b", "begin /c", "end /c"]
 
 
@@ -68,7 +61,7 @@ def test_a_keep_alive_connection_serves_request_after_request() -> None:
         assert len(running.server.connections) == 1
         await _done(writer)
 
-    _run(scenario)
+    run_with_server(scenario)
 
 
 @pytest.mark.parametrize(
@@ -89,7 +82,7 @@ def test_a_request_that_asks_to_close_gets_its_answer_then_the_connection_closes
         assert await _closed_by_server(reader)
         await _done(writer)
 
-    handler = _run(scenario)
+    handler = run_with_server(scenario)
     assert [request.path for request in handler.requests] == ["/last"]
 
 
@@ -102,7 +95,7 @@ def test_a_body_arriving_byte_by_byte_is_one_body() -> None:
         assert (await read_response(reader)).body == b"POST /drip 0123456789"
         await _done(writer)
 
-    handler = _run(scenario)
+    handler = run_with_server(scenario)
     assert [request.body for request in handler.requests] == [b"0123456789"]
 
 
@@ -122,7 +115,7 @@ def test_a_chunked_request_body_is_joined_and_trailers_are_read_past() -> None:
         assert (await read_response(reader)).body == b"GET /after "
         await _done(writer)
 
-    handler = _run(scenario)
+    handler = run_with_server(scenario)
     assert handler.requests[0].headers["transfer-encoding"] == "chunked"
 
 
@@ -136,7 +129,7 @@ def test_expect_100_continue_is_answered_before_the_body_is_sent() -> None:
         assert (await read_response(reader)).body == b"POST /big body"
         await _done(writer)
 
-    _run(scenario)
+    run_with_server(scenario)
 
 
 def test_a_body_over_the_limit_is_refused_with_413_before_it_is_sent() -> None:
@@ -150,7 +143,7 @@ def test_a_body_over_the_limit_is_refused_with_413_before_it_is_sent() -> None:
         assert orjson.loads(answer.body) == {"error": "request body too large: the limit is 10 bytes"}
         await _done(writer)
 
-    handler = _run(scenario, max_body_size=10)
+    handler = run_with_server(scenario, max_body_size=10)
     assert handler.requests == []
 
 
@@ -166,7 +159,7 @@ def test_a_chunked_body_that_grows_over_the_limit_is_refused_with_413() -> None:
         assert await _closed_by_server(reader)
         await _done(writer)
 
-    handler = _run(scenario, max_body_size=10)
+    handler = run_with_server(scenario, max_body_size=10)
     assert handler.requests == []
 
 
@@ -182,7 +175,7 @@ def test_a_streamed_answer_is_sent_as_one_chunk_per_piece() -> None:
         assert (await read_response(reader)).body == b"GET /next "  # the connection goes on
         await _done(writer)
 
-    _run(scenario)
+    run_with_server(scenario)
 
 
 @pytest.mark.parametrize(
@@ -200,7 +193,7 @@ def test_an_answer_is_compressed_only_as_the_request_accepts(accept: str, coding
             assert len(answer.body) < 100
         await _done(writer)
 
-    _run(scenario)
+    run_with_server(scenario)
 
 
 def test_a_failing_handler_gets_500_logged_once_and_the_connection_closes(
@@ -220,7 +213,7 @@ def test_a_failing_handler_gets_500_logged_once_and_the_connection_closes(
         await _done(writer)
 
     with caplog.at_level(logging.ERROR, logger="coreserve.server.http_wire"):
-        handler = _run(scenario)
+        handler = run_with_server(scenario)
     assert [record.getMessage() for record in caplog.records] == ["HTTP request failed"]
     assert [request.path for request in handler.requests] == ["/broken", "/fine"]
 
@@ -243,7 +236,7 @@ def test_a_malformed_request_gets_400_and_reaches_no_handler(garbage: bytes) -> 
         assert orjson.loads(answer.body)["error"].startswith("malformed HTTP request: ")
         await _done(writer)
 
-    handler = _run(scenario)
+    handler = run_with_server(scenario)
     assert [request.path for request in handler.requests] == ["/first"]
 
 
@@ -261,7 +254,7 @@ def test_a_client_that_leaves_mid_request_is_reported_to_the_handler() -> None:
         assert handler.requests[0].disconnected
         release.set()
 
-    _run(scenario)
+    run_with_server(scenario)
 
 
 def test_stopping_lets_the_running_request_finish_and_closes_idle_connections() -> None:
@@ -284,4 +277,4 @@ def test_stopping_lets_the_running_request_finish_and_closes_idle_connections() 
         await _done(idle_writer)
         await _done(writer)
 
-    _run(scenario)
+    run_with_server(scenario)

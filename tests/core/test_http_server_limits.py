@@ -7,27 +7,14 @@ the tests assert what the client receives when one runs out, never how long it t
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
 
 import orjson
 import pytest
-from http_server_doubles import RecordingHandler, RunningServer, get, read_response, serving
+from http_server_doubles import RecordingHandler, RunningServer, get, read_response, run_with_server
 
 from coreserve.server.http_limits import HttpLimits
 
-Scenario = Callable[[RunningServer, RecordingHandler], Awaitable[None]]
 SHORT = 0.2  # seconds: a timeout the tests let run out
-
-
-def _run(scenario: Scenario, limits: HttpLimits) -> RecordingHandler:
-    handler = RecordingHandler()
-
-    async def main() -> None:
-        async with serving(handler, limits=limits) as running:
-            await scenario(running, handler)
-
-    asyncio.run(asyncio.wait_for(main(), 60))
-    return handler
 
 
 async def _refusal(running: RunningServer, request: bytes) -> tuple[int, str, bool]:
@@ -62,7 +49,7 @@ def test_a_request_over_a_size_limit_is_refused_before_any_handler(
         assert await _refusal(running, request_bytes) == (status, message, True)
 
     limits = HttpLimits(max_url_size=100, max_header_count=3, max_header_size=256)
-    assert _run(scenario, limits).requests == []
+    assert run_with_server(scenario, limits=limits).requests == []
 
 
 def test_headers_that_do_not_arrive_in_time_get_408() -> None:
@@ -70,7 +57,7 @@ def test_headers_that_do_not_arrive_in_time_get_408() -> None:
         expected = (408, f"request headers not received within {SHORT:g}s", True)
         assert await _refusal(running, b"GET /slow HTTP/1.1\r\nHost: te") == expected
 
-    assert _run(scenario, HttpLimits(header_timeout=SHORT)).requests == []
+    assert run_with_server(scenario, limits=HttpLimits(header_timeout=SHORT)).requests == []
 
 
 def test_a_body_that_stops_arriving_gets_408() -> None:
@@ -79,7 +66,7 @@ def test_a_body_that_stops_arriving_gets_408() -> None:
         expected = (408, f"request body: nothing received for {SHORT:g}s", True)
         assert await _refusal(running, half_sent) == expected
 
-    assert _run(scenario, HttpLimits(body_timeout=SHORT)).requests == []
+    assert run_with_server(scenario, limits=HttpLimits(body_timeout=SHORT)).requests == []
 
 
 def test_an_idle_keep_alive_connection_is_closed_without_an_answer() -> None:
@@ -91,7 +78,7 @@ def test_an_idle_keep_alive_connection_is_closed_without_an_answer() -> None:
         writer.close()
         await writer.wait_closed()
 
-    _run(scenario, HttpLimits(keepalive_timeout=SHORT))
+    run_with_server(scenario, limits=HttpLimits(keepalive_timeout=SHORT))
 
 
 def test_a_slow_handler_is_not_cut_short_by_the_connection_timeouts() -> None:
@@ -106,7 +93,7 @@ def test_a_slow_handler_is_not_cut_short_by_the_connection_timeouts() -> None:
         await writer.wait_closed()
 
     limits = HttpLimits(header_timeout=SHORT, body_timeout=SHORT, keepalive_timeout=SHORT)
-    _run(scenario, limits)
+    run_with_server(scenario, limits=limits)
 
 
 def test_connections_over_the_limit_get_503_and_service_resumes() -> None:
@@ -125,5 +112,5 @@ def test_connections_over_the_limit_get_503_and_service_resumes() -> None:
         writer.close()
         await writer.wait_closed()
 
-    handler = _run(scenario, HttpLimits(max_connections=1))
+    handler = run_with_server(scenario, limits=HttpLimits(max_connections=1))
     assert [request.path for request in handler.requests] == ["/first", "/third"]
