@@ -7,17 +7,21 @@ follow from the queue alone.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 from scheduling_doubles import (
     RecordingInstance,
     finish,
     make_request,
     model_config,
+    recording_sink,
     run_scenario,
     settle,
     signature_and_statistics,
 )
 
+from coreserve.backend.responder import Responder
 from coreserve.errors import InvalidArgumentError
 from coreserve.scheduling.sequence import SequenceBatcher
 from coreserve.types import InferenceRequest
@@ -33,17 +37,29 @@ control_input [
 """
 
 
+class Accumulator(RecordingInstance):
+    """Answers OUT = the sequence's running total (its implicit state ACC) plus IN."""
+
+    async def execute(self, requests: Sequence[InferenceRequest], responder: Responder) -> None:
+        self.batches.append([request.id for request in requests])
+        self.requests.extend(requests)
+        for request in requests:
+            total = request.inputs["ACC_IN"] + request.inputs["IN"]
+            responder.send(request, {"OUT": total, "ACC_OUT": total})
+
+
 def _batcher(
-    strategy: str = "", *, max_batch: int = 2, instances: int = 1
+    strategy: str = "", *, max_batch: int = 2, instances: int = 1, state: str = ""
 ) -> tuple[SequenceBatcher, list[RecordingInstance]]:
     config = model_config(
         f'name: "m" max_batch_size: {max_batch} '
         'input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ] '
         'output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ] '
-        f"sequence_batching {{ max_sequence_idle_microseconds: {FOREVER_US} {strategy} {CONTROLS} }}"
+        f"sequence_batching {{ max_sequence_idle_microseconds: {FOREVER_US} {strategy} {CONTROLS} {state} }}"
     )
     signature, statistics = signature_and_statistics(config)
-    recorders = [RecordingInstance(f"instance{index}") for index in range(instances)]
+    kind = Accumulator if state else RecordingInstance
+    recorders = [kind(f"instance{index}") for index in range(instances)]
     return SequenceBatcher(signature, statistics, recorders, config.sequence_batching, None), recorders
 
 
@@ -202,5 +218,37 @@ def test_a_sequence_that_ended_says_so_to_its_next_request() -> None:
         batcher.submit(_step("again", log, 5, start=True, end=True))  # a new start is welcome
         await finish(batcher)
         assert instance.batches == [["only"], ["again"]]
+
+    run_scenario(scenario)
+
+
+def test_each_sequence_carries_its_own_state_from_request_to_request() -> None:
+    async def scenario() -> None:
+        state = 'state [ { input_name: "ACC_IN" output_name: "ACC_OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]'
+        batcher, [instance] = _batcher(state=state)
+        log: Log = []
+        plan = [  # (name, sequence id, IN, start, end)
+            ("a1", 1, 1, True, False),
+            ("b1", 2, 10, True, False),
+            ("a2", 1, 2, False, False),
+            ("b2", 2, 20, False, True),
+            ("a3", 1, 3, False, True),
+            ("a4", 1, 5, True, True),  # started again: from the initial state
+        ]
+        sinks = {}
+        for name, sequence_id, value, start, end in plan:
+            request = _step(name, log, sequence_id, start=start, end=end)
+            request.inputs["IN"][:] = value
+            sinks[name] = recording_sink(request)
+            batcher.submit(request)
+        batcher.start()
+        await finish(batcher)
+        totals = {}
+        for name, sink in sinks.items():
+            response = sink.responses[-1]
+            assert response is not None and list(response.outputs) == ["OUT"]  # the state stays inside
+            totals[name] = int(response.outputs["OUT"][0, 0])
+        assert totals == {"a1": 1, "a2": 3, "a3": 6, "a4": 5, "b1": 10, "b2": 30}
+        assert instance.batches == [["a1", "b1"], ["a2", "b2"], ["a3"], ["a4"]]
 
     run_scenario(scenario)
