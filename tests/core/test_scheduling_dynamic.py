@@ -31,10 +31,12 @@ Log = list[tuple[str, str]]
 FOREVER_US = 600_000_000
 
 
-def _batcher(batching: str, max_batch: int = 8) -> tuple[DynamicBatcher, RecordingInstance]:
+def _batcher(
+    batching: str, max_batch: int = 8, ragged: bool = False
+) -> tuple[DynamicBatcher, RecordingInstance]:
     config = model_config(
         f'name: "m" max_batch_size: {max_batch} '
-        'input [ { name: "IN" data_type: TYPE_INT32 dims: [ -1 ] } ] '
+        f'input [ {{ name: "IN" data_type: TYPE_INT32 dims: [ -1 ] allow_ragged_batch: {str(ragged).lower()} }} ] '
         'output [ { name: "OUT" data_type: TYPE_INT32 dims: [ -1 ] } ] '
         f"dynamic_batching {{ {batching} }}"
     )
@@ -86,6 +88,19 @@ def test_only_requests_of_the_same_shape_share_a_batch() -> None:
         await finish(batcher)
         # The batch stops at the first request that does not fit; order is never changed.
         assert instance.batches == [["a", "b"], ["c"], ["d"]]
+
+    run_scenario(scenario)
+
+
+def test_ragged_inputs_batch_whatever_their_lengths() -> None:
+    async def scenario() -> None:
+        batcher, instance = _batcher("", max_batch=3, ragged=True)
+        log: Log = []
+        for name, width in [("a", 2), ("b", 5), ("c", 1), ("d", 3)]:
+            batcher.submit(make_request(name, log, width=width))
+        batcher.start()
+        await finish(batcher)
+        assert instance.batches == [["a", "b", "c"], ["d"]]  # only max_batch_size cuts them
 
     run_scenario(scenario)
 
