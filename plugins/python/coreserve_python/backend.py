@@ -20,6 +20,15 @@ from coreserve_python.messages import AutoCompleteMessage
 from coreserve_python.process import run_once
 
 AUTO_COMPLETE_TIMEOUT_S = 120.0
+FORCE_CPU_ONLY_INPUT_TENSORS = "FORCE_CPU_ONLY_INPUT_TENSORS"
+
+
+def check_input_memory_parameter(config: ModelConfig) -> None:
+    """FORCE_CPU_ONLY_INPUT_TENSORS takes "yes" or "no", as on Triton (its load error, stray quote
+    included). Inputs reach a model in host memory with either: the server holds them there."""
+    entry = config.parameters.get(FORCE_CPU_ONLY_INPUT_TENSORS)
+    if entry is not None and entry.string_value not in ("yes", "no"):
+        raise ModelConfigError(f"Incorrect value for {FORCE_CPU_ONLY_INPUT_TENSORS}: {entry.string_value}'")
 
 
 class PythonBackend(BaseBackend):
@@ -55,6 +64,7 @@ class PythonBackend(BaseBackend):
         self, model: ModelFiles, config: ModelConfig, placement: InstancePlacement, server: ServerContext
     ) -> ModelInstance:
         self.check_model_file(model)
+        check_input_memory_parameter(config)
         # Unpacking a packed environment takes seconds: not on the event loop.
         launch = await asyncio.to_thread(stub_launch, config, model.name, model.path)
         instance = PythonInstance(launch, model, config, placement, server)

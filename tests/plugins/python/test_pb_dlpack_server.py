@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
 
 from coreserve.testing import ServerProcess
 from model_builders import write_model
@@ -99,20 +100,32 @@ class TritonPythonModel:
 
 
 @pytest.fixture(scope="module")
-def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpclient.InferenceServerClient]:
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     root = tmp_path_factory.mktemp("pb-dlpack")
     write_model(root, "torch_cpu", TORCH_MODEL.encode(), TORCH_CONFIG % ("cpu", "no"), filename="model.py")
     write_model(root, "reported_gpu", REPORTED_GPU_MODEL.encode(), REPORTED_GPU_CONFIG, filename="model.py")
+    write_model(
+        root, "force_cpu_maybe", TORCH_MODEL.encode(), TORCH_CONFIG % ("cpu", "Yes"), filename="model.py"
+    )
+    loaded = ["torch_cpu", "reported_gpu"]
     if CUDA:
         write_model(
             root, "torch_cuda", TORCH_MODEL.encode(), TORCH_CONFIG % ("cuda", "yes"), filename="model.py"
         )
-    server = ServerProcess([root])
+        loaded.append("torch_cuda")
+    server = ServerProcess(
+        [root], ["--model-control-mode=explicit", *(f"--load-model={name}" for name in loaded)]
+    )
     server.start(timeout=120)
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def client(server: ServerProcess) -> Iterator[httpclient.InferenceServerClient]:
     client = httpclient.InferenceServerClient(server.http_url, network_timeout=60)
     yield client
     client.close()
-    server.close()
 
 
 def _infer(
@@ -136,6 +149,16 @@ def test_tensors_in_gpu_memory_leave_the_stub_as_outputs_and_bls_inputs(
     result = _infer(client, "reported_gpu", [0.5, 1.0, -2.0, 8.0])
     assert result.as_numpy("OUTPUT0").tolist() == [1.0, 2.0, -4.0, 16.0]
     assert result.as_numpy("PLUS_ONE").tolist() == [2.0, 3.0, -3.0, 17.0]
+
+
+def test_force_cpu_only_input_tensors_takes_yes_or_no(
+    server: ServerProcess, client: httpclient.InferenceServerClient
+) -> None:
+    with pytest.raises(InferenceServerException) as caught:
+        client.load_model("force_cpu_maybe")
+    assert "Incorrect value for FORCE_CPU_ONLY_INPUT_TENSORS: Yes'" in caught.value.message()
+    assert client.is_model_ready("torch_cpu") and not client.is_model_ready("force_cpu_maybe")
+    assert "Traceback" not in server.log  # a configuration mistake, not a server fault
 
 
 @pytest.mark.skipif(not CUDA, reason="no CUDA device")
