@@ -15,6 +15,9 @@ The error texts are Triton 2.51's (python_backend/src/pb_tensor.cc).
 from __future__ import annotations
 
 import ctypes
+import importlib
+import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -219,20 +222,27 @@ def host_or_device(value: Any) -> np.ndarray | DeviceTensor:
 
 def _capsule_owner(capsule: Any) -> Any:
     """A producer for a bare capsule: CPU ones are read by numpy; a CUDA capsule needs a
-    framework that can own device memory (torch, else CuPy), as numpy cannot."""
+    framework that can own device memory (torch or CuPy), as numpy cannot: the one the model
+    has imported (it made the capsule), else whichever imports."""
     producer = CapsuleProducer(capsule)
-    device_type = producer.__dlpack_device__()[0]
-    if device_type != KDL_CUDA:
+    if producer.__dlpack_device__()[0] != KDL_CUDA:
         return producer
-    for module_name in ("torch", "cupy"):
-        try:
-            module = __import__(module_name)
-        except ImportError:
-            continue
+    frameworks = ("torch", "cupy")
+    loaded = [sys.modules[name] for name in frameworks if name in sys.modules]
+    for module in loaded or _importable(frameworks):
         return module.from_dlpack(producer)
     raise TritonModelException(
         "a DLPack capsule in GPU memory needs torch or cupy in the model's environment to hold it"
     )
+
+
+def _importable(names: tuple[str, ...]) -> Iterator[Any]:
+    """The modules of `names` that import, in that order."""
+    for name in names:
+        try:
+            yield importlib.import_module(name)
+        except ImportError:
+            continue
 
 
 def host_copy(tensor: DeviceTensor) -> np.ndarray:
