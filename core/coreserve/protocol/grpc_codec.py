@@ -196,6 +196,8 @@ def decode_model_infer_request(
     except RequestMismatchError as exc:  # Triton names the request in these
         raise RequestMismatchError(with_request_id(message.id, exc.message)) from None
     parameters = {key: parameter_value(value) for key, value in message.parameters.items()}
+    if "priority" in message.parameters:
+        _check_priority(message.parameters["priority"])
     class_counts = {}
     for output in message.outputs:
         if CLASSIFICATION in output.parameters:
@@ -240,6 +242,19 @@ def _decode_inputs(
         else:
             inputs[name] = _array_from_contents(tensor, datatype, shape)
     return inputs
+
+
+def _check_priority(parameter: pb.InferParameter) -> None:
+    """Refuses a `priority` that is not a non-negative integer, in the words of Triton's gRPC frontend."""
+    choice = parameter.WhichOneof("parameter_choice")
+    if choice not in ("int64_param", "uint64_param"):
+        raise InvalidArgumentError(
+            "invalid value type for 'priority' parameter, expected int64_param or uint64_param."
+        )
+    if parameter.int64_param < 0:
+        raise InvalidArgumentError(
+            f"invalid value for 'priority', expected value >= 0. (got {parameter.int64_param})"
+        )
 
 
 def _class_count(parameter: pb.InferParameter, output_name: str) -> int:

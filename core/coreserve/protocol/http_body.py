@@ -14,7 +14,12 @@ import numpy as np
 import orjson
 
 from coreserve.config.signature import TensorSpec
-from coreserve.errors import InvalidArgumentError, RequestMismatchError, with_request_id
+from coreserve.errors import (
+    InvalidArgumentError,
+    RequestMismatchError,
+    quoted_value,
+    with_request_id,
+)
 from coreserve.protocol.classification import PARAMETER as CLASSIFICATION
 from coreserve.protocol.classification import parse_class_count
 from coreserve.protocol.shared_memory import (
@@ -129,6 +134,8 @@ def decode_infer_request(
     except RequestMismatchError as exc:  # Triton names the request in these
         raise RequestMismatchError(with_request_id(request_id, exc.message)) from None
 
+    if isinstance(document.get("parameters"), dict):
+        check_priority(document["parameters"])
     parameters = parse_parameters(document.get("parameters"), "the request")
     encoding = OutputEncoding(binary_by_default=parameters.pop("binary_data_output", False) is True)
     requested = _requested_outputs(document.get("outputs"), encoding, regions)
@@ -226,6 +233,21 @@ def parse_parameters(value: object, where: str) -> dict[str, ParameterValue]:
                 f"parameter '{key}' of {where} must be a boolean, number or string, got {type(item).__name__}"
             )
     return value
+
+
+def check_priority(parameters: dict[str, Any]) -> None:
+    """Refuses a `priority` that is not a JSON unsigned integer, in Triton's words.
+
+    Triton's HTTP frontend answers this with a 500; a client's mistake is a 400 here (README).
+    """
+    if "priority" not in parameters:
+        return
+    priority = parameters["priority"]
+    if type(priority) is not int or not 0 <= priority < 2**64:
+        raise InvalidArgumentError(
+            "Unable to parse 'priority': attempt to access JSON non-unsigned-integer as unsigned-integer "
+            f"(got {quoted_value(priority)}; a priority is an integer >= 0, 0 for the model's default)"
+        )
 
 
 def _requested_outputs(

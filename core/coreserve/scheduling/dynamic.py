@@ -104,13 +104,9 @@ class DynamicBatcher(Scheduler):
             raise InvalidArgumentError(
                 f"request parameter 'priority' must be a non-negative integer, got {priority!r}"
             )
-        if priority == 0 or self._levels == 1:
-            return self._default_level if self._levels > 1 else 1
-        if priority > self._levels:
-            raise InvalidArgumentError(
-                f"request priority {priority} is outside 1..{self._levels}, the priority levels of model "
-                f"'{self.signature.model_name}'"
-            )
+        # As Triton (InferenceRequest::SetPriority): 0 and levels beyond the model's get its default.
+        if priority == 0 or priority > self._levels:
+            return self._default_level
         return priority
 
     def _enqueue(self, request: InferenceRequest) -> None:
