@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from coreserve.server.grpc_native.headers import RequestHeaders
+from coreserve.server.grpc_native.messages import MessageReader, MessageTooLarge
 
 if TYPE_CHECKING:
     from coreserve.server.grpc_native.connection import Http2Connection
@@ -98,7 +99,7 @@ class Call:
         self.stream_id = stream_id
         self.headers = headers
         self.handler = handler
-        self.partial = bytearray()
+        self.reader = MessageReader()
         self.messages: deque[bytes] = deque()
         self.half_closed = False  # the client sent END_STREAM
         self.reset = False  # the client reset the stream, or the connection went
@@ -121,23 +122,19 @@ class Call:
 
     # Receiving -----------------------------------------------------------------------------
 
-    def receive(self, payload: memoryview | bytes, max_size: int) -> None:
-        """Adds DATA bytes; splits out complete messages (CallAborted when one is refused)."""
-        buffer = self.partial
-        buffer += payload
-        while len(buffer) >= 5:
-            compressed, length = _MESSAGE_PREFIX.unpack_from(buffer)
-            if length > max_size:
-                raise CallAborted(
-                    RESOURCE_EXHAUSTED, f"Received message larger than max ({length} vs. {max_size})"
-                )
-            if len(buffer) < 5 + length:
-                break
-            message = bytes(memoryview(buffer)[5 : 5 + length])
-            del buffer[: 5 + length]
-            if compressed:
-                message = _decompress(message, self.headers.encoding, max_size)
-            self.messages.append(message)
+    def receive(self, payload: memoryview, max_size: int, stable: bool = False) -> None:
+        """Adds DATA bytes (`stable`: a view of bytes that never change, kept without a copy);
+        splits out complete messages (CallAborted when one is refused)."""
+        try:
+            complete = self.reader.feed(payload, stable, max_size)
+        except MessageTooLarge as exc:
+            raise CallAborted(
+                RESOURCE_EXHAUSTED, f"Received message larger than max ({exc.length} vs. {max_size})"
+            ) from None
+        for compressed, message in complete:
+            self.messages.append(
+                _decompress(message, self.headers.encoding, max_size) if compressed else message
+            )
         self._wake()
 
     def close_input(self) -> None:
@@ -157,7 +154,7 @@ class Call:
                 self.connection.consumed(self)
                 yield decode(message)
             if self.half_closed:
-                if self.partial:
+                if self.reader.inside_message:
                     raise CallAborted(INTERNAL, "the stream ended inside a message")
                 return
             self.waiter = asyncio.get_running_loop().create_future()
@@ -216,7 +213,7 @@ class Call:
                 self.deadline_timer.cancel()
 
     def _single_message(self) -> bytes:
-        if len(self.messages) != 1 or self.partial:
+        if len(self.messages) != 1 or self.reader.inside_message:
             raise CallAborted(
                 UNIMPLEMENTED if not self.messages else INTERNAL,
                 "a unary call needs exactly one request message",

@@ -39,6 +39,7 @@ MAX_FRAME_SIZE = 1024 * 1024  # frames we accept: fewer, larger frames for large
 MAX_HEADER_LIST = 16 * 1024  # gRPC's own limit on metadata
 MAX_HEADER_BLOCK = 64 * 1024  # encoded; a larger block ends the connection before decoding
 MAX_CONCURRENT = 1024
+STREAMED_DATA = 64 * 1024  # DATA frames this large are handed on before their last byte is in
 # --grpc-infer-response-compression-level as zlib's levels
 GZIP_LEVELS = {"none": 0, "low": 1, "medium": 6, "high": 9}
 
@@ -67,6 +68,9 @@ class Http2Connection(asyncio.Protocol):
         self.calls: dict[int, Call] = {}
         self._last_stream = 0
         self._continuation: tuple[int, int, bytearray] | None = None
+        # A large DATA frame read as it comes: its stream, flags and the payload bytes still due.
+        self._streamed: tuple[int, int] = (0, 0)
+        self._streamed_due = 0
         self._received = 0  # connection window we owe the client
         self.outbound = Outbound(self._write, self._stream_done)
         self._out: list[bytes | memoryview] = []
@@ -120,9 +124,15 @@ class Http2Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         buffer = self._buffer
-        buffer += data
         position = 0
         try:
+            rest: bytes | memoryview = data
+            if self._streamed_due:  # the read buffer is empty: the payload goes on from `data`
+                rest = self._stream_data(memoryview(data))
+                if not rest:
+                    self._flush()
+                    return
+            buffer += rest
             if not self._preface:
                 if len(buffer) < 24:
                     if not wire.PREFACE.startswith(bytes(buffer)):
@@ -139,6 +149,14 @@ class Http2Connection(asyncio.Protocol):
                 if length > MAX_FRAME_SIZE:
                     raise ConnectionFault(wire.FRAME_SIZE_ERROR, f"a frame of {length} bytes")
                 if size - position - 9 < length:
+                    if (
+                        length >= STREAMED_DATA
+                        and buffer[position + 3] == wire.DATA
+                        and not buffer[position + 4] & wire.PADDED
+                        and self._continuation is None
+                    ):
+                        self._start_streamed_data(buffer, view, position, length)
+                        position = size
                     break
                 kind = buffer[position + 3]
                 flags = buffer[position + 4]
@@ -158,6 +176,26 @@ class Http2Connection(asyncio.Protocol):
         self._flush()
 
     # Frames --------------------------------------------------------------------------------
+
+    def _start_streamed_data(self, buffer: bytearray, view: memoryview, position: int, length: int) -> None:
+        """A large DATA frame only partly read: its payload is handed on as it comes, so that
+        its bytes go from the socket's chunks into their message with one copy."""
+        flags = buffer[position + 4]
+        stream_id = int.from_bytes(buffer[position + 5 : position + 9], "big") & 0x7FFFFFFF
+        available = len(buffer) - position - 9
+        self._streamed = (stream_id, flags)
+        self._streamed_due = length - available
+        self._data(flags & ~wire.END_STREAM, stream_id, view[position + 9 :])
+
+    def _stream_data(self, data: memoryview) -> memoryview:
+        """Hands on the part of `data` that continues a streamed DATA frame; returns the rest."""
+        take = min(self._streamed_due, len(data))
+        self._streamed_due -= take
+        stream_id, flags = self._streamed
+        if self._streamed_due:
+            flags &= ~wire.END_STREAM
+        self._data(flags, stream_id, data[:take], stable=True)
+        return data[take:]
 
     def _frame(self, kind: int, flags: int, stream_id: int, payload: memoryview) -> None:
         if self._continuation is not None and kind != wire.CONTINUATION:
@@ -303,7 +341,7 @@ class Http2Connection(asyncio.Protocol):
             return None
         return wire.RESPONSE_HEADERS + wire.status_trailers(*status)
 
-    def _data(self, flags: int, stream_id: int, payload: memoryview) -> None:
+    def _data(self, flags: int, stream_id: int, payload: memoryview, stable: bool = False) -> None:
         if stream_id == 0:
             raise ConnectionFault(wire.PROTOCOL_ERROR, "DATA on stream 0")
         size = len(payload)
@@ -327,7 +365,7 @@ class Http2Connection(asyncio.Protocol):
             self._reset(call, wire.FLOW_CONTROL_ERROR)
             return
         try:
-            call.receive(payload, self.max_message_size)
+            call.receive(payload, self.max_message_size, stable)
         except CallAborted as refusal:
             # A fresh status: the raised one's traceback holds views of the read buffer.
             call.cancel(CallAborted(refusal.code, refusal.details))
