@@ -56,7 +56,7 @@ BATCH_NOTE = (
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     repository = tmp_path_factory.mktemp("repository")
     write_model(repository, "add_sub", add_sub_model("FP32", ["batch", 4]), ADD_SUB)
-    # Version 1 serves, version 2's file is not a model: version 2 is UNAVAILABLE.
+    # Version 2's file is not a model: version 2 is UNAVAILABLE and, as in Triton, so is version 1.
     folder = write_model(
         repository, "two_versions", add_sub_model("FP32", ["batch", 4]), ADD_SUB + "version_policy { all {} }"
     )
@@ -132,18 +132,9 @@ HTTP_CASES: dict[str, tuple[str, str, bytes | None, str]] = {
         GOOD,
         "Request for unknown model: 'add_sub' version 7 is not found",
     ),
-    "malformed version": (
-        "POST",
-        "/v2/models/add_sub/versions/abc/infer",
-        GOOD,
-        "failed to get model version from specified version string 'abc'",
-    ),
-    "negative version": (
-        "POST",
-        "/v2/models/add_sub/versions/-1/infer",
-        GOOD,
-        "invalid model version specified '-1'",
-    ),
+    # Triton's routes take a version of digits only: any other is no endpoint at all.
+    "malformed version": ("POST", "/v2/models/add_sub/versions/abc/infer", GOOD, "Not Found"),
+    "negative version": ("POST", "/v2/models/add_sub/versions/-1/infer", GOOD, "Not Found"),
     "version not ready": (
         "POST",
         "/v2/models/two_versions/versions/2/infer",
@@ -252,9 +243,9 @@ HTTP_CASES: dict[str, tuple[str, str, bytes | None, str]] = {
 
 
 # The status the real Triton 2.51 answers where it is not 400 (checked with the same requests).
-# A malformed or negative version in the path is 400 here; Triton's routes do not match such a
-# path at all (404 "Not Found").
 TRITON_STATUS = {
+    "malformed version": 404,
+    "negative version": 404,
     "unknown model": 404,
     "unknown model metadata": 404,
     "unknown model config": 404,

@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 import enum
 import logging
-import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -38,6 +37,7 @@ from coreserve.repository.model import Model, ModelState
 from coreserve.repository.namespaces import ModelTable, ambiguous, qualified
 from coreserve.repository.overrides import LoadOverrides, write_override_files
 from coreserve.repository.sources import RepositorySource, check_model_name
+from coreserve.repository.unloading import UNLOADED, close_model, unload_loaded_versions
 
 logger = logging.getLogger(__name__)
 
@@ -267,6 +267,8 @@ class ModelRepository:
                 )
                 self._close_later(new)
                 return new
+            if failed:
+                await unload_loaded_versions(new, self._drain_timeout)
             self._models[key] = new
             self._unloaded.discard(key)
             if old is not None:
@@ -280,24 +282,7 @@ class ModelRepository:
         task.add_done_callback(self._closing.discard)
 
     async def _close(self, model: Model) -> None:
-        for version in model.versions.values():
-            version.state = ModelState.UNLOADING
-        await asyncio.gather(
-            *(
-                version.scheduler.close(self._drain_timeout)
-                for version in model.versions.values()
-                if version.scheduler is not None
-            )
-        )
-        for version in model.versions.values():
-            version.state = ModelState.UNAVAILABLE
-            version.reason = "unloaded"
-        if (
-            self._cache_dir is not None
-            and model.path is not None
-            and model.path.is_relative_to(self._cache_dir / "overrides")
-        ):
-            shutil.rmtree(model.path.parent, ignore_errors=True)
+        await close_model(model, self._drain_timeout, self._cache_dir)
 
     def _refuse_unless_explicit(self, action: str) -> None:
         if self.mode is not ControlMode.EXPLICIT:
@@ -435,10 +420,11 @@ def _not_in_repository(name: str) -> InternalError:
 def _reason(model: Model) -> str:
     if model.reason:
         return model.reason
-    # In Triton's words: "version 1 is at UNAVAILABLE state: <why>;" for each version.
+    # In Triton's words: "version 1 is at UNAVAILABLE state: <why>;" for each version that
+    # failed (not for those unloaded because another failed, as Triton).
     reasons = [
         f"version {v.version} is at {v.current_state} state: {v.reason};"
         for v in model.versions.values()
-        if v.reason
+        if v.reason and v.reason != UNLOADED
     ]
     return " ".join(reasons) or "it did not become ready"

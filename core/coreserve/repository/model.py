@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from coreserve.config.signature import ModelSignature
-from coreserve.errors import InvalidArgumentError, NotFoundError, UnavailableError
+from coreserve.errors import InvalidArgumentError, NotFoundError, UnavailableError, clipped
 from coreserve.protos.model_config_pb2 import ModelConfig
 from coreserve.scheduling import ModelStatistics, Scheduler
 
@@ -122,17 +123,23 @@ class Model:
 
 
 def parse_version(text: str) -> int:
-    """The version number a request names; raises in Triton's words for anything but 1, 2, ..."""
-    # isdigit() alone also accepts digits that int() refuses, such as '²'.
-    if text.isascii() and text.isdigit() and int(text) >= 1:
-        return int(text)
-    try:
-        int(text)
-    except ValueError:
+    """The version number a request names, read as Triton reads it (std::stoll).
+
+    Leading blanks and a sign are allowed and what follows the digits is ignored ("1x" is 1, as
+    in Triton); 0 names no version there is (not found); anything else raises in Triton's words.
+    """
+    match = _LEADING_INTEGER.match(text)
+    number = int(match[1]) if match is not None else None
+    if number is None or not -(2**63) <= number < 2**63:
         raise InvalidArgumentError(
-            f"failed to get model version from specified version string '{text}', "
+            f"failed to get model version from specified version string '{clipped(text)}' (details: stol), "
             "version should be an integral value > 0"
-        ) from None
-    raise InvalidArgumentError(
-        f"invalid model version specified '{text}', version should be an integral value > 0"
-    )
+        )
+    if number < 0:
+        raise InvalidArgumentError(
+            f"invalid model version specified '{clipped(text)}' , version should be an integral value > 0"
+        )
+    return number
+
+
+_LEADING_INTEGER = re.compile(r"[ \t\n\v\f\r]*([+-]?[0-9]+)")

@@ -24,7 +24,7 @@ from coreserve.errors import (
 )
 from coreserve.protocol.classification import ClassifyingSink, check_classifiable
 from coreserve.repository import Model, ModelRepository, ModelVersion, parse_load_parameters
-from coreserve.repository.model import parse_version
+from coreserve.repository.model import ModelState, parse_version
 from coreserve.responses import QueuedResponses, SingleResponse
 from coreserve.server import request_log
 from coreserve.server.cuda_shared_memory import CudaSharedMemory, load_cuda_runtime
@@ -155,10 +155,10 @@ class DataPlane:
         }
 
     def model_config(self, name: str, version: str = "") -> ModelConfig:
+        """The configuration of a model that serves (NOT_FOUND / UNAVAILABLE otherwise, as Triton)."""
         model = self.repository.get(name)
-        if version or model.config is None:
-            return model.version(version).config
-        return model.config
+        chosen = model.version(version)
+        return model.config if not version and model.config is not None else chosen.config
 
     def submit(self, request: InferenceRequest, sink: ResponseSink) -> None:
         """Checks a request against the model and schedules it; `sink` gets its responses.
@@ -280,22 +280,25 @@ class DataPlane:
     def statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
         """Statistics of every model, of one model's versions, or of one version."""
         if not name:
-            versions = [v for model in self.repository.models() for v in _by_number(model)]
+            versions = [v for model in self.repository.models() for v in _loaded(model)]
             return {"model_stats": [v.statistics.as_dict() for v in versions]}
-        # INVALID_ARG (HTTP 400) for an unknown model or version, as Triton 2.51 answers here.
+        # INVALID_ARG (HTTP 400) for an unknown model or version, as Triton 2.51 answers here; a
+        # model that failed to load (no loaded version) is not available either.
         try:
             model = self.repository.get(name)
         except NotFoundError as exc:
             raise InvalidArgumentError(f"requested model '{name}' is not available ({exc.message})") from None
+        versions = _loaded(model)
+        if not versions:
+            raise InvalidArgumentError(f"requested model '{name}' is not available (no version is loaded)")
         if version:
             number = parse_version(version)
-            if number not in model.versions:
+            versions = [v for v in versions if v.version == number]
+            if not versions:
                 raise InvalidArgumentError(
-                    f"requested model version is not available for model '{name}' (no version {number})"
+                    f"requested model version is not available for model '{name}' (version {number} is "
+                    "not loaded)"
                 )
-            versions = [model.versions[number]]
-        else:
-            versions = _by_number(model)
         return {"model_stats": [v.statistics.as_dict() for v in versions]}
 
     async def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
@@ -332,5 +335,7 @@ def _classifying(model_version: ModelVersion, counts: dict[str, int], sink: Resp
     return ClassifyingSink(sink, counts, model_version.labels, signature.batching)
 
 
-def _by_number(model: Model) -> list[ModelVersion]:
-    return [model.versions[number] for number in sorted(model.versions)]
+def _loaded(model: Model) -> list[ModelVersion]:
+    """The versions of a model that loaded, by number: those that statistics report, as Triton."""
+    loaded = [version for version in model.versions.values() if version.state is ModelState.READY]
+    return sorted(loaded, key=lambda version: version.version)

@@ -139,7 +139,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     @_unary("health")
     async def ModelReady(self, request: pb.ModelReadyRequest, context: Any) -> pb.ModelReadyResponse:
-        self._dataplane.repository.get(request.name)  # unknown model: NOT_FOUND
+        # Not ready, as Triton answers, for an unknown model too; a malformed version is an error.
         return pb.ModelReadyResponse(ready=self._dataplane.model_ready(request.name, request.version))
 
     @_unary("metadata")

@@ -6,10 +6,8 @@ import base64
 import binascii
 import contextlib
 import logging
-import re
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
-from urllib.parse import unquote
 
 import orjson
 
@@ -26,6 +24,7 @@ from coreserve.server.codec_threads import CodecThreads
 from coreserve.server.dataplane import DataPlane
 from coreserve.server.http_encoding import BodyTooLarge, decompress
 from coreserve.server.http_limits import DEFAULT_HTTP_LIMITS, HttpLimits
+from coreserve.server.http_router import Handler, Router, unrouted_message
 from coreserve.server.http_shared_memory import shared_memory_routes
 from coreserve.server.http_tls import HttpTls
 from coreserve.server.http_wire import HttpRequest, HttpResponse, HttpServer, Response, StreamedResponse
@@ -54,8 +53,6 @@ HTTP_STATUS = {
     ErrorCode.UNKNOWN: 500,
 }
 
-Handler = Callable[[HttpRequest], Awaitable[Response]]
-
 
 def error_response(status: int, message: str) -> HttpResponse:
     return HttpResponse(status, orjson.dumps({"error": message}), "application/json")
@@ -79,49 +76,6 @@ def _handles_errors(handler: Handler, category: str, restrictions: ApiRestrictio
             return error_response(413, "request body too large once decompressed")
 
     return wrapper
-
-
-class Router:
-    """Finds the handler of a method and path; `{name}` segments become match_info entries.
-
-    Clients call the same few paths over and over, so resolved paths are remembered (up to
-    CACHE_SIZE of them) and a repeated path skips the patterns.
-    """
-
-    CACHE_SIZE = 4096
-
-    def __init__(self) -> None:
-        self._routes: list[tuple[str, re.Pattern[str], Handler]] = []
-        self._resolved: dict[tuple[str, str], tuple[Handler, dict[str, str]] | None] = {}
-
-    def add(self, method: str, path: str, handler: Handler) -> None:
-        pattern = re.sub(r"\\\{(\w+)\\\}", r"(?P<\1>[^/]+)", re.escape(path))
-        self._routes.append((method, re.compile(f"^{pattern}$"), handler))
-        self._resolved.clear()
-
-    def resolve(self, request: HttpRequest) -> Handler | None:
-        key = (request.method, request.path)
-        try:
-            found = self._resolved[key]
-        except KeyError:
-            found = self._match(*key)
-            if len(self._resolved) >= self.CACHE_SIZE:
-                self._resolved.clear()
-            self._resolved[key] = found
-        if found is None:
-            return None
-        handler, match_info = found
-        request.match_info = dict(match_info)
-        return handler
-
-    def _match(self, method: str, path: str) -> tuple[Handler, dict[str, str]] | None:
-        for route_method, pattern, handler in self._routes:
-            if route_method != method:
-                continue
-            match = pattern.match(path)
-            if match is not None:
-                return handler, {name: unquote(value) for name, value in match.groupdict().items()}
-        return None
 
 
 class HttpFrontend:
@@ -190,7 +144,7 @@ class HttpFrontend:
     async def _dispatch(self, request: HttpRequest) -> Response:
         handler = self._router.resolve(request)
         if handler is None:
-            return error_response(404, f"unknown endpoint: {request.method} {_quoted_path(request.path)}")
+            return error_response(404, unrouted_message(request.method, request.path))
         return await handler(request)
 
     async def start(self) -> None:
@@ -217,10 +171,9 @@ class HttpFrontend:
 
     async def _model_ready(self, request: HttpRequest) -> HttpResponse:
         info = request.match_info
-        self._dataplane.repository.get(info["model"])  # unknown model: 404
-        return HttpResponse(
-            200 if self._dataplane.model_ready(info["model"], info.get("version", "")) else 400
-        )
+        if self._dataplane.model_ready(info["model"], info.get("version", "")):
+            return HttpResponse(200)
+        return error_response(400, "Model version not ready")  # as Triton, for an unknown model too
 
     async def _model_config(self, request: HttpRequest) -> HttpResponse:
         info = request.match_info
@@ -437,11 +390,6 @@ def _mark(trace: RequestTrace | None, name: str) -> None:
 def _output_bytes(response: InferenceResponse) -> int:
     """Roughly how large a response's data is (BYTES arrays count their pointers only)."""
     return sum(array.nbytes for array in response.outputs.values())
-
-
-def _quoted_path(path: str, limit: int = 200) -> str:
-    """The path as an error message quotes it: a long one cut short, so that it is not echoed whole."""
-    return path if len(path) <= limit else f"{path[:limit]}… ({len(path)} characters)"
 
 
 def _json_object(body: bytes, what: str) -> dict[str, Any]:
