@@ -51,7 +51,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
         ADD_SUB.replace('"add_sub"', '"wrong_type"').replace("TYPE_FP32", "TYPE_INT32"),
     )
     write_model(repository, "no_versions", None, ADD_SUB.replace('"add_sub"', '"no_versions"'), versions=())
-    write_model(repository, "needs_tensorflow", b"", 'backend: "tensorflow"', filename="model.savedmodel")
+    write_model(repository, "needs_dali", b"", 'backend: "dali"', filename="model.dali")
     write_model(
         repository, "not_onnx", b"this is not an onnx file", ADD_SUB.replace('"add_sub"', '"not_onnx"')
     )
@@ -106,7 +106,7 @@ UNAVAILABLE_REASONS = {
     "wrong_names": "configuration input 'OTHER' is not an input of the ONNX model",
     "wrong_type": "the configuration says INT32, the ONNX model has FP32",
     "no_versions": "has no version folder to serve",
-    "needs_tensorflow": "backend 'tensorflow' is not served by any installed backend",
+    "needs_dali": "backend 'dali' is not served by any installed backend",
     "not_onnx": "onnxruntime cannot load",
     "misnamed": "config field 'name' is 'add_sub', but the model's folder is named 'misnamed'",
     "bad_batching": "preferred_batch_size' holds 16, outside 1..max_batch_size (8)",
