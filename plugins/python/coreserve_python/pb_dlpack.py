@@ -9,7 +9,7 @@ tensor leaves the stub (a response's output, a BLS request's input) is it copied
 
 Capsules are read with ctypes (a DLManagedTensor, legacy or versioned) without consuming them:
 a capsule still named "dltensor" frees its tensor when it is collected, as the protocol says.
-The error texts are Triton 2.51's (python_backend/src/pb_tensor.cc).
+The error texts are Triton 2.51's (python_backend/src/pb_tensor.cc, checked against its server).
 """
 
 from __future__ import annotations
@@ -30,8 +30,9 @@ KDL_CUDA = 2
 KDL_CUDA_HOST = 3  # pinned host memory: CPU memory to Triton and to numpy
 _HOST_DEVICES = (KDL_CPU, KDL_CUDA_HOST)
 
+# Eight spaces inside, as Triton's answer has them (a line continuation in its string literal).
 NOT_SUPPORTED_TEXT = (
-    "Provided tensor is not supported. Tensor must be a DLPack capsule "
+    "Provided tensor is not supported. Tensor must be a DLPack capsule         "
     "or have `__dlpack__` and `__dlpack_device__` attributes"
 )
 NOT_CONTIGUOUS_TEXT = (

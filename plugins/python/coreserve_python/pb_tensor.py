@@ -33,6 +33,14 @@ def _text(value: str | bytes, what: str) -> str:
     raise TypeError(f"{what} must be str or bytes, got {type(value).__name__}")
 
 
+def _tensor_name(name: str | bytes) -> str:
+    """A tensor's name as text; Triton refuses an empty one."""
+    text = _text(name, "a tensor's name")
+    if text == "":
+        raise TritonModelException(pb_dlpack.EMPTY_NAME_TEXT)
+    return text
+
+
 class Tensor:
     """A named tensor: a numpy array in host memory (BYTES: an object array of bytes), or a
     tensor in GPU memory given to `from_dlpack`, kept there (see coreserve_python.pb_dlpack)."""
@@ -44,7 +52,7 @@ class Tensor:
             raise TritonModelException(f"tensor '{name!s}' needs a numpy array, got {type(data).__name__}")
         if data.dtype.kind in "SU":
             data = data.astype(np.object_)
-        self._name = _text(name, "a tensor's name")
+        self._name = _tensor_name(name)
         self._data = data
 
     def name(self) -> str:
@@ -107,13 +115,12 @@ class Tensor:
     def from_dlpack(name: str, capsule: Any) -> Tensor:
         """A tensor sharing the memory of a DLPack capsule or of an object with `__dlpack__`
         (a torch tensor, a numpy or CuPy array): a CUDA tensor stays on its GPU."""
-        if name == "":
-            raise TritonModelException(pb_dlpack.EMPTY_NAME_TEXT)
+        checked_name = _tensor_name(name)
         held = pb_dlpack.host_or_device(capsule)
         if isinstance(held, np.ndarray):
-            return Tensor(name, held)
+            return Tensor(checked_name, held)
         tensor = Tensor.__new__(Tensor)
-        tensor._name = _text(name, "a tensor's name")
+        tensor._name = checked_name
         tensor._data = None  # type: ignore[assignment]
         tensor._device = held
         return tensor

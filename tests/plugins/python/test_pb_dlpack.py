@@ -1,6 +1,7 @@
 """pb_utils.Tensor and DLPack, in process: zero-copy exchange with torch and numpy, where the
 memory lies, and Triton 2.51's error texts (python_backend/src/pb_tensor.cc, quoted literally
-below). The CUDA tests run where torch sees a CUDA device and skip elsewhere."""
+below as its server answers them to the same calls in a model.py, spaces included). The CUDA
+tests run where torch sees a CUDA device and skip elsewhere."""
 
 from __future__ import annotations
 
@@ -68,7 +69,7 @@ def test_triton_error_texts_for_what_dlpack_cannot_take() -> None:
         == "Tensor name cannot be an empty string."
     )
     assert refused(lambda: pb_utils.Tensor.from_dlpack("X", [1.0, 2.0])) == (
-        "Provided tensor is not supported. Tensor must be a DLPack capsule "
+        "Provided tensor is not supported. Tensor must be a DLPack capsule         "
         "or have `__dlpack__` and `__dlpack_device__` attributes"
     )
     transposed = torch.arange(6.0).reshape(2, 3).t()
