@@ -325,3 +325,21 @@ def test_closing_lets_the_running_batch_finish_then_closes_the_instance() -> Non
         assert instance.closed
 
     run_scenario(scenario)
+
+
+def test_closing_sends_at_once_the_batch_that_waits_for_its_queue_delay() -> None:
+    async def scenario() -> None:
+        # As Triton drains its queue on unload: the delay (600 s) is far beyond the close's timeout.
+        batcher, instance = _batcher(f"max_queue_delay_microseconds: {FOREVER_US}", max_batch=4)
+        log: Log = []
+        batcher.start()
+        for index in range(2):
+            batcher.submit(make_request(f"r{index}", log))
+        await settle()
+        assert instance.batches == []  # two of four: waiting for company
+        await batcher.close(timeout=5)
+        assert instance.batches == [["r0", "r1"]]
+        assert log == [("r0", "final"), ("r1", "final")]
+        assert instance.closed
+
+    run_scenario(scenario)

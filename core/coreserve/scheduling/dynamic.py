@@ -196,7 +196,7 @@ class DynamicBatcher(Scheduler):
                 queue, sizes, complete = self._candidate()
                 if queue is None:
                     return []
-                if complete or now_ns() - queue[0].queued_ns >= self._delay_ns:
+                if complete or self._closed or now_ns() - queue[0].queued_ns >= self._delay_ns:
                     return self._pop(queue, len(sizes))
                 preferred = [count for count, size in enumerate(sizes, start=1) if size in self._preferred]
                 if preferred:
@@ -205,6 +205,9 @@ class DynamicBatcher(Scheduler):
                 remaining = (queue[0].queued_ns + self._delay_ns - now_ns()) / 1e9
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._arrived.wait(), max(remaining, 0.0))
+
+    def _send_what_waits(self) -> None:
+        self._arrived.set()  # the batch being formed stops waiting: it is sent as it is
 
     def _pop(self, queue: deque[InferenceRequest], count: int) -> list[InferenceRequest]:
         batch = [queue.popleft() for _ in range(count)]

@@ -134,6 +134,10 @@ class Scheduler:
         while self._queue:
             yield self._queue.popleft()
 
+    def _send_what_waits(self) -> None:
+        """Called when closing begins: a batch waiting for more requests must go at once, as
+        Triton drains its queues on unload (the default scheduler never waits)."""
+
     def _wake_worker(self) -> None:
         while self._waiters:
             waiter = self._waiters.popleft()
@@ -207,6 +211,7 @@ class Scheduler:
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         self._closed = True
+        self._send_what_waits()
         if self.response_cache is not None:
             self.response_cache.close()  # its answers go with it (unload, or a reload's new files)
         if self.pending or self._busy:
