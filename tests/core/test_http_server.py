@@ -179,7 +179,15 @@ def test_a_streamed_answer_is_sent_as_one_chunk_per_piece() -> None:
 
 
 @pytest.mark.parametrize(
-    ("accept", "coding"), [("gzip", "gzip"), ("br, deflate", "deflate"), ("identity", None), ("br", None)]
+    ("accept", "coding"),
+    [
+        ("gzip", "gzip"),
+        ("br, deflate", "deflate"),
+        ("identity", None),
+        ("br", None),
+        ("gzip;q=0", None),
+        ("gzip;q=0, deflate;q=0.5", "deflate"),
+    ],
 )
 def test_an_answer_is_compressed_only_as_the_request_accepts(accept: str, coding: str | None) -> None:
     async def scenario(running: RunningServer, handler: RecordingHandler) -> None:

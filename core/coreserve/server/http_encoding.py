@@ -51,13 +51,43 @@ def _inflate(body: bytes, wbits: int, limit: int) -> tuple[zlib._Decompress, byt
         raise ValueError(str(exc)) from None
 
 
+# The codings a response may take; identity (no coding) is always acceptable unless refused.
+_CODINGS = ("gzip", "deflate", "identity")
+
+
 def accepted_encoding(accept: str) -> str | None:
-    """The encoding to compress a response with, of those an Accept-Encoding header offers."""
-    offered = {part.split(";")[0].strip().lower() for part in accept.split(",")}
-    for encoding in ("gzip", "deflate"):
-        if encoding in offered:
-            return encoding
-    return None
+    """The encoding to compress a response with, as an Accept-Encoding header ranks them (RFC 9110
+    12.5.3); None sends the body as it is.
+
+    As Triton 2.51 chooses: the listed coding of gzip, deflate and identity with the highest q
+    wins (q defaults to 1, the first listed wins a tie), q=0 refuses a coding, a coding whose q is
+    not a number is passed over, and `*` is answered with identity (which `*` allows). Names are
+    read case-insensitively as RFC 9110 says (Triton ignores `GZIP`). Nothing acceptable (`identity;q=0` alone, `*;q=0`) also gets identity: a readable answer beats a 406.
+    """
+    best: str | None = None
+    best_weight = 0.0
+    for element in accept.split(","):
+        coding, _, parameters = element.partition(";")
+        coding = coding.strip().lower()
+        if coding not in _CODINGS:
+            continue
+        weight = _weight(parameters)
+        if weight is not None and weight > best_weight:
+            best, best_weight = coding, weight
+    return None if best == "identity" else best
+
+
+def _weight(parameters: str) -> float | None:
+    """The q value of one Accept-Encoding element's parameters (1 without one), None if malformed."""
+    for parameter in parameters.split(";"):
+        name, equals, value = parameter.partition("=")
+        if equals and name.strip().lower() == "q":
+            try:
+                weight = float(value.strip())
+            except ValueError:
+                return None
+            return weight if weight == weight else None  # NaN ranks nowhere
+    return 1.0
 
 
 def compress(body: bytes, encoding: str) -> bytes:
