@@ -49,6 +49,7 @@ TARGET_RATIO = 0.8
 TRITON_TARGET_RATIO = 1.5
 PATHS = ("gRPC unary", "gRPC streaming", "HTTP binary")
 TRITON_PATHS = ("Triton gRPC unary", "Triton gRPC streaming")
+GRPCIO_PATHS = ("grpcio gRPC unary", "grpcio gRPC streaming")  # --compare-grpcio
 # The add model for Triton's python backend: onnxruntime in the stub process.
 TRITON_MODEL_PY = """
 import os
@@ -129,6 +130,11 @@ def main() -> None:
         default="grpcio",
         help="coreserve's --grpc-server (default grpcio)",
     )
+    parser.add_argument(
+        "--compare-grpcio",
+        action="store_true",
+        help="with --grpc-server native: a second coreserve on grpcio joins the rounds",
+    )
     args = parser.parse_args()
     analyzer = perf_analyzer()
     if analyzer is None:
@@ -143,12 +149,24 @@ def main() -> None:
     if args.triton_cmd:
         triton, triton_url = _start_triton(args.triton_cmd, repository.parent / "triton")
         paths = PATHS + TRITON_PATHS
+    baseline = None
+    baseline_url = ""
+    if args.compare_grpcio and args.grpc_server == "native":
+        baseline = start_server(repository, "--grpc-server=grpcio")
+        baseline_url = baseline.grpc_url
+        paths += GRPCIO_PATHS
     drive = {
         "gRPC unary": lambda c: run_perf_analyzer(analyzer, "add", "grpc", server.grpc_url, c, args.seconds),
         "gRPC streaming": lambda c: run_perf_analyzer(
             analyzer, "add", "grpc", server.grpc_url, c, args.seconds, extra=["--streaming"]
         ),
         "HTTP binary": lambda c: run_perf_analyzer(analyzer, "add", "http", server.http_url, c, args.seconds),
+        "grpcio gRPC unary": lambda c: run_perf_analyzer(
+            analyzer, "add", "grpc", baseline_url, c, args.seconds
+        ),
+        "grpcio gRPC streaming": lambda c: run_perf_analyzer(
+            analyzer, "add", "grpc", baseline_url, c, args.seconds, extra=["--streaming"]
+        ),
         "Triton gRPC unary": lambda c: run_perf_analyzer(
             analyzer, "add", "grpc", triton_url, c, args.seconds
         ),
@@ -171,6 +189,8 @@ def main() -> None:
                     )
     finally:
         server.close()
+        if baseline is not None:
+            baseline.close()
         if triton is not None:
             triton.terminate()
             triton.wait(timeout=60)
