@@ -1,4 +1,4 @@
-"""`pb_utils.Tensor`: a named tensor in host memory, or in GPU memory when given by DLPack.
+"""`pb_utils.Tensor`, a named tensor in host memory or in GPU memory, and the memory types.
 
 Host tensors are numpy arrays, as in Triton's python backend; `from_dlpack` shares the memory of
 its argument and keeps a CUDA tensor on its GPU (coreserve_python.pb_dlpack holds it and copies
@@ -8,6 +8,7 @@ behaviour and error texts with Triton 2.51's pb_tensor.cc.
 
 from __future__ import annotations
 
+import enum
 from typing import Any
 
 import numpy as np
@@ -22,6 +23,25 @@ _DATATYPE_NUMBERS = {
     "BOOL": 1, "UINT8": 2, "UINT16": 3, "UINT32": 4, "UINT64": 5, "INT8": 6, "INT16": 7,
     "INT32": 8, "INT64": 9, "FP16": 10, "FP32": 11, "FP64": 12, "BYTES": 13, "BF16": 14,
 }  # fmt: skip
+
+
+class MemoryType(enum.IntEnum):
+    """Where a BLS caller prefers its output tensors (Triton's numbering)."""
+
+    TRITONSERVER_MEMORY_GPU = 0
+    TRITONSERVER_MEMORY_CPU = 1
+
+
+TRITONSERVER_MEMORY_GPU = MemoryType.TRITONSERVER_MEMORY_GPU
+TRITONSERVER_MEMORY_CPU = MemoryType.TRITONSERVER_MEMORY_CPU
+
+
+class PreferredMemory:
+    """A BLS request's preferred output memory; outputs reach a model in CPU memory here."""
+
+    def __init__(self, preferred_memory_type: MemoryType | int, preferred_device_id: int = 0) -> None:
+        self.preferred_memory_type = MemoryType(preferred_memory_type)
+        self.preferred_device_id = int(preferred_device_id)
 
 
 def _text(value: str | bytes, what: str) -> str:

@@ -21,7 +21,15 @@ from coreserve_python.pb_errors import TritonError, TritonModelException
 from coreserve_python.pb_management import is_model_ready, load_model, unload_model
 from coreserve_python.pb_metrics import MetricFamily
 from coreserve_python.pb_model_config import ModelConfig
-from coreserve_python.pb_tensor import _DATATYPE_NUMBERS, Tensor, _text  # noqa: F401  (names of pb_utils)
+from coreserve_python.pb_tensor import (  # noqa: F401  (_DATATYPE_NUMBERS: a name of pb_utils for tests)
+    _DATATYPE_NUMBERS,
+    TRITONSERVER_MEMORY_CPU,
+    TRITONSERVER_MEMORY_GPU,
+    MemoryType,
+    PreferredMemory,
+    Tensor,
+    _text,
+)
 from coreserve_python.pb_types import (
     TRITON_STRING_TO_NUMPY,
     deserialize_bytes_tensor,
@@ -76,25 +84,6 @@ TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
 TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
 TRITONSERVER_REQUEST_RELEASE_ALL = 1
 TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
-
-
-class MemoryType(enum.IntEnum):
-    """Where a BLS caller prefers its output tensors (Triton's numbering)."""
-
-    TRITONSERVER_MEMORY_GPU = 0
-    TRITONSERVER_MEMORY_CPU = 1
-
-
-TRITONSERVER_MEMORY_GPU = MemoryType.TRITONSERVER_MEMORY_GPU
-TRITONSERVER_MEMORY_CPU = MemoryType.TRITONSERVER_MEMORY_CPU
-
-
-class PreferredMemory:
-    """A BLS request's preferred output memory; outputs reach a model in CPU memory here."""
-
-    def __init__(self, preferred_memory_type: MemoryType | int, preferred_device_id: int = 0) -> None:
-        self.preferred_memory_type = MemoryType(preferred_memory_type)
-        self.preferred_device_id = int(preferred_device_id)
 
 
 class InferenceTrace:
