@@ -190,7 +190,7 @@ class DynamicBatcher(Scheduler):
                 return queue, sizes, True
         return queue, sizes, False
 
-    async def _take_batch(self) -> list[InferenceRequest]:
+    async def _take_batch(self, index: int) -> list[InferenceRequest]:
         async with self._forming:
             while True:
                 queue, sizes, complete = self._candidate()

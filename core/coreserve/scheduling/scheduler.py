@@ -2,8 +2,10 @@
 
 Each instance has a worker task that takes the next batch from the scheduler's queue and
 executes it, so an instance runs one batch at a time and requests run in parallel across
-instances. Subclasses decide how requests queue and how a batch is formed; the default
-scheduler runs each request alone, in arrival order.
+instances. The scheduler keeps the bookkeeping every kind shares: the workers, what is queued
+and executing, idleness, and closing. Subclasses decide how requests queue, which instance may
+take what, and how a batch is formed (hooks `_enqueue`, `_has_work`, `_wait_for_work`,
+`_take_batch`, `_batch_done`); the default scheduler runs each request alone, in arrival order.
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ CANCELLED_CLOSE_GRACE_S = 10.0
 class Scheduler:
     """Queues the requests of one model version and runs them on its instances."""
 
+    # Whether the model's response cache (if any) may answer a request instead of an instance.
+    answers_from_cache = True
+
     def __init__(
         self,
         signature: ModelSignature,
@@ -51,7 +56,8 @@ class Scheduler:
         self.decoupled = decoupled
         self._queue: deque[InferenceRequest] = deque()
         self._waiters: deque[asyncio.Future[None]] = deque()
-        self._workers: list[asyncio.Task[None]] = []
+        # The instances' workers, and any task of a subclass that ends with them.
+        self._tasks: list[asyncio.Task[None]] = []
         self._busy = 0
         self._executing = 0
         self._idle = asyncio.Event()
@@ -80,10 +86,14 @@ class Scheduler:
     def start(self) -> None:
         self._idle.set()
         for index, instance in enumerate(self.instances):
-            # An instance may run several batches at once (an ensemble's runs only wait on others).
-            for slot in range(getattr(instance, "concurrency", 1)):
+            for slot in range(self._workers_for(instance)):
                 name = f"{self.signature.model_name}:{self.model_version}:instance{index}:{slot}"
-                self._workers.append(asyncio.create_task(self._work(instance), name=name))
+                self._tasks.append(asyncio.create_task(self._work(index, instance), name=name))
+
+    def _workers_for(self, instance: ModelInstance) -> int:
+        """How many batches `instance` may run at once."""
+        # An ensemble's runs only wait on other models: it runs several at once.
+        return int(getattr(instance, "concurrency", 1))
 
     def submit(self, request: InferenceRequest) -> None:
         """Queues a request; its sink receives the response. Raises if it cannot queue."""
@@ -95,7 +105,7 @@ class Scheduler:
             self.statistics.record_failure(request, "CANCELED")
             raise CancelledError(_cancelled_message(request))
         request.queued_ns = now_ns()
-        cache = self.response_cache
+        cache = self.response_cache if self.answers_from_cache else None
         if cache is not None and cache.answer(request, self.statistics):
             return  # answered from the cache: it never queues, and no instance runs it
         self._enqueue(request)
@@ -125,9 +135,24 @@ class Scheduler:
             return False
         return True
 
-    async def _take_batch(self) -> list[InferenceRequest]:
-        """The next batch from a non-empty queue (may be empty if the queue emptied meanwhile)."""
+    def _has_work(self, index: int) -> bool:
+        """Whether instance `index` has something to take now (every instance takes from one queue)."""
+        return bool(self.queue_size)
+
+    async def _wait_for_work(self, index: int) -> None:
+        """Waits until a request queues for instance `index` (see `_wake_worker`)."""
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        await waiter
+
+    async def _take_batch(self, index: int) -> list[InferenceRequest]:
+        """The next batch for instance `index`, once `_has_work` said it has one; empty when
+        there is none after all (the queue emptied meanwhile, or the batch waits for more)."""
         return [self._queue.popleft()]
+
+    def _batch_done(self, index: int) -> None:
+        """Called after each `_take_batch` of instance `index`, once that batch has run (or
+        failed to): nothing to do here."""
 
     def _drain(self) -> Iterable[InferenceRequest]:
         """Removes and returns every queued request."""
@@ -145,19 +170,21 @@ class Scheduler:
                 waiter.set_result(None)
                 return
 
-    async def _work(self, instance: ModelInstance) -> None:
-        loop = asyncio.get_running_loop()
+    def _note_if_idle(self) -> None:
+        """Marks the scheduler idle (what `close` waits for) when nothing is queued or running."""
+        if self._busy == 0 and not self.queue_size:
+            self._idle.set()
+
+    async def _work(self, index: int, instance: ModelInstance) -> None:
+        """The worker loop of instance `index`: takes batches and executes them, one at a time."""
         while True:
-            if not self.queue_size:
-                if self._busy == 0:
-                    self._idle.set()
-                waiter: asyncio.Future[None] = loop.create_future()
-                self._waiters.append(waiter)
-                await waiter
+            if not self._has_work(index):
+                self._note_if_idle()
+                await self._wait_for_work(index)
                 continue
             self._busy += 1
             try:
-                batch = await self._take_batch()
+                batch = await self._take_batch(index)
                 if batch:
                     self._executing += len(batch)
                     try:
@@ -166,6 +193,7 @@ class Scheduler:
                         self._executing -= len(batch)
             finally:
                 self._busy -= 1
+                self._batch_done(index)
 
     async def _execute(self, instance: ModelInstance, batch: list[InferenceRequest]) -> None:
         if self._ordered is None:
@@ -225,9 +253,9 @@ class Scheduler:
                     self.queue_size,
                     timeout,
                 )
-        for worker in self._workers:
-            worker.cancel()
-        await asyncio.gather(*self._workers, return_exceptions=True)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         for request in self._drain():
             if request.sink is not None:
                 request.sink.fail(UnavailableError(f"model '{self.signature.model_name}' was unloaded"))

@@ -63,7 +63,15 @@ CANCELLED_REASON = "a request of it was cancelled"
 
 
 class SequenceBatcher(Scheduler):
-    """Routes the requests of each sequence to its slot and batches across sequences."""
+    """Routes the requests of each sequence to its slot and batches across sequences.
+
+    It runs on the scheduler's worker loop: one worker per instance takes the batch of that
+    instance's ready sequences (`_take_batch`) and, once it has run, moves each sequence on
+    (`_batch_done`).
+    """
+
+    # A stateful sequence must run every request: a cached answer would skip its state.
+    answers_from_cache = False
 
     def __init__(
         self,
@@ -95,7 +103,8 @@ class SequenceBatcher(Scheduler):
         self._backlog: deque[SequenceSlot] = deque()
         self._released: OrderedDict[SequenceId, str] = OrderedDict()
         self._ready = [asyncio.Event() for _ in self.instances]
-        self._sweeper: asyncio.Task[None] | None = None
+        # What each instance's worker took (its one batch at a time), until it has run.
+        self._taken: dict[int, list[tuple[SequenceSlot, Step]]] = {}
         self._iterative = batching.iterative_sequence
         self._auto_ids = itertools.count(1)
         self._returned: set[int] = set()  # ids of requests the model handed back, this batch
@@ -116,19 +125,16 @@ class SequenceBatcher(Scheduler):
         return sum(len(sequence.steps) for sequence in self._sequences.values())
 
     def start(self) -> None:
-        self._idle.set()
-        for index, instance in enumerate(self.instances):
-            name = f"{self.signature.model_name}:{self.model_version}:instance{index}"
-            self._workers.append(asyncio.create_task(self._serve(index, instance), name=name))
-        self._sweeper = asyncio.create_task(self._sweep(), name=f"{self.signature.model_name}:sequences")
+        super().start()
+        # Closing cancels it with the workers.
+        self._tasks.append(asyncio.create_task(self._sweep(), name=f"{self.signature.model_name}:sequences"))
 
-    def submit(self, request: InferenceRequest) -> None:
+    def _workers_for(self, instance: ModelInstance) -> int:
+        return 1  # each instance runs one batch at a time: its sequences' requests in order
+
+    def _enqueue(self, request: InferenceRequest) -> None:
+        """Queues a request behind the earlier ones of its sequence (which it may start)."""
         model = self.signature.model_name
-        if self._closed:
-            raise UnavailableError(f"model '{model}' version {self.model_version} is unloading")
-        if request.is_cancelled():  # its client gave up while it was being decoded
-            self.statistics.record_failure(request, "CANCELED")
-            raise CancelledError(f"request for model '{model}' was cancelled")
         auto = self._iterative and request.parameters.get("sequence_id", 0) in (0, "")
         sequence_id, start, end = (self._auto_id(), True, False) if auto else sequence_flags(request, model)
         if self.signature.batching and request.batch_size != 1:
@@ -153,12 +159,10 @@ class SequenceBatcher(Scheduler):
                 f"sequence {sequence_id!r} of model '{model}' has already ended; "
                 "start it again with sequence_start"
             )
-        request.queued_ns = sequence.active_ns = now_ns()
+        sequence.active_ns = request.queued_ns
         sequence.steps.append(Step(request, start, end))
         sequence.ended = end
         sequence.cancelled = sequence.cancelled and not start
-        request.queue = self
-        self._idle.clear()
         self._notify(sequence)
 
     def _auto_id(self) -> int:
@@ -188,6 +192,7 @@ class SequenceBatcher(Scheduler):
 
     def _cancel_sequence(self, sequence: SequenceSlot) -> None:
         model = self.signature.model_name
+        self._notify(sequence)  # a worker waiting for its batch to fill looks again (and may idle)
         steps, sequence.steps = list(sequence.steps), deque()
         for step in steps:
             self.statistics.record_failure(step.request, "CANCELED")
@@ -197,8 +202,7 @@ class SequenceBatcher(Scheduler):
             self._release(sequence, CANCELLED_REASON)
         else:
             sequence.ended = sequence.cancelled = True
-        if not self.queue_size and self._busy == 0:
-            self._idle.set()
+        self._note_if_idle()
 
     def _take_back(self, requests: Sequence[InferenceRequest]) -> None:
         if not self._iterative:
@@ -289,43 +293,41 @@ class SequenceBatcher(Scheduler):
             request.sink = StateCapture(request.sink, sequence, self._states)
         return request
 
-    async def _serve(self, index: int, instance: ModelInstance) -> None:
+    def _has_work(self, index: int) -> bool:
+        return bool(self._ready_sequences(index))
+
+    async def _wait_for_work(self, index: int) -> None:
         ready = self._ready[index]
-        while True:
-            candidates = self._ready_sequences(index)
-            if not candidates:
-                if self._busy == 0 and self.queue_size == 0:
-                    self._idle.set()
-                ready.clear()
-                await ready.wait()
-                continue
-            wait_ns = self._wait_ns(candidates)
-            if wait_ns:
-                ready.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(ready.wait(), wait_ns / 1e9)
-                continue
-            taken = self._take(candidates)
-            self._busy += 1
-            self._executing += len(taken)
+        ready.clear()
+        await ready.wait()
+
+    async def _take_batch(self, index: int) -> list[InferenceRequest]:
+        """A request of each ready sequence of instance `index`, prepared; none while the
+        batch should wait for more ready sequences (the worker then looks again)."""
+        candidates = self._ready_sequences(index)
+        wait_ns = self._wait_ns(candidates)
+        if wait_ns:
+            ready = self._ready[index]
+            ready.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(ready.wait(), wait_ns / 1e9)
+            return []
+        taken = self._taken[index] = self._take(candidates)
+        batch = []
+        for sequence, step in taken:
             try:
-                batch = []
-                for sequence, step in taken:
-                    try:
-                        batch.append(self._prepare(sequence, step))
-                    except CoreserveError as exc:
-                        if step.request.sink is not None:
-                            step.request.sink.fail(exc)
-                if batch:
-                    await self._execute(instance, batch)
-            finally:
-                self._busy -= 1
-                self._executing -= len(taken)
-                for sequence, step in taken:
-                    sequence.busy = False
-                    sequence.running = None
-                    sequence.active_ns = now_ns()
-                    self._after_step(sequence, step)
+                batch.append(self._prepare(sequence, step))
+            except CoreserveError as exc:
+                if step.request.sink is not None:
+                    step.request.sink.fail(exc)
+        return batch
+
+    def _batch_done(self, index: int) -> None:
+        for sequence, step in self._taken.pop(index, ()):
+            sequence.busy = False
+            sequence.running = None
+            sequence.active_ns = now_ns()
+            self._after_step(sequence, step)
 
     def _after_step(self, sequence: SequenceSlot, step: Step) -> None:
         """Puts a handed-back request first in line again, and releases a sequence that ended."""
@@ -377,19 +379,9 @@ class SequenceBatcher(Scheduler):
                     if step.request.sink is not None:
                         step.request.sink.fail(error)
                 sequence.steps.clear()
-            if not self.queue_size and self._busy == 0:
-                self._idle.set()
+            self._note_if_idle()
 
     def _drain(self) -> Iterable[InferenceRequest]:
-        if self._sweeper is not None:
-            self._sweeper.cancel()
         for sequence in self._sequences.values():
             while sequence.steps:
                 yield sequence.steps.popleft().request
-
-    async def close(self, timeout: float | None = None) -> None:
-        await super().close(timeout)
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sweeper
