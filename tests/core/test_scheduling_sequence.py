@@ -252,3 +252,22 @@ def test_each_sequence_carries_its_own_state_from_request_to_request() -> None:
         assert instance.batches == [["a1", "b1"], ["a2", "b2"], ["a3"], ["a4"]]
 
     run_scenario(scenario)
+
+
+def test_closing_sends_at_once_the_batch_that_waits_for_more_sequences() -> None:
+    async def scenario() -> None:
+        # As the dynamic batcher: the queue delay (600 s) is far beyond the close's timeout.
+        batcher, [instance] = _batcher(
+            f"direct {{ max_queue_delay_microseconds: {FOREVER_US} minimum_slot_utilization: 1.0 }}"
+        )
+        log: Log = []
+        batcher.start()
+        batcher.submit(_step("a", log, 1, start=True, end=True))
+        await settle()
+        assert instance.batches == []  # one of two slots ready: it waits for the queue delay
+        await batcher.close(timeout=5)
+        assert instance.batches == [["a"]]
+        assert log == [("a", "final")]
+        assert instance.closed
+
+    run_scenario(scenario)

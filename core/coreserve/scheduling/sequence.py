@@ -254,9 +254,13 @@ class SequenceBatcher(Scheduler):
 
     def _wait_ns(self, candidates: Sequence[SequenceSlot]) -> int:
         """How much longer the batch of `candidates` should wait for more (0: run it now)."""
-        if not self._delay_ns or len(candidates) in self._enough:
+        if not self._delay_ns or len(candidates) in self._enough or self._closed:
             return 0
         return max(0, candidates[0].steps[0].request.queued_ns + self._delay_ns - now_ns())
+
+    def _send_what_waits(self) -> None:
+        for ready in self._ready:
+            ready.set()  # each worker waiting for its batch to fill looks again, and sends it
 
     def _take(self, candidates: Sequence[SequenceSlot]) -> list[tuple[SequenceSlot, Step]]:
         taken = []
