@@ -7,6 +7,7 @@ follow from the queue alone.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 
 import pytest
@@ -22,7 +23,7 @@ from scheduling_doubles import (
 )
 
 from coreserve.backend.responder import Responder
-from coreserve.errors import InvalidArgumentError
+from coreserve.errors import CancelledError, InvalidArgumentError, UnavailableError
 from coreserve.scheduling.sequence import SequenceBatcher
 from coreserve.types import InferenceRequest
 
@@ -269,5 +270,55 @@ def test_closing_sends_at_once_the_batch_that_waits_for_more_sequences() -> None
         assert instance.batches == [["a"]]
         assert log == [("a", "final")]
         assert instance.closed
+
+    run_scenario(scenario)
+
+
+def test_closing_lets_running_and_waiting_sequences_finish_then_closes_the_instance() -> None:
+    async def scenario() -> None:
+        batcher, [instance] = _batcher(max_batch=1)
+        log: Log = []
+        release = instance.holds["a1"] = asyncio.Event()
+        batcher.start()
+        batcher.submit(_step("a1", log, 1, start=True))
+        await settle()
+        batcher.submit(_step("a2", log, 1, end=True))
+        batcher.submit(_step("b1", log, 2, start=True, end=True))  # waits for the one slot
+        assert (batcher.queue_size, batcher.pending) == (2, 3)  # a1 executes
+        closing = asyncio.create_task(batcher.close(timeout=30))
+        await settle()
+        assert not closing.done() and not instance.closed and log == []
+        with pytest.raises(UnavailableError, match="model 'm' version 1 is unloading"):
+            batcher.submit(_step("late", log, 3, start=True))
+        release.set()
+        await closing
+        assert instance.batches == [["a1"], ["a2"], ["b1"]]
+        assert log == [("a1", "final"), ("a2", "final"), ("b1", "final")]
+        assert batcher.pending == 0 and instance.closed
+
+    run_scenario(scenario)
+
+
+def test_a_cancelled_request_leaves_with_the_waiting_requests_of_its_sequence() -> None:
+    async def scenario() -> None:
+        batcher, [instance] = _batcher(max_batch=1)
+        log: Log = []
+        release = instance.holds["a1"] = asyncio.Event()
+        batcher.start()
+        batcher.submit(_step("a1", log, 1, start=True))
+        await settle()
+        a2, a3 = _step("a2", log, 1), _step("a3", log, 1, end=True)
+        batcher.submit(a2)
+        batcher.submit(a3)
+        a2.cancel()  # a1 runs on; a2 and a3 never run
+        assert log == [("a2", "error"), ("a3", "error")]
+        assert isinstance(recording_sink(a3).error, CancelledError)
+        release.set()
+        await settle()
+        with pytest.raises(InvalidArgumentError, match=r"\(it was released: a request of it was cancelled\)"):
+            batcher.submit(_step("a4", log, 1))
+        await finish(batcher)
+        assert instance.batches == [["a1"]]
+        assert batcher.statistics.failures["CANCELED"] == 2
 
     run_scenario(scenario)
