@@ -62,7 +62,8 @@ def accepted_encoding(accept: str) -> str | None:
     As Triton 2.51 chooses: the listed coding of gzip, deflate and identity with the highest q
     wins (q defaults to 1, the first listed wins a tie), q=0 refuses a coding, a coding whose q is
     not a number is passed over, and `*` is answered with identity (which `*` allows). Names are
-    read case-insensitively as RFC 9110 says (Triton ignores `GZIP`). Nothing acceptable (`identity;q=0` alone, `*;q=0`) also gets identity: a readable answer beats a 406.
+    read case-insensitively as RFC 9110 says (Triton ignores `GZIP`). Nothing acceptable
+    (`identity;q=0` alone, `*;q=0`) also gets identity: a readable answer beats a 406.
     """
     best: str | None = None
     best_weight = 0.0
