@@ -54,6 +54,9 @@ def test_the_key_ignores_layout_input_order_and_scheduling_parameters() -> None:
     a, b = np.ones(2, np.float32), np.zeros(2, np.float32)
     assert _key(inputs={"A": a, "B": b}) == _key(inputs={"B": b, "A": a})
     assert _key(parameters={"priority": 2, "timeout": 5}) == _key()
+    strided = np.arange(12, dtype=np.float32)[::-2].reshape(2, 3)  # hashed as its bytes in C order
+    assert _key(inputs={"X": strided}) == _key(inputs={"X": strided.copy()})
+    assert _key(inputs={"X": strided}) != _key()
 
 
 def test_bytes_elements_keep_their_boundaries_and_bf16_hashes() -> None:
@@ -103,6 +106,26 @@ def test_a_cached_response_is_a_private_read_only_copy() -> None:
     assert cached.nbytes == ENTRY_OVERHEAD + OUTPUT_OVERHEAD + 16
     words = CachedResponse.of(InferenceResponse("m", "1", {"W": np.array([b"abc"], dtype=np.object_)}))
     assert words.nbytes == ENTRY_OVERHEAD + OUTPUT_OVERHEAD + 3 + 4
+
+
+@pytest.mark.parametrize(
+    "output",
+    [
+        np.arange(12, dtype=np.int64).reshape(3, 4).T,  # not C-contiguous
+        np.zeros((0, 3), dtype=np.float32),
+        np.array(7.5, dtype=np.float64),
+        np.arange(4, dtype=ml_dtypes.bfloat16).reshape(2, 2),
+        np.array([True, False]),
+    ],
+)
+def test_a_cached_output_keeps_values_shape_and_datatype_read_only(output: np.ndarray) -> None:
+    stored = CachedResponse.of(InferenceResponse("m", "1", {"OUT": output})).outputs["OUT"]
+    assert (stored.dtype, stored.shape) == (output.dtype, output.shape)
+    assert stored.tobytes() == output.tobytes() and stored.flags.c_contiguous
+    assert not stored.flags.writeable
+    with pytest.raises(ValueError) as refused:
+        stored[...] = 0
+    assert "read-only" in str(refused.value)
 
 
 @pytest.mark.parametrize(
