@@ -7,7 +7,8 @@
 for this measurement only: connection preface, SETTINGS/ACK, PING, WINDOW_UPDATE for what it
 receives, HEADERS (+CONTINUATION) decoded with `hpack` behind a cache of repeated header
 blocks, gRPC's 5-byte message framing, trailers. It honours no send window (its answers are
-tiny) and checks nothing a hostile client could abuse: a ceiling, not a server.
+tiny; a long streaming trial can overrun the client's window and stall, so keep trials short)
+and checks nothing a hostile client could abuse: a ceiling, not a server.
 
 CANNED.json maps a method name (e.g. "ModelInfer") to the hex of its serialized response;
 "ModelStreamInfer" answers each message of a stream with the ModelInfer answer and the request's
