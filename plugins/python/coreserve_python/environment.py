@@ -18,6 +18,7 @@ STUB_MODULES = (
     "__init__.py",
     "wire.py",
     "messages.py",
+    "inbox.py",
     "pb_errors.py",
     "pb_types.py",
     "pb_dlpack.py",

@@ -3,12 +3,13 @@
     python -m coreserve_python.stub FD SERVER_PID
 
 FD is this end of the socket pair the server made. The main thread loads `model.py` and runs
-`initialize`, `execute` and `finalize` as the server asks; a reader thread takes the server's
-messages, so that BLS responses reach a model that waits for them inside `execute`.
+`initialize`, `execute` and `finalize` as the server asks; it reads the server's messages while
+idle, and a standby thread reads them while the model runs, so that BLS responses reach a model
+that waits for them inside `execute` (see `coreserve_python.inbox`).
 
 A stub dies with its server, however the server ends (SIGKILL, the OOM killer, a crash): on
 Linux the kernel kills it when the server's thread that spawned it dies (PR_SET_PDEATHSIG);
-everywhere, the reader thread ends the process when the server's end of the socket closes,
+everywhere, the thread that reads ends the process when the server's end of the socket closes,
 even while the model is busy in `execute` (only the server holds that end, so it closes
 exactly when the server exits or lets the stub go). Standard library and numpy only.
 """
@@ -33,6 +34,7 @@ from types import ModuleType
 from typing import Any
 
 from coreserve_python import pb_runtime, pb_utils
+from coreserve_python.inbox import Inbox
 from coreserve_python.messages import (
     AutoCompleteDoneMessage,
     BlsCancelMessage,
@@ -164,7 +166,7 @@ class Stub:
         self._channel = channel
         self._pool = SegmentPool("stub")
         self._reader = SegmentReader()
-        self._inbox: queue.SimpleQueue[Message | None] = queue.SimpleQueue()
+        self._inbox = Inbox(channel, self._handle, self._server_gone, self._abandon)
         self._calls: dict[int, BlsCall] = {}
         self._call_ids = itertools.count()
         # The cancellation flags of the requests given to the model and not yet answered in
@@ -189,10 +191,10 @@ class Stub:
     # The server's messages.
 
     def run(self) -> None:
-        threading.Thread(target=self._read, name="coreserve-stub-reader", daemon=True).start()
+        self._inbox.start()
         handlers = {"init": self._init, "auto_complete": self._auto_complete, "execute": self._execute}
         try:
-            while (message := self._inbox.get()) is not None:
+            while (message := self._inbox.next_work()) is not None:
                 if message["op"] == "finalize":
                     self._finalize(message)
                     break
@@ -204,30 +206,33 @@ class Stub:
             self._reader.close()
             self._finished.set()
 
-    def _read(self) -> None:
-        try:
-            while (message := self._channel.receive()) is not None:
-                op = message["op"]
-                if op == "release":
-                    for name in message["segments"]:
-                        self._pool.release(name)
-                elif op in ("bls_response", "reply"):
-                    call = self._calls.get(message["call"])
-                    if call is not None:
-                        call.deliver(message)
-                elif op == "cancel":
-                    cancellation = self._cancellations.get(message["key"])
-                    if cancellation is not None:  # (None: answered meanwhile)
-                        cancellation.cancelled = True
-                else:
-                    self._inbox.put(message)
-        except OSError:
-            pass  # the server's end was reset: it went away as surely as with an orderly close
+    def _handle(self, message: Message) -> bool:
+        """Handles a message that is not work for the main thread; False for work."""
+        op = message["op"]
+        if op == "release":
+            for name in message["segments"]:
+                self._pool.release(name)
+        elif op in ("bls_response", "reply"):
+            call = self._calls.get(message["call"])
+            if call is not None:
+                call.deliver(message)
+        elif op == "cancel":
+            cancellation = self._cancellations.get(message["key"])
+            if cancellation is not None:  # (None: answered meanwhile)
+                cancellation.cancelled = True
+        else:
+            return False
+        return True
+
+    def _server_gone(self) -> None:
+        """The server closed its end: whoever waits for an answer from it gets none."""
         for call in list(self._calls.values()):
             call.deliver(None)
-        self._inbox.put(None)
+
+    def _abandon(self) -> None:
+        """The server went away while the model was busy: ends the process after a grace."""
         # Nobody is left to answer: a model still busy (in execute, say) must not keep the
-        # process alive. An idle stub ends by itself well within the grace.
+        # process alive. One that returns ends the stub by itself well within the grace.
         if not self._finished.wait(EXIT_GRACE_S):
             sys.stdout.flush()
             sys.stderr.flush()
@@ -437,6 +442,7 @@ class Stub:
         self._calls[call_id] = call
         try:
             self._channel.send({"op": op, "call": call_id, **fields})
+            self._inbox.wake()
             reply = call.next()
         finally:
             self._calls.pop(call_id, None)
@@ -480,6 +486,7 @@ class Stub:
             "trace_parent": request.trace()._request_key,
         }
         self._channel.send(message)
+        self._inbox.wake()  # the model waits for the answers: the socket must be read
         return call_id
 
     def _bls_response(self, message: Message | None) -> tuple[pb_utils.InferenceResponse | None, bool]:
