@@ -269,7 +269,9 @@ def test_many_models_are_multiplexed_over_replicas_holding_at_most_n(
         finally:
             client.close()
         # Once a replica has told Ray Serve which models it holds (replicas report it every few
-        # seconds), a model's requests go to the replica that holds it.
+        # seconds), a model's requests go to the replicas that hold it. Ray's affinity is soft: a
+        # request routed before the holder's report (a busy machine delays reports) loads the model
+        # on the second replica too, and from then on both hold it and both are chosen.
         deadline = time.monotonic() + 60
         holders: set[str] = set()
         while time.monotonic() < deadline:
@@ -277,7 +279,6 @@ def test_many_models_are_multiplexed_over_replicas_holding_at_most_n(
             if len(holders) == 1:
                 break
             time.sleep(2)
-        assert len(holders) == 1, holders
         # Each replica holds at most one model: the others were unloaded (least recently used).
         ready: dict[str, list[str]] = {}
         deadline = time.monotonic() + 60
@@ -286,6 +287,8 @@ def test_many_models_are_multiplexed_over_replicas_holding_at_most_n(
             assert status == 200, body
             ready[headers[REPLICA]] = [entry["name"] for entry in json.loads(body)]
         assert len(ready) == 2 and all(len(names) <= 1 for names in ready.values()), ready
+        # Whichever replicas answer "double" hold it and nothing else: routing followed the holders.
+        assert holders and all(ready.get(holder) == ["double"] for holder in holders), (holders, ready)
         for name, factor in factors.items():  # evicted models load again on demand
             assert _scale_json(deployment, name)[1] == factor
     finally:
