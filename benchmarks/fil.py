@@ -26,6 +26,7 @@ import lightgbm
 import numpy as np
 import treelite
 import xgboost
+
 from coreserve_fil.settings import FilSettings
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -213,8 +213,10 @@ def _serve_parser() -> argparse.ArgumentParser:
         flag(f"--{service}-port", type=int, default=port, help=f"port (default {port}; 0: any free one)")
     flag("--openai-port", type=int, default=None, metavar="PORT",
          help="serve the OpenAI-compatible API (/v1/models, /v1/completions, /v1/chat/completions, "
-              "/v1/embeddings) on this port; needs core-server[openai] (default: not served; 0: any free one)")
-    flag("--openai-address", default=None, help="address the OpenAI frontend binds (default: --http-address's)")
+              "/v1/embeddings) on this port; needs core-server[openai] "
+              "(default: not served; 0: any free one)")
+    flag("--openai-address", default=None,
+         help="address the OpenAI frontend binds (default: --http-address's)")
     flag("--http-max-input-size", type=int, default=64 * 1024 * 1024, metavar="BYTES",
          help="largest HTTP request body accepted (default 64 MiB)")
     _http_limit_flags(flag)

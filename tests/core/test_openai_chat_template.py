@@ -46,13 +46,21 @@ def test_the_config_parameter_comes_before_the_tokenizer_config(tmp_path: Path) 
 
 def test_named_templates_use_the_default_one(tmp_path: Path) -> None:
     folder = _folder(
-        tmp_path, {"chat_template": [{"name": "tool_use", "template": "tools"}, {"name": "default", "template": "plain"}]}
+        tmp_path,
+        {
+            "chat_template": [
+                {"name": "tool_use", "template": "tools"},
+                {"name": "default", "template": "plain"},
+            ]
+        },
     )
     assert ChatTemplates().template("m", 1, _config(), folder).render(MESSAGES) == "plain"
 
 
 def test_a_model_without_a_template_is_refused_with_the_way_to_give_one(tmp_path: Path) -> None:
-    with pytest.raises(TemplateError, match="model 'm' has no chat template: give it a 'chat_template' parameter"):
+    with pytest.raises(
+        TemplateError, match="model 'm' has no chat template: give it a 'chat_template' parameter"
+    ):
         ChatTemplates().template("m", 1, _config(), tmp_path)
 
 

@@ -218,9 +218,7 @@ def test_errors_map_to_triton_status_codes(
     )
     with pytest.raises(InferenceServerException) as info:
         client.infer("broken", _add_sub_inputs(a, a))
-    assert (
-        info.value.status() == "StatusCode.NOT_FOUND" and "onnxruntime cannot load" in info.value.message()
-    )
+    assert info.value.status() == "StatusCode.NOT_FOUND" and "onnxruntime cannot load" in info.value.message()
     wrong = [
         grpcclient.InferInput("INPUT0", [1, 4], "INT32"),
         grpcclient.InferInput("INPUT1", [1, 4], "FP32"),

@@ -295,7 +295,9 @@ def test_fields_without_effect_are_logged(coreserve_server: ServerFactory, tmp_p
     rate_limited = "instance_group [ { kind: KIND_CPU rate_limiter { priority: 1 } } ]"
     write_model(tmp_path, "scaled", scale_model(1.0), SCALE + rate_limited)
     server = coreserve_server(tmp_path)
-    expected = "model 'scaled': instance_group.rate_limiter has no effect without --rate-limit=execution_count"
+    expected = (
+        "model 'scaled': instance_group.rate_limiter has no effect without --rate-limit=execution_count"
+    )
     assert expected in server.log
 
 

@@ -78,7 +78,7 @@ class ChatTemplates:
 
     def _load(self, name: str, config: ModelConfig, folder: Path | None) -> ChatTemplate:
         tokens: dict[str, str] = {}
-        source = None
+        source: object = None  # a string, or a list of named templates from tokenizer_config.json
         parameter = config.parameters.get(CONFIG_PARAMETER)
         if parameter is not None and parameter.string_value.strip():
             source = parameter.string_value

@@ -28,9 +28,9 @@ from coreserve.openai.metrics import OpenAIMetrics
 from coreserve.openai.requests import chat_request, completion_request, embedding_request, parse_body
 from coreserve.repository import ModelVersion
 from coreserve.server.dataplane import DataPlane
-from coreserve.server.http import Router
 from coreserve.server.http_encoding import BodyTooLarge, decompress
 from coreserve.server.http_limits import DEFAULT_HTTP_LIMITS, HttpLimits
+from coreserve.server.http_router import Router
 from coreserve.server.http_wire import HttpRequest, HttpResponse, HttpServer, Response
 
 logger = logging.getLogger(__name__)

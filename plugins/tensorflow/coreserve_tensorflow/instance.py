@@ -47,7 +47,7 @@ def complete(model: ModelFiles, config: ModelConfig, server: ServerContext) -> M
         config.name = model.name  # messages about parameters name the model before the core fills it in
     loaded = _load(model, config)
     inputs, outputs = loaded.model_tensors("input"), loaded.model_tensors("output")
-    listed = {tensor.name for tensor in [*config.input, *config.output]}
+    listed = {tensor.name for tensor in config.input} | {tensor.name for tensor in config.output}
     for name, (_, dims) in [*loaded.inputs.items(), *loaded.outputs.items()]:
         if dims is None and name not in listed:
             raise ModelConfigError(
@@ -63,11 +63,18 @@ def complete(model: ModelFiles, config: ModelConfig, server: ServerContext) -> M
     )
     if config.max_batch_size > 0:
         # A [batch] tensor is one value per batch item: dims [1] reshaped to a scalar, as Triton writes it.
-        for tensor in [*config.input, *config.output]:
-            if not tensor.dims and not tensor.HasField("reshape"):
-                tensor.dims.append(1)
-                tensor.reshape.SetInParent()
+        for tensor in config.input:
+            _batch_item_scalar(tensor)
+        for output in config.output:
+            _batch_item_scalar(output)
     return config
+
+
+def _batch_item_scalar(tensor: Any) -> None:
+    """Gives a dimensionless tensor of a batching model dims [1] reshaped to a scalar."""
+    if not tensor.dims and not tensor.HasField("reshape"):
+        tensor.dims.append(1)
+        tensor.reshape.SetInParent()
 
 
 def _checked_tensors(

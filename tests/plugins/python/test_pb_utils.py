@@ -21,7 +21,9 @@ def test_tensor_basics_and_dlpack() -> None:
     np.testing.assert_array_equal(from_object.as_numpy(), data)
     strings = pb_utils.Tensor("S", np.array(["a", "b"]))
     assert strings.as_numpy().dtype == np.object_
-    with pytest.raises(pb_utils.TritonModelException, match="DLPack does not have support for string tensors"):
+    with pytest.raises(
+        pb_utils.TritonModelException, match="DLPack does not have support for string tensors"
+    ):
         strings.to_dlpack()
     with pytest.raises(pb_utils.TritonModelException, match="needs a numpy array"):
         pb_utils.Tensor("X", [1, 2])  # type: ignore[arg-type]

@@ -423,7 +423,9 @@ def test_unpacking_an_environment_leaves_the_server_responsive(
     assert loaded[0] > 1.0, f"the unpacking took {loaded[0]:.2f} s: too quick to tell anything\n{server.log}"
     # Unpacking on the event loop would stall the probe for about the whole load; a busy machine
     # stalls it for a fraction (0.7 s seen at load average 11).
-    assert worst < loaded[0] / 2, f"the server stalled {worst:.2f} s while unpacking (load took {loaded[0]:.2f} s)"
+    assert worst < loaded[0] / 2, (
+        f"the server stalled {worst:.2f} s while unpacking (load took {loaded[0]:.2f} s)"
+    )
     client = httpclient.InferenceServerClient(server.http_url)
     try:
         assert client.is_model_ready("packed_env")

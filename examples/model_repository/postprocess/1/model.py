@@ -14,7 +14,7 @@ class TritonPythonModel:
             best = probabilities.argmax(axis=1)
             label = LABELS[best].reshape(-1, 1)
             score = probabilities[np.arange(len(best)), best].astype(np.float32).reshape(-1, 1)
-            responses.append(pb_utils.InferenceResponse(
-                [pb_utils.Tensor("LABEL", label), pb_utils.Tensor("SCORE", score)]
-            ))
+            responses.append(
+                pb_utils.InferenceResponse([pb_utils.Tensor("LABEL", label), pb_utils.Tensor("SCORE", score)])
+            )
         return responses

@@ -21,7 +21,9 @@ class TritonPythonModel:
                 words = re.findall(r"[a-z']+", text.decode("utf-8", errors="replace").lower())[:LENGTH]
                 ids[row, : len(words)] = [1 + zlib.crc32(w.encode()) % (VOCABULARY - 1) for w in words]
                 mask[row, : len(words)] = 1
-            responses.append(pb_utils.InferenceResponse(
-                [pb_utils.Tensor("input_ids", ids), pb_utils.Tensor("attention_mask", mask)]
-            ))
+            responses.append(
+                pb_utils.InferenceResponse(
+                    [pb_utils.Tensor("input_ids", ids), pb_utils.Tensor("attention_mask", mask)]
+                )
+            )
         return responses

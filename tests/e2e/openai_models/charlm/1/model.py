@@ -83,7 +83,10 @@ class TritonPythonModel:
         while tokens < max_tokens and not sender.is_cancelled():
             if tokens == fail_after:
                 error = pb_utils.TritonError(f"charlm failed after {tokens} tokens, as asked")
-                sender.send(pb_utils.InferenceResponse(error=error), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                sender.send(
+                    pb_utils.InferenceResponse(error=error),
+                    flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
+                )
                 return
             character = self._next(text, rng, temperature, top_p)
             text += character
