@@ -28,6 +28,7 @@ STUB_MODULES = (
     "pb_metrics.py",
     "pb_management.py",
     "pb_utils.py",
+    "stub_requests.py",
     "stub.py",
 )
 CACHE = Path(os.environ.get("CORESERVE_CACHE", Path(tempfile.gettempdir()) / "coreserve-cache"))

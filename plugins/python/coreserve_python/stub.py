@@ -5,7 +5,8 @@
 FD is this end of the socket pair the server made. The main thread loads `model.py` and runs
 `initialize`, `execute` and `finalize` as the server asks; it reads the server's messages while
 idle, and a standby thread reads them while the model runs, so that BLS responses reach a model
-that waits for them inside `execute` (see `coreserve_python.inbox`).
+that waits for them inside `execute` (see `coreserve_python.inbox`); the model's requests to
+the server (BLS, metrics, model management) are `coreserve_python.stub_requests`.
 
 A stub dies with its server, however the server ends (SIGKILL, the OOM killer, a crash): on
 Linux the kernel kills it when the server's thread that spawned it dies (PR_SET_PDEATHSIG);
@@ -18,12 +19,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import importlib.util
 import inspect
 import itertools
 import os
-import queue
 import signal
 import socket
 import sys
@@ -37,8 +36,6 @@ from coreserve_python import pb_runtime, pb_utils
 from coreserve_python.inbox import Inbox
 from coreserve_python.messages import (
     AutoCompleteDoneMessage,
-    BlsCancelMessage,
-    BlsRequestMessage,
     ExecuteDoneMessage,
     FinalizeDoneMessage,
     InitDoneMessage,
@@ -46,6 +43,7 @@ from coreserve_python.messages import (
     ResponseBody,
     ResponsesMessage,
 )
+from coreserve_python.stub_requests import BlsCall, ServerRequests, executing_keys, in_context
 from coreserve_python.wire import (
     Channel,
     Message,
@@ -59,10 +57,6 @@ SHIM = Path(__file__).resolve().parent / "shim"
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 # How long the main thread may take to finish after the server closed the socket.
 EXIT_GRACE_S = 1.0
-# The keys of the batch whose execute() runs in this context: the BLS calls it makes are its
-# children (cancelled with it). A context variable, so that each concurrent `async def execute`
-# of a decoupled model has its own.
-_executing: contextvars.ContextVar[tuple[int, ...]] = contextvars.ContextVar("executing", default=())
 
 
 def die_with_server(server_pid: int) -> None:
@@ -103,63 +97,7 @@ def load_model_module(model_file: Path) -> ModuleType:
     return module
 
 
-class BlsCall:
-    """The messages answering one request of the model (a BLS call, a metric, a model load),
-    delivered by the reader thread; read blocking, or awaited on an event loop."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
-        self._messages: queue.SimpleQueue[Message | None] = queue.SimpleQueue()
-        self._loop = loop
-        self._arrived = asyncio.Event() if loop is not None else None
-
-    def deliver(self, message: Message | None) -> None:
-        self._messages.put(message)
-        if self._loop is not None and self._arrived is not None:
-            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody awaits any more
-                self._loop.call_soon_threadsafe(self._arrived.set)
-
-    def next(self) -> Message | None:
-        return self._messages.get()
-
-    async def next_async(self) -> Message | None:
-        assert self._arrived is not None
-        while True:
-            self._arrived.clear()
-            try:
-                return self._messages.get_nowait()
-            except queue.Empty:
-                await self._arrived.wait()
-
-
-class BlsStream:
-    """The responses of a decoupled BLS call, for `pb_utils.ResponseIterator`."""
-
-    def __init__(self, stub: Stub, call_id: int, call: BlsCall) -> None:
-        self._stub = stub
-        self._call_id = call_id
-        self._call = call
-        self._ended = False
-
-    def _convert(self, message: Message | None) -> pb_utils.InferenceResponse | None:
-        response, final = self._stub._bls_response(message)
-        if final:
-            self._ended = True
-            self._stub._calls.pop(self._call_id, None)
-        return response or pb_utils.InferenceResponse()  # Triton ends with an empty final response
-
-    def next(self) -> pb_utils.InferenceResponse | None:
-        return None if self._ended else self._convert(self._call.next())
-
-    async def next_async(self) -> pb_utils.InferenceResponse | None:
-        return None if self._ended else self._convert(await self._call.next_async())
-
-    def cancel(self) -> None:
-        if not self._ended:
-            cancel: BlsCancelMessage = {"op": "bls_cancel", "call": self._call_id}
-            self._stub._channel.send(cancel)
-
-
-class Stub:
+class Stub(ServerRequests):
     """Runs the model and answers the server; the `pb_utils` runtime."""
 
     def __init__(self, channel: Channel) -> None:
@@ -297,7 +235,7 @@ class Stub:
         responses: ResponsesMessage | None = None
         rescheduled: list[int] = []
         keys = tuple(item["key"] for item in message["requests"])
-        token = _executing.set(keys)
+        token = executing_keys.set(keys)
         try:
             result = self._model.execute(requests)
             if inspect.iscoroutine(result):
@@ -306,7 +244,7 @@ class Stub:
                     # the senders, as any decoupled model's.
                     self._start_execution(result, keys)
                 else:
-                    result = self._run_coroutine(_in_context(result, keys))
+                    result = self._run_coroutine(in_context(result, keys))
             if not self._decoupled:
                 # A return value Triton refuses is the model's mistake: no stub traceback.
                 responses, refused = self._results(requests, result)
@@ -318,7 +256,7 @@ class Stub:
             error = f"{type(exc).__name__}: {exc}"
             traceback.print_exc()
         finally:
-            _executing.reset(token)
+            executing_keys.reset(token)
         if error is not None or not self._decoupled:  # every request of the batch is answered now
             for item in message["requests"]:
                 self._cancellations.pop(item["key"], None)
@@ -338,7 +276,7 @@ class Stub:
 
     def _start_execution(self, coroutine: Any, keys: tuple[int, ...]) -> None:
         """Starts a decoupled model's `async def execute` on the stub's loop, not waiting for it."""
-        future = asyncio.run_coroutine_threadsafe(_in_context(coroutine, keys), self._loop)
+        future = asyncio.run_coroutine_threadsafe(in_context(coroutine, keys), self._loop)
 
         def finished(done: Any) -> None:
             exc = done.exception()
@@ -432,120 +370,6 @@ class Stub:
     def log(self, level: str, message: str) -> None:
         line: LogMessage = {"op": "log", "level": level, "message": message}
         self._channel.send(line)
-
-    # Requests of the model to the server: BLS, metrics, model management.
-
-    def ask(self, op: str, fields: dict[str, Any], what: str) -> Any:
-        """Sends a request to the server and waits for its `reply` (matched by call id)."""
-        call = BlsCall()
-        call_id = next(self._call_ids)
-        self._calls[call_id] = call
-        try:
-            self._channel.send({"op": op, "call": call_id, **fields})
-            self._inbox.wake()
-            reply = call.next()
-        finally:
-            self._calls.pop(call_id, None)
-        if reply is None:
-            raise pb_utils.TritonModelException(self.failure(what, "the server went away"))
-        if reply["error"] is not None:
-            raise pb_utils.TritonModelException(self.failure(what, reply["error"]))
-        return reply["result"]
-
-    def tell(self, op: str, fields: dict[str, Any]) -> None:
-        self._channel.send({"op": op, **fields})
-
-    def failure(self, what: str, reason: str) -> str:
-        return f"{what}: Failed to process the request for model '{self._instance_name}', message: {reason}"
-
-    def model_dir(self) -> str:
-        return self._model_dir
-
-    def _send_bls(self, request: pb_utils.InferenceRequest, decoupled: bool, call: BlsCall) -> int:
-        call_id = next(self._call_ids)
-        self._calls[call_id] = call
-        inputs = [(tensor.name(), tensor._host_array()) for tensor in request.inputs()]
-        segment, refs = self._pool.write(inputs)
-        version = request.model_version()
-        message: BlsRequestMessage = {
-            "op": "bls_request",
-            "call": call_id,
-            "model": request.model_name(),
-            "version": str(version) if version >= 0 else "",
-            "inputs": refs,
-            "segment": segment,
-            "requested": request.requested_output_names(),
-            "parameters": request._parameters,
-            "id": request.request_id(),
-            "correlation_id": request.correlation_id(),
-            "flags": request.flags(),
-            "timeout": request.timeout(),
-            "decoupled": decoupled,
-            # Made by an execute() of this stub: a child of the batch being executed.
-            "parents": list(_executing.get()),
-            "trace_parent": request.trace()._request_key,
-        }
-        self._channel.send(message)
-        self._inbox.wake()  # the model waits for the answers: the socket must be read
-        return call_id
-
-    def _bls_response(self, message: Message | None) -> tuple[pb_utils.InferenceResponse | None, bool]:
-        """Turns a bls_response message into (response, final); None message: the server went away."""
-        if message is None:
-            error = pb_utils.TritonError(
-                "the server went away during a BLS request", pb_utils.TritonError.UNAVAILABLE
-            )
-            return pb_utils.InferenceResponse(error=error), True
-        if message["error"] is not None:
-            text, code = message["error"]
-            return pb_utils.InferenceResponse(error=pb_utils.TritonError(text, code)), True
-        body = message["response"]
-        response = None
-        if body is not None:
-            arrays = self._reader.arrays(message["segment"], body["outputs"], copy=True)
-            if (shared := segment_to_release(message["segment"])) is not None:
-                self._channel.send({"op": "release", "segments": [shared]})
-            outputs = [pb_utils.Tensor(name, array) for name, array in arrays.items()]
-            response = pb_utils.InferenceResponse(outputs, parameters=body["parameters"])
-        return response, message["final"]
-
-    def execute_bls(self, request: pb_utils.InferenceRequest) -> pb_utils.InferenceResponse:
-        call = BlsCall()
-        call_id = self._send_bls(request, False, call)
-        try:
-            response, _ = self._bls_response(call.next())
-        finally:
-            self._calls.pop(call_id, None)
-        return response or pb_utils.InferenceResponse()
-
-    def stream_bls(self, request: pb_utils.InferenceRequest) -> pb_utils.ResponseIterator:
-        call = BlsCall()
-        return pb_utils.ResponseIterator(BlsStream(self, self._send_bls(request, True, call), call))
-
-    def async_bls(self, request: pb_utils.InferenceRequest, decoupled: bool) -> asyncio.Future[Any]:
-        """Sends a BLS request now; a future of its response (decoupled: of its iterator)."""
-        loop = asyncio.get_running_loop()  # RuntimeError outside a coroutine, as on Triton
-        call = BlsCall(loop)
-        call_id = self._send_bls(request, decoupled, call)
-        if decoupled:
-            future: asyncio.Future[Any] = loop.create_future()
-            future.set_result(pb_utils.ResponseIterator(BlsStream(self, call_id, call)))
-            return future
-
-        async def response() -> pb_utils.InferenceResponse:
-            try:
-                answer, _ = self._bls_response(await call.next_async())
-            finally:
-                self._calls.pop(call_id, None)
-            return answer or pb_utils.InferenceResponse()
-
-        return asyncio.ensure_future(response())
-
-
-async def _in_context(coroutine: Any, keys: tuple[int, ...]) -> Any:
-    """Runs a coroutine of execute() with its batch's keys in its context (see `_executing`)."""
-    _executing.set(keys)
-    return await coroutine
 
 
 def main(argv: list[str]) -> int:
