@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
@@ -11,66 +10,36 @@ from functools import partial
 from typing import Any
 
 from coreserve import (
-    AlreadyExistsError,
-    CancelledError,
     CoreserveError,
     InferenceRequest,
     InternalError,
-    InvalidArgumentError,
     ModelConfig,
-    NotFoundError,
     UnavailableError,
-    UnsupportedError,
     config_to_dict,
 )
 from coreserve.backend import (
     CustomMetric,
     CustomMetricFamily,
     InstancePlacement,
-    MetricKind,
     ModelFiles,
     Responder,
     ServerContext,
 )
+from coreserve_python.error_codes import error_for
+from coreserve_python.instance_bls import SEQUENCE_END, SEQUENCE_START, BlsServing
+from coreserve_python.instance_requests import ANSWERED_OPS, ModelRequestAnswers
 from coreserve_python.messages import (
-    BlsResponseBody,
-    BlsResponseMessage,
     CancelMessage,
     ExecuteMessage,
     InitMessage,
-    ReplyMessage,
     RequestItem,
     TensorRef,
 )
-from coreserve_python.pb_errors import TritonError
 from coreserve_python.process import StubLaunch, StubProcess
 from coreserve_python.spawn import describe_exit
 from coreserve_python.wire import Message, SegmentPool, SegmentReader, segment_to_release, write_groups
 
 logger = logging.getLogger("coreserve.backend.python")
-# pb_utils.TritonError codes and coreserve's errors: one table, read both ways.
-_ERROR_TABLE: tuple[tuple[int, type[CoreserveError]], ...] = (
-    (TritonError.INTERNAL, InternalError),
-    (TritonError.NOT_FOUND, NotFoundError),
-    (TritonError.INVALID_ARG, InvalidArgumentError),
-    (TritonError.UNAVAILABLE, UnavailableError),
-    (TritonError.UNSUPPORTED, UnsupportedError),
-    (TritonError.ALREADY_EXISTS, AlreadyExistsError),
-    (TritonError.CANCELLED, CancelledError),
-)
-ERRORS: dict[int, type[CoreserveError]] = dict(_ERROR_TABLE)
-CODES: dict[type[CoreserveError], int] = {error: code for code, error in _ERROR_TABLE}
-
-
-def error_for(code: int, text: str) -> CoreserveError:
-    """The coreserve error for a model's TritonError (UNKNOWN and others: internal)."""
-    return ERRORS.get(code, InternalError)(text)
-
-
-def code_of(error: CoreserveError) -> int:
-    """The TritonError code of a coreserve error (a subclass maps as its parent does)."""
-    return next((CODES[cls] for cls in type(error).__mro__ if cls in CODES), TritonError.INTERNAL)
-
 
 LOG_LEVELS = {
     "INFO": logging.INFO,
@@ -78,11 +47,6 @@ LOG_LEVELS = {
     "ERROR": logging.ERROR,
     "VERBOSE": logging.DEBUG,
 }
-SEQUENCE_START, SEQUENCE_END = 1, 2
-# The model's requests the server answers with a `reply` (matched by the stub's call id).
-ANSWERED_OPS = frozenset(
-    {"metric_family", "metric", "metric_value", "load_model", "unload_model", "model_ready"}
-)
 # Restarts of a stub that cannot start are retried after 0.1 s, 0.2 s, ... up to every 10 s.
 RESTART_FIRST_DELAY_S = 0.1
 RESTART_MAX_DELAY_S = 10.0
@@ -90,12 +54,15 @@ RESTART_MAX_DELAY_S = 10.0
 FAILED_INIT_FINALIZE_S = 5.0
 
 
-class PythonInstance:
+class PythonInstance(ModelRequestAnswers, BlsServing):
     """Runs batches in a stub process; restarts the stub if it dies.
 
     A restart that fails is retried with backoff for as long as the instance lives; meanwhile
     `failure` says why the instance cannot serve (the core then reports the model version
     UNAVAILABLE with that reason), and it is cleared when a restart succeeds.
+
+    It answers the model's requests through its parts: `ModelRequestAnswers` (metrics, model
+    management) and `BlsServing` (BLS requests).
     """
 
     def __init__(
@@ -310,76 +277,6 @@ class PythonInstance:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _answer(self, message: Message) -> None:
-        """Answers a request of the model (metrics, model management) with a `reply`."""
-        result: Any = None
-        error = None
-        try:
-            result = await self._handle_request(message)
-        except CoreserveError as exc:
-            error = exc.message
-        except Exception as exc:  # a fault of the server: logged once, and the model still answered
-            logger.exception("%s: the server failed a '%s' request of the model", self.name, message["op"])
-            error = f"internal error of the server: {type(exc).__name__}: {exc}"
-        reply: ReplyMessage = {"op": "reply", "call": message["call"], "result": result, "error": error}
-        self._process_send(reply)
-
-    async def _handle_request(self, message: Message) -> Any:
-        op = message["op"]
-        if op == "metric_family":
-            family = self._server.metrics.family(
-                message["name"], message["description"], MetricKind(message["kind"])
-            )
-            return self._remember_metric(self._families, family)
-        if op == "metric":
-            family = self._families[message["family"]]
-            metric = family.metric(message["labels"], message["buckets"] or None)
-            return self._remember_metric(self._metrics, metric)
-        if op == "metric_value":
-            return self._metrics[message["metric"]].value()
-        models = self._server.models
-        if models is None:
-            raise UnavailableError("this server offers no model repository API to backends")
-        if op == "model_ready":
-            version = message["version"]
-            if version and not version.isdigit():  # refused before the name is looked up, as Triton
-                raise InvalidArgumentError(
-                    f"failed to get model version from specified version string '{version}' (details: "
-                    "stol), version should be an integral value > 0"
-                )
-            return models.model_ready(message["name"], version)
-        if op == "load_model":
-            await models.load_model(message["name"], message["parameters"])
-            return None
-        # unload_model: a model that is not loaded is unloaded already, as Triton answers
-        with contextlib.suppress(NotFoundError):
-            await models.unload_model(message["name"], message["dependents"])
-        return None
-
-    def _remember_metric(self, table: dict[int, Any], item: Any) -> int:
-        self._metric_ids += 1
-        table[self._metric_ids] = item
-        return self._metric_ids
-
-    def _update_metric(self, message: Message) -> None:
-        """Applies an increment, set or observe the model sent (checked by the stub already)."""
-        metric = self._metrics.get(message["metric"])
-        if metric is None:
-            return
-        try:
-            getattr(metric, message["action"])(message["value"])
-        except CoreserveError as exc:  # the stub checks first; a mismatch is ours to report
-            logger.warning("%s: a metric update was refused: %s", self.name, exc.message)
-
-    def _release_metrics(self) -> None:
-        """Takes the model's custom metrics off the metrics endpoint (unload, stub exit)."""
-        for metric in self._metrics.values():
-            metric.family.release_metric(metric)
-        for family in self._families.values():
-            self._server.metrics.release(family)
-        self._metrics.clear()
-        self._families.clear()
-
     def _deliver(self, message: Message) -> None:
         segment = message["segment"]
         outputs_of = [
@@ -408,94 +305,6 @@ class PythonInstance:
         if process is not None and process.alive:
             process.send(message)
 
-    async def _bls(self, message: Message) -> None:
-        """Runs a BLS request from the model through the server and sends back its responses."""
-        call = message["call"]
-        client = self._server.client
-        forget = _nothing
-        try:
-            request = self._bls_request(message)
-            self._bls_calls[call] = request
-            # The requests whose execute() made this call: cancelling them cancels it.
-            parents = [entry[0] for key in message.get("parents", ()) if (entry := self._open.get(key))]
-            forget = cancel_with_parents(request, parents)
-            # Traced as the child of the request whose trace() it was given, when that one is
-            # traced; without trace=, not traced (as Triton).
-            key = message.get("trace_parent")
-            traced = self._open.get(key) if key is not None else None
-            request.trace_as_child_of(traced[0] if traced is not None else None)
-            if client is None:
-                raise UnavailableError("this server offers no in-process client for BLS requests")
-            if message["decoupled"]:
-                async for response in client.stream(request):
-                    self._send_bls_response(call, response.outputs, response.parameters, final=False)
-                self._send_bls_response(call, None, None, final=True)
-            else:
-                response = await client.infer(request)
-                self._send_bls_response(call, response.outputs, response.parameters, final=True)
-        except CoreserveError as exc:
-            error = (exc.message, code_of(exc))
-        except Exception as exc:
-            # Not the model's mistake nor the target's answer: a fault of the server, logged
-            # once with its traceback. The model still gets an answer, or it would wait forever.
-            logger.exception("%s: a BLS request to %r failed in the server", self.name, message["model"])
-            error = (
-                f"internal error of the server in a BLS request: {type(exc).__name__}: {exc}",
-                TritonError.INTERNAL,
-            )
-        else:
-            return
-        finally:
-            forget()
-            self._bls_calls.pop(call, None)
-        failed: BlsResponseMessage = {
-            "op": "bls_response",
-            "call": call,
-            "error": error,
-            "response": None,
-            "segment": None,
-            "final": True,
-        }
-        self._process_send(failed)
-
-    def _bls_request(self, message: Message) -> InferenceRequest:
-        """The server-side request for a BLS request from the model; releases its segment."""
-        try:
-            arrays = self._reader.arrays(message["segment"], message["inputs"], copy=True)
-        finally:
-            if (shared := segment_to_release(message["segment"])) is not None:
-                self._process_send({"op": "release", "segments": [shared]})
-        parameters = dict(message["parameters"])
-        if message.get("timeout"):  # microseconds, the request timeout a client may set too
-            parameters["timeout"] = message["timeout"]
-        if message["correlation_id"]:
-            parameters["sequence_id"] = message["correlation_id"]
-            parameters["sequence_start"] = bool(message["flags"] & SEQUENCE_START)
-            parameters["sequence_end"] = bool(message["flags"] & SEQUENCE_END)
-        return InferenceRequest(
-            model_name=message["model"],
-            model_version=message["version"],
-            id=message["id"],
-            inputs=arrays,
-            parameters=parameters,
-            requested_outputs=tuple(message["requested"]) or None,
-        )
-
-    def _send_bls_response(self, call: int, outputs: Any, parameters: Any, final: bool) -> None:
-        segment, refs = self._pool.write(list(outputs.items())) if outputs is not None else (None, [])
-        body: BlsResponseBody | None = (
-            {"outputs": refs, "parameters": parameters or {}} if outputs is not None else None
-        )
-        answer: BlsResponseMessage = {
-            "op": "bls_response",
-            "call": call,
-            "error": None,
-            "response": body,
-            "segment": segment,
-            "final": final,
-        }
-        self._process_send(answer)
-
     async def close(self) -> None:
         """Runs the model's finalize() and stops the stub.
 
@@ -518,32 +327,6 @@ class PythonInstance:
             self._release_metrics()
             self._reader.close()
             self._pool.close()
-
-
-def cancel_with_parents(request: InferenceRequest, parents: list[InferenceRequest]) -> Callable[[], None]:
-    """Cancels `request` once every one of `parents` is cancelled; returns what undoes the link.
-
-    A BLS call made by the execute() of a batch serves the whole batch, as far as the server
-    can tell: it is cancelled when all of the batch's requests are.
-    """
-    if not parents:
-        return _nothing
-
-    def check() -> None:
-        if all(parent.is_cancelled() for parent in parents):
-            request.cancel()
-
-    forgets = [parent.on_cancel(check) for parent in parents]
-
-    def forget() -> None:
-        for undo in forgets:
-            undo()
-
-    return forget
-
-
-def _nothing() -> None:
-    return None
 
 
 def _request_item(

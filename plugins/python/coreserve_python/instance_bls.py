@@ -1,0 +1,150 @@
+"""The server's side of a model's BLS requests: runs them through the server, answers the stub.
+
+`BlsServing` is the part of `coreserve_python.instance.PythonInstance` that does it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from coreserve import CoreserveError, InferenceRequest, UnavailableError
+from coreserve.backend import Responder, ServerContext
+from coreserve_python.error_codes import code_of
+from coreserve_python.messages import BlsResponseBody, BlsResponseMessage
+from coreserve_python.pb_errors import TritonError
+from coreserve_python.wire import Message, SegmentPool, SegmentReader, segment_to_release
+
+logger = logging.getLogger("coreserve.backend.python")
+SEQUENCE_START, SEQUENCE_END = 1, 2
+
+
+class BlsServing:
+    """Runs the model's BLS requests through the server's in-process client; a part of `PythonInstance`."""
+
+    # Set by the instance (see `PythonInstance.__init__`).
+    name: str
+    _server: ServerContext
+    _pool: SegmentPool
+    _reader: SegmentReader
+    _open: dict[int, tuple[InferenceRequest, Responder, Callable[[], None]]]
+    _bls_calls: dict[int, InferenceRequest]
+
+    if TYPE_CHECKING:
+
+        def _process_send(self, message: Mapping[str, Any]) -> None: ...
+
+    async def _bls(self, message: Message) -> None:
+        """Runs a BLS request from the model through the server and sends back its responses."""
+        call = message["call"]
+        client = self._server.client
+        forget = _nothing
+        try:
+            request = self._bls_request(message)
+            self._bls_calls[call] = request
+            # The requests whose execute() made this call: cancelling them cancels it.
+            parents = [entry[0] for key in message.get("parents", ()) if (entry := self._open.get(key))]
+            forget = cancel_with_parents(request, parents)
+            # Traced as the child of the request whose trace() it was given, when that one is
+            # traced; without trace=, not traced (as Triton).
+            key = message.get("trace_parent")
+            traced = self._open.get(key) if key is not None else None
+            request.trace_as_child_of(traced[0] if traced is not None else None)
+            if client is None:
+                raise UnavailableError("this server offers no in-process client for BLS requests")
+            if message["decoupled"]:
+                async for response in client.stream(request):
+                    self._send_bls_response(call, response.outputs, response.parameters, final=False)
+                self._send_bls_response(call, None, None, final=True)
+            else:
+                response = await client.infer(request)
+                self._send_bls_response(call, response.outputs, response.parameters, final=True)
+        except CoreserveError as exc:
+            error = (exc.message, code_of(exc))
+        except Exception as exc:
+            # Not the model's mistake nor the target's answer: a fault of the server, logged
+            # once with its traceback. The model still gets an answer, or it would wait forever.
+            logger.exception("%s: a BLS request to %r failed in the server", self.name, message["model"])
+            error = (
+                f"internal error of the server in a BLS request: {type(exc).__name__}: {exc}",
+                TritonError.INTERNAL,
+            )
+        else:
+            return
+        finally:
+            forget()
+            self._bls_calls.pop(call, None)
+        failed: BlsResponseMessage = {
+            "op": "bls_response",
+            "call": call,
+            "error": error,
+            "response": None,
+            "segment": None,
+            "final": True,
+        }
+        self._process_send(failed)
+
+    def _bls_request(self, message: Message) -> InferenceRequest:
+        """The server-side request for a BLS request from the model; releases its segment."""
+        try:
+            arrays = self._reader.arrays(message["segment"], message["inputs"], copy=True)
+        finally:
+            if (shared := segment_to_release(message["segment"])) is not None:
+                self._process_send({"op": "release", "segments": [shared]})
+        parameters = dict(message["parameters"])
+        if message.get("timeout"):  # microseconds, the request timeout a client may set too
+            parameters["timeout"] = message["timeout"]
+        if message["correlation_id"]:
+            parameters["sequence_id"] = message["correlation_id"]
+            parameters["sequence_start"] = bool(message["flags"] & SEQUENCE_START)
+            parameters["sequence_end"] = bool(message["flags"] & SEQUENCE_END)
+        return InferenceRequest(
+            model_name=message["model"],
+            model_version=message["version"],
+            id=message["id"],
+            inputs=arrays,
+            parameters=parameters,
+            requested_outputs=tuple(message["requested"]) or None,
+        )
+
+    def _send_bls_response(self, call: int, outputs: Any, parameters: Any, final: bool) -> None:
+        segment, refs = self._pool.write(list(outputs.items())) if outputs is not None else (None, [])
+        body: BlsResponseBody | None = (
+            {"outputs": refs, "parameters": parameters or {}} if outputs is not None else None
+        )
+        answer: BlsResponseMessage = {
+            "op": "bls_response",
+            "call": call,
+            "error": None,
+            "response": body,
+            "segment": segment,
+            "final": final,
+        }
+        self._process_send(answer)
+
+
+def cancel_with_parents(request: InferenceRequest, parents: list[InferenceRequest]) -> Callable[[], None]:
+    """Cancels `request` once every one of `parents` is cancelled; returns what undoes the link.
+
+    A BLS call made by the execute() of a batch serves the whole batch, as far as the server
+    can tell: it is cancelled when all of the batch's requests are.
+    """
+    if not parents:
+        return _nothing
+
+    def check() -> None:
+        if all(parent.is_cancelled() for parent in parents):
+            request.cancel()
+
+    forgets = [parent.on_cancel(check) for parent in parents]
+
+    def forget() -> None:
+        for undo in forgets:
+            undo()
+
+    return forget
+
+
+def _nothing() -> None:
+    return None
