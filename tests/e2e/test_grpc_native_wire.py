@@ -89,7 +89,7 @@ class RawHttp2:
         self.sock = socket.create_connection((host, int(port)), timeout=10)
         self.encoder = hpack.Encoder()
         self.decoder = hpack.Decoder()
-        self.buffer = b""
+        self.buffer = bytearray()
 
     def send(self, data: bytes) -> None:
         self.sock.sendall(data)
@@ -119,8 +119,8 @@ class RawHttp2:
                     break
                 kind, flags = self.buffer[3], self.buffer[4]
                 stream_id = int.from_bytes(self.buffer[5:9], "big") & 0x7FFFFFFF
-                payload = self.buffer[9 : 9 + length]
-                self.buffer = self.buffer[9 + length :]
+                payload = bytes(self.buffer[9 : 9 + length])
+                del self.buffer[: 9 + length]
                 yield kind, flags, stream_id, payload
             try:
                 chunk = self.sock.recv(1 << 20)
@@ -133,7 +133,7 @@ class RawHttp2:
     def call(self, stream_id: int, seconds: float = 10.0) -> tuple[dict[str, str], bytes]:
         """Reads until `stream_id` ends: its headers and trailers merged, and its DATA bytes."""
         fields: dict[str, str] = {}
-        body = b""
+        body = bytearray()
         for kind, flags, sid, payload in self.frames(seconds):
             if kind == SETTINGS and not flags & 1:
                 self.send(frame(SETTINGS, 1, 0))
@@ -145,7 +145,7 @@ class RawHttp2:
                 body += payload
             if (flags & END_STREAM and kind in (HEADERS, DATA)) or kind == RST_STREAM:
                 break
-        return fields, body
+        return fields, bytes(body)
 
     def goaway_code(self) -> int | None:
         """The error code of the server's GOAWAY, once it has closed the connection."""
@@ -434,4 +434,29 @@ def test_inference_answers_are_gzipped_at_the_compression_level_asked(
         answer = channel.unary_unary(SERVICE + "ModelInfer")(infer_request(8), timeout=30)
     assert (
         np.frombuffer(pb.ModelInferResponse.FromString(answer).raw_output_contents[0], np.float32).size == 8
+    )
+
+
+def test_answers_larger_than_the_socket_buffers_end_once_the_client_reads(raw: RawHttp2) -> None:
+    # Windows wide open: each 16 MiB answer of a stream goes to the transport, which pauses
+    # while the client reads nothing; the next answers and the trailers must still come once
+    # the client reads (the handler held back by the paused transport is woken).
+    raw.open(struct.pack(">HI", 0x4, 2**31 - 1))
+    raw.send(frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", 2**31 - 1 - 65535)))
+    raw.send(frame(HEADERS, END_HEADERS, 1, raw.headers_block("ModelStreamInfer")))
+    body = message(infer_request(4 * 1024 * 1024)) * 3
+    step = 1 << 20  # the server's largest frame
+    for start in range(0, len(body), step):
+        last = start + step >= len(body)
+        raw.send(frame(DATA, END_STREAM if last else 0, 1, body[start : start + step]))
+    time.sleep(1.0)
+    fields, answers = raw.call(1, seconds=60)
+    assert fields.get("grpc-status") == "0", fields
+    assert len(answers) == 3 * (
+        5
+        + len(
+            pb.ModelStreamInferResponse.FromString(
+                answers[5 : 5 + int.from_bytes(answers[1:5], "big")]
+            ).SerializeToString()
+        )
     )

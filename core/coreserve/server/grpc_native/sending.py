@@ -29,6 +29,7 @@ class Outbound:
         self.max_frame = wire.DEFAULT_MAX_FRAME
         self.paused = False  # the transport's buffer is full
         self._blocked: dict[int, Call] = {}
+        self._waiting: set[Call] = set()  # handlers held back in wait_drained
 
     def initial_window(self, value: int, calls: Iterable[Call]) -> None:
         """The client changed its initial window: every open stream's window moves by the change."""
@@ -99,9 +100,13 @@ class Outbound:
         self._wake(call)
 
     async def wait_drained(self, call: Call) -> None:
-        while (call.outbound or self.paused) and not call.reset:
-            call.drained = asyncio.get_running_loop().create_future()
-            await call.drained
+        self._waiting.add(call)
+        try:
+            while (call.outbound or self.paused) and not call.reset:
+                call.drained = asyncio.get_running_loop().create_future()
+                await call.drained
+        finally:
+            self._waiting.discard(call)
 
     def _wake(self, call: Call) -> None:
         if call.drained is not None and not call.drained.done() and (not self.paused or call.reset):
@@ -109,7 +114,9 @@ class Outbound:
 
     def wake_all(self, closed: bool = False) -> None:
         """The transport can take more (or is gone: `closed`): waiting handlers go on."""
-        for call in list(self._blocked.values()):
+        # Every waiting handler: one whose bytes all went to the transport waits for the
+        # transport alone, and is in no window's queue.
+        for call in list(self._waiting):
             if closed:
                 call.outbound.clear()
             self._wake(call)
