@@ -6,7 +6,8 @@ import argparse
 
 import pytest
 
-from coreserve.cli import _options, parse_serve_args
+from coreserve.cli_flags import parse_serve_args
+from coreserve.cli_options import server_options
 from coreserve.cli_triton import TRITON_FLAGS, Effect, accepted_flags_warning
 from coreserve.repository import ControlMode
 from paths import TESTS
@@ -187,7 +188,7 @@ def test_acting_flags_reach_the_server_options() -> None:
             "--log-format=ISO8601",
         ]
     )
-    options = _options(args)
+    options = server_options(args)
     assert options.server_id == "edge-7" and options.model_config_name == "h100"
     assert options.auto_complete_config is False
     assert [sorted(r.categories) for r in options.grpc_restricted_api] == [["statistics"], ["health"]]
@@ -212,7 +213,7 @@ def test_acting_flags_reach_the_server_options() -> None:
 
 
 def test_explicit_mode_without_load_model_asks_for_nothing() -> None:
-    options = _options(parse_serve_args([*BASE, "--model-control-mode=explicit"]))
+    options = server_options(parse_serve_args([*BASE, "--model-control-mode=explicit"]))
     assert options.model_control_mode is ControlMode.EXPLICIT and options.load_models == []
 
 
@@ -241,7 +242,9 @@ def test_load_model_star_goes_alone(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_the_metrics_address_follows_the_http_address_unless_given() -> None:
-    assert _options(parse_serve_args(BASE)).metrics_address == "0.0.0.0"
-    assert _options(parse_serve_args([*BASE, "--http-address=127.0.0.1"])).metrics_address == "127.0.0.1"
+    assert server_options(parse_serve_args(BASE)).metrics_address == "0.0.0.0"
+    assert (
+        server_options(parse_serve_args([*BASE, "--http-address=127.0.0.1"])).metrics_address == "127.0.0.1"
+    )
     given = [*BASE, "--http-address=127.0.0.1", "--metrics-address=0.0.0.0"]
-    assert _options(parse_serve_args(given)).metrics_address == "0.0.0.0"
+    assert server_options(parse_serve_args(given)).metrics_address == "0.0.0.0"

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from coreserve.cli import _options, parse_serve_args
+from coreserve.cli_flags import parse_serve_args
+from coreserve.cli_options import server_options
 
 BASE = ["--model-repository=/tmp/models"]
 
 
 def test_defaults_are_tritons() -> None:
-    options = _options(parse_serve_args(BASE))
+    options = server_options(parse_serve_args(BASE))
     assert (options.counter_latencies, options.summary_latencies, options.histogram_latencies) == (
         True,
         False,
@@ -41,7 +42,7 @@ def test_settings_are_read_in_both_forms() -> None:
             "250.5",
         ]
     )
-    options = _options(args)
+    options = server_options(args)
     assert (options.counter_latencies, options.summary_latencies, options.histogram_latencies) == (
         False,
         True,

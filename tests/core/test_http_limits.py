@@ -7,7 +7,8 @@ import zlib
 
 import pytest
 
-from coreserve import cli
+from coreserve.cli_flags import serve_parser
+from coreserve.cli_options import server_options
 from coreserve.server.http_encoding import BodyTooLarge, decompress
 from coreserve.server.http_limits import DEFAULT_HTTP_LIMITS, HttpLimits, default_max_connections
 
@@ -25,8 +26,8 @@ FLAGS = {
 
 
 def _limits(*flags: str) -> HttpLimits:
-    args = cli._serve_parser().parse_args(["--model-repository=/models", *flags])
-    return cli._options(args).http_limits
+    args = serve_parser().parse_args(["--model-repository=/models", *flags])
+    return server_options(args).http_limits
 
 
 def test_defaults_come_from_one_place() -> None:

@@ -10,7 +10,8 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from coreserve.cli import _options, parse_serve_args
+from coreserve.cli_flags import parse_serve_args
+from coreserve.cli_options import server_options
 from coreserve.ray._app import DEPLOYMENT_NAME, coreserve_app
 
 logger = logging.getLogger("coreserve.ray")
@@ -85,7 +86,7 @@ def deployment_options(args: argparse.Namespace) -> dict[str, Any]:
 def main(argv: Sequence[str]) -> int:
     """Deploys the application; unless --detach, serves until SIGINT or SIGTERM, then deletes it."""
     args, rest = _parser().parse_known_args(argv)
-    options = _options(parse_serve_args(rest))
+    options = server_options(parse_serve_args(rest))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     import ray
     from ray import serve
