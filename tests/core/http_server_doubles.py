@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 from coreserve.server.http import error_response
 from coreserve.server.http_limits import HttpLimits
-from coreserve.server.http_wire import HttpRequest, HttpResponse, HttpServer, Response, StreamedResponse
+from coreserve.server.http_server import HttpServer
+from coreserve.server.http_wire import HttpRequest, HttpResponse, Response, StreamedResponse
 
 
 class RecordingHandler:

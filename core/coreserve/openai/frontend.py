@@ -31,7 +31,8 @@ from coreserve.server.dataplane import DataPlane
 from coreserve.server.http_encoding import BodyTooLarge, decompress
 from coreserve.server.http_limits import DEFAULT_HTTP_LIMITS, HttpLimits
 from coreserve.server.http_router import Router
-from coreserve.server.http_wire import HttpRequest, HttpResponse, HttpServer, Response
+from coreserve.server.http_server import HttpServer
+from coreserve.server.http_wire import HttpRequest, HttpResponse, Response
 
 logger = logging.getLogger(__name__)
 OWNER = "coreserve"

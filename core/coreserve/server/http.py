@@ -25,9 +25,10 @@ from coreserve.server.dataplane import DataPlane
 from coreserve.server.http_encoding import BodyTooLarge, decompress
 from coreserve.server.http_limits import DEFAULT_HTTP_LIMITS, HttpLimits
 from coreserve.server.http_router import Handler, Router, unrouted_message
+from coreserve.server.http_server import HttpServer
 from coreserve.server.http_shared_memory import shared_memory_routes
 from coreserve.server.http_tls import HttpTls
-from coreserve.server.http_wire import HttpRequest, HttpResponse, HttpServer, Response, StreamedResponse
+from coreserve.server.http_wire import HttpRequest, HttpResponse, Response, StreamedResponse
 from coreserve.server.restrictions import ApiRestrictions
 from coreserve.tracing import RequestTrace, TraceContext
 from coreserve.types import InferenceRequest, InferenceResponse, now_ns
