@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from functools import partial
 
 import ml_dtypes
 import numpy as np
@@ -21,33 +22,60 @@ from coreserve.types import InferenceRequest, InferenceResponse
 PREFIX = model_prefix("m", 1, 1)
 
 
-def _key(prefix: bytes = PREFIX, **fields: object) -> bytes:
+def _key(prefix: bytes = PREFIX, *, exact_up_to: int = 0, **fields: object) -> bytes:
     inputs = fields.pop("inputs", {"X": np.arange(6, dtype=np.float32).reshape(2, 3)})
-    return request_key(prefix, InferenceRequest("m", inputs, **fields))  # type: ignore[arg-type]
+    request = InferenceRequest("m", inputs, **fields)  # type: ignore[arg-type]
+    return request_key(prefix, request, exact_up_to=exact_up_to)
 
 
 def _entry(nbytes: int) -> CachedResponse:
     return CachedResponse({}, {}, nbytes)
 
 
-def test_the_key_tells_apart_what_changes_an_answer() -> None:
+@pytest.mark.parametrize("exact_up_to", [0, 256], ids=["hashed", "exact"])
+def test_the_key_tells_apart_what_changes_an_answer(exact_up_to: int) -> None:
+    key = partial(_key, exact_up_to=exact_up_to)
     base = np.arange(6, dtype=np.float32)
-    same = _key(inputs={"X": base.reshape(2, 3)})
-    assert same == _key()
+    same = key(inputs={"X": base.reshape(2, 3)})
+    assert same == key()
     others = [
-        _key(inputs={"X": base.reshape(3, 2)}),  # shape
-        _key(inputs={"X": base.view(np.int32).reshape(2, 3)}),  # datatype, same bytes
-        _key(inputs={"Y": base.reshape(2, 3)}),  # name
-        _key(inputs={"X": (base + 1).reshape(2, 3)}),  # bytes
-        _key(requested_outputs=("A",)),
-        _key(requested_outputs=("A", "B")),
-        _key(parameters={"offset": 1}),
-        _key(parameters={"offset": True}),
-        _key(model_prefix("m", 2, 1)),  # another version
-        _key(model_prefix("m", 1, 2)),  # another load of the same version
-        _key(model_prefix("n", 1, 1)),
+        key(inputs={"X": base.reshape(3, 2)}),  # shape
+        key(inputs={"X": base.view(np.int32).reshape(2, 3)}),  # datatype, same bytes
+        key(inputs={"Y": base.reshape(2, 3)}),  # name
+        key(inputs={"X": (base + 1).reshape(2, 3)}),  # bytes
+        key(inputs={"S": np.array([b"ab", b"c"], dtype=np.object_)}),
+        key(inputs={"S": np.array([b"a", b"bc"], dtype=np.object_)}),  # element boundaries
+        key(requested_outputs=("A",)),
+        key(requested_outputs=("A", "B")),
+        key(parameters={"offset": 1}),
+        key(parameters={"offset": True}),
+        key(model_prefix("m", 2, 1)),  # another version
+        key(model_prefix("m", 1, 2)),  # another load of the same version
+        key(model_prefix("n", 1, 1)),
     ]
     assert len({same, *others}) == len(others) + 1
+
+
+def test_small_inputs_make_a_key_of_their_bytes_and_large_ones_a_hash() -> None:
+    small = np.arange(4, dtype=np.float32)  # 16 bytes
+    exact = _key(inputs={"X": small}, exact_up_to=16)
+    assert small.tobytes() in exact and exact.startswith(PREFIX)
+    assert _key(inputs={"X": small.T}, exact_up_to=16) == exact  # the bytes in C order
+    # Past the limit (here across two inputs), the same material is hashed: a 16-byte key,
+    # the one a hashed key of the same request has.
+    two = {"X": small, "Y": small}
+    assert _key(inputs=two, exact_up_to=16) == _key(inputs=two) and len(_key(inputs=two)) == 16
+    strided = np.arange(12, dtype=np.float32)[::-2].reshape(2, 3)
+    assert _key(inputs={"X": strided}, exact_up_to=16) == _key(inputs={"X": strided.copy()})
+    assert _key(inputs={}, exact_up_to=0) != PREFIX  # 0 means never, even for no input bytes
+
+
+def test_a_long_key_counts_against_the_size() -> None:
+    cache = LocalResponseCache(300)
+    assert cache.insert(b"k" * 116, 1, _entry(200))  # 100 bytes beyond a 16-byte hash: 300 in all
+    assert cache.statistics().used_bytes == 300
+    assert not cache.insert(b"k" * 117, 1, _entry(200))  # 301: more than the cache
+    assert cache.lookup(b"k" * 116) is not None
 
 
 def test_the_key_ignores_layout_input_order_and_scheduling_parameters() -> None:
