@@ -127,8 +127,8 @@ def main() -> None:
     parser.add_argument(
         "--grpc-server",
         choices=("grpcio", "native"),
-        default="grpcio",
-        help="coreserve's --grpc-server (default grpcio)",
+        default="native",
+        help="coreserve's --grpc-server (default native, the server's own default)",
     )
     parser.add_argument(
         "--compare-grpcio",

@@ -224,6 +224,22 @@ def test_tls_without_its_files_is_a_command_line_mistake(capsys: pytest.CaptureF
     assert "--grpc-use-ssl needs --grpc-server-cert and --grpc-server-key" in capsys.readouterr().err
 
 
+def test_the_grpc_server_comes_from_the_flag_the_environment_or_the_tls_choice(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("CORESERVE_GRPC_SERVER", raising=False)
+    assert server_options(parse_serve_args(BASE)).grpc_server is None  # native, or grpcio for TLS
+    assert server_options(parse_serve_args([*BASE, "--grpc-server=grpcio"])).grpc_server == "grpcio"
+    monkeypatch.setenv("CORESERVE_GRPC_SERVER", "grpcio")
+    assert server_options(parse_serve_args(BASE)).grpc_server == "grpcio"
+    assert server_options(parse_serve_args([*BASE, "--grpc-server", "native"])).grpc_server == "native"
+    monkeypatch.setenv("CORESERVE_GRPC_SERVER", "grpc-go")
+    with pytest.raises(SystemExit) as exit_info:
+        parse_serve_args(BASE)
+    assert exit_info.value.code == 2
+    assert "$CORESERVE_GRPC_SERVER must be one of native, grpcio, got 'grpc-go'" in capsys.readouterr().err
+
+
 def test_negative_numbers_where_tritonserver_wants_counts_are_refused() -> None:
     with pytest.raises(SystemExit):
         parse_serve_args([*BASE, "--log-verbose=-1"])

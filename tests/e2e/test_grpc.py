@@ -7,6 +7,7 @@ import queue
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
@@ -18,7 +19,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from coreserve.protos import health_pb2, health_pb2_grpc
-from coreserve.testing import ServerProcess
+from coreserve.testing import ServerFactory, ServerProcess
 from model_builders import ONNX_TYPES, add_sub_model, identity_model, write_model
 
 ADD_SUB = """
@@ -36,8 +37,24 @@ output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
 
 @pytest.fixture(scope="module")
 def grpc_server_flags() -> list[str]:
-    """More flags for this module's server (test_grpc_native.py runs these tests on the native one)."""
-    return []
+    """The gRPC server of this module's servers: grpc.aio here (the default is the native
+    server, on which test_grpc_native.py runs these tests again)."""
+    return ["--grpc-server=grpcio"]
+
+
+@pytest.fixture
+def coreserve_server(coreserve_server: ServerFactory, grpc_server_flags: list[str]) -> ServerFactory:
+    """The servers the tests below start, on this module's gRPC server."""
+
+    def start(repository: Any, *args: str, **options: Any) -> ServerProcess:
+        return coreserve_server(repository, *args, *grpc_server_flags, **options)
+
+    return start
+
+
+def test_the_chosen_grpc_server_answers(server: ServerProcess, grpc_server_flags: list[str]) -> None:
+    assert "Started GRPCInferenceService at 127.0.0.1" in server.log
+    assert ("(native HTTP/2)" in server.log) == ("--grpc-server=native" in grpc_server_flags)
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ import tritonclient.grpc as grpcclient
 from test_http_abuse import HealthProbe
 
 from coreserve.protos import grpc_service_pb2 as pb
-from coreserve.testing import ServerProcess
+from coreserve.testing import ServerFactory, ServerProcess
 from model_builders import identity_model, write_model
 
 IDENTITY = """
@@ -354,6 +354,26 @@ def test_a_tls_flag_is_refused_with_the_native_server(tmp_path: Path) -> None:
     finally:
         process.close()
     assert "--grpc-server native serves plain HTTP/2 only" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("flags", "env", "native"),
+    [
+        ([], {}, True),  # the default
+        ([], {"CORESERVE_GRPC_SERVER": "grpcio"}, False),
+        (["--grpc-server=grpcio"], {"CORESERVE_GRPC_SERVER": "native"}, False),  # the flag wins
+    ],
+    ids=["default", "environment", "flag"],
+)
+def test_the_native_server_serves_unless_told_otherwise(
+    coreserve_server: ServerFactory, tmp_path: Path, flags: list[str], env: dict[str, str], native: bool
+) -> None:
+    server = coreserve_server(
+        tmp_path, "--allow-metrics=false", *flags, env={"CORESERVE_GRPC_SERVER": "", **env}
+    )
+    assert ("(native HTTP/2)" in server.log) == native
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        assert client.is_server_live()
 
 
 def _native(coreserve_server, tmp_path: Path, *flags: str) -> ServerProcess:  # type: ignore[no-untyped-def]

@@ -52,6 +52,7 @@ def test_tls_serves_clients_that_trust_the_root(
     coreserve_server: ServerFactory, repository: Path, pki: Pki
 ) -> None:
     server = coreserve_server(repository, *_tls_flags(pki))
+    assert "(native HTTP/2)" not in server.log  # TLS without --grpc-server: grpcio serves it
     client = _client(server, pki, None)
     try:
         assert client.is_server_ready(client_timeout=20)

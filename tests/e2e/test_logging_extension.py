@@ -83,12 +83,15 @@ def test_the_log_flags_set_the_log_and_what_v2_logging_reports(
         "log_verbose_level": 1,
         "log_format": "ISO8601",
     }
-    written = log_file.read_text()
-    assert "Started HTTPService" in written and ISO_LINE.search(written)
-    assert re.search(r"Z D \d+ ", written)  # verbose lines
-    assert not DEFAULT_LINE.search(written)
     with httpclient.InferenceServerClient(server.http_url) as client:
         assert client.get_log_settings() == _settings(server)
+        tensor = httpclient.InferInput("INPUT0", [1, 4], "FP32")
+        tensor.set_data_from_numpy(np.ones((1, 4), np.float32))
+        client.infer("first", [tensor])  # at verbose level 1, a request's lines are logged
+    written = log_file.read_text()
+    assert "Started HTTPService" in written and ISO_LINE.search(written)
+    assert re.search(r"Z D \d+ \S+\] request for model 'first' version 1: received", written)  # verbose lines
+    assert not DEFAULT_LINE.search(written)
 
 
 def test_settings_change_at_run_time_and_shape_the_lines_that_follow(

@@ -176,7 +176,8 @@ class ServerRuntime:
                 )
                 await _start_service("metrics", self.metrics.start())
         if options.allow_grpc:
-            self.grpc = (NativeGrpcFrontend if options.grpc_server == "native" else GrpcFrontend)(
+            chosen = options.grpc_server or ("grpcio" if options.grpc_transport.tls is not None else "native")
+            self.grpc = (NativeGrpcFrontend if chosen == "native" else GrpcFrontend)(
                 self.dataplane,
                 address=options.grpc_address,
                 port=options.grpc_port,
