@@ -173,6 +173,49 @@ def wrk_load(completed: subprocess.CompletedProcess[str]) -> Load:
     )
 
 
+def h2load_grpc(address: str, method: str, message: bytes, concurrency: int, seconds: float) -> Load:
+    """Drives a unary gRPC method with h2load (nghttp2's HTTP/2 load generator, written in C
+    like wrk: Debian's nghttp2-client), `concurrency` connections of one stream each, every
+    call carrying the serialized `message`.
+
+    h2load reads HTTP statuses, not gRPC's grpc-status trailer: check once that `message`
+    succeeds (see grpc_call_succeeds) before measuring with it.
+    """
+    if shutil.which("h2load") is None:
+        raise SystemExit("h2load is not installed (Debian: apt-get install nghttp2-client)")
+    with tempfile.TemporaryDirectory() as folder:
+        body, log = Path(folder) / "body", Path(folder) / "log"
+        body.write_bytes(b"\0" + len(message).to_bytes(4, "big") + message)  # one gRPC frame
+        completed = subprocess.run(
+            ["h2load", f"-c{concurrency}", "-m1", f"-D{max(1, round(seconds))}", "-d", str(body),
+             "-H", "content-type: application/grpc", "-H", "te: trailers", f"--log-file={log}",
+             f"http://{address}/{method.lstrip('/')}"],
+            capture_output=True, text=True, check=True, timeout=seconds + 60,
+        )  # fmt: skip
+        # Each line: start (us since the epoch), HTTP status, microseconds to the end of the response.
+        rows = [line.split("\t") for line in log.read_text().splitlines() if line]
+    match = re.search(r"finished in [\d.]+s, ([\d.]+) req/s", completed.stdout)
+    if match is None:
+        raise RuntimeError(f"h2load printed no summary:\n{completed.stdout}\n{completed.stderr}")
+    latencies = np.array(sorted(int(row[2]) for row in rows), dtype=np.float64) / 1000
+    return Load(
+        requests_per_s=float(match.group(1)),
+        p50_ms=float(np.percentile(latencies, 50)) if len(latencies) else 0.0,
+        p90_ms=float(np.percentile(latencies, 90)) if len(latencies) else 0.0,
+        p99_ms=float(np.percentile(latencies, 99)) if len(latencies) else 0.0,
+        errors=sum(1 for row in rows if not row[1].startswith("2")),
+        tool="h2load",
+    )
+
+
+def grpc_call_succeeds(address: str, method: str, message: bytes) -> None:
+    """Calls a unary method once with a serialized message; raises if it does not answer OK."""
+    import grpc
+
+    with grpc.insecure_channel(address) as channel:
+        channel.unary_unary(method)(message, timeout=30)  # bytes in and out: no (de)serializers
+
+
 def identity_onnx() -> bytes:
     """An ONNX model whose OUTPUT0 is its FP32 [n] INPUT0."""
     from onnx import TensorProto, helper
