@@ -7,6 +7,8 @@ import pytest
 from google.protobuf.message import DecodeError
 
 from coreserve.protocol.grpc_codec import (
+    _PLAIN_HEADERS,
+    PLAIN_HEADERS,
     VIEW_RAW_CONTENTS_FROM,
     decode_model_infer_request,
     encode_model_infer_response,
@@ -121,3 +123,29 @@ def test_a_serialized_response_is_the_bytes_protobuf_writes(outputs: dict[str, n
     expected = encode_model_infer_response(response)
     expected.parameters["triton_final_response"].bool_param = True
     assert stream == pb.ModelStreamInferResponse(infer_response=expected)
+
+
+def test_a_plain_response_serializes_right_the_second_time_from_the_remembered_header() -> None:
+    # Without parameters or shared memory, the header (everything but the raw contents) is
+    # remembered by model, version, id and the outputs' names, datatypes and shapes.
+    def response(data: np.ndarray, id: str = "") -> InferenceResponse:
+        return InferenceResponse("m", "1", {"OUT": data, "TEXT": np.array([b"ab"], np.object_)}, id=id)
+
+    answers = [
+        response(np.arange(4, dtype=np.float32)),
+        response(np.arange(4, 8, dtype=np.float32)),  # the same header, other bytes
+        response(np.arange(4, dtype=np.int32)),  # another datatype, as many bytes
+        response(np.arange(4, dtype=np.float32).reshape(2, 2)),  # another shape
+        response(np.arange(4, dtype=np.float32), id="7"),
+        response(np.arange(4, dtype=np.float32)),  # the first again
+    ]
+    for answer in answers:
+        assert (
+            serialize_model_infer_response(answer) == encode_model_infer_response(answer).SerializeToString()
+        )
+
+
+def test_the_remembered_headers_stay_bounded() -> None:
+    for number in range(PLAIN_HEADERS + 10):  # ids that differ every time
+        serialize_model_infer_response(InferenceResponse("m", "1", {"OUT": np.ones(2)}, id=str(number)))
+        assert len(_PLAIN_HEADERS) <= PLAIN_HEADERS

@@ -172,19 +172,20 @@ def decode_model_infer_request(
     message's raw_input_contents (see parse_model_infer_request).
     """
     raw = message.raw_input_contents if raw_contents is None else raw_contents
+    tensors = list(message.inputs)  # (each access to a repeated field makes its wrappers anew)
     in_shared_memory = {
         tensor.name: reference
-        for tensor in message.inputs
+        for tensor in tensors
         if tensor.parameters
         and (reference := shared_memory_reference(_parameters(tensor.parameters), f"input '{tensor.name}'"))
     }
-    if raw and len(raw) != len(message.inputs) - len(in_shared_memory):
+    if raw and len(raw) != len(tensors) - len(in_shared_memory):
         outside = " outside shared memory" if in_shared_memory else ""
         detail = (
-            f"the request has {len(message.inputs) - len(in_shared_memory)} inputs{outside} "
+            f"the request has {len(tensors) - len(in_shared_memory)} inputs{outside} "
             f"but {len(raw)} raw_input_contents"
         )
-        unfed = [tensor.name for tensor in message.inputs if tensor.name not in in_shared_memory][len(raw) :]
+        unfed = [tensor.name for tensor in tensors if tensor.name not in in_shared_memory][len(raw) :]
         if unfed:  # Triton's words for the first input left without data
             detail = (
                 f"unable to find data for input tensor '{unfed[0]}' for model '{message.model_name}' "
@@ -192,15 +193,19 @@ def decode_model_infer_request(
             )
         raise InvalidArgumentError(detail)
     try:
-        inputs = _decode_inputs(message, regions, raw, in_shared_memory)
+        inputs = _decode_inputs(message, tensors, regions, raw, in_shared_memory)
     except RequestMismatchError as exc:  # Triton names the request in these
         raise RequestMismatchError(with_request_id(message.id, exc.message)) from None
-    parameters = {key: parameter_value(value) for key, value in message.parameters.items()}
-    if "priority" in message.parameters:
-        _check_priority(message.parameters["priority"])
+    parameters: dict[str, ParameterValue] = {}
+    given = message.parameters
+    if given:
+        parameters = {key: parameter_value(value) for key, value in given.items()}
+        if "priority" in given:
+            _check_priority(given["priority"])
     class_counts = {}
-    for output in message.outputs:
-        if CLASSIFICATION in output.parameters:
+    outputs = list(message.outputs)
+    for output in outputs:
+        if output.parameters and CLASSIFICATION in output.parameters:
             class_counts[output.name] = _class_count(output.parameters[CLASSIFICATION], output.name)
     return InferenceRequest(
         model_name=message.model_name,
@@ -208,13 +213,14 @@ def decode_model_infer_request(
         id=message.id,
         inputs=inputs,
         parameters=parameters,
-        requested_outputs=tuple(output.name for output in message.outputs) or None,
+        requested_outputs=tuple(output.name for output in outputs) or None,
         class_counts=class_counts or None,
     )
 
 
 def _decode_inputs(
     message: pb.ModelInferRequest,
+    tensors: Sequence[pb.ModelInferRequest.InferInputTensor],
     regions: SharedMemoryRegions | None,
     raw: Sequence[bytes | memoryview],
     in_shared_memory: Mapping[str, SharedMemoryReference],
@@ -222,13 +228,13 @@ def _decode_inputs(
     """The input arrays of a ModelInferRequest, from shared memory, raw contents or contents."""
     inputs: dict[str, np.ndarray] = {}
     index = 0
-    for tensor in message.inputs:
+    for tensor in tensors:
         name = tensor.name
         if name in inputs:
             raise RequestMismatchError(f"input '{name}' already exists in request")
         datatype = parse_datatype(tensor.datatype, name)
         shape = check_shape(tuple(tensor.shape), name)
-        reference = in_shared_memory.get(name)
+        reference = in_shared_memory.get(name) if in_shared_memory else None
         if reference is not None:
             inputs[name] = read_input(regions, reference, datatype, shape, name)
         elif raw:
@@ -354,10 +360,13 @@ def _serialized_pieces(
     parameters: Mapping[str, ParameterValue] | None = None,
 ) -> tuple[list[bytes | memoryview], int]:
     """The pieces of a serialized ModelInferResponse, and their total size."""
-    message, raw = _response_without_raw(response, shared_memory)
-    for key, value in (parameters or {}).items():
-        set_parameter(message.parameters[key], value)
-    header = message.SerializeToString()
+    if shared_memory or parameters or response.parameters:
+        message, raw = _response_without_raw(response, shared_memory)
+        for key, value in (parameters or {}).items():
+            set_parameter(message.parameters[key], value)
+        header = message.SerializeToString()
+    else:
+        header, raw = _plain_header(response)
     pieces: list[bytes | memoryview] = [header]
     size = len(header)
     for data in raw:
@@ -365,6 +374,33 @@ def _serialized_pieces(
         pieces += (_RAW_OUTPUT_CONTENTS_KEY, length, data)
         size += len(_RAW_OUTPUT_CONTENTS_KEY) + len(length) + len(data)
     return pieces, size
+
+
+def _plain_header(response: InferenceResponse) -> tuple[bytes, list[bytes | memoryview]]:
+    """The serialized message of a response without parameters or shared memory, less its raw
+    contents, and those contents. Its header is the same for every response of one model with
+    the same id and outputs' names, datatypes and shapes: made once, then taken from a cache."""
+    outputs = response.outputs
+    signature = (
+        response.model_name,
+        response.model_version,
+        response.id,
+        *[(name, array.dtype, array.shape) for name, array in outputs.items()],
+    )
+    header = _PLAIN_HEADERS.get(signature)
+    if header is None:
+        message, raw = _response_without_raw(response, None)
+        header = message.SerializeToString()
+        if len(_PLAIN_HEADERS) >= PLAIN_HEADERS:  # ids or shapes that vary must not grow it unbounded
+            _PLAIN_HEADERS.clear()
+        _PLAIN_HEADERS[signature] = header
+        return header, raw
+    return header, [array_to_bytes(array, DataType.from_numpy(array.dtype)) for array in outputs.values()]
+
+
+# Headers remembered by _plain_header (a few per model, unless clients vary ids or shapes).
+PLAIN_HEADERS = 1024
+_PLAIN_HEADERS: dict[tuple[object, ...], bytes] = {}
 
 
 # The key of ModelInferResponse.raw_output_contents (field 6, length-delimited).
