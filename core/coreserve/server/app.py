@@ -24,8 +24,8 @@ from coreserve.scheduling import LatencyOptions
 from coreserve.scheduling.cache_config import make_response_cache
 from coreserve.scheduling.rate_limiter import RateLimiter
 from coreserve.server.dataplane import DataPlane, ServerFlags
-from coreserve.server.grpc import GrpcFrontend
 from coreserve.server.grpc_native import NativeGrpcFrontend
+from coreserve.server.grpcio_frontend import GrpcFrontend
 from coreserve.server.http import HttpFrontend
 from coreserve.server.log_settings import ServerLog
 from coreserve.server.metrics import MetricsFrontend, MetricsReport

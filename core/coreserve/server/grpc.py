@@ -1,13 +1,13 @@
-"""The gRPC frontend: `inference.GRPCInferenceService` and `grpc.health.v1.Health` on grpc.aio.
+"""The gRPC inference service: `inference.GRPCInferenceService`'s calls.
 
 A thin adapter over the data plane, as the HTTP frontend is: the same checks, the same
-errors (mapped to the status codes Triton uses), the same messages.
+errors (mapped to the status codes Triton uses), the same messages. grpc_services.py puts
+it and the health service on a server, grpcio_frontend.py or grpc_native's.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -19,23 +19,17 @@ from coreserve.protocol.grpc_codec import (
     ReceivedInferRequest,
     decode_model_infer_request,
     encode_model_infer_response,
-    parse_model_infer_request,
     serialize_model_infer_response,
     serialize_model_stream_infer_response,
     shared_memory_outputs,
 )
 from coreserve.protos import grpc_service_pb2 as pb
 from coreserve.protos import grpc_service_pb2_grpc as pb_grpc
-from coreserve.protos import health_pb2, health_pb2_grpc
 from coreserve.responses import StreamingResponses
 from coreserve.server.dataplane import DataPlane
-from coreserve.server.grpc_decoding import DecodingRegistrar
-from coreserve.server.grpc_transport import GrpcTransport
 from coreserve.server.restrictions import ApiRestrictions
 from coreserve.tracing import RequestTrace, TraceContext
 from coreserve.types import InferenceRequest, InferenceResponse, now_ns
-
-logger = logging.getLogger(__name__)
 
 GRPC_STATUS = {
     ErrorCode.INVALID_ARG: grpc.StatusCode.INVALID_ARGUMENT,
@@ -109,11 +103,6 @@ def _traced_encoding(
     trace.mark("GRPC_SEND_END", now_ns())
     trace.finish()
     return message
-
-
-def _serialized(response: bytes | pb.ModelInferResponse | pb.ModelStreamInferResponse) -> bytes:
-    """An inference response on the wire: most come serialized already (no message copies)."""
-    return response if isinstance(response, bytes) else response.SerializeToString()
 
 
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
@@ -415,103 +404,3 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             error_message(exc)
             return
         running.add(request)  # (no response can come before submit returns)
-
-
-class HealthServicer(health_pb2_grpc.HealthServicer):
-    """grpc.health.v1: SERVING while the server is ready (what its readiness endpoint says)."""
-
-    SERVICES = ("", INFERENCE_SERVICE)
-
-    def __init__(self, dataplane: DataPlane, watch_interval: float = 1.0) -> None:
-        self._dataplane = dataplane
-        self._watch_interval = watch_interval
-
-    def _status(self) -> health_pb2.HealthCheckResponse.ServingStatus:
-        Status = health_pb2.HealthCheckResponse
-        return Status.SERVING if self._dataplane.ready() else Status.NOT_SERVING
-
-    async def Check(
-        self, request: health_pb2.HealthCheckRequest, context: Any
-    ) -> health_pb2.HealthCheckResponse:
-        if request.service not in self.SERVICES:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown service '{request.service}'")
-        return health_pb2.HealthCheckResponse(status=self._status())
-
-    async def Watch(
-        self, request: health_pb2.HealthCheckRequest, context: Any
-    ) -> AsyncIterator[health_pb2.HealthCheckResponse]:
-        if request.service not in self.SERVICES:
-            yield health_pb2.HealthCheckResponse(status=health_pb2.HealthCheckResponse.SERVICE_UNKNOWN)
-            return
-        last = None
-        while True:
-            status = self._status()
-            if status != last:
-                yield health_pb2.HealthCheckResponse(status=status)
-                last = status
-            await asyncio.sleep(self._watch_interval)
-
-
-def add_services(
-    server: Any,
-    dataplane: DataPlane,
-    restrictions: ApiRestrictions | None,
-    max_stream_inflight: int = DEFAULT_MAX_STREAM_INFLIGHT,
-) -> None:
-    """Registers GRPCInferenceService and grpc.health.v1 on `server`: grpc.aio's or the native one.
-
-    `server` takes `add_registered_method_handlers(service, handlers)` as grpc.aio's does.
-    """
-    pb_grpc.add_GRPCInferenceServiceServicer_to_server(  # type: ignore[no-untyped-call]
-        InferenceServicer(dataplane, restrictions, max_stream_inflight),
-        DecodingRegistrar(
-            server,
-            # Large raw contents are kept as views of the received bytes (no copy).
-            {"ModelInfer": parse_model_infer_request, "ModelStreamInfer": parse_model_infer_request},
-            {"ModelInfer": _serialized, "ModelStreamInfer": _serialized},
-        ),
-    )
-    health_pb2_grpc.add_HealthServicer_to_server(  # type: ignore[no-untyped-call]
-        HealthServicer(dataplane), DecodingRegistrar(server)
-    )
-
-
-class GrpcFrontend:
-    """Serves the gRPC services for one data plane on one address and port."""
-
-    def __init__(
-        self,
-        dataplane: DataPlane,
-        *,
-        address: str,
-        port: int,
-        max_message_size: int,
-        restrictions: ApiRestrictions | None = None,
-        max_stream_inflight: int = DEFAULT_MAX_STREAM_INFLIGHT,
-        transport: GrpcTransport | None = None,
-    ) -> None:
-        self._dataplane = dataplane
-        self._address = address
-        self.port = port
-        self._transport = transport or GrpcTransport()
-        self._server = grpc.aio.server(
-            options=[
-                ("grpc.max_send_message_length", max_message_size),
-                ("grpc.max_receive_message_length", max_message_size),
-                *self._transport.server_options(),
-            ],
-        )
-        add_services(self._server, dataplane, restrictions, max_stream_inflight)
-
-    async def start(self) -> None:
-        host = f"[{self._address}]" if ":" in self._address else self._address
-        tls = self._transport.tls
-        if tls is None:
-            self.port = self._server.add_insecure_port(f"{host}:{self.port}")
-        else:  # credentials() raises TlsFileError, a start-up error, for a file it cannot use
-            self.port = self._server.add_secure_port(f"{host}:{self.port}", tls.credentials())
-        await self._server.start()
-        logger.info("Started GRPCInferenceService at %s:%d", self._address, self.port)
-
-    async def stop(self, grace: float | None = None) -> None:
-        await self._server.stop(grace)

@@ -14,8 +14,9 @@ from typing import Any
 import grpc
 
 from coreserve.server.dataplane import DataPlane
-from coreserve.server.grpc import DEFAULT_MAX_STREAM_INFLIGHT, add_services
+from coreserve.server.grpc import DEFAULT_MAX_STREAM_INFLIGHT
 from coreserve.server.grpc_native.connection import Http2Connection
+from coreserve.server.grpc_services import add_services
 from coreserve.server.grpc_transport import GrpcTransport
 from coreserve.server.restrictions import ApiRestrictions
 
