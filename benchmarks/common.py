@@ -173,6 +173,17 @@ def wrk_load(completed: subprocess.CompletedProcess[str]) -> Load:
     )
 
 
+def retrying(measure: Callable[[], Load], attempts: int = 3) -> Load:
+    """A measurement, tried again when its load generator fails (perf_analyzer gives up when its
+    windows differ too much, as a neighbour's burst makes them)."""
+    for attempt in range(attempts):
+        try:
+            return measure()
+        except subprocess.CalledProcessError as exc:
+            print(f"{exc.cmd[0]} failed (attempt {attempt + 1}): {str(exc.stdout)[-300:]}", flush=True)
+    raise SystemExit("the load generator failed every attempt")
+
+
 def h2load_grpc(address: str, method: str, message: bytes, concurrency: int, seconds: float) -> Load:
     """Drives a unary gRPC method with h2load (nghttp2's HTTP/2 load generator, written in C
     like wrk: Debian's nghttp2-client), `concurrency` connections of one stream each, every

@@ -39,13 +39,13 @@ from common import (
     mlp_weights,
     perf_analyzer,
     print_table,
+    retrying,
     run_perf_analyzer,
     start_server,
     write_model,
     write_results,
     wrk,
 )
-from grpc_speed import _retrying
 
 CONCURRENCY = 32
 TARGET_RATIO = 1.0
@@ -108,7 +108,7 @@ def main() -> None:
         for round_index in range(args.rounds):
             order = paths[round_index % len(paths) :] + paths[: round_index % len(paths)]
             for path in order:
-                load = _retrying(drive[path])
+                load = retrying(drive[path])
                 rates[path].append(load.requests_per_s)
                 errors += load.errors
                 print(f"round {round_index + 1} {path}: {load.requests_per_s:,.0f} samples/s", flush=True)

@@ -33,12 +33,13 @@ from common import (
     median,
     perf_analyzer,
     print_table,
+    retrying,
     run_perf_analyzer,
     start_server,
     write_model,
     write_results,
 )
-from grpc_speed import CONCURRENCIES, _retrying
+from grpc_speed import CONCURRENCIES
 from overhead import CONFIG, add_model, free_port, grpc_request
 
 from coreserve.protos import grpc_service_pb2 as pb
@@ -126,7 +127,7 @@ def main() -> None:
             for concurrency in CONCURRENCIES:
                 order = PATHS[round_index % len(PATHS) :] + PATHS[: round_index % len(PATHS)]
                 for path in order:
-                    load = _retrying(partial(drive[path], concurrency))
+                    load = retrying(partial(drive[path], concurrency))
                     rates[path][concurrency].append(load.requests_per_s)
                     print(
                         f"round {round_index + 1} c={concurrency} {path}: {load.requests_per_s:,.0f}/s",

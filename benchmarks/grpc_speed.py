@@ -27,16 +27,15 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (
-    Load,
     median,
     perf_analyzer,
     print_table,
+    retrying,
     run_perf_analyzer,
     start_server,
     write_model,
@@ -101,16 +100,6 @@ def _start_triton(command: str, repository: Path) -> tuple[subprocess.Popen[byte
             time.sleep(1)
     process.kill()
     raise SystemExit(f"Triton ({command}) did not serve the add model")
-
-
-def _retrying(measure: Callable[[], Load], attempts: int = 3) -> Load:
-    """perf_analyzer gives up when its windows differ too much (a neighbour's burst): try again."""
-    for attempt in range(attempts):
-        try:
-            return measure()
-        except subprocess.CalledProcessError as exc:
-            print(f"perf_analyzer failed (attempt {attempt + 1}): {exc.stdout[-300:]}", flush=True)
-    raise SystemExit("perf_analyzer failed every attempt")
 
 
 def main() -> None:
@@ -181,7 +170,7 @@ def main() -> None:
             for concurrency in CONCURRENCIES:
                 order = paths[round_index % len(paths) :] + paths[: round_index % len(paths)]
                 for path in order:
-                    load = _retrying(partial(drive[path], concurrency))
+                    load = retrying(partial(drive[path], concurrency))
                     rates[path][concurrency].append(load.requests_per_s)
                     print(
                         f"round {round_index + 1} c={concurrency} {path}: {load.requests_per_s:,.0f}/s",
