@@ -184,10 +184,12 @@ def retrying(measure: Callable[[], Load], attempts: int = 3) -> Load:
     raise SystemExit("the load generator failed every attempt")
 
 
-def h2load_grpc(address: str, method: str, message: bytes, concurrency: int, seconds: float) -> Load:
+def h2load_grpc(
+    address: str, method: str, message: bytes, concurrency: int, seconds: float, *, tls: bool = False
+) -> Load:
     """Drives a unary gRPC method with h2load (nghttp2's HTTP/2 load generator, written in C
     like wrk: Debian's nghttp2-client), `concurrency` connections of one stream each, every
-    call carrying the serialized `message`.
+    call carrying the serialized `message`; `tls`: over TLS (h2load checks no certificate).
 
     h2load reads HTTP statuses, not gRPC's grpc-status trailer: check once that `message`
     succeeds (see grpc_call_succeeds) before measuring with it.
@@ -200,7 +202,7 @@ def h2load_grpc(address: str, method: str, message: bytes, concurrency: int, sec
         completed = subprocess.run(
             ["h2load", f"-c{concurrency}", "-m1", f"-D{max(1, round(seconds))}", "-d", str(body),
              "-H", "content-type: application/grpc", "-H", "te: trailers", f"--log-file={log}",
-             f"http://{address}/{method.lstrip('/')}"],
+             f"{'https' if tls else 'http'}://{address}/{method.lstrip('/')}"],
             capture_output=True, text=True, check=True, timeout=seconds + 60,
         )  # fmt: skip
         # Each line: start (us since the epoch), HTTP status, microseconds to the end of the response.

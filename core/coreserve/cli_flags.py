@@ -97,10 +97,9 @@ def serve_parser() -> argparse.ArgumentParser:
     flag("--grpc-max-stream-inflight", type=stream_limit, default=1024, metavar="N",
          help="requests of one ModelStreamInfer stream that may await their responses; the stream "
               "reads no more until one is answered (default 1024)")
-    flag("--grpc-server", choices=GRPC_SERVERS, default=os.environ.get("CORESERVE_GRPC_SERVER") or None,
+    flag("--grpc-server", choices=GRPC_SERVERS, default=os.environ.get("CORESERVE_GRPC_SERVER") or "native",
          help="what serves gRPC: native (coreserve's own HTTP/2 server, 2-3x the calls per second of "
-              "grpcio; plain HTTP/2 only) or grpcio (grpc.aio, which also serves TLS) (default "
-              "$CORESERVE_GRPC_SERVER, else native, and grpcio with --grpc-use-ssl)")
+              "grpcio) or grpcio (grpc.aio) (default $CORESERVE_GRPC_SERVER, else native)")
     flag("--metrics-config", type=metrics_config, action="append", default=[], metavar="SETTING=VALUE",
          help="counter_latencies=BOOL (default true), summary_latencies=BOOL (default false), "
               "histogram_latencies=BOOL (default false), summary_quantiles=Q:E,... (default "
@@ -243,11 +242,9 @@ def parse_serve_args(argv: Sequence[str]) -> argparse.Namespace:
     use_ssl = args.grpc_use_ssl or args.grpc_use_ssl_mutual
     if use_ssl and not (args.grpc_server_cert and args.grpc_server_key):
         parser.error("--grpc-use-ssl needs --grpc-server-cert and --grpc-server-key")
-    if args.grpc_server not in (None, *GRPC_SERVERS):  # (argparse checks the flag, not its default)
+    if args.grpc_server not in GRPC_SERVERS:  # (argparse checks the flag, not its default)
         known = ", ".join(GRPC_SERVERS)
         parser.error(f"$CORESERVE_GRPC_SERVER must be one of {known}, got '{args.grpc_server}'")
-    if use_ssl and args.grpc_server == "native":
-        parser.error("--grpc-server native serves plain HTTP/2 only: use --grpc-server grpcio for TLS")
     check_http_tls_flags(parser, args)
     _check_cache_flags(parser, args)
     return args

@@ -224,11 +224,11 @@ def test_tls_without_its_files_is_a_command_line_mistake(capsys: pytest.CaptureF
     assert "--grpc-use-ssl needs --grpc-server-cert and --grpc-server-key" in capsys.readouterr().err
 
 
-def test_the_grpc_server_comes_from_the_flag_the_environment_or_the_tls_choice(
+def test_the_grpc_server_comes_from_the_flag_or_the_environment(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.delenv("CORESERVE_GRPC_SERVER", raising=False)
-    assert server_options(parse_serve_args(BASE)).grpc_server is None  # native, or grpcio for TLS
+    assert server_options(parse_serve_args(BASE)).grpc_server == "native"
     assert server_options(parse_serve_args([*BASE, "--grpc-server=grpcio"])).grpc_server == "grpcio"
     monkeypatch.setenv("CORESERVE_GRPC_SERVER", "grpcio")
     assert server_options(parse_serve_args(BASE)).grpc_server == "grpcio"

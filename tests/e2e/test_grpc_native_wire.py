@@ -343,19 +343,6 @@ def test_gzip_requests_are_read(server: ServerProcess) -> None:
     assert np.frombuffer(response.raw_output_contents[0], np.float32).tolist() == list(range(1000))
 
 
-def test_a_tls_flag_is_refused_with_the_native_server(tmp_path: Path) -> None:
-    process = ServerProcess(
-        [tmp_path],
-        ["--grpc-server=native", "--grpc-use-ssl=true", "--grpc-server-cert=c", "--grpc-server-key=k"],
-    )
-    try:
-        with pytest.raises(RuntimeError) as info:
-            process.start(timeout=30)
-    finally:
-        process.close()
-    assert "--grpc-server native serves plain HTTP/2 only" in str(info.value)
-
-
 @pytest.mark.parametrize(
     ("flags", "env", "native"),
     [

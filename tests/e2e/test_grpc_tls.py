@@ -1,4 +1,7 @@
-"""gRPC over TLS: --grpc-use-ssl, --grpc-use-ssl-mutual and their certificate files, with tritonclient."""
+"""gRPC over TLS: --grpc-use-ssl, --grpc-use-ssl-mutual and their certificate files, with tritonclient.
+
+Each test runs on both gRPC servers (--grpc-server native and grpcio).
+"""
 
 from __future__ import annotations
 
@@ -21,6 +24,11 @@ output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
 """
 
 
+@pytest.fixture(params=["native", "grpcio"])
+def grpc_server(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
 @pytest.fixture
 def repository(tmp_path: Path) -> Path:
     root = tmp_path / "models"
@@ -28,8 +36,8 @@ def repository(tmp_path: Path) -> Path:
     return root
 
 
-def _tls_flags(pki: Pki, *, mutual: bool = False) -> list[str]:
-    return tls_flags(pki, "grpc", mutual=mutual)
+def _tls_flags(pki: Pki, grpc_server: str, *, mutual: bool = False) -> list[str]:
+    return [f"--grpc-server={grpc_server}", *tls_flags(pki, "grpc", mutual=mutual)]
 
 
 def _client(server: ServerProcess, pki: Pki, identity: Identity | None) -> grpcclient.InferenceServerClient:
@@ -49,10 +57,10 @@ def _scale(client: grpcclient.InferenceServerClient) -> float:
 
 
 def test_tls_serves_clients_that_trust_the_root(
-    coreserve_server: ServerFactory, repository: Path, pki: Pki
+    coreserve_server: ServerFactory, repository: Path, pki: Pki, grpc_server: str
 ) -> None:
-    server = coreserve_server(repository, *_tls_flags(pki))
-    assert "(native HTTP/2)" not in server.log  # TLS without --grpc-server: grpcio serves it
+    server = coreserve_server(repository, *_tls_flags(pki, grpc_server))
+    assert ("(native HTTP/2 over TLS)" in server.log) == (grpc_server == "native")
     client = _client(server, pki, None)
     try:
         assert client.is_server_ready(client_timeout=20)
@@ -69,9 +77,9 @@ def test_tls_serves_clients_that_trust_the_root(
 
 
 def test_mutual_tls_wants_a_client_certificate_the_root_signed(
-    coreserve_server: ServerFactory, repository: Path, pki: Pki
+    coreserve_server: ServerFactory, repository: Path, pki: Pki, grpc_server: str
 ) -> None:
-    server = coreserve_server(repository, *_tls_flags(pki, mutual=True))
+    server = coreserve_server(repository, *_tls_flags(pki, grpc_server, mutual=True))
     client = _client(server, pki, pki.client)
     try:
         assert _scale(client) == 2.0
@@ -104,7 +112,7 @@ def test_mutual_tls_wants_a_client_certificate_the_root_signed(
     ],
 )
 def test_unusable_certificate_files_stop_the_start_clearly(
-    repository: Path, pki: Pki, tmp_path: Path, which: str, expected: str
+    repository: Path, pki: Pki, tmp_path: Path, which: str, expected: str, grpc_server: str
 ) -> None:
     not_pem = tmp_path / "not.pem"
     not_pem.write_text("hello")
@@ -130,7 +138,7 @@ def test_unusable_certificate_files_stop_the_start_clearly(
             f"--grpc-server-key={pki.server.key}",
         ],
     }[which]
-    server = ServerProcess([repository], flags)
+    server = ServerProcess([repository], [f"--grpc-server={grpc_server}", *flags])
     with pytest.raises(RuntimeError, match="exited with 1"):
         server.start()
     assert expected in server.log

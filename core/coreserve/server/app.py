@@ -144,8 +144,10 @@ class ServerRuntime:
                 raise StartupError(f"model repository '{location}' is not a folder")
         grpc_tls, http_tls = self.options.grpc_transport.tls, self.options.http_tls
         try:  # before the models load: a missing certificate should not wait for them
-            if self.options.allow_grpc and grpc_tls is not None:
+            if self.options.allow_grpc and grpc_tls is not None and self.options.grpc_server == "grpcio":
                 grpc_tls.credentials()
+            elif self.options.allow_grpc and grpc_tls is not None:
+                grpc_tls.context()
             if self.options.allow_http and http_tls is not None:
                 http_tls.context()
         except TlsFileError as exc:
@@ -176,8 +178,7 @@ class ServerRuntime:
                 )
                 await _start_service("metrics", self.metrics.start())
         if options.allow_grpc:
-            chosen = options.grpc_server or ("grpcio" if options.grpc_transport.tls is not None else "native")
-            self.grpc = (NativeGrpcFrontend if chosen == "native" else GrpcFrontend)(
+            self.grpc = (GrpcFrontend if options.grpc_server == "grpcio" else NativeGrpcFrontend)(
                 self.dataplane,
                 address=options.grpc_address,
                 port=options.grpc_port,

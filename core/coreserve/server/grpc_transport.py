@@ -7,12 +7,13 @@ apply (they are Triton's defaults too).
 
 from __future__ import annotations
 
+import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 
-from coreserve.server.tls_files import TlsFileError, read_pem
+from coreserve.server.tls_files import TlsFileError, read_pem, server_context
 
 # --grpc-infer-response-compression-level: gRPC core's compression levels.
 COMPRESSION_LEVELS = {"none": 0, "low": 1, "medium": 2, "high": 3}
@@ -37,6 +38,11 @@ class GrpcTls:
         return grpc.ssl_server_credentials(
             [(key, cert)], root_certificates=root, require_client_auth=self.mutual
         )
+
+    def context(self) -> ssl.SSLContext:
+        """The same for the native server: a TLS context offering HTTP/2 ("h2") through ALPN."""
+        cert, key, root = self.server_cert, self.server_key, self.root_cert
+        return server_context(cert, key, root, mutual=self.mutual, flags="--grpc", alpn="h2")
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
-from coreserve.server.tls_files import TlsFileError, read_pem
+from coreserve.server.tls_files import server_context
 
 
 @dataclass(frozen=True)
@@ -27,28 +27,5 @@ class HttpTls:
 
     def context(self) -> ssl.SSLContext:
         """The server side's TLS context; raises TlsFileError naming the flag and file it cannot use."""
-        read_pem(self.server_cert, "--http-server-cert")
-        read_pem(self.server_key, "--http-server-key")
-        root = read_pem(self.root_cert, "--http-root-cert") if self.root_cert is not None else None
-        if self.mutual and root is None:
-            raise TlsFileError("--http-use-ssl-mutual needs --http-root-cert to check client certificates")
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        context.minimum_version = ssl.TLSVersion.TLSv1_2
-        context.set_alpn_protocols(["http/1.1"])
-        try:
-            context.load_cert_chain(self.server_cert, self.server_key)
-        except ssl.SSLError as exc:
-            raise TlsFileError(
-                f"--http-server-cert '{self.server_cert}' and --http-server-key '{self.server_key}' "
-                f"are not a certificate and its key: {exc.reason or exc}"
-            ) from None
-        if root is not None:
-            try:
-                context.load_verify_locations(cadata=root.decode("ascii", errors="replace"))
-            except ssl.SSLError as exc:
-                reason = exc.reason or exc
-                raise TlsFileError(
-                    f"--http-root-cert file '{self.root_cert}' holds no usable certificate: {reason}"
-                ) from None
-        context.verify_mode = ssl.CERT_REQUIRED if self.mutual else ssl.CERT_NONE
-        return context
+        cert, key, root = self.server_cert, self.server_key, self.root_cert
+        return server_context(cert, key, root, mutual=self.mutual, flags="--http", alpn="http/1.1")

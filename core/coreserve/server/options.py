@@ -44,9 +44,8 @@ class ServerOptions:
     grpc_port: int = 8001
     grpc_max_message_size: int = 256 * 1024 * 1024
     grpc_max_stream_inflight: int = 1024  # open requests per ModelStreamInfer stream
-    # --grpc-server: "native" (grpc_native's HTTP/2), "grpcio" (grpc.aio), or None: native, and
-    # grpcio where TLS is asked for (the native server serves plain HTTP/2 only).
-    grpc_server: str | None = None
+    # --grpc-server: "native" (grpc_native's HTTP/2) or "grpcio" (grpc.aio).
+    grpc_server: str = "native"
     grpc_restricted_api: list[Restriction] = field(default_factory=list)  # --grpc-restricted-protocol
     grpc_transport: GrpcTransport = field(default_factory=GrpcTransport)  # TLS, keepalive, compression
     # --openai-port: the OpenAI-compatible frontend (core-server[openai]); None: not served.

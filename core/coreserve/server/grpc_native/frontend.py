@@ -1,7 +1,8 @@
 """The gRPC frontend on the native HTTP/2 server (`--grpc-server native`).
 
 Serves the same servicers as the grpc.aio frontend, registered by the same function, so both
-share one data path; only the transport differs. Plain HTTP/2 only: TLS stays with grpcio.
+share one data path; only the transport differs. With --grpc-use-ssl the listening socket
+wraps each connection in TLS (ALPN "h2") before the HTTP/2 parser sees a byte.
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ from coreserve.server.restrictions import ApiRestrictions
 
 logger = logging.getLogger("coreserve.server.grpc")
 
+# A client that opens a TLS connection and never finishes its handshake is dropped after this.
+TLS_HANDSHAKE_TIMEOUT_S = 20.0
+
 
 class NativeGrpcFrontend:
     """Serves the gRPC services for one data plane on one address and port, over our HTTP/2."""
@@ -38,10 +42,6 @@ class NativeGrpcFrontend:
         transport: GrpcTransport | None = None,
     ) -> None:
         self._transport = transport or GrpcTransport()
-        if self._transport.tls is not None:
-            raise ValueError(
-                "the native gRPC server serves plain HTTP/2 only: TLS needs --grpc-server grpcio"
-            )
         self._address = address
         self.port = port
         self._max_message_size = max_message_size
@@ -68,6 +68,7 @@ class NativeGrpcFrontend:
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
+        tls = self._transport.tls
         try:
             self._server = await loop.create_server(
                 self._connection,
@@ -75,13 +76,16 @@ class NativeGrpcFrontend:
                 port=self.port,
                 reuse_port=self._transport.reuse_port or None,
                 backlog=1024,
+                ssl=tls.context() if tls is not None else None,
+                ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT_S if tls is not None else None,
             )
         except OSError as exc:  # grpcio's words, which the start-up error repeats
             raise OSError(f"Failed to bind to address {self._address}:{self.port}: {exc.strerror}") from None
         for sock in self._server.sockets:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.port = self._server.sockets[0].getsockname()[1]
-        logger.info("Started GRPCInferenceService at %s:%d (native HTTP/2)", self._address, self.port)
+        over = " over TLS" if tls is not None else ""
+        logger.info("Started GRPCInferenceService at %s:%d (native HTTP/2%s)", self._address, self.port, over)
 
     async def stop(self, grace: float | None = None) -> None:
         if self._server is None:
