@@ -13,6 +13,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -93,11 +94,13 @@ def servers(tmp_path_factory: pytest.TempPathFactory, redis_port: int) -> Iterat
         assert "Traceback" not in log and "not answering" not in log, log
 
 
-def _scale(server: ServerProcess, values: list[float], version: str = "1") -> list[float]:
+def _scale(
+    server: ServerProcess, values: list[float], version: str = "1", model: str = "scaled"
+) -> list[float]:
     tensor = httpclient.InferInput("INPUT0", [1, 4], "FP32")
     tensor.set_data_from_numpy(np.array([values], np.float32))
-    with httpclient.InferenceServerClient(server.http_url) as client:
-        return client.infer("scaled", [tensor], model_version=version).as_numpy("OUTPUT0")[0].tolist()
+    with httpclient.InferenceServerClient(server.http_url, network_timeout=60) as client:
+        return client.infer(model, [tensor], model_version=version).as_numpy("OUTPUT0")[0].tolist()
 
 
 def _stats(server: ServerProcess, version: str) -> tuple[int, int, int]:
@@ -142,6 +145,31 @@ def test_an_unload_deletes_the_entries_its_server_filed(
         time.sleep(0.05)
     assert _scale(second, [5, 5, 5, 5]) == [10, 10, 10, 10]
     assert _stats(second, "1")[2] == 1  # the entry is gone: the second server ran it
+
+
+def test_a_slow_redis_delays_only_the_requests_that_wait_for_it(tmp_path: Path, redis_port: int) -> None:
+    write_model(tmp_path, "scaled", scale_model(2.0), CONFIG.replace("version_policy: { all { } }", ""))
+    write_model(tmp_path, "plain", scale_model(3.0), CONFIG.replace("response_cache { enable: true }", ""))
+    flags = ["--cache-config=redis,host=127.0.0.1", f"--cache-config=redis,port={redis_port}",
+             "--cache-config=redis,socket_timeout=20000"]  # fmt: skip
+    server = ServerProcess([tmp_path], flags).start(timeout=120)
+    store = redis.Redis(host="127.0.0.1", port=redis_port)
+    try:
+        store.execute_command("CLIENT", "PAUSE", "3000", "ALL")  # Redis answers no one for 3 s
+        paused = time.monotonic()
+        with ThreadPoolExecutor(1) as pool:
+            cached = pool.submit(_scale, server, [7, 7, 7, 7])
+            time.sleep(0.3)  # its lookup now waits for Redis, off the event loop
+            assert _scale(server, [1, 1, 1, 1], model="plain") == [3, 3, 3, 3]
+            assert time.monotonic() - paused < 2.0  # the model without a cache was not held up
+            assert not cached.done()
+            assert cached.result(timeout=60) == [14, 14, 14, 14]
+        assert time.monotonic() - paused >= 2.9  # the cached one did wait for Redis
+        log = server.log
+    finally:
+        store.close()
+        server.close()
+    assert "Traceback" not in log and "not answering" not in log, log
 
 
 def test_redis_settings_are_checked_before_the_start(tmp_path: Path) -> None:

@@ -11,13 +11,16 @@ evicts them as it is configured to (`maxmemory`, `maxmemory-policy`). A version 
 deletes the entries this process filed for it.
 
 Needs the `redis` package (`pip install core-server[redis]`); imported only when asked for.
-Calls are synchronous, on the event loop, as the cache interface is: a Redis server on the
-same host answers in tens of microseconds; `socket_timeout` bounds a slow one. A Redis that
-cannot be reached makes lookups miss (logged once per outage), never fails a request.
+Lookups, inserts and deletions run on one thread of the cache's own (its `executor`), in the
+order they were asked for, so a slow Redis delays the requests that wait for its answer and no
+others; `socket_timeout` bounds how long. A Redis that cannot be reached makes lookups miss
+(logged once per outage), never fails a request. The statistics a metrics scrape reads
+(entries, memory) are two calls made on the event loop: scrapes are seconds apart.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import importlib.util
 import json
 import logging
@@ -82,7 +85,9 @@ class RedisResponseCache:
             socket_connect_timeout=seconds.get("connect_timeout", 1.0),
             socket_timeout=seconds.get("socket_timeout", 1.0),
         )
-        self._owned: defaultdict[int, set[bytes]] = defaultdict(set)
+        # One thread: an unload's deletion runs after the inserts asked for before it.
+        self.executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="redis-cache")
+        self._owned: defaultdict[int, set[bytes]] = defaultdict(set)  # touched on the executor only
         self._stats = CacheStatistics()
         self._failing = False
         try:

@@ -11,10 +11,13 @@ response of a miss, and records the hit and miss statistics of the model.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import itertools
+import logging
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import NamedTuple, Protocol
 
 import numpy as np
@@ -33,6 +36,7 @@ OUTPUT_OVERHEAD = 112
 # a local cache counts what such a key holds beyond a hash's 16 bytes against its size.
 EXACT_KEY_BYTES = 256
 _generations = itertools.count(1)
+logger = logging.getLogger(__name__)
 
 
 class CachedResponse(NamedTuple):
@@ -89,13 +93,20 @@ class CacheStatistics:
 class ResponseCache(Protocol):
     """A store of responses by key, shared by the models of a server (`--cache-config`).
 
-    Called on the event loop thread only.
+    Called on the event loop thread, unless it names an `executor`: then lookup, insert and
+    evict_owner run on that (one-thread) executor, in the order they were asked for, and the
+    event loop never waits for the store.
     """
 
     name: str  # the --cache-config implementation name ("local")
     # True when other processes read the same entries: keys then name a model version by a
     # fingerprint of its files, not by this process's load number.
     shared: bool
+
+    @property
+    def executor(self) -> concurrent.futures.Executor | None:
+        """Where calls that wait on another process (a Redis server) run; None: on the event loop."""
+        ...
 
     def lookup(self, key: bytes) -> CachedResponse | None:
         """The response filed under `key`, or None; a hit makes the entry most recently used."""
@@ -120,6 +131,7 @@ class LocalResponseCache:
 
     name = "local"
     shared = False
+    executor = None
 
     def __init__(self, size: int) -> None:
         if size <= 0:
@@ -203,16 +215,63 @@ class ModelResponseCache:
         # A shared cache's keys name entries in another store: always a hash, of one length.
         self._exact_up_to = 0 if cache.shared else EXACT_KEY_BYTES
 
-    def answer(self, request: InferenceRequest, statistics: ModelStatistics) -> bool:
-        """Answers `request` from the cache (True), or arranges for its response to be filed."""
+    def answer(
+        self,
+        request: InferenceRequest,
+        statistics: ModelStatistics,
+        admit: Callable[[InferenceRequest], None],
+    ) -> bool:
+        """Answers `request` from the cache (True), or arranges for its response to be filed.
+
+        With a cache that runs on an executor, the lookup runs there and this returns True at
+        once: a hit is answered when it comes back, a miss handed to `admit` (the scheduler's
+        queue) then.
+        """
         started = now_ns()
         key = request_key(self.prefix, request, self._headers, self._exact_up_to)
-        found = self.cache.lookup(key)
+        cache = self.cache
+        if cache.executor is not None:
+            looking = asyncio.get_running_loop().run_in_executor(cache.executor, cache.lookup, key)
+            looking.add_done_callback(partial(self._looked_up, request, key, started, statistics, admit))
+            return True
+        found = cache.lookup(key)
+        if found is None:
+            self._missed(request, key, started, statistics)
+            return False
+        # Delivered at the loop's next turn, not from inside the callback that read the
+        # request: a frontend then writes the answers of the requests read in one turn
+        # together, and a waiting client is woken once for them, not once per answer. The
+        # wake-ups cost the server more than a hit saves (benchmarks/response_cache.py: hits
+        # went from 1.0x to 1.25x the throughput of the cache off).
+        asyncio.get_running_loop().call_soon(self._hit, request, found, started, statistics)
+        return True
+
+    def _looked_up(
+        self,
+        request: InferenceRequest,
+        key: bytes,
+        started: int,
+        statistics: ModelStatistics,
+        admit: Callable[[InferenceRequest], None],
+        done: asyncio.Future[CachedResponse | None],
+    ) -> None:
+        """A lookup on the executor came back: answer the hit, or queue the miss."""
+        try:
+            found = done.result()
+        except Exception:  # a fault of the store's client: the request runs as if it missed
+            logger.exception("response cache '%s': a lookup failed", self.cache.name)
+            found = None
+        if found is not None:
+            self._hit(request, found, started, statistics)
+            return
+        self._missed(request, key, started, statistics)
+        admit(request)
+
+    def _hit(
+        self, request: InferenceRequest, found: CachedResponse, started: int, statistics: ModelStatistics
+    ) -> None:
         sink = request.sink
         assert sink is not None
-        if found is None:
-            request.sink = CachingSink(sink, self, key, statistics, now_ns() - started)
-            return False
         response = InferenceResponse(
             model_name=request.model_name,
             model_version=self.model_version,
@@ -221,23 +280,38 @@ class ModelResponseCache:
             parameters=dict(found.parameters),
         )
         statistics.record_cache_hit(request, started, now_ns())
-        # Delivered at the loop's next turn, not from inside the callback that read the
-        # request: a frontend then writes the answers of the requests read in one turn
-        # together, and a waiting client is woken once for them, not once per answer. The
-        # wake-ups cost the server more than a hit saves (benchmarks/response_cache.py: hits
-        # went from 1.0x to 1.25x the throughput of the cache off).
-        asyncio.get_running_loop().call_soon(sink.send, response, True)
-        return True
+        sink.send(response, True)
 
-    def file(self, key: bytes, response: InferenceResponse) -> None:
-        """Files the response of a miss (not once the version is unloading: it would linger)."""
-        if not self.closed:
-            self.cache.insert(key, self.owner, CachedResponse.of(response))
+    def _missed(
+        self, request: InferenceRequest, key: bytes, started: int, statistics: ModelStatistics
+    ) -> None:
+        """Its response will be filed under `key` when it comes."""
+        sink = request.sink
+        assert sink is not None
+        request.sink = CachingSink(sink, self, key, statistics, now_ns() - started)
+
+    def file(self, key: bytes, response: InferenceResponse) -> asyncio.Future[bool] | None:
+        """Files the response of a miss (not once the version is unloading: it would linger).
+
+        Returns the insert running on the cache's executor, if it has one; None when done.
+        """
+        if self.closed:
+            return None
+        cache, entry = self.cache, CachedResponse.of(response)  # copied here: a backend may reuse its buffers
+        if cache.executor is None:
+            cache.insert(key, self.owner, entry)
+            return None
+        loop = asyncio.get_running_loop()
+        return loop.run_in_executor(cache.executor, cache.insert, key, self.owner, entry)
 
     def close(self) -> None:
         """Drops this version's entries; called when it unloads or is replaced."""
         self.closed = True
-        self.cache.evict_owner(self.owner)
+        cache = self.cache
+        if cache.executor is None:
+            cache.evict_owner(self.owner)
+        else:  # after the inserts already asked for: the executor keeps their order
+            cache.executor.submit(cache.evict_owner, self.owner)
 
 
 class CachingSink:
@@ -266,8 +340,11 @@ class CachingSink:
     def send(self, response: InferenceResponse | None, final: bool) -> None:
         if response is not None and final and not self._target.done:
             started = now_ns()
-            self._cache.file(self._key, response)
+            filing = self._cache.file(self._key, response)
             self._statistics.record_cache_miss(self._lookup_ns + now_ns() - started)
+            if filing is not None:  # answered once filed: then the next asker finds it
+                filing.add_done_callback(lambda _: self._target.send(response, final))
+                return
         self._target.send(response, final)
 
     def fail(self, error: CoreserveError) -> None:

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 
 from coreserve.backend.api import ModelInstance
 from coreserve.config.signature import ModelSignature
-from coreserve.errors import CancelledError, InternalError, UnavailableError
+from coreserve.errors import CancelledError, CoreserveError, InternalError, UnavailableError
 from coreserve.scheduling.execution import execute_batch
 from coreserve.scheduling.ordering import OrderedRelease
 from coreserve.scheduling.rate_limiter import InstanceSlot, RateLimiter
@@ -98,20 +98,40 @@ class Scheduler:
     def submit(self, request: InferenceRequest) -> None:
         """Queues a request; its sink receives the response. Raises if it cannot queue."""
         if self._closed:
-            raise UnavailableError(
-                f"model '{self.signature.model_name}' version {self.model_version} is unloading"
-            )
+            raise self._unloading()
         if request.is_cancelled():  # its client gave up while it was being decoded
             self.statistics.record_failure(request, "CANCELED")
             raise CancelledError(_cancelled_message(request))
         request.queued_ns = now_ns()
         cache = self.response_cache if self.answers_from_cache else None
-        if cache is not None and cache.answer(request, self.statistics):
-            return  # answered from the cache: it never queues, and no instance runs it
+        if cache is not None and cache.answer(request, self.statistics, self._admit_missed):
+            return  # answered from the cache (or being looked up): it does not queue now
+        self._queue_up(request)
+
+    def _unloading(self) -> UnavailableError:
+        name, version = self.signature.model_name, self.model_version
+        return UnavailableError(f"model '{name}' version {version} is unloading")
+
+    def _queue_up(self, request: InferenceRequest) -> None:
         self._enqueue(request)
         request.queue = self
         self._idle.clear()
         self._wake_worker()
+
+    def _admit_missed(self, request: InferenceRequest) -> None:
+        """Queues a request whose cache lookup missed after `submit` returned (a Redis cache)."""
+        sink = request.sink
+        assert sink is not None
+        if self._closed:
+            sink.fail(self._unloading())
+        elif request.is_cancelled():
+            self.statistics.record_failure(request, "CANCELED")
+            sink.fail(CancelledError(_cancelled_message(request)))
+        else:
+            try:
+                self._queue_up(request)
+            except CoreserveError as exc:  # what submit raises to its caller: a full queue, a bad priority
+                sink.fail(exc)
 
     def withdraw(self, request: InferenceRequest) -> None:
         """Takes a cancelled request out of the queue, if it is still there, and fails it.
