@@ -70,12 +70,16 @@ def segment_to_release(blob: Blob) -> str | None:
     return blob if isinstance(blob, str) else None
 
 
+# Triton's datatype of each numpy dtype but BYTES' (any of kinds O, S and U).
+_DATATYPE_OF = {np.dtype(dtype): name for name, dtype in DTYPES.items() if name != "BYTES"}
+
+
 def datatype_of(array: np.ndarray) -> str:
+    found = _DATATYPE_OF.get(array.dtype)
+    if found is not None:
+        return found
     if array.dtype.kind in "OSU":
         return "BYTES"
-    for name, dtype in DTYPES.items():
-        if name != "BYTES" and np.dtype(dtype) == array.dtype:
-            return name
     raise TypeError(f"numpy dtype {array.dtype} has no Triton datatype")
 
 
@@ -174,9 +178,10 @@ class SegmentPool:
         if total == 0:
             return None, [(name, datatype, shape, 0, 0) for name, datatype, shape, _, _, _ in blobs]
         refs = [(name, datatype, shape, offset, size) for name, datatype, shape, offset, size, _ in blobs]
-        if total <= INLINE_LIMIT:
+        if total <= INLINE_LIMIT:  # small: bytes copies cost less than numpy's views
             inline = bytearray(total)
-            _fill(inline, blobs)
+            for _, _, _, offset, size, data in blobs:
+                inline[offset : offset + size] = data if isinstance(data, bytes) else data.tobytes()
             return inline, refs
         segment = self._allocate(total)
         _fill(segment.map, blobs)
