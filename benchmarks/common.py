@@ -288,7 +288,10 @@ def run_perf_analyzer(
         for name, dims in (shape or {}).items():
             command += ["--shape", f"{name}:{','.join(map(str, dims))}"]
         command += extra
-        subprocess.run(command, capture_output=True, text=True, check=True, timeout=seconds * 10 + 120)
+        completed = subprocess.run(command, capture_output=True, text=True, timeout=seconds * 10 + 120)
+        if completed.returncode != 0:
+            said = (completed.stdout + completed.stderr)[-2000:]
+            raise RuntimeError(f"perf_analyzer exited with {completed.returncode}:\n{said}")
         with report.open() as file:
             row = next(csv.DictReader(file))
     return Load(
@@ -374,6 +377,12 @@ def thread_cpu_seconds(pid: int) -> dict[int, float]:
             continue  # the thread ended meanwhile
         spent[int(tid)] = (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
     return spent
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU seconds (user + system, every thread) process `pid` has used so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def children_cpu_seconds() -> float:

@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (
     BENCHMARKS,
     Load,
+    cpu_seconds,
     median,
     median_load,
     print_table,
@@ -60,12 +61,6 @@ def wrk_unique(url: str, concurrency: int, seconds: float) -> Load:
         timeout=seconds + 60,
     )  # fmt: skip
     return wrk_load(completed)
-
-
-def cpu_seconds(pid: int) -> float:
-    """CPU seconds (user + system, every thread) the process has used so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def measured(pid: int, run: Callable[[], Load]) -> tuple[Load, float]:

@@ -8,7 +8,15 @@ HTTP with binary tensor data, gRPC, and system shared memory with HTTP or gRPC a
 shared-memory paths the client copies its input array into the region before each request
 and reads the output from the region (as a numpy view) after it, so its own copy is counted.
 The paths' trials alternate; each figure is the median over the trials. MB/s counts the
-input and the output (32 MiB per request). Writes benchmarks/results/shared_memory.json.
+input and the output (32 MiB per request). Beside it, the server's CPU time per request (from
+/proc): what the server spends, apart from what each client library spends.
+
+Where perf_analyzer is installed ($PERF_ANALYZER or on PATH), it drives the two wire paths too
+(one request at a time, random data), in the same alternating trials: a client written in C++
+on both sides, so that the ratio compares the servers' paths rather than tritonclient's HTTP
+and gRPC libraries (the Python gRPC client spends about twice the CPU of the HTTP one on these
+messages). Target (issue 16): gRPC >= HTTP binary.
+Writes benchmarks/results/shared_memory.json.
 """
 
 from __future__ import annotations
@@ -29,7 +37,16 @@ import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import identity_onnx, print_table, start_server, write_model, write_results
+from common import (
+    cpu_seconds,
+    identity_onnx,
+    perf_analyzer,
+    print_table,
+    run_perf_analyzer,
+    start_server,
+    write_model,
+    write_results,
+)
 
 ELEMENTS = 4 * 1024 * 1024  # 16 MiB of FP32
 BYTE_SIZE = ELEMENTS * 4
@@ -39,6 +56,8 @@ input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
 output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
 """
 PATHS = ("HTTP binary", "gRPC", "shm, HTTP control", "shm, gRPC control")
+ANALYZER_PATHS = ("HTTP binary, perf_analyzer", "gRPC, perf_analyzer")
+ANALYZER_SECONDS = 5.0
 
 
 class SharedMemoryPath:
@@ -112,18 +131,43 @@ def main() -> None:
     http = httpclient.InferenceServerClient(server.http_url, network_timeout=120, connection_timeout=120)
     grpc = grpcclient.InferenceServerClient(server.grpc_url)
     shared = [SharedMemoryPath(httpclient, http, data), SharedMemoryPath(grpcclient, grpc, data)]
-    calls = dict(
+    calls: dict[str, Callable[[], np.ndarray]] = dict(
         zip(
             PATHS,
             [wire_call(httpclient, http, data), wire_call(grpcclient, grpc, data), *shared],
             strict=True,
         )
     )
-    by_path: dict[str, list[list[float]]] = {path: [] for path in PATHS}
+    analyzer = perf_analyzer()
+    paths = PATHS + (ANALYZER_PATHS if analyzer is not None else ())
+    pid = server.process.pid if server.process is not None else 0
+    by_path: dict[str, list[list[float]]] = {path: [] for path in paths}
+    cpu_ms: dict[str, list[float]] = {path: [] for path in paths}  # the server's, per request
+
+    def served() -> int:
+        stats = http.get_inference_statistics("identity")["model_stats"][0]["inference_stats"]
+        return int(stats["success"]["count"])
+
     try:
         for _ in range(args.trials):
-            for path, call in calls.items():
-                by_path[path].append(trial(call, data, args.requests))
+            for path in paths:
+                before, count = cpu_seconds(pid), served()
+                if path in calls:
+                    latencies = trial(calls[path], data, args.requests)
+                else:
+                    assert analyzer is not None
+                    protocol, url = (
+                        ("http", server.http_url) if path.startswith("HTTP") else ("grpc", server.grpc_url)
+                    )
+                    load = run_perf_analyzer(
+                        analyzer, "identity", protocol, url, 1, ANALYZER_SECONDS, shape={"INPUT0": [ELEMENTS]}
+                    )
+                    # (as sequential requests at the rate it measured: only their sum counts)
+                    latencies = [1 / load.requests_per_s] * max(
+                        1, round(load.requests_per_s * ANALYZER_SECONDS)
+                    )
+                by_path[path].append(latencies)
+                cpu_ms[path].append((cpu_seconds(pid) - before) * 1000 / (served() - count))
     finally:
         for path_object in shared:
             path_object.close()
@@ -139,17 +183,27 @@ def main() -> None:
             "MB_per_s": statistics.median(mb_per_s),
             "p50_ms": everything[len(everything) // 2] * 1000,
             "p99_ms": everything[min(len(everything) - 1, int(len(everything) * 0.99))] * 1000,
+            "server_cpu_ms_per_request": statistics.median(cpu_ms[path]),
             "trials_MB_per_s": mb_per_s,  # type: ignore[dict-item]
         }
-    baseline = results["HTTP binary"]["MB_per_s"]
-    rows = [
-        [path, r["MB_per_s"], r["MB_per_s"] / baseline, r["p50_ms"], r["p99_ms"]]
-        for path, r in results.items()
-    ]
+    rows = []
+    for path, r in results.items():
+        baseline = results["HTTP binary, perf_analyzer" if "perf_analyzer" in path else "HTTP binary"]
+        p50, p99 = ("-", "-") if "perf_analyzer" in path else (r["p50_ms"], r["p99_ms"])
+        rows.append(
+            [
+                path,
+                r["MB_per_s"],
+                r["MB_per_s"] / baseline["MB_per_s"],
+                p50,
+                p99,
+                r["server_cpu_ms_per_request"],
+            ]
+        )
     print_table(
         f"16 MiB FP32 in and out, identity ONNX model, sequential requests ({args.trials} trials of "
-        f"{args.requests}, alternating; MB/s counts input + output)",
-        ["path", "MB/s", "x HTTP binary", "p50 ms", "p99 ms"],
+        f"{args.requests}, alternating; MB/s counts input + output; perf_analyzer rows against its HTTP row)",
+        ["path", "MB/s", "x HTTP binary", "p50 ms", "p99 ms", "server CPU ms/request"],
         rows,
     )
     write_results(

@@ -9,7 +9,9 @@ from google.protobuf.message import DecodeError
 from coreserve.protocol.grpc_codec import (
     _PLAIN_HEADERS,
     PLAIN_HEADERS,
+    UNJOINED_BYTES,
     VIEW_RAW_CONTENTS_FROM,
+    SerializedPieces,
     decode_model_infer_request,
     encode_model_infer_response,
     parse_model_infer_request,
@@ -111,18 +113,39 @@ def test_malformed_large_requests_raise_protobufs_decode_error(tail: bytes) -> N
 )
 def test_a_serialized_response_is_the_bytes_protobuf_writes(outputs: dict[str, np.ndarray]) -> None:
     response = InferenceResponse("m", "1", outputs, id="42", parameters={"sequence_end": True, "n": 3})
-    serialized = serialize_model_infer_response(response)
+    serialized = _joined(serialize_model_infer_response(response))
     assert serialized == encode_model_infer_response(response).SerializeToString()
     parsed = pb.ModelInferResponse.FromString(serialized)
     assert [output.name for output in parsed.outputs] == list(outputs)
     assert len(parsed.raw_output_contents) == len(outputs)
 
     stream = pb.ModelStreamInferResponse.FromString(
-        serialize_model_stream_infer_response(response, None, {"triton_final_response": True})
+        _joined(serialize_model_stream_infer_response(response, None, {"triton_final_response": True}))
     )
     expected = encode_model_infer_response(response)
     expected.parameters["triton_final_response"].bool_param = True
     assert stream == pb.ModelStreamInferResponse(infer_response=expected)
+
+
+def _joined(serialized: bytes | SerializedPieces) -> bytes:
+    """A serialized message as bytes; large ones come in pieces, small ones joined."""
+    if isinstance(serialized, SerializedPieces):
+        assert serialized.size == sum(len(piece) for piece in serialized.pieces) >= UNJOINED_BYTES
+        return serialized.joined()
+    assert len(serialized) < UNJOINED_BYTES
+    return serialized
+
+
+def test_a_large_response_leaves_its_outputs_bytes_where_they_are() -> None:
+    big = np.arange(300_000, dtype=np.float64)
+    response = InferenceResponse("m", "1", {"BIG": big, "SMALL": np.ones(3, np.int32)})
+    for serialized in (
+        serialize_model_infer_response(response),
+        serialize_model_stream_infer_response(response, None, {"triton_final_response": True}),
+    ):
+        assert isinstance(serialized, SerializedPieces)
+        views = [np.frombuffer(piece, np.uint8) for piece in serialized.pieces if len(piece) == big.nbytes]
+        assert len(views) == 1 and np.shares_memory(views[0], big)  # a view of the output, not a copy
 
 
 def test_a_plain_response_serializes_right_the_second_time_from_the_remembered_header() -> None:

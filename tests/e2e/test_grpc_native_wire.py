@@ -438,10 +438,10 @@ def test_inference_answers_are_gzipped_at_the_compression_level_asked(
     response = pb.ModelInferResponse.FromString(gzip.decompress(answer[5:]))
     assert np.frombuffer(response.raw_output_contents[0], np.float32).tolist() == list(range(4096))
     with grpc.insecure_channel(server.grpc_url) as channel:  # grpc's own client reads it as well
-        answer = channel.unary_unary(SERVICE + "ModelInfer")(infer_request(8), timeout=30)
-    assert (
-        np.frombuffer(pb.ModelInferResponse.FromString(answer).raw_output_contents[0], np.float32).size == 8
-    )
+        # (400 KB: an answer large enough to be sent in pieces, joined to be compressed)
+        answer = channel.unary_unary(SERVICE + "ModelInfer")(infer_request(100_000), timeout=30)
+    contents = pb.ModelInferResponse.FromString(answer).raw_output_contents[0]
+    assert np.frombuffer(contents, np.float32).tolist() == list(range(100_000))
 
 
 def test_answers_larger_than_the_socket_buffers_end_once_the_client_reads(raw: RawHttp2) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from google.protobuf.message import DecodeError
@@ -329,29 +329,51 @@ def encode_model_infer_response(
     return message
 
 
+class SerializedPieces(NamedTuple):
+    """A serialized message as the pieces it is made of, not joined: a server that writes them
+    one after the other to its socket saves a copy of the message's large contents."""
+
+    pieces: list[bytes | memoryview]
+    size: int
+
+    def joined(self) -> bytes:
+        return b"".join(self.pieces)
+
+
+# Serialized messages of at least this many bytes stay in pieces (smaller ones: one write is
+# cheaper than several, and the copy costs little).
+UNJOINED_BYTES = 64 * 1024
+
+
 def serialize_model_infer_response(
     response: InferenceResponse, shared_memory: dict[str, OutputInSharedMemory] | None = None
-) -> bytes:
-    """encode_model_infer_response's message, serialized, with each output copied only once.
+) -> bytes | SerializedPieces:
+    """encode_model_infer_response's message, serialized, with each output copied once or never.
 
     protobuf would copy an output three times (to bytes, into its arena, into the serialized
     message); here the raw_output_contents entries are written after the rest of the message,
     where protobuf writes them too (the highest field number last): the bytes are the same.
+    A large message comes as its pieces (see SerializedPieces), its outputs' bytes not copied.
     """
-    return b"".join(_serialized_pieces(response, shared_memory)[0])
+    return _joined_unless_large(*_serialized_pieces(response, shared_memory))
 
 
 def serialize_model_stream_infer_response(
     response: InferenceResponse,
     shared_memory: dict[str, OutputInSharedMemory] | None = None,
     parameters: Mapping[str, ParameterValue] | None = None,
-) -> bytes:
+) -> bytes | SerializedPieces:
     """A ModelStreamInferResponse carrying serialize_model_infer_response's message, serialized.
 
     `parameters` are added to the response's own (the streaming protocol's final flag).
     """
     pieces, size = _serialized_pieces(response, shared_memory, parameters)
-    return b"".join([_INFER_RESPONSE_KEY, _varint_bytes(size), *pieces])
+    head = _INFER_RESPONSE_KEY + _varint_bytes(size)
+    return _joined_unless_large([head, *pieces], len(head) + size)
+
+
+def _joined_unless_large(pieces: list[bytes | memoryview], size: int) -> bytes | SerializedPieces:
+    return SerializedPieces(pieces, size) if size >= UNJOINED_BYTES else b"".join(pieces)
 
 
 def _serialized_pieces(

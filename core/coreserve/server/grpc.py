@@ -17,6 +17,7 @@ from google.protobuf import json_format
 from coreserve.errors import CoreserveError, ErrorCode, NotFoundError
 from coreserve.protocol.grpc_codec import (
     ReceivedInferRequest,
+    SerializedPieces,
     decode_model_infer_request,
     encode_model_infer_response,
     serialize_model_infer_response,
@@ -54,7 +55,7 @@ DEFAULT_MAX_STREAM_INFLIGHT = 1024
 Request = TypeVar("Request")
 Response = TypeVar("Response")
 Handler = Callable[[Any, Request, grpc.aio.ServicerContext], Awaitable[Response]]
-Outbox = asyncio.Queue[tuple[bytes | pb.ModelStreamInferResponse | None, bool] | None]
+Outbox = asyncio.Queue[tuple[bytes | SerializedPieces | pb.ModelStreamInferResponse | None, bool] | None]
 
 
 def _metadata(context: grpc.aio.ServicerContext) -> dict[str, str]:
@@ -269,7 +270,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return response
 
     @_unary("inference")
-    async def ModelInfer(self, received: ReceivedInferRequest, context: Any) -> bytes | pb.ModelInferResponse:
+    async def ModelInfer(
+        self, received: ReceivedInferRequest, context: Any
+    ) -> bytes | SerializedPieces | pb.ModelInferResponse:
         tracing = self._dataplane.tracer.active
         received_ns = now_ns() if tracing else 0
         regions = self._dataplane.shared_memory
@@ -286,7 +289,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def ModelStreamInfer(
         self, requests: AsyncIterator[ReceivedInferRequest], context: Any
-    ) -> AsyncIterator[bytes | pb.ModelStreamInferResponse]:
+    ) -> AsyncIterator[bytes | SerializedPieces | pb.ModelStreamInferResponse]:
         """Many requests on one stream; each response or error goes back as it comes.
 
         A request's error is sent as that request's message and the stream stays open.
@@ -373,7 +376,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             trace = request.trace
             if trace is not None:
                 trace.mark("GRPC_SEND_START", now_ns())
-            reply: bytes | pb.ModelStreamInferResponse | None = None
+            reply: bytes | SerializedPieces | pb.ModelStreamInferResponse | None = None
             if response is not None:
                 final_parameter = {FINAL_RESPONSE: final} if empty_final else None
                 try:

@@ -37,11 +37,12 @@ class DecodingRegistrar:
         self,
         server: grpc.aio.Server,
         deserializers: dict[str, Callable[[bytes], Any]] | None = None,
-        serializers: dict[str, Callable[[Any], bytes]] | None = None,
+        serializers: dict[str, Callable[[Any], Any]] | None = None,
     ) -> None:
         """`deserializers`: what decodes the requests of some methods instead of the generated
         message's FromString, by method name; they raise DecodeError as FromString does.
-        `serializers`: what encodes the responses of some methods, by method name."""
+        `serializers`: what encodes the responses of some methods, by method name (to bytes,
+        or what else the server takes: see add_services)."""
         self._server = server
         self._deserializers = deserializers or {}
         self._serializers = serializers or {}
@@ -66,7 +67,7 @@ def _decoding_in_handler(
     handler: grpc.RpcMethodHandler,
     method: str,
     deserializer: Callable[[bytes], Any] | None = None,
-    serializer: Callable[[Any], bytes] | None = None,
+    serializer: Callable[[Any], Any] | None = None,
 ) -> grpc.RpcMethodHandler:
     """The same handler, decoding its request itself (with `deserializer` if given)."""
     decode = deserializer or handler.request_deserializer

@@ -8,7 +8,7 @@ from typing import Any
 
 import grpc
 
-from coreserve.protocol.grpc_codec import parse_model_infer_request
+from coreserve.protocol.grpc_codec import SerializedPieces, parse_model_infer_request
 from coreserve.protos import grpc_service_pb2 as pb
 from coreserve.protos import grpc_service_pb2_grpc as pb_grpc
 from coreserve.protos import health_pb2, health_pb2_grpc
@@ -58,18 +58,22 @@ def add_services(
     dataplane: DataPlane,
     restrictions: ApiRestrictions | None,
     max_stream_inflight: int = DEFAULT_MAX_STREAM_INFLIGHT,
+    *,
+    takes_pieces: bool = False,
 ) -> None:
     """Registers GRPCInferenceService and grpc.health.v1 on `server`: grpc.aio's or the native one.
 
     `server` takes `add_registered_method_handlers(service, handlers)` as grpc.aio's does.
+    `takes_pieces`: the server sends a large response as its SerializedPieces (the native one).
     """
+    serialized = _serialized_or_pieces if takes_pieces else _serialized
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(  # type: ignore[no-untyped-call]
         InferenceServicer(dataplane, restrictions, max_stream_inflight),
         DecodingRegistrar(
             server,
             # Large raw contents are kept as views of the received bytes (no copy).
             {"ModelInfer": parse_model_infer_request, "ModelStreamInfer": parse_model_infer_request},
-            {"ModelInfer": _serialized, "ModelStreamInfer": _serialized},
+            {"ModelInfer": serialized, "ModelStreamInfer": serialized},
         ),
     )
     health_pb2_grpc.add_HealthServicer_to_server(  # type: ignore[no-untyped-call]
@@ -77,6 +81,16 @@ def add_services(
     )
 
 
-def _serialized(response: bytes | pb.ModelInferResponse | pb.ModelStreamInferResponse) -> bytes:
+InferReply = bytes | SerializedPieces | pb.ModelInferResponse | pb.ModelStreamInferResponse
+
+
+def _serialized(response: InferReply) -> bytes:
     """An inference response on the wire: most come serialized already (no message copies)."""
-    return response if isinstance(response, bytes) else response.SerializeToString()
+    if isinstance(response, bytes):
+        return response
+    return response.joined() if isinstance(response, SerializedPieces) else response.SerializeToString()
+
+
+def _serialized_or_pieces(response: InferReply) -> bytes | SerializedPieces:
+    """The same for a server that takes a large response in pieces."""
+    return response if isinstance(response, SerializedPieces) else _serialized(response)

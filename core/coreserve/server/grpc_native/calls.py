@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
+from coreserve.protocol.grpc_codec import SerializedPieces
 from coreserve.server.grpc_native.headers import RequestHeaders
 from coreserve.server.grpc_native.messages import MessageReader, MessageTooLarge
 
@@ -224,21 +225,22 @@ class Call:
 
     # Sending -------------------------------------------------------------------------------
 
-    async def send(self, message: bytes) -> None:
+    async def send(self, message: bytes | SerializedPieces) -> None:
+        """Sends one message (a large one may come as its pieces: they are written, not joined)."""
         limit = self.connection.max_message_size
-        if len(message) > limit:
-            raise CallAborted(
-                RESOURCE_EXHAUSTED, f"Sent message larger than max ({len(message)} vs. {limit})"
-            )
+        size = message.size if isinstance(message, SerializedPieces) else len(message)
+        if size > limit:
+            raise CallAborted(RESOURCE_EXHAUSTED, f"Sent message larger than max ({size} vs. {limit})")
         if self.reset:
             raise asyncio.CancelledError
         outbound = self.connection.outbound
         self.connection.data_sent()
         flag = 0
         if self.gzip_level:
-            message = zlib.compress(message, self.gzip_level, wbits=31)
-            flag = 1
-        outbound.send_message(self, _MESSAGE_PREFIX.pack(flag, len(message)), message)
+            joined = message.joined() if isinstance(message, SerializedPieces) else message
+            message = zlib.compress(joined, self.gzip_level, wbits=31)
+            flag, size = 1, len(message)
+        outbound.send_message(self, _MESSAGE_PREFIX.pack(flag, size), message)
         if self.outbound or outbound.paused:
             # The client reads slower than we answer: hold this handler back (bounded memory).
             await outbound.wait_drained(self)

@@ -48,7 +48,7 @@ class NativeGrpcFrontend:
         self._handlers: dict[str, grpc.RpcMethodHandler] = {}
         self._connections: set[Http2Connection] = set()
         self._server: asyncio.Server | None = None
-        add_services(self, dataplane, restrictions, max_stream_inflight)
+        add_services(self, dataplane, restrictions, max_stream_inflight, takes_pieces=True)
 
     def add_generic_rpc_handlers(self, handlers: Any) -> None:
         """Ignored: the same handlers come through add_registered_method_handlers."""

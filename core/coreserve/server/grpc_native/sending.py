@@ -12,10 +12,15 @@ import asyncio
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
+from coreserve.protocol.grpc_codec import SerializedPieces
 from coreserve.server.grpc_native import wire
 
 if TYPE_CHECKING:
     from coreserve.server.grpc_native.calls import Call
+
+
+# Pieces of a message smaller than this are joined with their neighbours (see _coalesced).
+COALESCE_BELOW = 16 * 1024
 
 
 class Outbound:
@@ -38,11 +43,15 @@ class Outbound:
         for call in calls:
             call.send_window += delta
 
-    def send_message(self, call: Call, prefix: bytes, message: bytes) -> None:
+    def send_message(self, call: Call, prefix: bytes, message: bytes | SerializedPieces) -> None:
         if not call.headers_sent:
             call.headers_sent = True
             block = wire.GZIP_RESPONSE_HEADERS if call.gzip_level else wire.RESPONSE_HEADERS
             self._write(wire.frame(wire.HEADERS, wire.END_HEADERS, call.stream_id, block))
+        if isinstance(message, SerializedPieces):  # large: its large pieces are framed, not joined
+            call.outbound.extend(_coalesced(prefix, message.pieces))
+            self.send_pending(call)
+            return
         size = len(prefix) + len(message)
         if not call.outbound and size <= min(call.send_window, self.window, self.max_frame):
             call.send_window -= size
@@ -120,3 +129,21 @@ class Outbound:
             if closed:
                 call.outbound.clear()
             self._wake(call)
+
+
+def _coalesced(prefix: bytes, pieces: list[bytes | memoryview]) -> list[memoryview]:
+    """A message's pieces with the small ones joined to their neighbours: DATA frames never
+    span two pieces, so each run of small pieces would otherwise go out as frames of a few bytes."""
+    chunks: list[memoryview] = []
+    small: list[bytes | memoryview] = [prefix]
+    for piece in pieces:
+        if len(piece) < COALESCE_BELOW:
+            small.append(piece)
+            continue
+        if small:
+            chunks.append(memoryview(b"".join(small)))
+            small = []
+        chunks.append(memoryview(piece))
+    if small:
+        chunks.append(memoryview(b"".join(small)))
+    return chunks
