@@ -82,6 +82,11 @@ class AlreadyExistsError(CoreserveError):
 class CancelledError(CoreserveError):
     code = ErrorCode.CANCELLED
 
+    @classmethod
+    def of_request(cls, model_name: str) -> CancelledError:
+        """What a request gets that its client cancelled before a model ran it."""
+        return cls(f"request for model '{model_name}' was cancelled")
+
 
 class PermissionDeniedError(CoreserveError):
     code = ErrorCode.PERMISSION_DENIED

@@ -114,10 +114,15 @@ class ServerContext:
 class ModelInstance(Protocol):
     """One loaded copy of a model that executes one batch at a time.
 
-    Two optional attributes, read with `getattr` (an instance may leave them out):
+    Optional attributes, read with `getattr` (an instance may leave them out):
 
     - `concurrency: int`: an instance that may run several batches at once (it only waits
       on other models, as an ensemble does) says how many.
+    - `pipeline_depth: int`: an instance that runs one batch at a time in a worker process
+      of its own, but may be handed the next batches while it runs one (they wait there, in
+      order), says how many it may hold. The scheduler hands them ahead only where batches
+      need not form while the instance is busy (no dynamic or sequence batching, no rate
+      limiter): the process then finds its next batch waiting instead of being woken for it.
     - `failure: str | None`: an instance that can lose its ability to serve after it loaded
       (a worker process that died and cannot be restarted) sets it to the reason, and back
       to None once it can serve again. While an instance of a version has a failure, the

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from coreserve.config.signature import ModelSignature
-from coreserve.errors import CoreserveError, InternalError
+from coreserve.errors import CancelledError, CoreserveError, InternalError
 from coreserve.types import InferenceRequest, InferenceResponse, ParameterValue, now_ns
 
 logger = logging.getLogger(__name__)
@@ -31,6 +31,7 @@ class Responder:
         "_failed",
         "_open",
         "_rescheduled",
+        "_withdrawn",
         "compute_start_ns",
         "infer_done_ns",
         "inputs_ready_ns",
@@ -48,6 +49,7 @@ class Responder:
         self._open = {id(request) for request in requests}
         self._failed: set[int] = set()
         self._rescheduled: list[InferenceRequest] = []
+        self._withdrawn = 0
         self.compute_start_ns = now_ns()
         self.inputs_ready_ns = 0
         self.infer_done_ns = 0
@@ -84,6 +86,20 @@ class Responder:
             raise InternalError(f"request '{request.id}' was already answered; it cannot be rescheduled")
         self._open.discard(key)
         self._rescheduled.append(request)
+
+    @property
+    def withdrew_all(self) -> bool:
+        """True when every request of the batch was withdrawn: the model never ran it."""
+        return self._withdrawn == len(self.requests)
+
+    def withdraw(self, request: InferenceRequest) -> None:
+        """Ends an open request that was cancelled before the model got it (it waited in a
+        worker process behind other batches): it fails as cancelled, as one that left the
+        queue does, and a batch whose requests were all withdrawn counts as no execution."""
+        if id(request) not in self._open:
+            return
+        self._withdrawn += 1
+        self.send_error(request, CancelledError.of_request(request.model_name))
 
     def send(
         self,

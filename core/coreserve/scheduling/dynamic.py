@@ -68,6 +68,9 @@ def shape_key(request: InferenceRequest, ragged: frozenset[str] = frozenset()) -
 class DynamicBatcher(Scheduler):
     """Forms batches from queued requests as Triton's dynamic batcher does."""
 
+    # A batch forms from what queues while the instances are busy: none is taken ahead.
+    pipelines = False
+
     def __init__(
         self,
         signature: ModelSignature,

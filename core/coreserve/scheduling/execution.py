@@ -59,6 +59,10 @@ async def execute_batch(
             responder.fail_open_requests(
                 InternalError(f"model '{signature.model_name}' returned without answering the request")
             )
+    if responder.withdrew_all:  # cancelled before the model got them: as if they left the queue
+        for request in batch:
+            statistics.record_failure(request, "CANCELED")
+        return responder
     end_ns = now_ns()
     timing = statistics.record_execution(batch, responder, end_ns)
     for request in batch:

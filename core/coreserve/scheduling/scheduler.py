@@ -40,6 +40,9 @@ class Scheduler:
 
     # Whether the model's response cache (if any) may answer a request instead of an instance.
     answers_from_cache = True
+    # Whether instances with a `pipeline_depth` get their next batches ahead of time: not where
+    # a batch forms from what queues while the instances are busy (dynamic batching).
+    pipelines = True
 
     def __init__(
         self,
@@ -55,7 +58,10 @@ class Scheduler:
         self.instances = list(instances)
         self.decoupled = decoupled
         self._queue: deque[InferenceRequest] = deque()
-        self._waiters: deque[asyncio.Future[None]] = deque()
+        # Idle workers, by the index of their instance (see _wake_worker).
+        self._waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
+        self._awake = [0] * len(self.instances)  # each instance's workers not waiting for work
+        self._pipelined = False  # some instance takes batches ahead (see _workers_for)
         # The instances' workers, and any task of a subclass that ends with them.
         self._tasks: list[asyncio.Task[None]] = []
         self._busy = 0
@@ -87,13 +93,23 @@ class Scheduler:
         self._idle.set()
         for index, instance in enumerate(self.instances):
             for slot in range(self._workers_for(instance)):
+                self._awake[index] += 1
                 name = f"{self.signature.model_name}:{self.model_version}:instance{index}:{slot}"
                 self._tasks.append(asyncio.create_task(self._work(index, instance), name=name))
 
     def _workers_for(self, instance: ModelInstance) -> int:
-        """How many batches `instance` may run at once."""
+        """How many batches `instance` may have at once."""
         # An ensemble's runs only wait on other models: it runs several at once.
-        return int(getattr(instance, "concurrency", 1))
+        concurrency = getattr(instance, "concurrency", None)
+        if concurrency is not None:
+            return int(concurrency)
+        # A worker process's instance runs one batch at a time, but the next ones may wait
+        # in the process already (see ModelInstance); a rate limiter wants each to ask its turn.
+        depth = int(getattr(instance, "pipeline_depth", 1))
+        if depth > 1 and self.pipelines and self._rate_limiter is None:
+            self._pipelined = True
+            return depth
+        return 1
 
     def submit(self, request: InferenceRequest) -> None:
         """Queues a request; its sink receives the response. Raises if it cannot queue."""
@@ -101,7 +117,7 @@ class Scheduler:
             raise self._unloading()
         if request.is_cancelled():  # its client gave up while it was being decoded
             self.statistics.record_failure(request, "CANCELED")
-            raise CancelledError(_cancelled_message(request))
+            raise CancelledError.of_request(request.model_name)
         request.queued_ns = now_ns()
         cache = self.response_cache if self.answers_from_cache else None
         if cache is not None and cache.answer(request, self.statistics, self._admit_missed):
@@ -126,7 +142,7 @@ class Scheduler:
             sink.fail(self._unloading())
         elif request.is_cancelled():
             self.statistics.record_failure(request, "CANCELED")
-            sink.fail(CancelledError(_cancelled_message(request)))
+            sink.fail(CancelledError.of_request(request.model_name))
         else:
             try:
                 self._queue_up(request)
@@ -142,7 +158,7 @@ class Scheduler:
             return
         self.statistics.record_failure(request, "CANCELED")
         if request.sink is not None:
-            request.sink.fail(CancelledError(_cancelled_message(request)))
+            request.sink.fail(CancelledError.of_request(request.model_name))
 
     def _enqueue(self, request: InferenceRequest) -> None:
         self._queue.append(request)
@@ -162,7 +178,8 @@ class Scheduler:
     async def _wait_for_work(self, index: int) -> None:
         """Waits until a request queues for instance `index` (see `_wake_worker`)."""
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
+        self._waiters.append((index, waiter))
+        self._awake[index] -= 1  # (and one more once _wake_worker wakes it)
         await waiter
 
     async def _take_batch(self, index: int) -> list[InferenceRequest]:
@@ -184,11 +201,24 @@ class Scheduler:
         Triton drains its queues on unload (the default scheduler never waits)."""
 
     def _wake_worker(self) -> None:
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
-                return
+        """Wakes an idle worker for a request that queued: the longest idle, or, where
+        instances take batches ahead, one of the instance with the fewest workers awake (a
+        request must not wait behind another's execution while an instance idles)."""
+        waiters = self._waiters
+        while waiters and waiters[0][1].done():  # (cancelled: the scheduler is closing)
+            waiters.popleft()
+        if not waiters:
+            return
+        chosen = 0
+        if self._pipelined:
+            awake = self._awake
+            for position, (index, waiter) in enumerate(waiters):
+                if not waiter.done() and awake[index] < awake[waiters[chosen][0]]:
+                    chosen = position
+        index, waiter = waiters[chosen]
+        del waiters[chosen]
+        self._awake[index] += 1  # counted now: the next request of this turn goes elsewhere
+        waiter.set_result(None)
 
     def _note_if_idle(self) -> None:
         """Marks the scheduler idle (what `close` waits for) when nothing is queued or running."""
@@ -283,10 +313,6 @@ class Scheduler:
             self._rate_limiter.unregister(self._slots.values())
         remaining = None if deadline is None else max(0.0, deadline - loop.time())
         await close_instances(self.instances, remaining, self.signature.model_name)
-
-
-def _cancelled_message(request: InferenceRequest) -> str:
-    return f"request for model '{request.model_name}' was cancelled"
 
 
 async def close_instances(instances: Sequence[ModelInstance], timeout: float | None, model_name: str) -> None:

@@ -21,6 +21,10 @@ from coreserve_python.process import run_once
 
 AUTO_COMPLETE_TIMEOUT_S = 120.0
 FORCE_CPU_ONLY_INPUT_TENSORS = "FORCE_CPU_ONLY_INPUT_TENSORS"
+# coreserve's parameter: how many executions a stub may be handed ahead (see PythonInstance).
+PIPELINE_DEPTH = "pipeline_depth"
+DEFAULT_PIPELINE_DEPTH = 8
+MAX_PIPELINE_DEPTH = 64
 
 
 def check_input_memory_parameter(config: ModelConfig) -> None:
@@ -29,6 +33,19 @@ def check_input_memory_parameter(config: ModelConfig) -> None:
     entry = config.parameters.get(FORCE_CPU_ONLY_INPUT_TENSORS)
     if entry is not None and entry.string_value not in ("yes", "no"):
         raise ModelConfigError(f"Incorrect value for {FORCE_CPU_ONLY_INPUT_TENSORS}: {entry.string_value}'")
+
+
+def pipeline_depth(config: ModelConfig) -> int:
+    """The `pipeline_depth` parameter: a whole number from 1 (no execution handed ahead) to 64."""
+    entry = config.parameters.get(PIPELINE_DEPTH)
+    if entry is None:
+        return DEFAULT_PIPELINE_DEPTH
+    text = entry.string_value.strip()
+    if not text.isdigit() or not 1 <= int(text) <= MAX_PIPELINE_DEPTH:
+        raise ModelConfigError(
+            f"parameter {PIPELINE_DEPTH} must be a whole number from 1 to {MAX_PIPELINE_DEPTH}, got '{text}'"
+        )
+    return int(text)
 
 
 class PythonBackend(BaseBackend):
@@ -65,8 +82,9 @@ class PythonBackend(BaseBackend):
     ) -> ModelInstance:
         self.check_model_file(model)
         check_input_memory_parameter(config)
+        depth = pipeline_depth(config)
         # Unpacking a packed environment takes seconds: not on the event loop.
         launch = await asyncio.to_thread(stub_launch, config, model.name, model.path)
-        instance = PythonInstance(launch, model, config, placement, server)
+        instance = PythonInstance(launch, model, config, placement, server, pipeline_depth=depth)
         await instance.start()
         return instance

@@ -72,7 +72,13 @@ class PythonInstance(ModelRequestAnswers, BlsServing):
         config: ModelConfig,
         placement: InstancePlacement,
         server: ServerContext,
+        *,
+        pipeline_depth: int = 1,
     ) -> None:
+        """`pipeline_depth`: executions the stub may be handed while it runs one (the core's
+        ModelInstance.pipeline_depth); they wait in the stub's socket, in order, so that under
+        load its next batch is there when it finishes one, without a wake-up in between."""
+        self.pipeline_depth = pipeline_depth
         self._launch = launch
         self._model = model
         self._config = config
@@ -223,8 +229,14 @@ class PythonInstance(ModelRequestAnswers, BlsServing):
         finally:
             if (shared := segment_to_release(segment)) is not None:
                 self._pool.release(shared)
+        # The time the batch waited in the stub behind others (pipeline_depth) is queue time.
+        responder.compute_start_ns = max(responder.compute_start_ns, reply.get("started_ns", 0))
         if reply["responses"] is not None:
             self._deliver(reply["responses"])
+        for key in reply.get("withdrawn", ()):
+            entry = self._close_entry(key)
+            if entry is not None:
+                responder.withdraw(entry[0])
         for key in reply.get("rescheduled", ()):
             entry = self._close_entry(key)
             if entry is not None:  # (not if the model also ended it)

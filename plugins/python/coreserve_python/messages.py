@@ -138,10 +138,12 @@ class ResponsesMessage(TypedDict):
 class ExecuteDoneMessage(TypedDict):
     op: Literal["execute_done"]
     reply_to: int | None
+    started_ns: int  # when the model started on it (time.monotonic_ns, the server's clock too)
     error: str | None
     responses: ResponsesMessage | None  # an ordinary model's responses travel with the end
     release: list[str]
     rescheduled: list[int]  # keys of requests handed back (RESCHEDULE), to be executed again
+    withdrawn: list[int]  # keys of requests cancelled before the model got them (not run)
 
 
 class FinalizeDoneMessage(TypedDict):

@@ -27,6 +27,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 import traceback
 from pathlib import Path
 from types import ModuleType
@@ -110,6 +111,11 @@ class Stub(ServerRequests):
         # The cancellation flags of the requests given to the model and not yet answered in
         # full, by key; the reader thread sets them when the server says "cancel".
         self._cancellations: dict[int, pb_utils._Cancellation] = {}
+        # Cancellations of requests whose execute waits behind the one running (the server
+        # hands executions ahead): keys above every key registered so far, taken on arrival.
+        self._early_cancels: set[int] = set()
+        self._highest_key = -1
+        self._cancel_lock = threading.Lock()
         self._model: Any = None
         self._decoupled = False
         self._instance_name = ""
@@ -155,12 +161,29 @@ class Stub(ServerRequests):
             if call is not None:
                 call.deliver(message)
         elif op == "cancel":
-            cancellation = self._cancellations.get(message["key"])
-            if cancellation is not None:  # (None: answered meanwhile)
-                cancellation.cancelled = True
+            self._cancel(message["key"])
         else:
             return False
         return True
+
+    def _register_cancellation(self, key: int, cancellation: pb_utils._Cancellation) -> None:
+        """A request reaches the model: its cancellation flag, set at once if cancelled already."""
+        with self._cancel_lock:
+            self._cancellations[key] = cancellation
+            self._highest_key = max(self._highest_key, key)
+            if key in self._early_cancels:
+                self._early_cancels.discard(key)
+                cancellation.cancelled = True
+
+    def _cancel(self, key: int) -> None:
+        """The server says a request was cancelled (its client gave up)."""
+        with self._cancel_lock:
+            cancellation = self._cancellations.get(key)
+            if cancellation is not None:
+                cancellation.cancelled = True
+            elif key > self._highest_key:  # its execute is still to come (keys only grow)
+                self._early_cancels.add(key)
+            # (else it was answered meanwhile)
 
     def _server_gone(self) -> None:
         """The server closed its end: whoever waits for an answer from it gets none."""
@@ -214,6 +237,7 @@ class Stub(ServerRequests):
         self._channel.send(reply)
 
     def _execute(self, message: Message) -> None:
+        started_ns = time.monotonic_ns()
         segment = message["segment"]
         requests = []
         for item in message["requests"]:
@@ -229,12 +253,17 @@ class Stub(ServerRequests):
                 item["id"],
                 item.get("cancelled", False),
             )
-            self._cancellations[item["key"]] = request._cancellation
+            self._register_cancellation(item["key"], request._cancellation)
             requests.append(request)
+        keys = tuple(item["key"] for item in message["requests"])
+        if requests and all(request.is_cancelled() for request in requests):
+            # Cancelled while they waited behind other executions: the model never gets them,
+            # as a request cancelled in the server's queue never reaches it.
+            self._withdraw(message, keys, started_ns)
+            return
         error = None
         responses: ResponsesMessage | None = None
         rescheduled: list[int] = []
-        keys = tuple(item["key"] for item in message["requests"])
         token = executing_keys.set(keys)
         try:
             result = self._model.execute(requests)
@@ -264,13 +293,36 @@ class Stub(ServerRequests):
             self._cancellations.pop(key, None)
         del requests
         # An ordinary model's responses travel with the end of the execution: one message.
+        self._send_execute_done(
+            message, started_ns, error, responses, rescheduled=rescheduled if error is None else []
+        )
+
+    def _withdraw(self, message: Message, keys: tuple[int, ...], started_ns: int) -> None:
+        """Answers an execute whose requests were all cancelled before it started."""
+        for key in keys:
+            self._cancellations.pop(key, None)
+        self._send_execute_done(message, started_ns, None, None, withdrawn=list(keys))
+
+    def _send_execute_done(
+        self,
+        message: Message,
+        started_ns: int,
+        error: str | None,
+        responses: ResponsesMessage | None,
+        *,
+        rescheduled: list[int] | None = None,
+        withdrawn: list[int] | None = None,
+    ) -> None:
+        shared = segment_to_release(message["segment"])
         done: ExecuteDoneMessage = {
             "op": "execute_done",
             "reply_to": message.get("id"),
+            "started_ns": started_ns,
             "error": error,
             "responses": responses,
-            "release": [shared] if (shared := segment_to_release(segment)) else [],
-            "rescheduled": rescheduled if error is None else [],
+            "release": [shared] if shared else [],
+            "rescheduled": rescheduled or [],
+            "withdrawn": withdrawn or [],
         }
         self._channel.send(done)
 
