@@ -92,6 +92,7 @@ class PythonInstance(ModelRequestAnswers, BlsServing):
         # and the function that stops relaying their cancellation to the stub.
         self._open: dict[int, tuple[InferenceRequest, Responder, Callable[[], None]]] = {}
         self._next_key = 0
+        self._executions = 0  # executions sent to the stub and not yet done
         self._process: StubProcess | None = None
         self._starting: StubProcess | None = None  # the stub whose initialize() runs
         self._restart: asyncio.Task[None] | None = None
@@ -224,13 +225,16 @@ class PythonInstance(ModelRequestAnswers, BlsServing):
                 for (key, request), inputs in zip(entries, refs, strict=True)
             ],
         }
+        behind = self._executions  # sent while the stub still runs earlier ones (pipeline_depth)
+        self._executions += 1
         try:
             reply = await process.request(message, "execute_done")
         finally:
+            self._executions -= 1
             if (shared := segment_to_release(segment)) is not None:
                 self._pool.release(shared)
-        # The time the batch waited in the stub behind others (pipeline_depth) is queue time.
-        responder.compute_start_ns = max(responder.compute_start_ns, reply.get("started_ns", 0))
+        if behind:  # the time it waited in the stub for them is queue time, not compute time
+            responder.compute_start_ns = max(responder.compute_start_ns, reply.get("started_ns", 0))
         if reply["responses"] is not None:
             self._deliver(reply["responses"])
         for key in reply.get("withdrawn", ()):
