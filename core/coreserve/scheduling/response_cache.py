@@ -343,9 +343,15 @@ class CachingSink:
             filing = self._cache.file(self._key, response)
             self._statistics.record_cache_miss(self._lookup_ns + now_ns() - started)
             if filing is not None:  # answered once filed: then the next asker finds it
-                filing.add_done_callback(lambda _: self._target.send(response, final))
+                filing.add_done_callback(partial(self._filed, response))
                 return
         self._target.send(response, final)
+
+    def _filed(self, response: InferenceResponse, filing: asyncio.Future[bool]) -> None:
+        # An exception is a fault of the store's client: the answer goes out all the same.
+        if not filing.cancelled() and (exc := filing.exception()) is not None:
+            logger.error("response cache '%s': an insert failed: %r", self._cache.cache.name, exc)
+        self._target.send(response, True)
 
     def fail(self, error: CoreserveError) -> None:
         if not self._target.done:
