@@ -391,6 +391,13 @@ def children_cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def rotated(paths: tuple[str, ...], round_index: int) -> tuple[str, ...]:
+    """The order of a round's trials: `paths` rotated by the round's index, so that each path
+    runs first, second, ... in turn and a neighbour slowing the machine weighs on all alike."""
+    shift = round_index % len(paths)
+    return paths[shift:] + paths[:shift]
+
+
 def median(values: Sequence[float]) -> float:
     return statistics.median(values)
 

@@ -40,6 +40,7 @@ from common import (
     perf_analyzer,
     print_table,
     retrying,
+    rotated,
     run_perf_analyzer,
     start_server,
     write_model,
@@ -106,7 +107,7 @@ def main() -> None:
         grpc_call_succeeds(server.grpc_url, METHOD, message)  # h2load sees HTTP statuses only
         wrk(url, CONCURRENCY, 2, body, headers)  # warm-up: the instance's threads, the batcher
         for round_index in range(args.rounds):
-            order = paths[round_index % len(paths) :] + paths[: round_index % len(paths)]
+            order = rotated(paths, round_index)
             for path in order:
                 load = retrying(drive[path])
                 rates[path].append(load.requests_per_s)

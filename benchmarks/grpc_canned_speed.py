@@ -34,6 +34,7 @@ from common import (
     perf_analyzer,
     print_table,
     retrying,
+    rotated,
     run_perf_analyzer,
     start_server,
     write_model,
@@ -125,7 +126,7 @@ def main() -> None:
     try:
         for round_index in range(args.rounds):
             for concurrency in CONCURRENCIES:
-                order = PATHS[round_index % len(PATHS) :] + PATHS[: round_index % len(PATHS)]
+                order = rotated(PATHS, round_index)
                 for path in order:
                     load = retrying(partial(drive[path], concurrency))
                     rates[path][concurrency].append(load.requests_per_s)

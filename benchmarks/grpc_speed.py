@@ -36,6 +36,7 @@ from common import (
     perf_analyzer,
     print_table,
     retrying,
+    rotated,
     run_perf_analyzer,
     start_server,
     write_model,
@@ -168,7 +169,7 @@ def main() -> None:
     try:
         for round_index in range(args.rounds):
             for concurrency in CONCURRENCIES:
-                order = paths[round_index % len(paths) :] + paths[: round_index % len(paths)]
+                order = rotated(paths, round_index)
                 for path in order:
                     load = retrying(partial(drive[path], concurrency))
                     rates[path][concurrency].append(load.requests_per_s)

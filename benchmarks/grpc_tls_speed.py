@@ -23,7 +23,17 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import Load, h2load_grpc, median, print_table, retrying, start_server, write_model, write_results
+from common import (
+    Load,
+    h2load_grpc,
+    median,
+    print_table,
+    retrying,
+    rotated,
+    start_server,
+    write_model,
+    write_results,
+)
 from overhead import CONFIG, add_model
 
 CONCURRENCIES = (8, 32)
@@ -89,7 +99,7 @@ def main() -> None:
     try:
         for round_index in range(args.rounds):
             for concurrency in CONCURRENCIES:
-                order = paths[round_index % len(paths) :] + paths[: round_index % len(paths)]
+                order = rotated(paths, round_index)
                 for path in order:
                     run: Callable[[], Load] = partial(drive, path, concurrency)
                     load = retrying(run)

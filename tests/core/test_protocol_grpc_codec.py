@@ -7,14 +7,16 @@ import pytest
 from google.protobuf.message import DecodeError
 
 from coreserve.protocol.grpc_codec import (
+    VIEW_RAW_CONTENTS_FROM,
+    decode_model_infer_request,
+    parse_model_infer_request,
+)
+from coreserve.protocol.grpc_response import (
     _PLAIN_HEADERS,
     PLAIN_HEADERS,
     UNJOINED_BYTES,
-    VIEW_RAW_CONTENTS_FROM,
     SerializedPieces,
-    decode_model_infer_request,
     encode_model_infer_response,
-    parse_model_infer_request,
     serialize_model_infer_response,
     serialize_model_stream_infer_response,
 )

@@ -144,10 +144,8 @@ class ServerRuntime:
                 raise StartupError(f"model repository '{location}' is not a folder")
         grpc_tls, http_tls = self.options.grpc_transport.tls, self.options.http_tls
         try:  # before the models load: a missing certificate should not wait for them
-            if self.options.allow_grpc and grpc_tls is not None and self.options.grpc_server == "grpcio":
-                grpc_tls.credentials()
-            elif self.options.allow_grpc and grpc_tls is not None:
-                grpc_tls.context()
+            if self.options.allow_grpc and grpc_tls is not None:  # what the chosen server will read
+                grpc_tls.credentials() if self.options.grpc_server == "grpcio" else grpc_tls.context()
             if self.options.allow_http and http_tls is not None:
                 http_tls.context()
         except TlsFileError as exc:

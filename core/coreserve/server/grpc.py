@@ -17,12 +17,14 @@ from google.protobuf import json_format
 from coreserve.errors import CoreserveError, ErrorCode, NotFoundError
 from coreserve.protocol.grpc_codec import (
     ReceivedInferRequest,
-    SerializedPieces,
     decode_model_infer_request,
+    shared_memory_outputs,
+)
+from coreserve.protocol.grpc_response import (
+    SerializedPieces,
     encode_model_infer_response,
     serialize_model_infer_response,
     serialize_model_stream_infer_response,
-    shared_memory_outputs,
 )
 from coreserve.protos import grpc_service_pb2 as pb
 from coreserve.protos import grpc_service_pb2_grpc as pb_grpc

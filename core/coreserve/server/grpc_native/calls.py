@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from coreserve.protocol.grpc_codec import SerializedPieces
+from coreserve.protocol.grpc_response import SerializedPieces
 from coreserve.server.grpc_native.headers import RequestHeaders
 from coreserve.server.grpc_native.messages import MessageReader, MessageTooLarge
 

@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
-from coreserve.protocol.grpc_codec import SerializedPieces
+from coreserve.protocol.grpc_response import SerializedPieces
 from coreserve.server.grpc_native import wire
 
 if TYPE_CHECKING:
