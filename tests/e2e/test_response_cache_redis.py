@@ -12,6 +12,7 @@ import shutil
 import socket
 import subprocess
 import time
+import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -157,14 +158,19 @@ def test_a_slow_redis_delays_only_the_requests_that_wait_for_it(tmp_path: Path, 
     try:
         store.execute_command("CLIENT", "PAUSE", "3000", "ALL")  # Redis answers no one for 3 s
         paused = time.monotonic()
-        with ThreadPoolExecutor(1) as pool:
+        with ThreadPoolExecutor(2) as pool:
             cached = pool.submit(_scale, server, [7, 7, 7, 7])
-            time.sleep(0.3)  # its lookup now waits for Redis, off the event loop
+            # A scrape asks Redis for its entries and memory: that waits too, off the loop.
+            scrape = pool.submit(urllib.request.urlopen, server.metrics_url, timeout=60)
+            time.sleep(0.3)  # the lookup and the scrape now wait for Redis, off the event loop
             assert _scale(server, [1, 1, 1, 1], model="plain") == [3, 3, 3, 3]
             assert time.monotonic() - paused < 2.0  # the model without a cache was not held up
-            assert not cached.done()
+            assert not cached.done() and not scrape.done()
             assert cached.result(timeout=60) == [14, 14, 14, 14]
+            with scrape.result(timeout=60) as answer:
+                metrics = answer.read().decode()
         assert time.monotonic() - paused >= 2.9  # the cached one did wait for Redis
+        assert "nv_cache_num_entries " in metrics
         log = server.log
     finally:
         store.close()

@@ -174,7 +174,7 @@ class Server:
     def metrics(self) -> str:
         """The metrics a scrape of `/metrics` gives, in Prometheus text format ("" with metrics off)."""
         report = self._started().metrics_report
-        return "" if report is None else self._run(_call(report.render))
+        return "" if report is None else self._run(report.render_on_loop())
 
     def metadata(self) -> dict[str, Any]:
         """Server name, version and extensions: the v2 protocol's server metadata."""

@@ -10,6 +10,7 @@ summaries and histograms off unless asked for.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import time
@@ -26,7 +27,7 @@ from prometheus_client import (
 
 from coreserve.backend.custom_metrics import CustomMetrics
 from coreserve.repository import ModelRepository, ModelVersion
-from coreserve.scheduling.response_cache import ResponseCache
+from coreserve.scheduling.response_cache import CacheStatistics, ResponseCache
 from coreserve.scheduling.statistics import (
     FIRST_RESPONSE_FAMILY,
     HISTOGRAM_BUCKETS_US,
@@ -197,9 +198,8 @@ def _model_cache_families(ids: list[tuple[ModelVersion, str]]) -> list[str]:
     return lines
 
 
-def render_cache_metrics(cache: ResponseCache) -> str:
+def render_cache_metrics(stats: CacheStatistics) -> str:
     """Triton's cache-wide families (gauges, no labels), from the cache's statistics."""
-    stats = cache.statistics()
     values = (
         ("nv_cache_num_entries", "Number of responses stored in response cache", stats.entries),
         ("nv_cache_num_lookups", "Number of cache lookups in response cache", stats.lookups),
@@ -322,15 +322,28 @@ class MetricsReport:
         GCCollector(registry=self._process)
         self._system = SystemMetrics(cpu=cpu, gpu=gpu, interval_ms=interval_ms)
 
-    def render(self) -> str:
-        """The metrics in Prometheus text format 0.0.4."""
+    def render(self, cache_statistics: CacheStatistics | None = None) -> str:
+        """The metrics in Prometheus text format 0.0.4 (`cache_statistics`: asked here if None)."""
+        cache = self._response_cache
+        if cache is not None and cache_statistics is None:
+            cache_statistics = cache.statistics()
         return (
             render_model_metrics(self._repository, self._latency)
             + self._custom.render()
-            + (render_cache_metrics(self._response_cache) if self._response_cache is not None else "")
+            + (render_cache_metrics(cache_statistics) if cache_statistics is not None else "")
             + self._system.render()
             + generate_latest(self._process).decode()
         )
+
+    async def render_on_loop(self) -> str:
+        """`render`, for a frontend on the event loop: a cache that waits on another process
+        (Redis) is asked for its statistics on its own executor, so a slow store holds up only
+        the scrape, never the requests the loop serves."""
+        cache = self._response_cache
+        statistics = None
+        if cache is not None and cache.executor is not None:
+            statistics = await asyncio.get_running_loop().run_in_executor(cache.executor, cache.statistics)
+        return self.render(statistics)
 
     def start(self) -> None:
         """Starts polling the CPU and GPU families (on the running event loop)."""
@@ -352,7 +365,8 @@ class MetricsFrontend:
         self._runner: web.AppRunner | None = None
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        return web.Response(body=self._report.render().encode(), headers={"Content-Type": CONTENT_TYPE})
+        text = await self._report.render_on_loop()
+        return web.Response(body=text.encode(), headers={"Content-Type": CONTENT_TYPE})
 
     async def start(self) -> None:
         self._runner = web.AppRunner(self._app, access_log=None, handle_signals=False)
