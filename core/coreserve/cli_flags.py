@@ -26,6 +26,7 @@ from coreserve.cli_values import (
     stream_limit,
 )
 from coreserve.repository.manager import ControlMode
+from coreserve.server.grpc_transport import DEFAULT_HANDSHAKE_TIMEOUT_S
 
 GRPC_SERVERS = ("native", "grpcio")  # --grpc-server
 
@@ -194,6 +195,9 @@ def _grpc_transport_flags(flag: Callable[..., Any], bool_flag: Callable[..., Non
              help=f"gRPC's setting of that name{unit}; default {default}")
     flag("--grpc-keepalive-permit-without-calls", type=parse_bool, default=None, metavar="BOOL",
          help="allow keepalive pings without calls in flight (default false)")
+    flag("--grpc-handshake-timeout-secs", type=positive_secs, default=DEFAULT_HANDSHAKE_TIMEOUT_S,
+         metavar="SECS", help="a new connection's TLS handshake, then its HTTP/2 preface, must each arrive "
+                              f"within this, or it is closed (default {DEFAULT_HANDSHAKE_TIMEOUT_S:g})")
     # fmt: on
 
 

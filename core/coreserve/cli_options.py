@@ -153,4 +153,5 @@ def _grpc_transport(args: argparse.Namespace) -> GrpcTransport:
         http2_max_ping_strikes=args.grpc_http2_max_ping_strikes,
         max_connection_age_ms=args.grpc_max_connection_age,
         max_connection_age_grace_ms=args.grpc_max_connection_age_grace,
+        handshake_timeout_s=args.grpc_handshake_timeout_secs,
     )

@@ -248,6 +248,20 @@ def test_negative_numbers_where_tritonserver_wants_counts_are_refused() -> None:
     assert isinstance(parse_serve_args([*BASE, "--log-verbose=3"]), argparse.Namespace)
 
 
+def test_the_grpc_handshake_timeout_takes_positive_seconds(capsys: pytest.CaptureFixture[str]) -> None:
+    assert server_options(parse_serve_args(BASE)).grpc_transport.handshake_timeout_s == 20.0
+    transport = server_options(parse_serve_args([*BASE, "--grpc-handshake-timeout-secs=2.5"])).grpc_transport
+    assert transport.handshake_timeout_s == 2.5
+    assert dict(transport.server_options())["grpc.server_handshake_timeout_ms"] == 2500  # grpcio's
+    for value in ("0", "-1", "soon", "inf", ""):
+        with pytest.raises(SystemExit) as exit_info:
+            parse_serve_args([*BASE, f"--grpc-handshake-timeout-secs={value}"])
+        assert exit_info.value.code == 2
+        assert (
+            "argument --grpc-handshake-timeout-secs: expected a number of seconds" in capsys.readouterr().err
+        )
+
+
 def test_load_model_star_goes_alone(capsys: pytest.CaptureFixture[str]) -> None:
     args = [*BASE, "--model-control-mode=explicit", "--load-model=*"]
     assert parse_serve_args(args).load_models == ["*"]

@@ -65,6 +65,21 @@ def _assert_a_real_call_works(server: ServerProcess) -> None:
         client.close()
 
 
+def seconds_until_closed(sock: socket.socket, limit: float) -> float:
+    """How long the server takes to close `sock` (what it sends is read and dropped); inf if it
+    is still open after `limit` seconds."""
+    start = time.monotonic()
+    sock.settimeout(limit)
+    try:
+        while sock.recv(1 << 16):
+            pass
+    except ConnectionResetError:
+        pass
+    except TimeoutError:
+        return float("inf")
+    return time.monotonic() - start
+
+
 def frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
     length = len(payload)
     return struct.pack(">HBBBI", length >> 8, length & 0xFF, kind, flags, stream_id) + payload
@@ -389,6 +404,29 @@ def test_keepalive_pings_and_a_client_that_never_answers_is_dropped(coreserve_se
         assert time.monotonic() - start < 10.0, "the connection was not closed after the keepalive timeout"
     finally:
         connection.close()
+
+
+@pytest.mark.parametrize("grpc_server", ["native", "grpcio"])
+def test_a_connection_that_never_sends_the_preface_is_dropped(
+    coreserve_server: ServerFactory, tmp_path: Path, grpc_server: str
+) -> None:
+    write_model(tmp_path, "identity", identity_model("FP32", ["n"]), IDENTITY)
+    flags = (f"--grpc-server={grpc_server}", "--allow-metrics=false", "--grpc-handshake-timeout-secs=0.5")
+    server = coreserve_server(tmp_path, *flags)
+    talking = RawHttp2(server)
+    try:
+        talking.open()
+        host, port = server.grpc_url.rsplit(":", 1)
+        with socket.create_connection((host, int(port))) as silent:
+            assert 0.3 < seconds_until_closed(silent, 10.0) < 5.0
+        # The connection that sent its preface is past its handshake: it is still served.
+        talking.send(frame(HEADERS, END_HEADERS, 1, talking.headers_block("ModelInfer")))
+        talking.send(frame(DATA, END_STREAM, 1, message(infer_request(4))))
+        fields, _ = talking.call(1)
+        assert fields["grpc-status"] == "0", fields
+    finally:
+        talking.close()
+    assert "Traceback" not in server.log, server.log[-3000:]
 
 
 def test_a_client_that_pings_too_often_gets_goaway_too_many_pings(coreserve_server, tmp_path: Path) -> None:

@@ -5,11 +5,13 @@ Each test runs on both gRPC servers (--grpc-server native and grpcio).
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+from test_grpc_native_wire import seconds_until_closed
 from tritonclient.utils import InferenceServerException
 
 from coreserve.testing import ServerFactory, ServerProcess
@@ -74,6 +76,22 @@ def test_tls_serves_clients_that_trust_the_root(
         assert info.value.status() == "StatusCode.UNAVAILABLE"
     finally:
         plain.close()
+
+
+def test_a_client_that_never_starts_its_handshake_is_dropped(
+    coreserve_server: ServerFactory, repository: Path, pki: Pki, grpc_server: str
+) -> None:
+    flags = [*_tls_flags(pki, grpc_server), "--grpc-handshake-timeout-secs=0.5"]
+    server = coreserve_server(repository, *flags)
+    host, port = server.grpc_url.rsplit(":", 1)
+    with socket.create_connection((host, int(port))) as silent:
+        assert 0.3 < seconds_until_closed(silent, 10.0) < 5.0
+    client = _client(server, pki, None)
+    try:
+        assert _scale(client) == 2.0
+    finally:
+        client.close()
+    assert "Traceback" not in server.log, server.log[-3000:]
 
 
 def test_mutual_tls_wants_a_client_certificate_the_root_signed(

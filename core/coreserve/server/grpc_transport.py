@@ -17,6 +17,8 @@ from coreserve.server.tls_files import TlsFileError, read_pem, server_context
 
 # --grpc-infer-response-compression-level: gRPC core's compression levels.
 COMPRESSION_LEVELS = {"none": 0, "low": 1, "medium": 2, "high": 3}
+# --grpc-handshake-timeout-secs (coreserve's own; gRPC core's default is 120 s).
+DEFAULT_HANDSHAKE_TIMEOUT_S = 20.0
 
 
 @dataclass(frozen=True)
@@ -60,12 +62,16 @@ class GrpcTransport:
     http2_max_ping_strikes: int | None = None
     max_connection_age_ms: int | None = None
     max_connection_age_grace_ms: int | None = None
+    # A new connection's TLS handshake, then its HTTP/2 connection preface, must each arrive
+    # within this; a client that stays silent is dropped (gRPC core: its server handshake timeout).
+    handshake_timeout_s: float = DEFAULT_HANDSHAKE_TIMEOUT_S
 
     def server_options(self) -> list[tuple[str, int]]:
         """gRPC core channel arguments for these settings."""
         options = [
             ("grpc.so_reuseport", int(self.reuse_port)),
             ("grpc.default_compression_level", COMPRESSION_LEVELS[self.compression_level]),
+            ("grpc.server_handshake_timeout_ms", round(self.handshake_timeout_s * 1000)),
         ]
         optional = {
             "grpc.keepalive_time_ms": self.keepalive_time_ms,

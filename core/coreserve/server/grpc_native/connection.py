@@ -64,6 +64,7 @@ class Http2Connection(asyncio.Protocol):
         self.peer = ""
         self._buffer = bytearray()
         self._preface = False
+        self._preface_timer: asyncio.TimerHandle | None = None
         self._decoder = HeaderBlockDecoder()
         self.calls: dict[int, Call] = {}
         self._last_stream = 0
@@ -96,6 +97,10 @@ class Http2Connection(asyncio.Protocol):
             + wire.window_update(0, CONNECTION_WINDOW - wire.DEFAULT_WINDOW)
         )
         self._flush()
+        # A client that never says it speaks HTTP/2 is dropped, as gRPC core's handshake timeout does.
+        self._preface_timer = asyncio.get_running_loop().call_later(
+            self._transport_settings.handshake_timeout_s, self.transport.abort
+        )
         self._keepalive = KeepaliveTimers(
             self._transport_settings,
             send_ping=lambda: self._write(wire.frame(wire.PING, 0, 0, PING_PAYLOAD)),
@@ -105,6 +110,8 @@ class Http2Connection(asyncio.Protocol):
         )
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._preface_timer is not None:
+            self._preface_timer.cancel()
         if self._keepalive is not None:
             self._keepalive.cancel()
         for call in list(self.calls.values()):
@@ -141,6 +148,8 @@ class Http2Connection(asyncio.Protocol):
                 if buffer[:24] != wire.PREFACE:
                     raise ConnectionFault(wire.PROTOCOL_ERROR, "not an HTTP/2 connection preface")
                 self._preface = True
+                if self._preface_timer is not None:
+                    self._preface_timer.cancel()
                 position = 24
             size = len(buffer)
             view = memoryview(buffer)  # frames are views; none outlives this read

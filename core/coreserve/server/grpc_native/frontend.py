@@ -23,9 +23,6 @@ from coreserve.server.restrictions import ApiRestrictions
 
 logger = logging.getLogger("coreserve.server.grpc")
 
-# A client that opens a TLS connection and never finishes its handshake is dropped after this.
-TLS_HANDSHAKE_TIMEOUT_S = 20.0
-
 
 class NativeGrpcFrontend:
     """Serves the gRPC services for one data plane on one address and port, over our HTTP/2."""
@@ -77,7 +74,7 @@ class NativeGrpcFrontend:
                 reuse_port=self._transport.reuse_port or None,
                 backlog=1024,
                 ssl=tls.context() if tls is not None else None,
-                ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT_S if tls is not None else None,
+                ssl_handshake_timeout=self._transport.handshake_timeout_s if tls is not None else None,
             )
         except OSError as exc:  # grpcio's words, which the start-up error repeats
             raise OSError(f"Failed to bind to address {self._address}:{self.port}: {exc.strerror}") from None
