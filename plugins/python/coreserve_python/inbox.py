@@ -49,6 +49,9 @@ class Inbox:
         self._busy_since: float | None = None
         self._wanted = threading.Event()
         self._gone = False
+        # How long the idle main thread looks for its next message before it sleeps (the
+        # model's idle_spin_microseconds, set at init; see Channel.receive).
+        self.idle_spin_ns = 0
 
     def start(self) -> None:
         threading.Thread(target=self._stand_by, name="coreserve-stub-standby", daemon=True).start()
@@ -66,7 +69,7 @@ class Inbox:
                     continue
                 if self._gone:
                     return None
-                message = self._receive()
+                message = self._receive(self.idle_spin_ns)
             if message is None:
                 self._on_gone()
                 return None
@@ -78,9 +81,9 @@ class Inbox:
         """The model waits for an answer from the server: someone must read the socket."""
         self._wanted.set()
 
-    def _receive(self) -> Message | None:
+    def _receive(self, spin_ns: int = 0) -> Message | None:
         try:
-            message = self._channel.receive()
+            message = self._channel.receive(spin_ns)
         except OSError:
             message = None  # the server's end was reset: it went away as surely as with a close
         if message is None:

@@ -74,11 +74,17 @@ class PythonInstance(ModelRequestAnswers, BlsServing):
         server: ServerContext,
         *,
         pipeline_depth: int = 1,
+        idle_spin_microseconds: int = 0,
+        on_close: Callable[[], None] | None = None,
     ) -> None:
         """`pipeline_depth`: executions the stub may be handed while it runs one (the core's
         ModelInstance.pipeline_depth); they wait in the stub's socket, in order, so that under
-        load its next batch is there when it finishes one, without a wake-up in between."""
+        load its next batch is there when it finishes one, without a wake-up in between.
+        `idle_spin_microseconds`: how long the idle stub looks for its next message before it
+        sleeps (see wire.Channel.receive). `on_close` is called once the instance has closed."""
         self.pipeline_depth = pipeline_depth
+        self._idle_spin_microseconds = idle_spin_microseconds
+        self._on_close = on_close
         self._launch = launch
         self._model = model
         self._config = config
@@ -133,6 +139,7 @@ class PythonInstance(ModelRequestAnswers, BlsServing):
             "model_file": str(self._model.model_file),
             "args": self._args(),
             "decoupled": self._decoupled,
+            "idle_spin_microseconds": self._idle_spin_microseconds,
         }
         try:
             reply = await process.request(message, "init_done")
@@ -343,6 +350,9 @@ class PythonInstance(ModelRequestAnswers, BlsServing):
             self._release_metrics()
             self._reader.close()
             self._pool.close()
+            if self._on_close is not None:
+                self._on_close()
+                self._on_close = None
 
 
 def _request_item(

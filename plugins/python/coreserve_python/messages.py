@@ -39,6 +39,7 @@ class InitMessage(TypedDict):
     model_file: str
     args: dict[str, str]
     decoupled: bool
+    idle_spin_microseconds: int
 
 
 class AutoCompleteMessage(TypedDict):

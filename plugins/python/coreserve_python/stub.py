@@ -205,6 +205,7 @@ class Stub(ServerRequests):
             self._instance_name = message["args"].get("model_instance_name", "")
             module = load_model_module(Path(message["model_file"]))
             self._decoupled = message["decoupled"]
+            self._inbox.idle_spin_ns = message["idle_spin_microseconds"] * 1000
             self._model = module.TritonPythonModel()
             if hasattr(self._model, "initialize"):
                 result = self._model.initialize(message["args"])

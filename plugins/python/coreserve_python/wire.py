@@ -21,6 +21,7 @@ import socket
 import struct
 import tempfile
 import threading
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -95,32 +96,64 @@ class Channel:
         self._sock = sock
         self._send_lock = threading.Lock()
         self._received = bytearray()
+        self._spin_pays = True  # see _read
 
     def send(self, message: Mapping[str, Any]) -> None:
         data = pickle.dumps(message, protocol=5)
         with self._send_lock:
             self._sock.sendall(_LENGTH.pack(len(data)) + data)
 
-    def receive(self) -> Message | None:
-        """The next message, or None when the other side has gone."""
-        if not self._fill(_LENGTH.size):
+    def receive(self, spin_ns: int = 0) -> Message | None:
+        """The next message, or None when the other side has gone.
+
+        `spin_ns`, for a thread with nothing else to do: look for the message without sleeping
+        for up to this long before sleeping on the socket (see _read).
+        """
+        if not self._fill(_LENGTH.size, spin_ns):
             return None
         end = _LENGTH.size + _LENGTH.unpack_from(self._received)[0]
-        if not self._fill(end):
+        if not self._fill(end, spin_ns):
             return None
         body = bytes(memoryview(self._received)[_LENGTH.size : end])
         del self._received[:end]
         message: Message = pickle.loads(body)
         return message
 
-    def _fill(self, size: int) -> bool:
+    def _fill(self, size: int, spin_ns: int = 0) -> bool:
         """Reads until `size` bytes are buffered; False if the other side closed first."""
         while len(self._received) < size:
-            chunk = self._sock.recv(max(RECEIVE_CHUNK, size - len(self._received)))
+            chunk = self._read(max(RECEIVE_CHUNK, size - len(self._received)), spin_ns)
             if not chunk:
                 return False
             self._received += chunk
         return True
+
+    def _read(self, size: int, spin_ns: int) -> bytes:
+        """One recv, after up to `spin_ns` of non-blocking tries.
+
+        A process that sleeps on its socket is woken by the kernel when data comes, and on a
+        virtual machine that wake-up (and the idle core's own) costs more than a small model's
+        execute: with a 200 µs spin, one stub under a steady stream of requests answered 1.6x
+        as many at concurrency 1 (benchmarks/python_speed.py). The spin is adaptive: after a
+        wait that lasted over twice `spin_ns` (spin included; a sleeper also takes its wake-up
+        to see the data), the next wait sleeps at once, until a wait is short again. So a stub
+        whose requests are sparse does not spin for each of them.
+        """
+        if not spin_ns:
+            return self._sock.recv(size)
+        started = time.perf_counter_ns()
+        if self._spin_pays:
+            deadline = started + spin_ns
+            while True:
+                try:
+                    return self._sock.recv(size, socket.MSG_DONTWAIT)
+                except BlockingIOError:
+                    if time.perf_counter_ns() >= deadline:
+                        break
+                    os.sched_yield()  # a thread waiting for this core comes first
+        chunk = self._sock.recv(size)
+        self._spin_pays = time.perf_counter_ns() - started <= 2 * spin_ns
+        return chunk
 
     def close(self) -> None:
         self._sock.close()

@@ -173,11 +173,19 @@ def test_requests_that_arrive_together_spread_over_the_instances(server: tuple[S
     assert time.monotonic() - started < 1.1  # not 1.2 s, one after the other
 
 
-@pytest.mark.parametrize("value", ["0", "65", "two", "-1", ""])
-def test_a_pipeline_depth_out_of_range_fails_the_load(tmp_path: Path, value: str) -> None:
+@pytest.mark.parametrize(
+    ("parameter", "value", "whole_numbers"),
+    [
+        *[("pipeline_depth", value, "1 to 64") for value in ("0", "65", "two", "-1", "")],
+        *[("idle_spin_microseconds", value, "0 to 10000") for value in ("10001", "-5", "0.5", "soon", "")],
+    ],
+)
+def test_coreserve_parameters_out_of_range_fail_the_load(
+    tmp_path: Path, parameter: str, value: str, whole_numbers: str
+) -> None:
     (tmp_path / "m" / "1").mkdir(parents=True)
     (tmp_path / "m" / "1" / "model.py").write_text(MODEL)
-    extra = f'parameters {{ key: "pipeline_depth" value: {{ string_value: "{value}" }} }}'
+    extra = f'parameters {{ key: "{parameter}" value: {{ string_value: "{value}" }} }}'
     (tmp_path / "m" / "config.pbtxt").write_text(CONFIG.format(count=1, notes=tmp_path / "n", extra=extra))
     process = ServerProcess([tmp_path], ["--exit-on-error=false"]).start(timeout=120)
     try:
@@ -187,7 +195,6 @@ def test_a_pipeline_depth_out_of_range_fails_the_load(tmp_path: Path, value: str
         log = process.log
     finally:
         process.close()
-    assert (
-        f"parameter pipeline_depth must be a whole number from 1 to 64, got '{value}'" in index["m"]["reason"]
-    )
+    reason = f"parameter {parameter} must be a whole number from {whole_numbers}, got '{value}'"
+    assert reason in index["m"]["reason"]
     assert "Traceback" not in log

@@ -458,6 +458,7 @@ def test_a_busy_stub_ends_when_the_server_closes_its_socket(tmp_path: Path) -> N
                 "model_file": str(tmp_path / "busy" / "1" / "model.py"),
                 "args": args,
                 "decoupled": False,
+                "idle_spin_microseconds": 0,
             }
         )
         assert channel.receive() == {"op": "init_done", "reply_to": 1, "error": None}
