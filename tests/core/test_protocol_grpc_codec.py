@@ -6,11 +6,8 @@ import numpy as np
 import pytest
 from google.protobuf.message import DecodeError
 
-from coreserve.protocol.grpc_codec import (
-    VIEW_RAW_CONTENTS_FROM,
-    decode_model_infer_request,
-    parse_model_infer_request,
-)
+from coreserve.protocol.grpc_codec import decode_model_infer_request
+from coreserve.protocol.grpc_received import VIEW_RAW_CONTENTS_FROM, parse_model_infer_request
 from coreserve.protocol.grpc_response import (
     _PLAIN_HEADERS,
     PLAIN_HEADERS,

@@ -7,11 +7,9 @@ fields. The response side (InferenceResponse → ModelInferResponse) is grpc_res
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from google.protobuf.message import DecodeError
 
 from coreserve.errors import InvalidArgumentError, RequestMismatchError, with_request_id
 from coreserve.protocol.classification import PARAMETER as CLASSIFICATION
@@ -48,92 +46,6 @@ _CONTENTS_FIELD = {
     DataType.FP64: "fp64_contents",
     DataType.BYTES: "bytes_contents",
 }
-
-
-# Field number of ModelInferRequest.raw_input_contents.
-_RAW_INPUT_CONTENTS = 7
-# Below this size a request is parsed whole: copying its raw contents costs less than finding them.
-VIEW_RAW_CONTENTS_FROM = 64 * 1024
-
-
-@dataclass(frozen=True, slots=True)
-class ReceivedInferRequest:
-    """A ModelInferRequest as received, its raw contents either in the message or in `raw`.
-
-    `raw` holds views into the received bytes for a large request (its message then has no
-    raw_input_contents), so that tensors reach the backend without a copy.
-    """
-
-    message: pb.ModelInferRequest
-    raw: Sequence[bytes | memoryview] | None = None
-
-
-def parse_model_infer_request(data: bytes) -> ReceivedInferRequest:
-    """Parses a serialized ModelInferRequest; raises DecodeError as protobuf's parser does.
-
-    A large request's raw_input_contents are not parsed: protobuf would copy each into its
-    arena and again into a Python bytes object on access; they are cut out of `data` as views
-    and only the rest (names, shapes, parameters) goes to protobuf.
-    """
-    if len(data) >= VIEW_RAW_CONTENTS_FROM:
-        split = _split_length_delimited(data, _RAW_INPUT_CONTENTS)
-        if split is not None:
-            rest, raw = split
-            return ReceivedInferRequest(pb.ModelInferRequest.FromString(rest), raw)
-    return ReceivedInferRequest(pb.ModelInferRequest.FromString(data))
-
-
-def _split_length_delimited(data: bytes, field: int) -> tuple[bytes, list[memoryview]] | None:
-    """The message without its top-level `field` entries, and views of their payloads.
-
-    None when the wire data is malformed: the caller then parses it whole, and protobuf
-    raises its own DecodeError.
-    """
-    view = memoryview(data)
-    kept: list[memoryview] = []
-    found: list[memoryview] = []
-    start = position = 0
-    end = len(data)
-    try:
-        while position < end:
-            key, after_key = _varint(data, position)
-            wire_type = key & 7
-            if wire_type == 2:
-                length, body = _varint(data, after_key)
-                following = body + length
-                if key >> 3 == field and following <= end:
-                    kept.append(view[start:position])
-                    found.append(view[body:following])
-                    start = following
-            elif wire_type == 0:
-                following = _varint(data, after_key)[1]
-            elif wire_type == 1:
-                following = after_key + 8
-            elif wire_type == 5:
-                following = after_key + 4
-            else:  # groups, or not a wire type at all
-                return None
-            if following > end:
-                return None
-            position = following
-    except DecodeError:
-        return None
-    kept.append(view[start:])
-    return b"".join(kept), found
-
-
-def _varint(data: bytes, position: int) -> tuple[int, int]:
-    """The varint at `position` and the position after it."""
-    value = shift = 0
-    while True:
-        if position >= len(data) or shift > 63:
-            raise DecodeError("truncated or overlong varint")
-        byte = data[position]
-        position += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, position
-        shift += 7
 
 
 def parameter_value(parameter: pb.InferParameter) -> ParameterValue:

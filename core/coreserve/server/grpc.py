@@ -15,11 +15,7 @@ import grpc
 from google.protobuf import json_format
 
 from coreserve.errors import CoreserveError, ErrorCode, NotFoundError
-from coreserve.protocol.grpc_codec import (
-    ReceivedInferRequest,
-    decode_model_infer_request,
-    shared_memory_outputs,
-)
+from coreserve.protocol.grpc_received import ReceivedInferRequest
 from coreserve.protocol.grpc_response import (
     SerializedPieces,
     encode_model_infer_response,
@@ -278,10 +274,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         tracing = self._dataplane.tracer.active
         received_ns = now_ns() if tracing else 0
         regions = self._dataplane.shared_memory
-        request = received.message
-        inference = decode_model_infer_request(request, regions, received.raw)
+        inference = received.decode(regions)
         # Resolved before the model runs, so that unregistering the region meanwhile is harmless.
-        in_shared_memory = shared_memory_outputs(request, regions)
+        in_shared_memory = received.output_targets(regions)
         if tracing:
             _trace_context(inference, context, received_ns)
         response = await self._dataplane.infer(inference, endpoint="ModelInfer RPC")
@@ -364,8 +359,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             outbox.put_nowait((reply, True))
 
         try:
-            request = decode_model_infer_request(message, self._dataplane.shared_memory, received.raw)
-            in_shared_memory = shared_memory_outputs(message, self._dataplane.shared_memory)
+            request = received.decode(self._dataplane.shared_memory)
+            in_shared_memory = received.output_targets(self._dataplane.shared_memory)
             empty_final = request.parameters.pop(ENABLE_EMPTY_FINAL, False) is True
         except CoreserveError as exc:
             error_message(exc)

@@ -8,7 +8,7 @@ from typing import Any
 
 import grpc
 
-from coreserve.protocol.grpc_codec import parse_model_infer_request
+from coreserve.protocol.grpc_received import parse_model_infer_request
 from coreserve.protocol.grpc_response import SerializedPieces
 from coreserve.protos import grpc_service_pb2 as pb
 from coreserve.protos import grpc_service_pb2_grpc as pb_grpc

@@ -1,0 +1,153 @@
+"""Requests that repeat their metadata are decoded from a template (protocol/grpc_received.py).
+
+A request decoded from a template must be the request the full decode gives: the same inputs,
+outputs and errors. Requests whose metadata is read per request are never templated.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from coreserve.errors import CoreserveError
+from coreserve.protocol.grpc_codec import decode_model_infer_request
+from coreserve.protocol.grpc_received import (
+    _LEARN_PERIOD,
+    TEMPLATES,
+    RequestTemplates,
+    parse_model_infer_request,
+)
+from coreserve.protos import grpc_service_pb2 as pb
+from coreserve.types import InferenceRequest
+
+_models = itertools.count()
+
+
+def _model() -> str:
+    """A model name no other test used: the module's templates start afresh for it."""
+    return f"templated-{next(_models)}"
+
+
+def _message(model: str, values: list[float], shape: tuple[int, ...] = (1, 4)) -> pb.ModelInferRequest:
+    message = pb.ModelInferRequest(model_name=model, model_version="2")
+    message.inputs.add(name="INPUT0", datatype="FP32", shape=shape)
+    message.inputs.add(name="TEXT", datatype="BYTES", shape=[1])
+    message.outputs.add(name="OUTPUT0")
+    message.raw_input_contents.append(np.array(values, np.float32).tobytes())
+    message.raw_input_contents.append(len(b"hello").to_bytes(4, "little") + b"hello")
+    return message
+
+
+def _same(got: InferenceRequest, want: InferenceRequest) -> None:
+    assert (got.model_name, got.model_version, got.id) == (want.model_name, want.model_version, want.id)
+    assert (got.parameters, got.requested_outputs, got.class_counts) == (
+        want.parameters,
+        want.requested_outputs,
+        want.class_counts,
+    )
+    assert got.inputs.keys() == want.inputs.keys()
+    for name, array in want.inputs.items():
+        assert got.inputs[name].dtype == array.dtype and got.inputs[name].shape == array.shape
+        assert got.inputs[name].tolist() == array.tolist()
+
+
+def _full(data: bytes) -> InferenceRequest:
+    return decode_model_infer_request(pb.ModelInferRequest.FromString(data))
+
+
+def test_a_repeated_request_decodes_from_its_template_as_the_full_decode_does() -> None:
+    model = _model()
+    first = _message(model, [1, 2, 3, 4]).SerializeToString()
+    assert parse_model_infer_request(first).template is None  # learned from it
+    data = _message(model, [5, 6, 7, 8]).SerializeToString()
+
+    received = parse_model_infer_request(data)
+
+    assert received.template is not None
+    decoded = received.decode(None)
+    _same(decoded, _full(data))
+    assert decoded.inputs["INPUT0"].tolist() == [[5, 6, 7, 8]] and decoded.inputs["TEXT"].tolist() == [
+        b"hello"
+    ]
+    assert received.output_targets(None) == {}
+    decoded.parameters["mine"] = 1  # each request has its own parameters
+    assert parse_model_infer_request(data).decode(None).parameters == {}
+
+
+def test_a_wrong_size_gets_the_full_decodes_error() -> None:
+    model = _model()
+    parse_model_infer_request(_message(model, [1, 2, 3, 4]).SerializeToString())
+    data = _message(model, [1, 2, 3]).SerializeToString()  # 12 bytes for [1, 4]
+
+    received = parse_model_infer_request(data)
+
+    assert received.template is not None
+    with pytest.raises(CoreserveError) as templated:
+        received.decode(None)
+    with pytest.raises(CoreserveError) as full:
+        _full(data)
+    assert templated.value.message == full.value.message
+    assert "input byte size mismatch for input 'INPUT0'" in templated.value.message
+
+
+@pytest.mark.parametrize("variant", ["id", "priority", "shared memory", "classification"])
+def test_requests_whose_metadata_is_read_per_request_are_never_templated(variant: str) -> None:
+    message = _message(_model(), [1, 2, 3, 4])
+    if variant == "id":
+        message.id = "7"
+    elif variant == "priority":
+        message.parameters["priority"].int64_param = 1
+    elif variant == "shared memory":
+        message.inputs[0].parameters["shared_memory_region"].string_param = "nowhere"
+    else:
+        message.outputs[0].parameters["classification"].int64_param = 2
+    data = message.SerializeToString()
+    assert [parse_model_infer_request(data).template for _ in range(3)] == [None, None, None]
+
+
+def test_a_request_that_goes_on_after_its_raw_entries_is_parsed_whole() -> None:
+    model = _model()
+    parse_model_infer_request(_message(model, [1, 2, 3, 4]).SerializeToString())
+    more = pb.ModelInferRequest()
+    more.outputs.add(name="OUTPUT1")  # after the raw entries: protobuf merges it into the message
+    data = _message(model, [1, 2, 3, 4]).SerializeToString() + more.SerializeToString()
+
+    received = parse_model_infer_request(data)
+
+    assert received.template is None
+    assert received.decode(None).requested_outputs == ("OUTPUT0", "OUTPUT1")
+
+
+def test_raw_entries_that_do_not_match_the_inputs_get_the_full_decodes_error() -> None:
+    model = _model()
+    parse_model_infer_request(_message(model, [1, 2, 3, 4]).SerializeToString())
+    message = _message(model, [1, 2, 3, 4])
+    del message.raw_input_contents[1]  # TEXT has no data
+    data = message.SerializeToString()
+
+    received = parse_model_infer_request(data)
+
+    assert received.template is None
+    with pytest.raises(CoreserveError, match="unable to find data for input tensor 'TEXT'"):
+        received.decode(None)
+
+
+def test_learning_pauses_while_prefixes_keep_changing_and_resumes_later() -> None:
+    templates = RequestTemplates()
+    model = _model()
+
+    def shaped(n: int) -> bytes:
+        return _message(model, [0.0] * n, shape=(1, n)).SerializeToString()
+
+    for n in range(1, 40):  # a new shape each time, never one seen before
+        assert templates.match(shaped(n)) is None
+        templates.learn(shaped(n), pb.ModelInferRequest.FromString(shaped(n)))
+    learned = TEMPLATES + 1  # lessons allowed without a match
+    assert templates.match(shaped(learned)) is not None
+    assert templates.match(shaped(learned + 10)) is None  # seen after learning paused
+    for _ in range(_LEARN_PERIOD):  # the period ends: learning resumes
+        templates.match(b"")
+    templates.learn(shaped(learned + 10), pb.ModelInferRequest.FromString(shaped(learned + 10)))
+    assert templates.match(shaped(learned + 10)) is not None
