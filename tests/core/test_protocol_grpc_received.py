@@ -10,6 +10,8 @@ import itertools
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from coreserve.errors import CoreserveError
 from coreserve.protocol.grpc_codec import decode_model_infer_request
@@ -151,3 +153,44 @@ def test_learning_pauses_while_prefixes_keep_changing_and_resumes_later() -> Non
         templates.match(b"")
     templates.learn(shaped(learned + 10), pb.ModelInferRequest.FromString(shaped(learned + 10)))
     assert templates.match(shaped(learned + 10)) is not None
+
+
+_DTYPES = {"FP32": np.float32, "INT64": np.int64, "UINT8": np.uint8, "FP16": np.float16, "BOOL": np.bool_}
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    datatype=st.sampled_from(sorted(_DTYPES)),
+    shape=st.lists(st.integers(0, 3), min_size=1, max_size=3),
+    outputs=st.lists(st.sampled_from(["A", "B", "C"]), max_size=2, unique=True),
+    seed=st.integers(0, 2**16),
+    short=st.booleans(),
+)
+def test_any_templated_request_is_the_fully_decoded_one(
+    datatype: str, shape: list[int], outputs: list[str], seed: int, short: bool
+) -> None:
+    model = _model()
+    rng = np.random.default_rng(seed)
+
+    def message() -> bytes:
+        request = pb.ModelInferRequest(model_name=model)
+        request.inputs.add(name="X", datatype=datatype, shape=shape)
+        for name in outputs:
+            request.outputs.add(name=name)
+        data = (rng.integers(0, 2, size=shape) * 3).astype(_DTYPES[datatype]).tobytes()
+        request.raw_input_contents.append(data[:-1] if short and data else data)
+        return request.SerializeToString()
+
+    parse_model_infer_request(message())
+    data = message()
+    received = parse_model_infer_request(data)
+    shortened = short and int(np.prod(shape)) > 0
+    assert (received.template is not None) == (not shortened)  # a bad first one teaches nothing
+    try:
+        want = _full(data)
+    except CoreserveError as exc:
+        with pytest.raises(CoreserveError) as got:
+            received.decode(None)
+        assert got.value.message == exc.message
+        return
+    _same(received.decode(None), want)
