@@ -133,7 +133,7 @@ class Channel:
 
         A process that sleeps on its socket is woken by the kernel when data comes, and on a
         virtual machine that wake-up (and the idle core's own) costs more than a small model's
-        execute: with a 200 µs spin, one stub under a steady stream of requests answered 1.6x
+        execute: with a 200 µs spin, one stub under a steady stream of requests answered 1.35-1.6x
         as many at concurrency 1 (benchmarks/python_speed.py). The spin is adaptive: after a
         wait that lasted over twice `spin_ns` (spin included; a sleeper also takes its wake-up
         to see the data), the next wait sleeps at once, until a wait is short again. So a stub
