@@ -78,6 +78,26 @@ def test_a_repeated_request_decodes_from_its_template_as_the_full_decode_does() 
     assert parse_model_infer_request(data).decode(None).parameters == {}
 
 
+def test_the_request_parameters_come_with_the_template_a_copy_for_each_request() -> None:
+    model = _model()
+    message = _message(model, [1, 2, 3, 4])
+    message.parameters["triton_enable_empty_final_response"].bool_param = True  # perf_analyzer's
+    message.parameters["priority"].int64_param = 2
+    parse_model_infer_request(message.SerializeToString())
+    data = message.SerializeToString()
+
+    received = parse_model_infer_request(data)
+
+    assert received.template is not None
+    decoded = received.decode(None)
+    _same(decoded, _full(data))
+    assert decoded.parameters.pop("triton_enable_empty_final_response") is True  # as the stream does
+    assert parse_model_infer_request(data).decode(None).parameters == {
+        "triton_enable_empty_final_response": True,
+        "priority": 2,
+    }
+
+
 def test_a_wrong_size_gets_the_full_decodes_error() -> None:
     model = _model()
     parse_model_infer_request(_message(model, [1, 2, 3, 4]).SerializeToString())
@@ -94,13 +114,11 @@ def test_a_wrong_size_gets_the_full_decodes_error() -> None:
     assert "input byte size mismatch for input 'INPUT0'" in templated.value.message
 
 
-@pytest.mark.parametrize("variant", ["id", "priority", "shared memory", "classification"])
+@pytest.mark.parametrize("variant", ["id", "shared memory", "classification"])
 def test_requests_whose_metadata_is_read_per_request_are_never_templated(variant: str) -> None:
     message = _message(_model(), [1, 2, 3, 4])
     if variant == "id":
         message.id = "7"
-    elif variant == "priority":
-        message.parameters["priority"].int64_param = 1
     elif variant == "shared memory":
         message.inputs[0].parameters["shared_memory_region"].string_param = "nowhere"
     else:
@@ -165,15 +183,18 @@ _DTYPES = {"FP32": np.float32, "INT64": np.int64, "UINT8": np.uint8, "FP16": np.
     outputs=st.lists(st.sampled_from(["A", "B", "C"]), max_size=2, unique=True),
     seed=st.integers(0, 2**16),
     short=st.booleans(),
+    priority=st.one_of(st.none(), st.integers(-2, 3)),
 )
 def test_any_templated_request_is_the_fully_decoded_one(
-    datatype: str, shape: list[int], outputs: list[str], seed: int, short: bool
+    datatype: str, shape: list[int], outputs: list[str], seed: int, short: bool, priority: int | None
 ) -> None:
     model = _model()
     rng = np.random.default_rng(seed)
 
     def message() -> bytes:
         request = pb.ModelInferRequest(model_name=model)
+        if priority is not None:  # a negative one is refused, by both decodes
+            request.parameters["priority"].int64_param = priority
         request.inputs.add(name="X", datatype=datatype, shape=shape)
         for name in outputs:
             request.outputs.add(name=name)
@@ -184,8 +205,8 @@ def test_any_templated_request_is_the_fully_decoded_one(
     parse_model_infer_request(message())
     data = message()
     received = parse_model_infer_request(data)
-    shortened = short and int(np.prod(shape)) > 0
-    assert (received.template is not None) == (not shortened)  # a bad first one teaches nothing
+    refused = (short and int(np.prod(shape)) > 0) or (priority is not None and priority < 0)
+    assert (received.template is not None) == (not refused)  # a bad first one teaches nothing
     try:
         want = _full(data)
     except CoreserveError as exc:

@@ -14,7 +14,7 @@ merge, so the prefix's fields and the entries that follow are the message.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +26,7 @@ from coreserve.protocol.grpc_codec import decode_model_infer_request, shared_mem
 from coreserve.protocol.shared_memory import OutputInSharedMemory, SharedMemoryRegions
 from coreserve.protocol.tensors import array_from_bytes, check_shape, element_count, parse_datatype
 from coreserve.protos import grpc_service_pb2 as pb
-from coreserve.types import NUMPY_DTYPES, DataType, InferenceRequest
+from coreserve.types import NUMPY_DTYPES, DataType, InferenceRequest, ParameterValue
 
 # Field number of ModelInferRequest.raw_input_contents, and the key byte of each of its entries.
 _RAW_INPUT_CONTENTS = 7
@@ -46,6 +46,7 @@ class RequestTemplate:
     message: pb.ModelInferRequest  # the prefix parsed (for error texts and output targets)
     # Per input: name, datatype, shape, and for numeric datatypes the numpy dtype and byte size.
     inputs: tuple[tuple[str, DataType, tuple[int, ...], np.dtype[Any] | None, int], ...]
+    parameters: Mapping[str, ParameterValue]  # the request's (copied for each: a frontend may pop)
     requested_outputs: tuple[str, ...] | None
 
     def request(self, raw: Sequence[memoryview]) -> InferenceRequest:
@@ -65,6 +66,7 @@ class RequestTemplate:
             model_name=message.model_name,
             model_version=message.model_version,
             inputs=inputs,
+            parameters=dict(self.parameters),
             requested_outputs=self.requested_outputs,
         )
 
@@ -98,9 +100,9 @@ class RequestTemplates:
     """The decoded metadata of the prefixes recent requests repeated (see the module's docstring).
 
     Learned from requests whose raw entries come last, that carry no request id (an id that
-    changes with each request would make each prefix new) and no parameters, neither the
-    request's nor on its inputs or outputs (shared memory, classification and the scheduling
-    parameters are read per request), and that decode without error. A client whose prefixes
+    changes with each request would make each prefix new) and no parameters on their inputs or
+    outputs (shared memory and classification are read per request; the request's own
+    parameters are part of the prefix), and that decode without error. A client whose prefixes
     keep changing (shapes that vary, say) would cost a lesson per request: past TEMPLATES
     lessons more than four per match, learning pauses until the period of _LEARN_PERIOD
     requests ends.
@@ -148,6 +150,7 @@ class RequestTemplates:
             prefix=prefix,
             message=metadata,
             inputs=tuple(_input_spec(tensor) for tensor in metadata.inputs),
+            parameters=request.parameters,
             requested_outputs=request.requested_outputs,
         )
         self._templates.insert(0, template)
@@ -194,7 +197,7 @@ def _input_spec(
 
 
 def _learnable(message: pb.ModelInferRequest) -> bool:
-    if message.id or message.parameters:
+    if message.id:
         return False
     return not any(tensor.parameters for tensor in message.inputs) and not any(
         output.parameters for output in message.outputs
