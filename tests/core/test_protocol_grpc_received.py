@@ -10,6 +10,7 @@ import itertools
 
 import numpy as np
 import pytest
+from google.protobuf.message import DecodeError
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -98,6 +99,31 @@ def test_the_request_parameters_come_with_the_template_a_copy_for_each_request()
     }
 
 
+def test_numbered_requests_share_a_template_and_keep_their_ids() -> None:
+    model = _model()
+    first = _message(model, [1, 2, 3, 4])
+    first.id = "1"
+    parse_model_infer_request(first.SerializeToString())
+    for request_id in ("2", "", "é" * 200):  # another id, none, a long one
+        message = _message(model, [5, 6, 7, 8])
+        message.id = request_id
+        data = message.SerializeToString()
+        received = parse_model_infer_request(data)
+        assert received.template is not None and received.request_id == request_id
+        _same(received.decode(None), _full(data))
+    short = _message(model, [5, 6, 7])
+    short.id = "42"
+    with pytest.raises(CoreserveError, match=r"^\[request id: 42\] input byte size mismatch"):
+        parse_model_infer_request(short.SerializeToString()).decode(None)
+    data = _message(model, [5, 6, 7, 8]).SerializeToString()
+    head = len(pb.ModelInferRequest(model_name=model, model_version="2").SerializeToString())
+    bad = data[:head] + b"\x1a\x02\xff\xfe" + data[head:]  # an id that is not UTF-8, where ids go
+    with pytest.raises(DecodeError):  # refused by protobuf's parser, as before templates
+        parse_model_infer_request(bad)
+    good = data[:head] + b"\x1a\x02ok" + data[head:]
+    assert parse_model_infer_request(good).request_id == "ok"
+
+
 def test_a_wrong_size_gets_the_full_decodes_error() -> None:
     model = _model()
     parse_model_infer_request(_message(model, [1, 2, 3, 4]).SerializeToString())
@@ -114,12 +140,10 @@ def test_a_wrong_size_gets_the_full_decodes_error() -> None:
     assert "input byte size mismatch for input 'INPUT0'" in templated.value.message
 
 
-@pytest.mark.parametrize("variant", ["id", "shared memory", "classification"])
+@pytest.mark.parametrize("variant", ["shared memory", "classification"])
 def test_requests_whose_metadata_is_read_per_request_are_never_templated(variant: str) -> None:
     message = _message(_model(), [1, 2, 3, 4])
-    if variant == "id":
-        message.id = "7"
-    elif variant == "shared memory":
+    if variant == "shared memory":
         message.inputs[0].parameters["shared_memory_region"].string_param = "nowhere"
     else:
         message.outputs[0].parameters["classification"].int64_param = 2
@@ -184,15 +208,22 @@ _DTYPES = {"FP32": np.float32, "INT64": np.int64, "UINT8": np.uint8, "FP16": np.
     seed=st.integers(0, 2**16),
     short=st.booleans(),
     priority=st.one_of(st.none(), st.integers(-2, 3)),
+    ids=st.lists(st.text(max_size=4), min_size=2, max_size=2),
 )
 def test_any_templated_request_is_the_fully_decoded_one(
-    datatype: str, shape: list[int], outputs: list[str], seed: int, short: bool, priority: int | None
+    datatype: str,
+    shape: list[int],
+    outputs: list[str],
+    seed: int,
+    short: bool,
+    priority: int | None,
+    ids: list[str],
 ) -> None:
     model = _model()
     rng = np.random.default_rng(seed)
 
     def message() -> bytes:
-        request = pb.ModelInferRequest(model_name=model)
+        request = pb.ModelInferRequest(model_name=model, id=ids.pop())
         if priority is not None:  # a negative one is refused, by both decodes
             request.parameters["priority"].int64_param = priority
         request.inputs.add(name="X", datatype=datatype, shape=shape)

@@ -28,7 +28,9 @@ from coreserve.protocol.tensors import array_from_bytes, check_shape, element_co
 from coreserve.protos import grpc_service_pb2 as pb
 from coreserve.types import NUMPY_DTYPES, DataType, InferenceRequest, ParameterValue
 
-# Field number of ModelInferRequest.raw_input_contents, and the key byte of each of its entries.
+# Field numbers of ModelInferRequest.id and .raw_input_contents, and their key bytes.
+_ID_FIELD = 3
+_ID_KEY = _ID_FIELD << 3 | 2
 _RAW_INPUT_CONTENTS = 7
 _RAW_ENTRY_KEY = _RAW_INPUT_CONTENTS << 3 | 2
 # Below this size a request is parsed whole: copying its raw contents costs less than finding them.
@@ -40,17 +42,23 @@ _LEARN_PERIOD = 4096
 
 @dataclass(frozen=True, slots=True)
 class RequestTemplate:
-    """The decoded metadata of one prefix: all of a request but its raw input tensors."""
+    """The decoded metadata of one prefix: all of a request but its id and raw input tensors.
 
-    prefix: bytes
-    message: pb.ModelInferRequest  # the prefix parsed (for error texts and output targets)
+    The prefix is `head` (the fields before the id: model name and version), then the request's
+    id field if it has one, then `tail` (parameters, inputs, outputs): a client that numbers its
+    requests still repeats the rest.
+    """
+
+    head: bytes
+    tail: bytes
+    message: pb.ModelInferRequest  # head and tail parsed (for error texts and output targets)
     # Per input: name, datatype, shape, and for numeric datatypes the numpy dtype and byte size.
     inputs: tuple[tuple[str, DataType, tuple[int, ...], np.dtype[Any] | None, int], ...]
     parameters: Mapping[str, ParameterValue]  # the request's (copied for each: a frontend may pop)
     requested_outputs: tuple[str, ...] | None
 
-    def request(self, raw: Sequence[memoryview]) -> InferenceRequest:
-        """The request this template's prefix makes with `raw` (one entry per input)."""
+    def request(self, request_id: str, raw: Sequence[memoryview]) -> InferenceRequest:
+        """The request this template's prefix makes with its id and `raw` (one entry per input)."""
         message = self.message
         inputs = {}
         for (name, datatype, shape, dtype, size), data in zip(self.inputs, raw, strict=True):
@@ -61,10 +69,11 @@ class RequestTemplate:
             try:
                 inputs[name] = array_from_bytes(data, datatype, shape, name, message.model_name)
             except RequestMismatchError as exc:  # worded as decode_model_infer_request words it
-                raise RequestMismatchError(with_request_id(message.id, exc.message)) from None
+                raise RequestMismatchError(with_request_id(request_id, exc.message)) from None
         return InferenceRequest(
             model_name=message.model_name,
             model_version=message.model_version,
+            id=request_id,
             inputs=inputs,
             parameters=dict(self.parameters),
             requested_outputs=self.requested_outputs,
@@ -83,12 +92,17 @@ class ReceivedInferRequest:
     message: pb.ModelInferRequest
     raw: Sequence[bytes | memoryview] | None = None
     template: RequestTemplate | None = None
+    template_id: str = ""  # the request's id, with a template (whose message has none)
+
+    @property
+    def request_id(self) -> str:
+        return self.template_id if self.template is not None else self.message.id
 
     def decode(self, regions: SharedMemoryRegions | None) -> InferenceRequest:
         """The InferenceRequest; raises CoreserveError for a request a model cannot take."""
         if self.template is not None:
             assert self.raw is not None
-            return self.template.request(self.raw)  # type: ignore[arg-type]  # views, from the match
+            return self.template.request(self.template_id, self.raw)  # type: ignore[arg-type]  # views
         return decode_model_infer_request(self.message, regions, self.raw)
 
     def output_targets(self, regions: SharedMemoryRegions | None) -> dict[str, OutputInSharedMemory]:
@@ -99,10 +113,10 @@ class ReceivedInferRequest:
 class RequestTemplates:
     """The decoded metadata of the prefixes recent requests repeated (see the module's docstring).
 
-    Learned from requests whose raw entries come last, that carry no request id (an id that
-    changes with each request would make each prefix new) and no parameters on their inputs or
-    outputs (shared memory and classification are read per request; the request's own
-    parameters are part of the prefix), and that decode without error. A client whose prefixes
+    Learned from requests whose fields come in the order of their numbers (as protobuf writes
+    them), with no parameters on their inputs or outputs (shared memory and classification are
+    read per request; the request's own parameters are part of the prefix), and that decode
+    without error. A client whose prefixes
     keep changing (shapes that vary, say) would cost a lesson per request: past TEMPLATES
     lessons more than four per match, learning pauses until the period of _LEARN_PERIOD
     requests ends.
@@ -112,20 +126,20 @@ class RequestTemplates:
         self._templates: list[RequestTemplate] = []
         self._seen = self._matched = self._learned = 0
 
-    def match(self, data: bytes) -> tuple[RequestTemplate, list[memoryview]] | None:
-        """The template `data` starts with, and its raw entries; None if none fits."""
+    def match(self, data: bytes) -> ReceivedInferRequest | None:
+        """`data` decoded by the template it fits; None if none does."""
         self._seen += 1
         if self._seen >= _LEARN_PERIOD:
             self._seen = self._matched = self._learned = 0
         templates = self._templates
         for index, template in enumerate(templates):
-            if data.startswith(template.prefix):
-                raw = _raw_entries(data, len(template.prefix))
-                if raw is not None and len(raw) == len(template.inputs):
+            if data.startswith(template.head):
+                fitted = _fit(template, data)
+                if fitted is not None:
                     if index:
                         templates.insert(0, templates.pop(index))
                     self._matched += 1
-                    return template, raw
+                    return fitted
         return None
 
     def learn(self, data: bytes, message: pb.ModelInferRequest) -> None:
@@ -140,14 +154,19 @@ class RequestTemplates:
             return  # tensors in the typed contents fields: parsed per request
         if len(prefix) + sum(len(entry) for entry in raw) + _entry_heads(raw) != len(data):
             return  # its raw entries are not all at the end
-        metadata = pb.ModelInferRequest.FromString(prefix)
+        around_id = _around_id(prefix)
+        if around_id is None:
+            return
+        head, tail = around_id
         try:
-            request = decode_model_infer_request(metadata, None, raw)
+            request = decode_model_infer_request(pb.ModelInferRequest.FromString(prefix), None, raw)
         except CoreserveError:  # its handler decodes it again, and answers the mistake
             return
+        metadata = pb.ModelInferRequest.FromString(head + tail)
         self._learned += 1
         template = RequestTemplate(
-            prefix=prefix,
+            head=head,
+            tail=tail,
             message=metadata,
             inputs=tuple(_input_spec(tensor) for tensor in metadata.inputs),
             parameters=request.parameters,
@@ -170,8 +189,7 @@ def parse_model_infer_request(data: bytes) -> ReceivedInferRequest:
     """
     matched = _TEMPLATES.match(data)
     if matched is not None:
-        template, raw = matched
-        return ReceivedInferRequest(template.message, raw, template)
+        return matched
     if len(data) >= VIEW_RAW_CONTENTS_FROM:
         split = _split_length_delimited(data, _RAW_INPUT_CONTENTS)
         if split is not None:
@@ -197,11 +215,56 @@ def _input_spec(
 
 
 def _learnable(message: pb.ModelInferRequest) -> bool:
-    if message.id:
-        return False
     return not any(tensor.parameters for tensor in message.inputs) and not any(
         output.parameters for output in message.outputs
     )
+
+
+def _fit(template: RequestTemplate, data: bytes) -> ReceivedInferRequest | None:
+    """`data` as the template's request, if it is one (it starts with the template's head)."""
+    position = len(template.head)
+    request_id = ""
+    try:
+        if position < len(data) and data[position] == _ID_KEY:
+            length, body = _varint(data, position + 1)
+            position = body + length
+            request_id = data[body:position].decode()
+        if not data.startswith(template.tail, position):
+            return None
+        raw = _raw_entries(data, position + len(template.tail))
+    except (DecodeError, UnicodeDecodeError):  # protobuf's parser refuses it: it says why
+        return None
+    if raw is None or len(raw) != len(template.inputs):
+        return None
+    return ReceivedInferRequest(template.message, raw, template, request_id)
+
+
+def _around_id(prefix: bytes) -> tuple[bytes, bytes] | None:
+    """The fields of `prefix` before the id field and after it (the id left out); None if its
+    fields are not in the order of their numbers, with one id at most."""
+    numbers, starts, ends = [], [], []
+    position = 0
+    try:
+        while position < len(prefix):
+            key, after_key = _varint(prefix, position)
+            if key & 7 != 2:  # every top-level field of the message is length-delimited
+                return None
+            length, body = _varint(prefix, after_key)
+            numbers.append(key >> 3)
+            starts.append(position)
+            position = body + length
+            ends.append(position)
+    except DecodeError:
+        return None
+    if numbers != sorted(numbers) or numbers.count(_ID_FIELD) > 1:
+        return None
+    later = [index for index, number in enumerate(numbers) if number >= _ID_FIELD]
+    if not later:
+        return prefix, b""
+    first = later[0]
+    cut = starts[first]
+    resume = ends[first] if numbers[first] == _ID_FIELD else cut
+    return prefix[:cut], prefix[resume:]
 
 
 def _raw_entries(data: bytes, start: int) -> list[memoryview] | None:

@@ -353,7 +353,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             reply = pb.ModelStreamInferResponse(
                 error_message=error.message,
                 infer_response=pb.ModelInferResponse(
-                    model_name=message.model_name, model_version=message.model_version, id=message.id
+                    model_name=message.model_name, model_version=message.model_version, id=received.request_id
                 ),
             )
             outbox.put_nowait((reply, True))
