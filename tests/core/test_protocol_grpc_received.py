@@ -246,3 +246,20 @@ def test_any_templated_request_is_the_fully_decoded_one(
         assert got.value.message == exc.message
         return
     _same(received.decode(None), want)
+
+
+def test_a_request_with_raw_entries_among_its_other_fields_teaches_nothing() -> None:
+    model = _model()
+    whole = _message(model, [1, 2, 3, 4])
+    first, rest = pb.ModelInferRequest(), pb.ModelInferRequest()
+    first.model_name = model
+    first.raw_input_contents.append(whole.raw_input_contents[0])  # before the inputs
+    rest.CopyFrom(whole)
+    rest.ClearField("model_name")
+    del rest.raw_input_contents[0]
+    data = first.SerializeToString() + rest.SerializeToString()
+
+    received = [parse_model_infer_request(data) for _ in range(2)]
+
+    assert [r.template for r in received] == [None, None]
+    _same(received[1].decode(None), _full(data))

@@ -4,12 +4,13 @@ that clients repeat decoded once.
 A client usually sends the same model name, inputs (names, datatypes, shapes) and outputs in
 every request; only the bytes in raw_input_contents change. Protobuf writes fields in the order
 of their numbers, so raw_input_contents (7) comes last: such requests share a prefix of
-metadata bytes, followed by their raw entries. `RequestTemplates` keeps the decoded metadata of
-recent prefixes. A request that starts with one and goes on with nothing but raw entries is
-decoded from it, its tensors wrapped from its own bytes, without protobuf and without reading
-the message field by field: for a small request that is most of the decoding (about 8 of
-10 µs). It is the same message whichever way it is decoded: fields that follow one another
-merge, so the prefix's fields and the entries that follow are the message.
+metadata bytes (but for the request id, if the client numbers its requests), followed by their
+raw entries. `RequestTemplates` keeps the decoded metadata of recent prefixes. A request that
+fits one and goes on with nothing but raw entries is decoded from it, its tensors wrapped from
+its own bytes, without protobuf and without reading the message field by field: for a small
+request that is most of the decoding (8.1 -> 4.6 µs in-process). It is the same message
+whichever way it is decoded: fields that follow one another merge, so the prefix's fields, the
+id and the entries that follow are the message.
 """
 
 from __future__ import annotations
@@ -116,10 +117,9 @@ class RequestTemplates:
     Learned from requests whose fields come in the order of their numbers (as protobuf writes
     them), with no parameters on their inputs or outputs (shared memory and classification are
     read per request; the request's own parameters are part of the prefix), and that decode
-    without error. A client whose prefixes
-    keep changing (shapes that vary, say) would cost a lesson per request: past TEMPLATES
-    lessons more than four per match, learning pauses until the period of _LEARN_PERIOD
-    requests ends.
+    without error. A client whose prefixes keep changing (shapes that vary, say) would cost a
+    lesson per request: past TEMPLATES lessons more than four per match, learning pauses until
+    the period of _LEARN_PERIOD requests ends.
     """
 
     def __init__(self) -> None:
@@ -152,8 +152,8 @@ class RequestTemplates:
         prefix, raw = split
         if not raw or len(raw) != len(message.inputs):
             return  # tensors in the typed contents fields: parsed per request
-        if len(prefix) + sum(len(entry) for entry in raw) + _entry_heads(raw) != len(data):
-            return  # its raw entries are not all at the end
+        if not data.startswith(prefix):
+            return  # its raw entries are not all at the end: it would never fit (see _fit)
         around_id = _around_id(prefix)
         if around_id is None:
             return
@@ -286,15 +286,6 @@ def _raw_entries(data: bytes, start: int) -> list[memoryview] | None:
     except DecodeError:
         return None
     return entries
-
-
-def _entry_heads(entries: Sequence[memoryview]) -> int:
-    """The bytes of the keys and lengths in front of these raw entries."""
-    return sum(1 + _varint_size(len(entry)) for entry in entries)
-
-
-def _varint_size(value: int) -> int:
-    return max(1, (value.bit_length() + 6) // 7)
 
 
 def _split_length_delimited(data: bytes, field: int) -> tuple[bytes, list[memoryview]] | None:
