@@ -12,12 +12,13 @@ import logging
 import struct
 import zlib
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Container
 from typing import TYPE_CHECKING, Any
 
 import grpc
 
 from coreserve.protocol.grpc_response import SerializedPieces
+from coreserve.server.grpc_native import wire
 from coreserve.server.grpc_native.headers import RequestHeaders
 from coreserve.server.grpc_native.messages import MessageReader, MessageTooLarge
 
@@ -120,6 +121,14 @@ class Call:
         # --grpc-infer-response-compression-level: inference answers gzipped where the client takes it
         compressed = headers.accepts_gzip and headers.path.endswith(_INFER_METHODS)
         self.gzip_level = connection.gzip_level if compressed else 0
+
+    def set_deadline(self, timeout: float) -> None:
+        """Ends the call with DEADLINE_EXCEEDED once `timeout` seconds have passed (grpc-timeout)."""
+        loop = asyncio.get_running_loop()
+        self.deadline = loop.time() + timeout
+        self.deadline_timer = loop.call_later(
+            timeout, self.cancel, CallAborted(DEADLINE_EXCEEDED, "Deadline Exceeded")
+        )
 
     # Receiving -----------------------------------------------------------------------------
 
@@ -251,3 +260,19 @@ class Call:
         self.finished = True
         if self.stream_id in self.connection.calls:
             self.connection.outbound.send_trailers(self, code, details)
+
+
+def refused_call(headers: RequestHeaders, methods: Container[str], max_header_list: int) -> bytes | None:
+    """The answer (response headers, or headers and trailers) to a request that cannot become
+    a call; None when it can."""
+    if headers.method != b"POST" or not headers.content_type.startswith(b"application/grpc"):
+        return wire.http_status(415 if headers.method == b"POST" else 405)
+    if headers.size > max_header_list:
+        status = (RESOURCE_EXHAUSTED, f"header list of {headers.size} bytes (at most {max_header_list})")
+    elif headers.path not in methods:
+        status = (UNIMPLEMENTED, "Method not found!")
+    elif headers.encoding not in (None, b"identity", b"gzip", b"deflate"):
+        status = (UNIMPLEMENTED, f"grpc-encoding {headers.encoding.decode('latin-1')} is not supported")
+    else:
+        return None
+    return wire.RESPONSE_HEADERS + wire.status_trailers(*status)

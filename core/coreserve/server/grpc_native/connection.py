@@ -18,14 +18,8 @@ from typing import Any
 import grpc
 
 from coreserve.server.grpc_native import wire
-from coreserve.server.grpc_native.calls import (
-    DEADLINE_EXCEEDED,
-    RESOURCE_EXHAUSTED,
-    UNIMPLEMENTED,
-    Call,
-    CallAborted,
-)
-from coreserve.server.grpc_native.headers import HeaderBlockDecoder, RequestHeaders
+from coreserve.server.grpc_native.calls import Call, CallAborted, refused_call
+from coreserve.server.grpc_native.headers import HeaderBlockDecoder
 from coreserve.server.grpc_native.keepalive import PING_PAYLOAD, KeepaliveTimers
 from coreserve.server.grpc_native.sending import Outbound
 from coreserve.server.grpc_native.wire import ConnectionFault
@@ -315,7 +309,7 @@ class Http2Connection(asyncio.Protocol):
         if self._going_away or len(self.calls) >= MAX_CONCURRENT:
             self._out.append(wire.rst_stream(stream_id, wire.REFUSED_STREAM))
             return
-        refusal = self._refusal(headers)
+        refusal = refused_call(headers, self.handlers, MAX_HEADER_LIST)
         if refusal is not None:
             self._out.append(wire.frame(wire.HEADERS, wire.END_HEADERS | wire.END_STREAM, stream_id, refusal))
             if not flags & wire.END_STREAM:
@@ -326,29 +320,11 @@ class Http2Connection(asyncio.Protocol):
         if headers.timeout is not None:
             timeout = wire.parse_timeout(headers.timeout)
             if timeout is not None:
-                loop = asyncio.get_running_loop()
-                call.deadline = loop.time() + timeout
-                call.deadline_timer = loop.call_later(
-                    timeout, call.cancel, CallAborted(DEADLINE_EXCEEDED, "Deadline Exceeded")
-                )
+                call.set_deadline(timeout)
         if call.handler.request_streaming:
             call.start()
         if flags & wire.END_STREAM:
             self._end_input(call)
-
-    def _refusal(self, headers: RequestHeaders) -> bytes | None:
-        """The answer to a request that cannot become a call; None when it can."""
-        if headers.method != b"POST" or not headers.content_type.startswith(b"application/grpc"):
-            return wire.http_status(415 if headers.method == b"POST" else 405)
-        if headers.size > MAX_HEADER_LIST:
-            status = (RESOURCE_EXHAUSTED, f"header list of {headers.size} bytes (at most {MAX_HEADER_LIST})")
-        elif headers.path not in self.handlers:
-            status = (UNIMPLEMENTED, "Method not found!")
-        elif headers.encoding not in (None, b"identity", b"gzip", b"deflate"):
-            status = (UNIMPLEMENTED, f"grpc-encoding {headers.encoding.decode('latin-1')} is not supported")
-        else:
-            return None
-        return wire.RESPONSE_HEADERS + wire.status_trailers(*status)
 
     def _data(self, flags: int, stream_id: int, payload: memoryview, stable: bool = False) -> None:
         if stream_id == 0:
