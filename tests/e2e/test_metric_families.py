@@ -54,6 +54,11 @@ def _when(*conditions: str) -> set[str]:
     return {family["name"] for family in REFERENCE if family["when"] in conditions}
 
 
+def _by_default() -> set[str]:
+    """Triton's default families here: the GPU ones join them where NVML finds a GPU."""
+    return _when("default", "gpu") if _gpus_here()[0] else _when("default")
+
+
 @pytest.fixture(scope="module")
 def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("families")
@@ -142,7 +147,7 @@ def test_default_scrape_has_tritons_default_families(default_server: ServerProce
     _send(default_server)
     families = _families(_scrape(default_server))
     # Triton's defaults: counts and latency counters, no summaries, no histograms.
-    _assert_tritons(families, _when("default"))
+    _assert_tritons(families, _by_default())
     assert not [name for name in families if name.startswith("coreserve_")]
     reasons = {s.labels["reason"] for s in families["nv_inference_request_failure"].samples}
     assert reasons == {"REJECTED", "CANCELED", "BACKEND", "OTHER"}
@@ -151,7 +156,7 @@ def test_default_scrape_has_tritons_default_families(default_server: ServerProce
 def test_metrics_config_switches_latency_families_as_tritons(configured_server: ServerProcess) -> None:
     _send(configured_server, streams=3)
     families = _families(_scrape(configured_server))
-    expected = (_when("default") - LATENCY_COUNTERS) | _when("summary_latencies", "histogram_latencies")
+    expected = (_by_default() - LATENCY_COUNTERS) | _when("summary_latencies", "histogram_latencies")
     _assert_tritons(families, expected)
     quantiles = {s.labels.get("quantile") for s in families["nv_inference_request_summary_us"].samples}
     assert quantiles == {"0.5", "0.99", None}  # None: the _count and _sum samples

@@ -16,7 +16,11 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from coreserve.testing import ServerProcess
-from torch_models import AddSub, Double, Halves, Weighted
+from torch_models import AddSub, Double, Halves, OnCuda, Weighted
+
+# The CPU build of torch (CI's) sees no GPU; a CUDA build on a machine with an NVIDIA GPU does.
+GPU = torch.cuda.is_available()
+needs_gpu = pytest.mark.skipif(not GPU, reason="no CUDA device (a CUDA build of torch and an NVIDIA GPU)")
 
 
 def _config(
@@ -71,9 +75,10 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     _save_script(repository / "bf16", Double(), _config([("x", "TYPE_BF16")], [("y", "TYPE_BF16")]))
     _save_script(
         repository / "on_gpu",
-        Double(),
+        OnCuda(),
         _config([("x", FP32)], [("y", FP32)], "instance_group [ { kind: KIND_GPU gpus: [ 0 ] } ]"),
     )
+    _save_script(repository / "where", OnCuda(), _config([("x", FP32)], [("y", FP32)]))
     _save_script(
         repository / "wrong_count", AddSub(), _config([("a", FP32), ("b", FP32), ("c", FP32)], [("o", FP32)])
     )
@@ -116,10 +121,31 @@ def _infer(
     return client.infer(model, inputs)
 
 
+@pytest.mark.skipif(
+    GPU,
+    reason="torch sees a CUDA device here: test_with_a_gpu_models_without_instance_group_run_on_it covers it",
+)
 def test_without_gpus_models_without_instance_group_run_on_the_cpu(
     client: httpclient.InferenceServerClient,
 ) -> None:
     assert [g["kind"] for g in client.get_model_config("exported")["instance_group"]] == ["KIND_CPU"]
+    ones = np.ones((1, 4), np.float32)
+    np.testing.assert_array_equal(_infer(client, "where", {"x": ones}).as_numpy("y"), 0 * ones)
+
+
+@needs_gpu
+def test_with_a_gpu_models_without_instance_group_run_on_it(client: httpclient.InferenceServerClient) -> None:
+    # Triton's default where the backend can use GPUs: one KIND_GPU group over all of them.
+    groups = client.get_model_config("where")["instance_group"]
+    assert [(g["kind"], g["gpus"]) for g in groups] == [("KIND_GPU", list(range(torch.cuda.device_count())))]
+    ones = np.ones((2, 4), np.float32)
+    np.testing.assert_array_equal(_infer(client, "where", {"x": ones}).as_numpy("y"), ones)
+
+
+@needs_gpu
+def test_a_kind_gpu_instance_runs_its_module_on_that_gpu(client: httpclient.InferenceServerClient) -> None:
+    ones = np.ones((3, 4), np.float32)
+    np.testing.assert_array_equal(_infer(client, "on_gpu", {"x": ones}).as_numpy("y"), ones)
 
 
 def test_triton_index_naming(client: httpclient.InferenceServerClient) -> None:
@@ -186,7 +212,11 @@ def test_dynamic_batching_with_two_instances(server: ServerProcess) -> None:
     ("model", "reason"),
     [
         # The backend reports the GPUs torch sees: none with the CPU build, so the core refuses.
-        ("on_gpu", "specifies invalid or unsupported gpu id 0; the GPUs backend 'pytorch' can use are: none"),
+        pytest.param(
+            "on_gpu",
+            "specifies invalid or unsupported gpu id 0; the GPUs backend 'pytorch' can use are: none",
+            marks=pytest.mark.skipif(GPU, reason="torch sees a CUDA device here: model on_gpu serves"),
+        ),
         ("wrong_count", "forward() takes 2 inputs ['a', 'b'], but the configuration lists 3"),
         ("broken", "torch cannot load"),
     ],

@@ -23,3 +23,10 @@ class Halves(torch.nn.Module):
 class Double(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x * 2
+
+
+class OnCuda(torch.nn.Module):
+    """Ones where the input came to the module on a CUDA device, zeros where it came on the CPU."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.full_like(x, float(x.is_cuda))
