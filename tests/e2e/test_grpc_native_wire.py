@@ -329,6 +329,44 @@ def test_answers_wait_for_the_clients_flow_control_windows(raw: RawHttp2) -> Non
     assert pieces > 100
 
 
+def test_stream_answers_keep_their_order_when_the_window_holds_some_back(raw: RawHttp2) -> None:
+    # A stream's answers go out as they come where nothing of the stream waits before them, and
+    # are queued behind the held-back bytes where something does: with 1000 bytes per window,
+    # small answers fit, large ones wait for WINDOW_UPDATEs, and each comes in request order.
+    raw.open(struct.pack(">HI", 0x4, 1000))
+    raw.send(frame(HEADERS, END_HEADERS, 1, raw.headers_block("ModelStreamInfer")))
+    sizes = [4, 3000, 2, 1, 5000, 3, 8, 700, 1, 2]
+    requests = []
+    for index, values in enumerate(sizes):
+        request = pb.ModelInferRequest.FromString(infer_request(values))
+        request.id = str(index)
+        requests.append(message(request.SerializeToString()))
+    raw.send(frame(DATA, END_STREAM, 1, b"".join(requests)))
+    body = b""
+    for kind, flags, stream_id, payload in raw.frames():
+        if kind == SETTINGS and not flags & 1:
+            raw.send(frame(SETTINGS, 1, 0))
+        if stream_id != 1:
+            continue
+        if kind == DATA:
+            assert len(payload) <= 1000
+            body += payload
+            grant = struct.pack(">I", len(payload))
+            raw.send(frame(WINDOW_UPDATE, 0, 1, grant) + frame(WINDOW_UPDATE, 0, 0, grant))
+        if kind == HEADERS and flags & END_STREAM:
+            assert raw.decoder.decode(payload) == [("grpc-status", "0")]
+            break
+    answers = []
+    while body:
+        length = int.from_bytes(body[1:5], "big")
+        answers.append(pb.ModelStreamInferResponse.FromString(body[5 : 5 + length]))
+        body = body[5 + length :]
+    assert [answer.error_message for answer in answers] == [""] * len(sizes)
+    assert [answer.infer_response.id for answer in answers] == [str(index) for index in range(len(sizes))]
+    received = [np.frombuffer(a.infer_response.raw_output_contents[0], np.float32) for a in answers]
+    assert [values.tolist() for values in received] == [list(range(n)) for n in sizes]
+
+
 def test_many_concurrent_calls_and_16_mib_both_ways(server: ServerProcess) -> None:
     large = np.random.default_rng(0).random(4 * 1024 * 1024, dtype=np.float32)  # 16 MiB
 

@@ -53,7 +53,8 @@ DEFAULT_MAX_STREAM_INFLIGHT = 1024
 Request = TypeVar("Request")
 Response = TypeVar("Response")
 Handler = Callable[[Any, Request, grpc.aio.ServicerContext], Awaitable[Response]]
-Outbox = asyncio.Queue[tuple[bytes | SerializedPieces | pb.ModelStreamInferResponse | None, bool] | None]
+StreamMessage = bytes | SerializedPieces | pb.ModelStreamInferResponse
+Outbox = asyncio.Queue[tuple[StreamMessage | None, bool] | None]
 
 
 def _metadata(context: grpc.aio.ServicerContext) -> dict[str, str]:
@@ -286,7 +287,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def ModelStreamInfer(
         self, requests: AsyncIterator[ReceivedInferRequest], context: Any
-    ) -> AsyncIterator[bytes | SerializedPieces | pb.ModelStreamInferResponse]:
+    ) -> AsyncIterator[StreamMessage]:
         """Many requests on one stream; each response or error goes back as it comes.
 
         A request's error is sent as that request's message and the stream stays open.
@@ -306,13 +307,29 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         running: set[InferenceRequest] = set()  # submitted, and their last response not yet given
         room = asyncio.Event()
         room.set()
+        reading = True
+        # The native transport writes a message at once where nothing waits before it; grpc.aio's
+        # context cannot, and every message goes through the outbox and this generator.
+        send_now: Callable[[Any], bool] | None = getattr(context, "send_now", None)
+
+        def deliver(message: StreamMessage | None, final: bool) -> None:
+            nonlocal open_requests
+            if send_now is None or not outbox.empty() or (message is not None and not send_now(message)):
+                outbox.put_nowait((message, final))
+                return
+            if final:
+                open_requests -= 1
+                if open_requests < limit:
+                    room.set()
+                if not (reading or open_requests):
+                    outbox.put_nowait(None)  # wakes the generator to end the call
 
         async def read() -> None:
             nonlocal open_requests
             try:
                 async for message in requests:
                     open_requests += 1
-                    self._start_stream_request(message, outbox, running, context)
+                    self._start_stream_request(message, deliver, running, context)
                     if open_requests >= limit:
                         room.clear()
                         await room.wait()
@@ -320,7 +337,6 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 outbox.put_nowait(None)
 
         reader = asyncio.create_task(read())
-        reading = True
         try:
             while reading or open_requests:
                 item = await outbox.get()
@@ -343,7 +359,11 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 request.cancel()
 
     def _start_stream_request(
-        self, received: ReceivedInferRequest, outbox: Outbox, running: set[InferenceRequest], context: Any
+        self,
+        received: ReceivedInferRequest,
+        deliver: Callable[[StreamMessage | None, bool], None],
+        running: set[InferenceRequest],
+        context: Any,
     ) -> None:
         tracing = self._dataplane.tracer.active
         received_ns = now_ns() if tracing else 0
@@ -356,7 +376,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                     model_name=message.model_name, model_version=message.model_version, id=received.request_id
                 ),
             )
-            outbox.put_nowait((reply, True))
+            deliver(reply, True)
 
         try:
             request = received.decode(self._dataplane.shared_memory)
@@ -373,7 +393,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             trace = request.trace
             if trace is not None:
                 trace.mark("GRPC_SEND_START", now_ns())
-            reply: bytes | SerializedPieces | pb.ModelStreamInferResponse | None = None
+            reply: StreamMessage | None = None
             if response is not None:
                 final_parameter = {FINAL_RESPONSE: final} if empty_final else None
                 try:
@@ -390,7 +410,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             if final:
                 running.discard(request)
             if reply is not None or final:
-                outbox.put_nowait((reply, final))
+                deliver(reply, final)
             if trace is not None:
                 trace.mark("GRPC_SEND_END", now_ns())
 

@@ -69,6 +69,11 @@ class CallContext:
     def peer(self) -> str:
         return self._call.connection.peer
 
+    def send_now(self, response: Any) -> bool:
+        """coreserve's own: a streaming handler's response written at once where it can be
+        (grpc.aio's context has no such method); False: yield it as usual."""
+        return self._call.send_now(response)
+
 
 def _decompress(data: bytes, encoding: bytes | None, limit: int) -> bytes:
     if encoding == b"gzip":
@@ -236,6 +241,26 @@ class Call:
 
     async def send(self, message: bytes | SerializedPieces) -> None:
         """Sends one message (a large one may come as its pieces: they are written, not joined)."""
+        self._write(message)
+        outbound = self.connection.outbound
+        if self.outbound or outbound.paused:
+            # The client reads slower than we answer: hold this handler back (bounded memory).
+            await outbound.wait_drained(self)
+
+    def send_now(self, response: Any) -> bool:
+        """Writes one response of a streaming handler at once, where nothing of this call waits
+        to go out before it and the transport takes more; False: the handler yields it instead."""
+        if self.finished or self.reset or self.outbound or self.connection.outbound.paused:
+            return False
+        encode = self.handler.response_serializer
+        try:
+            self._write(encode(response) if encode is not None else response)
+        except CallAborted:
+            return False  # too large: the handler's own send refuses it, ending the call
+        return True
+
+    def _write(self, message: bytes | SerializedPieces) -> None:
+        """Frames one message as the windows allow; what they do not is queued on the call."""
         limit = self.connection.max_message_size
         size = message.size if isinstance(message, SerializedPieces) else len(message)
         if size > limit:
@@ -250,9 +275,6 @@ class Call:
             message = zlib.compress(joined, self.gzip_level, wbits=31)
             flag, size = 1, len(message)
         outbound.send_message(self, _MESSAGE_PREFIX.pack(flag, size), message)
-        if self.outbound or outbound.paused:
-            # The client reads slower than we answer: hold this handler back (bounded memory).
-            await outbound.wait_drained(self)
 
     def finish(self, code: int, details: str) -> None:
         if self.finished or self.reset:
