@@ -21,6 +21,7 @@ from coreserve.backend.api import (
     ModelControl,
     ModelFiles,
     ModelInstance,
+    ServerActivity,
     ServerContext,
 )
 from coreserve.backend.base import BaseBackend
@@ -65,6 +66,7 @@ __all__ = [
     "ModelSignature",
     "ModelTensor",
     "Responder",
+    "ServerActivity",
     "ServerContext",
     "TensorSpec",
     "bool_parameter",

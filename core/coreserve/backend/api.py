@@ -93,6 +93,20 @@ class ModelControl(Protocol):
         ...
 
 
+class ServerActivity(Protocol):
+    """How busy the server is; call its methods on the event loop."""
+
+    def pending_requests(self) -> int:
+        """Requests queued or executing in the whole server (Triton's pending request count,
+        summed over the models): 1 inside an execution means it is all the server has to do."""
+        ...
+
+    def frontend_reads(self) -> int:
+        """A count that grows each time the HTTP or gRPC frontend reads bytes from a client: if
+        it has not moved while an execution ran, no client sent anything meanwhile."""
+        ...
+
+
 @dataclass(frozen=True)
 class ServerContext:
     """What a backend may ask of the server.
@@ -100,7 +114,8 @@ class ServerContext:
     `backend_config` holds the `--backend-config <backend>,<key>=<value>` settings given for
     this backend; `client` calls other models of this server (BLS, pipelines); `models` loads,
     unloads and checks models through the repository API; `metrics` adds custom metric
-    families to the metrics endpoint (release them when the instance closes).
+    families to the metrics endpoint (release them when the instance closes); `activity` says
+    how busy the server is, for a backend that adapts to it.
     """
 
     backend_config: Mapping[str, str] = field(default_factory=dict)
@@ -108,6 +123,7 @@ class ServerContext:
     client: InferenceClient | None = None
     models: ModelControl | None = None
     metrics: CustomMetrics = field(default_factory=CustomMetrics)
+    activity: ServerActivity | None = None
 
 
 @runtime_checkable

@@ -16,6 +16,7 @@ from coreserve.backend.api import (
     ModelControl,
     ModelFiles,
     ModelInstance,
+    ServerActivity,
     ServerContext,
 )
 from coreserve.backend.custom_metrics import CustomMetrics
@@ -68,6 +69,7 @@ class ModelLoader:
         self._latency = latency
         self.client: InferenceClient | None = None  # the server sets its data plane here
         self.models: ModelControl | None = None  # and here, for backends that load models
+        self.activity: ServerActivity | None = None  # and here
         self.metrics = CustomMetrics()  # the custom metric families the metrics endpoint writes
         # Under --model-namespacing, the repository's test for a qualified model key.
         self.has_model: Callable[[str], bool] | None = None
@@ -84,6 +86,7 @@ class ModelLoader:
             client=client,
             models=self.models,
             metrics=self.metrics,
+            activity=self.activity,
         )
 
     def _latency_for(self, config: ModelConfig) -> LatencyOptions:

@@ -99,6 +99,7 @@ class ServerRuntime:
         )
         loader.client = self.dataplane
         loader.models = self.dataplane
+        loader.activity = self.dataplane
         self.custom_metrics = loader.metrics
         self.metrics_report: MetricsReport | None = None
         if options.allow_metrics:

@@ -28,6 +28,7 @@ from coreserve.repository.model import ModelState, parse_version
 from coreserve.responses import QueuedResponses, SingleResponse
 from coreserve.server import request_log
 from coreserve.server.cuda_shared_memory import CudaSharedMemory, load_cuda_runtime
+from coreserve.server.frontend_reads import FRONTEND_READS
 from coreserve.server.log_settings import LogSettings, ServerLog
 from coreserve.server.shared_memory import SystemSharedMemory
 from coreserve.tracing import Tracer, TraceSetting
@@ -276,6 +277,10 @@ class DataPlane:
             for version in model.versions.values()
             if version.scheduler is not None
         )
+
+    def frontend_reads(self) -> int:
+        """How many times the HTTP and gRPC frontends have read a client's bytes (ServerActivity)."""
+        return FRONTEND_READS.value
 
     def statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
         """Statistics of every model, of one model's versions, or of one version."""

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 import httptools
 
+from coreserve.server.frontend_reads import FRONTEND_READS
 from coreserve.server.http_answering import AnsweringPart
 from coreserve.server.http_wire import HttpRequest, HttpResponse
 
@@ -143,6 +144,7 @@ class HttpProtocol(AnsweringPart, asyncio.Protocol):
                 current.on_disconnect()
 
     def data_received(self, data: bytes) -> None:
+        FRONTEND_READS.value += 1
         if not self._parsing:  # after an error answer: dropped, up to a budget, then unread
             self._dropped += len(data)
             if self._dropped > LINGER_DROP_BYTES:

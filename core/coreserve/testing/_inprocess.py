@@ -123,6 +123,7 @@ class InProcessServer:
         self.dataplane = DataPlane(repository, ServerFlags(started=True))
         loader.client = self.dataplane
         loader.models = self.dataplane
+        loader.activity = self.dataplane
         await repository.start()
 
     def stop(self) -> None:

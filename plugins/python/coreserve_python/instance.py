@@ -36,6 +36,7 @@ from coreserve_python.messages import (
     TensorRef,
 )
 from coreserve_python.process import StubLaunch, StubProcess
+from coreserve_python.reply_spin import ReplySpin
 from coreserve_python.spawn import describe_exit
 from coreserve_python.wire import Message, SegmentPool, SegmentReader, segment_to_release, write_groups
 
@@ -81,7 +82,9 @@ class PythonInstance(ModelRequestAnswers, BlsServing):
         ModelInstance.pipeline_depth); they wait in the stub's socket, in order, so that under
         load its next batch is there when it finishes one, without a wake-up in between.
         `idle_spin_microseconds`: how long the idle stub looks for its next message before it
-        sleeps (see wire.Channel.receive). `on_close` is called once the instance has closed."""
+        sleeps (see wire.Channel.receive), and the server for the stub's answer where it serves
+        one request at a time (see reply_spin.py). `on_close` is called once the instance has
+        closed."""
         self.pipeline_depth = pipeline_depth
         self._idle_spin_microseconds = idle_spin_microseconds
         self._on_close = on_close
@@ -100,6 +103,7 @@ class PythonInstance(ModelRequestAnswers, BlsServing):
         self._next_key = 0
         self._executions = 0  # executions sent to the stub and not yet done
         self._process: StubProcess | None = None
+        self._reply_spin: ReplySpin | None = None  # the running stub's, where this instance spins
         self._starting: StubProcess | None = None  # the stub whose initialize() runs
         self._restart: asyncio.Task[None] | None = None
         # Set once the first restart attempt after a crash has ended, either way.
@@ -155,6 +159,9 @@ class PythonInstance(ModelRequestAnswers, BlsServing):
         finally:
             self._starting = None
         self._process = process
+        activity = self._server.activity
+        if self._idle_spin_microseconds and activity is not None:
+            self._reply_spin = ReplySpin(process.fileno, self._idle_spin_microseconds * 1000, activity)
 
     def _on_exit(self, process: StubProcess, code: int | None) -> None:
         if process is not self._process:
@@ -235,7 +242,11 @@ class PythonInstance(ModelRequestAnswers, BlsServing):
         behind = self._executions  # sent while the stub still runs earlier ones (pipeline_depth)
         self._executions += 1
         try:
-            reply = await process.request(message, "execute_done")
+            spin = self._reply_spin
+            after_send = None if spin is None else spin.after_send
+            reply = await process.request(message, "execute_done", after_send=after_send)
+            if spin is not None:
+                spin.answered()
         finally:
             self._executions -= 1
             if (shared := segment_to_release(segment)) is not None:

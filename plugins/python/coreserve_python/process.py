@@ -99,6 +99,7 @@ class StubProcess:
         self._on_message = on_message
         self._on_exit = on_exit
         self.pid: int | None = None
+        self.fileno = -1  # the server's end of the socket, once started
         self._exit: asyncio.Future[int | None] | None = None
         self._writer: asyncio.Transport | None = None
         self._reader_task: asyncio.Task[None] | None = None
@@ -129,6 +130,7 @@ class StubProcess:
             await self._kill_and_reap()
             raise
         self._reader_task = asyncio.create_task(self._read(connection), name=f"{self.name}:stub-reader")
+        self.fileno = ours.fileno()
 
     def send(self, message: Mapping[str, Any]) -> None:
         if self._writer is None or self._writer.is_closing():
@@ -136,14 +138,21 @@ class StubProcess:
         self._writer.write(encode_frame(message))
 
     async def request(
-        self, message: Mapping[str, Any], reply_op: str, timeout: float | None = None
+        self,
+        message: Mapping[str, Any],
+        reply_op: str,
+        timeout: float | None = None,
+        after_send: Callable[[], None] | None = None,
     ) -> Message:
-        """Sends a message and waits for the stub's reply of kind `reply_op` to it (by id)."""
+        """Sends a message and waits for the stub's reply of kind `reply_op` to it (by id);
+        `after_send` is called once the message is written (see reply_spin.py)."""
         future: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
         message_id = next(self._message_ids)
         self._replies[message_id] = (reply_op, future)
         try:
             self.send({**message, "id": message_id})
+            if after_send is not None:
+                after_send()
             # (wait_for costs a coroutine and a timer: not paid for the executions' untimed waits)
             return await (future if timeout is None else asyncio.wait_for(future, timeout))
         finally:

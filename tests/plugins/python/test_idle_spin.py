@@ -3,15 +3,20 @@
 The channel's side is checked on a real socket pair, through the CPU time the reading thread
 spends: a wait spins (burns CPU) only while messages come soon, and sleeps once one did not.
 The server's side: at most one stub per two cores spins, and the parameter's edge values load
-and their models answer.
+and their models answer. The server's own wait for a stub's answer (reply_spin.py) is seen in
+the CPU time of its event loop's thread.
 """
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -34,31 +39,71 @@ def channels() -> Iterator[tuple[Channel, Channel]]:
     writer.close()
 
 
-def _cpu_ms_to_receive(reader: Channel, writer: Channel, delay_s: float, number: int) -> float:
-    """The reading thread's CPU milliseconds to receive a message sent `delay_s` from now."""
-    timer = threading.Timer(delay_s, writer.send, [{"op": "ping", "n": number}])
-    started = time.thread_time()
-    timer.start()
+# The writer of test_a_wait_spins_...: another process, so that the reading thread shares its
+# interpreter with nobody (a thread of the test would make it wait for the GIL: a sleep too).
+# Each line on its stdin, "delay number", sends message `number` `delay` seconds later.
+WRITER = """
+import socket, sys, time
+from coreserve_python.wire import Channel
+
+writer = Channel(socket.socket(fileno=int(sys.argv[1])))
+for line in sys.stdin:
+    delay, number = line.split()
+    time.sleep(float(delay))
+    writer.send({"op": "ping", "n": int(number)})
+"""
+
+
+def _thread_sleeps() -> int:
+    """How many times this thread has slept (its voluntary context switches)."""
+    status = Path(f"/proc/self/task/{threading.get_native_id()}/status").read_text()
+    return next(int(line.split()[1]) for line in status.splitlines() if line.startswith("voluntary_ctxt"))
+
+
+def _receive(
+    reader: Channel, writer: subprocess.Popen[str], delay_s: float, number: int
+) -> tuple[int, float]:
+    """How many times the reading thread slept to receive a message sent `delay_s` from now,
+    and the CPU milliseconds it spent. Sleeps tell spinning from sleeping however busy the
+    machine is: a thread that yields its core to others while it spins spends less CPU."""
+    assert writer.stdin is not None
+    writer.stdin.write(f"{delay_s} {number}\n")
+    writer.stdin.flush()
+    sleeps, started = _thread_sleeps(), time.thread_time()
     message = reader.receive(SPIN_NS)
-    spent = (time.thread_time() - started) * 1000
-    timer.join()
+    spent, slept = (time.thread_time() - started) * 1000, _thread_sleeps() - sleeps
     assert message == {"op": "ping", "n": number}
-    return spent
+    return slept, spent
 
 
-def test_a_wait_spins_while_messages_come_soon_and_sleeps_after_one_did_not(
-    channels: tuple[Channel, Channel],
-) -> None:
-    reader, writer = channels
-    # Within the spin: found by looking, the thread never slept.
-    assert _cpu_ms_to_receive(reader, writer, 0.01, 1) >= 3
-    # Past twice the spin: it spun its 30 ms, then slept until the message came.
-    assert 10 <= _cpu_ms_to_receive(reader, writer, 0.15, 2) < 140
-    # So the next wait sleeps at once: no CPU to speak of.
-    assert _cpu_ms_to_receive(reader, writer, 0.15, 3) < 5
-    # A message that came soon (here: at once) makes waits spin again.
-    assert _cpu_ms_to_receive(reader, writer, 0.0, 4) < 5
-    assert _cpu_ms_to_receive(reader, writer, 0.01, 5) >= 3
+def test_a_wait_spins_while_messages_come_soon_and_sleeps_after_one_did_not() -> None:
+    ours, theirs = socket.socketpair()
+    reader = Channel(ours)
+    writer = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(theirs.fileno())],
+        stdin=subprocess.PIPE,
+        text=True,
+        pass_fds=[theirs.fileno()],
+    )
+    theirs.close()
+    try:
+        _receive(reader, writer, 0.0, 0)  # the writer has started (a long wait: the next sleeps)
+        _receive(reader, writer, 0.0, 0)  # a short one: waits spin again
+        # Within the spin: found by looking, the thread never slept.
+        assert _receive(reader, writer, 0.01, 1)[0] == 0
+        # Past twice the spin: it spun its 30 ms, then slept until the message came.
+        slept, spent = _receive(reader, writer, 0.15, 2)
+        assert slept >= 1 and spent < 140
+        # So the next wait sleeps at once, though its message comes within the spin.
+        slept, spent = _receive(reader, writer, 0.01, 3)
+        assert slept >= 1 and spent < 5
+        # A message that came soon (here: at once) makes waits spin again.
+        _receive(reader, writer, 0.0, 4)
+        assert _receive(reader, writer, 0.01, 5)[0] == 0
+    finally:
+        writer.stdin.close()  # type: ignore[union-attr]
+        writer.wait(timeout=30)
+        reader.close()
 
 
 def test_without_a_spin_a_wait_sleeps(channels: tuple[Channel, Channel]) -> None:
@@ -122,3 +167,118 @@ def test_the_edge_values_serve(tmp_path: Path) -> None:
     finally:
         process.close()
     assert "Traceback" not in log
+
+
+# The server's side of the spin (reply_spin.py): where it serves one request at a time, its event
+# loop looks for the stub's answer instead of sleeping. That is seen on the server's main thread
+# (the event loop's): in its sleeps (voluntary context switches: one per request, for the
+# client's next one, where it spins; two where it also sleeps for the answer), and in its CPU
+# time where it must not spin. The model sleeps in execute for the milliseconds its input asks;
+# the spin is 10 ms.
+SLEEPING_MODEL = """
+import time
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            milliseconds = pb_utils.get_input_tensor_by_name(request, "MS").as_numpy()
+            time.sleep(float(milliseconds[0]) / 1000)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", milliseconds)]))
+        return responses
+"""
+SLEEPING_CONFIG = """
+backend: "python"
+max_batch_size: 0
+input [ {{ name: "MS" data_type: TYPE_FP32 dims: [ 1 ] }} ]
+output [ {{ name: "OUT" data_type: TYPE_FP32 dims: [ 1 ] }} ]
+parameters {{ key: "idle_spin_microseconds" value: {{ string_value: "{spin}" }} }}
+"""
+
+
+@pytest.fixture(scope="module")
+def sleeping_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    root = tmp_path_factory.mktemp("reply-spin")
+    for name, spin in (("spins", "10000"), ("sleeps", "0")):
+        (root / name / "1").mkdir(parents=True)
+        (root / name / "1" / "model.py").write_text(SLEEPING_MODEL)
+        (root / name / "config.pbtxt").write_text(SLEEPING_CONFIG.format(spin=spin))
+    process = ServerProcess([root]).start(timeout=120)
+    yield process
+    log = process.log
+    process.close()
+    assert "Traceback" not in log
+
+
+def _loop_cpu_ms(server: ServerProcess) -> float:
+    """CPU milliseconds of the server's main thread, which runs the event loop."""
+    fields = _loop_file(server, "stat").rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) * 1000 / os.sysconf("SC_CLK_TCK")
+
+
+def _loop_sleeps(server: ServerProcess) -> int:
+    """How many times the server's main thread has slept (its voluntary context switches)."""
+    for line in _loop_file(server, "status").splitlines():
+        if line.startswith("voluntary_ctxt_switches:"):
+            return int(line.split()[1])
+    raise AssertionError("no voluntary_ctxt_switches in /proc")
+
+
+def _loop_file(server: ServerProcess, name: str) -> str:
+    assert server.process is not None
+    pid = server.process.pid
+    return Path(f"/proc/{pid}/task/{pid}/{name}").read_text()
+
+
+def _serially(
+    server: ServerProcess,
+    model: str,
+    milliseconds: float,
+    requests: int,
+    measure: Callable[[ServerProcess], float],
+) -> float:
+    """How much `measure` grows over `requests` sent one after another, after a warm-up that
+    lets a streak of serial executions build."""
+    with httpclient.InferenceServerClient(server.http_url) as client:
+        tensor = httpclient.InferInput("MS", [1], "FP32")
+        tensor.set_data_from_numpy(np.array([milliseconds], np.float32))
+        for _ in range(12):
+            client.infer(model, [tensor])
+        before = measure(server)
+        for _ in range(requests):
+            assert client.infer(model, [tensor]).as_numpy("OUT").tolist() == [milliseconds]
+        return measure(server) - before
+
+
+def test_serving_one_request_at_a_time_the_loop_looks_for_the_answer(sleeping_server: ServerProcess) -> None:
+    # 40 executions of 5 ms: the loop sleeps once per request where it spins for the answer
+    # (40 sleeps), twice where the model's spin is 0 (80).
+    assert _serially(sleeping_server, "spins", 5.0, 40, _loop_sleeps) <= 50
+    assert _serially(sleeping_server, "sleeps", 5.0, 40, _loop_sleeps) >= 65
+
+
+def test_a_model_slower_than_the_spin_seldom_pays_for_it(sleeping_server: ServerProcess) -> None:
+    # 30 executions of 25 ms, past the 10 ms spin: after each spin that runs out, twice as many
+    # are left out, so about 4 of them spin (40 ms), not 30 (300 ms).
+    assert _serially(sleeping_server, "spins", 25.0, 30, _loop_cpu_ms) < 150
+
+
+def test_with_several_clients_at_once_the_loop_does_not_spin(sleeping_server: ServerProcess) -> None:
+    _serially(sleeping_server, "spins", 5.0, 1, _loop_cpu_ms)  # a streak of serial executions first
+
+    def client(_: int) -> None:
+        with httpclient.InferenceServerClient(sleeping_server.http_url) as each:
+            tensor = httpclient.InferInput("MS", [1], "FP32")
+            tensor.set_data_from_numpy(np.array([5.0], np.float32))
+            for _ in range(10):
+                assert each.infer("spins", [tensor]).as_numpy("OUT").tolist() == [5.0]
+
+    before = _loop_cpu_ms(sleeping_server)
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(client, range(4)))
+    # 40 executions of 5 ms, each overlapping other clients' requests: a spin through each
+    # would cost about 200 ms.
+    assert _loop_cpu_ms(sleeping_server) - before < 80

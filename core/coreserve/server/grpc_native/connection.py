@@ -17,6 +17,7 @@ from typing import Any
 
 import grpc
 
+from coreserve.server.frontend_reads import FRONTEND_READS
 from coreserve.server.grpc_native import wire
 from coreserve.server.grpc_native.calls import Call, CallAborted, refused_call
 from coreserve.server.grpc_native.headers import HeaderBlockDecoder
@@ -124,6 +125,7 @@ class Http2Connection(asyncio.Protocol):
         self.outbound.wake_all()
 
     def data_received(self, data: bytes) -> None:
+        FRONTEND_READS.value += 1
         buffer = self._buffer
         position = 0
         try:
