@@ -1,7 +1,8 @@
 """Instance names as Triton 2.51 gives them to a model.py (`args['model_instance_name']`):
 `<group>_<k>` whatever the count; the group Triton adds when a configuration lists none is
 named after the model, groups listed without a name `<model>_<index>`. The expected names are
-what the real Triton printed for the same configurations."""
+what the real Triton printed for the same configurations. Where the CUDA driver shows GPUs, the
+group Triton adds is KIND_GPU, one instance per GPU, as for Triton's python backend."""
 
 from __future__ import annotations
 
@@ -11,7 +12,10 @@ from pathlib import Path
 
 import tritonclient.http as httpclient
 
+from coreserve.backend.devices import cuda_driver_gpus
 from coreserve.testing import ServerFactory
+
+GPUS = cuda_driver_gpus()
 
 MODEL = """
 import triton_python_backend_utils as pb_utils
@@ -35,7 +39,7 @@ CONFIGS = {
     "named_two": HEAD + 'instance_group [ { name: "pair" count: 2 kind: KIND_CPU } ]',
 }
 EXPECTED = {
-    "listed_none": {"listed_none_0"},
+    "listed_none": {f"listed_none_{k}" for k in range(max(1, len(GPUS)))},
     "one_unnamed": {"one_unnamed_0_0"},
     "two_groups": {"two_groups_0_0", "two_groups_1_0", "two_groups_1_1"},
     "named_one": {"grp_0"},
@@ -55,7 +59,7 @@ def test_instances_are_named_as_triton_names_them(tmp_path: Path, coreserve_serv
         time.sleep(0.1)
     found: dict[str, set[str]] = {}
     for model, instance, kind in re.findall(r"instance-name (\S+) (\S+) (\S+)", server.log):
-        assert kind == "CPU"
+        assert kind == ("GPU" if model == "listed_none" and GPUS else "CPU"), (model, kind)
         found.setdefault(model, set()).add(instance)
     assert found == EXPECTED
     # The configuration the server reports names the groups as Triton's does.
