@@ -69,7 +69,7 @@ class ModelLoader:
         self._latency = latency
         self.client: InferenceClient | None = None  # the server sets its data plane here
         self.models: ModelControl | None = None  # and here, for backends that load models
-        self.activity: ServerActivity | None = None  # and here
+        self.activity: ServerActivity | None = None  # and here: how busy the server is
         self.metrics = CustomMetrics()  # the custom metric families the metrics endpoint writes
         # Under --model-namespacing, the repository's test for a qualified model key.
         self.has_model: Callable[[str], bool] | None = None

@@ -145,13 +145,15 @@ class StubProcess:
         after_send: Callable[[], None] | None = None,
     ) -> Message:
         """Sends a message and waits for the stub's reply of kind `reply_op` to it (by id);
-        `after_send` is called once the message is written (see reply_spin.py)."""
+        `after_send` is called once the message is all written (see reply_spin.py)."""
         future: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
         message_id = next(self._message_ids)
         self._replies[message_id] = (reply_op, future)
         try:
             self.send({**message, "id": message_id})
-            if after_send is not None:
+            # Not while part of it waits in the transport's buffer: the loop writes that.
+            buffered = self._writer is not None and self._writer.get_write_buffer_size()
+            if after_send is not None and not buffered:
                 after_send()
             # (wait_for costs a coroutine and a timer: not paid for the executions' untimed waits)
             return await (future if timeout is None else asyncio.wait_for(future, timeout))
