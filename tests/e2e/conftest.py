@@ -12,6 +12,14 @@ from paths import EXAMPLES
 from tls_certs import Pki, make_pki
 
 
+@pytest.fixture
+def no_traceback(server: ServerProcess) -> Iterator[None]:
+    """Checks after a test that the log of its module's `server` holds no traceback: a client's
+    mistake gets its answer, never a traceback (`pytestmark = pytest.mark.usefixtures(...)`)."""
+    yield
+    assert "Traceback" not in server.log
+
+
 @pytest.fixture(scope="module")
 def examples_server() -> Iterator[ServerProcess]:
     """coreserve over examples/model_repository, as README serves it."""

@@ -117,10 +117,8 @@ def grpc(server: ServerProcess) -> Iterator[grpcclient.InferenceServerClient]:
     client.close()
 
 
-@pytest.fixture(autouse=True)
-def no_traceback(server: ServerProcess) -> Iterator[None]:
-    yield
-    assert "Traceback" not in server.log
+# Each test leaves no traceback in the server's log (tests/e2e/conftest.py).
+pytestmark = pytest.mark.usefixtures("no_traceback")
 
 
 def _strings(array: np.ndarray) -> list[Any]:

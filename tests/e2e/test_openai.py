@@ -50,10 +50,8 @@ def client(base_url: str) -> Iterator[openai.OpenAI]:
         yield client
 
 
-@pytest.fixture(autouse=True)
-def no_traceback(server: ServerProcess) -> Iterator[None]:
-    yield
-    assert "Traceback" not in server.log
+# Each test leaves no traceback in the server's log (tests/e2e/conftest.py).
+pytestmark = pytest.mark.usefixtures("no_traceback")
 
 
 def _metric(server: ServerProcess, name: str, **labels: str) -> float:

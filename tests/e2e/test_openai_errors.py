@@ -36,10 +36,8 @@ def address(server: ServerProcess) -> str:
     return urlsplit(openai_url(server)).netloc
 
 
-@pytest.fixture(autouse=True)
-def no_traceback(server: ServerProcess) -> Iterator[None]:
-    yield
-    assert "Traceback" not in server.log
+# Each test leaves no traceback in the server's log (tests/e2e/conftest.py).
+pytestmark = pytest.mark.usefixtures("no_traceback")
 
 
 def _error(address: str, path: str, body: Any, method: str = "POST") -> tuple[int, dict[str, Any]]:

@@ -66,10 +66,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     process.close()
 
 
-@pytest.fixture(autouse=True)
-def no_traceback(server: ServerProcess) -> Iterator[None]:
-    yield
-    assert "Traceback" not in server.log
+# Each test leaves no traceback in the server's log (tests/e2e/conftest.py).
+pytestmark = pytest.mark.usefixtures("no_traceback")
 
 
 def _get(server: ServerProcess, method: str, path: str, body: bytes = b"") -> tuple[int, str]:
