@@ -162,6 +162,25 @@ class RawHttp2:
                 break
         return fields, bytes(body)
 
+    def granted_call(self, stream_id: int, window: int) -> tuple[list[tuple[str, str]], bytes, int]:
+        """Reads `stream_id`'s answer as a client whose windows are `window` bytes: each DATA
+        frame (never larger) is granted back at once. Its trailers, DATA bytes and DATA frames."""
+        body, pieces = b"", 0
+        for kind, flags, sid, payload in self.frames():
+            if kind == SETTINGS and not flags & 1:
+                self.send(frame(SETTINGS, 1, 0))
+            if sid != stream_id:
+                continue
+            if kind == DATA:
+                assert len(payload) <= window
+                body += payload
+                pieces += 1
+                grant = struct.pack(">I", len(payload))
+                self.send(frame(WINDOW_UPDATE, 0, stream_id, grant) + frame(WINDOW_UPDATE, 0, 0, grant))
+            if kind == HEADERS and flags & END_STREAM:
+                return self.decoder.decode(payload), body, pieces
+        raise AssertionError(f"stream {stream_id} did not end")
+
     def goaway_code(self) -> int | None:
         """The error code of the server's GOAWAY, once it has closed the connection."""
         code = None
@@ -309,21 +328,7 @@ def test_answers_wait_for_the_clients_flow_control_windows(raw: RawHttp2) -> Non
     raw.open(struct.pack(">HI", 0x4, 1000))
     raw.send(frame(HEADERS, END_HEADERS, 1, raw.headers_block("ModelInfer")))
     raw.send(frame(DATA, END_STREAM, 1, message(infer_request(40000))))
-    body = b""
-    pieces = 0
-    for kind, flags, stream_id, payload in raw.frames():
-        if kind == SETTINGS and not flags & 1:
-            raw.send(frame(SETTINGS, 1, 0))
-        if stream_id != 1:
-            continue
-        if kind == DATA:
-            assert len(payload) <= 1000
-            body += payload
-            pieces += 1
-            grant = struct.pack(">I", len(payload))
-            raw.send(frame(WINDOW_UPDATE, 0, 1, grant) + frame(WINDOW_UPDATE, 0, 0, grant))
-        if kind == HEADERS and flags & END_STREAM:
-            break
+    _, body, pieces = raw.granted_call(1, 1000)
     response = pb.ModelInferResponse.FromString(body[5:])
     assert np.frombuffer(response.raw_output_contents[0], np.float32).size == 40000
     assert pieces > 100
@@ -342,20 +347,8 @@ def test_stream_answers_keep_their_order_when_the_window_holds_some_back(raw: Ra
         request.id = str(index)
         requests.append(message(request.SerializeToString()))
     raw.send(frame(DATA, END_STREAM, 1, b"".join(requests)))
-    body = b""
-    for kind, flags, stream_id, payload in raw.frames():
-        if kind == SETTINGS and not flags & 1:
-            raw.send(frame(SETTINGS, 1, 0))
-        if stream_id != 1:
-            continue
-        if kind == DATA:
-            assert len(payload) <= 1000
-            body += payload
-            grant = struct.pack(">I", len(payload))
-            raw.send(frame(WINDOW_UPDATE, 0, 1, grant) + frame(WINDOW_UPDATE, 0, 0, grant))
-        if kind == HEADERS and flags & END_STREAM:
-            assert raw.decoder.decode(payload) == [("grpc-status", "0")]
-            break
+    trailers, body, _ = raw.granted_call(1, 1000)
+    assert trailers == [("grpc-status", "0")]
     answers = []
     while body:
         length = int.from_bytes(body[1:5], "big")
