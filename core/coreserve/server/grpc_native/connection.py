@@ -387,6 +387,10 @@ class Http2Connection(asyncio.Protocol):
         if self._going_away and not self.calls:  # GOAWAY sent, the last call answered
             self._flush()
             self.transport.close()
+        elif not self.calls:
+            # No other call of this connection can join this answer in one write: it goes now,
+            # not one turn of the loop later.
+            self._flush()
 
     def data_sent(self) -> None:
         if self._keepalive is not None:
