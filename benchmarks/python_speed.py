@@ -1,13 +1,18 @@
 """A Triton model.py served by coreserve's plugin-python and by Triton's python backend.
 
     python benchmarks/python_speed.py --triton-cmd ../shared/tools/real-tritonserver \\
-        [--seconds 5] [--rounds 3] [--concurrency 1 8 32]
+        [--seconds 5] [--rounds 3] [--concurrency 1 8 32] [--protocols http grpc ...]
 
 The same model.py (adds one to an FP32 [1, 4] tensor), one instance, in both servers. Each
 round runs one trial per server, protocol and concurrency, coreserve and Triton back to back
 in an order that alternates from round to round, so that a neighbour who loads the shared
-machine weighs on both sides of a ratio. HTTP JSON is driven by wrk; gRPC by the Python
-grpc.aio load generator of common.py (it runs on the same cores, equally for both servers).
+machine weighs on both sides of a ratio. The load generators, each on the same cores as the
+servers (equally for both):
+- http: HTTP JSON through wrk;
+- grpc: gRPC through the Python grpc.aio load generator of common.py (the issue's row: it
+  costs about 0.4 ms of CPU per request, more than either server);
+- grpc-h2load: gRPC through h2load (a client in C, as light as wrk), one stream per connection;
+- grpc-perf_analyzer: gRPC through perf_analyzer, where installed ($PERF_ANALYZER).
 Each figure is the median of its rounds; each ratio (coreserve / Triton) the median of the
 per-round ratios. Target (issue 15): >= 1.0 at every concurrency. The load average is printed
 with the results: figures taken on a loaded machine are only comparable within one run.
@@ -28,11 +33,25 @@ import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import Load, grpc_load, median, median_load, print_table, start_server, write_results, wrk
+from common import (
+    Load,
+    grpc_call_succeeds,
+    grpc_load,
+    h2load_grpc,
+    median,
+    median_load,
+    perf_analyzer,
+    print_table,
+    run_perf_analyzer,
+    start_server,
+    write_results,
+    wrk,
+)
 from overhead import free_port
 
 MODEL = "add_one"
@@ -56,6 +75,8 @@ class TritonPythonModel:
         return responses
 """
 TARGET_RATIO = 1.0
+METHOD = "/inference.GRPCInferenceService/ModelInfer"
+PROTOCOLS = ("http", "grpc", "grpc-h2load", "grpc-perf_analyzer")
 JSON_BODY = json.dumps(
     {"inputs": [{"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "data": [1.0, 2.0, 3.0, 4.0]}]}
 ).encode()
@@ -95,7 +116,7 @@ def start_triton(command: str, repository: Path) -> tuple[subprocess.Popen[bytes
     raise SystemExit(f"Triton ({command}) did not serve {MODEL}")
 
 
-def grpc_request() -> object:
+def grpc_request() -> Any:
     from coreserve.protos import grpc_service_pb2 as pb
 
     request = pb.ModelInferRequest(model_name=MODEL)
@@ -123,13 +144,22 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0, help="length of each trial")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of alternating trials")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
-    parser.add_argument("--protocols", nargs="+", default=["http", "grpc"], choices=["http", "grpc"])
+    analyzer = perf_analyzer()
+    parser.add_argument(
+        "--protocols",
+        nargs="+",
+        default=[p for p in PROTOCOLS if analyzer or p != "grpc-perf_analyzer"],
+        choices=PROTOCOLS,
+        help="load generators (default: all; perf_analyzer where installed)",
+    )
     parser.add_argument(
         "--triton-cmd",
         default=os.environ.get("TRITON_CMD"),
         help="command that starts tritonserver (default $TRITON_CMD; none: coreserve only)",
     )
     args = parser.parse_args()
+    if "grpc-perf_analyzer" in args.protocols and not analyzer:
+        raise SystemExit("grpc-perf_analyzer: perf_analyzer is not installed (set $PERF_ANALYZER)")
 
     base = Path(tempfile.mkdtemp(prefix="coreserve-python-speed-"))
     write_repository(base / "models")
@@ -141,6 +171,7 @@ def main() -> None:
         triton, http_url, grpc_url = start_triton(args.triton_cmd, base / "triton")
         urls["Triton"] = (http_url, grpc_url)
     request = grpc_request()
+    message = request.SerializeToString()
     drive: dict[str, Callable[[str, str, int], Load]] = {
         "http": lambda http_url, _grpc, c: wrk(
             f"{http_url}/v2/models/{MODEL}/infer",
@@ -150,12 +181,17 @@ def main() -> None:
             {"Content-Type": "application/json"},
         ),
         "grpc": lambda _http, grpc_url, c: grpc_load(grpc_url, request, c, args.seconds),
+        "grpc-h2load": lambda _http, grpc_url, c: h2load_grpc(grpc_url, METHOD, message, c, args.seconds),
+        "grpc-perf_analyzer": lambda _http, grpc_url, c: run_perf_analyzer(
+            analyzer or "", MODEL, "grpc", grpc_url, c, args.seconds
+        ),
     }
     trials: dict[tuple[str, str, int], list[Load]] = {}
     loads_avg: list[float] = []
     try:
-        for http_url, _ in urls.values():
+        for http_url, grpc_url in urls.values():
             check_answers(http_url)
+            grpc_call_succeeds(grpc_url, METHOD, message)  # h2load reads HTTP statuses only
         for round_index in range(args.rounds):
             order = list(urls) if round_index % 2 == 0 else list(reversed(urls))
             for protocol in args.protocols:
@@ -164,7 +200,7 @@ def main() -> None:
                         load = drive[protocol](*urls[name], concurrency)
                         trials.setdefault((name, protocol, concurrency), []).append(load)
                         print(
-                            f"round {round_index + 1} {name:9} {protocol:4} c={concurrency:<3} "
+                            f"round {round_index + 1} {name:9} {protocol:18} c={concurrency:<3} "
                             f"{load.requests_per_s:8.0f} req/s p50 {load.p50_ms:.2f} ms "
                             f"errors {load.errors} (load average {os.getloadavg()[0]:.1f})",
                             flush=True,
