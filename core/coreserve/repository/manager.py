@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import enum
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from coreserve.errors import (
@@ -95,6 +95,10 @@ class ModelRepository:
 
     def models(self) -> list[Model]:
         return [self._models[key] for key in sorted(self._models)]
+
+    def models_unordered(self) -> Iterable[Model]:
+        """The models without sorting them: for what sums over them on every execution."""
+        return self._models.values()
 
     def _key(self, source: RepositorySource, name: str) -> str:
         return qualified(source.label, name) if self.namespacing else name

@@ -273,7 +273,7 @@ class DataPlane:
         """Requests queued or executing in every model version: Triton's pending count, summed."""
         return sum(
             version.scheduler.pending
-            for model in self.repository.models()
+            for model in self.repository.models_unordered()
             for version in model.versions.values()
             if version.scheduler is not None
         )
