@@ -241,16 +241,44 @@ class PythonInstance(ModelRequestAnswers, BlsServing):
         }
         behind = self._executions  # sent while the stub still runs earlier ones (pipeline_depth)
         self._executions += 1
+        early: list[Message | Exception] = []  # the reply, where it was taken on arrival
+
+        def take_alone(reply: Message) -> None:
+            # The only execution in flight: its answers are given on the stub socket's callback,
+            # so they go out before the bookkeeping that follows (the scheduler's, the
+            # statistics'), which runs when this wakes. Under load the bookkeeping comes first,
+            # as it sends the instance's next execution.
+            if self._executions != 1:
+                return
+            try:
+                self._take_reply(reply, entries, responder, behind)
+                early.append(reply)
+            except Exception as exc:
+                early.append(exc)
+
         try:
             spin = self._reply_spin
             after_send = None if spin is None else spin.after_send
-            reply = await process.request(message, "execute_done", after_send=after_send)
+            reply = await process.request(message, "execute_done", after_send=after_send, on_reply=take_alone)
             if spin is not None:
                 spin.answered()
         finally:
             self._executions -= 1
             if (shared := segment_to_release(segment)) is not None:
                 self._pool.release(shared)
+        if not early:
+            self._take_reply(reply, entries, responder, behind)
+        elif isinstance(early[0], Exception):
+            raise early[0]
+
+    def _take_reply(
+        self,
+        reply: Message,
+        entries: Sequence[tuple[int, InferenceRequest]],
+        responder: Responder,
+        behind: int,
+    ) -> None:
+        """Answers an execution's requests from the stub's reply to it."""
         if behind:  # the time it waited in the stub for them is queue time, not compute time
             responder.compute_start_ns = max(responder.compute_start_ns, reply.get("started_ns", 0))
         if reply["responses"] is not None:

@@ -104,7 +104,7 @@ class StubProcess:
         self._writer: asyncio.Transport | None = None
         self._reader_task: asyncio.Task[None] | None = None
         # Replies awaited, by the id of the message they answer (several may wait at once).
-        self._replies: dict[int, tuple[str, asyncio.Future[Message]]] = {}
+        self._replies: dict[int, tuple[str, asyncio.Future[Message], Callable[[Message], None] | None]] = {}
         self._message_ids = itertools.count()
         self._stopping = False
 
@@ -143,12 +143,14 @@ class StubProcess:
         reply_op: str,
         timeout: float | None = None,
         after_send: Callable[[], None] | None = None,
+        on_reply: Callable[[Message], None] | None = None,
     ) -> Message:
         """Sends a message and waits for the stub's reply of kind `reply_op` to it (by id);
-        `after_send` is called once the message is all written (see reply_spin.py)."""
+        `after_send` is called once the message is all written (see reply_spin.py), and
+        `on_reply` with the reply as soon as it is read, before this wakes (it must not raise)."""
         future: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
         message_id = next(self._message_ids)
-        self._replies[message_id] = (reply_op, future)
+        self._replies[message_id] = (reply_op, future, on_reply)
         try:
             self.send({**message, "id": message_id})
             # Not while part of it waits in the transport's buffer: the loop writes that.
@@ -168,6 +170,8 @@ class StubProcess:
         elif waiting[0] != message["op"]:
             raise InternalError(f"the stub answered with '{message['op']}' where '{waiting[0]}' was due")
         elif not waiting[1].done():
+            if waiting[2] is not None:
+                waiting[2](message)
             waiting[1].set_result(message)
 
     async def _read(self, connection: StubConnection) -> None:
@@ -185,7 +189,7 @@ class StubProcess:
         if self.pid is not None:
             remove_segments_of(self.pid)
         error = InternalError(f"the Python stub of {self.name} exited {describe_exit(code)}")
-        for _, future in self._replies.values():
+        for _, future, _ in self._replies.values():
             if not future.done():
                 future.set_exception(error)
         self._replies.clear()

@@ -80,6 +80,32 @@ def test_add_one_with_args_and_parameters(client: httpclient.InferenceServerClie
     assert parameters["version"] == "1" and parameters["request_id"] == "r1" and parameters["echo"] == "hello"
 
 
+def test_an_answered_request_is_in_the_statistics_at_once(server: ServerProcess) -> None:
+    # The answer leaves before the execution's bookkeeping runs; the bookkeeping must still be
+    # done before the server reads its client's next request (Triton counts before answering).
+    data = np.ones((1, 4), dtype=np.float32)
+    http = httpclient.InferenceServerClient(server.http_url, network_timeout=60)
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        before = http.get_inference_statistics("add_one")["model_stats"][0]
+        for sent in range(1, 31):
+            if sent % 2:
+                _infer(http, "add_one", {"INPUT0": data})
+                stats = http.get_inference_statistics("add_one")["model_stats"][0]
+            else:
+                tensor = grpcclient.InferInput("INPUT0", [1, 4], "FP32")
+                tensor.set_data_from_numpy(data)
+                grpc.infer("add_one", [tensor])
+                stats = grpc.get_inference_statistics("add_one", as_json=True)["model_stats"][0]
+            # (gRPC's JSON writes 64-bit numbers as strings)
+            assert int(stats["execution_count"]) == before["execution_count"] + sent
+            success = before["inference_stats"]["success"]["count"] + sent
+            assert int(stats["inference_stats"]["success"]["count"]) == success
+    finally:
+        http.close()
+        grpc.close()
+
+
 @pytest.mark.parametrize("elements", [4, 4 * 1024 * 1024], ids=["inline", "shared-memory"])
 def test_tensors_cross_inline_or_in_shared_memory(
     client: httpclient.InferenceServerClient, elements: int
