@@ -241,7 +241,7 @@ class PythonInstance(ModelRequestAnswers, BlsServing):
         }
         behind = self._executions  # sent while the stub still runs earlier ones (pipeline_depth)
         self._executions += 1
-        early: list[Message | Exception] = []  # the reply, where it was taken on arrival
+        taken: list[Exception | None] = []  # once the reply was taken on arrival: what it raised
 
         def take_alone(reply: Message) -> None:
             # The only execution in flight: its answers are given on the stub socket's callback,
@@ -252,9 +252,10 @@ class PythonInstance(ModelRequestAnswers, BlsServing):
                 return
             try:
                 self._take_reply(reply, entries, responder, behind)
-                early.append(reply)
             except Exception as exc:
-                early.append(exc)
+                taken.append(exc)
+            else:
+                taken.append(None)
 
         try:
             spin = self._reply_spin
@@ -266,10 +267,10 @@ class PythonInstance(ModelRequestAnswers, BlsServing):
             self._executions -= 1
             if (shared := segment_to_release(segment)) is not None:
                 self._pool.release(shared)
-        if not early:
+        if not taken:
             self._take_reply(reply, entries, responder, behind)
-        elif isinstance(early[0], Exception):
-            raise early[0]
+        elif taken[0] is not None:
+            raise taken[0]
 
     def _take_reply(
         self,
