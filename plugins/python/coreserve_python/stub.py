@@ -287,16 +287,16 @@ class Stub(ServerRequests):
             traceback.print_exc()
         finally:
             executing_keys.reset(token)
+        # An ordinary model's responses travel with the end of the execution: one message. It
+        # goes before this execution's cleanup, which the server need not wait for.
+        self._send_execute_done(
+            message, started_ns, error, responses, rescheduled=rescheduled if error is None else []
+        )
         if error is not None or not self._decoupled:  # every request of the batch is answered now
             for item in message["requests"]:
                 self._cancellations.pop(item["key"], None)
         for key in rescheduled:
             self._cancellations.pop(key, None)
-        del requests
-        # An ordinary model's responses travel with the end of the execution: one message.
-        self._send_execute_done(
-            message, started_ns, error, responses, rescheduled=rescheduled if error is None else []
-        )
 
     def _withdraw(self, message: Message, keys: tuple[int, ...], started_ns: int) -> None:
         """Answers an execute whose requests were all cancelled before it started."""
