@@ -82,7 +82,8 @@ def test_add_one_with_args_and_parameters(client: httpclient.InferenceServerClie
 
 def test_an_answered_request_is_in_the_statistics_at_once(server: ServerProcess) -> None:
     # The answer leaves before the execution's bookkeeping runs; the bookkeeping must still be
-    # done before the server reads its client's next request (Triton counts before answering).
+    # done before the server reads the client's next request, so that a client asking for the
+    # statistics right after its answer finds its request counted.
     data = np.ones((1, 4), dtype=np.float32)
     http = httpclient.InferenceServerClient(server.http_url, network_timeout=60)
     grpc = grpcclient.InferenceServerClient(server.grpc_url)
