@@ -9,8 +9,11 @@ real client's call succeeds after it) and that the log holds no traceback.
 from __future__ import annotations
 
 import gzip
+import shutil
 import socket
 import struct
+import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -536,3 +539,118 @@ def test_answers_larger_than_the_socket_buffers_end_once_the_client_reads(raw: R
             ).SerializeToString()
         )
     )
+
+
+# HPACK of the answers (response_headers.py) -------------------------------------------------
+
+HEADER_TABLE_SIZE = 0x1
+OK_FIELDS = [(":status", "200"), ("content-type", "application/grpc")]
+
+
+def answer_blocks(raw: RawHttp2, stream_ids: set[int], grant: int | None = None) -> dict[int, list[bytes]]:
+    """Reads until every stream of `stream_ids` ends: each stream's header blocks, as sent.
+    The blocks of all streams are decoded in the order they come (as a client's decoder must)
+    and checked against what each stream should end with; `grant`: once every stream but
+    stream 1 has ended, stream 1 and the connection get this many bytes of window."""
+    blocks: dict[int, list[bytes]] = {stream_id: [] for stream_id in stream_ids}
+    ended: set[int] = set()
+    for kind, flags, sid, payload in raw.frames():
+        if kind == SETTINGS and not flags & 1:
+            raw.send(frame(SETTINGS, 1, 0))
+        if kind == HEADERS and sid in blocks:
+            blocks[sid].append(payload)
+            fields = raw.decoder.decode(payload)
+            assert fields in (OK_FIELDS, [("grpc-status", "0")], [*OK_FIELDS, ("grpc-status", "0")]), fields
+        if sid in blocks and flags & END_STREAM and kind in (HEADERS, DATA):
+            ended.add(sid)
+            if grant is not None and ended == stream_ids - {1}:
+                raw.send(
+                    frame(WINDOW_UPDATE, 0, 1, struct.pack(">I", grant))
+                    + frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", grant))
+                )
+        if ended == stream_ids:
+            return blocks
+    raise AssertionError(f"streams {stream_ids - ended} did not end")
+
+
+def send_infer(raw: RawHttp2, stream_id: int, values: int = 4) -> None:
+    raw.send(
+        frame(HEADERS, END_HEADERS, stream_id, raw.headers_block("ModelInfer"))
+        + frame(DATA, END_STREAM, stream_id, message(infer_request(values)))
+    )
+
+
+def test_later_answers_name_the_fields_every_answer_repeats_by_index(raw: RawHttp2) -> None:
+    # As grpc's own servers (Triton's) do: the first answer adds content-type and grpc-status 0
+    # to the client's HPACK table, later ones name each in one byte.
+    raw.open()
+    sizes = []
+    for stream_id in (1, 3, 5):
+        send_infer(raw, stream_id)
+        headers, trailers = answer_blocks(raw, {stream_id})[stream_id]
+        sizes.append((len(headers), len(trailers)))
+    assert sizes[1] == sizes[2] == (2, 1)
+    assert sizes[0][0] > 20 and sizes[0][1] > 10
+
+
+def test_the_table_is_shared_by_the_answers_of_streams_that_interleave(raw: RawHttp2) -> None:
+    # Stream 1's answer waits for window (1000 bytes per stream) after its headers, while
+    # stream 3's whole answer goes out, then stream 1's ends: the fields one stream's blocks
+    # add are named by the other's, and every block must decode in the order it comes.
+    raw.open(struct.pack(">HI", 0x4, 1000))
+    send_infer(raw, 1, 40000)
+    send_infer(raw, 3)
+    blocks = answer_blocks(raw, {1, 3}, grant=400_000)
+    assert len(blocks[1]) == len(blocks[3]) == 2
+
+
+# A dynamic table size update to each size, as RFC 7541 (5.1, 6.3) writes it.
+SIZE_UPDATES = {0: b"\x20", 100: b"\x3f\x45", 200: b"\x3f\xa9\x01"}
+
+
+@pytest.mark.parametrize("table_size", [0, 100, 200])
+def test_a_client_that_shrinks_its_header_table_gets_a_size_update_first(
+    raw: RawHttp2, table_size: int
+) -> None:
+    # RFC 7541 4.2: after a smaller SETTINGS_HEADER_TABLE_SIZE the next block starts with a
+    # dynamic table size update. Below what the two fields need (104 bytes) nothing is indexed
+    # any more; at 200 both stay in the table.
+    raw.open()
+    send_infer(raw, 1)
+    answer_blocks(raw, {1})
+    raw.send(frame(SETTINGS, 0, 0, struct.pack(">HI", HEADER_TABLE_SIZE, table_size)))
+    for stream_id in (3, 5):
+        send_infer(raw, stream_id)
+        headers, trailers = answer_blocks(raw, {stream_id})[stream_id]
+        assert headers.startswith(SIZE_UPDATES[table_size]) == (stream_id == 3)
+        assert raw.decoder.header_table_size == table_size
+        assert len(trailers) == (1 if table_size == 200 else len(b"\x00\x0bgrpc-status\x010"))
+
+
+def test_a_client_with_no_header_table_from_the_start(raw: RawHttp2) -> None:
+    raw.open(struct.pack(">HI", HEADER_TABLE_SIZE, 0))
+    for stream_id in (1, 3):
+        send_infer(raw, stream_id)
+        headers, trailers = answer_blocks(raw, {stream_id})[stream_id]
+        assert headers.startswith(b"\x20") == (stream_id == 1)
+        assert len(trailers) > 10
+
+
+@pytest.mark.skipif(shutil.which("h2load") is None, reason="needs h2load (Debian's nghttp2-client)")
+@pytest.mark.parametrize("table_size", [4096, 200, 100, 0])
+def test_nghttp2_decodes_every_answer_at_any_header_table_size(
+    server: ServerProcess, table_size: int
+) -> None:
+    # nghttp2's decoder is strict: a block after a smaller table size that lacks the size
+    # update is a COMPRESSION_ERROR, and every request of the connection fails.
+    body = message(infer_request(4))
+    with tempfile.NamedTemporaryFile() as file:
+        file.write(body)
+        file.flush()
+        completed = subprocess.run(
+            ["h2load", "-n8", "-c1", "-m2", f"--header-table-size={table_size}", "-d", file.name,
+             "-H", "content-type: application/grpc", "-H", "te: trailers",
+             f"http://{server.grpc_url}{SERVICE}ModelInfer"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    assert "8 succeeded, 0 failed" in completed.stdout, completed.stdout

@@ -120,7 +120,7 @@ class Call:
         # Outbound, under the peer's flow control: bytes not yet framed, then trailers.
         self.send_window = send_window
         self.outbound: deque[memoryview] = deque()
-        self.trailers: bytes | None = None
+        self.trailers: tuple[int, str, bool] | None = None  # (code, details, trailers only)
         self.drained: asyncio.Future[None] | None = None
         self.unacked = 0  # received bytes whose window the client has not had back
         # --grpc-infer-response-compression-level: inference answers gzipped where the client takes it

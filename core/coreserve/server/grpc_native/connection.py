@@ -255,6 +255,8 @@ class Http2Connection(asyncio.Protocol):
                 if not wire.DEFAULT_MAX_FRAME <= value <= 2**24 - 1:
                     raise ConnectionFault(wire.PROTOCOL_ERROR, "bad SETTINGS_MAX_FRAME_SIZE")
                 self.outbound.max_frame = value
+            elif key == wire.HEADER_TABLE_SIZE:
+                self.outbound.header_blocks.table_size(value)
         self._out.append(wire.frame(wire.SETTINGS, wire.ACK, 0))
         self.outbound.send_blocked()
 
@@ -313,7 +315,8 @@ class Http2Connection(asyncio.Protocol):
             return
         refusal = refused_call(headers, self.handlers, MAX_HEADER_LIST)
         if refusal is not None:
-            self._out.append(wire.frame(wire.HEADERS, wire.END_HEADERS | wire.END_STREAM, stream_id, refusal))
+            block = self.outbound.header_blocks.literal_block(refusal)
+            self._out.append(wire.frame(wire.HEADERS, wire.END_HEADERS | wire.END_STREAM, stream_id, block))
             if not flags & wire.END_STREAM:
                 self._out.append(wire.rst_stream(stream_id, wire.NO_ERROR))
             return

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from coreserve.protocol.grpc_response import SerializedPieces
 from coreserve.server.grpc_native import wire
+from coreserve.server.grpc_native.response_headers import ResponseHeaderEncoder
 
 if TYPE_CHECKING:
     from coreserve.server.grpc_native.calls import Call
@@ -35,6 +36,7 @@ class Outbound:
         self.paused = False  # the transport's buffer is full
         self._blocked: dict[int, Call] = {}
         self._waiting: set[Call] = set()  # handlers held back in wait_drained
+        self.header_blocks = ResponseHeaderEncoder()  # every header block of the connection's
 
     def initial_window(self, value: int, calls: Iterable[Call]) -> None:
         """The client changed its initial window: every open stream's window moves by the change."""
@@ -46,7 +48,7 @@ class Outbound:
     def send_message(self, call: Call, prefix: bytes, message: bytes | SerializedPieces) -> None:
         if not call.headers_sent:
             call.headers_sent = True
-            block = wire.GZIP_RESPONSE_HEADERS if call.gzip_level else wire.RESPONSE_HEADERS
+            block = self.header_blocks.headers(gzip=bool(call.gzip_level))
             self._write(wire.frame(wire.HEADERS, wire.END_HEADERS, call.stream_id, block))
         if isinstance(message, SerializedPieces):  # large: its large pieces are framed, not joined
             call.outbound.extend(_coalesced(prefix, message.pieces))
@@ -63,11 +65,9 @@ class Outbound:
         self.send_pending(call)
 
     def send_trailers(self, call: Call, code: int, details: str) -> None:
-        if not call.headers_sent:  # trailers only
-            call.headers_sent = True
-            call.trailers = wire.RESPONSE_HEADERS + wire.status_trailers(code, details)
-        else:
-            call.trailers = wire.status_trailers(code, details)
+        # Encoded when they go out (see response_headers.py); without headers before: trailers only.
+        call.trailers = (code, details, not call.headers_sent)
+        call.headers_sent = True
         self.send_pending(call)
 
     def send_pending(self, call: Call) -> None:
@@ -90,9 +90,8 @@ class Outbound:
         self._blocked.pop(call.stream_id, None)
         self._wake(call)
         if call.trailers is not None:
-            self._write(
-                wire.frame(wire.HEADERS, wire.END_HEADERS | wire.END_STREAM, call.stream_id, call.trailers)
-            )
+            block = self.header_blocks.trailers(*call.trailers)
+            self._write(wire.frame(wire.HEADERS, wire.END_HEADERS | wire.END_STREAM, call.stream_id, block))
             call.trailers = None
             self._stream_done(call)
 

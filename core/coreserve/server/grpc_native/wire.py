@@ -1,8 +1,8 @@
 """HTTP/2 frames and gRPC's header fields as bytes: what the native server writes and parses.
 
 Only the pieces gRPC needs (RFC 9113, RFC 7541 for the header encoding we write, and gRPC's
-"gRPC over HTTP2" document). Answers are encoded without the HPACK dynamic table or Huffman
-codes, so writing them needs no state shared with the connection's decoder.
+"gRPC over HTTP2" document). Header fields are written without Huffman codes; the few that go
+into the HPACK dynamic table are chosen by response_headers.py, which keeps its state.
 """
 
 from __future__ import annotations
@@ -107,10 +107,27 @@ def literal(name: bytes, value: bytes) -> bytes:
     return b"\x00" + _string(name) + _string(value)
 
 
-# ":status: 200" (static table entry 8) and "content-type: application/grpc" (static name 31).
-RESPONSE_HEADERS = b"\x88" + _integer(31, 4, 0x00) + _string(b"application/grpc")
-OK_TRAILERS = literal(b"grpc-status", b"0")
-GZIP_RESPONSE_HEADERS = RESPONSE_HEADERS + literal(b"grpc-encoding", b"gzip")
+def literal_indexed(name: bytes, value: bytes) -> bytes:
+    """A header field as a literal with incremental indexing (RFC 7541 6.2.1): the decoder adds
+    it to its dynamic table."""
+    return b"\x40" + _string(name) + _string(value)
+
+
+def indexed(index: int) -> bytes:
+    """A header field named by its index in the static (1-61) or dynamic (62 on) table."""
+    return _integer(index, 7, 0x80)
+
+
+def table_size_update(size: int) -> bytes:
+    """A dynamic table size update (RFC 7541 6.3)."""
+    return _integer(size, 5, 0x20)
+
+
+FIRST_DYNAMIC_INDEX = 62  # the newest entry of the dynamic table
+DEFAULT_HEADER_TABLE_SIZE = 4096
+STATUS_200 = indexed(8)  # ":status: 200", static table entry 8
+# ":status: 200" and "content-type: application/grpc" (static name 31), with no indexing.
+RESPONSE_HEADERS = STATUS_200 + _integer(31, 4, 0x00) + _string(b"application/grpc")
 
 
 def status_trailers(code: int, message: str) -> bytes:

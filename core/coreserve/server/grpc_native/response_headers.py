@@ -1,0 +1,74 @@
+"""The header blocks of a connection's answers, with the fields every answer repeats indexed.
+
+Every answer's headers carry `content-type: application/grpc`, and its trailers, where the call
+succeeded, `grpc-status: 0`. As grpc's own servers do (Triton's among them), the first answer
+on a connection adds each to the HPACK dynamic table, and every later one names them by index:
+one byte each instead of a literal that the client parses again every call. grpc's Python
+client spends about 14 µs less CPU per call for it at concurrency 1 and 4-5 µs at 8 and 32
+(README, Benchmarks). Every other field (error statuses and their messages, grpc-encoding, the
+answers to refused requests) stays a literal without indexing.
+
+The encoder's table must stay in step with the client's decoder:
+- a block is encoded when it is written, in the order the client reads the blocks (trailers
+  that flow control holds back are encoded when they go out, not when the call ends);
+- a client that lowers SETTINGS_HEADER_TABLE_SIZE gets a dynamic table size update at the
+  start of the next block, as RFC 7541 (4.2) asks: strict decoders (nghttp2's) refuse a block
+  without it. Below what the two fields need, the table is emptied and nothing is indexed again.
+"""
+
+from __future__ import annotations
+
+from coreserve.server.grpc_native import wire
+
+CONTENT_TYPE = (b"content-type", b"application/grpc")
+GRPC_STATUS_OK = (b"grpc-status", b"0")
+# RFC 7541 4.1: an entry's size is its name and value and 32.
+TABLE_NEEDED = sum(len(name) + len(value) + 32 for name, value in (CONTENT_TYPE, GRPC_STATUS_OK))
+
+
+class ResponseHeaderEncoder:
+    """One connection's encoder for the header blocks it writes (headers, trailers, refusals)."""
+
+    def __init__(self) -> None:
+        self._table: list[tuple[bytes, bytes]] = []  # the fields added, oldest first
+        self._indexing = True
+        self._limit = wire.DEFAULT_HEADER_TABLE_SIZE  # the table size the client's decoder allows
+        self._update = b""  # a table size update due at the start of the next block
+
+    def table_size(self, size: int) -> None:
+        """The client's SETTINGS_HEADER_TABLE_SIZE (a raise changes nothing: the table is small)."""
+        if size >= self._limit:
+            return
+        self._limit = size
+        self._update = wire.table_size_update(size)
+        if size < TABLE_NEEDED:  # the decoder evicts entries: refer to none of them again
+            self._indexing = False
+            self._table.clear()
+
+    def headers(self, gzip: bool = False) -> bytes:
+        block = self._take_update() + wire.STATUS_200 + self._field(CONTENT_TYPE)
+        return block + wire.literal(b"grpc-encoding", b"gzip") if gzip else block
+
+    def trailers(self, code: int, details: str, with_headers: bool) -> bytes:
+        """The block that ends a call; `with_headers`: the call sent no headers (trailers only)."""
+        block = self.headers() if with_headers else self._take_update()
+        if code == 0 and not details:
+            return block + self._field(GRPC_STATUS_OK)
+        return block + wire.status_trailers(code, details)
+
+    def literal_block(self, block: bytes) -> bytes:
+        """A block of literals made elsewhere (the answer to a refused request)."""
+        return self._take_update() + block
+
+    def _take_update(self) -> bytes:
+        update, self._update = self._update, b""
+        return update
+
+    def _field(self, field: tuple[bytes, bytes]) -> bytes:
+        table = self._table
+        if field in table:
+            return wire.indexed(wire.FIRST_DYNAMIC_INDEX + len(table) - 1 - table.index(field))
+        if not self._indexing:
+            return wire.literal(*field)
+        table.append(field)
+        return wire.literal_indexed(*field)
