@@ -4,7 +4,7 @@ Every answer's headers carry `content-type: application/grpc`, and its trailers,
 succeeded, `grpc-status: 0`. As grpc's own servers do (Triton's among them), the first answer
 on a connection adds each to the HPACK dynamic table, and every later one names them by index:
 one byte each instead of a literal that the client parses again every call. grpc's Python
-client spends about 14 µs less CPU per call for it at concurrency 1 and 4-5 µs at 8 and 32
+client spends 14-19 µs less CPU per call for it at concurrency 1 and 4-5 µs at 8 and 32
 (README, Benchmarks). Every other field (error statuses and their messages, grpc-encoding, the
 answers to refused requests) stays a literal without indexing.
 
