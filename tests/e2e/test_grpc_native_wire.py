@@ -627,6 +627,17 @@ def test_a_client_that_shrinks_its_header_table_gets_a_size_update_first(
         assert len(trailers) == (1 if table_size == 200 else len(b"\x00\x0bgrpc-status\x010"))
 
 
+def test_a_client_that_raises_its_header_table_keeps_the_indexed_fields(raw: RawHttp2) -> None:
+    # The largest value a SETTINGS entry holds: the two fields stay indexed, no update is sent.
+    raw.open()
+    send_infer(raw, 1)
+    answer_blocks(raw, {1})
+    raw.send(frame(SETTINGS, 0, 0, struct.pack(">HI", HEADER_TABLE_SIZE, 2**32 - 1)))
+    send_infer(raw, 3)
+    headers, trailers = answer_blocks(raw, {3})[3]
+    assert (len(headers), len(trailers)) == (2, 1)
+
+
 def test_a_client_with_no_header_table_from_the_start(raw: RawHttp2) -> None:
     raw.open(struct.pack(">HI", HEADER_TABLE_SIZE, 0))
     for stream_id in (1, 3):

@@ -31,6 +31,7 @@ class ResponseHeaderEncoder:
 
     def __init__(self) -> None:
         self._table: list[tuple[bytes, bytes]] = []  # the fields added, oldest first
+        self._named: dict[tuple[bytes, bytes], bytes] = {}  # each field of the table, by its index
         self._indexing = True
         self._limit = wire.DEFAULT_HEADER_TABLE_SIZE  # the table size the client's decoder allows
         self._update = b""  # a table size update due at the start of the next block
@@ -44,10 +45,11 @@ class ResponseHeaderEncoder:
         if size < TABLE_NEEDED:  # the decoder evicts entries: refer to none of them again
             self._indexing = False
             self._table.clear()
+            self._named.clear()
 
     def headers(self, gzip: bool = False) -> bytes:
         block = self._take_update() + wire.STATUS_200 + self._field(CONTENT_TYPE)
-        return block + wire.literal(b"grpc-encoding", b"gzip") if gzip else block
+        return (block + wire.literal(b"grpc-encoding", b"gzip")) if gzip else block
 
     def trailers(self, code: int, details: str, with_headers: bool) -> bytes:
         """The block that ends a call; `with_headers`: the call sent no headers (trailers only)."""
@@ -65,10 +67,14 @@ class ResponseHeaderEncoder:
         return update
 
     def _field(self, field: tuple[bytes, bytes]) -> bytes:
-        table = self._table
-        if field in table:
-            return wire.indexed(wire.FIRST_DYNAMIC_INDEX + len(table) - 1 - table.index(field))
+        named = self._named.get(field)
+        if named is not None:
+            return named
         if not self._indexing:
             return wire.literal(*field)
+        table = self._table
         table.append(field)
+        # The newest entry is FIRST_DYNAMIC_INDEX: each addition moves the older ones up by one.
+        oldest = wire.FIRST_DYNAMIC_INDEX + len(table) - 1
+        self._named = {entry: wire.indexed(oldest - position) for position, entry in enumerate(table)}
         return wire.literal_indexed(*field)
