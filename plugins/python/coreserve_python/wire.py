@@ -38,6 +38,9 @@ SMALLEST_SEGMENT = 64 * 1024
 INLINE_LIMIT = 64 * 1024
 # What one recv asks for: a few small messages at once.
 RECEIVE_CHUNK = 64 * 1024
+# How far a receive's spin may stretch past the model's idle_spin_microseconds (Channel._read).
+SPIN_STRETCH = 4
+RECENT_WAITS = 9
 SHM_DIR = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
 
 DTYPES: dict[str, Any] = {
@@ -97,6 +100,8 @@ class Channel:
         self._send_lock = threading.Lock()
         self._received = bytearray()
         self._spin_pays = True  # see _read
+        self._waits = [0] * RECENT_WAITS  # the last waits for a message, in ns (see _read)
+        self._wait_index = 0
 
     def send(self, message: Mapping[str, Any]) -> None:
         data = pickle.dumps(message, protocol=5)
@@ -129,30 +134,48 @@ class Channel:
         return True
 
     def _read(self, size: int, spin_ns: int) -> bytes:
-        """One recv, after up to `spin_ns` of non-blocking tries.
+        """One recv, after up to `spin_ns` (or more, below) of non-blocking tries.
 
         A process that sleeps on its socket is woken by the kernel when data comes, and on a
         virtual machine that wake-up (and the idle core's own) costs more than a small model's
         execute: with a 200 µs spin, one stub under a steady stream of requests answered 1.35-1.6x
-        as many at concurrency 1 (benchmarks/python_speed.py). The spin is adaptive: after a
-        wait that lasted over twice `spin_ns` (spin included; a sleeper also takes its wake-up
-        to see the data), the next wait sleeps at once, until a wait is short again. So a stub
-        whose requests are sparse does not spin for each of them.
+        as many at concurrency 1 (benchmarks/python_speed.py). The spin is adaptive:
+        - after a wait that lasted over twice the spin (spin included; a sleeper also takes its
+          wake-up to see the data), the next wait sleeps at once, until a wait is short again.
+          So a stub whose requests are sparse does not spin for each of them;
+        - where most waits are longer than `spin_ns` but short (one client whose own part of
+          each call takes longer: grpc's Python client, perf_analyzer), the spin stretches to
+          1.5x the median of the last RECENT_WAITS waits (where that median is over `spin_ns`
+          and at most SPIN_STRETCH times it), up to SPIN_STRETCH times `spin_ns`: a spin that
+          ends just before the message comes costs its time and the wake-up too.
+          Under load most waits are near zero (the next execution is there already) and the
+          spin stays `spin_ns`, however long the few others are.
         """
         if not spin_ns:
             return self._sock.recv(size)
         started = time.perf_counter_ns()
+        waits = self._waits
+        spin = spin_ns
+        typical = sorted(waits)[RECENT_WAITS // 2]
+        if spin_ns < typical <= SPIN_STRETCH * spin_ns:
+            spin = min(typical * 3 // 2, SPIN_STRETCH * spin_ns)
         if self._spin_pays:
-            deadline = started + spin_ns
+            deadline = started + spin
             while True:
                 try:
-                    return self._sock.recv(size, socket.MSG_DONTWAIT)
+                    chunk = self._sock.recv(size, socket.MSG_DONTWAIT)
+                    break
                 except BlockingIOError:
                     if time.perf_counter_ns() >= deadline:
+                        chunk = self._sock.recv(size)
                         break
                     os.sched_yield()  # a thread waiting for this core comes first
-        chunk = self._sock.recv(size)
-        self._spin_pays = time.perf_counter_ns() - started <= 2 * spin_ns
+        else:
+            chunk = self._sock.recv(size)
+        waited = time.perf_counter_ns() - started
+        self._spin_pays = waited <= 2 * spin
+        waits[self._wait_index] = waited
+        self._wait_index = (self._wait_index + 1) % RECENT_WAITS
         return chunk
 
     def close(self) -> None:

@@ -25,7 +25,7 @@ import tritonclient.http as httpclient
 
 from coreserve.testing import ServerProcess
 from coreserve_python.backend import SpinSlots
-from coreserve_python.wire import Channel
+from coreserve_python.wire import RECENT_WAITS, Channel
 
 SPIN_NS = 30_000_000  # 30 ms: long enough to tell spinning from sleeping by CPU time
 
@@ -100,6 +100,43 @@ def test_a_wait_spins_while_messages_come_soon_and_sleeps_after_one_did_not() ->
         # A message that came soon (here: at once) makes waits spin again.
         _receive(reader, writer, 0.0, 4)
         assert _receive(reader, writer, 0.01, 5)[0] == 0
+    finally:
+        writer.stdin.close()  # type: ignore[union-attr]
+        writer.wait(timeout=30)
+        reader.close()
+
+
+def test_a_spin_stretches_to_regular_waits_a_little_longer_than_it_and_not_under_load() -> None:
+    """One client whose own part of each call outlasts the spin (grpc's Python client): the
+    waits are regular, and a spin that ends just before each message costs its time and the
+    sleep too. Once most recent waits are longer than the spin, it stretches to cover them;
+    once most are short again (the next message waits already), it is the spin again."""
+    ours, theirs = socket.socketpair()
+    reader = Channel(ours)
+    writer = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(theirs.fileno())],
+        stdin=subprocess.PIPE,
+        text=True,
+        pass_fds=[theirs.fileno()],
+    )
+    theirs.close()
+    regular = 0.05  # past the 30 ms spin, within twice it (so the spin still pays)
+    try:
+        _receive(reader, writer, 0.0, 0)
+        _receive(reader, writer, 0.0, 0)
+        # The spin runs out before the message comes: it spun, then slept.
+        assert _receive(reader, writer, regular, 1)[0] >= 1
+        for number in range(2, 2 + RECENT_WAITS // 2):
+            _receive(reader, writer, regular, number)
+        # Most recent waits were longer than the spin: it stretched, and found them by looking.
+        found = [_receive(reader, writer, regular, number)[0] == 0 for number in range(10, 15)]
+        assert sum(found) >= 4, found
+        # Under load the messages wait already: once most recent waits are short, the spin is
+        # 30 ms again, and a wait as long as before sleeps.
+        for number in range(20, 20 + RECENT_WAITS):
+            _receive(reader, writer, 0.0, number)
+        slept, spent = _receive(reader, writer, regular, 40)
+        assert slept >= 1 and spent < 45
     finally:
         writer.stdin.close()  # type: ignore[union-attr]
         writer.wait(timeout=30)
