@@ -82,7 +82,8 @@ class PythonInstance(ModelRequestAnswers, BlsServing):
         ModelInstance.pipeline_depth); they wait in the stub's socket, in order, so that under
         load its next batch is there when it finishes one, without a wake-up in between.
         `idle_spin_microseconds`: how long the idle stub looks for its next message before it
-        sleeps (see wire.Channel.receive), and the server for the stub's answer where it serves
+        sleeps (up to 4x that where its waits are regular and longer: see wire.Channel._read),
+        and the server for the stub's answer where it serves
         one request at a time (see reply_spin.py). `on_close` is called once the instance has
         closed."""
         self.pipeline_depth = pipeline_depth
