@@ -39,8 +39,9 @@ def channels() -> Iterator[tuple[Channel, Channel]]:
     writer.close()
 
 
-# The writer of test_a_wait_spins_...: another process, so that the reading thread shares its
-# interpreter with nobody (a thread of the test would make it wait for the GIL: a sleep too).
+# The writer of the tests that time waits (writer_process): another process, so that the
+# reading thread shares its interpreter with nobody (a thread of the test would make it wait
+# for the GIL: a sleep too).
 # Each line on its stdin, "delay number", sends message `number` `delay` seconds later.
 WRITER = """
 import socket, sys, time
@@ -76,7 +77,9 @@ def _receive(
     return slept, spent
 
 
-def test_a_wait_spins_while_messages_come_soon_and_sleeps_after_one_did_not() -> None:
+@pytest.fixture
+def writer_process() -> Iterator[tuple[Channel, subprocess.Popen[str]]]:
+    """A channel to read, and the WRITER process that sends on its other end."""
     ours, theirs = socket.socketpair()
     reader = Channel(ours)
     writer = subprocess.Popen(
@@ -87,60 +90,56 @@ def test_a_wait_spins_while_messages_come_soon_and_sleeps_after_one_did_not() ->
     )
     theirs.close()
     try:
-        _receive(reader, writer, 0.0, 0)  # the writer has started (a long wait: the next sleeps)
-        _receive(reader, writer, 0.0, 0)  # a short one: waits spin again
-        # Within the spin: found by looking, the thread never slept.
-        assert _receive(reader, writer, 0.01, 1)[0] == 0
-        # Past twice the spin: it spun its 30 ms, then slept until the message came.
-        slept, spent = _receive(reader, writer, 0.15, 2)
-        assert slept >= 1 and spent < 140
-        # So the next wait sleeps at once, though its message comes within the spin.
-        slept, spent = _receive(reader, writer, 0.01, 3)
-        assert slept >= 1 and spent < 5
-        # A message that came soon (here: at once) makes waits spin again.
-        _receive(reader, writer, 0.0, 4)
-        assert _receive(reader, writer, 0.01, 5)[0] == 0
+        yield reader, writer
     finally:
         writer.stdin.close()  # type: ignore[union-attr]
         writer.wait(timeout=30)
         reader.close()
 
 
-def test_a_spin_stretches_to_regular_waits_a_little_longer_than_it_and_not_under_load() -> None:
+def test_a_wait_spins_while_messages_come_soon_and_sleeps_after_one_did_not(
+    writer_process: tuple[Channel, subprocess.Popen[str]],
+) -> None:
+    reader, writer = writer_process
+    _receive(reader, writer, 0.0, 0)  # the writer has started (a long wait: the next sleeps)
+    _receive(reader, writer, 0.0, 0)  # a short one: waits spin again
+    # Within the spin: found by looking, the thread never slept.
+    assert _receive(reader, writer, 0.01, 1)[0] == 0
+    # Past twice the spin: it spun its 30 ms, then slept until the message came.
+    slept, spent = _receive(reader, writer, 0.15, 2)
+    assert slept >= 1 and spent < 140
+    # So the next wait sleeps at once, though its message comes within the spin.
+    slept, spent = _receive(reader, writer, 0.01, 3)
+    assert slept >= 1 and spent < 5
+    # A message that came soon (here: at once) makes waits spin again.
+    _receive(reader, writer, 0.0, 4)
+    assert _receive(reader, writer, 0.01, 5)[0] == 0
+
+
+def test_a_spin_stretches_to_regular_waits_a_little_longer_than_it_and_not_under_load(
+    writer_process: tuple[Channel, subprocess.Popen[str]],
+) -> None:
     """One client whose own part of each call outlasts the spin (grpc's Python client): the
     waits are regular, and a spin that ends just before each message costs its time and the
     sleep too. Once most recent waits are longer than the spin, it stretches to cover them;
     once most are short again (the next message waits already), it is the spin again."""
-    ours, theirs = socket.socketpair()
-    reader = Channel(ours)
-    writer = subprocess.Popen(
-        [sys.executable, "-c", WRITER, str(theirs.fileno())],
-        stdin=subprocess.PIPE,
-        text=True,
-        pass_fds=[theirs.fileno()],
-    )
-    theirs.close()
+    reader, writer = writer_process
     regular = 0.05  # past the 30 ms spin, within twice it (so the spin still pays)
-    try:
-        _receive(reader, writer, 0.0, 0)
-        _receive(reader, writer, 0.0, 0)
-        # The spin runs out before the message comes: it spun, then slept.
-        assert _receive(reader, writer, regular, 1)[0] >= 1
-        for number in range(2, 2 + RECENT_WAITS // 2):
-            _receive(reader, writer, regular, number)
-        # Most recent waits were longer than the spin: it stretched, and found them by looking.
-        found = [_receive(reader, writer, regular, number)[0] == 0 for number in range(10, 15)]
-        assert sum(found) >= 4, found
-        # Under load the messages wait already: once most recent waits are short, the spin is
-        # 30 ms again, and a wait as long as before sleeps.
-        for number in range(20, 20 + RECENT_WAITS):
-            _receive(reader, writer, 0.0, number)
-        slept, spent = _receive(reader, writer, regular, 40)
-        assert slept >= 1 and spent < 45
-    finally:
-        writer.stdin.close()  # type: ignore[union-attr]
-        writer.wait(timeout=30)
-        reader.close()
+    _receive(reader, writer, 0.0, 0)
+    _receive(reader, writer, 0.0, 0)
+    # The spin runs out before the message comes: it spun, then slept.
+    assert _receive(reader, writer, regular, 1)[0] >= 1
+    for number in range(2, 2 + RECENT_WAITS // 2):
+        _receive(reader, writer, regular, number)
+    # Most recent waits were longer than the spin: it stretched, and found them by looking.
+    found = [_receive(reader, writer, regular, number)[0] == 0 for number in range(10, 15)]
+    assert sum(found) >= 4, found
+    # Under load the messages wait already: once most recent waits are short, the spin is
+    # 30 ms again, and a wait as long as before sleeps.
+    for number in range(20, 20 + RECENT_WAITS):
+        _receive(reader, writer, 0.0, number)
+    slept, spent = _receive(reader, writer, regular, 40)
+    assert slept >= 1 and spent < 45
 
 
 def test_without_a_spin_a_wait_sleeps(channels: tuple[Channel, Channel]) -> None:
