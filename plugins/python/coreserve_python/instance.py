@@ -83,9 +83,8 @@ class PythonInstance(ModelRequestAnswers, BlsServing):
         load its next batch is there when it finishes one, without a wake-up in between.
         `idle_spin_microseconds`: how long the idle stub looks for its next message before it
         sleeps (up to 4x that where its waits are regular and longer: see wire.Channel._read),
-        and the server for the stub's answer where it serves
-        one request at a time (see reply_spin.py). `on_close` is called once the instance has
-        closed."""
+        and the server for the stub's answer where it serves one request at a time (see
+        reply_spin.py). `on_close` is called once the instance has closed."""
         self.pipeline_depth = pipeline_depth
         self._idle_spin_microseconds = idle_spin_microseconds
         self._on_close = on_close

@@ -40,6 +40,7 @@ INLINE_LIMIT = 64 * 1024
 RECEIVE_CHUNK = 64 * 1024
 # How far a receive's spin may stretch past the model's idle_spin_microseconds (Channel._read).
 SPIN_STRETCH = 4
+# The waits whose median tells how long the next one will likely be (Channel._read).
 RECENT_WAITS = 9
 SHM_DIR = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
 
@@ -147,9 +148,9 @@ class Channel:
           each call takes longer: grpc's Python client, perf_analyzer), the spin stretches to
           1.5x the median of the last RECENT_WAITS waits (where that median is over `spin_ns`
           and at most SPIN_STRETCH times it), up to SPIN_STRETCH times `spin_ns`: a spin that
-          ends just before the message comes costs its time and the wake-up too.
-          Under load most waits are near zero (the next execution is there already) and the
-          spin stays `spin_ns`, however long the few others are.
+          ends just before the message comes costs its time and the wake-up too. Under load
+          most waits are near zero (the next execution is there already) and the spin stays
+          `spin_ns`, however long the few others are.
         """
         if not spin_ns:
             return self._sock.recv(size)
