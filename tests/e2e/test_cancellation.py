@@ -32,9 +32,13 @@ from coreserve.testing import ServerProcess
 
 MODELS = Path(__file__).resolve().parent / "cancellation_models"
 CLIENTS = 50
+# When the clients give up: halfway through one of sleepy's 0.5 s executions, so that no answer
+# is on its way to a client as it gives up (an answer sent as the client left counts as a
+# success in the server's statistics and as a failure at the client).
+GIVE_UP_S = 1.25
 # The most executions of `sleepy` that the 50 requests may cause: the one running when the
-# clients give up, those that ran while they were waiting (1 s, 0.5 s each), and slack for a
-# slow machine. Without cancellation all 50 run.
+# clients give up, those that ran while they were waiting (1.25 s, 0.5 s each), and slack for
+# a slow machine. Without cancellation all 50 run.
 MOST_EXECUTIONS = 10
 INFER_BODY = json.dumps({"inputs": [{"name": "X", "shape": [1], "datatype": "INT32", "data": [7]}]}).encode()
 
@@ -122,7 +126,7 @@ def _assert_all_cancelled_but_those_answered(server: ServerProcess, model: str, 
 
 def test_http_clients_that_give_up_leave_the_queue(server: ServerProcess) -> None:
     with ThreadPoolExecutor(CLIENTS) as pool:
-        outcomes = list(pool.map(lambda _: _post_and_give_up(server, "sleepy", 1.0), range(CLIENTS)))
+        outcomes = list(pool.map(lambda _: _post_and_give_up(server, "sleepy", GIVE_UP_S), range(CLIENTS)))
     _wait_for(lambda: _idle(server, "sleepy"), 20, "the queue of sleepy empties")
     executed = _statistics(server, "sleepy")["execution_count"]
     assert executed <= MOST_EXECUTIONS, f"{executed} of {CLIENTS} requests ran after their clients left"
@@ -147,7 +151,7 @@ def test_grpc_calls_past_their_deadline_leave_the_queue(server: ServerProcess) -
 
     try:
         for _ in range(CLIENTS):
-            client.async_infer("sleepy", _grpc_inputs(), finished, client_timeout=1.0)
+            client.async_infer("sleepy", _grpc_inputs(), finished, client_timeout=GIVE_UP_S)
         for _ in range(CLIENTS):
             assert done.acquire(timeout=60)
     finally:
@@ -171,7 +175,7 @@ def test_cancelled_grpc_calls_leave_the_queue(server: ServerProcess) -> None:
 
     try:
         calls = [client.async_infer("sleepy", _grpc_inputs(), finished) for _ in range(CLIENTS)]
-        time.sleep(1.0)
+        time.sleep(GIVE_UP_S)
         for call in calls:
             call.cancel()
         for _ in range(CLIENTS):
@@ -259,7 +263,9 @@ def test_an_sse_stream_closed_by_its_client_stops_a_decoupled_model(server: Serv
 def test_cancelling_an_ensemble_request_cancels_its_steps(server: ServerProcess) -> None:
     # The ensemble runs every request at once; their steps queue at sleepy.
     with ThreadPoolExecutor(CLIENTS) as pool:
-        outcomes = list(pool.map(lambda _: _post_and_give_up(server, "sleepy_pipeline", 1.0), range(CLIENTS)))
+        outcomes = list(
+            pool.map(lambda _: _post_and_give_up(server, "sleepy_pipeline", GIVE_UP_S), range(CLIENTS))
+        )
     _wait_for(lambda: _idle(server, "sleepy"), 20, "the queue of sleepy empties")
     executed = _statistics(server, "sleepy")["execution_count"]
     assert executed <= MOST_EXECUTIONS, f"{executed} of {CLIENTS} ensemble steps ran after their clients left"
