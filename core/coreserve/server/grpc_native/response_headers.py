@@ -30,8 +30,8 @@ class ResponseHeaderEncoder:
     """One connection's encoder for the header blocks it writes (headers, trailers, refusals)."""
 
     def __init__(self) -> None:
-        self._table: list[tuple[bytes, bytes]] = []  # the fields added, oldest first
-        self._named: dict[tuple[bytes, bytes], bytes] = {}  # each field of the table, by its index
+        # The fields added to the table, oldest first, each with the bytes that name it by index.
+        self._named: dict[tuple[bytes, bytes], bytes] = {}
         self._indexing = True
         self._limit = wire.DEFAULT_HEADER_TABLE_SIZE  # the table size the client's decoder allows
         self._update = b""  # a table size update due at the start of the next block
@@ -44,7 +44,6 @@ class ResponseHeaderEncoder:
         self._update = wire.table_size_update(size)
         if size < TABLE_NEEDED:  # the decoder evicts entries: refer to none of them again
             self._indexing = False
-            self._table.clear()
             self._named.clear()
 
     def headers(self, gzip: bool = False) -> bytes:
@@ -72,8 +71,7 @@ class ResponseHeaderEncoder:
             return named
         if not self._indexing:
             return wire.literal(*field)
-        table = self._table
-        table.append(field)
+        table = [*self._named, field]
         # The newest entry is FIRST_DYNAMIC_INDEX: each addition moves the older ones up by one.
         oldest = wire.FIRST_DYNAMIC_INDEX + len(table) - 1
         self._named = {entry: wire.indexed(oldest - position) for position, entry in enumerate(table)}
