@@ -64,7 +64,7 @@ class RequestTemplate:
         inputs = {}
         for (name, datatype, shape, dtype, size), data in zip(self.inputs, raw, strict=True):
             if dtype is not None and len(data) == size:  # array_from_bytes's common case, inline
-                array = np.frombuffer(data, dtype).reshape(shape)
+                array = np.ndarray(shape, dtype, data)  # (a view, as frombuffer's; cheaper)
                 inputs[name] = array if array.flags.aligned else array.copy()
                 continue
             try:

@@ -98,8 +98,11 @@ class Model:
     def version(self, requested: str) -> ModelVersion:
         """The version a request names ("" for the latest ready one)."""
         if not requested:
-            ready = self.ready_versions()
-            if not ready:
+            latest = None
+            for candidate in self.versions.values():  # (one pass: every request asks this)
+                if candidate.ready and (latest is None or candidate.version > latest.version):
+                    latest = candidate
+            if latest is None:
                 reason = self.reason or "; ".join(
                     f"version {v.version}: {v.current_reason or v.current_state}"
                     for v in self.versions.values()
@@ -109,7 +112,7 @@ class Model:
                     f"Request for unknown model: '{self.name}' has no available versions "
                     f"({reason or 'no versions loaded'})"
                 )
-            return self.versions[ready[-1]]
+            return latest
         number = parse_version(requested)
         found = self.versions.get(number)
         if found is None:

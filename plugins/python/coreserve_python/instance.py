@@ -222,7 +222,9 @@ class PythonInstance(ModelRequestAnswers, BlsServing):
         return self._process
 
     async def execute(self, requests: Sequence[InferenceRequest], responder: Responder) -> None:
-        process = await self._running()
+        process = self._process
+        if process is None or not process.alive:  # (no coroutine for the usual case)
+            process = await self._running()
         entries = []
         for request in requests:
             key = self._next_key

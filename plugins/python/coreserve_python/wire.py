@@ -77,6 +77,7 @@ def segment_to_release(blob: Blob) -> str | None:
 
 # Triton's datatype of each numpy dtype but BYTES' (any of kinds O, S and U).
 _DATATYPE_OF = {np.dtype(dtype): name for name, dtype in DTYPES.items() if name != "BYTES"}
+_NUMPY_DTYPE = {name: dtype for dtype, name in _DATATYPE_OF.items()}  # BYTES' is not here
 
 
 def datatype_of(array: np.ndarray) -> str:
@@ -224,24 +225,28 @@ class SegmentPool:
 
     def write(self, arrays: list[tuple[str, np.ndarray]]) -> tuple[Blob, list[TensorRef]]:
         """Copies named arrays into one segment, or inline when small; returns it and the refs."""
-        blobs = []
+        refs: list[TensorRef] = []
+        datas: list[Any] = []  # bytes (BYTES tensors) or arrays, in any memory order
         total = 0
         for name, array in arrays:
-            datatype = datatype_of(array)
-            data: Any = serialize_bytes(array) if datatype == "BYTES" else np.ascontiguousarray(array)
-            size = len(data) if isinstance(data, bytes) else data.nbytes
-            blobs.append((name, datatype, tuple(array.shape), total, size, data))
+            datatype = _DATATYPE_OF.get(array.dtype) or datatype_of(array)
+            data: Any = serialize_bytes(array) if datatype == "BYTES" else array
+            size = len(data) if datatype == "BYTES" else data.nbytes
+            refs.append((name, datatype, array.shape, total, size))
+            datas.append(data)
             total += -(-size // ALIGNMENT) * ALIGNMENT
         if total == 0:
-            return None, [(name, datatype, shape, 0, 0) for name, datatype, shape, _, _, _ in blobs]
-        refs = [(name, datatype, shape, offset, size) for name, datatype, shape, offset, size, _ in blobs]
+            return None, refs
         if total <= INLINE_LIMIT:  # small: bytes copies cost less than numpy's views
+            if len(datas) == 1:
+                data = datas[0]
+                return bytearray(data if isinstance(data, bytes) else data.tobytes()), refs
             inline = bytearray(total)
-            for _, _, _, offset, size, data in blobs:
+            for (_, _, _, offset, size), data in zip(refs, datas, strict=True):
                 inline[offset : offset + size] = data if isinstance(data, bytes) else data.tobytes()
             return inline, refs
         segment = self._allocate(total)
-        _fill(segment.map, blobs)
+        _fill(segment.map, refs, datas)
         return segment.name, refs
 
     def _allocate(self, size: int) -> Segment:
@@ -271,15 +276,14 @@ class SegmentPool:
             self._free.clear()
 
 
-def _fill(buffer: Any, blobs: list[tuple[str, str, tuple[int, ...], int, int, Any]]) -> None:
-    """Copies each blob's data (bytes or a contiguous array) to its offset in `buffer`."""
-    for _, _, _, offset, size, data in blobs:
+def _fill(buffer: Any, refs: list[TensorRef], datas: list[Any]) -> None:
+    """Copies each tensor's data (bytes, or an array) to the offset its ref gives in `buffer`."""
+    for (_, _, _, offset, size), data in zip(refs, datas, strict=True):
         if isinstance(data, bytes):
             buffer[offset : offset + size] = data
         else:
-            np.frombuffer(buffer, dtype=np.uint8, count=size, offset=offset)[:] = data.reshape(-1).view(
-                np.uint8
-            )
+            target = np.frombuffer(buffer, dtype=data.dtype, count=data.size, offset=offset)
+            target.reshape(data.shape)[...] = data  # (in C order, from any memory order)
 
 
 def write_groups(
@@ -330,9 +334,8 @@ def _views(buffer: Any, refs: list[TensorRef], copy: bool) -> dict[str, np.ndarr
         if datatype == "BYTES":
             result[tensor_name] = deserialize_bytes(memoryview(buffer)[offset : offset + size]).reshape(shape)
             continue
-        dtype = DTYPES[datatype]
-        count = size // np.dtype(dtype).itemsize
-        view = np.frombuffer(buffer, dtype=dtype, count=count, offset=offset).reshape(shape)
+        # (the refs come from the other side's write: `size` is the shape's, in bytes)
+        view = np.ndarray(shape, _NUMPY_DTYPE[datatype], buffer, offset)
         result[tensor_name] = view.copy() if copy else view
     return result
 
