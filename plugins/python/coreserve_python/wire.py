@@ -229,7 +229,7 @@ class SegmentPool:
         datas: list[Any] = []  # bytes (BYTES tensors) or arrays, in any memory order
         total = 0
         for name, array in arrays:
-            datatype = _DATATYPE_OF.get(array.dtype) or datatype_of(array)
+            datatype = datatype_of(array)
             data: Any = serialize_bytes(array) if datatype == "BYTES" else array
             size = len(data) if datatype == "BYTES" else data.nbytes
             refs.append((name, datatype, array.shape, total, size))
