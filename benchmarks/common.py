@@ -391,6 +391,35 @@ def children_cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds process `pid` and its living descendants (a server's worker processes, such
+    as Python stubs) have used so far (Linux /proc)."""
+    parents: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields = Path(f"/proc/{entry}/stat").read_text().rpartition(")")[2].split()
+            except OSError:
+                continue  # it ended meanwhile
+            parents.setdefault(int(fields[1]), []).append(int(entry))
+    total, pending = 0.0, [pid]
+    while pending:
+        current = pending.pop()
+        try:
+            total += cpu_seconds(current)
+        except OSError:
+            continue
+        pending.extend(parents.get(current, ()))
+    return total
+
+
+def load_generator_cpu_seconds() -> float:
+    """CPU seconds this process (an in-process load generator) and its waited-for children (wrk,
+    h2load, perf_analyzer) have used so far."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    return own.ru_utime + own.ru_stime + children_cpu_seconds()
+
+
 def rotated(paths: tuple[str, ...], round_index: int) -> tuple[str, ...]:
     """The order of a round's trials: `paths` rotated by the round's index, so that each path
     runs first, second, ... in turn and a neighbour slowing the machine weighs on all alike."""

@@ -14,8 +14,12 @@ servers (equally for both):
 - grpc-h2load: gRPC through h2load (a client in C, as light as wrk), one stream per connection;
 - grpc-perf_analyzer: gRPC through perf_analyzer, where installed ($PERF_ANALYZER).
 Each figure is the median of its rounds; each ratio (coreserve / Triton) the median of the
-per-round ratios. Target (issue 15): >= 1.0 at every concurrency. The load average is printed
-with the results: figures taken on a loaded machine are only comparable within one run.
+per-round ratios. Target (issue 15): >= 1.0 at every concurrency. A second table gives the CPU
+time each side spent per request: the server with its stub processes, and the load generator
+(each trial's CPU time over its requests, counted as its rate times its wall time: startup
+included, so a little low). On 2 cores the three share the machine, so a side that spends less
+leaves more to the others. The load average is printed with the results: figures taken on a
+loaded machine are only comparable within one run.
 Without --triton-cmd (or $TRITON_CMD) only coreserve is measured.
 Writes benchmarks/results/python_speed.json.
 """
@@ -32,6 +36,7 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -43,12 +48,14 @@ from common import (
     grpc_call_succeeds,
     grpc_load,
     h2load_grpc,
+    load_generator_cpu_seconds,
     median,
     median_load,
     perf_analyzer,
     print_table,
     run_perf_analyzer,
     start_server,
+    tree_cpu_seconds,
     write_results,
     wrk,
 )
@@ -126,6 +133,20 @@ def grpc_request() -> Any:
     return request
 
 
+def measured(pid: int, run: Callable[[], Load]) -> tuple[Load, float, float]:
+    """A trial, with the CPU µs per request spent by server `pid` (its stubs included) and by
+    the load generator."""
+    server, generator = tree_cpu_seconds(pid), load_generator_cpu_seconds()
+    started = time.perf_counter()
+    load = run()
+    served = max(load.requests_per_s * (time.perf_counter() - started), 1.0)
+    return (
+        load,
+        (tree_cpu_seconds(pid) - server) * 1e6 / served,
+        (load_generator_cpu_seconds() - generator) * 1e6 / served,
+    )
+
+
 def check_answers(http_url: str) -> None:
     """Both servers must compute the same thing: one request through HTTP, checked."""
     request = urllib.request.Request(
@@ -166,11 +187,14 @@ def main() -> None:
     # Metrics on, as Triton runs here (on against off measured the same: 1.00-1.03x).
     server = start_server(base / "models")
     urls = {"coreserve": (f"http://{server.http_url}", server.grpc_url)}
+    assert server.process is not None
+    pids = {"coreserve": server.process.pid}
     triton = None
     if args.triton_cmd:
         write_repository(base / "triton")
         triton, http_url, grpc_url = start_triton(args.triton_cmd, base / "triton")
         urls["Triton"] = (http_url, grpc_url)
+        pids["Triton"] = triton.pid
     request = grpc_request()
     message = request.SerializeToString()
     drive: dict[str, Callable[[str, str, int], Load]] = {
@@ -188,6 +212,7 @@ def main() -> None:
         ),
     }
     trials: dict[tuple[str, str, int], list[Load]] = {}
+    cpu: dict[tuple[str, str, int], list[tuple[float, float]]] = {}  # (server, generator) µs
     loads_avg: list[float] = []
     try:
         for http_url, grpc_url in urls.values():
@@ -198,8 +223,11 @@ def main() -> None:
             for protocol in args.protocols:
                 for concurrency in args.concurrency:
                     for name in order:
-                        load = drive[protocol](*urls[name], concurrency)
+                        load, server_us, generator_us = measured(
+                            pids[name], partial(drive[protocol], *urls[name], concurrency)
+                        )
                         trials.setdefault((name, protocol, concurrency), []).append(load)
+                        cpu.setdefault((name, protocol, concurrency), []).append((server_us, generator_us))
                         print(
                             f"round {round_index + 1} {name:9} {protocol:18} c={concurrency:<3} "
                             f"{load.requests_per_s:8.0f} req/s p50 {load.p50_ms:.2f} ms "
@@ -213,7 +241,7 @@ def main() -> None:
             triton.terminate()
             triton.wait(30)
 
-    rows = []
+    rows, cpu_rows = [], []
     results: dict[str, object] = {}
     for protocol in args.protocols:
         for concurrency in args.concurrency:
@@ -225,6 +253,16 @@ def main() -> None:
                 median_load(ours).p50_ms,
             ]
             entry: dict[str, object] = {"coreserve": [load.requests_per_s for load in ours]}
+            cpu_row: list[object] = [protocol, concurrency]
+            for name in urls:
+                spent = cpu[(name, protocol, concurrency)]
+                server_us, generator_us = median([s for s, _ in spent]), median([g for _, g in spent])
+                cpu_row += [server_us, generator_us]
+                entry[f"{name.lower()}_cpu_us_per_request"] = {
+                    "server": server_us,
+                    "load_generator": generator_us,
+                }
+            cpu_rows.append(cpu_row)
             if "Triton" in urls:
                 theirs = trials[("Triton", protocol, concurrency)]
                 ratios = [a.requests_per_s / b.requests_per_s for a, b in zip(ours, theirs, strict=True)]
@@ -242,6 +280,10 @@ def main() -> None:
     if "Triton" in urls:
         columns += ["Triton req/s", "Triton p50 ms", f"ratio (target >= {TARGET_RATIO})"]
     print_table(f"add-one model.py, one instance (load average {median(loads_avg):.1f})", columns, rows)
+    cpu_columns = ["protocol", "concurrency"]
+    for name in urls:
+        cpu_columns += [f"{name} server+stub", f"{name} load generator"]
+    print_table("CPU µs per request (medians of the rounds)", cpu_columns, cpu_rows)
     path = write_results(
         "python_speed", {"results": results, "load_average": loads_avg, "seconds": args.seconds}
     )
