@@ -394,22 +394,22 @@ def children_cpu_seconds() -> float:
 def tree_cpu_seconds(pid: int) -> float:
     """CPU seconds process `pid` and its living descendants (a server's worker processes, such
     as Python stubs) have used so far (Linux /proc)."""
-    parents: dict[int, list[int]] = {}
+    children: dict[int, list[int]] = {}  # by parent pid
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
                 fields = Path(f"/proc/{entry}/stat").read_text().rpartition(")")[2].split()
             except OSError:
                 continue  # it ended meanwhile
-            parents.setdefault(int(fields[1]), []).append(int(entry))
+            children.setdefault(int(fields[1]), []).append(int(entry))
     total, pending = 0.0, [pid]
     while pending:
         current = pending.pop()
         try:
             total += cpu_seconds(current)
         except OSError:
-            continue
-        pending.extend(parents.get(current, ()))
+            continue  # it ended meanwhile
+        pending.extend(children.get(current, ()))
     return total
 
 
