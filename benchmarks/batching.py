@@ -33,18 +33,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (
     Load,
     binary_infer_body,
-    children_cpu_seconds,
     median,
     median_load,
     mlp_onnx,
     mlp_weights,
     print_table,
     start_server,
-    thread_cpu_seconds,
     write_model,
     write_results,
     wrk,
 )
+from cpu_time import children_cpu_seconds, thread_cpu_seconds
 
 WIDTH_IN, WIDTH, LAYERS, MAX_BATCH = 1024, 2048, 4, 32
 CONFIG = """

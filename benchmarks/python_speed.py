@@ -48,17 +48,16 @@ from common import (
     grpc_call_succeeds,
     grpc_load,
     h2load_grpc,
-    load_generator_cpu_seconds,
     median,
     median_load,
     perf_analyzer,
     print_table,
     run_perf_analyzer,
     start_server,
-    tree_cpu_seconds,
     write_results,
     wrk,
 )
+from cpu_time import load_generator_cpu_seconds, tree_cpu_seconds
 from overhead import free_port
 
 MODEL = "add_one"

@@ -31,7 +31,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (
     BENCHMARKS,
     Load,
-    cpu_seconds,
     median,
     median_load,
     print_table,
@@ -41,6 +40,7 @@ from common import (
     wrk,
     wrk_load,
 )
+from cpu_time import cpu_seconds
 from overhead import CONFIG, add_model, json_body
 
 UNIQUE_SCRIPT = BENCHMARKS / "response_cache_unique.lua"

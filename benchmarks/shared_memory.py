@@ -38,7 +38,6 @@ import tritonclient.utils.shared_memory as shm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (
-    cpu_seconds,
     identity_onnx,
     perf_analyzer,
     print_table,
@@ -47,6 +46,7 @@ from common import (
     write_model,
     write_results,
 )
+from cpu_time import cpu_seconds
 
 ELEMENTS = 4 * 1024 * 1024  # 16 MiB of FP32
 BYTE_SIZE = ELEMENTS * 4
