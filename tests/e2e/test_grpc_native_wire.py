@@ -20,7 +20,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
-import hpack
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
@@ -28,6 +27,26 @@ from test_http_abuse import HealthProbe
 
 from coreserve.protos import grpc_service_pb2 as pb
 from coreserve.testing import ServerFactory, ServerProcess
+from http2_raw import (
+    CONTINUATION,
+    DATA,
+    END_HEADERS,
+    END_STREAM,
+    HEADERS,
+    OPENING,
+    PADDED,
+    PING,
+    PREFACE,
+    RST_STREAM,
+    SERVICE,
+    SETTINGS,
+    WINDOW_UPDATE,
+    RawHttp2,
+    frame,
+    infer_request,
+    message,
+    seconds_until_closed,
+)
 from model_builders import identity_model, write_model
 
 IDENTITY = """
@@ -35,10 +54,6 @@ backend: "onnxruntime"
 input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
 output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
 """
-PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-DATA, HEADERS, RST_STREAM, SETTINGS, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = 0, 1, 3, 4, 6, 7, 8, 9
-END_STREAM, END_HEADERS, PADDED = 0x1, 0x4, 0x8
-SERVICE = "/inference.GRPCInferenceService/"
 
 
 @pytest.fixture(scope="module")
@@ -68,134 +83,6 @@ def _assert_a_real_call_works(server: ServerProcess) -> None:
         client.close()
 
 
-def seconds_until_closed(sock: socket.socket, limit: float) -> float:
-    """How long the server takes to close `sock` (what it sends is read and dropped); inf if it
-    is still open after `limit` seconds."""
-    start = time.monotonic()
-    sock.settimeout(limit)
-    try:
-        while sock.recv(1 << 16):
-            pass
-    except ConnectionResetError:
-        pass
-    except TimeoutError:
-        return float("inf")
-    return time.monotonic() - start
-
-
-def frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
-    length = len(payload)
-    return struct.pack(">HBBBI", length >> 8, length & 0xFF, kind, flags, stream_id) + payload
-
-
-def message(body: bytes) -> bytes:
-    return struct.pack(">BI", 0, len(body)) + body
-
-
-def infer_request(values: int) -> bytes:
-    request = pb.ModelInferRequest(model_name="identity")
-    request.inputs.add(name="INPUT0", datatype="FP32", shape=[values])
-    request.raw_input_contents.append(np.arange(values, dtype=np.float32).tobytes())
-    return request.SerializeToString()
-
-
-class RawHttp2:
-    """A client connection that writes frames by hand and reads the server's frames back."""
-
-    def __init__(self, server: ServerProcess, settings: bytes = b"") -> None:
-        host, port = server.grpc_url.rsplit(":", 1)
-        self.sock = socket.create_connection((host, int(port)), timeout=10)
-        self.encoder = hpack.Encoder()
-        self.decoder = hpack.Decoder()
-        self.buffer = bytearray()
-
-    def send(self, data: bytes) -> None:
-        self.sock.sendall(data)
-
-    def open(self, settings: bytes = b"") -> None:
-        self.send(PREFACE + frame(SETTINGS, 0, 0, settings))
-
-    def headers_block(self, method: str, *extra: tuple[str, str]) -> bytes:
-        fields = [
-            (":method", "POST"),
-            (":scheme", "http"),
-            (":path", SERVICE + method),
-            (":authority", "test"),
-            ("content-type", "application/grpc"),
-            ("te", "trailers"),
-            *extra,
-        ]
-        return bytes(self.encoder.encode(fields))
-
-    def frames(self, seconds: float = 10.0) -> Iterator[tuple[int, int, int, bytes]]:
-        """The server's frames as they come, until it closes or `seconds` pass."""
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            while len(self.buffer) >= 9:
-                length = int.from_bytes(self.buffer[:3], "big")
-                if len(self.buffer) < 9 + length:
-                    break
-                kind, flags = self.buffer[3], self.buffer[4]
-                stream_id = int.from_bytes(self.buffer[5:9], "big") & 0x7FFFFFFF
-                payload = bytes(self.buffer[9 : 9 + length])
-                del self.buffer[: 9 + length]
-                yield kind, flags, stream_id, payload
-            try:
-                chunk = self.sock.recv(1 << 20)
-            except (ConnectionResetError, TimeoutError):
-                return
-            if not chunk:
-                return
-            self.buffer += chunk
-
-    def call(self, stream_id: int, seconds: float = 10.0) -> tuple[dict[str, str], bytes]:
-        """Reads until `stream_id` ends: its headers and trailers merged, and its DATA bytes."""
-        fields: dict[str, str] = {}
-        body = bytearray()
-        for kind, flags, sid, payload in self.frames(seconds):
-            if kind == SETTINGS and not flags & 1:
-                self.send(frame(SETTINGS, 1, 0))
-            if sid != stream_id:
-                continue
-            if kind == HEADERS:
-                fields.update(self.decoder.decode(payload))
-            elif kind == DATA:
-                body += payload
-            if (flags & END_STREAM and kind in (HEADERS, DATA)) or kind == RST_STREAM:
-                break
-        return fields, bytes(body)
-
-    def granted_call(self, stream_id: int, window: int) -> tuple[list[tuple[str, str]], bytes, int]:
-        """Reads `stream_id`'s answer as a client whose windows are `window` bytes: each DATA
-        frame (never larger) is granted back at once. Its trailers, DATA bytes and DATA frames."""
-        body, pieces = b"", 0
-        for kind, flags, sid, payload in self.frames():
-            if kind == SETTINGS and not flags & 1:
-                self.send(frame(SETTINGS, 1, 0))
-            if sid != stream_id:
-                continue
-            if kind == DATA:
-                assert len(payload) <= window
-                body += payload
-                pieces += 1
-                grant = struct.pack(">I", len(payload))
-                self.send(frame(WINDOW_UPDATE, 0, stream_id, grant) + frame(WINDOW_UPDATE, 0, 0, grant))
-            if kind == HEADERS and flags & END_STREAM:
-                return self.decoder.decode(payload), body, pieces
-        raise AssertionError(f"stream {stream_id} did not end")
-
-    def goaway_code(self) -> int | None:
-        """The error code of the server's GOAWAY, once it has closed the connection."""
-        code = None
-        for kind, _flags, _sid, payload in self.frames():
-            if kind == GOAWAY:
-                code = int.from_bytes(payload[4:8], "big")
-        return code
-
-    def close(self) -> None:
-        self.sock.close()
-
-
 @pytest.fixture
 def raw(server: ServerProcess) -> Iterator[RawHttp2]:
     connection = RawHttp2(server)
@@ -220,14 +107,14 @@ def test_a_call_in_padded_and_continued_frames(raw: RawHttp2) -> None:
     ("attack", "code"),
     [
         (b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n", 0x1),  # not a preface: PROTOCOL_ERROR
-        (PREFACE + frame(CONTINUATION, END_HEADERS, 1, b"x"), 0x1),  # no HEADERS before it
-        (PREFACE + b"\xff\xff\xff\x00\x00\x00\x00\x00\x01", 0x6),  # a 16 MiB frame: FRAME_SIZE_ERROR
-        (PREFACE + frame(HEADERS, END_HEADERS, 1, b"\xff\xff\xff\xff\x0f"), 0x9),  # HPACK: COMPRESSION
-        (PREFACE + frame(HEADERS, END_HEADERS, 2, b"\x83"), 0x1),  # an even stream id
-        (PREFACE + frame(DATA, 0, 7, b"abc"), 0x1),  # DATA on a stream never opened
+        (OPENING + frame(CONTINUATION, END_HEADERS, 1, b"x"), 0x1),  # no HEADERS before it
+        (OPENING + b"\xff\xff\xff\x00\x00\x00\x00\x00\x01", 0x6),  # a 16 MiB frame: FRAME_SIZE_ERROR
+        (OPENING + frame(HEADERS, END_HEADERS, 1, b"\xff\xff\xff\xff\x0f"), 0x9),  # HPACK: COMPRESSION
+        (OPENING + frame(HEADERS, END_HEADERS, 2, b"\x83"), 0x1),  # an even stream id
+        (OPENING + frame(DATA, 0, 7, b"abc"), 0x1),  # DATA on a stream never opened
         (PREFACE + frame(SETTINGS, 0, 0, b"\x00\x04"), 0x6),  # SETTINGS of a bad length
-        (PREFACE + frame(PING, 0, 0, b"1234"), 0x1),  # a short PING
-        (PREFACE + frame(WINDOW_UPDATE, 0, 0, b"\x00\x00\x00\x00"), 0x1),  # an increment of 0
+        (OPENING + frame(PING, 0, 0, b"1234"), 0x6),  # a short PING: FRAME_SIZE_ERROR
+        (OPENING + frame(WINDOW_UPDATE, 0, 0, b"\x00\x00\x00\x00"), 0x1),  # an increment of 0
     ],
     ids=[
         "bad-preface",
@@ -519,17 +406,26 @@ def test_inference_answers_are_gzipped_at_the_compression_level_asked(
 def test_answers_larger_than_the_socket_buffers_end_once_the_client_reads(raw: RawHttp2) -> None:
     # Windows wide open: each 16 MiB answer of a stream goes to the transport, which pauses
     # while the client reads nothing; the next answers and the trailers must still come once
-    # the client reads (the handler held back by the paused transport is woken).
+    # the client reads (the handler held back by the paused transport is woken). The server
+    # stops reading while it cannot write, so the requests go from a thread of their own, as an
+    # HTTP/2 client sends while it reads.
     raw.open(struct.pack(">HI", 0x4, 2**31 - 1))
+    raw.acknowledge_settings()  # the reader below must not block on a write
     raw.send(frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", 2**31 - 1 - 65535)))
     raw.send(frame(HEADERS, END_HEADERS, 1, raw.headers_block("ModelStreamInfer")))
     body = message(infer_request(4 * 1024 * 1024)) * 3
     step = 1 << 20  # the server's largest frame
-    for start in range(0, len(body), step):
-        last = start + step >= len(body)
-        raw.send(frame(DATA, END_STREAM if last else 0, 1, body[start : start + step]))
-    time.sleep(1.0)
-    fields, answers = raw.call(1, seconds=60)
+
+    def send_requests() -> None:
+        for start in range(0, len(body), step):
+            last = start + step >= len(body)
+            raw.send(frame(DATA, END_STREAM if last else 0, 1, body[start : start + step]))
+
+    with ThreadPoolExecutor(1) as sender:
+        sent = sender.submit(send_requests)
+        time.sleep(1.0)
+        fields, answers = raw.call(1, seconds=60)
+        sent.result()
     assert fields.get("grpc-status") == "0", fields
     assert len(answers) == 3 * (
         5

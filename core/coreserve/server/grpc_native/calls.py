@@ -19,6 +19,16 @@ import grpc
 
 from coreserve.protocol.grpc_response import SerializedPieces
 from coreserve.server.grpc_native import wire
+from coreserve.server.grpc_native.call_status import (
+    DEADLINE_EXCEEDED,
+    INTERNAL,
+    OK,
+    RESOURCE_EXHAUSTED,
+    UNIMPLEMENTED,
+    UNKNOWN,
+    CallAborted,
+)
+from coreserve.server.grpc_native.compression import Compressed, inflate
 from coreserve.server.grpc_native.headers import RequestHeaders
 from coreserve.server.grpc_native.messages import MessageReader, MessageTooLarge
 
@@ -27,24 +37,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("coreserve.server.grpc")
 
-OK = 0
-CANCELLED = grpc.StatusCode.CANCELLED.value[0]
-UNKNOWN = grpc.StatusCode.UNKNOWN.value[0]
-DEADLINE_EXCEEDED = grpc.StatusCode.DEADLINE_EXCEEDED.value[0]
-RESOURCE_EXHAUSTED = grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
-UNIMPLEMENTED = grpc.StatusCode.UNIMPLEMENTED.value[0]
-INTERNAL = grpc.StatusCode.INTERNAL.value[0]
 _MESSAGE_PREFIX = struct.Struct(">BI")
 _INFER_METHODS = ("/ModelInfer", "/ModelStreamInfer")
-
-
-class CallAborted(Exception):
-    """Ends a call with a status: what `context.abort` raises, and the server's own refusals."""
-
-    def __init__(self, code: int, details: str) -> None:
-        super().__init__(details)
-        self.code = code
-        self.details = details
 
 
 class CallContext:
@@ -75,22 +69,6 @@ class CallContext:
         return self._call.send_now(response)
 
 
-def _decompress(data: bytes, encoding: bytes | None, limit: int) -> bytes:
-    if encoding == b"gzip":
-        decompressor = zlib.decompressobj(wbits=31)
-    elif encoding == b"deflate":
-        decompressor = zlib.decompressobj(wbits=15)
-    else:
-        raise CallAborted(INTERNAL, "a compressed message without a supported grpc-encoding")
-    try:
-        out = decompressor.decompress(data, limit + 1)
-    except zlib.error as exc:
-        raise CallAborted(INTERNAL, f"the message does not decompress: {exc}") from None
-    if len(out) > limit:
-        raise CallAborted(RESOURCE_EXHAUSTED, f"Received message larger than max ({len(out)} vs. {limit})")
-    return out
-
-
 class Call:
     """A call's state: received bytes, complete messages, the handler's task, what waits to be sent."""
 
@@ -100,14 +78,13 @@ class Call:
         stream_id: int,
         headers: RequestHeaders,
         handler: grpc.RpcMethodHandler,
-        send_window: int,
     ) -> None:
         self.connection = connection
         self.stream_id = stream_id
         self.headers = headers
         self.handler = handler
         self.reader = MessageReader()
-        self.messages: deque[bytes] = deque()
+        self.messages: deque[bytes | Compressed] = deque()
         self.half_closed = False  # the client sent END_STREAM
         self.reset = False  # the client reset the stream, or the connection went
         self.finished = False  # our trailers are queued
@@ -118,7 +95,7 @@ class Call:
         self.waiter: asyncio.Future[None] | None = None
         self.headers_sent = False
         # Outbound, under the peer's flow control: bytes not yet framed, then trailers.
-        self.send_window = send_window
+        self.send_credit = 0  # granted less sent: the send window is Outbound.initial + this
         self.outbound: deque[memoryview] = deque()
         self.trailers: tuple[int, str, bool] | None = None  # (code, details, trailers only)
         self.drained: asyncio.Future[None] | None = None
@@ -147,9 +124,7 @@ class Call:
                 RESOURCE_EXHAUSTED, f"Received message larger than max ({exc.length} vs. {max_size})"
             ) from None
         for compressed, message in complete:
-            self.messages.append(
-                _decompress(message, self.headers.encoding, max_size) if compressed else message
-            )
+            self.messages.append(Compressed(message) if compressed else message)
         self._wake()
 
     def close_input(self) -> None:
@@ -167,6 +142,8 @@ class Call:
             while self.messages:
                 message = self.messages.popleft()
                 self.connection.consumed(self)
+                if isinstance(message, Compressed):
+                    message = await inflate(message, self.headers.encoding, self.connection.max_message_size)
                 yield decode(message)
             if self.half_closed:
                 if self.reader.inside_message:
@@ -204,7 +181,10 @@ class Call:
             if handler.request_streaming:
                 request: Any = self._requests(decode)
             else:
-                request = decode(self._single_message())
+                message = self._single_message()
+                if isinstance(message, Compressed):
+                    message = await inflate(message, self.headers.encoding, self.connection.max_message_size)
+                request = decode(message)
             if handler.response_streaming:
                 behavior = handler.stream_stream if handler.request_streaming else handler.unary_stream
                 async for response in behavior(request, context):
@@ -227,7 +207,7 @@ class Call:
             if self.deadline_timer is not None:
                 self.deadline_timer.cancel()
 
-    def _single_message(self) -> bytes:
+    def _single_message(self) -> bytes | Compressed:
         if len(self.messages) != 1 or self.reader.inside_message:
             raise CallAborted(
                 UNIMPLEMENTED if not self.messages else INTERNAL,

@@ -5,6 +5,11 @@ stream's only once its handler has taken the messages waiting, so that ModelStre
 in-flight limit holds the client back), and answers wait for the client's windows. Frames the
 connection writes while handling one read go out in one write; answers written from handler
 tasks are gathered until the loop's next turn.
+
+A client that does not take what the server writes is not read from until it does (so PINGs
+and SETTINGS, whose answers it would leave unread, cannot pile them up), and one turn of the
+event loop reads a bounded number of a connection's frames and new streams (limits.py). Frames
+that break RFC 9113 end their stream or the connection with the error code the RFC names.
 """
 
 from __future__ import annotations
@@ -13,30 +18,54 @@ import asyncio
 import logging
 import struct
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
 
 from coreserve.server.frontend_reads import FRONTEND_READS
 from coreserve.server.grpc_native import wire
-from coreserve.server.grpc_native.calls import Call, CallAborted, refused_call
+from coreserve.server.grpc_native.call_status import CallAborted
+from coreserve.server.grpc_native.calls import Call, refused_call
 from coreserve.server.grpc_native.headers import HeaderBlockDecoder
 from coreserve.server.grpc_native.keepalive import PING_PAYLOAD, KeepaliveTimers
+from coreserve.server.grpc_native.limits import (
+    CONNECTION_WINDOW,
+    FRAMES_PER_TURN,
+    GLITCH_BURST,
+    GLITCH_RATE,
+    MAX_CONCURRENT,
+    MAX_CONTINUATIONS,
+    MAX_FRAME_SIZE,
+    MAX_HEADER_BLOCK,
+    MAX_HEADER_LIST,
+    MAX_SETTINGS,
+    STREAM_CHURN_BURST,
+    STREAM_CHURN_RATE,
+    STREAM_WINDOW,
+    STREAMS_PER_TURN,
+    RateBudget,
+)
 from coreserve.server.grpc_native.sending import Outbound
 from coreserve.server.grpc_native.wire import ConnectionFault
 from coreserve.server.grpc_transport import GrpcTransport
 
 logger = logging.getLogger("coreserve.server.grpc")
 
-STREAM_WINDOW = 4 * 1024 * 1024  # what each stream may send ahead of its handler
-CONNECTION_WINDOW = 64 * 1024 * 1024
-MAX_FRAME_SIZE = 1024 * 1024  # frames we accept: fewer, larger frames for large tensors
-MAX_HEADER_LIST = 16 * 1024  # gRPC's own limit on metadata
-MAX_HEADER_BLOCK = 64 * 1024  # encoded; a larger block ends the connection before decoding
-MAX_CONCURRENT = 1024
 STREAMED_DATA = 64 * 1024  # DATA frames this large are handed on before their last byte is in
 # --grpc-infer-response-compression-level as zlib's levels
 GZIP_LEVELS = {"none": 0, "low": 1, "medium": 6, "high": 9}
+FLUSH_SECONDS = 1.0  # what a closing connection's client has to take our last frames
+
+
+@dataclass(slots=True)
+class _PendingBlock:
+    """A header block whose HEADERS frame came, with CONTINUATION frames still to come."""
+
+    stream_id: int
+    flags: int  # the HEADERS frame's
+    block: bytearray
+    continuations: int = 0
 
 
 class Http2Connection(asyncio.Protocol):
@@ -59,11 +88,12 @@ class Http2Connection(asyncio.Protocol):
         self.peer = ""
         self._buffer = bytearray()
         self._preface = False
+        self._settings_seen = False  # RFC 9113 3.4: the preface ends with a SETTINGS frame
         self._preface_timer: asyncio.TimerHandle | None = None
-        self._decoder = HeaderBlockDecoder()
+        self._decoder = HeaderBlockDecoder(MAX_HEADER_LIST)
         self.calls: dict[int, Call] = {}
         self._last_stream = 0
-        self._continuation: tuple[int, int, bytearray] | None = None
+        self._continuation: _PendingBlock | None = None
         # A large DATA frame read as it comes: its stream, flags and the payload bytes still due.
         self._streamed: tuple[int, int] = (0, 0)
         self._streamed_due = 0
@@ -73,6 +103,11 @@ class Http2Connection(asyncio.Protocol):
         self._flush_scheduled = False
         self._going_away = False
         self._closed = asyncio.get_running_loop().create_future()
+        self._stream_churn = RateBudget(STREAM_CHURN_BURST, STREAM_CHURN_RATE)
+        self._glitches = RateBudget(GLITCH_BURST, GLITCH_RATE)
+        self._turn_streams = 0  # streams opened in this turn's frames
+        self._backlog = False  # whole frames wait in the buffer for a later turn
+        self._reading = True  # the transport reads (see _read_on)
 
     # asyncio.Protocol ----------------------------------------------------------------------
 
@@ -109,33 +144,61 @@ class Http2Connection(asyncio.Protocol):
             self._preface_timer.cancel()
         if self._keepalive is not None:
             self._keepalive.cancel()
-        for call in list(self.calls.values()):
-            call.cancel(None)
-        self.calls.clear()
+        self._cancel_calls()
         self.outbound.wake_all(closed=True)
+        self._buffer = bytearray()
         if not self._closed.done():
             self._closed.set_result(None)
         self._on_close(self)
 
     def pause_writing(self) -> None:
+        # The client does not take what we write: nothing more of it is read until it does.
         self.outbound.paused = True
+        self._read_on(False)
 
     def resume_writing(self) -> None:
         self.outbound.paused = False
+        if self._backlog:
+            asyncio.get_running_loop().call_soon(self._next_turn)
+        else:
+            self._read_on(True)
         self.outbound.wake_all()
+
+    def _read_on(self, reading: bool) -> None:
+        if reading != self._reading and not self.transport.is_closing():
+            self._reading = reading
+            if reading:
+                self.transport.resume_reading()
+            else:
+                self.transport.pause_reading()
 
     def data_received(self, data: bytes) -> None:
         FRONTEND_READS.value += 1
+        if self._streamed_due:  # the read buffer is empty: the payload goes on from `data`
+            try:
+                rest = self._stream_data(memoryview(data))
+            except ConnectionFault as fault:
+                self._fail_connection(fault)
+                return
+            if not rest:
+                self._flush()
+                return
+            self._buffer += rest
+        else:
+            self._buffer += data
+        self._read_frames()
+
+    def _next_turn(self) -> None:
+        """Reads the frames a former turn left in the buffer (see _read_frames)."""
+        if not self.outbound.paused and not self.transport.is_closing():
+            self._read_frames()
+
+    def _read_frames(self) -> None:
+        """Handles the whole frames in the buffer, up to one turn's share (limits.py); frames past
+        it wait for the next turn, and the transport reads nothing more until they are handled."""
         buffer = self._buffer
         position = 0
         try:
-            rest: bytes | memoryview = data
-            if self._streamed_due:  # the read buffer is empty: the payload goes on from `data`
-                rest = self._stream_data(memoryview(data))
-                if not rest:
-                    self._flush()
-                    return
-            buffer += rest
             if not self._preface:
                 if len(buffer) < 24:
                     if not wire.PREFACE.startswith(bytes(buffer)):
@@ -147,29 +210,7 @@ class Http2Connection(asyncio.Protocol):
                 if self._preface_timer is not None:
                     self._preface_timer.cancel()
                 position = 24
-            size = len(buffer)
-            view = memoryview(buffer)  # frames are views; none outlives this read
-            while size - position >= 9:
-                length = (buffer[position] << 16) | (buffer[position + 1] << 8) | buffer[position + 2]
-                if length > MAX_FRAME_SIZE:
-                    raise ConnectionFault(wire.FRAME_SIZE_ERROR, f"a frame of {length} bytes")
-                if size - position - 9 < length:
-                    if (
-                        length >= STREAMED_DATA
-                        and buffer[position + 3] == wire.DATA
-                        and not buffer[position + 4] & wire.PADDED
-                        and self._continuation is None
-                    ):
-                        self._start_streamed_data(buffer, view, position, length)
-                        position = size
-                    break
-                kind = buffer[position + 3]
-                flags = buffer[position + 4]
-                stream_id = int.from_bytes(buffer[position + 5 : position + 9], "big") & 0x7FFFFFFF
-                start = position + 9
-                position = start + length
-                self._frame(kind, flags, stream_id, view[start:position])
-            view.release()
+            position = self._frames(buffer, position)
         except ConnectionFault as fault:
             self._fail_connection(fault)
             return
@@ -179,6 +220,43 @@ class Http2Connection(asyncio.Protocol):
             return
         del buffer[:position]
         self._flush()
+        if self._backlog and not self.outbound.paused:
+            asyncio.get_running_loop().call_soon(self._next_turn)
+        self._read_on(not self._backlog and not self.outbound.paused)
+
+    def _frames(self, buffer: bytearray, position: int) -> int:
+        """Handles frames from `position` on, within the turn's share; returns where it stopped."""
+        size = len(buffer)
+        view = memoryview(buffer)  # frames are views; none outlives this read
+        frames = 0
+        self._turn_streams = 0
+        self._backlog = False
+        while size - position >= 9:
+            if frames == FRAMES_PER_TURN or self._turn_streams >= STREAMS_PER_TURN:
+                self._backlog = True
+                break
+            length = (buffer[position] << 16) | (buffer[position + 1] << 8) | buffer[position + 2]
+            if length > MAX_FRAME_SIZE:
+                raise ConnectionFault(wire.FRAME_SIZE_ERROR, f"a frame of {length} bytes")
+            if size - position - 9 < length:
+                if (
+                    length >= STREAMED_DATA
+                    and buffer[position + 3] == wire.DATA
+                    and not buffer[position + 4] & wire.PADDED
+                    and self._continuation is None
+                ):
+                    self._start_streamed_data(buffer, view, position, length)
+                    position = size
+                break
+            kind = buffer[position + 3]
+            flags = buffer[position + 4]
+            stream_id = int.from_bytes(buffer[position + 5 : position + 9], "big") & 0x7FFFFFFF
+            start = position + 9
+            position = start + length
+            frames += 1
+            self._frame(kind, flags, stream_id, view[start:position])
+        view.release()
+        return position
 
     # Frames --------------------------------------------------------------------------------
 
@@ -203,6 +281,10 @@ class Http2Connection(asyncio.Protocol):
         return data[take:]
 
     def _frame(self, kind: int, flags: int, stream_id: int, payload: memoryview) -> None:
+        if not self._settings_seen:
+            if kind != wire.SETTINGS or flags & wire.ACK:
+                raise ConnectionFault(wire.PROTOCOL_ERROR, "the connection preface ends without SETTINGS")
+            self._settings_seen = True
         if self._continuation is not None and kind != wire.CONTINUATION:
             raise ConnectionFault(wire.PROTOCOL_ERROR, "a header block interrupted")
         if kind == wire.DATA:
@@ -216,49 +298,96 @@ class Http2Connection(asyncio.Protocol):
         elif kind == wire.WINDOW_UPDATE:
             self._window_update(stream_id, payload)
         elif kind == wire.PING:
-            if stream_id or len(payload) != 8:
-                raise ConnectionFault(wire.PROTOCOL_ERROR, "a malformed PING")
-            if flags & wire.ACK:
-                if self._keepalive is not None:
-                    self._keepalive.ping_acknowledged(bytes(payload))
-            else:
-                self._out.append(wire.frame(wire.PING, wire.ACK, 0, bytes(payload)))
-                if self._keepalive is not None:
-                    self._keepalive.ping_received()
+            self._ping(flags, stream_id, payload)
         elif kind == wire.RST_STREAM:
-            if stream_id == 0 or len(payload) != 4:
-                raise ConnectionFault(wire.PROTOCOL_ERROR, "a malformed RST_STREAM")
-            call = self.calls.pop(stream_id, None)
-            if call is not None:
-                self.outbound.forget(call)
-                call.cancel(None)
+            self._rst_stream(stream_id, payload)
+        elif kind == wire.PRIORITY:
+            # RFC 9113 drops the priority scheme; the frame is read only to be checked (5.3.2).
+            if stream_id == 0:
+                raise ConnectionFault(wire.PROTOCOL_ERROR, "PRIORITY on stream 0")
+            self._glitch("PRIORITY frames")
+            if len(payload) != 5:
+                self._refuse_stream(stream_id, wire.FRAME_SIZE_ERROR)
         elif kind == wire.GOAWAY:
+            if stream_id or len(payload) < 8:
+                raise ConnectionFault(
+                    wire.PROTOCOL_ERROR if stream_id else wire.FRAME_SIZE_ERROR, "a malformed GOAWAY"
+                )
             self._going_away = True
         elif kind == wire.PUSH_PROMISE:
             raise ConnectionFault(wire.PROTOCOL_ERROR, "clients may not push")
-        # PRIORITY and unknown frame types are ignored, as RFC 9113 asks.
+        else:  # unknown frame types are ignored, as RFC 9113 (5.5) asks
+            self._glitch("frames of unknown types")
+
+    def _glitch(self, what: str) -> None:
+        """A frame that carries nothing a server needs: a flood of them ends the connection."""
+        if not self._glitches.spend():
+            raise ConnectionFault(wire.ENHANCE_YOUR_CALM, f"too many {what}")
 
     def _settings(self, flags: int, stream_id: int, payload: memoryview) -> None:
-        if stream_id or len(payload) % 6 or (flags & wire.ACK and payload):
-            raise ConnectionFault(
-                wire.FRAME_SIZE_ERROR if len(payload) % 6 else wire.PROTOCOL_ERROR, "bad SETTINGS"
-            )
+        if stream_id:
+            raise ConnectionFault(wire.PROTOCOL_ERROR, "SETTINGS on a stream")
+        if len(payload) % 6 or (flags & wire.ACK and payload):
+            raise ConnectionFault(wire.FRAME_SIZE_ERROR, "a SETTINGS frame of the wrong size")
         if flags & wire.ACK:
             return
+        if len(payload) > 6 * MAX_SETTINGS:
+            raise ConnectionFault(wire.ENHANCE_YOUR_CALM, f"more than {MAX_SETTINGS} settings in a frame")
+        initial = None
         for offset in range(0, len(payload), 6):
             key, value = struct.unpack_from(">HI", payload, offset)
             if key == wire.INITIAL_WINDOW_SIZE:
                 if value > wire.MAX_WINDOW:
                     raise ConnectionFault(wire.FLOW_CONTROL_ERROR, "initial window too large")
-                self.outbound.initial_window(value, self.calls.values())
+                initial = value
             elif key == wire.MAX_FRAME_SIZE:
                 if not wire.DEFAULT_MAX_FRAME <= value <= 2**24 - 1:
                     raise ConnectionFault(wire.PROTOCOL_ERROR, "bad SETTINGS_MAX_FRAME_SIZE")
                 self.outbound.max_frame = value
             elif key == wire.HEADER_TABLE_SIZE:
                 self.outbound.header_blocks.table_size(value)
+            elif key == wire.ENABLE_PUSH and value > 1:
+                raise ConnectionFault(wire.PROTOCOL_ERROR, "SETTINGS_ENABLE_PUSH other than 0 or 1")
+        # Only the last value of the frame moves the windows: one change per frame at most.
+        if initial is not None and not self.outbound.initial_window(initial, self.calls.values()):
+            raise ConnectionFault(wire.FLOW_CONTROL_ERROR, "a stream window past 2^31-1")
         self._out.append(wire.frame(wire.SETTINGS, wire.ACK, 0))
-        self.outbound.send_blocked()
+
+    def _ping(self, flags: int, stream_id: int, payload: memoryview) -> None:
+        if stream_id:
+            raise ConnectionFault(wire.PROTOCOL_ERROR, "PING on a stream")
+        if len(payload) != 8:
+            raise ConnectionFault(wire.FRAME_SIZE_ERROR, "a PING of the wrong size")
+        if flags & wire.ACK:
+            if self._keepalive is not None:
+                self._keepalive.ping_acknowledged(bytes(payload))
+        else:
+            self._out.append(wire.frame(wire.PING, wire.ACK, 0, bytes(payload)))
+            if self._keepalive is not None:
+                self._keepalive.ping_received()
+
+    def _rst_stream(self, stream_id: int, payload: memoryview) -> None:
+        if stream_id == 0:
+            raise ConnectionFault(wire.PROTOCOL_ERROR, "RST_STREAM on stream 0")
+        if len(payload) != 4:
+            raise ConnectionFault(wire.FRAME_SIZE_ERROR, "a RST_STREAM of the wrong size")
+        self._idle(stream_id, "RST_STREAM")
+        call = self.calls.pop(stream_id, None)
+        if call is not None:
+            self.outbound.forget(call)
+            call.cancel(None)
+            self._churn()
+
+    def _churn(self) -> None:
+        """A stream reset before its answer, or refused: a client that makes streams only to drop
+        them (rapid reset) ends its connection."""
+        if not self._stream_churn.spend():
+            raise ConnectionFault(wire.ENHANCE_YOUR_CALM, "too many streams reset or refused")
+
+    def _idle(self, stream_id: int, kind: str) -> None:
+        """RFC 9113 5.1: a frame other than HEADERS and PRIORITY on a stream never opened."""
+        if stream_id > self._last_stream:
+            raise ConnectionFault(wire.PROTOCOL_ERROR, f"{kind} on idle stream {stream_id}")
 
     def _window_update(self, stream_id: int, payload: memoryview) -> None:
         if len(payload) != 4:
@@ -272,46 +401,74 @@ class Http2Connection(asyncio.Protocol):
                 raise ConnectionFault(wire.FLOW_CONTROL_ERROR, "connection window past 2^31-1")
             self.outbound.send_blocked()
             return
+        self._idle(stream_id, "WINDOW_UPDATE")
         call = self.calls.get(stream_id)
-        if call is not None:
-            call.send_window += increment
-            self.outbound.send_pending(call)
+        if call is None:
+            return  # a stream that ended: the update may have crossed our end
+        if increment == 0:
+            self._reset(call, wire.PROTOCOL_ERROR)
+        elif not self.outbound.grant(call, increment):
+            self._reset(call, wire.FLOW_CONTROL_ERROR)
 
     def _headers(self, flags: int, stream_id: int, payload: memoryview) -> None:
+        if stream_id == 0:
+            raise ConnectionFault(wire.PROTOCOL_ERROR, "HEADERS on stream 0")
         if flags & wire.PADDED:
             if not payload or payload[0] >= len(payload):
                 raise ConnectionFault(wire.PROTOCOL_ERROR, "bad padding")
             payload = payload[1 : len(payload) - payload[0]]
         if flags & wire.PRIORITY_FLAG:
+            if len(payload) < 5:
+                raise ConnectionFault(wire.FRAME_SIZE_ERROR, "HEADERS too short for its priority")
             payload = payload[5:]
         if flags & wire.END_HEADERS:
             self._header_block(stream_id, flags, bytes(payload))
         else:
-            self._continuation = (stream_id, flags, bytearray(payload))
+            self._continuation = _PendingBlock(stream_id, flags, bytearray(payload))
 
     def _continue_headers(self, flags: int, stream_id: int, payload: memoryview) -> None:
         pending = self._continuation
-        if pending is None or pending[0] != stream_id:
+        if pending is None or pending.stream_id != stream_id:
             raise ConnectionFault(wire.PROTOCOL_ERROR, "CONTINUATION without its HEADERS")
-        pending[2].extend(payload)
-        if len(pending[2]) > MAX_HEADER_BLOCK:
+        pending.continuations += 1
+        if pending.continuations > MAX_CONTINUATIONS:
+            raise ConnectionFault(wire.ENHANCE_YOUR_CALM, f"a header block in {pending.continuations} frames")
+        pending.block.extend(payload)
+        if len(pending.block) > MAX_HEADER_BLOCK:
             raise ConnectionFault(wire.ENHANCE_YOUR_CALM, f"a header block over {MAX_HEADER_BLOCK} bytes")
         if flags & wire.END_HEADERS:
             self._continuation = None
-            self._header_block(stream_id, pending[1], bytes(pending[2]))
+            self._header_block(stream_id, pending.flags, bytes(pending.block))
+        elif not payload:
+            self._glitch("empty CONTINUATION frames")
 
     def _header_block(self, stream_id: int, flags: int, block: bytes) -> None:
         if len(block) > MAX_HEADER_BLOCK:
             raise ConnectionFault(wire.ENHANCE_YOUR_CALM, f"a header block over {MAX_HEADER_BLOCK} bytes")
         headers = self._decoder.decode(block)  # always: the HPACK table must stay in step
-        if stream_id in self.calls:  # trailers from the client: gRPC has none
-            self._end_input(self.calls[stream_id])
+        call = self.calls.get(stream_id)
+        if call is not None:  # trailers: they end the client's side, with no pseudo-header
+            if call.half_closed:
+                self._reset(call, wire.STREAM_CLOSED)  # RFC 9113 5.1: the client's side is closed
+            elif not flags & wire.END_STREAM or headers.method or headers.path:
+                self._reset(call, wire.PROTOCOL_ERROR)  # RFC 9113 8.1: malformed trailers
+            else:
+                self._end_input(call)
             return
-        if stream_id % 2 == 0 or stream_id <= self._last_stream:
+        if stream_id % 2 == 0:
             raise ConnectionFault(wire.PROTOCOL_ERROR, f"stream {stream_id} may not open here")
+        if stream_id <= self._last_stream:
+            raise ConnectionFault(wire.STREAM_CLOSED, f"HEADERS on closed stream {stream_id}")
         self._last_stream = stream_id
+        self._turn_streams += 1
         if self._going_away or len(self.calls) >= MAX_CONCURRENT:
             self._out.append(wire.rst_stream(stream_id, wire.REFUSED_STREAM))
+            if not self._going_away:
+                self._churn()
+            return
+        if headers.malformed is not None and headers.size <= MAX_HEADER_LIST:
+            self._refuse_stream(stream_id, wire.PROTOCOL_ERROR)
+            self._glitch("malformed requests")
             return
         refusal = refused_call(headers, self.handlers, MAX_HEADER_LIST)
         if refusal is not None:
@@ -320,7 +477,7 @@ class Http2Connection(asyncio.Protocol):
             if not flags & wire.END_STREAM:
                 self._out.append(wire.rst_stream(stream_id, wire.NO_ERROR))
             return
-        call = Call(self, stream_id, headers, self.handlers[headers.path], self.outbound.initial)
+        call = Call(self, stream_id, headers, self.handlers[headers.path])
         self.calls[stream_id] = call
         if headers.timeout is not None:
             timeout = wire.parse_timeout(headers.timeout)
@@ -330,6 +487,14 @@ class Http2Connection(asyncio.Protocol):
             call.start()
         if flags & wire.END_STREAM:
             self._end_input(call)
+
+    def _refuse_stream(self, stream_id: int, code: int) -> None:
+        """A stream error (RFC 9113 5.4.2) on `stream_id`, open or not."""
+        call = self.calls.get(stream_id)
+        if call is not None:
+            self._reset(call, code)
+        else:
+            self._out.append(wire.rst_stream(stream_id, code))
 
     def _data(self, flags: int, stream_id: int, payload: memoryview, stable: bool = False) -> None:
         if stream_id == 0:
@@ -346,10 +511,14 @@ class Http2Connection(asyncio.Protocol):
                 raise ConnectionFault(wire.PROTOCOL_ERROR, "bad padding")
             payload = payload[1 : size - payload[0]]
         call = self.calls.get(stream_id)
-        if call is None or call.half_closed or call.status is not None:
-            if stream_id > self._last_stream:
-                raise ConnectionFault(wire.PROTOCOL_ERROR, f"DATA on idle stream {stream_id}")
+        if call is None or call.status is not None:
+            self._idle(stream_id, "DATA")
             return  # a stream we ended or reset: its window came back with the connection's
+        if call.half_closed:
+            self._reset(call, wire.STREAM_CLOSED)  # RFC 9113 5.1: the client's side is closed
+            return
+        if not payload and not flags & wire.END_STREAM:
+            self._glitch("empty DATA frames")
         call.unacked += size
         if call.unacked > STREAM_WINDOW:
             self._reset(call, wire.FLOW_CONTROL_ERROR)
@@ -414,6 +583,11 @@ class Http2Connection(asyncio.Protocol):
 
     # Ending --------------------------------------------------------------------------------
 
+    def _cancel_calls(self) -> None:
+        for call in list(self.calls.values()):
+            call.cancel(None)
+        self.calls.clear()
+
     def _go_away(self, reason: str, calm: bool) -> None:
         """GOAWAY for keepalive's reasons: calm (too many pings) closes now, else after the calls."""
         self._going_away = True
@@ -424,22 +598,31 @@ class Http2Connection(asyncio.Protocol):
             self.transport.close()
 
     def _fail_connection(self, fault: ConnectionFault) -> None:
+        """GOAWAY with the fault's code; the calls stop at once and the connection closes (or
+        is dropped, where the client does not take what we write)."""
         logger.info("gRPC connection from %s closed: %s", self.peer, fault.reason)
+        self._cancel_calls()
         self._out.append(wire.goaway(self._last_stream, fault.code, fault.reason))
         self._flush()
-        self.transport.close()
+        if self.outbound.paused:
+            self.transport.abort()
+        else:
+            self.transport.close()
 
     async def shut_down(self, grace: float | None) -> None:
-        """GOAWAY, lets the calls in progress finish (at most `grace` seconds), then closes."""
-        if self.transport.is_closing():
-            return
-        self._going_away = True
-        self._write(wire.goaway(self._last_stream, wire.NO_ERROR))
-        deadline = asyncio.get_running_loop().time() + (grace if grace is not None else 0.0)
-        while self.calls and asyncio.get_running_loop().time() < deadline:
-            await asyncio.sleep(0.05)
-        for call in list(self.calls.values()):
-            call.cancel(None)
-        self._flush()
-        self.transport.close()
-        await self._closed
+        """GOAWAY, lets the calls in progress finish (at most `grace` seconds), then closes; a
+        client that does not take what is left to write within FLUSH_SECONDS is dropped."""
+        if not self.transport.is_closing():
+            self._going_away = True
+            self._write(wire.goaway(self._last_stream, wire.NO_ERROR))
+            deadline = asyncio.get_running_loop().time() + (grace if grace is not None else 0.0)
+            while self.calls and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(0.05)
+            self._cancel_calls()
+            self._flush()
+            self.transport.close()
+        try:
+            await asyncio.wait_for(asyncio.shield(self._closed), FLUSH_SECONDS)
+        except TimeoutError:
+            self.transport.abort()
+            await self._closed

@@ -1,23 +1,28 @@
-"""Decoding a connection's request header blocks: HPACK through `hpack`, with a cache.
+"""A connection's request header blocks, decoded (hpack_decoder.py) and read as gRPC uses them.
 
 gRPC clients send the same header block again and again once their fields are in the HPACK
 dynamic table (every field indexed), so a block's bytes seen before decode to the same fields
 as long as the table has not changed since: those come from a dict instead of the decoder.
+A block is also checked against RFC 9113's rules for a request (8.2, 8.3): one that breaks
+them is malformed, and its stream is reset.
 """
 
 from __future__ import annotations
 
+import base64
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-import hpack
-from hpack.table import HeaderTable
-
+from coreserve.server.grpc_native.hpack_decoder import Field, HeaderDecodingError, HpackDecoder
 from coreserve.server.grpc_native.wire import COMPRESSION_ERROR, ConnectionFault
 
 # Distinct blocks remembered per connection: clients repeat a handful (one per method and
-# metadata combination); a client that varies its blocks only fills the cache up to this.
+# metadata combination); a client that varies its blocks only fills the cache up to this. Only
+# small blocks of small lists are kept, so the cache of a connection stays small.
 CACHE_ENTRIES = 64
+CACHED_BLOCK_BYTES = 1024
+CACHED_LIST_BYTES = 4096
 
 
 @dataclass(frozen=True)
@@ -31,26 +36,44 @@ class RequestHeaders:
     encoding: bytes | None
     accepts_gzip: bool  # grpc-accept-encoding names gzip
     metadata: tuple[tuple[str, str | bytes], ...]
-    size: int  # RFC 9113's header list size: names + values + 32 per field
+    size: int  # RFC 9113's header list size: names + values + 32 per field (all of them)
+    malformed: str | None = None  # why the block is not a valid request (RFC 9113 8.2, 8.3)
 
 
 _RESERVED = frozenset(
     {b"te", b"content-type", b"grpc-timeout", b"grpc-encoding", b"user-agent", b"grpc-accept-encoding"}
 )
+_REQUEST_PSEUDO = frozenset({b":method", b":scheme", b":path", b":authority"})
+# RFC 9113 8.2.2: fields of HTTP/1.1 connections that an HTTP/2 request must not carry.
+_CONNECTION_SPECIFIC = frozenset(
+    {b"connection", b"proxy-connection", b"keep-alive", b"transfer-encoding", b"upgrade"}
+)
+# RFC 9113 8.2.1: a name of visible ASCII but upper case letters; a value without NUL, CR or LF,
+# and without white space at either end.
+_VALID_NAME = re.compile(rb":?[!-9;-@\[-~]+")
+_INVALID_VALUE = re.compile(rb"[\0\r\n]|^[ \t]|[ \t]$")
 
 
-def _request_headers(fields: Iterable[tuple[bytes, bytes]]) -> RequestHeaders:
+def _request_headers(fields: Iterable[Field], size: int, max_size: int) -> RequestHeaders:
     pseudo: dict[bytes, bytes] = {}
     metadata: list[tuple[str, str | bytes]] = []
     content_type = b""
     timeout = encoding = None
     accepts_gzip = False
-    size = 0
+    malformed = None
+    regular = False  # a field that is not a pseudo-header came
     for name, value in fields:
-        size += len(name) + len(value) + 32
-        if name.startswith(b":"):
+        if _VALID_NAME.fullmatch(name) is None or _INVALID_VALUE.search(value) is not None:
+            malformed = f"the field {name!r} is not valid in HTTP/2"
+        elif name.startswith(b":"):
+            if regular or name not in _REQUEST_PSEUDO or name in pseudo:
+                malformed = f"the pseudo-header {name.decode('latin-1')} is misplaced, repeated or unknown"
             pseudo[name] = value
-        elif name == b"content-type":
+            continue
+        regular = True
+        if name in _CONNECTION_SPECIFIC or (name == b"te" and value != b"trailers"):
+            malformed = f"the connection-specific field {name.decode('latin-1')}"
+        if name == b"content-type":
             content_type = value
         elif name == b"grpc-timeout":
             timeout = value
@@ -58,13 +81,15 @@ def _request_headers(fields: Iterable[tuple[bytes, bytes]]) -> RequestHeaders:
             encoding = value
         elif name == b"grpc-accept-encoding":
             accepts_gzip = b"gzip" in value
-        if name in _RESERVED or name.startswith(b":"):
+        if name in _RESERVED:
             if name == b"user-agent":
                 metadata.append(("user-agent", value.decode("latin-1")))
             continue
         key = name.decode("latin-1")
         # Binary metadata ("-bin") is base64 on the wire; grpc hands servicers the bytes.
         metadata.append((key, _unbase64(value) if key.endswith("-bin") else value.decode("latin-1")))
+    if size <= max_size and malformed is None and not pseudo.keys() >= {b":method", b":scheme", b":path"}:
+        malformed = "a request without :method, :scheme and :path"
     return RequestHeaders(
         method=pseudo.get(b":method", b""),
         path=pseudo.get(b":path", b"").decode("latin-1"),
@@ -74,59 +99,49 @@ def _request_headers(fields: Iterable[tuple[bytes, bytes]]) -> RequestHeaders:
         accepts_gzip=accepts_gzip,
         metadata=tuple(metadata),
         size=size,
+        malformed=malformed,
     )
 
 
 def _unbase64(value: bytes) -> bytes:
-    import base64
-
     try:
         return base64.b64decode(value + b"=" * (-len(value) % 4))
     except ValueError:
         return b""
 
 
-class _CountedTable(HeaderTable):
-    """hpack's dynamic table, counting the changes that shift what an index means."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.changes = 0
-
-    def add(self, name: bytes, value: bytes) -> None:
-        self.changes += 1
-        super().add(name, value)
-
-    def _shrink(self) -> None:
-        self.changes += 1
-        super()._shrink()
-
-
 class HeaderBlockDecoder:
     """One connection's HPACK decoder and its cache of repeated blocks."""
 
-    def __init__(self, max_table_size: int = 4096) -> None:
-        self._decoder = hpack.Decoder()
-        self._table = self._decoder.header_table = _CountedTable()
-        self._decoder.max_allowed_table_size = max_table_size
-        self._decoder.max_header_list_size = 2**31  # the connection checks the block's size itself
+    def __init__(self, max_list_size: int, max_table_size: int = 4096) -> None:
+        self._decoder = HpackDecoder(max_table_size, max_list_size)
         self._cache: dict[bytes, RequestHeaders] = {}
 
     def decode(self, block: bytes) -> RequestHeaders:
-        """The headers of `block`; ConnectionFault(COMPRESSION_ERROR) when it does not decode."""
+        """The headers of `block`; ConnectionFault(COMPRESSION_ERROR) when it does not decode.
+
+        A list past the limit keeps only the fields before it (its `size` says how large it
+        is): the request is refused, and nothing more of it is kept.
+        """
         cached = self._cache.get(block)
         if cached is not None:
             return cached
-        changes = self._table.changes
+        decoder = self._decoder
+        changes = decoder.changes
         try:
-            fields = self._decoder.decode(block, raw=True)
-        except hpack.HPACKError as exc:
+            fields, size = decoder.decode(block)
+        except HeaderDecodingError as exc:
             # The dynamic table is now out of step with the client's: nothing later decodes.
             raise ConnectionFault(COMPRESSION_ERROR, f"header block does not decode: {exc}") from None
-        headers = _request_headers(fields)
-        if self._table.changes != changes:
+        headers = _request_headers(fields, size, decoder.max_list_size)
+        if decoder.changes != changes:
             # This block changed the table: blocks cached before may now mean other fields.
             self._cache.clear()
-        elif len(self._cache) < CACHE_ENTRIES:
+        elif (
+            len(self._cache) < CACHE_ENTRIES
+            and len(block) <= CACHED_BLOCK_BYTES
+            and size <= CACHED_LIST_BYTES
+            and headers.malformed is None
+        ):
             self._cache[block] = headers
         return headers

@@ -32,18 +32,41 @@ class Outbound:
         self._stream_done = stream_done
         self.window = wire.DEFAULT_WINDOW  # the connection's send window
         self.initial = wire.DEFAULT_WINDOW  # the client's SETTINGS_INITIAL_WINDOW_SIZE
+        self._top_credit = 0  # at least any open stream's send credit (see initial_window)
         self.max_frame = wire.DEFAULT_MAX_FRAME
         self.paused = False  # the transport's buffer is full
         self._blocked: dict[int, Call] = {}
         self._waiting: set[Call] = set()  # handlers held back in wait_drained
         self.header_blocks = ResponseHeaderEncoder()  # every header block of the connection's
 
-    def initial_window(self, value: int, calls: Iterable[Call]) -> None:
-        """The client changed its initial window: every open stream's window moves by the change."""
-        delta = value - self.initial
+    def grant(self, call: Call, increment: int) -> bool:
+        """A WINDOW_UPDATE for `call`; False where it takes the window past 2^31-1 (RFC 9113 6.9.1)."""
+        credit = call.send_credit + increment
+        if self.initial + credit > wire.MAX_WINDOW:
+            return False
+        call.send_credit = credit
+        self._top_credit = max(self._top_credit, credit)
+        self.send_pending(call)
+        return True
+
+    def initial_window(self, value: int, calls: Iterable[Call]) -> bool:
+        """The client changed its initial window, which moves every open stream's window by the
+        change (each window is the initial one and its stream's credit). False where a window
+        would pass 2^31-1 (RFC 9113 6.9.2).
+
+        The check costs nothing per stream while no stream has credit that could take it past:
+        `_top_credit` bounds every open stream's credit from above, and is computed again only
+        where it would fail. So a flood of changes costs what its frames cost.
+        """
+        if value + self._top_credit > wire.MAX_WINDOW:
+            self._top_credit = max((call.send_credit for call in calls), default=0)
+            if value + self._top_credit > wire.MAX_WINDOW:
+                return False
+        raised = value > self.initial
         self.initial = value
-        for call in calls:
-            call.send_window += delta
+        if raised:
+            self.send_blocked()
+        return True
 
     def send_message(self, call: Call, prefix: bytes, message: bytes | SerializedPieces) -> None:
         if not call.headers_sent:
@@ -55,8 +78,8 @@ class Outbound:
             self.send_pending(call)
             return
         size = len(prefix) + len(message)
-        if not call.outbound and size <= min(call.send_window, self.window, self.max_frame):
-            call.send_window -= size
+        if not call.outbound and size <= min(self.initial + call.send_credit, self.window, self.max_frame):
+            call.send_credit -= size
             self.window -= size
             self._write(wire.frame_header(wire.DATA, 0, call.stream_id, size), prefix, message)
             return
@@ -74,7 +97,7 @@ class Outbound:
         """Frames what the windows allow of `call`'s answer; ends the stream once all is out."""
         outbound = call.outbound
         while outbound:
-            room = min(call.send_window, self.window, self.max_frame)
+            room = min(self.initial + call.send_credit, self.window, self.max_frame)
             if room <= 0:
                 self._blocked[call.stream_id] = call
                 return
@@ -84,7 +107,7 @@ class Outbound:
             else:
                 outbound[0] = chunk[room:]
                 chunk = chunk[:room]
-            call.send_window -= len(chunk)
+            call.send_credit -= len(chunk)
             self.window -= len(chunk)
             self._write(wire.frame_header(wire.DATA, 0, call.stream_id, len(chunk)), chunk)
         self._blocked.pop(call.stream_id, None)
