@@ -292,10 +292,45 @@ def _infer_request(
     return message
 
 
-def _with_contents_and_raw() -> service_pb2.ModelInferRequest:
-    message = _infer_request()
-    message.inputs[0].contents.fp32_contents.extend([1, 2, 3, 4])
+def _with_contents(
+    on: tuple[int, ...],
+    raw_entries: int,
+    model: str = "add_sub",
+    names: tuple[str, str] = ("INPUT0", "INPUT1"),
+    entry: bytes = np.ones(4, np.float32).tobytes(),
+) -> service_pb2.ModelInferRequest:
+    """add_sub's request with typed contents on the inputs `on` and `raw_entries` raw entries."""
+    inputs = tuple((name, [1, 4], "FP32") for name in names)
+    message = _infer_request(model, inputs=inputs, raw=[entry] * raw_entries)
+    for index in on:
+        message.inputs[index].contents.fp32_contents.extend([1, 2, 3, 4])
     return message
+
+
+def _changed(
+    message: service_pb2.ModelInferRequest,
+    index: int,
+    shape: list[int] | None = None,
+    datatype: str = "",
+    region: str = "",
+) -> service_pb2.ModelInferRequest:
+    """`message` with one input's shape or datatype changed, or that input put in a region."""
+    tensor = message.inputs[index]
+    if shape is not None:
+        tensor.ClearField("shape")
+        tensor.shape.extend(shape)
+    if datatype:
+        tensor.datatype = datatype
+    if region:
+        tensor.parameters["shared_memory_region"].string_param = region
+        tensor.parameters["shared_memory_byte_size"].int64_param = 16
+    return message
+
+
+CONTENTS_BESIDE_RAW = (
+    "contents field must not be specified when using raw_input_contents for '{}' for model 'add_sub'"
+)
+NO_DATA = "unable to find data for input tensor '{}' for model 'add_sub' in request."
 
 
 Call = Callable[[service_pb2_grpc.GRPCInferenceServiceStub], Any]
@@ -360,16 +395,6 @@ GRPC_CASES: dict[str, tuple[Call, grpc.StatusCode, str]] = {
         lambda stub: stub.RepositoryModelLoad(service_pb2.RepositoryModelLoadRequest(model_name="broken")),
         grpc.StatusCode.INVALID_ARGUMENT,
         "load failed for model 'broken': version 1 is at UNAVAILABLE state: ",
-    ),
-    "contents and raw_input_contents": (
-        lambda stub: stub.ModelInfer(_with_contents_and_raw()),
-        grpc.StatusCode.INVALID_ARGUMENT,
-        "contents field must not be specified when using raw_input_contents for 'INPUT0' for model 'add_sub'",
-    ),
-    "fewer raw_input_contents than inputs": (
-        lambda stub: stub.ModelInfer(_infer_request(raw=[np.ones(4, np.float32).tobytes()])),
-        grpc.StatusCode.INVALID_ARGUMENT,
-        "unable to find data for input tensor 'INPUT1' for model 'add_sub' in request.",
     ),
     "malformed version of readiness": (
         lambda stub: stub.ModelReady(service_pb2.ModelReadyRequest(name="add_sub", version="abc")),
@@ -441,6 +466,125 @@ def test_grpc_says_what_triton_says(server: ServerProcess, case: str) -> None:
             call(stub)
     assert info.value.code() == code, info.value.details()
     assert triton_text in info.value.details()
+
+
+# Typed contents beside raw_input_contents, with the count of raw entries off as well: which
+# mistake Triton 2.51 names. Its gRPC frontend finds the model first, then adds every input (a
+# name given twice fails there), then finds each input's data in turn (its region, its
+# contents, which must not come with raw entries, or the next raw entry) and names the first
+# input that has none; raw entries beyond the inputs are ignored. Datatypes and shapes come
+# after that. Each answer below is the real Triton's, in full, to the same request.
+# case: (request, status code, Triton's text)
+ORDER_CASES: dict[str, tuple[service_pb2.ModelInferRequest, grpc.StatusCode, str]] = {
+    "contents on the first input, raw for both": (
+        _with_contents((0,), 2),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        CONTENTS_BESIDE_RAW.format("INPUT0"),
+    ),
+    "contents on the first input, too few raw entries": (
+        _with_contents((0,), 1),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        CONTENTS_BESIDE_RAW.format("INPUT0"),
+    ),
+    "contents on the first input, too many raw entries": (
+        _with_contents((0,), 3),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        CONTENTS_BESIDE_RAW.format("INPUT0"),
+    ),
+    "contents on a later input, too few raw entries": (
+        _with_contents((1,), 1),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        CONTENTS_BESIDE_RAW.format("INPUT1"),
+    ),
+    "contents on a later input, too many raw entries": (
+        _with_contents((1,), 3),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        CONTENTS_BESIDE_RAW.format("INPUT1"),
+    ),
+    "contents on both inputs, one raw entry": (
+        _with_contents((0, 1), 1),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        CONTENTS_BESIDE_RAW.format("INPUT0"),
+    ),
+    "contents on a later input, raw of the wrong size": (
+        _with_contents((1,), 2, entry=np.ones(3, np.float32).tobytes()),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        CONTENTS_BESIDE_RAW.format("INPUT1"),
+    ),
+    "contents on a later input, the first's shape wrong": (
+        _changed(_with_contents((1,), 1), 0, shape=[1, 2]),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        CONTENTS_BESIDE_RAW.format("INPUT1"),
+    ),
+    "contents on a later input, the first's datatype unknown": (
+        _changed(_with_contents((1,), 1), 0, datatype="FLOAT"),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        CONTENTS_BESIDE_RAW.format("INPUT1"),
+    ),
+    "contents on the first input, a later one in an unregistered region": (
+        _changed(_with_contents((0,), 1), 1, region="nosuchregion"),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        CONTENTS_BESIDE_RAW.format("INPUT0"),
+    ),
+    "a later input in an unregistered region": (
+        _changed(_with_contents((), 2), 1, region="nosuchregion"),
+        grpc.StatusCode.NOT_FOUND,
+        "Unable to find shared memory region: 'nosuchregion'",
+    ),
+    "an input named twice, contents on the first": (
+        _with_contents((0,), 1, names=("INPUT0", "INPUT0")),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "[request id: <id_unknown>] input 'INPUT0' already exists in request",
+    ),
+    "unknown model, contents beside raw": (
+        _with_contents((0,), 1, model="nosuch"),
+        grpc.StatusCode.NOT_FOUND,
+        "Request for unknown model: 'nosuch' is not found",
+    ),
+    "contents on the first input only, no raw entries": (
+        _with_contents((0,), 0),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        NO_DATA.format("INPUT1"),
+    ),
+    "neither contents nor raw entries": (
+        _with_contents((), 0),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        NO_DATA.format("INPUT0"),
+    ),
+    "too few raw entries": (
+        _with_contents((), 1),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        NO_DATA.format("INPUT1"),
+    ),
+    "too many raw entries, one input missing": (
+        _infer_request(inputs=(("INPUT0", [1, 4], "FP32"),), raw=[np.ones(4, np.float32).tobytes()] * 2),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "[request id: <id_unknown>] expected 2 inputs but got 1 inputs for model 'add_sub'. Got input(s) "
+        "['INPUT0'], but missing required input(s) ['INPUT1']. Please provide all required input(s).",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(ORDER_CASES))
+def test_grpc_names_the_mistake_triton_names_first(server: ServerProcess, case: str) -> None:
+    message, code, triton_text = ORDER_CASES[case]
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as info:
+            stub.ModelInfer(message)
+        assert (info.value.code(), info.value.details()) == (code, triton_text)
+        # On a stream, the same words come back in the request's own response.
+        message.id = "s1"
+        (reply,) = stub.ModelStreamInfer(iter([message]), timeout=30)
+    assert reply.infer_response.id == "s1"
+    assert reply.error_message == triton_text.replace("<id_unknown>", "s1")
+
+
+def test_raw_entries_beyond_the_inputs_are_ignored_as_in_triton(server: ServerProcess) -> None:
+    extra = _with_contents((), 3)
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        reply = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(extra)
+    assert np.frombuffer(reply.raw_output_contents[0], np.float32).tolist() == [2.0] * 4
 
 
 # --- The request's id in errors -------------------------------------------------------------
