@@ -193,7 +193,10 @@ def test_typed_contents_are_accepted(server: ServerProcess) -> None:
 @pytest.mark.parametrize(
     ("mutate", "message"),
     [
-        (lambda r: r.raw_input_contents.pop(), "the request has 2 inputs but 1 raw_input_contents"),
+        (
+            lambda r: r.raw_input_contents.pop(),
+            "unable to find data for input tensor 'INPUT1' for model 'add_sub' in request.",
+        ),
         (
             lambda r: r.raw_input_contents.__setitem__(0, b"\x00" * 12),
             "input byte size mismatch for input 'INPUT0'",

@@ -211,10 +211,14 @@ def test_file_paths_that_leave_the_model_folder_are_refused(
 @pytest.mark.parametrize(
     ("parameters", "message"),
     [
-        ({"config": 5}, "must be a JSON string"),
-        ({"file:1/model.onnx": "bm90IGJhc2U2NA=="}, "need a 'config' parameter"),
+        ({"config": 5}, "invalid value type for load parameter 'config', expected string_param."),
+        (
+            {"file:1/model.onnx": "bm90IGJhc2U2NA=="},
+            "failed to load 'other', failed to poll from model repository: "
+            "Load parameter 'config' must be specified for model file override",
+        ),
         ({"file:1/model.onnx": "%%%"}, "not valid base64"),
-        ({"colour": "blue"}, "unknown load parameter 'colour'"),
+        ({"colour": "blue"}, "unrecognized load parameter 'colour'."),
     ],
 )
 def test_bad_load_parameters(server: ServerProcess, parameters: dict, message: str) -> None:
@@ -364,7 +368,7 @@ def test_a_cache_folder_given_is_kept_at_exit(
     client.load_model(
         "uploaded", config=SCALE_JSON, files={"file:1/model.onnx": scale_model(7.0).SerializeToString()}
     )
-    assert len(list((cache / "overrides").glob("*/uploaded/1/model.onnx"))) == 1
+    assert len(list((cache / "overrides").glob("*/1/model.onnx"))) == 1
     assert server.stop() == 0
     # The files of a model loaded from files go with the model; the folder and the rest stay.
     assert (cache / "mine.txt").read_text() == "the operator's file"

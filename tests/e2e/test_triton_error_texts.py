@@ -10,6 +10,7 @@ model of the same signature.
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -17,6 +18,8 @@ from typing import Any
 import grpc
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from coreserve.testing import ServerProcess
@@ -292,10 +295,45 @@ def _infer_request(
     return message
 
 
-def _with_contents_and_raw() -> service_pb2.ModelInferRequest:
-    message = _infer_request()
-    message.inputs[0].contents.fp32_contents.extend([1, 2, 3, 4])
+def _with_contents(
+    on: tuple[int, ...],
+    raw_entries: int,
+    model: str = "add_sub",
+    names: tuple[str, str] = ("INPUT0", "INPUT1"),
+    entry: bytes = np.ones(4, np.float32).tobytes(),
+) -> service_pb2.ModelInferRequest:
+    """add_sub's request with typed contents on the inputs `on` and `raw_entries` raw entries."""
+    inputs = tuple((name, [1, 4], "FP32") for name in names)
+    message = _infer_request(model, inputs=inputs, raw=[entry] * raw_entries)
+    for index in on:
+        message.inputs[index].contents.fp32_contents.extend([1, 2, 3, 4])
     return message
+
+
+def _changed(
+    message: service_pb2.ModelInferRequest,
+    index: int,
+    shape: list[int] | None = None,
+    datatype: str = "",
+    region: str = "",
+) -> service_pb2.ModelInferRequest:
+    """`message` with one input's shape or datatype changed, or that input put in a region."""
+    tensor = message.inputs[index]
+    if shape is not None:
+        tensor.ClearField("shape")
+        tensor.shape.extend(shape)
+    if datatype:
+        tensor.datatype = datatype
+    if region:
+        tensor.parameters["shared_memory_region"].string_param = region
+        tensor.parameters["shared_memory_byte_size"].int64_param = 16
+    return message
+
+
+CONTENTS_BESIDE_RAW = (
+    "contents field must not be specified when using raw_input_contents for '{}' for model 'add_sub'"
+)
+NO_DATA = "unable to find data for input tensor '{}' for model 'add_sub' in request."
 
 
 Call = Callable[[service_pb2_grpc.GRPCInferenceServiceStub], Any]
@@ -360,16 +398,6 @@ GRPC_CASES: dict[str, tuple[Call, grpc.StatusCode, str]] = {
         lambda stub: stub.RepositoryModelLoad(service_pb2.RepositoryModelLoadRequest(model_name="broken")),
         grpc.StatusCode.INVALID_ARGUMENT,
         "load failed for model 'broken': version 1 is at UNAVAILABLE state: ",
-    ),
-    "contents and raw_input_contents": (
-        lambda stub: stub.ModelInfer(_with_contents_and_raw()),
-        grpc.StatusCode.INVALID_ARGUMENT,
-        "contents field must not be specified when using raw_input_contents for 'INPUT0' for model 'add_sub'",
-    ),
-    "fewer raw_input_contents than inputs": (
-        lambda stub: stub.ModelInfer(_infer_request(raw=[np.ones(4, np.float32).tobytes()])),
-        grpc.StatusCode.INVALID_ARGUMENT,
-        "unable to find data for input tensor 'INPUT1' for model 'add_sub' in request.",
     ),
     "malformed version of readiness": (
         lambda stub: stub.ModelReady(service_pb2.ModelReadyRequest(name="add_sub", version="abc")),
@@ -441,6 +469,125 @@ def test_grpc_says_what_triton_says(server: ServerProcess, case: str) -> None:
             call(stub)
     assert info.value.code() == code, info.value.details()
     assert triton_text in info.value.details()
+
+
+# Typed contents beside raw_input_contents, with the count of raw entries off as well: which
+# mistake Triton 2.51 names. Its gRPC frontend finds the model first, then adds every input (a
+# name given twice fails there), then finds each input's data in turn (its region, its
+# contents, which must not come with raw entries, or the next raw entry) and names the first
+# input that has none; raw entries beyond the inputs are ignored. Datatypes and shapes come
+# after that. Each answer below is the real Triton's, in full, to the same request.
+# case: (request, status code, Triton's text)
+ORDER_CASES: dict[str, tuple[service_pb2.ModelInferRequest, grpc.StatusCode, str]] = {
+    "contents on the first input, raw for both": (
+        _with_contents((0,), 2),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        CONTENTS_BESIDE_RAW.format("INPUT0"),
+    ),
+    "contents on the first input, too few raw entries": (
+        _with_contents((0,), 1),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        CONTENTS_BESIDE_RAW.format("INPUT0"),
+    ),
+    "contents on the first input, too many raw entries": (
+        _with_contents((0,), 3),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        CONTENTS_BESIDE_RAW.format("INPUT0"),
+    ),
+    "contents on a later input, too few raw entries": (
+        _with_contents((1,), 1),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        CONTENTS_BESIDE_RAW.format("INPUT1"),
+    ),
+    "contents on a later input, too many raw entries": (
+        _with_contents((1,), 3),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        CONTENTS_BESIDE_RAW.format("INPUT1"),
+    ),
+    "contents on both inputs, one raw entry": (
+        _with_contents((0, 1), 1),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        CONTENTS_BESIDE_RAW.format("INPUT0"),
+    ),
+    "contents on a later input, raw of the wrong size": (
+        _with_contents((1,), 2, entry=np.ones(3, np.float32).tobytes()),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        CONTENTS_BESIDE_RAW.format("INPUT1"),
+    ),
+    "contents on a later input, the first's shape wrong": (
+        _changed(_with_contents((1,), 1), 0, shape=[1, 2]),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        CONTENTS_BESIDE_RAW.format("INPUT1"),
+    ),
+    "contents on a later input, the first's datatype unknown": (
+        _changed(_with_contents((1,), 1), 0, datatype="FLOAT"),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        CONTENTS_BESIDE_RAW.format("INPUT1"),
+    ),
+    "contents on the first input, a later one in an unregistered region": (
+        _changed(_with_contents((0,), 1), 1, region="nosuchregion"),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        CONTENTS_BESIDE_RAW.format("INPUT0"),
+    ),
+    "a later input in an unregistered region": (
+        _changed(_with_contents((), 2), 1, region="nosuchregion"),
+        grpc.StatusCode.NOT_FOUND,
+        "Unable to find shared memory region: 'nosuchregion'",
+    ),
+    "an input named twice, contents on the first": (
+        _with_contents((0,), 1, names=("INPUT0", "INPUT0")),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "[request id: <id_unknown>] input 'INPUT0' already exists in request",
+    ),
+    "unknown model, contents beside raw": (
+        _with_contents((0,), 1, model="nosuch"),
+        grpc.StatusCode.NOT_FOUND,
+        "Request for unknown model: 'nosuch' is not found",
+    ),
+    "contents on the first input only, no raw entries": (
+        _with_contents((0,), 0),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        NO_DATA.format("INPUT1"),
+    ),
+    "neither contents nor raw entries": (
+        _with_contents((), 0),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        NO_DATA.format("INPUT0"),
+    ),
+    "too few raw entries": (
+        _with_contents((), 1),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        NO_DATA.format("INPUT1"),
+    ),
+    "too many raw entries, one input missing": (
+        _infer_request(inputs=(("INPUT0", [1, 4], "FP32"),), raw=[np.ones(4, np.float32).tobytes()] * 2),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "[request id: <id_unknown>] expected 2 inputs but got 1 inputs for model 'add_sub'. Got input(s) "
+        "['INPUT0'], but missing required input(s) ['INPUT1']. Please provide all required input(s).",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(ORDER_CASES))
+def test_grpc_names_the_mistake_triton_names_first(server: ServerProcess, case: str) -> None:
+    message, code, triton_text = ORDER_CASES[case]
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as info:
+            stub.ModelInfer(message)
+        assert (info.value.code(), info.value.details()) == (code, triton_text)
+        # On a stream, the same words come back in the request's own response.
+        message.id = "s1"
+        (reply,) = stub.ModelStreamInfer(iter([message]), timeout=30)
+    assert reply.infer_response.id == "s1"
+    assert reply.error_message == triton_text.replace("<id_unknown>", "s1")
+
+
+def test_raw_entries_beyond_the_inputs_are_ignored_as_in_triton(server: ServerProcess) -> None:
+    extra = _with_contents((), 3)
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        reply = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(extra)
+    assert np.frombuffer(reply.raw_output_contents[0], np.float32).tolist() == [2.0] * 4
 
 
 # --- The request's id in errors -------------------------------------------------------------
@@ -538,6 +685,183 @@ def test_unloading_a_model_that_is_not_loaded_succeeds_as_in_triton(server: Serv
     with grpc.insecure_channel(server.grpc_url) as channel:
         stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
         stub.RepositoryModelUnload(service_pb2.RepositoryModelUnloadRequest(model_name="nosuch"))
+
+
+# --- Loads with parameters ------------------------------------------------------------------
+# Triton 2.51 answers a `config` or a file it cannot take with 500 / INTERNAL "failed to load
+# '<model>', failed to poll from model repository" (the reason goes only to its log). The mistake
+# is the client's: coreserve answers 400 / INVALID_ARGUMENT in Triton's words, then the reason.
+# Two of these Triton does not answer at all: a file name over 255 bytes, or a path too long for
+# the file system, aborts the real tritonserver 2.51 (an uncaught filesystem_error).
+
+ADD_PY = b"""
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            a = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            b = pb_utils.get_input_tensor_by_name(request, "INPUT1").as_numpy()
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", a + b)]))
+        return responses
+"""
+ADD_CONFIG = json.dumps(
+    {
+        "backend": "python",
+        "max_batch_size": 0,
+        "input": [
+            {"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [-1]},
+            {"name": "INPUT1", "data_type": "TYPE_FP32", "dims": [-1]},
+        ],
+        "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
+    }
+)
+
+
+def _poll_failed(model: str) -> str:
+    return f"failed to load '{model}', failed to poll from model repository: "
+
+
+def _uploaded(**files: bytes) -> dict[str, str | bytes]:
+    return {"config": ADD_CONFIG, "file:1/model.py": ADD_PY, **{f"file:{k}": v for k, v in files.items()}}
+
+
+# case: (model, parameters, Triton's words, coreserve's reason after them)
+LOAD_CASES: dict[str, tuple[str, dict[str, Any], str, str]] = {
+    "config that is not JSON": (
+        "add_sub",
+        {"config": "{not json"},
+        _poll_failed("add_sub"),
+        "Invalid config override: not valid JSON: Expecting property name",
+    ),
+    "config that is not JSON, of a model not in the repository": (
+        "nosuch",
+        {"config": '{"backend": "python"'},
+        _poll_failed("nosuch"),
+        "Invalid config override: not valid JSON: Expecting ',' delimiter",
+    ),
+    "config that is not a JSON object": (
+        "add_sub",
+        {"config": "[1, 2]"},
+        _poll_failed("add_sub"),
+        "Invalid config override: Root element must be a message",
+    ),
+    "config with an unknown field": (
+        "add_sub",
+        {"config": '{"colour": 1}'},
+        _poll_failed("add_sub"),
+        'Invalid config override: Message type "inference.ModelConfig" has no field named "colour"',
+    ),
+    "files without a config": (
+        "uploaded",
+        {"file:1/model.py": ADD_PY},
+        _poll_failed("uploaded"),
+        "Load parameter 'config' must be specified for model file override",
+    ),
+    "a file path that leaves the model's folder": (
+        "uploaded",
+        {**_uploaded(), "file:../escape.py": b"x"},
+        _poll_failed("uploaded"),
+        "file path '../escape.py' is not a relative path inside the model's folder",
+    ),
+    "files whose paths clash": (
+        "uploaded",
+        _uploaded(**{"1/model.py/inner": b"x"}),
+        _poll_failed("uploaded"),
+        "file path '1/model.py/inner' cannot be written",
+    ),
+    "a file name over 255 bytes (Triton aborts)": (
+        "uploaded",
+        _uploaded(**{f"1/{'f' * 256}": b"x"}),
+        _poll_failed("uploaded"),
+        "has a name of 256 bytes; file systems hold at most 255",
+    ),
+    "a file path too long (Triton aborts)": (
+        "uploaded",
+        _uploaded(**{"/".join(["d" * 200] * 25): b"x"}),
+        _poll_failed("uploaded"),
+        "is longer than 2048 bytes",
+    ),
+    # Refused by Triton's gRPC frontend in these words (its HTTP frontend answers 500 with other
+    # words: "attempt to access JSON non-string as string", "unexpected error on creating Triton
+    # parameter").
+    "config that is not a string": (
+        "add_sub",
+        {"config": 5},
+        "invalid value type for load parameter 'config', expected string_param.",
+        "",
+    ),
+    "an unknown parameter": ("add_sub", {"colour": "blue"}, "unrecognized load parameter 'colour'.", ""),
+}
+
+
+@pytest.mark.parametrize("case", list(LOAD_CASES))
+def test_load_parameters_are_refused_in_triton_words(server: ServerProcess, case: str) -> None:
+    model, parameters, triton_text, reason = LOAD_CASES[case]
+    encoded = {
+        key: base64.b64encode(value).decode() if isinstance(value, bytes) else value
+        for key, value in parameters.items()
+    }
+    body = json.dumps({"parameters": encoded}).encode()
+    status, message = error_of(server.http_url, f"/v2/repository/models/{model}/load", body)
+    assert status == 400, message
+    assert message.startswith(triton_text) and reason in message, message
+    load = service_pb2.RepositoryModelLoadRequest(model_name=model)
+    for key, value in parameters.items():
+        if isinstance(value, bytes):
+            load.parameters[key].bytes_param = value
+        elif isinstance(value, int):
+            load.parameters[key].int64_param = value
+        else:
+            load.parameters[key].string_param = value
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as info:
+            stub.RepositoryModelLoad(load)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert info.value.details().startswith(triton_text) and reason in info.value.details()
+
+
+def test_a_file_sent_as_text_over_grpc_is_refused_in_triton_words(server: ServerProcess) -> None:
+    load = service_pb2.RepositoryModelLoadRequest(model_name="uploaded")
+    load.parameters["config"].string_param = ADD_CONFIG
+    load.parameters["file:1/model.py"].string_param = ADD_PY.decode()
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as info:
+            stub.RepositoryModelLoad(load)
+    assert (info.value.code(), info.value.details()) == (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "invalid value type for load parameter 'file:1/model.py', expected bytes_param.",
+    )
+
+
+@pytest.mark.parametrize(("length", "transport"), [(255, "http"), (256, "http"), (300, "grpc")])
+def test_a_long_model_name_loads_from_files_as_in_triton(
+    server: ServerProcess, length: int, transport: str
+) -> None:
+    """Triton 2.51 loads these (the files go to a folder it names itself); so does coreserve,
+    and serves tensors too large to travel inline to the Python stub."""
+    name = transport[0] * length
+    files = {"file:1/model.py": ADD_PY}
+    client: Any = (
+        httpclient.InferenceServerClient(server.http_url, network_timeout=120)
+        if transport == "http"
+        else grpcclient.InferenceServerClient(server.grpc_url)
+    )
+    module = httpclient if transport == "http" else grpcclient
+    try:
+        client.load_model(name, config=ADD_CONFIG, files=files)
+        data = np.arange(40_000, dtype=np.float32)  # 160 kB: through shared memory, not inline
+        tensors = [module.InferInput(n, list(data.shape), "FP32") for n in ("INPUT0", "INPUT1")]
+        for tensor in tensors:
+            tensor.set_data_from_numpy(data)
+        assert np.array_equal(client.infer(name, tensors).as_numpy("OUTPUT0"), data * 2)
+        client.unload_model(name)
+    finally:
+        client.close()
 
 
 def test_the_model_keeps_serving_after_every_mistake(server: ServerProcess) -> None:

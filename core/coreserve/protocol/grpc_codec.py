@@ -6,7 +6,7 @@ fields. The response side (InferenceResponse → ModelInferResponse) is grpc_res
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -18,8 +18,9 @@ from coreserve.protocol.shared_memory import (
     OutputInSharedMemory,
     SharedMemoryReference,
     SharedMemoryRegions,
+    input_buffer,
+    input_from_buffer,
     output_target,
-    read_input,
     shared_memory_reference,
 )
 from coreserve.protocol.tensors import (
@@ -83,27 +84,10 @@ def decode_model_infer_request(
     """
     raw = message.raw_input_contents if raw_contents is None else raw_contents
     tensors = list(message.inputs)  # (each access to a repeated field makes its wrappers anew)
-    in_shared_memory = {
-        tensor.name: reference
-        for tensor in tensors
-        if tensor.parameters
-        and (reference := shared_memory_reference(_parameters(tensor.parameters), f"input '{tensor.name}'"))
-    }
-    if raw and len(raw) != len(tensors) - len(in_shared_memory):
-        outside = " outside shared memory" if in_shared_memory else ""
-        detail = (
-            f"the request has {len(tensors) - len(in_shared_memory)} inputs{outside} "
-            f"but {len(raw)} raw_input_contents"
-        )
-        unfed = [tensor.name for tensor in tensors if tensor.name not in in_shared_memory][len(raw) :]
-        if unfed:  # Triton's words for the first input left without data
-            detail = (
-                f"unable to find data for input tensor '{unfed[0]}' for model '{message.model_name}' "
-                f"in request. ({detail})"
-            )
-        raise InvalidArgumentError(detail)
+    names = [tensor.name for tensor in tensors]
     try:
-        inputs = _decode_inputs(message, tensors, regions, raw, in_shared_memory)
+        sources = _input_sources(message, tensors, names, regions, raw)
+        inputs = _decode_inputs(message, tensors, names, sources, raw)
     except RequestMismatchError as exc:  # Triton names the request in these
         raise RequestMismatchError(with_request_id(message.id, exc.message)) from None
     parameters: dict[str, ParameterValue] = {}
@@ -128,35 +112,77 @@ def decode_model_infer_request(
     )
 
 
+# Where an input's data is: its region's reference and bytes, its raw_input_contents entry, or
+# (None) its typed contents.
+_Source = tuple[SharedMemoryReference, memoryview] | int | None
+
+
+def _input_sources(
+    message: pb.ModelInferRequest,
+    tensors: Sequence[pb.ModelInferRequest.InferInputTensor],
+    names: Sequence[str],
+    regions: SharedMemoryRegions | None,
+    raw: Sequence[bytes | memoryview],
+) -> list[_Source]:
+    """Where each input's data is, found in Triton 2.51's order, so that a request with several
+    mistakes gets the error Triton gives it.
+
+    Triton's gRPC frontend first adds every input (a name given twice fails there), then finds
+    each input's data in turn: its region, its contents (never beside raw_input_contents), or
+    the next raw entry; the first input left without data is named. Datatypes and shapes are
+    checked after that, and raw entries beyond the inputs are ignored, as there.
+    """
+    if len(set(names)) != len(names):
+        repeated = next(name for index, name in enumerate(names) if name in names[:index])
+        raise RequestMismatchError(f"input '{repeated}' already exists in request")
+    sources: list[_Source] = []
+    index = 0  # the next raw entry
+    for tensor, name in zip(tensors, names, strict=True):
+        reference = (
+            shared_memory_reference(_parameters(tensor.parameters), f"input '{name}'")
+            if tensor.parameters
+            else None
+        )
+        if reference is not None:
+            sources.append((reference, input_buffer(regions, reference, name)))
+        elif tensor.HasField("contents"):
+            if raw:
+                raise InvalidArgumentError(
+                    "contents field must not be specified when using raw_input_contents for "
+                    f"'{name}' for model '{message.model_name}'"
+                )
+            sources.append(None)
+        elif index < len(raw):
+            sources.append(index)
+            index += 1
+        else:
+            raise InvalidArgumentError(
+                f"unable to find data for input tensor '{name}' for model '{message.model_name}' in request."
+            )
+    return sources
+
+
 def _decode_inputs(
     message: pb.ModelInferRequest,
     tensors: Sequence[pb.ModelInferRequest.InferInputTensor],
-    regions: SharedMemoryRegions | None,
+    names: Sequence[str],
+    sources: Sequence[_Source],
     raw: Sequence[bytes | memoryview],
-    in_shared_memory: Mapping[str, SharedMemoryReference],
 ) -> dict[str, np.ndarray]:
     """The input arrays of a ModelInferRequest, from shared memory, raw contents or contents."""
     inputs: dict[str, np.ndarray] = {}
-    index = 0
-    for tensor in tensors:
-        name = tensor.name
-        if name in inputs:
-            raise RequestMismatchError(f"input '{name}' already exists in request")
+    for tensor, name, source in zip(tensors, names, sources, strict=True):
         datatype = parse_datatype(tensor.datatype, name)
         shape = check_shape(tuple(tensor.shape), name)
-        reference = in_shared_memory.get(name) if in_shared_memory else None
-        if reference is not None:
-            inputs[name] = read_input(regions, reference, datatype, shape, name)
-        elif raw:
-            if tensor.HasField("contents"):
-                raise InvalidArgumentError(
-                    "contents field must not be specified when using raw_input_contents for "
-                    f"'{name}' for model '{message.model_name}'; send one of them"
-                )
-            inputs[name] = array_from_bytes(memoryview(raw[index]), datatype, shape, name, message.model_name)
-            index += 1
-        else:
+        if source is None:
             inputs[name] = _array_from_contents(tensor, datatype, shape)
+        elif isinstance(source, int):
+            inputs[name] = array_from_bytes(
+                memoryview(raw[source]), datatype, shape, name, message.model_name
+            )
+        else:
+            reference, buffer = source
+            inputs[name] = input_from_buffer(buffer, reference, datatype, shape, name)
     return inputs
 
 

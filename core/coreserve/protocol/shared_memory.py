@@ -94,7 +94,28 @@ def read_input(
     name: str,
 ) -> np.ndarray:
     """The input as a read-only numpy view over the region (no copy, unless misaligned)."""
-    buffer = _buffer(regions, reference, writable=False, name=f"input '{name}'")
+    return input_from_buffer(input_buffer(regions, reference, name), reference, datatype, shape, name)
+
+
+def input_buffer(
+    regions: SharedMemoryRegions | None, reference: SharedMemoryReference, name: str
+) -> memoryview:
+    """The bytes an input's reference names; raises if its region is unknown or too small.
+
+    (Triton's gRPC frontend looks the region up while it finds each input's data, and checks
+    the size against the input's shape only later: `input_from_buffer`.)
+    """
+    return _buffer(regions, reference, writable=False, name=f"input '{name}'")
+
+
+def input_from_buffer(
+    buffer: memoryview,
+    reference: SharedMemoryReference,
+    datatype: DataType,
+    shape: tuple[int, ...],
+    name: str,
+) -> np.ndarray:
+    """The input in `buffer` (from input_buffer) as a read-only numpy view."""
     if datatype is not DataType.BYTES:
         expected = element_count(shape) * datatype.numpy_dtype.itemsize
         if reference.byte_size != expected:

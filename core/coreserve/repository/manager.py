@@ -35,7 +35,7 @@ from coreserve.repository.layout import ModelLocation, ensemble_steps
 from coreserve.repository.loader import ModelLoader
 from coreserve.repository.model import Model, ModelState
 from coreserve.repository.namespaces import ModelTable, ambiguous, qualified
-from coreserve.repository.overrides import LoadOverrides, write_override_files
+from coreserve.repository.overrides import LoadOverrides, poll_failure, write_override_files
 from coreserve.repository.sources import RepositorySource, check_model_name
 from coreserve.repository.unloading import UNLOADED, close_model, unload_loaded_versions
 
@@ -415,10 +415,7 @@ class ModelRepository:
 
 def _not_in_repository(name: str) -> InternalError:
     # Triton 2.51 answers this with INTERNAL (HTTP 500), and clients may check for it.
-    return InternalError(
-        f"failed to load '{name}', failed to poll from model repository: "
-        f"model '{name}' is not in the repository"
-    )
+    return InternalError(poll_failure(name, f"model '{name}' is not in the repository"))
 
 
 def _reason(model: Model) -> str:

@@ -2,10 +2,16 @@
 
 `config` is a JSON model configuration that replaces config.pbtxt for this load;
 `file:<path>` entries carry the model's files (`file:1/model.onnx`), which are written into a
-fresh folder of the server's cache, never into the repository. Paths that could leave that
-folder, or that no file system holds (a name over 255 bytes), are refused before anything is
-written; the files go to a partial folder that is renamed into place once all are written,
-and removed if any write fails.
+fresh folder of the server's cache, never into the repository. As in Triton, that folder is
+named by the server, not after the model, so any name a model may have loads from files.
+Paths that could leave that folder, or that no file system holds (a name over 255 bytes), are
+refused before anything is written; the files go to a partial folder that is renamed into
+place once all are written, and removed if any write fails.
+
+Triton 2.51 answers a `config` or a file it cannot take with INTERNAL (HTTP 500) and the words
+"failed to load '<model>', failed to poll from model repository", the reason going only to its
+log. The mistake is the client's, so coreserve answers 400 / INVALID_ARGUMENT, in those words
+followed by the reason (Triton's where its log words it).
 """
 
 from __future__ import annotations
@@ -20,12 +26,19 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from coreserve.config import ModelConfig, config_from_dict
-from coreserve.errors import InternalError, InvalidArgumentError
+from coreserve.errors import InternalError, InvalidArgumentError, ModelConfigError
 
 logger = logging.getLogger(__name__)
 # POSIX's NAME_MAX and PATH_MAX on Linux, macOS and the BSDs, in bytes.
 MAX_NAME_BYTES = 255
 MAX_PATH_BYTES = 4096
+# Where the files of loads from files go, under the cache folder.
+OVERRIDES_FOLDER = "overrides"
+
+
+def poll_failure(model_name: str, reason: str) -> str:
+    """Triton's answer to a load whose model cannot be read, with the reason it logs."""
+    return f"failed to load '{model_name}', failed to poll from model repository: {reason}"
 
 
 @dataclass
@@ -37,33 +50,54 @@ class LoadOverrides:
 
 
 def parse_load_parameters(model_name: str, parameters: Mapping[str, object]) -> LoadOverrides:
+    """The overrides a load request's parameters make; raises InvalidArgumentError, in Triton's
+    words, for parameters Triton refuses."""
     overrides = LoadOverrides()
     for key, value in parameters.items():
         if key == "config":
-            if not isinstance(value, str):
-                raise InvalidArgumentError("load parameter 'config' must be a JSON string")
-            try:
-                document = json.loads(value)
-            except json.JSONDecodeError as exc:
-                raise InvalidArgumentError(f"load parameter 'config' is not valid JSON: {exc}") from None
-            except RecursionError:  # no configuration nests that deep
-                raise InvalidArgumentError("load parameter 'config' nests too deep") from None
-            if not isinstance(document, dict):
-                raise InvalidArgumentError("load parameter 'config' must be a JSON object")
-            overrides.config = config_from_dict(
-                document, source=f"load parameter 'config' of model '{model_name}'"
-            )
+            if not isinstance(value, str):  # Triton's gRPC words (its HTTP answer is a 500)
+                raise InvalidArgumentError(
+                    "invalid value type for load parameter 'config', expected string_param."
+                )
+            overrides.config = _config_override(model_name, value)
         elif key.startswith("file:"):
-            relative = key[len("file:") :]
-            check_relative_path(relative)
             if not isinstance(value, bytes):
-                raise InvalidArgumentError(f"load parameter '{key}' must carry the file's bytes")
+                raise InvalidArgumentError(
+                    f"invalid value type for load parameter '{key}', expected bytes_param."
+                )
+            relative = key[len("file:") :]
+            try:
+                check_relative_path(relative)
+            except InvalidArgumentError as exc:
+                raise InvalidArgumentError(poll_failure(model_name, exc.message)) from None
             overrides.files[relative] = value
         else:
-            raise InvalidArgumentError(f"unknown load parameter '{key}' (known: config, file:<path>)")
+            raise InvalidArgumentError(f"unrecognized load parameter '{key}'. Known: config, file:<path>")
     if overrides.files and overrides.config is None:
-        raise InvalidArgumentError("load parameters 'file:…' need a 'config' parameter too")
+        raise InvalidArgumentError(
+            poll_failure(model_name, "Load parameter 'config' must be specified for model file override")
+        )
     return overrides
+
+
+def _config_override(model_name: str, text: str) -> ModelConfig:
+    """The configuration a `config` parameter carries; its mistakes are worded as Triton's."""
+    source = "Invalid config override"  # how Triton's log begins the reason
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as exc:
+        reason = f"{source}: not valid JSON: {exc}"
+    except RecursionError:  # no configuration nests that deep
+        reason = f"{source}: its JSON nests too deep"
+    else:
+        if isinstance(document, dict):
+            try:
+                return config_from_dict(document, source=source)
+            except ModelConfigError as exc:
+                reason = exc.message
+        else:
+            reason = f"{source}: Root element must be a message (a JSON object)"
+    raise InvalidArgumentError(poll_failure(model_name, reason))
 
 
 def check_relative_path(relative: str) -> None:
@@ -94,30 +128,30 @@ def check_relative_path(relative: str) -> None:
 
 
 def write_override_files(cache_dir: Path, model_name: str, files: Mapping[str, bytes]) -> Path:
-    """Writes the files into a new folder `<cache>/overrides/<unique>/<model>` and returns it.
+    """Writes the files into a new folder `<cache>/overrides/<unique>` and returns it.
 
     Nothing is left behind when a write fails: the files are written under
     `<unique>.partial`, renamed at the end, and the partial folder is removed on any error.
     """
     unique = uuid.uuid4().hex
-    partial = cache_dir / "overrides" / f"{unique}.partial"
+    partial = cache_dir / OVERRIDES_FOLDER / f"{unique}.partial"
     try:
-        folder = partial / model_name
-        folder.mkdir(parents=True)
-        root = folder.resolve()
+        partial.mkdir(parents=True)
+        root = partial.resolve()
         for relative, data in files.items():
-            target = folder / relative
+            target = partial / relative
             if not target.resolve().is_relative_to(root):
-                raise InvalidArgumentError(f"file path '{relative}' would leave the model's folder")
+                raise InvalidArgumentError(
+                    poll_failure(model_name, f"file path '{relative}' would leave the model's folder")
+                )
             try:
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_bytes(data)
             except OSError as exc:
                 if exc.errno in (errno.ENAMETOOLONG, errno.ENOTDIR, errno.EISDIR, errno.EEXIST):
                     # The request's paths clash with each other or with the file system.
-                    raise InvalidArgumentError(
-                        f"file path '{relative[:300]}' cannot be written: {exc.strerror}"
-                    ) from None
+                    reason = f"file path '{relative[:300]}' cannot be written: {exc.strerror}"
+                    raise InvalidArgumentError(poll_failure(model_name, reason)) from None
                 raise
         final = partial.with_name(unique)
         partial.rename(final)
@@ -128,4 +162,9 @@ def write_override_files(cache_dir: Path, model_name: str, files: Mapping[str, b
         shutil.rmtree(partial, ignore_errors=True)
         logger.error("cannot write the files of model '%s' to the cache %s: %s", model_name, cache_dir, exc)
         raise InternalError(f"cannot write the files of model '{model_name}' to the cache: {exc}") from None
-    return final / model_name
+    return final
+
+
+def is_override_folder(path: Path, cache_dir: Path) -> bool:
+    """Whether `path` is a folder that write_override_files made (and unloading removes)."""
+    return path.parent == cache_dir / OVERRIDES_FOLDER

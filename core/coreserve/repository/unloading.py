@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from coreserve.repository.model import Model, ModelState, ModelVersion
+from coreserve.repository.overrides import is_override_folder
 
 logger = logging.getLogger(__name__)
 # The reason the repository index gives for a version that was closed (Triton's word).
@@ -34,12 +35,8 @@ async def close_versions(versions: Sequence[ModelVersion], drain_timeout: float 
 async def close_model(model: Model, drain_timeout: float | None, cache_dir: Path | None) -> None:
     """Closes every version of a model, and removes the files a load request wrote for it."""
     await close_versions(list(model.versions.values()), drain_timeout)
-    if (
-        cache_dir is not None
-        and model.path is not None
-        and model.path.is_relative_to(cache_dir / "overrides")
-    ):
-        shutil.rmtree(model.path.parent, ignore_errors=True)
+    if cache_dir is not None and model.path is not None and is_override_folder(model.path, cache_dir):
+        shutil.rmtree(model.path, ignore_errors=True)
 
 
 async def unload_loaded_versions(model: Model, drain_timeout: float | None) -> None:

@@ -275,7 +275,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         tracing = self._dataplane.tracer.active
         received_ns = now_ns() if tracing else 0
         regions = self._dataplane.shared_memory
-        inference = received.decode(regions)
+        inference = self._decode(received)
         # Resolved before the model runs, so that unregistering the region meanwhile is harmless.
         in_shared_memory = received.output_targets(regions)
         if tracing:
@@ -284,6 +284,21 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         if inference.trace is None:
             return serialize_model_infer_response(response, in_shared_memory)
         return _traced_encoding(inference.trace, response, in_shared_memory)
+
+    def _decode(self, received: ReceivedInferRequest) -> InferenceRequest:
+        """The request; a mistake in its inputs is answered only for a model that serves.
+
+        Triton finds the model (name and version) before it reads the inputs: a request with
+        both kinds of mistake gets the model's error, as there. Looked up only on an error, so
+        a good request pays nothing for it.
+        """
+        try:
+            return received.decode(self._dataplane.shared_memory)
+        except CoreserveError as exc:
+            error = exc
+        message = received.message
+        self._dataplane.model_version(message.model_name, message.model_version)
+        raise error
 
     async def ModelStreamInfer(
         self, requests: AsyncIterator[ReceivedInferRequest], context: Any
@@ -379,7 +394,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             deliver(reply, True)
 
         try:
-            request = received.decode(self._dataplane.shared_memory)
+            request = self._decode(received)
             in_shared_memory = received.output_targets(self._dataplane.shared_memory)
             empty_final = request.parameters.pop(ENABLE_EMPTY_FINAL, False) is True
         except CoreserveError as exc:

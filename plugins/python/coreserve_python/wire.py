@@ -17,6 +17,7 @@ import itertools
 import mmap
 import os
 import pickle
+import re
 import socket
 import struct
 import tempfile
@@ -43,6 +44,11 @@ SPIN_STRETCH = 4
 # The waits whose median tells how long the next one will likely be (Channel._read).
 RECENT_WAITS = 9
 SHM_DIR = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
+# A pool's segments are named after its owner (an instance's name, made of the model's name and
+# its configuration's group name), kept to this many characters that are safe in a file name:
+# a model's name may be as long as any and hold any character, a file name may not.
+SEGMENT_OWNER_CHARS = 64
+_UNSAFE_IN_FILE_NAMES = re.compile(r"[^A-Za-z0-9_.-]")
 
 DTYPES: dict[str, Any] = {
     "BOOL": np.bool_,
@@ -217,8 +223,10 @@ class SegmentPool:
 
     _counter = itertools.count()
 
-    def __init__(self, prefix: str) -> None:
-        self._prefix = f"coreserve-{prefix}-{os.getpid()}"
+    def __init__(self, owner: str) -> None:
+        # Segments stay unique when two owners' names shorten alike: the counter is per process.
+        readable = _UNSAFE_IN_FILE_NAMES.sub("_", owner[:SEGMENT_OWNER_CHARS])
+        self._prefix = f"coreserve-{readable}-{os.getpid()}"
         self._free: list[Segment] = []
         self._all: dict[str, Segment] = {}
         self._lock = threading.Lock()

@@ -100,3 +100,21 @@ def test_groups_keep_their_own_refs_in_one_blob(sides: tuple[SegmentPool, Segmen
     assert isinstance(blob, bytearray)
     _assert_same(reader.arrays(blob, grouped[0], copy=True), dict(first))
     _assert_same(reader.arrays(blob, grouped[1], copy=True), dict(second))
+
+
+@pytest.mark.parametrize("owner", ["m" * 300 + "_0", "group/with spaces/ünïcode_0"])
+def test_segments_of_an_owner_no_file_name_can_hold_are_written_and_read(owner: str) -> None:
+    """An instance's name comes from its model's name (any length, any character) and its
+    group's: its segments' file names stay short and plain, and two such owners never collide."""
+    pools, reader = [SegmentPool(owner), SegmentPool(owner)], SegmentReader()
+    try:
+        array = np.arange(LARGE, dtype=np.float32)
+        blobs = [pool.write([("x", array)])[0] for pool in pools]
+        assert all(isinstance(blob, str) and len(blob.encode()) <= 100 and "/" not in blob for blob in blobs)
+        assert blobs[0] != blobs[1]
+        for pool in pools:
+            _assert_same(_round_trip((pool, reader), {"x": array}), {"x": array})
+    finally:
+        reader.close()
+        for pool in pools:
+            pool.close()
