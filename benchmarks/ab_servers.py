@@ -1,0 +1,148 @@
+"""This tree's coreserve against a base commit's, the same load on both, in alternating rounds.
+
+    python benchmarks/ab_servers.py --base REF [--seconds 3] [--rounds 4] [--concurrency 1 8 32]
+                                    [--paths http-json http-binary grpc]
+
+Checks that a change costs nothing where it should cost nothing. The base commit is checked out
+in a temporary git worktree; each side runs in its own server process (the base one with its
+worktree first on PYTHONPATH), both serving the tiny add model of overhead.py. Each round
+drives every path and concurrency on both servers, the base first in even rounds and second in
+odd ones, so that a neighbour who slows the shared machine weighs on both sides. HTTP goes
+through wrk (JSON and binary bodies), gRPC through h2load (unary ModelInfer). Each figure is
+the median of its rounds; each ratio (this tree / base) is the median of the per-round ratios,
+shown with their range. Writes benchmarks/results/ab_servers.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import (
+    Load,
+    grpc_call_succeeds,
+    h2load_grpc,
+    median,
+    print_table,
+    retrying,
+    write_model,
+    write_results,
+    wrk,
+)
+from overhead import CONFIG, add_model, binary_body, grpc_request, json_body
+
+from coreserve.testing import ServerProcess
+
+REPO = Path(__file__).resolve().parent.parent
+PATHS = ("http-json", "http-binary", "grpc")
+METHOD = "/inference.GRPCInferenceService/ModelInfer"
+
+
+def start(repository: Path, source: Path) -> ServerProcess:
+    """A server running the coreserve of `source` (a checkout: its core and plugin-onnx)."""
+    path = f"{source / 'core'}:{source / 'plugins' / 'onnx'}"
+    return ServerProcess([repository], ["--log-verbose=0"], env={"PYTHONPATH": path}).start(timeout=120)
+
+
+def measure(server: ServerProcess, path: str, concurrency: int, seconds: float) -> Load:
+    url = f"http://{server.http_url}/v2/models/add/infer"
+    if path == "http-json":
+        return retrying(lambda: wrk(url, concurrency, seconds, json_body()))
+    if path == "http-binary":
+        body, headers = binary_body()
+        return retrying(lambda: wrk(url, concurrency, seconds, body, headers))
+    message = grpc_request().SerializeToString()  # type: ignore[attr-defined]
+    return retrying(lambda: h2load_grpc(server.grpc_url, METHOD, message, concurrency, seconds))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--base", required=True, help="the commit to compare with (any git revision)")
+    parser.add_argument("--seconds", type=float, default=3.0, help="length of each trial")
+    parser.add_argument("--rounds", type=int, default=4, help="rounds of alternating trials")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--paths", nargs="+", choices=PATHS, default=list(PATHS))
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory() as folder:
+        base_tree = Path(folder) / "base"
+        subprocess.run(
+            ["git", "-C", str(REPO), "worktree", "add", "--detach", str(base_tree), args.base], check=True
+        )
+        try:
+            repository = Path(folder) / "models"
+            write_model(repository, "add", add_model(), CONFIG)
+            servers = {"base": start(repository, base_tree), "this tree": start(repository, REPO)}
+            try:
+                for server in servers.values():
+                    grpc_call_succeeds(server.grpc_url, METHOD, grpc_request().SerializeToString())  # type: ignore[attr-defined]
+                results = run_rounds(servers, args)
+            finally:
+                for server in servers.values():
+                    server.close()
+        finally:
+            subprocess.run(
+                ["git", "-C", str(REPO), "worktree", "remove", "--force", str(base_tree)], check=True
+            )
+    base = subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "--short", args.base], capture_output=True, text=True
+    )
+    report(results, args, base.stdout.strip())
+
+
+Rounds = dict[tuple[str, int], dict[str, list[float]]]
+
+
+def run_rounds(servers: dict[str, ServerProcess], args: argparse.Namespace) -> Rounds:
+    results: Rounds = {}
+    sides: list[tuple[str, ServerProcess]] = list(servers.items())
+    for round_index in range(args.rounds):
+        ordered = sides if round_index % 2 == 0 else sides[::-1]
+        for path in args.paths:
+            for concurrency in args.concurrency:
+                row = results.setdefault((path, concurrency), {name: [] for name in servers})
+                for name, server in ordered:
+                    load = measure(server, path, concurrency, args.seconds)
+                    row[name].append(load.requests_per_s)
+        print(f"round {round_index + 1} of {args.rounds} done", flush=True)
+    return results
+
+
+def report(results: Rounds, args: argparse.Namespace, base: str) -> None:
+    rows = []
+    document: dict[str, object] = {"base": base, "seconds": args.seconds, "rounds": args.rounds, "rows": []}
+    ratio_of: Callable[[list[float], list[float]], list[float]] = lambda new, old: [  # noqa: E731
+        n / o for n, o in zip(new, old, strict=True)
+    ]
+    for (path, concurrency), sides in results.items():
+        ratios = ratio_of(sides["this tree"], sides["base"])
+        rows.append(
+            (
+                path,
+                concurrency,
+                round(median(sides["base"])),
+                round(median(sides["this tree"])),
+                f"{median(ratios):.2f}",
+                f"{min(ratios):.2f}-{max(ratios):.2f}",
+            )
+        )
+        document["rows"].append(  # type: ignore[attr-defined]
+            {"path": path, "concurrency": concurrency, **sides, "ratios": ratios}
+        )
+    print_table(
+        f"this tree against {base} (requests/s, median of {args.rounds} rounds of {args.seconds:g} s)",
+        ["path", "concurrency", "base", "this tree", "ratio", "rounds"],
+        rows,
+    )
+    print(f"wrote {write_results('ab_servers', document)}")
+
+
+if __name__ == "__main__":
+    main()
