@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -24,14 +23,14 @@ from typing import Any
 import grpc
 
 from coreserve.server.frontend_reads import FRONTEND_READS
-from coreserve.server.grpc_native import wire
+from coreserve.server.grpc_native import frame_layout, wire
 from coreserve.server.grpc_native.call_status import CallAborted
 from coreserve.server.grpc_native.calls import Call, refused_call
+from coreserve.server.grpc_native.frame_reader import FrameReader
 from coreserve.server.grpc_native.headers import HeaderBlockDecoder
 from coreserve.server.grpc_native.keepalive import PING_PAYLOAD, KeepaliveTimers
 from coreserve.server.grpc_native.limits import (
     CONNECTION_WINDOW,
-    FRAMES_PER_TURN,
     GLITCH_BURST,
     GLITCH_RATE,
     MAX_CONCURRENT,
@@ -39,11 +38,9 @@ from coreserve.server.grpc_native.limits import (
     MAX_FRAME_SIZE,
     MAX_HEADER_BLOCK,
     MAX_HEADER_LIST,
-    MAX_SETTINGS,
     STREAM_CHURN_BURST,
     STREAM_CHURN_RATE,
     STREAM_WINDOW,
-    STREAMS_PER_TURN,
     RateBudget,
 )
 from coreserve.server.grpc_native.sending import Outbound
@@ -52,7 +49,6 @@ from coreserve.server.grpc_transport import GrpcTransport
 
 logger = logging.getLogger("coreserve.server.grpc")
 
-STREAMED_DATA = 64 * 1024  # DATA frames this large are handed on before their last byte is in
 # --grpc-infer-response-compression-level as zlib's levels
 GZIP_LEVELS = {"none": 0, "low": 1, "medium": 6, "high": 9}
 FLUSH_SECONDS = 1.0  # what a closing connection's client has to take our last frames
@@ -86,17 +82,13 @@ class Http2Connection(asyncio.Protocol):
         self._on_close = on_close
         self.transport: Any = None
         self.peer = ""
-        self._buffer = bytearray()
-        self._preface = False
+        self._reader = FrameReader(self._frame, self._data, lambda: self._continuation is not None)
         self._settings_seen = False  # RFC 9113 3.4: the preface ends with a SETTINGS frame
         self._preface_timer: asyncio.TimerHandle | None = None
         self._decoder = HeaderBlockDecoder(MAX_HEADER_LIST)
         self.calls: dict[int, Call] = {}
         self._last_stream = 0
         self._continuation: _PendingBlock | None = None
-        # A large DATA frame read as it comes: its stream, flags and the payload bytes still due.
-        self._streamed: tuple[int, int] = (0, 0)
-        self._streamed_due = 0
         self._received = 0  # connection window we owe the client
         self.outbound = Outbound(self._write, self._stream_done)
         self._out: list[bytes | memoryview] = []
@@ -105,8 +97,6 @@ class Http2Connection(asyncio.Protocol):
         self._closed = asyncio.get_running_loop().create_future()
         self._stream_churn = RateBudget(STREAM_CHURN_BURST, STREAM_CHURN_RATE)
         self._glitches = RateBudget(GLITCH_BURST, GLITCH_RATE)
-        self._turn_streams = 0  # streams opened in this turn's frames
-        self._backlog = False  # whole frames wait in the buffer for a later turn
         self._reading = True  # the transport reads (see _read_on)
 
     # asyncio.Protocol ----------------------------------------------------------------------
@@ -146,7 +136,7 @@ class Http2Connection(asyncio.Protocol):
             self._keepalive.cancel()
         self._cancel_calls()
         self.outbound.wake_all(closed=True)
-        self._buffer = bytearray()
+        self._reader.drop()
         if not self._closed.done():
             self._closed.set_result(None)
         self._on_close(self)
@@ -158,7 +148,7 @@ class Http2Connection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self.outbound.paused = False
-        if self._backlog:
+        if self._reader.backlog:
             asyncio.get_running_loop().call_soon(self._next_turn)
         else:
             self._read_on(True)
@@ -174,43 +164,18 @@ class Http2Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         FRONTEND_READS.value += 1
-        if self._streamed_due:  # the read buffer is empty: the payload goes on from `data`
-            try:
-                rest = self._stream_data(memoryview(data))
-            except ConnectionFault as fault:
-                self._fail_connection(fault)
-                return
-            if not rest:
-                self._flush()
-                return
-            self._buffer += rest
-        else:
-            self._buffer += data
-        self._read_frames()
+        self._read(self._reader.feed, data)
 
     def _next_turn(self) -> None:
-        """Reads the frames a former turn left in the buffer (see _read_frames)."""
+        """Reads the frames a former turn left in the buffer (see frame_reader.py)."""
         if not self.outbound.paused and not self.transport.is_closing():
-            self._read_frames()
+            self._read(self._reader.next_turn)
 
-    def _read_frames(self) -> None:
-        """Handles the whole frames in the buffer, up to one turn's share (limits.py); frames past
-        it wait for the next turn, and the transport reads nothing more until they are handled."""
-        buffer = self._buffer
-        position = 0
+    def _read(self, step: Callable[..., None], *args: bytes) -> None:
+        """Runs a step of the frame reader; what it leaves for later turns holds the transport's
+        reading until it is handled, as does a client that does not take what we write."""
         try:
-            if not self._preface:
-                if len(buffer) < 24:
-                    if not wire.PREFACE.startswith(bytes(buffer)):
-                        raise ConnectionFault(wire.PROTOCOL_ERROR, "not an HTTP/2 connection preface")
-                    return
-                if buffer[:24] != wire.PREFACE:
-                    raise ConnectionFault(wire.PROTOCOL_ERROR, "not an HTTP/2 connection preface")
-                self._preface = True
-                if self._preface_timer is not None:
-                    self._preface_timer.cancel()
-                position = 24
-            position = self._frames(buffer, position)
+            step(*args)
         except ConnectionFault as fault:
             self._fail_connection(fault)
             return
@@ -218,67 +183,16 @@ class Http2Connection(asyncio.Protocol):
             logger.exception("gRPC connection from %s failed", self.peer)
             self._fail_connection(ConnectionFault(wire.INTERNAL_ERROR, "internal error"))
             return
-        del buffer[:position]
+        if self._preface_timer is not None and self._reader.preface_seen:
+            self._preface_timer.cancel()
+            self._preface_timer = None
         self._flush()
-        if self._backlog and not self.outbound.paused:
+        backlog = self._reader.backlog
+        if backlog and not self.outbound.paused:
             asyncio.get_running_loop().call_soon(self._next_turn)
-        self._read_on(not self._backlog and not self.outbound.paused)
-
-    def _frames(self, buffer: bytearray, position: int) -> int:
-        """Handles frames from `position` on, within the turn's share; returns where it stopped."""
-        size = len(buffer)
-        view = memoryview(buffer)  # frames are views; none outlives this read
-        frames = 0
-        self._turn_streams = 0
-        self._backlog = False
-        while size - position >= 9:
-            if frames == FRAMES_PER_TURN or self._turn_streams >= STREAMS_PER_TURN:
-                self._backlog = True
-                break
-            length = (buffer[position] << 16) | (buffer[position + 1] << 8) | buffer[position + 2]
-            if length > MAX_FRAME_SIZE:
-                raise ConnectionFault(wire.FRAME_SIZE_ERROR, f"a frame of {length} bytes")
-            if size - position - 9 < length:
-                if (
-                    length >= STREAMED_DATA
-                    and buffer[position + 3] == wire.DATA
-                    and not buffer[position + 4] & wire.PADDED
-                    and self._continuation is None
-                ):
-                    self._start_streamed_data(buffer, view, position, length)
-                    position = size
-                break
-            kind = buffer[position + 3]
-            flags = buffer[position + 4]
-            stream_id = int.from_bytes(buffer[position + 5 : position + 9], "big") & 0x7FFFFFFF
-            start = position + 9
-            position = start + length
-            frames += 1
-            self._frame(kind, flags, stream_id, view[start:position])
-        view.release()
-        return position
+        self._read_on(not backlog and not self.outbound.paused)
 
     # Frames --------------------------------------------------------------------------------
-
-    def _start_streamed_data(self, buffer: bytearray, view: memoryview, position: int, length: int) -> None:
-        """A large DATA frame only partly read: its payload is handed on as it comes, so that
-        its bytes go from the socket's chunks into their message with one copy."""
-        flags = buffer[position + 4]
-        stream_id = int.from_bytes(buffer[position + 5 : position + 9], "big") & 0x7FFFFFFF
-        available = len(buffer) - position - 9
-        self._streamed = (stream_id, flags)
-        self._streamed_due = length - available
-        self._data(flags & ~wire.END_STREAM, stream_id, view[position + 9 :])
-
-    def _stream_data(self, data: memoryview) -> memoryview:
-        """Hands on the part of `data` that continues a streamed DATA frame; returns the rest."""
-        take = min(self._streamed_due, len(data))
-        self._streamed_due -= take
-        stream_id, flags = self._streamed
-        if self._streamed_due:
-            flags &= ~wire.END_STREAM
-        self._data(flags, stream_id, data[:take], stable=True)
-        return data[take:]
 
     def _frame(self, kind: int, flags: int, stream_id: int, payload: memoryview) -> None:
         if not self._settings_seen:
@@ -288,7 +202,7 @@ class Http2Connection(asyncio.Protocol):
         if self._continuation is not None and kind != wire.CONTINUATION:
             raise ConnectionFault(wire.PROTOCOL_ERROR, "a header block interrupted")
         if kind == wire.DATA:
-            self._data(flags, stream_id, payload)
+            self._data(flags, stream_id, payload, False)
         elif kind == wire.HEADERS:
             self._headers(flags, stream_id, payload)
         elif kind == wire.CONTINUATION:
@@ -303,16 +217,11 @@ class Http2Connection(asyncio.Protocol):
             self._rst_stream(stream_id, payload)
         elif kind == wire.PRIORITY:
             # RFC 9113 drops the priority scheme; the frame is read only to be checked (5.3.2).
-            if stream_id == 0:
-                raise ConnectionFault(wire.PROTOCOL_ERROR, "PRIORITY on stream 0")
-            self._glitch("PRIORITY frames")
-            if len(payload) != 5:
+            if not frame_layout.priority(stream_id, payload):
                 self._refuse_stream(stream_id, wire.FRAME_SIZE_ERROR)
+            self._glitch("PRIORITY frames")
         elif kind == wire.GOAWAY:
-            if stream_id or len(payload) < 8:
-                raise ConnectionFault(
-                    wire.PROTOCOL_ERROR if stream_id else wire.FRAME_SIZE_ERROR, "a malformed GOAWAY"
-                )
+            frame_layout.goaway(stream_id, payload)
             self._going_away = True
         elif kind == wire.PUSH_PROMISE:
             raise ConnectionFault(wire.PROTOCOL_ERROR, "clients may not push")
@@ -325,52 +234,34 @@ class Http2Connection(asyncio.Protocol):
             raise ConnectionFault(wire.ENHANCE_YOUR_CALM, f"too many {what}")
 
     def _settings(self, flags: int, stream_id: int, payload: memoryview) -> None:
-        if stream_id:
-            raise ConnectionFault(wire.PROTOCOL_ERROR, "SETTINGS on a stream")
-        if len(payload) % 6 or (flags & wire.ACK and payload):
-            raise ConnectionFault(wire.FRAME_SIZE_ERROR, "a SETTINGS frame of the wrong size")
-        if flags & wire.ACK:
+        pairs = frame_layout.settings(flags, stream_id, payload)
+        if pairs is None:  # an ACK
             return
-        if len(payload) > 6 * MAX_SETTINGS:
-            raise ConnectionFault(wire.ENHANCE_YOUR_CALM, f"more than {MAX_SETTINGS} settings in a frame")
         initial = None
-        for offset in range(0, len(payload), 6):
-            key, value = struct.unpack_from(">HI", payload, offset)
+        for key, value in pairs:
             if key == wire.INITIAL_WINDOW_SIZE:
-                if value > wire.MAX_WINDOW:
-                    raise ConnectionFault(wire.FLOW_CONTROL_ERROR, "initial window too large")
                 initial = value
             elif key == wire.MAX_FRAME_SIZE:
-                if not wire.DEFAULT_MAX_FRAME <= value <= 2**24 - 1:
-                    raise ConnectionFault(wire.PROTOCOL_ERROR, "bad SETTINGS_MAX_FRAME_SIZE")
                 self.outbound.max_frame = value
             elif key == wire.HEADER_TABLE_SIZE:
                 self.outbound.header_blocks.table_size(value)
-            elif key == wire.ENABLE_PUSH and value > 1:
-                raise ConnectionFault(wire.PROTOCOL_ERROR, "SETTINGS_ENABLE_PUSH other than 0 or 1")
         # Only the last value of the frame moves the windows: one change per frame at most.
         if initial is not None and not self.outbound.initial_window(initial, self.calls.values()):
             raise ConnectionFault(wire.FLOW_CONTROL_ERROR, "a stream window past 2^31-1")
         self._out.append(wire.frame(wire.SETTINGS, wire.ACK, 0))
 
     def _ping(self, flags: int, stream_id: int, payload: memoryview) -> None:
-        if stream_id:
-            raise ConnectionFault(wire.PROTOCOL_ERROR, "PING on a stream")
-        if len(payload) != 8:
-            raise ConnectionFault(wire.FRAME_SIZE_ERROR, "a PING of the wrong size")
+        data = frame_layout.ping(stream_id, payload)
         if flags & wire.ACK:
             if self._keepalive is not None:
-                self._keepalive.ping_acknowledged(bytes(payload))
+                self._keepalive.ping_acknowledged(data)
         else:
-            self._out.append(wire.frame(wire.PING, wire.ACK, 0, bytes(payload)))
+            self._out.append(wire.frame(wire.PING, wire.ACK, 0, data))
             if self._keepalive is not None:
                 self._keepalive.ping_received()
 
     def _rst_stream(self, stream_id: int, payload: memoryview) -> None:
-        if stream_id == 0:
-            raise ConnectionFault(wire.PROTOCOL_ERROR, "RST_STREAM on stream 0")
-        if len(payload) != 4:
-            raise ConnectionFault(wire.FRAME_SIZE_ERROR, "a RST_STREAM of the wrong size")
+        frame_layout.rst_stream(stream_id, payload)
         self._idle(stream_id, "RST_STREAM")
         call = self.calls.pop(stream_id, None)
         if call is not None:
@@ -390,12 +281,8 @@ class Http2Connection(asyncio.Protocol):
             raise ConnectionFault(wire.PROTOCOL_ERROR, f"{kind} on idle stream {stream_id}")
 
     def _window_update(self, stream_id: int, payload: memoryview) -> None:
-        if len(payload) != 4:
-            raise ConnectionFault(wire.FRAME_SIZE_ERROR, "a WINDOW_UPDATE of the wrong size")
-        increment = int.from_bytes(payload, "big") & 0x7FFFFFFF
+        increment = frame_layout.window_increment(stream_id, payload)
         if stream_id == 0:
-            if increment == 0:
-                raise ConnectionFault(wire.PROTOCOL_ERROR, "a WINDOW_UPDATE of 0")
             self.outbound.window += increment
             if self.outbound.window > wire.MAX_WINDOW:
                 raise ConnectionFault(wire.FLOW_CONTROL_ERROR, "connection window past 2^31-1")
@@ -411,16 +298,7 @@ class Http2Connection(asyncio.Protocol):
             self._reset(call, wire.FLOW_CONTROL_ERROR)
 
     def _headers(self, flags: int, stream_id: int, payload: memoryview) -> None:
-        if stream_id == 0:
-            raise ConnectionFault(wire.PROTOCOL_ERROR, "HEADERS on stream 0")
-        if flags & wire.PADDED:
-            if not payload or payload[0] >= len(payload):
-                raise ConnectionFault(wire.PROTOCOL_ERROR, "bad padding")
-            payload = payload[1 : len(payload) - payload[0]]
-        if flags & wire.PRIORITY_FLAG:
-            if len(payload) < 5:
-                raise ConnectionFault(wire.FRAME_SIZE_ERROR, "HEADERS too short for its priority")
-            payload = payload[5:]
+        payload = frame_layout.header_fragment(stream_id, flags, payload)
         if flags & wire.END_HEADERS:
             self._header_block(stream_id, flags, bytes(payload))
         else:
@@ -460,7 +338,6 @@ class Http2Connection(asyncio.Protocol):
         if stream_id <= self._last_stream:
             raise ConnectionFault(wire.STREAM_CLOSED, f"HEADERS on closed stream {stream_id}")
         self._last_stream = stream_id
-        self._turn_streams += 1
         if self._going_away or len(self.calls) >= MAX_CONCURRENT:
             self._out.append(wire.rst_stream(stream_id, wire.REFUSED_STREAM))
             if not self._going_away:
@@ -496,7 +373,7 @@ class Http2Connection(asyncio.Protocol):
         else:
             self._out.append(wire.rst_stream(stream_id, code))
 
-    def _data(self, flags: int, stream_id: int, payload: memoryview, stable: bool = False) -> None:
+    def _data(self, flags: int, stream_id: int, payload: memoryview, stable: bool) -> None:
         if stream_id == 0:
             raise ConnectionFault(wire.PROTOCOL_ERROR, "DATA on stream 0")
         size = len(payload)
@@ -506,10 +383,7 @@ class Http2Connection(asyncio.Protocol):
         if self._received >= CONNECTION_WINDOW // 4:
             self._out.append(wire.window_update(0, self._received))
             self._received = 0
-        if flags & wire.PADDED:
-            if not payload or payload[0] >= size:
-                raise ConnectionFault(wire.PROTOCOL_ERROR, "bad padding")
-            payload = payload[1 : size - payload[0]]
+        payload = frame_layout.unpadded(flags, payload)
         call = self.calls.get(stream_id)
         if call is None or call.status is not None:
             self._idle(stream_id, "DATA")
