@@ -267,6 +267,11 @@ STREAM_ERRORS: dict[str, tuple[Case, int]] = {
     # 6.9: WINDOW_UPDATE of 0 on a stream; a stream window past 2^31-1
     "window-update-0-on-stream": (_held(frame(WINDOW_UPDATE, 0, 1, b"\x00\x00\x00\x00")), PROTOCOL_ERROR),
     "stream-window-past-2^31-1": (_window_overflow_by_update, FLOW_CONTROL_ERROR),
+    # 8.1: trailers from the client with a pseudo-header, or that do not end the stream
+    "trailers-with-a-pseudo-header": (
+        lambda raw: (open_stream(raw), raw.send(frame(HEADERS, END_HEADERS | END_STREAM, 1, bytes(raw.encoder.encode([(":path", "/x")]))))),  # type: ignore[func-returns-value]
+        PROTOCOL_ERROR,
+    ),
     # 8.1: trailers from the client that do not end the stream
     "trailers-without-end-stream": (
         lambda raw: (open_stream(raw), raw.send(frame(HEADERS, END_HEADERS, 1, bytes(raw.encoder.encode([("x-t", "1")])))),),  # type: ignore[func-returns-value]

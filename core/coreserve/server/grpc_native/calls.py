@@ -267,11 +267,13 @@ class Call:
 def refused_call(headers: RequestHeaders, methods: Container[str], max_header_list: int) -> bytes | None:
     """The answer (response headers, or headers and trailers) to a request that cannot become
     a call; None when it can."""
+    if headers.size > max_header_list:  # before all: a list cut short may lack any field
+        return wire.RESPONSE_HEADERS + wire.status_trailers(
+            RESOURCE_EXHAUSTED, f"header list of {headers.size} bytes (at most {max_header_list})"
+        )
     if headers.method != b"POST" or not headers.content_type.startswith(b"application/grpc"):
         return wire.http_status(415 if headers.method == b"POST" else 405)
-    if headers.size > max_header_list:
-        status = (RESOURCE_EXHAUSTED, f"header list of {headers.size} bytes (at most {max_header_list})")
-    elif headers.path not in methods:
+    if headers.path not in methods:
         status = (UNIMPLEMENTED, "Method not found!")
     elif headers.encoding not in (None, b"identity", b"gzip", b"deflate"):
         status = (UNIMPLEMENTED, f"grpc-encoding {headers.encoding.decode('latin-1')} is not supported")

@@ -328,7 +328,7 @@ class Http2Connection(asyncio.Protocol):
         if call is not None:  # trailers: they end the client's side, with no pseudo-header
             if call.half_closed:
                 self._reset(call, wire.STREAM_CLOSED)  # RFC 9113 5.1: the client's side is closed
-            elif not flags & wire.END_STREAM or headers.method or headers.path:
+            elif not flags & wire.END_STREAM or headers.malformed or headers.method or headers.path:
                 self._reset(call, wire.PROTOCOL_ERROR)  # RFC 9113 8.1: malformed trailers
             else:
                 self._end_input(call)
@@ -343,7 +343,7 @@ class Http2Connection(asyncio.Protocol):
             if not self._going_away:
                 self._churn()
             return
-        if headers.malformed is not None and headers.size <= MAX_HEADER_LIST:
+        if headers.size <= MAX_HEADER_LIST and (headers.malformed or not headers.pseudo_complete):
             self._refuse_stream(stream_id, wire.PROTOCOL_ERROR)
             self._glitch("malformed requests")
             return

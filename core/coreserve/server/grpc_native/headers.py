@@ -37,7 +37,8 @@ class RequestHeaders:
     accepts_gzip: bool  # grpc-accept-encoding names gzip
     metadata: tuple[tuple[str, str | bytes], ...]
     size: int  # RFC 9113's header list size: names + values + 32 per field (all of them)
-    malformed: str | None = None  # why the block is not a valid request (RFC 9113 8.2, 8.3)
+    malformed: str | None = None  # a field RFC 9113 (8.2, 8.3) does not allow, if any
+    pseudo_complete: bool = True  # :method, :scheme and :path came (a request needs them)
 
 
 _RESERVED = frozenset(
@@ -54,7 +55,7 @@ _VALID_NAME = re.compile(rb":?[!-9;-@\[-~]+")
 _INVALID_VALUE = re.compile(rb"[\0\r\n]|^[ \t]|[ \t]$")
 
 
-def _request_headers(fields: Iterable[Field], size: int, max_size: int) -> RequestHeaders:
+def _request_headers(fields: Iterable[Field], size: int) -> RequestHeaders:
     pseudo: dict[bytes, bytes] = {}
     metadata: list[tuple[str, str | bytes]] = []
     content_type = b""
@@ -88,8 +89,6 @@ def _request_headers(fields: Iterable[Field], size: int, max_size: int) -> Reque
         key = name.decode("latin-1")
         # Binary metadata ("-bin") is base64 on the wire; grpc hands servicers the bytes.
         metadata.append((key, _unbase64(value) if key.endswith("-bin") else value.decode("latin-1")))
-    if size <= max_size and malformed is None and not pseudo.keys() >= {b":method", b":scheme", b":path"}:
-        malformed = "a request without :method, :scheme and :path"
     return RequestHeaders(
         method=pseudo.get(b":method", b""),
         path=pseudo.get(b":path", b"").decode("latin-1"),
@@ -100,6 +99,7 @@ def _request_headers(fields: Iterable[Field], size: int, max_size: int) -> Reque
         metadata=tuple(metadata),
         size=size,
         malformed=malformed,
+        pseudo_complete=b":method" in pseudo and b":scheme" in pseudo and b":path" in pseudo,
     )
 
 
@@ -133,7 +133,7 @@ class HeaderBlockDecoder:
         except HeaderDecodingError as exc:
             # The dynamic table is now out of step with the client's: nothing later decodes.
             raise ConnectionFault(COMPRESSION_ERROR, f"header block does not decode: {exc}") from None
-        headers = _request_headers(fields, size, decoder.max_list_size)
+        headers = _request_headers(fields, size)
         if decoder.changes != changes:
             # This block changed the table: blocks cached before may now mean other fields.
             self._cache.clear()
