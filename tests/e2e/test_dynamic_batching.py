@@ -7,10 +7,12 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
@@ -273,3 +275,49 @@ def test_preserve_ordering(
         assert second_took > 0.4
     else:
         assert finished == [1, 0]
+
+
+@pytest.mark.parametrize("grpc_server", ["native", "grpcio"])
+@pytest.mark.parametrize(("cancel_after", "where"), [(0.1, "queued"), (0.55, "executing")])
+def test_a_cancelled_request_leaves_the_rest_of_its_batch_their_answers(
+    coreserve_server: ServerFactory,
+    tmp_path: Path,
+    echo_backend_site: Path,
+    grpc_server: str,
+    cancel_after: float,
+    where: str,
+) -> None:
+    # Four gRPC calls queue together (300 ms of queue delay) and run as one batch (500 ms);
+    # the client of one gives up while the batch forms, or while it runs.
+    write_model(
+        tmp_path,
+        "echo",
+        b"",
+        ECHO.format(batching="max_queue_delay_microseconds: 300000", delay=500, count=1, max_batch=8),
+        filename="model.echo",
+    )
+    server = coreserve_server(tmp_path, f"--grpc-server={grpc_server}", env=_env(echo_backend_site))
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    answers: dict[int, object] = {}
+    done = threading.Semaphore(0)
+
+    def finished(value: int, result: grpcclient.InferResult | None, error: Exception | None) -> None:
+        answers[value] = error if error is not None else int(result.as_numpy("OUT")[0, 0])  # type: ignore[union-attr]
+        done.release()
+
+    try:
+        calls = []
+        for value in range(4):
+            tensor = grpcclient.InferInput("IN", [1, 1], "INT32")
+            tensor.set_data_from_numpy(np.array([[value]], np.int32))
+            calls.append(client.async_infer("echo", [tensor], partial(finished, value)))
+        time.sleep(cancel_after)  # (a slow machine may still be forming the batch: either way)
+        calls[2].cancel()
+        for _ in calls:
+            assert done.acquire(timeout=30)
+    finally:
+        client.close()
+    assert [answers[value] for value in (0, 1, 3)] == [0, 1, 3], (where, answers)
+    assert isinstance(answers[2], InferenceServerException) and answers[2].status() == "StatusCode.CANCELLED"
+    assert _statistics(server, "echo")["execution_count"] == 1  # one batch held them all
+    assert "Traceback" not in server.log
