@@ -19,6 +19,14 @@ from coreserve.server.tls_files import TlsFileError, read_pem, server_context
 COMPRESSION_LEVELS = {"none": 0, "low": 1, "medium": 2, "high": 3}
 # --grpc-handshake-timeout-secs (coreserve's own; gRPC core's default is 120 s).
 DEFAULT_HANDSHAKE_TIMEOUT_S = 20.0
+# Streams one connection may have open at once on grpc.aio (gRPC core sets no limit, nor does
+# Triton). It bounds a rapid-reset flood (CVE-2023-44487): gRPC core counts the streams a client
+# has reset but that the server has not yet released against it and refuses the streams past it
+# (REFUSED_STREAM), so one connection queues at most this many calls ahead of other clients' calls
+# of the same method. Without it such calls pile up until gRPC core's guard on calls waiting for
+# the application (grpc.server.max_pending_requests, 1,000 to 3,000) cancels new calls of that
+# method at random, other clients' included. 100 is nghttp2's default.
+DEFAULT_MAX_CONCURRENT_STREAMS = 100
 
 
 @dataclass(frozen=True)
@@ -65,6 +73,7 @@ class GrpcTransport:
     # A new connection's TLS handshake, then its HTTP/2 connection preface, must each arrive
     # within this; a client that stays silent is dropped (gRPC core: its server handshake timeout).
     handshake_timeout_s: float = DEFAULT_HANDSHAKE_TIMEOUT_S
+    max_concurrent_streams: int = DEFAULT_MAX_CONCURRENT_STREAMS  # grpc.aio only (see above)
 
     def server_options(self) -> list[tuple[str, int]]:
         """gRPC core channel arguments for these settings."""
@@ -72,6 +81,7 @@ class GrpcTransport:
             ("grpc.so_reuseport", int(self.reuse_port)),
             ("grpc.default_compression_level", COMPRESSION_LEVELS[self.compression_level]),
             ("grpc.server_handshake_timeout_ms", round(self.handshake_timeout_s * 1000)),
+            ("grpc.max_concurrent_streams", self.max_concurrent_streams),
         ]
         optional = {
             "grpc.keepalive_time_ms": self.keepalive_time_ms,
