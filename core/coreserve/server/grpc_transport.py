@@ -25,7 +25,7 @@ DEFAULT_HANDSHAKE_TIMEOUT_S = 20.0
 # (REFUSED_STREAM), so one connection queues at most this many calls ahead of other clients' calls
 # of the same method. Without it such calls pile up until gRPC core's guard on calls waiting for
 # the application (grpc.server.max_pending_requests, 1,000 to 3,000) cancels new calls of that
-# method at random, other clients' included. 100 is nghttp2's default.
+# method at random, other clients' included. 100 is nghttpx's default (Go's server takes 250).
 DEFAULT_MAX_CONCURRENT_STREAMS = 100
 
 
