@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coreserve.server.grpc_native.hpack_decoder import HeaderDecodingError, HpackDecoder
+from coreserve.server.grpc_native.hpack_decoder import HeaderDecodingError, HeaderListTooLarge, HpackDecoder
 
 names = st.sampled_from([b":path", b"content-type", b"te", b"x-a", b"x-b", b"user-agent", b"grpc-timeout"])
 values = st.binary(max_size=300)
@@ -34,21 +34,32 @@ def test_it_decodes_what_an_encoder_writes_block_after_block(
 
 
 def test_past_the_list_limit_fields_are_counted_not_kept_and_the_table_stays_in_step() -> None:
-    # An HPACK bomb: one 4 KB entry named by index 16,000 times in a 16 kB block.
+    # A 4 KB entry named 7 times: 28 kB, past the 16 KiB limit but within twice it.
     encoder = hpack.Encoder()
     decoder = HpackDecoder(4096, 16 * 1024)
     big = (b"x-big", b"v" * 4000)
     decoder.decode(encoder.encode([big]))
-    bomb = encoder.encode([big] * 16000)
-    assert len(bomb) == 16000
-    fields, size = decoder.decode(bomb)
+    fields, size = decoder.decode(encoder.encode([big] * 7))
     assert len(fields) == 4  # the fields within 16 KiB: 4 of 4,037 bytes
-    assert size == 16000 * (5 + 4000 + 32)
+    assert size == 7 * (5 + 4000 + 32)
     # Literals added to the table past the limit are still added: the next block, which names
     # them by index, decodes.
     added = [(b"x-n%d" % i, b"w" * 1000) for i in range(3)]
-    decoder.decode(encoder.encode([big] * 10 + added))
+    decoder.decode(encoder.encode([big] * 4 + added))
     assert decoder.decode(encoder.encode(added))[0] == added
+
+
+def test_past_twice_the_list_limit_decoding_stops() -> None:
+    # An HPACK bomb: one 4 KB entry named 16,000 times in a 16 kB block. Decoding stops at the
+    # ninth name, whatever follows.
+    encoder = hpack.Encoder()
+    decoder = HpackDecoder(4096, 16 * 1024)
+    big = (b"x-big", b"v" * 4000)
+    decoder.decode(encoder.encode([big]))
+    with pytest.raises(HeaderListTooLarge, match="over 32768 bytes"):
+        decoder.decode(encoder.encode([big] * 16000))
+    with pytest.raises(HeaderListTooLarge, match=r"a header string of 37500 bytes"):  # not decoded at all
+        HpackDecoder(4096, 16 * 1024).decode(hpack.Encoder().encode([(b"x", b"s" * 60000)], huffman=True))
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from coreserve.server.grpc_native import wire
-from coreserve.server.grpc_native.limits import FRAMES_PER_TURN, MAX_FRAME_SIZE, STREAMS_PER_TURN
+from coreserve.server.grpc_native.limits import (
+    FRAMES_PER_TURN,
+    HEADER_BYTES_PER_TURN,
+    MAX_FRAME_SIZE,
+    STREAMS_PER_TURN,
+)
 from coreserve.server.grpc_native.wire import ConnectionFault
 
 STREAMED_DATA = 64 * 1024  # DATA frames this large are handed on before their last byte is in
@@ -75,11 +80,15 @@ class FrameReader:
         """Hands on frames from `position` on, within the turn's share; returns where it stopped."""
         size = len(buffer)
         view = memoryview(buffer)  # frames are views; none outlives this read
-        frames = streams = 0
+        frames = streams = header_bytes = 0  # this turn's
         self.backlog = False
         on_frame = self._on_frame
         while size - position >= 9:
-            if frames == FRAMES_PER_TURN or streams == STREAMS_PER_TURN:
+            if (
+                frames == FRAMES_PER_TURN
+                or streams == STREAMS_PER_TURN
+                or header_bytes >= HEADER_BYTES_PER_TURN
+            ):
                 self.backlog = True
                 break
             length = (buffer[position] << 16) | (buffer[position + 1] << 8) | buffer[position + 2]
@@ -103,6 +112,9 @@ class FrameReader:
             frames += 1
             if kind == wire.HEADERS:  # each opens a stream at most
                 streams += 1
+                header_bytes += length
+            elif kind == wire.CONTINUATION:
+                header_bytes += length
             on_frame(kind, flags, stream_id, view[start:position])
         view.release()
         return position

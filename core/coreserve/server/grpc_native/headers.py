@@ -14,8 +14,13 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from coreserve.server.grpc_native.hpack_decoder import Field, HeaderDecodingError, HpackDecoder
-from coreserve.server.grpc_native.wire import COMPRESSION_ERROR, ConnectionFault
+from coreserve.server.grpc_native.hpack_decoder import (
+    Field,
+    HeaderDecodingError,
+    HeaderListTooLarge,
+    HpackDecoder,
+)
+from coreserve.server.grpc_native.wire import COMPRESSION_ERROR, ENHANCE_YOUR_CALM, ConnectionFault
 
 # Distinct blocks remembered per connection: clients repeat a handful (one per method and
 # metadata combination); a client that varies its blocks only fills the cache up to this. Only
@@ -121,7 +126,8 @@ class HeaderBlockDecoder:
         """The headers of `block`; ConnectionFault(COMPRESSION_ERROR) when it does not decode.
 
         A list past the limit keeps only the fields before it (its `size` says how large it
-        is): the request is refused, and nothing more of it is kept.
+        is): the request is refused, and nothing more of it is kept. Past twice the limit,
+        ConnectionFault(ENHANCE_YOUR_CALM).
         """
         cached = self._cache.get(block)
         if cached is not None:
@@ -133,6 +139,8 @@ class HeaderBlockDecoder:
         except HeaderDecodingError as exc:
             # The dynamic table is now out of step with the client's: nothing later decodes.
             raise ConnectionFault(COMPRESSION_ERROR, f"header block does not decode: {exc}") from None
+        except HeaderListTooLarge as exc:  # no request needs it; the table is out of step too
+            raise ConnectionFault(ENHANCE_YOUR_CALM, str(exc)) from None
         headers = _request_headers(fields, size)
         if decoder.changes != changes:
             # This block changed the table: blocks cached before may now mean other fields.

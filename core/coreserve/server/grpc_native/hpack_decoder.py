@@ -1,10 +1,11 @@
-"""HPACK decoding (RFC 7541) of request header blocks, within a limit on the decoded list.
+"""HPACK decoding (RFC 7541) of request header blocks, within limits on the decoded list.
 
 A block of a few bytes can name a large dynamic-table entry thousands of times (an "HPACK
-bomb"). Past the header list limit this decoder goes on reading the block, so that its dynamic
-table stays in step with the client's encoder, but it keeps no more fields: each field past
-the limit costs what its encoded bytes cost, and the caller learns the list's full size to
-refuse the request (as grpc's core does past its hard metadata limit).
+bomb"). Past the list's limit this decoder goes on reading the block, so that its dynamic table
+stays in step with the client's encoder, but it keeps no more fields, and the caller learns the
+list's full size to refuse the request (as grpc's core does past its metadata limit). Past
+twice the limit it stops at once (as Go's server does): no request needs that much, so the
+connection ends, and a bomb costs what a list of twice the limit costs, whatever it names.
 """
 
 from __future__ import annotations
@@ -29,10 +30,15 @@ class HeaderDecodingError(Exception):
     """The block does not decode: the connection's compression context is lost."""
 
 
+class HeaderListTooLarge(Exception):
+    """The block's list passed twice the limit: decoding stopped there."""
+
+
 class HpackDecoder:
     """One connection's decoder: its dynamic table and the limits it decodes within."""
 
     def __init__(self, max_table_size: int, max_list_size: int) -> None:
+        self._stop_size = 2 * max_list_size
         self._entries: deque[Field] = deque()  # newest first: index 62 is _entries[0]
         self._table_size = 0
         self._max_table_size = max_table_size  # as the client's last size update set it
@@ -44,7 +50,8 @@ class HpackDecoder:
         """The fields of `block` that fit within the list limit, and the list's full size.
 
         Where the size passes `max_list_size`, the fields are those before the one that passed
-        it. HeaderDecodingError where the block breaks RFC 7541.
+        it; HeaderListTooLarge where it passes twice that. HeaderDecodingError where the block
+        breaks RFC 7541.
         """
         try:
             return self._decode(block)
@@ -57,6 +64,7 @@ class HpackDecoder:
         fields: list[Field] = []
         size = 0
         limit = self.max_list_size
+        stop = self._stop_size
         position = 0
         end = len(block)
         while position < end:
@@ -69,8 +77,8 @@ class HpackDecoder:
                 if index:
                     name = self._field(index)[0]
                 else:
-                    name, position = _string(block, position)
-                value, position = _string(block, position)
+                    name, position = _string(block, position, stop)
+                value, position = _string(block, position, stop)
                 field = (name, value)
                 self._add(field)
             elif byte & 0x20:  # a dynamic table size update: only before the first field
@@ -87,12 +95,14 @@ class HpackDecoder:
                 if index:
                     name = self._field(index)[0]
                 else:
-                    name, position = _string(block, position)
-                value, position = _string(block, position)
+                    name, position = _string(block, position, stop)
+                value, position = _string(block, position, stop)
                 field = (name, value)
             size += len(field[0]) + len(field[1]) + ENTRY_OVERHEAD
             if size <= limit:
                 fields.append(field)
+            elif size > stop:
+                raise HeaderListTooLarge(f"a header list over {stop} bytes")
         return fields, size
 
     def _field(self, index: int) -> Field:
@@ -141,10 +151,13 @@ def _integer(block: bytes, position: int, mask: int) -> tuple[int, int]:
             raise HeaderDecodingError("an integer too long for a header block")
 
 
-def _string(block: bytes, position: int) -> tuple[bytes, int]:
-    """RFC 7541 5.2: a string literal (Huffman-coded or not); and the position after it."""
+def _string(block: bytes, position: int, stop: int) -> tuple[bytes, int]:
+    """RFC 7541 5.2: a string literal (Huffman-coded or not); and the position after it. One
+    longer than `stop` is not decoded (HeaderListTooLarge)."""
     huffman = block[position] & 0x80
     length, position = _integer(block, position, 0x7F)
+    if length > stop:
+        raise HeaderListTooLarge(f"a header string of {length} bytes")
     end = position + length
     if end > len(block):
         raise HeaderDecodingError("a string runs past the end of its header block")

@@ -10,8 +10,9 @@ The budgets follow the reference servers' mitigations of the HTTP/2 denial-of-se
 - a header block may come in at most MAX_CONTINUATIONS CONTINUATION frames (nghttp2's; the
   CONTINUATION flood, CVE-2024-27316), a SETTINGS frame hold at most MAX_SETTINGS entries;
 - one turn of the event loop reads at most STREAMS_PER_TURN new streams (grpc's
-  max_requests_per_read) and FRAMES_PER_TURN frames of a connection, so that one connection's
-  flood of small frames cannot hold up the others for longer than that.
+  max_requests_per_read), FRAMES_PER_TURN frames and (past a frame) HEADER_BYTES_PER_TURN of
+  header blocks of a connection, so that one connection's flood cannot hold up the others for
+  longer than that.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ import asyncio
 STREAM_WINDOW = 4 * 1024 * 1024  # what each stream may send ahead of its handler
 CONNECTION_WINDOW = 64 * 1024 * 1024
 MAX_FRAME_SIZE = 1024 * 1024  # frames we accept: fewer, larger frames for large tensors
-MAX_HEADER_LIST = 16 * 1024  # gRPC's own limit on metadata
-MAX_HEADER_BLOCK = 64 * 1024  # encoded; a larger block ends the connection
+MAX_HEADER_LIST = 16 * 1024  # gRPC's own limit on metadata; twice it ends the connection
+MAX_HEADER_BLOCK = 2 * MAX_HEADER_LIST  # encoded; a larger block ends the connection
 MAX_CONCURRENT = 1024
 MAX_CONTINUATIONS = 8
 MAX_SETTINGS = 32
@@ -30,6 +31,7 @@ STREAM_CHURN_BURST, STREAM_CHURN_RATE = 1000, 33.0
 GLITCH_BURST, GLITCH_RATE = 10000, 330.0
 STREAMS_PER_TURN = 32
 FRAMES_PER_TURN = 512
+HEADER_BYTES_PER_TURN = 16 * 1024  # of header blocks: the frames that cost the most per byte
 
 
 class RateBudget:
