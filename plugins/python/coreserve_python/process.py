@@ -23,7 +23,7 @@ from typing import Any
 from coreserve import CoreserveError, InternalError, UnavailableError
 from coreserve_python.messages import FinalizeMessage
 from coreserve_python.spawn import STUB_FD, describe_exit, kill, reap_blocking, spawn_stub, watch_exit
-from coreserve_python.wire import SHM_DIR, Channel, Message, encode_frame
+from coreserve_python.wire import RECEIVE_CHUNK, SHM_DIR, Channel, Message, encode_frame
 
 logger = logging.getLogger("coreserve.backend.python")
 _LENGTH = struct.Struct("<I")
@@ -292,7 +292,30 @@ class StubConnection(asyncio.Protocol):
         self._pending += view[offset:]
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if exc is not None:
+            self._drain()
         self._end(None)  # (a reset: the stub went away, as surely as with an orderly close)
+
+    def _drain(self) -> None:
+        """Handles what the stub sent before it died, where the server has not read it yet.
+
+        A write to a stub that has died (the next execution, handed ahead) fails, and asyncio
+        then closes the socket without reading what is left in it: the replies the stub sent
+        for the executions it finished before it died, which must not be lost with it.
+        """
+        if self._transport is None:
+            return
+        sock = self._transport.get_extra_info("socket")
+        if sock is None:
+            return
+        while not self.ended.done():
+            try:
+                data = os.read(sock.fileno(), RECEIVE_CHUNK)  # (non-blocking: asyncio's socket)
+            except OSError:  # nothing more (BlockingIOError), or the reset once it is all read
+                return
+            if not data:
+                return
+            self.data_received(data)
 
     def _end(self, error: BaseException | None) -> None:
         if not self.ended.done():
