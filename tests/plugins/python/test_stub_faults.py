@@ -243,11 +243,16 @@ def test_a_stub_that_cannot_restart_makes_the_model_unavailable_until_it_can(
     first = _infer_http(client, "fragile")
     marker.touch()
     os.kill(first, signal.SIGKILL)
-    _wait_until(lambda: not client.is_model_ready("fragile"), 15, "fragile reported not ready")
+
+    def fragile_entry() -> dict[str, str]:
+        return next(e for e in client.get_model_repository_index() if e["name"] == "fragile")
+
+    # Not ready from the crash on; UNAVAILABLE once the first restart has failed.
+    _wait_until(lambda: fragile_entry()["state"] == "UNAVAILABLE", 15, "fragile reported unavailable")
+    assert not client.is_model_ready("fragile")
     ready_url = f"http://{server.http_url}/v2/health/ready"
     assert _status(ready_url) != 200 and client.is_model_ready("steady")
-    entry = next(e for e in client.get_model_repository_index() if e["name"] == "fragile")
-    assert entry["state"] == "UNAVAILABLE"
+    entry = fragile_entry()
     assert "cannot be restarted" in entry["reason"] and "the marker file forbids starting" in entry["reason"]
     with pytest.raises(InferenceServerException, match="the marker file forbids starting") as info:
         _infer_http(client, "fragile")
