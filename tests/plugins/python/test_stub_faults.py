@@ -165,7 +165,7 @@ def test_stubs_killed_at_random_under_load_heal_and_other_models_lose_nothing(
                 with lock:
                     victim_pids.append(pid)
             except InferenceServerException:
-                time.sleep(0.01)  # the request met a dying stub or an unready model: expected here
+                time.sleep(0.01)  # the request was running in a killed stub: expected here
 
     def load_bystander(use_grpc: bool) -> None:
         client = grpcclient.InferenceServerClient(server.grpc_url) if use_grpc else http(server)
@@ -213,8 +213,8 @@ def test_stubs_killed_at_random_under_load_heal_and_other_models_lose_nothing(
     assert bystander["failed"] == [] and len(bystander["ok"]) > 20
 
     # The victim heals by itself: once the server has seen every kill and restarted each stub
-    # (a request sent in the moment between a kill and its notice fails, as in Triton), it is
-    # ready again and answers from stubs that were not killed.
+    # (the requests a killed stub was running failed; those waiting behind them were queued
+    # again), it is ready again and answers from stubs that were not killed.
     def every_kill_seen() -> bool:
         log = server.log
         crashes = log.count("exited unexpectedly (killed by SIGKILL)")
