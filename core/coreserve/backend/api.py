@@ -145,6 +145,14 @@ class ModelInstance(Protocol):
       version reports UNAVAILABLE with that reason (repository index, ready endpoints false,
       requests refused with UNAVAILABLE); it is READY again as soon as the failure clears.
       It is read on every request: a plain attribute, not a computation.
+    - `serving: asyncio.Event`: an instance that restarts its worker process when it dies
+      clears it for the restart and sets it again once the restart has ended (with `failure`
+      set if it failed: `execute` then fails at once). While it is clear the scheduler gives
+      the instance nothing: requests stay in the queue (their timeouts and cancellations
+      apply) for another instance or for this one once it is back, and while no instance of
+      a version is serving, its ready endpoints say not ready (requests are still queued).
+      Requests that the dead process never started, the instance hands back with
+      `Responder.requeue`.
     """
 
     async def execute(self, requests: Sequence[InferenceRequest], responder: Responder) -> None:

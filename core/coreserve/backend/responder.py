@@ -30,6 +30,7 @@ class Responder:
     __slots__ = (
         "_failed",
         "_open",
+        "_requeued",
         "_rescheduled",
         "_withdrawn",
         "compute_start_ns",
@@ -49,6 +50,7 @@ class Responder:
         self._open = {id(request) for request in requests}
         self._failed: set[int] = set()
         self._rescheduled: list[InferenceRequest] = []
+        self._requeued: list[tuple[InferenceRequest, CoreserveError]] = []
         self._withdrawn = 0
         self.compute_start_ns = now_ns()
         self.inputs_ready_ns = 0
@@ -86,6 +88,32 @@ class Responder:
             raise InternalError(f"request '{request.id}' was already answered; it cannot be rescheduled")
         self._open.discard(key)
         self._rescheduled.append(request)
+
+    @property
+    def requeued(self) -> Sequence[tuple[InferenceRequest, CoreserveError]]:
+        """The requests handed back with `requeue`, in the order they were, each with its error."""
+        return self._requeued
+
+    def requeue(self, request: InferenceRequest, error: CoreserveError) -> None:
+        """Hands back an open request that the instance never started, to be queued again.
+
+        For an instance whose worker process died before it got to the request (it waited
+        there behind the batch that was running): the scheduler puts it back at the head of
+        its queue, in its place by age, for any instance, and the model never knows. A
+        scheduler that cannot take it back (the sequence batcher: a sequence's state lived
+        in the dead process) fails it with `error`. A request the model may have seen must
+        not be requeued: it would run twice.
+        """
+        key = id(request)
+        if key not in self._open:
+            raise InternalError(f"request '{request.id}' was already answered; it cannot be queued again")
+        self._open.discard(key)
+        self._requeued.append((request, error))
+
+    @property
+    def requeued_all(self) -> bool:
+        """True when every request of the batch was handed back unstarted: no execution."""
+        return len(self._requeued) == len(self.requests)
 
     @property
     def withdrew_all(self) -> bool:

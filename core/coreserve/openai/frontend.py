@@ -117,7 +117,7 @@ class OpenAIFrontend:
         return {"id": name, "object": "model", "created": self._created, "owned_by": OWNER}
 
     async def _models(self, request: HttpRequest) -> HttpResponse:
-        names = sorted(model.name for model in self._dataplane.repository.models() if model.ready)
+        names = sorted(model.name for model in self._dataplane.repository.models() if model.takes_requests)
         return _json({"object": "list", "data": [self._card(name) for name in names]})
 
     async def _model(self, request: HttpRequest) -> HttpResponse:

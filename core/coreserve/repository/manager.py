@@ -262,8 +262,8 @@ class ModelRepository:
             new = await self._loader.load(location, overrides.config if overrides else None)
             if fingerprint is not None:
                 self._fingerprints[key] = fingerprint
-            failed = not new.versions or any(not v.ready for v in new.versions.values())
-            if failed and old is not None and old.ready:
+            failed = not new.takes_requests
+            if failed and old is not None and old.takes_requests:
                 logger.error(
                     "model '%s' did not reload, the loaded version keeps serving: %s",
                     location.name,
@@ -328,7 +328,7 @@ class ModelRepository:
                         f"cannot load ensemble '{name}': its steps form a cycle: {cycle}"
                     )
                 step_key = qualified(location.namespace, step)
-                if step_key not in self._models or not self._models[step_key].ready:
+                if step_key not in self._models or not self._models[step_key].takes_requests:
                     logger.info("loading model '%s' first: ensemble '%s' uses it", step, name)
                     await self._load(step, LoadOverrides(), (*loading, name))
             await self._load_location(name, location, found[key][1], overrides)
@@ -341,7 +341,7 @@ class ModelRepository:
             raise InvalidArgumentError(
                 f"load failed for model '{name}': {_reason(new)} (the loaded version keeps serving)"
             )
-        if not new.ready:
+        if not new.takes_requests:
             raise InvalidArgumentError(f"load failed for model '{name}': {_reason(new)}")
 
     async def unload(self, name: str, dependents: bool = False) -> None:
@@ -404,8 +404,8 @@ class ModelRepository:
                 continue
             for number in sorted(model.versions):
                 version = model.versions[number]
-                if ready_only and not version.ready:
-                    continue
+                if ready_only and version.current_state is not ModelState.READY:
+                    continue  # (the state, as the entry gives it: READY while instances restart)
                 entry = {"name": name, "version": str(number), "state": version.current_state.value}
                 if version.current_reason:
                     entry["reason"] = version.current_reason

@@ -40,7 +40,23 @@ class ModelVersion:
 
     @property
     def ready(self) -> bool:
+        """What the ready endpoints say: it takes requests and an instance of it is serving."""
+        return self.takes_requests and self._an_instance_serves()
+
+    @property
+    def takes_requests(self) -> bool:
+        """Loaded, and no instance failed: requests are queued (while instances restart too)."""
         return self.state is ModelState.READY and not self.instance_failure()
+
+    def _an_instance_serves(self) -> bool:
+        """False while every instance restarts its worker process (see `ModelInstance.serving`)."""
+        if self.scheduler is None or not self.scheduler.instances:
+            return True
+        for instance in self.scheduler.instances:
+            serving = getattr(instance, "serving", None)
+            if serving is None or serving.is_set():
+                return True
+        return False
 
     def instance_failure(self) -> str:
         """Why an instance of this loaded version cannot serve now ("" while every one can).
@@ -92,15 +108,25 @@ class Model:
         """True if every version the policy selected is ready."""
         return bool(self.versions) and all(v.ready for v in self.versions.values())
 
-    def ready_versions(self) -> list[int]:
-        return sorted(v.version for v in self.versions.values() if v.ready)
+    @property
+    def takes_requests(self) -> bool:
+        """True if every version the policy selected takes requests (see ModelVersion)."""
+        return bool(self.versions) and all(v.takes_requests for v in self.versions.values())
+
+    def serving_versions(self) -> list[int]:
+        """The versions that take requests (one whose instances restart included)."""
+        return sorted(v.version for v in self.versions.values() if v.takes_requests)
 
     def version(self, requested: str) -> ModelVersion:
-        """The version a request names ("" for the latest ready one)."""
+        """The version a request names ("" for the latest that takes requests).
+
+        One whose instances all restart takes requests: they wait in its queue. Ask the
+        version's `ready` for what the ready endpoints say.
+        """
         if not requested:
             latest = None
             for candidate in self.versions.values():  # (one pass: every request asks this)
-                if candidate.ready and (latest is None or candidate.version > latest.version):
+                if candidate.takes_requests and (latest is None or candidate.version > latest.version):
                     latest = candidate
             if latest is None:
                 reason = self.reason or "; ".join(
@@ -117,7 +143,7 @@ class Model:
         found = self.versions.get(number)
         if found is None:
             raise NotFoundError(f"Request for unknown model: '{self.name}' version {number} is not found")
-        if not found.ready:
+        if not found.takes_requests:
             why = found.current_reason or found.current_state
             raise UnavailableError(
                 f"Request for unknown model: '{self.name}' version {number} is not at ready state ({why})"

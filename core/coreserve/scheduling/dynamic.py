@@ -24,7 +24,7 @@ from coreserve.config.signature import ModelSignature
 from coreserve.errors import InvalidArgumentError, UnavailableError, with_request_id
 from coreserve.protos.model_config_pb2 import ModelDynamicBatching, ModelQueuePolicy
 from coreserve.scheduling.ordering import OrderedRelease
-from coreserve.scheduling.scheduler import Scheduler
+from coreserve.scheduling.scheduler import Scheduler, insert_by_age
 from coreserve.scheduling.statistics import ModelStatistics
 from coreserve.types import InferenceRequest, now_ns
 
@@ -124,13 +124,26 @@ class DynamicBatcher(Scheduler):
                 + f": model '{self.signature.model_name}': the queue of priority level {level} is full "
                 f"(max_queue_size {policy.max_queue_size}); try again later"
             )
-        timeout_us = policy.timeout_for(request)
-        if timeout_us:
-            loop = asyncio.get_running_loop()
-            self._timers[id(request)] = loop.call_later(
-                timeout_us / 1e6, self._expire, request, level, policy.delay_on_timeout
-            )
+        self._time(request, level, policy.timeout_for(request) / 1e6)
         queue.append(request)
+        self._arrived.set()
+
+    def _time(self, request: InferenceRequest, level: int, timeout_s: float) -> None:
+        """Arms the queue policy's timeout of a request (0: none)."""
+        if timeout_s:
+            policy = self._policies[level - 1]
+            self._timers[id(request)] = asyncio.get_running_loop().call_later(
+                timeout_s, self._expire, request, level, policy.delay_on_timeout
+            )
+
+    def _enqueue_by_age(self, request: InferenceRequest) -> None:
+        """Back into its level's queue by age; its timeout counts from when it first queued."""
+        level = self._level_of(request)  # (it was checked when it first queued)
+        timeout_us = self._policies[level - 1].timeout_for(request)
+        if timeout_us:
+            waited_s = (now_ns() - request.queued_ns) / 1e9
+            self._time(request, level, max(timeout_us / 1e6 - waited_s, 1e-6))
+        insert_by_age(self._queues[level - 1], request)
         self._arrived.set()
 
     def _expire(self, request: InferenceRequest, level: int, delay: bool) -> None:

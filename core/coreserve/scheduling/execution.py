@@ -30,8 +30,8 @@ async def execute_batch(
     An exception from the backend fails the requests it left open; a non-decoupled backend
     that returns without answering a request fails that request with an internal error.
     The execution is recorded in `statistics`; a decoupled request still open counts when it
-    ends (see StreamOutcome). Requests the backend handed back (`Responder.reschedule`) stay
-    open: the caller schedules them again or fails them.
+    ends (see StreamOutcome). Requests the backend handed back (`Responder.reschedule`,
+    `Responder.requeue`) stay open: the caller schedules them again or fails them.
     """
     model_version = statistics.version
     if decoupled:
@@ -62,6 +62,8 @@ async def execute_batch(
     if responder.withdrew_all:  # cancelled before the model got them: as if they left the queue
         for request in batch:
             statistics.record_failure(request, "CANCELED")
+        return responder
+    if responder.requeued_all:  # the instance never started them: no execution
         return responder
     end_ns = now_ns()
     timing = statistics.record_execution(batch, responder, end_ns)

@@ -227,10 +227,18 @@ class Scheduler:
 
     async def _work(self, index: int, instance: ModelInstance) -> None:
         """The worker loop of instance `index`: takes batches and executes them, one at a time."""
+        serving = getattr(instance, "serving", None)
         while True:
             if not self._has_work(index):
                 self._note_if_idle()
                 await self._wait_for_work(index)
+                continue
+            if serving is not None and not serving.is_set():
+                # The instance restarts its worker process: what is queued stays in the queue
+                # (where timeouts and cancellations reach it) for another instance or for this
+                # one once it is back, and the work this worker was woken for goes elsewhere.
+                self._wake_worker()
+                await serving.wait()
                 continue
             self._busy += 1
             try:
@@ -266,6 +274,8 @@ class Scheduler:
                 )
         if responder.rescheduled:
             self._take_back(responder.rescheduled)
+        if responder.requeued:
+            self._requeue(responder.requeued)
 
     def _take_back(self, requests: Sequence[InferenceRequest]) -> None:
         """Requests a backend handed back to be executed again: only iterative sequences take
@@ -281,6 +291,24 @@ class Scheduler:
             self.statistics.record_failure(request, "BACKEND")
             if request.sink is not None:
                 request.sink.fail(InternalError(RESCHEDULE_REFUSED))
+
+    def _requeue(self, requests: Sequence[tuple[InferenceRequest, CoreserveError]]) -> None:
+        """Queues again, ahead of younger ones, requests an instance handed back unstarted
+        (`Responder.requeue`); one cancelled meanwhile leaves as from the queue."""
+        for request, _ in requests:
+            if request.is_cancelled():
+                self.statistics.record_failure(request, "CANCELED")
+                if request.sink is not None:
+                    request.sink.fail(CancelledError.of_request(request.model_name))
+                continue
+            self._enqueue_by_age(request)
+            self._idle.clear()
+            self._wake_worker()
+
+    def _enqueue_by_age(self, request: InferenceRequest) -> None:
+        """Puts a request taken from the queue back where its age places it: near the head,
+        behind the older ones handed back before it (each execution hands back its own)."""
+        insert_by_age(self._queue, request)
 
     async def close(self, timeout: float | None = None) -> None:
         """Stops taking requests, lets queued and running ones finish, fails the rest, then
@@ -313,6 +341,12 @@ class Scheduler:
             self._rate_limiter.unregister(self._slots.values())
         remaining = None if deadline is None else max(0.0, deadline - loop.time())
         await close_instances(self.instances, remaining, self.signature.model_name)
+
+
+def insert_by_age(queue: deque[InferenceRequest], request: InferenceRequest) -> None:
+    """Inserts `request` into `queue` (oldest first) behind every request queued before it."""
+    younger = (position for position, queued in enumerate(queue) if queued.queued_ns > request.queued_ns)
+    queue.insert(next(younger, len(queue)), request)
 
 
 async def close_instances(instances: Sequence[ModelInstance], timeout: float | None, model_name: str) -> None:

@@ -210,6 +210,14 @@ class SequenceBatcher(Scheduler):
             return
         self._returned.update(id(request) for request in requests)
 
+    def _requeue(self, requests: Sequence[tuple[InferenceRequest, CoreserveError]]) -> None:
+        """Fails requests an instance handed back unstarted, with the instance's error: a
+        sequence stays on its instance, and its state there died with the worker process."""
+        for request, error in requests:
+            self.statistics.record_failure(request, "BACKEND")
+            if request.sink is not None:
+                request.sink.fail(error)
+
     def _take_slot(self, sequence: SequenceSlot) -> None:
         pool = max(range(len(self._free)), key=lambda index: self._free[index])
         if self._free[pool] > 0:

@@ -152,7 +152,8 @@ class ModelStatistics:
 
         A request still open (a decoupled model answers it after execute returned) or handed
         back for rescheduling is not settled yet: its caller records it later with
-        `record_outcome` and the timing returned here.
+        `record_outcome` and the timing returned here. One handed back unstarted (requeued)
+        is not part of this execution.
         """
         start = responder.compute_start_ns
         inputs_ready = responder.inputs_ready_ns or start
@@ -163,8 +164,11 @@ class ModelStatistics:
         self.execution_count += 1
         self.last_inference_ms = time.time_ns() // 1_000_000
         rescheduled = {id(request) for request in responder.rescheduled}
+        requeued = {id(request) for request, _ in responder.requeued} if responder.requeued else ()
         batch_size = 0
         for request in requests:
+            if id(request) in requeued:
+                continue  # never started: it runs (and counts) in a later execution
             if responder.is_open(request) or id(request) in rescheduled:
                 if not request.is_cancelled():
                     batch_size += request.batch_size

@@ -131,11 +131,12 @@ class DataPlane:
         return self.model_version(name, version).signature
 
     def model_ready(self, name: str, version: str = "") -> bool:
+        """Whether the model version serves: loaded, and an instance of it is running (false
+        while its only instances restart, though requests still queue for it)."""
         try:
-            self.model_version(name, version)
+            return self.model_version(name, version).ready
         except (NotFoundError, UnavailableError):
             return False  # a malformed version stays an error, as Triton answers it
-        return True
 
     def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
         model = self.repository.get(name)
@@ -143,7 +144,7 @@ class DataPlane:
         signature = chosen.signature
         return {
             "name": name,
-            "versions": [str(v) for v in ([parse_version(version)] if version else model.ready_versions())],
+            "versions": [str(v) for v in ([parse_version(version)] if version else model.serving_versions())],
             "platform": chosen.config.platform or chosen.config.backend,
             "inputs": [
                 {"name": s.name, "datatype": s.datatype.value, "shape": signature.client_shape(s)}

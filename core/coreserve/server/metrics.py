@@ -104,7 +104,7 @@ def _versions(repository: ModelRepository) -> list[tuple[ModelVersion, str]]:
         (version, _version_labels(model.name, model.namespace, version.version))
         for model in repository.models()
         for _, version in sorted(model.versions.items())
-        if version.ready or version.statistics.execution_count or version.statistics.fail.count
+        if version.takes_requests or version.statistics.execution_count or version.statistics.fail.count
     ]
 
 

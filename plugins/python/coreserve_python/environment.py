@@ -19,6 +19,7 @@ STUB_MODULES = (
     "wire.py",
     "messages.py",
     "inbox.py",
+    "start_mark.py",
     "pb_errors.py",
     "pb_types.py",
     "pb_dlpack.py",

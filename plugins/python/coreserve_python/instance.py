@@ -58,6 +58,9 @@ FAILED_INIT_FINALIZE_S = 5.0
 class PythonInstance(ModelRequestAnswers, BlsServing):
     """Runs batches in a stub process; restarts the stub if it dies.
 
+    A stub that dies costs only the requests it had started (see start_mark.py): they fail
+    with Triton's words; those handed to it ahead go back to the model's queue. While the stub
+    restarts, `serving` is clear and the scheduler gives the instance nothing.
     A restart that fails is retried with backoff for as long as the instance lives; meanwhile
     `failure` says why the instance cannot serve (the core then reports the model version
     UNAVAILABLE with that reason), and it is cleared when a restart succeeds.
@@ -101,13 +104,17 @@ class PythonInstance(ModelRequestAnswers, BlsServing):
         # and the function that stops relaying their cancellation to the stub.
         self._open: dict[int, tuple[InferenceRequest, Responder, Callable[[], None]]] = {}
         self._next_key = 0
+        # The executions whose execute() waits for the stub's reply, by their responder: if the
+        # stub dies, each answers its own requests (see `_stub_died`).
+        self._awaiting: set[Responder] = set()
         self._executions = 0  # executions sent to the stub and not yet done
         self._process: StubProcess | None = None
         self._reply_spin: ReplySpin | None = None  # the running stub's, where this instance spins
         self._starting: StubProcess | None = None  # the stub whose initialize() runs
         self._restart: asyncio.Task[None] | None = None
-        # Set once the first restart attempt after a crash has ended, either way.
-        self._restart_tried = asyncio.Event()
+        # Clear from a crash until the first restart attempt has ended, either way: the
+        # scheduler gives the instance nothing meanwhile (see ModelInstance.serving).
+        self.serving = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         # The server-side requests of BLS calls in flight, by the stub's call id (to cancel them).
         self._bls_calls: dict[int, InferenceRequest] = {}
@@ -144,6 +151,7 @@ class PythonInstance(ModelRequestAnswers, BlsServing):
             "args": self._args(),
             "decoupled": self._decoupled,
             "idle_spin_microseconds": self._idle_spin_microseconds,
+            "start_mark": process.start_mark_path,
         }
         try:
             reply = await process.request(message, "init_done")
@@ -158,28 +166,47 @@ class PythonInstance(ModelRequestAnswers, BlsServing):
             raise
         finally:
             self._starting = None
+            process.unlink_start_mark()  # mapped by both sides by now (or never to be)
         self._process = process
+        self.serving.set()
         activity = self._server.activity
         if self._idle_spin_microseconds and activity is not None:
             self._reply_spin = ReplySpin(process.fileno, self._idle_spin_microseconds * 1000, activity)
 
     def _on_exit(self, process: StubProcess, code: int | None) -> None:
+        """The running stub died: it is restarted, and the requests it had started fail (those
+        whose execute() still waits fail there, see `_stub_died`, as the others go back to the
+        queue); what is left here are a decoupled model's requests still being answered."""
         if process is not self._process:
             return  # a stub whose start failed: start() reports that
-        error = InternalError(
-            f"the Python stub of {self.name} exited unexpectedly ({describe_exit(code)}) while "
-            "serving; in-flight requests failed and the stub is being restarted"
-        )
-        logger.error("%s", error.message)
-        self._release_metrics()  # the restarted model makes its own again
-        for request, responder, forget in list(self._open.values()):
-            forget()
-            responder.send_error(request, error)
-        self._open.clear()
         self._process = None
+        self.serving.clear()
+        self._release_metrics()  # the restarted model makes its own again
+        error = self._died_running(code)
+        not_started = 0
+        for key, (request, responder, forget) in list(self._open.items()):
+            if key > process.last_started_key:
+                not_started += 1
+            elif responder not in self._awaiting:
+                del self._open[key]
+                forget()
+                responder.send_error(request, error)
+        logger.error(
+            "the Python stub of %s exited unexpectedly (%s) while serving: the requests it had "
+            "started fail, the %d it had not started are queued again; restarting it",
+            self.name,
+            describe_exit(code),
+            not_started,
+        )
         if not self._closed:
-            self._restart_tried.clear()
             self._restart = asyncio.create_task(self._restart_until_running(), name=f"{self.name}:restart")
+
+    def _died_running(self, code: int | None) -> InternalError:
+        """The error of the requests a stub had started when it died: Triton's words first."""
+        return InternalError(
+            f"Stub process '{self._placement.name}' is not healthy. It exited unexpectedly "
+            f"({describe_exit(code)}) while serving this request; it is being restarted."
+        )
 
     async def _restart_until_running(self) -> None:
         """Restarts the stub, retrying with backoff until it runs (or the instance closes)."""
@@ -201,7 +228,7 @@ class PythonInstance(ModelRequestAnswers, BlsServing):
                         exc_info=None if isinstance(exc, CoreserveError) else exc,
                     )
                 self.failure = f"the Python stub of {self.name} cannot be restarted: {reason}"
-                self._restart_tried.set()
+                self.serving.set()  # its execute() now fails at once, with the failure
                 await asyncio.sleep(delay)
                 delay = min(2 * delay, RESTART_MAX_DELAY_S)
                 continue
@@ -210,21 +237,56 @@ class PythonInstance(ModelRequestAnswers, BlsServing):
             else:
                 logger.info("%s: the stub was restarted", self.name)
             self.failure = None
-            self._restart_tried.set()
             return
 
-    async def _running(self) -> StubProcess:
-        if self._process is None and self._restart is not None and not self._restart.done():
-            # Requests wait for the first restart attempt, not for the retries after it.
-            await self._restart_tried.wait()
-        if self._process is None or not self._process.alive:
+    def _not_running(self, requests: Sequence[InferenceRequest], responder: Responder) -> None:
+        """Requests given while the stub is not running: back to the queue while it restarts
+        (or has died, which the server has not handled yet), an error if it cannot restart."""
+        process = self._process
+        if self._closed or (process is None and self.serving.is_set()):
             raise UnavailableError(self.failure or f"the Python stub of {self.name} is not running")
-        return self._process
+        if process is not None:
+            self.serving.clear()  # it has died: _on_exit follows (until then, nothing for it)
+        error = self._not_started()
+        for request in requests:
+            responder.requeue(request, error)
+
+    def _stub_died(
+        self, process: StubProcess, entries: Sequence[tuple[int, InferenceRequest]], responder: Responder
+    ) -> None:
+        """Answers the requests of an execution whose stub died before it replied: they fail
+        if it had started them (the model may have acted on them), else they are queued again."""
+        if entries[0][0] <= process.last_started_key:
+            self._fail_started(process, entries, responder)
+            return
+        if process is self._process:
+            self.serving.clear()  # its socket closed first: _on_exit follows (see _not_running)
+        error = self._not_started()
+        for key, request in entries:
+            if self._close_entry(key) is not None:
+                responder.requeue(request, error)
+
+    def _fail_started(
+        self, process: StubProcess, entries: Sequence[tuple[int, InferenceRequest]], responder: Responder
+    ) -> None:
+        """Fails the requests of an execution that its stub had started when it died."""
+        error = self._died_running(process.exit_code)
+        for key, request in entries:
+            if self._close_entry(key) is not None:
+                responder.send_error(request, error)
+
+    def _not_started(self) -> InternalError:
+        """The error of a request the stub died before it ran, where it cannot be queued again."""
+        return InternalError(
+            f"Stub process '{self._placement.name}' is not healthy. It died before it ran this request; "
+            "it is being restarted."
+        )
 
     async def execute(self, requests: Sequence[InferenceRequest], responder: Responder) -> None:
         process = self._process
-        if process is None or not process.alive:  # (no coroutine for the usual case)
-            process = await self._running()
+        if process is None or not process.alive:
+            self._not_running(requests, responder)
+            return
         entries = []
         for request in requests:
             key = self._next_key
@@ -243,6 +305,7 @@ class PythonInstance(ModelRequestAnswers, BlsServing):
         }
         behind = self._executions  # sent while the stub still runs earlier ones (pipeline_depth)
         self._executions += 1
+        self._awaiting.add(responder)
         taken: list[Exception | None] = []  # once the reply was taken on arrival: what it raised
 
         def take_alone(reply: Message) -> None:
@@ -265,7 +328,11 @@ class PythonInstance(ModelRequestAnswers, BlsServing):
             reply = await process.request(message, "execute_done", after_send=after_send, on_reply=take_alone)
             if spin is not None:
                 spin.answered()
+        except CoreserveError:  # (the stub died: a live one answers every execution)
+            self._stub_died(process, entries, responder)
+            return
         finally:
+            self._awaiting.discard(responder)
             self._executions -= 1
             if (shared := segment_to_release(segment)) is not None:
                 self._pool.release(shared)
@@ -273,6 +340,8 @@ class PythonInstance(ModelRequestAnswers, BlsServing):
             self._take_reply(reply, entries, responder, behind)
         elif taken[0] is not None:
             raise taken[0]
+        if process is not self._process:  # it died after it replied: what it still answers fails
+            self._fail_started(process, entries, responder)
 
     def _take_reply(
         self,

@@ -16,7 +16,8 @@ Messages that need no answer: `cancel` (a request given to the model was cancell
 `bls_cancel` (the model cancels a decoupled BLS call), `release` (segments the reader is done
 with), `responses` (a model's responses outside an execution), `log`, `metric_update`.
 Tensors travel in shared memory segments, or inline when small (a message's `segment` is a
-`wire.Blob`); a message lists them as `TensorRef`s.
+`wire.Blob`); a message lists them as `TensorRef`s. Beside the messages, the stub marks which
+execution it has started in shared memory that `init` names (see `start_mark`).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class InitMessage(TypedDict):
     args: dict[str, str]
     decoupled: bool
     idle_spin_microseconds: int
+    start_mark: NotRequired[str]  # the file the stub marks each execution's start in (start_mark.py)
 
 
 class AutoCompleteMessage(TypedDict):

@@ -23,7 +23,8 @@ from typing import Any
 from coreserve import CoreserveError, InternalError, UnavailableError
 from coreserve_python.messages import FinalizeMessage
 from coreserve_python.spawn import STUB_FD, describe_exit, kill, reap_blocking, spawn_stub, watch_exit
-from coreserve_python.wire import SHM_DIR, Channel, Message, encode_frame
+from coreserve_python.start_mark import NONE_STARTED, StartMark
+from coreserve_python.wire import RECEIVE_CHUNK, SHM_DIR, Channel, Message, encode_frame
 
 logger = logging.getLogger("coreserve.backend.python")
 _LENGTH = struct.Struct("<I")
@@ -107,6 +108,11 @@ class StubProcess:
         self._replies: dict[int, tuple[str, asyncio.Future[Message], Callable[[Message], None] | None]] = {}
         self._message_ids = itertools.count()
         self._stopping = False
+        self._start_mark: StartMark | None = None
+        # Once the stub has exited: the key of the last request it started (see start_mark.py),
+        # and its exit code.
+        self.last_started_key = NONE_STARTED
+        self.exit_code: int | None = None
 
     @property
     def alive(self) -> bool:
@@ -124,13 +130,27 @@ class StubProcess:
         self._exit = watch_exit(self.pid, loop)
         connection = StubConnection(self._dispatch)
         try:
+            # Named as the stub's segments are: removed with them once the stub has exited.
+            self._start_mark = StartMark(SHM_DIR / f"coreserve-stub-{self.pid}-started")
             self._writer, _ = await loop.create_unix_connection(lambda: connection, sock=ours)
         except BaseException:
             ours.close()  # a no-op if the transport took it: it detaches the socket when it closes
             await self._kill_and_reap()
+            self._close_start_mark()
             raise
         self._reader_task = asyncio.create_task(self._read(connection), name=f"{self.name}:stub-reader")
         self.fileno = ours.fileno()
+
+    @property
+    def start_mark_path(self) -> str:
+        """Where the stub maps its start mark (the init message says it); see start_mark.py."""
+        assert self._start_mark is not None
+        return str(self._start_mark.path)
+
+    def unlink_start_mark(self) -> None:
+        """Removes the mark's file once the stub has mapped it (or failed to start)."""
+        if self._start_mark is not None:
+            self._start_mark.unlink()
 
     def send(self, message: Mapping[str, Any]) -> None:
         if self._writer is None or self._writer.is_closing():
@@ -185,7 +205,8 @@ class StubProcess:
             )
         if self._writer is not None:
             self._writer.close()  # a stub still running takes this as the end (see stub.py)
-        code = await self._wait_exit(EXIT_GRACE_S)
+        code = self.exit_code = await self._wait_exit(EXIT_GRACE_S)
+        self._close_start_mark()
         if self.pid is not None:
             remove_segments_of(self.pid)
         error = InternalError(f"the Python stub of {self.name} exited {describe_exit(code)}")
@@ -249,8 +270,17 @@ class StubProcess:
         if self._reader_task is not None and not self._reader_task.done():
             self._reader_task.cancel()
             await asyncio.wait([self._reader_task])
-        if self.pid is not None and self._exit is not None and self._exit.done():
-            remove_segments_of(self.pid)
+        if self._exit is not None and self._exit.done():
+            self._close_start_mark()
+            if self.pid is not None:
+                remove_segments_of(self.pid)
+
+    def _close_start_mark(self) -> None:
+        """Reads the stub's start mark for the last time (it has exited) and lets it go."""
+        if self._start_mark is not None:
+            self.last_started_key = self._start_mark.last_started()
+            self._start_mark.close()
+            self._start_mark = None
 
 
 class StubConnection(asyncio.Protocol):
@@ -292,7 +322,30 @@ class StubConnection(asyncio.Protocol):
         self._pending += view[offset:]
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if exc is not None:
+            self._drain()
         self._end(None)  # (a reset: the stub went away, as surely as with an orderly close)
+
+    def _drain(self) -> None:
+        """Handles what the stub sent before it died, where the server has not read it yet.
+
+        A write to a stub that has died (the next execution, handed ahead) fails, and asyncio
+        then closes the socket without reading what is left in it: the replies the stub sent
+        for the executions it finished before it died, which must not be lost with it.
+        """
+        if self._transport is None:
+            return
+        sock = self._transport.get_extra_info("socket")
+        if sock is None:
+            return
+        while not self.ended.done():
+            try:
+                data = os.read(sock.fileno(), RECEIVE_CHUNK)  # (non-blocking: asyncio's socket)
+            except OSError:  # nothing more (BlockingIOError), or the reset once it is all read
+                return
+            if not data:
+                return
+            self.data_received(data)
 
     def _end(self, error: BaseException | None) -> None:
         if not self.ended.done():

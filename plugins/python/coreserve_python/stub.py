@@ -44,6 +44,7 @@ from coreserve_python.messages import (
     ResponseBody,
     ResponsesMessage,
 )
+from coreserve_python.start_mark import open_start_mark
 from coreserve_python.stub_requests import BlsCall, ServerRequests, executing_keys, in_context
 from coreserve_python.wire import (
     Channel,
@@ -126,6 +127,9 @@ class Stub(ServerRequests):
         self._loop = asyncio.new_event_loop()
         threading.Thread(target=self._loop.run_forever, name="coreserve-stub-loop", daemon=True).start()
         self._finished = threading.Event()
+        # The key of the last request handed to the model, where the server reads it after a
+        # crash (see start_mark.py); the server's mark once init gives it.
+        self._started = open_start_mark(None)
         pb_runtime.install(self)
 
     def _run_coroutine(self, coroutine: Any) -> Any:
@@ -206,6 +210,7 @@ class Stub(ServerRequests):
             module = load_model_module(Path(message["model_file"]))
             self._decoupled = message["decoupled"]
             self._inbox.idle_spin_ns = message["idle_spin_microseconds"] * 1000
+            self._started = open_start_mark(message.get("start_mark"))
             self._model = module.TritonPythonModel()
             if hasattr(self._model, "initialize"):
                 result = self._model.initialize(message["args"])
@@ -262,6 +267,8 @@ class Stub(ServerRequests):
             # as a request cancelled in the server's queue never reaches it.
             self._withdraw(message, keys, started_ns)
             return
+        if keys:  # from here on the model may act on them: they must not run again elsewhere
+            self._started[0] = keys[-1]
         error = None
         responses: ResponsesMessage | None = None
         rescheduled: list[int] = []

@@ -165,7 +165,7 @@ def test_stubs_killed_at_random_under_load_heal_and_other_models_lose_nothing(
                 with lock:
                     victim_pids.append(pid)
             except InferenceServerException:
-                time.sleep(0.01)  # the request met a dying stub or an unready model: expected here
+                time.sleep(0.01)  # the request was running in a killed stub: expected here
 
     def load_bystander(use_grpc: bool) -> None:
         client = grpcclient.InferenceServerClient(server.grpc_url) if use_grpc else http(server)
@@ -213,8 +213,8 @@ def test_stubs_killed_at_random_under_load_heal_and_other_models_lose_nothing(
     assert bystander["failed"] == [] and len(bystander["ok"]) > 20
 
     # The victim heals by itself: once the server has seen every kill and restarted each stub
-    # (a request sent in the moment between a kill and its notice fails, as in Triton), it is
-    # ready again and answers from stubs that were not killed.
+    # (the requests a killed stub was running failed; those waiting behind them were queued
+    # again), it is ready again and answers from stubs that were not killed.
     def every_kill_seen() -> bool:
         log = server.log
         crashes = log.count("exited unexpectedly (killed by SIGKILL)")
@@ -243,11 +243,16 @@ def test_a_stub_that_cannot_restart_makes_the_model_unavailable_until_it_can(
     first = _infer_http(client, "fragile")
     marker.touch()
     os.kill(first, signal.SIGKILL)
-    _wait_until(lambda: not client.is_model_ready("fragile"), 15, "fragile reported not ready")
+
+    def fragile_entry() -> dict[str, str]:
+        return next(e for e in client.get_model_repository_index() if e["name"] == "fragile")
+
+    # Not ready from the crash on; UNAVAILABLE once the first restart has failed.
+    _wait_until(lambda: fragile_entry()["state"] == "UNAVAILABLE", 15, "fragile reported unavailable")
+    assert not client.is_model_ready("fragile")
     ready_url = f"http://{server.http_url}/v2/health/ready"
     assert _status(ready_url) != 200 and client.is_model_ready("steady")
-    entry = next(e for e in client.get_model_repository_index() if e["name"] == "fragile")
-    assert entry["state"] == "UNAVAILABLE"
+    entry = fragile_entry()
     assert "cannot be restarted" in entry["reason"] and "the marker file forbids starting" in entry["reason"]
     with pytest.raises(InferenceServerException, match="the marker file forbids starting") as info:
         _infer_http(client, "fragile")
