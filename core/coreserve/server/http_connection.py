@@ -88,7 +88,8 @@ class HttpProtocol(AnsweringPart, asyncio.Protocol):
         self._max_pipelined = limits.max_pipelined
         self._loop = asyncio.get_running_loop()
         self._transport: asyncio.Transport | None = None
-        self._parser = httptools.HttpRequestParser(self)
+        # The parser holds this object's callbacks: a cycle, broken in `connection_lost`.
+        self._parser: httptools.HttpRequestParser | None = httptools.HttpRequestParser(self)
         self._message = _Message()
         self._pending: deque[Pending] = deque()
         self._worker: asyncio.Task[None] | None = None
@@ -132,6 +133,10 @@ class HttpProtocol(AnsweringPart, asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
         self._server.connections.discard(self)
+        # Without the parser's cycle this object goes at once, not at the collector's next full
+        # pass, and with it what it holds of its requests (a body of up to --http-max-input-size).
+        self._parser = None
+        self._pending.clear()
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -150,6 +155,9 @@ class HttpProtocol(AnsweringPart, asyncio.Protocol):
             if self._dropped > LINGER_DROP_BYTES:
                 self._pause_reading()
             return
+        parser = self._parser
+        if parser is None:  # the connection is lost
+            return
         self._last_read = self._loop.time()
         in_body = self._headers_done
         if in_body:
@@ -157,7 +165,7 @@ class HttpProtocol(AnsweringPart, asyncio.Protocol):
         else:
             self._head_bytes += len(data)
         try:
-            self._parser.feed_data(data)
+            parser.feed_data(data)
         except httptools.HttpParserCallbackError as exc:
             cause = exc.__context__
             if isinstance(cause, _Refusal):
@@ -246,6 +254,7 @@ class HttpProtocol(AnsweringPart, asyncio.Protocol):
         if message.repeated is not None:
             for key, values in message.repeated.items():
                 message.headers[key] = ", ".join(values)
+        assert self._parser is not None  # a callback of the parser's own feed_data
         message.method = self._parser.get_method().decode("ascii")
         length = message.headers.get("content-length")
         expects = "expect" in message.headers and message.headers["expect"].lower() == "100-continue"
@@ -285,8 +294,10 @@ class HttpProtocol(AnsweringPart, asyncio.Protocol):
         if message.too_large:
             self._refuse(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, self._server.body_size_message)
             return
+        assert self._parser is not None  # a callback of the parser's own feed_data
         path, _, _ = message.url.decode("latin-1").partition("?")
         body = message.body[0] if len(message.body) == 1 else b"".join(message.body)
+        message.body = []  # the pieces: not kept while the request is answered and after
         pending = self._pending
         pending.append(
             (HttpRequest(message.method, path, message.headers, body), self._parser.should_keep_alive())
