@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import pickle
 import re
 
 import ml_dtypes
@@ -10,13 +11,16 @@ import numpy as np
 import pytest
 
 from coreserve.config.signature import TensorSpec
-from coreserve.errors import InvalidArgumentError
+from coreserve.errors import CoreserveError, InvalidArgumentError
 from coreserve.protocol.bytes_codec import decode_bytes_tensor, encode_bytes_tensor
 from coreserve.protocol.http_body import (
     OutputEncoding,
+    complete_infer_request,
     decode_infer_request,
     decode_raw_infer_request,
     encode_infer_response,
+    parse_infer_document,
+    split_infer_body,
 )
 from coreserve.types import DataType, InferenceResponse
 
@@ -168,3 +172,50 @@ def test_encode_all_json_has_no_header_length() -> None:
     body, length = encode_infer_response(response, OutputEncoding())
     assert length is None
     assert json.loads(body)["outputs"][0]["data"] == [True, False]
+
+
+def _parsed_across_processes(body: bytes, header_length: int | None):
+    """Decodes `body` as a worker process does: the JSON part parsed, pickled, completed."""
+    header, binary = split_infer_body(body, header_length)
+    document = pickle.loads(pickle.dumps(parse_infer_document(header, len(binary), "m"), protocol=5))
+    return complete_infer_request(document, binary, "m", "")
+
+
+def _outcome(decode) -> tuple[str, object]:
+    try:
+        request, encoding = decode()
+    except CoreserveError as exc:
+        return type(exc).__name__, exc.message
+    inputs = {name: (array.dtype.str, array.shape, array.tolist()) for name, array in request.inputs.items()}
+    return "request", (request.id, inputs, request.parameters, request.requested_outputs, encoding)
+
+
+_FP32 = {"name": "f", "shape": [2], "datatype": "FP32", "data": [1.5, 2.5]}
+_BINARY = {"name": "b", "shape": [2], "datatype": "INT16", "parameters": {"binary_data_size": 4}}
+PARSED_APART = {
+    "JSON and binary inputs": (
+        {"id": "r", "inputs": [_FP32, _BINARY], "outputs": [{"name": "o"}]},
+        b"\1\0\2\0",
+    ),
+    "request parameters": ({"inputs": [_FP32], "parameters": {"binary_data_output": True, "p": 1}}, b""),
+    # The binary input's error comes first, as when each input is decoded in turn.
+    "an error of a binary input before one of JSON data": (
+        {"inputs": [{**_BINARY, "parameters": {"binary_data_size": 3}}, {**_FP32, "data": ["x", "y"]}]},
+        b"\1\0\2",
+    ),
+    "an error of JSON data after a binary input": (
+        {"inputs": [_BINARY, {**_FP32, "data": [1.0]}]},
+        b"\1\0\2\0",
+    ),
+    "a repeated input, named with the request id": ({"id": "r7", "inputs": [_FP32, _FP32]}, b""),
+    "binary data no input claims": ({"inputs": [_FP32]}, b"\0\0"),
+    "a bad priority after good inputs": ({"inputs": [_FP32], "parameters": {"priority": -1}}, b""),
+}
+
+
+@pytest.mark.parametrize(("document", "binary"), PARSED_APART.values(), ids=PARSED_APART.keys())
+def test_a_json_part_parsed_apart_decodes_as_the_whole_body(document: dict, binary: bytes) -> None:
+    head = json.dumps(document).encode()
+    length = len(head) if binary else None
+    whole = _outcome(lambda: decode_infer_request(head + binary, length, "m", ""))
+    assert _outcome(lambda: _parsed_across_processes(head + binary, length)) == whole

@@ -15,6 +15,7 @@ import orjson
 
 from coreserve.config.signature import TensorSpec
 from coreserve.errors import (
+    CoreserveError,
     InvalidArgumentError,
     RequestMismatchError,
     quoted_value,
@@ -24,6 +25,7 @@ from coreserve.protocol.classification import PARAMETER as CLASSIFICATION
 from coreserve.protocol.classification import parse_class_count
 from coreserve.protocol.shared_memory import (
     OutputInSharedMemory,
+    SharedMemoryReference,
     SharedMemoryRegions,
     output_target,
     read_input,
@@ -57,88 +59,168 @@ class OutputEncoding:
         return self.binary.get(name, self.binary_by_default)
 
 
-def _decode_inputs(
-    inputs_json: list[Any], binary: memoryview, model_name: str, regions: SharedMemoryRegions | None
-) -> dict[str, np.ndarray]:
-    """The input arrays of a request body: from JSON data, the binary part, or shared memory."""
-    inputs: dict[str, np.ndarray] = {}
-    offset = 0
-    for item in inputs_json:
-        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
-            raise InvalidArgumentError("every input needs a 'name' string")
-        name = item["name"]
-        if name in inputs:
-            raise RequestMismatchError(f"input '{name}' already exists in request")
-        datatype = parse_datatype(item.get("datatype"), name)
-        shape = parse_shape(item.get("shape"), name)
-        parameters = parse_parameters(item.get("parameters"), f"input '{name}'")
-        in_shared_memory = shared_memory_reference(parameters, f"input '{name}'")
-        size = parameters.get("binary_data_size")
-        if in_shared_memory is not None:
-            inputs[name] = read_input(regions, in_shared_memory, datatype, shape, name)
-        elif size is not None:
-            if type(size) is not int or size < 0:
-                raise InvalidArgumentError(f"input '{name}': binary_data_size must be a non-negative integer")
-            if offset + size > len(binary):
-                missing = offset + size - len(binary)
-                raise InvalidArgumentError(
-                    f"unexpected size for input '{name}', expecting {missing} additional bytes for model "
-                    f"'{model_name}' (it announces {size} bytes of binary data, "
-                    f"{len(binary) - offset} remain in the body)"
-                )
-            inputs[name] = array_from_bytes(binary[offset : offset + size], datatype, shape, name, model_name)
-            offset += size
-        else:
-            if "data" not in item:
-                raise InvalidArgumentError(f"input '{name}' has neither 'data' nor binary_data_size")
-            inputs[name] = array_from_json(item["data"], datatype, shape, name)
-    if offset != len(binary):
-        raise InvalidArgumentError(
-            f"the body holds {len(binary) - offset} bytes of binary data that no input claims"
-        )
-    return inputs
+@dataclass(slots=True)
+class BinaryInput:
+    """An input whose data is in the body's binary part, not yet read."""
+
+    name: str
+    datatype: DataType
+    shape: tuple[int, ...]
+    offset: int
+    size: int
+
+    def read(self, binary: memoryview, regions: SharedMemoryRegions | None, model_name: str) -> np.ndarray:
+        data = binary[self.offset : self.offset + self.size]
+        return array_from_bytes(data, self.datatype, self.shape, self.name, model_name)
 
 
-def decode_infer_request(
-    body: bytes,
-    header_length: int | None,
-    model_name: str,
-    model_version: str,
-    regions: SharedMemoryRegions | None = None,
-) -> tuple[InferenceRequest, OutputEncoding]:
-    """Decodes a JSON (+ binary) inference request body; `regions` serves shared-memory tensors."""
-    view = memoryview(body)
-    if header_length is None:
-        header, binary = view, view[len(view) :]
-    else:
-        if not 0 < header_length <= len(view):
-            raise InvalidArgumentError(
-                f"{HEADER_LENGTH} is {header_length}, but the body holds {len(view)} bytes"
-            )
-        header, binary = view[:header_length], view[header_length:]
+@dataclass(slots=True)
+class SharedMemoryInput:
+    """An input whose data is in a shared-memory region, not yet read."""
+
+    name: str
+    datatype: DataType
+    shape: tuple[int, ...]
+    reference: SharedMemoryReference
+
+    def read(self, binary: memoryview, regions: SharedMemoryRegions | None, model_name: str) -> np.ndarray:
+        return read_input(regions, self.reference, self.datatype, self.shape, self.name)
+
+
+@dataclass(slots=True)
+class InferDocument:
+    """The JSON part of a request body, parsed: the costly part of decoding, with no server state.
+
+    It holds the inputs given as JSON data as arrays, and the others as where to read them; it
+    pickles cheaply (a worker process may parse large bodies). `error` is the client error that
+    stopped the inputs' decoding, after the entries of `inputs`: reading those comes first, so
+    that a request gets the error it would get were every input decoded in order.
+    """
+
+    id: str
+    inputs: list[tuple[str, np.ndarray | BinaryInput | SharedMemoryInput]]
+    error: CoreserveError | None
+    parameters: object  # as the JSON has them; checked with the server's state at hand
+    outputs: object
+
+
+def parse_infer_document(header: bytes | memoryview, binary_size: int, model_name: str) -> InferDocument:
+    """Parses a request body's JSON part; `binary_size`: how many bytes of binary data follow it."""
     try:
         document = orjson.loads(header)
     except orjson.JSONDecodeError as exc:
         raise InvalidArgumentError(f"malformed JSON in the request body: {exc}") from None
     if not isinstance(document, dict):
         raise InvalidArgumentError("the request body must be a JSON object")
-
     request_id = document.get("id", "")
     if not isinstance(request_id, str):
         raise InvalidArgumentError("request 'id' must be a string")
     inputs_json = document.get("inputs")
     if not isinstance(inputs_json, list):
         raise InvalidArgumentError("the request needs 'inputs': a list of input tensors")
+    inputs: list[tuple[str, np.ndarray | BinaryInput | SharedMemoryInput]] = []
+    error = None
     try:
-        inputs = _decode_inputs(inputs_json, binary, model_name, regions)
+        _parse_inputs(inputs_json, binary_size, model_name, inputs)
+    except CoreserveError as exc:
+        error = exc.with_traceback(None)  # its frames would hold the whole document
+    return InferDocument(request_id, inputs, error, document.get("parameters"), document.get("outputs"))
+
+
+def _parse_inputs(
+    inputs_json: list[Any],
+    binary_size: int,
+    model_name: str,
+    inputs: list[tuple[str, np.ndarray | BinaryInput | SharedMemoryInput]],
+) -> None:
+    """Appends to `inputs` each input of the JSON part: its array, or where its data lies."""
+    names: set[str] = set()
+    offset = 0
+    for item in inputs_json:
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+            raise InvalidArgumentError("every input needs a 'name' string")
+        name = item["name"]
+        if name in names:
+            raise RequestMismatchError(f"input '{name}' already exists in request")
+        names.add(name)
+        datatype = parse_datatype(item.get("datatype"), name)
+        shape = parse_shape(item.get("shape"), name)
+        parameters = parse_parameters(item.get("parameters"), f"input '{name}'")
+        in_shared_memory = shared_memory_reference(parameters, f"input '{name}'")
+        size = parameters.get("binary_data_size")
+        if in_shared_memory is not None:
+            inputs.append((name, SharedMemoryInput(name, datatype, shape, in_shared_memory)))
+        elif size is not None:
+            if type(size) is not int or size < 0:
+                raise InvalidArgumentError(f"input '{name}': binary_data_size must be a non-negative integer")
+            if offset + size > binary_size:
+                missing = offset + size - binary_size
+                raise InvalidArgumentError(
+                    f"unexpected size for input '{name}', expecting {missing} additional bytes for model "
+                    f"'{model_name}' (it announces {size} bytes of binary data, "
+                    f"{binary_size - offset} remain in the body)"
+                )
+            inputs.append((name, BinaryInput(name, datatype, shape, offset, size)))
+            offset += size
+        else:
+            if "data" not in item:
+                raise InvalidArgumentError(f"input '{name}' has neither 'data' nor binary_data_size")
+            inputs.append((name, array_from_json(item["data"], datatype, shape, name)))
+    if offset != binary_size:
+        raise InvalidArgumentError(
+            f"the body holds {binary_size - offset} bytes of binary data that no input claims"
+        )
+
+
+def split_infer_body(body: bytes | bytearray, header_length: int | None) -> tuple[memoryview, memoryview]:
+    """A request body's JSON part and binary part (empty without `header_length`)."""
+    view = memoryview(body)
+    if header_length is None:
+        return view, view[len(view) :]
+    if not 0 < header_length <= len(view):
+        raise InvalidArgumentError(
+            f"{HEADER_LENGTH} is {header_length}, but the body holds {len(view)} bytes"
+        )
+    return view[:header_length], view[header_length:]
+
+
+def decode_infer_request(
+    body: bytes | bytearray,
+    header_length: int | None,
+    model_name: str,
+    model_version: str,
+    regions: SharedMemoryRegions | None = None,
+) -> tuple[InferenceRequest, OutputEncoding]:
+    """Decodes a JSON (+ binary) inference request body; `regions` serves shared-memory tensors."""
+    header, binary = split_infer_body(body, header_length)
+    document = parse_infer_document(header, len(binary), model_name)
+    return complete_infer_request(document, binary, model_name, model_version, regions)
+
+
+def complete_infer_request(
+    document: InferDocument,
+    binary: memoryview,
+    model_name: str,
+    model_version: str,
+    regions: SharedMemoryRegions | None = None,
+) -> tuple[InferenceRequest, OutputEncoding]:
+    """The request of a parsed JSON part: its inputs read from `binary` and shared memory."""
+    request_id = document.id
+    inputs: dict[str, np.ndarray] = {}
+    try:
+        for name, value in document.inputs:
+            inputs[name] = value if isinstance(value, np.ndarray) else value.read(binary, regions, model_name)
+        if document.error is not None:
+            raise document.error
     except RequestMismatchError as exc:  # Triton names the request in these
         raise RequestMismatchError(with_request_id(request_id, exc.message)) from None
 
-    if isinstance(document.get("parameters"), dict):
-        check_priority(document["parameters"])
-    parameters = parse_parameters(document.get("parameters"), "the request")
+    request_parameters = document.parameters
+    if isinstance(request_parameters, dict):
+        check_priority(request_parameters)
+    parameters = parse_parameters(request_parameters, "the request")
     encoding = OutputEncoding(binary_by_default=parameters.pop("binary_data_output", False) is True)
-    requested = _requested_outputs(document.get("outputs"), encoding, regions)
+    requested = _requested_outputs(document.outputs, encoding, regions)
     request = InferenceRequest(
         model_name=model_name,
         model_version=model_version,
@@ -152,7 +234,7 @@ def decode_infer_request(
 
 
 def decode_raw_infer_request(
-    body: bytes, spec: TensorSpec, batching: bool, model_name: str, model_version: str
+    body: bytes | bytearray, spec: TensorSpec, batching: bool, model_name: str, model_version: str
 ) -> tuple[InferenceRequest, OutputEncoding]:
     """Decodes a raw request: the body is the data of the model's only input.
 
