@@ -8,12 +8,15 @@ import re
 
 import ml_dtypes
 import numpy as np
+import orjson
 import pytest
 
 from coreserve.config.signature import TensorSpec
 from coreserve.errors import CoreserveError, InvalidArgumentError
 from coreserve.protocol.bytes_codec import decode_bytes_tensor, encode_bytes_tensor
 from coreserve.protocol.http_body import (
+    GATHER_BYTES,
+    JSON_SLICE_ELEMENTS,
     OutputEncoding,
     complete_infer_request,
     decode_infer_request,
@@ -219,3 +222,55 @@ def test_a_json_part_parsed_apart_decodes_as_the_whole_body(document: dict, bina
     length = len(head) if binary else None
     whole = _outcome(lambda: decode_infer_request(head + binary, length, "m", ""))
     assert _outcome(lambda: _parsed_across_processes(head + binary, length)) == whole
+
+
+def test_large_json_outputs_are_written_in_slices_as_one_document() -> None:
+    rng = np.random.default_rng(3)
+    outputs = {
+        "fp32": rng.random((JSON_SLICE_ELEMENTS * 2 + 5, 1)).astype(np.float32),
+        "strided": rng.integers(-99, 99, (700, 1000)).astype(np.int64)[:, ::2],
+        "text": np.array([f"v{i}".encode() for i in range(JSON_SLICE_ELEMENTS + 3)], dtype=np.object_),
+        "bf16": rng.random(JSON_SLICE_ELEMENTS + 1).astype(ml_dtypes.bfloat16),
+        "small": np.arange(3, dtype=np.int32),
+        "binary": rng.random(3 * GATHER_BYTES).astype(np.float32),
+    }
+    response = InferenceResponse(
+        model_name="m", model_version="1", outputs=outputs, id="i", parameters={"k": 1}
+    )
+    body, json_length = encode_infer_response(response, OutputEncoding(binary={"binary": True}))
+    assert json_length is not None
+    json_outputs = []
+    for name, array in outputs.items():
+        output = {
+            "name": name,
+            "datatype": DataType.from_numpy(array.dtype).value,
+            "shape": list(array.shape),
+        }
+        if name == "binary":
+            output["parameters"] = {"binary_data_size": array.nbytes}
+        elif name == "text":
+            output["data"] = [item.decode() for item in array]
+        else:
+            output["data"] = np.ascontiguousarray(
+                array.astype(np.float32) if name == "bf16" else array
+            ).ravel()
+        json_outputs.append(output)
+    whole = {
+        "model_name": "m",
+        "model_version": "1",
+        "outputs": json_outputs,
+        "id": "i",
+        "parameters": {"k": 1},
+    }
+    assert bytes(body[:json_length]) == orjson.dumps(whole, option=orjson.OPT_SERIALIZE_NUMPY)
+    assert bytes(body[json_length:]) == outputs["binary"].tobytes()
+
+
+def test_a_response_whose_text_holds_the_slices_placeholder_is_still_right() -> None:
+    data = np.arange(JSON_SLICE_ELEMENTS + 1, dtype=np.int32)
+    request_id = "\x00coreserve: data written in slices\x00"
+    response = InferenceResponse(model_name="m", model_version="1", outputs={"o": data}, id=request_id)
+    body, _ = encode_infer_response(response, OutputEncoding())
+    document = orjson.loads(body)
+    assert document["id"] == request_id
+    assert document["outputs"][0]["data"] == data.tolist()

@@ -7,6 +7,7 @@ marks a raw request: the whole body is the data of the model's single input.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +45,16 @@ from coreserve.protocol.tensors import (
 from coreserve.types import DataType, InferenceRequest, InferenceResponse, ParameterValue
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
+# The JSON data of an output of more elements than this is written a slice at a time: one
+# orjson call holds the interpreter lock throughout (tens of milliseconds per million values),
+# and on a codec thread the event loop gets its turn between two calls.
+JSON_SLICE_ELEMENTS = 1 << 18
+# A response body larger than this is gathered this much at a time: a single copy of tens of
+# megabytes holds the interpreter lock for tens of milliseconds (its fresh pages faulted in).
+GATHER_BYTES = 1 << 20
+# What stands for such an output's data while the rest of the response is written.
+_SLICED = "\x00coreserve: data written in slices\x00"
+_SLICED_JSON = orjson.dumps(_SLICED)
 
 
 @dataclass(slots=True)
@@ -272,10 +283,13 @@ def decode_raw_infer_request(
     return request, OutputEncoding(binary_by_default=True)
 
 
-def encode_infer_response(response: InferenceResponse, encoding: OutputEncoding) -> tuple[bytes, int | None]:
+def encode_infer_response(
+    response: InferenceResponse, encoding: OutputEncoding
+) -> tuple[bytes | bytearray, int | None]:
     """Encodes a response; returns the body and the JSON part's length when binary data follows."""
     outputs_json = []
     chunks: list[bytes | memoryview] = []
+    sliced: list[tuple[dict[str, Any], np.ndarray, DataType]] = []
     for name, array in response.outputs.items():
         datatype = DataType.from_numpy(array.dtype)
         output: dict[str, Any] = {"name": name, "datatype": datatype.value, "shape": list(array.shape)}
@@ -286,6 +300,9 @@ def encode_infer_response(response: InferenceResponse, encoding: OutputEncoding)
             data = array_to_bytes(array, datatype)
             output["parameters"] = {"binary_data_size": len(data) if isinstance(data, bytes) else data.nbytes}
             chunks.append(data)
+        elif array.size > JSON_SLICE_ELEMENTS:
+            output["data"] = _SLICED
+            sliced.append((output, array, datatype))
         else:
             output["data"] = array_to_json(array, datatype, name)
         outputs_json.append(output)
@@ -299,9 +316,46 @@ def encode_infer_response(response: InferenceResponse, encoding: OutputEncoding)
     if response.parameters:
         document["parameters"] = response.parameters
     header = orjson.dumps(document, option=orjson.OPT_SERIALIZE_NUMPY)
+    json_part = _with_sliced_data(header, document, sliced) if sliced else header
     if not chunks:
-        return header, None
-    return b"".join([header, *chunks]), len(header)
+        return json_part, None
+    return _joined([json_part, *chunks]), len(json_part)
+
+
+def _with_sliced_data(
+    header: bytes, document: dict[str, Any], sliced: list[tuple[dict[str, Any], np.ndarray, DataType]]
+) -> bytes | bytearray:
+    """`header` (the JSON of `document`) with the data of the `sliced` outputs in place of their
+    placeholders, written a slice at a time."""
+    parts = header.split(_SLICED_JSON)
+    if len(parts) != len(sliced) + 1:  # the response's own text holds the placeholder (its id, say)
+        for output, array, datatype in sliced:
+            output["data"] = array_to_json(array, datatype, output["name"])
+        return orjson.dumps(document, option=orjson.OPT_SERIALIZE_NUMPY)
+    pieces: list[bytes | bytearray | memoryview] = [parts[0]]
+    for (output, array, datatype), after in zip(sliced, parts[1:], strict=True):
+        flat = array.reshape(-1)
+        pieces.append(b"[")
+        for start in range(0, flat.size, JSON_SLICE_ELEMENTS):
+            data = array_to_json(flat[start : start + JSON_SLICE_ELEMENTS], datatype, output["name"])
+            if start:
+                pieces.append(b",")
+            pieces.append(memoryview(orjson.dumps(data, option=orjson.OPT_SERIALIZE_NUMPY))[1:-1])
+        pieces.append(b"]")
+        pieces.append(after)
+    return _joined(pieces)
+
+
+def _joined(pieces: Sequence[bytes | bytearray | memoryview]) -> bytes | bytearray:
+    """The pieces one after the other; a large result is gathered a slice at a time."""
+    if sum(memoryview(piece).nbytes for piece in pieces) < GATHER_BYTES:
+        return b"".join(pieces)
+    gathered = bytearray()
+    for piece in pieces:
+        view = memoryview(piece).cast("B")
+        for start in range(0, view.nbytes, GATHER_BYTES):
+            gathered += view[start : start + GATHER_BYTES]
+    return gathered
 
 
 def parse_parameters(value: object, where: str) -> dict[str, ParameterValue]:

@@ -245,7 +245,7 @@ class HttpFrontend:
     async def _decode_large_json(
         self,
         request: HttpRequest,
-        body: bytes,
+        body: bytes | bytearray,
         header_length: int | None,
         model: str,
         version: str,
@@ -392,7 +392,7 @@ class HttpFrontend:
         model = request.match_info.get("model", "")
         return _json(self._dataplane.update_trace_setting(changes, model).as_dict())
 
-    async def _read_body(self, request: HttpRequest) -> bytes:
+    async def _read_body(self, request: HttpRequest) -> bytes | bytearray:
         """The body, decompressed under its Content-Encoding."""
         encoding = request.headers.get("content-encoding", "identity").strip().lower()
         if encoding == "identity" or not request.body:
@@ -441,7 +441,7 @@ def _output_bytes(response: InferenceResponse) -> int:
     return sum(array.nbytes for array in response.outputs.values())
 
 
-def _json_object(body: bytes, what: str) -> dict[str, Any]:
+def _json_object(body: bytes | bytearray, what: str) -> dict[str, Any]:
     try:
         document = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
