@@ -109,13 +109,15 @@ class InferDocument:
     """
 
     id: str
-    inputs: list[tuple[str, np.ndarray | BinaryInput | SharedMemoryInput]]
+    inputs: dict[str, np.ndarray | BinaryInput | SharedMemoryInput]  # in the body's order
     error: CoreserveError | None
     parameters: object  # as the JSON has them; checked with the server's state at hand
     outputs: object
 
 
-def parse_infer_document(header: bytes | memoryview, binary_size: int, model_name: str) -> InferDocument:
+def parse_infer_document(
+    header: bytes | bytearray | memoryview, binary_size: int, model_name: str
+) -> InferDocument:
     """Parses a request body's JSON part; `binary_size`: how many bytes of binary data follow it."""
     try:
         document = orjson.loads(header)
@@ -129,7 +131,7 @@ def parse_infer_document(header: bytes | memoryview, binary_size: int, model_nam
     inputs_json = document.get("inputs")
     if not isinstance(inputs_json, list):
         raise InvalidArgumentError("the request needs 'inputs': a list of input tensors")
-    inputs: list[tuple[str, np.ndarray | BinaryInput | SharedMemoryInput]] = []
+    inputs: dict[str, np.ndarray | BinaryInput | SharedMemoryInput] = {}
     error = None
     try:
         _parse_inputs(inputs_json, binary_size, model_name, inputs)
@@ -142,25 +144,23 @@ def _parse_inputs(
     inputs_json: list[Any],
     binary_size: int,
     model_name: str,
-    inputs: list[tuple[str, np.ndarray | BinaryInput | SharedMemoryInput]],
+    inputs: dict[str, np.ndarray | BinaryInput | SharedMemoryInput],
 ) -> None:
-    """Appends to `inputs` each input of the JSON part: its array, or where its data lies."""
-    names: set[str] = set()
+    """Adds to `inputs` each input of the JSON part: its array, or where its data lies."""
     offset = 0
     for item in inputs_json:
         if not isinstance(item, dict) or not isinstance(item.get("name"), str):
             raise InvalidArgumentError("every input needs a 'name' string")
         name = item["name"]
-        if name in names:
+        if name in inputs:
             raise RequestMismatchError(f"input '{name}' already exists in request")
-        names.add(name)
         datatype = parse_datatype(item.get("datatype"), name)
         shape = parse_shape(item.get("shape"), name)
         parameters = parse_parameters(item.get("parameters"), f"input '{name}'")
         in_shared_memory = shared_memory_reference(parameters, f"input '{name}'")
         size = parameters.get("binary_data_size")
         if in_shared_memory is not None:
-            inputs.append((name, SharedMemoryInput(name, datatype, shape, in_shared_memory)))
+            inputs[name] = SharedMemoryInput(name, datatype, shape, in_shared_memory)
         elif size is not None:
             if type(size) is not int or size < 0:
                 raise InvalidArgumentError(f"input '{name}': binary_data_size must be a non-negative integer")
@@ -171,12 +171,12 @@ def _parse_inputs(
                     f"'{model_name}' (it announces {size} bytes of binary data, "
                     f"{binary_size - offset} remain in the body)"
                 )
-            inputs.append((name, BinaryInput(name, datatype, shape, offset, size)))
+            inputs[name] = BinaryInput(name, datatype, shape, offset, size)
             offset += size
         else:
             if "data" not in item:
                 raise InvalidArgumentError(f"input '{name}' has neither 'data' nor binary_data_size")
-            inputs.append((name, array_from_json(item["data"], datatype, shape, name)))
+            inputs[name] = array_from_json(item["data"], datatype, shape, name)
     if offset != binary_size:
         raise InvalidArgumentError(
             f"the body holds {binary_size - offset} bytes of binary data that no input claims"
@@ -219,7 +219,7 @@ def complete_infer_request(
     request_id = document.id
     inputs: dict[str, np.ndarray] = {}
     try:
-        for name, value in document.inputs:
+        for name, value in document.inputs.items():
             inputs[name] = value if isinstance(value, np.ndarray) else value.read(binary, regions, model_name)
         if document.error is not None:
             raise document.error
@@ -289,6 +289,7 @@ def encode_infer_response(
     """Encodes a response; returns the body and the JSON part's length when binary data follows."""
     outputs_json = []
     chunks: list[bytes | memoryview] = []
+    binary_size = 0
     sliced: list[tuple[dict[str, Any], np.ndarray, DataType]] = []
     for name, array in response.outputs.items():
         datatype = DataType.from_numpy(array.dtype)
@@ -298,8 +299,10 @@ def encode_infer_response(
             write_output(target, array, datatype, name)
         elif encoding.is_binary(name):
             data = array_to_bytes(array, datatype)
-            output["parameters"] = {"binary_data_size": len(data) if isinstance(data, bytes) else data.nbytes}
+            size = len(data) if isinstance(data, bytes) else data.nbytes
+            output["parameters"] = {"binary_data_size": size}
             chunks.append(data)
+            binary_size += size
         elif array.size > JSON_SLICE_ELEMENTS:
             output["data"] = _SLICED
             sliced.append((output, array, datatype))
@@ -319,7 +322,9 @@ def encode_infer_response(
     json_part = _with_sliced_data(header, document, sliced) if sliced else header
     if not chunks:
         return json_part, None
-    return _joined([json_part, *chunks]), len(json_part)
+    if len(json_part) + binary_size < GATHER_BYTES:
+        return b"".join([json_part, *chunks]), len(json_part)
+    return _gathered([json_part, *chunks]), len(json_part)
 
 
 def _with_sliced_data(
@@ -343,13 +348,11 @@ def _with_sliced_data(
             pieces.append(memoryview(orjson.dumps(data, option=orjson.OPT_SERIALIZE_NUMPY))[1:-1])
         pieces.append(b"]")
         pieces.append(after)
-    return _joined(pieces)
+    return _gathered(pieces)
 
 
-def _joined(pieces: Sequence[bytes | bytearray | memoryview]) -> bytes | bytearray:
-    """The pieces one after the other; a large result is gathered a slice at a time."""
-    if sum(memoryview(piece).nbytes for piece in pieces) < GATHER_BYTES:
-        return b"".join(pieces)
+def _gathered(pieces: Sequence[bytes | bytearray | memoryview]) -> bytearray:
+    """The pieces one after the other, copied a slice at a time."""
     gathered = bytearray()
     for piece in pieces:
         view = memoryview(piece).cast("B")
