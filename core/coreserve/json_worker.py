@@ -75,7 +75,7 @@ def message_head(pickle_length: int, buffer_lengths: Sequence[int]) -> bytes:
     )
 
 
-def buffer_lengths(data: bytes | bytearray, count: int) -> list[int]:
+def buffer_lengths(data: bytes | bytearray | memoryview, count: int) -> list[int]:
     return [_LENGTH.unpack_from(data, 8 * index)[0] for index in range(count)]
 
 
