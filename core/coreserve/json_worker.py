@@ -29,6 +29,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from coreserve.errors import CoreserveError
 from coreserve.protocol.generate import parse_generate_document
 from coreserve.protocol.http_body import parse_infer_document
@@ -79,19 +81,18 @@ def buffer_lengths(data: bytes | bytearray | memoryview, count: int) -> list[int
     return [_LENGTH.unpack_from(data, 8 * index)[0] for index in range(count)]
 
 
-def _receive_exactly(connection: socket.socket, size: int) -> bytearray | None:
-    buffer = bytearray(size)
-    view = memoryview(buffer)
+def _receive_exactly(connection: socket.socket, size: int) -> memoryview | None:
+    view = np.empty(size, np.uint8).data  # its pages are touched as the data comes (no zeroing)
     received = 0
     while received < size:
         count = connection.recv_into(view[received:])
         if count == 0:
             return None
         received += count
-    return buffer
+    return view
 
 
-def _receive_job(connection: socket.socket) -> tuple[Job, list[bytearray]] | None:
+def _receive_job(connection: socket.socket) -> tuple[Job, list[memoryview]] | None:
     head = _receive_exactly(connection, HEAD.size)
     if head is None:
         return None
@@ -104,7 +105,7 @@ def _receive_job(connection: socket.socket) -> tuple[Job, list[bytearray]] | Non
     return pickle.loads(data), buffers  # type: ignore[return-value]  # None was ruled out above
 
 
-def _run(job: Job, buffers: list[bytearray]) -> Reply:
+def _run(job: Job, buffers: list[memoryview]) -> Reply:
     try:
         return Reply(job.id, result=PARSERS[job.kind](*buffers, *job.args))
     except CoreserveError as exc:
