@@ -11,7 +11,7 @@ import http.client
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -157,9 +157,10 @@ def _generate_signature() -> ModelSignature:
     return ModelSignature(parse_config(f'name: "identity" {IDENTITY}'))
 
 
-def _expected_error(decode: object) -> str:
+def _expected_error(decode: Callable[[], object]) -> str:
+    """The message of the error that the server's in-loop decoder raises for a body."""
     try:
-        decode()  # type: ignore[operator]
+        decode()
     except CoreserveError as exc:
         return exc.message
     raise AssertionError("the body decodes")
