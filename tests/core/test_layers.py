@@ -18,6 +18,7 @@ LAYERS = {
     "coreserve.responses": 1,
     "coreserve.config": 1,
     "coreserve.protocol": 1,
+    "coreserve.json_worker": 2,  # the server's process that parses large JSON bodies: protocol only
     "coreserve.backend": 2,
     "coreserve.scheduling": 3,
     "coreserve.ensemble": 3,

@@ -3,20 +3,27 @@
 from __future__ import annotations
 
 import json
+import pickle
 import re
 
 import ml_dtypes
 import numpy as np
+import orjson
 import pytest
 
 from coreserve.config.signature import TensorSpec
-from coreserve.errors import InvalidArgumentError
+from coreserve.errors import CoreserveError, InvalidArgumentError
 from coreserve.protocol.bytes_codec import decode_bytes_tensor, encode_bytes_tensor
 from coreserve.protocol.http_body import (
+    GATHER_BYTES,
+    JSON_SLICE_ELEMENTS,
     OutputEncoding,
+    complete_infer_request,
     decode_infer_request,
     decode_raw_infer_request,
     encode_infer_response,
+    parse_infer_document,
+    split_infer_body,
 )
 from coreserve.types import DataType, InferenceResponse
 
@@ -168,3 +175,102 @@ def test_encode_all_json_has_no_header_length() -> None:
     body, length = encode_infer_response(response, OutputEncoding())
     assert length is None
     assert json.loads(body)["outputs"][0]["data"] == [True, False]
+
+
+def _parsed_across_processes(body: bytes, header_length: int | None):
+    """Decodes `body` as a worker process does: the JSON part parsed, pickled, completed."""
+    header, binary = split_infer_body(body, header_length)
+    document = pickle.loads(pickle.dumps(parse_infer_document(header, len(binary), "m"), protocol=5))
+    return complete_infer_request(document, binary, "m", "")
+
+
+def _outcome(decode) -> tuple[str, object]:
+    try:
+        request, encoding = decode()
+    except CoreserveError as exc:
+        return type(exc).__name__, exc.message
+    inputs = {name: (array.dtype.str, array.shape, array.tolist()) for name, array in request.inputs.items()}
+    return "request", (request.id, inputs, request.parameters, request.requested_outputs, encoding)
+
+
+_FP32 = {"name": "f", "shape": [2], "datatype": "FP32", "data": [1.5, 2.5]}
+_BINARY = {"name": "b", "shape": [2], "datatype": "INT16", "parameters": {"binary_data_size": 4}}
+PARSED_APART = {
+    "JSON and binary inputs": (
+        {"id": "r", "inputs": [_FP32, _BINARY], "outputs": [{"name": "o"}]},
+        b"\1\0\2\0",
+    ),
+    "request parameters": ({"inputs": [_FP32], "parameters": {"binary_data_output": True, "p": 1}}, b""),
+    # The binary input's error comes first, as when each input is decoded in turn.
+    "an error of a binary input before one of JSON data": (
+        {"inputs": [{**_BINARY, "parameters": {"binary_data_size": 3}}, {**_FP32, "data": ["x", "y"]}]},
+        b"\1\0\2",
+    ),
+    "an error of JSON data after a binary input": (
+        {"inputs": [_BINARY, {**_FP32, "data": [1.0]}]},
+        b"\1\0\2\0",
+    ),
+    "a repeated input, named with the request id": ({"id": "r7", "inputs": [_FP32, _FP32]}, b""),
+    "binary data no input claims": ({"inputs": [_FP32]}, b"\0\0"),
+    "a bad priority after good inputs": ({"inputs": [_FP32], "parameters": {"priority": -1}}, b""),
+}
+
+
+@pytest.mark.parametrize(("document", "binary"), PARSED_APART.values(), ids=PARSED_APART.keys())
+def test_a_json_part_parsed_apart_decodes_as_the_whole_body(document: dict, binary: bytes) -> None:
+    head = json.dumps(document).encode()
+    length = len(head) if binary else None
+    whole = _outcome(lambda: decode_infer_request(head + binary, length, "m", ""))
+    assert _outcome(lambda: _parsed_across_processes(head + binary, length)) == whole
+
+
+def test_large_json_outputs_are_written_in_slices_as_one_document() -> None:
+    rng = np.random.default_rng(3)
+    outputs = {
+        "fp32": rng.random((JSON_SLICE_ELEMENTS * 2 + 5, 1)).astype(np.float32),
+        "strided": rng.integers(-99, 99, (700, 1000)).astype(np.int64)[:, ::2],
+        "text": np.array([f"v{i}".encode() for i in range(JSON_SLICE_ELEMENTS + 3)], dtype=np.object_),
+        "bf16": rng.random(JSON_SLICE_ELEMENTS + 1).astype(ml_dtypes.bfloat16),
+        "small": np.arange(3, dtype=np.int32),
+        "binary": rng.random(3 * GATHER_BYTES).astype(np.float32),
+    }
+    response = InferenceResponse(
+        model_name="m", model_version="1", outputs=outputs, id="i", parameters={"k": 1}
+    )
+    body, json_length = encode_infer_response(response, OutputEncoding(binary={"binary": True}))
+    assert json_length is not None
+    json_outputs = []
+    for name, array in outputs.items():
+        output = {
+            "name": name,
+            "datatype": DataType.from_numpy(array.dtype).value,
+            "shape": list(array.shape),
+        }
+        if name == "binary":
+            output["parameters"] = {"binary_data_size": array.nbytes}
+        elif name == "text":
+            output["data"] = [item.decode() for item in array]
+        else:
+            output["data"] = np.ascontiguousarray(
+                array.astype(np.float32) if name == "bf16" else array
+            ).ravel()
+        json_outputs.append(output)
+    whole = {
+        "model_name": "m",
+        "model_version": "1",
+        "outputs": json_outputs,
+        "id": "i",
+        "parameters": {"k": 1},
+    }
+    assert bytes(body[:json_length]) == orjson.dumps(whole, option=orjson.OPT_SERIALIZE_NUMPY)
+    assert bytes(body[json_length:]) == outputs["binary"].tobytes()
+
+
+def test_a_response_whose_text_holds_the_slices_placeholder_is_still_right() -> None:
+    data = np.arange(JSON_SLICE_ELEMENTS + 1, dtype=np.int32)
+    request_id = "\x00coreserve: data written in slices\x00"
+    response = InferenceResponse(model_name="m", model_version="1", outputs={"o": data}, id=request_id)
+    body, _ = encode_infer_response(response, OutputEncoding())
+    document = orjson.loads(body)
+    assert document["id"] == request_id
+    assert document["outputs"][0]["data"] == data.tolist()

@@ -48,5 +48,6 @@ class HttpBridge:
             answer_headers = dict(answer.headers)
             if answer.content_type is not None:
                 answer_headers["content-type"] = answer.content_type
-            return HttpAnswer(answer.status, answer_headers, body=answer.body)
+            # A large encoded answer is a bytearray; bytes() copies only that one.
+            return HttpAnswer(answer.status, answer_headers, body=bytes(answer.body))
         return HttpAnswer(answer.status, dict(answer.headers), chunks=self._loop.across(answer.chunks))

@@ -169,7 +169,7 @@ class OpenAIFrontend:
             200, embeddings_body(embedding.model, vectors, embedding.base64, sum(counts)), "application/json"
         )
 
-    def _read_body(self, request: HttpRequest) -> bytes:
+    def _read_body(self, request: HttpRequest) -> bytes | bytearray:
         """The body, decompressed under its Content-Encoding."""
         encoding = request.headers.get("content-encoding", "identity").strip().lower()
         if encoding == "identity" or not request.body:

@@ -45,7 +45,7 @@ class EmbeddingRequest:
     base64: bool = False  # encoding_format "base64": little-endian float32 bytes, base64-encoded
 
 
-def parse_body(body: bytes) -> dict[str, Any]:
+def parse_body(body: bytes | bytearray) -> dict[str, Any]:
     """The request's JSON object."""
     try:
         document = orjson.loads(body)

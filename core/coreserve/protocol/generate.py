@@ -15,6 +15,8 @@ list; BYTES become text.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -31,10 +33,37 @@ _INVALID_TYPE = "parameter '{}' has invalid type. It should be either 'int', 'bo
 _INT64 = (-(2**63), 2**63 - 1)
 
 
+@dataclass(slots=True)
+class GenerateDocument:
+    """A generate request body, parsed (it pickles cheaply: a worker process may parse it)."""
+
+    inputs: dict[str, np.ndarray]
+    parameters: dict[str, ParameterValue]
+    id: str
+
+    def request(self, model_name: str, model_version: str) -> InferenceRequest:
+        return InferenceRequest(
+            model_name=model_name,
+            model_version=model_version,
+            id=self.id,
+            inputs=self.inputs,
+            parameters=self.parameters,
+        )
+
+
 def decode_generate_request(
-    body: bytes, signature: ModelSignature, model_name: str, model_version: str
+    body: bytes | bytearray, signature: ModelSignature, model_name: str, model_version: str
 ) -> InferenceRequest:
     """Decodes a generate request body: model inputs by name, every other key a parameter."""
+    return parse_generate_document(body, signature.inputs, signature.batching).request(
+        model_name, model_version
+    )
+
+
+def parse_generate_document(
+    body: bytes | bytearray | memoryview, specs: Mapping[str, TensorSpec], batching: bool
+) -> GenerateDocument:
+    """Parses a generate request body for a model of inputs `specs` (`batching`: it batches)."""
     try:
         document = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
@@ -44,9 +73,9 @@ def decode_generate_request(
     inputs = {}
     parameters: dict[str, ParameterValue] = {}
     for key, value in document.items():
-        spec = signature.inputs.get(key)
+        spec = specs.get(key)
         if spec is not None:
-            inputs[key] = _fit(value, spec, signature.batching)
+            inputs[key] = _fit(value, spec, batching)
         elif key == PARAMETERS_KEY:
             if not isinstance(value, dict):
                 raise InvalidArgumentError(
@@ -56,18 +85,12 @@ def decode_generate_request(
                 parameters[name] = _parameter(name, item, f"Converting keyword: '{PARAMETERS_KEY}': ")
         else:
             parameters[key] = _parameter(key, value)
-    request_id = "" if "id" in signature.inputs else document.get("id", "")
+    request_id = "" if "id" in specs else document.get("id", "")
     if not isinstance(request_id, str):
         raise InvalidArgumentError(
             f"Unable to parse 'id': request 'id' must be a string, got {_json_type(request_id)}"
         )
-    return InferenceRequest(
-        model_name=model_name,
-        model_version=model_version,
-        id=request_id,
-        inputs=inputs,
-        parameters=parameters,
-    )
+    return GenerateDocument(inputs, parameters, request_id)
 
 
 def _parameter(name: str, value: Any, prefix: str = "") -> ParameterValue:

@@ -7,6 +7,7 @@ marks a raw request: the whole body is the data of the model's single input.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,6 +16,7 @@ import orjson
 
 from coreserve.config.signature import TensorSpec
 from coreserve.errors import (
+    CoreserveError,
     InvalidArgumentError,
     RequestMismatchError,
     quoted_value,
@@ -24,6 +26,7 @@ from coreserve.protocol.classification import PARAMETER as CLASSIFICATION
 from coreserve.protocol.classification import parse_class_count
 from coreserve.protocol.shared_memory import (
     OutputInSharedMemory,
+    SharedMemoryReference,
     SharedMemoryRegions,
     output_target,
     read_input,
@@ -42,6 +45,16 @@ from coreserve.protocol.tensors import (
 from coreserve.types import DataType, InferenceRequest, InferenceResponse, ParameterValue
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
+# The JSON data of an output of more elements than this is written a slice at a time: one
+# orjson call holds the interpreter lock throughout (tens of milliseconds per million values),
+# and on a codec thread the event loop gets its turn between two calls.
+JSON_SLICE_ELEMENTS = 1 << 18
+# A response body larger than this is gathered this much at a time: a single copy of tens of
+# megabytes holds the interpreter lock for tens of milliseconds (its fresh pages faulted in).
+GATHER_BYTES = 1 << 20
+# What stands for such an output's data while the rest of the response is written.
+_SLICED = "\x00coreserve: data written in slices\x00"
+_SLICED_JSON = orjson.dumps(_SLICED)
 
 
 @dataclass(slots=True)
@@ -57,11 +70,83 @@ class OutputEncoding:
         return self.binary.get(name, self.binary_by_default)
 
 
-def _decode_inputs(
-    inputs_json: list[Any], binary: memoryview, model_name: str, regions: SharedMemoryRegions | None
-) -> dict[str, np.ndarray]:
-    """The input arrays of a request body: from JSON data, the binary part, or shared memory."""
-    inputs: dict[str, np.ndarray] = {}
+@dataclass(slots=True)
+class BinaryInput:
+    """An input whose data is in the body's binary part, not yet read."""
+
+    name: str
+    datatype: DataType
+    shape: tuple[int, ...]
+    offset: int
+    size: int
+
+    def read(self, binary: memoryview, regions: SharedMemoryRegions | None, model_name: str) -> np.ndarray:
+        data = binary[self.offset : self.offset + self.size]
+        return array_from_bytes(data, self.datatype, self.shape, self.name, model_name)
+
+
+@dataclass(slots=True)
+class SharedMemoryInput:
+    """An input whose data is in a shared-memory region, not yet read."""
+
+    name: str
+    datatype: DataType
+    shape: tuple[int, ...]
+    reference: SharedMemoryReference
+
+    def read(self, binary: memoryview, regions: SharedMemoryRegions | None, model_name: str) -> np.ndarray:
+        return read_input(regions, self.reference, self.datatype, self.shape, self.name)
+
+
+@dataclass(slots=True)
+class InferDocument:
+    """The JSON part of a request body, parsed: the costly part of decoding, with no server state.
+
+    It holds the inputs given as JSON data as arrays, and the others as where to read them; it
+    pickles cheaply (a worker process may parse large bodies). `error` is the client error that
+    stopped the inputs' decoding, after the entries of `inputs`: reading those comes first, so
+    that a request gets the error it would get were every input decoded in order.
+    """
+
+    id: str
+    inputs: dict[str, np.ndarray | BinaryInput | SharedMemoryInput]  # in the body's order
+    error: CoreserveError | None
+    parameters: object  # as the JSON has them; checked with the server's state at hand
+    outputs: object
+
+
+def parse_infer_document(
+    header: bytes | bytearray | memoryview, binary_size: int, model_name: str
+) -> InferDocument:
+    """Parses a request body's JSON part; `binary_size`: how many bytes of binary data follow it."""
+    try:
+        document = orjson.loads(header)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidArgumentError(f"malformed JSON in the request body: {exc}") from None
+    if not isinstance(document, dict):
+        raise InvalidArgumentError("the request body must be a JSON object")
+    request_id = document.get("id", "")
+    if not isinstance(request_id, str):
+        raise InvalidArgumentError("request 'id' must be a string")
+    inputs_json = document.get("inputs")
+    if not isinstance(inputs_json, list):
+        raise InvalidArgumentError("the request needs 'inputs': a list of input tensors")
+    inputs: dict[str, np.ndarray | BinaryInput | SharedMemoryInput] = {}
+    error = None
+    try:
+        _parse_inputs(inputs_json, binary_size, model_name, inputs)
+    except CoreserveError as exc:
+        error = exc.with_traceback(None)  # its frames would hold the whole document
+    return InferDocument(request_id, inputs, error, document.get("parameters"), document.get("outputs"))
+
+
+def _parse_inputs(
+    inputs_json: list[Any],
+    binary_size: int,
+    model_name: str,
+    inputs: dict[str, np.ndarray | BinaryInput | SharedMemoryInput],
+) -> None:
+    """Adds to `inputs` each input of the JSON part: its array, or where its data lies."""
     offset = 0
     for item in inputs_json:
         if not isinstance(item, dict) or not isinstance(item.get("name"), str):
@@ -75,70 +160,78 @@ def _decode_inputs(
         in_shared_memory = shared_memory_reference(parameters, f"input '{name}'")
         size = parameters.get("binary_data_size")
         if in_shared_memory is not None:
-            inputs[name] = read_input(regions, in_shared_memory, datatype, shape, name)
+            inputs[name] = SharedMemoryInput(name, datatype, shape, in_shared_memory)
         elif size is not None:
             if type(size) is not int or size < 0:
                 raise InvalidArgumentError(f"input '{name}': binary_data_size must be a non-negative integer")
-            if offset + size > len(binary):
-                missing = offset + size - len(binary)
+            if offset + size > binary_size:
+                missing = offset + size - binary_size
                 raise InvalidArgumentError(
                     f"unexpected size for input '{name}', expecting {missing} additional bytes for model "
                     f"'{model_name}' (it announces {size} bytes of binary data, "
-                    f"{len(binary) - offset} remain in the body)"
+                    f"{binary_size - offset} remain in the body)"
                 )
-            inputs[name] = array_from_bytes(binary[offset : offset + size], datatype, shape, name, model_name)
+            inputs[name] = BinaryInput(name, datatype, shape, offset, size)
             offset += size
         else:
             if "data" not in item:
                 raise InvalidArgumentError(f"input '{name}' has neither 'data' nor binary_data_size")
             inputs[name] = array_from_json(item["data"], datatype, shape, name)
-    if offset != len(binary):
+    if offset != binary_size:
         raise InvalidArgumentError(
-            f"the body holds {len(binary) - offset} bytes of binary data that no input claims"
+            f"the body holds {binary_size - offset} bytes of binary data that no input claims"
         )
-    return inputs
+
+
+def split_infer_body(body: bytes | bytearray, header_length: int | None) -> tuple[memoryview, memoryview]:
+    """A request body's JSON part and binary part (empty without `header_length`)."""
+    view = memoryview(body)
+    if header_length is None:
+        return view, view[len(view) :]
+    if not 0 < header_length <= len(view):
+        raise InvalidArgumentError(
+            f"{HEADER_LENGTH} is {header_length}, but the body holds {len(view)} bytes"
+        )
+    return view[:header_length], view[header_length:]
 
 
 def decode_infer_request(
-    body: bytes,
+    body: bytes | bytearray,
     header_length: int | None,
     model_name: str,
     model_version: str,
     regions: SharedMemoryRegions | None = None,
 ) -> tuple[InferenceRequest, OutputEncoding]:
     """Decodes a JSON (+ binary) inference request body; `regions` serves shared-memory tensors."""
-    view = memoryview(body)
-    if header_length is None:
-        header, binary = view, view[len(view) :]
-    else:
-        if not 0 < header_length <= len(view):
-            raise InvalidArgumentError(
-                f"{HEADER_LENGTH} is {header_length}, but the body holds {len(view)} bytes"
-            )
-        header, binary = view[:header_length], view[header_length:]
-    try:
-        document = orjson.loads(header)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidArgumentError(f"malformed JSON in the request body: {exc}") from None
-    if not isinstance(document, dict):
-        raise InvalidArgumentError("the request body must be a JSON object")
+    header, binary = split_infer_body(body, header_length)
+    document = parse_infer_document(header, len(binary), model_name)
+    return complete_infer_request(document, binary, model_name, model_version, regions)
 
-    request_id = document.get("id", "")
-    if not isinstance(request_id, str):
-        raise InvalidArgumentError("request 'id' must be a string")
-    inputs_json = document.get("inputs")
-    if not isinstance(inputs_json, list):
-        raise InvalidArgumentError("the request needs 'inputs': a list of input tensors")
+
+def complete_infer_request(
+    document: InferDocument,
+    binary: memoryview,
+    model_name: str,
+    model_version: str,
+    regions: SharedMemoryRegions | None = None,
+) -> tuple[InferenceRequest, OutputEncoding]:
+    """The request of a parsed JSON part: its inputs read from `binary` and shared memory."""
+    request_id = document.id
+    inputs: dict[str, np.ndarray] = {}
     try:
-        inputs = _decode_inputs(inputs_json, binary, model_name, regions)
+        for name, value in document.inputs.items():
+            inputs[name] = value if isinstance(value, np.ndarray) else value.read(binary, regions, model_name)
+        if document.error is not None:
+            raise document.error
     except RequestMismatchError as exc:  # Triton names the request in these
         raise RequestMismatchError(with_request_id(request_id, exc.message)) from None
 
-    if isinstance(document.get("parameters"), dict):
-        check_priority(document["parameters"])
-    parameters = parse_parameters(document.get("parameters"), "the request")
+    request_parameters = document.parameters
+    if isinstance(request_parameters, dict):
+        check_priority(request_parameters)
+    parameters = parse_parameters(request_parameters, "the request")
     encoding = OutputEncoding(binary_by_default=parameters.pop("binary_data_output", False) is True)
-    requested = _requested_outputs(document.get("outputs"), encoding, regions)
+    requested = _requested_outputs(document.outputs, encoding, regions)
     request = InferenceRequest(
         model_name=model_name,
         model_version=model_version,
@@ -152,7 +245,7 @@ def decode_infer_request(
 
 
 def decode_raw_infer_request(
-    body: bytes, spec: TensorSpec, batching: bool, model_name: str, model_version: str
+    body: bytes | bytearray, spec: TensorSpec, batching: bool, model_name: str, model_version: str
 ) -> tuple[InferenceRequest, OutputEncoding]:
     """Decodes a raw request: the body is the data of the model's only input.
 
@@ -190,10 +283,14 @@ def decode_raw_infer_request(
     return request, OutputEncoding(binary_by_default=True)
 
 
-def encode_infer_response(response: InferenceResponse, encoding: OutputEncoding) -> tuple[bytes, int | None]:
+def encode_infer_response(
+    response: InferenceResponse, encoding: OutputEncoding
+) -> tuple[bytes | bytearray, int | None]:
     """Encodes a response; returns the body and the JSON part's length when binary data follows."""
     outputs_json = []
     chunks: list[bytes | memoryview] = []
+    binary_size = 0
+    sliced: list[tuple[dict[str, Any], np.ndarray, DataType]] = []
     for name, array in response.outputs.items():
         datatype = DataType.from_numpy(array.dtype)
         output: dict[str, Any] = {"name": name, "datatype": datatype.value, "shape": list(array.shape)}
@@ -202,8 +299,13 @@ def encode_infer_response(response: InferenceResponse, encoding: OutputEncoding)
             write_output(target, array, datatype, name)
         elif encoding.is_binary(name):
             data = array_to_bytes(array, datatype)
-            output["parameters"] = {"binary_data_size": len(data) if isinstance(data, bytes) else data.nbytes}
+            size = len(data) if isinstance(data, bytes) else data.nbytes
+            output["parameters"] = {"binary_data_size": size}
             chunks.append(data)
+            binary_size += size
+        elif array.size > JSON_SLICE_ELEMENTS:
+            output["data"] = _SLICED
+            sliced.append((output, array, datatype))
         else:
             output["data"] = array_to_json(array, datatype, name)
         outputs_json.append(output)
@@ -217,9 +319,46 @@ def encode_infer_response(response: InferenceResponse, encoding: OutputEncoding)
     if response.parameters:
         document["parameters"] = response.parameters
     header = orjson.dumps(document, option=orjson.OPT_SERIALIZE_NUMPY)
+    json_part = _with_sliced_data(header, document, sliced) if sliced else header
     if not chunks:
-        return header, None
-    return b"".join([header, *chunks]), len(header)
+        return json_part, None
+    if len(json_part) + binary_size < GATHER_BYTES:
+        return b"".join([json_part, *chunks]), len(json_part)
+    return _gathered([json_part, *chunks]), len(json_part)
+
+
+def _with_sliced_data(
+    header: bytes, document: dict[str, Any], sliced: list[tuple[dict[str, Any], np.ndarray, DataType]]
+) -> bytes | bytearray:
+    """`header` (the JSON of `document`) with the data of the `sliced` outputs in place of their
+    placeholders, written a slice at a time."""
+    parts = header.split(_SLICED_JSON)
+    if len(parts) != len(sliced) + 1:  # the response's own text holds the placeholder (its id, say)
+        for output, array, datatype in sliced:
+            output["data"] = array_to_json(array, datatype, output["name"])
+        return orjson.dumps(document, option=orjson.OPT_SERIALIZE_NUMPY)
+    pieces: list[bytes | bytearray | memoryview] = [parts[0]]
+    for (output, array, datatype), after in zip(sliced, parts[1:], strict=True):
+        flat = array.reshape(-1)
+        pieces.append(b"[")
+        for start in range(0, flat.size, JSON_SLICE_ELEMENTS):
+            data = array_to_json(flat[start : start + JSON_SLICE_ELEMENTS], datatype, output["name"])
+            if start:
+                pieces.append(b",")
+            pieces.append(memoryview(orjson.dumps(data, option=orjson.OPT_SERIALIZE_NUMPY))[1:-1])
+        pieces.append(b"]")
+        pieces.append(after)
+    return _gathered(pieces)
+
+
+def _gathered(pieces: Sequence[bytes | bytearray | memoryview]) -> bytearray:
+    """The pieces one after the other, copied a slice at a time."""
+    gathered = bytearray()
+    for piece in pieces:
+        view = memoryview(piece).cast("B")
+        for start in range(0, view.nbytes, GATHER_BYTES):
+            gathered += view[start : start + GATHER_BYTES]
+    return gathered
 
 
 def parse_parameters(value: object, where: str) -> dict[str, ParameterValue]:

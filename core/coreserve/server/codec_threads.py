@@ -1,12 +1,14 @@
 """Worker threads for decoding and encoding large bodies, off the event loop.
 
-Parsing tens of megabytes of JSON takes long enough to stall every other client of the loop
-(health probes included). On a worker thread the loop gets the GIL back between the codec's
-steps. Two things still hold the GIL for long stretches: one C call such as `orjson.loads`,
-and the cyclic garbage collector, which the millions of lists of a large JSON document set off
-again and again (four fifths of the parse time of a 20 MB nested document, inside that one
-C call). So the collector is paused while a large body is decoded: the document is freed
-before it resumes, and nothing a codec builds holds a cycle.
+Decompressing a body, reading the tensors of a large binary part and encoding a large
+response take long enough to stall every other client of the loop (health probes included).
+On a worker thread the loop gets the interpreter lock back between the codec's steps, so the
+codecs keep each step short: a large response's JSON data is written a slice at a time. One
+long C call holds the lock throughout, which is why large JSON bodies are parsed in a worker
+process instead (`json_workers`). The cyclic garbage collector would hold it too, set off again
+and again by the many objects a codec makes (four fifths of the parse time of a 20 MB nested
+document, when JSON was parsed here), so it is paused while a codec runs: nothing a codec
+builds holds a cycle.
 """
 
 from __future__ import annotations

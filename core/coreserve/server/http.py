@@ -2,23 +2,27 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import contextlib
 import logging
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any, TypeVar
 
 import orjson
 
 from coreserve.config import config_to_dict
-from coreserve.errors import CoreserveError, ErrorCode, InternalError, InvalidArgumentError
+from coreserve.errors import CancelledError, CoreserveError, ErrorCode, InternalError, InvalidArgumentError
 from coreserve.protocol.generate import decode_generate_request, encode_generate_response
 from coreserve.protocol.http_body import (
     HEADER_LENGTH,
+    OutputEncoding,
+    complete_infer_request,
     decode_infer_request,
     decode_raw_infer_request,
     encode_infer_response,
+    split_infer_body,
 )
 from coreserve.server.codec_threads import CodecThreads
 from coreserve.server.dataplane import DataPlane
@@ -29,15 +33,18 @@ from coreserve.server.http_server import HttpServer
 from coreserve.server.http_shared_memory import shared_memory_routes
 from coreserve.server.http_tls import HttpTls
 from coreserve.server.http_wire import HttpRequest, HttpResponse, Response, StreamedResponse
+from coreserve.server.json_workers import JsonWorkers
 from coreserve.server.restrictions import ApiRestrictions
 from coreserve.tracing import RequestTrace, TraceContext
 from coreserve.types import InferenceRequest, InferenceResponse, now_ns
 
 logger = logging.getLogger(__name__)
+_T = TypeVar("_T")
 _HEADER_LENGTH_KEY = HEADER_LENGTH.lower()
-# Bodies (and responses) of at least this many bytes are decoded (encoded) on a worker thread:
-# parsing tens of megabytes of JSON takes long enough to stall every other client of the loop.
-# Smaller ones stay on the loop, where a thread hop would cost more than the work.
+# Bodies (and responses) of at least this many bytes are decoded (encoded) off the loop: a JSON
+# part that large is parsed in a worker process (`JsonWorkers`: parsing holds the interpreter
+# lock throughout), a binary part's tensors are read and responses encoded on a codec thread.
+# Smaller ones stay on the loop, where a hop would cost more than the work.
 OFF_LOOP_BYTES = 1 << 20
 # Compressed bodies can inflate a thousandfold, so they leave the loop from a smaller size.
 OFF_LOOP_COMPRESSED_BYTES = 16 << 10
@@ -105,6 +112,7 @@ class HttpFrontend:
         self._add_routes()
         self._server = HttpServer(self._dispatch, error_response, max_body_size, limits)
         self._codec_threads = CodecThreads("coreserve-http-codec")
+        self._json_workers = JsonWorkers()
         self.port = port
 
     def _add_routes(self) -> None:
@@ -156,6 +164,7 @@ class HttpFrontend:
     async def stop(self) -> None:
         await self._server.stop(self._shutdown_timeout)
         self._codec_threads.close()
+        self._json_workers.close()
 
     async def _live(self, request: HttpRequest) -> HttpResponse:
         return HttpResponse(200 if self._dataplane.live() else 400)
@@ -201,12 +210,19 @@ class HttpFrontend:
             infer_request, encoding = decode_raw_infer_request(
                 body, inputs[0], target.signature.batching, model, version
             )
+        elif (len(body) if header_length is None else header_length) >= OFF_LOOP_BYTES:
+            infer_request, encoding = await self._decode_large_json(
+                request, body, header_length, model, version
+            )
         elif len(body) < OFF_LOOP_BYTES:
             infer_request, encoding = decode_infer_request(body, header_length, model, version, regions)
         else:
             infer_request, encoding = await self._codec_threads.run(
                 decode_infer_request, body, header_length, model, version, regions
             )
+        # Not kept while the model runs and the answer is encoded (inputs that view the body
+        # keep it alive themselves): tens of megabytes fewer at the peak of a large request.
+        request.body = body = b""
         _cancel_on_disconnect(request, infer_request)
         if tracing:
             infer_request.trace_context = TraceContext(
@@ -229,6 +245,24 @@ class HttpFrontend:
             200, payload, "application/octet-stream", {HEADER_LENGTH: str(json_length)}, compress=True
         )
 
+    async def _decode_large_json(
+        self,
+        request: HttpRequest,
+        body: bytes | bytearray,
+        header_length: int | None,
+        model: str,
+        version: str,
+    ) -> tuple[InferenceRequest, OutputEncoding]:
+        """Decodes a body with a large JSON part: parsed in a worker process, then completed here."""
+        header, binary = split_infer_body(body, header_length)
+        document = await _unless_disconnected(
+            request, model, self._json_workers.parse_infer(header, len(binary), model)
+        )
+        arguments = (document, binary, model, version, self._dataplane.shared_memory)
+        if len(binary) < OFF_LOOP_BYTES:
+            return complete_infer_request(*arguments)
+        return await self._codec_threads.run(complete_infer_request, *arguments)
+
     async def _generate_request(self, request: HttpRequest) -> InferenceRequest:
         tracing = self._dataplane.tracer.active
         received_ns = now_ns() if tracing else 0
@@ -239,9 +273,9 @@ class HttpFrontend:
         if len(body) < OFF_LOOP_BYTES:
             inference = decode_generate_request(body, target.signature, model, version)
         else:
-            inference = await self._codec_threads.run(
-                decode_generate_request, body, target.signature, model, version
-            )
+            signature = target.signature
+            parsing = self._json_workers.parse_generate(body, signature.inputs, signature.batching)
+            inference = (await _unless_disconnected(request, model, parsing)).request(model, version)
         _cancel_on_disconnect(request, inference)
         if tracing:
             inference.trace_context = TraceContext(
@@ -361,7 +395,7 @@ class HttpFrontend:
         model = request.match_info.get("model", "")
         return _json(self._dataplane.update_trace_setting(changes, model).as_dict())
 
-    async def _read_body(self, request: HttpRequest) -> bytes:
+    async def _read_body(self, request: HttpRequest) -> bytes | bytearray:
         """The body, decompressed under its Content-Encoding."""
         encoding = request.headers.get("content-encoding", "identity").strip().lower()
         if encoding == "identity" or not request.body:
@@ -382,6 +416,23 @@ def _cancel_on_disconnect(request: HttpRequest, inference: InferenceRequest) -> 
         request.on_disconnect = inference.cancel
 
 
+async def _unless_disconnected(request: HttpRequest, model: str, work: Awaitable[_T]) -> _T:
+    """Awaits `work`, which stops (cancelled) if the client of `request` disconnects meanwhile."""
+    task = asyncio.ensure_future(work)
+    if request.disconnected:
+        task.cancel()
+    else:
+        request.on_disconnect = task.cancel
+    try:
+        return await task
+    except asyncio.CancelledError:
+        if task.cancelled() and request.disconnected:
+            raise CancelledError.of_request(model) from None
+        raise
+    finally:
+        request.on_disconnect = None
+
+
 def _mark(trace: RequestTrace | None, name: str) -> None:
     """Marks a frontend timestamp (HTTP_SEND_START, ...) on a traced request's trace."""
     if trace is not None:
@@ -393,7 +444,7 @@ def _output_bytes(response: InferenceResponse) -> int:
     return sum(array.nbytes for array in response.outputs.values())
 
 
-def _json_object(body: bytes, what: str) -> dict[str, Any]:
+def _json_object(body: bytes | bytearray, what: str) -> dict[str, Any]:
     try:
         document = orjson.loads(body)
     except orjson.JSONDecodeError as exc:

@@ -13,7 +13,7 @@ _GZIP_WBITS = 16 + zlib.MAX_WBITS
 _WBITS = {"gzip": _GZIP_WBITS, "x-gzip": _GZIP_WBITS, "deflate": zlib.MAX_WBITS}
 
 
-def decompress(body: bytes, encoding: str, limit: int) -> bytes:
+def decompress(body: bytes | bytearray, encoding: str, limit: int) -> bytes:
     """The body under its Content-Encoding (gzip or deflate); raises ValueError if corrupt,
     truncated or followed by anything but another gzip member, BodyTooLarge past `limit` bytes."""
     wbits = _WBITS.get(encoding)
@@ -36,7 +36,7 @@ def decompress(body: bytes, encoding: str, limit: int) -> bytes:
             raise ValueError(f"{len(body)} bytes of trailing data after the {encoding} stream")
 
 
-def _inflate(body: bytes, wbits: int, limit: int) -> tuple[zlib._Decompress, bytes]:
+def _inflate(body: bytes | bytearray, wbits: int, limit: int) -> tuple[zlib._Decompress, bytes]:
     """Inflates one stream, up to one byte past `limit`; the inflater tells where it ended."""
     inflater = zlib.decompressobj(wbits)
     try:
@@ -91,7 +91,7 @@ def _weight(parameters: str) -> float | None:
     return 1.0
 
 
-def compress(body: bytes, encoding: str) -> bytes:
+def compress(body: bytes | bytearray, encoding: str) -> bytes:
     """The body compressed with `encoding` (gzip or deflate)."""
     wbits = 16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS
     compressor = zlib.compressobj(6, zlib.DEFLATED, wbits)

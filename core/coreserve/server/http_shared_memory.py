@@ -23,7 +23,7 @@ from coreserve.server.http_wire import HttpRequest, HttpResponse, Response
 from coreserve.server.shared_memory import SystemSharedMemory, cuda_shared_memory_unavailable
 
 Handler = Callable[[HttpRequest], Awaitable[Response]]
-ReadBody = Callable[[HttpRequest], Awaitable[bytes]]
+ReadBody = Callable[[HttpRequest], Awaitable[bytes | bytearray]]
 CATEGORY = "shared-memory"  # the API restriction group, as Triton names it
 
 

@@ -11,7 +11,7 @@ class HttpRequest:
     method: str
     path: str
     headers: dict[str, str]  # names in lower case
-    body: bytes
+    body: bytes | bytearray  # a bytearray when it came in several pieces
     match_info: dict[str, str] = field(default_factory=dict)
     # Set by a handler whose work should stop if the client goes away before its answer is
     # sent (an inference: it cancels the request); called once, on the event loop. A client
@@ -23,7 +23,7 @@ class HttpRequest:
 @dataclass(slots=True)
 class HttpResponse:
     status: int = 200
-    body: bytes = b""
+    body: bytes | bytearray = b""
     content_type: str | None = None
     headers: dict[str, str] = field(default_factory=dict)
     compress: bool = False  # compress the body when the request's Accept-Encoding allows
