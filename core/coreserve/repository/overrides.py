@@ -138,7 +138,8 @@ def write_override_files(cache_dir: Path, model_name: str, files: Mapping[str, b
     try:
         partial.mkdir(parents=True)
         root = partial.resolve()
-        for relative, data in files.items():
+        # In path order, whatever order the request's map had: a clash names the same file each time.
+        for relative, data in sorted(files.items()):
             target = partial / relative
             if not target.resolve().is_relative_to(root):
                 raise InvalidArgumentError(
