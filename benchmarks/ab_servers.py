@@ -10,7 +10,9 @@ drives every path and concurrency on both servers, the base first in even rounds
 odd ones, so that a neighbour who slows the shared machine weighs on both sides. HTTP goes
 through wrk (JSON and binary bodies), gRPC through h2load (unary ModelInfer). Each figure is
 the median of its rounds; each ratio (this tree / base) is the median of the per-round ratios,
-shown with their range. Writes benchmarks/results/ab_servers.json.
+shown with their range. Beside throughput, the server's CPU per request (its process and
+children, from /proc), which a neighbour on the machine disturbs less. Writes
+benchmarks/results/ab_servers.json.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ import argparse
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -34,6 +35,7 @@ from common import (
     write_results,
     wrk,
 )
+from cpu_time import tree_cpu_seconds
 from overhead import CONFIG, add_model, binary_body, grpc_request, json_body
 
 from coreserve.testing import ServerProcess
@@ -97,7 +99,8 @@ def main() -> None:
     report(results, args, base.stdout.strip())
 
 
-Rounds = dict[tuple[str, int], dict[str, list[float]]]
+# (path, concurrency) -> side -> per-round (requests/s, server CPU µs per request)
+Rounds = dict[tuple[str, int], dict[str, list[tuple[float, float]]]]
 
 
 def run_rounds(servers: dict[str, ServerProcess], args: argparse.Namespace) -> Rounds:
@@ -109,8 +112,12 @@ def run_rounds(servers: dict[str, ServerProcess], args: argparse.Namespace) -> R
             for concurrency in args.concurrency:
                 row = results.setdefault((path, concurrency), {name: [] for name in servers})
                 for name, server in ordered:
+                    assert server.process is not None
+                    before = tree_cpu_seconds(server.process.pid)
                     load = measure(server, path, concurrency, args.seconds)
-                    row[name].append(load.requests_per_s)
+                    spent = tree_cpu_seconds(server.process.pid) - before
+                    served = load.requests_per_s * args.seconds
+                    row[name].append((load.requests_per_s, 1e6 * spent / served if served else 0.0))
         print(f"round {round_index + 1} of {args.rounds} done", flush=True)
     return results
 
@@ -118,27 +125,39 @@ def run_rounds(servers: dict[str, ServerProcess], args: argparse.Namespace) -> R
 def report(results: Rounds, args: argparse.Namespace, base: str) -> None:
     rows = []
     document: dict[str, object] = {"base": base, "seconds": args.seconds, "rounds": args.rounds, "rows": []}
-    ratio_of: Callable[[list[float], list[float]], list[float]] = lambda new, old: [  # noqa: E731
-        n / o for n, o in zip(new, old, strict=True)
-    ]
     for (path, concurrency), sides in results.items():
-        ratios = ratio_of(sides["this tree"], sides["base"])
+        old, new = sides["base"], sides["this tree"]
+        speed = [n[0] / o[0] for n, o in zip(new, old, strict=True)]
+        cpu = [n[1] / o[1] for n, o in zip(new, old, strict=True) if o[1]]
         rows.append(
             (
                 path,
                 concurrency,
-                round(median(sides["base"])),
-                round(median(sides["this tree"])),
-                f"{median(ratios):.2f}",
-                f"{min(ratios):.2f}-{max(ratios):.2f}",
+                round(median([rate for rate, _ in old])),
+                round(median([rate for rate, _ in new])),
+                f"{median(speed):.2f}",
+                f"{min(speed):.2f}-{max(speed):.2f}",
+                f"{median([used for _, used in old]):.0f}",
+                f"{median([used for _, used in new]):.0f}",
+                f"{median(cpu):.2f}" if cpu else "-",
             )
         )
         document["rows"].append(  # type: ignore[attr-defined]
-            {"path": path, "concurrency": concurrency, **sides, "ratios": ratios}
+            {"path": path, "concurrency": concurrency, **sides, "speed_ratios": speed, "cpu_ratios": cpu}
         )
     print_table(
-        f"this tree against {base} (requests/s, median of {args.rounds} rounds of {args.seconds:g} s)",
-        ["path", "concurrency", "base", "this tree", "ratio", "rounds"],
+        f"this tree against {base} (median of {args.rounds} rounds of {args.seconds:g} s)",
+        [
+            "path",
+            "concurrency",
+            "base req/s",
+            "this tree req/s",
+            "ratio",
+            "rounds",
+            "base CPU µs",
+            "this tree CPU µs",
+            "CPU ratio",
+        ],
         rows,
     )
     print(f"wrote {write_results('ab_servers', document)}")
