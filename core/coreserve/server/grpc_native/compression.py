@@ -15,8 +15,10 @@ import zlib
 
 from coreserve.server.grpc_native.call_status import INTERNAL, RESOURCE_EXHAUSTED, CallAborted
 
-# What a message may inflate to on the event loop; the rest inflates on a worker thread.
+# What a message may inflate to on the event loop; the rest inflates on a worker thread, a slice
+# at a time.
 INLINE_BYTES = 256 * 1024
+THREAD_SLICE_BYTES = 4 * 1024 * 1024
 _WBITS = {b"gzip": 16 + zlib.MAX_WBITS, b"deflate": zlib.MAX_WBITS}
 
 
@@ -38,16 +40,25 @@ async def inflate(message: Compressed, encoding: bytes | None, limit: int) -> by
     room = min(INLINE_BYTES, limit + 1)
     data = _inflated(inflater, message.data, room)
     if len(data) == room <= limit and not inflater.eof:  # more to come: off the loop
-        rest = inflater.unconsumed_tail
-        data = b"".join((data, await asyncio.to_thread(_inflated, inflater, rest, limit + 1 - room)))
-    if len(data) > limit:
-        raise CallAborted(RESOURCE_EXHAUSTED, f"Received message larger than max ({len(data)} vs. {limit})")
-    if not inflater.eof:
-        raise CallAborted(INTERNAL, "the message does not decompress: its stream is truncated")
-    if inflater.unused_data:
-        trailing = len(inflater.unused_data)
-        raise CallAborted(INTERNAL, f"the message does not decompress: {trailing} bytes follow its stream")
+        return await asyncio.to_thread(_rest, inflater, data, limit)
+    _check(inflater, len(data), limit)
     return data
+
+
+def _rest(inflater: zlib._Decompress, first: bytes, limit: int) -> bytes:
+    """The rest of a message after its first slice, checked and joined to it. In slices, so
+    that the interpreter lock is never held for long (zlib lets go of it while it inflates, not
+    while it copies its output), and a bomb stops one slice past the limit, never joined."""
+    pieces = [first]
+    size = len(first)
+    while not inflater.eof and size <= limit:
+        piece = _inflated(inflater, inflater.unconsumed_tail, min(THREAD_SLICE_BYTES, limit + 1 - size))
+        if not piece:
+            break  # all input taken and no more output: a stream cut short
+        pieces.append(piece)
+        size += len(piece)
+    _check(inflater, size, limit)
+    return b"".join(pieces)
 
 
 def _inflated(inflater: zlib._Decompress, data: bytes, max_length: int) -> bytes:
@@ -55,3 +66,14 @@ def _inflated(inflater: zlib._Decompress, data: bytes, max_length: int) -> bytes
         return inflater.decompress(data, max_length)
     except zlib.error as exc:
         raise CallAborted(INTERNAL, f"the message does not decompress: {exc}") from None
+
+
+def _check(inflater: zlib._Decompress, size: int, limit: int) -> None:
+    """Refuses a message inflated to `size` bytes past `limit`, or whose stream is not whole."""
+    if size > limit:
+        raise CallAborted(RESOURCE_EXHAUSTED, f"Received message larger than max ({size} vs. {limit})")
+    if not inflater.eof:
+        raise CallAborted(INTERNAL, "the message does not decompress: its stream is truncated")
+    if inflater.unused_data:
+        trailing = len(inflater.unused_data)
+        raise CallAborted(INTERNAL, f"the message does not decompress: {trailing} bytes follow its stream")
