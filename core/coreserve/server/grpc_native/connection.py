@@ -98,6 +98,7 @@ class Http2Connection(asyncio.Protocol):
         self._stream_churn = RateBudget(STREAM_CHURN_BURST, STREAM_CHURN_RATE)
         self._glitches = RateBudget(GLITCH_BURST, GLITCH_RATE)
         self._reading = True  # the transport reads (see _read_on)
+        self._starting: list[Call] = []  # calls whose handlers start once this turn's frames are read
 
     # asyncio.Protocol ----------------------------------------------------------------------
 
@@ -183,6 +184,8 @@ class Http2Connection(asyncio.Protocol):
             logger.exception("gRPC connection from %s failed", self.peer)
             self._fail_connection(ConnectionFault(wire.INTERNAL_ERROR, "internal error"))
             return
+        if self._starting:
+            self._start_calls()
         if self._preface_timer is not None and self._reader.preface_seen:
             self._preface_timer.cancel()
             self._preface_timer = None
@@ -361,7 +364,7 @@ class Http2Connection(asyncio.Protocol):
             if timeout is not None:
                 call.set_deadline(timeout)
         if call.handler.request_streaming:
-            call.start()
+            self._starting.append(call)
         if flags & wire.END_STREAM:
             self._end_input(call)
 
@@ -411,7 +414,15 @@ class Http2Connection(asyncio.Protocol):
     def _end_input(self, call: Call) -> None:
         call.close_input()
         if call.task is None and not call.finished:
-            call.start()
+            self._starting.append(call)
+
+    def _start_calls(self) -> None:
+        """Starts the handlers of the calls this turn's frames made ready, once all its frames
+        are handled: a call the client reset meanwhile (rapid reset) costs no task at all."""
+        starting, self._starting = self._starting, []
+        for call in starting:
+            if call.task is None and not call.reset and not call.finished:
+                call.start()
 
     def consumed(self, call: Call) -> None:
         """The handler took messages: gives the stream's window back unless many still wait."""
@@ -461,6 +472,7 @@ class Http2Connection(asyncio.Protocol):
         for call in list(self.calls.values()):
             call.cancel(None)
         self.calls.clear()
+        self._starting.clear()
 
     def _go_away(self, reason: str, calm: bool) -> None:
         """GOAWAY for keepalive's reasons: calm (too many pings) closes now, else after the calls."""
