@@ -83,7 +83,6 @@ class Http2Connection(asyncio.Protocol):
         self.transport: Any = None
         self.peer = ""
         self._reader = FrameReader(self._frame, self._data, lambda: self._continuation is not None)
-        self._settings_seen = False  # RFC 9113 3.4: the preface ends with a SETTINGS frame
         self._preface_timer: asyncio.TimerHandle | None = None
         self._decoder = HeaderBlockDecoder(MAX_HEADER_LIST)
         self.calls: dict[int, Call] = {}
@@ -165,18 +164,22 @@ class Http2Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         FRONTEND_READS.value += 1
-        self._read(self._reader.feed, data)
+        self._read(data)
 
     def _next_turn(self) -> None:
         """Reads the frames a former turn left in the buffer (see frame_reader.py)."""
         if not self.outbound.paused and not self.transport.is_closing():
-            self._read(self._reader.next_turn)
+            self._read(None)
 
-    def _read(self, step: Callable[..., None], *args: bytes) -> None:
-        """Runs a step of the frame reader; what it leaves for later turns holds the transport's
-        reading until it is handled, as does a client that does not take what we write."""
+    def _read(self, data: bytes | None) -> None:
+        """Hands the frame reader a read's bytes (None: what a former turn left); what it leaves
+        for later turns holds the transport's reading until it is handled, as does a client that
+        does not take what we write."""
         try:
-            step(*args)
+            if data is None:
+                self._reader.next_turn()
+            else:
+                self._reader.feed(data)
         except ConnectionFault as fault:
             self._fail_connection(fault)
             return
@@ -198,10 +201,6 @@ class Http2Connection(asyncio.Protocol):
     # Frames --------------------------------------------------------------------------------
 
     def _frame(self, kind: int, flags: int, stream_id: int, payload: memoryview) -> None:
-        if not self._settings_seen:
-            if kind != wire.SETTINGS or flags & wire.ACK:
-                raise ConnectionFault(wire.PROTOCOL_ERROR, "the connection preface ends without SETTINGS")
-            self._settings_seen = True
         if self._continuation is not None and kind != wire.CONTINUATION:
             raise ConnectionFault(wire.PROTOCOL_ERROR, "a header block interrupted")
         if kind == wire.DATA:
@@ -386,7 +385,8 @@ class Http2Connection(asyncio.Protocol):
         if self._received >= CONNECTION_WINDOW // 4:
             self._out.append(wire.window_update(0, self._received))
             self._received = 0
-        payload = frame_layout.unpadded(flags, payload)
+        if flags & wire.PADDED:
+            payload = frame_layout.unpadded(flags, payload)
         call = self.calls.get(stream_id)
         if call is None or call.status is not None:
             self._idle(stream_id, "DATA")

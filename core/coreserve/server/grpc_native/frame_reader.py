@@ -40,6 +40,7 @@ class FrameReader:
         self._in_header_block = in_header_block
         self._buffer = bytearray()
         self.preface_seen = False
+        self._settings_due = True  # RFC 9113 3.4: the preface ends with a SETTINGS frame
         self.backlog = False  # whole frames wait in the buffer for a later turn
         # A large DATA frame read as it comes: its stream, flags and the payload bytes still due.
         self._streamed: tuple[int, int] = (0, 0)
@@ -82,6 +83,10 @@ class FrameReader:
         view = memoryview(buffer)  # frames are views; none outlives this read
         frames = streams = header_bytes = 0  # this turn's
         self.backlog = False
+        if self._settings_due and size - position >= 9:
+            if buffer[position + 3] != wire.SETTINGS or buffer[position + 4] & wire.ACK:
+                raise ConnectionFault(wire.PROTOCOL_ERROR, "the connection preface ends without SETTINGS")
+            self._settings_due = False
         on_frame = self._on_frame
         while size - position >= 9:
             if (
