@@ -41,6 +41,7 @@ from coreserve.server.grpc_native.limits import (
     STREAM_CHURN_BURST,
     STREAM_CHURN_RATE,
     STREAM_WINDOW,
+    STREAMS_PER_TURN,
     RateBudget,
 )
 from coreserve.server.grpc_native.sending import Outbound
@@ -469,10 +470,18 @@ class Http2Connection(asyncio.Protocol):
     # Ending --------------------------------------------------------------------------------
 
     def _cancel_calls(self) -> None:
-        for call in list(self.calls.values()):
-            call.cancel(None)
+        calls = list(self.calls.values())
         self.calls.clear()
         self._starting.clear()
+        self._cancel_some(calls)
+
+    def _cancel_some(self, calls: list[Call]) -> None:
+        """Cancels a turn's share of `calls`, and the rest in later turns: a connection that goes
+        with a thousand calls open does not hold the loop while they all unwind at once."""
+        for call in calls[:STREAMS_PER_TURN]:
+            call.cancel(None)
+        if len(calls) > STREAMS_PER_TURN:
+            asyncio.get_running_loop().call_soon(self._cancel_some, calls[STREAMS_PER_TURN:])
 
     def _go_away(self, reason: str, calm: bool) -> None:
         """GOAWAY for keepalive's reasons: calm (too many pings) closes now, else after the calls."""
