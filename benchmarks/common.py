@@ -228,11 +228,11 @@ def grpc_call_succeeds(address: str, method: str, message: bytes) -> None:
         channel.unary_unary(method)(message, timeout=30)  # bytes in and out: no (de)serializers
 
 
-def identity_onnx() -> bytes:
-    """An ONNX model whose OUTPUT0 is its FP32 [n] INPUT0."""
+def identity_onnx(dims: Sequence[str | int] = ("n",)) -> bytes:
+    """An ONNX model whose OUTPUT0 is its FP32 INPUT0 of `dims` (names for any size)."""
     from onnx import TensorProto, helper
 
-    info = lambda name: helper.make_tensor_value_info(name, TensorProto.FLOAT, ["n"])  # noqa: E731
+    info = lambda name: helper.make_tensor_value_info(name, TensorProto.FLOAT, list(dims))  # noqa: E731
     graph = helper.make_graph(
         [helper.make_node("Identity", ["INPUT0"], ["OUTPUT0"])],
         "identity",

@@ -51,7 +51,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from attack_watch import MODEL, WIDTH, MemorySampler, Target, Victims, tree_rss_mb
-from common import print_table, start_server, write_model, write_results
+from common import identity_onnx, print_table, start_server, write_model, write_results
 from cpu_time import tree_cpu_seconds
 from http2_attackers import ATTACKS, CONTROLS, Attacker, Budget
 
@@ -62,22 +62,6 @@ input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ {WIDTH} ] }} ]
 output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ {WIDTH} ] }} ]
 """
 BATCHING = "dynamic_batching { max_queue_delay_microseconds: 2000 }\n"
-
-
-def identity_onnx() -> bytes:
-    """An ONNX model whose OUTPUT0 is its FP32 [batch, 16] INPUT0."""
-    from onnx import TensorProto, helper
-
-    info = lambda name: helper.make_tensor_value_info(name, TensorProto.FLOAT, ["batch", WIDTH])  # noqa: E731
-    graph = helper.make_graph(
-        [helper.make_node("Identity", ["INPUT0"], ["OUTPUT0"])],
-        "identity",
-        [info("INPUT0")],
-        [info("OUTPUT0")],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    return model.SerializeToString()
 
 
 # ---------------------------------------------------------------- phases and servers
@@ -239,7 +223,12 @@ def main() -> None:
         results["servers"][args.server_url] = phases
     else:
         repository = Path(tempfile.mkdtemp(prefix="coreserve-http2-attacks-"))
-        write_model(repository, MODEL, identity_onnx(), CONFIG + (BATCHING if args.dynamic_batching else ""))
+        write_model(
+            repository,
+            MODEL,
+            identity_onnx(("batch", WIDTH)),
+            CONFIG + (BATCHING if args.dynamic_batching else ""),
+        )
         results["server_flags"] = server_flags
         results["dynamic_batching"] = args.dynamic_batching
         for kind in args.grpc_server or ["native", "grpcio"]:

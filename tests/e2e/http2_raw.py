@@ -10,12 +10,15 @@ import socket
 import struct
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import hpack
 import numpy as np
+import tritonclient.grpc as grpcclient
 
 from coreserve.protos import grpc_service_pb2 as pb
 from coreserve.testing import ServerProcess
+from model_builders import identity_model, write_model
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = (
@@ -29,6 +32,28 @@ REFUSED_STREAM, CANCEL, COMPRESSION_ERROR, ENHANCE_YOUR_CALM = 0x7, 0x8, 0x9, 0x
 HEADER_TABLE_SIZE, ENABLE_PUSH, MAX_CONCURRENT_STREAMS, INITIAL_WINDOW_SIZE, MAX_FRAME_SIZE = 1, 2, 3, 4, 5
 SERVICE = "/inference.GRPCInferenceService/"
 OPENING = PREFACE + struct.pack(">HBBBI", 0, 0, SETTINGS, 0, 0)  # the preface and an empty SETTINGS
+
+
+IDENTITY = """
+backend: "onnxruntime"
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+"""
+
+
+def identity_server(repository: Path, *flags: str) -> ServerProcess:
+    """A native gRPC server (no metrics port) over `repository`, with the `identity` model in it."""
+    write_model(repository, "identity", identity_model("FP32", ["n"]), IDENTITY)
+    return ServerProcess([repository], ["--grpc-server=native", "--allow-metrics=false", *flags]).start()
+
+
+def assert_identity_answers(server: ServerProcess) -> None:
+    """A real client's call to `identity` gets its input back."""
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        data = np.arange(8, dtype=np.float32)
+        tensor = grpcclient.InferInput("INPUT0", [8], "FP32")
+        tensor.set_data_from_numpy(data)
+        np.testing.assert_array_equal(client.infer("identity", [tensor]).as_numpy("OUTPUT0"), data)
 
 
 def frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:

@@ -33,6 +33,7 @@ from http2_raw import (
     END_HEADERS,
     END_STREAM,
     HEADERS,
+    IDENTITY,
     OPENING,
     PADDED,
     PING,
@@ -42,25 +43,19 @@ from http2_raw import (
     SETTINGS,
     WINDOW_UPDATE,
     RawHttp2,
+    assert_identity_answers,
     frame,
+    identity_server,
     infer_request,
     message,
     seconds_until_closed,
 )
 from model_builders import identity_model, write_model
 
-IDENTITY = """
-backend: "onnxruntime"
-input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
-output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
-"""
-
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    repository = tmp_path_factory.mktemp("grpc-native")
-    write_model(repository, "identity", identity_model("FP32", ["n"]), IDENTITY)
-    process = ServerProcess([repository], ["--grpc-server=native", "--allow-metrics=false"]).start()
+    process = identity_server(tmp_path_factory.mktemp("grpc-native"))
     yield process
     process.close()
 
@@ -68,19 +63,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
 @pytest.fixture(autouse=True)
 def _serves_after_and_logs_no_traceback(server: ServerProcess) -> Iterator[None]:
     yield
-    _assert_a_real_call_works(server)
+    assert_identity_answers(server)
     assert "Traceback" not in server.log, server.log[-3000:]
-
-
-def _assert_a_real_call_works(server: ServerProcess) -> None:
-    client = grpcclient.InferenceServerClient(server.grpc_url)
-    try:
-        data = np.arange(8, dtype=np.float32)
-        tensor = grpcclient.InferInput("INPUT0", [8], "FP32")
-        tensor.set_data_from_numpy(data)
-        np.testing.assert_array_equal(client.infer("identity", [tensor]).as_numpy("OUTPUT0"), data)
-    finally:
-        client.close()
 
 
 @pytest.fixture

@@ -45,26 +45,19 @@ from http2_raw import (
     SETTINGS,
     RawHttp2,
     frame,
+    identity_server,
     infer_request,
     message,
     setting,
 )
-from model_builders import identity_model, write_model
 
-IDENTITY = """
-backend: "onnxruntime"
-input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
-output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
-"""
 RESOURCE_EXHAUSTED = str(grpc.StatusCode.RESOURCE_EXHAUSTED.value[0])
 INTERNAL = str(grpc.StatusCode.INTERNAL.value[0])
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    repository = tmp_path_factory.mktemp("h2-abuse")
-    write_model(repository, "identity", identity_model("FP32", ["n"]), IDENTITY)
-    process = ServerProcess([repository], ["--grpc-server=native", "--allow-metrics=false"]).start()
+    process = identity_server(tmp_path_factory.mktemp("h2-abuse"))
     yield process
     process.close()
 

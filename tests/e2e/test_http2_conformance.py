@@ -11,9 +11,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable, Iterator
 
-import numpy as np
 import pytest
-import tritonclient.grpc as grpcclient
 
 from coreserve.testing import ServerProcess
 from http2_raw import (
@@ -44,25 +42,18 @@ from http2_raw import (
     STREAM_CLOSED,
     WINDOW_UPDATE,
     RawHttp2,
+    assert_identity_answers,
     frame,
+    identity_server,
     infer_request,
     message,
     setting,
 )
-from model_builders import identity_model, write_model
-
-IDENTITY = """
-backend: "onnxruntime"
-input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
-output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
-"""
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    repository = tmp_path_factory.mktemp("h2-conformance")
-    write_model(repository, "identity", identity_model("FP32", ["n"]), IDENTITY)
-    process = ServerProcess([repository], ["--grpc-server=native", "--allow-metrics=false"]).start()
+    process = identity_server(tmp_path_factory.mktemp("h2-conformance"))
     yield process
     process.close()
 
@@ -70,10 +61,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
 @pytest.fixture(autouse=True)
 def _serves_after_and_logs_no_traceback(server: ServerProcess) -> Iterator[None]:
     yield
-    with grpcclient.InferenceServerClient(server.grpc_url) as client:
-        tensor = grpcclient.InferInput("INPUT0", [4], "FP32")
-        tensor.set_data_from_numpy(np.arange(4, dtype=np.float32))
-        assert client.infer("identity", [tensor]).as_numpy("OUTPUT0").tolist() == [0, 1, 2, 3]
+    assert_identity_answers(server)
     assert "Traceback" not in server.log, server.log[-3000:]
 
 

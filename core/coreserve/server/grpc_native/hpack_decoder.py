@@ -73,13 +73,7 @@ class HpackDecoder:
                 index, position = _integer(block, position, 0x7F)
                 field = self._field(index)
             elif byte & 0x40:  # a literal added to the table
-                index, position = _integer(block, position, 0x3F)
-                if index:
-                    name = self._field(index)[0]
-                else:
-                    name, position = _string(block, position, stop)
-                value, position = _string(block, position, stop)
-                field = (name, value)
+                field, position = self._literal(block, position, 0x3F)
                 self._add(field)
             elif byte & 0x20:  # a dynamic table size update: only before the first field
                 if size:
@@ -91,19 +85,23 @@ class HpackDecoder:
                 self._evict(0)
                 continue
             else:  # a literal without indexing (0000) or never indexed (0001)
-                index, position = _integer(block, position, 0x0F)
-                if index:
-                    name = self._field(index)[0]
-                else:
-                    name, position = _string(block, position, stop)
-                value, position = _string(block, position, stop)
-                field = (name, value)
+                field, position = self._literal(block, position, 0x0F)
             size += len(field[0]) + len(field[1]) + ENTRY_OVERHEAD
             if size <= limit:
                 fields.append(field)
             elif size > stop:
                 raise HeaderListTooLarge(f"a header list over {stop} bytes")
         return fields, size
+
+    def _literal(self, block: bytes, position: int, mask: int) -> tuple[Field, int]:
+        """RFC 7541 6.2: a literal field, its name indexed (under `mask`) or literal too."""
+        index, position = _integer(block, position, mask)
+        if index:
+            name = self._field(index)[0]
+        else:
+            name, position = _string(block, position, self._stop_size)
+        value, position = _string(block, position, self._stop_size)
+        return (name, value), position
 
     def _field(self, index: int) -> Field:
         if 0 < index <= len(_STATIC):
