@@ -248,9 +248,10 @@ def test_a_version_whose_instances_all_restart_takes_requests_but_is_not_ready()
     run_scenario(scenario)
 
 
-def _dynamic(timeout_us: int = 0) -> tuple[DynamicBatcher, DyingInstance]:
+def _dynamic(timeout_us: int = 0, ordered: bool = False) -> tuple[DynamicBatcher, DyingInstance]:
     policy = f"default_queue_policy {{ default_timeout_microseconds: {timeout_us} }}" if timeout_us else ""
-    config = _config(4, f"dynamic_batching {{ {policy} }}")
+    order = "preserve_ordering: true" if ordered else ""
+    config = _config(4, f"dynamic_batching {{ {policy} {order} }}")
     signature, statistics = signature_and_statistics(config)
     instance = DyingInstance("instance0")
     return DynamicBatcher(signature, statistics, [instance], config.dynamic_batching), instance
@@ -274,6 +275,30 @@ def test_the_dynamic_batcher_puts_a_handed_back_request_ahead_of_younger_ones() 
         instance.restart()
         await settle()
         assert instance.batches[-1] == ["a", "b"] and instance.ran == ["a", "b"]
+        await finish(batcher)
+
+    run_scenario(scenario)
+
+
+def test_with_preserve_ordering_a_handed_back_request_is_answered_in_its_new_batch() -> None:
+    # The batch's turn holds each request's responses until it ends, and is released once: a
+    # request queued again must answer through its new batch's turn, not the old one's.
+    async def scenario() -> None:
+        batcher, instance = _dynamic(ordered=True)
+        batcher.start()
+        log: Log = []
+        requests = [make_request(name, log) for name in ("a", "b")]
+        sinks = [recording_sink(request) for request in requests]  # turns wrap them meanwhile
+        batcher.submit(requests[0])
+        await settle()
+        batcher.submit(requests[1])
+        await settle()
+        instance.die(running_started=False)
+        await settle()
+        instance.restart()
+        await settle()
+        assert instance.ran == ["a", "b"]
+        assert [(sink.done, sink.error) for sink in sinks] == [(True, None), (True, None)]
         await finish(batcher)
 
     run_scenario(scenario)

@@ -36,6 +36,11 @@ class HeldSink:
         self._done = True
         self._calls.append(error)
 
+    @property
+    def target(self) -> ResponseSink:
+        """The sink this one holds responses for."""
+        return self._target
+
     def release(self) -> None:
         for call in self._calls:
             if isinstance(call, CoreserveError):
@@ -61,12 +66,21 @@ class OrderedRelease:
             if request.sink is not None:
                 sink = HeldSink(request.sink)
                 request.sink = sink
-                held.append(sink)
+                held.append((request, sink))
         try:
             yield
         finally:
             if previous is not None:
                 await asyncio.shield(previous)
-            for sink in held:
+            for request, sink in held:
                 sink.release()
+                if request.sink is sink:
+                    request.sink = sink.target
             mine.set_result(None)
+
+
+def unhold(request: InferenceRequest) -> None:
+    """Gives a request its own sink back from a turn's HeldSink: one queued again to be batched
+    anew answers in that batch's turn, not through this one's, which is released once."""
+    if isinstance(request.sink, HeldSink):
+        request.sink = request.sink.target

@@ -19,7 +19,7 @@ from coreserve.backend.api import ModelInstance
 from coreserve.config.signature import ModelSignature
 from coreserve.errors import CancelledError, CoreserveError, InternalError, UnavailableError
 from coreserve.scheduling.execution import execute_batch
-from coreserve.scheduling.ordering import OrderedRelease
+from coreserve.scheduling.ordering import OrderedRelease, unhold
 from coreserve.scheduling.rate_limiter import InstanceSlot, RateLimiter
 from coreserve.scheduling.response_cache import ModelResponseCache
 from coreserve.scheduling.statistics import ModelStatistics
@@ -296,6 +296,7 @@ class Scheduler:
         """Queues again, ahead of younger ones, requests an instance handed back unstarted
         (`Responder.requeue`); one cancelled meanwhile leaves as from the queue."""
         for request, _ in requests:
+            unhold(request)
             if request.is_cancelled():
                 self.statistics.record_failure(request, "CANCELED")
                 if request.sink is not None:
