@@ -143,7 +143,7 @@ class Call:
                 message = self.messages.popleft()
                 self.connection.consumed(self)
                 if isinstance(message, Compressed):
-                    message = await inflate(message, self.headers.encoding, self.connection.max_message_size)
+                    message = await self._inflate(message)
                 yield decode(message)
             if self.half_closed:
                 if self.reader.inside_message:
@@ -183,7 +183,7 @@ class Call:
             else:
                 message = self._single_message()
                 if isinstance(message, Compressed):
-                    message = await inflate(message, self.headers.encoding, self.connection.max_message_size)
+                    message = await self._inflate(message)
                 request = decode(message)
             if handler.response_streaming:
                 behavior = handler.stream_stream if handler.request_streaming else handler.unary_stream
@@ -206,6 +206,10 @@ class Call:
         finally:
             if self.deadline_timer is not None:
                 self.deadline_timer.cancel()
+
+    async def _inflate(self, message: Compressed) -> bytes:
+        limit = self.connection.max_message_size
+        return await inflate(message, self.headers.encoding, limit, lambda: self.reset)
 
     def _single_message(self) -> bytes | Compressed:
         if len(self.messages) != 1 or self.reader.inside_message:
@@ -260,6 +264,8 @@ class Call:
         if self.finished or self.reset:
             return
         self.finished = True
+        if self.deadline_timer is not None:  # (a call refused before its task ran has one too)
+            self.deadline_timer.cancel()
         if self.stream_id in self.connection.calls:
             self.connection.outbound.send_trailers(self, code, details)
 

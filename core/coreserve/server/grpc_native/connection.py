@@ -98,6 +98,8 @@ class Http2Connection(asyncio.Protocol):
         self._stream_churn = RateBudget(STREAM_CHURN_BURST, STREAM_CHURN_RATE)
         self._glitches = RateBudget(GLITCH_BURST, GLITCH_RATE)
         self._reading = True  # the transport reads (see _read_on)
+        self._abort_timer: asyncio.TimerHandle | None = None  # see _close
+        self._turn_scheduled = False
         self._starting: list[Call] = []  # calls whose handlers start once this turn's frames are read
 
     # asyncio.Protocol ----------------------------------------------------------------------
@@ -126,13 +128,14 @@ class Http2Connection(asyncio.Protocol):
             self._transport_settings,
             send_ping=lambda: self._write(wire.frame(wire.PING, 0, 0, PING_PAYLOAD)),
             go_away=self._go_away,
-            close=self.transport.close,
+            close=self._close,
             has_calls=lambda: bool(self.calls),
         )
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self._preface_timer is not None:
-            self._preface_timer.cancel()
+        for timer in (self._preface_timer, self._abort_timer):
+            if timer is not None:
+                timer.cancel()
         if self._keepalive is not None:
             self._keepalive.cancel()
         self._cancel_calls()
@@ -150,7 +153,7 @@ class Http2Connection(asyncio.Protocol):
     def resume_writing(self) -> None:
         self.outbound.paused = False
         if self._reader.backlog:
-            asyncio.get_running_loop().call_soon(self._next_turn)
+            self._schedule_turn()
         else:
             self._read_on(True)
         self.outbound.wake_all()
@@ -167,8 +170,14 @@ class Http2Connection(asyncio.Protocol):
         FRONTEND_READS.value += 1
         self._read(data)
 
+    def _schedule_turn(self) -> None:
+        if not self._turn_scheduled:
+            self._turn_scheduled = True
+            asyncio.get_running_loop().call_soon(self._next_turn)
+
     def _next_turn(self) -> None:
         """Reads the frames a former turn left in the buffer (see frame_reader.py)."""
+        self._turn_scheduled = False
         if not self.outbound.paused and not self.transport.is_closing():
             self._read(None)
 
@@ -196,7 +205,7 @@ class Http2Connection(asyncio.Protocol):
         self._flush()
         backlog = self._reader.backlog
         if backlog and not self.outbound.paused:
-            asyncio.get_running_loop().call_soon(self._next_turn)
+            self._schedule_turn()
         self._read_on(not backlog and not self.outbound.paused)
 
     # Frames --------------------------------------------------------------------------------
@@ -267,10 +276,12 @@ class Http2Connection(asyncio.Protocol):
         frame_layout.rst_stream(stream_id, payload)
         self._idle(stream_id, "RST_STREAM")
         call = self.calls.pop(stream_id, None)
-        if call is not None:
-            self.outbound.forget(call)
-            call.cancel(None)
-            self._churn()
+        if call is None:
+            self._glitch("frames on closed streams")  # one may cross our end; floods may not
+            return
+        self.outbound.forget(call)
+        call.cancel(None)
+        self._churn()
 
     def _churn(self) -> None:
         """A stream reset before its answer, or refused: a client that makes streams only to drop
@@ -293,8 +304,9 @@ class Http2Connection(asyncio.Protocol):
             return
         self._idle(stream_id, "WINDOW_UPDATE")
         call = self.calls.get(stream_id)
-        if call is None:
-            return  # a stream that ended: the update may have crossed our end
+        if call is None:  # a stream that ended: the update may have crossed our end
+            self._glitch("frames on closed streams")
+            return
         if increment == 0:
             self._reset(call, wire.PROTOCOL_ERROR)
         elif not self.outbound.grant(call, increment):
@@ -331,7 +343,7 @@ class Http2Connection(asyncio.Protocol):
         if call is not None:  # trailers: they end the client's side, with no pseudo-header
             if call.half_closed:
                 self._reset(call, wire.STREAM_CLOSED)  # RFC 9113 5.1: the client's side is closed
-            elif not flags & wire.END_STREAM or headers.malformed or headers.method or headers.path:
+            elif not flags & wire.END_STREAM or headers.malformed or headers.has_pseudo:
                 self._reset(call, wire.PROTOCOL_ERROR)  # RFC 9113 8.1: malformed trailers
             else:
                 self._end_input(call)
@@ -391,6 +403,8 @@ class Http2Connection(asyncio.Protocol):
         call = self.calls.get(stream_id)
         if call is None or call.status is not None:
             self._idle(stream_id, "DATA")
+            if not payload:
+                self._glitch("empty DATA frames")
             return  # a stream we ended or reset: its window came back with the connection's
         if call.half_closed:
             self._reset(call, wire.STREAM_CLOSED)  # RFC 9113 5.1: the client's side is closed
@@ -444,7 +458,7 @@ class Http2Connection(asyncio.Protocol):
             self._write(wire.rst_stream(call.stream_id, wire.NO_ERROR))
         if self._going_away and not self.calls:  # GOAWAY sent, the last call answered
             self._flush()
-            self.transport.close()
+            self._close()
         elif not self.calls:
             # No other call of this connection can join this answer in one write: it goes now,
             # not one turn of the loop later.
@@ -490,7 +504,14 @@ class Http2Connection(asyncio.Protocol):
         if calm or not self.calls:
             logger.info("gRPC connection from %s closed: %s", self.peer, reason)
             self._flush()
-            self.transport.close()
+            self._close()
+
+    def _close(self) -> None:
+        """Closes once what is written has gone; a client that does not take it within
+        FLUSH_SECONDS is dropped."""
+        self.transport.close()
+        if self._abort_timer is None:
+            self._abort_timer = asyncio.get_running_loop().call_later(FLUSH_SECONDS, self.transport.abort)
 
     def _fail_connection(self, fault: ConnectionFault) -> None:
         """GOAWAY with the fault's code; the calls stop at once and the connection closes (or
@@ -502,7 +523,7 @@ class Http2Connection(asyncio.Protocol):
         if self.outbound.paused:
             self.transport.abort()
         else:
-            self.transport.close()
+            self._close()
 
     async def shut_down(self, grace: float | None) -> None:
         """GOAWAY, lets the calls in progress finish (at most `grace` seconds), then closes; a

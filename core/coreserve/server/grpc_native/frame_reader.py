@@ -80,48 +80,50 @@ class FrameReader:
     def _frames(self, buffer: bytearray, position: int) -> int:
         """Hands on frames from `position` on, within the turn's share; returns where it stopped."""
         size = len(buffer)
-        view = memoryview(buffer)  # frames are views; none outlives this read
         frames = streams = header_bytes = 0  # this turn's
         self.backlog = False
         if self._settings_due and size - position >= 9:
             if buffer[position + 3] != wire.SETTINGS or buffer[position + 4] & wire.ACK:
                 raise ConnectionFault(wire.PROTOCOL_ERROR, "the connection preface ends without SETTINGS")
             self._settings_due = False
+        view = memoryview(buffer)  # frames are views; none outlives this read
         on_frame = self._on_frame
-        while size - position >= 9:
-            if (
-                frames == FRAMES_PER_TURN
-                or streams == STREAMS_PER_TURN
-                or header_bytes >= HEADER_BYTES_PER_TURN
-            ):
-                self.backlog = True
-                break
-            length = (buffer[position] << 16) | (buffer[position + 1] << 8) | buffer[position + 2]
-            if length > MAX_FRAME_SIZE:
-                raise ConnectionFault(wire.FRAME_SIZE_ERROR, f"a frame of {length} bytes")
-            kind = buffer[position + 3]
-            if size - position - 9 < length:
+        try:
+            while size - position >= 9:
                 if (
-                    length >= STREAMED_DATA
-                    and kind == wire.DATA
-                    and not buffer[position + 4] & wire.PADDED
-                    and not self._in_header_block()
+                    frames == FRAMES_PER_TURN
+                    or streams == STREAMS_PER_TURN
+                    or header_bytes >= HEADER_BYTES_PER_TURN
                 ):
-                    self._start_streamed_data(buffer, view, position, length)
-                    position = size
-                break
-            flags = buffer[position + 4]
-            stream_id = int.from_bytes(buffer[position + 5 : position + 9], "big") & 0x7FFFFFFF
-            start = position + 9
-            position = start + length
-            frames += 1
-            if kind == wire.HEADERS:  # each opens a stream at most
-                streams += 1
-                header_bytes += length
-            elif kind == wire.CONTINUATION:
-                header_bytes += length
-            on_frame(kind, flags, stream_id, view[start:position])
-        view.release()
+                    self.backlog = True
+                    break
+                length = (buffer[position] << 16) | (buffer[position + 1] << 8) | buffer[position + 2]
+                if length > MAX_FRAME_SIZE:
+                    raise ConnectionFault(wire.FRAME_SIZE_ERROR, f"a frame of {length} bytes")
+                kind = buffer[position + 3]
+                if size - position - 9 < length:
+                    if (
+                        length >= STREAMED_DATA
+                        and kind == wire.DATA
+                        and not buffer[position + 4] & wire.PADDED
+                        and not self._in_header_block()
+                    ):
+                        self._start_streamed_data(buffer, view, position, length)
+                        position = size
+                    break
+                flags = buffer[position + 4]
+                stream_id = int.from_bytes(buffer[position + 5 : position + 9], "big") & 0x7FFFFFFF
+                start = position + 9
+                position = start + length
+                frames += 1
+                if kind == wire.HEADERS:  # each opens a stream at most
+                    streams += 1
+                    header_bytes += length
+                elif kind == wire.CONTINUATION:
+                    header_bytes += length
+                on_frame(kind, flags, stream_id, view[start:position])
+        finally:
+            view.release()
         return position
 
     def _start_streamed_data(self, buffer: bytearray, view: memoryview, position: int, length: int) -> None:
@@ -130,7 +132,8 @@ class FrameReader:
         available = len(buffer) - position - 9
         self._streamed = (stream_id, flags)
         self._streamed_due = length - available
-        self._on_data(flags & ~wire.END_STREAM, stream_id, view[position + 9 :], False)
+        if available:  # (none yet: not an empty frame, just its header so far)
+            self._on_data(flags & ~wire.END_STREAM, stream_id, view[position + 9 :], False)
 
     def _stream_data(self, data: memoryview) -> memoryview:
         """Hands on the part of `data` that continues a streamed DATA frame; returns the rest."""

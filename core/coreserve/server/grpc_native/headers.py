@@ -44,6 +44,7 @@ class RequestHeaders:
     size: int  # RFC 9113's header list size: names + values + 32 per field (all of them)
     malformed: str | None = None  # a field RFC 9113 (8.2, 8.3) does not allow, if any
     pseudo_complete: bool = True  # :method, :scheme and :path came (a request needs them)
+    has_pseudo: bool = True  # some pseudo-header came (trailers may have none)
 
 
 _RESERVED = frozenset(
@@ -105,6 +106,7 @@ def _request_headers(fields: Iterable[Field], size: int) -> RequestHeaders:
         size=size,
         malformed=malformed,
         pseudo_complete=b":method" in pseudo and b":scheme" in pseudo and b":path" in pseudo,
+        has_pseudo=bool(pseudo),
     )
 
 
