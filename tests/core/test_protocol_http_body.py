@@ -81,6 +81,21 @@ def test_aligned_binary_inputs_are_views_of_the_body() -> None:
     assert request.inputs["s"].tolist() == strings.tolist()
 
 
+@pytest.mark.parametrize("kind", [bytes, bytearray], ids=["one-read", "gathered"])
+def test_inputs_from_a_body_are_read_only_whatever_holds_it(kind: type) -> None:
+    # A body gathered from several reads is a bytearray: its views must still not let a model
+    # write into the request.
+    data = np.arange(4, dtype=np.float32).tobytes()
+    head = json.dumps(
+        {"inputs": [{"name": "a", "shape": [4], "datatype": "FP32", "parameters": {"binary_data_size": 16}}]}
+    ).encode()
+    head += b" " * (-len(head) % 8)
+    request, _ = decode_infer_request(kind(head + data), len(head), "m", "")
+    raw, _ = decode_raw_infer_request(kind(data), TensorSpec("a", DataType.FP32, (4,)), False, "m", "")
+    for array in (request.inputs["a"], raw.inputs["a"]):
+        assert not array.flags.writeable and not array.flags.owndata
+
+
 def test_unaligned_binary_input_is_copied_aligned() -> None:
     head = b'{"inputs":[{"name":"a","shape":[2],"datatype":"FP64","parameters":{"binary_data_size":16}}]}'
     head += b" " * (1 - len(head) % 8 if len(head) % 8 <= 1 else 9 - len(head) % 8)  # offset 1 mod 8

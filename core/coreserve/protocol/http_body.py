@@ -184,8 +184,10 @@ def _parse_inputs(
 
 
 def split_infer_body(body: bytes | bytearray, header_length: int | None) -> tuple[memoryview, memoryview]:
-    """A request body's JSON part and binary part (empty without `header_length`)."""
-    view = memoryview(body)
+    """A request body's JSON part and binary part (empty without `header_length`), read-only
+    whatever the body is (a body gathered from several reads is a bytearray): the input arrays
+    made from it must not let a model change the request."""
+    view = memoryview(body).toreadonly()
     if header_length is None:
         return view, view[len(view) :]
     if not 0 < header_length <= len(view):
@@ -278,7 +280,7 @@ def decode_raw_infer_request(
             dims[dims.index(-1)] = len(body) // (known * itemsize)
         # The dims come from the model's configuration, which may ask for more than numpy holds.
         shape = check_shape(tuple([1, *dims] if batching else dims), name)
-        array = array_from_bytes(memoryview(body), spec.datatype, shape, name, model_name)
+        array = array_from_bytes(memoryview(body).toreadonly(), spec.datatype, shape, name, model_name)
     request = InferenceRequest(model_name=model_name, model_version=model_version, inputs={name: array})
     return request, OutputEncoding(binary_by_default=True)
 
