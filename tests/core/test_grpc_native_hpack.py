@@ -88,3 +88,16 @@ def test_an_entry_larger_than_the_table_empties_it() -> None:
     decoder.decode(encoder.encode([(b"x-huge", b"h" * 5000)]))  # RFC 7541 4.4: the table empties
     with pytest.raises(HeaderDecodingError, match="not in the table"):
         decoder.decode(b"\xbe")  # index 62: the entry x-a had
+
+
+def test_a_field_rfc_9113_forbids_is_noted_as_a_literal_and_by_index_later() -> None:
+    encoder = hpack.Encoder()
+    decoder = HpackDecoder(4096, 1 << 20)
+    decoder.decode(encoder.encode([(b"x-ok", b"1"), (b"X-Upper", b"2")]))  # added to both tables
+    assert decoder.invalid == (b"X-Upper", b"2")
+    decoder.decode(encoder.encode([(b"x-ok", b"1")]))  # by index: checked when it entered
+    assert decoder.invalid is None
+    decoder.decode(encoder.encode([(b"x-ok", b"1"), (b"X-Upper", b"2")]))  # both by index
+    assert decoder.invalid == (b"X-Upper", b"2")
+    decoder.decode(encoder.encode([(b"x-v", b" lead")], huffman=False))
+    assert decoder.invalid == (b"x-v", b" lead")

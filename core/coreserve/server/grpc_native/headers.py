@@ -10,7 +10,6 @@ them is malformed, and its stream is reset.
 from __future__ import annotations
 
 import base64
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -23,8 +22,8 @@ from coreserve.server.grpc_native.hpack_decoder import (
 from coreserve.server.grpc_native.wire import COMPRESSION_ERROR, ENHANCE_YOUR_CALM, ConnectionFault
 
 # Distinct blocks remembered per connection: clients repeat a handful (one per method and
-# metadata combination); a client that varies its blocks only fills the cache up to this. Only
-# small blocks of small lists are kept, so the cache of a connection stays small.
+# metadata combination); blocks seen once (a deadline in each) pass through, the oldest going
+# first. Only small blocks of small lists are kept, so the cache of a connection stays small.
 CACHE_ENTRIES = 64
 CACHED_BLOCK_BYTES = 1024
 CACHED_LIST_BYTES = 4096
@@ -55,24 +54,18 @@ _REQUEST_PSEUDO = frozenset({b":method", b":scheme", b":path", b":authority"})
 _CONNECTION_SPECIFIC = frozenset(
     {b"connection", b"proxy-connection", b"keep-alive", b"transfer-encoding", b"upgrade"}
 )
-# RFC 9113 8.2.1: a name of visible ASCII but upper case letters; a value without NUL, CR or LF,
-# and without white space at either end.
-_VALID_NAME = re.compile(rb":?[!-9;-@\[-~]+")
-_INVALID_VALUE = re.compile(rb"[\0\r\n]|^[ \t]|[ \t]$")
 
 
-def _request_headers(fields: Iterable[Field], size: int) -> RequestHeaders:
+def _request_headers(fields: Iterable[Field], size: int, invalid: Field | None) -> RequestHeaders:
     pseudo: dict[bytes, bytes] = {}
     metadata: list[tuple[str, str | bytes]] = []
     content_type = b""
     timeout = encoding = None
     accepts_gzip = False
-    malformed = None
+    malformed = None if invalid is None else f"the field {invalid[0]!r} is not valid in HTTP/2"
     regular = False  # a field that is not a pseudo-header came
     for name, value in fields:
-        if _VALID_NAME.fullmatch(name) is None or _INVALID_VALUE.search(value) is not None:
-            malformed = f"the field {name!r} is not valid in HTTP/2"
-        elif name.startswith(b":"):
+        if name.startswith(b":"):
             if regular or name not in _REQUEST_PSEUDO or name in pseudo:
                 malformed = f"the pseudo-header {name.decode('latin-1')} is misplaced, repeated or unknown"
             pseudo[name] = value
@@ -143,15 +136,12 @@ class HeaderBlockDecoder:
             raise ConnectionFault(COMPRESSION_ERROR, f"header block does not decode: {exc}") from None
         except HeaderListTooLarge as exc:  # no request needs it; the table is out of step too
             raise ConnectionFault(ENHANCE_YOUR_CALM, str(exc)) from None
-        headers = _request_headers(fields, size)
+        headers = _request_headers(fields, size, decoder.invalid)
         if decoder.changes != changes:
             # This block changed the table: blocks cached before may now mean other fields.
             self._cache.clear()
-        elif (
-            len(self._cache) < CACHE_ENTRIES
-            and len(block) <= CACHED_BLOCK_BYTES
-            and size <= CACHED_LIST_BYTES
-            and headers.malformed is None
-        ):
+        elif len(block) <= CACHED_BLOCK_BYTES and size <= CACHED_LIST_BYTES and headers.malformed is None:
+            if len(self._cache) == CACHE_ENTRIES:  # the oldest goes: blocks seen once pass through
+                del self._cache[next(iter(self._cache))]
             self._cache[block] = headers
         return headers

@@ -6,10 +6,15 @@ stays in step with the client's encoder, but it keeps no more fields, and the ca
 list's full size to refuse the request (as grpc's core does past its metadata limit). Past
 twice the limit it stops at once (as Go's server does): no request needs that much, so the
 connection ends, and a bomb costs what a list of twice the limit costs, whatever it names.
+
+Fields whose name or value RFC 9113 (8.2.1) does not allow are noted as their literal is read;
+a field named by index was checked when it entered the table (the static table's are valid),
+so a block of indexed fields costs no check.
 """
 
 from __future__ import annotations
 
+import re
 from collections import deque
 
 from hpack.exceptions import HPACKDecodingError
@@ -24,6 +29,10 @@ _STATIC: tuple[Field, ...] = HeaderTable.STATIC_TABLE
 ENTRY_OVERHEAD = 32
 # An integer this long (in continuation bytes) is past any size this decoder accepts.
 _MAX_INTEGER_BYTES = 4
+# RFC 9113 8.2.1: a name of visible ASCII but upper case letters and colons (a pseudo-header's
+# leading one aside); a value without NUL, CR or LF, and without white space at either end.
+_VALID_NAME = re.compile(rb":?[!-9;-@\[-~]+")
+_INVALID_VALUE = re.compile(rb"[\0\r\n]|^[ \t]|[ \t]$")
 
 
 class HeaderDecodingError(Exception):
@@ -45,6 +54,8 @@ class HpackDecoder:
         self._table_limit = max_table_size  # our SETTINGS_HEADER_TABLE_SIZE
         self.max_list_size = max_list_size
         self.changes = 0  # counts the changes that shift what an index means
+        self._invalid_entries: dict[Field, int] = {}  # table entries RFC 9113 forbids, counted
+        self.invalid: Field | None = None  # the last block's first field RFC 9113 forbids
 
     def decode(self, block: bytes) -> tuple[list[Field], int]:
         """The fields of `block` that fit within the list limit, and the list's full size.
@@ -62,6 +73,7 @@ class HpackDecoder:
 
     def _decode(self, block: bytes) -> tuple[list[Field], int]:
         fields: list[Field] = []
+        self.invalid = None
         size = 0
         limit = self.max_list_size
         stop = self._stop_size
@@ -72,9 +84,13 @@ class HpackDecoder:
             if byte & 0x80:  # an indexed field
                 index, position = _integer(block, position, 0x7F)
                 field = self._field(index)
+                if self._invalid_entries and field in self._invalid_entries:
+                    self.invalid = self.invalid or field
             elif byte & 0x40:  # a literal added to the table
-                field, position = self._literal(block, position, 0x3F)
-                self._add(field)
+                field, position, valid = self._literal(block, position, 0x3F)
+                self._add(field, valid)
+                if not valid:
+                    self.invalid = self.invalid or field
             elif byte & 0x20:  # a dynamic table size update: only before the first field
                 if size:
                     raise HeaderDecodingError("a table size update after a header field")
@@ -85,7 +101,9 @@ class HpackDecoder:
                 self._evict(0)
                 continue
             else:  # a literal without indexing (0000) or never indexed (0001)
-                field, position = self._literal(block, position, 0x0F)
+                field, position, valid = self._literal(block, position, 0x0F)
+                if not valid:
+                    self.invalid = self.invalid or field
             size += len(field[0]) + len(field[1]) + ENTRY_OVERHEAD
             if size <= limit:
                 fields.append(field)
@@ -93,15 +111,17 @@ class HpackDecoder:
                 raise HeaderListTooLarge(f"a header list over {stop} bytes")
         return fields, size
 
-    def _literal(self, block: bytes, position: int, mask: int) -> tuple[Field, int]:
-        """RFC 7541 6.2: a literal field, its name indexed (under `mask`) or literal too."""
+    def _literal(self, block: bytes, position: int, mask: int) -> tuple[Field, int, bool]:
+        """RFC 7541 6.2: a literal field, its name indexed (under `mask`) or literal too; the
+        position after it, and whether RFC 9113 allows it."""
         index, position = _integer(block, position, mask)
         if index:
             name = self._field(index)[0]
         else:
             name, position = _string(block, position, self._stop_size)
         value, position = _string(block, position, self._stop_size)
-        return (name, value), position
+        valid = _VALID_NAME.fullmatch(name) is not None and _INVALID_VALUE.search(value) is None
+        return (name, value), position, valid
 
     def _field(self, index: int) -> Field:
         if 0 < index <= len(_STATIC):
@@ -111,7 +131,7 @@ class HpackDecoder:
             return self._entries[dynamic]
         raise HeaderDecodingError(f"header table index {index} is not in the table")
 
-    def _add(self, field: Field) -> None:
+    def _add(self, field: Field, valid: bool) -> None:
         """RFC 7541 4.4: an entry larger than the table empties it and is not added."""
         self.changes += 1
         entry = len(field[0]) + len(field[1]) + ENTRY_OVERHEAD
@@ -119,14 +139,20 @@ class HpackDecoder:
         if entry <= self._max_table_size:
             self._entries.appendleft(field)
             self._table_size += entry
+            if not valid:
+                self._invalid_entries[field] = self._invalid_entries.get(field, 0) + 1
 
     def _evict(self, room: int) -> None:
         """Drops the oldest entries until `room` more bytes fit under the table's size."""
         entries = self._entries
         while entries and self._table_size + room > self._max_table_size:
-            name, value = entries.pop()
-            self._table_size -= len(name) + len(value) + ENTRY_OVERHEAD
+            field = entries.pop()
+            self._table_size -= len(field[0]) + len(field[1]) + ENTRY_OVERHEAD
             self.changes += 1
+            if field in self._invalid_entries:
+                self._invalid_entries[field] -= 1
+                if not self._invalid_entries[field]:
+                    del self._invalid_entries[field]
         if not entries:
             self._table_size = 0
 
