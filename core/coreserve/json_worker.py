@@ -98,9 +98,11 @@ def _receive_job(connection: socket.socket) -> tuple[Job, list[memoryview]] | No
         return None
     pickle_length, count = HEAD.unpack(head)
     lengths = _receive_exactly(connection, _LENGTH.size * count)
-    data = _receive_exactly(connection, pickle_length)
-    buffers = [_receive_exactly(connection, length) for length in buffer_lengths(lengths or b"", count)]
-    if lengths is None or data is None or any(buffer is None for buffer in buffers):
+    data = _receive_exactly(connection, pickle_length) if lengths is not None else None
+    if lengths is None or data is None:  # the server closed the socket mid-job
+        return None
+    buffers = [_receive_exactly(connection, length) for length in buffer_lengths(lengths, count)]
+    if any(buffer is None for buffer in buffers):
         return None
     return pickle.loads(data), buffers  # type: ignore[return-value]  # None was ruled out above
 

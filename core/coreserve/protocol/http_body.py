@@ -46,11 +46,11 @@ from coreserve.types import DataType, InferenceRequest, InferenceResponse, Param
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 # The JSON data of an output of more elements than this is written a slice at a time: one
-# orjson call holds the interpreter lock throughout (tens of milliseconds per million values),
-# and on a codec thread the event loop gets its turn between two calls.
+# orjson call holds the interpreter lock throughout, and on a codec thread the event loop gets
+# its turn between two calls.
 JSON_SLICE_ELEMENTS = 1 << 18
 # A response body larger than this is gathered this much at a time: a single copy of tens of
-# megabytes holds the interpreter lock for tens of milliseconds (its fresh pages faulted in).
+# megabytes holds the interpreter lock throughout (its fresh pages faulted in).
 GATHER_BYTES = 1 << 20
 # What stands for such an output's data while the rest of the response is written.
 _SLICED = "\x00coreserve: data written in slices\x00"

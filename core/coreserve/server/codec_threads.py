@@ -6,9 +6,8 @@ On a worker thread the loop gets the interpreter lock back between the codec's s
 codecs keep each step short: a large response's JSON data is written a slice at a time. One
 long C call holds the lock throughout, which is why large JSON bodies are parsed in a worker
 process instead (`json_workers`). The cyclic garbage collector would hold it too, set off again
-and again by the many objects a codec makes (four fifths of the parse time of a 20 MB nested
-document, when JSON was parsed here), so it is paused while a codec runs: nothing a codec
-builds holds a cycle.
+and again by the many objects a codec makes, so it is paused while a codec runs: nothing a
+codec builds holds a cycle.
 """
 
 from __future__ import annotations

@@ -62,8 +62,7 @@ class _Message:
         self.header_size = 0
         self.body = b""  # the body, while it came in one piece
         # A body of several pieces, gathered as they come: joining them at the end would hold
-        # the loop for the whole copy (tens of milliseconds for tens of megabytes); growing a
-        # bytearray spreads the copy over the reads.
+        # the loop for the whole copy; growing a bytearray spreads the copy over the reads.
         self.gathered: bytearray | None = None
         self.size = 0
         self.too_large = False

@@ -1,8 +1,8 @@
 """Worker processes that parse large JSON request bodies beside the event loop.
 
-`orjson.loads` of tens of megabytes holds the interpreter lock for its whole run, a second or
-more, and so does turning the millions of values it makes into arrays: on a worker thread as
-much as on the loop, every other client (health probes included) waited that long. A worker
+`orjson.loads` of tens of megabytes holds the interpreter lock for its whole run, and so does
+turning the millions of values it makes into arrays: on a worker thread as much as on the
+loop, every other client (health probes included) waited that long (README, Benchmarks). A worker
 process (`coreserve.json_worker`) does that part; the loop only moves bytes to it and back,
 a socket read or write at a time. Each worker is started on the first large body that finds
 no idle one, at most `processes` of them; they parse one body at a time each.
@@ -202,8 +202,7 @@ class _Worker:
     async def _receive(self, size: int) -> memoryview:
         loop = asyncio.get_running_loop()
         # The arrays of the reply are made over these buffers, not copied. Unlike a bytearray
-        # (zeroed at once: tens of milliseconds for tens of megabytes), np.empty's pages are
-        # touched as the data arrives.
+        # (zeroed all at once, holding the loop), np.empty's pages are touched as the data arrives.
         view = np.empty(size, np.uint8).data
         received = 0
         while received < size:
