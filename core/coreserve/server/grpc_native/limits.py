@@ -24,6 +24,8 @@ CONNECTION_WINDOW = 64 * 1024 * 1024
 MAX_FRAME_SIZE = 1024 * 1024  # frames we accept: fewer, larger frames for large tensors
 MAX_HEADER_LIST = 16 * 1024  # gRPC's own limit on metadata; twice it ends the connection
 MAX_HEADER_BLOCK = 2 * MAX_HEADER_LIST  # encoded; a larger block ends the connection
+# Streams one connection may have open. Higher than grpcio's 100 (grpc_transport.py): here the
+# stream budget above bounds a rapid reset, so a client may multiplex many calls on one connection.
 MAX_CONCURRENT = 1024
 MAX_CONTINUATIONS = 8
 MAX_SETTINGS = 32
