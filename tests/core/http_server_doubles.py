@@ -13,10 +13,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
-from coreserve.server.http import error_response
-from coreserve.server.http_limits import HttpLimits
-from coreserve.server.http_server import HttpServer
-from coreserve.server.http_wire import HttpRequest, HttpResponse, Response, StreamedResponse
+from coreserve.server.httpd._limits import HttpLimits
+from coreserve.server.httpd._messages import HttpRequest, HttpResponse, Response, StreamedResponse
+from coreserve.server.httpd._server import HttpServer
+from coreserve.server.rest._frontend import error_response
 
 
 class RecordingHandler:

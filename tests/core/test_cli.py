@@ -6,9 +6,9 @@ import argparse
 
 import pytest
 
-from coreserve.cli_flags import parse_serve_args
-from coreserve.cli_options import server_options
-from coreserve.cli_triton import TRITON_FLAGS, Effect, accepted_flags_warning
+from coreserve.cli._flags import parse_serve_args
+from coreserve.cli._options import server_options
+from coreserve.cli._triton_flags import TRITON_FLAGS, Effect, accepted_flags_warning
 from coreserve.repository import ControlMode
 from paths import TESTS
 

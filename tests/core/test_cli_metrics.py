@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from coreserve.cli_flags import parse_serve_args
-from coreserve.cli_options import server_options
+from coreserve.cli._flags import parse_serve_args
+from coreserve.cli._options import server_options
 
 BASE = ["--model-repository=/tmp/models"]
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from coreserve.backend.skeleton import write_skeleton
-from coreserve.cli import main
+from coreserve.cli._command import main
+from coreserve.cli.new_backend import write_skeleton
 from paths import REPO
 
 ECHO = REPO / "examples" / "backends" / "echo"
@@ -52,7 +52,7 @@ def test_the_echo_example_is_what_new_backend_writes(tmp_path: Path) -> None:
     write_skeleton("echo", tmp_path / "echo")
     assert _files(tmp_path / "echo") == _files(ECHO), (
         "examples/backends/echo differs from `coreserve new-backend echo`: change the template in "
-        "core/coreserve/backend/skeleton/template, then write the example again with the command"
+        "core/coreserve/cli/new_backend/template, then write the example again with the command"
     )
 
 

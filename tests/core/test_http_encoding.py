@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from coreserve.server.http_encoding import accepted_encoding
+from coreserve.server.httpd._encoding import accepted_encoding
 
 # Each answer below is what the real Triton 2.51 sent for the header (None: no Content-Encoding),
 # except the case-insensitive name, which RFC 9110 asks for.

@@ -7,10 +7,10 @@ import zlib
 
 import pytest
 
-from coreserve.cli_flags import serve_parser
-from coreserve.cli_options import server_options
-from coreserve.server.http_encoding import BodyTooLarge, decompress
-from coreserve.server.http_limits import DEFAULT_HTTP_LIMITS, HttpLimits, default_max_connections
+from coreserve.cli._flags import serve_parser
+from coreserve.cli._options import server_options
+from coreserve.server.httpd._encoding import BodyTooLarge, decompress
+from coreserve.server.httpd._limits import DEFAULT_HTTP_LIMITS, HttpLimits, default_max_connections
 
 FLAGS = {
     "--http-max-header-count": "max_header_count",

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from coreserve.server.http import Router
-from coreserve.server.http_wire import HttpRequest
+from coreserve.server.httpd._messages import HttpRequest
+from coreserve.server.rest._frontend import Router
 
 
 async def _first(request: HttpRequest) -> None:

@@ -1,4 +1,4 @@
-"""The HTTP/1.1 server (server/http_server.py and its parts) in-process: framing, keep-alive and pipelining.
+"""The HTTP/1.1 server (coreserve.server.httpd) in-process: framing, keep-alive and pipelining.
 
 A trivial handler echoes each request (tests/core/http_server_doubles.py); a raw asyncio
 client on the test's loop sends exact bytes and reads exact answers.
@@ -222,7 +222,7 @@ def test_a_failing_handler_gets_500_logged_once_and_the_connection_closes(
         assert (await read_response(reader)).status == 200
         await _done(writer)
 
-    with caplog.at_level(logging.ERROR, logger="coreserve.server.http_answering"):
+    with caplog.at_level(logging.ERROR, logger="coreserve.server.httpd._answering"):
         handler = run_with_server(scenario)
     assert [record.getMessage() for record in caplog.records] == ["HTTP request failed"]
     assert [request.path for request in handler.requests] == ["/broken", "/fine"]

@@ -12,7 +12,7 @@ import orjson
 import pytest
 from http_server_doubles import RecordingHandler, RunningServer, get, read_response, run_with_server
 
-from coreserve.server.http_limits import HttpLimits
+from coreserve.server.httpd._limits import HttpLimits
 
 SHORT = 0.2  # seconds: a timeout the tests let run out
 

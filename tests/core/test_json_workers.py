@@ -1,4 +1,4 @@
-"""The worker processes that parse large JSON bodies (server/json_workers.py, json_worker.py).
+"""The worker processes that parse large JSON bodies (server/rest/_json_workers.py, json_worker.py).
 
 Real worker processes on the test's event loop: what they parse is what the server parses on
 its loop, errors included; a worker that dies, or whose client leaves, is replaced; the queue
@@ -21,7 +21,7 @@ from coreserve.config.signature import ModelSignature
 from coreserve.errors import CoreserveError, InternalError, UnavailableError
 from coreserve.protocol.generate import decode_generate_request
 from coreserve.protocol.http_body import complete_infer_request, decode_infer_request, split_infer_body
-from coreserve.server.json_workers import JsonWorkers
+from coreserve.server.rest._json_workers import JsonWorkers
 from coreserve.types import InferenceRequest
 
 # Over a megabyte of JSON: a body the server parses in a worker.

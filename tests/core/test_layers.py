@@ -24,7 +24,7 @@ LAYERS = {
     "coreserve.ensemble": 3,
     "coreserve.repository": 4,
     "coreserve.server": 5,
-    "coreserve.openai": 5,  # a frontend, beside the server's own
+    "coreserve.server.openai": 5,  # a frontend, beside the server's own
     "coreserve.inprocess": 6,  # the in-process API runs a server
     "coreserve.ray": 6,  # Ray Serve replicas run the in-process API; `coreserve ray` reads the CLI's flags
     "coreserve.cli": 6,

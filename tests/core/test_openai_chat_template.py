@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from google.protobuf import text_format
 
-from coreserve.openai.chat_template import ChatTemplates, TemplateError
 from coreserve.protos import model_config_pb2
+from coreserve.server.openai._chat_template import ChatTemplates, TemplateError
 
 MESSAGES = [{"role": "user", "content": "Hi"}]
 

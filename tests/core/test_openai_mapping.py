@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from coreserve.config import ModelSignature, parse_config
-from coreserve.openai.errors import OptionError
-from coreserve.openai.mapping import generation_inputs, read_chunk
+from coreserve.server.openai._errors import OptionError
+from coreserve.server.openai._mapping import generation_inputs, read_chunk
 from coreserve.types import InferenceResponse
 
 CONFIG = """

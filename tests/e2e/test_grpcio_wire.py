@@ -1,7 +1,7 @@
 """The grpcio transport (`--grpc-server grpcio`) against a rapid-reset flood, in raw HTTP/2 frames.
 
 grpc's core does the HTTP/2 here; what coreserve decides is which of its limits to set (see
-grpc_transport.py). A client that opens and resets streams as fast as it can (CVE-2023-44487)
+server/grpc/_transport.py). A client that opens and resets streams as fast as it can (CVE-2023-44487)
 must get its streams refused past the per-connection limit, while another client's calls of the
 same method keep getting their answers (without the limit, gRPC core cancels them at random).
 benchmarks/http2_attacks.py measures the same attacks for longer, with latencies.
@@ -22,7 +22,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from coreserve.protos import grpc_service_pb2 as pb
-from coreserve.server.grpc_transport import DEFAULT_MAX_CONCURRENT_STREAMS
+from coreserve.server.grpc._transport import DEFAULT_MAX_CONCURRENT_STREAMS
 from coreserve.testing import ServerProcess
 from model_builders import identity_model, write_model
 

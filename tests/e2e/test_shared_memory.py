@@ -31,7 +31,7 @@ import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException, serialize_byte_tensor
 
-from coreserve.server.cuda_shared_memory import load_cuda_runtime
+from coreserve.server.shared_memory._cuda import load_cuda_runtime
 from coreserve.testing import ServerProcess
 from model_builders import add_sub_model, write_model
 from paths import EXAMPLES

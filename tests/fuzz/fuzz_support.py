@@ -20,7 +20,7 @@ from coreserve.config import ModelSignature, config_to_dict, parse_config
 from coreserve.errors import CoreserveError
 from coreserve.protocol.bytes_codec import encode_bytes_tensor
 from coreserve.protos import grpc_service_pb2 as pb
-from coreserve.server.http import HTTP_STATUS
+from coreserve.server.rest._frontend import HTTP_STATUS
 from coreserve.types import NUMPY_DTYPES, DataType
 from paths import EXAMPLES, TESTS
 

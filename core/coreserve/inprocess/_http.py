@@ -6,8 +6,8 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 
 from coreserve.inprocess._loop import LoopThread
-from coreserve.server.http import HttpFrontend
-from coreserve.server.http_wire import HttpRequest, HttpResponse
+from coreserve.server.httpd import HttpRequest, HttpResponse
+from coreserve.server.rest import HttpFrontend
 
 
 @dataclass

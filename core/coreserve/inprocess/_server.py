@@ -16,7 +16,7 @@ from coreserve.inprocess._loop import LoopThread
 from coreserve.inprocess._model import Model
 from coreserve.repository import ControlMode
 from coreserve.server import ServerOptions, ServerRuntime
-from coreserve.server.http import HttpFrontend
+from coreserve.server.rest import HttpFrontend
 
 T = TypeVar("T")
 FRONTENDS = ("grpc", "http", "metrics")

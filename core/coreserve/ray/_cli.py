@@ -10,8 +10,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from coreserve.cli_flags import parse_serve_args
-from coreserve.cli_options import server_options
+from coreserve.cli import parse_serve_args, server_options
 from coreserve.ray._app import DEPLOYMENT_NAME, coreserve_app
 
 logger = logging.getLogger("coreserve.ray")

@@ -25,7 +25,7 @@ from starlette.responses import Response
 from coreserve.errors import CoreserveError
 from coreserve.inprocess import Server
 from coreserve.ray._replica import REPLICA_HEADER, replica_identity, request_path
-from coreserve.server.http import HTTP_STATUS
+from coreserve.server.rest import HTTP_STATUS
 
 _MODEL_PATH = re.compile(r"^/v2/models/([^/]+)(?:/|$)")
 # An answer as it crosses from a replica to the ingress: status, headers, body.

@@ -24,19 +24,19 @@ from coreserve.scheduling import LatencyOptions
 from coreserve.scheduling.cache_config import make_response_cache
 from coreserve.scheduling.rate_limiter import RateLimiter
 from coreserve.server.dataplane import DataPlane, ServerFlags
-from coreserve.server.grpc_native import NativeGrpcFrontend
-from coreserve.server.grpcio_frontend import GrpcFrontend
-from coreserve.server.http import HttpFrontend
+from coreserve.server.grpc import GrpcFrontend
+from coreserve.server.grpc.native import NativeGrpcFrontend
 from coreserve.server.log_settings import ServerLog
 from coreserve.server.metrics import MetricsFrontend, MetricsReport
 from coreserve.server.options import ServerOptions
+from coreserve.server.rest import HttpFrontend
 from coreserve.server.restrictions import GRPC_HEADER_PREFIX, ApiRestrictions
 from coreserve.server.status_table import model_status_table
 from coreserve.server.tls_files import TlsFileError
 from coreserve.tracing import Tracer, TraceStartupError
 
 if TYPE_CHECKING:
-    from coreserve.openai.frontend import OpenAIFrontend
+    from coreserve.server.openai import OpenAIFrontend
 
 logger = logging.getLogger(__name__)
 
@@ -277,7 +277,7 @@ async def _start_service(name: str, starting: Awaitable[None]) -> None:
 def _openai_frontend_type() -> type[OpenAIFrontend]:
     """The OpenAI frontend's class; without its extra (jinja2), a start-up error in one line."""
     try:
-        from coreserve.openai.frontend import OpenAIFrontend
+        from coreserve.server.openai import OpenAIFrontend
     except ImportError as exc:
         raise StartupError(
             f"--openai-port needs the OpenAI frontend's extra: pip install 'core-server[openai]' ({exc})"

@@ -27,10 +27,9 @@ from coreserve.repository import Model, ModelRepository, ModelVersion, parse_loa
 from coreserve.repository.model import ModelState, parse_version
 from coreserve.responses import QueuedResponses, SingleResponse
 from coreserve.server import request_log
-from coreserve.server.cuda_shared_memory import CudaSharedMemory, load_cuda_runtime
 from coreserve.server.frontend_reads import FRONTEND_READS
 from coreserve.server.log_settings import LogSettings, ServerLog
-from coreserve.server.shared_memory import SystemSharedMemory
+from coreserve.server.shared_memory import CudaSharedMemory, SystemSharedMemory, load_cuda_runtime
 from coreserve.tracing import Tracer, TraceSetting
 from coreserve.tracing.trace import TraceEndingSink
 from coreserve.types import InferenceRequest, InferenceResponse, ResponseSink, now_ns

@@ -7,9 +7,8 @@ from pathlib import Path
 
 from coreserve.repository import ControlMode
 from coreserve.scheduling.rate_limiter import ResourceSetting
-from coreserve.server.grpc_transport import GrpcTransport
-from coreserve.server.http_limits import HttpLimits
-from coreserve.server.http_tls import HttpTls
+from coreserve.server.grpc import GrpcTransport
+from coreserve.server.httpd import HttpLimits, HttpTls
 from coreserve.server.log_settings import LogSettings
 from coreserve.server.restrictions import Restriction
 from coreserve.tracing import TraceConfig
@@ -44,7 +43,7 @@ class ServerOptions:
     grpc_port: int = 8001
     grpc_max_message_size: int = 256 * 1024 * 1024
     grpc_max_stream_inflight: int = 1024  # open requests per ModelStreamInfer stream
-    # --grpc-server: "native" (grpc_native's HTTP/2) or "grpcio" (grpc.aio).
+    # --grpc-server: "native" (`coreserve.server.grpc.native`'s HTTP/2) or "grpcio" (grpc.aio).
     grpc_server: str = "native"
     grpc_restricted_api: list[Restriction] = field(default_factory=list)  # --grpc-restricted-protocol
     grpc_transport: GrpcTransport = field(default_factory=GrpcTransport)  # TLS, keepalive, compression

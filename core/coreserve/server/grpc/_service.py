@@ -1,0 +1,441 @@
+"""The gRPC inference service: `inference.GRPCInferenceService`'s calls.
+
+A thin adapter over the data plane, as the HTTP frontend is: the same checks, the same
+errors (mapped to the status codes Triton uses), the same messages. `_server` puts
+it and the health service on a server, grpc.aio's (`_grpcio`) or the native one (`native/`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+from google.protobuf import json_format
+
+from coreserve.errors import CoreserveError, ErrorCode, NotFoundError
+from coreserve.protocol.grpc_received import ReceivedInferRequest
+from coreserve.protocol.grpc_response import (
+    SerializedPieces,
+    encode_model_infer_response,
+    serialize_model_infer_response,
+    serialize_model_stream_infer_response,
+)
+from coreserve.protos import grpc_service_pb2 as pb
+from coreserve.protos import grpc_service_pb2_grpc as pb_grpc
+from coreserve.responses import StreamingResponses
+from coreserve.server.dataplane import DataPlane
+from coreserve.server.restrictions import ApiRestrictions
+from coreserve.tracing import RequestTrace, TraceContext
+from coreserve.types import InferenceRequest, InferenceResponse, now_ns
+
+GRPC_STATUS = {
+    ErrorCode.INVALID_ARG: grpc.StatusCode.INVALID_ARGUMENT,
+    ErrorCode.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    ErrorCode.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
+    ErrorCode.UNSUPPORTED: grpc.StatusCode.UNIMPLEMENTED,
+    ErrorCode.ALREADY_EXISTS: grpc.StatusCode.ALREADY_EXISTS,
+    ErrorCode.CANCELLED: grpc.StatusCode.CANCELLED,
+    ErrorCode.PERMISSION_DENIED: grpc.StatusCode.PERMISSION_DENIED,
+    ErrorCode.INTERNAL: grpc.StatusCode.INTERNAL,
+    ErrorCode.UNKNOWN: grpc.StatusCode.UNKNOWN,
+}
+INFERENCE_SERVICE = "inference.GRPCInferenceService"
+# Request and response parameters of Triton's streaming protocol.
+ENABLE_EMPTY_FINAL = "triton_enable_empty_final_response"
+FINAL_RESPONSE = "triton_final_response"
+# Requests of one ModelStreamInfer stream that may be open (read, and their last response not
+# yet sent) before the stream stops reading: a client that sends faster than the models answer,
+# or that reads no answers, holds at most this many requests and their responses in memory.
+DEFAULT_MAX_STREAM_INFLIGHT = 1024
+
+Request = TypeVar("Request")
+Response = TypeVar("Response")
+Handler = Callable[[Any, Request, grpc.aio.ServicerContext], Awaitable[Response]]
+StreamMessage = bytes | SerializedPieces | pb.ModelStreamInferResponse
+Outbox = asyncio.Queue[tuple[StreamMessage | None, bool] | None]
+
+
+def _metadata(context: grpc.aio.ServicerContext) -> dict[str, str]:
+    return {key: value for key, value in (context.invocation_metadata() or ()) if isinstance(value, str)}
+
+
+def _unary(category: str) -> Callable[[Handler[Request, Response]], Handler[Request, Response]]:
+    """Checks the API restrictions of `category`; turns CoreserveErrors into Triton's statuses."""
+
+    def decorate(handler: Handler[Request, Response]) -> Handler[Request, Response]:
+        async def wrapper(self: Any, request: Request, context: grpc.aio.ServicerContext) -> Response:
+            try:
+                if self._restrictions:
+                    self._restrictions.check(category, _metadata(context))
+                return await handler(self, request, context)
+            except CoreserveError as exc:
+                await context.abort(GRPC_STATUS[exc.code], exc.message)
+                raise  # abort raises; this keeps type checkers informed
+
+        return wrapper
+
+    return decorate
+
+
+def _repository_parameter(parameter: pb.ModelRepositoryParameter) -> object:
+    choice = parameter.WhichOneof("parameter_choice")
+    return getattr(parameter, choice) if choice else None
+
+
+def _log_setting(value: pb.LogSettingsRequest.SettingValue) -> object:
+    choice = value.WhichOneof("parameter_choice")
+    return getattr(value, choice) if choice else None
+
+
+def _trace_context(inference: InferenceRequest, context: Any, received_ns: int) -> None:
+    """The gRPC marks and the client's W3C trace context of a request that may be traced."""
+    traceparent = _metadata(context).get("traceparent")
+    inference.trace_context = TraceContext("GRPC", received_ns, now_ns(), traceparent)
+
+
+def _traced_encoding(
+    trace: RequestTrace, response: InferenceResponse, in_shared_memory: Any
+) -> pb.ModelInferResponse:
+    trace.mark("GRPC_SEND_START", now_ns())
+    message = encode_model_infer_response(response, in_shared_memory)
+    trace.mark("GRPC_SEND_END", now_ns())
+    trace.finish()
+    return message
+
+
+class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
+    """The v2 inference service over the data plane."""
+
+    def __init__(
+        self,
+        dataplane: DataPlane,
+        restrictions: ApiRestrictions | None = None,
+        max_stream_inflight: int = DEFAULT_MAX_STREAM_INFLIGHT,
+    ) -> None:
+        self._dataplane = dataplane
+        self._restrictions = restrictions or ApiRestrictions()
+        self._max_stream_inflight = max_stream_inflight
+
+    @_unary("health")
+    async def ServerLive(self, request: pb.ServerLiveRequest, context: Any) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=self._dataplane.live())
+
+    @_unary("health")
+    async def ServerReady(self, request: pb.ServerReadyRequest, context: Any) -> pb.ServerReadyResponse:
+        return pb.ServerReadyResponse(ready=self._dataplane.ready())
+
+    @_unary("health")
+    async def ModelReady(self, request: pb.ModelReadyRequest, context: Any) -> pb.ModelReadyResponse:
+        # Not ready, as Triton answers, for an unknown model too; a malformed version is an error.
+        return pb.ModelReadyResponse(ready=self._dataplane.model_ready(request.name, request.version))
+
+    @_unary("metadata")
+    async def ServerMetadata(
+        self, request: pb.ServerMetadataRequest, context: Any
+    ) -> pb.ServerMetadataResponse:
+        return json_format.ParseDict(self._dataplane.server_metadata(), pb.ServerMetadataResponse())
+
+    @_unary("metadata")
+    async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: Any) -> pb.ModelMetadataResponse:
+        metadata = self._dataplane.model_metadata(request.name, request.version)
+        return json_format.ParseDict(metadata, pb.ModelMetadataResponse())
+
+    @_unary("model-config")
+    async def ModelConfig(self, request: pb.ModelConfigRequest, context: Any) -> pb.ModelConfigResponse:
+        return pb.ModelConfigResponse(config=self._dataplane.model_config(request.name, request.version))
+
+    @_unary("statistics")
+    async def ModelStatistics(
+        self, request: pb.ModelStatisticsRequest, context: Any
+    ) -> pb.ModelStatisticsResponse:
+        statistics = self._dataplane.statistics(request.name, request.version)
+        return json_format.ParseDict(statistics, pb.ModelStatisticsResponse())
+
+    @_unary("model-repository")
+    async def RepositoryIndex(
+        self, request: pb.RepositoryIndexRequest, context: Any
+    ) -> pb.RepositoryIndexResponse:
+        index = await self._dataplane.repository_index(ready_only=request.ready)
+        return pb.RepositoryIndexResponse(
+            models=[pb.RepositoryIndexResponse.ModelIndex(**entry) for entry in index]
+        )
+
+    @_unary("model-repository")
+    async def RepositoryModelLoad(
+        self, request: pb.RepositoryModelLoadRequest, context: Any
+    ) -> pb.RepositoryModelLoadResponse:
+        parameters = {key: _repository_parameter(value) for key, value in request.parameters.items()}
+        await self._dataplane.load_model(request.model_name, parameters)
+        return pb.RepositoryModelLoadResponse()
+
+    @_unary("model-repository")
+    async def RepositoryModelUnload(
+        self, request: pb.RepositoryModelUnloadRequest, context: Any
+    ) -> pb.RepositoryModelUnloadResponse:
+        dependents = request.parameters.get("unload_dependents")
+        await self._dataplane.unload_model(
+            request.model_name,
+            dependents is not None
+            and dependents.WhichOneof("parameter_choice") == "bool_param"
+            and dependents.bool_param,
+        )
+        return pb.RepositoryModelUnloadResponse()
+
+    @_unary("shared-memory")
+    async def SystemSharedMemoryStatus(
+        self, request: pb.SystemSharedMemoryStatusRequest, context: Any
+    ) -> pb.SystemSharedMemoryStatusResponse:
+        response = pb.SystemSharedMemoryStatusResponse()
+        for region in self._dataplane.shared_memory.status(request.name):
+            response.regions[region["name"]].CopyFrom(
+                pb.SystemSharedMemoryStatusResponse.RegionStatus(**region)
+            )
+        return response
+
+    @_unary("shared-memory")
+    async def SystemSharedMemoryRegister(
+        self, request: pb.SystemSharedMemoryRegisterRequest, context: Any
+    ) -> pb.SystemSharedMemoryRegisterResponse:
+        self._dataplane.shared_memory.register(request.name, request.key, request.offset, request.byte_size)
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    @_unary("shared-memory")
+    async def SystemSharedMemoryUnregister(
+        self, request: pb.SystemSharedMemoryUnregisterRequest, context: Any
+    ) -> pb.SystemSharedMemoryUnregisterResponse:
+        self._dataplane.shared_memory.unregister(request.name)
+        return pb.SystemSharedMemoryUnregisterResponse()
+
+    @_unary("shared-memory")
+    async def CudaSharedMemoryStatus(
+        self, request: pb.CudaSharedMemoryStatusRequest, context: Any
+    ) -> pb.CudaSharedMemoryStatusResponse:
+        cuda = self._dataplane.shared_memory.cuda
+        response = pb.CudaSharedMemoryStatusResponse()
+        if cuda is None:
+            if request.name:  # no region can be registered, so none is found
+                raise NotFoundError(f"Unable to find cuda shared memory region: '{request.name}'")
+            return response
+        for region in cuda.status(request.name):
+            response.regions[region["name"]].CopyFrom(
+                pb.CudaSharedMemoryStatusResponse.RegionStatus(**region)
+            )
+        return response
+
+    @_unary("shared-memory")
+    async def CudaSharedMemoryRegister(
+        self, request: pb.CudaSharedMemoryRegisterRequest, context: Any
+    ) -> pb.CudaSharedMemoryRegisterResponse:
+        self._dataplane.shared_memory.register_cuda(
+            request.name, request.raw_handle, request.device_id, request.byte_size
+        )
+        return pb.CudaSharedMemoryRegisterResponse()
+
+    @_unary("shared-memory")
+    async def CudaSharedMemoryUnregister(
+        self, request: pb.CudaSharedMemoryUnregisterRequest, context: Any
+    ) -> pb.CudaSharedMemoryUnregisterResponse:
+        cuda = self._dataplane.shared_memory.cuda
+        if cuda is not None:
+            cuda.unregister(request.name)
+        return pb.CudaSharedMemoryUnregisterResponse()  # unknown names are no error, as in Triton
+
+    @_unary("trace")
+    async def TraceSetting(self, request: pb.TraceSettingRequest, context: Any) -> pb.TraceSettingResponse:
+        # An empty value list clears a setting, as JSON's null does over HTTP.
+        changes: dict[str, Any] = {
+            key: (list(value.value) if key == "trace_level" else value.value[0]) if value.value else None
+            for key, value in request.settings.items()
+        }
+        if changes:
+            setting = self._dataplane.update_trace_setting(changes, request.model_name)
+        else:
+            setting = self._dataplane.trace_setting(request.model_name)
+        response = pb.TraceSettingResponse()
+        for key, value in setting.as_dict().items():
+            response.settings[key].value.extend(value if isinstance(value, list) else [value])
+        return response
+
+    @_unary("logging")
+    async def LogSettings(self, request: pb.LogSettingsRequest, context: Any) -> pb.LogSettingsResponse:
+        changes = {key: _log_setting(value) for key, value in request.settings.items()}
+        settings = self._dataplane.update_log_settings(changes) if changes else self._dataplane.log_settings()
+        response = pb.LogSettingsResponse()
+        for key, value in settings.as_dict().items():
+            field = {bool: "bool_param", int: "uint32_param", str: "string_param"}[type(value)]
+            setattr(response.settings[key], field, value)
+        return response
+
+    @_unary("inference")
+    async def ModelInfer(
+        self, received: ReceivedInferRequest, context: Any
+    ) -> bytes | SerializedPieces | pb.ModelInferResponse:
+        tracing = self._dataplane.tracer.active
+        received_ns = now_ns() if tracing else 0
+        regions = self._dataplane.shared_memory
+        inference = self._decode(received)
+        # Resolved before the model runs, so that unregistering the region meanwhile is harmless.
+        in_shared_memory = received.output_targets(regions)
+        if tracing:
+            _trace_context(inference, context, received_ns)
+        response = await self._dataplane.infer(inference, endpoint="ModelInfer RPC")
+        if inference.trace is None:
+            return serialize_model_infer_response(response, in_shared_memory)
+        return _traced_encoding(inference.trace, response, in_shared_memory)
+
+    def _decode(self, received: ReceivedInferRequest) -> InferenceRequest:
+        """The request; a mistake in its inputs is answered only for a model that serves.
+
+        Triton finds the model (name and version) before it reads the inputs: a request with
+        both kinds of mistake gets the model's error, as there. Looked up only on an error, so
+        a good request pays nothing for it.
+        """
+        try:
+            return received.decode(self._dataplane.shared_memory)
+        except CoreserveError as exc:
+            error = exc
+        message = received.message
+        self._dataplane.model_version(message.model_name, message.model_version)
+        raise error
+
+    async def ModelStreamInfer(
+        self, requests: AsyncIterator[ReceivedInferRequest], context: Any
+    ) -> AsyncIterator[StreamMessage]:
+        """Many requests on one stream; each response or error goes back as it comes.
+
+        A request's error is sent as that request's message and the stream stays open.
+        Decoupled models send several responses per request through the same path. Once
+        max_stream_inflight requests are open, the stream reads no more until the last
+        response of one has been sent (HTTP/2 flow control then holds the client back).
+        """
+        if self._restrictions:
+            try:
+                self._restrictions.check("inference", _metadata(context))
+            except CoreserveError as exc:
+                await context.abort(GRPC_STATUS[exc.code], exc.message)
+        # (message, final): None as a message only ends a request; None alone: reading ended.
+        outbox: Outbox = asyncio.Queue()
+        limit = self._max_stream_inflight
+        open_requests = 0  # read, and their last message not yet sent
+        running: set[InferenceRequest] = set()  # submitted, and their last response not yet given
+        room = asyncio.Event()
+        room.set()
+        reading = True
+        # The native transport writes a message at once where nothing waits before it; grpc.aio's
+        # context cannot, and every message goes through the outbox and this generator.
+        send_now: Callable[[Any], bool] | None = getattr(context, "send_now", None)
+
+        def deliver(message: StreamMessage | None, final: bool) -> None:
+            nonlocal open_requests
+            if send_now is None or not outbox.empty() or (message is not None and not send_now(message)):
+                outbox.put_nowait((message, final))
+                return
+            if final:
+                open_requests -= 1
+                if open_requests < limit:
+                    room.set()
+                if not (reading or open_requests):
+                    outbox.put_nowait(None)  # wakes the generator to end the call
+
+        async def read() -> None:
+            nonlocal open_requests
+            try:
+                async for message in requests:
+                    open_requests += 1
+                    self._start_stream_request(message, deliver, running, context)
+                    if open_requests >= limit:
+                        room.clear()
+                        await room.wait()
+            finally:  # even on a fault: the writer ends once the open requests are answered
+                outbox.put_nowait(None)
+
+        reader = asyncio.create_task(read())
+        try:
+            while reading or open_requests:
+                item = await outbox.get()
+                if item is None:
+                    reading = False
+                    continue
+                message, final = item
+                if message is not None:
+                    yield message
+                if final:
+                    open_requests -= 1
+                    if open_requests < limit:
+                        room.set()
+            await reader
+        finally:
+            reader.cancel()
+            # The stream ended before these were answered (the client cancelled it, or its
+            # deadline passed): nobody will read their responses.
+            for request in list(running):
+                request.cancel()
+
+    def _start_stream_request(
+        self,
+        received: ReceivedInferRequest,
+        deliver: Callable[[StreamMessage | None, bool], None],
+        running: set[InferenceRequest],
+        context: Any,
+    ) -> None:
+        tracing = self._dataplane.tracer.active
+        received_ns = now_ns() if tracing else 0
+        message = received.message
+
+        def error_message(error: CoreserveError) -> None:
+            reply = pb.ModelStreamInferResponse(
+                error_message=error.message,
+                infer_response=pb.ModelInferResponse(
+                    model_name=message.model_name, model_version=message.model_version, id=received.request_id
+                ),
+            )
+            deliver(reply, True)
+
+        try:
+            request = self._decode(received)
+            in_shared_memory = received.output_targets(self._dataplane.shared_memory)
+            empty_final = request.parameters.pop(ENABLE_EMPTY_FINAL, False) is True
+        except CoreserveError as exc:
+            error_message(exc)
+            return
+        if tracing:  # the stream's metadata (its traceparent) holds for each of its requests
+            _trace_context(request, context, received_ns)
+
+        def on_response(response: InferenceResponse | None, final: bool) -> None:
+            # Called before the trace ends with the final response: the send marks are in it.
+            trace = request.trace
+            if trace is not None:
+                trace.mark("GRPC_SEND_START", now_ns())
+            reply: StreamMessage | None = None
+            if response is not None:
+                final_parameter = {FINAL_RESPONSE: final} if empty_final else None
+                try:
+                    reply = serialize_model_stream_infer_response(response, in_shared_memory, final_parameter)
+                except CoreserveError as exc:  # an output too large for its shared memory region
+                    encoded = pb.ModelInferResponse(model_name=request.model_name, id=request.id)
+                    if empty_final:
+                        encoded.parameters[FINAL_RESPONSE].bool_param = final
+                    reply = pb.ModelStreamInferResponse(error_message=exc.message, infer_response=encoded)
+            elif empty_final:
+                encoded = pb.ModelInferResponse(model_name=request.model_name, id=request.id)
+                encoded.parameters[FINAL_RESPONSE].bool_param = True
+                reply = pb.ModelStreamInferResponse(infer_response=encoded)
+            if final:
+                running.discard(request)
+            if reply is not None or final:
+                deliver(reply, final)
+            if trace is not None:
+                trace.mark("GRPC_SEND_END", now_ns())
+
+        def on_error(error: CoreserveError) -> None:
+            running.discard(request)
+            error_message(error)
+
+        try:
+            self._dataplane.submit(request, StreamingResponses(on_response, on_error))
+        except CoreserveError as exc:
+            error_message(exc)
+            return
+        running.add(request)  # (no response can come before submit returns)

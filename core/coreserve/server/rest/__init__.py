@@ -1,0 +1,13 @@
+"""The KServe v2 REST frontend, with Triton's extensions, on the shared HTTP/1.1 server.
+
+`_frontend` routes the v2 endpoints onto the data plane; `_shared_memory` answers the
+shared-memory extensions; large bodies are decoded and encoded off the event loop
+(`_codec_threads`, and `_json_workers` for large JSON). May import `coreserve.server.httpd`,
+the server's runtime modules, shared memory and the protocol codecs; never the gRPC frontend.
+"""
+
+from __future__ import annotations
+
+from coreserve.server.rest._frontend import HTTP_STATUS, HttpFrontend
+
+__all__ = ["HTTP_STATUS", "HttpFrontend"]

@@ -1,0 +1,473 @@
+"""The HTTP/REST frontend: KServe v2 endpoints on a lean HTTP/1.1 server, over the data plane."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any, TypeVar
+
+import orjson
+
+from coreserve.config import config_to_dict
+from coreserve.errors import CancelledError, CoreserveError, ErrorCode, InternalError, InvalidArgumentError
+from coreserve.protocol.generate import decode_generate_request, encode_generate_response
+from coreserve.protocol.http_body import (
+    HEADER_LENGTH,
+    OutputEncoding,
+    complete_infer_request,
+    decode_infer_request,
+    decode_raw_infer_request,
+    encode_infer_response,
+    split_infer_body,
+)
+from coreserve.server.dataplane import DataPlane
+from coreserve.server.httpd import (
+    DEFAULT_HTTP_LIMITS,
+    BodyTooLarge,
+    Handler,
+    HttpLimits,
+    HttpRequest,
+    HttpResponse,
+    HttpServer,
+    HttpTls,
+    Response,
+    Router,
+    StreamedResponse,
+    decompress,
+    unrouted_message,
+)
+from coreserve.server.rest._codec_threads import CodecThreads
+from coreserve.server.rest._json_workers import JsonWorkers
+from coreserve.server.rest._shared_memory import shared_memory_routes
+from coreserve.server.restrictions import ApiRestrictions
+from coreserve.tracing import RequestTrace, TraceContext
+from coreserve.types import InferenceRequest, InferenceResponse, now_ns
+
+logger = logging.getLogger(__name__)
+_T = TypeVar("_T")
+_HEADER_LENGTH_KEY = HEADER_LENGTH.lower()
+# Bodies (and responses) of at least this many bytes are decoded (encoded) off the loop: a JSON
+# part that large is parsed in a worker process (`JsonWorkers`: parsing holds the interpreter
+# lock throughout), a binary part's tensors are read and responses encoded on a codec thread.
+# Smaller ones stay on the loop, where a hop would cost more than the work.
+OFF_LOOP_BYTES = 1 << 20
+# Compressed bodies can inflate a thousandfold, so they leave the loop from a smaller size.
+OFF_LOOP_COMPRESSED_BYTES = 16 << 10
+
+HTTP_STATUS = {
+    ErrorCode.INVALID_ARG: 400,
+    ErrorCode.NOT_FOUND: 404,
+    ErrorCode.UNAVAILABLE: 503,
+    ErrorCode.UNSUPPORTED: 501,
+    ErrorCode.ALREADY_EXISTS: 409,
+    ErrorCode.CANCELLED: 499,
+    ErrorCode.PERMISSION_DENIED: 403,
+    ErrorCode.INTERNAL: 500,
+    ErrorCode.UNKNOWN: 500,
+}
+
+
+def error_response(status: int, message: str) -> HttpResponse:
+    return HttpResponse(status, orjson.dumps({"error": message}), "application/json")
+
+
+def _json(data: Any) -> HttpResponse:
+    return HttpResponse(200, orjson.dumps(data), "application/json")
+
+
+def _handles_errors(handler: Handler, category: str, restrictions: ApiRestrictions) -> Handler:
+    """Answers CoreserveErrors as JSON errors, and checks the API restrictions of `category`."""
+
+    async def wrapper(request: HttpRequest) -> Response:
+        try:
+            if restrictions:
+                restrictions.check(category, request.headers)
+            return await handler(request)
+        except CoreserveError as exc:
+            return error_response(HTTP_STATUS[exc.code], exc.message)
+        except BodyTooLarge:
+            return error_response(413, "request body too large once decompressed")
+
+    return wrapper
+
+
+class HttpFrontend:
+    """Serves the v2 REST API for one data plane on one address and port."""
+
+    def __init__(
+        self,
+        dataplane: DataPlane,
+        *,
+        address: str,
+        port: int,
+        max_body_size: int,
+        limits: HttpLimits = DEFAULT_HTTP_LIMITS,
+        restrictions: ApiRestrictions | None = None,
+        shutdown_timeout: float = 30.0,
+        tls: HttpTls | None = None,
+    ) -> None:
+        self._dataplane = dataplane
+        self._tls = tls
+        self._address = address
+        self._port = port
+        self._restrictions = restrictions or ApiRestrictions()
+        self._shutdown_timeout = shutdown_timeout
+        self._max_body_size = max_body_size
+        self._router = Router()
+        self._add_routes()
+        self._server = HttpServer(self._dispatch, error_response, max_body_size, limits)
+        self._codec_threads = CodecThreads("coreserve-http-codec")
+        self._json_workers = JsonWorkers()
+        self.port = port
+
+    def _add_routes(self) -> None:
+        model, version = "/v2/models/{model}", "/v2/models/{model}/versions/{version}"
+        routes: list[tuple[str, str, str, Handler]] = [
+            ("health", "GET", "/v2/health/live", self._live),
+            ("health", "GET", "/v2/health/ready", self._ready),
+            ("metadata", "GET", "/v2", self._server_metadata),
+            ("statistics", "GET", "/v2/models/stats", self._statistics),  # before /v2/models/{model}
+            *[("metadata", "GET", base, self._model_metadata) for base in (model, version)],
+            *[("health", "GET", f"{base}/ready", self._model_ready) for base in (model, version)],
+            *[("model-config", "GET", f"{base}/config", self._model_config) for base in (model, version)],
+            *[("inference", "POST", f"{base}/infer", self._infer) for base in (model, version)],
+            *[("inference", "POST", f"{base}/generate", self._generate) for base in (model, version)],
+            *[
+                ("inference", "POST", f"{base}/generate_stream", self._generate_stream)
+                for base in (model, version)
+            ],
+            *[("statistics", "GET", f"{base}/stats", self._statistics) for base in (model, version)],
+            ("model-repository", "POST", "/v2/repository/index", self._repository_index),
+            ("model-repository", "POST", "/v2/repository/models/{model}/load", self._load_model),
+            ("model-repository", "POST", "/v2/repository/models/{model}/unload", self._unload_model),
+            ("logging", "GET", "/v2/logging", self._log_settings),
+            ("logging", "POST", "/v2/logging", self._update_log_settings),
+            ("trace", "GET", "/v2/trace/setting", self._trace_setting),
+            ("trace", "POST", "/v2/trace/setting", self._update_trace_setting),
+            ("trace", "GET", f"{model}/trace/setting", self._trace_setting),
+            ("trace", "POST", f"{model}/trace/setting", self._update_trace_setting),
+            *shared_memory_routes(self._dataplane.shared_memory, self._read_body),
+        ]
+        for category, method, path, handler in routes:
+            self._router.add(method, path, _handles_errors(handler, category, self._restrictions))
+
+    async def handle(self, request: HttpRequest) -> Response:
+        """Answers one request: for this frontend's own HTTP server, or another's (Ray Serve's proxy)."""
+        return await self._dispatch(request)
+
+    async def _dispatch(self, request: HttpRequest) -> Response:
+        handler = self._router.resolve(request)
+        if handler is None:
+            return error_response(404, unrouted_message(request.method, request.path))
+        return await handler(request)
+
+    async def start(self) -> None:
+        context = self._tls.context() if self._tls is not None else None
+        self.port = await self._server.start(self._address, self._port, context)  # the real port for 0
+        logger.info("Started HTTPService at %s:%d%s", self._address, self.port, " (TLS)" if context else "")
+
+    async def stop(self) -> None:
+        await self._server.stop(self._shutdown_timeout)
+        self._codec_threads.close()
+        self._json_workers.close()
+
+    async def _live(self, request: HttpRequest) -> HttpResponse:
+        return HttpResponse(200 if self._dataplane.live() else 400)
+
+    async def _ready(self, request: HttpRequest) -> HttpResponse:
+        return HttpResponse(200 if self._dataplane.ready() else 400)
+
+    async def _server_metadata(self, request: HttpRequest) -> HttpResponse:
+        return _json(self._dataplane.server_metadata())
+
+    async def _model_metadata(self, request: HttpRequest) -> HttpResponse:
+        info = request.match_info
+        return _json(self._dataplane.model_metadata(info["model"], info.get("version", "")))
+
+    async def _model_ready(self, request: HttpRequest) -> HttpResponse:
+        info = request.match_info
+        if self._dataplane.model_ready(info["model"], info.get("version", "")):
+            return HttpResponse(200)
+        return error_response(400, "Model version not ready")  # as Triton, for an unknown model too
+
+    async def _model_config(self, request: HttpRequest) -> HttpResponse:
+        info = request.match_info
+        return _json(config_to_dict(self._dataplane.model_config(info["model"], info.get("version", ""))))
+
+    async def _infer(self, request: HttpRequest) -> HttpResponse:
+        tracing = self._dataplane.tracer.active
+        received_ns = now_ns() if tracing else 0
+        info = request.match_info
+        model, version = info["model"], info.get("version", "")
+        body = await self._read_body(request)
+        header = request.headers.get(_HEADER_LENGTH_KEY)
+        header_length = _parse_header_length(header) if header is not None else None
+        regions = self._dataplane.shared_memory
+        if header_length == 0:
+            target = self._dataplane.model_version(model, version)
+            inputs = list(target.signature.inputs.values())
+            if len(inputs) != 1:
+                raise InvalidArgumentError(
+                    f"a raw request ({HEADER_LENGTH}: 0) needs a model with exactly one input; "
+                    f"model '{model}' has {len(inputs)}"
+                )
+            # Raw data is wrapped, not parsed: cheap at any size.
+            infer_request, encoding = decode_raw_infer_request(
+                body, inputs[0], target.signature.batching, model, version
+            )
+        elif (len(body) if header_length is None else header_length) >= OFF_LOOP_BYTES:
+            infer_request, encoding = await self._decode_large_json(
+                request, body, header_length, model, version
+            )
+        elif len(body) < OFF_LOOP_BYTES:
+            infer_request, encoding = decode_infer_request(body, header_length, model, version, regions)
+        else:
+            infer_request, encoding = await self._codec_threads.run(
+                decode_infer_request, body, header_length, model, version, regions
+            )
+        # Not kept while the model runs and the answer is encoded (inputs that view the body
+        # keep it alive themselves): tens of megabytes fewer at the peak of a large request.
+        request.body = body = b""
+        _cancel_on_disconnect(request, infer_request)
+        if tracing:
+            infer_request.trace_context = TraceContext(
+                "HTTP", received_ns, now_ns(), request.headers.get("traceparent")
+            )
+        response = await self._dataplane.infer(infer_request, endpoint="HTTP end point")
+        trace = infer_request.trace
+        if trace is not None:
+            trace.mark("HTTP_SEND_START", now_ns())
+        if _output_bytes(response) < OFF_LOOP_BYTES:
+            payload, json_length = encode_infer_response(response, encoding)
+        else:
+            payload, json_length = await self._codec_threads.run(encode_infer_response, response, encoding)
+        if trace is not None:  # the answer is encoded and handed to the connection
+            trace.mark("HTTP_SEND_END", now_ns())
+            trace.finish()
+        if json_length is None:
+            return HttpResponse(200, payload, "application/json", compress=True)
+        return HttpResponse(
+            200, payload, "application/octet-stream", {HEADER_LENGTH: str(json_length)}, compress=True
+        )
+
+    async def _decode_large_json(
+        self,
+        request: HttpRequest,
+        body: bytes | bytearray,
+        header_length: int | None,
+        model: str,
+        version: str,
+    ) -> tuple[InferenceRequest, OutputEncoding]:
+        """Decodes a body with a large JSON part: parsed in a worker process, then completed here."""
+        header, binary = split_infer_body(body, header_length)
+        document = await _unless_disconnected(
+            request, model, self._json_workers.parse_infer(header, len(binary), model)
+        )
+        arguments = (document, binary, model, version, self._dataplane.shared_memory)
+        if len(binary) < OFF_LOOP_BYTES:
+            return complete_infer_request(*arguments)
+        return await self._codec_threads.run(complete_infer_request, *arguments)
+
+    async def _generate_request(self, request: HttpRequest) -> InferenceRequest:
+        tracing = self._dataplane.tracer.active
+        received_ns = now_ns() if tracing else 0
+        info = request.match_info
+        model, version = info["model"], info.get("version", "")
+        target = self._dataplane.model_version(model, version)
+        body = await self._read_body(request)
+        if len(body) < OFF_LOOP_BYTES:
+            inference = decode_generate_request(body, target.signature, model, version)
+        else:
+            signature = target.signature
+            parsing = self._json_workers.parse_generate(body, signature.inputs, signature.batching)
+            inference = (await _unless_disconnected(request, model, parsing)).request(model, version)
+        _cancel_on_disconnect(request, inference)
+        if tracing:
+            inference.trace_context = TraceContext(
+                "HTTP", received_ns, now_ns(), request.headers.get("traceparent")
+            )
+        return inference
+
+    async def _generate(self, request: HttpRequest) -> HttpResponse:
+        """One request, one JSON response: the last response of the model."""
+        inference = await self._generate_request(request)
+        last = None
+        try:
+            async for response in self._dataplane.stream(inference, frontend_sends=True):
+                last = response
+            if last is None:
+                raise InternalError(f"model '{inference.model_name}' sent no response")
+            _mark(inference.trace, "HTTP_SEND_START")
+            body = encode_generate_response(last)
+            _mark(inference.trace, "HTTP_SEND_END")
+        finally:
+            if inference.trace is not None:
+                inference.trace.finish()
+        return HttpResponse(200, body, "application/json")
+
+    async def _generate_stream(self, request: HttpRequest) -> StreamedResponse:
+        """One request, its responses as server-sent events; an error ends the stream as an event."""
+        inference = await self._generate_request(request)
+        responses = self._dataplane.stream(inference, frontend_sends=True)
+        first: bytes | None = None
+        try:
+            with contextlib.suppress(StopAsyncIteration):
+                response = await anext(responses)
+                _mark(inference.trace, "HTTP_SEND_START")
+                first = encode_generate_response(response)
+        except CoreserveError:
+            if inference.trace is not None:
+                inference.trace.finish()
+            raise
+
+        async def events() -> AsyncIterator[bytes]:
+            trace = inference.trace
+            try:
+                if first is not None:
+                    yield b"data: " + first + b"\n\n"
+                    _mark(trace, "HTTP_SEND_END")  # the event is handed to the connection
+                    async for response in responses:
+                        _mark(trace, "HTTP_SEND_START")
+                        yield b"data: " + encode_generate_response(response) + b"\n\n"
+                        _mark(trace, "HTTP_SEND_END")
+            except CoreserveError as exc:
+                yield b"data: " + orjson.dumps({"error": exc.message}) + b"\n\n"
+            finally:
+                await responses.aclose()  # a client that left cancels the request: see stream()
+                if trace is not None:
+                    trace.finish()
+
+        return StreamedResponse(
+            events(), headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
+
+    async def _statistics(self, request: HttpRequest) -> HttpResponse:
+        info = request.match_info
+        return _json(self._dataplane.statistics(info.get("model", ""), info.get("version", "")))
+
+    async def _repository_index(self, request: HttpRequest) -> HttpResponse:
+        body = await self._read_body(request)
+        options = _json_object(body, "repository index request") if body.strip() else {}
+        ready = options.get("ready", False)
+        if not isinstance(ready, bool):
+            raise InvalidArgumentError("'ready' of a repository index request must be true or false")
+        return _json(await self._dataplane.repository_index(ready_only=ready))
+
+    async def _control_parameters(self, request: HttpRequest) -> dict[str, Any]:
+        body = await self._read_body(request)
+        options = _json_object(body, "repository request") if body.strip() else {}
+        parameters = options.get("parameters", {})
+        if not isinstance(parameters, dict):
+            raise InvalidArgumentError("'parameters' of a repository request must be a JSON object")
+        return parameters
+
+    async def _load_model(self, request: HttpRequest) -> HttpResponse:
+        parameters = await self._control_parameters(request)
+        decoded: dict[str, object] = {}
+        for key, value in parameters.items():
+            if key.startswith("file:"):  # file contents travel base64-encoded over HTTP
+                if not isinstance(value, str):
+                    raise InvalidArgumentError(f"load parameter '{key}' must be a base64 string")
+                try:
+                    decoded[key] = base64.b64decode(value, validate=True)
+                except binascii.Error:
+                    raise InvalidArgumentError(f"load parameter '{key}' is not valid base64") from None
+            else:
+                decoded[key] = value
+        await self._dataplane.load_model(request.match_info["model"], decoded)
+        return HttpResponse(200)
+
+    async def _unload_model(self, request: HttpRequest) -> HttpResponse:
+        parameters = await self._control_parameters(request)
+        dependents = parameters.get("unload_dependents", False)
+        if not isinstance(dependents, bool):
+            raise InvalidArgumentError("unload parameter 'unload_dependents' must be true or false")
+        await self._dataplane.unload_model(request.match_info["model"], dependents)
+        return HttpResponse(200)
+
+    async def _log_settings(self, request: HttpRequest) -> HttpResponse:
+        return _json(self._dataplane.log_settings().as_dict())
+
+    async def _update_log_settings(self, request: HttpRequest) -> HttpResponse:
+        changes = _json_object(await self._read_body(request), "log settings")
+        return _json(self._dataplane.update_log_settings(changes).as_dict())
+
+    async def _trace_setting(self, request: HttpRequest) -> HttpResponse:
+        return _json(self._dataplane.trace_setting(request.match_info.get("model", "")).as_dict())
+
+    async def _update_trace_setting(self, request: HttpRequest) -> HttpResponse:
+        changes = _json_object(await self._read_body(request), "trace settings")
+        model = request.match_info.get("model", "")
+        return _json(self._dataplane.update_trace_setting(changes, model).as_dict())
+
+    async def _read_body(self, request: HttpRequest) -> bytes | bytearray:
+        """The body, decompressed under its Content-Encoding."""
+        encoding = request.headers.get("content-encoding", "identity").strip().lower()
+        if encoding == "identity" or not request.body:
+            return request.body
+        try:
+            if len(request.body) < OFF_LOOP_COMPRESSED_BYTES:
+                return decompress(request.body, encoding, self._max_body_size)
+            return await self._codec_threads.run(decompress, request.body, encoding, self._max_body_size)
+        except ValueError as exc:
+            raise InvalidArgumentError(f"cannot read the request body: {exc}") from None
+
+
+def _cancel_on_disconnect(request: HttpRequest, inference: InferenceRequest) -> None:
+    """Cancels `inference` if the client of `request` disconnects before it is answered."""
+    if request.disconnected:
+        inference.cancel()
+    else:
+        request.on_disconnect = inference.cancel
+
+
+async def _unless_disconnected(request: HttpRequest, model: str, work: Awaitable[_T]) -> _T:
+    """Awaits `work`, which stops (cancelled) if the client of `request` disconnects meanwhile."""
+    task = asyncio.ensure_future(work)
+    if request.disconnected:
+        task.cancel()
+    else:
+        request.on_disconnect = task.cancel
+    try:
+        return await task
+    except asyncio.CancelledError:
+        if task.cancelled() and request.disconnected:
+            raise CancelledError.of_request(model) from None
+        raise
+    finally:
+        request.on_disconnect = None
+
+
+def _mark(trace: RequestTrace | None, name: str) -> None:
+    """Marks a frontend timestamp (HTTP_SEND_START, ...) on a traced request's trace."""
+    if trace is not None:
+        trace.mark(name, now_ns())
+
+
+def _output_bytes(response: InferenceResponse) -> int:
+    """Roughly how large a response's data is (BYTES arrays count their pointers only)."""
+    return sum(array.nbytes for array in response.outputs.values())
+
+
+def _json_object(body: bytes | bytearray, what: str) -> dict[str, Any]:
+    try:
+        document = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidArgumentError(f"malformed JSON in the {what}: {exc}") from None
+    if not isinstance(document, dict):
+        raise InvalidArgumentError(f"the {what} must be a JSON object")
+    return document
+
+
+def _parse_header_length(value: str) -> int:
+    try:
+        length = int(value)
+    except ValueError:
+        raise InvalidArgumentError(f"{HEADER_LENGTH} must be an integer, got '{value}'") from None
+    if length < 0:
+        raise InvalidArgumentError(f"{HEADER_LENGTH} must be >= 0, got {length}")
+    return length
