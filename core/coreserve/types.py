@@ -20,7 +20,7 @@ import numpy as np
 
 if TYPE_CHECKING:
     from coreserve.errors import CoreserveError
-    from coreserve.tracing.trace import RequestTrace, TraceContext
+    from coreserve.tracing.trace import RequestTrace
 
 ParameterValue = bool | int | float | str
 logger = logging.getLogger(__name__)
@@ -119,6 +119,27 @@ def now_ns() -> int:
     return time.monotonic_ns()
 
 
+@dataclass(slots=True)
+class TraceContext:
+    """What a frontend or a parent request knows of a request before it is sampled.
+
+    `protocol` is "HTTP" or "GRPC" (Triton's timestamp prefixes) or "" for a request made
+    in-process; `traceparent` is the client's W3C header; `parent` the trace of the ensemble
+    or BLS request that made this one. `sampled` False: a request a model made for an untraced
+    request (or without its trace), which is not traced (UNSAMPLED).
+    """
+
+    protocol: str = ""
+    recv_start_ns: int = 0
+    recv_end_ns: int = 0
+    traceparent: str | None = None
+    parent: RequestTrace | None = None
+    sampled: bool = True
+
+
+UNSAMPLED = TraceContext(sampled=False)
+
+
 @dataclass(slots=True, eq=False)
 class InferenceRequest:
     """One client request for one model, decoded from whatever transport carried it.
@@ -159,8 +180,6 @@ class InferenceRequest:
         it is not sampled on its own (None: the model did not give its request's trace).
         Call it before submitting this request.
         """
-        from coreserve.tracing.trace import UNSAMPLED, TraceContext  # tracing imports this module
-
         if parent is not None and parent.trace is not None:
             self.trace_context = TraceContext(parent=parent.trace)
         else:

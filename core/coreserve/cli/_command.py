@@ -89,9 +89,9 @@ def _list_backends() -> int:
 
 
 def _ray(argv: Sequence[str]) -> int:
-    """`coreserve ray …` (coreserve.ray), or one line saying which extra it needs."""
+    """`coreserve ray …` (`_ray`, over coreserve.ray), or one line saying which extra it needs."""
     try:
-        from coreserve.ray._cli import main as ray_main
+        from coreserve.cli._ray import main as ray_main
     except ImportError as exc:
         if (exc.name or "").split(".")[0] not in ("ray", "starlette"):
             raise

@@ -31,12 +31,13 @@ from coreserve.errors import (
     NotFoundError,
     UnsupportedError,
 )
+from coreserve.repository.folders import check_model_name
 from coreserve.repository.layout import ModelLocation, ensemble_steps
 from coreserve.repository.loader import ModelLoader
 from coreserve.repository.model import Model, ModelState
 from coreserve.repository.namespaces import ModelTable, ambiguous, qualified
 from coreserve.repository.overrides import LoadOverrides, poll_failure, write_override_files
-from coreserve.repository.sources import RepositorySource, check_model_name
+from coreserve.repository.sources import RepositorySource
 from coreserve.repository.unloading import UNLOADED, close_model, unload_loaded_versions
 
 logger = logging.getLogger(__name__)

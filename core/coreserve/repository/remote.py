@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from coreserve.errors import InvalidArgumentError, NotFoundError, UnavailableError
-from coreserve.repository.sources import _fingerprint, check_model_name
+from coreserve.repository.folders import check_model_name, fingerprint
 
 logger = logging.getLogger(__name__)
 EXTRAS = {"s3": "core-server[s3]", "gs": "core-server[gcs]", "gcs": "core-server[gcs]"}
@@ -79,7 +79,7 @@ class RemoteSource:
                 by_model.setdefault(model, []).append(
                     (inner, int(info.get("size") or 0), self._version_of(info))
                 )
-        return {model: _fingerprint(entries) for model, entries in sorted(by_model.items())}
+        return {model: fingerprint(entries) for model, entries in sorted(by_model.items())}
 
     def local_path(self, name: str) -> Path:
         """Brings the model's folder up to date in the cache and returns it."""

@@ -7,12 +7,13 @@ times), which poll mode compares to notice changes, and gives a local folder for
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from pathlib import Path
 from typing import Protocol
 
 from coreserve.errors import InvalidArgumentError, NotFoundError
+from coreserve.repository.folders import check_model_name, fingerprint
+from coreserve.repository.remote import RemoteSource
 
 logger = logging.getLogger(__name__)
 
@@ -31,26 +32,6 @@ class RepositorySource(Protocol):
         ...
 
 
-def _fingerprint(entries: list[tuple[str, int, object]]) -> str:
-    digest = hashlib.sha256()
-    for entry in sorted(entries, key=lambda item: item[0]):
-        digest.update(repr(entry).encode())
-    return digest.hexdigest()
-
-
-def check_model_name(name: str) -> None:
-    """Refuses names that are not a single, plain folder name (they could leave the repository)."""
-    if (
-        not name
-        or "\x00" in name
-        or "/" in name
-        or "\\" in name
-        or name in (".", "..")
-        or name.startswith(".")
-    ):
-        raise InvalidArgumentError(f"'{name}' is not a valid model name: it must be a plain folder name")
-
-
 class LocalSource:
     """A model repository in a local folder."""
 
@@ -62,7 +43,7 @@ class LocalSource:
         models = {}
         for entry in sorted(self.path.iterdir()):
             if entry.is_dir() and not entry.name.startswith("."):
-                models[entry.name] = _fingerprint(list(_local_entries(entry)))
+                models[entry.name] = fingerprint(list(_local_entries(entry)))
         return models
 
     def local_path(self, name: str) -> Path:
@@ -91,7 +72,5 @@ def _local_entries(folder: Path) -> list[tuple[str, int, object]]:
 def source_for(location: str, cache_dir: Path) -> RepositorySource:
     """The source for a `--model-repository` value: a folder, or an fsspec URL (s3://, gs://…)."""
     if "://" in location:
-        from coreserve.repository.remote import RemoteSource
-
         return RemoteSource(location, cache_dir)
     return LocalSource(Path(location))

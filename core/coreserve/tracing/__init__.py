@@ -6,15 +6,14 @@ OpenTelemetry is an optional extra (`core-server[opentelemetry]`), imported only
 
 from __future__ import annotations
 
-from coreserve.tracing.settings import TraceSetting, TraceSettings
-from coreserve.tracing.trace import RequestTrace, TraceContext
-from coreserve.tracing.tracer import OpenTelemetryOptions, TraceConfig, Tracer, TraceStartupError
+from coreserve.tracing.settings import OpenTelemetryOptions, TraceConfig, TraceSetting, TraceSettings
+from coreserve.tracing.trace import RequestTrace
+from coreserve.tracing.tracer import Tracer, TraceStartupError
 
 __all__ = [
     "OpenTelemetryOptions",
     "RequestTrace",
     "TraceConfig",
-    "TraceContext",
     "TraceSetting",
     "TraceSettings",
     "TraceStartupError",

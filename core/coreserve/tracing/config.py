@@ -13,8 +13,14 @@ from dataclasses import replace
 from typing import Any
 
 from coreserve.errors import InvalidArgumentError
-from coreserve.tracing.settings import LEVELS, MODES, TraceSetting, check_setting
-from coreserve.tracing.tracer import OpenTelemetryOptions, TraceConfig
+from coreserve.tracing.settings import (
+    LEVELS,
+    MODES,
+    OpenTelemetryOptions,
+    TraceConfig,
+    TraceSetting,
+    check_setting,
+)
 
 _GLOBAL = {"level", "rate", "count", "mode", "file", "log-frequency", "log_frequency"}
 _TRITON = {"file", "log-frequency", "log_frequency"}

@@ -24,8 +24,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from coreserve.tracing.settings import OpenTelemetryOptions
 from coreserve.tracing.trace import RequestTrace
-from coreserve.tracing.tracer import OpenTelemetryOptions
 
 _PROPAGATOR = TraceContextTextMapPropagator()
 _FRONTEND_PREFIXES = ("HTTP_", "GRPC_")

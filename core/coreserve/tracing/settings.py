@@ -14,7 +14,7 @@ again, a global setting returns to its start-up value.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from coreserve.errors import InvalidArgumentError, UnsupportedError, clipped, quoted_value
@@ -201,3 +201,22 @@ def check_setting(setting: TraceSetting) -> None:
         raise InvalidArgumentError(f"the trace count must be -1 or more, got {setting.trace_count}")
     if setting.log_frequency < 0:
         raise InvalidArgumentError(f"the trace log frequency must be 0 or more, got {setting.log_frequency}")
+
+
+@dataclass(frozen=True)
+class OpenTelemetryOptions:
+    """`--trace-config opentelemetry,...`: where spans go, and the batch span processor's settings."""
+
+    url: str = "http://localhost:4318/v1/traces"
+    resource: dict[str, str] = field(default_factory=lambda: {"service.name": "triton-inference-server"})
+    bsp_max_queue_size: int = 2048
+    bsp_schedule_delay: int = 5000  # milliseconds
+    bsp_max_export_batch_size: int = 512
+
+
+@dataclass(frozen=True)
+class TraceConfig:
+    """Everything `--trace-config` (and the older --trace-* flags) set."""
+
+    setting: TraceSetting = field(default_factory=TraceSetting)
+    opentelemetry: OpenTelemetryOptions = field(default_factory=OpenTelemetryOptions)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from coreserve.types import DataType, now_ns
+from coreserve.types import DataType, TraceContext, now_ns
 
 if TYPE_CHECKING:
     from coreserve.errors import CoreserveError
@@ -26,27 +26,6 @@ class TraceRecorder(Protocol):
 
     def record(self, trace: RequestTrace) -> None:
         """Takes a finished trace (on the event loop thread)."""
-
-
-@dataclass(slots=True)
-class TraceContext:
-    """What a frontend or a parent request knows of a request before it is sampled.
-
-    `protocol` is "HTTP" or "GRPC" (Triton's timestamp prefixes) or "" for a request made
-    in-process; `traceparent` is the client's W3C header; `parent` the trace of the ensemble
-    or BLS request that made this one. `sampled` False: a request a model made for an untraced
-    request (or without its trace), which is not traced (UNSAMPLED).
-    """
-
-    protocol: str = ""
-    recv_start_ns: int = 0
-    recv_end_ns: int = 0
-    traceparent: str | None = None
-    parent: RequestTrace | None = None
-    sampled: bool = True
-
-
-UNSAMPLED = TraceContext(sampled=False)
 
 
 @dataclass(slots=True)

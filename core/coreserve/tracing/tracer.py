@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from coreserve.errors import InvalidArgumentError
-from coreserve.tracing.settings import TraceSetting, TraceSettings
+from coreserve.tracing.settings import TraceConfig, TraceSetting, TraceSettings
 from coreserve.tracing.trace import RequestTrace
 from coreserve.tracing.triton_file import TraceFileError, TritonTraceFile, check_writable
 from coreserve.types import InferenceRequest
@@ -24,25 +23,6 @@ logger = logging.getLogger(__name__)
 
 class TraceStartupError(Exception):
     """The trace configuration cannot be used (a trace file that cannot be written, no SDK)."""
-
-
-@dataclass(frozen=True)
-class OpenTelemetryOptions:
-    """`--trace-config opentelemetry,...`: where spans go, and the batch span processor's settings."""
-
-    url: str = "http://localhost:4318/v1/traces"
-    resource: dict[str, str] = field(default_factory=lambda: {"service.name": "triton-inference-server"})
-    bsp_max_queue_size: int = 2048
-    bsp_schedule_delay: int = 5000  # milliseconds
-    bsp_max_export_batch_size: int = 512
-
-
-@dataclass(frozen=True)
-class TraceConfig:
-    """Everything `--trace-config` (and the older --trace-* flags) set."""
-
-    setting: TraceSetting = field(default_factory=TraceSetting)
-    opentelemetry: OpenTelemetryOptions = field(default_factory=OpenTelemetryOptions)
 
 
 class Tracer:

@@ -27,8 +27,8 @@ from coreserve.protos import grpc_service_pb2_grpc as pb_grpc
 from coreserve.responses import StreamingResponses
 from coreserve.server.dataplane import DataPlane
 from coreserve.server.restrictions import ApiRestrictions
-from coreserve.tracing import RequestTrace, TraceContext
-from coreserve.types import InferenceRequest, InferenceResponse, now_ns
+from coreserve.tracing import RequestTrace
+from coreserve.types import InferenceRequest, InferenceResponse, TraceContext, now_ns
 
 GRPC_STATUS = {
     ErrorCode.INVALID_ARG: grpc.StatusCode.INVALID_ARGUMENT,

@@ -44,8 +44,8 @@ from coreserve.server.rest._codec_threads import CodecThreads
 from coreserve.server.rest._json_workers import JsonWorkers
 from coreserve.server.rest._shared_memory import shared_memory_routes
 from coreserve.server.restrictions import ApiRestrictions
-from coreserve.tracing import RequestTrace, TraceContext
-from coreserve.types import InferenceRequest, InferenceResponse, now_ns
+from coreserve.tracing import RequestTrace
+from coreserve.types import InferenceRequest, InferenceResponse, TraceContext, now_ns
 
 logger = logging.getLogger(__name__)
 _T = TypeVar("_T")

@@ -10,8 +10,9 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from coreserve.cli import parse_serve_args, server_options
-from coreserve.ray._app import DEPLOYMENT_NAME, coreserve_app
+from coreserve.cli._flags import parse_serve_args
+from coreserve.cli._options import server_options
+from coreserve.ray import DEPLOYMENT_NAME, coreserve_app
 
 logger = logging.getLogger("coreserve.ray")
 
