@@ -39,4 +39,4 @@ def test_the_in_process_example_runs(
     exec(compile(example, "README.md (In-process API)", "exec"), {})
     printed = capsys.readouterr().out
     assert "[[ 1  2  3" in printed  # OUTPUT0 = INPUT0 + 1
-    assert "True 7" in printed  # ready, and the seven example models
+    assert "True 8" in printed  # ready, and the eight example models
