@@ -98,7 +98,7 @@ def main() -> None:
     args = parser.parse_args()
     analyzer = perf_analyzer()
     if analyzer is None:
-        raise SystemExit("perf_analyzer is not installed: set $PERF_ANALYZER (see README, Benchmarks)")
+        raise SystemExit("perf_analyzer is not installed: set $PERF_ANALYZER (see docs/benchmarks.md)")
 
     folder = Path(tempfile.mkdtemp(prefix="coreserve-grpc-canned-"))
     write_model(folder / "models", "add", add_model(), CONFIG)

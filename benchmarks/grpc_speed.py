@@ -128,7 +128,7 @@ def main() -> None:
     args = parser.parse_args()
     analyzer = perf_analyzer()
     if analyzer is None:
-        raise SystemExit("perf_analyzer is not installed: set $PERF_ANALYZER (see README, Benchmarks)")
+        raise SystemExit("perf_analyzer is not installed: set $PERF_ANALYZER (see docs/benchmarks.md)")
 
     repository = Path(tempfile.mkdtemp(prefix="coreserve-grpc-speed-")) / "models"
     write_model(repository, "add", add_model(), CONFIG)

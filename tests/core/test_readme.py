@@ -39,4 +39,22 @@ def test_the_in_process_example_runs(
     exec(compile(example, "README.md (In-process API)", "exec"), {})
     printed = capsys.readouterr().out
     assert "[[ 1  2  3" in printed  # OUTPUT0 = INPUT0 + 1
-    assert "True 7" in printed  # ready, and the seven example models
+    assert "True 8" in printed  # ready, and the eight example models
+
+
+def _anchor(heading: str) -> str:
+    """The id MkDocs (and GitHub) gives a heading: lower case, punctuation dropped, spaces as dashes."""
+    return re.sub(r"\s+", "-", re.sub(r"[^\w\s-]", "", heading.lower()).strip())
+
+
+def test_the_links_of_the_readme_lead_to_pages_and_headings_that_exist() -> None:
+    readme = (REPO / "README.md").read_text()
+    links = re.findall(r"\]\(([^)#\s]+)(?:#([^)\s]+))?\)", readme)
+    local = [(path, anchor) for path, anchor in links if "://" not in path]
+    assert len(local) >= 20  # the feature table and the pointers into docs/
+    for path, anchor in local:
+        target = REPO / path
+        assert target.is_file(), f"README links to {path}, which does not exist"
+        if anchor:
+            headings = re.findall(r"^#+ (.+)$", target.read_text(), flags=re.M)
+            assert anchor in {_anchor(h) for h in headings}, f"{path} has no heading for #{anchor}"

@@ -35,7 +35,7 @@ LATENCY_COUNTERS = {
     "nv_inference_compute_infer_duration_us",
     "nv_inference_compute_output_duration_us",
 }
-# Families of ours (README lists them): prometheus-client's process and Python collectors, and
+# Families of ours (docs/serving/metrics.md lists them): prometheus-client's process and Python collectors, and
 # coreserve's own latency histograms. None uses a name of Triton's.
 OURS = ("process_", "python_", "coreserve_")
 CUSTOM_BUCKETS = """

@@ -598,7 +598,7 @@ def test_bytes_tensors_in_shared_memory(
 
 @pytest.mark.skipif(
     not os.environ.get("PERF_ANALYZER"),
-    reason="set PERF_ANALYZER to tritonclient 2.51's perf_analyzer (README, Benchmarks) to run it",
+    reason="set PERF_ANALYZER to tritonclient 2.51's perf_analyzer (docs/benchmarks.md) to run it",
 )
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_perf_analyzer_drives_system_shared_memory(server: ServerProcess, protocol: str) -> None:

@@ -8,7 +8,7 @@ metadata bytes (but for the request id, if the client numbers its requests), fol
 raw entries. `RequestTemplates` keeps the decoded metadata of recent prefixes. A request that
 fits one and goes on with nothing but raw entries is decoded from it, its tensors wrapped from
 its own bytes, without protobuf and without reading the message field by field: for a small
-request that is most of the decoding (8.1 -> 4.6 µs in-process). It is the same message
+request that is most of the decoding (docs/benchmarks.md has the measurement). It is the same message
 whichever way it is decoded: fields that follow one another merge, so the prefix's fields, the
 id and the entries that follow are the message.
 """

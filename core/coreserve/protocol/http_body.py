@@ -379,7 +379,7 @@ def parse_parameters(value: object, where: str) -> dict[str, ParameterValue]:
 def check_priority(parameters: dict[str, Any]) -> None:
     """Refuses a `priority` that is not a JSON unsigned integer, in Triton's words.
 
-    Triton's HTTP frontend answers this with a 500; a client's mistake is a 400 here (README).
+    Triton's HTTP frontend answers this with a 500; a client's mistake is a 400 here (docs/features.md).
     """
     if "priority" not in parameters:
         return

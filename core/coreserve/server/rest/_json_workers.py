@@ -2,7 +2,7 @@
 
 `orjson.loads` of tens of megabytes holds the interpreter lock for its whole run, and so does
 turning the millions of values it makes into arrays: on a worker thread as much as on the
-loop, every other client (health probes included) waited that long (README, Benchmarks). A worker
+loop, every other client (health probes included) waited that long (docs/benchmarks.md). A worker
 process (`coreserve.json_worker`) does that part; the loop only moves bytes to it and back,
 a socket read or write at a time. Each worker is started on the first large body that finds
 no idle one, at most `processes` of them; they parse one body at a time each.

@@ -5,9 +5,9 @@ encodings the server reads (`grpc-accept-encoding`, not in a trailers-only answe
 trailers, where the call succeeded, carry `grpc-status: 0`. As grpc's own servers do (Triton's
 among them), the first answer on a connection adds each to the HPACK dynamic table, and every
 later one names them by index: one byte each instead of a literal that the client parses again
-every call. grpc's Python client spends 14-19 µs less CPU per call for it at concurrency 1 and
-4-5 µs at 8 and 32 (README, Benchmarks). Every other field (error statuses and their messages,
-grpc-encoding, the answers to refused requests) stays a literal without indexing.
+every call, which saves the client CPU on every call (docs/benchmarks.md). Every other field
+(error statuses and their messages, grpc-encoding, the answers to refused requests) stays a
+literal without indexing.
 
 The encoder's table must stay in step with the client's decoder:
 - a block is encoded when it is written, in the order the client reads the blocks (trailers
