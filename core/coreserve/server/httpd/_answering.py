@@ -1,4 +1,4 @@
-"""The answering part of an HTTP connection: handlers called in order, their answers written."""
+"""The answers of an HTTP connection: handlers called in order, their answers written."""
 
 from __future__ import annotations
 
@@ -12,8 +12,11 @@ from coreserve.server.httpd._encoding import accepted_encoding, compress
 from coreserve.server.httpd._messages import HttpRequest, HttpResponse, Response, StreamedResponse
 
 if TYPE_CHECKING:
-    from coreserve.server.httpd._connection import Pending
+    from coreserve.server.httpd._connection import HttpProtocol
     from coreserve.server.httpd._server import HttpServer
+
+# What is answered: a parsed request, or an answer ready before any handler (an error).
+Pending = tuple[HttpRequest | HttpResponse, bool]
 
 logger = logging.getLogger(__name__)
 # Responses at least this large are compressed on a worker thread (zlib releases the GIL), and
@@ -22,82 +25,112 @@ OFF_LOOP_COMPRESS_BYTES = 256 << 10
 SEPARATE_WRITE_BYTES = 64 << 10
 
 
-class AnsweringPart:
-    """HttpProtocol's answering: the worker that answers the pending requests one at a time."""
+class Answers:
+    """The answers of one connection: its requests answered one at a time, in order, and each
+    answer written as the client takes it.
 
-    _server: HttpServer
-    _loop: asyncio.AbstractEventLoop
-    _transport: asyncio.Transport | None
-    _pending: deque[Pending]
-    _max_pipelined: int
-    _answering: bool
-    _current: HttpRequest | None
-    _writable: asyncio.Future[None] | None
-    _closed: bool
-    _parsing: bool
-    _reading_paused: bool
-    _idle_since: float
-    _write_blocked_since: float | None
+    Its connection owns it, hands it each request (`queue`) and tells it of the transport's
+    state (`pause_writing`, `resume_writing`, `connection_lost`); it asks the connection back
+    only what HTTP's framing decides (whether to go on reading, close, or linger after an
+    answer). It keeps no reference to the connection between answers: a connection that is
+    lost is freed at once, without waiting for the garbage collector to find a cycle.
+    """
 
-    # The connection's own, defined by HttpProtocol.
-    def _close(self) -> None:
-        raise NotImplementedError
+    __slots__ = (
+        "_loop",
+        "_server",
+        "_worker",
+        "_writable",
+        "busy",
+        "current",
+        "pending",
+        "write_blocked_since",
+    )
 
-    def _linger(self) -> None:
-        raise NotImplementedError
+    def __init__(self, server: HttpServer, loop: asyncio.AbstractEventLoop) -> None:
+        self._server = server
+        self._loop = loop
+        self.pending: deque[Pending] = deque()
+        self.busy = False  # a worker task is answering the pending requests
+        self.current: HttpRequest | None = None  # the request being answered
+        self.write_blocked_since: float | None = None  # while an answer waits for the client to read
+        self._worker: asyncio.Task[None] | None = None
+        self._writable: asyncio.Future[None] | None = None
 
-    def _watch(self) -> None:
-        raise NotImplementedError
+    def queue(self, connection: HttpProtocol, item: HttpRequest | HttpResponse, keep_alive: bool) -> None:
+        """Adds a request (or an answer ready without a handler) after those already due."""
+        self.pending.append((item, keep_alive))
+        if not self.busy:
+            self.busy = True
+            self._worker = self._loop.create_task(self._answer(connection))
 
-    async def _answer(self) -> None:
+    def pause_writing(self) -> None:
+        if self._writable is None or self._writable.done():
+            self._writable = self._loop.create_future()
+
+    def resume_writing(self) -> None:
+        if self._writable is not None and not self._writable.done():
+            self._writable.set_result(None)
+
+    def connection_lost(self) -> None:
+        """Drops what is due, wakes a write that waits, and tells the handler of the request
+        being answered that its client is gone."""
+        self.pending.clear()
+        self.resume_writing()
+        current, self.current = self.current, None
+        if current is not None:
+            current.disconnected = True
+            if current.on_disconnect is not None:
+                current.on_disconnect()
+
+    async def _answer(self, connection: HttpProtocol) -> None:
         server = self._server
+        max_pipelined = connection.max_pipelined
         answered = 0
         try:
-            while self._pending and not self._closed:
-                if answered == self._max_pipelined:  # a deep pipeline lets other clients in
+            while self.pending and not connection.closed:
+                if answered == max_pipelined:  # a deep pipeline lets other clients in
                     answered = 0
                     await asyncio.sleep(0)
                     continue
                 answered += 1
-                item, keep_alive = self._pending.popleft()
+                item, keep_alive = self.pending.popleft()
                 server.busy += 1
                 try:
                     if isinstance(item, HttpResponse):
-                        await self._send(item, {}, keep_alive)
+                        await self._send(connection, item, {}, keep_alive)
                     else:
-                        self._current = item
-                        await self._send(await server.handle(item), item.headers, keep_alive)
+                        self.current = item
+                        await self._send(connection, await server.handle(item), item.headers, keep_alive)
                 except Exception:
                     logger.exception("HTTP request failed")
                     keep_alive = False
-                    await self._send(server.error_response(500, "internal server error"), {}, False)
+                    await self._send(
+                        connection, server.error_response(500, "internal server error"), {}, False
+                    )
                 finally:
-                    self._current = None
+                    self.current = None
                     server.busy -= 1
                     server.answered()
                 if not keep_alive:
-                    if self._parsing:
-                        self._close()
-                    else:
-                        self._linger()
+                    connection.end_after_answer()
                     return
-                caught_up = len(self._pending) <= self._max_pipelined
-                if self._reading_paused and self._parsing and caught_up:
-                    self._reading_paused = False
-                    if self._transport is not None:
-                        self._transport.resume_reading()
+                if len(self.pending) <= max_pipelined:
+                    connection.caught_up()
         finally:
-            self._answering = False
-        if not self._closed:
-            self._idle_since = self._loop.time()
-            self._watch()
+            self.busy = False
+        if not connection.closed:
+            connection.idle()
 
-    async def _send(self, response: Response, request_headers: dict[str, str], keep_alive: bool) -> None:
-        if self._closed or self._transport is None:
+    async def _send(
+        self, connection: HttpProtocol, response: Response, request_headers: dict[str, str], keep_alive: bool
+    ) -> None:
+        transport = connection.transport
+        if connection.closed or transport is None:
             return
-        connection = b"" if keep_alive else b"Connection: close\r\n"
+        close = b"" if keep_alive else b"Connection: close\r\n"
         if isinstance(response, StreamedResponse):
-            await self._send_streamed(response, connection)
+            await self._send_streamed(connection, transport, response, close)
             return
         body = response.body
         extra = "".join(f"{name}: {value}\r\n" for name, value in response.headers.items())
@@ -115,40 +148,41 @@ class AnsweringPart:
         status_line = f"HTTP/1.1 {response.status} {reason_phrase(response.status)}\r\n"
         head = f"{status_line}Content-Length: {len(body)}\r\n{extra}"
         if len(body) < SEPARATE_WRITE_BYTES:
-            self._transport.write(head.encode("latin-1") + connection + b"\r\n" + body)
+            transport.write(head.encode("latin-1") + close + b"\r\n" + body)
         else:  # no copy of a large body just to put the head before it
-            self._transport.writelines((head.encode("latin-1"), connection, b"\r\n", body))
-        await self._drained()
+            transport.writelines((head.encode("latin-1"), close, b"\r\n", body))
+        await self._drained(connection)
 
-    async def _send_streamed(self, response: StreamedResponse, connection: bytes) -> None:
-        assert self._transport is not None
+    async def _send_streamed(
+        self, connection: HttpProtocol, transport: asyncio.Transport, response: StreamedResponse, close: bytes
+    ) -> None:
         extra = "".join(f"{name}: {value}\r\n" for name, value in response.headers.items())
         status_line = f"HTTP/1.1 {response.status} {reason_phrase(response.status)}\r\n"
         head = f"{status_line}Transfer-Encoding: chunked\r\n{extra}"
-        self._transport.write(head.encode("latin-1") + connection + b"\r\n")
+        transport.write(head.encode("latin-1") + close + b"\r\n")
         chunks = response.chunks
         try:
             async for chunk in chunks:
-                if self._closed:
+                if connection.closed:
                     return
                 if chunk:
-                    self._transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
-                    await self._drained()
-            if not self._closed:
-                self._transport.write(b"0\r\n\r\n")
+                    transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
+                    await self._drained(connection)
+            if not connection.closed:
+                transport.write(b"0\r\n\r\n")
         finally:
-            close = getattr(chunks, "aclose", None)  # an async generator's cleanup runs now, not at GC
-            if close is not None:
-                await close()
+            aclose = getattr(chunks, "aclose", None)  # an async generator's cleanup runs now, not at GC
+            if aclose is not None:
+                await aclose()
 
-    async def _drained(self) -> None:
+    async def _drained(self, connection: HttpProtocol) -> None:
         if self._writable is not None and not self._writable.done():
-            self._write_blocked_since = self._loop.time()
-            self._watch()
+            self.write_blocked_since = self._loop.time()
+            connection.watch()
             try:
                 await self._writable
             finally:
-                self._write_blocked_since = None
+                self.write_blocked_since = None
 
 
 _REASONS = {status.value: status.phrase for status in HTTPStatus}

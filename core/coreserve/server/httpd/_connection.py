@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import deque
 from http import HTTPStatus
 from typing import TYPE_CHECKING
 
 import httptools
 
 from coreserve.server.frontend_reads import FRONTEND_READS
-from coreserve.server.httpd._answering import AnsweringPart
+from coreserve.server.httpd._answering import Answers
 from coreserve.server.httpd._messages import HttpRequest, HttpResponse
 
 if TYPE_CHECKING:
@@ -69,11 +68,7 @@ class _Message:
         self.method = ""
 
 
-# What the worker answers: a parsed request, or an answer ready before any handler (an error).
-Pending = tuple[HttpRequest | HttpResponse, bool]
-
-
-class HttpProtocol(AnsweringPart, asyncio.Protocol):
+class HttpProtocol(asyncio.Protocol):
     """One client connection: parses requests and answers them one at a time, in order.
 
     One timer per connection enforces the limits in time. It is not re-armed per request:
@@ -89,18 +84,14 @@ class HttpProtocol(AnsweringPart, asyncio.Protocol):
         self._max_url_size = limits.max_url_size
         self._max_header_count = limits.max_header_count
         self._max_header_size = limits.max_header_size
-        self._max_pipelined = limits.max_pipelined
-        self._loop = asyncio.get_running_loop()
-        self._transport: asyncio.Transport | None = None
+        self.max_pipelined = limits.max_pipelined
+        self._loop = loop = asyncio.get_running_loop()
+        self.transport: asyncio.Transport | None = None
         # The parser holds this object's callbacks: a cycle, broken in `connection_lost`.
         self._parser: httptools.HttpRequestParser | None = httptools.HttpRequestParser(self)
         self._message = _Message()
-        self._pending: deque[Pending] = deque()
-        self._worker: asyncio.Task[None] | None = None
-        self._answering = False
-        self._current: HttpRequest | None = None  # the request being answered
-        self._writable: asyncio.Future[None] | None = None
-        self._closed = False
+        self._answers = Answers(server, loop)
+        self.closed = False
         self._parsing = True  # false once an answer that closes the connection is queued
         self._reading_paused = False
         # The state the timer reads.
@@ -110,7 +101,6 @@ class HttpProtocol(AnsweringPart, asyncio.Protocol):
         self._message_started = 0.0
         self._last_read = 0.0
         self._idle_since = 0.0
-        self._write_blocked_since: float | None = None
         self._lingering_until: float | None = None
         self._head_bytes = 0  # bytes fed to the parser since the last request's headers ended
         self._body_progress = 0  # body and chunk callbacks so far
@@ -121,7 +111,7 @@ class HttpProtocol(AnsweringPart, asyncio.Protocol):
     # asyncio.Protocol
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = transport  # type: ignore[assignment]  # uvloop's TCPTransport
+        self.transport = transport  # type: ignore[assignment]  # uvloop's TCPTransport
         server = self._server
         connections = server.connections
         if len(connections) >= server.connection_limit:
@@ -132,25 +122,18 @@ class HttpProtocol(AnsweringPart, asyncio.Protocol):
         if len(connections) > server.file_safe_connections:
             server.near_file_limit(len(connections))
         self._idle_since = self._last_read = self._loop.time()
-        self._watch()
+        self.watch()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._closed = True
+        self.closed = True
         self._server.connections.discard(self)
         # Without the parser's cycle this object goes at once, not at the collector's next full
         # pass, and with it what it holds of its requests (a body of up to --http-max-input-size).
         self._parser = None
-        self._pending.clear()
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        if self._writable is not None and not self._writable.done():
-            self._writable.set_result(None)
-        current, self._current = self._current, None
-        if current is not None:
-            current.disconnected = True
-            if current.on_disconnect is not None:
-                current.on_disconnect()
+        self._answers.connection_lost()
 
     def data_received(self, data: bytes) -> None:
         FRONTEND_READS.value += 1
@@ -200,18 +183,16 @@ class HttpProtocol(AnsweringPart, asyncio.Protocol):
                     if self._framing_bytes > self._server.head_limit:
                         self._refuse(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, self._server.trailer_message)
                         return
-            self._watch()
+            self.watch()
 
     def eof_received(self) -> bool | None:
         return None  # the client is done sending: close (answers still due cannot be sent)
 
     def pause_writing(self) -> None:
-        if self._writable is None or self._writable.done():
-            self._writable = self._loop.create_future()
+        self._answers.pause_writing()
 
     def resume_writing(self) -> None:
-        if self._writable is not None and not self._writable.done():
-            self._writable.set_result(None)
+        self._answers.resume_writing()
 
     # httptools callbacks
 
@@ -266,10 +247,10 @@ class HttpProtocol(AnsweringPart, asyncio.Protocol):
             if expects:  # answered before the client sends the body it announced
                 raise _Refusal(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, self._server.body_size_message)
             message.too_large = True
-        elif expects and self._transport is not None and not self._answering and not self._pending:
+        elif expects and self.transport is not None and not self._answers.busy and not self._answers.pending:
             # (Behind pipelined requests still to be answered, a 100 would land in their midst;
             # the client then sends the body when its own wait for the 100 runs out.)
-            self._transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
     def on_chunk_header(self) -> None:
         self._body_progress += 1
@@ -309,25 +290,36 @@ class HttpProtocol(AnsweringPart, asyncio.Protocol):
         path, _, _ = message.url.decode("latin-1").partition("?")
         body = message.body if message.gathered is None else message.gathered
         message.body, message.gathered = b"", None  # not kept while the request is answered, nor after
-        pending = self._pending
-        pending.append(
-            (HttpRequest(message.method, path, message.headers, body), self._parser.should_keep_alive())
+        self._queue(
+            HttpRequest(message.method, path, message.headers, body), self._parser.should_keep_alive()
         )
-        if len(pending) > self._max_pipelined:
-            self._pause_reading()  # a client pipelining far ahead waits for answers
-        if not self._answering:
-            self._answering = True
-            self._worker = self._loop.create_task(self._answer())
 
-    # answering
+    # answering (the requests' answers are `Answers`'s)
 
     def _queue(self, item: HttpRequest | HttpResponse, keep_alive: bool) -> None:
-        self._pending.append((item, keep_alive))
-        if len(self._pending) > self._max_pipelined:
-            self._pause_reading()
-        if not self._answering:
-            self._answering = True
-            self._worker = self._loop.create_task(self._answer())
+        answers = self._answers
+        answers.queue(self, item, keep_alive)
+        if len(answers.pending) > self.max_pipelined:
+            self._pause_reading()  # a client pipelining far ahead waits for answers
+
+    def end_after_answer(self) -> None:
+        """An answer that ends the connection was written: closes it, or lingers after an error."""
+        if self._parsing:
+            self.close()
+        else:
+            self.linger()
+
+    def caught_up(self) -> None:
+        """The answers caught up with a pipelining client: its reading resumes if it was paused."""
+        if self._reading_paused and self._parsing:
+            self._reading_paused = False
+            if self.transport is not None:
+                self.transport.resume_reading()
+
+    def idle(self) -> None:
+        """Every request is answered: the keep-alive timeout runs from now."""
+        self._idle_since = self._loop.time()
+        self.watch()
 
     def _refuse(self, status: int, message: str) -> None:
         """Stops reading and answers `status` after the answers already due, then closes."""
@@ -336,9 +328,9 @@ class HttpProtocol(AnsweringPart, asyncio.Protocol):
         self._queue(self._server.error_response(status, message), False)
 
     def _pause_reading(self) -> None:
-        if not self._reading_paused and self._transport is not None and not self._closed:
+        if not self._reading_paused and self.transport is not None and not self.closed:
             self._reading_paused = True
-            self._transport.pause_reading()
+            self.transport.pause_reading()
 
     # the timer
 
@@ -347,22 +339,23 @@ class HttpProtocol(AnsweringPart, asyncio.Protocol):
         limits = self._limits
         if self._lingering_until is not None:
             return self._lingering_until, "linger"
-        if self._write_blocked_since is not None:
-            return self._write_blocked_since + limits.write_timeout, "write"
+        write_blocked_since = self._answers.write_blocked_since
+        if write_blocked_since is not None:
+            return write_blocked_since + limits.write_timeout, "write"
         if self._in_message and self._parsing and not self._reading_paused:
             if self._headers_done:
                 return self._last_read + limits.body_timeout, "body"
             return self._message_started + limits.header_timeout, "header"
-        if self._answering or not self._parsing:
+        if self._answers.busy or not self._parsing:
             return None  # a handler has the time it needs; the state changes when it is done
         # A new connection has until the header timeout to send its first request.
         idle = limits.keepalive_timeout if self._requests else limits.header_timeout
         return self._idle_since + idle, "idle"
 
-    def _watch(self) -> None:
+    def watch(self) -> None:
         """Makes sure the timer fires no later than the present state's deadline."""
         found = self._deadline()
-        if found is None or self._closed:
+        if found is None or self.closed:
             return
         timer = self._timer
         if timer is None or timer.when() > found[0]:
@@ -373,7 +366,7 @@ class HttpProtocol(AnsweringPart, asyncio.Protocol):
     def _on_timer(self) -> None:
         self._timer = None
         found = self._deadline()
-        if found is None or self._closed:
+        if found is None or self.closed:
             return
         deadline, state = found
         if self._loop.time() < deadline:
@@ -381,7 +374,7 @@ class HttpProtocol(AnsweringPart, asyncio.Protocol):
             return
         limits = self._limits
         if state == "linger":
-            self._close()
+            self.close()
         elif state == "write":
             logger.debug("HTTP: dropped a client that took no answer for %.1fs", limits.write_timeout)
             self._abort()
@@ -396,11 +389,11 @@ class HttpProtocol(AnsweringPart, asyncio.Protocol):
                 f"request body: nothing received for {limits.body_timeout:g}s",
             )
         else:
-            self._close()
+            self.close()
 
     # closing
 
-    def _linger(self) -> None:
+    def linger(self) -> None:
         """Closes after an error answer, unlike `_close` without resetting the connection.
 
         Closing a socket with unread data resets it, and a reset can destroy the answer before
@@ -408,29 +401,29 @@ class HttpProtocol(AnsweringPart, asyncio.Protocol):
         shut, and what the client still sends is read and dropped for a moment (up to
         LINGER_DROP_BYTES: a client still sending past that is not reading either).
         """
-        transport = self._transport
-        if transport is None or self._closed:
+        transport = self.transport
+        if transport is None or self.closed:
             return
         if not transport.can_write_eof():
-            self._close()
+            self.close()
             return
         transport.write_eof()
         self._lingering_until = self._loop.time() + LINGER_SECS
         if self._reading_paused:
             self._reading_paused = False
             transport.resume_reading()
-        self._watch()
+        self.watch()
 
-    def _close(self) -> None:
-        if self._transport is not None and not self._closed:
-            self._closed = True
-            self._transport.close()
+    def close(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.closed = True
+            self.transport.close()
 
     def _abort(self) -> None:
-        if self._transport is not None and not self._closed:
-            self._closed = True
-            self._transport.abort()
+        if self.transport is not None and not self.closed:
+            self.closed = True
+            self.transport.abort()
 
     def close_if_idle(self) -> None:
-        if not self._pending and not self._answering:
-            self._close()
+        if not self._answers.pending and not self._answers.busy:
+            self.close()

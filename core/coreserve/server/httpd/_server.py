@@ -158,5 +158,5 @@ class HttpServer:
             except TimeoutError:
                 logger.warning("HTTP: %d requests still running after %.1fs; closing", self.busy, timeout)
         for connection in list(self.connections):
-            connection._close()
+            connection.close()
         await server.wait_closed()
