@@ -50,7 +50,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import print_table, write_results
+from reporting import Table, print_table, write_results
 
 from coreserve.testing import ServerProcess
 
@@ -369,16 +369,21 @@ def main() -> None:
     step = max(1, len(middle) // 12)  # a dozen rows are enough to read; the JSON has them all
     rows += [[f"{s.seconds:.0f} s", *_values(s)] for s in middle[step - 1 :: step]]
     rows += [["end of load", *_values(samples[-1])], ["end + 3 s idle", *_values(idle)]]
-    print_table(
-        f"Server resources over {loaded:.0f} s, {outcomes.total} requests at concurrency {args.concurrency}",
-        ["when", "RSS MB", "fds", "threads", "children"],
-        rows,
+    tables: list[Table] = []
+    tables.append(
+        print_table(
+            f"Server resources over {loaded:.0f} s, {outcomes.total} requests at concurrency {args.concurrency}",
+            ["when", "RSS MB", "fds", "threads", "children"],
+            rows,
+        )
     )
     kinds = sorted(set(outcomes.expected) | set(outcomes.unexpected))
-    print_table(
-        "Requests by kind",
-        ["kind", "as expected", "unexpected", "example of unexpected"],
-        [[k, outcomes.expected[k], outcomes.unexpected[k], outcomes.examples.get(k, "")] for k in kinds],
+    tables.append(
+        print_table(
+            "Requests by kind",
+            ["kind", "as expected", "unexpected", "example of unexpected"],
+            [[k, outcomes.expected[k], outcomes.unexpected[k], outcomes.examples.get(k, "")] for k in kinds],
+        )
     )
     print(
         "\ngrowth, median of the last third minus median of the middle third (after "
@@ -387,8 +392,9 @@ def main() -> None:
     )
     path = write_results(
         "soak",
+        args,
+        tables,
         {
-            "arguments": vars(args),
             "requests": outcomes.total,
             "requests_per_s": outcomes.total / loaded,
             "expected": dict(outcomes.expected),
