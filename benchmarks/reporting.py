@@ -28,7 +28,8 @@ from dataclasses import asdict, dataclass, is_dataclass
 from pathlib import Path
 from typing import Any
 
-RESULTS = Path(__file__).resolve().parent / "results"
+# Where results files go: benchmarks/results, or $BENCHMARK_RESULTS (a smoke run's figures kept apart).
+RESULTS = Path(os.environ.get("BENCHMARK_RESULTS") or Path(__file__).resolve().parent / "results")
 # Names the machine in the results where its hardware does not say enough ("a shared 2-core VM").
 MACHINE_VARIABLE = "BENCHMARK_MACHINE"
 
@@ -112,7 +113,7 @@ def write_results(
 ) -> Path:
     """Writes benchmarks/results/<name>.json, `name` being the script's unless given (the shape
     in this module's docstring); returns its path."""
-    RESULTS.mkdir(exist_ok=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name or script}.json"
     document = {
         "script": script,
