@@ -9,8 +9,8 @@ in an order that alternates from round to round, so that a neighbour who loads t
 machine weighs on both sides of a ratio. The load generators, each on the same cores as the
 servers (equally for both):
 - http: HTTP JSON through wrk;
-- grpc: gRPC through the Python grpc.aio load generator of common.py (the issue's row: it
-  costs about 0.4 ms of CPU per request, more than either server);
+- grpc: gRPC through the Python grpc.aio load generator of load_generators.py (the issue's
+  row: it spends more CPU per request than either server, on the same cores);
 - grpc-h2load: gRPC through h2load (a client in C, as light as wrk), one stream per connection;
 - grpc-perf_analyzer: gRPC through perf_analyzer, where installed ($PERF_ANALYZER).
 Each figure is the median of its rounds; each ratio (coreserve / Triton) the median of the
@@ -181,7 +181,7 @@ def main() -> None:
 
     base = Path(tempfile.mkdtemp(prefix="coreserve-python-speed-"))
     write_repository(base / "models")
-    # Metrics on, as Triton runs here (on against off measured the same: 1.00-1.03x).
+    # Metrics on, as Triton runs here (on against off: see the benchmark docs).
     server = start_server(base / "models")
     urls = {"coreserve": (f"http://{server.http_url}", server.grpc_url)}
     assert server.process is not None

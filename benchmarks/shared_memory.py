@@ -14,7 +14,7 @@ input and the output (32 MiB per request). Beside it, the server's CPU time per 
 Where perf_analyzer is installed ($PERF_ANALYZER or on PATH), it drives the two wire paths too
 (one request at a time, random data), in the same alternating trials: a client written in C++
 on both sides, so that the ratio compares the servers' paths rather than tritonclient's HTTP
-and gRPC libraries (the Python gRPC client spends about twice the CPU of the HTTP one on these
+and gRPC libraries (the Python gRPC client spends more CPU than the HTTP one on these
 messages). Target (issue 16): gRPC >= HTTP binary.
 Writes benchmarks/results/shared_memory.json.
 """
