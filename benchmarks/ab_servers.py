@@ -24,19 +24,12 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (
-    Load,
-    grpc_call_succeeds,
-    h2load_grpc,
-    median,
-    print_table,
-    retrying,
-    write_model,
-    write_results,
-    wrk,
-)
 from cpu_time import tree_cpu_seconds
+from load_generators import Load, grpc_call_succeeds, h2load_grpc, retrying, wrk
+from models import write_model
 from overhead import CONFIG, add_model, binary_body, grpc_request, json_body
+from reporting import Table, print_table, write_results
+from trials import median
 
 from coreserve.testing import ServerProcess
 
@@ -124,7 +117,7 @@ def run_rounds(servers: dict[str, ServerProcess], args: argparse.Namespace) -> R
 
 def report(results: Rounds, args: argparse.Namespace, base: str) -> None:
     rows = []
-    document: dict[str, object] = {"base": base, "seconds": args.seconds, "rounds": args.rounds, "rows": []}
+    measured: list[dict[str, object]] = []
     for (path, concurrency), sides in results.items():
         old, new = sides["base"], sides["this tree"]
         speed = [n[0] / o[0] for n, o in zip(new, old, strict=True)]
@@ -142,25 +135,29 @@ def report(results: Rounds, args: argparse.Namespace, base: str) -> None:
                 f"{median(cpu):.2f}" if cpu else "-",
             )
         )
-        document["rows"].append(  # type: ignore[attr-defined]
+        measured.append(
             {"path": path, "concurrency": concurrency, **sides, "speed_ratios": speed, "cpu_ratios": cpu}
         )
-    print_table(
-        f"this tree against {base} (median of {args.rounds} rounds of {args.seconds:g} s)",
-        [
-            "path",
-            "concurrency",
-            "base req/s",
-            "this tree req/s",
-            "ratio",
-            "rounds",
-            "base CPU µs",
-            "this tree CPU µs",
-            "CPU ratio",
-        ],
-        rows,
+    tables: list[Table] = []
+    tables.append(
+        print_table(
+            f"this tree against {base} (median of {args.rounds} rounds of {args.seconds:g} s)",
+            [
+                "path",
+                "concurrency",
+                "base req/s",
+                "this tree req/s",
+                "ratio",
+                "rounds",
+                "base CPU µs",
+                "this tree CPU µs",
+                "CPU ratio",
+            ],
+            rows,
+        )
     )
-    print(f"wrote {write_results('ab_servers', document)}")
+    document = {"base": base, "seconds": args.seconds, "rounds": args.rounds, "rows": measured}
+    print(f"wrote {write_results('ab_servers', args, tables, document)}")
 
 
 if __name__ == "__main__":

@@ -179,7 +179,8 @@ class MemorySampler(Watcher):
 
 def percentiles_ms(latencies: list[float]) -> tuple[float, float, float]:
     if not latencies:
-        return (float("nan"),) * 3  # type: ignore[return-value]
+        nan = float("nan")
+        return nan, nan, nan
     p50, p99 = np.percentile(latencies, [50, 99])
     return float(p50) * 1000, float(p99) * 1000, max(latencies) * 1000
 

@@ -18,24 +18,16 @@ import argparse
 import sys
 import tempfile
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (
-    Load,
-    binary_infer_body,
-    calls_per_second,
-    median,
-    median_load,
-    mlp_onnx,
-    mlp_weights,
-    print_table,
-    start_server,
-    write_results,
-    wrk,
-)
+from load_generators import Load, calls_per_second, wrk
+from models import binary_infer_body, mlp_onnx, mlp_weights, start_server
+from reporting import Table, print_table, write_results
+from trials import median, median_load
 
 WIDTH_IN, WIDTH, LAYERS, MAX_BATCH, CONCURRENCY = 512, 1024, 3, 16, 16
 BACKENDS = {"onnxruntime": "model.onnx", "pytorch": "model.pt", "openvino": "model.xml"}
@@ -101,11 +93,12 @@ def in_process_runner(backend: str, model_file: Path) -> Callable[[np.ndarray], 
     if backend == "pytorch":
         import torch
 
-        module = torch.jit.load(str(model_file)).eval()
+        module = torch.jit.load(str(model_file)).eval()  # type: ignore[no-untyped-call]
 
         def run_torch(x: np.ndarray) -> np.ndarray:
             with torch.inference_mode():
-                return module(torch.from_numpy(x)).numpy()
+                result: np.ndarray = module(torch.from_numpy(x)).numpy()
+                return result
 
         return run_torch
     import openvino as ov
@@ -169,7 +162,7 @@ def main() -> None:
         for _ in range(args.trials):
             for backend, batch in cases:
                 x = np.ones((batch, WIDTH_IN), np.float32)
-                rate = calls_per_second(lambda r=runners[backend], x=x: r(x), args.seconds / 2)
+                rate = calls_per_second(partial(runners[backend], x), args.seconds / 2)
                 own_rates[backend, batch].append(batch * rate)
                 url = f"http://{server.http_url}/v2/models/{backend}/infer"
                 server_runs[backend, batch].append(
@@ -185,7 +178,8 @@ def main() -> None:
         for backend in BACKENDS
     }
 
-    rows, ratios = [], {}
+    rows: list[list[object]] = []
+    ratios: dict[str, dict[str, float]] = {}
     for backend in BACKENDS:
         for batch in args.batches:
             load = served[backend][batch]
@@ -195,23 +189,28 @@ def main() -> None:
             rows.append(
                 [backend, batch, in_process[backend][batch], samples, ratio, load.p50_ms, load.p99_ms]
             )
-    print_table(
-        f"MLP [N,{WIDTH_IN}] -> {LAYERS} x {WIDTH} ReLU: server at concurrency {CONCURRENCY} "
-        "(HTTP binary, wrk) vs the framework in-process (median of trials)",
-        [
-            "backend",
-            "batch",
-            "in-process samples/s",
-            "server samples/s",
-            "server / in-process",
-            "p50 ms",
-            "p99 ms",
-        ],
-        rows,
+    tables: list[Table] = []
+    tables.append(
+        print_table(
+            f"MLP [N,{WIDTH_IN}] -> {LAYERS} x {WIDTH} ReLU: server at concurrency {CONCURRENCY} "
+            "(HTTP binary, wrk) vs the framework in-process (median of trials)",
+            [
+                "backend",
+                "batch",
+                "in-process samples/s",
+                "server samples/s",
+                "server / in-process",
+                "p50 ms",
+                "p99 ms",
+            ],
+            rows,
+        )
     )
     print(f"\nlargest output difference from in-process onnxruntime: {max(differences.values()):.2e}")
     path = write_results(
         "backends",
+        args,
+        tables,
         {
             "model": {"width_in": WIDTH_IN, "width": WIDTH, "layers": LAYERS},
             "concurrency": CONCURRENCY,

@@ -30,20 +30,11 @@ import numpy as np
 import onnxruntime as ort
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (
-    Load,
-    binary_infer_body,
-    median,
-    median_load,
-    mlp_onnx,
-    mlp_weights,
-    print_table,
-    start_server,
-    write_model,
-    write_results,
-    wrk,
-)
 from cpu_time import children_cpu_seconds, thread_cpu_seconds
+from load_generators import Load, wrk
+from models import binary_infer_body, mlp_onnx, mlp_weights, start_server, write_model
+from reporting import Table, print_table, write_results
+from trials import median, median_load
 
 WIDTH_IN, WIDTH, LAYERS, MAX_BATCH = 1024, 2048, 4, 32
 CONFIG = """
@@ -166,10 +157,13 @@ def main() -> None:
         ["(b) server, no dynamic batching", 32, unbatched.requests_per_s, unbatched.p50_ms, unbatched.p99_ms],
         ["(c) server, dynamic batching", 32, batched.requests_per_s, batched.p50_ms, batched.p99_ms],
     ]
-    print_table(
-        "MLP [N,1024] -> 4 x 2048 ReLU, HTTP binary, one sample per request (median of trials)",
-        ["configuration", "concurrency", "samples/s", "p50 ms", "p99 ms"],
-        rows,
+    tables: list[Table] = []
+    tables.append(
+        print_table(
+            "MLP [N,1024] -> 4 x 2048 ReLU, HTTP binary, one sample per request (median of trials)",
+            ["configuration", "concurrency", "samples/s", "p50 ms", "p99 ms"],
+            rows,
+        )
     )
     # Ratios are taken within each round, then the median across rounds.
     rounds_of_limit = [
@@ -197,16 +191,18 @@ def main() -> None:
     total_us = loop_us + threads_us + generator_us
     bound = cores * 1e6 / total_us if total_us else 0.0
     bound_of_limit = bound / limits[MAX_BATCH]
-    print_table(
-        "(c) CPU time per request (median of trials)",
-        ["where", "CPU us per request"],
-        [
-            ["server event loop: HTTP, scheduling, responses", loop_us],
-            ["server's other threads: onnxruntime", threads_us],
-            [f"  (in-process onnxruntime at batch 32, per sample: {median(in_process_cpu):.0f} us)", "-"],
-            ["load generator (wrk)", generator_us],
-            ["sum", total_us],
-        ],
+    tables.append(
+        print_table(
+            "(c) CPU time per request (median of trials)",
+            ["where", "CPU us per request"],
+            [
+                ["server event loop: HTTP, scheduling, responses", loop_us],
+                ["server's other threads: onnxruntime", threads_us],
+                [f"  (in-process onnxruntime at batch 32, per sample: {median(in_process_cpu):.0f} us)", "-"],
+                ["load generator (wrk)", generator_us],
+                ["sum", total_us],
+            ],
+        )
     )
     print(
         f"on {cores} cores that is at most {bound:,.0f} requests/s even if all of it overlapped: "
@@ -224,6 +220,8 @@ def main() -> None:
     )
     path = write_results(
         "batching",
+        args,
+        tables,
         {
             "in_process_samples_per_s": {str(k): v for k, v in limits.items()},
             "server_without_batching": unbatched,

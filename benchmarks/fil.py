@@ -20,7 +20,9 @@ import argparse
 import sys
 import tempfile
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
+from typing import cast
 
 import lightgbm
 import numpy as np
@@ -30,17 +32,10 @@ import xgboost
 from coreserve_fil.settings import FilSettings
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (
-    Load,
-    binary_infer_body,
-    calls_per_second,
-    median,
-    median_load,
-    print_table,
-    start_server,
-    write_results,
-    wrk,
-)
+from load_generators import Load, calls_per_second, wrk
+from models import binary_infer_body, start_server
+from reporting import Table, print_table, write_results
+from trials import median, median_load
 
 TREES, FEATURES, CONCURRENCY, MAX_BATCH = 500, 32, 8, 1024
 CONFIG = f"""
@@ -85,6 +80,9 @@ def train(repository: Path) -> dict[str, tuple[Predict, Predict]]:
     xgboost_gtil = treelite.frontend.from_xgboost(booster)
     lightgbm_gtil = treelite.frontend.from_lightgbm(forest)
 
+    def lightgbm_predict(x: np.ndarray, threads: int) -> np.ndarray:
+        return cast(np.ndarray, forest.predict(x, num_threads=threads))  # an array for a dense input
+
     def xgboost_predict(x: np.ndarray, threads: int) -> np.ndarray:
         booster.set_param({"nthread": threads})
         return booster.inplace_predict(x)
@@ -94,7 +92,7 @@ def train(repository: Path) -> dict[str, tuple[Predict, Predict]]:
 
     return {
         "xgboost": (xgboost_predict, gtil(xgboost_gtil)),
-        "lightgbm": (lambda x, threads: forest.predict(x, num_threads=threads), gtil(lightgbm_gtil)),
+        "lightgbm": (lightgbm_predict, gtil(lightgbm_gtil)),
     }
 
 
@@ -143,7 +141,7 @@ def main() -> None:
                 x, threads = rows[:batch], plugin_threads(batch)
                 own_predict, gtil_predict = predictors[name]
                 for rates, predict in ((own, own_predict), (gtil, gtil_predict)):
-                    rate = calls_per_second(lambda p=predict, x=x, n=threads: p(x, n), args.seconds / 3)
+                    rate = calls_per_second(partial(predict, x, threads), args.seconds / 3)
                     rates[name, batch].append(batch * rate)
                 url = f"http://{server.http_url}/v2/models/{name}/infer"
                 served[name, batch].append(wrk(url, CONCURRENCY, args.seconds, *bodies[name, batch]))
@@ -175,24 +173,29 @@ def main() -> None:
             "served_p50_ms": load.p50_ms,
             "served_p99_ms": load.p99_ms,
         }
-    print_table(
-        f"{TREES}-tree binary classifiers, {FEATURES} features, predict_proba: the framework's own predictor "
-        f"and Treelite GTIL in-process vs the server at concurrency {CONCURRENCY} (HTTP binary, wrk; median of trials)",
-        [
-            "model",
-            "batch",
-            "own rows/s",
-            "GTIL rows/s",
-            "own/GTIL",
-            "served rows/s",
-            "served/own",
-            "p50 ms",
-            "p99 ms",
-        ],
-        table,
+    tables: list[Table] = []
+    tables.append(
+        print_table(
+            f"{TREES}-tree binary classifiers, {FEATURES} features, predict_proba: the framework's own predictor "
+            f"and Treelite GTIL in-process vs the server at concurrency {CONCURRENCY} (HTTP binary, wrk; median of trials)",
+            [
+                "model",
+                "batch",
+                "own rows/s",
+                "GTIL rows/s",
+                "own/GTIL",
+                "served rows/s",
+                "served/own",
+                "p50 ms",
+                "p99 ms",
+            ],
+            table,
+        )
     )
     path = write_results(
         "fil",
+        args,
+        tables,
         {
             "trees": TREES,
             "features": FEATURES,

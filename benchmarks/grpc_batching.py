@@ -29,24 +29,18 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from batching import CONFIG, LAYERS, QUEUE_DELAY_US, WIDTH, WIDTH_IN
-from common import (
+from load_generators import (
     Load,
-    binary_infer_body,
     grpc_call_succeeds,
     h2load_grpc,
-    median,
-    mlp_onnx,
-    mlp_weights,
     perf_analyzer,
-    print_table,
     retrying,
-    rotated,
     run_perf_analyzer,
-    start_server,
-    write_model,
-    write_results,
     wrk,
 )
+from models import binary_infer_body, mlp_onnx, mlp_weights, start_server, write_model
+from reporting import Table, print_table, write_results
+from trials import median, rotated
 
 CONCURRENCY = 32
 TARGET_RATIO = 1.0
@@ -64,7 +58,7 @@ def infer_message(sample: np.ndarray) -> bytes:
     tensor.shape.extend(sample.shape)
     message.raw_input_contents.append(np.ascontiguousarray(sample, np.float32).tobytes())
     message.outputs.add(name="y")
-    return message.SerializeToString()
+    return bytes(message.SerializeToString())
 
 
 def main() -> None:
@@ -125,11 +119,14 @@ def main() -> None:
     rows = [
         [path, median(values), f"{min(values):,.0f}-{max(values):,.0f}"] for path, values in rates.items()
     ]
-    print_table(
-        f"MLP with dynamic batching, concurrency {CONCURRENCY}, --grpc-server={args.grpc_server}, "
-        f"median of {args.rounds} alternating rounds",
-        ["path", "samples/s", "range"],
-        rows,
+    tables: list[Table] = []
+    tables.append(
+        print_table(
+            f"MLP with dynamic batching, concurrency {CONCURRENCY}, --grpc-server={args.grpc_server}, "
+            f"median of {args.rounds} alternating rounds",
+            ["path", "samples/s", "range"],
+            rows,
+        )
     )
     against_http = median(ratios[f"{GRPC} / {HTTP}"])
     verdict = "meets" if against_http >= TARGET_RATIO else "MISSES"
@@ -137,8 +134,10 @@ def main() -> None:
         print(f"{label}: {median(values):.2f} ({min(values):.2f}-{max(values):.2f})")
     print(f"gRPC / HTTP binary of batching.py: {against_http:.2f} ({verdict} the >= {TARGET_RATIO} target); "
           f"errors: {errors}")  # fmt: skip
-    path = write_results(
+    written = write_results(
         "grpc_batching",
+        args,
+        tables,
         {
             "grpc_server": args.grpc_server,
             "concurrency": CONCURRENCY,
@@ -151,7 +150,7 @@ def main() -> None:
             "errors": errors,
         },
     )
-    print(f"results: {path}")
+    print(f"results: {written}")
 
 
 if __name__ == "__main__":

@@ -123,7 +123,7 @@ class NativeCannedProtocol(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport: asyncio.Transport = transport  # type: ignore[assignment]  # uvloop's TCPTransport
         settings = struct.pack(">HIHI", 0x3, 1024, 0x4, STREAM_WINDOW)
-        transport.write(
+        self.transport.write(
             frame(SETTINGS, 0, 0, settings)
             + frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", CONNECTION_WINDOW - 65535))
         )

@@ -22,26 +22,19 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
 import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (
-    Load,
-    median,
-    perf_analyzer,
-    print_table,
-    retrying,
-    rotated,
-    run_perf_analyzer,
-    start_server,
-    write_model,
-    write_results,
-)
 from grpc_speed import CONCURRENCIES
+from load_generators import Load, perf_analyzer, retrying, run_perf_analyzer
+from models import start_server, write_model
 from overhead import CONFIG, add_model, free_port, grpc_request
+from reporting import Table, print_table, write_results
+from trials import median, rotated
 
 from coreserve.protos import grpc_service_pb2 as pb
 
@@ -115,7 +108,7 @@ def main() -> None:
             analyzer, "add", protocol, url, concurrency, args.seconds, extra=["-x", "1", *extra]
         )
 
-    drive = {
+    drive: dict[str, Callable[[int], Load]] = {
         "native unary": partial(run, native_url, "grpc"),
         "grpcio unary": partial(run, grpcio_url, "grpc"),
         "native streaming": lambda c: run(native_url, "grpc", c, "--streaming"),
@@ -155,12 +148,15 @@ def main() -> None:
                     f"{median(per_round):.2f} x {base}" if base != path else "",
                 ]
             )
-    print_table(
-        f"Canned answers, perf_analyzer, median of {args.rounds} alternating rounds",
-        ["path", "concurrency", "req/s", "range", "ratio (median of rounds)"],
-        rows,
+    tables: list[Table] = []
+    tables.append(
+        print_table(
+            f"Canned answers, perf_analyzer, median of {args.rounds} alternating rounds",
+            ["path", "concurrency", "req/s", "range", "ratio (median of rounds)"],
+            rows,
+        )
     )
-    write_results("grpc_canned_speed", {"rates": rates})
+    write_results("grpc_canned_speed", args, tables, {"rates": rates})
 
 
 if __name__ == "__main__":

@@ -31,18 +31,11 @@ from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (
-    median,
-    perf_analyzer,
-    print_table,
-    retrying,
-    rotated,
-    run_perf_analyzer,
-    start_server,
-    write_model,
-    write_results,
-)
+from load_generators import perf_analyzer, retrying, run_perf_analyzer
+from models import start_server, write_model
 from overhead import CONFIG, add_model, free_port
+from reporting import Table, print_table, write_results
+from trials import median, rotated
 
 CONCURRENCIES = (8, 32)
 TARGET_RATIO = 0.8
@@ -202,10 +195,13 @@ def main() -> None:
                     f"{median(per_round):.2f} ({min(per_round):.2f}-{max(per_round):.2f})",
                 ]
             )
-    print_table(
-        f"Tiny add model, perf_analyzer, median of {args.rounds} alternating rounds",
-        ["path", "concurrency", "req/s", "range", "x HTTP binary (range)"],
-        rows,
+    tables: list[Table] = []
+    tables.append(
+        print_table(
+            f"Tiny add model, perf_analyzer, median of {args.rounds} alternating rounds",
+            ["path", "concurrency", "req/s", "range", "x HTTP binary (range)"],
+            rows,
+        )
     )
     for path in ("gRPC unary", "gRPC streaming"):
         for concurrency in CONCURRENCIES:
@@ -229,6 +225,8 @@ def main() -> None:
                 )
     results = write_results(
         "grpc_speed",
+        args,
+        tables,
         {
             "requests_per_s_by_round": {p: {str(c): v for c, v in by_c.items()} for p, by_c in rates.items()},
             "ratio_to_http_binary_by_round": {

@@ -23,18 +23,11 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (
-    Load,
-    h2load_grpc,
-    median,
-    print_table,
-    retrying,
-    rotated,
-    start_server,
-    write_model,
-    write_results,
-)
+from load_generators import Load, h2load_grpc, retrying
+from models import start_server, write_model
 from overhead import CONFIG, add_model
+from reporting import Table, print_table, write_results
+from trials import median, rotated
 
 CONCURRENCIES = (8, 32)
 METHOD = "/inference.GRPCInferenceService/ModelInfer"
@@ -62,7 +55,7 @@ def add_message() -> bytes:
         tensor = message.inputs.add(name=name, datatype="FP32")
         tensor.shape.extend([1, 4])
         message.raw_input_contents.append(np.ones(4, np.float32).tobytes())
-    return message.SerializeToString()
+    return bytes(message.SerializeToString())
 
 
 def main() -> None:
@@ -129,13 +122,18 @@ def main() -> None:
             f"c={concurrency}: native TLS / grpcio TLS {median(over_grpcio):.2f} "
             f"({min(over_grpcio):.2f}-{max(over_grpcio):.2f}), native TLS / plain {median(over_plain):.2f}"
         )
-    print_table(
-        f"Tiny add model, unary ModelInfer, h2load, median of {args.rounds} alternating rounds",
-        ["server", "concurrency", "req/s", "range"],
-        rows,
+    tables: list[Table] = []
+    tables.append(
+        print_table(
+            f"Tiny add model, unary ModelInfer, h2load, median of {args.rounds} alternating rounds",
+            ["server", "concurrency", "req/s", "range"],
+            rows,
+        )
     )
     results = write_results(
         "grpc_tls_speed",
+        args,
+        tables,
         {
             "requests_per_s_by_round": {p: {str(c): v for c, v in by_c.items()} for p, by_c in rates.items()},
             "ratios": ratios,

@@ -51,9 +51,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from attack_watch import MODEL, WIDTH, MemorySampler, Target, Victims, tree_rss_mb
-from common import identity_onnx, print_table, start_server, write_model, write_results
 from cpu_time import tree_cpu_seconds
 from http2_attackers import ATTACKS, CONTROLS, Attacker, Budget
+from models import identity_onnx, start_server, write_model
+from reporting import Table, print_table, write_results
 
 CONFIG = f"""
 backend: "onnxruntime"
@@ -113,7 +114,8 @@ def counts(counter: dict[str, int]) -> str:
     return " ".join(f"{key}:{value}" for key, value in counter.items()) or "-"
 
 
-def print_server(label: str, phases: list[dict[str, Any]]) -> None:
+def print_server(label: str, phases: list[dict[str, Any]]) -> list[Table]:
+    """Prints the two tables of one server's phases (the others' view, the attacker's); returns them."""
     base_p99 = phases[0]["client"]["p99_ms"] if phases and phases[0]["phase"] == "baseline" else None
     rows = []
     for phase in phases:
@@ -129,12 +131,13 @@ def print_server(label: str, phases: list[dict[str, Any]]) -> None:
             client["max_ms"], client["p99_ms"] / base_p99 if base_p99 else "-", health["p99_ms"], health["max_ms"],
             counts(health["failures"]), memory, server["cpu_cores"] if server["cpu_cores"] is not None else "-",
         ])  # fmt: skip
-    print_table(
+    tables: list[Table] = []
+    tables.append(print_table(
         f"{label}: the other client, the HTTP probe and the server",
         ["phase", "s", "calls", "errors", "p50 ms", "p99 ms", "max ms", "p99/base", "health p99", "health max",
          "health fails", "RSS MB before/peak/after", "CPU cores"],
         rows,
-    )  # fmt: skip
+    ))  # fmt: skip
     rows = []
     for phase in [phase for phase in phases if phase["phase"] not in CONTROLS]:
         view = phase["attacker"]
@@ -142,10 +145,21 @@ def print_server(label: str, phases: list[dict[str, Any]]) -> None:
             phase["phase"], counts(view["sent"]), view["sent_mb"], view["connections"], counts(view["closed_by_server"]),
             counts(view["goaways"]), counts(view["rst_stream"]), view["send_blocked_s"],
         ])  # fmt: skip
-    print_table(
-        f"{label}: what the attacker sent and got back",
-        ["phase", "sent", "MB", "connections", "closed by server", "GOAWAY", "RST_STREAM", "send blocked s"],
-        rows,
+    tables.append(
+        print_table(
+            f"{label}: what the attacker sent and got back",
+            [
+                "phase",
+                "sent",
+                "MB",
+                "connections",
+                "closed by server",
+                "GOAWAY",
+                "RST_STREAM",
+                "send blocked s",
+            ],
+            rows,
+        )
     )
     for phase in phases:
         if "answers" in phase["attacker"]:
@@ -154,6 +168,7 @@ def print_server(label: str, phases: list[dict[str, Any]]) -> None:
             print(f"  {phase['phase']} answers: {phase['attacker']['tracked_streams']}")
         if phase["client"]["error_examples"]:
             print(f"  {phase['phase']} client errors: {phase['client']['error_examples']}")
+    return tables
 
 
 def attack_server(label: str, target: Target, args: argparse.Namespace,
@@ -214,12 +229,13 @@ def main() -> None:
         parser.error(f"unknown attacks: {unknown}")
 
     results: dict[str, Any] = {"seconds": args.seconds, "attacks": args.attacks, "servers": {}}
+    tables: list[Table] = []
     if args.server_url:
         if not args.http_url:
             parser.error("--server-url needs --http-url")
         target = Target(args.server_url, args.http_url, args.server_pid)
         phases = attack_server(args.server_url, target, args, None)
-        print_server(args.server_url, phases)
+        tables += print_server(args.server_url, phases)
         results["servers"][args.server_url] = phases
     else:
         repository = Path(tempfile.mkdtemp(prefix="coreserve-http2-attacks-"))
@@ -232,7 +248,7 @@ def main() -> None:
         results["server_flags"] = server_flags
         results["dynamic_batching"] = args.dynamic_batching
         for kind in args.grpc_server or ["native", "grpcio"]:
-            servers = []
+            servers: list[Any] = []
 
             def start(kind: str = kind, servers: list[Any] = servers) -> Target:
                 server = start_server(repository, f"--grpc-server={kind}", *server_flags)
@@ -246,10 +262,11 @@ def main() -> None:
                 tracebacks = sum(server.log.count("Traceback") for server in servers)
                 for server in servers:
                     server.close()
-            print_server(f"--grpc-server {kind}", phases)
+            tables += print_server(f"--grpc-server {kind}", phases)
             print(f"  tracebacks in the server log: {tracebacks}")
             results["servers"][kind] = {"phases": phases, "tracebacks_in_log": tracebacks}
-    print(f"\nwrote {write_results(args.name, results)}")
+    parameters = {**vars(args), "server_flags": server_flags}
+    print(f"\nwrote {write_results('http2_attacks', parameters, tables, results, name=args.name)}")
 
 
 if __name__ == "__main__":

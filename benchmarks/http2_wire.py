@@ -313,11 +313,11 @@ class Http2Connection:
             code = int.from_bytes(payload[4:8], "big")
             replies.goaways.append((error_name(code), payload[8:200].decode("utf-8", "replace")))
         elif kind == RST_STREAM and len(payload) == 4:
-            code = error_name(int.from_bytes(payload, "big"))
-            replies.resets[code] += 1
+            reason = error_name(int.from_bytes(payload, "big"))
+            replies.resets[reason] += 1
             answer = self.streams.get(stream_id)
             if answer is not None:
-                answer.reset, answer.ended, answer.ended_at = code, True, time.monotonic()
+                answer.reset, answer.ended, answer.ended_at = reason, True, time.monotonic()
         elif kind in (HEADERS, CONTINUATION):
             self._on_header_block(kind, flags, stream_id, payload)
         elif kind == DATA:

@@ -44,17 +44,10 @@ import orjson
 from coreserve.testing import ServerProcess
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (
-    Load,
-    identity_onnx,
-    median_load,
-    print_table,
-    rotated,
-    start_server,
-    write_model,
-    write_results,
-    wrk,
-)
+from load_generators import Load, wrk
+from models import identity_onnx, start_server, write_model
+from reporting import Table, print_table, write_results
+from trials import median_load, rotated
 
 CONFIG = """
 backend: "onnxruntime"
@@ -231,7 +224,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0, help="each wrk trial (--small-against)")
     args = parser.parse_args()
     if args.small_against is not None:
-        write_results(f"{args.name}_small", compare_small_path(args))
+        tables, data = compare_small_path(args)
+        write_results("large_json", args, tables, data, name=f"{args.name}_small")
         return
 
     body, expected = large_body(args.megabytes, args.binary_output)
@@ -241,17 +235,18 @@ def main() -> None:
         write_model(repository, "identity", identity_onnx(), CONFIG)
         server = start_server(repository, "--model-control-mode=explicit", "--load-model=identity")
         try:
-            results = measure(server, args, body, expected)
+            tables, results = measure(server, args, body, expected)
         finally:
             server.close()
-    write_results(args.name, results)
+    write_results("large_json", args, tables, results, name=args.name)
 
 
 def measure(
     server: ServerProcess, args: argparse.Namespace, body: bytes, expected: np.ndarray
-) -> dict[str, object]:
+) -> tuple[list[Table], dict[str, object]]:
     host, port_text = server.http_url.rsplit(":", 1)
     port = int(port_text)
+    assert server.process is not None
     pid = server.process.pid
     for _ in range(20):  # warm-up: the small path's first calls
         connection = http.client.HTTPConnection(host, port, timeout=30)
@@ -305,14 +300,17 @@ def measure(
         if errors:
             print(f"  {kind} errors: {errors[:3]}")
     durations = [end - begin for begin, end in intervals]
-    print_table(
-        f"Probes while a {len(body) / 1e6:.0f} MB JSON request is in progress ({args.requests} requests, "
-        f"{'binary' if args.binary_output else 'JSON'} answers of {reply_size / 1e6:.0f} MB)",
-        ["probe", "count", "errors", "p50 ms", "p99 ms", "max ms"],
-        [
-            [kind, f["count"], f["errors"], f["p50_ms"], f["p99_ms"], f["max_ms"]]
-            for kind, f in probes.items()
-        ],
+    tables: list[Table] = []
+    tables.append(
+        print_table(
+            f"Probes while a {len(body) / 1e6:.0f} MB JSON request is in progress ({args.requests} requests, "
+            f"{'binary' if args.binary_output else 'JSON'} answers of {reply_size / 1e6:.0f} MB)",
+            ["probe", "count", "errors", "p50 ms", "p99 ms", "max ms"],
+            [
+                [kind, f["count"], f["errors"], f["p50_ms"], f["p99_ms"], f["max_ms"]]
+                for kind, f in probes.items()
+            ],
+        )
     )
     memory = {
         "start_mib": start_rss,
@@ -322,13 +320,15 @@ def measure(
         "peak_with_workers_mib": peak.peak_tree,
         "end_with_workers_mib": end_tree,
     }
-    print_table(
-        "Server memory (VmRSS, MiB)",
-        ["", "start", "peak", "after the last request", "growth"],
-        [
-            ["server process", start_rss, peak.peak, end_rss, end_rss - start_rss],
-            ["with its worker processes", start_tree, peak.peak_tree, end_tree, end_tree - start_tree],
-        ],
+    tables.append(
+        print_table(
+            "Server memory (VmRSS, MiB)",
+            ["", "start", "peak", "after the last request", "growth"],
+            [
+                ["server process", start_rss, peak.peak, end_rss, end_rss - start_rss],
+                ["with its worker processes", start_tree, peak.peak_tree, end_tree, end_tree - start_tree],
+            ],
+        )
     )
     print(
         f"\nlarge request: median {np.median(durations):.2f} s, "
@@ -338,7 +338,7 @@ def measure(
         f"CPU pressure (PSI some, avg10) after each request: median {np.median(pressure):.0f}%, "
         f"max {max(pressure):.0f}% (0% on an idle machine)"
     )
-    return {
+    return tables, {
         "body_bytes": len(body),
         "reply_bytes": reply_size,
         "requests": args.requests,
@@ -356,7 +356,7 @@ def measure(
     }
 
 
-def compare_small_path(args: argparse.Namespace) -> dict[str, object]:
+def compare_small_path(args: argparse.Namespace) -> tuple[list[Table], dict[str, object]]:
     """wrk on a small JSON infer body against this checkout's server and another's, in turn."""
     other = args.small_against.resolve()
     paths = {
@@ -397,15 +397,18 @@ def compare_small_path(args: argparse.Namespace) -> dict[str, object]:
             for server in servers.values():
                 server.close()
     medians = {name: median_load(found) for name, found in loads.items()}
-    print_table(
-        f"Small JSON infer ({len(SMALL_BODY)} bytes), wrk 8 connections, median of {args.trials} trials",
-        ["checkout", "req/s", "p50 ms", "p99 ms", "errors"],
-        [
-            [name, load.requests_per_s, load.p50_ms, load.p99_ms, load.errors]
-            for name, load in medians.items()
-        ],
+    tables: list[Table] = []
+    tables.append(
+        print_table(
+            f"Small JSON infer ({len(SMALL_BODY)} bytes), wrk 8 connections, median of {args.trials} trials",
+            ["checkout", "req/s", "p50 ms", "p99 ms", "errors"],
+            [
+                [name, load.requests_per_s, load.p50_ms, load.p99_ms, load.errors]
+                for name, load in medians.items()
+            ],
+        )
     )
-    return {"small_body_bytes": len(SMALL_BODY), "trials": loads, "medians": medians}
+    return tables, {"small_body_bytes": len(SMALL_BODY), "trials": loads, "medians": medians}
 
 
 if __name__ == "__main__":

@@ -20,8 +20,11 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import median_load, print_table, start_server, write_model, write_results, wrk
+from load_generators import wrk
+from models import start_server, write_model
 from overhead import CONFIG, add_model, json_body
+from reporting import Table, print_table, write_results
+from trials import median_load
 
 from coreserve.backend import ModelSignature, Responder
 from coreserve.config import parse_config
@@ -87,15 +90,20 @@ def main() -> None:
         finally:
             server.close()
 
-    print_table(
-        "Per-request recording cost (in process, one-request batch)",
-        ["what is recorded", "ns per request"],
-        [[name, cost] for name, cost in costs.items()],
+    tables: list[Table] = []
+    tables.append(
+        print_table(
+            "Per-request recording cost (in process, one-request batch)",
+            ["what is recorded", "ns per request"],
+            [[name, cost] for name, cost in costs.items()],
+        )
     )
-    print_table(
-        "Server throughput, tiny model, HTTP JSON, concurrency 32 (median of trials)",
-        ["configuration", "req/s", "p50 ms", "p99 ms"],
-        [[label, load.requests_per_s, load.p50_ms, load.p99_ms] for label, load in loads.items()],
+    tables.append(
+        print_table(
+            "Server throughput, tiny model, HTTP JSON, concurrency 32 (median of trials)",
+            ["configuration", "req/s", "p50 ms", "p99 ms"],
+            [[label, load.requests_per_s, load.p50_ms, load.p99_ms] for label, load in loads.items()],
+        )
     )
     ratio = loads["metrics on"].requests_per_s / loads["metrics off"].requests_per_s
     per_request_us = costs["statistics only (default)"] / 1000
@@ -105,6 +113,8 @@ def main() -> None:
     )
     path = write_results(
         "metrics_cost",
+        args,
+        tables,
         {
             "record_ns_per_request": costs,
             "throughput": loads,

@@ -29,8 +29,9 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "e2e"))
-from common import print_table, start_server, write_results
+from models import start_server
 from openai_repository import openai_repository, openai_url
+from reporting import Table, print_table, write_results
 
 PROMPT = "The server reads its models"
 
@@ -160,13 +161,15 @@ def main() -> None:
             )
         ratio = doors_results["openai"].tokens_per_second / doors_results["generate_stream"].tokens_per_second
         rows.append([key, "openai / generate_stream", ratio, "", "", ""])
-    print_table(
-        f"Streamed completions of {args.max_tokens} tokens (median of {args.rounds} rounds of {args.seconds:g} s)",
-        ["concurrency", "door", "tokens/s", "TTFT ms median", "TTFT ms p90", "requests"],
-        rows,
+    tables: list[Table] = []
+    tables.append(
+        print_table(
+            f"Streamed completions of {args.max_tokens} tokens (median of {args.rounds} rounds of {args.seconds:g} s)",
+            ["concurrency", "door", "tokens/s", "TTFT ms median", "TTFT ms p90", "requests"],
+            rows,
+        )
     )
-    settings = {"seconds": args.seconds, "max_tokens": args.max_tokens, "rounds": args.rounds}
-    print(f"\nwrote {write_results('openai_stream', {'settings': settings, 'results': results})}")
+    print(f"\nwrote {write_results('openai_stream', args, tables, {'results': results})}")
 
 
 if __name__ == "__main__":

@@ -25,24 +25,21 @@ from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
-from onnx import TensorProto, helper
+from onnx import TensorProto, ValueInfoProto, helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (
+from load_generators import (
     BENCHMARKS,
     Load,
     calls_per_second,
     grpc_load,
-    median,
-    median_load,
     perf_analyzer,
-    print_table,
     run_perf_analyzer,
-    start_server,
-    write_model,
-    write_results,
     wrk,
 )
+from models import start_server, write_model
+from reporting import Table, print_table, write_results
+from trials import median, median_load
 
 CONCURRENCIES = (1, 8, 32)
 TARGET_RATIO = 0.75
@@ -56,7 +53,9 @@ parameters { key: "intra_op_thread_count" value: { string_value: "1" } }
 
 
 def add_model() -> bytes:
-    info = lambda name: helper.make_tensor_value_info(name, TensorProto.FLOAT, [1, 4])  # noqa: E731
+    def info(name: str) -> ValueInfoProto:
+        return helper.make_tensor_value_info(name, TensorProto.FLOAT, [1, 4])
+
     graph = helper.make_graph(
         [helper.make_node("Add", ["INPUT0", "INPUT1"], ["OUTPUT0"])],
         "add",
@@ -203,10 +202,13 @@ def main() -> None:
                     load.tool,
                 ]
             )
-    print_table(
-        "Tiny model (add of two FP32 [1,4]): requests/s and latency (median of trials)",
-        ["path", "concurrency", "req/s", "p50 ms", "p99 ms", "driver"],
-        table,
+    tables: list[Table] = []
+    tables.append(
+        print_table(
+            "Tiny model (add of two FP32 [1,4]): requests/s and latency (median of trials)",
+            ["path", "concurrency", "req/s", "p50 ms", "p99 ms", "driver"],
+            table,
+        )
     )
     verdict = "meets" if ratio >= TARGET_RATIO else "MISSES"
     print(
@@ -215,6 +217,8 @@ def main() -> None:
     )
     path = write_results(
         "overhead",
+        args,
+        tables,
         {
             "in_process_calls_per_s": in_process,
             "bare_http_json_c32": bare_load,

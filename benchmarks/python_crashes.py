@@ -16,13 +16,14 @@ Part 2, a slow restart: a model whose initialize() takes --init-seconds on every
 first (one instance). One crashing request, then, while the stub restarts, --waiters HTTP
 requests (no timeout) and --waiters gRPC requests whose deadline (a quarter of the restart)
 runs out before it ends. /v2/models/{m}/ready is sampled every 0.1 s from the crash until
-the first request is answered after it.
+the first request is answered after it. Writes benchmarks/results/python_crashes.json.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import sys
 import tempfile
 import threading
 import time
@@ -35,6 +36,9 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from reporting import Table, write_results
 
 from coreserve.testing import ServerProcess
 
@@ -114,7 +118,8 @@ def ready(server: ServerProcess, model: str) -> bool:
         return False
 
 
-def crashes_under_load(server: ServerProcess, args: argparse.Namespace) -> None:
+def crashes_under_load(server: ServerProcess, args: argparse.Namespace) -> tuple[Table, dict[str, object]]:
+    """Part 1; returns its table and figures for the results file."""
     good: collections.Counter[str] = collections.Counter()
     crashing: collections.Counter[str] = collections.Counter()
     lock = threading.Lock()
@@ -142,9 +147,29 @@ def crashes_under_load(server: ServerProcess, args: argparse.Namespace) -> None:
     print(f"  crashing requests: {sum(crashing.values())}: {dict(sorted(crashing.items()))}")
     for outcome, message in sorted(MESSAGES.items()):
         print(f"  {outcome}: {message}")
+    table = Table(
+        f"Crashes under load: {args.clients} clients x {args.requests} requests, every {args.crash_every}th "
+        f"crashes, {args.instances} instance(s)",
+        ["requests", "count", "outcomes (ok, wrong or HTTP status)", "run s"],
+        [
+            ["good", sum(good.values()), _outcomes(good), took],
+            ["crashing", sum(crashing.values()), _outcomes(crashing), took],
+        ],
+    )
+    return table, {
+        "good": dict(good),
+        "crashing": dict(crashing),
+        "seconds": took,
+        "messages": dict(MESSAGES),
+    }
 
 
-def slow_restart(server: ServerProcess, args: argparse.Namespace) -> None:
+def _outcomes(counter: collections.Counter[str]) -> str:
+    return ", ".join(f"{outcome} {count}" for outcome, count in sorted(counter.items()))
+
+
+def slow_restart(server: ServerProcess, args: argparse.Namespace) -> tuple[Table, dict[str, object]]:
+    """Part 2; returns its table and figures for the results file."""
     client = httpclient.InferenceServerClient(server.http_url, network_timeout=120)
     assert http_infer(client, "slow_restart", 1.0) == "ok"
     crashed = http_infer(client, "slow_restart", CRASH)
@@ -185,6 +210,10 @@ def slow_restart(server: ServerProcess, args: argparse.Namespace) -> None:
     print(
         f"  ready samples until the first answer: {samples.count(False)} not ready, {samples.count(True)} ready"
     )
+    rows: list[list[object]] = [
+        ["the crashing request", 1, crashed, "-"],
+        ["ready samples until the first answer", len(samples), f"not ready {samples.count(False)}, ready {samples.count(True)}", "-"],
+    ]  # fmt: skip
     for name, results in (
         ("HTTP, no timeout", http_results),
         (f"gRPC, {args.init_seconds / 4:.1f} s deadline", grpc_results),
@@ -194,6 +223,18 @@ def slow_restart(server: ServerProcess, args: argparse.Namespace) -> None:
         print(
             f"  {len(results)} requests sent during the restart ({name}): {dict(outcomes)}, last ended at {latest:.1f} s"
         )
+        rows.append([f"sent during the restart ({name})", len(results), _outcomes(outcomes), latest])
+    table = Table(
+        f"A crash, then a restart whose initialize() takes {args.init_seconds:g} s",
+        ["what", "count", "outcomes", "last ended at s"],
+        rows,
+    )
+    return table, {
+        "crashed": crashed,
+        "ready_samples": samples,
+        "http_waiters": http_results,
+        "grpc_waiters": grpc_results,
+    }
 
 
 def main() -> None:
@@ -213,12 +254,18 @@ def main() -> None:
         write_model(repository, "slow_restart", args.init_seconds, 1)
         server = ServerProcess([repository], ["--log-verbose=0"]).start(timeout=120)
         try:
-            crashes_under_load(server, args)
-            slow_restart(server, args)
+            under_load, under_load_data = crashes_under_load(server, args)
+            restart, restart_data = slow_restart(server, args)
             log = server.log
         finally:
             server.stop()
     print(f"server log: {log.count('Traceback')} tracebacks")
+    data = {
+        "under_load": under_load_data,
+        "slow_restart": restart_data,
+        "tracebacks_in_log": log.count("Traceback"),
+    }
+    print(f"results: {write_results('python_crashes', args, [under_load, restart], data)}")
 
 
 if __name__ == "__main__":

@@ -23,7 +23,8 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import identity_onnx, print_table, start_server, write_model, write_results
+from models import identity_onnx, start_server, write_model
+from reporting import Table, print_table, write_results
 
 CONFIG = """
 backend: "{backend}"
@@ -112,19 +113,22 @@ def main() -> None:
                 python["round_trip_ms"],
             ]
         )
-    print_table(
-        "Identity model, sequential gRPC requests: ONNX (in process) vs Python (stub process)",
-        [
-            "tensor",
-            "onnx server us",
-            "python server us",
-            "IPC overhead us",
-            "onnx round trip ms",
-            "python round trip ms",
-        ],
-        rows,
+    tables: list[Table] = []
+    tables.append(
+        print_table(
+            "Identity model, sequential gRPC requests: ONNX (in process) vs Python (stub process)",
+            [
+                "tensor",
+                "onnx server us",
+                "python server us",
+                "IPC overhead us",
+                "onnx round trip ms",
+                "python round trip ms",
+            ],
+            rows,
+        )
     )
-    path = write_results("python_ipc", {"results": results})
+    path = write_results("python_ipc", args, tables, {"results": results})
     print(f"results: {path}")
 
 

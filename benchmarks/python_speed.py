@@ -9,8 +9,8 @@ in an order that alternates from round to round, so that a neighbour who loads t
 machine weighs on both sides of a ratio. The load generators, each on the same cores as the
 servers (equally for both):
 - http: HTTP JSON through wrk;
-- grpc: gRPC through the Python grpc.aio load generator of common.py (the issue's row: it
-  costs about 0.4 ms of CPU per request, more than either server);
+- grpc: gRPC through the Python grpc.aio load generator of load_generators.py (the issue's
+  row: it spends more CPU per request than either server, on the same cores);
 - grpc-h2load: gRPC through h2load (a client in C, as light as wrk), one stream per connection;
 - grpc-perf_analyzer: gRPC through perf_analyzer, where installed ($PERF_ANALYZER).
 Each figure is the median of its rounds; each ratio (coreserve / Triton) the median of the
@@ -43,22 +43,20 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (
+from cpu_time import load_generator_cpu_seconds, tree_cpu_seconds
+from load_generators import (
     Load,
     grpc_call_succeeds,
     grpc_load,
     h2load_grpc,
-    median,
-    median_load,
     perf_analyzer,
-    print_table,
     run_perf_analyzer,
-    start_server,
-    write_results,
     wrk,
 )
-from cpu_time import load_generator_cpu_seconds, tree_cpu_seconds
+from models import start_server
 from overhead import free_port
+from reporting import Table, print_table, write_results
+from trials import median, median_load
 
 MODEL = "add_one"
 CONFIG = """
@@ -183,7 +181,7 @@ def main() -> None:
 
     base = Path(tempfile.mkdtemp(prefix="coreserve-python-speed-"))
     write_repository(base / "models")
-    # Metrics on, as Triton runs here (on against off measured the same: 1.00-1.03x).
+    # Metrics on, as Triton runs here (on against off: see the benchmark docs).
     server = start_server(base / "models")
     urls = {"coreserve": (f"http://{server.http_url}", server.grpc_url)}
     assert server.process is not None
@@ -278,14 +276,15 @@ def main() -> None:
     columns = ["protocol", "concurrency", "coreserve req/s", "coreserve p50 ms"]
     if "Triton" in urls:
         columns += ["Triton req/s", "Triton p50 ms", f"ratio (target >= {TARGET_RATIO})"]
-    print_table(f"add-one model.py, one instance (load average {median(loads_avg):.1f})", columns, rows)
+    tables: list[Table] = []
+    tables.append(
+        print_table(f"add-one model.py, one instance (load average {median(loads_avg):.1f})", columns, rows)
+    )
     cpu_columns = ["protocol", "concurrency"]
     for name in urls:
         cpu_columns += [f"{name} server+stub", f"{name} load generator"]
-    print_table("CPU µs per request (medians of the rounds)", cpu_columns, cpu_rows)
-    path = write_results(
-        "python_speed", {"results": results, "load_average": loads_avg, "seconds": args.seconds}
-    )
+    tables.append(print_table("CPU µs per request (medians of the rounds)", cpu_columns, cpu_rows))
+    path = write_results("python_speed", args, tables, {"results": results, "load_average": loads_avg})
     print(f"results: {path}")
 
 

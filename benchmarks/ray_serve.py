@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
+from collections.abc import Generator
 from pathlib import Path
 
 import numpy as np
@@ -25,18 +26,10 @@ BENCHMARKS = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCHMARKS))
 sys.path[1:1] = [str(BENCHMARKS.parent / "tests"), str(BENCHMARKS.parent / "tests" / "rayserve")]
 from batching import CONFIG, LAYERS, QUEUE_DELAY_US, WIDTH, WIDTH_IN  # noqa: E402
-from common import (  # noqa: E402
-    Load,
-    binary_infer_body,
-    median_load,
-    mlp_onnx,
-    mlp_weights,
-    print_table,
-    start_server,
-    write_model,
-    write_results,
-    wrk,
-)
+from load_generators import Load, wrk  # noqa: E402
+from models import binary_infer_body, mlp_onnx, mlp_weights, start_server, write_model  # noqa: E402
+from reporting import Table, print_table, write_results  # noqa: E402
+from trials import median_load  # noqa: E402
 
 from ray_cluster import Deployment, run_cluster  # noqa: E402
 
@@ -71,6 +64,7 @@ def main() -> None:
     finally:
         server.close()
     cluster_runner = run_cluster()
+    assert isinstance(cluster_runner, Generator)  # a generator function's: close() stops the cluster
     cluster = next(cluster_runner)
     try:
         for replicas in (1, 2):
@@ -87,10 +81,13 @@ def main() -> None:
         cluster_runner.close()  # stops both nodes
 
     rows = [[name, CONCURRENCY, x.requests_per_s, x.p50_ms, x.p99_ms, x.errors] for name, x in loads.items()]
-    print_table(
-        "MLP [1,1024] -> 4 x 2048 ReLU, dynamic batching, HTTP binary, wrk c=32 (median of trials)",
-        ["configuration", "concurrency", "requests/s", "p50 ms", "p99 ms", "errors"],
-        rows,
+    tables: list[Table] = []
+    tables.append(
+        print_table(
+            "MLP [1,1024] -> 4 x 2048 ReLU, dynamic batching, HTTP binary, wrk c=32 (median of trials)",
+            ["configuration", "concurrency", "requests/s", "p50 ms", "p99 ms", "errors"],
+            rows,
+        )
     )
     own, one, two = loads.values()
     ratios = {
@@ -100,7 +97,7 @@ def main() -> None:
     }
     for name, value in ratios.items():
         print(f"{name}: {value:.2f}")
-    print(f"results: {write_results('ray_serve', {'loads': loads, **ratios})}")
+    print(f"results: {write_results('ray_serve', args, tables, {'loads': loads, **ratios})}")
 
 
 if __name__ == "__main__":

@@ -28,20 +28,12 @@ from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (
-    BENCHMARKS,
-    Load,
-    median,
-    median_load,
-    print_table,
-    start_server,
-    write_model,
-    write_results,
-    wrk,
-    wrk_load,
-)
 from cpu_time import cpu_seconds
+from load_generators import BENCHMARKS, Load, wrk, wrk_load
+from models import start_server, write_model
 from overhead import CONFIG, add_model, json_body
+from reporting import Table, print_table, write_results
+from trials import median, median_load
 
 UNIQUE_SCRIPT = BENCHMARKS / "response_cache_unique.lua"
 CACHE_SIZE = 1024 * 1024
@@ -137,11 +129,14 @@ def main() -> None:
             load = median_load([pair[index][0] for pair in pairs])
             cpu = median([pair[index][1] for pair in pairs])
             rows.append([f"{label}, {side}", load.requests_per_s, load.p50_ms, load.p99_ms, cpu])
-    print_table(
-        f"Tiny add model over HTTP JSON, wrk 1 thread x {args.concurrency} connections (median of "
-        f"{args.trials} alternating trials)",
-        ["load", "req/s", "p50 ms", "p99 ms", "server CPU us/request"],
-        rows,
+    tables: list[Table] = []
+    tables.append(
+        print_table(
+            f"Tiny add model over HTTP JSON, wrk 1 thread x {args.concurrency} connections (median of "
+            f"{args.trials} alternating trials)",
+            ["load", "req/s", "p50 ms", "p99 ms", "server CPU us/request"],
+            rows,
+        )
     )
     hit_verdict = "faster" if hit_ratio > 1 else "NOT FASTER"
     miss_cost = 1 - miss_ratio
@@ -155,6 +150,8 @@ def main() -> None:
           f"wrk errors: {errors}")  # fmt: skip
     path = write_results(
         "response_cache",
+        args,
+        tables,
         {
             "concurrency": args.concurrency,
             "seconds": args.seconds,

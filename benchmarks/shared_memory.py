@@ -14,7 +14,7 @@ input and the output (32 MiB per request). Beside it, the server's CPU time per 
 Where perf_analyzer is installed ($PERF_ANALYZER or on PATH), it drives the two wire paths too
 (one request at a time, random data), in the same alternating trials: a client written in C++
 on both sides, so that the ratio compares the servers' paths rather than tritonclient's HTTP
-and gRPC libraries (the Python gRPC client spends about twice the CPU of the HTTP one on these
+and gRPC libraries (the Python gRPC client spends more CPU than the HTTP one on these
 messages). Target (issue 16): gRPC >= HTTP binary.
 Writes benchmarks/results/shared_memory.json.
 """
@@ -37,16 +37,10 @@ import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (
-    identity_onnx,
-    perf_analyzer,
-    print_table,
-    run_perf_analyzer,
-    start_server,
-    write_model,
-    write_results,
-)
 from cpu_time import cpu_seconds
+from load_generators import perf_analyzer, run_perf_analyzer
+from models import identity_onnx, start_server, write_model
+from reporting import Table, print_table, write_results
 
 ELEMENTS = 4 * 1024 * 1024  # 16 MiB of FP32
 BYTE_SIZE = ELEMENTS * 4
@@ -200,14 +194,19 @@ def main() -> None:
                 r["server_cpu_ms_per_request"],
             ]
         )
-    print_table(
-        f"16 MiB FP32 in and out, identity ONNX model, sequential requests ({args.trials} trials of "
-        f"{args.requests}, alternating; MB/s counts input + output; perf_analyzer rows against its HTTP row)",
-        ["path", "MB/s", "x HTTP binary", "p50 ms", "p99 ms", "server CPU ms/request"],
-        rows,
+    tables: list[Table] = []
+    tables.append(
+        print_table(
+            f"16 MiB FP32 in and out, identity ONNX model, sequential requests ({args.trials} trials of "
+            f"{args.requests}, alternating; MB/s counts input + output; perf_analyzer rows against its HTTP row)",
+            ["path", "MB/s", "x HTTP binary", "p50 ms", "p99 ms", "server CPU ms/request"],
+            rows,
+        )
     )
     write_results(
         "shared_memory",
+        args,
+        tables,
         {"requests": args.requests, "trials": args.trials, "tensor_bytes": BYTE_SIZE, "paths": results},
     )
 

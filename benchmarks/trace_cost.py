@@ -21,8 +21,11 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import Load, median_load, print_table, start_server, write_model, write_results, wrk
+from load_generators import Load, wrk
+from models import start_server, write_model
 from overhead import CONFIG, add_model, json_body
+from reporting import Table, print_table, write_results
+from trials import median_load
 
 from coreserve.tracing import Tracer
 from coreserve.types import InferenceRequest
@@ -97,13 +100,16 @@ def main() -> None:
                 server.close()
     loads = {label: median_load(trials) for label, trials in runs.items()}
     off = loads["tracing off (default)"].requests_per_s
-    print_table(
-        "Server throughput with tracing, tiny model, HTTP JSON, concurrency 32 (median of trials)",
-        ["configuration", "req/s", "vs off", "p50 ms", "p99 ms"],
-        [
-            [label, load.requests_per_s, load.requests_per_s / off, load.p50_ms, load.p99_ms]
-            for label, load in loads.items()
-        ],
+    tables: list[Table] = []
+    tables.append(
+        print_table(
+            "Server throughput with tracing, tiny model, HTTP JSON, concurrency 32 (median of trials)",
+            ["configuration", "req/s", "vs off", "p50 ms", "p99 ms"],
+            [
+                [label, load.requests_per_s, load.requests_per_s / off, load.p50_ms, load.p99_ms]
+                for label, load in loads.items()
+            ],
+        )
     )
     print(f"\ntracing off: the request path's checks cost {checks_ns:.0f} ns per request (in process)")
     results = {
@@ -112,7 +118,7 @@ def main() -> None:
         "seconds": args.seconds,
         "trials": args.trials,
     }
-    path = write_results("trace_cost", results)
+    path = write_results("trace_cost", args, tables, results)
     print(f"results: {path}")
 
 

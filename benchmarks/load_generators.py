@@ -1,7 +1,8 @@
-"""Shared parts of the benchmarks: models, servers, load generators, tables and JSON results.
+"""The load generators the benchmarks drive a server with, and what they measured (Load).
 
-Every benchmark compares numbers measured in one run on one machine; the machine is shared
-and noisy, so each figure is the median of several trials and conclusions rest on ratios.
+wrk (HTTP, with wrk_report.lua), h2load (unary gRPC), perf_analyzer (Triton's own client, HTTP
+and gRPC), a Python grpc.aio client for machines without perf_analyzer, and a loop that calls
+a function in this process. The C generators (wrk, h2load) cost the server's cores least.
 """
 
 from __future__ import annotations
@@ -10,24 +11,18 @@ import asyncio
 import csv
 import json
 import os
-import platform
 import re
 import shutil
-import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from coreserve.testing import ServerProcess
-
 BENCHMARKS = Path(__file__).resolve().parent
-RESULTS = BENCHMARKS / "results"
 WRK_SCRIPT = BENCHMARKS / "wrk_report.lua"
 
 
@@ -41,84 +36,6 @@ class Load:
     p99_ms: float
     errors: int = 0
     tool: str = ""
-
-
-def median_load(loads: Sequence[Load]) -> Load:
-    """The trial with the median throughput (its latencies belong to it)."""
-    ordered = sorted(loads, key=lambda load: load.requests_per_s)
-    return ordered[len(ordered) // 2]
-
-
-def mlp_weights(width_in: int, width: int, layers: int) -> list[tuple[np.ndarray, np.ndarray]]:
-    """(weight [fan_in, width], bias [width]) per dense layer, the same on every call."""
-    rng = np.random.default_rng(0)
-    weights = []
-    for layer in range(layers):
-        fan_in = width_in if layer == 0 else width
-        weight = rng.normal(0, fan_in**-0.5, size=(fan_in, width)).astype(np.float32)
-        weights.append((weight, rng.normal(0, 0.1, size=width).astype(np.float32)))
-    return weights
-
-
-def mlp_onnx(weights: Sequence[tuple[np.ndarray, np.ndarray]]) -> bytes:
-    """An ONNX MLP `x` [N, fan_in] -> `y` [N, width]: Gemm and ReLU per layer."""
-    from onnx import TensorProto, helper, numpy_helper
-
-    nodes, initializers, current = [], [], "x"
-    for layer, (weight, bias) in enumerate(weights):
-        initializers += [
-            numpy_helper.from_array(weight, f"w{layer}"),
-            numpy_helper.from_array(bias, f"b{layer}"),
-        ]
-        output = "y" if layer == len(weights) - 1 else f"r{layer}"
-        nodes += [
-            helper.make_node("Gemm", [current, f"w{layer}", f"b{layer}"], [f"h{layer}"]),
-            helper.make_node("Relu", [f"h{layer}"], [output]),
-        ]
-        current = output
-    graph = helper.make_graph(
-        nodes,
-        "mlp",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", weights[0][0].shape[0]])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", weights[-1][0].shape[1]])],
-        initializers,
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    return model.SerializeToString()
-
-
-def binary_infer_body(input_name: str, array: np.ndarray, output_name: str) -> tuple[bytes, dict[str, str]]:
-    """An HTTP infer body with one FP32 input and one output, both as binary tensor data."""
-    data = np.ascontiguousarray(array, dtype=np.float32)
-    header = json.dumps(
-        {
-            "inputs": [
-                {
-                    "name": input_name,
-                    "shape": list(data.shape),
-                    "datatype": "FP32",
-                    "parameters": {"binary_data_size": data.nbytes},
-                }
-            ],
-            "outputs": [{"name": output_name, "parameters": {"binary_data": True}}],
-        }
-    ).encode()
-    return header + data.tobytes(), {
-        "Inference-Header-Content-Length": str(len(header)),
-        "Content-Type": "application/octet-stream",
-    }
-
-
-def write_model(repository: Path, name: str, model_bytes: bytes, config: str) -> None:
-    (repository / name / "1").mkdir(parents=True, exist_ok=True)
-    (repository / name / "config.pbtxt").write_text(config)
-    (repository / name / "1" / "model.onnx").write_bytes(model_bytes)
-
-
-def start_server(repository: Path, *args: str) -> ServerProcess:
-    """A coreserve process on free loopback ports (see coreserve.testing.ServerProcess)."""
-    return ServerProcess([repository], ["--log-verbose=0", *args]).start(timeout=120)
 
 
 def wrk(
@@ -228,22 +145,6 @@ def grpc_call_succeeds(address: str, method: str, message: bytes) -> None:
         channel.unary_unary(method)(message, timeout=30)  # bytes in and out: no (de)serializers
 
 
-def identity_onnx(dims: Sequence[str | int] = ("n",)) -> bytes:
-    """An ONNX model whose OUTPUT0 is its FP32 INPUT0 of `dims` (names for any size)."""
-    from onnx import TensorProto, helper
-
-    info = lambda name: helper.make_tensor_value_info(name, TensorProto.FLOAT, list(dims))  # noqa: E731
-    graph = helper.make_graph(
-        [helper.make_node("Identity", ["INPUT0"], ["OUTPUT0"])],
-        "identity",
-        [info("INPUT0")],
-        [info("OUTPUT0")],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    return model.SerializeToString()
-
-
 def perf_analyzer() -> str | None:
     """The perf_analyzer binary: $PERF_ANALYZER, or perf_analyzer on PATH."""
     return os.environ.get("PERF_ANALYZER") or shutil.which("perf_analyzer")
@@ -316,7 +217,7 @@ def grpc_load(url: str, request: object, concurrency: int, seconds: float) -> Lo
         latencies: list[float] = []
         errors = 0
         async with grpc.aio.insecure_channel(url) as channel:
-            stub = pb_grpc.GRPCInferenceServiceStub(channel)
+            stub = pb_grpc.GRPCInferenceServiceStub(channel)  # type: ignore[no-untyped-call]
             deadline = time.perf_counter() + seconds
 
             async def worker() -> None:
@@ -357,52 +258,3 @@ def calls_per_second(call: Callable[[], object], seconds: float) -> float:
         call()
         count += 1
     return count / elapsed
-
-
-def rotated(paths: tuple[str, ...], round_index: int) -> tuple[str, ...]:
-    """The order of a round's trials: `paths` rotated by the round's index, so that each path
-    runs first, second, ... in turn and a neighbour slowing the machine weighs on all alike."""
-    shift = round_index % len(paths)
-    return paths[shift:] + paths[:shift]
-
-
-def median(values: Sequence[float]) -> float:
-    return statistics.median(values)
-
-
-def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
-    cells = [[str(c) for c in columns]] + [[_format(v) for v in row] for row in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
-    print(f"\n{title}")
-    for index, row in enumerate(cells):
-        print(
-            "  ".join(
-                cell.rjust(width) if i else cell.ljust(width)
-                for i, (cell, width) in enumerate(zip(row, widths, strict=True))
-            )
-        )
-        if index == 0:
-            print("  ".join("-" * width for width in widths))
-
-
-def _format(value: object) -> str:
-    if isinstance(value, float):
-        return f"{value:,.2f}" if abs(value) < 100 else f"{value:,.0f}"
-    return str(value)
-
-
-def write_results(name: str, results: dict[str, object]) -> Path:
-    RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / f"{name}.json"
-    document = {
-        "benchmark": name,
-        "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": sys.version.split()[0],
-            "platform": platform.platform(),
-        },
-        **results,
-    }
-    path.write_text(json.dumps(document, indent=2, default=lambda o: asdict(o)))
-    return path

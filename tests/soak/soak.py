@@ -1,6 +1,6 @@
 """A bounded soak: mixed good and bad traffic over HTTP and gRPC, watching the server's resources.
 
-    python benchmarks/soak.py [--minutes 2] [--concurrency 8] [--max-requests 200000]
+    python tests/soak/soak.py [--minutes 2] [--concurrency 8] [--max-requests 200000]
                               [--server-cmd "COMMAND"]
 
 By default it starts `coreserve` over examples/model_repository on free ports of 127.0.0.1,
@@ -23,6 +23,9 @@ median of the middle third. The run fails (exit 1) when RSS grows by more than
 than `--fd-growth`, threads by more than `--thread-growth`, or child processes at all; and
 when an answer is a 5xx or not the status a request of its kind must get, or the server log
 holds a traceback. Writes benchmarks/results/soak.json. Linux only (/proc).
+
+It lives beside the tests but pytest does not collect it (no `test_` prefix): it takes minutes,
+so it is run by hand, and every loop in it is bounded by `--minutes` and `--max-requests`.
 """
 
 from __future__ import annotations
@@ -49,12 +52,14 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import print_table, write_results
+# Its tables and results file are the benchmarks' kind.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from reporting import Table, print_table, write_results
 
 from coreserve.testing import ServerProcess
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "model_repository"
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = REPO / "examples" / "model_repository"
 SIMPLE_INPUT = np.arange(16, dtype=np.int32).reshape(1, 16)
 # The default server's body limit is lowered so that bodies over it stay cheap to send.
 MAX_INPUT_SIZE = 1024 * 1024
@@ -369,16 +374,21 @@ def main() -> None:
     step = max(1, len(middle) // 12)  # a dozen rows are enough to read; the JSON has them all
     rows += [[f"{s.seconds:.0f} s", *_values(s)] for s in middle[step - 1 :: step]]
     rows += [["end of load", *_values(samples[-1])], ["end + 3 s idle", *_values(idle)]]
-    print_table(
-        f"Server resources over {loaded:.0f} s, {outcomes.total} requests at concurrency {args.concurrency}",
-        ["when", "RSS MB", "fds", "threads", "children"],
-        rows,
+    tables: list[Table] = []
+    tables.append(
+        print_table(
+            f"Server resources over {loaded:.0f} s, {outcomes.total} requests at concurrency {args.concurrency}",
+            ["when", "RSS MB", "fds", "threads", "children"],
+            rows,
+        )
     )
     kinds = sorted(set(outcomes.expected) | set(outcomes.unexpected))
-    print_table(
-        "Requests by kind",
-        ["kind", "as expected", "unexpected", "example of unexpected"],
-        [[k, outcomes.expected[k], outcomes.unexpected[k], outcomes.examples.get(k, "")] for k in kinds],
+    tables.append(
+        print_table(
+            "Requests by kind",
+            ["kind", "as expected", "unexpected", "example of unexpected"],
+            [[k, outcomes.expected[k], outcomes.unexpected[k], outcomes.examples.get(k, "")] for k in kinds],
+        )
     )
     print(
         "\ngrowth, median of the last third minus median of the middle third (after "
@@ -387,8 +397,9 @@ def main() -> None:
     )
     path = write_results(
         "soak",
+        args,
+        tables,
         {
-            "arguments": vars(args),
             "requests": outcomes.total,
             "requests_per_s": outcomes.total / loaded,
             "expected": dict(outcomes.expected),
