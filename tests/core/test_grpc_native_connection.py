@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
+import zlib
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, NamedTuple, TypeVar
 
@@ -29,6 +30,7 @@ from e2e.http2_raw import (
     FLOW_CONTROL_ERROR,
     FRAME_SIZE_ERROR,
     GOAWAY,
+    HEADER_TABLE_SIZE,
     HEADERS,
     IDENTITY,
     INITIAL_WINDOW_SIZE,
@@ -134,6 +136,13 @@ class Frame(NamedTuple):
     flags: int
     stream: int
     detail: Any  # decoded: header fields, DATA bytes, an error code, settings, ...
+    raw: bytes = b""  # a HEADERS frame's header block as written (out of equality: see __eq__)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Frame) and self[:4] == other[:4]
+
+    def __hash__(self) -> int:
+        return hash(self[:4])
 
 
 class MemoryClient(RawHttp2):
@@ -177,7 +186,9 @@ class MemoryClient(RawHttp2):
         elif kind == GOAWAY:
             last, code = struct.unpack(">II", payload[:8])
             detail = (last, code, payload[8:].decode())
-        return Frame(NAMES.get(kind, str(kind)), flags, stream_id, detail)
+        return Frame(
+            NAMES.get(kind, str(kind)), flags, stream_id, detail, payload if kind == HEADERS else b""
+        )
 
     async def until_ends(self, stream_id: int) -> list[Frame]:
         """The frames written until `stream_id` ends (END_STREAM or RST_STREAM) or GOAWAY comes."""
@@ -237,20 +248,22 @@ class Session(NamedTuple):
     closed: list[Http2Connection]
 
 
-def _session(dataplane: DataPlane) -> Session:
+def _session(dataplane: DataPlane, settings: GrpcTransport) -> Session:
     """A new connection on the running loop, made as NativeGrpcFrontend makes one."""
     handlers = Handlers()
     add_services(handlers, dataplane, None, takes_pieces=True)
     closed: list[Http2Connection] = []
-    connection = Http2Connection(handlers, MAX_MESSAGE, GrpcTransport(), closed.append)
+    connection = Http2Connection(handlers, MAX_MESSAGE, settings, closed.append)
     transport = MemoryTransport()
     transport.protocol = connection
     connection.connection_made(transport)
     return Session(connection, transport, MemoryClient(connection, transport), closed)
 
 
-async def _run(dataplane: DataPlane, scenario: Callable[[Session], Awaitable[T]]) -> T:
-    session = _session(dataplane)
+async def _run(
+    dataplane: DataPlane, scenario: Callable[[Session], Awaitable[T]], settings: GrpcTransport | None = None
+) -> T:
+    session = _session(dataplane, settings or GrpcTransport())
     try:
         return await scenario(session)
     finally:
@@ -260,11 +273,15 @@ async def _run(dataplane: DataPlane, scenario: Callable[[Session], Awaitable[T]]
 
 
 @pytest.fixture
-def run(kit: InProcessServer) -> Callable[[Callable[[Session], Awaitable[T]]], T]:
-    """Runs a scenario with a new connection on the server's loop."""
+def run(kit: InProcessServer) -> Callable[..., Any]:
+    """Runs a scenario with a new connection on the server's loop (`settings`: its transport's)."""
     assert kit.dataplane is not None
     dataplane = kit.dataplane
-    return lambda scenario: kit.run(_run(dataplane, scenario))
+
+    def run(scenario: Callable[[Session], Awaitable[T]], settings: GrpcTransport | None = None) -> T:
+        return kit.run(_run(dataplane, scenario, settings))
+
+    return run
 
 
 class StillClockLoop(asyncio.SelectorEventLoop):
@@ -467,6 +484,77 @@ def test_a_header_list_over_the_limit_is_refused_with_resource_exhausted(run: Ca
             ],
         )
     ]
+
+
+def test_client_trailers_end_its_side_and_malformed_ones_reset_the_stream(run: Callable[..., Any]) -> None:
+    async def scenario(session: Session) -> tuple[list[Frame], list[Frame]]:
+        client = await opened(session)
+        # The message, then trailers (HEADERS with END_STREAM and no pseudo-header) end the input.
+        client.send(
+            frame(HEADERS, END_HEADERS, 1, client.headers_block("ServerLive"))
+            + frame(DATA, 0, 1, message(b""))
+            + frame(HEADERS, END_HEADERS | END_STREAM, 1, bytes(client.encoder.encode([("x-done", "1")])))
+        )
+        answered = await client.until_ends(1)
+        # RFC 9113 8.1: trailers may carry no pseudo-header.
+        client.send(
+            frame(HEADERS, END_HEADERS, 3, client.headers_block("ServerLive"))
+            + frame(HEADERS, END_HEADERS | END_STREAM, 3, bytes(client.encoder.encode([(":path", "/x")])))
+        )
+        return answered, client.read()
+
+    answered, malformed = run(scenario)
+    assert [(item.kind, item.flags) for item in answered] == [
+        ("HEADERS", END_HEADERS),
+        ("DATA", 0),
+        ("HEADERS", END_HEADERS | END_STREAM),
+    ]
+    assert answered[-1].detail == OK_TRAILERS
+    assert malformed == [Frame("RST_STREAM", 0, 3, PROTOCOL_ERROR)]
+
+
+def test_inference_answers_are_gzipped_for_clients_that_take_it(run: Callable[..., Any]) -> None:
+    async def scenario(session: Session) -> tuple[list[Frame], list[Frame]]:
+        client = await opened(session)
+        client.unary(1, "ModelInfer", infer_request(4), ("grpc-accept-encoding", "identity, gzip"))
+        gzipped = await client.until_ends(1)
+        client.unary(3, "ModelInfer", infer_request(4))  # a client that does not say it takes gzip
+        return gzipped, await client.until_ends(3)
+
+    (headers, data, trailers), (_, plain, _) = run(scenario, GrpcTransport(compression_level="high"))
+    assert headers.detail == [*RESPONSE_HEADERS, ("grpc-encoding", "gzip")]
+    assert trailers.detail == OK_TRAILERS
+    flag, length = struct.unpack(">BI", data.detail[:5])
+    assert (flag, length) == (1, len(data.detail) - 5)
+    assert zlib.decompress(data.detail[5:], wbits=31) == plain.detail[5:]
+    assert plain.detail[0] == 0  # not compressed
+
+
+def test_a_smaller_header_table_is_announced_before_the_next_block(run: Callable[..., Any]) -> None:
+    async def scenario(session: Session) -> list[list[Frame]]:
+        client = session.client
+        client.decoder.max_allowed_table_size = 0  # what the client's SETTINGS says
+        client.send(PREFACE + frame(SETTINGS, 0, 0, setting(HEADER_TABLE_SIZE, 0)))
+        client.read()
+        return [await _answer(client, stream) for stream in (1, 3)]
+
+    first, second = run(scenario)
+    for stream, answer in ((1, first), (3, second)):
+        assert [(item.kind, item.stream) for item in answer] == [
+            ("HEADERS", stream),
+            ("DATA", stream),
+            ("HEADERS", stream),
+        ]
+        assert (answer[0].detail, answer[2].detail) == (RESPONSE_HEADERS, OK_TRAILERS)
+    # RFC 7541 4.2: a dynamic table size update (to 0) opens the first block after the change,
+    # and no later block has one; with no room for them, no field is indexed.
+    blocks = [item.raw for item in first + second if item.kind == "HEADERS"]
+    assert [block[:1] == b"\x20" for block in blocks] == [True, False, False, False]
+
+
+async def _answer(client: MemoryClient, stream: int) -> list[Frame]:
+    client.unary(stream, "ServerLive", b"")
+    return await client.until_ends(stream)
 
 
 # Flow control ------------------------------------------------------------------------------
