@@ -248,12 +248,12 @@ class Session(NamedTuple):
     closed: list[Http2Connection]
 
 
-def _session(dataplane: DataPlane, settings: GrpcTransport) -> Session:
+def _session(dataplane: DataPlane, settings: GrpcTransport, max_message: int = MAX_MESSAGE) -> Session:
     """A new connection on the running loop, made as NativeGrpcFrontend makes one."""
     handlers = Handlers()
     add_services(handlers, dataplane, None, takes_pieces=True)
     closed: list[Http2Connection] = []
-    connection = Http2Connection(handlers, MAX_MESSAGE, settings, closed.append)
+    connection = Http2Connection(handlers, max_message, settings, closed.append)
     transport = MemoryTransport()
     transport.protocol = connection
     connection.connection_made(transport)
@@ -261,9 +261,12 @@ def _session(dataplane: DataPlane, settings: GrpcTransport) -> Session:
 
 
 async def _run(
-    dataplane: DataPlane, scenario: Callable[[Session], Awaitable[T]], settings: GrpcTransport | None = None
+    dataplane: DataPlane,
+    scenario: Callable[[Session], Awaitable[T]],
+    settings: GrpcTransport | None = None,
+    max_message: int = MAX_MESSAGE,
 ) -> T:
-    session = _session(dataplane, settings or GrpcTransport())
+    session = _session(dataplane, settings or GrpcTransport(), max_message)
     try:
         return await scenario(session)
     finally:
@@ -278,8 +281,12 @@ def run(kit: InProcessServer) -> Callable[..., Any]:
     assert kit.dataplane is not None
     dataplane = kit.dataplane
 
-    def run(scenario: Callable[[Session], Awaitable[T]], settings: GrpcTransport | None = None) -> T:
-        return kit.run(_run(dataplane, scenario, settings))
+    def run(
+        scenario: Callable[[Session], Awaitable[T]],
+        settings: GrpcTransport | None = None,
+        max_message: int = MAX_MESSAGE,
+    ) -> T:
+        return kit.run(_run(dataplane, scenario, settings, max_message))
 
     return run
 
@@ -484,6 +491,37 @@ def test_a_header_list_over_the_limit_is_refused_with_resource_exhausted(run: Ca
             ],
         )
     ]
+
+
+def test_a_message_over_the_size_limit_is_refused_and_its_stream_reset(run: Callable[..., Any]) -> None:
+    limit = 64
+
+    async def scenario(session: Session) -> tuple[list[Frame], list[Frame], int]:
+        client = await opened(session)
+        request = infer_request(32)  # 128 bytes of FP32 alone
+        client.send(frame(HEADERS, END_HEADERS, 1, client.headers_block("ModelInfer")))
+        client.send(frame(DATA, 0, 1, message(request)[:20]))  # the prefix says how large it is
+        refused = client.read()
+        client.send(frame(DATA, END_STREAM, 1, message(request)[20:]))  # dropped: the call has ended
+        return refused, client.read(), len(session.connection.calls)
+
+    refused, after, open_calls = run(scenario, max_message=limit)
+    size = len(infer_request(32))
+    assert refused == [
+        Frame(
+            "HEADERS",
+            END_HEADERS | END_STREAM,
+            1,
+            [
+                (":status", "200"),
+                ("content-type", "application/grpc"),
+                ("grpc-status", "8"),  # RESOURCE_EXHAUSTED, in grpc's words
+                ("grpc-message", f"Received message larger than max ({size} vs. {limit})"),
+            ],
+        ),
+        Frame("RST_STREAM", 0, 1, NO_ERROR),  # the client was still sending: it need not
+    ]
+    assert (after, open_calls) == ([], 0)
 
 
 def test_client_trailers_end_its_side_and_malformed_ones_reset_the_stream(run: Callable[..., Any]) -> None:

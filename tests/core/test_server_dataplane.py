@@ -251,6 +251,19 @@ def test_model_readiness(kit: InProcessServer, plane: DataPlane) -> None:
         on_loop(kit, plane.model_ready, "add_sub", "one")
 
 
+def test_malformed_versions_are_refused_in_tritons_words(kit: InProcessServer, plane: DataPlane) -> None:
+    refusals = []
+    for version in ("x", "-1"):
+        with pytest.raises(InvalidArgumentError) as refused:
+            on_loop(kit, plane.model_metadata, "add_sub", version)
+        refusals.append(refused.value.message)
+    assert refusals == [
+        "failed to get model version from specified version string 'x' (details: stol), version should be "
+        "an integral value > 0",
+        "invalid model version specified '-1' , version should be an integral value > 0",
+    ]
+
+
 def test_model_metadata_lists_the_signature_as_clients_see_it(kit: InProcessServer, plane: DataPlane) -> None:
     tensors = [
         {"name": f"{kind}{i}", "datatype": "FP32", "shape": [-1, 4]}
