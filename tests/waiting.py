@@ -9,7 +9,9 @@ ends, never to assert how quickly the server was.
 
 from __future__ import annotations
 
+import re
 import time
+import urllib.request
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -30,3 +32,15 @@ def wait_until(condition: Callable[[], T], what: str, timeout: float = 60.0, int
         if time.monotonic() > deadline:
             raise AssertionError(f"not within {timeout:g} s: {what}")
         time.sleep(interval)
+
+
+def pending_requests(metrics_url: str, model: str, version: str = "1") -> int:
+    """A model's requests queued or executing, as the server reports them
+    (`nv_inference_pending_request_count`): what a test waits on before it acts on requests
+    in flight."""
+    with urllib.request.urlopen(metrics_url, timeout=30) as answer:
+        text = answer.read().decode()
+    labels = f'{{model="{model}",version="{version}"}}'
+    found = re.search(rf"^nv_inference_pending_request_count{re.escape(labels)} (\d+)$", text, re.MULTILINE)
+    assert found, f"no pending request count for {model} {version}:\n{text}"
+    return int(found.group(1))

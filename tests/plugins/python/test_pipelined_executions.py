@@ -11,9 +11,7 @@ instance rather than behind another instance's execution.
 from __future__ import annotations
 
 import itertools
-import re
 import time
-import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -23,9 +21,9 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
-from waiting import wait_until
 
 from coreserve.testing import ServerProcess
+from waiting import pending_requests, wait_until
 
 # Each execution sleeps IN[0] milliseconds, notes (in the file its parameter names) when it
 # ran, its request's id and whether it was cancelled, and answers its stub's process id. A
@@ -111,17 +109,6 @@ def _stats(server: ServerProcess, model: str) -> dict[str, int]:
     return {key: int(value["ns"]) for key, value in inference.items() if isinstance(value, dict)}
 
 
-def _pending(server: ServerProcess, model: str) -> int:
-    """The model's requests queued or executing (handed to its stub included), as the server reports."""
-    with urllib.request.urlopen(server.metrics_url, timeout=30) as answer:
-        text = answer.read().decode()
-    found = re.search(
-        rf'^nv_inference_pending_request_count{{model="{model}",version="1"}} (\d+)$', text, re.M
-    )
-    assert found, text
-    return int(found.group(1))
-
-
 def _hold(repository: Path, model: str, request_id: str) -> Path:
     """Makes the request `request_id` wait in the model until the returned file exists."""
     mark = repository / f"{model}.notes.{request_id}"
@@ -146,7 +133,7 @@ def test_executions_run_one_at_a_time_and_waiting_counts_as_queue_time(
         wait_until(lambda: _held(repository, model, f"{model}-0"), "the first request runs")
         rest = [pool.submit(_call, process, model, f"{model}-{n}", 200) for n in (1, 2, 3)]
         # The three others have reached the server (its queue, or the stub behind the first):
-        wait_until(lambda: _pending(process, model) == 4, "four requests pending")
+        wait_until(lambda: pending_requests(process.metrics_url, model) == 4, "four requests pending")
         all_queued = time.monotonic()
         release.touch()
         pids = [first.result(timeout=60), *(call.result(timeout=60) for call in rest)]
