@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from coreserve.testing import ServerProcess
+from waiting import wait_until
 
 TIMEOUT = 1.0  # every --http-*-timeout-secs of the servers below
 MAX_BODY = 1 << 20
@@ -153,6 +154,10 @@ class HealthProbe:
             finally:
                 connection.close()
             self._stop.wait(0.05)
+
+    def wait_for_answers(self, count: int) -> None:
+        """Waits until the probe has had `count` answers (whatever their status)."""
+        wait_until(lambda: len(self.latencies) >= count or self.failures, f"{count} health probes answered")
 
     def __enter__(self) -> HealthProbe:
         self._thread.start()
@@ -558,8 +563,8 @@ def test_connection_limit_refuses_politely_and_service_resumes(tmp_path: Path) -
         assert all(sock.recv(1) == b"" for sock in idle)
         for sock in idle:
             sock.close()
-        with HealthProbe(server):
-            time.sleep(0.3)
+        with HealthProbe(server) as probe:
+            probe.wait_for_answers(5)  # service resumed
         log = server.log
         assert log.count("over the limit of 50 (--http-max-connections)") == 1, log
         _assert_quiet_log(server)
@@ -591,8 +596,8 @@ def test_connections_past_the_file_limit_do_not_stop_the_server(tmp_path: Path) 
                 if connection.response()[0] == 200:
                     break
             time.sleep(0.1)
-        with HealthProbe(server):
-            time.sleep(0.3)
+        with HealthProbe(server) as probe:
+            probe.wait_for_answers(5)  # service resumed
         log = server.log
         assert "connections open, near the open-file limit" in log, log
         assert log.count("near the open-file limit") == 1, log  # one line per 10 s at most
@@ -622,8 +627,8 @@ def test_default_connection_limit_keeps_under_the_file_limit(tmp_path: Path) -> 
             for sock in clients:
                 sock.close()
         assert refused == 50
-        with HealthProbe(server):
-            time.sleep(0.3)
+        with HealthProbe(server) as probe:
+            probe.wait_for_answers(5)  # service resumed
         log = server.log
         assert "over the limit of 192" in log, log
         assert "open-file limit" not in log, log  # the system never had to reset anyone

@@ -19,6 +19,7 @@ from tritonclient.utils import InferenceServerException
 
 from coreserve.testing import ServerFactory, ServerProcess
 from model_builders import add_sub_model, scale_model, write_model
+from waiting import pending_requests, wait_until
 
 ClientFactory = Callable[[ServerProcess], httpclient.InferenceServerClient]
 
@@ -204,22 +205,23 @@ def test_instances_run_requests_in_parallel(
         finally:
             client.close()
 
-    started = time.monotonic()
     with ThreadPoolExecutor(3) as pool:
         assert list(pool.map(call, [1, 2, 3])) == [1, 2, 3]
-    elapsed = time.monotonic() - started
-    # Three 0.4 s executions: serial on one instance (>= 1.2 s: a lower bound, safe on a slow
-    # machine). On three instances a long request does not hold up short ones sent with it:
-    # they finish while it runs (asserted by order, not by how long they took).
-    if count == 1:
-        assert elapsed >= 1.2
-    else:
-        with ThreadPoolExecutor(3) as pool:
-            long = pool.submit(call, 4, 5000)
-            short = [pool.submit(call, value) for value in (5, 6)]
+    # A long request sent first: on one instance the short ones sent while it runs wait for
+    # it (they end after it); on three they do not (they end while it runs). Asserted by the
+    # order the answers came in, not by how long they took.
+    with ThreadPoolExecutor(3) as pool:
+        long = pool.submit(call, 4, 2000 if count == 1 else 5000)
+        wait_until(lambda: pending_requests(server.metrics_url, "slow") == 1, "the long request is in")
+        short = [pool.submit(call, value) for value in (5, 6)]
+        if count == 1:
+            assert short[0].result(timeout=60) == 5
+            assert long.done()
+        else:
             assert [future.result(timeout=60) for future in short] == [5, 6]
             assert not long.done()
-            assert long.result(timeout=60) == 4
+        assert long.result(timeout=60) == 4
+        assert [future.result(timeout=60) for future in short] == [5, 6]
 
 
 def test_third_party_backend_serves_and_passes_parameters(
@@ -326,7 +328,7 @@ def test_sigterm_lets_requests_in_flight_finish(
     assert server.process is not None
     with ThreadPoolExecutor(2) as pool:
         in_flight = [pool.submit(_echo_once, server, value) for value in (1, 2)]
-        time.sleep(0.3)
+        wait_until(lambda: pending_requests(server.metrics_url, "slow") == 2, "both requests are in")
         server.process.send_signal(signal.SIGTERM)
         assert [future.result(timeout=30) for future in in_flight] == [1, 2]
     assert server.wait(timeout=30) == 0
@@ -340,7 +342,7 @@ def test_exit_timeout_bounds_the_wait(
     assert server.process is not None
     with ThreadPoolExecutor(1) as pool:
         stuck = pool.submit(_echo_once, server, 1)
-        time.sleep(0.3)
+        wait_until(lambda: pending_requests(server.metrics_url, "slow") == 1, "the request is in")
         started = time.monotonic()
         server.process.send_signal(signal.SIGTERM)
         assert server.wait(timeout=30) == 0

@@ -15,6 +15,7 @@ from tritonclient.utils import InferenceServerException
 
 from coreserve.testing import ServerFactory, ServerProcess
 from model_builders import accumulator_model, write_model
+from waiting import pending_requests, wait_until
 
 ACCUMULATOR = """
 backend: "onnxruntime"
@@ -160,7 +161,7 @@ def test_sequences_beyond_the_slots_wait_then_give_up(
     with ThreadPoolExecutor(2) as pool:
         # Sequence 2 waits for the slot while sequence 1 is active; it gets the slot when 1 ends.
         waiting = pool.submit(_step_alone, server, 2, 5, start=True)
-        time.sleep(0.3)
+        wait_until(lambda: pending_requests(server.metrics_url, "accumulator") == 1, "sequence 2 is in")
         assert not waiting.done()
         assert _step_alone(server, 1, 1, end=True)[0] == 2
         assert waiting.result(timeout=30) == (5, 2)
@@ -223,11 +224,10 @@ def test_oldest_preserve_ordering_holds_later_responses(
     pythonpath = os.pathsep.join(filter(None, [str(echo_backend_site), os.environ.get("PYTHONPATH")]))
     server = coreserve_server(tmp_path, env={"PYTHONPATH": pythonpath})
 
-    def step(sequence_id: int, **parameters: object) -> tuple[int, float]:
+    def step(sequence_id: int, **parameters: object) -> int:
         client = httpclient.InferenceServerClient(server.http_url, network_timeout=60)
         tensor = httpclient.InferInput("IN", [1, 1], "INT32")
         tensor.set_data_from_numpy(np.array([[sequence_id]], np.int32))
-        started = time.monotonic()
         try:
             result = client.infer(
                 "echo",
@@ -239,23 +239,34 @@ def test_oldest_preserve_ordering_holds_later_responses(
             )
         finally:
             client.close()
-        return int(result.as_numpy("OUT")[0, 0]), time.monotonic() - started
+        return int(result.as_numpy("OUT")[0, 0])
 
+    def executions() -> int:
+        client = httpclient.InferenceServerClient(server.http_url)
+        try:
+            return int(client.get_inference_statistics("echo")["model_stats"][0]["execution_count"])
+        finally:
+            client.close()
+
+    # The first sequence runs two seconds on one instance; the second, sent while it runs,
+    # runs at once on the other. Without preserve_ordering its answer comes while the first
+    # still runs; with it, its answer is held until the first's has left. Asserted on what the
+    # server reports (the second's execution counted) and which answers had come, not on how
+    # long the second one took. tests/core/test_scheduling_ordering.py asserts the order of
+    # release exactly.
     with ThreadPoolExecutor(2) as pool:
-        slow = pool.submit(step, 1, delay_ms=600)
-        time.sleep(0.1)
+        slow = pool.submit(step, 1, delay_ms=2000)
+        wait_until(lambda: pending_requests(server.metrics_url, "echo") == 1, "the first sequence is in")
         fast = pool.submit(step, 2)
-        fast.result(timeout=30)
-        first_still_running = not slow.done()
-        (first, _), (second, second_took) = slow.result(timeout=30), fast.result(timeout=30)
-    assert (first, second) == (1, 2)
-    # The second sequence runs at once on the other instance; with preserve_ordering its
-    # response waits for the first one's (about 0.5 s more: a lower bound, safe on a slow
-    # machine). tests/core/test_scheduling_ordering.py asserts the order of release exactly.
-    if preserve:
-        assert second_took > 0.4
-    else:
-        assert first_still_running
+        if preserve:
+            wait_until(lambda: executions() == 1, "the second sequence ran")
+            assert not slow.done()
+            assert not fast.done()  # executed, its answer held behind the first's
+        else:
+            assert fast.result(timeout=30) == 2
+            assert not slow.done()  # answered while the first still runs
+        assert (slow.result(timeout=30), fast.result(timeout=30)) == (1, 2)
+    assert executions() == 2
 
 
 def test_sequence_ids_over_grpc(coreserve_server: ServerFactory, tmp_path: Path) -> None:

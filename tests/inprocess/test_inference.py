@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +11,7 @@ import torch
 
 import coreserve
 from model_builders import accumulator_model, write_model
+from waiting import wait_until
 
 
 def _pair(batch: int = 2) -> dict[str, np.ndarray]:
@@ -79,14 +79,22 @@ def test_an_ordinary_model_streams_its_one_response(server: coreserve.Server) ->
 
 def test_leaving_a_stream_early_cancels_the_request(server: coreserve.Server) -> None:
     model = server.model("streamer")  # one instance, busy until a request ends
+    before = _outcomes(model)
     for response in model.stream({"N": np.array([20_000], np.int32)}):
         assert int(response.outputs["VALUE"][0]) == 0
         break
-    # Uncancelled, the first request would hold the instance for 40 s or more.
-    started = time.monotonic()
     values = [int(r.outputs["VALUE"][0]) for r in model.stream({"N": np.array([2], np.int32)})]
     assert values == [0, 1]
-    assert time.monotonic() - started < 15
+    # The first request ended cancelled, before the second ran on the one instance (uncancelled,
+    # it would have held the instance for 40 s or more and ended a success).
+    # (The server counts an outcome just after it answers.)
+    wait_until(lambda: _outcomes(model) == (before[0] + 1, before[1] + 1), "one cancelled, one success")
+
+
+def _outcomes(model: coreserve.Model) -> tuple[int, int]:
+    """How many of a model's requests ended a success and how many failed (cancelled included)."""
+    inference = model.statistics()["model_stats"][0]["inference_stats"]
+    return int(inference["success"]["count"]), int(inference["fail"]["count"])
 
 
 def test_async_calls_run_on_the_callers_loop(server: coreserve.Server) -> None:
@@ -125,6 +133,7 @@ def test_the_blocking_api_works_inside_a_running_loop(server: coreserve.Server) 
 def test_cancelled_async_calls_cancel_their_requests(server: coreserve.Server) -> None:
     sleepy, streamer = server.model("sleepy"), server.model("streamer")
     executions = sleepy.statistics()["model_stats"][0]["execution_count"]
+    slept, streamed = _outcomes(sleepy), _outcomes(streamer)
 
     async def main() -> None:
         calls = [asyncio.ensure_future(sleepy.async_infer({"X": np.array([i], np.int32)})) for i in range(10)]
@@ -135,8 +144,7 @@ def test_cancelled_async_calls_cancel_their_requests(server: coreserve.Server) -
                 seen.append(response)
 
         streaming = asyncio.ensure_future(consume())
-        await asyncio.sleep(0.3)
-        while not seen:
+        while not seen or server.pending_requests() < 11:  # every call is in, the stream runs
             await asyncio.sleep(0.01)
         for task in [*calls, streaming]:
             task.cancel()
@@ -144,13 +152,14 @@ def test_cancelled_async_calls_cancel_their_requests(server: coreserve.Server) -
         assert all(isinstance(result, asyncio.CancelledError) for result in results)
 
     asyncio.run(main())
-    # Both models answer again at once: their single instances were freed by the cancellations
-    # (uncancelled, 10 x 0.5 s of sleepy and 40 s of streamer would still be running).
-    started = time.monotonic()
+    # Both models answer again: their single instances were freed by the cancellations
+    # (uncancelled, 10 x 0.5 s of sleepy and 40 s of streamer would run first, and end
+    # successes). The stream ended cancelled; the ten sleepy calls too, and at most the one
+    # running when they were cancelled (and any taken meanwhile) executed.
     assert sleepy.infer({"X": np.array([1], np.int32)}).outputs["Y"].tolist() == [1]
     assert len(list(streamer.stream({"N": np.array([3], np.int32)}))) == 3
-    assert time.monotonic() - started < 15
-    # Of the ten sleepy calls, the running one (and any taken while the test slept) ran.
+    wait_until(lambda: _outcomes(streamer) == (streamed[0] + 1, streamed[1] + 1), "the stream cancelled")
+    wait_until(lambda: _outcomes(sleepy)[0] == slept[0] + 1, "one sleepy success")
     assert sleepy.statistics()["model_stats"][0]["execution_count"] - executions <= 1 + 4
 
 

@@ -23,9 +23,12 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from coreserve.testing import ServerProcess
+from waiting import pending_requests, wait_until
 
 # Each execution sleeps IN[0] milliseconds, notes (in the file its parameter names) when it
-# ran, its request's id and whether it was cancelled, and answers its stub's process id.
+# ran, its request's id and whether it was cancelled, and answers its stub's process id. A
+# request the test holds (a file `<notes>.<id>.hold` exists) first says so (`.held`) and waits
+# for the test to release it (`.release`): the test then knows, rather than guesses, what runs.
 MODEL = """
 import os
 import time
@@ -43,6 +46,11 @@ class TritonPythonModel:
         responses = []
         for request in requests:
             started = time.monotonic()
+            mark = f"{self.notes}.{request.request_id()}"
+            if os.path.exists(mark + ".hold"):
+                open(mark + ".held", "w").close()
+                while not os.path.exists(mark + ".release"):
+                    time.sleep(0.01)
             delay_ms = int(pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()[0])
             time.sleep(delay_ms / 1000)
             with open(self.notes, "a") as notes:
@@ -101,25 +109,52 @@ def _stats(server: ServerProcess, model: str) -> dict[str, int]:
     return {key: int(value["ns"]) for key, value in inference.items() if isinstance(value, dict)}
 
 
+def _hold(repository: Path, model: str, request_id: str) -> Path:
+    """Makes the request `request_id` wait in the model until the returned file exists."""
+    mark = repository / f"{model}.notes.{request_id}"
+    Path(f"{mark}.hold").touch()
+    return Path(f"{mark}.release")
+
+
+def _held(repository: Path, model: str, request_id: str) -> bool:
+    """Whether the model is running the held request `request_id` (and waits for its release)."""
+    return Path(f"{repository / f'{model}.notes.{request_id}'}.held").exists()
+
+
 @pytest.mark.parametrize("model", ["one", "unpipelined"])
 def test_executions_run_one_at_a_time_and_waiting_counts_as_queue_time(
     server: tuple[ServerProcess, Path], model: str
 ) -> None:
     process, repository = server
     before = _stats(process, model)
+    release = _hold(repository, model, f"{model}-0")
     with ThreadPoolExecutor(4) as pool:  # four requests at once, 200 ms of work each
-        pids = list(pool.map(lambda n: _call(process, model, f"{model}-{n}", 200), range(4)))
+        first = pool.submit(_call, process, model, f"{model}-0", 200)
+        wait_until(lambda: _held(repository, model, f"{model}-0"), "the first request runs")
+        rest = [pool.submit(_call, process, model, f"{model}-{n}", 200) for n in (1, 2, 3)]
+        # The three others have reached the server (its queue, or the stub behind the first):
+        wait_until(lambda: pending_requests(process.metrics_url, model) == 4, "four requests pending")
+        all_queued = time.monotonic()
+        release.touch()
+        pids = [first.result(timeout=60), *(call.result(timeout=60) for call in rest)]
     assert len(set(pids)) == 1  # one instance, one stub
-    spans = sorted(_notes(repository, model).values())
-    for (_, end, _), (start, _, _) in itertools.pairwise(spans):
+    notes = {name: note for name, note in _notes(repository, model).items() if name.startswith(f"{model}-")}
+    spans = sorted((start, end) for start, end, _ in notes.values())
+    assert len(spans) == 4 and spans[0] == notes[f"{model}-0"][:2]  # the held one ran first
+    for (_, end), (start, _) in itertools.pairwise(spans):
         assert start >= end  # never two executions at once
     after = _stats(process, model)
     compute = sum(after[key] - before[key] for key in ("compute_input", "compute_infer", "compute_output"))
     queue = after["queue"] - before["queue"]
-    # Four executions of 200 ms: 0.8 s of compute; the waits behind each other (0.2 + 0.4 +
-    # 0.6 s) are queue time, wherever the requests waited (the server's queue or the stub).
-    assert 0.8e9 <= compute < 1.4e9, compute
-    assert queue >= 1.0e9, queue
+    success = after["success"] - before["success"]
+    # Compute time covers each execution's work (the spans the model noted, on the same clock)
+    # and no more than what is left of each request's time in the server after its queue time.
+    assert 0.8e9 <= sum(end - start for start, end in spans) * 1e9 <= compute <= success - queue, compute
+    # The three others were queued before `all_queued` and none started before the execution
+    # ahead of it ended: the time between is queue time, wherever they waited (the server's
+    # queue or the stub). Were it counted as compute, their queue time would be far less.
+    waited = sum(end - all_queued for _, end in spans[:3])
+    assert queue >= max(1.0e9, waited * 1e9), (queue, waited)
 
 
 def test_a_request_cancelled_while_it_waits_in_the_stub_never_reaches_the_model(
@@ -128,9 +163,11 @@ def test_a_request_cancelled_while_it_waits_in_the_stub_never_reaches_the_model(
     process, repository = server
     with httpclient.InferenceServerClient(process.http_url) as client:
         before = client.get_inference_statistics("one")["model_stats"][0]
+    release = _hold(repository, "one", "running")
     with ThreadPoolExecutor(1) as pool:
-        slow = pool.submit(_call, process, "one", "running", 1500)
-        time.sleep(0.3)  # the stub runs it; the next request is handed to the stub behind it
+        # It runs, held; the next request is handed to the stub behind it.
+        slow = pool.submit(_call, process, "one", "running", 1000)
+        wait_until(lambda: _held(repository, "one", "running"), "the first request runs")
         tensor = grpcclient.InferInput("IN", [1], "INT32")
         tensor.set_data_from_numpy(np.array([0], np.int32))
         client = grpcclient.InferenceServerClient(process.grpc_url)
@@ -139,6 +176,7 @@ def test_a_request_cancelled_while_it_waits_in_the_stub_never_reaches_the_model(
                 client.infer("one", [tensor], request_id="gave-up", client_timeout=0.3)
         finally:
             client.close()
+            release.touch()  # its last second of work gives the cancellation time to arrive
         assert info.value.status() == "StatusCode.DEADLINE_EXCEEDED"
         slow.result(timeout=60)
         assert _call(process, "one", "after", 0)  # the stub goes on with the next one
@@ -153,24 +191,34 @@ def test_a_request_cancelled_while_it_waits_in_the_stub_never_reaches_the_model(
 
 
 def test_a_request_goes_to_an_idle_instance_not_behind_a_busy_one(server: tuple[ServerProcess, Path]) -> None:
-    process, _ = server
+    process, repository = server
+    release = _hold(repository, "two", "first")
     with ThreadPoolExecutor(2) as pool:
-        first = pool.submit(_call, process, "two", "first", 1000)
-        time.sleep(0.3)
-        started = time.monotonic()
-        second = _call(process, "two", "second", 0)
-        waited = time.monotonic() - started
+        first = pool.submit(_call, process, "two", "first", 0)
+        try:
+            wait_until(lambda: _held(repository, "two", "first"), "the first request runs")
+            # Answered while the first is still held: it did not wait behind it.
+            second = pool.submit(_call, process, "two", "second", 0).result(timeout=60)
+            assert not first.done()
+        finally:
+            release.touch()
         assert first.result(timeout=60) != second  # each ran in a stub of its own
-    assert waited < 0.7, waited  # not behind the first request's second of work
 
 
 def test_requests_that_arrive_together_spread_over_the_instances(server: tuple[ServerProcess, Path]) -> None:
-    process, _ = server
-    started = time.monotonic()
+    process, repository = server
+    names = ["together-0", "together-1"]
+    releases = [_hold(repository, "two", name) for name in names]
     with ThreadPoolExecutor(2) as pool:
-        pids = list(pool.map(lambda n: _call(process, "two", f"together-{n}", 600), range(2)))
+        calls = [pool.submit(_call, process, "two", name, 0) for name in names]
+        try:
+            # Both run at once (each holds its instance until released), not one after the other.
+            wait_until(lambda: all(_held(repository, "two", name) for name in names), "both requests run")
+        finally:
+            for release in releases:
+                release.touch()
+        pids = [call.result(timeout=60) for call in calls]
     assert len(set(pids)) == 2  # side by side, one on each instance
-    assert time.monotonic() - started < 1.1  # not 1.2 s, one after the other
 
 
 @pytest.mark.parametrize(
