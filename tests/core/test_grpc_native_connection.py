@@ -2,7 +2,7 @@
 
 No sockets: `MemoryTransport` records what the connection writes and the test feeds the
 client's bytes with `data_received`, as asyncio's own transport would. The connection serves
-the real servicers (registered as grpc_native/frontend.py registers them) over a real data
+the real servicers (registered as grpc/native/_frontend.py registers them) over a real data
 plane (coreserve.testing's in-process server with an ONNX identity model), so a call goes
 through the data plane to onnxruntime and back. Frames are built with tests/e2e/http2_raw.py's
 encoders; every assertion is on the frames that came out, their order and their codes.
@@ -55,10 +55,10 @@ from e2e.http2_raw import (
 
 from coreserve.protos import grpc_service_pb2 as pb
 from coreserve.server.dataplane import DataPlane
-from coreserve.server.grpc_native import limits
-from coreserve.server.grpc_native.connection import Http2Connection
-from coreserve.server.grpc_services import add_services
-from coreserve.server.grpc_transport import GrpcTransport
+from coreserve.server.grpc._server import add_services
+from coreserve.server.grpc._transport import GrpcTransport
+from coreserve.server.grpc.native import _limits as limits
+from coreserve.server.grpc.native._connection import Http2Connection
 from coreserve.testing import InProcessServer
 from model_builders import identity_model, write_model
 

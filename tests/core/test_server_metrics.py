@@ -37,7 +37,7 @@ from coreserve.backend import (
 )
 from coreserve.scheduling.response_cache import CacheStatistics
 from coreserve.scheduling.statistics import FIRST_RESPONSE_BUCKETS_MS, HISTOGRAM_BUCKETS_US
-from coreserve.server.metrics import FAILURE_ORDER, render_cache_metrics
+from coreserve.server.metrics._prometheus import FAILURE_ORDER, render_cache_metrics
 from model_builders import add_sub_model, write_model
 from paths import TESTS
 

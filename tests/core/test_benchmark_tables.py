@@ -1,0 +1,29 @@
+"""The benchmark tables in the docs are made from the results files, and are up to date."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from paths import REPO
+
+TABLES = REPO / "benchmarks" / "results" / "TABLES.md"
+
+
+def test_the_docs_tables_are_rendered_from_the_results_files(tmp_path) -> None:
+    rendered = tmp_path / "TABLES.md"
+    subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "benchmarks" / "tables.py"),
+            "--heading-level",
+            "3",
+            "--output",
+            str(rendered),
+        ],
+        check=True,
+    )
+    assert rendered.read_text() == TABLES.read_text(), (
+        "benchmarks/results/TABLES.md is stale: run benchmarks/tables.py --heading-level 3 --output it"
+    )
+    assert '--8<-- "benchmarks/results/TABLES.md"' in (REPO / "docs" / "benchmarks.md").read_text()
