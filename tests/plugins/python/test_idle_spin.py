@@ -24,8 +24,8 @@ import pytest
 import tritonclient.http as httpclient
 
 from coreserve.testing import ServerProcess
-from coreserve_python.backend import SpinSlots
-from coreserve_python.wire import RECENT_WAITS, Channel
+from coreserve_python.ipc import RECENT_WAITS, Channel
+from coreserve_python.server._backend import SpinSlots
 
 SPIN_NS = 30_000_000  # 30 ms: long enough to tell spinning from sleeping by CPU time
 
@@ -45,7 +45,7 @@ def channels() -> Iterator[tuple[Channel, Channel]]:
 # Each line on its stdin, "delay number", sends message `number` `delay` seconds later.
 WRITER = """
 import socket, sys, time
-from coreserve_python.wire import Channel
+from coreserve_python.ipc import Channel
 
 writer = Channel(socket.socket(fileno=int(sys.argv[1])))
 for line in sys.stdin:

@@ -11,10 +11,16 @@ from typing import TYPE_CHECKING, Any
 
 from coreserve import CoreserveError, InferenceRequest, UnavailableError
 from coreserve.backend import Responder, ServerContext
-from coreserve_python.error_codes import code_of
-from coreserve_python.messages import BlsResponseBody, BlsResponseMessage
-from coreserve_python.pb_errors import TritonError
-from coreserve_python.wire import Message, SegmentPool, SegmentReader, segment_to_release
+from coreserve_python.ipc import (
+    BlsResponseBody,
+    BlsResponseMessage,
+    Message,
+    SegmentPool,
+    SegmentReader,
+    segment_to_release,
+)
+from coreserve_python.pb_utils import TritonError
+from coreserve_python.server._error_codes import code_of
 
 logger = logging.getLogger("coreserve.backend.python")
 SEQUENCE_START, SEQUENCE_END = 1, 2

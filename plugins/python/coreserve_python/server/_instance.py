@@ -25,20 +25,24 @@ from coreserve.backend import (
     Responder,
     ServerContext,
 )
-from coreserve_python.error_codes import error_for
-from coreserve_python.instance_bls import SEQUENCE_END, SEQUENCE_START, BlsServing
-from coreserve_python.instance_requests import ANSWERED_OPS, ModelRequestAnswers
-from coreserve_python.messages import (
+from coreserve_python.ipc import (
     CancelMessage,
     ExecuteMessage,
     InitMessage,
+    Message,
     RequestItem,
+    SegmentPool,
+    SegmentReader,
     TensorRef,
+    segment_to_release,
+    write_groups,
 )
-from coreserve_python.process import StubLaunch, StubProcess
-from coreserve_python.reply_spin import ReplySpin
-from coreserve_python.spawn import describe_exit
-from coreserve_python.wire import Message, SegmentPool, SegmentReader, segment_to_release, write_groups
+from coreserve_python.server._bls import SEQUENCE_END, SEQUENCE_START, BlsServing
+from coreserve_python.server._error_codes import error_for
+from coreserve_python.server._model_requests import ANSWERED_OPS, ModelRequestAnswers
+from coreserve_python.server._process import StubLaunch, StubProcess
+from coreserve_python.server._reply_spin import ReplySpin
+from coreserve_python.server._spawn import describe_exit
 
 logger = logging.getLogger("coreserve.backend.python")
 

@@ -21,10 +21,17 @@ from pathlib import Path
 from typing import Any
 
 from coreserve import CoreserveError, InternalError, UnavailableError
-from coreserve_python.messages import FinalizeMessage
-from coreserve_python.spawn import STUB_FD, describe_exit, kill, reap_blocking, spawn_stub, watch_exit
-from coreserve_python.start_mark import NONE_STARTED, StartMark
-from coreserve_python.wire import RECEIVE_CHUNK, SHM_DIR, Channel, Message, encode_frame
+from coreserve_python.ipc import (
+    NONE_STARTED,
+    RECEIVE_CHUNK,
+    SHM_DIR,
+    Channel,
+    FinalizeMessage,
+    Message,
+    StartMark,
+    encode_frame,
+)
+from coreserve_python.server._spawn import STUB_FD, describe_exit, kill, reap_blocking, spawn_stub, watch_exit
 
 logger = logging.getLogger("coreserve.backend.python")
 _LENGTH = struct.Struct("<I")

@@ -5,8 +5,8 @@
 FD is this end of the socket pair the server made. The main thread loads `model.py` and runs
 `initialize`, `execute` and `finalize` as the server asks; it reads the server's messages while
 idle, and a standby thread reads them while the model runs, so that BLS responses reach a model
-that waits for them inside `execute` (see `coreserve_python.inbox`); the model's requests to
-the server (BLS, metrics, model management) are `coreserve_python.stub_requests`.
+that waits for them inside `execute` (see `_inbox`); the model's requests to the server (BLS,
+metrics, model management) are `_requests`.
 
 A stub dies with its server, however the server ends (SIGKILL, the OOM killer, a crash): on
 Linux the kernel kills it when the server's thread that spawned it dies (PR_SET_PDEATHSIG);
@@ -33,29 +33,29 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from coreserve_python import pb_runtime, pb_utils
-from coreserve_python.inbox import Inbox
-from coreserve_python.messages import (
+from coreserve_python import pb_utils
+from coreserve_python.ipc import (
     AutoCompleteDoneMessage,
+    Channel,
     ExecuteDoneMessage,
     FinalizeDoneMessage,
     InitDoneMessage,
     LogMessage,
+    Message,
     ResponseBody,
     ResponsesMessage,
-)
-from coreserve_python.start_mark import open_start_mark
-from coreserve_python.stub_requests import BlsCall, ServerRequests, executing_keys, in_context
-from coreserve_python.wire import (
-    Channel,
-    Message,
     SegmentPool,
     SegmentReader,
+    open_start_mark,
     segment_to_release,
     write_groups,
 )
+from coreserve_python.pb_utils import _runtime
+from coreserve_python.stub._inbox import Inbox
+from coreserve_python.stub._requests import BlsCall, ServerRequests, executing_keys, in_context
 
-SHIM = Path(__file__).resolve().parent / "shim"
+# Where `import triton_python_backend_utils` finds pb_utils (coreserve_python/shim/).
+SHIM = Path(__file__).resolve().parents[1] / "shim"
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 # How long the main thread may take to finish after the server closed the socket.
 EXIT_GRACE_S = 1.0
@@ -130,7 +130,7 @@ class Stub(ServerRequests):
         # The key of the last request handed to the model, where the server reads it after a
         # crash (see start_mark.py); the server's mark once init gives it.
         self._started = open_start_mark(None)
-        pb_runtime.install(self)
+        _runtime.install(self)
 
     def _run_coroutine(self, coroutine: Any) -> Any:
         """Runs a coroutine of the model on the stub's loop and waits for its result."""
@@ -444,7 +444,3 @@ def main(argv: list[str]) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)  # daemon threads and user threads must not keep a finished stub alive
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv))

@@ -15,10 +15,10 @@ from coreserve.backend import (
     ServerContext,
     cuda_driver_gpus,
 )
-from coreserve_python.environment import stub_launch
-from coreserve_python.instance import PythonInstance
-from coreserve_python.messages import AutoCompleteMessage
-from coreserve_python.process import run_once
+from coreserve_python.ipc import AutoCompleteMessage
+from coreserve_python.server._environment import stub_launch
+from coreserve_python.server._instance import PythonInstance
+from coreserve_python.server._process import run_once
 
 AUTO_COMPLETE_TIMEOUT_S = 120.0
 FORCE_CPU_ONLY_INPUT_TENSORS = "FORCE_CPU_ONLY_INPUT_TENSORS"

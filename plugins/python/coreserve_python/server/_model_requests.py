@@ -12,8 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from coreserve import CoreserveError, InvalidArgumentError, NotFoundError, UnavailableError
 from coreserve.backend import CustomMetric, CustomMetricFamily, MetricKind, ServerContext
-from coreserve_python.messages import ReplyMessage
-from coreserve_python.wire import Message
+from coreserve_python.ipc import Message, ReplyMessage
 
 logger = logging.getLogger("coreserve.backend.python")
 

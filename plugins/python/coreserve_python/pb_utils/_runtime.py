@@ -10,10 +10,10 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any, Protocol
 
-from coreserve_python.pb_errors import TritonModelException
+from coreserve_python.pb_utils._errors import TritonModelException
 
 if TYPE_CHECKING:
-    from coreserve_python.pb_utils import InferenceRequest, InferenceResponse, ResponseIterator
+    from coreserve_python.pb_utils._inference import InferenceRequest, InferenceResponse, ResponseIterator
 
 
 class Runtime(Protocol):

@@ -14,9 +14,16 @@ import queue
 from typing import Any
 
 from coreserve_python import pb_utils
-from coreserve_python.inbox import Inbox
-from coreserve_python.messages import BlsCancelMessage, BlsRequestMessage
-from coreserve_python.wire import Channel, Message, SegmentPool, SegmentReader, segment_to_release
+from coreserve_python.ipc import (
+    BlsCancelMessage,
+    BlsRequestMessage,
+    Channel,
+    Message,
+    SegmentPool,
+    SegmentReader,
+    segment_to_release,
+)
+from coreserve_python.stub._inbox import Inbox
 
 # The keys of the batch whose execute() runs in this context: the BLS calls it makes are its
 # children (cancelled with it). A context variable, so that each concurrent `async def execute`

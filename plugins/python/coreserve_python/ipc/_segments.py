@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from coreserve_python.messages import Blob
+from coreserve_python.ipc._messages import Blob
 
 _LENGTH = struct.Struct("<I")
 _LENGTH_BYTES = struct.Struct("<I")
