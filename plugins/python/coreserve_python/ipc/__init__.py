@@ -1,9 +1,9 @@
 """The stub IPC: what crosses between the server and a stub, shared by both sides.
 
 The protocol (`_messages`: one TypedDict per message), the framed channel the messages travel
-on, the shared memory segments the tensors travel in, and the start mark a stub keeps in shared
-memory. The server side (`coreserve_python.server`) and the stub (`coreserve_python.stub`)
-import these names from here.
+on (`_channel`), the shared memory segments the tensors travel in (`_segments`), and the mark a
+stub keeps in shared memory of the last execution it started (`_start_mark`). The server side
+(`coreserve_python.server`) and the stub (`coreserve_python.stub`) import these names from here.
 
 What this package may import: the standard library and numpy (ml_dtypes where present), nothing
 of coreserve nor of the plugin's other packages: a stub may run in another Python environment.
@@ -11,6 +11,7 @@ of coreserve nor of the plugin's other packages: a stub may run in another Pytho
 
 from __future__ import annotations
 
+from coreserve_python.ipc._channel import FRAME_LENGTH, RECEIVE_CHUNK, RECENT_WAITS, Channel, encode_frame
 from coreserve_python.ipc._messages import (
     AutoCompleteDoneMessage,
     AutoCompleteMessage,
@@ -28,6 +29,7 @@ from coreserve_python.ipc._messages import (
     InitDoneMessage,
     InitMessage,
     LogMessage,
+    Message,
     ReleaseMessage,
     ReplyMessage,
     RequestItem,
@@ -38,15 +40,10 @@ from coreserve_python.ipc._messages import (
 from coreserve_python.ipc._segments import (
     DTYPES,
     INLINE_LIMIT,
-    RECEIVE_CHUNK,
-    RECENT_WAITS,
     SHM_DIR,
-    Channel,
-    Message,
     SegmentPool,
     SegmentReader,
     datatype_of,
-    encode_frame,
     segment_to_release,
     write_groups,
 )
@@ -54,6 +51,7 @@ from coreserve_python.ipc._start_mark import NONE_STARTED, StartMark, open_start
 
 __all__ = [
     "DTYPES",
+    "FRAME_LENGTH",
     "INLINE_LIMIT",
     "NONE_STARTED",
     "RECEIVE_CHUNK",

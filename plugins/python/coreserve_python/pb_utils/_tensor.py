@@ -1,7 +1,7 @@
 """`pb_utils.Tensor`, a named tensor in host memory or in GPU memory, and the memory types.
 
 Host tensors are numpy arrays, as in Triton's python backend; `from_dlpack` shares the memory of
-its argument and keeps a CUDA tensor on its GPU (coreserve_python.pb_dlpack holds it and copies
+its argument and keeps a CUDA tensor on its GPU (`_dlpack` holds it and copies
 it to host memory when it leaves the stub). tests/plugins/python/test_pb_dlpack.py compares the
 behaviour and error texts with Triton 2.51's pb_tensor.cc.
 """
@@ -19,7 +19,7 @@ from coreserve_python.pb_utils._dlpack import DeviceTensor
 from coreserve_python.pb_utils._errors import TritonModelException
 from coreserve_python.pb_utils._types import numpy_to_triton_type
 
-# TRITONSERVER_DataType numbers by wire datatype, for Tensor.triton_dtype().
+# TRITONSERVER_DataType numbers by datatype name ("FP32"), for Tensor.triton_dtype().
 _DATATYPE_NUMBERS = {
     "BOOL": 1, "UINT8": 2, "UINT16": 3, "UINT32": 4, "UINT64": 5, "INT8": 6, "INT16": 7,
     "INT32": 8, "INT64": 9, "FP16": 10, "FP32": 11, "FP64": 12, "BYTES": 13, "BF16": 14,
@@ -64,7 +64,7 @@ def _tensor_name(name: str | bytes) -> str:
 
 class Tensor:
     """A named tensor: a numpy array in host memory (BYTES: an object array of bytes), or a
-    tensor in GPU memory given to `from_dlpack`, kept there (see coreserve_python.pb_dlpack)."""
+    tensor in GPU memory given to `from_dlpack`, kept there (see `_dlpack`)."""
 
     _device: DeviceTensor | None = None  # set only for tensors in GPU memory
 

@@ -19,6 +19,7 @@ STUB_MODULES = (
     "__init__.py",
     "ipc/__init__.py",
     "ipc/_messages.py",
+    "ipc/_channel.py",
     "ipc/_segments.py",
     "ipc/_start_mark.py",
     "pb_utils/__init__.py",

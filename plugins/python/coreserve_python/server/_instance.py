@@ -62,7 +62,7 @@ FAILED_INIT_FINALIZE_S = 5.0
 class PythonInstance(ModelRequestAnswers, BlsServing):
     """Runs batches in a stub process; restarts the stub if it dies.
 
-    A stub that dies costs only the requests it had started (see start_mark.py): they fail
+    A stub that dies costs only the requests it had started (see ipc/_start_mark.py): they fail
     with Triton's words; those handed to it ahead go back to the model's queue. While the stub
     restarts, `serving` is clear and the scheduler gives the instance nothing.
     A restart that fails is retried with backoff for as long as the instance lives; meanwhile
@@ -89,7 +89,7 @@ class PythonInstance(ModelRequestAnswers, BlsServing):
         ModelInstance.pipeline_depth); they wait in the stub's socket, in order, so that under
         load its next batch is there when it finishes one, without a wake-up in between.
         `idle_spin_microseconds`: how long the idle stub looks for its next message before it
-        sleeps (up to 4x that where its waits are regular and longer: see wire.Channel._read),
+        sleeps (up to 4x that where its waits are regular and longer: see ipc.Channel._read),
         and the server for the stub's answer where it serves one request at a time (see
         reply_spin.py). `on_close` is called once the instance has closed."""
         self.pipeline_depth = pipeline_depth

@@ -128,7 +128,7 @@ class Stub(ServerRequests):
         threading.Thread(target=self._loop.run_forever, name="coreserve-stub-loop", daemon=True).start()
         self._finished = threading.Event()
         # The key of the last request handed to the model, where the server reads it after a
-        # crash (see start_mark.py); the server's mark once init gives it.
+        # crash (see ipc/_start_mark.py); the server's mark once init gives it.
         self._started = open_start_mark(None)
         _runtime.install(self)
 
