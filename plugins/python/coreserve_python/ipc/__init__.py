@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from coreserve_python.ipc._channel import FRAME_LENGTH, RECEIVE_CHUNK, RECENT_WAITS, Channel, encode_frame
 from coreserve_python.ipc._messages import (
+    SEQUENCE_END,
+    SEQUENCE_START,
     AutoCompleteDoneMessage,
     AutoCompleteMessage,
     Blob,
@@ -56,6 +58,8 @@ __all__ = [
     "NONE_STARTED",
     "RECEIVE_CHUNK",
     "RECENT_WAITS",
+    "SEQUENCE_END",
+    "SEQUENCE_START",
     "SHM_DIR",
     "AutoCompleteDoneMessage",
     "AutoCompleteMessage",

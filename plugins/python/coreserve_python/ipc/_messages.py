@@ -32,6 +32,8 @@ TensorRef = tuple[str, str, tuple[int, ...], int, int]
 Blob = str | bytearray | None
 # A response's error: its text and its pb_utils.TritonError code.
 ErrorTuple = tuple[str, int]
+# The bits of a request's `flags` (pb_utils' TRITONSERVER_REQUEST_FLAG_SEQUENCE_*).
+SEQUENCE_START, SEQUENCE_END = 1, 2
 
 # Server -> stub.
 
