@@ -129,3 +129,7 @@ def test_stub_copies_for_other_pythons_carry_every_module_the_stub_imports() -> 
                 ]
                 for target in imported:
                     assert copied(target), f"{name} imports coreserve_python.{'.'.join(target)}"
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.startswith("coreserve_python."):
+                        assert copied(alias.name.split(".")[1:]), f"{name} imports {alias.name}"

@@ -13,7 +13,7 @@ import sys
 from collections.abc import AsyncIterator, Iterator
 from typing import Any, Protocol
 
-from coreserve_python.pb_utils import _runtime
+import coreserve_python.pb_utils._runtime as _runtime
 from coreserve_python.pb_utils._errors import TritonError, TritonModelException
 from coreserve_python.pb_utils._tensor import TRITONSERVER_MEMORY_CPU, PreferredMemory, Tensor, _text
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import enum
 from typing import Any
 
-from coreserve_python.pb_utils import _runtime
+import coreserve_python.pb_utils._runtime as _runtime
 from coreserve_python.pb_utils._errors import TritonModelException
 
 

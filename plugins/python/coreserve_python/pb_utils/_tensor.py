@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
+import coreserve_python.pb_utils._dlpack as _dlpack
 from coreserve_python.ipc import datatype_of
-from coreserve_python.pb_utils import _dlpack
 from coreserve_python.pb_utils._dlpack import DeviceTensor
 from coreserve_python.pb_utils._errors import TritonModelException
 from coreserve_python.pb_utils._types import numpy_to_triton_type

@@ -32,6 +32,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import coreserve_python.pb_utils._runtime as _runtime
 from coreserve_python import pb_utils
 from coreserve_python.ipc import (
     AutoCompleteDoneMessage,
@@ -48,7 +49,6 @@ from coreserve_python.ipc import (
     segment_to_release,
     write_groups,
 )
-from coreserve_python.pb_utils import _runtime
 from coreserve_python.stub._inbox import Inbox
 from coreserve_python.stub._requests import ServerRequests, executing_keys, in_context
 
