@@ -86,7 +86,7 @@ class PythonInstance:
         `idle_spin_microseconds`: how long the idle stub looks for its next message before it
         sleeps (up to 4x that where its waits are regular and longer: see ipc.Channel._read),
         and the server for the stub's answer where it serves one request at a time (see
-        reply_spin.py). `on_close` is called once the instance has closed."""
+        _reply_spin.py). `on_close` is called once the instance has closed."""
         self.pipeline_depth = pipeline_depth
         self._idle_spin_microseconds = idle_spin_microseconds
         self._on_close = on_close

@@ -172,7 +172,7 @@ class StubProcess:
         on_reply: Callable[[Message], None] | None = None,
     ) -> Message:
         """Sends a message and waits for the stub's reply of kind `reply_op` to it (by id);
-        `after_send` is called once the message is all written (see reply_spin.py), and
+        `after_send` is called once the message is all written (see _reply_spin.py), and
         `on_reply` with the reply as soon as it is read, before this wakes (it must not raise)."""
         future: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
         message_id = next(self._message_ids)
