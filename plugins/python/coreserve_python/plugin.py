@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from coreserve.backend import BackendRegistry, hookimpl
-from coreserve_python.backend import PythonBackend
+from coreserve_python.server import PythonBackend
 
 
 @hookimpl

@@ -1,17 +1,16 @@
 """The `pytorch` backend: TorchScript and torch.export models, one module per instance.
 
-torch is imported when a model loads, not when the plugin registers.
+torch is imported when a model loads, not when the plugin registers: `loading` (which imports
+torch) is imported inside the methods that need it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 
 from coreserve import ModelConfig
 from coreserve.backend import BaseBackend, InstancePlacement, ModelFiles, ModelInstance, ServerContext
-
-EXPORT_SUFFIX = ".pt2"
+from coreserve_torch.formats import is_export
 
 
 class TorchBackend(BaseBackend):
@@ -29,7 +28,7 @@ class TorchBackend(BaseBackend):
 
     def complete_config(self, model: ModelFiles, config: ModelConfig, server: ServerContext) -> ModelConfig:
         """Completes configurations of torch.export programs; TorchScript files carry no shapes."""
-        if Path(model.filename).suffix != EXPORT_SUFFIX:
+        if not is_export(model.filename):
             return config
         from coreserve_torch.loading import complete_from_export
 

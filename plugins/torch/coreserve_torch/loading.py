@@ -23,14 +23,10 @@ from coreserve.backend import (
     inline_below_us,
     int_parameter,
 )
-from coreserve_torch.backend import EXPORT_SUFFIX
 from coreserve_torch.binding import InputBinding, OutputBinding
+from coreserve_torch.formats import is_export
 from coreserve_torch.instance import TorchInstance
 from coreserve_torch.tensors import TORCH_TYPES
-
-
-def _is_export(path: Path) -> bool:
-    return path.suffix == EXPORT_SUFFIX
 
 
 def _dims(value: Any) -> tuple[int, ...]:
@@ -83,7 +79,7 @@ def _load(path: Path, device: torch.device, model_name: str) -> tuple[Any, list[
     if not path.is_file():
         raise ModelConfigError(f"model '{model_name}': model file {path} not found")
     try:
-        if _is_export(path):
+        if is_export(path):
             program = torch.export.load(str(path))
             return program.module().to(device), list(program.graph_signature.user_inputs)
         module = torch.jit.load(str(path), map_location=device)  # type: ignore[no-untyped-call]

@@ -7,7 +7,7 @@ import numpy as np
 
 from coreserve import DataType
 from coreserve.testing import BackendConformance
-from coreserve_python import pb_utils, wire
+from coreserve_python import ipc, pb_utils
 from paths import TESTS
 
 MODELS = TESTS / "plugins" / "python" / "models"
@@ -20,7 +20,7 @@ class TestPythonBackendConformance(BackendConformance):
 
 def test_the_stub_datatype_table_is_the_core_s() -> None:
     # The stub imports no coreserve (it may run in another environment), so it keeps a copy.
-    stub = {name: np.dtype(numpy_type) for name, numpy_type in wire.DTYPES.items()}
+    stub = {name: np.dtype(numpy_type) for name, numpy_type in ipc.DTYPES.items()}
     assert stub == {datatype.value: datatype.numpy_dtype for datatype in DataType}
     # TRITONSERVER_DataType numbers, which Tensor.triton_dtype() answers, are the config enum's.
     numbers = pb_utils._DATATYPE_NUMBERS

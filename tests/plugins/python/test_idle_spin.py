@@ -3,7 +3,7 @@
 The channel's side is checked on a real socket pair, through the CPU time the reading thread
 spends: a wait spins (burns CPU) only while messages come soon, and sleeps once one did not.
 The server's side: at most one stub per two cores spins, and the parameter's edge values load
-and their models answer. The server's own wait for a stub's answer (reply_spin.py) is seen in
+and their models answer. The server's own wait for a stub's answer (server/_reply_spin.py) is seen in
 the CPU time of its event loop's thread.
 """
 
@@ -24,8 +24,8 @@ import pytest
 import tritonclient.http as httpclient
 
 from coreserve.testing import ServerProcess
-from coreserve_python.backend import SpinSlots
-from coreserve_python.wire import RECENT_WAITS, Channel
+from coreserve_python.ipc import RECENT_WAITS, Channel
+from coreserve_python.server._backend import SpinSlots
 
 SPIN_NS = 30_000_000  # 30 ms: long enough to tell spinning from sleeping by CPU time
 
@@ -45,7 +45,7 @@ def channels() -> Iterator[tuple[Channel, Channel]]:
 # Each line on its stdin, "delay number", sends message `number` `delay` seconds later.
 WRITER = """
 import socket, sys, time
-from coreserve_python.wire import Channel
+from coreserve_python.ipc import Channel
 
 writer = Channel(socket.socket(fileno=int(sys.argv[1])))
 for line in sys.stdin:
@@ -205,7 +205,7 @@ def test_the_edge_values_serve(tmp_path: Path) -> None:
     assert "Traceback" not in log
 
 
-# The server's side of the spin (reply_spin.py): where it serves one request at a time, its event
+# The server's side of the spin (server/_reply_spin.py): where it serves one request at a time, its event
 # loop looks for the stub's answer instead of sleeping. That is seen on the server's main thread
 # (the event loop's): in its sleeps (voluntary context switches: one per request, for the
 # client's next one, where it spins; two where it also sleeps for the answer), and in its CPU

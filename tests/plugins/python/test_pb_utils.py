@@ -104,16 +104,32 @@ def test_shim_module_has_the_same_api() -> None:
 
 def test_stub_copies_for_other_pythons_carry_every_module_the_stub_imports() -> None:
     """A custom EXECUTION_ENV_PATH runs a copy of the stub's modules: none may be left out."""
-    import re
+    import ast
     from pathlib import Path
 
     import coreserve_python
-    from coreserve_python.environment import STUB_MODULES
+    from coreserve_python.server._environment import STUB_MODULES
 
     package = Path(coreserve_python.__file__).parent
+
+    def copied(parts: list[str]) -> bool:
+        path = "/".join(parts)
+        return f"{path}.py" in STUB_MODULES or f"{path}/__init__.py" in STUB_MODULES
+
     for name in STUB_MODULES:
-        text = (package / name).read_text()
-        for module, names in re.findall(r"from coreserve_python(?:\.(\w+))? import ([\w, ]+)", text):
-            imported = [module] if module else [n.strip() for n in names.split(",")]
-            for target in imported:
-                assert f"{target}.py" in STUB_MODULES, f"{name} imports coreserve_python.{target}"
+        for node in ast.walk(ast.parse((package / name).read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("coreserve_python"):
+                parents = (node.module or "").split(".")[1:]
+                imported = [parents] if parents else []
+                # `from coreserve_python.a import b` imports module a/b.py where there is one
+                imported += [
+                    [*parents, alias.name]
+                    for alias in node.names
+                    if package.joinpath(*parents, f"{alias.name}.py").exists() or not parents
+                ]
+                for target in imported:
+                    assert copied(target), f"{name} imports coreserve_python.{'.'.join(target)}"
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.startswith("coreserve_python."):
+                        assert copied(alias.name.split(".")[1:]), f"{name} imports {alias.name}"

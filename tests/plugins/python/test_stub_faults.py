@@ -24,9 +24,9 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from coreserve.testing import ServerFactory, ServerProcess
-from coreserve_python.process import StubLaunch
-from coreserve_python.spawn import describe_exit, reap_blocking
-from coreserve_python.wire import Channel
+from coreserve_python.ipc import Channel
+from coreserve_python.server._process import StubLaunch
+from coreserve_python.server._spawn import describe_exit, reap_blocking
 
 ECHO_CONFIG = """
 backend: "python"

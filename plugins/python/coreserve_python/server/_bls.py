@@ -1,56 +1,79 @@
 """The server's side of a model's BLS requests: runs them through the server, answers the stub.
 
-`BlsServing` is the part of `coreserve_python.instance.PythonInstance` that does it.
+A `PythonInstance` owns one `BlsServing`, and hands it the model's BLS requests.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from coreserve import CoreserveError, InferenceRequest, UnavailableError
-from coreserve.backend import Responder, ServerContext
-from coreserve_python.error_codes import code_of
-from coreserve_python.messages import BlsResponseBody, BlsResponseMessage
-from coreserve_python.pb_errors import TritonError
-from coreserve_python.wire import Message, SegmentPool, SegmentReader, segment_to_release
+from coreserve.backend import ServerContext
+from coreserve_python.ipc import (
+    SEQUENCE_END,
+    SEQUENCE_START,
+    BlsResponseBody,
+    BlsResponseMessage,
+    Message,
+    SegmentPool,
+    SegmentReader,
+    segment_to_release,
+)
+from coreserve_python.pb_utils import TritonError
+from coreserve_python.server._error_codes import code_of
 
 logger = logging.getLogger("coreserve.backend.python")
-SEQUENCE_START, SEQUENCE_END = 1, 2
 
 
 class BlsServing:
-    """Runs the model's BLS requests through the server's in-process client; a part of `PythonInstance`."""
+    """Runs one instance's BLS requests through the server's in-process client."""
 
-    # Set by the instance (see `PythonInstance.__init__`).
-    name: str
-    _server: ServerContext
-    _pool: SegmentPool
-    _reader: SegmentReader
-    _open: dict[int, tuple[InferenceRequest, Responder, Callable[[], None]]]
-    _bls_calls: dict[int, InferenceRequest]
+    def __init__(
+        self,
+        name: str,
+        server: ServerContext,
+        pool: SegmentPool,
+        reader: SegmentReader,
+        request_of: Callable[[int], InferenceRequest | None],
+        send: Callable[[Mapping[str, Any]], None],
+    ) -> None:
+        """`name`: the instance's, for the log; `pool` and `reader`: the instance's segments;
+        `request_of`: the open request the stub knows by a key (None once answered);
+        `send`: sends a message to the instance's stub."""
+        self._name = name
+        self._server = server
+        self._pool = pool
+        self._reader = reader
+        self._request_of = request_of
+        self._send = send
+        # The server-side requests of BLS calls in flight, by the stub's call id (to cancel them).
+        self._calls: dict[int, InferenceRequest] = {}
 
-    if TYPE_CHECKING:
+    def cancel(self, call: int) -> None:
+        """The model cancelled a decoupled BLS call it made."""
+        request = self._calls.get(call)
+        if request is not None:
+            request.cancel()
 
-        def _process_send(self, message: Mapping[str, Any]) -> None: ...
-
-    async def _bls(self, message: Message) -> None:
+    async def serve(self, message: Message) -> None:
         """Runs a BLS request from the model through the server and sends back its responses."""
         call = message["call"]
         client = self._server.client
         forget = _nothing
         try:
             request = self._bls_request(message)
-            self._bls_calls[call] = request
+            self._calls[call] = request
             # The requests whose execute() made this call: cancelling them cancels it.
-            parents = [entry[0] for key in message.get("parents", ()) if (entry := self._open.get(key))]
+            parents = [
+                parent for key in message.get("parents", ()) if (parent := self._request_of(key)) is not None
+            ]
             forget = cancel_with_parents(request, parents)
             # Traced as the child of the request whose trace() it was given, when that one is
             # traced; without trace=, not traced (as Triton).
             key = message.get("trace_parent")
-            traced = self._open.get(key) if key is not None else None
-            request.trace_as_child_of(traced[0] if traced is not None else None)
+            request.trace_as_child_of(self._request_of(key) if key is not None else None)
             if client is None:
                 raise UnavailableError("this server offers no in-process client for BLS requests")
             if message["decoupled"]:
@@ -65,7 +88,7 @@ class BlsServing:
         except Exception as exc:
             # Not the model's mistake nor the target's answer: a fault of the server, logged
             # once with its traceback. The model still gets an answer, or it would wait forever.
-            logger.exception("%s: a BLS request to %r failed in the server", self.name, message["model"])
+            logger.exception("%s: a BLS request to %r failed in the server", self._name, message["model"])
             error = (
                 f"internal error of the server in a BLS request: {type(exc).__name__}: {exc}",
                 TritonError.INTERNAL,
@@ -74,7 +97,7 @@ class BlsServing:
             return
         finally:
             forget()
-            self._bls_calls.pop(call, None)
+            self._calls.pop(call, None)
         failed: BlsResponseMessage = {
             "op": "bls_response",
             "call": call,
@@ -83,7 +106,7 @@ class BlsServing:
             "segment": None,
             "final": True,
         }
-        self._process_send(failed)
+        self._send(failed)
 
     def _bls_request(self, message: Message) -> InferenceRequest:
         """The server-side request for a BLS request from the model; releases its segment."""
@@ -91,7 +114,7 @@ class BlsServing:
             arrays = self._reader.arrays(message["segment"], message["inputs"], copy=True)
         finally:
             if (shared := segment_to_release(message["segment"])) is not None:
-                self._process_send({"op": "release", "segments": [shared]})
+                self._send({"op": "release", "segments": [shared]})
         parameters = dict(message["parameters"])
         if message.get("timeout"):  # microseconds, the request timeout a client may set too
             parameters["timeout"] = message["timeout"]
@@ -121,7 +144,7 @@ class BlsServing:
             "segment": segment,
             "final": final,
         }
-        self._process_send(answer)
+        self._send(answer)
 
 
 def cancel_with_parents(request: InferenceRequest, parents: list[InferenceRequest]) -> Callable[[], None]:

@@ -12,14 +12,14 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from coreserve_python.wire import INLINE_LIMIT, SegmentPool, SegmentReader, segment_to_release, write_groups
+from coreserve_python.ipc import INLINE_LIMIT, SegmentPool, SegmentReader, segment_to_release, write_groups
 
 LARGE = INLINE_LIMIT // 4 + 1  # float32 elements: just over the inline limit
 
 
 @pytest.fixture
 def sides() -> Iterator[tuple[SegmentPool, SegmentReader]]:
-    pool, reader = SegmentPool("test-wire"), SegmentReader()
+    pool, reader = SegmentPool("test-ipc"), SegmentReader()
     yield pool, reader
     reader.close()
     pool.close()

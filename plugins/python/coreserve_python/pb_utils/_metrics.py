@@ -12,8 +12,8 @@ from __future__ import annotations
 import enum
 from typing import Any
 
-from coreserve_python import pb_runtime
-from coreserve_python.pb_errors import TritonModelException
+import coreserve_python.pb_utils._runtime as _runtime
+from coreserve_python.pb_utils._errors import TritonModelException
 
 
 class MetricKind(enum.IntEnum):
@@ -39,7 +39,7 @@ class Metric:
         kind = self._family._kind
         if kind not in allowed:
             raise TritonModelException(
-                pb_runtime.require(f"Metric.{action}").failure(
+                _runtime.require(f"Metric.{action}").failure(
                     what, f"{_triton_name(kind)} does not support {action.capitalize()}"
                 )
             )
@@ -47,7 +47,7 @@ class Metric:
     def increment(self, value: float) -> None:
         """Adds `value` (counters: non-negative values only)."""
         self._check("increment", (MetricKind.COUNTER, MetricKind.GAUGE), "Failed to increment metric value")
-        runtime = pb_runtime.require("Metric.increment")
+        runtime = _runtime.require("Metric.increment")
         if self._family._kind is MetricKind.COUNTER and value < 0:
             raise TritonModelException(
                 runtime.failure(
@@ -61,21 +61,21 @@ class Metric:
     def set(self, value: float) -> None:
         """Sets a gauge's value."""
         self._check("set", (MetricKind.GAUGE,), "Failed to set metric value")
-        pb_runtime.require("Metric.set").tell(
+        _runtime.require("Metric.set").tell(
             "metric_update", {"metric": self._id, "action": "set", "value": float(value)}
         )
 
     def observe(self, value: float) -> None:
         """Records an observation in a histogram."""
         self._check("observe", (MetricKind.HISTOGRAM,), "Failed to observe metric value")
-        pb_runtime.require("Metric.observe").tell(
+        _runtime.require("Metric.observe").tell(
             "metric_update", {"metric": self._id, "action": "observe", "value": float(value)}
         )
 
     def value(self) -> float:
         """A counter's or gauge's current value."""
         self._check("value", (MetricKind.COUNTER, MetricKind.GAUGE), "Failed to get metric value")
-        result: float = pb_runtime.require("Metric.value").ask(
+        result: float = _runtime.require("Metric.value").ask(
             "metric_value", {"metric": self._id}, "Failed to get metric value"
         )
         return result
@@ -101,7 +101,7 @@ class MetricFamily:
                 f"Invoked with: {name!r}, {description!r}, {kind!r}"
             )
         self._kind = kind
-        self._id: int = pb_runtime.require("MetricFamily").ask(
+        self._id: int = _runtime.require("MetricFamily").ask(
             "metric_family",
             {"name": name, "description": description, "kind": kind.name.lower()},
             "Error when creating MetricFamily",
@@ -113,7 +113,7 @@ class MetricFamily:
             raise TritonModelException("Failed to create metric. Missing required buckets.")
         if self._kind is not MetricKind.HISTOGRAM and buckets is not None:
             raise TritonModelException("Failed to create metric. Unexpected buckets found.")
-        metric_id: int = pb_runtime.require("MetricFamily.Metric").ask(
+        metric_id: int = _runtime.require("MetricFamily.Metric").ask(
             "metric",
             {"family": self._id, "labels": dict(labels or {}), "buckets": list(buckets or [])},
             "Error when creating Metric",

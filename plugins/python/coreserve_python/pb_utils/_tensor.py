@@ -1,7 +1,7 @@
 """`pb_utils.Tensor`, a named tensor in host memory or in GPU memory, and the memory types.
 
 Host tensors are numpy arrays, as in Triton's python backend; `from_dlpack` shares the memory of
-its argument and keeps a CUDA tensor on its GPU (coreserve_python.pb_dlpack holds it and copies
+its argument and keeps a CUDA tensor on its GPU (`_dlpack` holds it and copies
 it to host memory when it leaves the stub). tests/plugins/python/test_pb_dlpack.py compares the
 behaviour and error texts with Triton 2.51's pb_tensor.cc.
 """
@@ -13,12 +13,13 @@ from typing import Any
 
 import numpy as np
 
-from coreserve_python import pb_dlpack
-from coreserve_python.pb_dlpack import DeviceTensor
-from coreserve_python.pb_errors import TritonModelException
-from coreserve_python.pb_types import numpy_to_triton_type
+import coreserve_python.pb_utils._dlpack as _dlpack
+from coreserve_python.ipc import datatype_of
+from coreserve_python.pb_utils._dlpack import DeviceTensor
+from coreserve_python.pb_utils._errors import TritonModelException
+from coreserve_python.pb_utils._types import numpy_to_triton_type
 
-# TRITONSERVER_DataType numbers by wire datatype, for Tensor.triton_dtype().
+# TRITONSERVER_DataType numbers by datatype name ("FP32"), for Tensor.triton_dtype().
 _DATATYPE_NUMBERS = {
     "BOOL": 1, "UINT8": 2, "UINT16": 3, "UINT32": 4, "UINT64": 5, "INT8": 6, "INT16": 7,
     "INT32": 8, "INT64": 9, "FP16": 10, "FP32": 11, "FP64": 12, "BYTES": 13, "BF16": 14,
@@ -57,13 +58,13 @@ def _tensor_name(name: str | bytes) -> str:
     """A tensor's name as text; Triton refuses an empty one."""
     text = _text(name, "a tensor's name")
     if text == "":
-        raise TritonModelException(pb_dlpack.EMPTY_NAME_TEXT)
+        raise TritonModelException(_dlpack.EMPTY_NAME_TEXT)
     return text
 
 
 class Tensor:
     """A named tensor: a numpy array in host memory (BYTES: an object array of bytes), or a
-    tensor in GPU memory given to `from_dlpack`, kept there (see coreserve_python.pb_dlpack)."""
+    tensor in GPU memory given to `from_dlpack`, kept there (see `_dlpack`)."""
 
     _device: DeviceTensor | None = None  # set only for tensors in GPU memory
 
@@ -80,7 +81,7 @@ class Tensor:
 
     def as_numpy(self) -> np.ndarray:
         if self._device is not None:
-            raise TritonModelException(pb_dlpack.GPU_AS_NUMPY_TEXT)
+            raise TritonModelException(_dlpack.GPU_AS_NUMPY_TEXT)
         return self._data
 
     def shape(self) -> list[int]:
@@ -93,8 +94,6 @@ class Tensor:
         if self._device is not None:
             dtype = self._device.layout.numpy_dtype()
             return 14 if dtype is None else numpy_to_triton_type(dtype)  # type: ignore[return-value]
-        from coreserve_python.wire import datatype_of
-
         return _DATATYPE_NUMBERS[datatype_of(self._data)]
 
     def is_cpu(self) -> bool:
@@ -107,20 +106,20 @@ class Tensor:
 
     def __dlpack__(self, stream: Any = None, **options: Any) -> Any:
         if self._device is not None:
-            return pb_dlpack.export(self._device.producer, stream, **options)
+            return _dlpack.export(self._device.producer, stream, **options)
         if self._data.dtype == np.object_:
-            raise TritonModelException(pb_dlpack.STRING_DLPACK_TEXT)
-        return pb_dlpack.export(self._data, stream, **options)
+            raise TritonModelException(_dlpack.STRING_DLPACK_TEXT)
+        return _dlpack.export(self._data, stream, **options)
 
     def __dlpack_device__(self) -> tuple[int, int]:
         if self._device is not None:
-            return (pb_dlpack.KDL_CUDA, self._device.device_id)
-        return (pb_dlpack.KDL_CPU, 0)
+            return (_dlpack.KDL_CUDA, self._device.device_id)
+        return (_dlpack.KDL_CPU, 0)
 
     def _host_array(self) -> np.ndarray:
         """The elements in host memory, for the stub to send: a GPU tensor is copied here."""
         if self._device is not None:
-            return pb_dlpack.host_copy(self._device)
+            return _dlpack.host_copy(self._device)
         return self._data
 
     @classmethod
@@ -136,7 +135,7 @@ class Tensor:
         """A tensor sharing the memory of a DLPack capsule or of an object with `__dlpack__`
         (a torch tensor, a numpy or CuPy array): a CUDA tensor stays on its GPU."""
         checked_name = _tensor_name(name)
-        held = pb_dlpack.host_or_device(capsule)
+        held = _dlpack.host_or_device(capsule)
         if isinstance(held, np.ndarray):
             return Tensor(checked_name, held)
         tensor = Tensor.__new__(Tensor)

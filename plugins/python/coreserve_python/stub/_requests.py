@@ -1,7 +1,8 @@
 """The stub's requests to the server on the model's behalf: BLS calls, metrics, model management.
 
-`ServerRequests` is the part of the stub (`coreserve_python.stub.Stub`) that sends them and
-waits for their answers, which the reader thread delivers to a `BlsCall` by call id.
+The stub (`_stub.Stub`) owns one `ServerRequests` and installs it as pb_utils' runtime: it sends
+the model's requests and waits for their answers, which the thread that reads the socket hands
+to it (`deliver`) for the `BlsCall` of their call id.
 """
 
 from __future__ import annotations
@@ -11,12 +12,21 @@ import contextlib
 import contextvars
 import itertools
 import queue
+from collections.abc import Callable
 from typing import Any
 
 from coreserve_python import pb_utils
-from coreserve_python.inbox import Inbox
-from coreserve_python.messages import BlsCancelMessage, BlsRequestMessage
-from coreserve_python.wire import Channel, Message, SegmentPool, SegmentReader, segment_to_release
+from coreserve_python.ipc import (
+    BlsCancelMessage,
+    BlsRequestMessage,
+    Channel,
+    LogMessage,
+    Message,
+    SegmentPool,
+    SegmentReader,
+    segment_to_release,
+)
+from coreserve_python.stub._inbox import Inbox
 
 # The keys of the batch whose execute() runs in this context: the BLS calls it makes are its
 # children (cancelled with it). A context variable, so that each concurrent `async def execute`
@@ -81,17 +91,51 @@ class BlsStream:
 
 
 class ServerRequests:
-    """Sends the model's requests to the server and waits for their answers; a part of `Stub`."""
+    """Sends the model's requests to the server and waits for their answers: pb_utils' runtime
+    (`coreserve_python.pb_utils._runtime.Runtime`) in a stub."""
 
-    # Set by the stub (see `Stub.__init__`).
-    _channel: Channel
-    _pool: SegmentPool
-    _reader: SegmentReader
-    _inbox: Inbox
-    _calls: dict[int, BlsCall]
-    _call_ids: itertools.count[int]
-    _instance_name: str
-    _model_dir: str
+    def __init__(
+        self,
+        channel: Channel,
+        pool: SegmentPool,
+        reader: SegmentReader,
+        inbox: Inbox,
+        send_response: Callable[[int, pb_utils.InferenceResponse | None, int], None],
+    ) -> None:
+        """`pool` and `reader`: the stub's segments; `inbox`: the stub's reader of the socket, woken
+        when the model waits for an answer; `send_response`: the stub's, for response senders."""
+        self._channel = channel
+        self._pool = pool
+        self._reader = reader
+        self._inbox = inbox
+        self._send_response = send_response
+        self._calls: dict[int, BlsCall] = {}
+        self._call_ids = itertools.count()
+        self._instance_name = ""
+        self._model_dir = ""
+
+    def serve_model(self, instance_name: str, model_dir: str) -> None:
+        """The model the stub serves (its `init`): named in failures, its folder in get_model_dir()."""
+        self._instance_name = instance_name
+        self._model_dir = model_dir
+
+    def deliver(self, message: Message) -> None:
+        """An answer of the server (`bls_response`, `reply`), for the call it names."""
+        call = self._calls.get(message["call"])
+        if call is not None:
+            call.deliver(message)
+
+    def server_gone(self) -> None:
+        """The server closed its end: whoever waits for an answer from it gets none."""
+        for call in list(self._calls.values()):
+            call.deliver(None)
+
+    def send_response(self, key: int, response: pb_utils.InferenceResponse | None, flags: int) -> None:
+        self._send_response(key, response, flags)
+
+    def log(self, level: str, message: str) -> None:
+        line: LogMessage = {"op": "log", "level": level, "message": message}
+        self._channel.send(line)
 
     def ask(self, op: str, fields: dict[str, Any], what: str) -> Any:
         """Sends a request to the server and waits for its `reply` (matched by call id)."""

@@ -3,7 +3,7 @@
 Descriptors have one owner each: the server's end of a socket pair belongs to the asyncio
 transport once the connection is made (or to the `Channel`, for one-shot stubs) and is closed
 by it alone; the stub's end is closed here right after the spawn, whether the spawn worked or
-not. See `coreserve_python.spawn` for how a stub is started and reaped.
+not. See `_spawn` for how a stub is started and reaped.
 """
 
 from __future__ import annotations
@@ -15,19 +15,25 @@ import logging
 import os
 import pickle
 import socket
-import struct
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from coreserve import CoreserveError, InternalError, UnavailableError
-from coreserve_python.messages import FinalizeMessage
-from coreserve_python.spawn import STUB_FD, describe_exit, kill, reap_blocking, spawn_stub, watch_exit
-from coreserve_python.start_mark import NONE_STARTED, StartMark
-from coreserve_python.wire import RECEIVE_CHUNK, SHM_DIR, Channel, Message, encode_frame
+from coreserve_python.ipc import (
+    FRAME_LENGTH,
+    NONE_STARTED,
+    RECEIVE_CHUNK,
+    SHM_DIR,
+    Channel,
+    FinalizeMessage,
+    Message,
+    StartMark,
+    encode_frame,
+)
+from coreserve_python.server._spawn import STUB_FD, describe_exit, kill, reap_blocking, spawn_stub, watch_exit
 
 logger = logging.getLogger("coreserve.backend.python")
-_LENGTH = struct.Struct("<I")
 FINALIZE_TIMEOUT_S = 30.0
 # How long a stub may take to exit after its socket closed, before it is killed.
 EXIT_GRACE_S = 5.0
@@ -109,7 +115,7 @@ class StubProcess:
         self._message_ids = itertools.count()
         self._stopping = False
         self._start_mark: StartMark | None = None
-        # Once the stub has exited: the key of the last request it started (see start_mark.py),
+        # Once the stub has exited: the key of the last request it started (see ipc/_start_mark.py),
         # and its exit code.
         self.last_started_key = NONE_STARTED
         self.exit_code: int | None = None
@@ -143,7 +149,7 @@ class StubProcess:
 
     @property
     def start_mark_path(self) -> str:
-        """Where the stub maps its start mark (the init message says it); see start_mark.py."""
+        """Where the stub maps its start mark (the init message says it); see ipc/_start_mark.py."""
         assert self._start_mark is not None
         return str(self._start_mark.path)
 
@@ -166,7 +172,7 @@ class StubProcess:
         on_reply: Callable[[Message], None] | None = None,
     ) -> Message:
         """Sends a message and waits for the stub's reply of kind `reply_op` to it (by id);
-        `after_send` is called once the message is all written (see reply_spin.py), and
+        `after_send` is called once the message is all written (see _reply_spin.py), and
         `on_reply` with the reply as soon as it is read, before this wakes (it must not raise)."""
         future: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
         message_id = next(self._message_ids)
@@ -204,7 +210,7 @@ class StubProcess:
                 exc_info=connection.ended.result(),
             )
         if self._writer is not None:
-            self._writer.close()  # a stub still running takes this as the end (see stub.py)
+            self._writer.close()  # a stub still running takes this as the end (see stub/_stub.py)
         code = self.exit_code = await self._wait_exit(EXIT_GRACE_S)
         self._close_start_mark()
         if self.pid is not None:
@@ -309,11 +315,11 @@ class StubConnection(asyncio.Protocol):
         view = memoryview(data)
         offset = 0
         try:
-            while len(data) - offset >= _LENGTH.size:
-                end = offset + _LENGTH.size + _LENGTH.unpack_from(data, offset)[0]
+            while len(data) - offset >= FRAME_LENGTH.size:
+                end = offset + FRAME_LENGTH.size + FRAME_LENGTH.unpack_from(data, offset)[0]
                 if end > len(data):
                     break
-                message = pickle.loads(view[offset + _LENGTH.size : end])
+                message = pickle.loads(view[offset + FRAME_LENGTH.size : end])
                 offset = end
                 self._handle(message)
         except Exception as exc:

@@ -12,7 +12,7 @@ from coreserve import (
     UnavailableError,
     UnsupportedError,
 )
-from coreserve_python.pb_errors import TritonError
+from coreserve_python.pb_utils import TritonError
 
 # pb_utils.TritonError codes and coreserve's errors: one table, read both ways.
 _ERROR_TABLE: tuple[tuple[int, type[CoreserveError]], ...] = (

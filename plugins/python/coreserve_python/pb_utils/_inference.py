@@ -1,83 +1,21 @@
-"""The API a Triton `model.py` uses: `triton_python_backend_utils`, here under a coreserve name.
+"""The request and response classes of `triton_python_backend_utils`, with its logger and helpers.
 
-Inside a stub process `import triton_python_backend_utils as pb_utils` gives this module. It
-offers every name Triton 2.51's module offers (its Python file and what its stub adds from
-`c_python_backend_utils`), with the same arguments and answers; tests/plugins/python/
-test_pb_utils_triton.py checks that name by name. Standard library and numpy only; calls that
-need the server go through the stub's runtime (`coreserve_python.pb_runtime`).
+`InferenceRequest` (BLS calls included), `InferenceResponse`, the response sender and iterator,
+`InferenceTrace`, `Logger`, and the module functions Triton defines beside them. Calls that need
+the server go through the stub's runtime (`_runtime`).
 """
 
 from __future__ import annotations
 
 import enum
 import json
-import struct  # noqa: F401  (a module attribute of Triton's pb_utils too)
 import sys
 from collections.abc import AsyncIterator, Iterator
 from typing import Any, Protocol
 
-from coreserve_python import pb_runtime
-from coreserve_python.pb_errors import TritonError, TritonModelException
-from coreserve_python.pb_management import is_model_ready, load_model, unload_model
-from coreserve_python.pb_metrics import MetricFamily
-from coreserve_python.pb_model_config import ModelConfig
-from coreserve_python.pb_tensor import (  # noqa: F401  (_DATATYPE_NUMBERS: a name of pb_utils for tests)
-    _DATATYPE_NUMBERS,
-    TRITONSERVER_MEMORY_CPU,
-    TRITONSERVER_MEMORY_GPU,
-    MemoryType,
-    PreferredMemory,
-    Tensor,
-    _text,
-)
-from coreserve_python.pb_types import (
-    TRITON_STRING_TO_NUMPY,
-    deserialize_bytes_tensor,
-    numpy_to_triton_string,
-    numpy_to_triton_type,
-    serialize_byte_tensor,
-    triton_string_to_numpy,
-    triton_to_numpy_type,
-)
-
-__all__ = [
-    "TRITONSERVER_MEMORY_CPU",
-    "TRITONSERVER_MEMORY_GPU",
-    "TRITONSERVER_REQUEST_FLAG_SEQUENCE_END",
-    "TRITONSERVER_REQUEST_FLAG_SEQUENCE_START",
-    "TRITONSERVER_REQUEST_RELEASE_ALL",
-    "TRITONSERVER_REQUEST_RELEASE_RESCHEDULE",
-    "TRITONSERVER_RESPONSE_COMPLETE_FINAL",
-    "TRITON_STRING_TO_NUMPY",
-    "InferenceRequest",
-    "InferenceResponse",
-    "InferenceResponseSender",
-    "InferenceTrace",
-    "Logger",
-    "MemoryType",
-    "MetricFamily",
-    "ModelConfig",
-    "PreferredMemory",
-    "ResponseIterator",
-    "Tensor",
-    "TritonError",
-    "TritonModelException",
-    "deserialize_bytes_tensor",
-    "get_input_config_by_name",
-    "get_input_tensor_by_name",
-    "get_model_dir",
-    "get_output_config_by_name",
-    "get_output_tensor_by_name",
-    "is_model_ready",
-    "load_model",
-    "numpy_to_triton_string",
-    "numpy_to_triton_type",
-    "serialize_byte_tensor",
-    "triton_string_to_numpy",
-    "triton_to_numpy_type",
-    "unload_model",
-    "using_decoupled_model_transaction_policy",
-]
+import coreserve_python.pb_utils._runtime as _runtime
+from coreserve_python.pb_utils._errors import TritonError, TritonModelException
+from coreserve_python.pb_utils._tensor import TRITONSERVER_MEMORY_CPU, PreferredMemory, Tensor, _text
 
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
@@ -176,7 +114,7 @@ class InferenceResponseSender:
             raise TritonModelException(
                 "Inference Response object must be provided when the response flags is set to zero."
             )
-        pb_runtime.require("InferenceResponseSender.send").send_response(self._key, response, flags)
+        _runtime.require("InferenceResponseSender.send").send_response(self._key, response, flags)
         if flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL:
             self._closed = True
 
@@ -367,13 +305,13 @@ class InferenceRequest:
     def exec(self, decoupled: bool = False) -> Any:
         """Runs this request on its model through the server: its response, or for
         `decoupled=True` a `ResponseIterator` of its responses."""
-        runtime = pb_runtime.require("InferenceRequest.exec")
+        runtime = _runtime.require("InferenceRequest.exec")
         return runtime.stream_bls(self) if decoupled else runtime.execute_bls(self)
 
     def async_exec(self, decoupled: bool = False) -> Any:
         """exec() for `async def execute`: sends the request now and returns an awaitable
         future of its response (of a `ResponseIterator` for `decoupled=True`)."""
-        return pb_runtime.require("InferenceRequest.async_exec").async_bls(self, decoupled)
+        return _runtime.require("InferenceRequest.async_exec").async_bls(self, decoupled)
 
 
 class Logger:
@@ -393,7 +331,7 @@ class Logger:
     @staticmethod
     def log(message: str, level: LogLevel | str = LogLevel.INFO) -> None:
         name = level if isinstance(level, str) else Logger.LogLevel(level).name
-        runtime = pb_runtime.current()
+        runtime = _runtime.current()
         if runtime is None:
             print(f"{name}: {message}", file=sys.stderr)
         else:
@@ -418,7 +356,7 @@ class Logger:
 
 def get_model_dir() -> str:
     """The folder of the model version being served (where its model.py lies)."""
-    return pb_runtime.require("get_model_dir").model_dir()
+    return _runtime.require("get_model_dir").model_dir()
 
 
 def get_input_tensor_by_name(inference_request: InferenceRequest, name: str) -> Tensor | None:

@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from coreserve_python.wire import Channel, Message
+from coreserve_python.ipc import Channel, Message
 
 # How long the model may run before the standby thread watches the socket for it.
 STANDBY_AFTER_S = 0.002

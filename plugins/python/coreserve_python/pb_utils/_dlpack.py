@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from coreserve_python.pb_errors import TritonModelException
+from coreserve_python.pb_utils._errors import TritonModelException
 
 KDL_CPU = 1
 KDL_CUDA = 2

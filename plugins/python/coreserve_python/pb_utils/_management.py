@@ -6,7 +6,7 @@ need `--model-control-mode=explicit`, as on Triton. Names may be str or bytes.
 
 from __future__ import annotations
 
-from coreserve_python import pb_runtime
+import coreserve_python.pb_utils._runtime as _runtime
 
 
 def _text(value: str | bytes) -> str:
@@ -26,14 +26,14 @@ def load_model(model_name: str | bytes, config: str = "", files: dict[str, bytes
         parameters["config"] = config
     for key, content in (files or {}).items():
         parameters[key] = bytes(content)
-    pb_runtime.require("load_model").ask(
+    _runtime.require("load_model").ask(
         "load_model", {"name": _text(model_name), "parameters": parameters}, "Failed to load model"
     )
 
 
 def unload_model(model_name: str | bytes, unload_dependents: bool = False) -> None:
     """Unloads a model (and, with `unload_dependents`, the ensembles that use it)."""
-    pb_runtime.require("unload_model").ask(
+    _runtime.require("unload_model").ask(
         "unload_model",
         {"name": _text(model_name), "dependents": bool(unload_dependents)},
         "Failed to unload model",
@@ -42,7 +42,7 @@ def unload_model(model_name: str | bytes, unload_dependents: bool = False) -> No
 
 def is_model_ready(model_name: str | bytes, model_version: str = "") -> bool:
     """Whether the model (the version, if given) is ready to serve."""
-    ready: bool = pb_runtime.require("is_model_ready").ask(
+    ready: bool = _runtime.require("is_model_ready").ask(
         "model_ready",
         {"name": _text(model_name), "version": _text(model_version)},
         "Failed to check model readiness",

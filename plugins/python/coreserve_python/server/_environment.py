@@ -11,26 +11,33 @@ import tempfile
 from pathlib import Path
 
 from coreserve import ModelConfig, ModelConfigError
-from coreserve_python.process import StubLaunch, stub_environment
+from coreserve_python.server._process import StubLaunch, stub_environment
 
-PACKAGE = Path(__file__).resolve().parent
+PACKAGE = Path(__file__).resolve().parents[1]
+# What a stub imports, relative to PACKAGE: the stub, the pb_utils API, the IPC and the shim.
 STUB_MODULES = (
     "__init__.py",
-    "wire.py",
-    "messages.py",
-    "inbox.py",
-    "start_mark.py",
-    "pb_errors.py",
-    "pb_types.py",
-    "pb_dlpack.py",
-    "pb_tensor.py",
-    "pb_model_config.py",
-    "pb_runtime.py",
-    "pb_metrics.py",
-    "pb_management.py",
-    "pb_utils.py",
-    "stub_requests.py",
-    "stub.py",
+    "ipc/__init__.py",
+    "ipc/_messages.py",
+    "ipc/_channel.py",
+    "ipc/_segments.py",
+    "ipc/_start_mark.py",
+    "pb_utils/__init__.py",
+    "pb_utils/_errors.py",
+    "pb_utils/_types.py",
+    "pb_utils/_dlpack.py",
+    "pb_utils/_tensor.py",
+    "pb_utils/_model_config.py",
+    "pb_utils/_runtime.py",
+    "pb_utils/_metrics.py",
+    "pb_utils/_management.py",
+    "pb_utils/_inference.py",
+    "stub/__init__.py",
+    "stub/__main__.py",
+    "stub/_inbox.py",
+    "stub/_requests.py",
+    "stub/_stub.py",
+    "shim/triton_python_backend_utils.py",
 )
 CACHE = Path(os.environ.get("CORESERVE_CACHE", Path(tempfile.gettempdir()) / "coreserve-cache"))
 
@@ -97,14 +104,11 @@ def _unpacked(archive: Path, where: str) -> Path:
 
 def _stub_modules() -> Path:
     """A folder holding a copy of the stub's modules (standard library and numpy only)."""
-    from coreserve_python import __file__ as package_file  # noqa: F401 - the copy follows this version
-
     digest = hashlib.sha256(b"".join((PACKAGE / name).read_bytes() for name in STUB_MODULES)).hexdigest()[:16]
     root = CACHE / f"stub-{digest}"
     package = root / "coreserve_python"
-    if not (package / "shim" / "triton_python_backend_utils.py").exists():
-        (package / "shim").mkdir(parents=True, exist_ok=True)
+    if not (package / STUB_MODULES[-1]).exists():
         for name in STUB_MODULES:
+            (package / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(PACKAGE / name, package / name)
-        shutil.copy2(PACKAGE / "shim" / "triton_python_backend_utils.py", package / "shim")
     return root

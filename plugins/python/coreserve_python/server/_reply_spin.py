@@ -18,8 +18,8 @@ where none does (ServerActivity):
   overlap the executions never spins, and pays one counter read per execution;
 - a client that sent while the loop spun doubles the streak needed (up to `MAX_STREAK`), and
   each spin no client waited for takes one off again: with two clients on one instance the
-  loop spins seldom (at concurrency 2, 0.97x the requests of no spin, against 0.90x with a
-  fixed streak), with one it spins for every execution;
+  loop spins seldom (a fixed streak cost those two clients more than no spin at all), with
+  one it spins for every execution;
 - after a spin that ran out, the next ones are left out, twice as many after each miss in a
   row up to `MAX_SKIPPED`, so a model slower than the spin seldom pays for it.
 """

@@ -1,8 +1,8 @@
 """The stub's side of `triton_python_backend_utils`: what the module asks of the running stub.
 
-The stub installs itself here (`install`) before it loads a model; pb_utils' classes reach the
-server only through this object, so the module stays importable (for tests, for tools) with
-no server at all.
+The stub installs its runtime here (`install`: the stub's `ServerRequests`) before it loads a
+model; pb_utils' classes reach the server only through this object, so the module stays
+importable (for tests, for tools) with no server at all.
 """
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any, Protocol
 
-from coreserve_python.pb_errors import TritonModelException
+from coreserve_python.pb_utils._errors import TritonModelException
 
 if TYPE_CHECKING:
-    from coreserve_python.pb_utils import InferenceRequest, InferenceResponse, ResponseIterator
+    from coreserve_python.pb_utils._inference import InferenceRequest, InferenceResponse, ResponseIterator
 
 
 class Runtime(Protocol):

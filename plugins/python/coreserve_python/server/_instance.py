@@ -6,7 +6,6 @@ import asyncio
 import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from functools import partial
 from typing import Any
 
 from coreserve import (
@@ -18,27 +17,27 @@ from coreserve import (
     config_to_dict,
 )
 from coreserve.backend import (
-    CustomMetric,
-    CustomMetricFamily,
     InstancePlacement,
     ModelFiles,
     Responder,
     ServerContext,
 )
-from coreserve_python.error_codes import error_for
-from coreserve_python.instance_bls import SEQUENCE_END, SEQUENCE_START, BlsServing
-from coreserve_python.instance_requests import ANSWERED_OPS, ModelRequestAnswers
-from coreserve_python.messages import (
+from coreserve_python.ipc import (
     CancelMessage,
     ExecuteMessage,
     InitMessage,
-    RequestItem,
-    TensorRef,
+    Message,
+    SegmentPool,
+    SegmentReader,
+    segment_to_release,
+    write_groups,
 )
-from coreserve_python.process import StubLaunch, StubProcess
-from coreserve_python.reply_spin import ReplySpin
-from coreserve_python.spawn import describe_exit
-from coreserve_python.wire import Message, SegmentPool, SegmentReader, segment_to_release, write_groups
+from coreserve_python.server._bls import BlsServing
+from coreserve_python.server._model_requests import ANSWERED_OPS, ModelRequestAnswers
+from coreserve_python.server._open_requests import OpenRequests, request_item
+from coreserve_python.server._process import StubLaunch, StubProcess
+from coreserve_python.server._reply_spin import ReplySpin
+from coreserve_python.server._spawn import describe_exit
 
 logger = logging.getLogger("coreserve.backend.python")
 
@@ -55,18 +54,18 @@ RESTART_MAX_DELAY_S = 10.0
 FAILED_INIT_FINALIZE_S = 5.0
 
 
-class PythonInstance(ModelRequestAnswers, BlsServing):
+class PythonInstance:
     """Runs batches in a stub process; restarts the stub if it dies.
 
-    A stub that dies costs only the requests it had started (see start_mark.py): they fail
+    A stub that dies costs only the requests it had started (see ipc/_start_mark.py): they fail
     with Triton's words; those handed to it ahead go back to the model's queue. While the stub
     restarts, `serving` is clear and the scheduler gives the instance nothing.
     A restart that fails is retried with backoff for as long as the instance lives; meanwhile
     `failure` says why the instance cannot serve (the core then reports the model version
     UNAVAILABLE with that reason), and it is cleared when a restart succeeds.
 
-    It answers the model's requests through its parts: `ModelRequestAnswers` (metrics, model
-    management) and `BlsServing` (BLS requests).
+    It answers the model's requests through the objects it owns: `ModelRequestAnswers`
+    (metrics, model management) and `BlsServing` (BLS requests).
     """
 
     def __init__(
@@ -85,9 +84,9 @@ class PythonInstance(ModelRequestAnswers, BlsServing):
         ModelInstance.pipeline_depth); they wait in the stub's socket, in order, so that under
         load its next batch is there when it finishes one, without a wake-up in between.
         `idle_spin_microseconds`: how long the idle stub looks for its next message before it
-        sleeps (up to 4x that where its waits are regular and longer: see wire.Channel._read),
+        sleeps (up to 4x that where its waits are regular and longer: see ipc.Channel._read),
         and the server for the stub's answer where it serves one request at a time (see
-        reply_spin.py). `on_close` is called once the instance has closed."""
+        _reply_spin.py). `on_close` is called once the instance has closed."""
         self.pipeline_depth = pipeline_depth
         self._idle_spin_microseconds = idle_spin_microseconds
         self._on_close = on_close
@@ -100,10 +99,7 @@ class PythonInstance(ModelRequestAnswers, BlsServing):
         self.name = f"model '{model.name}' instance {placement.name}"
         self._pool = SegmentPool(placement.name)
         self._reader = SegmentReader()
-        # Requests given to the stub and not yet answered in full, by key: with their responder
-        # and the function that stops relaying their cancellation to the stub.
-        self._open: dict[int, tuple[InferenceRequest, Responder, Callable[[], None]]] = {}
-        self._next_key = 0
+        self._open = OpenRequests(self._relay_cancel)  # given to the stub, not yet answered in full
         # The executions whose execute() waits for the stub's reply, by their responder: if the
         # stub dies, each answers its own requests (see `_stub_died`).
         self._awaiting: set[Responder] = set()
@@ -116,12 +112,10 @@ class PythonInstance(ModelRequestAnswers, BlsServing):
         # scheduler gives the instance nothing meanwhile (see ModelInstance.serving).
         self.serving = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
-        # The server-side requests of BLS calls in flight, by the stub's call id (to cancel them).
-        self._bls_calls: dict[int, InferenceRequest] = {}
-        # The custom metric families and metrics the model made, by the ids the stub knows them by.
-        self._families: dict[int, CustomMetricFamily] = {}
-        self._metrics: dict[int, CustomMetric] = {}
-        self._metric_ids = 0
+        self._bls = BlsServing(
+            self.name, server, self._pool, self._reader, self._open.request, self._process_send
+        )
+        self._model_requests = ModelRequestAnswers(self.name, server, self._process_send)
         self._closed = False
         self.failure: str | None = None
 
@@ -162,7 +156,7 @@ class PythonInstance(ModelRequestAnswers, BlsServing):
             raise
         except BaseException:
             await process.stop(timeout=FAILED_INIT_FINALIZE_S)
-            self._release_metrics()  # what a failed initialize() made
+            self._model_requests.release_metrics()  # what a failed initialize() made
             raise
         finally:
             self._starting = None
@@ -181,15 +175,14 @@ class PythonInstance(ModelRequestAnswers, BlsServing):
             return  # a stub whose start failed: start() reports that
         self._process = None
         self.serving.clear()
-        self._release_metrics()  # the restarted model makes its own again
+        self._model_requests.release_metrics()  # the restarted model makes its own again
         error = self._died_running(code)
         not_started = 0
-        for key, (request, responder, forget) in list(self._open.items()):
+        for key, (request, responder, _) in self._open.entries():
             if key > process.last_started_key:
                 not_started += 1
             elif responder not in self._awaiting:
-                del self._open[key]
-                forget()
+                self._open.close(key)
                 responder.send_error(request, error)
         logger.error(
             "the Python stub of %s exited unexpectedly (%s) while serving: the requests it had "
@@ -263,7 +256,7 @@ class PythonInstance(ModelRequestAnswers, BlsServing):
             self.serving.clear()  # its socket closed first: _on_exit follows (see _not_running)
         error = self._not_started()
         for key, request in entries:
-            if self._close_entry(key) is not None:
+            if self._open.close(key) is not None:
                 responder.requeue(request, error)
 
     def _fail_started(
@@ -272,7 +265,7 @@ class PythonInstance(ModelRequestAnswers, BlsServing):
         """Fails the requests of an execution that its stub had started when it died."""
         error = self._died_running(process.exit_code)
         for key, request in entries:
-            if self._close_entry(key) is not None:
+            if self._open.close(key) is not None:
                 responder.send_error(request, error)
 
     def _not_started(self) -> InternalError:
@@ -289,17 +282,14 @@ class PythonInstance(ModelRequestAnswers, BlsServing):
             return
         entries = []
         for request in requests:
-            key = self._next_key
-            self._next_key += 1
-            self._open[key] = (request, responder, request.on_cancel(partial(self._relay_cancel, key)))
-            entries.append((key, request))
+            entries.append((self._open.add(request, responder), request))
         segment, refs = write_groups(self._pool, [list(request.inputs.items()) for request in requests])
         message: ExecuteMessage = {
             "op": "execute",
             "model_name": self._model.name,
             "segment": segment,
             "requests": [
-                _request_item(key, request, inputs, list(responder.signature.outputs))
+                request_item(key, request, inputs, list(responder.signature.outputs))
                 for (key, request), inputs in zip(entries, refs, strict=True)
             ],
         }
@@ -356,17 +346,17 @@ class PythonInstance(ModelRequestAnswers, BlsServing):
         if reply["responses"] is not None:
             self._deliver(reply["responses"])
         for key in reply.get("withdrawn", ()):
-            entry = self._close_entry(key)
+            entry = self._open.close(key)
             if entry is not None:
                 responder.withdraw(entry[0])
         for key in reply.get("rescheduled", ()):
-            entry = self._close_entry(key)
+            entry = self._open.close(key)
             if entry is not None:  # (not if the model also ended it)
                 responder.reschedule(entry[0])
         if reply["error"] is not None:
             error = InternalError(reply["error"])
             for key, request in entries:
-                if self._close_entry(key) is not None:
+                if self._open.close(key) is not None:
                     responder.send_error(request, error)
 
     def _relay_cancel(self, key: int) -> None:
@@ -374,27 +364,18 @@ class PythonInstance(ModelRequestAnswers, BlsServing):
         cancel: CancelMessage = {"op": "cancel", "key": key}
         self._process_send(cancel)
 
-    def _close_entry(self, key: int) -> tuple[InferenceRequest, Responder, Callable[[], None]] | None:
-        """Forgets an open request (its last response is given); None if it was not open."""
-        entry = self._open.pop(key, None)
-        if entry is not None:
-            entry[2]()
-        return entry
-
     def _on_message(self, message: Message) -> None:
         op = message["op"]
         if op == "responses":
             self._deliver(message)
         elif op == "bls_request":
-            self._spawn(self._bls(message))
+            self._spawn(self._bls.serve(message))
         elif op == "bls_cancel":
-            call = self._bls_calls.get(message["call"])
-            if call is not None:
-                call.cancel()
+            self._bls.cancel(message["call"])
         elif op == "metric_update":
-            self._update_metric(message)
+            self._model_requests.update_metric(message)
         elif op in ANSWERED_OPS:
-            self._spawn(self._answer(message))
+            self._spawn(self._model_requests.answer(message))
         elif op == "release":
             for name in message["segments"]:
                 self._pool.release(name)
@@ -412,6 +393,7 @@ class PythonInstance(ModelRequestAnswers, BlsServing):
         task.add_done_callback(self._tasks.discard)
 
     def _deliver(self, message: Message) -> None:
+        """Answers open requests from a `responses` message of the stub."""
         segment = message["segment"]
         outputs_of = [
             self._reader.arrays(segment, body["outputs"], copy=True) if body is not None else {}
@@ -419,20 +401,7 @@ class PythonInstance(ModelRequestAnswers, BlsServing):
         ]
         if (shared := segment_to_release(segment)) is not None:
             self._process_send({"op": "release", "segments": [shared]})
-        for (key, body, final), outputs in zip(message["items"], outputs_of, strict=True):
-            entry = self._open.get(key)
-            if entry is None:
-                continue
-            request, responder, _ = entry
-            if final:
-                self._close_entry(key)
-            if body is None:
-                responder.send_final(request)
-            elif body["error"] is not None:
-                text, code = body["error"]
-                responder.send_error(request, error_for(code, text))
-            else:
-                responder.send(request, outputs, parameters=body["parameters"], final=final)
+        self._open.answer(message["items"], outputs_of)
 
     def _process_send(self, message: Mapping[str, Any]) -> None:
         process = self._process or self._starting
@@ -458,30 +427,9 @@ class PythonInstance(ModelRequestAnswers, BlsServing):
                 await self._process.kill()  # a no-op after stop(); kills if this was cancelled
             for task in list(self._tasks):
                 task.cancel()
-            self._release_metrics()
+            self._model_requests.release_metrics()
             self._reader.close()
             self._pool.close()
             if self._on_close is not None:
                 self._on_close()
                 self._on_close = None
-
-
-def _request_item(
-    key: int, request: InferenceRequest, inputs: list[TensorRef], outputs: list[str]
-) -> RequestItem:
-    parameters = request.parameters
-    flags = (SEQUENCE_START if parameters.get("sequence_start") else 0) | (
-        SEQUENCE_END if parameters.get("sequence_end") else 0
-    )
-    sequence_id = parameters.get("sequence_id", 0)
-    return {
-        "key": key,
-        "id": request.id,
-        "inputs": inputs,
-        "requested": list(request.requested_outputs) if request.requested_outputs is not None else outputs,
-        "parameters": dict(parameters),
-        # pb_utils gives a correlation ID as int or str, as Triton does
-        "correlation_id": sequence_id if isinstance(sequence_id, int | str) else int(sequence_id),
-        "flags": flags,
-        "cancelled": request.is_cancelled(),
-    }

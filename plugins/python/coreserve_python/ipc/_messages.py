@@ -1,6 +1,6 @@
 """The messages between the server and a stub, one TypedDict each: the protocol, in one place.
 
-Every message is a dict with an `op`; on the wire it is pickled (see `wire.Channel`), so these
+Every message is a dict with an `op`; on the socket it is pickled (see `_channel.Channel`), so these
 types cost nothing at run time: they let mypy check each message where it is built.
 
 Requests that wait for an answer carry an id, and the answer names it:
@@ -16,20 +16,24 @@ Messages that need no answer: `cancel` (a request given to the model was cancell
 `bls_cancel` (the model cancels a decoupled BLS call), `release` (segments the reader is done
 with), `responses` (a model's responses outside an execution), `log`, `metric_update`.
 Tensors travel in shared memory segments, or inline when small (a message's `segment` is a
-`wire.Blob`); a message lists them as `TensorRef`s. Beside the messages, the stub marks which
-execution it has started in shared memory that `init` names (see `start_mark`).
+`Blob`, see `_segments`); a message lists them as `TensorRef`s. Beside the messages, the stub marks which
+execution it has started in shared memory that `init` names (see `_start_mark`).
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal, NotRequired, TypedDict
 
-# name, datatype, shape, offset, size: where one tensor lies in a segment (see wire.py).
+# Any message, as the channel carries it: a dict with an `op`.
+Message = dict[str, Any]
+# name, datatype, shape, offset, size: where one tensor lies in a segment (see _segments.py).
 TensorRef = tuple[str, str, tuple[int, ...], int, int]
-# A segment's name, the tensors' bytes inline, or None (no tensor data): see wire.py.
+# A segment's name, the tensors' bytes inline, or None (no tensor data): see _segments.py.
 Blob = str | bytearray | None
 # A response's error: its text and its pb_utils.TritonError code.
 ErrorTuple = tuple[str, int]
+# The bits of a request's `flags` (pb_utils' TRITONSERVER_REQUEST_FLAG_SEQUENCE_*).
+SEQUENCE_START, SEQUENCE_END = 1, 2
 
 # Server -> stub.
 
@@ -41,7 +45,7 @@ class InitMessage(TypedDict):
     args: dict[str, str]
     decoupled: bool
     idle_spin_microseconds: int
-    start_mark: NotRequired[str]  # the file the stub marks each execution's start in (start_mark.py)
+    start_mark: NotRequired[str]  # the file the stub marks each execution's start in (_start_mark.py)
 
 
 class AutoCompleteMessage(TypedDict):

@@ -1,13 +1,13 @@
-"""What crosses between the server and a stub: framed messages and tensors in shared memory.
+"""Tensors between the server and a stub: shared memory segments, or inline when small.
 
-Messages are pickled dicts of plain values, each prefixed by its length, on a socket pair.
 Large tensor data never goes through the socket: the writer copies the tensors of a message
 into a shared memory segment (a file in /dev/shm, mapped by both processes) and the message
-says where each tensor lies. Segments are pooled and reused; the reader sends their names back
-in a `release` message when it no longer needs them. Tensors that take INLINE_LIMIT bytes or
-less in all travel in the message itself, as one bytearray laid out as a segment would be:
-for them a segment costs more (a copy in, a copy out, and a `release` message that wakes the
-writer's reader thread) than the bytes on the socket. Standard library and numpy only.
+says where each tensor lies (a `TensorRef`). Segments are pooled and reused; the reader sends
+their names back in a `release` message when it no longer needs them. Tensors that take
+INLINE_LIMIT bytes or less in all travel in the message itself, as one bytearray laid out as a
+segment would be: for them a segment costs more (a copy in, a copy out, and a `release` message
+that wakes the writer's reader thread) than the bytes on the socket. Standard library and numpy
+only.
 """
 
 from __future__ import annotations
@@ -16,33 +16,23 @@ import contextlib
 import itertools
 import mmap
 import os
-import pickle
 import re
-import socket
 import struct
 import tempfile
 import threading
-import time
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from coreserve_python.messages import Blob
+from coreserve_python.ipc._messages import Blob, TensorRef
 
-_LENGTH = struct.Struct("<I")
-_LENGTH_BYTES = struct.Struct("<I")
+# Each element of a BYTES tensor: its length (4 bytes, little-endian), then its bytes.
+_ELEMENT_LENGTH = struct.Struct("<I")
 ALIGNMENT = 64
 SMALLEST_SEGMENT = 64 * 1024
 # The tensors of a message up to this size in all travel inline (see above).
 INLINE_LIMIT = 64 * 1024
-# What one recv asks for: a few small messages at once.
-RECEIVE_CHUNK = 64 * 1024
-# How far a receive's spin may stretch past the model's idle_spin_microseconds (Channel._read).
-SPIN_STRETCH = 4
-# The waits whose median tells how long the next one will likely be (Channel._read).
-RECENT_WAITS = 9
 SHM_DIR = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
 # A pool's segments are named after its owner (an instance's name, made of the model's name and
 # its configuration's group name), kept to this many characters that are safe in a file name:
@@ -72,9 +62,6 @@ try:  # BF16 needs ml_dtypes, which a custom stub environment may lack
 except ImportError:  # pragma: no cover - depends on the environment
     pass
 
-Message = dict[str, Any]
-TensorRef = tuple[str, str, tuple[int, ...], int, int]  # name, datatype, shape, offset, size
-
 
 def segment_to_release(blob: Blob) -> str | None:
     """The segment a reader must release once done with a message's tensors (None if inline)."""
@@ -93,106 +80,6 @@ def datatype_of(array: np.ndarray) -> str:
     if array.dtype.kind in "OSU":
         return "BYTES"
     raise TypeError(f"numpy dtype {array.dtype} has no Triton datatype")
-
-
-class Channel:
-    """Length-prefixed pickled messages on a blocking socket; `send` may be called from any thread.
-
-    `receive` (one thread at a time) reads what the socket has, up to RECEIVE_CHUNK bytes, and
-    keeps what follows the message for the next call: one recv per message, not one for the
-    length and one for the body.
-    """
-
-    def __init__(self, sock: socket.socket) -> None:
-        self._sock = sock
-        self._send_lock = threading.Lock()
-        self._received = bytearray()
-        self._spin_pays = True  # see _read
-        self._waits = [0] * RECENT_WAITS  # the last waits for a message, in ns (see _read)
-        self._wait_index = 0
-
-    def send(self, message: Mapping[str, Any]) -> None:
-        data = pickle.dumps(message, protocol=5)
-        with self._send_lock:
-            self._sock.sendall(_LENGTH.pack(len(data)) + data)
-
-    def receive(self, spin_ns: int = 0) -> Message | None:
-        """The next message, or None when the other side has gone.
-
-        `spin_ns`, for a thread with nothing else to do: look for the message without sleeping
-        for up to this long before sleeping on the socket (see _read).
-        """
-        if not self._fill(_LENGTH.size, spin_ns):
-            return None
-        end = _LENGTH.size + _LENGTH.unpack_from(self._received)[0]
-        if not self._fill(end, spin_ns):
-            return None
-        body = bytes(memoryview(self._received)[_LENGTH.size : end])
-        del self._received[:end]
-        message: Message = pickle.loads(body)
-        return message
-
-    def _fill(self, size: int, spin_ns: int = 0) -> bool:
-        """Reads until `size` bytes are buffered; False if the other side closed first."""
-        while len(self._received) < size:
-            chunk = self._read(max(RECEIVE_CHUNK, size - len(self._received)), spin_ns)
-            if not chunk:
-                return False
-            self._received += chunk
-        return True
-
-    def _read(self, size: int, spin_ns: int) -> bytes:
-        """One recv, after up to `spin_ns` (or more, below) of non-blocking tries.
-
-        A process that sleeps on its socket is woken by the kernel when data comes, and on a
-        virtual machine that wake-up (and the idle core's own) costs more than a small model's
-        execute: with a 200 µs spin, one stub under a steady stream of requests answered 1.35-1.6x
-        as many at concurrency 1 (benchmarks/python_speed.py). The spin is adaptive:
-        - after a wait that lasted over twice the spin (spin included; a sleeper also takes its
-          wake-up to see the data), the next wait sleeps at once, until a wait is short again.
-          So a stub whose requests are sparse does not spin for each of them;
-        - where most waits are longer than `spin_ns` but short (one client whose own part of
-          each call takes longer: grpc's Python client, perf_analyzer), the spin stretches to
-          1.5x the median of the last RECENT_WAITS waits (where that median is over `spin_ns`
-          and at most SPIN_STRETCH times it), up to SPIN_STRETCH times `spin_ns`: a spin that
-          ends just before the message comes costs its time and the wake-up too. Under load
-          most waits are near zero (the next execution is there already) and the spin stays
-          `spin_ns`, however long the few others are.
-        """
-        if not spin_ns:
-            return self._sock.recv(size)
-        started = time.perf_counter_ns()
-        waits = self._waits
-        spin = spin_ns
-        typical = sorted(waits)[RECENT_WAITS // 2]
-        if spin_ns < typical <= SPIN_STRETCH * spin_ns:
-            spin = min(typical * 3 // 2, SPIN_STRETCH * spin_ns)
-        if self._spin_pays:
-            deadline = started + spin
-            while True:
-                try:
-                    chunk = self._sock.recv(size, socket.MSG_DONTWAIT)
-                    break
-                except BlockingIOError:
-                    if time.perf_counter_ns() >= deadline:
-                        chunk = self._sock.recv(size)
-                        break
-                    os.sched_yield()  # a thread waiting for this core comes first
-        else:
-            chunk = self._sock.recv(size)
-        waited = time.perf_counter_ns() - started
-        self._spin_pays = waited <= 2 * spin
-        waits[self._wait_index] = waited
-        self._wait_index = (self._wait_index + 1) % RECENT_WAITS
-        return chunk
-
-    def close(self) -> None:
-        self._sock.close()
-
-
-def encode_frame(message: Mapping[str, Any]) -> bytes:
-    data = pickle.dumps(message, protocol=5)
-    return _LENGTH.pack(len(data)) + data
 
 
 class Segment:
@@ -357,7 +244,7 @@ def serialize_bytes(array: np.ndarray) -> bytes:
     parts = []
     for item in array.reshape(-1):
         data = item.encode("utf-8") if isinstance(item, str) else bytes(item)
-        parts.append(_LENGTH_BYTES.pack(len(data)))
+        parts.append(_ELEMENT_LENGTH.pack(len(data)))
         parts.append(data)
     return b"".join(parts)
 
@@ -367,7 +254,7 @@ def deserialize_bytes(buffer: bytes | memoryview) -> np.ndarray:
     items = []
     offset = 0
     while offset < len(view):
-        (length,) = _LENGTH_BYTES.unpack_from(view, offset)
+        (length,) = _ELEMENT_LENGTH.unpack_from(view, offset)
         offset += 4
         items.append(bytes(view[offset : offset + length]))
         offset += length

@@ -15,15 +15,15 @@ from coreserve.backend import (
     ServerContext,
     cuda_driver_gpus,
 )
-from coreserve_python.environment import stub_launch
-from coreserve_python.instance import PythonInstance
-from coreserve_python.messages import AutoCompleteMessage
-from coreserve_python.process import run_once
+from coreserve_python.ipc import AutoCompleteMessage
+from coreserve_python.server._environment import stub_launch
+from coreserve_python.server._instance import PythonInstance
+from coreserve_python.server._process import run_once
 
 AUTO_COMPLETE_TIMEOUT_S = 120.0
 FORCE_CPU_ONLY_INPUT_TENSORS = "FORCE_CPU_ONLY_INPUT_TENSORS"
 # coreserve's parameters: how many executions a stub may be handed ahead (see PythonInstance),
-# and how long an idle stub reads its socket without sleeping (see wire.Channel.receive).
+# and how long an idle stub reads its socket without sleeping (see ipc.Channel.receive).
 PIPELINE_DEPTH = "pipeline_depth"
 DEFAULT_PIPELINE_DEPTH = 8
 MAX_PIPELINE_DEPTH = 64
@@ -55,9 +55,9 @@ def idle_spin_microseconds(config: ModelConfig) -> int:
 class SpinSlots:
     """How many stubs may spin while idle at once: one per two cores this process may use.
 
-    A spinning stub holds a core while it looks for its next message (wire.Channel.receive);
-    more of them than that starve the server, clients on the same machine and each other: on
-    2 cores, two instances that both spun served 0.42x the requests of none at concurrency 8.
+    A spinning stub holds a core while it looks for its next message (ipc.Channel.receive);
+    more of them than that starve the server, clients on the same machine and each other
+    (under load, two stubs spinning on two cores served far fewer requests than none).
     Claimed and released on the event loop.
     """
 

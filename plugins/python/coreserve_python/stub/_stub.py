@@ -5,8 +5,8 @@
 FD is this end of the socket pair the server made. The main thread loads `model.py` and runs
 `initialize`, `execute` and `finalize` as the server asks; it reads the server's messages while
 idle, and a standby thread reads them while the model runs, so that BLS responses reach a model
-that waits for them inside `execute` (see `coreserve_python.inbox`); the model's requests to
-the server (BLS, metrics, model management) are `coreserve_python.stub_requests`.
+that waits for them inside `execute` (see `_inbox`); the model's requests to the server (BLS,
+metrics, model management) are `_requests`.
 
 A stub dies with its server, however the server ends (SIGKILL, the OOM killer, a crash): on
 Linux the kernel kills it when the server's thread that spawned it dies (PR_SET_PDEATHSIG);
@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 import importlib.util
 import inspect
-import itertools
 import os
 import signal
 import socket
@@ -33,29 +32,28 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from coreserve_python import pb_runtime, pb_utils
-from coreserve_python.inbox import Inbox
-from coreserve_python.messages import (
+import coreserve_python.pb_utils._runtime as _runtime
+from coreserve_python import pb_utils
+from coreserve_python.ipc import (
     AutoCompleteDoneMessage,
+    Channel,
     ExecuteDoneMessage,
     FinalizeDoneMessage,
     InitDoneMessage,
-    LogMessage,
+    Message,
     ResponseBody,
     ResponsesMessage,
-)
-from coreserve_python.start_mark import open_start_mark
-from coreserve_python.stub_requests import BlsCall, ServerRequests, executing_keys, in_context
-from coreserve_python.wire import (
-    Channel,
-    Message,
     SegmentPool,
     SegmentReader,
+    open_start_mark,
     segment_to_release,
     write_groups,
 )
+from coreserve_python.stub._inbox import Inbox
+from coreserve_python.stub._requests import ServerRequests, executing_keys, in_context
 
-SHIM = Path(__file__).resolve().parent / "shim"
+# Where `import triton_python_backend_utils` finds pb_utils (coreserve_python/shim/).
+SHIM = Path(__file__).resolve().parents[1] / "shim"
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 # How long the main thread may take to finish after the server closed the socket.
 EXIT_GRACE_S = 1.0
@@ -99,16 +97,16 @@ def load_model_module(model_file: Path) -> ModuleType:
     return module
 
 
-class Stub(ServerRequests):
-    """Runs the model and answers the server; the `pb_utils` runtime."""
+class Stub:
+    """Runs the model and answers the server; the model's requests go through the `ServerRequests`
+    it owns, which it installs as pb_utils' runtime."""
 
     def __init__(self, channel: Channel) -> None:
         self._channel = channel
         self._pool = SegmentPool("stub")
         self._reader = SegmentReader()
         self._inbox = Inbox(channel, self._handle, self._server_gone, self._abandon)
-        self._calls: dict[int, BlsCall] = {}
-        self._call_ids = itertools.count()
+        self._requests = ServerRequests(channel, self._pool, self._reader, self._inbox, self.send_response)
         # The cancellation flags of the requests given to the model and not yet answered in
         # full, by key; the reader thread sets them when the server says "cancel".
         self._cancellations: dict[int, pb_utils._Cancellation] = {}
@@ -119,8 +117,6 @@ class Stub(ServerRequests):
         self._cancel_lock = threading.Lock()
         self._model: Any = None
         self._decoupled = False
-        self._instance_name = ""
-        self._model_dir = ""
         # Coroutines of the model (async initialize, execute, finalize) run on this loop, in a
         # thread of its own: the executions of a decoupled model's `async def execute` overlap
         # there while the main thread takes the next batch, as Triton runs them.
@@ -128,9 +124,9 @@ class Stub(ServerRequests):
         threading.Thread(target=self._loop.run_forever, name="coreserve-stub-loop", daemon=True).start()
         self._finished = threading.Event()
         # The key of the last request handed to the model, where the server reads it after a
-        # crash (see start_mark.py); the server's mark once init gives it.
+        # crash (see ipc/_start_mark.py); the server's mark once init gives it.
         self._started = open_start_mark(None)
-        pb_runtime.install(self)
+        _runtime.install(self._requests)
 
     def _run_coroutine(self, coroutine: Any) -> Any:
         """Runs a coroutine of the model on the stub's loop and waits for its result."""
@@ -161,9 +157,7 @@ class Stub(ServerRequests):
             for name in message["segments"]:
                 self._pool.release(name)
         elif op in ("bls_response", "reply"):
-            call = self._calls.get(message["call"])
-            if call is not None:
-                call.deliver(message)
+            self._requests.deliver(message)
         elif op == "cancel":
             self._cancel(message["key"])
         else:
@@ -191,8 +185,7 @@ class Stub(ServerRequests):
 
     def _server_gone(self) -> None:
         """The server closed its end: whoever waits for an answer from it gets none."""
-        for call in list(self._calls.values()):
-            call.deliver(None)
+        self._requests.server_gone()
 
     def _abandon(self) -> None:
         """The server went away while the model was busy: ends the process after a grace."""
@@ -205,8 +198,9 @@ class Stub(ServerRequests):
 
     def _init(self, message: Message) -> None:
         try:
-            self._model_dir = str(Path(message["model_file"]).parent)
-            self._instance_name = message["args"].get("model_instance_name", "")
+            self._requests.serve_model(
+                message["args"].get("model_instance_name", ""), str(Path(message["model_file"]).parent)
+            )
             module = load_model_module(Path(message["model_file"]))
             self._decoupled = message["decoupled"]
             self._inbox.idle_spin_ns = message["idle_spin_microseconds"] * 1000
@@ -427,10 +421,6 @@ class Stub(ServerRequests):
         if final:
             self._cancellations.pop(key, None)
 
-    def log(self, level: str, message: str) -> None:
-        line: LogMessage = {"op": "log", "level": level, "message": message}
-        self._channel.send(line)
-
 
 def main(argv: list[str]) -> int:
     # The server decides when a stub ends (finalize, or its socket closing), not a terminal.
@@ -444,7 +434,3 @@ def main(argv: list[str]) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)  # daemon threads and user threads must not keep a finished stub alive
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv))

@@ -1,19 +1,18 @@
 """The server's answers to a model's requests: custom metrics and model management.
 
-`ModelRequestAnswers` is the part of `coreserve_python.instance.PythonInstance` that gives them.
+A `PythonInstance` owns one `ModelRequestAnswers`, and hands it the model's requests.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from coreserve import CoreserveError, InvalidArgumentError, NotFoundError, UnavailableError
 from coreserve.backend import CustomMetric, CustomMetricFamily, MetricKind, ServerContext
-from coreserve_python.messages import ReplyMessage
-from coreserve_python.wire import Message
+from coreserve_python.ipc import Message, ReplyMessage
 
 logger = logging.getLogger("coreserve.backend.python")
 
@@ -24,20 +23,19 @@ ANSWERED_OPS = frozenset(
 
 
 class ModelRequestAnswers:
-    """Answers the model's metric and model-management requests; a part of `PythonInstance`."""
+    """Answers one instance's metric and model-management requests, and keeps the metrics it made."""
 
-    # Set by the instance (see `PythonInstance.__init__`).
-    name: str
-    _server: ServerContext
-    _families: dict[int, CustomMetricFamily]
-    _metrics: dict[int, CustomMetric]
-    _metric_ids: int
+    def __init__(self, name: str, server: ServerContext, send: Callable[[Mapping[str, Any]], None]) -> None:
+        """`name`: the instance's, for the log; `send`: sends a message to the instance's stub."""
+        self._name = name
+        self._server = server
+        self._send = send
+        # The custom metric families and metrics the model made, by the ids the stub knows them by.
+        self._families: dict[int, CustomMetricFamily] = {}
+        self._metrics: dict[int, CustomMetric] = {}
+        self._metric_ids = 0
 
-    if TYPE_CHECKING:
-
-        def _process_send(self, message: Mapping[str, Any]) -> None: ...
-
-    async def _answer(self, message: Message) -> None:
+    async def answer(self, message: Message) -> None:
         """Answers a request of the model (metrics, model management) with a `reply`."""
         result: Any = None
         error = None
@@ -46,10 +44,10 @@ class ModelRequestAnswers:
         except CoreserveError as exc:
             error = exc.message
         except Exception as exc:  # a fault of the server: logged once, and the model still answered
-            logger.exception("%s: the server failed a '%s' request of the model", self.name, message["op"])
+            logger.exception("%s: the server failed a '%s' request of the model", self._name, message["op"])
             error = f"internal error of the server: {type(exc).__name__}: {exc}"
         reply: ReplyMessage = {"op": "reply", "call": message["call"], "result": result, "error": error}
-        self._process_send(reply)
+        self._send(reply)
 
     async def _handle_request(self, message: Message) -> Any:
         op = message["op"]
@@ -88,7 +86,7 @@ class ModelRequestAnswers:
         table[self._metric_ids] = item
         return self._metric_ids
 
-    def _update_metric(self, message: Message) -> None:
+    def update_metric(self, message: Message) -> None:
         """Applies an increment, set or observe the model sent (checked by the stub already)."""
         metric = self._metrics.get(message["metric"])
         if metric is None:
@@ -96,9 +94,9 @@ class ModelRequestAnswers:
         try:
             getattr(metric, message["action"])(message["value"])
         except CoreserveError as exc:  # the stub checks first; a mismatch is ours to report
-            logger.warning("%s: a metric update was refused: %s", self.name, exc.message)
+            logger.warning("%s: a metric update was refused: %s", self._name, exc.message)
 
-    def _release_metrics(self) -> None:
+    def release_metrics(self) -> None:
         """Takes the model's custom metrics off the metrics endpoint (unload, stub exit)."""
         for metric in self._metrics.values():
             metric.family.release_metric(metric)
