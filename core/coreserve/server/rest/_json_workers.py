@@ -236,7 +236,7 @@ def _spawn(their_end: socket.socket) -> int:
     """Starts a worker with `their_end` as descriptor WORKER_FD; returns its pid.
 
     posix_spawn, not fork: a fork of a process with grpc's threads runs their fork handlers,
-    which may abort the server (see coreserve_python.spawn).
+    which may abort the server (see coreserve_python.server._spawn).
     """
     source = their_end.fileno()
     spare = os.dup(source) if source == WORKER_FD else None  # dup2 onto itself keeps close-on-exec
