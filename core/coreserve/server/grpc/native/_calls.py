@@ -141,7 +141,7 @@ class Call:
         while True:
             while self.messages:
                 message = self.messages.popleft()
-                self.connection.consumed(self)
+                self.connection.streams.consumed(self)
                 if isinstance(message, Compressed):
                     message = await self._inflate(message)
                 yield decode(message)
@@ -218,7 +218,7 @@ class Call:
                 "a unary call needs exactly one request message",
             )
         message = self.messages.popleft()
-        self.connection.consumed(self)
+        self.connection.streams.consumed(self)
         return message
 
     # Sending -------------------------------------------------------------------------------
