@@ -240,3 +240,16 @@ def test_the_architecture_page_draws_these_layers() -> None:
             for name in re.findall(r"`(coreserve\.[\w.]+)`", row.group(2)):
                 drawn[name] = int(row.group(1))
     assert drawn == LAYERS
+
+
+MAX_MODULE_LINES = 450
+
+
+def test_no_module_is_longer_than_the_limit() -> None:
+    """Past a few hundred lines a module is usually two (STYLE.md); generated modules aside."""
+    long = {
+        module: lines
+        for module, path in _modules().items()
+        if (lines := len(path.read_text().splitlines())) > MAX_MODULE_LINES
+    }
+    assert long == {}

@@ -1,7 +1,8 @@
 """The KServe v2 REST frontend, with Triton's extensions, on the shared HTTP/1.1 server.
 
-`_frontend` routes the v2 endpoints onto the data plane; `_shared_memory` answers the
-shared-memory extensions; large bodies are decoded and encoded off the event loop
+`_frontend` routes the v2 endpoints onto the data plane; `_control` answers the repository,
+log and trace endpoints, `_shared_memory` the shared-memory extensions (`_json_bodies` reads
+and writes their JSON); large bodies are decoded and encoded off the event loop
 (`_codec_threads`, and `_json_workers` for large JSON). May import `coreserve.server.httpd`,
 the server's runtime modules, shared memory and the protocol codecs; never the gRPC frontend.
 """

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import orjson
 
@@ -41,6 +39,8 @@ from coreserve.server.httpd import (
     unrouted_message,
 )
 from coreserve.server.rest._codec_threads import CodecThreads
+from coreserve.server.rest._control import control_routes
+from coreserve.server.rest._json_bodies import json_answer
 from coreserve.server.rest._json_workers import JsonWorkers
 from coreserve.server.rest._shared_memory import shared_memory_routes
 from coreserve.server.restrictions import ApiRestrictions
@@ -73,10 +73,6 @@ HTTP_STATUS = {
 
 def error_response(status: int, message: str) -> HttpResponse:
     return HttpResponse(status, orjson.dumps({"error": message}), "application/json")
-
-
-def _json(data: Any) -> HttpResponse:
-    return HttpResponse(200, orjson.dumps(data), "application/json")
 
 
 def _handles_errors(handler: Handler, category: str, restrictions: ApiRestrictions) -> Handler:
@@ -141,15 +137,7 @@ class HttpFrontend:
                 for base in (model, version)
             ],
             *[("statistics", "GET", f"{base}/stats", self._statistics) for base in (model, version)],
-            ("model-repository", "POST", "/v2/repository/index", self._repository_index),
-            ("model-repository", "POST", "/v2/repository/models/{model}/load", self._load_model),
-            ("model-repository", "POST", "/v2/repository/models/{model}/unload", self._unload_model),
-            ("logging", "GET", "/v2/logging", self._log_settings),
-            ("logging", "POST", "/v2/logging", self._update_log_settings),
-            ("trace", "GET", "/v2/trace/setting", self._trace_setting),
-            ("trace", "POST", "/v2/trace/setting", self._update_trace_setting),
-            ("trace", "GET", f"{model}/trace/setting", self._trace_setting),
-            ("trace", "POST", f"{model}/trace/setting", self._update_trace_setting),
+            *control_routes(self._dataplane, self._read_body),
             *shared_memory_routes(self._dataplane.shared_memory, self._read_body),
         ]
         for category, method, path, handler in routes:
@@ -182,11 +170,11 @@ class HttpFrontend:
         return HttpResponse(200 if self._dataplane.ready() else 400)
 
     async def _server_metadata(self, request: HttpRequest) -> HttpResponse:
-        return _json(self._dataplane.server_metadata())
+        return json_answer(self._dataplane.server_metadata())
 
     async def _model_metadata(self, request: HttpRequest) -> HttpResponse:
         info = request.match_info
-        return _json(self._dataplane.model_metadata(info["model"], info.get("version", "")))
+        return json_answer(self._dataplane.model_metadata(info["model"], info.get("version", "")))
 
     async def _model_ready(self, request: HttpRequest) -> HttpResponse:
         info = request.match_info
@@ -196,7 +184,9 @@ class HttpFrontend:
 
     async def _model_config(self, request: HttpRequest) -> HttpResponse:
         info = request.match_info
-        return _json(config_to_dict(self._dataplane.model_config(info["model"], info.get("version", ""))))
+        return json_answer(
+            config_to_dict(self._dataplane.model_config(info["model"], info.get("version", "")))
+        )
 
     async def _infer(self, request: HttpRequest) -> HttpResponse:
         tracing = self._dataplane.tracer.active
@@ -347,62 +337,7 @@ class HttpFrontend:
 
     async def _statistics(self, request: HttpRequest) -> HttpResponse:
         info = request.match_info
-        return _json(self._dataplane.statistics(info.get("model", ""), info.get("version", "")))
-
-    async def _repository_index(self, request: HttpRequest) -> HttpResponse:
-        body = await self._read_body(request)
-        options = _json_object(body, "repository index request") if body.strip() else {}
-        ready = options.get("ready", False)
-        if not isinstance(ready, bool):
-            raise InvalidArgumentError("'ready' of a repository index request must be true or false")
-        return _json(await self._dataplane.repository_index(ready_only=ready))
-
-    async def _control_parameters(self, request: HttpRequest) -> dict[str, Any]:
-        body = await self._read_body(request)
-        options = _json_object(body, "repository request") if body.strip() else {}
-        parameters = options.get("parameters", {})
-        if not isinstance(parameters, dict):
-            raise InvalidArgumentError("'parameters' of a repository request must be a JSON object")
-        return parameters
-
-    async def _load_model(self, request: HttpRequest) -> HttpResponse:
-        parameters = await self._control_parameters(request)
-        decoded: dict[str, object] = {}
-        for key, value in parameters.items():
-            if key.startswith("file:"):  # file contents travel base64-encoded over HTTP
-                if not isinstance(value, str):
-                    raise InvalidArgumentError(f"load parameter '{key}' must be a base64 string")
-                try:
-                    decoded[key] = base64.b64decode(value, validate=True)
-                except binascii.Error:
-                    raise InvalidArgumentError(f"load parameter '{key}' is not valid base64") from None
-            else:
-                decoded[key] = value
-        await self._dataplane.load_model(request.match_info["model"], decoded)
-        return HttpResponse(200)
-
-    async def _unload_model(self, request: HttpRequest) -> HttpResponse:
-        parameters = await self._control_parameters(request)
-        dependents = parameters.get("unload_dependents", False)
-        if not isinstance(dependents, bool):
-            raise InvalidArgumentError("unload parameter 'unload_dependents' must be true or false")
-        await self._dataplane.unload_model(request.match_info["model"], dependents)
-        return HttpResponse(200)
-
-    async def _log_settings(self, request: HttpRequest) -> HttpResponse:
-        return _json(self._dataplane.log_settings().as_dict())
-
-    async def _update_log_settings(self, request: HttpRequest) -> HttpResponse:
-        changes = _json_object(await self._read_body(request), "log settings")
-        return _json(self._dataplane.update_log_settings(changes).as_dict())
-
-    async def _trace_setting(self, request: HttpRequest) -> HttpResponse:
-        return _json(self._dataplane.trace_setting(request.match_info.get("model", "")).as_dict())
-
-    async def _update_trace_setting(self, request: HttpRequest) -> HttpResponse:
-        changes = _json_object(await self._read_body(request), "trace settings")
-        model = request.match_info.get("model", "")
-        return _json(self._dataplane.update_trace_setting(changes, model).as_dict())
+        return json_answer(self._dataplane.statistics(info.get("model", ""), info.get("version", "")))
 
     async def _read_body(self, request: HttpRequest) -> bytes | bytearray:
         """The body, decompressed under its Content-Encoding."""
@@ -451,16 +386,6 @@ def _mark(trace: RequestTrace | None, name: str) -> None:
 def _output_bytes(response: InferenceResponse) -> int:
     """Roughly how large a response's data is (BYTES arrays count their pointers only)."""
     return sum(array.nbytes for array in response.outputs.values())
-
-
-def _json_object(body: bytes | bytearray, what: str) -> dict[str, Any]:
-    try:
-        document = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidArgumentError(f"malformed JSON in the {what}: {exc}") from None
-    if not isinstance(document, dict):
-        raise InvalidArgumentError(f"the {what} must be a JSON object")
-    return document
 
 
 def _parse_header_length(value: str) -> int:

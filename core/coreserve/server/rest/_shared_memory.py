@@ -16,10 +16,9 @@ import binascii
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import orjson
-
 from coreserve.errors import InvalidArgumentError, NotFoundError
 from coreserve.server.httpd import HttpRequest, HttpResponse, Response
+from coreserve.server.rest._json_bodies import json_answer, json_object
 from coreserve.server.shared_memory import SystemSharedMemory, cuda_shared_memory_unavailable
 
 Handler = Callable[[HttpRequest], Awaitable[Response]]
@@ -33,7 +32,7 @@ def shared_memory_routes(
     """(category, method, path, handler) of every shared-memory endpoint."""
 
     async def status(request: HttpRequest) -> HttpResponse:
-        return _json(regions.status(request.match_info.get("name", "")))
+        return json_answer(regions.status(request.match_info.get("name", "")))
 
     async def register(request: HttpRequest) -> HttpResponse:
         document = await _register_document(request, read_body, ("key", "byte_size"))
@@ -48,10 +47,10 @@ def shared_memory_routes(
     async def cuda_status(request: HttpRequest) -> HttpResponse:
         name = request.match_info.get("name", "")
         if regions.cuda is not None:
-            return _json(regions.cuda.status(name))
+            return json_answer(regions.cuda.status(name))
         if name:  # no region can be registered, so none is found
             raise NotFoundError(f"Unable to find cuda shared memory region: '{name}'")
-        return _json([])
+        return json_answer([])
 
     async def cuda_register(request: HttpRequest) -> HttpResponse:
         name = request.match_info["name"]
@@ -93,21 +92,11 @@ def shared_memory_routes(
     return routes
 
 
-def _json(data: object) -> HttpResponse:
-    return HttpResponse(200, orjson.dumps(data), "application/json")
-
-
 async def _register_document(
     request: HttpRequest, read_body: ReadBody, fields: tuple[str, ...]
 ) -> dict[str, Any]:
     """The JSON object of a register request, with each of `fields` present."""
-    body = await read_body(request)
-    try:
-        document = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidArgumentError(f"malformed JSON in the shared memory register request: {exc}") from None
-    if not isinstance(document, dict):
-        raise InvalidArgumentError("the shared memory register request must be a JSON object")
+    document = json_object(await read_body(request), "shared memory register request")
     for field in fields:
         if field not in document:
             raise InvalidArgumentError(f"Shared memory register request has no '{field}' field")
