@@ -58,6 +58,15 @@ def add_sub_model(datatype: str = "FP32", shape: list | None = None) -> onnx.Mod
     )
 
 
+# add_sub_model() with the default FP32 [4] shape, batched: the config that serves it.
+ADD_SUB_CONFIG = """
+backend: "onnxruntime"
+max_batch_size: 8
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "INPUT1" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 4 ] } ]
+"""
+
+
 def scale_model(factor: float, shape: list | None = None) -> onnx.ModelProto:
     """OUTPUT0 = INPUT0 * factor (FP32): tells versions apart by their output."""
     shape = shape or ["batch", 4]

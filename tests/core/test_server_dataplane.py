@@ -32,16 +32,10 @@ from coreserve.backend import BaseBackend, InstancePlacement, ModelFiles, Respon
 from coreserve.errors import ErrorCode, RequestMismatchError
 from coreserve.server.dataplane import EXTENSIONS, SERVER_NAME, DataPlane, ServerFlags
 from coreserve.testing import InProcessServer
-from model_builders import add_sub_model, write_model
+from model_builders import ADD_SUB_CONFIG, add_sub_model, write_model
 
 T = TypeVar("T")
 
-ADD_SUB = """
-backend: "onnxruntime"
-max_batch_size: 8
-input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "INPUT1" data_type: TYPE_FP32 dims: [ 4 ] } ]
-output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 4 ] } ]
-"""
 # (a, b) -> add_sub -> (a+b, a-b) -> add_sub -> (2a, 2b)
 TWICE = """
 platform: "ensemble"
@@ -163,7 +157,7 @@ def kit(tmp_path_factory: pytest.TempPathFactory, gate: GateBackend) -> Iterator
     """One server for the module: every model loaded except `spare` (tests load and unload it)."""
     root = tmp_path_factory.mktemp("dataplane-models")
     for name in ("add_sub", "counted", "spare"):  # counted: for the statistics test alone
-        write_model(root, name, add_sub_model(), ADD_SUB)
+        write_model(root, name, add_sub_model(), ADD_SUB_CONFIG)
     (root / "twice" / "1").mkdir(parents=True)
     (root / "twice" / "config.pbtxt").write_text(TWICE)
     for name, config in (("gate", GATE), ("gate_stream", GATE_STREAM)):

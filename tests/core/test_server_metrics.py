@@ -38,19 +38,13 @@ from coreserve.backend import (
 from coreserve.scheduling.response_cache import CacheStatistics
 from coreserve.scheduling.statistics import FIRST_RESPONSE_BUCKETS_MS, HISTOGRAM_BUCKETS_US
 from coreserve.server.metrics._prometheus import FAILURE_ORDER, render_cache_metrics
-from model_builders import add_sub_model, write_model
+from model_builders import ADD_SUB_CONFIG, add_sub_model, write_model
 from paths import TESTS
 
 FIXTURES = TESTS / "fixtures"
 REFERENCE = {
     f["name"]: f for f in json.loads((FIXTURES / "triton_metric_families.json").read_text())["families"]
 }
-ADD_SUB = """
-backend: "onnxruntime"
-max_batch_size: 8
-input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "INPUT1" data_type: TYPE_FP32 dims: [ 4 ] } ]
-output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 4 ] } ]
-"""
 COUNT = """
 backend: "count"
 max_batch_size: 0
@@ -163,7 +157,7 @@ class CountPlugin:
 @pytest.fixture(scope="module")
 def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("metrics-models")
-    write_model(root, "add_sub", add_sub_model(), ADD_SUB)
+    write_model(root, "add_sub", add_sub_model(), ADD_SUB_CONFIG)
     (root / "count" / "1").mkdir(parents=True)
     (root / "count" / "1" / "model.count").write_bytes(b"")
     (root / "count" / "config.pbtxt").write_text(COUNT)
