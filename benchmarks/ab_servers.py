@@ -1,11 +1,12 @@
 """This tree's coreserve against a base commit's, the same load on both, in alternating rounds.
 
     python benchmarks/ab_servers.py --base REF [--seconds 3] [--rounds 4] [--concurrency 1 8 32]
-                                    [--paths http-json http-binary grpc]
+                                    [--paths http-json http-binary grpc python-json]
 
 Checks that a change costs nothing where it should cost nothing. The base commit is checked out
 in a temporary git worktree; each side runs in its own server process (the base one with its
-worktree first on PYTHONPATH), both serving the tiny add model of overhead.py. Each round
+worktree first on PYTHONPATH), both serving the tiny add model of overhead.py and the add-one
+model.py of python_speed.py (path python-json: HTTP JSON to a Python model). Each round
 drives every path and concurrency on both servers, the base first in even rounds and second in
 odd ones, so that a neighbour who slows the shared machine weighs on both sides. HTTP goes
 through wrk (JSON and binary bodies), gRPC through h2load (unary ModelInfer). Each figure is
@@ -28,19 +29,23 @@ from cpu_time import tree_cpu_seconds
 from load_generators import Load, grpc_call_succeeds, h2load_grpc, retrying, wrk
 from models import write_model
 from overhead import CONFIG, add_model, binary_body, grpc_request, json_body
+from python_speed import JSON_BODY as PYTHON_JSON_BODY
+from python_speed import MODEL as PYTHON_MODEL
+from python_speed import write_repository as write_python_model
 from reporting import Table, print_table, write_results
 from trials import median
 
 from coreserve.testing import ServerProcess
 
 REPO = Path(__file__).resolve().parent.parent
-PATHS = ("http-json", "http-binary", "grpc")
+PATHS = ("http-json", "http-binary", "grpc", "python-json")
 METHOD = "/inference.GRPCInferenceService/ModelInfer"
 
 
 def start(repository: Path, source: Path) -> ServerProcess:
-    """A server running the coreserve of `source` (a checkout: its core and plugin-onnx)."""
-    path = f"{source / 'core'}:{source / 'plugins' / 'onnx'}"
+    """A server running the coreserve of `source` (a checkout: its core, plugin-onnx and
+    plugin-python, whose stubs get the same PYTHONPATH)."""
+    path = f"{source / 'core'}:{source / 'plugins' / 'onnx'}:{source / 'plugins' / 'python'}"
     return ServerProcess([repository], ["--log-verbose=0"], env={"PYTHONPATH": path}).start(timeout=120)
 
 
@@ -48,6 +53,9 @@ def measure(server: ServerProcess, path: str, concurrency: int, seconds: float) 
     url = f"http://{server.http_url}/v2/models/add/infer"
     if path == "http-json":
         return retrying(lambda: wrk(url, concurrency, seconds, json_body()))
+    if path == "python-json":
+        python_url = f"http://{server.http_url}/v2/models/{PYTHON_MODEL}/infer"
+        return retrying(lambda: wrk(python_url, concurrency, seconds, PYTHON_JSON_BODY))
     if path == "http-binary":
         body, headers = binary_body()
         return retrying(lambda: wrk(url, concurrency, seconds, body, headers))
@@ -74,6 +82,7 @@ def main() -> None:
         try:
             repository = Path(folder) / "models"
             write_model(repository, "add", add_model(), CONFIG)
+            write_python_model(repository)
             servers = {"base": start(repository, base_tree), "this tree": start(repository, REPO)}
             try:
                 for server in servers.values():
