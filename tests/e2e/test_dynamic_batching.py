@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -166,8 +166,9 @@ def _echo_server(
     return coreserve_server(tmp_path, env=_env(site))
 
 
-def _run_in_order(calls: list[Callable[[], object]], gap: float = 0.1) -> tuple[list[object], list[int]]:
-    """Starts calls `gap` seconds apart; returns results and the order in which they finished."""
+def _run_in_order(server: ServerProcess, calls: list[Callable[[], object]]) -> tuple[list[object], list[int]]:
+    """Starts calls one after another, each once the server holds the one before (its pending
+    count says so) or has answered it; returns results and the order in which they finished."""
     finished: list[int] = []
     lock = threading.Lock()
 
@@ -181,10 +182,19 @@ def _run_in_order(calls: list[Callable[[], object]], gap: float = 0.1) -> tuple[
                 finished.append(index)
 
     with ThreadPoolExecutor(len(calls)) as pool:
-        futures = []
+        futures: list[Future[object]] = []
         for index, call in enumerate(calls):
-            futures.append(pool.submit(run, index, call))
-            time.sleep(gap)
+            future = pool.submit(run, index, call)
+            futures.append(future)
+            held = sum(not earlier.done() for earlier in futures)
+            wait_until(
+                lambda future=future, held=held: (
+                    future.done() or pending_requests(server.metrics_url, "echo") >= held
+                ),
+                f"the server holds call {index}",
+            )
+        # The scenario needs the first call still executing when the last came in.
+        assert not futures[0].done(), "the first call ended before the others were queued: slow machine?"
         results = [future.result(timeout=60) for future in futures]
     return results, finished
 
@@ -205,7 +215,7 @@ def test_priorities_reorder_a_backlog(
         lambda: _echo(server, 2),
         lambda: _echo(server, 3, priority=1),  # arrives last, runs next
     ]
-    results, finished = _run_in_order(calls)
+    results, finished = _run_in_order(server, calls)
     assert results == [0, 1, 2, 3]
     assert finished.index(3) < finished.index(1) and finished.index(3) < finished.index(2)
     # Beyond the model's levels: its default level, as Triton (InferenceRequest::SetPriority).
@@ -218,7 +228,7 @@ def test_full_queue_rejects_with_503(
     server = _echo_server(
         coreserve_server, tmp_path, echo_backend_site, "default_queue_policy { max_queue_size: 2 }", delay=500
     )
-    results, _ = _run_in_order([lambda v=v: _echo(server, v) for v in range(4)], gap=0.05)
+    results, _ = _run_in_order(server, [lambda v=v: _echo(server, v) for v in range(4)])
     assert results[:3] == [0, 1, 2]
     assert isinstance(results[3], InferenceServerException)
     assert results[3].status() == "503" and "queue of priority level 1 is full" in results[3].message()
@@ -232,24 +242,41 @@ def test_full_queue_rejects_with_503(
 def test_timeouts_reject_or_delay(
     coreserve_server: ServerFactory, tmp_path: Path, echo_backend_site: Path
 ) -> None:
+    # Level 2 (the default) rejects after 150 ms, level 1 delays instead, level 3 waits a
+    # minute unless a request shortens it. Every request below queues behind one that runs
+    # for seconds, and each is sent once the server holds the one before: the timeouts expire
+    # on the server's clock while the first still runs, so outcomes do not depend on how
+    # quickly this machine sends them.
     batching = (
-        "priority_levels: 2 default_priority_level: 2 "
+        "priority_levels: 3 default_priority_level: 2 "
         "default_queue_policy { default_timeout_microseconds: 150000 allow_timeout_override: true } "
-        "priority_queue_policy { key: 1 value { default_timeout_microseconds: 150000 timeout_action: DELAY } }"
+        "priority_queue_policy { key: 1 value { default_timeout_microseconds: 150000 timeout_action: DELAY } } "
+        "priority_queue_policy { key: 3 value { default_timeout_microseconds: 60000000 allow_timeout_override: true } }"
     )
-    server = _echo_server(coreserve_server, tmp_path, echo_backend_site, batching, delay=400)
-    calls = [
-        lambda: _echo(server, 0),  # executes at once
-        lambda: _echo(server, 1),  # waits > 150 ms: rejected
-        lambda: _echo(server, 2, priority=1),  # times out too, but DELAY keeps it queued
-    ]
-    results, _ = _run_in_order(calls, gap=0.05)
-    assert results[0] == 0 and results[2] == 2
-    assert isinstance(results[1], InferenceServerException)
-    assert results[1].status() == "503" and "timed out" in results[1].message()
-    # A request may shorten its timeout when the policy allows overrides.
-    results, _ = _run_in_order([lambda: _echo(server, 5), lambda: _echo(server, 6, timeout=1000)], gap=0.05)
-    assert results[0] == 5 and isinstance(results[1], InferenceServerException)
+    server = _echo_server(coreserve_server, tmp_path, echo_backend_site, batching)
+    pending = partial(pending_requests, server.metrics_url, "echo")
+    with ThreadPoolExecutor(5) as pool:
+        first = pool.submit(_echo, server, 0, delay_ms=3000)  # executes at once, for seconds
+        wait_until(lambda: pending() == 1, "the first request is in")
+        delayed = pool.submit(_echo, server, 2, priority=1)  # times out, but DELAY keeps it queued
+        wait_until(lambda: pending() == 2, "the request at level 1 is queued")
+        rejected = pool.submit(_echo, server, 1)  # times out after 150 ms: rejected
+        wait_until(rejected.done, "the request at level 2 is rejected")
+        # Level 1's request came first, with the same timeout: it has timed out too, yet waits.
+        assert pending() == 2 and not delayed.done()
+        waits = pool.submit(_echo, server, 3, priority=3)  # a minute's timeout: still waits
+        wait_until(lambda: pending() == 3, "the request at level 3 is queued")
+        shortened = pool.submit(_echo, server, 6, priority=3, timeout=1000)  # its own 1 ms
+        wait_until(shortened.done, "the request that shortened its timeout is rejected")
+        assert not first.done(), "the first request ended before the others timed out: slow machine?"
+        assert (first.result(timeout=60), delayed.result(timeout=60), waits.result(timeout=60)) == (0, 2, 3)
+    for refused in (rejected, shortened):
+        error = refused.exception()
+        assert isinstance(error, InferenceServerException)
+        assert error.status() == "503" and "timed out" in error.message()
+    stats = _statistics(server, "echo")
+    assert stats["inference_stats"]["fail"]["count"] == 2
+    assert stats["inference_stats"]["success"]["count"] == 3
 
 
 @pytest.mark.parametrize("preserve", [False, True])
@@ -282,25 +309,26 @@ def test_preserve_ordering(
 
 
 @pytest.mark.parametrize("grpc_server", ["native", "grpcio"])
-@pytest.mark.parametrize(("cancel_after", "where"), [(0.1, "queued"), (0.55, "executing")])
+@pytest.mark.parametrize("where", ["queued", "executing"])
 def test_a_cancelled_request_leaves_the_rest_of_its_batch_their_answers(
     coreserve_server: ServerFactory,
     tmp_path: Path,
     echo_backend_site: Path,
     grpc_server: str,
-    cancel_after: float,
     where: str,
 ) -> None:
-    # Four gRPC calls queue together (300 ms of queue delay) and run as one batch (500 ms);
-    # the client of one gives up while the batch forms, or while it runs.
+    # A batch leaves the queue only when it is full (four requests; the queue delay is an
+    # hour) and runs for a second. The client of one gRPC call gives up while it waits in
+    # the queue (three queued), or while its batch runs (four sent, so the batch left at once).
     write_model(
         tmp_path,
         "echo",
         b"",
-        ECHO.format(batching="max_queue_delay_microseconds: 300000", delay=500, count=1, max_batch=8),
+        ECHO.format(batching="max_queue_delay_microseconds: 3600000000", delay=1000, count=1, max_batch=4),
         filename="model.echo",
     )
     server = coreserve_server(tmp_path, f"--grpc-server={grpc_server}", env=_env(echo_backend_site))
+    pending = partial(pending_requests, server.metrics_url, "echo")
     client = grpcclient.InferenceServerClient(server.grpc_url)
     answers: dict[int, object] = {}
     done = threading.Semaphore(0)
@@ -309,19 +337,36 @@ def test_a_cancelled_request_leaves_the_rest_of_its_batch_their_answers(
         answers[value] = error if error is not None else int(result.as_numpy("OUT")[0, 0])  # type: ignore[union-attr]
         done.release()
 
+    def send(value: int) -> Any:  # tritonclient's CallContext
+        tensor = grpcclient.InferInput("IN", [1, 1], "INT32")
+        tensor.set_data_from_numpy(np.array([[value]], np.int32))
+        return client.async_infer("echo", [tensor], partial(finished, value))
+
     try:
-        calls = []
-        for value in range(4):
-            tensor = grpcclient.InferInput("IN", [1, 1], "INT32")
-            tensor.set_data_from_numpy(np.array([[value]], np.int32))
-            calls.append(client.async_infer("echo", [tensor], partial(finished, value)))
-        time.sleep(cancel_after)  # (a slow machine may still be forming the batch: either way)
+        calls = [send(value) for value in ([0, 1, 2, 3] if where == "executing" else [0, 1, 2])]
+        wait_until(lambda: pending() == len(calls), "the calls are in")
         calls[2].cancel()
+        if where == "queued":
+            wait_until(lambda: pending() == 2, "the cancelled call left the queue")
+            calls += [send(3), send(4)]  # they fill the batch: it runs without the cancelled one
         for _ in calls:
             assert done.acquire(timeout=30)
     finally:
         client.close()
-    assert [answers[value] for value in (0, 1, 3)] == [0, 1, 3], (where, answers)
+    served = [0, 1, 3] if where == "executing" else [0, 1, 3, 4]
+    assert [answers[value] for value in served] == served, (where, answers)
     assert isinstance(answers[2], InferenceServerException) and answers[2].status() == "StatusCode.CANCELLED"
-    assert _statistics(server, "echo")["execution_count"] == 1  # one batch held them all
+    stats = _statistics(server, "echo")
+    assert stats["execution_count"] == 1  # one batch held them all
+    # A batch ran only once four requests were in it (the queue holds fewer for an hour): when
+    # it ran with the cancelled call, the three others succeeded in it; when the call was
+    # cancelled in the queue, two more took its place and all four succeeded.
+    succeeded = 3 if where == "executing" else 4
+    assert [(entry["batch_size"], entry["compute_infer"]["count"]) for entry in stats["batch_stats"]] == [
+        (succeeded, 1)
+    ]
+    assert (stats["inference_stats"]["success"]["count"], stats["inference_stats"]["fail"]["count"]) == (
+        succeeded,
+        1,
+    )
     assert "Traceback" not in server.log

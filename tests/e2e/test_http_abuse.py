@@ -380,14 +380,18 @@ def test_chunked_body_with_small_trailer_and_extensions_is_served(server: Server
     assert (status, json.loads(body)) == (200, [])
 
 
-def test_100k_repeated_headers_get_431_quickly(server: ServerProcess) -> None:
+def test_100k_repeated_headers_get_431_before_the_header_block_ends(server: ServerProcess) -> None:
+    # Refused at the first field past the limit (a field is whole once the next line starts,
+    # hence one line more): the answer comes while the header block is still unfinished, so
+    # nothing of the flood that follows is read, let alone joined.
+    line = b"X-Repeated: value\r\n"
     with HealthProbe(server), raw(server) as connection:
-        start = time.monotonic()
-        flood = b"X-Repeated: value\r\n" * 100_000
-        _send_in_background(connection, b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n" + flood + b"\r\n")
-        status, _, _ = connection.response()
+        connection.send(b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n" + line * (MAX_HEADERS + 1))
+        status, _, body = connection.response()  # no blank line has been sent
         assert status == 431
-        assert time.monotonic() - start < PROBE_BOUND_S
+        assert _error(body) == f"too many header fields: the limit is {MAX_HEADERS}"
+        _send_in_background(connection, line * 100_000 + b"\r\n")  # the rest of the flood
+        assert connection.closed_by_server()
 
 
 def test_repeated_headers_under_the_limit_are_joined(server: ServerProcess) -> None:
@@ -400,17 +404,18 @@ def test_repeated_headers_under_the_limit_are_joined(server: ServerProcess) -> N
 
 
 def test_expect_100_continue_over_the_limit_gets_413_at_once(server: ServerProcess) -> None:
-    with raw(server, timeout=PROBE_BOUND_S) as connection:
-        start = time.monotonic()
+    # At once: the first answer is the 413, refused on the head alone (no "100 Continue"
+    # invites the body, which is never sent); a server that waited for the body would answer
+    # 408 at the body timeout instead.
+    with raw(server) as connection:
         connection.send(
             b"POST /v2/repository/index HTTP/1.1\r\nHost: x\r\nContent-Length: 100000000\r\n"
             b"Expect: 100-continue\r\n\r\n"
         )
-        status, headers, body = connection.response()  # the body is never sent
+        status, headers, body = connection.response()
         assert status == 413
         assert headers["connection"] == "close"
         assert _error(body) == f"request body too large: the limit is {MAX_BODY} bytes"
-        assert time.monotonic() - start < PROBE_BOUND_S
         assert connection.closed_by_server()
 
 

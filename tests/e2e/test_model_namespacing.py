@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import json
 import shutil
-import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
 from coreserve.testing import ServerProcess
+from waiting import wait_until
 
 AMBIGUOUS = (
     "There are 2 identifiers of model 'add' in global map, model namespace must be provided to resolve "
@@ -232,15 +232,6 @@ def test_without_namespacing_a_duplicate_name_stays_an_error(repositories: tuple
     failing.close()
 
 
-def _eventually(check: Callable[[], bool], timeout: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.2)
-    return False
-
-
 def _answers(server: ServerProcess, model: str) -> object:
     try:
         return _http(server, model).tolist()
@@ -258,9 +249,11 @@ def test_poll_mode_follows_names_arriving_and_leaving(
         assert _answers(server, "only_a") == [1.0, 1.0]
         shutil.copytree(b / "only_b", b / "only_a")  # b now has an only_a too (it adds 100)
         ambiguous_only_a = AMBIGUOUS.replace("'add'", "'only_a'")
-        assert _eventually(lambda: _answers(server, "only_a") == ambiguous_only_a)
+        wait_until(lambda: _answers(server, "only_a") == ambiguous_only_a, "only_a becomes ambiguous")
         shutil.rmtree(a / "only_a")  # one repository has it again: b's
-        assert _eventually(lambda: _answers(server, "only_a") == [100.0, 100.0])
+        wait_until(
+            lambda: _answers(server, "only_a") == [100.0, 100.0], "only_a answers from one repository again"
+        )
         assert _answers(server, "ens_a") == [1.0, 1.0]
     finally:
         server.close()

@@ -12,6 +12,7 @@ import tritonclient.http as httpclient
 
 from coreserve.testing import ServerFactory, ServerProcess
 from model_builders import scale_model, write_model
+from waiting import wait_until
 
 SCALE = """
 backend: "onnxruntime"
@@ -66,13 +67,11 @@ class ClientLoop:
             thread.join(timeout=MAX_SECONDS)
 
     def wait_for(self, value: float, timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        def switched() -> bool:
             with self._lock:
-                if self.answers and self.answers[-1] == value:
-                    return
-            time.sleep(0.05)
-        raise AssertionError(f"answers never switched to {value}; last: {self.answers[-5:]}")
+                return bool(self.answers) and self.answers[-1] == value
+
+        wait_until(switched, f"answers switch to {value}", timeout)
 
 
 def _add_version(repository: Path, version: int) -> None:
@@ -103,7 +102,8 @@ def _reload_several_times(server: ServerProcess, repository: Path, reload: Calla
             _add_version(repository, version)
             reload()
             loop.wait_for(float(version))
-        time.sleep(0.3)
+        # Every client, not only the one that answered first, gets the last version.
+        wait_until(lambda: all(4.0 in answers for answers in loop.by_thread), "every client gets version 4")
     return loop
 
 
@@ -135,22 +135,15 @@ def test_poll_mode_notices_added_and_removed_models(coreserve_server: ServerFact
     client = httpclient.InferenceServerClient(server.http_url)
     try:
         write_model(tmp_path, "late", scale_model(5.0), SCALE)
-        deadline = time.monotonic() + 30
-        while not _ready(client, "late") and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_until(lambda: _ready(client, "late"), "the added model is ready")
         assert client.is_model_ready("late")
         import shutil
 
         shutil.rmtree(tmp_path / "late")
-        deadline = time.monotonic() + 30
-        while _ready(client, "late") and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not _ready(client, "late")
+        wait_until(lambda: not _ready(client, "late"), "the removed model is no longer ready")
         # A broken change is reported and the served version stays.
         (tmp_path / "scaled" / "config.pbtxt").write_text(SCALE + "max_batch_size: nonsense")
-        deadline = time.monotonic() + 30
-        while "did not reload" not in server.log and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_until(lambda: "did not reload" in server.log, "the broken change is reported")
         assert "model 'scaled' did not reload, the loaded version keeps serving" in server.log
         assert client.is_model_ready("scaled")
     finally:

@@ -20,7 +20,6 @@ models of the same layout (a good model, a model whose only version fails, a mod
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -33,6 +32,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from coreserve.testing import ServerFactory, ServerProcess
 from http_raw import request
 from model_builders import add_sub_model, write_model
+from waiting import wait_until
 
 ADD_SUB = """
 backend: "onnxruntime"
@@ -286,9 +286,7 @@ def test_poll_mode_serves_no_half_loaded_model(coreserve_server: ServerFactory, 
     write_model(tmp_path, "add_sub", add_sub_model("FP32", ["batch", 4]), ADD_SUB)
     server = coreserve_server(tmp_path, "--model-control-mode=poll", "--repository-poll-secs=0.3")
     _write_two_versions(tmp_path, "late", second_works=False)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and len(_index(server, "late")) < 2:
-        time.sleep(0.2)
+    wait_until(lambda: len(_index(server, "late")) == 2, "the poll finds both versions of the added model")
     index = _index(server, "late")
     assert index["1"] == ("UNAVAILABLE", "unloaded") and index["2"][0] == "UNAVAILABLE"
     assert _get(server, "GET", "/v2/models/late/ready") == (400, "Model version not ready")
