@@ -19,9 +19,11 @@ benchmarks/results/ab_servers.json.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -72,33 +74,51 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4, help="rounds of alternating trials")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--paths", nargs="+", choices=PATHS, default=list(PATHS))
+    parser.add_argument(
+        "--base-tree",
+        type=Path,
+        help="the base's sources already on disk (where git cannot check it out: a machine the "
+        "history did not travel to); --base then only names it",
+    )
     args = parser.parse_args()
 
-    with tempfile.TemporaryDirectory() as folder:
-        base_tree = Path(folder) / "base"
-        subprocess.run(
-            ["git", "-C", str(REPO), "worktree", "add", "--detach", str(base_tree), args.base], check=True
-        )
+    with (
+        tempfile.TemporaryDirectory() as folder,
+        base_checkout(args.base, args.base_tree, folder) as base_tree,
+    ):
+        repository = Path(folder) / "models"
+        write_model(repository, "add", add_model(), CONFIG)
+        write_python_model(repository)
+        servers = {"base": start(repository, base_tree), "this tree": start(repository, REPO)}
         try:
-            repository = Path(folder) / "models"
-            write_model(repository, "add", add_model(), CONFIG)
-            write_python_model(repository)
-            servers = {"base": start(repository, base_tree), "this tree": start(repository, REPO)}
-            try:
-                for server in servers.values():
-                    grpc_call_succeeds(server.grpc_url, METHOD, grpc_request().SerializeToString())  # type: ignore[attr-defined]
-                results = run_rounds(servers, args)
-            finally:
-                for server in servers.values():
-                    server.close()
+            for server in servers.values():
+                grpc_call_succeeds(server.grpc_url, METHOD, grpc_request().SerializeToString())  # type: ignore[attr-defined]
+            results = run_rounds(servers, args)
         finally:
-            subprocess.run(
-                ["git", "-C", str(REPO), "worktree", "remove", "--force", str(base_tree)], check=True
-            )
-    base = subprocess.run(
-        ["git", "-C", str(REPO), "rev-parse", "--short", args.base], capture_output=True, text=True
-    )
-    report(results, args, base.stdout.strip())
+            for server in servers.values():
+                server.close()
+    if args.base_tree is None:
+        named = subprocess.run(
+            ["git", "-C", str(REPO), "rev-parse", "--short", args.base], capture_output=True, text=True
+        )
+        base = named.stdout.strip()
+    else:
+        base = args.base
+    report(results, args, base)
+
+
+@contextlib.contextmanager
+def base_checkout(base: str, tree: Path | None, folder: str) -> Iterator[Path]:
+    """The base's sources: `tree` as given, or a git worktree of `base`, removed afterwards."""
+    if tree is not None:
+        yield tree.resolve()
+        return
+    checkout = Path(folder) / "base"
+    subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(checkout), base], check=True)
+    try:
+        yield checkout
+    finally:
+        subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(checkout)], check=True)
 
 
 # (path, concurrency) -> side -> per-round (requests/s, server CPU µs per request)
