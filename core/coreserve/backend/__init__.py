@@ -9,6 +9,9 @@ A plugin module implements the `coreserve_register_backends` hook::
         register.add(MyBackend())
 
 and declares it as an entry point in the group `coreserve.backends`. See docs/backends.md.
+
+Layer 2: may import coreserve's errors, types, config and generated protos; never the scheduling,
+repository or server layers above it (they call backends, not the other way round).
 """
 
 from __future__ import annotations

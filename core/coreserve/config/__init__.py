@@ -2,6 +2,8 @@
 
 `ModelConfig` is the generated protobuf message, so any configuration Triton accepts parses
 here too. Validation raises `ModelConfigError` with a message naming the model and the field.
+
+Layer 1: may import coreserve's errors, types and generated protos only.
 """
 
 from __future__ import annotations

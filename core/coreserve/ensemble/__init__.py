@@ -1,6 +1,8 @@
 """Ensembles: pipelines of models (`platform: "ensemble"`), a built-in backend of the core.
 
 The module is a plugin like any other: `coreserve.backend.plugins` registers it by name.
+
+Layer 3: may import the backend API and the layers below it.
 """
 
 from __future__ import annotations

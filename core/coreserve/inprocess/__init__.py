@@ -1,6 +1,8 @@
 """The in-process API: `coreserve.Server` and its `Model` handles (import them from `coreserve`).
 
 The modules here are private; `coreserve/__init__.py` exports what is public.
+
+Layer 8: may import anything of coreserve (it runs a whole server).
 """
 
 from __future__ import annotations

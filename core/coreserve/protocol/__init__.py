@@ -1,1 +1,4 @@
-"""Pure functions between wire formats and requests/responses; no I/O happens here."""
+"""Pure functions between wire formats and requests/responses; no I/O happens here.
+
+Layer 1: may import coreserve's errors, types, config and generated protos only.
+"""

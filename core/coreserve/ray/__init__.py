@@ -4,6 +4,8 @@ Each replica is an in-process `coreserve.Server`; Ray Serve's HTTP proxy spreads
 requests over them, restarts the ones whose health check fails, and scales their number.
 `coreserve ray …` starts it; so does `serve run coreserve.ray:build_app model_repository=…`
 or a Serve config file naming `coreserve.ray:build_app`.
+
+Layer 8: may import the in-process API and the layers below it; nothing of the command line.
 """
 
 from __future__ import annotations

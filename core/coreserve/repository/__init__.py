@@ -1,4 +1,8 @@
-"""The model repository: finding models and versions, loading them, and their lifecycle."""
+"""The model repository: finding models and versions, loading them, and their lifecycle.
+
+Layer 4: may import scheduling, ensembles, the backend API and the layers below; never the
+server or its frontends.
+"""
 
 from __future__ import annotations
 

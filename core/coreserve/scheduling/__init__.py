@@ -1,4 +1,7 @@
-"""Schedulers: per-model queues that form batches and feed a pool of instances."""
+"""Schedulers: per-model queues that form batches and feed a pool of instances.
+
+Layer 3: may import the backend API and the layers below it; never the repository or the server.
+"""
 
 from __future__ import annotations
 

@@ -20,6 +20,8 @@ its fixtures are there without `pytest_plugins`:
 
 Importing this module stays light (pytest loads it in every session): the conformance suite
 and the in-process server are imported when first used.
+
+Layer 8: may import anything of coreserve.
 """
 
 from __future__ import annotations

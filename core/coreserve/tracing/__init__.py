@@ -2,6 +2,8 @@
 
 OpenTelemetry is an optional extra (`core-server[opentelemetry]`), imported only when
 `--trace-config mode=opentelemetry` asks for it.
+
+Layer 1: may import coreserve's errors and types only.
 """
 
 from __future__ import annotations
