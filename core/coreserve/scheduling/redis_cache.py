@@ -15,7 +15,8 @@ Lookups, inserts and deletions run on one thread of the cache's own (its `execut
 order they were asked for, so a slow Redis delays the requests that wait for its answer and no
 others; `socket_timeout` bounds how long. A Redis that cannot be reached makes lookups miss
 (logged once per outage), never fails a request. The statistics a metrics scrape reads
-(entries, memory) are two calls made on the event loop: scrapes are seconds apart.
+(entries, memory) are two calls made on the same thread (`MetricsReport.render_on_loop`), so a
+slow Redis holds up the scrape, not the event loop.
 """
 
 from __future__ import annotations
