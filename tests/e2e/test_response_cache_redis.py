@@ -11,18 +11,20 @@ from __future__ import annotations
 import shutil
 import socket
 import subprocess
-import time
 import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
 from coreserve.testing import ServerProcess
+from json_worker_processes import stopped
 from model_builders import scale_model, write_model
+from waiting import wait_until
 
 redis = pytest.importorskip("redis", reason="the redis package (core-server[redis]) is not installed")
 REDIS_SERVER = shutil.which("redis-server")
@@ -46,8 +48,20 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+class RedisServer(NamedTuple):
+    port: int
+    pid: int
+
+
+def _answers(client: redis.Redis) -> bool:
+    try:
+        return bool(client.ping())
+    except redis.ConnectionError:
+        return False
+
+
 @pytest.fixture(scope="module")
-def redis_port(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     port = _free_port()
     folder = tmp_path_factory.mktemp("redis")
     assert REDIS_SERVER is not None
@@ -59,19 +73,33 @@ def redis_port(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
     )  # fmt: skip
     client = redis.Redis(host="127.0.0.1", port=port)
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                assert time.monotonic() < deadline, "redis-server did not start"
-                time.sleep(0.05)
-        yield port
+        wait_until(lambda: _answers(client), "redis-server answers", 30)
+        yield RedisServer(port, process.pid)
     finally:
         client.close()
         process.terminate()
         process.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def redis_port(redis_server: RedisServer) -> int:
+    return redis_server.port
+
+
+def _waiting_in_redis(port: int) -> int:
+    """How many connections to Redis hold bytes it has not read yet: commands waiting for it,
+    as the kernel reports them (the receive queue of each socket of Redis's port)."""
+    count = 0
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()  # sl, local address, remote address, state, tx_queue:rx_queue, ...
+        local_port, state, unread = (
+            int(fields[1].split(":")[1], 16),
+            fields[3],
+            int(fields[4].split(":")[1], 16),
+        )
+        if local_port == port and state == "01" and unread > 0:  # 01: established
+            count += 1
+    return count
 
 
 @pytest.fixture(scope="module")
@@ -140,37 +168,50 @@ def test_an_unload_deletes_the_entries_its_server_filed(
     assert store.dbsize() == before + 1
     with httpclient.InferenceServerClient(first.http_url) as client:
         client.unload_model("scaled")
-    deadline = time.monotonic() + 30
-    while store.dbsize() != before - 1:  # its two entries ([1,2,3,4] and [5,5,5,5]) of version 1
-        assert time.monotonic() < deadline, f"{store.dbsize()} entries left"
-        time.sleep(0.05)
+    # Its two entries ([1,2,3,4] and [5,5,5,5]) of version 1 go.
+    wait_until(lambda: store.dbsize() == before - 1, "the unloaded version's entries are deleted", 30)
     assert _scale(second, [5, 5, 5, 5]) == [10, 10, 10, 10]
     assert _stats(second, "1")[2] == 1  # the entry is gone: the second server ran it
 
 
-def test_a_slow_redis_delays_only_the_requests_that_wait_for_it(tmp_path: Path, redis_port: int) -> None:
+def test_a_slow_redis_delays_only_the_requests_that_wait_for_it(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    # Redis is stopped (SIGSTOP) while a cached request's lookup, then a scrape, wait for it: it
+    # answers no one for as long as the test holds it. The kernel shows each one's command
+    # unread in Redis's socket; a model without a cache is answered meanwhile, the waiting ones
+    # only once Redis goes on.
     write_model(tmp_path, "scaled", scale_model(2.0), CONFIG.replace("version_policy: { all { } }", ""))
     write_model(tmp_path, "plain", scale_model(3.0), CONFIG.replace("response_cache { enable: true }", ""))
-    flags = ["--cache-config=redis,host=127.0.0.1", f"--cache-config=redis,port={redis_port}",
-             "--cache-config=redis,socket_timeout=20000"]  # fmt: skip
+    port = redis_server.port
+    flags = ["--cache-config=redis,host=127.0.0.1", f"--cache-config=redis,port={port}",
+             "--cache-config=redis,socket_timeout=60000"]  # fmt: skip
     server = ServerProcess([tmp_path], flags).start(timeout=120)
-    store = redis.Redis(host="127.0.0.1", port=redis_port)
+    store = redis.Redis(host="127.0.0.1", port=port)
     try:
-        store.execute_command("CLIENT", "PAUSE", "3000", "ALL")  # Redis answers no one for 3 s
-        paused = time.monotonic()
-        with ThreadPoolExecutor(2) as pool:
-            cached = pool.submit(_scale, server, [7, 7, 7, 7])
-            # A scrape asks Redis for its entries and memory: that waits too, off the loop.
-            scrape = pool.submit(urllib.request.urlopen, server.metrics_url, timeout=60)
-            time.sleep(0.3)  # the lookup and the scrape now wait for Redis, off the event loop
-            assert _scale(server, [1, 1, 1, 1], model="plain") == [3, 3, 3, 3]
-            assert time.monotonic() - paused < 2.0  # the model without a cache was not held up
-            assert not cached.done() and not scrape.done()
+        entries = store.dbsize()  # the module's other tests filed some
+        assert _waiting_in_redis(port) == 0
+        with ThreadPoolExecutor(1) as pool:
+            with stopped(redis_server.pid):
+                cached = pool.submit(_scale, server, [7, 7, 7, 7])
+                wait_until(lambda: _waiting_in_redis(port) == 1, "the lookup waits for Redis")
+                assert _scale(server, [1, 1, 1, 1], model="plain") == [3, 3, 3, 3]  # not held up
+                assert not cached.done() and _waiting_in_redis(port) == 1
             assert cached.result(timeout=60) == [14, 14, 14, 14]
+        assert _stats(server, "1") == (0, 1, 1)  # its lookup came back a miss, then it ran
+        with ThreadPoolExecutor(1) as pool:
+            # A scrape asks Redis for its entries and memory, off the event loop: it waits too.
+            with stopped(redis_server.pid):
+                scrape = pool.submit(urllib.request.urlopen, server.metrics_url, timeout=60)
+                wait_until(lambda: _waiting_in_redis(port) == 1, "the scrape waits for Redis")
+                assert _scale(server, [1, 1, 1, 1], model="plain") == [3, 3, 3, 3]  # not held up
+                assert not scrape.done() and _waiting_in_redis(port) == 1
             with scrape.result(timeout=60) as answer:
                 metrics = answer.read().decode()
-        assert time.monotonic() - paused >= 2.9  # the cached one did wait for Redis
-        assert "nv_cache_num_entries " in metrics
+        # The cached one's entry, filed before it was answered.
+        assert f"nv_cache_num_entries {entries + 1}\n" in metrics
+        assert "nv_cache_num_lookups 1\n" in metrics and "nv_cache_num_misses 1\n" in metrics
+        assert store.dbsize() == entries + 1
         log = server.log
     finally:
         store.close()

@@ -23,10 +23,13 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+import coreserve
 from coreserve.testing import ServerFactory, ServerProcess
 from coreserve_python.ipc import Channel
+from coreserve_python.server import _environment as environment
 from coreserve_python.server._process import StubLaunch
 from coreserve_python.server._spawn import describe_exit, reap_blocking
+from waiting import wait_until
 
 ECHO_CONFIG = """
 backend: "python"
@@ -109,14 +112,6 @@ def _running(pid: int) -> bool:
     """True while `pid` exists and is not a zombie (a dead stub nobody has reaped yet)."""
     fields = _stat(pid)
     return fields is not None and fields[0] not in ("Z", "X")
-
-
-def _wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout} s: {what}")
-        time.sleep(0.05)
 
 
 def _status(url: str) -> int:
@@ -220,9 +215,9 @@ def test_stubs_killed_at_random_under_load_heal_and_other_models_lose_nothing(
         crashes = log.count("exited unexpectedly (killed by SIGKILL)")
         return min(crashes, log.count("the stub was restarted")) >= len(killed)
 
-    _wait_until(every_kill_seen, 30, "every killed stub noticed and restarted")
+    wait_until(every_kill_seen, "every killed stub noticed and restarted", 30)
     client = http(server)
-    _wait_until(lambda: client.is_model_ready("victim"), 30, "victim ready again")
+    wait_until(lambda: client.is_model_ready("victim"), "victim ready again", 30)
     pids = {_infer_http(client, "victim") for _ in range(10)}
     assert not pids & killed and client.is_server_ready()
     log = server.log
@@ -235,12 +230,17 @@ def test_a_stub_that_cannot_restart_makes_the_model_unavailable_until_it_can(
     coreserve_server: ServerFactory, tmp_path: Path, http: Connect
 ) -> None:
     marker = tmp_path / "refuse-to-start"
-    init = f"assert not os.path.exists({str(marker)!r}), 'the marker file forbids starting'"
+    starts = tmp_path / "starts"  # a dot per initialize() the stubs of `fragile` began
+    init = (
+        f"open({str(starts)!r}, 'a').write('.'); "
+        f"assert not os.path.exists({str(marker)!r}), 'the marker file forbids starting'"
+    )
     _echo_model(tmp_path / "models", "fragile", init=init)
     _echo_model(tmp_path / "models", "steady")
     server = coreserve_server(tmp_path / "models")
     client = http(server)
     first = _infer_http(client, "fragile")
+    assert starts.read_text() == "."  # the load's start, the only one so far
     marker.touch()
     os.kill(first, signal.SIGKILL)
 
@@ -248,7 +248,7 @@ def test_a_stub_that_cannot_restart_makes_the_model_unavailable_until_it_can(
         return next(e for e in client.get_model_repository_index() if e["name"] == "fragile")
 
     # Not ready from the crash on; UNAVAILABLE once the first restart has failed.
-    _wait_until(lambda: fragile_entry()["state"] == "UNAVAILABLE", 15, "fragile reported unavailable")
+    wait_until(lambda: fragile_entry()["state"] == "UNAVAILABLE", "fragile reported unavailable", 15)
     assert not client.is_model_ready("fragile")
     ready_url = f"http://{server.http_url}/v2/health/ready"
     assert _status(ready_url) != 200 and client.is_model_ready("steady")
@@ -257,9 +257,11 @@ def test_a_stub_that_cannot_restart_makes_the_model_unavailable_until_it_can(
     with pytest.raises(InferenceServerException, match="the marker file forbids starting") as info:
         _infer_http(client, "fragile")
     assert info.value.status() == "404"  # no available version, as Triton says it
-    time.sleep(3)  # several retries fail meanwhile (0.1 s, 0.2 s, 0.4 s, ...)
+    # Several restarts fail meanwhile (the first, then retries 0.1 s, 0.2 s, 0.4 s ... apart).
+    wait_until(lambda: len(starts.read_text()) >= 1 + 4, "four restarts of fragile failed", 30)
+    assert not client.is_model_ready("fragile") and fragile_entry()["state"] == "UNAVAILABLE"
     marker.unlink()
-    _wait_until(lambda: client.is_model_ready("fragile"), 20, "fragile ready again by itself")
+    wait_until(lambda: client.is_model_ready("fragile"), "fragile ready again by itself", 20)
     assert _infer_http(client, "fragile") != first
     assert _status(ready_url) == 200
     entry = next(e for e in client.get_model_repository_index() if e["name"] == "fragile")
@@ -292,7 +294,7 @@ def test_shutdown_kills_hung_models_within_the_exit_timeout(
 
     caller = threading.Thread(target=call)
     caller.start()
-    _wait_until(started.exists, 15, "the request reached execute()")
+    wait_until(started.exists, "the request reached execute()", 15)
     began = time.monotonic()
     server.process.send_signal(signal.SIGTERM)
     code = server.process.wait(timeout=30)
@@ -300,7 +302,8 @@ def test_shutdown_kills_hung_models_within_the_exit_timeout(
     caller.join(timeout=30)
     assert code == 0, server.log
     assert took < 3 + 4, f"shutdown took {took:.1f} s with --exit-timeout-secs=3"
-    _wait_until(lambda: not any(_running(pid) for pid in stubs), 5, "no stub outlives the server")
+    # Both stubs are stuck for an hour: only their server's end can end them.
+    wait_until(lambda: not any(_running(pid) for pid in stubs), "no stub outlives the server")
     assert errors, "the hung request cannot have succeeded"
 
 
@@ -308,7 +311,7 @@ def test_stubs_die_with_a_killed_server(
     coreserve_server: ServerFactory, tmp_path: Path, http: Connect
 ) -> None:
     started = tmp_path / "executing"
-    execute = f"open({str(started)!r}, 'w').close(); time.sleep(30)"
+    execute = f"open({str(started)!r}, 'w').close(); time.sleep(3600)"
     _echo_model(tmp_path / "models", "busy", execute=execute, config="instance_group [ { count: 2 } ]")
     server = coreserve_server(tmp_path / "models")
     assert server.process is not None
@@ -324,10 +327,14 @@ def test_stubs_die_with_a_killed_server(
 
     caller = threading.Thread(target=call)
     caller.start()
-    _wait_until(started.exists, 15, "the request reached execute()")
+    wait_until(started.exists, "the request reached execute()", 15)
     server.process.kill()
     server.process.wait(timeout=10)
-    _wait_until(lambda: not any(_running(pid) for pid in stubs), 5, "every stub died with its server")
+    try:  # one stub is busy for an hour, the other idle: only their server's end can end them
+        wait_until(lambda: not any(_running(pid) for pid in stubs), "every stub died with its server")
+    finally:
+        for pid in filter(_running, stubs):  # a failed test leaves no stub behind
+            os.kill(pid, signal.SIGKILL)
     caller.join(timeout=30)
     assert errors, "the request cannot have succeeded"
 
@@ -389,68 +396,84 @@ def _add_file(archive: tarfile.TarFile, name: str, data: bytes, mode: int = 0o64
     archive.addfile(info, io.BytesIO(data))
 
 
-def test_unpacking_an_environment_leaves_the_server_responsive(
-    coreserve_server: ServerFactory, tmp_path: Path
-) -> None:
-    # A packed environment whose python runs this one, with enough files to take seconds.
-    packed = tmp_path / "env.tar.gz"
+def test_unpacking_an_environment_leaves_the_server_responsive(tmp_path: Path) -> None:
+    # Unpacking a real environment takes seconds: off the event loop, the server answers others
+    # meanwhile. Driven in-process, the unpacking is held until health probes sent after it
+    # began have been answered, then runs unchanged: on the loop, no probe could be answered
+    # and the hold would give up.
+    packed = tmp_path / "env.tar.gz"  # an environment whose python runs this one
     launcher = f'#!/bin/sh\nexec {sys.executable} "$@"\n'.encode()
-    with tarfile.open(packed, "w:gz", compresslevel=1) as archive:
+    with tarfile.open(packed, "w:gz") as archive:
         _add_file(archive, "bin/python", launcher, mode=0o755)
-        for index in range(20000):
-            _add_file(archive, f"lib/site-packages/filler/{index // 500}/{index}.py", b"# filler\n")
+        _add_file(archive, "lib/site-packages/filler.py", b"# filler\n")
     repository = tmp_path / "models"
-    repository.mkdir()
-    server = coreserve_server(
-        repository,
-        "--model-control-mode=explicit",
-        "--disable-auto-complete-config",  # else the unpacking happens in auto-complete's thread
-        env={"CORESERVE_CACHE": str(tmp_path / "cache")},
-    )
     _echo_model(
         repository,
         "packed_env",
         config=f'parameters {{ key: "EXECUTION_ENV_PATH" value: {{ string_value: "{packed}" }} }}',
     )
-    live_url = f"http://{server.http_url}/v2/health/live"
-    loaded: list[float] = []
+    cache = tmp_path / "cache"
+    unpacking, probes_answered = threading.Event(), threading.Event()
+    held: list[bool] = []
+    unpack = environment._unpacked
 
-    def load() -> None:
-        client = httpclient.InferenceServerClient(server.http_url, network_timeout=120)
+    def held_unpack(archive: Path, where: str) -> Path:
+        unpacking.set()
+        held.append(probes_answered.wait(timeout=60))
+        return unpack(archive, where)
+
+    with (
+        pytest.MonkeyPatch.context() as patch,
+        coreserve.Server(
+            repository,
+            model_control_mode="explicit",
+            frontends=["http"],
+            http_port=0,
+            auto_complete_config=False,  # else the unpacking happens in auto-complete's thread
+        ) as inprocess,
+    ):
+        patch.setattr(environment, "CACHE", cache)
+        patch.setattr(environment, "_unpacked", held_unpack)
+        address = f"127.0.0.1:{inprocess.ports['http']}"
+        client = httpclient.InferenceServerClient(address, network_timeout=120)
+        loaded: list[BaseException | None] = []
+
+        def load() -> None:
+            loader_client = httpclient.InferenceServerClient(address, network_timeout=120)
+            try:
+                loader_client.load_model("packed_env")
+            except BaseException as exc:  # reported by the test
+                loaded.append(exc)
+            else:
+                loaded.append(None)
+            finally:
+                loader_client.close()
+
+        loader = threading.Thread(target=load)
+        loader.start()
         try:
-            began = time.monotonic()
-            client.load_model("packed_env")
-            loaded.append(time.monotonic() - began)
+            assert unpacking.wait(timeout=60), "the environment was never unpacked"
+            for _ in range(5):
+                assert _status(f"http://{address}/v2/health/live") == 200
+            assert not client.is_model_ready("packed_env")
+            assert loader.is_alive() and not loaded  # its load waits for the unpacking
         finally:
-            client.close()
-
-    loader = threading.Thread(target=load)
-    loader.start()
-    worst = 0.0
-    while loader.is_alive():
-        began = time.monotonic()
-        assert _status(live_url) == 200
-        worst = max(worst, time.monotonic() - began)
-        time.sleep(0.02)
-    loader.join()
-    assert loaded, server.log
-    assert loaded[0] > 1.0, f"the unpacking took {loaded[0]:.2f} s: too quick to tell anything\n{server.log}"
-    # Unpacking on the event loop would stall the probe for about the whole load; a busy machine
-    # stalls it for a fraction (0.7 s seen at load average 11).
-    assert worst < loaded[0] / 2, (
-        f"the server stalled {worst:.2f} s while unpacking (load took {loaded[0]:.2f} s)"
-    )
-    client = httpclient.InferenceServerClient(server.http_url)
-    try:
+            probes_answered.set()
+            loader.join(timeout=120)
+        assert loaded == [None]
         assert client.is_model_ready("packed_env")
-    finally:
+        _infer_http(client, "packed_env")  # a stub of the unpacked environment answers
         client.close()
+    assert held == [True]
+    (complete,) = (cache / "envs").glob("*/.complete")
+    assert (complete.parent / "lib" / "site-packages" / "filler.py").read_bytes() == b"# filler\n"
 
 
 def test_a_busy_stub_ends_when_the_server_closes_its_socket(tmp_path: Path) -> None:
     """The portable watch, without the parent-death signal: this test plays the server."""
-    started = tmp_path / "executing"
-    _echo_model(tmp_path, "busy", execute=f"open({str(started)!r}, 'w').close(); time.sleep(30)")
+    started, returned = tmp_path / "executing", tmp_path / "returned"
+    execute = f"open({str(started)!r}, 'w').close(); time.sleep(3600); open({str(returned)!r}, 'w').close()"
+    _echo_model(tmp_path, "busy", execute=execute)
     ours, theirs = socket.socketpair()
     pid = StubLaunch(sys.executable).spawn(theirs)
     channel = Channel(ours)
@@ -477,10 +500,12 @@ def test_a_busy_stub_ends_when_the_server_closes_its_socket(tmp_path: Path) -> N
             "flags": 0,
         }
         channel.send({"op": "execute", "model_name": "busy", "segment": None, "requests": [request]})
-        _wait_until(started.exists, 15, "the stub runs execute()")
+        wait_until(started.exists, "the stub runs execute()")
+        assert _running(pid)  # busy in its model, its socket open
     finally:
         channel.close()
-    began = time.monotonic()
-    code = reap_blocking(pid, timeout=10)  # kills it if it has not ended by itself
-    took = time.monotonic() - began
-    assert code == 0 and took < 5, f"the stub ended {describe_exit(code)} after {took:.1f} s"
+    # Killed by reap_blocking (SIGKILL) if it has not ended by itself: an hour-long execute()
+    # cannot end it, only the closed socket can, while the model is still busy.
+    code = reap_blocking(pid, timeout=60)
+    assert code == 0, f"the stub ended {describe_exit(code)}"
+    assert not returned.exists()  # execute() never returned: the socket's end ended the stub
