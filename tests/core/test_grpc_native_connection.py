@@ -667,6 +667,32 @@ def test_answers_wait_for_the_clients_windows(run: Callable[..., Any]) -> None:
     np.testing.assert_array_equal(np.frombuffer(response.raw_output_contents[0], np.float32), np.arange(8))
 
 
+def test_settings_that_raise_the_window_are_acknowledged_before_the_data_they_allow(
+    run: Callable[..., Any],
+) -> None:
+    # A client counts its receive windows under the settings we have acknowledged (gRPC core
+    # does): bytes the new window allows must follow the ACK, or they overflow the old window.
+    window = 16
+
+    async def scenario(session: Session) -> list[Frame]:
+        client = session.client
+        client.send(PREFACE + frame(SETTINGS, 0, 0, setting(INITIAL_WINDOW_SIZE, window)))
+        client.read()
+        client.unary(1, "ModelInfer", infer_request(8))
+        sent = 0
+        while sent < window:  # the answer's first bytes, then it waits for the window
+            client.transport.wrote.clear()
+            sent += sum(len(item.detail) for item in client.read() if item.kind == "DATA")
+            if sent < window:
+                await asyncio.wait_for(client.transport.wrote.wait(), 60)
+        client.send(frame(SETTINGS, 0, 0, setting(INITIAL_WINDOW_SIZE, 1 << 20)))
+        return await client.until_ends(1)
+
+    after = run(scenario)
+    assert [(item.kind, item.flags & ACK) for item in after[:2]] == [("SETTINGS", ACK), ("DATA", 0)]
+    assert after[-1] == Frame("HEADERS", END_HEADERS | END_STREAM, 1, OK_TRAILERS)
+
+
 @pytest.mark.parametrize(
     ("increment", "code"),
     [(0, PROTOCOL_ERROR), (2**31 - 1, FLOW_CONTROL_ERROR)],

@@ -259,6 +259,8 @@ class Http2Connection(asyncio.Protocol):
         if initial is not None and not self.outbound.initial_window(initial, self.calls.values()):
             raise ConnectionFault(_frames.FLOW_CONTROL_ERROR, "a stream window past 2^31-1")
         self.out.append(_frames.frame(_frames.SETTINGS, _frames.ACK, 0))
+        if initial is not None:  # after the ACK: the bytes a raised window allows
+            self.outbound.send_blocked()
 
     def _ping(self, flags: int, stream_id: int, payload: memoryview) -> None:
         data = _frame_layout.ping(stream_id, payload)

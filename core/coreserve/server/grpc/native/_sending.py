@@ -57,15 +57,15 @@ class Outbound:
         The check costs nothing per stream while no stream has credit that could take it past:
         `_top_credit` bounds every open stream's credit from above, and is computed again only
         where it would fail. So a flood of changes costs what its frames cost.
+
+        Nothing is sent here: the caller acknowledges the SETTINGS first, then calls
+        `send_blocked`, since a client counts its windows under the settings we acknowledged.
         """
         if value + self._top_credit > _frames.MAX_WINDOW:
             self._top_credit = max((call.send_credit for call in calls), default=0)
             if value + self._top_credit > _frames.MAX_WINDOW:
                 return False
-        raised = value > self.initial
         self.initial = value
-        if raised:
-            self.send_blocked()
         return True
 
     def send_message(self, call: Call, prefix: bytes, message: bytes | SerializedPieces) -> None:
