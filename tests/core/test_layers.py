@@ -29,6 +29,7 @@ LAYERS = {
     "coreserve.protocol": 1,
     "coreserve.json_worker": 2,  # the server's process that parses large JSON bodies: protocol only
     "coreserve.backend": 2,
+    "coreserve.analyze": 2,  # a client of the server: it reads configurations, never the server's code
     "coreserve.scheduling": 3,
     "coreserve.ensemble": 3,
     "coreserve.repository": 4,

@@ -1,0 +1,38 @@
+"""What a finished (or resumed) analysis holds: what the writers of its outputs read."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from coreserve.analyze._points import Measurement, ModelSettings
+from coreserve.analyze._ranking import Constraints, Ranking, rank
+from coreserve.protos.model_config_pb2 import ModelConfig
+
+
+@dataclass
+class Analysis:
+    """One model's sweep: its configuration as found, the constraints, every measurement."""
+
+    model: str
+    model_dir: Path  # the model's folder in the repository (its files are copied to the output)
+    base_config: ModelConfig
+    constraints: Constraints
+    objective: str
+    measurements: list[Measurement]
+
+    @property
+    def baseline(self) -> ModelSettings:
+        return ModelSettings.of(self.base_config)
+
+    def ranking(self) -> Ranking:
+        return rank(self.measurements, self.constraints, self.objective)
+
+    def baseline_best(self) -> Measurement | None:
+        """The current configuration's best passing level: what the table's change is against."""
+        ranking = rank(
+            [point for point in self.measurements if point.settings == self.baseline],
+            self.constraints,
+            self.objective,
+        )
+        return ranking.passing[0] if ranking.passing else None
