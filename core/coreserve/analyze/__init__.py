@@ -5,3 +5,9 @@ A client of the server, in layer 2: it starts a `coreserve` process (or measures
 running) and talks to it over HTTP and gRPC only, so it imports nothing of the server; it may
 import `coreserve.config`, `coreserve.protocol`, `coreserve.protos` and the errors.
 """
+
+from __future__ import annotations
+
+from coreserve.analyze._command import main
+
+__all__ = ["main"]

@@ -3,6 +3,7 @@
 coreserve --model-repository DIR [--http-port 8000] [--exit-on-error BOOL] ...
 coreserve backends
 coreserve new-backend NAME [--directory DIR]
+coreserve analyze --model-repository DIR --model NAME [--latency-budget-ms MS] [--output-dir DIR]
 """
 
 from __future__ import annotations
@@ -109,6 +110,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _list_backends()
     if arguments[:1] == ["ray"]:
         return _ray(arguments[1:])
+    if arguments[:1] == ["analyze"]:
+        from coreserve.analyze import main as analyze
+
+        return analyze(arguments[1:])
     if arguments[:1] == ["new-backend"]:
         from coreserve.cli.new_backend import main as new_backend
 

@@ -1,0 +1,181 @@
+"""`coreserve analyze`: start (or reach) a server, sweep the model, write what was found.
+
+    coreserve analyze --model-repository DIR --model NAME [--latency-budget-ms 20]
+        [--search quick|brute] [--output-dir analysis/]
+
+Writes OUTPUT_DIR/report.html, results/*.csv and output_model_repository/, prints the best
+configurations, and keeps every measurement in checkpoint.jsonl: the same command resumes an
+interrupted analysis.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from coreserve.analyze._analysis import Analysis
+from coreserve.analyze._checkpoint import Checkpoint, CheckpointMismatch
+from coreserve.analyze._client import LoadFailed, ServerClient, ServerGone
+from coreserve.analyze._flags import parse_args
+from coreserve.analyze._load import Windows
+from coreserve.analyze._points import ModelSettings
+from coreserve.analyze._progress import Progress
+from coreserve.analyze._ranking import Constraints
+from coreserve.analyze._search import SearchSpace, brute, quick
+from coreserve.analyze._server_process import ServerProcess, Usage, tree_usage
+from coreserve.analyze._sweep import Sweep
+from coreserve.protos.model_config_pb2 import ModelConfig
+
+READY_WITHIN_S = 120.0
+
+
+class AnalyzeError(Exception):
+    """Something the user can fix, said in one message."""
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    try:
+        return asyncio.run(_analyze(args))
+    except AnalyzeError as exc:
+        print(f"coreserve analyze: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("coreserve analyze: interrupted; the same command resumes it", file=sys.stderr)
+        return 130
+
+
+def _model_dir(args: argparse.Namespace) -> Path | None:
+    if args.model_repository is None:
+        return None
+    repository = Path(args.model_repository)
+    if not repository.is_dir():
+        raise AnalyzeError(f"--model-repository {repository} is not a folder")
+    model_dir: Path = repository / args.model
+    if not (model_dir / "config.pbtxt").is_file() and not model_dir.is_dir():
+        names = sorted(path.name for path in repository.iterdir() if path.is_dir())
+        raise AnalyzeError(f"no model {args.model!r} in {repository} (it has: {', '.join(names) or 'none'})")
+    return model_dir
+
+
+async def _analyze(args: argparse.Namespace) -> int:
+    model_dir = _model_dir(args)
+    out_dir: Path = args.output_dir
+    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        checkpoint = Checkpoint(out_dir, args.model)
+    except CheckpointMismatch as exc:
+        raise AnalyzeError(str(exc)) from None
+    constraints = Constraints(args.latency_budget_ms, args.min_throughput, args.max_memory_mb)
+    server = None
+    if not args.server_url:
+        server = ServerProcess(args.model_repository, out_dir / "server.log", args.server_arg)
+    client = ServerClient(server.address if server is not None else args.server_url)
+    try:
+        await _wait_ready(client, server)
+        base_config = await _model_as_found(client, args.model, server)
+        await _search(args, client, server, base_config, constraints, checkpoint)
+    except ServerGone as exc:
+        log = f"\n{server.log_tail()}" if server is not None else ""
+        raise AnalyzeError(
+            f"{exc}; what was measured is kept: the same command resumes the analysis{log}"
+        ) from None
+    finally:
+        await client.close()
+        if server is not None:
+            server.stop()
+    analysis = Analysis(
+        args.model, model_dir, base_config, constraints, args.objective, checkpoint.measurements()
+    )
+    _write_outputs(analysis, out_dir, args.top)
+    return 0
+
+
+async def _wait_ready(client: ServerClient, server: ServerProcess | None) -> None:
+    deadline = time.monotonic() + READY_WITHIN_S
+    while not await client.ready():
+        if server is not None and not server.alive():
+            raise AnalyzeError(f"the server did not start:\n{server.log_tail()}")
+        if time.monotonic() > deadline:
+            raise AnalyzeError(f"the server at {client.address} was not ready within {READY_WITHIN_S:.0f} s")
+        await asyncio.sleep(0.2)
+
+
+async def _model_as_found(client: ServerClient, model: str, server: ServerProcess | None) -> ModelConfig:
+    """The model's configuration as the server serves it now (loaded first where we started it)."""
+    if server is not None:
+        try:
+            await client.load(model)
+        except LoadFailed as exc:
+            raise AnalyzeError(f"model {model!r} does not load as it is: {exc}") from None
+    try:
+        return await client.model_config(model)
+    except ServerGone:
+        raise
+    except Exception as exc:  # the server's words name the reason
+        raise AnalyzeError(f"model {model!r} is not served at {client.address}: {exc}") from None
+
+
+async def _search(
+    args: argparse.Namespace,
+    client: ServerClient,
+    server: ServerProcess | None,
+    base_config: ModelConfig,
+    constraints: Constraints,
+    checkpoint: Checkpoint,
+) -> None:
+    space = SearchSpace(
+        max_batch_size=args.max_batch_size,
+        max_instance_count=args.max_instance_count,
+        queue_delays_us=args.queue_delays_us,
+        max_concurrency=args.max_concurrency,
+        batching=base_config.max_batch_size > 0,
+    )
+    baseline = ModelSettings.of(base_config)
+    everything = space.all_settings()
+    total: int | None = 1  # a server we did not start: its configuration as it is
+    if server is not None:  # brute's count is known ahead, quick's path is not
+        total = len(everything) + (baseline not in everything) if args.search == "brute" else None
+    usage: Callable[[], Usage] | None = None
+    if server is not None:
+        pid = server.process.pid
+        usage = lambda: tree_usage(pid)  # noqa: E731
+    sweep = Sweep(
+        client,
+        args.model,
+        base_config,
+        space,
+        constraints,
+        Windows(seconds=args.window_seconds, max_windows=args.max_windows),
+        checkpoint,
+        Progress(total),
+        usage,
+        reconfigure=server is not None,
+    )
+    await sweep.evaluate(baseline)  # the model as it is: what the report compares against
+    if server is None:
+        return
+    if args.search == "brute":
+        await brute(space, sweep.evaluate, done=frozenset({baseline}))
+    else:
+        await quick(space, baseline, sweep.evaluate, constraints, args.objective)
+
+
+def _write_outputs(analysis: Analysis, out_dir: Path, top: int) -> None:
+    from coreserve.analyze._csv_files import write_csv_files
+    from coreserve.analyze._output_repository import write_output_repository
+    from coreserve.analyze._report import write_report
+    from coreserve.analyze._terminal_table import best_table
+
+    written = [*write_csv_files(analysis, out_dir)]
+    if analysis.model_dir is not None:
+        names = write_output_repository(analysis, out_dir, top)
+        if names:
+            written.append(out_dir / "output_model_repository")
+    written.append(write_report(analysis, out_dir))
+    print(best_table(analysis, top))
+    print("\nwritten: " + ", ".join(str(path) for path in written))

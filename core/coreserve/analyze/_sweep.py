@@ -1,0 +1,85 @@
+"""One settings measured: loaded into the server, then swept over client concurrency.
+
+Points already in the checkpoint are taken from it, and the server is asked to load the
+settings only when a point is missing, so a resumed analysis skips what it measured.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from coreserve.analyze._checkpoint import Checkpoint
+from coreserve.analyze._client import LoadFailed, ServerClient
+from coreserve.analyze._load import Windows, measure
+from coreserve.analyze._points import Measurement, ModelSettings
+from coreserve.analyze._progress import Progress
+from coreserve.analyze._ranking import Constraints
+from coreserve.analyze._search import SearchSpace, concurrency_levels, keep_going
+from coreserve.analyze._server_process import Usage
+from coreserve.protos.model_config_pb2 import ModelConfig
+
+LOAD_FAILED_LEVEL = 0  # the concurrency a failed load is recorded at
+
+
+class Sweep:
+    def __init__(
+        self,
+        client: ServerClient,
+        model: str,
+        base_config: ModelConfig,
+        space: SearchSpace,
+        constraints: Constraints,
+        windows: Windows,
+        checkpoint: Checkpoint,
+        progress: Progress,
+        usage: Callable[[], Usage] | None,
+        reconfigure: bool = True,
+    ) -> None:
+        self.client = client
+        self.model = model
+        self.base_config = base_config
+        self.space = space
+        self.constraints = constraints
+        self.windows = windows
+        self.checkpoint = checkpoint
+        self.progress = progress
+        self.usage = usage
+        self.reconfigure = reconfigure  # False against a server we did not start: measure it as it is
+        self._loaded: ModelSettings | None = None
+
+    async def evaluate(self, settings: ModelSettings) -> list[Measurement]:
+        failed = self.checkpoint.get(settings, LOAD_FAILED_LEVEL)
+        if failed is not None:
+            self.progress.measured(failed, resumed=True)
+            self.progress.settings_finished()
+            return [failed]
+        measured: list[Measurement] = []
+        for level in concurrency_levels(self.space):
+            point = self.checkpoint.get(settings, level)
+            if point is not None:
+                self.progress.measured(point, resumed=True)
+            else:
+                try:
+                    point = await self._measure(settings, level)
+                except LoadFailed as exc:
+                    point = Measurement(settings, LOAD_FAILED_LEVEL, error=f"failed to load: {exc}")
+                    self.checkpoint.add(point)
+                    self.progress.measured(point)
+                    self.progress.settings_finished()
+                    return [point]
+                self.checkpoint.add(point)
+                self.progress.measured(point)
+            measured.append(point)
+            if not keep_going(measured, self.constraints):
+                break
+        self.progress.settings_finished()
+        return measured
+
+    async def _measure(self, settings: ModelSettings, concurrency: int) -> Measurement:
+        if self._loaded != settings:
+            if self.reconfigure:
+                self._loaded = None
+                await self.client.load(self.model, settings.applied_to(self.base_config))
+            self._loaded = settings
+            self._request = await self.client.infer_request(self.model)
+        return await measure(self.client, self._request, settings, concurrency, self.windows, self.usage)
