@@ -1,9 +1,9 @@
 """Which settings to measure: the bounds of the space, and the two ways through it.
 
 `brute` measures every combination within the bounds. `quick` climbs from the model's current
-settings: it measures the neighbours of the best settings so far (batch size doubled or halved,
-dynamic batching switched, one instance more or fewer, the next queue delay) and moves to the
-best of them while that improves the objective, so it measures a path, not the whole space.
+settings one axis at a time (batch size doubled or halved, dynamic batching switched, the next
+queue delay, one instance more or fewer) while a step improves the objective, so it measures a
+path through the space, not the whole of it.
 Each settings is measured over client concurrencies 1, 2, 4, … until the throughput stops
 growing or the latency budget is passed (`concurrency_levels`).
 """
@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from coreserve.analyze._points import Measurement, ModelSettings
 from coreserve.analyze._ranking import Constraints, rank
 
 GROWTH = 1.05  # a concurrency level must add 5% throughput for the next to be measured
+AXES = ("batch", "dynamic_batching", "queue_delay", "instances")
+MAX_PASSES = 3
 
 Evaluate = Callable[[ModelSettings], Awaitable[list[Measurement]]]
 
@@ -58,37 +60,29 @@ class SearchSpace:
         count = min(max(settings.instance_count, 1), self.max_instance_count)
         return ModelSettings(batch, batching, count, delay if batching else 0)
 
-    def neighbours(self, settings: ModelSettings) -> Iterator[ModelSettings]:
-        sizes = self.batch_sizes()
-        index = sizes.index(settings.max_batch_size)
-        for step in (-1, 1):
-            if 0 <= index + step < len(sizes) and sizes[index + step] > 0:
-                yield self._with(settings, max_batch_size=sizes[index + step])
-        if settings.max_batch_size > 0:
-            if settings.dynamic_batching:
-                yield ModelSettings(settings.max_batch_size, False, settings.instance_count)
-                position = self.queue_delays_us.index(settings.max_queue_delay_us)
-                for step in (-1, 1):
-                    if 0 <= position + step < len(self.queue_delays_us):
-                        yield self._with(settings, max_queue_delay_us=self.queue_delays_us[position + step])
-            else:
-                yield ModelSettings(
-                    settings.max_batch_size, True, settings.instance_count, self.queue_delays_us[0]
-                )
-        for step in (-1, 1):
-            if 1 <= settings.instance_count + step <= self.max_instance_count:
-                yield self._with(settings, instance_count=settings.instance_count + step)
-
-    @staticmethod
-    def _with(settings: ModelSettings, **changes: int) -> ModelSettings:
-        values = {
-            "max_batch_size": settings.max_batch_size,
-            "dynamic_batching": settings.dynamic_batching,
-            "instance_count": settings.instance_count,
-            "max_queue_delay_us": settings.max_queue_delay_us,
-        }
-        values.update(changes)
-        return ModelSettings(**values)  # type: ignore[arg-type]
+    def step(self, settings: ModelSettings, axis: str, direction: int) -> ModelSettings | None:
+        """The settings one step along `axis` ("batch", "dynamic_batching", "queue_delay",
+        "instances") up (+1) or down (-1) from `settings`; None past the bounds."""
+        if axis == "instances":
+            count = settings.instance_count + direction
+            return replace(settings, instance_count=count) if 1 <= count <= self.max_instance_count else None
+        if settings.max_batch_size == 0:
+            return None  # the model does not batch: only its instances change
+        if axis == "batch":
+            sizes = self.batch_sizes()
+            index = sizes.index(settings.max_batch_size) + direction
+            return replace(settings, max_batch_size=sizes[index]) if 0 <= index < len(sizes) else None
+        if axis == "dynamic_batching":
+            if settings.dynamic_batching == (direction > 0):
+                return None
+            delay = self.queue_delays_us[0] if direction > 0 else 0
+            return replace(settings, dynamic_batching=direction > 0, max_queue_delay_us=delay)
+        if not settings.dynamic_batching:
+            return None
+        index = self.queue_delays_us.index(settings.max_queue_delay_us) + direction
+        if not 0 <= index < len(self.queue_delays_us):
+            return None
+        return replace(settings, max_queue_delay_us=self.queue_delays_us[index])
 
 
 def concurrency_levels(space: SearchSpace) -> Iterator[int]:
@@ -121,22 +115,31 @@ async def brute(space: SearchSpace, evaluate: Evaluate, done: frozenset[ModelSet
 async def quick(
     space: SearchSpace, start: ModelSettings, evaluate: Evaluate, constraints: Constraints, objective: str
 ) -> None:
-    """Hill climb from `start` (brought into the bounds) while a neighbour does better."""
+    """A coordinate climb from `start` (brought into the bounds): along each axis in turn, step
+    up while that does better, else down while that does; again over all axes until a whole
+    pass moves nothing (at most MAX_PASSES)."""
     measured: dict[ModelSettings, list[Measurement]] = {}
 
-    async def points(settings: ModelSettings) -> list[Measurement]:
-        if settings not in measured:
-            measured[settings] = await evaluate(settings)
-        return measured[settings]
+    async def better(candidate: ModelSettings, current: ModelSettings) -> bool:
+        for settings in (candidate, current):
+            if settings not in measured:
+                measured[settings] = await evaluate(settings)
+        # `current` first: on a tie it stays (the ranking's order is stable).
+        ranking = rank([*measured[current], *measured[candidate]], constraints, objective)
+        leaders = ranking.passing or ranking.closest
+        return bool(leaders) and leaders[0].settings == candidate
 
     current = space.clamp(start)
-    await points(current)
-    while True:
-        for neighbour in space.neighbours(current):
-            await points(neighbour)
-        everything = [point for found in measured.values() for point in found]
-        ranking = rank(everything, constraints, objective)
-        leaders = ranking.passing or ranking.closest
-        if not leaders or leaders[0].settings == current:
+    for _ in range(MAX_PASSES):
+        moved = False
+        for axis in AXES:
+            for direction in (1, -1):
+                stepped = False
+                while (candidate := space.step(current, axis, direction)) is not None:
+                    if not await better(candidate, current):
+                        break
+                    current, stepped, moved = candidate, True, True
+                if stepped:
+                    break  # up did better: down need not be tried
+        if not moved:
             return
-        current = leaders[0].settings
