@@ -10,7 +10,15 @@ import pytest
 
 from coreserve.analyze._points import Measurement, ModelSettings
 from coreserve.analyze._ranking import Constraints, rank
-from coreserve.analyze._search import AXES, Evaluate, SearchSpace, brute, concurrency_levels, keep_going, quick
+from coreserve.analyze._search import (
+    AXES,
+    Evaluate,
+    SearchSpace,
+    brute,
+    concurrency_levels,
+    keep_going,
+    quick,
+)
 from coreserve.protos.model_config_pb2 import ModelConfig
 
 
