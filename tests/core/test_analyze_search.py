@@ -47,6 +47,12 @@ def test_a_model_that_does_not_batch_is_searched_over_instances_only() -> None:
     assert {space.step(here, axis, 1) for axis in ("batch", "dynamic_batching", "queue_delay")} == {None}
 
 
+def test_a_sequence_model_keeps_its_own_batcher() -> None:
+    space = SearchSpace(max_batch_size=2, max_instance_count=1, dynamic_batching=False)
+    assert space.all_settings() == [ModelSettings(1, False, 1), ModelSettings(2, False, 1)]
+    assert space.step(ModelSettings(2, False, 1), "dynamic_batching", 1) is None
+
+
 def test_a_step_changes_one_setting_by_one_notch_within_the_bounds() -> None:
     space = SearchSpace(max_batch_size=8, max_instance_count=3, queue_delays_us=(0, 100, 1000))
     here = ModelSettings(4, True, 2, 100)
@@ -83,6 +89,8 @@ def test_settings_apply_to_a_configuration_and_read_back() -> None:
     assert ModelSettings.of(config) == settings
     assert not ModelSettings(4, False, 1).applied_to(config).HasField("dynamic_batching")
     assert base.max_batch_size == 8  # the base is not changed
+    base.dynamic_batching.preferred_batch_size.extend([2, 4, 8])
+    assert list(ModelSettings(4, True, 1).applied_to(base).dynamic_batching.preferred_batch_size) == [2, 4]
 
 
 def test_concurrency_doubles_and_stops_when_throughput_stops_growing() -> None:

@@ -113,11 +113,17 @@ async def _model_as_found(client: ServerClient, model: str, server: ServerProces
         except LoadFailed as exc:
             raise AnalyzeError(f"model {model!r} does not load as it is: {exc}") from None
     try:
-        return await client.model_config(model)
+        config = await client.model_config(model)
     except ServerGone:
         raise
     except Exception as exc:  # the server's words name the reason
         raise AnalyzeError(f"model {model!r} is not served at {client.address}: {exc}") from None
+    if config.platform == "ensemble" and server is not None:
+        raise AnalyzeError(
+            f"model {model!r} is an ensemble: sweeping its composing models together is not built "
+            "yet; analyze each composing model, or measure the ensemble as it is with --server-url"
+        )
+    return config
 
 
 async def _search(
@@ -134,6 +140,7 @@ async def _search(
         queue_delays_us=args.queue_delays_us,
         max_concurrency=args.max_concurrency,
         batching=base_config.max_batch_size > 0,
+        dynamic_batching=not base_config.HasField("sequence_batching"),
     )
     baseline = ModelSettings.of(base_config)
     everything = space.all_settings()

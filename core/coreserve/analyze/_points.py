@@ -36,12 +36,18 @@ class ModelSettings:
         return f"max_batch_size={self.max_batch_size}, {batching}, {instances}"
 
     def applied_to(self, base: ModelConfig) -> ModelConfig:
-        """`base` with these settings: every instance group gets the count (the kind stays)."""
+        """`base` with these settings: every instance group gets the count (the kind stays), and
+        dynamic batching keeps its other fields (preferred sizes up to the new batch size)."""
         config = ModelConfig()
         config.CopyFrom(base)
         config.max_batch_size = self.max_batch_size
         if self.dynamic_batching:
-            config.dynamic_batching.max_queue_delay_microseconds = self.max_queue_delay_us
+            batching = config.dynamic_batching
+            batching.max_queue_delay_microseconds = self.max_queue_delay_us
+            # Preferred sizes the new batch size still allows are kept; larger ones are refused.
+            kept = [size for size in batching.preferred_batch_size if size <= self.max_batch_size]
+            del batching.preferred_batch_size[:]
+            batching.preferred_batch_size.extend(kept)
         else:
             config.ClearField("dynamic_batching")
         if not config.instance_group:
