@@ -1,0 +1,140 @@
+"""The CSV files of an analysis, with Model Analyzer's column names where they mean the same.
+
+`results/metrics-model-inference.csv` has one row per measurement (Model Analyzer's file of
+that name, plus the server's latency split, the client's CPU and an "Error" column where a
+configuration failed); `results/metrics-model-summary.csv` has one row per ranked settings.
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+from coreserve.analyze._analysis import Analysis
+from coreserve.analyze._points import Measurement
+from coreserve.analyze._wording import config_path_name, instance_group_label, violations_text
+
+# Model Analyzer's own columns first, in its order; then ours, named as it names its columns.
+INFERENCE_COLUMNS = [
+    "Model",
+    "Batch",
+    "Concurrency",
+    "Model Config Path",
+    "Instance Group",
+    "Max Batch Size",
+    "Satisfies Constraints",
+    "Throughput (infer/sec)",
+    "p99 Latency (ms)",
+    "p95 Latency (ms)",
+    "p50 Latency (ms)",
+    "Avg Latency (ms)",
+    "Server Queue (ms)",
+    "Server Compute Input (ms)",
+    "Server Compute Infer (ms)",
+    "Server Compute Output (ms)",
+    "CPU Utilization (%)",
+    "RAM Usage (MB)",
+    "Client CPU (%)",
+    "Dynamic Batching",
+    "Max Queue Delay (us)",
+    "Error",
+]
+SUMMARY_COLUMNS = [
+    "Rank",
+    "Model",
+    "Model Config Path",
+    "Instance Group",
+    "Max Batch Size",
+    "Dynamic Batching",
+    "Max Queue Delay (us)",
+    "Satisfies Constraints",
+    "Concurrency",
+    "Throughput (infer/sec)",
+    "p99 Latency (ms)",
+    "p95 Latency (ms)",
+    "p50 Latency (ms)",
+    "CPU Utilization (%)",
+    "RAM Usage (MB)",
+    "Constraint Violations",
+]
+CLIENT_BATCH_SIZE = 1  # the load generator sends one sample per request
+
+
+def write_csv_files(analysis: Analysis, out_dir: Path) -> list[Path]:
+    """Writes both files under `out_dir/results/`; returns their paths."""
+    results = out_dir / "results"
+    results.mkdir(parents=True, exist_ok=True)
+    inference = results / "metrics-model-inference.csv"
+    points = sorted(analysis.measurements, key=lambda point: (point.settings, point.concurrency))
+    _write(inference, INFERENCE_COLUMNS, [_inference_row(analysis, point) for point in points])
+    summary = results / "metrics-model-summary.csv"
+    ranking = analysis.ranking()
+    ranked = [*ranking.passing, *ranking.closest]
+    rows = [_summary_row(analysis, rank, point) for rank, point in enumerate(ranked, start=1)]
+    _write(summary, SUMMARY_COLUMNS, rows)
+    return [inference, summary]
+
+
+def _write(path: Path, columns: list[str], rows: list[dict[str, object]]) -> None:
+    with path.open("w", newline="", encoding="utf-8") as file:
+        writer = csv.DictWriter(file, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def _settings_columns(analysis: Analysis, point: Measurement) -> dict[str, object]:
+    settings = point.settings
+    return {
+        "Model": analysis.model,
+        "Model Config Path": config_path_name(analysis.model, settings),
+        "Instance Group": instance_group_label(settings.applied_to(analysis.base_config)),
+        "Max Batch Size": settings.max_batch_size,
+        "Dynamic Batching": "Enabled" if settings.dynamic_batching else "Disabled",
+        "Max Queue Delay (us)": settings.max_queue_delay_us if settings.dynamic_batching else "",
+        "Satisfies Constraints": "Yes" if analysis.constraints.met_by(point) else "No",
+    }
+
+
+def _inference_row(analysis: Analysis, point: Measurement) -> dict[str, object]:
+    row = _settings_columns(analysis, point)
+    row.update({"Batch": CLIENT_BATCH_SIZE, "Concurrency": point.concurrency})
+    if point.failed:
+        row["Error"] = point.error
+        return row
+    row.update(_number_columns(point))
+    row.update(
+        {
+            "Avg Latency (ms)": _number(point.avg_ms),
+            "Server Queue (ms)": _number(point.queue_ms),
+            "Server Compute Input (ms)": _number(point.compute_input_ms),
+            "Server Compute Infer (ms)": _number(point.compute_infer_ms),
+            "Server Compute Output (ms)": _number(point.compute_output_ms),
+            "Client CPU (%)": _number(point.client_cpu_percent),
+            "Error": "",
+        }
+    )
+    return row
+
+
+def _summary_row(analysis: Analysis, rank: int, point: Measurement) -> dict[str, object]:
+    row = _settings_columns(analysis, point)
+    row.update(_number_columns(point))
+    row.update({"Rank": rank, "Concurrency": point.concurrency})
+    row["Constraint Violations"] = violations_text(analysis, point)
+    return row
+
+
+def _number_columns(point: Measurement) -> dict[str, object]:
+    return {
+        "Throughput (infer/sec)": _number(point.throughput),
+        "p99 Latency (ms)": _number(point.p99_ms),
+        "p95 Latency (ms)": _number(point.p95_ms),
+        "p50 Latency (ms)": _number(point.p50_ms),
+        "CPU Utilization (%)": _number(point.server_cpu_percent),
+        "RAM Usage (MB)": _number(point.server_rss_mb),
+    }
+
+
+def _number(value: float) -> float:
+    """Three decimals: microseconds in milliseconds, a thousandth of an inference per second."""
+    return round(value, 3)
