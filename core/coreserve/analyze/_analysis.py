@@ -15,7 +15,7 @@ class Analysis:
     """One model's sweep: its configuration as found, the constraints, every measurement."""
 
     model: str
-    model_dir: Path  # the model's folder in the repository (its files are copied to the output)
+    model_dir: Path | None  # its folder in the repository (copied to the output); None: not known
     base_config: ModelConfig
     constraints: Constraints
     objective: str

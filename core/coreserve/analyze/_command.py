@@ -20,14 +20,19 @@ from pathlib import Path
 from coreserve.analyze._analysis import Analysis
 from coreserve.analyze._checkpoint import Checkpoint, CheckpointMismatch
 from coreserve.analyze._client import LoadFailed, ServerClient, ServerGone
+from coreserve.analyze._csv_files import write_csv_files
 from coreserve.analyze._flags import parse_args
 from coreserve.analyze._load import Windows
+from coreserve.analyze._output_repository import OUTPUT_REPOSITORY, write_output_repository
 from coreserve.analyze._points import ModelSettings
 from coreserve.analyze._progress import Progress
 from coreserve.analyze._ranking import Constraints
+from coreserve.analyze._report import write_report
 from coreserve.analyze._search import SearchSpace, brute, quick
 from coreserve.analyze._server_process import ServerProcess, Usage, tree_usage
 from coreserve.analyze._sweep import Sweep
+from coreserve.analyze._terminal_table import best_table
+from coreserve.errors import UnsupportedError
 from coreserve.protos.model_config_pb2 import ModelConfig
 
 READY_WITHIN_S = 120.0
@@ -173,16 +178,12 @@ async def _search(
 
 
 def _write_outputs(analysis: Analysis, out_dir: Path, top: int) -> None:
-    from coreserve.analyze._csv_files import write_csv_files
-    from coreserve.analyze._output_repository import write_output_repository
-    from coreserve.analyze._report import write_report
-    from coreserve.analyze._terminal_table import best_table
-
     written = [*write_csv_files(analysis, out_dir)]
-    if analysis.model_dir is not None:
-        names = write_output_repository(analysis, out_dir, top)
-        if names:
-            written.append(out_dir / "output_model_repository")
-    written.append(write_report(analysis, out_dir))
+    if write_output_repository(analysis, out_dir, top):
+        written.append(out_dir / OUTPUT_REPOSITORY)
+    try:
+        written.append(write_report(analysis, out_dir, top))
+    except UnsupportedError as exc:  # plotly is an extra: the rest of the outputs stand
+        print(f"coreserve analyze: {exc}", file=sys.stderr)
     print(best_table(analysis, top))
     print("\nwritten: " + ", ".join(str(path) for path in written))

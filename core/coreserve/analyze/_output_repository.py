@@ -22,15 +22,18 @@ OUTPUT_REPOSITORY = "output_model_repository"
 def write_output_repository(analysis: Analysis, out_dir: Path, top: int = 3) -> list[str]:
     """Writes the `top` passing settings, best first; returns the model folders' names.
 
-    Nothing is written where no settings meets the constraints. Folders of this model left by
-    an earlier run are removed first, so the repository never mixes two runs' results.
+    Nothing is written where no settings meets the constraints, or where the model's files are
+    not known (a running server measured without --model-repository). Folders of this model
+    left by an earlier run are removed first, so the repository never mixes two runs' results.
     """
+    if analysis.model_dir is None:
+        return []
     repository = out_dir / OUTPUT_REPOSITORY
     _remove_earlier(repository, analysis.model)
     passing = analysis.ranking().passing[:top]
     names = [output_model_name(analysis.model, index) for index in range(len(passing))]
     for name, point in zip(names, passing, strict=True):
-        _write_model(analysis, point.settings, repository / name)
+        _write_model(analysis, analysis.model_dir, point.settings, repository / name)
     return names
 
 
@@ -49,8 +52,8 @@ def _remove_earlier(repository: Path, model: str) -> None:
             shutil.rmtree(folder)
 
 
-def _write_model(analysis: Analysis, settings: ModelSettings, folder: Path) -> None:
-    shutil.copytree(analysis.model_dir, folder, ignore=shutil.ignore_patterns("__pycache__"))
+def _write_model(analysis: Analysis, model_dir: Path, settings: ModelSettings, folder: Path) -> None:
+    shutil.copytree(model_dir, folder, ignore=shutil.ignore_patterns("__pycache__"))
     config = settings.applied_to(analysis.base_config)
     config.name = folder.name
     heading = f"# Written by coreserve analyze: {settings.describe()}\n"
