@@ -27,8 +27,8 @@ from waiting import wait_until
 IDENTITY = """
 backend: "onnxruntime"
 max_batch_size: 8
-input [ { name: "INPUT" data_type: TYPE_FP32 dims: [ 4 ] } ]
-output [ { name: "OUTPUT" data_type: TYPE_FP32 dims: [ 4 ] } ]
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
 instance_group [ { count: 1 kind: KIND_CPU } ]
 """
 
@@ -52,10 +52,11 @@ class TritonPythonModel:
             raise ValueError("picky takes batches of 2 at most")
 
     def execute(self, requests):
-        return [
-            pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT", pb_utils.get_input_tensor_by_name(r, "INPUT").as_numpy())])
-            for r in requests
-        ]
+        outputs = []
+        for request in requests:
+            data = pb_utils.get_input_tensor_by_name(request, "INPUT").as_numpy()
+            outputs.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT", data)]))
+        return outputs
 """
 
 # Small bounds and short windows: the command's behaviour, not its figures, is under test.
@@ -142,7 +143,7 @@ def test_brute_measures_every_settings_and_writes_the_report_csv_and_repository(
     assert all(float(row["Throughput (infer/sec)"]) > 0 for row in table)
     assert (out_dir / "report.html").is_file()
     best = read_config_file(out_dir / "output_model_repository" / "identity" / "config.pbtxt")
-    assert best.name == "identity" and best.input[0].name == "INPUT"
+    assert best.name == "identity" and best.input[0].name == "INPUT0"
     assert "identity" in done.stdout  # the table of the best configurations
     assert "[" in done.stderr and "infer/s" in done.stderr  # the progress lines
 
@@ -301,7 +302,7 @@ def test_a_server_that_dies_mid_sweep_leaves_a_resumable_analysis(repository: Pa
     assert analyzer.returncode == 1
     assert "resumes" in stderr and "Traceback" not in stderr
     kept = checkpoint_lines(tmp_path)
-    again = analyze(*command[3:])
+    again = analyze(*command[4:])
     assert again.returncode == 0, again.stderr
     assert (
         checkpoint_lines(tmp_path)[: len(kept)] == kept
