@@ -24,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from coreserve.server.metrics._system import GpuMetrics
 from coreserve.testing import ServerProcess
 from paths import TESTS
+from waiting import wait_until
 
 PYTHON_MODELS = TESTS / "plugins" / "python" / "models"
 REFERENCE = json.loads((TESTS / "fixtures" / "triton_metric_families.json").read_text())["families"]
@@ -211,10 +212,21 @@ def test_gpu_families_are_tritons(tmp_path: Path) -> None:
     if not count:
         pytest.skip(f"the GPU families need NVML (nvidia-ml-py) and an NVIDIA GPU: {why}")
     server = _serve(tmp_path, "--allow-gpu-metrics=true", "--metrics-interval-ms=200")
-    try:
-        time.sleep(1)  # a few polls: utilization and power are averaged by the driver
+    gpu = _when("gpu")
+
+    def every_gpu_read() -> dict[str, Metric] | None:
+        """The scrape once it has each GPU family for each GPU: the driver averages utilization
+        and power over its own samples, so a poll may come before it has them."""
         families = _families(_scrape(server))
-        gpu = _when("gpu")
+        read = all(
+            len({sample.labels.get("gpu_uuid") for sample in families[name].samples}) == count
+            for name in gpu
+            if name in families
+        )
+        return families if read and gpu <= set(families) else None
+
+    try:
+        families = wait_until(every_gpu_read, f"every GPU family read for {count} GPU(s)", 30)
         _assert_tritons({name: families[name] for name in gpu if name in families}, gpu)
         for name in gpu:
             uuids = [sample.labels["gpu_uuid"] for sample in families[name].samples]

@@ -6,6 +6,7 @@ import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -56,12 +57,11 @@ def _step(
     *,
     start: bool = False,
     end: bool = False,
+    model: str = "accumulator",
 ) -> tuple[int, int]:
     tensor = httpclient.InferInput("INPUT", [1, 1], "INT32")
     tensor.set_data_from_numpy(np.array([[value]], np.int32))
-    result = client.infer(
-        "accumulator", [tensor], sequence_id=sequence_id, sequence_start=start, sequence_end=end
-    )
+    result = client.infer(model, [tensor], sequence_id=sequence_id, sequence_start=start, sequence_end=end)
     return int(result.as_numpy("OUTPUT")[0, 0]), int(result.as_numpy("CORR_OUT")[0, 0])
 
 
@@ -144,11 +144,21 @@ def test_sequence_errors(coreserve_server: ServerFactory, tmp_path: Path) -> Non
         client.close()
 
 
-def _step_alone(server: ServerProcess, sequence_id: int, value: int, **flags: bool) -> tuple[int, int]:
+def _step_alone(
+    server: ServerProcess, sequence_id: int, value: int, model: str = "accumulator", **flags: bool
+) -> tuple[int, int]:
     """One step on a client of its own (tritonclient's HTTP clients stay on their thread)."""
     client = httpclient.InferenceServerClient(server.http_url, network_timeout=60)
     try:
-        return _step(client, sequence_id, value, **flags)
+        return _step(client, sequence_id, value, model=model, **flags)
+    finally:
+        client.close()
+
+
+def _statistics(server: ServerProcess, model: str) -> dict[str, Any]:
+    client = httpclient.InferenceServerClient(server.http_url)
+    try:
+        return dict(client.get_inference_statistics(model)["model_stats"][0])
     finally:
         client.close()
 
@@ -180,30 +190,48 @@ def test_sequences_beyond_the_slots_wait_then_give_up(
     assert "sequence slots of model 'accumulator' stayed busy" in info.value.message()
 
 
+def _batch_sizes(stats: dict[str, Any]) -> dict[int, int]:
+    """How many executions ran each batch size."""
+    return {entry["batch_size"]: entry["compute_infer"]["count"] for entry in stats["batch_stats"]}
+
+
 @pytest.mark.parametrize(
     "strategy",
     [
-        "direct { max_queue_delay_microseconds: 400000 minimum_slot_utilization: 1.0 }",
-        "oldest { max_queue_delay_microseconds: 400000 preferred_batch_size: [ 2 ] }",
+        "direct {{ max_queue_delay_microseconds: {delay} minimum_slot_utilization: 1.0 }}",
+        "oldest {{ max_queue_delay_microseconds: {delay} preferred_batch_size: [ 2 ] }}",
     ],
+    ids=["direct", "oldest"],
 )
 def test_a_batch_waits_for_more_sequences_up_to_the_queue_delay(
     coreserve_server: ServerFactory, tmp_path: Path, strategy: str
 ) -> None:
-    server = _server(coreserve_server, tmp_path, count=1, max_batch=2, strategy=strategy)
-    started = time.perf_counter()
-    assert _step_alone(server, 7, 5, start=True, end=True) == (5, 7)  # alone: runs when the delay ends
-    assert time.perf_counter() - started >= 0.35
-    with ThreadPoolExecutor(2) as pool:  # two ready sequences fill the batch: one execution
-        pair = [pool.submit(_step_alone, server, sid, sid, start=True, end=True) for sid in (1, 2)]
-        assert [future.result(timeout=30) for future in pair] == [(1, 1), (2, 2)]
-    client = httpclient.InferenceServerClient(server.http_url)
-    try:
-        stats = client.get_inference_statistics("accumulator")["model_stats"][0]
-    finally:
-        client.close()
-    assert (stats["inference_count"], stats["execution_count"]) == (3, 2)
-    assert {entry["batch_size"] for entry in stats["batch_stats"]} == {1, 2}
+    # "held" waits up to a minute for a second sequence, "accumulator" 0.4 s; both run at once
+    # with two ready sequences (both slots of their instance).
+    held = ACCUMULATOR.format(
+        count=1, max_batch=2, idle=5_000_000, strategy=strategy.format(delay=60_000_000)
+    )
+    write_model(tmp_path, "held", accumulator_model(), held)
+    server = _server(
+        coreserve_server, tmp_path, count=1, max_batch=2, strategy=strategy.format(delay=400_000)
+    )
+    with ThreadPoolExecutor(2) as pool:
+        # A sequence alone waits in the queue for another, unexecuted...
+        first = pool.submit(_step_alone, server, 1, 1, "held", start=True, end=True)
+        wait_until(lambda: pending_requests(server.metrics_url, "held") == 1, "sequence 1 waits")
+        assert _statistics(server, "held")["execution_count"] == 0
+        assert not first.done()
+        # ...and one that comes within the delay joins it: one execution of both.
+        second = pool.submit(_step_alone, server, 2, 2, "held", start=True, end=True)
+        assert (first.result(timeout=30), second.result(timeout=30)) == ((1, 1), (2, 2))
+    stats = _statistics(server, "held")
+    assert (stats["inference_count"], stats["execution_count"]) == (2, 1)
+    assert _batch_sizes(stats) == {2: 1}
+    # A sequence that none joins runs alone once the delay is over.
+    assert _step_alone(server, 7, 5, start=True, end=True) == (5, 7)
+    stats = _statistics(server, "accumulator")
+    assert (stats["inference_count"], stats["execution_count"]) == (1, 1)
+    assert _batch_sizes(stats) == {1: 1}
 
 
 ECHO_SEQUENCES = """

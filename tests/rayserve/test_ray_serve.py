@@ -25,6 +25,7 @@ from model_builders import add_sub_model, scale_model, write_model
 from paths import TESTS
 from ray_cluster import Deployment, RayCluster
 from s3_server import free_port, s3_client, start_moto
+from waiting import wait_until
 
 pytest.importorskip("ray.serve", reason="the Ray Serve tests need core-server[ray]")
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
@@ -121,47 +122,72 @@ def test_two_replicas_both_serve(two_replicas: Deployment) -> None:
 
 
 def test_a_replica_killed_under_load_fails_only_requests_in_flight(two_replicas: Deployment) -> None:
+    # Ordered by one clock, not bounded by it: each request's start and end, the kill, and the
+    # first answer of the replica Ray Serve starts in the killed one's place.
     clients = 6
-    replica, _ = _infer_json(two_replicas, 1.0)
+    killed, _ = _infer_json(two_replicas, 1.0)
     stop = threading.Event()
-    killed_at: list[float] = []
-    outcomes: list[tuple[float, float, bool]] = []  # start, end, succeeded
+    # Each request's start, end, and the replica that answered it (None: it failed).
+    outcomes: list[tuple[float, float, str | None]] = []
     lock = threading.Lock()
 
     def load() -> None:
-        client = httpclient.InferenceServerClient(two_replicas.cluster.url, network_timeout=60)
-        try:
-            while not stop.is_set():
-                started = time.monotonic()
-                try:
-                    client.infer("add_sub", _add_sub_inputs(1.0))
-                    ok = True
-                except Exception:  # any failure a client sees counts
-                    ok = False
-                with lock:
-                    outcomes.append((started, time.monotonic(), ok))
-        finally:
-            client.close()
+        while not stop.is_set():
+            started = time.monotonic()
+            try:
+                replica, output = _infer_json(two_replicas, 1.0)
+                answered: str | None = replica if output == [2.0] * 4 else None
+            except Exception:  # any failure a client sees counts
+                answered = None
+            with lock:
+                outcomes.append((started, time.monotonic(), answered))
+
+    def seen() -> list[tuple[float, float, str | None]]:
+        with lock:
+            return list(outcomes)
+
+    def answers() -> Counter[str | None]:
+        return Counter(replica for _, _, replica in seen())
 
     threads = [threading.Thread(target=load) for _ in range(clients)]
     for thread in threads:
         thread.start()
-    time.sleep(3)
-    pid = int(replica.rsplit(":", 1)[1])
-    os.kill(pid, signal.SIGKILL)  # a replica process of this test's own cluster
-    killed_at.append(time.monotonic())
-    time.sleep(20)
-    stop.set()
-    for thread in threads:
-        thread.join(timeout=90)
-    kill = killed_at[0]
-    failed = [o for o in outcomes if not o[2]]
-    # At most the requests in flight when the replica died fail (one per client at most) …
+    try:
+        # Under load: both replicas have answered the clients' requests (each, more than one
+        # round of them) before one is killed.
+        wait_until(
+            lambda: len(set(answers()) - {None}) == 2 and min(answers()[r] for r in answers() if r) > clients,
+            "both replicas answer the load",
+        )
+        (survivor,) = set(answers()) - {None, killed}
+        pid = int(killed.rsplit(":", 1)[1])
+        os.kill(pid, signal.SIGKILL)  # a replica process of this test's own cluster
+        kill = time.monotonic()
+        # Ray Serve starts a replica in the killed one's place: its first answer …
+        first_answer = wait_until(
+            lambda: min((o[1] for o in seen() if o[2] not in {None, killed, survivor}), default=None),
+            "a replica started in place of the killed one answers",
+            120,
+        )
+        # … and more than 20 requests sent after it.
+        wait_until(
+            lambda: len([o for o in seen() if o[0] > first_answer]) > 20, "requests after the replacement"
+        )
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=90)
+    failed = [o for o in outcomes if o[2] is None]
+    in_flight = [o for o in outcomes if o[0] < kill < o[1]]
+    assert in_flight, "no request was in flight when the replica was killed"
+    # Only requests in flight when the replica died fail (one per client at most): none that
+    # ended before the kill, none sent after it (Ray Serve retries a request its replica had
+    # not taken) …
     assert len(failed) <= clients, failed
-    assert all(start <= kill + 1.0 for start, _, _ in failed), (kill, failed)
+    assert all(start < kill < end for start, end, _ in failed), (kill, failed)
     # … and every later one succeeds, through the surviving replica and then the new one.
-    later = [o for o in outcomes if o[0] > kill + 1.0]
-    assert len(later) > 20 and all(ok for _, _, ok in later)
+    later = [o for o in outcomes if o[0] > first_answer]
+    assert len(later) > 20 and all(replica is not None for _, _, replica in later)
 
 
 def test_scales_from_one_replica_to_two_under_load(
@@ -203,12 +229,12 @@ def test_scales_from_one_replica_to_two_under_load(
         threads = [threading.Thread(target=load) for _ in range(6)]
         for thread in threads:
             thread.start()
-        deadline = time.monotonic() + 120
-        while len(seen) < 2 and time.monotonic() < deadline:
-            time.sleep(0.5)
-        stop.set()
-        for thread in threads:
-            thread.join(timeout=60)
+        try:
+            wait_until(lambda: len(seen) >= 2, "a second replica answers", 120, 0.5)
+        finally:
+            stop.set()
+            for thread in threads:
+                thread.join(timeout=60)
         assert len(seen) == 2, seen
     finally:
         deployment.close()

@@ -20,6 +20,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from coreserve.testing import ServerProcess
+from waiting import pending_requests, wait_until
 
 # The documentation's decoupled example: IN responses counting down to 0, one per execution.
 DECOUPLED_MODEL = """
@@ -284,24 +285,21 @@ def test_a_handed_back_request_whose_client_leaves_is_not_run_again(server: Serv
     tensor.set_data_from_numpy(np.array([[100_000]], np.int32))
     client.start_stream(callback=lambda result, error: received.append(0 if error else 1))
     client.async_stream_infer("countdown_abandoned", [tensor])
-    deadline = time.monotonic() + 60
-    while len(received) < 20:
-        assert time.monotonic() < deadline, "the first responses did not arrive"
-        time.sleep(0.01)
+    wait_until(lambda: len(received) >= 20, "the first responses arrive", 60, 0.01)
     client.stop_stream(cancel_requests=True)
     client.close()
-
-    def settled() -> dict:
-        deadline = time.monotonic() + 30
-        while True:
-            stats = _statistics(server, "countdown_abandoned")
-            if stats["inference_stats"]["fail"]["count"] == 1:
-                return stats
-            assert time.monotonic() < deadline, stats
-            time.sleep(0.05)
-
-    executed = settled()["execution_count"]
-    time.sleep(0.5)  # it would have run hundreds of times more by now
+    # Failed once, and no longer queued or executing: nothing of it is left to run again.
+    wait_until(
+        lambda: _statistics(server, "countdown_abandoned")["inference_stats"]["fail"]["count"] == 1,
+        "the request fails, cancelled",
+        30,
+        0.05,
+    )
+    wait_until(
+        lambda: pending_requests(server.metrics_url, "countdown_abandoned") == 0, "it leaves the batcher", 30
+    )
+    executed = _statistics(server, "countdown_abandoned")["execution_count"]
+    time.sleep(0.5)  # an absence: it would have run hundreds of times more by now
     stats = _statistics(server, "countdown_abandoned")
     assert stats["execution_count"] == executed < 100_000
     assert stats["inference_stats"]["success"]["count"] == 0
