@@ -33,8 +33,8 @@ class Progress:
 
     def _bar(self) -> str:
         elapsed = time.monotonic() - self.started
-        if not self.total:
-            return f"[{self.settings_done} configurations, {_clock(elapsed)}]"
+        if not self.total:  # the quick search: how far it is, not how far it has to go
+            return f"[configuration {self.settings_done + 1}, {_clock(elapsed)}]"
         done = self.settings_done / self.total
         filled = int(20 * done)
         eta = elapsed / done * (1 - done) if done else None
