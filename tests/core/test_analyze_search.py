@@ -5,13 +5,12 @@ ranking are pure functions of them); tests/e2e/test_analyze.py measures a real s
 from __future__ import annotations
 
 import asyncio
-
-import pytest
+import json
 
 from coreserve.analyze._points import Measurement, ModelSettings
 from coreserve.analyze._ranking import Constraints, rank
 from coreserve.analyze._search import (
-    AXES,
+    OWN_AXES,
     Evaluate,
     SearchSpace,
     brute,
@@ -28,7 +27,7 @@ def point(settings: ModelSettings, concurrency: int, throughput: float, p99: flo
 
 def test_the_space_holds_every_combination_within_the_bounds() -> None:
     space = SearchSpace(max_batch_size=4, max_instance_count=2, queue_delays_us=(0, 500))
-    found = space.all_settings()
+    found = space.all_settings(ModelSettings(1, False, 1))
     assert space.batch_sizes() == [1, 2, 4]
     # per batch size and count: without dynamic batching, and with it at each delay
     assert len(found) == 3 * 2 * 3 == len(set(found))
@@ -38,7 +37,7 @@ def test_the_space_holds_every_combination_within_the_bounds() -> None:
 
 def test_a_model_that_does_not_batch_is_searched_over_instances_only() -> None:
     space = SearchSpace(max_instance_count=3, batching=False)
-    assert space.all_settings() == [ModelSettings(0, False, count) for count in (1, 2, 3)]
+    assert space.all_settings(ModelSettings(0, False, 1)) == [ModelSettings(0, False, c) for c in (1, 2, 3)]
     here = ModelSettings(0, False, 2)
     assert [space.step(here, "instances", d) for d in (1, -1)] == [
         ModelSettings(0, False, 3),
@@ -49,14 +48,17 @@ def test_a_model_that_does_not_batch_is_searched_over_instances_only() -> None:
 
 def test_a_sequence_model_keeps_its_own_batcher() -> None:
     space = SearchSpace(max_batch_size=2, max_instance_count=1, dynamic_batching=False)
-    assert space.all_settings() == [ModelSettings(1, False, 1), ModelSettings(2, False, 1)]
+    assert space.all_settings(ModelSettings(1, False, 1)) == [
+        ModelSettings(1, False, 1),
+        ModelSettings(2, False, 1),
+    ]
     assert space.step(ModelSettings(2, False, 1), "dynamic_batching", 1) is None
 
 
 def test_a_step_changes_one_setting_by_one_notch_within_the_bounds() -> None:
     space = SearchSpace(max_batch_size=8, max_instance_count=3, queue_delays_us=(0, 100, 1000))
     here = ModelSettings(4, True, 2, 100)
-    steps = {(axis, d): space.step(here, axis, d) for axis in AXES for d in (1, -1)}
+    steps = {(axis, d): space.step(here, axis, d) for axis in OWN_AXES for d in (1, -1)}
     assert steps == {
         ("batch", 1): ModelSettings(8, True, 2, 100),
         ("batch", -1): ModelSettings(2, True, 2, 100),
@@ -143,7 +145,7 @@ def test_quick_climbs_to_the_best_settings_measuring_fewer_than_brute() -> None:
         return evaluate
 
     constraints = Constraints(latency_budget_ms=13)  # batch 16 is too slow
-    asyncio.run(brute(space, evaluator("brute")))
+    asyncio.run(brute(space, ModelSettings(1, False, 1), evaluator("brute")))
     asyncio.run(quick(space, ModelSettings(1, False, 1), evaluator("quick"), constraints, "throughput"))
     best = rank([p for s in measured["brute"] for p in surface(s)], constraints).passing[0]
     found = rank([p for s in measured["quick"] for p in surface(s)], constraints).passing[0]
@@ -153,14 +155,50 @@ def test_quick_climbs_to_the_best_settings_measuring_fewer_than_brute() -> None:
     assert len(measured["quick"]) <= len(measured["brute"]) / 3  # issue 36: a third at most
 
 
-@pytest.mark.parametrize("done", [frozenset(), frozenset({ModelSettings(1, False, 1)})])
-def test_brute_skips_what_is_done(done: frozenset[ModelSettings]) -> None:
-    space = SearchSpace(max_batch_size=1, max_instance_count=1)
+def test_brute_measures_all_but_the_start_which_is_measured_first() -> None:
+    space = SearchSpace(max_batch_size=1, max_instance_count=2)
+    start = ModelSettings(1, False, 1)
     seen: list[ModelSettings] = []
 
     async def evaluate(settings: ModelSettings) -> list[Measurement]:
         seen.append(settings)
         return []
 
-    asyncio.run(brute(space, evaluate, done))
-    assert seen == [s for s in space.all_settings() if s not in done]
+    asyncio.run(brute(space, start, evaluate))
+    assert seen == [s for s in space.all_settings(start) if s != start] and len(seen) == 3
+
+
+def test_an_ensemble_sweeps_its_steps_instances_and_keeps_its_own_settings() -> None:
+    start = ModelSettings(8, False, 1, composing=(("pre", 1), ("net", 2)), own_settings=False)
+    space = SearchSpace(max_instance_count=3, own_settings=False, composing=("pre", "net"))
+    assert space.axes == ("instances:pre", "instances:net")
+    found = space.all_settings(start)
+    assert len(found) == 3 * 3
+    assert all((s.max_batch_size, s.own_settings) == (8, False) for s in found)
+    assert space.step(start, "instances:net", 1) == ModelSettings(
+        8, False, 1, composing=(("pre", 1), ("net", 3)), own_settings=False
+    )
+    assert space.step(start, "instances:pre", -1) is None
+    assert space.step(start, "batch", 1) is None
+    assert start.key == "pre-i1_net-i2"
+    assert start.describe() == "pre: 1 instance, net: 2 instances"
+
+
+def test_a_bls_model_sweeps_its_own_settings_and_its_callees_instances() -> None:
+    space = SearchSpace(max_batch_size=2, max_instance_count=2, composing=("scale",))
+    assert space.axes == (*OWN_AXES, "instances:scale")
+    start = ModelSettings(2, False, 1, composing=(("scale", 4),))
+    assert space.clamp(start) == ModelSettings(2, False, 1, composing=(("scale", 2),))
+    assert len(space.all_settings(start)) == 2 * 2 * 2 * 2  # batch, batching, own and callee counts
+    assert start.key == "mbs2_nodb_i1_scale-i4"
+    point = Measurement(start, 1, throughput=5.0)
+    assert Measurement.from_json(json.loads(json.dumps(point.to_json()))) == point
+
+
+def test_settings_of_a_composed_model_read_its_parts_counts() -> None:
+    ensemble = ModelConfig(name="e", platform="ensemble", max_batch_size=4)
+    part = ModelConfig(name="p")
+    part.instance_group.add(count=3)
+    settings = ModelSettings.of(ensemble, {"p": part})
+    assert (settings.own_settings, settings.composing) == (False, (("p", 3),))
+    assert settings.applied_to(ensemble) == ensemble

@@ -21,7 +21,7 @@ import pytest
 
 from coreserve.config.parse import read_config_file
 from coreserve.testing import ServerFactory
-from model_builders import identity_model, write_model
+from model_builders import identity_model, scale_model, write_bls_model, write_model
 from waiting import wait_until
 
 IDENTITY = """
@@ -59,6 +59,27 @@ class TritonPythonModel:
         return outputs
 """
 
+SCALE = """
+backend: "onnxruntime"
+max_batch_size: 4
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+instance_group [ { count: 1 kind: KIND_CPU } ]
+"""
+# An ensemble of two steps of `scale`'s kind, and a BLS model that calls `scale` (model_builders).
+TWICE = """
+platform: "ensemble"
+max_batch_size: 4
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+ensemble_scheduling { step [
+  { model_name: "scale" model_version: -1 input_map { key: "INPUT0" value: "INPUT0" }
+    output_map { key: "OUTPUT0" value: "half" } },
+  { model_name: "scale_again" model_version: -1 input_map { key: "INPUT0" value: "half" }
+    output_map { key: "OUTPUT0" value: "OUTPUT0" } }
+] }
+"""
+
 # Small bounds and short windows: the command's behaviour, not its figures, is under test.
 FAST = ["--window-seconds", "0.2", "--max-windows", "4", "--max-concurrency", "2"]
 SMALL = ["--max-batch-size", "2", "--max-instance-count", "2", *FAST]
@@ -82,6 +103,10 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write_model(root, "identity", identity_model("FP32", [-1, 4]), IDENTITY)
     picky = write_model(root, "picky", None, PICKY_CONFIG)
     (picky / "1" / "model.py").write_text(PICKY_MODEL)
+    write_model(root, "scale", scale_model(2.0), SCALE)
+    write_model(root, "scale_again", scale_model(3.0), SCALE)
+    write_model(root, "twice", None, TWICE)
+    write_bls_model(root)
     return root
 
 
@@ -255,7 +280,7 @@ def test_a_settings_that_fails_to_load_is_a_row_and_the_sweep_goes_on(
 def test_an_unknown_model_is_named_with_the_models_there(repository: Path, tmp_path: Path) -> None:
     done = analyze("--model-repository", repository, "--model", "nope", "--output-dir", tmp_path)
     assert done.returncode == 1
-    assert "no model 'nope'" in done.stderr and "identity, picky" in done.stderr
+    assert "no model 'nope'" in done.stderr and "identity, picky, scale" in done.stderr
     assert "Traceback" not in done.stderr
 
 
@@ -323,3 +348,40 @@ def test_a_running_server_is_measured_as_it_is(
     assert len(measured_settings(tmp_path)) == 1  # only the client load was swept
     assert {row["Max Batch Size"] for row in rows(tmp_path)} == {"8"}
     assert (tmp_path / "report.html").is_file()
+
+
+def test_an_ensemble_sweeps_its_steps_instances_together(repository: Path, tmp_path: Path) -> None:
+    done = analyze(
+        "--model-repository", repository, "--model", "twice", "--search", "brute", "--output-dir", tmp_path,
+        "--max-instance-count", "2", *FAST,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    groups = {row["Instance Group"] for row in rows(tmp_path)}
+    assert groups == {f"scale {a}:CPU, scale_again {b}:CPU" for a in (1, 2) for b in (1, 2)}
+    assert {row["Max Batch Size"] for row in rows(tmp_path)} == {"4"}  # the ensemble's own, as found
+    written = tmp_path / "output_model_repository"
+    assert sorted(path.name for path in written.iterdir()) == ["scale", "scale_again", "twice"]
+    with (tmp_path / "results" / "metrics-model-summary.csv").open() as file:
+        first = next(csv.DictReader(file))  # the best: the set written
+    counts = {
+        name: read_config_file(written / name / "config.pbtxt").instance_group[0].count
+        for name in ("scale", "scale_again")
+    }
+    assert first["Instance Group"] == f"scale {counts['scale']}:CPU, scale_again {counts['scale_again']}:CPU"
+    assert read_config_file(written / "twice" / "config.pbtxt").platform == "ensemble"
+
+
+def test_a_bls_model_sweeps_its_callees_instances_named_on_the_command_line(
+    repository: Path, tmp_path: Path
+) -> None:
+    done = analyze(
+        "--model-repository", repository, "--model", "bls", "--composing-models", "scale", "--search", "quick",
+        "--output-dir", tmp_path, "--max-batch-size", "2", "--max-instance-count", "2", *FAST,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    groups = {row["Instance Group"] for row in rows(tmp_path)}
+    assert {group.split(", ")[1] for group in groups} >= {
+        "scale 1:CPU",
+        "scale 2:CPU",
+    }  # the callee was swept
+    assert sorted(path.name for path in (tmp_path / "output_model_repository").iterdir()) == ["bls", "scale"]

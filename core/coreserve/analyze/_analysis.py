@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from coreserve.analyze._points import Measurement, ModelSettings
@@ -20,10 +20,12 @@ class Analysis:
     constraints: Constraints
     objective: str
     measurements: list[Measurement]
+    # The composing models' configurations as found (an ensemble's steps, a BLS model's callees).
+    composing_configs: dict[str, ModelConfig] = field(default_factory=dict)
 
     @property
     def baseline(self) -> ModelSettings:
-        return ModelSettings.of(self.base_config)
+        return ModelSettings.of(self.base_config, self.composing_configs)
 
     def ranking(self) -> Ranking:
         return rank(self.measurements, self.constraints, self.objective)

@@ -19,9 +19,10 @@ from pathlib import Path
 
 from coreserve.analyze._analysis import Analysis
 from coreserve.analyze._checkpoint import Checkpoint, CheckpointMismatch
-from coreserve.analyze._client import LoadFailed, ServerClient, ServerGone
+from coreserve.analyze._client import ServerClient, ServerGone
 from coreserve.analyze._csv_files import write_csv_files
 from coreserve.analyze._flags import parse_args
+from coreserve.analyze._found import AnalyzeError, ModelAsFound, find_model
 from coreserve.analyze._load import Windows
 from coreserve.analyze._output_repository import OUTPUT_REPOSITORY, write_output_repository
 from coreserve.analyze._points import ModelSettings
@@ -33,13 +34,8 @@ from coreserve.analyze._server_process import ServerProcess, Usage, tree_usage
 from coreserve.analyze._sweep import Sweep
 from coreserve.analyze._terminal_table import best_table
 from coreserve.errors import UnsupportedError
-from coreserve.protos.model_config_pb2 import ModelConfig
 
 READY_WITHIN_S = 120.0
-
-
-class AnalyzeError(Exception):
-    """Something the user can fix, said in one message."""
 
 
 def main(argv: list[str]) -> int:
@@ -82,8 +78,8 @@ async def _analyze(args: argparse.Namespace) -> int:
     client = ServerClient(server.address if server is not None else args.server_url)
     try:
         await _wait_ready(client, server)
-        base_config = await _model_as_found(client, args.model, server)
-        await _search(args, client, server, base_config, constraints, checkpoint)
+        found = await find_model(client, args.model, args.composing_models, load=server is not None)
+        await _search(args, client, server, found, constraints, checkpoint)
     except ServerGone as exc:
         log = f"\n{server.log_tail()}" if server is not None else ""
         raise AnalyzeError(
@@ -94,7 +90,13 @@ async def _analyze(args: argparse.Namespace) -> int:
         if server is not None:
             server.stop()
     analysis = Analysis(
-        args.model, model_dir, base_config, constraints, args.objective, checkpoint.measurements()
+        args.model,
+        model_dir,
+        found.config,
+        constraints,
+        args.objective,
+        checkpoint.measurements(),
+        composing_configs=found.composing,
     )
     _write_outputs(analysis, out_dir, args.top)
     return 0
@@ -110,35 +112,15 @@ async def _wait_ready(client: ServerClient, server: ServerProcess | None) -> Non
         await asyncio.sleep(0.2)
 
 
-async def _model_as_found(client: ServerClient, model: str, server: ServerProcess | None) -> ModelConfig:
-    """The model's configuration as the server serves it now (loaded first where we started it)."""
-    if server is not None:
-        try:
-            await client.load(model)
-        except LoadFailed as exc:
-            raise AnalyzeError(f"model {model!r} does not load as it is: {exc}") from None
-    try:
-        config = await client.model_config(model)
-    except ServerGone:
-        raise
-    except Exception as exc:  # the server's words name the reason
-        raise AnalyzeError(f"model {model!r} is not served at {client.address}: {exc}") from None
-    if config.platform == "ensemble" and server is not None:
-        raise AnalyzeError(
-            f"model {model!r} is an ensemble: sweeping its composing models together is not built "
-            "yet; analyze each composing model, or measure the ensemble as it is with --server-url"
-        )
-    return config
-
-
 async def _search(
     args: argparse.Namespace,
     client: ServerClient,
     server: ServerProcess | None,
-    base_config: ModelConfig,
+    found: ModelAsFound,
     constraints: Constraints,
     checkpoint: Checkpoint,
 ) -> None:
+    base_config = found.config
     space = SearchSpace(
         max_batch_size=args.max_batch_size,
         max_instance_count=args.max_instance_count,
@@ -146,9 +128,11 @@ async def _search(
         max_concurrency=args.max_concurrency,
         batching=base_config.max_batch_size > 0,
         dynamic_batching=not base_config.HasField("sequence_batching"),
+        own_settings=base_config.platform != "ensemble",
+        composing=tuple(found.composing),
     )
-    baseline = ModelSettings.of(base_config)
-    everything = space.all_settings()
+    baseline = ModelSettings.of(base_config, found.composing)
+    everything = space.all_settings(baseline)
     total: int | None = 1  # a server we did not start: its configuration as it is
     if server is not None:  # brute's count is known ahead, quick's path is not
         total = len(everything) + (baseline not in everything) if args.search == "brute" else None
@@ -167,12 +151,13 @@ async def _search(
         Progress(total),
         usage,
         reconfigure=server is not None,
+        composing_configs=found.composing,
     )
     await sweep.evaluate(baseline)  # the model as it is: what the report compares against
     if server is None:
         return
     if args.search == "brute":
-        await brute(space, sweep.evaluate, done=frozenset({baseline}))
+        await brute(space, baseline, sweep.evaluate)
     else:
         await quick(space, baseline, sweep.evaluate, constraints, args.objective)
 

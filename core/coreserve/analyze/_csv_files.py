@@ -12,7 +12,7 @@ from pathlib import Path
 
 from coreserve.analyze._analysis import Analysis
 from coreserve.analyze._points import Measurement
-from coreserve.analyze._wording import config_path_name, instance_group_label, violations_text
+from coreserve.analyze._wording import config_path_name, instances_text, violations_text
 
 # Model Analyzer's own columns first, in its order; then ours, named as it names its columns.
 INFERENCE_COLUMNS = [
@@ -87,7 +87,7 @@ def _settings_columns(analysis: Analysis, point: Measurement) -> dict[str, objec
     return {
         "Model": analysis.model,
         "Model Config Path": config_path_name(analysis.model, settings),
-        "Instance Group": instance_group_label(settings.applied_to(analysis.base_config)),
+        "Instance Group": instances_text(analysis, settings),
         "Max Batch Size": settings.max_batch_size,
         "Dynamic Batching": "Enabled" if settings.dynamic_batching else "Disabled",
         "Max Queue Delay (us)": settings.max_queue_delay_us if settings.dynamic_batching else "",

@@ -30,6 +30,13 @@ def _delays(text: str) -> tuple[int, ...]:
     return values
 
 
+def _names(text: str) -> tuple[str, ...]:
+    names = tuple(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
+    if not names:
+        raise argparse.ArgumentTypeError(f"expected model names separated by commas, got {text!r}")
+    return names
+
+
 def parser() -> argparse.ArgumentParser:
     flags = argparse.ArgumentParser(
         prog="coreserve analyze",
@@ -46,6 +53,14 @@ def parser() -> argparse.ArgumentParser:
         help="measure a server already running (coreserve or Triton) at HOST:PORT of its gRPC "
         "endpoint: only the client load is swept (with --model-repository too, the output "
         "repository is written from the model's files there)",
+    )
+    where.add_argument(
+        "--composing-models",
+        type=_names,
+        default=(),
+        metavar="A,B",
+        help="the models a BLS model calls: their instance counts are swept with it (an "
+        "ensemble's steps are found in its configuration)",
     )
     where.add_argument("--output-dir", type=Path, default=Path("analysis"), help="(default: analysis)")
     where.add_argument(

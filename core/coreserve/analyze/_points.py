@@ -1,8 +1,9 @@
 """What one sweep point is: the model's settings under test, and what a load measured on them.
 
 `ModelSettings` is the part of a model configuration that `coreserve analyze` searches
-(Model Analyzer's "model config" axes); `Measurement` is one load level on one settings, in
-the units the report and Model Analyzer's CSV use (infer/s, milliseconds, percent, MB).
+(Model Analyzer's "model config" axes), with the instance counts of the models it is composed
+of (an ensemble's steps, or the models a BLS model calls); `Measurement` is one load level on
+one settings, in the units the report and Model Analyzer's CSV use (infer/s, ms, %, MB).
 """
 
 from __future__ import annotations
@@ -15,29 +16,43 @@ from coreserve.protos.model_config_pb2 import ModelConfig
 
 @dataclass(frozen=True, order=True)
 class ModelSettings:
-    """The searched part of a model configuration."""
+    """The searched part of a model configuration, and of the models it is composed of."""
 
     max_batch_size: int
     dynamic_batching: bool
     instance_count: int
     max_queue_delay_us: int = 0
+    # (model, instance count) of each composing model, in the order the model names them.
+    composing: tuple[tuple[str, int], ...] = ()
+    # False for an ensemble: it has no instances or batcher of its own, only its steps'.
+    own_settings: bool = True
 
     @property
     def key(self) -> str:
         """A short stable name: the checkpoint and the output folders use it."""
-        batching = f"db{self.max_queue_delay_us}" if self.dynamic_batching else "nodb"
-        return f"mbs{self.max_batch_size}_{batching}_i{self.instance_count}"
+        parts = []
+        if self.own_settings:
+            batching = f"db{self.max_queue_delay_us}" if self.dynamic_batching else "nodb"
+            parts.append(f"mbs{self.max_batch_size}_{batching}_i{self.instance_count}")
+        parts.extend(f"{name}-i{count}" for name, count in self.composing)
+        return "_".join(parts)
 
     def describe(self) -> str:
-        batching = "no dynamic batching"
-        if self.dynamic_batching:
-            batching = f"dynamic batching ({self.max_queue_delay_us} µs)"
-        instances = "1 instance" if self.instance_count == 1 else f"{self.instance_count} instances"
-        return f"max_batch_size={self.max_batch_size}, {batching}, {instances}"
+        parts = []
+        if self.own_settings:
+            batching = "no dynamic batching"
+            if self.dynamic_batching:
+                batching = f"dynamic batching ({self.max_queue_delay_us} µs)"
+            parts += [f"max_batch_size={self.max_batch_size}", batching, _instances(self.instance_count)]
+        parts.extend(f"{name}: {_instances(count)}" for name, count in self.composing)
+        return ", ".join(parts)
 
     def applied_to(self, base: ModelConfig) -> ModelConfig:
         """`base` with these settings: every instance group gets the count (the kind stays), and
-        dynamic batching keeps its other fields (preferred sizes up to the new batch size)."""
+        dynamic batching keeps its other fields (preferred sizes up to the new batch size).
+        An ensemble's (not `own_settings`) is `base` as it is."""
+        if not self.own_settings:
+            return base
         config = ModelConfig()
         config.CopyFrom(base)
         config.max_batch_size = self.max_batch_size
@@ -50,22 +65,46 @@ class ModelSettings:
             batching.preferred_batch_size.extend(kept)
         else:
             config.ClearField("dynamic_batching")
-        if not config.instance_group:
-            config.instance_group.add()
-        for group in config.instance_group:
-            group.count = self.instance_count
-        return config
+        return with_instance_count(config, self.instance_count)
 
     @classmethod
-    def of(cls, config: ModelConfig) -> ModelSettings:
-        """The settings `config` has now (the sweep's starting point and its baseline)."""
-        counts = [group.count or 1 for group in config.instance_group]
+    def of(cls, config: ModelConfig, composing: dict[str, ModelConfig] | None = None) -> ModelSettings:
+        """The settings `config` (and its composing models' configurations) have now: the
+        sweep's starting point and its baseline."""
         return cls(
             max_batch_size=config.max_batch_size,
             dynamic_batching=config.HasField("dynamic_batching"),
-            instance_count=max(counts, default=1),
+            instance_count=instance_count(config),
             max_queue_delay_us=config.dynamic_batching.max_queue_delay_microseconds,
+            composing=tuple((name, instance_count(part)) for name, part in (composing or {}).items()),
+            own_settings=config.platform != "ensemble",
         )
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ModelSettings:
+        values = dict(data)
+        values["composing"] = tuple((name, count) for name, count in values.get("composing", ()))
+        return cls(**values)
+
+
+def instance_count(config: ModelConfig) -> int:
+    """A model's instance count as the sweep changes it: the largest of its groups' counts."""
+    return max((group.count or 1 for group in config.instance_group), default=1)
+
+
+def with_instance_count(config: ModelConfig, count: int) -> ModelConfig:
+    """`config` with every instance group given `count` (a composing model's one setting)."""
+    changed = ModelConfig()
+    changed.CopyFrom(config)
+    if not changed.instance_group:
+        changed.instance_group.add()
+    for group in changed.instance_group:
+        group.count = count
+    return changed
+
+
+def _instances(count: int) -> str:
+    return "1 instance" if count == 1 else f"{count} instances"
 
 
 @dataclass
@@ -102,5 +141,5 @@ class Measurement:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Measurement:
         values = dict(data)
-        values["settings"] = ModelSettings(**values["settings"])
+        values["settings"] = ModelSettings.from_json(values["settings"])
         return cls(**values)

@@ -18,7 +18,7 @@ from coreserve.analyze._points import Measurement, ModelSettings
 from coreserve.analyze._ranking import Constraints, rank
 
 GROWTH = 1.05  # a concurrency level must add 5% throughput for the next to be measured
-AXES = ("batch", "dynamic_batching", "queue_delay", "instances")
+OWN_AXES = ("batch", "dynamic_batching", "queue_delay", "instances")
 MAX_PASSES = 3
 
 Evaluate = Callable[[ModelSettings], Awaitable[list[Measurement]]]
@@ -34,6 +34,14 @@ class SearchSpace:
     max_concurrency: int = 64
     batching: bool = True  # False where the model has max_batch_size 0: batch settings stay as found
     dynamic_batching: bool = True  # False for a sequence model: its own batcher stays
+    own_settings: bool = True  # False for an ensemble: only its composing models' instances change
+    composing: tuple[str, ...] = ()  # the composing models, each an axis of its instance count
+
+    @property
+    def axes(self) -> tuple[str, ...]:
+        """The axes the climb walks: the model's own, then "instances:<model>" of each composing."""
+        own = OWN_AXES if self.own_settings else ()
+        return (*own, *(f"instances:{name}" for name in self.composing))
 
     def batch_sizes(self) -> list[int]:
         if not self.batching:
@@ -44,26 +52,48 @@ class SearchSpace:
             size *= 2
         return sizes
 
-    def all_settings(self) -> list[ModelSettings]:
+    def all_settings(self, start: ModelSettings) -> list[ModelSettings]:
+        """Every combination within the bounds; an ensemble's own settings stay `start`'s."""
+        own = [start] if not self.own_settings else self._own_settings()
+        counts = range(1, self.max_instance_count + 1)
+        found = [
+            replace(settings, composing=tuple(zip(self.composing, combination, strict=True)))
+            for settings in own
+            for combination in itertools.product(counts, repeat=len(self.composing))
+        ]
+        return sorted(set(found))
+
+    def _own_settings(self) -> list[ModelSettings]:
         found = []
         for batch, count in itertools.product(self.batch_sizes(), range(1, self.max_instance_count + 1)):
             found.append(ModelSettings(batch, False, count))
             if batch > 0 and self.dynamic_batching:
                 found.extend(ModelSettings(batch, True, count, delay) for delay in self.queue_delays_us)
-        return sorted(set(found))
+        return found
 
     def clamp(self, settings: ModelSettings) -> ModelSettings:
         """`settings` brought into the bounds (the climb starts from the model's own)."""
+        composing = tuple((name, self._count(count)) for name, count in settings.composing)
+        if not self.own_settings:
+            return replace(settings, composing=composing)
         sizes = self.batch_sizes()
         batch = max((size for size in sizes if size <= max(settings.max_batch_size, 1)), default=sizes[0])
         delay = min(self.queue_delays_us, key=lambda value: abs(value - settings.max_queue_delay_us))
         batching = settings.dynamic_batching and batch > 0
-        count = min(max(settings.instance_count, 1), self.max_instance_count)
-        return ModelSettings(batch, batching, count, delay if batching else 0)
+        count = self._count(settings.instance_count)
+        return ModelSettings(batch, batching, count, delay if batching else 0, composing)
+
+    def _count(self, count: int) -> int:
+        return min(max(count, 1), self.max_instance_count)
 
     def step(self, settings: ModelSettings, axis: str, direction: int) -> ModelSettings | None:
         """The settings one step along `axis` ("batch", "dynamic_batching", "queue_delay",
-        "instances") up (+1) or down (-1) from `settings`; None past the bounds."""
+        "instances", "instances:<composing model>") up (+1) or down (-1) from `settings`; None
+        past the bounds."""
+        if axis.startswith("instances:"):
+            return self._composing_step(settings, axis.removeprefix("instances:"), direction)
+        if not self.own_settings:
+            return None
         if axis == "instances":
             count = settings.instance_count + direction
             return replace(settings, instance_count=count) if 1 <= count <= self.max_instance_count else None
@@ -84,6 +114,14 @@ class SearchSpace:
         if not 0 <= index < len(self.queue_delays_us):
             return None
         return replace(settings, max_queue_delay_us=self.queue_delays_us[index])
+
+    def _composing_step(self, settings: ModelSettings, model: str, direction: int) -> ModelSettings | None:
+        counts = dict(settings.composing)
+        count = counts[model] + direction
+        if not 1 <= count <= self.max_instance_count:
+            return None
+        counts[model] = count
+        return replace(settings, composing=tuple(counts.items()))
 
 
 def concurrency_levels(space: SearchSpace) -> Iterator[int]:
@@ -106,10 +144,10 @@ def keep_going(measured: list[Measurement], constraints: Constraints) -> bool:
     return True
 
 
-async def brute(space: SearchSpace, evaluate: Evaluate, done: frozenset[ModelSettings] = frozenset()) -> None:
-    """Every settings within the bounds, but those in `done`."""
-    for settings in space.all_settings():
-        if settings not in done:
+async def brute(space: SearchSpace, start: ModelSettings, evaluate: Evaluate) -> None:
+    """Every settings within the bounds but `start` (the model as found, measured first)."""
+    for settings in space.all_settings(start):
+        if settings != start:
             await evaluate(settings)
 
 
@@ -133,7 +171,7 @@ async def quick(
     current = space.clamp(start)
     for _ in range(MAX_PASSES):
         moved = False
-        for axis in AXES:
+        for axis in space.axes:
             for direction in (1, -1):
                 stepped = False
                 while (candidate := space.step(current, axis, direction)) is not None:

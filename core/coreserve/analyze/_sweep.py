@@ -1,5 +1,8 @@
 """One settings measured: loaded into the server, then swept over client concurrency.
 
+The composing models (an ensemble's steps, a BLS model's callees) are loaded first with their
+instance counts, then the model itself with its own settings (an ensemble has none).
+
 Points already in the checkpoint are taken from it, and the server is asked to load the
 settings only when a point is missing, so a resumed analysis skips what it measured.
 """
@@ -11,7 +14,7 @@ from collections.abc import Callable
 from coreserve.analyze._checkpoint import Checkpoint
 from coreserve.analyze._client import LoadFailed, ServerClient
 from coreserve.analyze._load import Windows, measure
-from coreserve.analyze._points import Measurement, ModelSettings
+from coreserve.analyze._points import Measurement, ModelSettings, with_instance_count
 from coreserve.analyze._progress import Progress
 from coreserve.analyze._ranking import Constraints
 from coreserve.analyze._search import SearchSpace, concurrency_levels, keep_going
@@ -34,6 +37,7 @@ class Sweep:
         progress: Progress,
         usage: Callable[[], Usage] | None,
         reconfigure: bool = True,
+        composing_configs: dict[str, ModelConfig] | None = None,
     ) -> None:
         self.client = client
         self.model = model
@@ -45,6 +49,7 @@ class Sweep:
         self.progress = progress
         self.usage = usage
         self.reconfigure = reconfigure  # False against a server we did not start: measure it as it is
+        self.composing_configs = composing_configs or {}
         self._loaded: ModelSettings | None = None
 
     async def evaluate(self, settings: ModelSettings) -> list[Measurement]:
@@ -79,7 +84,10 @@ class Sweep:
         if self._loaded != settings:
             if self.reconfigure:
                 self._loaded = None
-                await self.client.load(self.model, settings.applied_to(self.base_config))
+                for name, count in settings.composing:
+                    await self.client.load(name, with_instance_count(self.composing_configs[name], count))
+                if settings.own_settings:
+                    await self.client.load(self.model, settings.applied_to(self.base_config))
             self._loaded = settings
             self._request = await self.client.infer_request(self.model)
         return await measure(self.client, self._request, settings, concurrency, self.windows, self.usage)

@@ -11,6 +11,7 @@ from coreserve.analyze._wording import (
     client_bound_note,
     describe_constraints,
     dynamic_batching_label,
+    instance_counts_text,
     recommendations,
     violations_text,
 )
@@ -68,7 +69,7 @@ def _best_cells(row: Recommendation) -> list[str]:
 
 def _settings_cells(point: Measurement) -> list[str]:
     settings = point.settings
-    return [str(settings.max_batch_size), dynamic_batching_label(settings), str(settings.instance_count)]
+    return [str(settings.max_batch_size), dynamic_batching_label(settings), instance_counts_text(settings)]
 
 
 def _baseline_notes(analysis: Analysis, rows: list[Recommendation]) -> list[str]:

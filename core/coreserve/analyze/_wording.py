@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from coreserve.analyze._analysis import Analysis
-from coreserve.analyze._points import Measurement, ModelSettings
+from coreserve.analyze._points import Measurement, ModelSettings, with_instance_count
 from coreserve.analyze._ranking import Constraints
 from coreserve.protos.model_config_pb2 import ModelConfig, ModelInstanceGroup
 
@@ -41,6 +41,24 @@ def instance_group_label(config: ModelConfig) -> str:
         count = group.count or 1
         counts[kind] = counts.get(kind, 0) + count * max(1, len(group.gpus))
     return " + ".join(f"{count}:{kind}" for kind, count in counts.items()) or "1:CPU"
+
+
+def instances_text(analysis: Analysis, settings: ModelSettings) -> str:
+    """The "Instance Group" of `settings`: the model's own, then each composing model's by name."""
+    parts = []
+    if settings.own_settings:
+        parts.append(instance_group_label(settings.applied_to(analysis.base_config)))
+    for name, count in settings.composing:
+        config = with_instance_count(analysis.composing_configs[name], count)
+        parts.append(f"{name} {instance_group_label(config)}")
+    return ", ".join(parts)
+
+
+def instance_counts_text(settings: ModelSettings) -> str:
+    """The instance counts in a table cell: "2", or "2; preprocess 1, classifier 3"."""
+    own = [str(settings.instance_count)] if settings.own_settings else []
+    composing = ", ".join(f"{name} {count}" for name, count in settings.composing)
+    return "; ".join([*own, composing] if composing else own)
 
 
 def _kind_name(kind: ModelInstanceGroup.Kind) -> str:
