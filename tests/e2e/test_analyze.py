@@ -291,6 +291,8 @@ def test_an_unknown_model_is_named_with_the_models_there(repository: Path, tmp_p
         (["--model", "identity", "--server-url", "x:1", "--window-seconds", "0"], "above 0"),
         (["--model", "identity", "--server-url", "x:1", "--max-windows", "2"], "at least 3"),
         (["--model", "identity", "--server-url", "x:1", "--queue-delays-us", "a,b"], "microseconds"),
+        (["--model", "identity", "--server-url", "x:1", "--protocol", "http"], "needs --http-url"),
+        (["--model", "identity", "--server-url", "x:1", "--composing-models", ","], "model names"),
     ],
 )
 def test_bad_flags_are_refused_with_the_reason(args: list[str], message: str) -> None:
@@ -385,3 +387,19 @@ def test_a_bls_model_sweeps_its_callees_instances_named_on_the_command_line(
         "scale 2:CPU",
     }  # the callee was swept
     assert sorted(path.name for path in (tmp_path / "output_model_repository").iterdir()) == ["bls", "scale"]
+
+
+def test_the_load_goes_over_http_when_asked(
+    coreserve_server: ServerFactory, repository: Path, tmp_path: Path
+) -> None:
+    # gRPC inference is closed to calls without a key: only the HTTP load can be served.
+    server = coreserve_server(repository, "--grpc-restricted-protocol=inference:analyze=yes")
+    endpoints = ["--server-url", server.grpc_url, "--http-url", server.http_url, "--model", "identity", *FAST]
+    over_http = analyze("--protocol", "http", "--output-dir", tmp_path / "http", *endpoints)
+    assert over_http.returncode == 0, over_http.stderr
+    served = rows(tmp_path / "http")
+    assert served and all(float(row["Throughput (infer/sec)"]) > 0 and not row["Error"] for row in served)
+    over_grpc = analyze("--output-dir", tmp_path / "grpc", *endpoints)
+    assert over_grpc.returncode == 0, over_grpc.stderr
+    refused = rows(tmp_path / "grpc")
+    assert [row["Error"].startswith("every request failed") for row in refused] == [True]

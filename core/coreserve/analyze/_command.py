@@ -152,14 +152,25 @@ async def _search(
         usage,
         reconfigure=server is not None,
         composing_configs=found.composing,
+        http_address=_http_address(args, server),
     )
-    await sweep.evaluate(baseline)  # the model as it is: what the report compares against
-    if server is None:
-        return
-    if args.search == "brute":
-        await brute(space, baseline, sweep.evaluate)
-    else:
-        await quick(space, baseline, sweep.evaluate, constraints, args.objective)
+    try:
+        await sweep.evaluate(baseline)  # the model as it is: what the report compares against
+        if server is None:
+            return
+        if args.search == "brute":
+            await brute(space, baseline, sweep.evaluate)
+        else:
+            await quick(space, baseline, sweep.evaluate, constraints, args.objective)
+    finally:
+        await sweep.close()
+
+
+def _http_address(args: argparse.Namespace, server: ServerProcess | None) -> str | None:
+    """Where HTTP load goes, for --protocol http; None: the load goes over gRPC."""
+    if args.protocol != "http":
+        return None
+    return server.http_address if server is not None else str(args.http_url)
 
 
 def _write_outputs(analysis: Analysis, out_dir: Path, top: int) -> None:

@@ -11,7 +11,7 @@ import csv
 from pathlib import Path
 
 from coreserve.analyze._analysis import Analysis
-from coreserve.analyze._points import Measurement
+from coreserve.analyze._points import CLIENT_BATCH_SIZE, Measurement
 from coreserve.analyze._wording import config_path_name, instances_text, violations_text
 
 # Model Analyzer's own columns first, in its order; then ours, named as it names its columns.
@@ -57,7 +57,6 @@ SUMMARY_COLUMNS = [
     "RAM Usage (MB)",
     "Constraint Violations",
 ]
-CLIENT_BATCH_SIZE = 1  # the load generator sends one sample per request
 
 
 def write_csv_files(analysis: Analysis, out_dir: Path) -> list[Path]:

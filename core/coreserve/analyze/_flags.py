@@ -62,6 +62,17 @@ def parser() -> argparse.ArgumentParser:
         help="the models a BLS model calls: their instance counts are swept with it (an "
         "ensemble's steps are found in its configuration)",
     )
+    where.add_argument(
+        "--protocol",
+        choices=("grpc", "http"),
+        default="grpc",
+        help="how the load generator sends requests (perf_analyzer's -i); control calls use gRPC",
+    )
+    where.add_argument(
+        "--http-url",
+        metavar="HOST:PORT",
+        help="the HTTP endpoint of the --server-url server, for --protocol http",
+    )
     where.add_argument("--output-dir", type=Path, default=Path("analysis"), help="(default: analysis)")
     where.add_argument(
         "--server-arg",
@@ -101,6 +112,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     args = flags.parse_args(argv)
     if args.model_repository is None and args.server_url is None:
         flags.error("give --model-repository (a server is started), --server-url, or both")
+    if args.protocol == "http" and args.server_url and not args.http_url:
+        flags.error("--protocol http with --server-url needs --http-url (the server's HTTP endpoint)")
     if args.max_windows < 3:
         flags.error("--max-windows must be at least 3 (the stability rule compares three windows)")
     return args

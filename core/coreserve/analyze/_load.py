@@ -1,4 +1,5 @@
-"""One load level measured: `concurrency` clients calling ModelInfer back to back over gRPC.
+"""One load level measured: `concurrency` clients sending requests back to back (gRPC or
+HTTP: see `_callers`).
 
 perf_analyzer's way: measurement windows of a fixed length, repeated until the last three
 agree within 10% on throughput and on p99 latency (or a window limit is reached), and the
@@ -15,17 +16,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import grpc
 import numpy as np
 
+from coreserve.analyze._callers import Caller, RequestFailed
 from coreserve.analyze._client import ServerClient, ServerGone, StatsSnapshot
 from coreserve.analyze._points import Measurement, ModelSettings
 from coreserve.analyze._server_process import Usage
-from coreserve.protos import grpc_service_pb2 as pb
 
 STABLE_WINDOWS = 3
 STABLE_WITHIN = 0.10
-REQUEST_TIMEOUT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -69,21 +68,23 @@ class _Recorder:
 
 async def measure(
     client: ServerClient,
-    request: pb.ModelInferRequest,
+    caller: Caller,
+    model: str,
     settings: ModelSettings,
     concurrency: int,
     windows: Windows,
     usage: Callable[[], Usage] | None = None,
+    batch: int = 1,
 ) -> Measurement:
-    """Measures one load level; raises ServerGone when the server stops answering."""
+    """Measures one load level of `caller`'s requests (each of `batch` inferences) on `model`;
+    raises ServerGone when the server stops answering."""
     recorder = _Recorder()
     stop = asyncio.Event()
-    batch = max(1, request.inputs[0].shape[0]) if settings.max_batch_size > 0 and request.inputs else 1
-    workers = [asyncio.create_task(_client_loop(client, request, recorder, stop)) for _ in range(concurrency)]
+    workers = [asyncio.create_task(_client_loop(caller, recorder, stop)) for _ in range(concurrency)]
     try:
         await asyncio.sleep(windows.warmup_seconds)
         recorder.take()
-        measured = await _stable_windows(client, request.model_name, recorder, windows, usage)
+        measured = await _stable_windows(client, model, recorder, windows, usage)
     finally:
         stop.set()
         ended = await asyncio.gather(*workers, return_exceptions=True)
@@ -156,21 +157,14 @@ def _stable(group: list[_Window]) -> bool:
     return True
 
 
-async def _client_loop(
-    client: ServerClient, request: pb.ModelInferRequest, recorder: _Recorder, stop: asyncio.Event
-) -> None:
-    call = client.stub.ModelInfer
+async def _client_loop(caller: Caller, recorder: _Recorder, stop: asyncio.Event) -> None:
     while not stop.is_set():
         started = time.perf_counter()
         try:
-            await call(request, timeout=REQUEST_TIMEOUT_S)
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() == grpc.StatusCode.UNAVAILABLE:
-                raise ServerGone(
-                    f"the server at {client.address} stopped answering: {exc.details()}"
-                ) from None
+            await caller()
+        except RequestFailed as exc:
             recorder.errors += 1
-            recorder.first_error = recorder.first_error or (exc.details() or str(exc.code()))
+            recorder.first_error = recorder.first_error or str(exc)
             await asyncio.sleep(0.01)  # a failing model answers at once: do not spin on it
             continue
         recorder.latencies.append(time.perf_counter() - started)

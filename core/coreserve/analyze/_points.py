@@ -13,6 +13,8 @@ from typing import Any
 
 from coreserve.protos.model_config_pb2 import ModelConfig
 
+CLIENT_BATCH_SIZE = 1  # inferences per request the load generator sends (the CSV's "Batch")
+
 
 @dataclass(frozen=True, order=True)
 class ModelSettings:

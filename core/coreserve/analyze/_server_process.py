@@ -30,6 +30,7 @@ class ServerProcess:
 
     def __init__(self, repository: Path, log_path: Path, extra_args: list[str]) -> None:
         self.grpc_port = free_port()
+        self.http_port = free_port()
         self.log_path = log_path
         command = [
             sys.executable,
@@ -42,7 +43,7 @@ class ServerProcess:
             "--http-address",
             "127.0.0.1",
             "--http-port",
-            str(free_port()),
+            str(self.http_port),
             "--grpc-address",
             "127.0.0.1",
             "--grpc-port",
@@ -57,6 +58,10 @@ class ServerProcess:
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def http_address(self) -> str:
+        return f"127.0.0.1:{self.http_port}"
 
     def alive(self) -> bool:
         return self.process.poll() is None

@@ -11,14 +11,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from coreserve.analyze._callers import Caller, GrpcCaller, HttpCaller
 from coreserve.analyze._checkpoint import Checkpoint
 from coreserve.analyze._client import LoadFailed, ServerClient
 from coreserve.analyze._load import Windows, measure
-from coreserve.analyze._points import Measurement, ModelSettings, with_instance_count
+from coreserve.analyze._points import CLIENT_BATCH_SIZE, Measurement, ModelSettings, with_instance_count
 from coreserve.analyze._progress import Progress
 from coreserve.analyze._ranking import Constraints
 from coreserve.analyze._search import SearchSpace, concurrency_levels, keep_going
 from coreserve.analyze._server_process import Usage
+from coreserve.protos import grpc_service_pb2 as pb
 from coreserve.protos.model_config_pb2 import ModelConfig
 
 LOAD_FAILED_LEVEL = 0  # the concurrency a failed load is recorded at
@@ -38,6 +40,7 @@ class Sweep:
         usage: Callable[[], Usage] | None,
         reconfigure: bool = True,
         composing_configs: dict[str, ModelConfig] | None = None,
+        http_address: str | None = None,
     ) -> None:
         self.client = client
         self.model = model
@@ -50,6 +53,8 @@ class Sweep:
         self.usage = usage
         self.reconfigure = reconfigure  # False against a server we did not start: measure it as it is
         self.composing_configs = composing_configs or {}
+        self.http_address = http_address  # the load goes over HTTP there; else over gRPC
+        self._caller: Caller | None = None
         self._loaded: ModelSettings | None = None
 
     async def evaluate(self, settings: ModelSettings) -> list[Measurement]:
@@ -81,13 +86,29 @@ class Sweep:
         return measured
 
     async def _measure(self, settings: ModelSettings, concurrency: int) -> Measurement:
-        if self._loaded != settings:
+        caller = self._caller
+        if self._loaded != settings or caller is None:
             if self.reconfigure:
                 self._loaded = None
                 for name, count in settings.composing:
                     await self.client.load(name, with_instance_count(self.composing_configs[name], count))
                 if settings.own_settings:
                     await self.client.load(self.model, settings.applied_to(self.base_config))
+            request = await self.client.infer_request(self.model, CLIENT_BATCH_SIZE)
+            await self.close()
+            caller = self._caller = self._new_caller(request)
             self._loaded = settings
-            self._request = await self.client.infer_request(self.model)
-        return await measure(self.client, self._request, settings, concurrency, self.windows, self.usage)
+        batch = 1 if settings.max_batch_size == 0 else CLIENT_BATCH_SIZE
+        return await measure(
+            self.client, caller, self.model, settings, concurrency, self.windows, self.usage, batch
+        )
+
+    def _new_caller(self, request: pb.ModelInferRequest) -> Caller:
+        if self.http_address is not None:
+            return HttpCaller(self.http_address, request)
+        return GrpcCaller(self.client, request)
+
+    async def close(self) -> None:
+        if self._caller is not None:
+            await self._caller.close()
+            self._caller = None
