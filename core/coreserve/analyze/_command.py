@@ -57,7 +57,7 @@ def _model_dir(args: argparse.Namespace) -> Path | None:
     if not repository.is_dir():
         raise AnalyzeError(f"--model-repository {repository} is not a folder")
     model_dir: Path = repository / args.model
-    if not (model_dir / "config.pbtxt").is_file() and not model_dir.is_dir():
+    if not model_dir.is_dir():
         names = sorted(path.name for path in repository.iterdir() if path.is_dir())
         raise AnalyzeError(f"no model {args.model!r} in {repository} (it has: {', '.join(names) or 'none'})")
     return model_dir
