@@ -213,6 +213,16 @@ def test_inference_csv_failed_settings_is_a_row_with_its_error(analysis: Analysi
     assert [row["Error"] for row in rows[1:]] == [""] * 10
 
 
+def test_server_usage_not_measured_is_left_blank_not_zero(analysis: Analysis, tmp_path: Path) -> None:
+    # A running server measured through --server-url: its processes are not ours to watch.
+    unwatched = [dataclasses.replace(p, server_cpu_percent=None, server_rss_mb=None) for p in MEASUREMENTS]
+    remote = dataclasses.replace(analysis, measurements=unwatched)
+    _, rows = _read_csv(write_csv_files(remote, tmp_path)[0])
+    assert {(row["CPU Utilization (%)"], row["RAM Usage (MB)"]) for row in rows} == {("", "")}
+    best_row = next(line for line in best_table(remote).splitlines() if line.startswith("1 "))
+    assert " - " in best_row and " 150 " not in best_row
+
+
 def test_summary_csv_ranks_passing_settings_then_the_closest(analysis: Analysis, tmp_path: Path) -> None:
     _, rows = _read_csv(write_csv_files(analysis, tmp_path)[1])
     assert [(row["Rank"], row["Model Config Path"], row["Concurrency"]) for row in rows] == [

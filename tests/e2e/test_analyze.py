@@ -292,6 +292,10 @@ def test_an_unknown_model_is_named_with_the_models_there(repository: Path, tmp_p
         (["--model", "identity", "--server-url", "x:1", "--max-windows", "2"], "at least 3"),
         (["--model", "identity", "--server-url", "x:1", "--queue-delays-us", "a,b"], "microseconds"),
         (["--model", "identity", "--server-url", "x:1", "--protocol", "http"], "needs --http-url"),
+        (
+            ["--model", "identity", "--server-url", "x:1", "--max-memory-mb", "10"],
+            "needs a server the analysis starts",
+        ),
         (["--model", "identity", "--server-url", "x:1", "--composing-models", ","], "model names"),
     ],
 )
@@ -349,6 +353,7 @@ def test_a_running_server_is_measured_as_it_is(
     assert done.returncode == 0, done.stderr
     assert len(measured_settings(tmp_path)) == 1  # only the client load was swept
     assert {row["Max Batch Size"] for row in rows(tmp_path)} == {"8"}
+    assert {row["RAM Usage (MB)"] for row in rows(tmp_path)} == {""}  # not our process to watch
     assert (tmp_path / "report.html").is_file()
 
 

@@ -129,11 +129,15 @@ def _number_columns(point: Measurement) -> dict[str, object]:
         "p99 Latency (ms)": _number(point.p99_ms),
         "p95 Latency (ms)": _number(point.p95_ms),
         "p50 Latency (ms)": _number(point.p50_ms),
-        "CPU Utilization (%)": _number(point.server_cpu_percent),
-        "RAM Usage (MB)": _number(point.server_rss_mb),
+        "CPU Utilization (%)": _number_or_blank(point.server_cpu_percent),
+        "RAM Usage (MB)": _number_or_blank(point.server_rss_mb),
     }
 
 
 def _number(value: float) -> float:
     """Three decimals: microseconds in milliseconds, a thousandth of an inference per second."""
     return round(value, 3)
+
+
+def _number_or_blank(value: float | None) -> float | str:
+    return "" if value is None else _number(value)

@@ -114,6 +114,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         flags.error("give --model-repository (a server is started), --server-url, or both")
     if args.protocol == "http" and args.server_url and not args.http_url:
         flags.error("--protocol http with --server-url needs --http-url (the server's HTTP endpoint)")
+    if args.max_memory_mb is not None and args.server_url:
+        flags.error(
+            "--max-memory-mb needs a server the analysis starts (its memory is read from its processes)"
+        )
     if args.max_windows < 3:
         flags.error("--max-windows must be at least 3 (the stability rule compares three windows)")
     return args

@@ -125,8 +125,9 @@ class Measurement:
     compute_input_ms: float = 0.0
     compute_infer_ms: float = 0.0
     compute_output_ms: float = 0.0
-    server_cpu_percent: float = 0.0  # the server's process tree; 100 is one core
-    server_rss_mb: float = 0.0
+    # The server's process tree (100 is one core); None where the server is not ours to watch.
+    server_cpu_percent: float | None = None
+    server_rss_mb: float | None = None
     client_cpu_percent: float = 0.0  # the load generator's own process
     requests: int = 0
     errors: int = 0

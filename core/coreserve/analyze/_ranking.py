@@ -31,8 +31,9 @@ class Constraints:
             broken.append(f"p99 {point.p99_ms:.1f} ms > budget {self.latency_budget_ms:g} ms")
         if self.min_throughput is not None and point.throughput < self.min_throughput:
             broken.append(f"throughput {point.throughput:.0f}/s < minimum {self.min_throughput:g}/s")
-        if self.max_memory_mb is not None and point.server_rss_mb > self.max_memory_mb:
-            broken.append(f"memory {point.server_rss_mb:.0f} MB > maximum {self.max_memory_mb:g} MB")
+        memory = point.server_rss_mb
+        if self.max_memory_mb is not None and memory is not None and memory > self.max_memory_mb:
+            broken.append(f"memory {memory:.0f} MB > maximum {self.max_memory_mb:g} MB")
         return broken
 
     def met_by(self, point: Measurement) -> bool:
@@ -80,5 +81,5 @@ def _distance(point: Measurement, constraints: Constraints) -> float:
     if constraints.min_throughput:
         distance += max(0.0, 1 - point.throughput / constraints.min_throughput)
     if constraints.max_memory_mb:
-        distance += max(0.0, point.server_rss_mb / constraints.max_memory_mb - 1)
+        distance += max(0.0, (point.server_rss_mb or 0.0) / constraints.max_memory_mb - 1)
     return distance

@@ -30,6 +30,7 @@ from coreserve.analyze._wording import (
     describe_constraints,
     recommendations,
     violations_text,
+    whole,
 )
 from coreserve.errors import UnsupportedError
 
@@ -152,8 +153,8 @@ def _numbers(point: Measurement) -> list[str]:
         f"{point.p50_ms:.2f}",
         f"{point.p95_ms:.2f}",
         f"{point.p99_ms:.2f}",
-        f"{point.server_cpu_percent:.0f}",
-        f"{point.server_rss_mb:.0f}",
+        whole(point.server_cpu_percent),
+        whole(point.server_rss_mb),
     ]
 
 

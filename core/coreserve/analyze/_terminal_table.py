@@ -14,6 +14,7 @@ from coreserve.analyze._wording import (
     instance_counts_text,
     recommendations,
     violations_text,
+    whole,
 )
 
 BEST_HEADERS = [
@@ -60,8 +61,8 @@ def _best_cells(row: Recommendation) -> list[str]:
         f"{point.p50_ms:.2f}",
         f"{point.p95_ms:.2f}",
         f"{point.p99_ms:.2f}",
-        f"{point.server_cpu_percent:.0f}",
-        f"{point.server_rss_mb:.0f}",
+        whole(point.server_cpu_percent),
+        whole(point.server_rss_mb),
         row.throughput_change,
         row.p99_change,
     ]

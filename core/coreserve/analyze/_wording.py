@@ -67,6 +67,11 @@ def _kind_name(kind: ModelInstanceGroup.Kind) -> str:
     return ModelInstanceGroup.Kind.Name(kind).removeprefix("KIND_")
 
 
+def whole(value: float | None) -> str:
+    """A figure rounded to a whole number, or "-" where it was not measured."""
+    return "-" if value is None else f"{value:.0f}"
+
+
 def dynamic_batching_label(settings: ModelSettings) -> str:
     return f"{settings.max_queue_delay_us} µs" if settings.dynamic_batching else "off"
 
