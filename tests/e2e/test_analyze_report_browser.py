@@ -226,7 +226,8 @@ def test_the_throughput_latency_chart_draws_each_measured_point(dom: Element) ->
         marks = trace.all("path", "point")
         assert len(marks) == len(_measured(settings)), settings.describe()
         for point, mark in zip(_measured(settings), marks, strict=True):
-            drawn.append((point, *_numbers(mark.attrs["transform"], TRANSLATE)))
+            px, py = _numbers(mark.attrs["transform"], TRANSLATE)
+            drawn.append((point, px, py))
     x, x_scale = _axis([(point.p99_ms, px) for point, px, _ in drawn])
     y, y_scale = _axis([(point.throughput, py) for point, _, py in drawn])
     assert x_scale > 0 and y_scale < 0  # latency to the right, throughput up
