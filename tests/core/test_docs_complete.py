@@ -5,6 +5,7 @@ that the server or a shipped plugin reads (found in their source, where it is re
 metric family the server exports (scraped from a real server, plus the GPU families, which need
 a GPU to be scraped) must each appear somewhere in the site built from docs/, with what the
 pages include (README's sections, the plugins' READMEs) resolved as MkDocs resolves them.
+The flags of `coreserve analyze` must each appear on its own page, docs/analyze.md.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 import pytest
 from e2e.openai_repository import openai_url
 
+from coreserve.analyze._flags import parser as analyze_parser
 from coreserve.backend import parameters as parameter_readers
 from coreserve.cli._flags import serve_parser
 from coreserve.server.metrics._system import GPU_FAMILIES
@@ -76,6 +78,14 @@ def test_every_flag_of_coreserve_ray_is_documented() -> None:
     flags = [option for action in _parser()._actions for option in action.option_strings]
     missing = sorted(flag for flag in flags if flag.startswith("--") and not _named(text, flag))
     assert not missing, f"flags of `coreserve ray` that no page of docs/ names: {missing}"
+
+
+def test_every_flag_of_coreserve_analyze_is_documented_on_its_page() -> None:
+    page = (DOCS / "analyze.md").read_text()
+    flags = [option for action in analyze_parser()._actions for option in action.option_strings]
+    assert "--latency-budget-ms" in flags and "--server-url" in flags
+    missing = sorted(flag for flag in flags if flag.startswith("--") and not _named(page, flag))
+    assert not missing, f"flags of `coreserve analyze` that docs/analyze.md does not name: {missing}"
 
 
 # --- model-configuration parameters ---------------------------------------------------------
