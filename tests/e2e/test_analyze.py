@@ -376,6 +376,8 @@ def test_an_ensemble_sweeps_its_steps_instances_together(repository: Path, tmp_p
     }
     assert first["Instance Group"] == f"scale {counts['scale']}:CPU, scale_again {counts['scale_again']}:CPU"
     assert read_config_file(written / "twice" / "config.pbtxt").platform == "ensemble"
+    best_row = next(line for line in done.stdout.splitlines() if line.startswith("1 "))
+    assert best_row.split()[1:3] == ["-", "-"]  # the ensemble's own batch settings were not swept
 
 
 def test_a_bls_model_sweeps_its_callees_instances_named_on_the_command_line(

@@ -56,8 +56,17 @@ class Sweep:
         self.http_address = http_address  # the load goes over HTTP there; else over gRPC
         self._caller: Caller | None = None
         self._loaded: ModelSettings | None = None
+        self._evaluated: dict[ModelSettings, list[Measurement]] = {}
 
     async def evaluate(self, settings: ModelSettings) -> list[Measurement]:
+        """The settings' load levels: measured, or read from the checkpoint; a settings asked
+        for again in this run (the climb starts where the command's first one did) is answered
+        from memory, without a second progress line."""
+        if settings not in self._evaluated:
+            self._evaluated[settings] = await self._evaluate(settings)
+        return self._evaluated[settings]
+
+    async def _evaluate(self, settings: ModelSettings) -> list[Measurement]:
         failed = self.checkpoint.get(settings, LOAD_FAILED_LEVEL)
         if failed is not None:
             self.progress.measured(failed, resumed=True)

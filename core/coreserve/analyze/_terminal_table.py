@@ -70,6 +70,8 @@ def _best_cells(row: Recommendation) -> list[str]:
 
 def _settings_cells(point: Measurement) -> list[str]:
     settings = point.settings
+    if not settings.own_settings:  # an ensemble: only its steps' instances were changed
+        return ["-", "-", instance_counts_text(settings)]
     return [str(settings.max_batch_size), dynamic_batching_label(settings), instance_counts_text(settings)]
 
 
