@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -153,6 +154,7 @@ async def _search(
         reconfigure=server is not None,
         composing_configs=found.composing,
         http_address=_http_address(args, server),
+        perf_analyzer=_perf_analyzer(args.perf_analyzer),
     )
     try:
         await sweep.evaluate(baseline)  # the model as it is: what the report compares against
@@ -164,6 +166,19 @@ async def _search(
             await quick(space, baseline, sweep.evaluate, constraints, args.objective)
     finally:
         await sweep.close()
+
+
+def _perf_analyzer(asked: str | None) -> str | None:
+    """The perf_analyzer binary asked for, found on PATH or as a path; None: not asked for."""
+    if asked is None:
+        return None
+    found = shutil.which(asked)
+    if found is None:
+        raise AnalyzeError(
+            f"--perf-analyzer: {asked!r} is not an executable found on PATH or at that path "
+            "(perf_analyzer ships in the tritonclient wheel)"
+        )
+    return found
 
 
 def _http_address(args: argparse.Namespace, server: ServerProcess | None) -> str | None:

@@ -73,6 +73,14 @@ def parser() -> argparse.ArgumentParser:
         metavar="HOST:PORT",
         help="the HTTP endpoint of the --server-url server, for --protocol http",
     )
+    where.add_argument(
+        "--perf-analyzer",
+        nargs="?",
+        const="perf_analyzer",
+        metavar="PATH",
+        help="measure with Triton's perf_analyzer (the one on PATH, or PATH) instead of coreserve's "
+        "own load generator",
+    )
     where.add_argument("--output-dir", type=Path, default=Path("analysis"), help="(default: analysis)")
     where.add_argument(
         "--server-arg",

@@ -15,6 +15,7 @@ from coreserve.analyze._callers import Caller, GrpcCaller, HttpCaller
 from coreserve.analyze._checkpoint import Checkpoint
 from coreserve.analyze._client import LoadFailed, ServerClient
 from coreserve.analyze._load import Windows, measure
+from coreserve.analyze._perf_analyzer import measure_with_perf_analyzer
 from coreserve.analyze._points import CLIENT_BATCH_SIZE, Measurement, ModelSettings, with_instance_count
 from coreserve.analyze._progress import Progress
 from coreserve.analyze._ranking import Constraints
@@ -41,6 +42,7 @@ class Sweep:
         reconfigure: bool = True,
         composing_configs: dict[str, ModelConfig] | None = None,
         http_address: str | None = None,
+        perf_analyzer: str | None = None,
     ) -> None:
         self.client = client
         self.model = model
@@ -55,6 +57,7 @@ class Sweep:
         self.composing_configs = composing_configs or {}
         self.http_address = http_address  # the load goes over HTTP there; else over gRPC
         self._caller: Caller | None = None
+        self.perf_analyzer = perf_analyzer  # the binary measuring instead of our callers, if any
         self._loaded: ModelSettings | None = None
         self._evaluated: dict[ModelSettings, list[Measurement]] = {}
 
@@ -95,22 +98,38 @@ class Sweep:
         return measured
 
     async def _measure(self, settings: ModelSettings, concurrency: int) -> Measurement:
+        fresh = await self._configure(settings)
+        if self.perf_analyzer is not None:
+            url, protocol = (
+                (self.http_address, "http") if self.http_address else (self.client.address, "grpc")
+            )
+            return await measure_with_perf_analyzer(
+                self.perf_analyzer, self.client, url, protocol, self.model, settings, concurrency,
+                self.windows, self.usage,
+            )  # fmt: skip
         caller = self._caller
-        if self._loaded != settings or caller is None:
-            if self.reconfigure:
-                self._loaded = None
-                for name, count in settings.composing:
-                    await self.client.load(name, with_instance_count(self.composing_configs[name], count))
-                if settings.own_settings:
-                    await self.client.load(self.model, settings.applied_to(self.base_config))
-            request = await self.client.infer_request(self.model, CLIENT_BATCH_SIZE)
+        if fresh or caller is None:
             await self.close()
+            request = await self.client.infer_request(self.model, CLIENT_BATCH_SIZE)
             caller = self._caller = self._new_caller(request)
-            self._loaded = settings
         batch = 1 if settings.max_batch_size == 0 else CLIENT_BATCH_SIZE
         return await measure(
             self.client, caller, self.model, settings, concurrency, self.windows, self.usage, batch
         )
+
+    async def _configure(self, settings: ModelSettings) -> bool:
+        """Loads `settings` unless they are what the server has; True where they were loaded.
+        The composing models go first, with their counts; then the model with its own settings."""
+        if self._loaded == settings:
+            return False
+        self._loaded = None
+        if self.reconfigure:
+            for name, count in settings.composing:
+                await self.client.load(name, with_instance_count(self.composing_configs[name], count))
+            if settings.own_settings:
+                await self.client.load(self.model, settings.applied_to(self.base_config))
+        self._loaded = settings
+        return True
 
     def _new_caller(self, request: pb.ModelInferRequest) -> Caller:
         if self.http_address is not None:
