@@ -141,6 +141,8 @@ def test_inference_csv_has_model_analyzers_columns_then_ours(analysis: Analysis,
         "Client CPU (%)",
         "Dynamic Batching",
         "Max Queue Delay (us)",
+        "Failed Requests",
+        "Stable",
         "Error",
     ]
 
@@ -189,6 +191,8 @@ def test_inference_csv_row_values(analysis: Analysis, tmp_path: Path) -> None:
         "Client CPU (%)": "20.0",
         "Dynamic Batching": "Enabled",
         "Max Queue Delay (us)": "100",
+        "Failed Requests": "0",
+        "Stable": "Yes",
         "Error": "",
     }
     over_budget = rows[5]  # the current settings at concurrency 4: p99 25 ms
@@ -221,6 +225,20 @@ def test_server_usage_not_measured_is_left_blank_not_zero(analysis: Analysis, tm
     assert {(row["CPU Utilization (%)"], row["RAM Usage (MB)"]) for row in rows} == {("", "")}
     best_row = next(line for line in best_table(remote).splitlines() if line.startswith("1 "))
     assert " - " in best_row and " 150 " not in best_row
+
+
+def test_a_level_that_failed_requests_meets_no_constraint_and_says_so(
+    analysis: Analysis, tmp_path: Path
+) -> None:
+    # Refused requests answer fast and leave no latency: their level must not look best.
+    flaky = dataclasses.replace(_point(OVER_BUDGET, 3, 5000.0, 1.0), errors=7, requests=93)
+    flaky.extra["stable"] = False
+    faulty = dataclasses.replace(analysis, measurements=[*MEASUREMENTS, flaky], constraints=Constraints())
+    assert Constraints().violations(flaky) == ["7 of 100 requests failed"]
+    assert all(point is not flaky for point in faulty.ranking().passing)
+    _, rows = _read_csv(write_csv_files(faulty, tmp_path)[0])
+    row = next(row for row in rows if row["Throughput (infer/sec)"] == "5000.0")
+    assert (row["Failed Requests"], row["Stable"], row["Satisfies Constraints"]) == ("7", "No", "No")
 
 
 def test_summary_csv_ranks_passing_settings_then_the_closest(analysis: Analysis, tmp_path: Path) -> None:

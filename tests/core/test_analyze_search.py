@@ -46,15 +46,6 @@ def test_a_model_that_does_not_batch_is_searched_over_instances_only() -> None:
     assert {space.step(here, axis, 1) for axis in ("batch", "dynamic_batching", "queue_delay")} == {None}
 
 
-def test_a_sequence_model_keeps_its_own_batcher() -> None:
-    space = SearchSpace(max_batch_size=2, max_instance_count=1, dynamic_batching=False)
-    assert space.all_settings(ModelSettings(1, False, 1)) == [
-        ModelSettings(1, False, 1),
-        ModelSettings(2, False, 1),
-    ]
-    assert space.step(ModelSettings(2, False, 1), "dynamic_batching", 1) is None
-
-
 def test_a_step_changes_one_setting_by_one_notch_within_the_bounds() -> None:
     space = SearchSpace(max_batch_size=8, max_instance_count=3, queue_delays_us=(0, 100, 1000))
     here = ModelSettings(4, True, 2, 100)

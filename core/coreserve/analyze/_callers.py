@@ -31,7 +31,7 @@ class Caller(Protocol):
 
 class GrpcCaller:
     def __init__(self, client: ServerClient, request: pb.ModelInferRequest) -> None:
-        self._address = client.address
+        self._client = client
         self._call = client.stub.ModelInfer
         self._request = request
 
@@ -39,10 +39,7 @@ class GrpcCaller:
         try:
             await self._call(self._request, timeout=REQUEST_TIMEOUT_S)
         except grpc.aio.AioRpcError as exc:
-            if exc.code() == grpc.StatusCode.UNAVAILABLE:
-                raise ServerGone(
-                    f"the server at {self._address} stopped answering: {exc.details()}"
-                ) from None
+            await self._client.check_unavailable(exc)
             raise RequestFailed(exc.details() or str(exc.code())) from None
 
     async def close(self) -> None:

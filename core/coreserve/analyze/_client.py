@@ -21,6 +21,7 @@ from coreserve.types import DataType
 # Answers and model loads can be large, and loads slow (a Python model starts processes).
 MAX_MESSAGE = 256 * 1024 * 1024
 CONTROL_TIMEOUT_S = 300.0
+HEALTH_TIMEOUT_S = 5.0
 
 
 class ServerGone(Exception):
@@ -75,14 +76,31 @@ class ServerClient:
         try:
             return await getattr(self.stub, method)(request, timeout=timeout)
         except grpc.aio.AioRpcError as exc:
-            if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                raise ServerGone(f"the server at {self.address} does not answer: {exc.details()}") from None
+            await self.check_unavailable(exc)
             raise
+
+    async def check_unavailable(self, exc: grpc.aio.AioRpcError) -> None:
+        """Raises ServerGone where `exc` says the server cannot be reached and it does not
+        answer a health check either. UNAVAILABLE alone is not enough: a server that is up
+        answers it too (a full queue, a model version not ready, a model unloading)."""
+        if (
+            exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+            and not await self.live()
+        ):
+            raise ServerGone(f"the server at {self.address} does not answer: {exc.details()}") from None
+
+    async def live(self) -> bool:
+        try:
+            return bool((await self.stub.ServerLive(pb.ServerLiveRequest(), timeout=HEALTH_TIMEOUT_S)).live)
+        except grpc.aio.AioRpcError:
+            return False
 
     async def ready(self) -> bool:
         try:
-            return bool((await self._call("ServerReady", pb.ServerReadyRequest(), timeout=2.0)).ready)
-        except (ServerGone, grpc.aio.AioRpcError):
+            return bool(
+                (await self.stub.ServerReady(pb.ServerReadyRequest(), timeout=HEALTH_TIMEOUT_S)).ready
+            )
+        except grpc.aio.AioRpcError:
             return False
 
     async def model_config(self, model: str) -> ModelConfig:

@@ -128,7 +128,6 @@ async def _search(
         queue_delays_us=args.queue_delays_us,
         max_concurrency=args.max_concurrency,
         batching=base_config.max_batch_size > 0,
-        dynamic_batching=not base_config.HasField("sequence_batching"),
         own_settings=base_config.platform != "ensemble",
         composing=tuple(found.composing),
     )

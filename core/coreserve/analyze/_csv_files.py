@@ -1,8 +1,9 @@
 """The CSV files of an analysis, with Model Analyzer's column names where they mean the same.
 
 `results/metrics-model-inference.csv` has one row per measurement (Model Analyzer's file of
-that name, plus the server's latency split, the client's CPU and an "Error" column where a
-configuration failed); `results/metrics-model-summary.csv` has one row per ranked settings.
+that name, plus the server's latency split, the client's CPU, the requests that failed,
+whether the windows were stable, and an "Error" column where a configuration failed);
+`results/metrics-model-summary.csv` has one row per ranked settings.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ INFERENCE_COLUMNS = [
     "Client CPU (%)",
     "Dynamic Batching",
     "Max Queue Delay (us)",
+    "Failed Requests",
+    "Stable",
     "Error",
 ]
 SUMMARY_COLUMNS = [
@@ -109,6 +112,8 @@ def _inference_row(analysis: Analysis, point: Measurement) -> dict[str, object]:
             "Server Compute Infer (ms)": _number(point.compute_infer_ms),
             "Server Compute Output (ms)": _number(point.compute_output_ms),
             "Client CPU (%)": _number(point.client_cpu_percent),
+            "Failed Requests": point.errors,
+            "Stable": "No" if point.extra.get("stable") is False else "Yes",
             "Error": "",
         }
     )

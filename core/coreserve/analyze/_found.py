@@ -30,6 +30,11 @@ async def find_model(client: ServerClient, model: str, called: tuple[str, ...], 
             except LoadFailed as exc:
                 raise AnalyzeError(f"model {name!r} does not load as it is: {exc}") from None
     config = await _config(client, model)
+    if config.HasField("sequence_batching"):
+        raise AnalyzeError(
+            f"model {model!r} is a sequence model: the load generator does not send sequences "
+            "(correlation ids, start and end flags), so the server would refuse its requests"
+        )
     names = list(called)
     names += [step.model_name for step in config.ensemble_scheduling.step if step.model_name not in names]
     found = ModelAsFound(config)

@@ -53,17 +53,35 @@ class _Window:
 
 
 class _Recorder:
-    """What the clients completed since the window began."""
+    """What the clients completed since the window began, and why the load had to stop."""
 
     def __init__(self) -> None:
         self.latencies: list[float] = []
         self.errors = 0
         self.first_error = ""
+        self.gone: ServerGone | None = None
+
+    def failed(self, reason: str) -> None:
+        self.errors += 1
+        self.first_error = self.first_error or reason
 
     def take(self) -> tuple[list[float], int]:
         latencies, errors = self.latencies, self.errors
         self.latencies, self.errors = [], 0
         return latencies, errors
+
+
+@dataclass
+class _Span:
+    """The stable windows and what the server and this process used over them."""
+
+    windows: list[_Window]
+    stable: bool
+    stats_before: StatsSnapshot
+    stats_after: StatsSnapshot
+    usage_before: Usage | None
+    usage_after: Usage | None
+    client_cpu_s: float
 
 
 async def measure(
@@ -79,41 +97,41 @@ async def measure(
     """Measures one load level of `caller`'s requests (each of `batch` inferences) on `model`;
     raises ServerGone when the server stops answering."""
     recorder = _Recorder()
-    stop = asyncio.Event()
-    workers = [asyncio.create_task(_client_loop(caller, recorder, stop)) for _ in range(concurrency)]
+    workers = [asyncio.create_task(_client_loop(caller, recorder)) for _ in range(concurrency)]
     try:
         await asyncio.sleep(windows.warmup_seconds)
-        recorder.take()
-        measured = await _stable_windows(client, model, recorder, windows, usage)
+        span = await _stable_windows(client, model, recorder, windows, usage)
     finally:
-        stop.set()
-        ended = await asyncio.gather(*workers, return_exceptions=True)
-    for outcome in ended:
-        if isinstance(outcome, ServerGone):
-            raise outcome
-    stable, before, after, usage_before, usage_after, client_cpu = measured
-    latencies = np.array([value for window in stable for value in window.latencies_s]) * 1e3
-    seconds = sum(window.seconds for window in stable)
-    completed = sum(window.completed for window in stable)
-    errors = sum(window.errors for window in stable)
+        for worker in workers:  # requests in flight are dropped, not waited for
+            worker.cancel()
+        await asyncio.gather(*workers, return_exceptions=True)
+    return _point(span, recorder, settings, concurrency, batch)
+
+
+def _point(
+    span: _Span, recorder: _Recorder, settings: ModelSettings, concurrency: int, batch: int
+) -> Measurement:
+    latencies = np.array([value for window in span.windows for value in window.latencies_s]) * 1e3
+    seconds = sum(window.seconds for window in span.windows)
+    completed = sum(window.completed for window in span.windows)
+    errors = sum(window.errors for window in span.windows)
     point = Measurement(settings=settings, concurrency=concurrency, requests=completed, errors=errors)
+    if not span.stable:
+        point.extra["stable"] = False
+    if errors:
+        point.extra["first_error"] = recorder.first_error
     if completed == 0:
         point.error = f"every request failed: {recorder.first_error or 'no answer'}"
         return point
     point.throughput = completed * batch / seconds
     point.p50_ms, point.p95_ms, point.p99_ms = (float(v) for v in np.percentile(latencies, [50, 95, 99]))
     point.avg_ms = float(latencies.mean())
-    split = after.per_request_ms(before)
+    split = span.stats_after.per_request_ms(span.stats_before)
     point.queue_ms, point.compute_input_ms, point.compute_infer_ms, point.compute_output_ms = split
-    point.client_cpu_percent = 100 * client_cpu / seconds
-    if usage_before is not None and usage_after is not None:
-        elapsed = usage_after.at - usage_before.at
-        point.server_cpu_percent = (
-            100 * (usage_after.cpu_s - usage_before.cpu_s) / elapsed if elapsed else 0.0
-        )
-        point.server_rss_mb = usage_after.rss_mb
-    if errors:
-        point.extra["first_error"] = recorder.first_error
+    point.client_cpu_percent = 100 * span.client_cpu_s / seconds
+    if span.usage_before is not None and span.usage_after is not None:
+        point.server_cpu_percent = span.usage_after.cpu_percent_since(span.usage_before)
+        point.server_rss_mb = span.usage_after.rss_mb
     return point
 
 
@@ -123,29 +141,44 @@ async def _stable_windows(
     recorder: _Recorder,
     windows: Windows,
     usage: Callable[[], Usage] | None,
-) -> tuple[list[_Window], StatsSnapshot, StatsSnapshot, Usage | None, Usage | None, float]:
-    """Windows until the last three agree; returns them with the statistics and usage around them."""
+) -> _Span:
+    """Windows until the last three agree (or the limit is reached: the last three, not stable).
+
+    The windows follow each other with no gap: each ends where the next begins, and what the
+    statistics and /proc readings between them take is counted in the next one.
+    """
     history: list[tuple[_Window, StatsSnapshot, Usage | None, float]] = []
     snapshot = await client.statistics(model)
-    current_usage = usage() if usage else None
+    current_usage = await asyncio.to_thread(usage) if usage else None
     cpu = time.process_time()
+    recorder.take()
+    began = time.perf_counter()
     while True:
-        started = time.perf_counter()
         await asyncio.sleep(windows.seconds)
+        if recorder.gone is not None:
+            raise recorder.gone
+        ended = time.perf_counter()
         latencies, errors = recorder.take()
-        window = _Window(len(latencies), errors, latencies, time.perf_counter() - started)
-        history.append((window, snapshot, current_usage, cpu))
+        history.append(
+            (_Window(len(latencies), errors, latencies, ended - began), snapshot, current_usage, cpu)
+        )
+        began = ended
         snapshot = await client.statistics(model)
-        current_usage = usage() if usage else None
+        current_usage = await asyncio.to_thread(usage) if usage else None
         cpu = time.process_time()
         recent = history[-STABLE_WINDOWS:]
-        if len(recent) == STABLE_WINDOWS and _stable([item[0] for item in recent]):
-            break
-        if len(history) >= windows.max_windows:
-            recent = history[-STABLE_WINDOWS:]
-            break
-    first = recent[0]
-    return ([item[0] for item in recent], first[1], snapshot, first[2], current_usage, cpu - first[3])
+        stable = len(recent) == STABLE_WINDOWS and _stable([item[0] for item in recent])
+        if stable or len(history) >= windows.max_windows:
+            first = recent[0]
+            return _Span(
+                [item[0] for item in recent],
+                stable,
+                first[1],
+                snapshot,
+                first[2],
+                current_usage,
+                cpu - first[3],
+            )
 
 
 def _stable(group: list[_Window]) -> bool:
@@ -157,14 +190,20 @@ def _stable(group: list[_Window]) -> bool:
     return True
 
 
-async def _client_loop(caller: Caller, recorder: _Recorder, stop: asyncio.Event) -> None:
-    while not stop.is_set():
+async def _client_loop(caller: Caller, recorder: _Recorder) -> None:
+    """Sends requests back to back until cancelled; a failed request is counted, not fatal."""
+    while recorder.gone is None:
         started = time.perf_counter()
         try:
             await caller()
+        except ServerGone as exc:
+            recorder.gone = exc
+            return
         except RequestFailed as exc:
-            recorder.errors += 1
-            recorder.first_error = recorder.first_error or str(exc)
-            await asyncio.sleep(0.01)  # a failing model answers at once: do not spin on it
+            recorder.failed(str(exc))
+        except Exception as exc:  # a client-side fault (a broken connection's answer): counted, named
+            recorder.failed(f"{type(exc).__name__}: {exc}")
+        else:
+            recorder.latencies.append(time.perf_counter() - started)
             continue
-        recorder.latencies.append(time.perf_counter() - started)
+        await asyncio.sleep(0.01)  # a failing request answers at once: do not spin on it

@@ -27,6 +27,7 @@ from coreserve.analyze._points import Measurement, ModelSettings
 from coreserve.analyze._server_process import Usage
 
 UNSTABLE = "Failed to obtain stable measurement"
+STARTUP_S = 60.0  # what perf_analyzer may take beyond its windows (start, metadata, warm-up)
 ANY_SPREAD = 10_000  # a --stability-percentage that any three windows meet
 
 # Columns of perf_analyzer's CSV that add up to a request's average latency.
@@ -50,15 +51,19 @@ async def measure_with_perf_analyzer(
     settings: ModelSettings,
     concurrency: int,
     windows: Windows,
+    shapes: dict[str, list[int]],
     usage: Callable[[], Usage] | None = None,
 ) -> Measurement:
-    """Runs perf_analyzer at one concurrency against `url` (`protocol` grpc or http)."""
+    """Runs perf_analyzer at one concurrency against `url` (`protocol` grpc or http), its
+    inputs of `shapes` (without the batch dimension: perf_analyzer needs them where the model
+    says -1)."""
     common = [
         binary,
         "-m", model, "-i", protocol, "-u", url,
         "--concurrency-range", f"{concurrency}:{concurrency}",
         "--measurement-interval", str(max(1, round(windows.seconds * 1000))),
         "--percentile", "99",
+        *(f"--shape={name}:{','.join(map(str, dims))}" for name, dims in shapes.items()),
     ]  # fmt: skip
     stable = [
         "--stability-percentage",
@@ -70,10 +75,13 @@ async def measure_with_perf_analyzer(
     cpu_before = _children_cpu_s()
     started = time.monotonic()
     point = Measurement(settings, concurrency)
-    row, said = await _run(common + stable)
+    limit = windows.seconds * (windows.max_windows + 3) + STARTUP_S
+    row, said = await _run(common + stable, limit)
     if row is None and UNSTABLE in said:
         point.extra["stable"] = False
-        row, said = await _run([*common, "--stability-percentage", str(ANY_SPREAD), "--max-trials", "3"])
+        row, said = await _run(
+            [*common, "--stability-percentage", str(ANY_SPREAD), "--max-trials", "3"], limit
+        )
     wall = time.monotonic() - started
     after = usage() if usage else None
     if row is None:
@@ -83,21 +91,29 @@ async def measure_with_perf_analyzer(
         return point
     _fill(point, row)
     point.client_cpu_percent = 100 * (_children_cpu_s() - cpu_before) / wall if wall > 0 else 0.0
-    if before is not None and after is not None and after.at > before.at:
-        point.server_cpu_percent = 100 * (after.cpu_s - before.cpu_s) / (after.at - before.at)
+    if before is not None and after is not None:
+        point.server_cpu_percent = after.cpu_percent_since(before)
         point.server_rss_mb = after.rss_mb
     point.extra["load_generator"] = "perf_analyzer"
     return point
 
 
-async def _run(command: list[str]) -> tuple[dict[str, str] | None, str]:
-    """perf_analyzer's CSV row, or None; and what it said."""
+async def _run(command: list[str], limit_s: float) -> tuple[dict[str, str] | None, str]:
+    """perf_analyzer's CSV row, or None; and what it said. It is killed past `limit_s`, or
+    when the analysis is interrupted."""
     with tempfile.TemporaryDirectory() as folder:
         report = Path(folder) / "perf_analyzer.csv"
         process = await asyncio.create_subprocess_exec(
             *command, "-f", str(report), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
         )
-        output, _ = await process.communicate()
+        try:
+            output, _ = await asyncio.wait_for(process.communicate(), limit_s)
+        except TimeoutError:
+            return None, f"perf_analyzer gave no result within {limit_s:.0f} s"
+        finally:
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
         said = output.decode(errors="replace")
         if process.returncode != 0 or not report.exists():
             return None, said

@@ -27,6 +27,8 @@ class Constraints:
         if point.failed:
             return [point.error]
         broken = []
+        if point.errors:  # answered fast, counted nowhere: a level that fails requests is no answer
+            broken.append(f"{point.errors} of {point.requests + point.errors} requests failed")
         if self.latency_budget_ms is not None and point.p99_ms > self.latency_budget_ms:
             broken.append(f"p99 {point.p99_ms:.1f} ms > budget {self.latency_budget_ms:g} ms")
         if self.min_throughput is not None and point.throughput < self.min_throughput:

@@ -33,7 +33,6 @@ class SearchSpace:
     queue_delays_us: tuple[int, ...] = (0,)
     max_concurrency: int = 64
     batching: bool = True  # False where the model has max_batch_size 0: batch settings stay as found
-    dynamic_batching: bool = True  # False for a sequence model: its own batcher stays
     own_settings: bool = True  # False for an ensemble: only its composing models' instances change
     composing: tuple[str, ...] = ()  # the composing models, each an axis of its instance count
 
@@ -67,7 +66,7 @@ class SearchSpace:
         found = []
         for batch, count in itertools.product(self.batch_sizes(), range(1, self.max_instance_count + 1)):
             found.append(ModelSettings(batch, False, count))
-            if batch > 0 and self.dynamic_batching:
+            if batch > 0:
                 found.extend(ModelSettings(batch, True, count, delay) for delay in self.queue_delays_us)
         return found
 
@@ -104,7 +103,7 @@ class SearchSpace:
             index = sizes.index(settings.max_batch_size) + direction
             return replace(settings, max_batch_size=sizes[index]) if 0 <= index < len(sizes) else None
         if axis == "dynamic_batching":
-            if not self.dynamic_batching or settings.dynamic_batching == (direction > 0):
+            if settings.dynamic_batching == (direction > 0):
                 return None
             delay = self.queue_delays_us[0] if direction > 0 else 0
             return replace(settings, dynamic_batching=direction > 0, max_queue_delay_us=delay)

@@ -89,6 +89,11 @@ class Usage:
     rss_mb: float
     at: float
 
+    def cpu_percent_since(self, before: Usage) -> float:
+        """CPU used between `before` and this reading, in percent of one core."""
+        elapsed = self.at - before.at
+        return 100 * (self.cpu_s - before.cpu_s) / elapsed if elapsed > 0 else 0.0
+
 
 def tree_usage(pid: int) -> Usage:
     """The process `pid` and all its descendants (Python models run in stub processes), from

@@ -57,6 +57,7 @@ class Sweep:
         self.composing_configs = composing_configs or {}
         self.http_address = http_address  # the load goes over HTTP there; else over gRPC
         self._caller: Caller | None = None
+        self._request: pb.ModelInferRequest | None = None  # a request for the settings loaded
         self.perf_analyzer = perf_analyzer  # the binary measuring instead of our callers, if any
         self._loaded: ModelSettings | None = None
         self._evaluated: dict[ModelSettings, list[Measurement]] = {}
@@ -98,24 +99,35 @@ class Sweep:
         return measured
 
     async def _measure(self, settings: ModelSettings, concurrency: int) -> Measurement:
-        fresh = await self._configure(settings)
-        if self.perf_analyzer is not None:
-            url, protocol = (
-                (self.http_address, "http") if self.http_address else (self.client.address, "grpc")
-            )
-            return await measure_with_perf_analyzer(
-                self.perf_analyzer, self.client, url, protocol, self.model, settings, concurrency,
-                self.windows, self.usage,
-            )  # fmt: skip
-        caller = self._caller
-        if fresh or caller is None:
+        request = self._request
+        if await self._configure(settings) or request is None:
             await self.close()
-            request = await self.client.infer_request(self.model, CLIENT_BATCH_SIZE)
-            caller = self._caller = self._new_caller(request)
-        batch = 1 if settings.max_batch_size == 0 else CLIENT_BATCH_SIZE
+            request = self._request = await self.client.infer_request(self.model, CLIENT_BATCH_SIZE)
+        if self.perf_analyzer is not None:
+            return await self._measure_with_perf_analyzer(self.perf_analyzer, settings, concurrency, request)
+        if self._caller is None:
+            self._caller = self._new_caller(request)
         return await measure(
-            self.client, caller, self.model, settings, concurrency, self.windows, self.usage, batch
+            self.client,
+            self._caller,
+            self.model,
+            settings,
+            concurrency,
+            self.windows,
+            self.usage,
+            CLIENT_BATCH_SIZE,
         )
+
+    async def _measure_with_perf_analyzer(
+        self, binary: str, settings: ModelSettings, concurrency: int, request: pb.ModelInferRequest
+    ) -> Measurement:
+        url, protocol = (self.http_address, "http") if self.http_address else (self.client.address, "grpc")
+        batched = settings.max_batch_size > 0  # perf_analyzer's shapes leave the batch dimension out
+        shapes = {tensor.name: list(tensor.shape[1 if batched else 0 :]) for tensor in request.inputs}
+        return await measure_with_perf_analyzer(
+            binary, self.client, url, protocol, self.model, settings, concurrency,
+            self.windows, shapes, self.usage,
+        )  # fmt: skip
 
     async def _configure(self, settings: ModelSettings) -> bool:
         """Loads `settings` unless they are what the server has; True where they were loaded.
@@ -137,6 +149,7 @@ class Sweep:
         return GrpcCaller(self.client, request)
 
     async def close(self) -> None:
+        self._request = None
         if self._caller is not None:
             await self._caller.close()
             self._caller = None
