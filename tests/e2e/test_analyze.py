@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from coreserve.analyze._points import ModelSettings
 from coreserve.config.parse import read_config_file
 from coreserve.testing import ServerFactory
 from model_builders import identity_model, scale_model, write_bls_model, write_model
@@ -80,6 +81,8 @@ ensemble_scheduling { step [
 ] }
 """
 
+SEQUENCE = "sequence_batching { max_sequence_idle_microseconds: 5000000 }\n"
+
 # Small bounds and short windows: the command's behaviour, not its figures, is under test.
 FAST = ["--window-seconds", "0.2", "--max-windows", "4", "--max-concurrency", "2"]
 SMALL = ["--max-batch-size", "2", "--max-instance-count", "2", *FAST]
@@ -106,6 +109,7 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write_model(root, "scale", scale_model(2.0), SCALE)
     write_model(root, "scale_again", scale_model(3.0), SCALE)
     write_model(root, "twice", None, TWICE)
+    write_model(root, "counter", identity_model("FP32", [-1, 4]), IDENTITY + SEQUENCE)
     write_bls_model(root)
     return root
 
@@ -222,7 +226,7 @@ def test_a_configuration_past_the_latency_budget_is_never_recommended(
     for name in recommended:
         config = read_config_file(tmp_path / "output_model_repository" / name / "config.pbtxt")
         assert config.name == name
-    assert len(recommended) <= len(passing)
+        assert f"identity_config_{ModelSettings.of(config).key}" in passing
 
 
 def test_a_budget_nothing_meets_says_so_and_names_the_closest(
@@ -277,10 +281,16 @@ def test_a_settings_that_fails_to_load_is_a_row_and_the_sweep_goes_on(
     assert "Traceback" not in done.stderr
 
 
+def test_a_sequence_model_is_refused_with_the_reason(repository: Path, tmp_path: Path) -> None:
+    done = analyze("--model-repository", repository, "--model", "counter", "--output-dir", tmp_path, *FAST)
+    assert done.returncode == 1
+    assert "'counter' is a sequence model" in done.stderr and "Traceback" not in done.stderr
+
+
 def test_an_unknown_model_is_named_with_the_models_there(repository: Path, tmp_path: Path) -> None:
     done = analyze("--model-repository", repository, "--model", "nope", "--output-dir", tmp_path)
     assert done.returncode == 1
-    assert "no model 'nope'" in done.stderr and "identity, picky, scale" in done.stderr
+    assert "no model 'nope'" in done.stderr and "bls, counter, identity, picky, scale" in done.stderr
     assert "Traceback" not in done.stderr
 
 

@@ -51,6 +51,13 @@ def main(argv: list[str]) -> int:
         return 130
 
 
+def _measured_what(args: argparse.Namespace) -> dict[str, str]:
+    """What the checkpoint's measurements are of: a resumed analysis must measure the same."""
+    server = args.server_url or f"started on {Path(args.model_repository).resolve()}"
+    generator = "perf_analyzer" if args.perf_analyzer else "coreserve analyze"
+    return {"model": args.model, "server": server, "load": f"{args.protocol} by {generator}"}
+
+
 def _model_dir(args: argparse.Namespace) -> Path | None:
     if args.model_repository is None:
         return None
@@ -66,10 +73,11 @@ def _model_dir(args: argparse.Namespace) -> Path | None:
 
 async def _analyze(args: argparse.Namespace) -> int:
     model_dir = _model_dir(args)
+    args.perf_analyzer = _perf_analyzer(args.perf_analyzer)  # refused before any server starts
     out_dir: Path = args.output_dir
     out_dir.mkdir(parents=True, exist_ok=True)
     try:
-        checkpoint = Checkpoint(out_dir, args.model)
+        checkpoint = Checkpoint(out_dir, _measured_what(args))
     except CheckpointMismatch as exc:
         raise AnalyzeError(str(exc)) from None
     constraints = Constraints(args.latency_budget_ms, args.min_throughput, args.max_memory_mb)
@@ -153,7 +161,7 @@ async def _search(
         reconfigure=server is not None,
         composing_configs=found.composing,
         http_address=_http_address(args, server),
-        perf_analyzer=_perf_analyzer(args.perf_analyzer),
+        perf_analyzer=args.perf_analyzer,
     )
     try:
         await sweep.evaluate(baseline)  # the model as it is: what the report compares against

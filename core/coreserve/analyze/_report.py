@@ -15,7 +15,7 @@ from types import ModuleType
 from typing import Any
 
 from coreserve.analyze._analysis import Analysis
-from coreserve.analyze._output_repository import output_model_name
+from coreserve.analyze._output_repository import OUTPUT_REPOSITORY, output_model_name
 from coreserve.analyze._points import Measurement
 from coreserve.analyze._report_charts import (
     THROUGHPUT_LATENCY_ID,
@@ -53,7 +53,7 @@ def write_report(analysis: Analysis, out_dir: Path, top: int = 3) -> Path:
         _heading(analysis),
         "<h2>Constraints</h2>",
         f"<p>{html.escape(describe_constraints(analysis.constraints))}</p>",
-        *_best_section(analysis, rows, top),
+        *_best_section(analysis, rows, top, _written_folders(out_dir)),
         "<h2>Throughput against p99 latency</h2>",
         figure_div(
             throughput_latency_figure(go, analysis, [row.point.settings for row in rows]),
@@ -107,7 +107,18 @@ def _heading(analysis: Analysis) -> str:
     )
 
 
-def _best_section(analysis: Analysis, rows: list[Recommendation], top: int) -> list[str]:
+def _folder(name: str, written: set[str]) -> str:
+    return name if name in written else "-"
+
+
+def _written_folders(out_dir: Path) -> set[str]:
+    """The output repository's folders: a composed model writes its best set only, and a
+    running server measured without its repository none."""
+    repository = out_dir / OUTPUT_REPOSITORY
+    return {path.name for path in repository.iterdir()} if repository.is_dir() else set()
+
+
+def _best_section(analysis: Analysis, rows: list[Recommendation], top: int, written: set[str]) -> list[str]:
     if not rows:
         return _closest_section(analysis, top)
     headers = ["#", "output folder", "configuration", "concurrency", "infer/s", "p50 ms", "p95 ms"]
@@ -115,7 +126,7 @@ def _best_section(analysis: Analysis, rows: list[Recommendation], top: int) -> l
     cells = [
         [
             str(row.rank),
-            output_model_name(analysis.model, row.rank - 1),
+            _folder(output_model_name(analysis.model, row.rank - 1), written),
             row.point.settings.describe(),
             *_numbers(row.point),
             row.throughput_change,
