@@ -109,6 +109,7 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write_model(root, "scale", scale_model(2.0), SCALE)
     write_model(root, "scale_again", scale_model(3.0), SCALE)
     write_model(root, "twice", None, TWICE)
+    write_model(root, "nested", None, TWICE.replace('"scale_again"', '"twice"'))
     write_model(root, "counter", identity_model("FP32", [-1, 4]), IDENTITY + SEQUENCE)
     write_bls_model(root)
     return root
@@ -281,6 +282,12 @@ def test_a_settings_that_fails_to_load_is_a_row_and_the_sweep_goes_on(
     assert "Traceback" not in done.stderr
 
 
+def test_a_nested_ensemble_is_refused_with_the_reason(repository: Path, tmp_path: Path) -> None:
+    done = analyze("--model-repository", repository, "--model", "nested", "--output-dir", tmp_path, *FAST)
+    assert done.returncode == 1
+    assert "step 'twice' that is an ensemble itself" in done.stderr and "Traceback" not in done.stderr
+
+
 def test_a_sequence_model_is_refused_with_the_reason(repository: Path, tmp_path: Path) -> None:
     done = analyze("--model-repository", repository, "--model", "counter", "--output-dir", tmp_path, *FAST)
     assert done.returncode == 1
@@ -290,7 +297,7 @@ def test_a_sequence_model_is_refused_with_the_reason(repository: Path, tmp_path:
 def test_an_unknown_model_is_named_with_the_models_there(repository: Path, tmp_path: Path) -> None:
     done = analyze("--model-repository", repository, "--model", "nope", "--output-dir", tmp_path)
     assert done.returncode == 1
-    assert "no model 'nope'" in done.stderr and "bls, counter, identity, picky, scale" in done.stderr
+    assert "no model 'nope'" in done.stderr and "bls, counter, identity, nested, picky, scale" in done.stderr
     assert "Traceback" not in done.stderr
 
 

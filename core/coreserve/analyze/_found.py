@@ -40,8 +40,12 @@ async def find_model(client: ServerClient, model: str, called: tuple[str, ...], 
     found = ModelAsFound(config)
     for name in names:
         part = await _config(client, name)
-        if part.platform != "ensemble":  # a nested ensemble has no instances of its own
-            found.composing[name] = part
+        if part.platform == "ensemble":
+            raise AnalyzeError(
+                f"model {model!r} has a step {name!r} that is an ensemble itself: nested ensembles "
+                "are not swept (analyze the inner ensemble, or each model of it)"
+            )
+        found.composing[name] = part
     return found
 
 
