@@ -66,6 +66,17 @@ def test_a_step_changes_one_setting_by_one_notch_within_the_bounds() -> None:
     assert space.step(edge, "dynamic_batching", 1) == ModelSettings(8, True, 3, 0)
 
 
+def test_the_climb_skips_batch_sizes_that_batch_nothing() -> None:
+    # Batch-1 requests: without dynamic batching every size behaves alike, and with it size 1
+    # forms no batch. Switching it on from size 1 goes to 2; nothing to switch on under a bound of 1.
+    space = SearchSpace(max_batch_size=8, max_instance_count=1)
+    assert space.step(ModelSettings(4, False, 1), "batch", 1) is None
+    assert space.step(ModelSettings(1, False, 1), "dynamic_batching", 1) == ModelSettings(2, True, 1, 0)
+    assert space.step(ModelSettings(2, True, 1), "batch", -1) is None
+    assert SearchSpace(max_batch_size=1).step(ModelSettings(1, False, 1), "dynamic_batching", 1) is None
+    assert space.axes[:2] == ("dynamic_batching", "batch")
+
+
 def test_the_climb_starts_inside_the_bounds() -> None:
     space = SearchSpace(max_batch_size=4, max_instance_count=2, queue_delays_us=(0, 100))
     assert space.clamp(ModelSettings(16, True, 5, 90)) == ModelSettings(4, True, 2, 100)

@@ -1,9 +1,12 @@
 """Which settings to measure: the bounds of the space, and the two ways through it.
 
 `brute` measures every combination within the bounds. `quick` climbs from the model's current
-settings one axis at a time (batch size doubled or halved, dynamic batching switched, the next
-queue delay, one instance more or fewer) while a step improves the objective, so it measures a
-path through the space, not the whole of it.
+settings one axis at a time (dynamic batching switched, the batch size doubled or halved while
+dynamic batching is on, the next queue delay, one instance more or fewer) while a step improves
+the objective, so it measures a path through the space, not the whole of it. The load
+generator sends batch-1 requests, so without dynamic batching every max_batch_size behaves the
+same, and with it a size of 1 forms no batch: the climb does not measure those steps (brute
+measures every combination all the same).
 Each settings is measured over client concurrencies 1, 2, 4, … until the throughput stops
 growing or the latency budget is passed (`concurrency_levels`).
 """
@@ -18,7 +21,9 @@ from coreserve.analyze._points import Measurement, ModelSettings
 from coreserve.analyze._ranking import Constraints, rank
 
 GROWTH = 1.05  # a concurrency level must add 5% throughput for the next to be measured
-OWN_AXES = ("batch", "dynamic_batching", "queue_delay", "instances")
+# Dynamic batching first: with the load generator's batch-1 requests, max_batch_size matters
+# only once the server may form batches itself.
+OWN_AXES = ("dynamic_batching", "batch", "queue_delay", "instances")
 MAX_PASSES = 3
 
 Evaluate = Callable[[ModelSettings], Awaitable[list[Measurement]]]
@@ -99,14 +104,27 @@ class SearchSpace:
         if settings.max_batch_size == 0:
             return None  # the model does not batch: only its instances change
         if axis == "batch":
-            sizes = self.batch_sizes()
+            # Without dynamic batching, batch-1 requests run one by one whatever the size; with
+            # it, a size of 1 forms no batch: the climb spends no measurement on either.
+            sizes = [size for size in self.batch_sizes() if size > 1]
+            if not settings.dynamic_batching or settings.max_batch_size not in sizes:
+                return None
             index = sizes.index(settings.max_batch_size) + direction
             return replace(settings, max_batch_size=sizes[index]) if 0 <= index < len(sizes) else None
         if axis == "dynamic_batching":
             if settings.dynamic_batching == (direction > 0):
                 return None
-            delay = self.queue_delays_us[0] if direction > 0 else 0
-            return replace(settings, dynamic_batching=direction > 0, max_queue_delay_us=delay)
+            if direction < 0:
+                return replace(settings, dynamic_batching=False, max_queue_delay_us=0)
+            batch = max(settings.max_batch_size, 2)  # the smallest size that batches
+            if batch not in self.batch_sizes():
+                return None
+            return replace(
+                settings,
+                dynamic_batching=True,
+                max_batch_size=batch,
+                max_queue_delay_us=self.queue_delays_us[0],
+            )
         if not settings.dynamic_batching:
             return None
         index = self.queue_delays_us.index(settings.max_queue_delay_us) + direction
