@@ -1,5 +1,6 @@
 """`coreserve analyze`'s checkpoint and the rules its figures pass through: what a resumed
-analysis reads back, what it refuses, the stability rule, and perf_analyzer's CSV."""
+analysis reads back, what it refuses, the stability rule, perf_analyzer's CSV and the GPUs'
+figures read from the server's metrics."""
 
 from __future__ import annotations
 
@@ -8,9 +9,18 @@ from pathlib import Path
 import pytest
 
 from coreserve.analyze._checkpoint import FILE_NAME, Checkpoint, CheckpointMismatch
+from coreserve.analyze._gpu_metrics import (
+    MEMORY_USED,
+    UTILIZATION,
+    GpuFigures,
+    GpuSample,
+    gpu_figures,
+    gpu_sample,
+)
 from coreserve.analyze._load import _stable, _Window
 from coreserve.analyze._perf_analyzer import _fill
 from coreserve.analyze._points import Measurement, ModelSettings
+from coreserve.server.metrics._system import family
 
 WHAT = {"model": "m", "server": "started on /models", "load": "grpc by coreserve analyze"}
 SETTINGS = ModelSettings(4, True, 2, 100, composing=(("pre", 1),))
@@ -53,7 +63,7 @@ def test_a_checkpoint_without_points_is_taken_over(tmp_path: Path) -> None:
 
 def window(throughput: float, p99_s: float) -> _Window:
     latencies = [p99_s] * 100
-    return _Window(completed=int(throughput), errors=0, latencies_s=latencies, seconds=1.0)
+    return _Window(completed=int(throughput), errors=0, latencies_s=latencies, began=0.0, ended=1.0)
 
 
 def test_three_windows_are_stable_within_ten_percent_of_their_mean_on_both_figures() -> None:
@@ -77,3 +87,26 @@ def test_perf_analyzers_csv_row_in_milliseconds_with_the_average_as_the_sum_of_i
         0.064, 0.004, 0.036, 0.008,
     )  # fmt: skip
     assert point.avg_ms == pytest.approx(0.626)
+
+
+def test_gpu_figures_are_read_from_the_servers_metrics_text() -> None:
+    # The exposition as the server writes it (its own formatter), beside families of other kinds.
+    def text(utilization: tuple[float, float], used_mb: tuple[int, int]) -> str:
+        gpus = [f'{{gpu_uuid="GPU-{name}"}}' for name in "ab"]
+        rates = [f"{UTILIZATION}{gpu} {rate}" for gpu, rate in zip(gpus, utilization, strict=True)]
+        used = [f"{MEMORY_USED}{gpu} {mb * 10**6}" for gpu, mb in zip(gpus, used_mb, strict=True)]
+        lines = family("nv_cpu_utilization", "gauge", "CPU", ["nv_cpu_utilization 0.5"])
+        lines += family(UTILIZATION, "gauge", "GPU", rates) + family(MEMORY_USED, "gauge", "memory", used)
+        return "\n".join(lines) + "\n"
+
+    first = gpu_sample(text((0.25, 0.75), (100, 300)), at=10.0)
+    assert first == GpuSample(10.0, {"GPU-a": 0.25, "GPU-b": 0.75}, {"GPU-a": 100e6, "GPU-b": 300e6})
+    second = gpu_sample(text((1.0, 0.0), (150, 300)), at=11.0)
+    assert second is not None
+    # utilisation averaged over the GPUs and the readings; memory: the most both held at once
+    assert gpu_figures([first, second], since=9.5, until=11.5) == GpuFigures(50.0, 450.0)
+    assert gpu_figures([first, second], since=10.5, until=11.5) == GpuFigures(50.0, 450.0)
+    # a window shorter than the reading interval takes the last reading before its end
+    assert gpu_figures([first, second], since=10.2, until=10.4) == GpuFigures(50.0, 400.0)
+    assert gpu_figures([first], since=0.0, until=5.0) is None
+    assert gpu_sample("nv_cpu_utilization 0.5\n# HELP nv_gpu_utilization x\n", at=0.0) is None

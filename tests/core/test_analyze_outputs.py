@@ -22,12 +22,13 @@ import tritonclient.http as httpclient
 from coreserve.analyze._analysis import Analysis
 from coreserve.analyze._csv_files import INFERENCE_COLUMNS, write_csv_files
 from coreserve.analyze._output_repository import write_output_repository
-from coreserve.analyze._points import Measurement, ModelSettings
+from coreserve.analyze._points import GPU, Measurement, ModelSettings
 from coreserve.analyze._ranking import Constraints
 from coreserve.analyze._report import write_report
 from coreserve.analyze._terminal_table import best_table
 from coreserve.analyze._wording import instance_group_label
 from coreserve.config import parse_config, read_config_file
+from coreserve.protos.model_config_pb2 import ModelInstanceGroup
 from coreserve.testing import ServerFactory, ServerProcess
 from model_builders import ADD_SUB_CONFIG, add_sub_model, write_model
 
@@ -138,6 +139,8 @@ def test_inference_csv_has_model_analyzers_columns_then_ours(analysis: Analysis,
         "Server Compute Output (ms)",
         "CPU Utilization (%)",
         "RAM Usage (MB)",
+        "Average GPU Utilization (%)",
+        "Max GPU Memory Usage (MB)",
         "Client CPU (%)",
         "Dynamic Batching",
         "Max Queue Delay (us)",
@@ -188,6 +191,8 @@ def test_inference_csv_row_values(analysis: Analysis, tmp_path: Path) -> None:
         "Server Compute Output (ms)": "0.062",
         "CPU Utilization (%)": "150.0",
         "RAM Usage (MB)": "310.5",
+        "Average GPU Utilization (%)": "",  # no GPU
+        "Max GPU Memory Usage (MB)": "",
         "Client CPU (%)": "20.0",
         "Dynamic Batching": "Enabled",
         "Max Queue Delay (us)": "100",
@@ -225,6 +230,38 @@ def test_server_usage_not_measured_is_left_blank_not_zero(analysis: Analysis, tm
     assert {(row["CPU Utilization (%)"], row["RAM Usage (MB)"]) for row in rows} == {("", "")}
     best_row = next(line for line in best_table(remote).splitlines() if line.startswith("1 "))
     assert " - " in best_row and " 150 " not in best_row
+
+
+def test_gpu_figures_fill_their_columns_and_bound_the_gpu_memory(analysis: Analysis, tmp_path: Path) -> None:
+    # A server whose metrics report GPUs: the best settings on the GPU, the others on the CPU.
+    on_gpu = dataclasses.replace(BEST, instance_kind=GPU)
+    measured = [dataclasses.replace(p, settings=on_gpu) if p.settings == BEST else p for p in MEASUREMENTS]
+    measured = [
+        dataclasses.replace(p, gpu_utilization_percent=35.25, gpu_memory_mb=900.0 + p.concurrency)
+        for p in measured
+    ]
+    bounded = dataclasses.replace(
+        analysis, measurements=measured, constraints=Constraints(latency_budget_ms=20, max_gpu_memory_mb=903)
+    )
+    _, rows = _read_csv(write_csv_files(bounded, tmp_path)[0])
+    row = next(row for row in rows if row["Model Config Path"] == "add_sub_config_mbs8_db100_i2_gpu")
+    assert row["Instance Group"] == "2:GPU"
+    assert row["Concurrency"] == "1"
+    assert (row["Average GPU Utilization (%)"], row["Max GPU Memory Usage (MB)"]) == ("35.25", "901.0")
+    # concurrency 4 held 904 MB: over the bound, so the best passing level is 2
+    assert bounded.ranking().passing[0].concurrency == 2
+    assert Constraints(max_gpu_memory_mb=903).violations(measured[0]) == [
+        "GPU memory 904 MB > maximum 903 MB"
+    ]
+    text = best_table(bounded)
+    assert "GPU memory ≤ 903 MB" in text
+    assert re.search(r"RSS MB +GPU % +GPU MB +Δ infer/s", text)
+    assert " ".join(_table_rows(text)[0].split()).startswith("1 8 100 µs 2 GPU 2 230.0")
+    assert write_output_repository(bounded, tmp_path / "out")[0] == "add_sub"
+    config = parse_config(
+        (tmp_path / "out" / "output_model_repository" / "add_sub" / "config.pbtxt").read_text()
+    )
+    assert [group.kind for group in config.instance_group] == [ModelInstanceGroup.KIND_GPU]
 
 
 def test_a_level_that_failed_requests_meets_no_constraint_and_says_so(

@@ -5,9 +5,12 @@ ranking are pure functions of them); tests/e2e/test_analyze.py measures a real s
 from __future__ import annotations
 
 import asyncio
+import io
 import json
+import re
 
-from coreserve.analyze._points import Measurement, ModelSettings
+from coreserve.analyze._points import CPU, GPU, Measurement, ModelSettings
+from coreserve.analyze._progress import Progress
 from coreserve.analyze._ranking import Constraints, rank
 from coreserve.analyze._search import (
     OWN_AXES,
@@ -18,7 +21,7 @@ from coreserve.analyze._search import (
     keep_going,
     quick,
 )
-from coreserve.protos.model_config_pb2 import ModelConfig
+from coreserve.protos.model_config_pb2 import ModelConfig, ModelInstanceGroup
 
 
 def point(settings: ModelSettings, concurrency: int, throughput: float, p99: float) -> Measurement:
@@ -57,6 +60,8 @@ def test_a_step_changes_one_setting_by_one_notch_within_the_bounds() -> None:
         ("dynamic_batching", -1): ModelSettings(4, False, 2),
         ("queue_delay", 1): ModelSettings(4, True, 2, 1000),
         ("queue_delay", -1): ModelSettings(4, True, 2, 0),
+        ("kind", 1): None,  # no GPU: the model's own kind stays
+        ("kind", -1): None,
         ("instances", 1): ModelSettings(4, True, 3, 100),
         ("instances", -1): ModelSettings(4, True, 1, 100),
     }
@@ -64,6 +69,36 @@ def test_a_step_changes_one_setting_by_one_notch_within_the_bounds() -> None:
     assert space.step(edge, "batch", 1) is None and space.step(edge, "instances", 1) is None
     assert space.step(edge, "queue_delay", 1) is None  # no delay without dynamic batching
     assert space.step(edge, "dynamic_batching", 1) == ModelSettings(8, True, 3, 0)
+
+
+def test_where_the_server_has_gpus_the_instances_kind_is_an_axis() -> None:
+    space = SearchSpace(max_batch_size=2, max_instance_count=2, instance_kinds=(CPU, GPU))
+    on_cpu = ModelSettings(2, True, 1, instance_kind=CPU)
+    on_gpu = ModelSettings(2, True, 1, instance_kind=GPU)
+    assert space.step(on_cpu, "kind", 1) == on_gpu and space.step(on_cpu, "kind", -1) is None
+    assert space.step(on_gpu, "kind", -1) == on_cpu and space.step(on_gpu, "kind", 1) is None
+    # brute: every combination on each kind; the climb starts a model without a kind on the GPU
+    found = space.all_settings(on_cpu)
+    assert len(found) == 2 * len(SearchSpace(max_batch_size=2, max_instance_count=2).all_settings(on_cpu))
+    assert {settings.instance_kind for settings in found} == {CPU, GPU}
+    assert space.clamp(ModelSettings(2, True, 1)).instance_kind == GPU
+    assert space.clamp(on_cpu) == on_cpu
+    assert on_gpu.key.endswith("_gpu") and on_cpu.key == ModelSettings(2, True, 1).key
+    assert "on GPU" in on_gpu.describe()
+
+
+def test_the_kind_is_read_from_and_written_to_every_instance_group() -> None:
+    config = ModelConfig(name="m", max_batch_size=4)
+    config.instance_group.add(count=2, kind=ModelInstanceGroup.KIND_GPU, gpus=[0])
+    assert ModelSettings.of(config).instance_kind == GPU
+    on_cpu = ModelSettings(4, False, 3, instance_kind=CPU).applied_to(config)
+    assert [(g.count, g.kind, list(g.gpus)) for g in on_cpu.instance_group] == [
+        (3, ModelInstanceGroup.KIND_CPU, [])
+    ]
+    config.instance_group.add(count=1, kind=ModelInstanceGroup.KIND_CPU)
+    assert ModelSettings.of(config).instance_kind == ""  # mixed kinds: each group keeps its own
+    kept = ModelSettings(4, False, 1).applied_to(config)
+    assert [g.kind for g in kept.instance_group] == [ModelInstanceGroup.KIND_GPU, ModelInstanceGroup.KIND_CPU]
 
 
 def test_the_climb_skips_batch_sizes_that_batch_nothing() -> None:
@@ -86,7 +121,7 @@ def test_the_climb_starts_inside_the_bounds() -> None:
 def test_settings_apply_to_a_configuration_and_read_back() -> None:
     base = ModelConfig(name="m", max_batch_size=8, backend="python")
     base.instance_group.add(count=1, kind=ModelConfig().instance_group.add().KIND_CPU)
-    settings = ModelSettings(4, True, 3, 250)
+    settings = ModelSettings(4, True, 3, 250, instance_kind=CPU)
     config = settings.applied_to(base)
     assert (config.max_batch_size, config.dynamic_batching.max_queue_delay_microseconds) == (4, 250)
     assert [group.count for group in config.instance_group] == [3]
@@ -146,15 +181,38 @@ def test_quick_climbs_to_the_best_settings_measuring_fewer_than_brute() -> None:
 
         return evaluate
 
+    estimates: list[tuple[int, int]] = []  # (settings measured so far, how many more it expects)
+
+    def expect(more: int) -> None:
+        estimates.append((len(measured["quick"]), more))
+
     constraints = Constraints(latency_budget_ms=13)  # batch 16 is too slow
     asyncio.run(brute(space, ModelSettings(1, False, 1), evaluator("brute")))
-    asyncio.run(quick(space, ModelSettings(1, False, 1), evaluator("quick"), constraints, "throughput"))
+    asyncio.run(
+        quick(space, ModelSettings(1, False, 1), evaluator("quick"), constraints, "throughput", expect)
+    )
     best = rank([p for s in measured["brute"] for p in surface(s)], constraints).passing[0]
     found = rank([p for s in measured["quick"] for p in surface(s)], constraints).passing[0]
     assert best.settings.max_batch_size == 8 and best.settings.dynamic_batching
     assert found.throughput == best.throughput
     assert len(set(measured["quick"])) == len(measured["quick"])  # nothing measured twice
     assert len(measured["quick"]) <= len(measured["brute"]) / 3  # issue 36: a third at most
+    # The ETA's estimate: given before each axis; in the last pass, which moves nothing, it is exact.
+    assert len(estimates) > len(space.axes) and estimates[0][1] > 0
+    done_before, expected = estimates[-1]
+    assert expected == len(measured["quick"]) - done_before
+
+
+def test_the_quick_searchs_progress_line_has_its_estimate() -> None:
+    lines = io.StringIO()
+    progress = Progress(None, lines)
+    progress.measured(Measurement(ModelSettings(1, False, 1), 1, throughput=10, p99_ms=1))
+    progress.settings_finished()
+    progress.expect(3)
+    progress.measured(Measurement(ModelSettings(2, True, 1), 1, throughput=20, p99_ms=1))
+    first, second = lines.getvalue().splitlines()
+    assert first.startswith("[configuration 1, 0:00] mbs1_nodb_i1 concurrency 1: 10 infer/s")
+    assert re.match(r"\[configuration 2, 0:00, about 3 more, ETA ~0:00\] mbs2_db0_i1 ", second)
 
 
 def test_brute_measures_all_but_the_start_which_is_measured_first() -> None:

@@ -21,6 +21,7 @@ import pytest
 
 from coreserve.analyze._points import ModelSettings
 from coreserve.config.parse import read_config_file
+from coreserve.server.metrics._system import GpuMetrics as SystemGpuMetrics
 from coreserve.testing import ServerFactory
 from model_builders import identity_model, scale_model, write_bls_model, write_model
 from waiting import wait_until
@@ -83,8 +84,9 @@ ensemble_scheduling { step [
 
 SEQUENCE = "sequence_batching { max_sequence_idle_microseconds: 5000000 }\n"
 
-# Small bounds and short windows: the command's behaviour, not its figures, is under test.
-FAST = ["--window-seconds", "0.2", "--max-windows", "4", "--max-concurrency", "2"]
+# Small bounds and short windows: the command's behaviour, not its figures, is under test. The
+# instances stay on the CPU where the server has GPUs too (test_gpus_are_swept_and_measured).
+FAST = ["--window-seconds", "0.2", "--max-windows", "4", "--max-concurrency", "2", "--instance-kinds", "cpu"]
 SMALL = ["--max-batch-size", "2", "--max-instance-count", "2", *FAST]
 MA_COLUMNS = [
     "Model",
@@ -314,11 +316,49 @@ def test_an_unknown_model_is_named_with_the_models_there(repository: Path, tmp_p
             "needs a server the analysis starts",
         ),
         (["--model", "identity", "--server-url", "x:1", "--composing-models", ","], "model names"),
+        (["--model", "identity", "--server-url", "x:1", "--instance-kinds", "tpu"], "expected cpu, gpu"),
+        (
+            ["--model", "identity", "--model-repository", ".", "--metrics-url", "http://x/"],
+            "is for --server-url",
+        ),
     ],
 )
 def test_bad_flags_are_refused_with_the_reason(args: list[str], message: str) -> None:
     done = analyze(*args)
     assert done.returncode == 2 and message in done.stderr
+
+
+@pytest.mark.parametrize("asked", [["--instance-kinds", "gpu"], ["--max-gpu-memory-mb", "100"]])
+def test_gpus_asked_for_where_the_server_reports_none_are_refused(
+    repository: Path, tmp_path: Path, asked: list[str]
+) -> None:
+    done = analyze(
+        "--model-repository", repository, "--model", "identity", "--output-dir", tmp_path,
+        "--server-arg=--allow-gpu-metrics=false", *asked,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert f"{asked[0]}" in done.stderr and "no GPU to measure" in done.stderr
+    assert "report no GPU" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_gpus_are_swept_and_measured(repository: Path, tmp_path: Path) -> None:
+    gpus, why = SystemGpuMetrics.open()
+    if gpus is None:
+        pytest.skip(f"the server reports GPUs through NVML (nvidia-ml-py) and an NVIDIA GPU: {why}")
+    gpus.close()
+    done = analyze(
+        "--model-repository", repository, "--model", "picky", "--search", "brute", "--output-dir", tmp_path,
+        "--max-batch-size", "1", "--max-instance-count", "1", *FAST, "--instance-kinds", "cpu,gpu",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "GPU memory and utilisation read from http://127.0.0.1:" in done.stderr
+    table = rows(tmp_path)
+    # picky runs on either kind (a Python model's instance on a GPU only names its device)
+    assert {row["Instance Group"] for row in table} == {"1:CPU", "1:GPU"}
+    assert all(row["Error"] == "" for row in table)
+    assert all(float(row["Max GPU Memory Usage (MB)"]) > 0 for row in table)
+    assert all(0 <= float(row["Average GPU Utilization (%)"]) <= 100 for row in table)
+    assert "GPU MB" in done.stdout
 
 
 def _server_pid_of(analyzer: subprocess.Popen[str]) -> int | None:

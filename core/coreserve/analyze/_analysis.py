@@ -27,6 +27,11 @@ class Analysis:
     def baseline(self) -> ModelSettings:
         return ModelSettings.of(self.base_config, self.composing_configs)
 
+    @property
+    def measured_gpus(self) -> bool:
+        """Whether the server reported GPUs: the tables then have the GPUs' columns."""
+        return any(point.gpu_memory_mb is not None for point in self.measurements)
+
     def ranking(self) -> Ranking:
         return rank(self.measurements, self.constraints, self.objective)
 

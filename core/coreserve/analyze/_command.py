@@ -24,9 +24,10 @@ from coreserve.analyze._client import ServerClient, ServerGone
 from coreserve.analyze._csv_files import write_csv_files
 from coreserve.analyze._flags import parse_args
 from coreserve.analyze._found import AnalyzeError, ModelAsFound, find_model
+from coreserve.analyze._gpu_metrics import GpuMetrics
 from coreserve.analyze._load import Windows
 from coreserve.analyze._output_repository import OUTPUT_REPOSITORY, write_output_repository
-from coreserve.analyze._points import ModelSettings
+from coreserve.analyze._points import CPU, GPU, ModelSettings
 from coreserve.analyze._progress import Progress
 from coreserve.analyze._ranking import Constraints
 from coreserve.analyze._report import write_report
@@ -80,21 +81,27 @@ async def _analyze(args: argparse.Namespace) -> int:
         checkpoint = Checkpoint(out_dir, _measured_what(args))
     except CheckpointMismatch as exc:
         raise AnalyzeError(str(exc)) from None
-    constraints = Constraints(args.latency_budget_ms, args.min_throughput, args.max_memory_mb)
+    constraints = Constraints(
+        args.latency_budget_ms, args.min_throughput, args.max_memory_mb, args.max_gpu_memory_mb
+    )
     server = None
     if not args.server_url:
         server = ServerProcess(args.model_repository, out_dir / "server.log", args.server_arg)
     client = ServerClient(server.address if server is not None else args.server_url)
+    gpus = None
     try:
         await _wait_ready(client, server)
+        gpus = await _gpu_metrics(args, server)
         found = await find_model(client, args.model, args.composing_models, load=server is not None)
-        await _search(args, client, server, found, constraints, checkpoint)
+        await _search(args, client, server, found, constraints, checkpoint, gpus)
     except ServerGone as exc:
         log = f"\n{server.log_tail()}" if server is not None else ""
         raise AnalyzeError(
             f"{exc}; what was measured is kept: the same command resumes the analysis{log}"
         ) from None
     finally:
+        if gpus is not None:
+            await gpus.close()
         await client.close()
         if server is not None:
             server.stop()
@@ -121,6 +128,30 @@ async def _wait_ready(client: ServerClient, server: ServerProcess | None) -> Non
         await asyncio.sleep(0.2)
 
 
+async def _gpu_metrics(args: argparse.Namespace, server: ServerProcess | None) -> GpuMetrics | None:
+    """The server's GPUs, read from its metrics while the analysis runs; None where it reports
+    none (then asking for GPU instances or a GPU memory bound is an error)."""
+    if server is not None:
+        url = server.metrics_url
+    else:
+        url = args.metrics_url or f"http://{args.server_url.rsplit(':', 1)[0]}:8002/metrics"
+    gpus, reason = await GpuMetrics.open(url)
+    if gpus is not None:
+        print(f"coreserve analyze: GPU memory and utilisation read from {url}: {reason}", file=sys.stderr)
+        return gpus
+    asked = [
+        flag
+        for flag, given in (
+            ("--instance-kinds gpu", args.instance_kinds and GPU in args.instance_kinds),
+            ("--max-gpu-memory-mb", args.max_gpu_memory_mb is not None),
+        )
+        if given
+    ]
+    if asked:
+        raise AnalyzeError(f"{' and '.join(asked)}: no GPU to measure ({reason})")
+    return None
+
+
 async def _search(
     args: argparse.Namespace,
     client: ServerClient,
@@ -128,22 +159,27 @@ async def _search(
     found: ModelAsFound,
     constraints: Constraints,
     checkpoint: Checkpoint,
+    gpus: GpuMetrics | None,
 ) -> None:
     base_config = found.config
+    own_settings = base_config.platform != "ensemble"
+    kinds = args.instance_kinds or ((CPU, GPU) if gpus is not None else ())
     space = SearchSpace(
         max_batch_size=args.max_batch_size,
         max_instance_count=args.max_instance_count,
         queue_delays_us=args.queue_delays_us,
         max_concurrency=args.max_concurrency,
         batching=base_config.max_batch_size > 0,
-        own_settings=base_config.platform != "ensemble",
+        own_settings=own_settings,
         composing=tuple(found.composing),
+        instance_kinds=kinds if own_settings else (),
     )
     baseline = ModelSettings.of(base_config, found.composing)
     everything = space.all_settings(baseline)
     total: int | None = 1  # a server we did not start: its configuration as it is
     if server is not None:  # brute's count is known ahead, quick's path is not
         total = len(everything) + (baseline not in everything) if args.search == "brute" else None
+    progress = Progress(total)
     usage: Callable[[], Usage] | None = None
     if server is not None:
         pid = server.process.pid
@@ -156,12 +192,13 @@ async def _search(
         constraints,
         Windows(seconds=args.window_seconds, max_windows=args.max_windows),
         checkpoint,
-        Progress(total),
+        progress,
         usage,
         reconfigure=server is not None,
         composing_configs=found.composing,
         http_address=_http_address(args, server),
         perf_analyzer=args.perf_analyzer,
+        gpus=gpus,
     )
     try:
         await sweep.evaluate(baseline)  # the model as it is: what the report compares against
@@ -170,7 +207,7 @@ async def _search(
         if args.search == "brute":
             await brute(space, baseline, sweep.evaluate)
         else:
-            await quick(space, baseline, sweep.evaluate, constraints, args.objective)
+            await quick(space, baseline, sweep.evaluate, constraints, args.objective, progress.expect)
     finally:
         await sweep.close()
 

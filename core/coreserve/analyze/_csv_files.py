@@ -35,6 +35,8 @@ INFERENCE_COLUMNS = [
     "Server Compute Output (ms)",
     "CPU Utilization (%)",
     "RAM Usage (MB)",
+    "Average GPU Utilization (%)",
+    "Max GPU Memory Usage (MB)",
     "Client CPU (%)",
     "Dynamic Batching",
     "Max Queue Delay (us)",
@@ -58,6 +60,8 @@ SUMMARY_COLUMNS = [
     "p50 Latency (ms)",
     "CPU Utilization (%)",
     "RAM Usage (MB)",
+    "Average GPU Utilization (%)",
+    "Max GPU Memory Usage (MB)",
     "Constraint Violations",
 ]
 
@@ -136,6 +140,8 @@ def _number_columns(point: Measurement) -> dict[str, object]:
         "p50 Latency (ms)": _number(point.p50_ms),
         "CPU Utilization (%)": _number_or_blank(point.server_cpu_percent),
         "RAM Usage (MB)": _number_or_blank(point.server_rss_mb),
+        "Average GPU Utilization (%)": _number_or_blank(point.gpu_utilization_percent),
+        "Max GPU Memory Usage (MB)": _number_or_blank(point.gpu_memory_mb),
     }
 
 

@@ -37,6 +37,13 @@ def _names(text: str) -> tuple[str, ...]:
     return names
 
 
+def _kinds(text: str) -> tuple[str, ...]:
+    names = [part.strip().lower() for part in text.split(",") if part.strip()]
+    if not names or any(name not in ("cpu", "gpu") for name in names):
+        raise argparse.ArgumentTypeError(f"expected cpu, gpu or cpu,gpu, got {text!r}")
+    return tuple(f"KIND_{name.upper()}" for name in ("cpu", "gpu") if name in names)
+
+
 def parser() -> argparse.ArgumentParser:
     flags = argparse.ArgumentParser(
         prog="coreserve analyze",
@@ -81,6 +88,12 @@ def parser() -> argparse.ArgumentParser:
         help="measure with Triton's perf_analyzer (the one on PATH, or PATH) instead of coreserve's "
         "own load generator",
     )
+    where.add_argument(
+        "--metrics-url",
+        metavar="URL",
+        help="the --server-url server's Prometheus metrics, where its GPUs' memory and utilisation "
+        "are read (Model Analyzer's --triton-metrics-url; default: port 8002 of its host)",
+    )
     where.add_argument("--output-dir", type=Path, default=Path("analysis"), help="(default: analysis)")
     where.add_argument(
         "--server-arg",
@@ -93,6 +106,9 @@ def parser() -> argparse.ArgumentParser:
     goals.add_argument("--latency-budget-ms", type=_positive(float), help="p99 latency at most this")
     goals.add_argument("--min-throughput", type=_positive(float), help="inferences per second at least this")
     goals.add_argument("--max-memory-mb", type=_positive(float), help="server memory (RSS) at most this")
+    goals.add_argument(
+        "--max-gpu-memory-mb", type=_positive(float), help="GPU memory used (all GPUs) at most this"
+    )
     goals.add_argument("--objective", choices=("throughput", "latency"), default="throughput")
     search = flags.add_argument_group("the search")
     search.add_argument("--search", choices=("quick", "brute"), default="quick")
@@ -105,6 +121,12 @@ def parser() -> argparse.ArgumentParser:
         type=_delays,
         default=(0,),
         help="max_queue_delay_microseconds values tried with dynamic batching (default: 0)",
+    )
+    search.add_argument(
+        "--instance-kinds",
+        type=_kinds,
+        metavar="cpu,gpu",
+        help="the instance kinds tried (default: both where the server reports GPUs, else the model's own)",
     )
     search.add_argument("--max-concurrency", type=_positive(int), default=64)
     search.add_argument("--window-seconds", type=_positive(float), default=1.0, help="one measurement window")
@@ -126,6 +148,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         flags.error(
             "--max-memory-mb needs a server the analysis starts (its memory is read from its processes)"
         )
+    if args.metrics_url and not args.server_url:
+        flags.error("--metrics-url is for --server-url (the server the analysis starts is read directly)")
     if args.max_windows < 3:
         flags.error("--max-windows must be at least 3 (the stability rule compares three windows)")
     return args

@@ -5,8 +5,8 @@ perf_analyzer's way: measurement windows of a fixed length, repeated until the l
 agree within 10% on throughput and on p99 latency (or a window limit is reached), and the
 figures are those of the three stable windows. Latencies are the client's; the split of a
 request's time comes from the server's statistics over the same windows; CPU and memory from
-the server's process tree where it is a local process. The generator's own CPU is measured
-too: near one core, the client, not the server, set the pace.
+the server's process tree where it is a local process; the GPUs' from the server's metrics.
+The generator's own CPU is measured too: near one core, the client, not the server, set the pace.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import numpy as np
 
 from coreserve.analyze._callers import Caller, RequestFailed
 from coreserve.analyze._client import ServerClient, ServerGone, StatsSnapshot
+from coreserve.analyze._gpu_metrics import GpuMetrics
 from coreserve.analyze._points import Measurement, ModelSettings
 from coreserve.analyze._server_process import Usage
 
@@ -41,7 +42,12 @@ class _Window:
     completed: int
     errors: int
     latencies_s: list[float]
-    seconds: float
+    began: float  # time.monotonic()
+    ended: float
+
+    @property
+    def seconds(self) -> float:
+        return self.ended - self.began
 
     @property
     def throughput(self) -> float:
@@ -93,6 +99,7 @@ async def measure(
     windows: Windows,
     usage: Callable[[], Usage] | None = None,
     batch: int = 1,
+    gpus: GpuMetrics | None = None,
 ) -> Measurement:
     """Measures one load level of `caller`'s requests (each of `batch` inferences) on `model`;
     raises ServerGone when the server stops answering."""
@@ -105,7 +112,13 @@ async def measure(
         for worker in workers:  # requests in flight are dropped, not waited for
             worker.cancel()
         await asyncio.gather(*workers, return_exceptions=True)
-    return _point(span, recorder, settings, concurrency, batch)
+    point = _point(span, recorder, settings, concurrency, batch)
+    if gpus is not None and not point.failed:
+        figures = gpus.figures(span.windows[0].began, span.windows[-1].ended)
+        if figures is not None:
+            point.gpu_utilization_percent = figures.utilization_percent
+            point.gpu_memory_mb = figures.memory_used_mb
+    return point
 
 
 def _point(
@@ -152,16 +165,15 @@ async def _stable_windows(
     current_usage = await asyncio.to_thread(usage) if usage else None
     cpu = time.process_time()
     recorder.take()
-    began = time.perf_counter()
+    began = time.monotonic()
     while True:
         await asyncio.sleep(windows.seconds)
         if recorder.gone is not None:
             raise recorder.gone
-        ended = time.perf_counter()
+        ended = time.monotonic()
         latencies, errors = recorder.take()
-        history.append(
-            (_Window(len(latencies), errors, latencies, ended - began), snapshot, current_usage, cpu)
-        )
+        window = _Window(len(latencies), errors, latencies, began, ended)
+        history.append((window, snapshot, current_usage, cpu))
         began = ended
         snapshot = await client.statistics(model)
         current_usage = await asyncio.to_thread(usage) if usage else None

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from coreserve.analyze._client import ServerClient, ServerGone
+from coreserve.analyze._gpu_metrics import GpuMetrics
 from coreserve.analyze._load import STABLE_WITHIN, Windows
 from coreserve.analyze._points import Measurement, ModelSettings
 from coreserve.analyze._server_process import Usage
@@ -53,6 +54,7 @@ async def measure_with_perf_analyzer(
     windows: Windows,
     shapes: dict[str, list[int]],
     usage: Callable[[], Usage] | None = None,
+    gpus: GpuMetrics | None = None,
 ) -> Measurement:
     """Runs perf_analyzer at one concurrency against `url` (`protocol` grpc or http), its
     inputs of `shapes` (without the batch dimension: perf_analyzer needs them where the model
@@ -94,6 +96,10 @@ async def measure_with_perf_analyzer(
     if before is not None and after is not None:
         point.server_cpu_percent = after.cpu_percent_since(before)
         point.server_rss_mb = after.rss_mb
+    figures = gpus.figures(started, started + wall) if gpus is not None else None
+    if figures is not None:
+        point.gpu_utilization_percent = figures.utilization_percent
+        point.gpu_memory_mb = figures.memory_used_mb
     point.extra["load_generator"] = "perf_analyzer"
     return point
 

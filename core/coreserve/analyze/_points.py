@@ -11,9 +11,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from coreserve.protos.model_config_pb2 import ModelConfig
+from coreserve.protos.model_config_pb2 import ModelConfig, ModelInstanceGroup
 
 CLIENT_BATCH_SIZE = 1  # inferences per request the load generator sends (the CSV's "Batch")
+CPU, GPU = "KIND_CPU", "KIND_GPU"
 
 
 @dataclass(frozen=True, order=True)
@@ -28,6 +29,8 @@ class ModelSettings:
     composing: tuple[tuple[str, int], ...] = ()
     # False for an ensemble: it has no instances or batcher of its own, only its steps'.
     own_settings: bool = True
+    # KIND_CPU or KIND_GPU given to every instance group; "" keeps each group's kind.
+    instance_kind: str = ""
 
     @property
     def key(self) -> str:
@@ -35,7 +38,8 @@ class ModelSettings:
         parts = []
         if self.own_settings:
             batching = f"db{self.max_queue_delay_us}" if self.dynamic_batching else "nodb"
-            parts.append(f"mbs{self.max_batch_size}_{batching}_i{self.instance_count}")
+            on_gpu = "_gpu" if self.instance_kind == GPU else ""
+            parts.append(f"mbs{self.max_batch_size}_{batching}_i{self.instance_count}{on_gpu}")
         parts.extend(f"{name}-i{count}" for name, count in self.composing)
         return "_".join(parts)
 
@@ -45,13 +49,15 @@ class ModelSettings:
             batching = "no dynamic batching"
             if self.dynamic_batching:
                 batching = f"dynamic batching ({self.max_queue_delay_us} µs)"
-            parts += [f"max_batch_size={self.max_batch_size}", batching, _instances(self.instance_count)]
+            instances = _instances(self.instance_count) + (" on GPU" if self.instance_kind == GPU else "")
+            parts += [f"max_batch_size={self.max_batch_size}", batching, instances]
         parts.extend(f"{name}: {_instances(count)}" for name, count in self.composing)
         return ", ".join(parts)
 
     def applied_to(self, base: ModelConfig) -> ModelConfig:
-        """`base` with these settings: every instance group gets the count (the kind stays), and
-        dynamic batching keeps its other fields (preferred sizes up to the new batch size).
+        """`base` with these settings: every instance group gets the count (and the kind, where
+        one is set), and dynamic batching keeps its other fields (preferred sizes up to the new
+        batch size).
         An ensemble's (not `own_settings`) is `base` as it is."""
         if not self.own_settings:
             return base
@@ -67,7 +73,14 @@ class ModelSettings:
             batching.preferred_batch_size.extend(kept)
         else:
             config.ClearField("dynamic_batching")
-        return with_instance_count(config, self.instance_count)
+        config = with_instance_count(config, self.instance_count)
+        if self.instance_kind:
+            on_gpu = self.instance_kind == GPU
+            for group in config.instance_group:
+                group.kind = ModelInstanceGroup.KIND_GPU if on_gpu else ModelInstanceGroup.KIND_CPU
+                if not on_gpu:
+                    del group.gpus[:]
+        return config
 
     @classmethod
     def of(cls, config: ModelConfig, composing: dict[str, ModelConfig] | None = None) -> ModelSettings:
@@ -80,6 +93,7 @@ class ModelSettings:
             max_queue_delay_us=config.dynamic_batching.max_queue_delay_microseconds,
             composing=tuple((name, instance_count(part)) for name, part in (composing or {}).items()),
             own_settings=config.platform != "ensemble",
+            instance_kind=instance_kind(config),
         )
 
     @classmethod
@@ -92,6 +106,13 @@ class ModelSettings:
 def instance_count(config: ModelConfig) -> int:
     """A model's instance count as the sweep changes it: the largest of its groups' counts."""
     return max((group.count or 1 for group in config.instance_group), default=1)
+
+
+def instance_kind(config: ModelConfig) -> str:
+    """KIND_CPU or KIND_GPU where every instance group has that kind; else "" (the sweep then
+    keeps each group's kind)."""
+    kinds = {ModelInstanceGroup.Kind.Name(group.kind) for group in config.instance_group}
+    return kinds.pop() if len(kinds) == 1 and kinds <= {CPU, GPU} else ""
 
 
 def with_instance_count(config: ModelConfig, count: int) -> ModelConfig:
@@ -128,6 +149,9 @@ class Measurement:
     # The server's process tree (100 is one core); None where the server is not ours to watch.
     server_cpu_percent: float | None = None
     server_rss_mb: float | None = None
+    # The GPUs' (server metrics' nv_gpu_*): None where the server reports no GPU.
+    gpu_utilization_percent: float | None = None
+    gpu_memory_mb: float | None = None
     client_cpu_percent: float = 0.0  # the load generator's own process
     requests: int = 0
     errors: int = 0

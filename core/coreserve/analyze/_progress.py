@@ -12,6 +12,7 @@ from coreserve.analyze._points import Measurement
 class Progress:
     def __init__(self, total_settings: int | None, stream: TextIO = sys.stderr) -> None:
         self.total = total_settings  # None for the quick search: its path is not known ahead
+        self.expected_more: int | None = None  # the quick search's own estimate, as it goes
         self.stream = stream
         self.started = time.monotonic()
         self.settings_done = 0
@@ -19,6 +20,12 @@ class Progress:
 
     def settings_finished(self) -> None:
         self.settings_done += 1
+        if self.expected_more:
+            self.expected_more -= 1
+
+    def expect(self, more: int) -> None:
+        """The quick search's estimate of the settings it still measures."""
+        self.expected_more = more
 
     def measured(self, point: Measurement, resumed: bool = False) -> None:
         self.points += 1
@@ -33,8 +40,12 @@ class Progress:
 
     def _bar(self) -> str:
         elapsed = time.monotonic() - self.started
-        if not self.total:  # the quick search: how far it is, not how far it has to go
-            return f"[configuration {self.settings_done + 1}, {_clock(elapsed)}]"
+        if not self.total:  # the quick search: its path is found as it goes, so the ETA is its estimate
+            position = f"configuration {self.settings_done + 1}, {_clock(elapsed)}"
+            if self.expected_more is None or not self.settings_done:
+                return f"[{position}]"
+            estimate = elapsed / self.settings_done * self.expected_more
+            return f"[{position}, about {self.expected_more} more, ETA ~{_clock(estimate)}]"
         done = self.settings_done / self.total
         filled = int(20 * done)
         eta = elapsed / done * (1 - done) if done else None

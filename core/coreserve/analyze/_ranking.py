@@ -16,11 +16,12 @@ from coreserve.analyze._points import Measurement, ModelSettings
 
 @dataclass(frozen=True)
 class Constraints:
-    """Model Analyzer's constraints: p99 latency, minimum throughput, server memory."""
+    """Model Analyzer's constraints: p99 latency, minimum throughput, server memory, GPU memory."""
 
     latency_budget_ms: float | None = None
     min_throughput: float | None = None
     max_memory_mb: float | None = None
+    max_gpu_memory_mb: float | None = None
 
     def violations(self, point: Measurement) -> list[str]:
         """What `point` breaks, in words; empty where it meets every constraint."""
@@ -36,6 +37,9 @@ class Constraints:
         memory = point.server_rss_mb
         if self.max_memory_mb is not None and memory is not None and memory > self.max_memory_mb:
             broken.append(f"memory {memory:.0f} MB > maximum {self.max_memory_mb:g} MB")
+        gpu_memory, gpu_bound = point.gpu_memory_mb, self.max_gpu_memory_mb
+        if gpu_bound is not None and gpu_memory is not None and gpu_memory > gpu_bound:
+            broken.append(f"GPU memory {gpu_memory:.0f} MB > maximum {gpu_bound:g} MB")
         return broken
 
     def met_by(self, point: Measurement) -> bool:
@@ -84,4 +88,6 @@ def _distance(point: Measurement, constraints: Constraints) -> float:
         distance += max(0.0, 1 - point.throughput / constraints.min_throughput)
     if constraints.max_memory_mb:
         distance += max(0.0, (point.server_rss_mb or 0.0) / constraints.max_memory_mb - 1)
+    if constraints.max_gpu_memory_mb:
+        distance += max(0.0, (point.gpu_memory_mb or 0.0) / constraints.max_gpu_memory_mb - 1)
     return distance

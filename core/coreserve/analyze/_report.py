@@ -29,8 +29,9 @@ from coreserve.analyze._wording import (
     client_bound_note,
     describe_constraints,
     recommendations,
+    usage_cells,
+    usage_headers,
     violations_text,
-    whole,
 )
 from coreserve.errors import UnsupportedError
 
@@ -121,14 +122,14 @@ def _written_folders(out_dir: Path) -> set[str]:
 def _best_section(analysis: Analysis, rows: list[Recommendation], top: int, written: set[str]) -> list[str]:
     if not rows:
         return _closest_section(analysis, top)
-    headers = ["#", "output folder", "configuration", "concurrency", "infer/s", "p50 ms", "p95 ms"]
-    headers += ["p99 ms", "server CPU %", "RSS MB", "Δ infer/s", "Δ p99"]
+    headers = ["#", "output folder", "configuration", *NUMBER_HEADERS, *usage_headers(analysis)]
+    headers += ["Δ infer/s", "Δ p99"]
     cells = [
         [
             str(row.rank),
             _folder(output_model_name(analysis.model, row.rank - 1), written),
             row.point.settings.describe(),
-            *_numbers(row.point),
+            *_numbers(analysis, row.point),
             row.throughput_change,
             row.p99_change,
         ]
@@ -148,24 +149,29 @@ def _closest_section(analysis: Analysis, top: int) -> list[str]:
     closest = analysis.ranking().closest[:top]
     if not closest:
         return [*section, "<p>Every configuration failed: see the errors below.</p>"]
-    headers = ["configuration", "concurrency", "infer/s", "p50 ms", "p95 ms", "p99 ms", "server CPU %"]
-    headers += ["RSS MB", "breaks"]
+    headers = ["configuration", *NUMBER_HEADERS, *usage_headers(analysis), "breaks"]
     cells = [
-        [point.settings.describe(), *_numbers(point), violations_text(analysis, point)] for point in closest
+        [point.settings.describe(), *_numbers(analysis, point), violations_text(analysis, point)]
+        for point in closest
     ]
-    section += ["<h3>The closest configurations</h3>", _table(headers, cells, text_columns={0, 8})]
+    section += [
+        "<h3>The closest configurations</h3>",
+        _table(headers, cells, text_columns={0, len(headers) - 1}),
+    ]
     return section + _client_note(closest[0])
 
 
-def _numbers(point: Measurement) -> list[str]:
+NUMBER_HEADERS = ["concurrency", "infer/s", "p50 ms", "p95 ms", "p99 ms"]
+
+
+def _numbers(analysis: Analysis, point: Measurement) -> list[str]:
     return [
         str(point.concurrency),
         f"{point.throughput:.1f}",
         f"{point.p50_ms:.2f}",
         f"{point.p95_ms:.2f}",
         f"{point.p99_ms:.2f}",
-        whole(point.server_cpu_percent),
-        whole(point.server_rss_mb),
+        *usage_cells(analysis, point),
     ]
 
 

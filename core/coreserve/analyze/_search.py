@@ -2,7 +2,8 @@
 
 `brute` measures every combination within the bounds. `quick` climbs from the model's current
 settings one axis at a time (dynamic batching switched, the batch size doubled or halved while
-dynamic batching is on, the next queue delay, one instance more or fewer) while a step improves
+dynamic batching is on, the next queue delay, the instances' kind where the server has GPUs,
+one instance more or fewer) while a step improves
 the objective, so it measures a path through the space, not the whole of it. The load
 generator sends batch-1 requests, so without dynamic batching every max_batch_size behaves the
 same, and with it a size of 1 forms no batch: the climb does not measure those steps (brute
@@ -23,7 +24,7 @@ from coreserve.analyze._ranking import Constraints, rank
 GROWTH = 1.05  # a concurrency level must add 5% throughput for the next to be measured
 # Dynamic batching first: with the load generator's batch-1 requests, max_batch_size matters
 # only once the server may form batches itself.
-OWN_AXES = ("dynamic_batching", "batch", "queue_delay", "instances")
+OWN_AXES = ("dynamic_batching", "batch", "queue_delay", "kind", "instances")
 MAX_PASSES = 3
 
 Evaluate = Callable[[ModelSettings], Awaitable[list[Measurement]]]
@@ -40,6 +41,9 @@ class SearchSpace:
     batching: bool = True  # False where the model has max_batch_size 0: batch settings stay as found
     own_settings: bool = True  # False for an ensemble: only its composing models' instances change
     composing: tuple[str, ...] = ()  # the composing models, each an axis of its instance count
+    # The instance kinds tried (KIND_CPU, KIND_GPU) where the server has GPUs; empty: the
+    # model's own kind stays.
+    instance_kinds: tuple[str, ...] = ()
 
     @property
     def axes(self) -> tuple[str, ...]:
@@ -58,7 +62,7 @@ class SearchSpace:
 
     def all_settings(self, start: ModelSettings) -> list[ModelSettings]:
         """Every combination within the bounds; an ensemble's own settings stay `start`'s."""
-        own = [start] if not self.own_settings else self._own_settings()
+        own = [start] if not self.own_settings else self._own_settings(start.instance_kind)
         counts = range(1, self.max_instance_count + 1)
         found = [
             replace(settings, composing=tuple(zip(self.composing, combination, strict=True)))
@@ -67,13 +71,18 @@ class SearchSpace:
         ]
         return sorted(set(found))
 
-    def _own_settings(self) -> list[ModelSettings]:
+    def _own_settings(self, start_kind: str) -> list[ModelSettings]:
         found = []
-        for batch, count in itertools.product(self.batch_sizes(), range(1, self.max_instance_count + 1)):
-            found.append(ModelSettings(batch, False, count))
+        counts = range(1, self.max_instance_count + 1)
+        for batch, count, kind in itertools.product(self.batch_sizes(), counts, self._kinds(start_kind)):
+            found.append(ModelSettings(batch, False, count, instance_kind=kind))
             if batch > 0:
-                found.extend(ModelSettings(batch, True, count, delay) for delay in self.queue_delays_us)
+                delays = self.queue_delays_us
+                found.extend(ModelSettings(batch, True, count, delay, instance_kind=kind) for delay in delays)
         return found
+
+    def _kinds(self, start_kind: str) -> tuple[str, ...]:
+        return self.instance_kinds or (start_kind,)
 
     def clamp(self, settings: ModelSettings) -> ModelSettings:
         """`settings` brought into the bounds (the climb starts from the model's own)."""
@@ -85,13 +94,15 @@ class SearchSpace:
         delay = min(self.queue_delays_us, key=lambda value: abs(value - settings.max_queue_delay_us))
         batching = settings.dynamic_batching and batch > 0
         count = self._count(settings.instance_count)
-        return ModelSettings(batch, batching, count, delay if batching else 0, composing)
+        kinds = self._kinds(settings.instance_kind)
+        kind = settings.instance_kind if settings.instance_kind in kinds else kinds[-1]
+        return ModelSettings(batch, batching, count, delay if batching else 0, composing, instance_kind=kind)
 
     def _count(self, count: int) -> int:
         return min(max(count, 1), self.max_instance_count)
 
     def step(self, settings: ModelSettings, axis: str, direction: int) -> ModelSettings | None:
-        """The settings one step along `axis` ("batch", "dynamic_batching", "queue_delay",
+        """The settings one step along `axis` ("batch", "dynamic_batching", "queue_delay", "kind",
         "instances", "instances:<composing model>") up (+1) or down (-1) from `settings`; None
         past the bounds."""
         if axis.startswith("instances:"):
@@ -101,6 +112,10 @@ class SearchSpace:
         if axis == "instances":
             count = settings.instance_count + direction
             return replace(settings, instance_count=count) if 1 <= count <= self.max_instance_count else None
+        if axis == "kind":
+            kinds = self._kinds(settings.instance_kind)
+            index = kinds.index(settings.instance_kind) + direction if settings.instance_kind in kinds else -1
+            return replace(settings, instance_kind=kinds[index]) if 0 <= index < len(kinds) else None
         if settings.max_batch_size == 0:
             return None  # the model does not batch: only its instances change
         if axis == "batch":
@@ -169,11 +184,17 @@ async def brute(space: SearchSpace, start: ModelSettings, evaluate: Evaluate) ->
 
 
 async def quick(
-    space: SearchSpace, start: ModelSettings, evaluate: Evaluate, constraints: Constraints, objective: str
+    space: SearchSpace,
+    start: ModelSettings,
+    evaluate: Evaluate,
+    constraints: Constraints,
+    objective: str,
+    expect: Callable[[int], None] | None = None,
 ) -> None:
     """A coordinate climb from `start` (brought into the bounds): along each axis in turn, step
     up while that does better, else down while that does; again over all axes until a whole
-    pass moves nothing (at most MAX_PASSES)."""
+    pass moves nothing (at most MAX_PASSES). `expect` is told, before each axis, how many more
+    settings the climb expects to measure (the progress line's ETA)."""
     measured: dict[ModelSettings, list[Measurement]] = {}
 
     async def better(candidate: ModelSettings, current: ModelSettings) -> bool:
@@ -186,9 +207,11 @@ async def quick(
         return bool(leaders) and leaders[0].settings == candidate
 
     current = space.clamp(start)
-    for _ in range(MAX_PASSES):
+    for passes_left in range(MAX_PASSES - 1, -1, -1):
         moved = False
-        for axis in space.axes:
+        for index, axis in enumerate(space.axes):
+            if expect is not None:
+                expect(_expected_more(space, current, space.axes[index:], measured, moved, passes_left))
             for direction in (1, -1):
                 stepped = False
                 while (candidate := space.step(current, axis, direction)) is not None:
@@ -199,3 +222,19 @@ async def quick(
                     break  # up did better: down need not be tried
         if not moved:
             return
+
+
+def _expected_more(
+    space: SearchSpace,
+    current: ModelSettings,
+    axes: tuple[str, ...],
+    measured: dict[ModelSettings, list[Measurement]],
+    moved: bool,
+    passes_left: int,
+) -> int:
+    """An estimate of the settings the climb still measures: the unmeasured neighbours of
+    `current` along the axes left in this pass, and, where this pass has moved, one per axis
+    for the pass that checks the new place."""
+    neighbours = {space.step(current, axis, direction) for axis in axes for direction in (1, -1)}
+    more = sum(1 for settings in neighbours - {None} if settings not in measured)
+    return more + (len(space.axes) if moved and passes_left else 0)

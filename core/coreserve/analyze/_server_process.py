@@ -2,7 +2,8 @@
 
 The server runs with `--model-control-mode explicit` on the user's repository: each
 configuration is loaded through the repository API with a config override, so nothing
-restarts between points. Ports are free ones on 127.0.0.1, chosen at start.
+restarts between points. Ports are free ones on 127.0.0.1, chosen at start. Its metrics are
+refreshed every METRICS_INTERVAL_MS: the GPUs' figures are read there.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+METRICS_INTERVAL_MS = 500
 
 
 def free_port() -> int:
@@ -31,6 +33,7 @@ class ServerProcess:
     def __init__(self, repository: Path, log_path: Path, extra_args: list[str]) -> None:
         self.grpc_port = free_port()
         self.http_port = free_port()
+        self.metrics_port = free_port()
         self.log_path = log_path
         command = [
             sys.executable,
@@ -48,8 +51,12 @@ class ServerProcess:
             "127.0.0.1",
             "--grpc-port",
             str(self.grpc_port),
-            "--allow-metrics",
-            "false",
+            "--metrics-address",
+            "127.0.0.1",
+            "--metrics-port",
+            str(self.metrics_port),
+            "--metrics-interval-ms",
+            str(METRICS_INTERVAL_MS),
             *extra_args,
         ]
         self._log = log_path.open("ab")
@@ -62,6 +69,10 @@ class ServerProcess:
     @property
     def http_address(self) -> str:
         return f"127.0.0.1:{self.http_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
     def alive(self) -> bool:
         return self.process.poll() is None

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from coreserve.analyze._callers import Caller, GrpcCaller, HttpCaller
 from coreserve.analyze._checkpoint import Checkpoint
 from coreserve.analyze._client import LoadFailed, ServerClient
+from coreserve.analyze._gpu_metrics import GpuMetrics
 from coreserve.analyze._load import Windows, measure
 from coreserve.analyze._perf_analyzer import measure_with_perf_analyzer
 from coreserve.analyze._points import CLIENT_BATCH_SIZE, Measurement, ModelSettings, with_instance_count
@@ -43,6 +44,7 @@ class Sweep:
         composing_configs: dict[str, ModelConfig] | None = None,
         http_address: str | None = None,
         perf_analyzer: str | None = None,
+        gpus: GpuMetrics | None = None,
     ) -> None:
         self.client = client
         self.model = model
@@ -59,6 +61,7 @@ class Sweep:
         self._caller: Caller | None = None
         self._request: pb.ModelInferRequest | None = None  # a request for the settings loaded
         self.perf_analyzer = perf_analyzer  # the binary measuring instead of our callers, if any
+        self.gpus = gpus  # the server's GPU metrics, where it has GPUs
         self._loaded: ModelSettings | None = None
         self._evaluated: dict[ModelSettings, list[Measurement]] = {}
 
@@ -116,6 +119,7 @@ class Sweep:
             self.windows,
             self.usage,
             CLIENT_BATCH_SIZE,
+            self.gpus,
         )
 
     async def _measure_with_perf_analyzer(
@@ -126,7 +130,7 @@ class Sweep:
         shapes = {tensor.name: list(tensor.shape[1 if batched else 0 :]) for tensor in request.inputs}
         return await measure_with_perf_analyzer(
             binary, self.client, url, protocol, self.model, settings, concurrency,
-            self.windows, shapes, self.usage,
+            self.windows, shapes, self.usage, self.gpus,
         )  # fmt: skip
 
     async def _configure(self, settings: ModelSettings) -> bool:

@@ -13,8 +13,9 @@ from coreserve.analyze._wording import (
     dynamic_batching_label,
     instance_counts_text,
     recommendations,
+    usage_cells,
+    usage_headers,
     violations_text,
-    whole,
 )
 
 BEST_HEADERS = [
@@ -27,11 +28,8 @@ BEST_HEADERS = [
     "p50 ms",
     "p95 ms",
     "p99 ms",
-    "server CPU %",
-    "RSS MB",
-    "Δ infer/s",
-    "Δ p99",
 ]
+CHANGE_HEADERS = ["Δ infer/s", "Δ p99"]
 CLOSEST_HEADERS = ["max batch", "dynamic batching", "instances", "concurrency", "infer/s", "p99 ms", "breaks"]
 
 
@@ -44,14 +42,17 @@ def best_table(analysis: Analysis, top: int = 3) -> str:
         f"Best configurations of '{analysis.model}' "
         f"(constraints: {describe_constraints(analysis.constraints)}; objective: {analysis.objective})",
         "",
-        _table(BEST_HEADERS, [_best_cells(row) for row in rows]),
+        _table(
+            [*BEST_HEADERS, *usage_headers(analysis), *CHANGE_HEADERS],
+            [_best_cells(analysis, row) for row in rows],
+        ),
     ]
     lines += _baseline_notes(analysis, rows)
     lines += _client_notes(rows[0].point)
     return "\n".join(lines)
 
 
-def _best_cells(row: Recommendation) -> list[str]:
+def _best_cells(analysis: Analysis, row: Recommendation) -> list[str]:
     point = row.point
     return [
         str(row.rank),
@@ -61,8 +62,7 @@ def _best_cells(row: Recommendation) -> list[str]:
         f"{point.p50_ms:.2f}",
         f"{point.p95_ms:.2f}",
         f"{point.p99_ms:.2f}",
-        whole(point.server_cpu_percent),
-        whole(point.server_rss_mb),
+        *usage_cells(analysis, point),
         row.throughput_change,
         row.p99_change,
     ]

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from coreserve.analyze._analysis import Analysis
-from coreserve.analyze._points import Measurement, ModelSettings, with_instance_count
+from coreserve.analyze._points import GPU, Measurement, ModelSettings, with_instance_count
 from coreserve.analyze._ranking import Constraints
 from coreserve.protos.model_config_pb2 import ModelConfig, ModelInstanceGroup
 
@@ -25,6 +25,8 @@ def describe_constraints(constraints: Constraints) -> str:
         parts.append(f"throughput ≥ {constraints.min_throughput:g} infer/s")
     if constraints.max_memory_mb is not None:
         parts.append(f"server memory ≤ {constraints.max_memory_mb:g} MB")
+    if constraints.max_gpu_memory_mb is not None:
+        parts.append(f"GPU memory ≤ {constraints.max_gpu_memory_mb:g} MB")
     return ", ".join(parts) or "none"
 
 
@@ -56,7 +58,8 @@ def instances_text(analysis: Analysis, settings: ModelSettings) -> str:
 
 def instance_counts_text(settings: ModelSettings) -> str:
     """The instance counts in a table cell: "2", or "2; preprocess 1, classifier 3"."""
-    own = [str(settings.instance_count)] if settings.own_settings else []
+    on_gpu = " GPU" if settings.instance_kind == GPU else ""
+    own = [f"{settings.instance_count}{on_gpu}"] if settings.own_settings else []
     composing = ", ".join(f"{name} {count}" for name, count in settings.composing)
     return "; ".join([*own, composing] if composing else own)
 
@@ -70,6 +73,20 @@ def _kind_name(kind: ModelInstanceGroup.Kind) -> str:
 def whole(value: float | None) -> str:
     """A figure rounded to a whole number, or "-" where it was not measured."""
     return "-" if value is None else f"{value:.0f}"
+
+
+def usage_headers(analysis: Analysis) -> list[str]:
+    """The tables' columns of what the server used: its CPU and memory, and its GPUs' where it
+    reported any."""
+    headers = ["server CPU %", "RSS MB"]
+    return [*headers, "GPU %", "GPU MB"] if analysis.measured_gpus else headers
+
+
+def usage_cells(analysis: Analysis, point: Measurement) -> list[str]:
+    cells = [whole(point.server_cpu_percent), whole(point.server_rss_mb)]
+    if analysis.measured_gpus:
+        cells += [whole(point.gpu_utilization_percent), whole(point.gpu_memory_mb)]
+    return cells
 
 
 def dynamic_batching_label(settings: ModelSettings) -> str:
