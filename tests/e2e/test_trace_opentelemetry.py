@@ -137,6 +137,7 @@ def test_a_request_is_a_span_tree_and_continues_the_clients_trace(
     assert {span["trace_id"] for span in spans} == {CLIENT_TRACE_ID}
     root = _one(spans, "InferRequest")
     assert root["parent_span_id"] == CLIENT_SPAN_ID  # the client's span is the parent
+    assert root["attributes"]["triton.request_id"] == "r1"
     assert root["resource"]["service.name"] == "coreserve-test"
     assert root["resource"]["deployment.environment"] == "e2e"
     assert root["events"][:2] == ["HTTP_RECV_START", "HTTP_RECV_END"]
@@ -224,6 +225,7 @@ def test_streams_and_generate_continue_the_clients_trace(
         if root["name"] == "InferRequest"
     }
     assert sorted(roots) == ["generate", "generate_stream", "streamed"]
+    assert all(root["attributes"]["triton.request_id"] == name for name, root in roots.items())
     assert roots["streamed"]["trace_id"] == CLIENT_TRACE_ID
     assert roots["streamed"]["events"] == [
         "GRPC_WAITREAD_START",

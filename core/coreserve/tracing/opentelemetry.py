@@ -62,6 +62,8 @@ class OpenTelemetryExporter:
             root = self._tracer.start_span(
                 "InferRequest", context=outer, kind=trace_api.SpanKind.SERVER, start_time=start
             )
+            if trace.request_id:  # Triton #6512: the request id on every span of the request
+                root.set_attribute("triton.request_id", trace.request_id)
             context = trace_api.set_span_in_context(root)
         request_start = trace.first("REQUEST_START") or trace.marks[0][1]
         model = self._tracer.start_span(
