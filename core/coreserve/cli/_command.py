@@ -40,8 +40,8 @@ def _run_server(argv: Sequence[str]) -> int:
     _warn_cache_flags(args, logger)
     if args.rate_limit_resource and args.rate_limit == "off":
         logger.warning("--rate-limit-resource has no effect under --rate-limit=off")
-    server = ServerRuntime(options, log=log)
-    try:
+    try:  # the constructor refuses a repository URL that names no storage it can read
+        server = ServerRuntime(options, log=log)
         _event_loop_runner()(server.serve())
     except StartupError as exc:
         logger.error("%s", exc.message)

@@ -1,18 +1,19 @@
-"""Model repositories in object storage (s3://, gs://, …) through fsspec.
+"""Model repositories in object storage (s3://, gs://, as://, …) through fsspec.
 
 Models are copied into a local cache folder before they load; only files whose size or
-version changed are fetched again. Credentials come from the usual environment of each
-filesystem (AWS_ACCESS_KEY_ID…, GOOGLE_APPLICATION_CREDENTIALS…). As in Triton, an S3 URL
-may name its endpoint: `s3://host:port/bucket/prefix` talks to http://host:port.
+version changed are fetched again. What each URL form means, and where its credentials come
+from, is `coreserve.repository.stores`'s business.
 
-Needs the extras of core-server: `pip install 'core-server[s3]'` or `'core-server[gcs]'`.
+Needs the extras of core-server: `pip install 'core-server[s3]'`, `'core-server[gcs]'` or
+`'core-server[azure]'`.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib
 import logging
-import re
+import os
 import shutil
 import time
 from pathlib import Path
@@ -20,10 +21,15 @@ from typing import Any
 
 from coreserve.errors import InvalidArgumentError, NotFoundError, UnavailableError
 from coreserve.repository.folders import check_model_name, fingerprint
+from coreserve.repository.stores import StoreLocation, store_location
 
 logger = logging.getLogger(__name__)
-EXTRAS = {"s3": "core-server[s3]", "gs": "core-server[gcs]", "gcs": "core-server[gcs]"}
-_ENDPOINT = re.compile(r"^(?P<host>[^/:]+:\d+)/(?P<rest>.+)$")
+EXTRAS = {
+    "s3": "core-server[s3]",
+    "gs": "core-server[gcs]",
+    "gcs": "core-server[gcs]",
+    "as": "core-server[azure]",
+}
 PROGRESS_BYTES = 16 * 1024 * 1024
 
 
@@ -32,31 +38,44 @@ class RemoteSource:
 
     def __init__(self, url: str, cache_dir: Path) -> None:
         self.label = url
-        protocol, _, rest = url.partition("://")
-        options: dict[str, Any] = {}
-        match = _ENDPOINT.match(rest)
-        if protocol == "s3" and match:
-            options["client_kwargs"] = {"endpoint_url": f"http://{match['host']}"}
-            rest = match["rest"]
-        self.prefix = rest.rstrip("/")
+        scheme = url.partition("://")[0]
+        self.location = location = store_location(url, os.environ)
+        self.prefix = location.prefix
         try:
-            import fsspec
-
-            self.fs = fsspec.filesystem(protocol, **options)
+            self.fs = _filesystem(location)
         except ImportError as exc:
-            extra = EXTRAS.get(protocol, "the fsspec filesystem for " + protocol)
+            extra = EXTRAS.get(scheme)
+            # fsspec's own words name the package of the schemes that we have no extra for
+            hint = f"pip install '{extra}'" if extra else str(exc)
             raise InvalidArgumentError(
-                f"model repository {url} needs {exc.name or 'a filesystem package'}: pip install '{extra}'"
+                f"model repository {url} needs {exc.name or 'a filesystem package'}: {hint}"
             ) from None
         except ValueError as exc:
-            raise InvalidArgumentError(f"model repository {url}: {exc}") from None
+            raise InvalidArgumentError(f"model repository {url}: {location.redact(str(exc))}") from None
+        for name in location.chatty_loggers:
+            logging.getLogger(name).setLevel(logging.WARNING)
         self.cache = cache_dir / hashlib.sha256(url.encode()).hexdigest()[:16]
 
     def _listing(self) -> dict[str, dict[str, Any]]:
+        self.fs.invalidate_cache()  # a poll must see what changed since the last listing
         try:
-            found = self.fs.find(self.prefix, detail=True)
+            try:
+                found = self.fs.find(self.prefix, detail=True)
+            except FileNotFoundError:  # gcsfs's word for a missing bucket ("b/NAME/o")
+                found = {}
+            # adlfs finds nothing in a missing container, as s3fs in a missing bucket
+            missing = not found and not self.fs.exists(self.location.bucket)
         except Exception as exc:  # each filesystem has its own errors (botocore's are no OSError)
-            raise UnavailableError(f"cannot list model repository {self.label}: {_describe(exc)}") from None
+            raise UnavailableError(
+                f"cannot list model repository {self.label}: {self._describe(exc)}"
+            ) from None
+        if missing:
+            location = self.location
+            owner = f" in {location.owner}" if location.owner else ""
+            raise NotFoundError(
+                f"model repository {self.label}: the {location.bucket_word} '{location.bucket}' "
+                f"does not exist{owner}"
+            )
         return {
             path[len(self.prefix) + 1 :]: info for path, info in found.items() if info.get("type") == "file"
         }
@@ -118,7 +137,7 @@ class RemoteSource:
                 self.fs.get(f"{self.prefix}/{name}/{inner}", str(target))
             except Exception as exc:
                 raise UnavailableError(
-                    f"model '{name}': cannot fetch {inner} from {self.label}: {_describe(exc)}"
+                    f"model '{name}': cannot fetch {inner} from {self.label}: {self._describe(exc)}"
                 ) from None
             if size >= PROGRESS_BYTES:
                 logger.info("model '%s': downloaded %s in %.1f s", name, inner, time.monotonic() - started)
@@ -131,6 +150,18 @@ class RemoteSource:
     def remove_cached(self, name: str) -> None:
         shutil.rmtree(self.cache / name, ignore_errors=True)
 
+    def _describe(self, error: Exception) -> str:
+        """The error's type and first line (Azure's go on with the server's whole XML answer),
+        naming the account where the URL form has one, and never a secret."""
+        first = (str(error).strip().splitlines() or [""])[0]
+        owner = f" ({self.location.owner})" if self.location.owner else ""
+        return self.location.redact(f"{type(error).__name__}{owner}: {first}")
 
-def _describe(error: Exception) -> str:
-    return f"{type(error).__name__}: {error}"
+
+def _filesystem(location: StoreLocation) -> Any:
+    if location.filesystem is None:
+        import fsspec
+
+        return fsspec.filesystem(location.protocol, **location.options)
+    module, _, name = location.filesystem.rpartition(".")
+    return getattr(importlib.import_module(module), name)(**location.options)

@@ -157,7 +157,10 @@ class ServerRuntime:
             raise StartupError(str(exc)) from None
         if self.options.openai_port is not None:  # before the models load, as the certificates
             self._openai_type = _openai_frontend_type()
-        await self.repository.start()
+        try:  # a repository that cannot be listed stops the start, as in Triton
+            await self.repository.start()
+        except CoreserveError as exc:
+            raise StartupError(exc.message) from None
         for line in model_status_table(self.repository.models()).splitlines():
             logger.info("%s", line)
         if self.options.exit_on_error and not self.repository.all_ready():
