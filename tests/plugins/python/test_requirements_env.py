@@ -1,0 +1,195 @@
+"""A requirements.txt beside a Python model: its stubs run in an environment built from it.
+
+The package the models need is a wheel built here, one the server's environment lacks; pip
+finds it offline (PIP_FIND_LINKS, PIP_NO_INDEX), as an operator's mirror or wheel folder would
+serve it. With `uv` installed the environments are built with uv (these variables are handed to
+it as its options), else with venv and pip.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+import textwrap
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+
+from coreserve.testing import ServerFactory, ServerProcess
+from coreserve_python.server._env_build import uv_binary
+
+PACKAGE = "coreserve_test_dep_xyz"
+REQUIREMENTS = "coreserve-test-dep-xyz==1.0\n"
+BUILDING = "building a Python environment"
+MODEL_PY = f"""
+import json
+import sys
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+import {PACKAGE}
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        found = []
+        for name in ("pytest", "tritonclient"):  # in the server's environment, not in this one
+            try:
+                __import__(name)
+                found.append(name)
+            except ImportError:
+                pass
+        answer = {{"greeting": {PACKAGE}.greet(), "executable": sys.executable, "server_packages": found,
+                  "numpy": np.__version__}}
+        text = np.array([json.dumps(answer).encode()], dtype=np.object_)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("ANSWER", text)]) for _ in requests]
+"""
+PLAIN_MODEL_PY = """
+import json
+import sys
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        answer = {"executable": sys.executable}
+        text = np.array([json.dumps(answer).encode()], dtype=np.object_)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("ANSWER", text)]) for _ in requests]
+"""
+CONFIG = """
+backend: "python"
+max_batch_size: 0
+input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "ANSWER" data_type: TYPE_STRING dims: [ 1 ] } ]
+"""
+
+
+@pytest.fixture(scope="module")
+def wheels(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder holding the wheel of a tiny pure-Python package, built here with setuptools."""
+    source = tmp_path_factory.mktemp("dep-source")
+    (source / PACKAGE).mkdir()
+    (source / PACKAGE / "__init__.py").write_text('def greet():\n    return "hello from xyz"\n')
+    (source / "pyproject.toml").write_text(
+        textwrap.dedent(f"""
+            [build-system]
+            requires = ["setuptools"]
+            build-backend = "setuptools.build_meta"
+
+            [project]
+            name = "coreserve-test-dep-xyz"
+            version = "1.0"
+
+            [tool.setuptools]
+            packages = ["{PACKAGE}"]
+        """)
+    )
+    folder = tmp_path_factory.mktemp("wheels")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "--no-index",
+         "--wheel-dir", str(folder), str(source)],
+        check=True,
+    )  # fmt: skip
+    assert len(list(folder.glob("*.whl"))) == 1
+    return folder
+
+
+def _offline(wheels: Path) -> dict[str, str]:
+    return {"PIP_FIND_LINKS": str(wheels), "PIP_NO_INDEX": "1"}
+
+
+def _model(repository: Path, name: str, requirements: str | None, *, in_version: bool = False) -> None:
+    (repository / name / "1").mkdir(parents=True)
+    (repository / name / "config.pbtxt").write_text(CONFIG)
+    (repository / name / "1" / "model.py").write_text(
+        MODEL_PY if requirements is not None else PLAIN_MODEL_PY
+    )
+    if requirements is not None:
+        folder = repository / name / "1" if in_version else repository / name
+        (folder / "requirements.txt").write_text(requirements)
+
+
+def _ask(server: ServerProcess, model: str) -> dict[str, object]:
+    client = httpclient.InferenceServerClient(server.http_url)
+    try:
+        tensor = httpclient.InferInput("X", [1], "INT32")
+        tensor.set_data_from_numpy(np.array([1], np.int32))
+        answer = client.infer(model, [tensor]).as_numpy("ANSWER")[0].decode()
+    finally:
+        client.close()
+    result: dict[str, object] = json.loads(answer)
+    return result
+
+
+def _index(server: ServerProcess) -> dict[str, dict[str, str]]:
+    request = urllib.request.Request(
+        f"http://{server.http_url}/v2/repository/index", data=b"{}", method="POST"
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return {entry["name"]: entry for entry in json.loads(response.read())}
+
+
+def _python_envs(*args: str, cache: Path) -> str:
+    result = subprocess.run(
+        [sys.executable, "-m", "coreserve", "python-envs", *args, f"--cache-dir={cache}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return result.stdout
+
+
+def test_models_run_in_environments_built_from_their_requirements(
+    coreserve_server: ServerFactory, tmp_path: Path, wheels: Path
+) -> None:
+    assert importlib.util.find_spec(PACKAGE) is None, "the server's environment must lack the package"
+    repository, cache = tmp_path / "models", tmp_path / "envs"
+    _model(repository, "first", REQUIREMENTS)
+    _model(repository, "second", REQUIREMENTS, in_version=True)  # the same requirements, by content
+    _model(repository, "unresolvable", "coreserve-test-missing-xyz==9.9\n")
+    _model(repository, "plain", None)
+    server = coreserve_server(
+        repository, "--exit-on-error=false", f"--python-env-cache-dir={cache}", env=_offline(wheels)
+    )
+
+    first, second = _ask(server, "first"), _ask(server, "second")
+    assert first["greeting"] == second["greeting"] == "hello from xyz"
+    assert str(first["executable"]).startswith(str(cache)) and first["executable"] == second["executable"]
+    assert first["server_packages"] == []  # the server's site-packages stay out of the model's sight
+    assert first["numpy"] == np.__version__  # the stub imports the server's numpy
+    assert _ask(server, "plain")["executable"] == sys.executable  # no requirements.txt: nothing changes
+
+    log = server.log
+    builds = [line for line in log.splitlines() if BUILDING in line and "unresolvable" not in line]
+    assert len(builds) == 1, log  # the second model found the first's environment
+    assert "using the cached Python environment" in log
+    installer = "uv" if uv_binary() else "pip"
+    progress = (
+        "Installed 1 package" if installer == "uv" else "Successfully installed coreserve-test-dep-xyz-1.0"
+    )
+    assert f"model 'first': {repository / 'first' / 'requirements.txt'}: {progress}" in log
+
+    index = _index(server)
+    assert index["first"]["state"] == index["plain"]["state"] == "READY"
+    broken = index["unresolvable"]
+    assert broken["state"] == "UNAVAILABLE"
+    assert broken["reason"].startswith(
+        f"model 'unresolvable': installing {repository / 'unresolvable' / 'requirements.txt'} failed:\n"
+    )
+    if installer == "pip":
+        assert "ERROR: No matching distribution found for coreserve-test-missing-xyz==9.9" in broken["reason"]
+    else:
+        assert "coreserve-test-missing-xyz" in broken["reason"]
+    assert "Traceback" not in log
+    assert _ask(server, "first")["greeting"] == "hello from xyz"  # still serving
+    key = Path(str(first["executable"])).parents[1]
+    assert json.loads((key / "coreserve-env.json").read_text())["installer"] == installer
