@@ -8,11 +8,14 @@ it as its options), else with venv and pip.
 
 from __future__ import annotations
 
+import concurrent.futures
+import hashlib
 import importlib.util
 import json
 import subprocess
 import sys
 import textwrap
+import time
 import urllib.request
 from pathlib import Path
 
@@ -22,6 +25,7 @@ import tritonclient.http as httpclient
 
 from coreserve.testing import ServerFactory, ServerProcess
 from coreserve_python.server._env_build import uv_binary
+from coreserve_python.server._env_cache import EnvironmentCache, environment_key
 
 PACKAGE = "coreserve_test_dep_xyz"
 REQUIREMENTS = "coreserve-test-dep-xyz==1.0\n"
@@ -193,3 +197,55 @@ def test_models_run_in_environments_built_from_their_requirements(
     assert _ask(server, "first")["greeting"] == "hello from xyz"  # still serving
     key = Path(str(first["executable"])).parents[1]
     assert json.loads((key / "coreserve-env.json").read_text())["installer"] == installer
+
+
+def test_servers_sharing_the_cache_build_once_and_python_envs_lists_and_prunes(
+    tmp_path: Path, wheels: Path
+) -> None:
+    repository, cache = tmp_path / "models", tmp_path / "envs"
+    _model(repository, "needs_dep", REQUIREMENTS)
+    # Two servers start at once over one cache folder while this test holds the folder's lock
+    # for those requirements: both wait for it; once it is free, one builds, the other finds
+    # the environment built.
+    servers = [
+        ServerProcess([repository], [f"--python-env-cache-dir={cache}"], _offline(wheels)) for _ in "ab"
+    ]
+    key, _ = environment_key(REQUIREMENTS.encode(), np.__version__)
+    try:
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            with EnvironmentCache(cache).locked(key, timeout=1):
+                starts = [pool.submit(server.start, 120.0) for server in servers]
+                deadline = time.monotonic() + 60
+                while time.monotonic() < deadline and not all("waiting for" in s.log for s in servers):
+                    time.sleep(0.05)
+                assert all("waiting for" in server.log for server in servers), [s.log for s in servers]
+            for started in starts:
+                started.result()
+        answers = [_ask(server, "needs_dep") for server in servers]
+        assert answers[0] == answers[1] and answers[0]["greeting"] == "hello from xyz"
+        logs = [server.log for server in servers]
+        assert sum(log.count(BUILDING) for log in logs) == 1, logs
+        assert all("using the cached Python environment" in log for log in logs), logs
+        environment = Path(str(answers[0]["executable"])).parents[1]
+
+        listed = _python_envs("list", cache=cache)
+        requirements_hash = hashlib.sha256(REQUIREMENTS.encode()).hexdigest()
+        row = next(line for line in listed.splitlines() if line.startswith(str(environment)))
+        version = ".".join(map(str, sys.version_info[:3]))
+        assert requirements_hash[:16] in row and f"{sys.implementation.name}-{version}" in row
+        assert " MiB " in row and time.strftime("%Y-%m-%d") in row
+
+        # In use by the running servers: kept.
+        assert _python_envs("prune", cache=cache) == f"kept (in use) {environment}\n"
+        servers[0].stop()
+        assert _python_envs("prune", cache=cache) == f"kept (in use) {environment}\n"
+        servers[1].stop()
+        # Unused now, but used less than a day ago.
+        assert _python_envs("prune", "--older-than=1", cache=cache) == ""
+        assert environment.is_dir()
+        assert _python_envs("prune", cache=cache) == f"removed {environment}\n"
+        assert not environment.exists() and not (cache / environment.name.partition(".")[0]).exists()
+        assert _python_envs("list", cache=cache) == f"(no environments in {cache})\n"
+    finally:
+        for server in servers:
+            server.close()

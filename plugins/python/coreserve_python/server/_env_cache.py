@@ -19,6 +19,7 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import platform
 import shutil
@@ -29,6 +30,8 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+logger = logging.getLogger("coreserve.backend.python")
 
 METADATA = "coreserve-env.json"
 IN_USE = ".in-use"
@@ -91,11 +94,16 @@ class EnvironmentCache:
     def __init__(self, root: Path) -> None:
         self.root = root
 
+    def lock_path(self, key: str) -> Path:
+        return self.root / LOCKS / f"{key}.lock"
+
     @contextlib.contextmanager
     def locked(self, key: str, timeout: float) -> Iterator[None]:
         """Holds the key's lock (across processes), waiting for it up to `timeout` s."""
-        (self.root / LOCKS).mkdir(parents=True, exist_ok=True)
-        descriptor = os.open(self.root / LOCKS / f"{key}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        path = self.lock_path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        waited = False
         try:
             deadline = time.monotonic() + timeout
             while True:
@@ -103,9 +111,11 @@ class EnvironmentCache:
                     fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
                     break
                 except BlockingIOError:
+                    if not waited:
+                        logger.info("waiting for %s: another load builds or removes this environment", path)
+                        waited = True
                     if time.monotonic() >= deadline:
-                        held = self.root / LOCKS / f"{key}.lock"
-                        raise LockTimeout(f"another process held {held} for {timeout:g} s") from None
+                        raise LockTimeout(f"another process held {path} for {timeout:g} s") from None
                     time.sleep(LOCK_POLL_S)
             yield
         finally:
