@@ -12,6 +12,7 @@ import concurrent.futures
 import hashlib
 import importlib.util
 import json
+import socket
 import subprocess
 import sys
 import textwrap
@@ -249,3 +250,33 @@ def test_servers_sharing_the_cache_build_once_and_python_envs_lists_and_prunes(
     finally:
         for server in servers:
             server.close()
+
+
+def test_a_build_that_outruns_its_timeout_is_stopped_and_fails_only_its_model(
+    coreserve_server: ServerFactory, tmp_path: Path
+) -> None:
+    # The package index accepts connections and never answers: the installer waits on it
+    # until coreserve stops it.
+    index = socket.create_server(("127.0.0.1", 0))
+    index.listen(16)
+    repository, empty = tmp_path / "models", tmp_path / "no-wheels"
+    empty.mkdir()
+    _model(repository, "waits", REQUIREMENTS)
+    _model(repository, "plain", None)
+    env = {"PIP_INDEX_URL": f"http://127.0.0.1:{index.getsockname()[1]}/simple", "PIP_FIND_LINKS": str(empty)}
+    try:
+        server = coreserve_server(
+            repository,
+            "--exit-on-error=false",
+            f"--python-env-cache-dir={tmp_path / 'envs'}",
+            "--backend-config=python,env-build-timeout-secs=3",
+            env=env,
+        )
+    finally:
+        index.close()
+    entry = _index(server)["waits"]
+    assert entry["state"] == "UNAVAILABLE"
+    assert " ran out of time and was stopped" in entry["reason"], entry["reason"]
+    assert _ask(server, "plain")["executable"] == sys.executable
+    assert "Traceback" not in server.log
+    assert list((tmp_path / "envs" / ".store").iterdir()) == []  # nothing half-built is kept
