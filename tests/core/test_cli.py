@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from coreserve.cli._flags import parse_serve_args
+from coreserve.cli._flags import parse_serve_args, serve_parser
 from coreserve.cli._options import server_options
 from coreserve.cli._triton_flags import TRITON_FLAGS, Effect, accepted_flags_warning
 from coreserve.repository import ControlMode
@@ -210,6 +210,18 @@ def test_acting_flags_reach_the_server_options() -> None:
         True,
         "ISO8601",
     )
+
+
+def test_the_python_env_cache_dir_is_a_setting_of_the_python_backend() -> None:
+    assert "--python-env-cache-dir" in serve_parser().format_help()
+    args = parse_serve_args([*BASE, "--backend-config=python,env-build-timeout-secs=60"])
+    assert server_options(args).backend_config == {"python": {"env-build-timeout-secs": "60"}}
+    args = parse_serve_args(
+        [*BASE, "--backend-config=python,env-build-timeout-secs=60", "--python-env-cache-dir=/srv/envs"]
+    )
+    assert server_options(args).backend_config == {
+        "python": {"env-build-timeout-secs": "60", "env-cache-dir": "/srv/envs"}
+    }
 
 
 def test_explicit_mode_without_load_model_asks_for_nothing() -> None:

@@ -29,6 +29,7 @@ from coreserve.backend.api import (
 )
 from coreserve.backend.base import BaseBackend
 from coreserve.backend.batching import run_batched
+from coreserve.backend.commands import CommandRegistry
 from coreserve.backend.custom_metrics import CustomMetric, CustomMetricFamily, CustomMetrics, MetricKind
 from coreserve.backend.devices import DeviceReporter, cuda_driver_gpus
 from coreserve.backend.hookspecs import hookimpl
@@ -54,6 +55,7 @@ __all__ = [
     "Backend",
     "BackendRegistry",
     "BaseBackend",
+    "CommandRegistry",
     "CustomMetric",
     "CustomMetricFamily",
     "CustomMetrics",

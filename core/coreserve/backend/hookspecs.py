@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import pluggy
 
 if TYPE_CHECKING:
+    from coreserve.backend.commands import CommandRegistry
     from coreserve.backend.registry import BackendRegistry
 
 hookspec = pluggy.HookspecMarker("coreserve")
@@ -24,4 +25,14 @@ def coreserve_register_backends(register: BackendRegistry) -> None:
     Called once when the server starts (and by `coreserve backends`), before any model
     loads. It must be quick: create backend objects, import nothing heavy that a model load
     could import later, and load no models.
+    """
+
+
+@hookspec
+def coreserve_register_commands(register: CommandRegistry) -> None:
+    """Adds the plugin's subcommands of `coreserve`: `register.add("name", main, "one line of help")`.
+
+    Called only when `coreserve` is run with a first argument that is no flag and no built-in
+    command, never when the server starts. `main` gets the arguments after the name and
+    returns the exit code; a built-in command of the same name wins.
     """

@@ -1,7 +1,7 @@
 """The one wrapper around pluggy: loads plugins from entry points and collects their backends.
 
-Core code calls `Plugins.backends()`; nothing else touches the plugin manager's hooks.
-A plugin that fails to import is reported with its distribution and skipped, so one broken
+Core code calls `Plugins.backends()` (and `Plugins.commands()`); nothing else touches the plugin
+manager's hooks. A plugin that fails to import is reported with its distribution and skipped, so one broken
 plugin never stops the server. Two environment variables control loading, as pytest's do:
 
 - `CORESERVE_DISABLE_PLUGIN_AUTOLOAD=1` loads no entry points (plugins registered in code still count);
@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import pluggy
 
 from coreserve.backend import hookspecs
+from coreserve.backend.commands import CommandRegistry
 from coreserve.backend.registry import BackendRegistry
 
 logger = logging.getLogger(__name__)
@@ -76,6 +77,12 @@ class Plugins:
             self._manager.hook.coreserve_register_backends(register=registry)
             self._backends = registry
         return self._backends
+
+    def commands(self) -> CommandRegistry:
+        """Every subcommand the plugins registered (`coreserve NAME ...`)."""
+        registry = CommandRegistry()
+        self._manager.hook.coreserve_register_commands(register=registry)
+        return registry
 
     def origin(self, backend: object) -> BackendOrigin:
         """The distribution that provides a backend, for `coreserve backends`."""

@@ -4,6 +4,7 @@ coreserve --model-repository DIR [--http-port 8000] [--exit-on-error BOOL] ...
 coreserve backends
 coreserve new-backend NAME [--directory DIR]
 coreserve analyze --model-repository DIR --model NAME [--latency-budget-ms MS] [--output-dir DIR]
+coreserve NAME ...   (a command a plugin adds, e.g. plugin-python's `coreserve python-envs list`)
 """
 
 from __future__ import annotations
@@ -118,4 +119,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from coreserve.cli.new_backend import main as new_backend
 
         return new_backend(arguments[1:])
+    if arguments and not arguments[0].startswith("-"):
+        from coreserve.backend.plugins import Plugins
+
+        command = Plugins().commands().get(arguments[0])
+        if command is not None:
+            return command.main(arguments[1:])
     return _run_server(arguments)

@@ -117,6 +117,11 @@ def serve_parser() -> argparse.ArgumentParser:
     bool_flag("--strict-model-config", False, "deprecated in Triton: true is --disable-auto-complete-config")
     flag("--backend-config", type=backend_config, action="append", default=[], metavar="BACKEND,KEY=VALUE",
          help="a setting handed to a backend (repeatable)")
+    flag("--python-env-cache-dir", type=Path, default=None, metavar="DIR",
+         help="where the python backend keeps the environments it builds from models' requirements.txt, "
+              "shared by models and servers with the same requirements (--backend-config "
+              "python,env-cache-dir=DIR) (default $XDG_CACHE_HOME/coreserve/python-envs, else "
+              "~/.cache/coreserve/python-envs)")
     flag("--cache-config", type=cache_setting, action="append", default=[], metavar="CACHE,KEY=VALUE",
          help="the response cache that models with response_cache { enable: true } use: local,size=BYTES, "
               "or redis,host=HOST and redis,port=PORT (repeated) (default: none, nothing is cached)")

@@ -64,6 +64,8 @@ def server_options(args: argparse.Namespace) -> ServerOptions:
     backend_config: dict[str, dict[str, str]] = {}
     for backend, key, value in args.backend_config:
         backend_config.setdefault(backend, {})[key] = value
+    if args.python_env_cache_dir is not None:  # plugin-python reads it as one of its settings
+        backend_config.setdefault("python", {})["env-cache-dir"] = str(args.python_env_cache_dir)
     metrics = dict(args.metrics_config)
     extra = {"cache_dir": args.model_cache_dir} if args.model_cache_dir else {}
     return ServerOptions(

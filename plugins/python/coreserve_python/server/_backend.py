@@ -110,7 +110,7 @@ class PythonBackend(BaseBackend):
             "model_file": str(model.model_file),
             "config": config_to_dict(config),
         }
-        launch = stub_launch(config, model.name, model.path)
+        launch = stub_launch(config, model, server.backend_config)
         reply = run_once(launch, message, "auto_complete_done", AUTO_COMPLETE_TIMEOUT_S)
         if reply["error"] is not None:
             raise ModelConfigError(f"model '{model.name}': auto_complete_config() failed:\n{reply['error']}")
@@ -124,8 +124,8 @@ class PythonBackend(BaseBackend):
         depth, spin = pipeline_depth(config), idle_spin_microseconds(config)
         spins = spin > 0 and SPIN_SLOTS.claim()  # else this instance's stub sleeps at once
         try:
-            # Unpacking a packed environment takes seconds: not on the event loop.
-            launch = await asyncio.to_thread(stub_launch, config, model.name, model.path)
+            # Unpacking or building an environment takes seconds: not on the event loop.
+            launch = await asyncio.to_thread(stub_launch, config, model, server.backend_config)
             instance = PythonInstance(
                 launch,
                 model,

@@ -366,10 +366,10 @@ def remove_segments_of(pid: int) -> None:
         path.unlink(missing_ok=True)
 
 
-def stub_environment(extra_path: Path | None) -> dict[str, str] | None:
-    """The environment of a stub: this one, with `extra_path` first on PYTHONPATH if given."""
-    if extra_path is None:
+def stub_environment(*paths: Path) -> dict[str, str] | None:
+    """The environment of a stub: this one, with PYTHONPATH set to `paths` if any are given."""
+    if not paths:
         return None
     env = dict(os.environ)
-    env["PYTHONPATH"] = str(extra_path)
+    env["PYTHONPATH"] = os.pathsep.join(str(path) for path in paths)
     return env

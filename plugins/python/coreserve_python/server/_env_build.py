@@ -1,0 +1,137 @@
+"""Building a venv from a requirements.txt: with uv where it is installed, else venv and pip.
+
+The venv is made from the server's own Python, without its site-packages: the model sees only
+what its requirements install. The installer is held to the server's numpy (a constraint), the
+numpy the stubs import. Every line the installer prints goes to the log at INFO; a build that
+fails raises EnvironmentBuildError carrying the last lines of its error output.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import importlib.util
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO
+
+logger = logging.getLogger("coreserve.backend.python")
+
+ERROR_LINES = 20
+TRUE = ("1", "true", "yes", "on")
+
+
+class EnvironmentBuildError(Exception):
+    """The installer failed or ran out of time; the message holds its last error lines."""
+
+
+def uv_binary() -> str | None:
+    """uv's executable: the `uv` package's, where it is importable, else `uv` on PATH."""
+    with contextlib.suppress(ImportError, FileNotFoundError):
+        import uv  # type: ignore[import-not-found,unused-ignore]
+
+        return str(uv.find_uv_bin())
+    return shutil.which("uv")
+
+
+def build_environment(
+    requirements: Path, folder: Path, numpy_version: str, timeout: float, label: str
+) -> str:
+    """Builds a venv in `folder` with what `requirements` names; returns the installer's name.
+
+    The installer runs in the requirements' folder (relative paths in the file resolve there)
+    with this process's environment, so pip's configuration (PIP_* variables, pip.conf) holds.
+    """
+    deadline = time.monotonic() + timeout
+    constraints = folder / "coreserve-constraints.txt"
+    python = folder / "bin" / "python"
+    uv = uv_binary()
+    install: list[str]
+    if uv is not None:
+        _run([uv, "venv", "--quiet", "--python", sys.executable, str(folder)], requirements, deadline, label)
+        install = [uv, "pip", "install", "--python", str(python), *_uv_pip_settings(os.environ)]
+        installer = "uv"
+    else:
+        _run([sys.executable, "-m", "venv", "--without-pip", str(folder)], requirements, deadline, label)
+        if importlib.util.find_spec("pip") is not None:
+            # This Python's pip installs into the venv: no copy of pip in each environment.
+            install = [sys.executable, "-m", "pip", "--python", str(python), "install"]
+        else:
+            _run([str(python), "-m", "ensurepip", "--default-pip"], requirements, deadline, label)
+            install = [str(python), "-m", "pip", "install"]
+        install += ["--progress-bar", "off"]
+        installer = "pip"
+    constraints.write_text(f"numpy=={numpy_version}\n")
+    _run([*install, "-r", str(requirements), "-c", str(constraints)], requirements, deadline, label)
+    return installer
+
+
+def _uv_pip_settings(environ: os._Environ[str] | dict[str, str]) -> list[str]:
+    """pip's variables, as `uv pip install` options (uv reads UV_* variables and uv.toml, not pip's)."""
+    options: list[str] = []
+    if environ.get("PIP_INDEX_URL"):
+        options += ["--index-url", environ["PIP_INDEX_URL"]]
+    for url in environ.get("PIP_EXTRA_INDEX_URL", "").split():
+        options += ["--extra-index-url", url]
+    for place in environ.get("PIP_FIND_LINKS", "").split():
+        options += ["--find-links", place]
+    if environ.get("PIP_NO_INDEX", "").lower() in TRUE:
+        options.append("--no-index")
+    return options
+
+
+def _run(command: Sequence[str], requirements: Path, deadline: float, label: str) -> None:
+    env = dict(os.environ)
+    env.setdefault("PIP_DISABLE_PIP_VERSION_CHECK", "1")
+    env.setdefault("PIP_NO_INPUT", "1")
+    process = subprocess.Popen(
+        list(command),
+        cwd=requirements.parent,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        errors="replace",
+        start_new_session=True,  # its whole group is stopped at the deadline
+    )
+    errors: collections.deque[str] = collections.deque(maxlen=ERROR_LINES)
+    assert process.stdout is not None and process.stderr is not None
+    readers = [
+        threading.Thread(target=_relay, args=(process.stdout, None, label), daemon=True),
+        threading.Thread(target=_relay, args=(process.stderr, errors, label), daemon=True),
+    ]
+    for reader in readers:
+        reader.start()
+    try:
+        code = process.wait(timeout=max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        code = None
+    for reader in readers:
+        reader.join(timeout=5)
+    if code is None:
+        raise EnvironmentBuildError(f"{command[0]} ran out of time and was stopped:\n" + "\n".join(errors))
+    if code != 0:
+        tail = "\n".join(errors) or f"{Path(command[0]).name} exited with code {code}"
+        raise EnvironmentBuildError(tail)
+
+
+def _relay(stream: IO[str], kept: collections.deque[str] | None, label: str) -> None:
+    for line in stream:
+        line = line.rstrip()
+        if not line:
+            continue
+        logger.info("%s: %s", label, line)
+        if kept is not None:
+            kept.append(line)
