@@ -13,6 +13,16 @@ one fails, the old one keeps serving.
 
 Without `--model-namespacing` a model name found in two repositories is refused; with it,
 each repository is a namespace and models are held under qualified keys (see namespaces.py).
+
+In explicit mode, two choices go beyond Triton (nothing changes without them):
+- on demand (`--model-load-on-demand`): a request for a model of the repository that is not
+  loaded loads it (see demand.py); a model whose load failed is not tried again on demand (a
+  load through the repository API tries again);
+- a memory budget (`--model-memory-budget`): each model's memory is measured as it loads (see
+  memory.py); a load that would pass the budget first unloads the least recently used models
+  with no request in flight, never a pinned one (named by `--load-model`, or with the
+  configuration parameter `coreserve_pinned`), and fails, naming the budget, if that is not
+  enough. Under a budget, models load one at a time, so that each measurement is its own.
 """
 
 from __future__ import annotations
@@ -21,9 +31,13 @@ import asyncio
 import contextlib
 import enum
 import logging
+import time
 from collections.abc import Iterable, Sequence
+from contextlib import AbstractAsyncContextManager
+from datetime import UTC, datetime
 from pathlib import Path
 
+from coreserve.backend.parameters import bool_parameter
 from coreserve.errors import (
     CoreserveError,
     InternalError,
@@ -31,9 +45,11 @@ from coreserve.errors import (
     NotFoundError,
     UnsupportedError,
 )
+from coreserve.repository.demand import DemandLoads, LifecycleCounts
 from coreserve.repository.folders import check_model_name
 from coreserve.repository.layout import ModelLocation, ensemble_steps
 from coreserve.repository.loader import ModelLoader
+from coreserve.repository.memory import ModelMemory, ModelMemoryBudgetError, megabytes, process_tree_rss
 from coreserve.repository.model import Model, ModelState
 from coreserve.repository.namespaces import ModelTable, ambiguous, qualified
 from coreserve.repository.overrides import LoadOverrides, poll_failure, write_override_files
@@ -41,6 +57,8 @@ from coreserve.repository.sources import RepositorySource
 from coreserve.repository.unloading import UNLOADED, close_model, unload_loaded_versions
 
 logger = logging.getLogger(__name__)
+# A model configuration's parameter that keeps a model from being unloaded to make room.
+PINNED_PARAMETER = "coreserve_pinned"
 
 
 class ControlMode(enum.StrEnum):
@@ -63,7 +81,10 @@ class ModelRepository:
         cache_dir: Path | None = None,
         drain_timeout: float | None = None,
         namespacing: bool = False,
+        on_demand: bool = False,
+        memory_budget: int | None = None,
     ) -> None:
+        """`on_demand`, `memory_budget` (bytes): see the module's docstring (explicit mode only)."""
         self.sources = list(sources)
         self.mode = mode
         self.namespacing = namespacing
@@ -77,6 +98,15 @@ class ModelRepository:
         self._unloaded: set[str] = set()
         self._locks: dict[str, asyncio.Lock] = {}
         self._closing: set[asyncio.Task[None]] = set()
+        self.on_demand = on_demand and mode is ControlMode.EXPLICIT
+        self.memory = ModelMemory(memory_budget)
+        self.lifecycle = LifecycleCounts()
+        self._demand = DemandLoads(self._load_on_demand, self.lifecycle)
+        self._pinned: set[str] = set()  # keys named by --load-model
+        # Under a budget, one load at a time: each measures its own growth of the server's memory.
+        self._measuring: AbstractAsyncContextManager[object] = (
+            asyncio.Lock() if memory_budget is not None else contextlib.nullcontext()
+        )
         if namespacing:
             loader.has_model = self._models.__contains__
 
@@ -153,6 +183,12 @@ class ModelRepository:
         found, duplicates = await self._scan()
         for name, reason in duplicates.items():
             self._models[name] = Model(name=name, path=None, reason=reason)
+        if self.mode is ControlMode.EXPLICIT:
+            self._pinned = (
+                set(found)
+                if "*" in self._startup_models
+                else {key for name in self._startup_models for key in self._keys_named(name, found)}
+            )
         if self.mode is ControlMode.EXPLICIT and "*" not in self._startup_models:
             wanted = {}
             for name in self._startup_models:
@@ -163,7 +199,7 @@ class ModelRepository:
                         name=name, path=None, reason=f"model '{name}' is not in the repository"
                     )
             found = await self._with_steps(wanted, found)
-        await self._load_many(found)
+        await self._load_many(found, "startup")
 
     async def _with_steps(
         self, wanted: dict[str, tuple[RepositorySource, str]], found: dict[str, tuple[RepositorySource, str]]
@@ -186,7 +222,7 @@ class ModelRepository:
                         unexplored.append(step_key)
         return wanted
 
-    async def _load_many(self, found: dict[str, tuple[RepositorySource, str]]) -> None:
+    async def _load_many(self, found: dict[str, tuple[RepositorySource, str]], reason: str) -> None:
         """Loads models concurrently; ensembles after the models they are made of."""
         locations: dict[str, ModelLocation] = {}
         for key, (source, _) in found.items():
@@ -205,7 +241,9 @@ class ModelRepository:
             ready = [name for name, steps in pending.items() if steps is None or not steps & pending.keys()]
             if not ready:  # ensembles that wait on each other: load them; they report the cycle
                 ready = list(pending)
-            await asyncio.gather(*(self._replace(locations[name], found[name][1]) for name in ready))
+            await asyncio.gather(
+                *(self._replace(locations[name], found[name][1], reason=reason) for name in ready)
+            )
             for name in ready:
                 del pending[name]
 
@@ -223,7 +261,7 @@ class ModelRepository:
                 await self._unload(name)
         if changed:
             logger.info("repository changes found for: %s", ", ".join(sorted(changed)))
-            await self._load_many(changed)
+            await self._load_many(changed, "poll")
 
     async def poll_forever(self, interval: float) -> None:
         """Polls every `interval` seconds until cancelled; a failed poll is logged in one line
@@ -250,17 +288,30 @@ class ModelRepository:
         return self._locks.setdefault(name, asyncio.Lock())
 
     async def _replace(
-        self, location: ModelLocation, fingerprint: str | None, overrides: LoadOverrides | None = None
+        self,
+        location: ModelLocation,
+        fingerprint: str | None,
+        overrides: LoadOverrides | None = None,
+        *,
+        reason: str,
     ) -> Model:
         """Loads a model beside the one being served and switches to it when it is ready.
 
         Returns the new model; if it could not load, the old one (if any) keeps serving.
+        `reason` (startup, poll, explicit, demand) is counted by the metrics; a load on demand
+        of a model that another load made ready meanwhile returns that one.
         """
         key = location.key
-        async with self._lock(key), self._limit:
+        async with self._lock(key), self._limit, self._measuring:
             old = self._models.get(key)
-            logger.info("loading model '%s' from %s", location.name, location.path)
-            new = await self._loader.load(location, overrides.config if overrides else None)
+            if reason == "demand" and old is not None and old.takes_requests:
+                return old
+            try:
+                new = await self._measured_load(location, overrides, reason)
+            except ModelMemoryBudgetError as exc:
+                if reason in ("demand", "explicit"):
+                    raise
+                new = Model(location.name, location.path, reason=exc.message, namespace=location.namespace)
             if fingerprint is not None:
                 self._fingerprints[key] = fingerprint
             failed = not new.takes_requests
@@ -274,11 +325,97 @@ class ModelRepository:
                 return new
             if failed:
                 await unload_loaded_versions(new, self._drain_timeout)
+                self.memory.release(key)
+            else:
+                self.lifecycle.loads[reason] += 1
             self._models[key] = new
             self._unloaded.discard(key)
             if old is not None:
                 self._close_later(old)
             return new
+
+    async def _measured_load(
+        self, location: ModelLocation, overrides: LoadOverrides | None, reason: str
+    ) -> Model:
+        """Loads a model and measures what the server's memory grew by; under a budget, unloads
+        the least recently used models to make room, before the load where the model's size is
+        known from its last load, and after it where it is not."""
+        key = location.key
+        expected = self.memory.expected(key)
+        if self.memory.budget is not None:
+            await self._make_room(location.name, key, expected or 0, expected)
+        logger.info("loading model '%s' from %s", location.name, location.path)
+        before = await asyncio.to_thread(process_tree_rss)
+        new = await self._loader.load(location, overrides.config if overrides else None)
+        if not new.takes_requests:
+            return new
+        new.memory_bytes = max(0, await asyncio.to_thread(process_tree_rss) - before)
+        new.loaded_at = time.time()
+        if self.memory.budget is not None:
+            try:
+                await self._make_room(location.name, key, new.memory_bytes, expected)
+            except ModelMemoryBudgetError:
+                await self._close(new)
+                raise
+        self.memory.record(key, new.memory_bytes)
+        logger.info("model '%s' uses %d bytes (%s)", location.name, new.memory_bytes, reason)
+        return new
+
+    async def _make_room(self, name: str, key: str, size: int, expected: int | None) -> None:
+        """Unloads models, least recently used first, until `size` more bytes fit the budget.
+
+        Chooses only models that are loaded, not pinned, not loading, with no request in flight,
+        and waits until they are closed; raises ModelMemoryBudgetError, unloading nothing, if
+        those are not enough.
+        """
+        if not self.memory.over(size):
+            return
+        candidates = sorted(
+            (
+                (model.last_used(), other)
+                for other, model in self._models.items()
+                if other != key and self._evictable(other, model)
+            ),
+            key=lambda pair: pair[0],
+        )
+        budget = self.memory.budget
+        assert budget is not None
+        victims, freeing = [], 0
+        for _, other in candidates:
+            if self.memory.used() - freeing + size <= budget:
+                break
+            victims.append(other)
+            freeing += self.memory.loaded.get(other, 0)
+        if self.memory.used() - freeing + size > budget:
+            raise self.memory.refusal(
+                name,
+                expected,
+                "no other loaded model can be unloaded to make room (the others are pinned, loading, "
+                "or have requests in flight)"
+                if not candidates
+                else f"unloading every model that may be unloaded would free only {megabytes(freeing)}",
+            )
+        closing = []
+        for other in victims:
+            model = self._models[other]
+            del self._models[other]
+            self.memory.release(other)
+            self._unloaded.add(other)
+            self.lifecycle.evictions += 1
+            logger.info(
+                "unloading model '%s' (%s) to make room for model '%s' within the model memory budget",
+                model.name,
+                megabytes(model.memory_bytes or 0),
+                name,
+            )
+            closing.append(self._close(model))
+        # Closed before the load goes on: its measurement must not see their memory go.
+        await asyncio.gather(*closing)
+
+    def _evictable(self, key: str, model: Model) -> bool:
+        if key in self._pinned or not model.takes_requests or self._lock(key).locked() or model.in_flight():
+            return False
+        return not pinned_by_config(model)
 
     def _close_later(self, model: Model) -> None:
         """Closes a model once its queued and running requests have finished."""
@@ -300,7 +437,43 @@ class ModelRepository:
         """Loads or reloads a model (explicit mode); raises with the reason if it cannot load."""
         await self._load(name, overrides or LoadOverrides(), ())
 
-    async def _load(self, name: str, overrides: LoadOverrides, loading: tuple[str, ...]) -> None:
+    # Loading on demand.
+
+    async def demand(self, name: str, timeout: float | None = None) -> None:
+        """Loads a model a request names that is in the repository but not loaded, sharing the
+        load with the other requests that wait for it (`timeout`: seconds this one waits).
+
+        Does nothing unless on demand, or for a model held already (loaded, or failed: a request
+        for it then gets the model's error, as without loading on demand). After it, the model
+        is loaded or held with the reason it failed; one not in the repository is not found.
+        """
+        if not self.on_demand or self._held(name):
+            return
+        await self._demand.wait(name, timeout)
+
+    def _held(self, name: str) -> bool:
+        try:
+            self.get(name)
+        except NotFoundError:
+            return False
+        return True
+
+    async def _load_on_demand(self, name: str) -> None:
+        logger.info("loading model '%s' on demand", name)
+        try:
+            await self._load(name, LoadOverrides(), (), reason="demand")
+        except ModelMemoryBudgetError:
+            raise
+        except CoreserveError:
+            # A model that failed is held with its reason (requests get the model's error), one
+            # not in the repository is not found: an error other than those goes to the requests.
+            if self._held(name):
+                return
+            raise
+
+    async def _load(
+        self, name: str, overrides: LoadOverrides, loading: tuple[str, ...], reason: str = "explicit"
+    ) -> None:
         """Loads a model; `loading` names the ensembles whose load led here, outermost first."""
         self._refuse_unless_explicit("loading models")
         check_model_name(name)
@@ -316,6 +489,8 @@ class ModelRepository:
         if name in duplicates:
             raise InvalidArgumentError(duplicates[name])
         keys = self._keys_named(name, found)
+        if not keys and reason == "demand":
+            raise NotFoundError(f"Request for unknown model: '{name}' is not found")
         if not keys:
             raise _not_in_repository(name)
         # Under namespacing, as Triton: a name loads the models of that name in every repository.
@@ -331,13 +506,18 @@ class ModelRepository:
                 step_key = qualified(location.namespace, step)
                 if step_key not in self._models or not self._models[step_key].takes_requests:
                     logger.info("loading model '%s' first: ensemble '%s' uses it", step, name)
-                    await self._load(step, LoadOverrides(), (*loading, name))
-            await self._load_location(name, location, found[key][1], overrides)
+                    await self._load(step, LoadOverrides(), (*loading, name), reason)
+            await self._load_location(name, location, found[key][1], overrides, reason)
 
     async def _load_location(
-        self, name: str, location: ModelLocation, fingerprint: str | None, overrides: LoadOverrides
+        self,
+        name: str,
+        location: ModelLocation,
+        fingerprint: str | None,
+        overrides: LoadOverrides,
+        reason: str = "explicit",
     ) -> None:
-        new = await self._replace(location, fingerprint, overrides)
+        new = await self._replace(location, fingerprint, overrides, reason=reason)
         if self._models.get(location.key) is not new:
             raise InvalidArgumentError(
                 f"load failed for model '{name}': {_reason(new)} (the loaded version keeps serving)"
@@ -371,6 +551,7 @@ class ModelRepository:
             if model is None:
                 return
             self._unloaded.add(name)
+            self.memory.release(name)
             logger.info("unloading model '%s'", name)
             await self._close(model)
 
@@ -387,7 +568,12 @@ class ModelRepository:
     # The repository index.
 
     async def index(self, ready_only: bool = False) -> list[dict[str, str]]:
-        """Every model of the repositories and every served version, with state and reason."""
+        """Every model of the repositories and every served version, with state and reason.
+
+        Loading on demand or under a memory budget, a loaded version's entry also gives its
+        model's `memory_bytes` (measured as it loaded) and `last_used` (UTC, ISO 8601).
+        """
+        extras = self.on_demand or self.memory.budget is not None
         found, _ = await self._scan()
         entries = []
         for key in sorted(set(found) | set(self._models)):
@@ -410,8 +596,22 @@ class ModelRepository:
                 entry = {"name": name, "version": str(number), "state": version.current_state.value}
                 if version.current_reason:
                     entry["reason"] = version.current_reason
+                if extras and model.memory_bytes is not None:
+                    entry["memory_bytes"] = str(model.memory_bytes)
+                    entry["last_used"] = datetime.fromtimestamp(model.last_used(), UTC).isoformat()
                 entries.append(entry)
         return entries
+
+
+def pinned_by_config(model: Model) -> bool:
+    """Whether the model's configuration pins it (parameter `coreserve_pinned`: true)."""
+    if model.config is None:
+        return False
+    try:
+        return bool(bool_parameter(model.config, PINNED_PARAMETER))
+    except CoreserveError as exc:  # a value that is not a flag pins nothing, and says so
+        logger.warning("%s; the model is not pinned", exc.message)
+        return False
 
 
 def _not_in_repository(name: str) -> InternalError:
