@@ -351,6 +351,7 @@ class ModelRepository:
             return new
         new.memory_bytes = max(0, await asyncio.to_thread(process_tree_rss) - before)
         new.loaded_at = time.time()
+        self.memory.measured(key, new.memory_bytes)
         if self.memory.budget is not None:
             try:
                 await self._make_room(location.name, key, new.memory_bytes, expected)

@@ -125,7 +125,12 @@ class ModelMemory:
         """The size `key` had at its last load (None: never measured)."""
         return self._measured.get(key)
 
+    def measured(self, key: str, size: int) -> None:
+        """Notes what a model's load took (for its next load), whether it stays loaded or not."""
+        self._measured[key] = size
+
     def record(self, key: str, size: int) -> None:
+        """Counts a loaded model's measured size as used."""
         self.loaded[key] = self._measured[key] = size
 
     def release(self, key: str) -> None:
