@@ -27,6 +27,31 @@ max_batch_size: 4
 input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
 output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
 """
+PIPELINE = """
+platform: "ensemble"
+max_batch_size: 4
+input [ { name: "A" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "B" data_type: TYPE_FP32 dims: [ 4 ] } ]
+ensemble_scheduling { step [ { model_name: "tripled" model_version: -1
+  input_map { key: "INPUT0" value: "A" } output_map { key: "OUTPUT0" value: "B" } } ] }
+"""
+SLOW = """
+import time
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        time.sleep(3)
+
+    def execute(self, requests):
+        return [
+            pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())])
+            for r in requests
+        ]
+"""
+SLOW_CONFIG = SCALE.replace('backend: "onnxruntime"', 'backend: "python"')
 # A model whose configuration names an input its ONNX file does not have: it fails to load.
 BROKEN = SCALE.replace('"INPUT0"', '"NOT_AN_INPUT"')
 
@@ -39,6 +64,10 @@ def repository(tmp_path: Path) -> Path:
     write_model(root, "scale", scale_model(5.0), SCALE)
     write_model(root, "broken", scale_model(2.0), BROKEN)
     write_bls_model(root, "bls")
+    (root / "pipeline" / "1").mkdir(parents=True)
+    (root / "pipeline" / "config.pbtxt").write_text(PIPELINE)
+    write_model(root, "slow", None, SLOW_CONFIG)
+    (root / "slow" / "1" / "model.py").write_text(SLOW)
     return root
 
 
@@ -162,6 +191,34 @@ def test_an_unknown_model_is_still_not_found(server: ServerProcess) -> None:
 def test_a_bls_call_loads_the_model_it_calls(server: ServerProcess) -> None:
     assert _http_infer(server.http_url, "bls").tolist() == [[25.0] * 4]  # scale(scale(1)), loaded on demand
     assert _sample(_metrics(server), "coreserve_model_loads_total", '{reason="demand"}') == 2
+
+
+def test_an_ensemble_loads_with_its_steps(server: ServerProcess) -> None:
+    client = httpclient.InferenceServerClient(server.http_url, network_timeout=120)
+    try:
+        tensor = httpclient.InferInput("A", [1, 4], "FP32")
+        tensor.set_data_from_numpy(np.ones((1, 4), np.float32))
+        assert client.infer("pipeline", [tensor]).as_numpy("B").tolist() == [[3.0] * 4]
+    finally:
+        client.close()
+    assert _index(server)["tripled"]["state"] == "READY"
+
+
+def test_a_request_waits_no_longer_than_its_timeout_and_the_load_goes_on(server: ServerProcess) -> None:
+    client = httpclient.InferenceServerClient(server.http_url, network_timeout=120)
+    try:
+        tensor = httpclient.InferInput("INPUT0", [1, 4], "FP32")
+        tensor.set_data_from_numpy(np.ones((1, 4), np.float32))
+        with pytest.raises(InferenceServerException) as failure:
+            client.infer("slow", [tensor], timeout=200_000)  # µs: the model takes 3 s to load
+        assert failure.value.status() == "503"
+        assert "Request timeout expired: model 'slow' was still loading on demand after 0.2 s" in str(
+            failure.value
+        )
+        assert client.infer("slow", [tensor]).as_numpy("OUTPUT0").tolist() == [[1.0] * 4]
+    finally:
+        client.close()
+    assert server.log.count("loading model 'slow' on demand") == 1
 
 
 def test_without_the_flag_a_request_for_a_model_not_loaded_fails_as_in_triton(
