@@ -14,15 +14,7 @@ one fails, the old one keeps serving.
 Without `--model-namespacing` a model name found in two repositories is refused; with it,
 each repository is a namespace and models are held under qualified keys (see namespaces.py).
 
-In explicit mode, two choices go beyond Triton (nothing changes without them):
-- on demand (`--model-load-on-demand`): a request for a model of the repository that is not
-  loaded loads it (see demand.py); a model whose load failed is not tried again on demand (a
-  load through the repository API tries again);
-- a memory budget (`--model-memory-budget`): each model's memory is measured as it loads (see
-  memory.py); a load that would pass the budget first unloads the least recently used models
-  with no request in flight, never a pinned one (named by `--load-model`, or with the
-  configuration parameter `coreserve_pinned`), and fails, naming the budget, if that is not
-  enough. Under a budget, models load one at a time, so that each measurement is its own.
+In explicit mode, loads on demand and a memory budget go beyond Triton: see budgeted.py.
 """
 
 from __future__ import annotations
@@ -31,13 +23,9 @@ import asyncio
 import contextlib
 import enum
 import logging
-import time
 from collections.abc import Iterable, Sequence
-from contextlib import AbstractAsyncContextManager
-from datetime import UTC, datetime
 from pathlib import Path
 
-from coreserve.backend.parameters import bool_parameter
 from coreserve.errors import (
     CoreserveError,
     InternalError,
@@ -45,20 +33,18 @@ from coreserve.errors import (
     NotFoundError,
     UnsupportedError,
 )
-from coreserve.repository.demand import DemandLoads, LifecycleCounts
+from coreserve.repository.budgeted import BudgetedLoads
 from coreserve.repository.folders import check_model_name
+from coreserve.repository.index import index_entries
 from coreserve.repository.layout import ModelLocation, ensemble_steps
 from coreserve.repository.loader import ModelLoader
-from coreserve.repository.memory import ModelMemory, ModelMemoryBudgetError, megabytes, process_tree_rss
-from coreserve.repository.model import Model, ModelState
+from coreserve.repository.model import Model
 from coreserve.repository.namespaces import ModelTable, ambiguous, qualified
 from coreserve.repository.overrides import LoadOverrides, poll_failure, write_override_files
 from coreserve.repository.sources import RepositorySource
 from coreserve.repository.unloading import UNLOADED, close_model, unload_loaded_versions
 
 logger = logging.getLogger(__name__)
-# A model configuration's parameter that keeps a model from being unloaded to make room.
-PINNED_PARAMETER = "coreserve_pinned"
 
 
 class ControlMode(enum.StrEnum):
@@ -67,7 +53,7 @@ class ControlMode(enum.StrEnum):
     EXPLICIT = "explicit"
 
 
-class ModelRepository:
+class ModelRepository(BudgetedLoads):
     """The served models, found in one or more repository sources."""
 
     def __init__(
@@ -98,15 +84,7 @@ class ModelRepository:
         self._unloaded: set[str] = set()
         self._locks: dict[str, asyncio.Lock] = {}
         self._closing: set[asyncio.Task[None]] = set()
-        self.on_demand = on_demand and mode is ControlMode.EXPLICIT
-        self.memory = ModelMemory(memory_budget)
-        self.lifecycle = LifecycleCounts()
-        self._demand = DemandLoads(self._load_on_demand, self.lifecycle)
-        self._pinned: set[str] = set()  # keys named by --load-model
-        # Under a budget, one load at a time: each measures its own growth of the server's memory.
-        self._measuring: AbstractAsyncContextManager[object] = (
-            asyncio.Lock() if memory_budget is not None else contextlib.nullcontext()
-        )
+        self._init_budgeted(on_demand and mode is ControlMode.EXPLICIT, memory_budget)
         if namespacing:
             loader.has_model = self._models.__contains__
 
@@ -183,12 +161,9 @@ class ModelRepository:
         found, duplicates = await self._scan()
         for name, reason in duplicates.items():
             self._models[name] = Model(name=name, path=None, reason=reason)
-        if self.mode is ControlMode.EXPLICIT:
-            self._pinned = (
-                set(found)
-                if "*" in self._startup_models
-                else {key for name in self._startup_models for key in self._keys_named(name, found)}
-            )
+        if self.mode is ControlMode.EXPLICIT:  # pinned: never unloaded to make room
+            self._pinned = {key for name in self._startup_models for key in self._keys_named(name, found)}
+            self._pinned |= set(found) if "*" in self._startup_models else set()
         if self.mode is ControlMode.EXPLICIT and "*" not in self._startup_models:
             wanted = {}
             for name in self._startup_models:
@@ -306,12 +281,7 @@ class ModelRepository:
             old = self._models.get(key)
             if reason == "demand" and old is not None and old.takes_requests:
                 return old
-            try:
-                new = await self._measured_load(location, overrides, reason)
-            except ModelMemoryBudgetError as exc:
-                if reason in ("demand", "explicit"):
-                    raise
-                new = Model(location.name, location.path, reason=exc.message, namespace=location.namespace)
+            new = await self._budgeted_load(location, overrides, reason)
             if fingerprint is not None:
                 self._fingerprints[key] = fingerprint
             failed = not new.takes_requests
@@ -334,90 +304,6 @@ class ModelRepository:
                 self._close_later(old)
             return new
 
-    async def _measured_load(
-        self, location: ModelLocation, overrides: LoadOverrides | None, reason: str
-    ) -> Model:
-        """Loads a model and measures what the server's memory grew by; under a budget, unloads
-        the least recently used models to make room, before the load where the model's size is
-        known from its last load, and after it where it is not."""
-        key = location.key
-        expected = self.memory.expected(key)
-        if self.memory.budget is not None:
-            await self._make_room(location.name, key, expected or 0, expected)
-        logger.info("loading model '%s' from %s", location.name, location.path)
-        before = await asyncio.to_thread(process_tree_rss)
-        new = await self._loader.load(location, overrides.config if overrides else None)
-        if not new.takes_requests:
-            return new
-        new.memory_bytes = max(0, await asyncio.to_thread(process_tree_rss) - before)
-        new.loaded_at = time.time()
-        self.memory.measured(key, new.memory_bytes)
-        if self.memory.budget is not None:
-            try:
-                await self._make_room(location.name, key, new.memory_bytes, expected)
-            except ModelMemoryBudgetError:
-                await self._close(new)
-                raise
-        self.memory.record(key, new.memory_bytes)
-        logger.info("model '%s' uses %d bytes (%s)", location.name, new.memory_bytes, reason)
-        return new
-
-    async def _make_room(self, name: str, key: str, size: int, expected: int | None) -> None:
-        """Unloads models, least recently used first, until `size` more bytes fit the budget.
-
-        Chooses only models that are loaded, not pinned, not loading, with no request in flight,
-        and waits until they are closed; raises ModelMemoryBudgetError, unloading nothing, if
-        those are not enough.
-        """
-        if not self.memory.over(size):
-            return
-        candidates = sorted(
-            (
-                (model.last_used(), other)
-                for other, model in self._models.items()
-                if other != key and self._evictable(other, model)
-            ),
-            key=lambda pair: pair[0],
-        )
-        budget = self.memory.budget
-        assert budget is not None
-        victims, freeing = [], 0
-        for _, other in candidates:
-            if self.memory.used() - freeing + size <= budget:
-                break
-            victims.append(other)
-            freeing += self.memory.loaded.get(other, 0)
-        if self.memory.used() - freeing + size > budget:
-            raise self.memory.refusal(
-                name,
-                expected,
-                "no other loaded model can be unloaded to make room (the others are pinned, loading, "
-                "or have requests in flight)"
-                if not candidates
-                else f"unloading every model that may be unloaded would free only {megabytes(freeing)}",
-            )
-        closing = []
-        for other in victims:
-            model = self._models[other]
-            del self._models[other]
-            self.memory.release(other)
-            self._unloaded.add(other)
-            self.lifecycle.evictions += 1
-            logger.info(
-                "unloading model '%s' (%s) to make room for model '%s' within the model memory budget",
-                model.name,
-                megabytes(model.memory_bytes or 0),
-                name,
-            )
-            closing.append(self._close(model))
-        # Closed before the load goes on: its measurement must not see their memory go.
-        await asyncio.gather(*closing)
-
-    def _evictable(self, key: str, model: Model) -> bool:
-        if key in self._pinned or not model.takes_requests or self._lock(key).locked() or model.in_flight():
-            return False
-        return not pinned_by_config(model)
-
     def _close_later(self, model: Model) -> None:
         """Closes a model once its queued and running requests have finished."""
         task = asyncio.create_task(self._close(model), name=f"close:{model.name}")
@@ -438,40 +324,6 @@ class ModelRepository:
         """Loads or reloads a model (explicit mode); raises with the reason if it cannot load."""
         await self._load(name, overrides or LoadOverrides(), ())
 
-    # Loading on demand.
-
-    async def demand(self, name: str, timeout: float | None = None) -> None:
-        """Loads a model a request names that is in the repository but not loaded, sharing the
-        load with the other requests that wait for it (`timeout`: seconds this one waits).
-
-        Does nothing unless on demand, or for a model held already (loaded, or failed: a request
-        for it then gets the model's error, as without loading on demand). After it, the model
-        is loaded or held with the reason it failed; one not in the repository is not found.
-        """
-        if not self.on_demand or self._held(name):
-            return
-        await self._demand.wait(name, timeout)
-
-    def _held(self, name: str) -> bool:
-        try:
-            self.get(name)
-        except NotFoundError:
-            return False
-        return True
-
-    async def _load_on_demand(self, name: str) -> None:
-        logger.info("loading model '%s' on demand", name)
-        try:
-            await self._load(name, LoadOverrides(), (), reason="demand")
-        except ModelMemoryBudgetError:
-            raise
-        except CoreserveError:
-            # A model that failed is held with its reason (requests get the model's error), one
-            # not in the repository is not found: an error other than those goes to the requests.
-            if self._held(name):
-                return
-            raise
-
     async def _load(
         self, name: str, overrides: LoadOverrides, loading: tuple[str, ...], reason: str = "explicit"
     ) -> None:
@@ -484,7 +336,7 @@ class ModelRepository:
             path = await asyncio.to_thread(write_override_files, self._cache_dir, name, overrides.files)
             location = ModelLocation(name, path, path.parent, self._loader.config_name)
             fingerprint = None
-            await self._load_location(name, location, fingerprint, overrides)
+            await self._load_location(name, location, fingerprint, overrides, reason)
             return
         found, duplicates = await self._scan()
         if name in duplicates:
@@ -516,7 +368,7 @@ class ModelRepository:
         location: ModelLocation,
         fingerprint: str | None,
         overrides: LoadOverrides,
-        reason: str = "explicit",
+        reason: str,
     ) -> None:
         new = await self._replace(location, fingerprint, overrides, reason=reason)
         if self._models.get(location.key) is not new:
@@ -569,50 +421,12 @@ class ModelRepository:
     # The repository index.
 
     async def index(self, ready_only: bool = False) -> list[dict[str, str]]:
-        """Every model of the repositories and every served version, with state and reason.
-
-        Loading on demand or under a memory budget, a loaded version's entry also gives its
-        model's `memory_bytes` (measured as it loaded) and `last_used` (UTC, ISO 8601).
-        """
-        extras = self.on_demand or self.memory.budget is not None
+        """Every model of the repositories and every served version, with state and reason
+        (and, loading on demand or under a memory budget, memory and last use: see index.py)."""
         found, _ = await self._scan()
-        entries = []
-        for key in sorted(set(found) | set(self._models)):
-            model = self._models.get(key)
-            name = model.name if model is not None else self._split(key, found[key][0])[1]
-            if model is None or not model.versions:
-                if ready_only:
-                    continue
-                reason = (
-                    model.reason
-                    if model is not None
-                    else ("unloaded" if key in self._unloaded else "not loaded")
-                )
-                entries.append({"name": name, "state": ModelState.UNAVAILABLE.value, "reason": reason})
-                continue
-            for number in sorted(model.versions):
-                version = model.versions[number]
-                if ready_only and version.current_state is not ModelState.READY:
-                    continue  # (the state, as the entry gives it: READY while instances restart)
-                entry = {"name": name, "version": str(number), "state": version.current_state.value}
-                if version.current_reason:
-                    entry["reason"] = version.current_reason
-                if extras and model.memory_bytes is not None:
-                    entry["memory_bytes"] = str(model.memory_bytes)
-                    entry["last_used"] = datetime.fromtimestamp(model.last_used(), UTC).isoformat()
-                entries.append(entry)
-        return entries
-
-
-def pinned_by_config(model: Model) -> bool:
-    """Whether the model's configuration pins it (parameter `coreserve_pinned`: true)."""
-    if model.config is None:
-        return False
-    try:
-        return bool(bool_parameter(model.config, PINNED_PARAMETER))
-    except CoreserveError as exc:  # a value that is not a flag pins nothing, and says so
-        logger.warning("%s; the model is not pinned", exc.message)
-        return False
+        names = {key: self._split(key, source)[1] for key, (source, _) in found.items()}
+        extras = self.on_demand or self.memory.budget is not None
+        return index_entries(self._models, names, self._unloaded, ready_only=ready_only, extras=extras)
 
 
 def _not_in_repository(name: str) -> InternalError:
