@@ -17,6 +17,7 @@ from coreserve.cli._values import (
     backend_config,
     cache_setting,
     interval_ms,
+    memory_budget,
     metrics_config,
     non_negative_int,
     positive_int,
@@ -57,6 +58,12 @@ def serve_parser() -> argparse.ArgumentParser:
               "explicit: load what --load-model names, then what the repository API asks")
     flag("--load-model", dest="load_models", action="append", default=[], metavar="NAME",
          help="a model to load at start-up in explicit mode (repeatable; * for all)")
+    bool_flag("--model-load-on-demand", False, "in explicit mode, a request for a model of the repository "
+              "that is not loaded loads it and is answered when it is ready (default false)")
+    flag("--model-memory-budget", type=memory_budget, default=None, metavar="BYTES|PERCENT",
+         help="in explicit mode, the host memory the loaded models may use (e.g. 2GB, 512MiB, 40%%): a load "
+              "that would pass it first unloads the least recently used idle models that are not pinned "
+              "(default: no budget)")
     flag("--repository-poll-secs", type=float, default=15.0, help="seconds between scans in poll mode")
     flag("--model-load-thread-count", type=int, default=4, help="models that load at the same time")
     flag("--model-config-name", default="", metavar="NAME",
@@ -256,6 +263,10 @@ def parse_serve_args(argv: Sequence[str]) -> argparse.Namespace:
         parser.error(f"$CORESERVE_GRPC_SERVER must be one of {known}, got '{args.grpc_server}'")
     check_http_tls_flags(parser, args)
     _check_cache_flags(parser, args)
+    for name, value in (("--model-load-on-demand", args.model_load_on_demand),
+                        ("--model-memory-budget", args.model_memory_budget)):  # fmt: skip
+        if value and args.model_control_mode != ControlMode.EXPLICIT.value:
+            parser.error(f"{name} needs --model-control-mode=explicit (got {args.model_control_mode})")
     return args
 
 

@@ -78,6 +78,8 @@ def server_options(args: argparse.Namespace) -> ServerOptions:
         grpc_transport=_grpc_transport(args),
         model_control_mode=ControlMode(args.model_control_mode),
         load_models=args.load_models,
+        model_load_on_demand=args.model_load_on_demand,
+        model_memory_budget=args.model_memory_budget,
         repository_poll_secs=args.repository_poll_secs,
         model_load_thread_count=args.model_load_thread_count,
         http_restricted_api=args.http_restricted_api,

@@ -49,6 +49,16 @@ def rate_limit_resource(text: str) -> ResourceSetting:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def memory_budget(text: str) -> int:
+    """--model-memory-budget: BYTES (2GB, 512MiB) or PERCENT of the host's memory, in bytes."""
+    from coreserve.repository.memory import MemoryBudgetError, parse_memory_budget
+
+    try:
+        return parse_memory_budget(text)
+    except MemoryBudgetError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def positive_int(text: str) -> int:
     try:
         value = int(text)

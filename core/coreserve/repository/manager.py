@@ -13,6 +13,8 @@ one fails, the old one keeps serving.
 
 Without `--model-namespacing` a model name found in two repositories is refused; with it,
 each repository is a namespace and models are held under qualified keys (see namespaces.py).
+
+In explicit mode, loads on demand and a memory budget go beyond Triton: see budgeted.py.
 """
 
 from __future__ import annotations
@@ -31,10 +33,12 @@ from coreserve.errors import (
     NotFoundError,
     UnsupportedError,
 )
+from coreserve.repository.budgeted import BudgetedLoads
 from coreserve.repository.folders import check_model_name
+from coreserve.repository.index import index_entries
 from coreserve.repository.layout import ModelLocation, ensemble_steps
 from coreserve.repository.loader import ModelLoader
-from coreserve.repository.model import Model, ModelState
+from coreserve.repository.model import Model
 from coreserve.repository.namespaces import ModelTable, ambiguous, qualified
 from coreserve.repository.overrides import LoadOverrides, poll_failure, write_override_files
 from coreserve.repository.sources import RepositorySource
@@ -49,7 +53,7 @@ class ControlMode(enum.StrEnum):
     EXPLICIT = "explicit"
 
 
-class ModelRepository:
+class ModelRepository(BudgetedLoads):
     """The served models, found in one or more repository sources."""
 
     def __init__(
@@ -63,7 +67,10 @@ class ModelRepository:
         cache_dir: Path | None = None,
         drain_timeout: float | None = None,
         namespacing: bool = False,
+        on_demand: bool = False,
+        memory_budget: int | None = None,
     ) -> None:
+        """`on_demand`, `memory_budget` (bytes): see the module's docstring (explicit mode only)."""
         self.sources = list(sources)
         self.mode = mode
         self.namespacing = namespacing
@@ -77,6 +84,7 @@ class ModelRepository:
         self._unloaded: set[str] = set()
         self._locks: dict[str, asyncio.Lock] = {}
         self._closing: set[asyncio.Task[None]] = set()
+        self._init_budgeted(on_demand and mode is ControlMode.EXPLICIT, memory_budget)
         if namespacing:
             loader.has_model = self._models.__contains__
 
@@ -153,6 +161,9 @@ class ModelRepository:
         found, duplicates = await self._scan()
         for name, reason in duplicates.items():
             self._models[name] = Model(name=name, path=None, reason=reason)
+        if self.mode is ControlMode.EXPLICIT:  # pinned: never unloaded to make room
+            self._pinned = {key for name in self._startup_models for key in self._keys_named(name, found)}
+            self._pinned |= set(found) if "*" in self._startup_models else set()
         if self.mode is ControlMode.EXPLICIT and "*" not in self._startup_models:
             wanted = {}
             for name in self._startup_models:
@@ -163,7 +174,7 @@ class ModelRepository:
                         name=name, path=None, reason=f"model '{name}' is not in the repository"
                     )
             found = await self._with_steps(wanted, found)
-        await self._load_many(found)
+        await self._load_many(found, "startup")
 
     async def _with_steps(
         self, wanted: dict[str, tuple[RepositorySource, str]], found: dict[str, tuple[RepositorySource, str]]
@@ -186,7 +197,7 @@ class ModelRepository:
                         unexplored.append(step_key)
         return wanted
 
-    async def _load_many(self, found: dict[str, tuple[RepositorySource, str]]) -> None:
+    async def _load_many(self, found: dict[str, tuple[RepositorySource, str]], reason: str) -> None:
         """Loads models concurrently; ensembles after the models they are made of."""
         locations: dict[str, ModelLocation] = {}
         for key, (source, _) in found.items():
@@ -205,7 +216,9 @@ class ModelRepository:
             ready = [name for name, steps in pending.items() if steps is None or not steps & pending.keys()]
             if not ready:  # ensembles that wait on each other: load them; they report the cycle
                 ready = list(pending)
-            await asyncio.gather(*(self._replace(locations[name], found[name][1]) for name in ready))
+            await asyncio.gather(
+                *(self._replace(locations[name], found[name][1], reason=reason) for name in ready)
+            )
             for name in ready:
                 del pending[name]
 
@@ -223,7 +236,7 @@ class ModelRepository:
                 await self._unload(name)
         if changed:
             logger.info("repository changes found for: %s", ", ".join(sorted(changed)))
-            await self._load_many(changed)
+            await self._load_many(changed, "poll")
 
     async def poll_forever(self, interval: float) -> None:
         """Polls every `interval` seconds until cancelled; a failed poll is logged in one line
@@ -250,17 +263,25 @@ class ModelRepository:
         return self._locks.setdefault(name, asyncio.Lock())
 
     async def _replace(
-        self, location: ModelLocation, fingerprint: str | None, overrides: LoadOverrides | None = None
+        self,
+        location: ModelLocation,
+        fingerprint: str | None,
+        overrides: LoadOverrides | None = None,
+        *,
+        reason: str,
     ) -> Model:
         """Loads a model beside the one being served and switches to it when it is ready.
 
         Returns the new model; if it could not load, the old one (if any) keeps serving.
+        `reason` (startup, poll, explicit, demand) is counted by the metrics; a load on demand
+        of a model that another load made ready meanwhile returns that one.
         """
         key = location.key
-        async with self._lock(key), self._limit:
+        async with self._lock(key), self._limit, self._measuring:
             old = self._models.get(key)
-            logger.info("loading model '%s' from %s", location.name, location.path)
-            new = await self._loader.load(location, overrides.config if overrides else None)
+            if reason == "demand" and old is not None and old.takes_requests:
+                return old
+            new = await self._budgeted_load(location, overrides, reason)
             if fingerprint is not None:
                 self._fingerprints[key] = fingerprint
             failed = not new.takes_requests
@@ -274,6 +295,9 @@ class ModelRepository:
                 return new
             if failed:
                 await unload_loaded_versions(new, self._drain_timeout)
+                self.memory.release(key)
+            else:
+                self.lifecycle.loads[reason] += 1
             self._models[key] = new
             self._unloaded.discard(key)
             if old is not None:
@@ -300,7 +324,9 @@ class ModelRepository:
         """Loads or reloads a model (explicit mode); raises with the reason if it cannot load."""
         await self._load(name, overrides or LoadOverrides(), ())
 
-    async def _load(self, name: str, overrides: LoadOverrides, loading: tuple[str, ...]) -> None:
+    async def _load(
+        self, name: str, overrides: LoadOverrides, loading: tuple[str, ...], reason: str = "explicit"
+    ) -> None:
         """Loads a model; `loading` names the ensembles whose load led here, outermost first."""
         self._refuse_unless_explicit("loading models")
         check_model_name(name)
@@ -310,12 +336,14 @@ class ModelRepository:
             path = await asyncio.to_thread(write_override_files, self._cache_dir, name, overrides.files)
             location = ModelLocation(name, path, path.parent, self._loader.config_name)
             fingerprint = None
-            await self._load_location(name, location, fingerprint, overrides)
+            await self._load_location(name, location, fingerprint, overrides, reason)
             return
         found, duplicates = await self._scan()
         if name in duplicates:
             raise InvalidArgumentError(duplicates[name])
         keys = self._keys_named(name, found)
+        if not keys and reason == "demand":
+            raise NotFoundError(f"Request for unknown model: '{name}' is not found")
         if not keys:
             raise _not_in_repository(name)
         # Under namespacing, as Triton: a name loads the models of that name in every repository.
@@ -331,13 +359,18 @@ class ModelRepository:
                 step_key = qualified(location.namespace, step)
                 if step_key not in self._models or not self._models[step_key].takes_requests:
                     logger.info("loading model '%s' first: ensemble '%s' uses it", step, name)
-                    await self._load(step, LoadOverrides(), (*loading, name))
-            await self._load_location(name, location, found[key][1], overrides)
+                    await self._load(step, LoadOverrides(), (*loading, name), reason)
+            await self._load_location(name, location, found[key][1], overrides, reason)
 
     async def _load_location(
-        self, name: str, location: ModelLocation, fingerprint: str | None, overrides: LoadOverrides
+        self,
+        name: str,
+        location: ModelLocation,
+        fingerprint: str | None,
+        overrides: LoadOverrides,
+        reason: str,
     ) -> None:
-        new = await self._replace(location, fingerprint, overrides)
+        new = await self._replace(location, fingerprint, overrides, reason=reason)
         if self._models.get(location.key) is not new:
             raise InvalidArgumentError(
                 f"load failed for model '{name}': {_reason(new)} (the loaded version keeps serving)"
@@ -371,6 +404,7 @@ class ModelRepository:
             if model is None:
                 return
             self._unloaded.add(name)
+            self.memory.release(name)
             logger.info("unloading model '%s'", name)
             await self._close(model)
 
@@ -387,31 +421,12 @@ class ModelRepository:
     # The repository index.
 
     async def index(self, ready_only: bool = False) -> list[dict[str, str]]:
-        """Every model of the repositories and every served version, with state and reason."""
+        """Every model of the repositories and every served version, with state and reason
+        (and, loading on demand or under a memory budget, memory and last use: see index.py)."""
         found, _ = await self._scan()
-        entries = []
-        for key in sorted(set(found) | set(self._models)):
-            model = self._models.get(key)
-            name = model.name if model is not None else self._split(key, found[key][0])[1]
-            if model is None or not model.versions:
-                if ready_only:
-                    continue
-                reason = (
-                    model.reason
-                    if model is not None
-                    else ("unloaded" if key in self._unloaded else "not loaded")
-                )
-                entries.append({"name": name, "state": ModelState.UNAVAILABLE.value, "reason": reason})
-                continue
-            for number in sorted(model.versions):
-                version = model.versions[number]
-                if ready_only and version.current_state is not ModelState.READY:
-                    continue  # (the state, as the entry gives it: READY while instances restart)
-                entry = {"name": name, "version": str(number), "state": version.current_state.value}
-                if version.current_reason:
-                    entry["reason"] = version.current_reason
-                entries.append(entry)
-        return entries
+        names = {key: self._split(key, source)[1] for key, (source, _) in found.items()}
+        extras = self.on_demand or self.memory.budget is not None
+        return index_entries(self._models, names, self._unloaded, ready_only=ready_only, extras=extras)
 
 
 def _not_in_repository(name: str) -> InternalError:

@@ -35,6 +35,7 @@ class ModelVersion:
     reason: str = ""
     scheduler: Scheduler | None = None
     load_seconds: float = 0.0
+    last_used: float = 0.0  # time.time() of its last inference request (0: none yet)
     # Class labels per output (label_filename), for the classification extension.
     labels: dict[str, tuple[bytes, ...]] = field(default_factory=dict)
 
@@ -94,6 +95,16 @@ class Model:
     versions: dict[int, ModelVersion] = field(default_factory=dict)
     reason: str = ""
     namespace: str = ""  # its repository, under --model-namespacing
+    loaded_at: float = 0.0  # time.time() when it became ready
+    memory_bytes: int | None = None  # what the server's memory grew by while it loaded
+
+    def last_used(self) -> float:
+        """When a request last used a version of it, or when it loaded if none did since."""
+        return max([self.loaded_at, *(v.last_used for v in self.versions.values())])
+
+    def in_flight(self) -> int:
+        """Requests queued or executing in its versions."""
+        return sum(v.scheduler.pending for v in self.versions.values() if v.scheduler is not None)
 
     @property
     def state(self) -> ModelState:

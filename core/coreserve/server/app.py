@@ -85,6 +85,8 @@ class ServerRuntime:
             cache_dir=self.cache_dir,
             drain_timeout=options.exit_timeout_secs,
             namespacing=options.model_namespacing,
+            on_demand=options.model_load_on_demand,
+            memory_budget=options.model_memory_budget,
         )
         self._poller: asyncio.Task[None] | None = None
         self.flags = ServerFlags(strict_readiness=options.strict_readiness)

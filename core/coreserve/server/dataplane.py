@@ -7,6 +7,7 @@ model-related decision (which version, is it ready, is the request valid) is mad
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
@@ -126,6 +127,24 @@ class DataPlane:
         """The ready model version a request names; raises NotFound or Unavailable."""
         return self.repository.get(name).version(version)
 
+    async def serving_version(
+        self, name: str, version: str = "", timeout: float | None = None
+    ) -> ModelVersion:
+        """The model version an inference request names, loaded first if the server loads
+        models on demand and it is not loaded (waiting at most `timeout` seconds)."""
+        try:
+            target = self.model_version(name, version)
+        except NotFoundError:
+            target = await self._on_demand(name, version, timeout)
+        target.last_used = time.time()
+        return target
+
+    async def _on_demand(self, name: str, version: str, timeout: float | None) -> ModelVersion:
+        """After a lookup that found no model: loads it on demand where the server does, and
+        looks again (raising the lookup's error where it does not)."""
+        await self.repository.demand(name, timeout)
+        return self.model_version(name, version)
+
     def model_signature(self, name: str, version: str = "") -> ModelSignature:
         return self.model_version(name, version).signature
 
@@ -213,7 +232,11 @@ class DataPlane:
         `endpoint` names the caller in the refusal of a decoupled model, as Triton words it
         ("HTTP end point", "ModelInfer RPC"); `instead` says what serves such a model there.
         """
-        target = self.model_version(request.model_name, request.model_version)
+        try:  # (the lookup of every request: no coroutine unless the model is not found)
+            target = self.model_version(request.model_name, request.model_version)
+        except NotFoundError:
+            target = await self._on_demand(request.model_name, request.model_version, _timeout_s(request))
+        target.last_used = time.time()
         if target.config.model_transaction_policy.decoupled:
             raise UnsupportedError(
                 f"{endpoint} doesn't support models with decoupled transaction policy: model "
@@ -249,7 +272,12 @@ class DataPlane:
         last response.
         """
         sink = QueuedResponses()
-        target = self.model_version(request.model_name, request.model_version)
+        try:  # (the lookup of every request: no coroutine unless the model is not found)
+            target = self.model_version(request.model_name, request.model_version)
+        except NotFoundError:
+            target = await self._on_demand(request.model_name, request.model_version, _timeout_s(request))
+        target.last_used = time.time()
+
         self._submit(target, request, sink, ends_trace=not frontend_sends)
         trace = request.trace if frontend_sends else None
         try:
@@ -316,6 +344,14 @@ class DataPlane:
 
     async def unload_model(self, name: str, dependents: bool = False) -> None:
         await self.repository.unload(name, dependents)
+
+
+def _timeout_s(request: InferenceRequest) -> float | None:
+    """The request's `timeout` parameter (Triton's, in microseconds) in seconds; None: none."""
+    timeout = request.parameters.get("timeout")
+    if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout <= 0:
+        return None
+    return timeout / 1e6
 
 
 def _end_trace(request: InferenceRequest, response: InferenceResponse | None, *, finish: bool) -> None:

@@ -26,6 +26,10 @@ class ServerOptions:
     model_namespacing: bool = False  # the same model name may live in several repositories
     model_control_mode: ControlMode = ControlMode.NONE
     load_models: list[str] = field(default_factory=list)
+    # --model-load-on-demand (explicit mode): a request for a model not loaded loads it.
+    model_load_on_demand: bool = False
+    # --model-memory-budget (explicit mode), in bytes: the loaded models' memory; None: no budget.
+    model_memory_budget: int | None = None
     repository_poll_secs: float = 15.0
     model_load_thread_count: int = 4
     # None: a temporary folder of this server's own (never shared with another server),

@@ -49,6 +49,8 @@ FINAL_RESPONSE = "triton_final_response"
 # yet sent) before the stream stops reading: a client that sends faster than the models answer,
 # or that reads no answers, holds at most this many requests and their responses in memory.
 DEFAULT_MAX_STREAM_INFLIGHT = 1024
+# The fields of a gRPC repository index entry (the HTTP index may give more).
+_INDEX_FIELDS = frozenset({"name", "version", "state", "reason"})
 
 Request = TypeVar("Request")
 Response = TypeVar("Response")
@@ -159,7 +161,12 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     ) -> pb.RepositoryIndexResponse:
         index = await self._dataplane.repository_index(ready_only=request.ready)
         return pb.RepositoryIndexResponse(
-            models=[pb.RepositoryIndexResponse.ModelIndex(**entry) for entry in index]
+            models=[  # (Triton's fields: the HTTP index's extra ones have none here)
+                pb.RepositoryIndexResponse.ModelIndex(
+                    **{k: v for k, v in entry.items() if k in _INDEX_FIELDS}
+                )
+                for entry in index
+            ]
         )
 
     @_unary("model-repository")

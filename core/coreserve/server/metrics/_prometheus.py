@@ -34,6 +34,7 @@ from coreserve.scheduling.statistics import (
     LatencyOptions,
     ModelStatistics,
 )
+from coreserve.server.metrics._lifecycle import render_lifecycle_metrics
 from coreserve.server.metrics._system import SystemMetrics, family
 
 logger = logging.getLogger(__name__)
@@ -171,6 +172,7 @@ def render_model_metrics(repository: ModelRepository, latency: LatencyOptions | 
     )
     lines.extend(render_latency_distributions(ids, latency))
     lines.extend(_model_cache_families(ids))
+    lines.extend(render_lifecycle_metrics(repository))
     return "\n".join(lines) + "\n" if lines else ""
 
 

@@ -198,7 +198,7 @@ class HttpFrontend:
         header_length = _parse_header_length(header) if header is not None else None
         regions = self._dataplane.shared_memory
         if header_length == 0:
-            target = self._dataplane.model_version(model, version)
+            target = await self._dataplane.serving_version(model, version)
             inputs = list(target.signature.inputs.values())
             if len(inputs) != 1:
                 raise InvalidArgumentError(
@@ -267,7 +267,7 @@ class HttpFrontend:
         received_ns = now_ns() if tracing else 0
         info = request.match_info
         model, version = info["model"], info.get("version", "")
-        target = self._dataplane.model_version(model, version)
+        target = await self._dataplane.serving_version(model, version)
         body = await self._read_body(request)
         if len(body) < OFF_LOOP_BYTES:
             inference = decode_generate_request(body, target.signature, model, version)

@@ -1,0 +1,208 @@
+"""The model repository's loads under a memory budget and on demand: measuring each load,
+making room by unloading the least recently used models, and sharing one load on demand among
+the requests that wait for it.
+
+In explicit mode, two choices go beyond Triton (nothing changes without them):
+- on demand (`--model-load-on-demand`): a request for a model of the repository that is not
+  loaded loads it (see demand.py); a model whose load failed is not tried again on demand (a
+  load through the repository API tries again);
+- a memory budget (`--model-memory-budget`): each model's memory is measured as it loads (see
+  memory.py); a load that would pass the budget first unloads the least recently used models
+  with no request in flight, never a pinned one (named by `--load-model`, or with the
+  configuration parameter `coreserve_pinned`), and fails, naming the budget, if that is not
+  enough. Under a budget, models load one at a time, so that each measurement is its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from contextlib import AbstractAsyncContextManager
+from typing import TYPE_CHECKING
+
+from coreserve.backend.parameters import bool_parameter
+from coreserve.errors import CoreserveError, NotFoundError
+from coreserve.repository.demand import DemandLoads, LifecycleCounts
+from coreserve.repository.layout import ModelLocation
+from coreserve.repository.loader import ModelLoader
+from coreserve.repository.memory import ModelMemory, ModelMemoryBudgetError, megabytes, process_tree_rss
+from coreserve.repository.model import Model
+from coreserve.repository.namespaces import ModelTable
+from coreserve.repository.overrides import LoadOverrides
+
+logger = logging.getLogger(__name__)
+# A model configuration's parameter that keeps a model from being unloaded to make room.
+PINNED_PARAMETER = "coreserve_pinned"
+
+
+class BudgetedLoads:
+    """What `ModelRepository` adds to its loads for a memory budget and for loading on demand."""
+
+    on_demand: bool
+    memory: ModelMemory
+    lifecycle: LifecycleCounts
+    _models: ModelTable
+    _loader: ModelLoader
+    _demand: DemandLoads
+    _pinned: set[str]
+    _unloaded: set[str]
+
+    def _init_budgeted(self, on_demand: bool, memory_budget: int | None) -> None:
+        self.on_demand = on_demand
+        self.memory = ModelMemory(memory_budget)
+        self.lifecycle = LifecycleCounts()
+        self._demand = DemandLoads(self._load_on_demand, self.lifecycle)
+        self._pinned = set()  # keys named by --load-model
+        # Under a budget, one load at a time: each measures its own growth of the server's memory.
+        self._measuring: AbstractAsyncContextManager[object] = (
+            asyncio.Lock() if memory_budget is not None else contextlib.nullcontext()
+        )
+
+    if TYPE_CHECKING:
+
+        def get(self, name: str) -> Model: ...
+        def _lock(self, name: str) -> asyncio.Lock: ...
+        async def _close(self, model: Model) -> None: ...
+        async def _load(
+            self, name: str, overrides: LoadOverrides, loading: tuple[str, ...], reason: str = "explicit"
+        ) -> None: ...
+
+    async def _budgeted_load(
+        self, location: ModelLocation, overrides: LoadOverrides | None, reason: str
+    ) -> Model:
+        """`_measured_load`; a refusal of the budget at start-up or in a poll is the model's failure."""
+        try:
+            return await self._measured_load(location, overrides, reason)
+        except ModelMemoryBudgetError as exc:
+            if reason in ("demand", "explicit"):
+                raise
+            return Model(location.name, location.path, reason=exc.message, namespace=location.namespace)
+
+    async def _measured_load(
+        self, location: ModelLocation, overrides: LoadOverrides | None, reason: str
+    ) -> Model:
+        """Loads a model and measures what the server's memory grew by; under a budget, unloads
+        the least recently used models to make room, before the load where the model's size is
+        known from its last load, and after it where it is not."""
+        key = location.key
+        expected = self.memory.expected(key)
+        if self.memory.budget is not None:
+            await self._make_room(location.name, key, expected or 0, expected)
+        logger.info("loading model '%s' from %s", location.name, location.path)
+        before = await asyncio.to_thread(process_tree_rss)
+        new = await self._loader.load(location, overrides.config if overrides else None)
+        if not new.takes_requests:
+            return new
+        new.memory_bytes = max(0, await asyncio.to_thread(process_tree_rss) - before)
+        new.loaded_at = time.time()
+        self.memory.measured(key, new.memory_bytes)
+        if self.memory.budget is not None:
+            try:
+                await self._make_room(location.name, key, new.memory_bytes, expected)
+            except ModelMemoryBudgetError:
+                await self._close(new)
+                raise
+        self.memory.record(key, new.memory_bytes)
+        logger.info("model '%s' uses %d bytes (%s)", location.name, new.memory_bytes, reason)
+        return new
+
+    async def _make_room(self, name: str, key: str, size: int, expected: int | None) -> None:
+        """Unloads models, least recently used first, until `size` more bytes fit the budget.
+
+        Chooses only models that are loaded, not pinned, not loading, with no request in flight,
+        and waits until they are closed; raises ModelMemoryBudgetError, unloading nothing, if
+        those are not enough.
+        """
+        if not self.memory.over(size):
+            return
+        candidates = sorted(
+            (
+                (model.last_used(), other)
+                for other, model in self._models.items()
+                if other != key and self._evictable(other, model)
+            ),
+            key=lambda pair: pair[0],
+        )
+        budget = self.memory.budget
+        assert budget is not None
+        victims, freeing = [], 0
+        for _, other in candidates:
+            if self.memory.used() - freeing + size <= budget:
+                break
+            victims.append(other)
+            freeing += self.memory.loaded.get(other, 0)
+        if self.memory.used() - freeing + size > budget:
+            raise self.memory.refusal(
+                name,
+                expected,
+                "no other loaded model can be unloaded to make room (the others are pinned, loading, "
+                "or have requests in flight)"
+                if not candidates
+                else f"unloading every model that may be unloaded would free only {megabytes(freeing)}",
+            )
+        closing = []
+        for other in victims:
+            model = self._models[other]
+            del self._models[other]
+            self.memory.release(other)
+            self._unloaded.add(other)
+            self.lifecycle.evictions += 1
+            logger.info(
+                "unloading model '%s' (%s) to make room for model '%s' within the model memory budget",
+                model.name,
+                megabytes(model.memory_bytes or 0),
+                name,
+            )
+            closing.append(self._close(model))
+        # Closed before the load goes on: its measurement must not see their memory go.
+        await asyncio.gather(*closing)
+
+    def _evictable(self, key: str, model: Model) -> bool:
+        if key in self._pinned or not model.takes_requests or self._lock(key).locked() or model.in_flight():
+            return False
+        return not pinned_by_config(model)
+
+    async def demand(self, name: str, timeout: float | None = None) -> None:
+        """Loads a model a request names that is in the repository but not loaded, sharing the
+        load with the other requests that wait for it (`timeout`: seconds this one waits).
+
+        Does nothing unless on demand, or for a model held already (loaded, or failed: a request
+        for it then gets the model's error, as without loading on demand). After it, the model
+        is loaded or held with the reason it failed; one not in the repository is not found.
+        """
+        if not self.on_demand or self._held(name):
+            return
+        await self._demand.wait(name, timeout)
+
+    def _held(self, name: str) -> bool:
+        try:
+            self.get(name)
+        except NotFoundError:
+            return False
+        return True
+
+    async def _load_on_demand(self, name: str) -> None:
+        logger.info("loading model '%s' on demand", name)
+        try:
+            await self._load(name, LoadOverrides(), (), reason="demand")
+        except ModelMemoryBudgetError:
+            raise
+        except CoreserveError:
+            # A model that failed is held with its reason (requests get the model's error), one
+            # not in the repository is not found: an error other than those goes to the requests.
+            if self._held(name):
+                return
+            raise
+
+
+def pinned_by_config(model: Model) -> bool:
+    """Whether the model's configuration pins it (parameter `coreserve_pinned`: true)."""
+    if model.config is None:
+        return False
+    try:
+        return bool(bool_parameter(model.config, PINNED_PARAMETER))
+    except CoreserveError as exc:  # a value that is not a flag pins nothing, and says so
+        logger.warning("%s; the model is not pinned", exc.message)
+        return False
