@@ -132,10 +132,16 @@ class DataPlane:
     ) -> ModelVersion:
         """The model version an inference request names, loaded first if the server loads
         models on demand and it is not loaded (waiting at most `timeout` seconds)."""
+        return self._in_use(name, version) or await self._on_demand(name, version, timeout)
+
+    def _in_use(self, name: str, version: str) -> ModelVersion | None:
+        """The loaded version a request names, marked used now; None where no such model is
+        loaded (the caller then awaits `_on_demand`: a request for a loaded model makes no
+        coroutine)."""
         try:
             target = self.model_version(name, version)
         except NotFoundError:
-            target = await self._on_demand(name, version, timeout)
+            return None
         target.last_used = time.time()
         return target
 
@@ -143,7 +149,9 @@ class DataPlane:
         """After a lookup that found no model: loads it on demand where the server does, and
         looks again (raising the lookup's error where it does not)."""
         await self.repository.demand(name, timeout)
-        return self.model_version(name, version)
+        target = self.model_version(name, version)
+        target.last_used = time.time()
+        return target
 
     def model_signature(self, name: str, version: str = "") -> ModelSignature:
         return self.model_version(name, version).signature
@@ -232,11 +240,8 @@ class DataPlane:
         `endpoint` names the caller in the refusal of a decoupled model, as Triton words it
         ("HTTP end point", "ModelInfer RPC"); `instead` says what serves such a model there.
         """
-        try:  # (the lookup of every request: no coroutine unless the model is not found)
-            target = self.model_version(request.model_name, request.model_version)
-        except NotFoundError:
-            target = await self._on_demand(request.model_name, request.model_version, _timeout_s(request))
-        target.last_used = time.time()
+        name, version = request.model_name, request.model_version
+        target = self._in_use(name, version) or await self._on_demand(name, version, _timeout_s(request))
         if target.config.model_transaction_policy.decoupled:
             raise UnsupportedError(
                 f"{endpoint} doesn't support models with decoupled transaction policy: model "
@@ -272,12 +277,8 @@ class DataPlane:
         last response.
         """
         sink = QueuedResponses()
-        try:  # (the lookup of every request: no coroutine unless the model is not found)
-            target = self.model_version(request.model_name, request.model_version)
-        except NotFoundError:
-            target = await self._on_demand(request.model_name, request.model_version, _timeout_s(request))
-        target.last_used = time.time()
-
+        name, version = request.model_name, request.model_version
+        target = self._in_use(name, version) or await self._on_demand(name, version, _timeout_s(request))
         self._submit(target, request, sink, ends_trace=not frontend_sends)
         trace = request.trace if frontend_sends else None
         try:
