@@ -42,6 +42,7 @@ LAYERS = {
     "coreserve.server.metrics": 6,
     "coreserve.server.app": 7,  # the ServerRuntime owns the frontends
     "coreserve.server.options": 7,  # the server's settings hold each frontend's
+    "coreserve.server.workers": 7,  # worker processes, each a whole ServerRuntime, and their supervisor
     "coreserve.inprocess": 8,
     "coreserve.ray": 8,
     "coreserve.cli": 8,
