@@ -39,9 +39,15 @@ class Load:
 
 
 def wrk(
-    url: str, concurrency: int, seconds: float, body: bytes, headers: dict[str, str] | None = None
+    url: str,
+    concurrency: int,
+    seconds: float,
+    body: bytes,
+    headers: dict[str, str] | None = None,
+    *,
+    threads: int = 1,
 ) -> Load:
-    """Drives an HTTP POST endpoint with wrk (one thread, `concurrency` connections)."""
+    """Drives an HTTP POST endpoint with wrk (`threads` threads, `concurrency` connections)."""
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is not installed (Debian: apt-get install wrk)")
     with tempfile.NamedTemporaryFile(suffix=".body") as file:
@@ -55,7 +61,7 @@ def wrk(
         completed = subprocess.run(
             [
                 "wrk",
-                "-t1",
+                f"-t{min(threads, concurrency)}",
                 f"-c{concurrency}",
                 f"-d{max(1, round(seconds))}s",
                 "--timeout",
@@ -101,7 +107,14 @@ def retrying(measure: Callable[[], Load], attempts: int = 3) -> Load:
 
 
 def h2load_grpc(
-    address: str, method: str, message: bytes, concurrency: int, seconds: float, *, tls: bool = False
+    address: str,
+    method: str,
+    message: bytes,
+    concurrency: int,
+    seconds: float,
+    *,
+    tls: bool = False,
+    threads: int = 1,
 ) -> Load:
     """Drives a unary gRPC method with h2load (nghttp2's HTTP/2 load generator, written in C
     like wrk: Debian's nghttp2-client), `concurrency` connections of one stream each, every
@@ -116,7 +129,7 @@ def h2load_grpc(
         body, log = Path(folder) / "body", Path(folder) / "log"
         body.write_bytes(b"\0" + len(message).to_bytes(4, "big") + message)  # one gRPC frame
         completed = subprocess.run(
-            ["h2load", f"-c{concurrency}", "-m1", f"-D{max(1, round(seconds))}", "-d", str(body),
+            ["h2load", f"-c{concurrency}", f"-t{min(threads, concurrency)}", "-m1", f"-D{max(1, round(seconds))}", "-d", str(body),
              "-H", "content-type: application/grpc", "-H", "te: trailers", f"--log-file={log}",
              f"{'https' if tls else 'http'}://{address}/{method.lstrip('/')}"],
             capture_output=True, text=True, check=True, timeout=seconds + 60,

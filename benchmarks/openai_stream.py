@@ -109,6 +109,11 @@ async def _round(make: Any, base: str, concurrency: int, seconds: float, max_tok
     )
 
 
+async def openai_stream_round(base: str, concurrency: int, seconds: float, max_tokens: int) -> Round:
+    """`concurrency` clients streaming completions from the OpenAI frontend at `base` for `seconds`."""
+    return await _round(_openai_request, base, concurrency, seconds, max_tokens)
+
+
 def _median_round(rounds: list[Round]) -> Round:
     return sorted(rounds, key=lambda r: r.tokens_per_second)[len(rounds) // 2]
 

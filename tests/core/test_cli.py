@@ -152,7 +152,7 @@ def test_one_warning_names_the_inert_flags_given_and_skips_harmless_values() -> 
             "--pinned-memory-pool-byte-size=268435456",
             "--cuda-memory-pool-byte-size=0:67108864",
             "--cuda-memory-pool-byte-size=1:67108864",
-            "--http-thread-count",
+            "--sagemaker-thread-count",
             "8",
             "--model-load-retry-count=3",
             "--rate-limit=off",  # what coreserve does anyway
@@ -162,7 +162,11 @@ def test_one_warning_names_the_inert_flags_given_and_skips_harmless_values() -> 
     )
     warning = accepted_flags_warning(args)
     assert warning is not None
-    for name in ("--pinned-memory-pool-byte-size", "--cuda-memory-pool-byte-size", "--http-thread-count"):
+    for name in (
+        "--pinned-memory-pool-byte-size",
+        "--cuda-memory-pool-byte-size",
+        "--sagemaker-thread-count",
+    ):
         assert warning.count(name) == 1
     assert "do not act yet: --model-load-retry-count (loads are not retried yet)" in warning
     for name in ("--rate-limit", "--allow-sagemaker", "--model-namespacing"):

@@ -14,17 +14,20 @@ import asyncio
 import logging
 import sys
 from collections.abc import Callable, Coroutine, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from coreserve import InvalidArgumentError
 from coreserve.cli._flags import parse_serve_args
 from coreserve.cli._options import cache_config, server_options
 from coreserve.cli._triton_flags import accepted_flags_warning
 
+T = TypeVar("T")
+
 
 def _run_server(argv: Sequence[str]) -> int:
     from coreserve.server import ServerRuntime, StartupError
     from coreserve.server.log_settings import ServerLog, StartupLogError
+    from coreserve.server.workers import Supervisor, WorkerRole
 
     args = parse_serve_args(argv)
     logger = logging.getLogger("coreserve")
@@ -41,8 +44,12 @@ def _run_server(argv: Sequence[str]) -> int:
     _warn_cache_flags(args, logger)
     if args.rate_limit_resource and args.rate_limit == "off":
         logger.warning("--rate-limit-resource has no effect under --rate-limit=off")
+    role = WorkerRole.from_environment()
+    workers = max(options.http_workers, options.grpc_workers)
+    if role is None and workers > 1:
+        return _event_loop_runner()(Supervisor(argv, workers, options.exit_timeout_secs).run())
     try:  # the constructor refuses a repository URL that names no storage it can read
-        server = ServerRuntime(options, log=log)
+        server = ServerRuntime(options, log=log, worker=role)
         _event_loop_runner()(server.serve())
     except StartupError as exc:
         logger.error("%s", exc.message)
@@ -63,7 +70,7 @@ def _warn_cache_flags(args: argparse.Namespace, logger: logging.Logger) -> None:
         )
 
 
-def _event_loop_runner() -> Callable[[Coroutine[Any, Any, None]], None]:
+def _event_loop_runner() -> Callable[[Coroutine[Any, Any, T]], T]:
     try:
         import uvloop
     except ImportError:

@@ -82,6 +82,12 @@ def serve_parser() -> argparse.ArgumentParser:
         else:
             flag(f"--{service}-address", default="0.0.0.0", help=f"address the {service} service binds")
         flag(f"--{service}-port", type=int, default=port, help=f"port (default {port}; 0: any free one)")
+    bool_flag("--reuse-http-port", False, "let other servers bind the same HTTP port (default false)")
+    flag("--http-thread-count", type=positive_int, default=1, metavar="N",
+         help="worker processes serving HTTP, each a whole server on the same ports with its own copy of "
+              "the models, one server to the clients (default 1: one process)")
+    flag("--grpc-infer-thread-count", type=positive_int, default=1, metavar="N",
+         help="worker processes serving gRPC, as --http-thread-count (default 1)")
     flag("--openai-port", type=int, default=None, metavar="PORT",
          help="serve the OpenAI-compatible API (/v1/models, /v1/completions, /v1/chat/completions, "
               "/v1/embeddings) on this port; needs core-server[openai] "
@@ -263,11 +269,25 @@ def parse_serve_args(argv: Sequence[str]) -> argparse.Namespace:
         parser.error(f"$CORESERVE_GRPC_SERVER must be one of {known}, got '{args.grpc_server}'")
     check_http_tls_flags(parser, args)
     _check_cache_flags(parser, args)
+    _check_worker_flags(parser, args)
     for name, value in (("--model-load-on-demand", args.model_load_on_demand),
                         ("--model-memory-budget", args.model_memory_budget)):  # fmt: skip
         if value and args.model_control_mode != ControlMode.EXPLICIT.value:
             parser.error(f"{name} needs --model-control-mode=explicit (got {args.model_control_mode})")
     return args
+
+
+def _check_worker_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Several workers share fixed ports: each binds them itself (SO_REUSEPORT)."""
+    if max(args.http_thread_count, args.grpc_infer_thread_count) == 1:
+        return
+    for name, port in (
+        ("--http-port", args.http_port),
+        ("--grpc-port", args.grpc_port),
+        ("--openai-port", args.openai_port),
+    ):
+        if port == 0:
+            parser.error(f"{name}=0 (any free port) cannot be shared by several workers: name the port")
 
 
 def _check_cache_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:

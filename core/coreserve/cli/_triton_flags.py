@@ -72,9 +72,9 @@ TRITON_FLAGS: tuple[TritonFlag, ...] = (
     TritonFlag("--allow-http", _A, "bool"),
     TritonFlag("--http-address", _A),
     TritonFlag("--http-port", _A, "int"),
-    TritonFlag("--reuse-http-port", _N, "bool", "the HTTP port is not shared yet", harmless=_FALSE),
+    TritonFlag("--reuse-http-port", _A, "bool"),
     TritonFlag("--http-header-forward-pattern", _N, "str", "headers are not forwarded yet"),
-    TritonFlag("--http-thread-count", _I, "int", "the HTTP server runs on an event loop, not threads"),
+    TritonFlag("--http-thread-count", _A, "int"),
     TritonFlag("--http-restricted-api", _A),
     # gRPC
     TritonFlag("--allow-grpc", _A, "bool"),

@@ -25,7 +25,7 @@ from coreserve.backend.registry import BackendRegistry
 from coreserve.config import ModelSignature, apply_defaults, read_config_file, validate_config
 from coreserve.config.ignored import ignored_fields
 from coreserve.config.instance_groups import depends_on_gpus
-from coreserve.errors import CoreserveError, ModelConfigError
+from coreserve.errors import CoreserveError, ModelConfigError, UnsupportedError
 from coreserve.protos.model_config_pb2 import ModelConfig, ModelInstanceGroup
 from coreserve.repository.labels import read_output_labels
 from coreserve.repository.layout import CONFIG_FILENAME, ModelLocation, list_versions, select_versions
@@ -73,6 +73,7 @@ class ModelLoader:
         self.metrics = CustomMetrics()  # the custom metric families the metrics endpoint writes
         # Under --model-namespacing, the repository's test for a qualified model key.
         self.has_model: Callable[[str], bool] | None = None
+        self.workers = 1  # the worker processes of the server, each with its own copy of the models
 
     def context_for(self, backend: Backend, namespace: str = "") -> ServerContext:
         client = self.client
@@ -143,6 +144,8 @@ class ModelLoader:
         gpus = await asyncio.to_thread(reported_gpus, backend) if depends_on_gpus(config) else None
         apply_defaults(config, location.name, gpus)
         validate_config(config)
+        if self.workers > 1:
+            refuse_copies(config, self.workers)
         for field_name in ignored_fields(config):
             logger.warning(
                 "model '%s': config field '%s' is not supported and has no effect", config.name, field_name
@@ -289,3 +292,18 @@ async def _report_progress(name: str, every: float = 5.0) -> None:
     while True:
         await asyncio.sleep(every)
         logger.info("model '%s' is still loading (%.0f s so far)", name, time.monotonic() - started)
+
+
+def refuse_copies(config: ModelConfig, workers: int) -> None:
+    """In a server of several workers each loads its own copy of a model; where a copy per
+    worker would change what the configuration means, the load is refused, for now."""
+    why = ""
+    if config.HasField("sequence_batching"):
+        why = "sequence batching keeps a sequence on one instance, and workers do not share theirs yet"
+    elif any(group.kind == ModelInstanceGroup.KIND_GPU for group in config.instance_group):
+        why = "its GPU instances are counted per server, and each worker would add its own"
+    if why:
+        raise UnsupportedError(
+            f"model '{config.name}' is not served by a server of {workers} workers yet "
+            f"(--http-thread-count, --grpc-infer-thread-count): {why}; serve it with one worker"
+        )

@@ -9,6 +9,7 @@ frontends it opens (HTTP, gRPC, metrics) are thin adapters over its `DataPlane` 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import shutil
 import signal
@@ -33,6 +34,7 @@ from coreserve.server.rest import HttpFrontend
 from coreserve.server.restrictions import GRPC_HEADER_PREFIX, ApiRestrictions
 from coreserve.server.status_table import model_status_table
 from coreserve.server.tls_files import TlsFileError
+from coreserve.server.workers import WorkerLink, WorkerRole
 from coreserve.tracing import Tracer, TraceStartupError
 
 if TYPE_CHECKING:
@@ -49,10 +51,17 @@ class ServerRuntime:
     """One coreserve server: start it, serve until told to stop, stop it (all on one event loop)."""
 
     def __init__(
-        self, options: ServerOptions, plugins: Plugins | None = None, log: ServerLog | None = None
+        self,
+        options: ServerOptions,
+        plugins: Plugins | None = None,
+        log: ServerLog | None = None,
+        worker: WorkerRole | None = None,
     ) -> None:
-        """`log`: the installed log the logging extension changes (by default one of its own)."""
+        """`log`: the installed log the logging extension changes (by default one of its own).
+        `worker`: this server is that worker of a server of several (`server.workers`)."""
         self.options = options
+        self.worker = worker
+        self._link: WorkerLink | None = None
         self.plugins = plugins if plugins is not None else Plugins()
         self.response_cache = make_response_cache(options.cache_config)  # checked by the CLI already
         loader = ModelLoader(
@@ -88,6 +97,7 @@ class ServerRuntime:
             on_demand=options.model_load_on_demand,
             memory_budget=options.model_memory_budget,
         )
+        loader.workers = worker.count if worker is not None else 1
         self._poller: asyncio.Task[None] | None = None
         self.flags = ServerFlags(strict_readiness=options.strict_readiness)
         self.log = log or ServerLog(options.log_settings)
@@ -131,8 +141,12 @@ class ServerRuntime:
         )
 
     async def start(self) -> None:
-        """Loads the models, then opens the frontends the options ask for."""
+        """Loads the models, then opens the frontends the options ask for (a worker first joins
+        the others: it serves what they serve)."""
         await self.load_models()
+        if self.worker is not None:
+            self._link = WorkerLink(self.worker, self.dataplane, self.metrics_report)
+            await self._link.join()
         await self.open_frontends()
         if self.options.model_control_mode is ControlMode.POLL:
             self._poller = asyncio.create_task(
@@ -173,15 +187,19 @@ class ServerRuntime:
 
     async def open_frontends(self) -> None:
         """Starts the metrics polling and the HTTP, gRPC and metrics frontends the options allow."""
-        options = self.options
+        options, worker = self.options, self.worker
+        serves_http = worker is None or worker.index < options.http_workers
         if self.metrics_report is not None:
             self.metrics_report.start()
-            if options.open_metrics_port:
+            if options.open_metrics_port and (worker is None or worker.index == 0):  # the first's
                 self.metrics = MetricsFrontend(
                     self.metrics_report, address=options.metrics_address, port=options.metrics_port
                 )
                 await _start_service("metrics", self.metrics.start())
-        if options.allow_grpc:
+        if options.allow_grpc and (worker is None or worker.index < options.grpc_workers):
+            transport = options.grpc_transport
+            if worker is not None:
+                transport = dataclasses.replace(transport, reuse_port=True)
             self.grpc = (GrpcFrontend if options.grpc_server == "grpcio" else NativeGrpcFrontend)(
                 self.dataplane,
                 address=options.grpc_address,
@@ -189,13 +207,13 @@ class ServerRuntime:
                 max_message_size=options.grpc_max_message_size,
                 max_stream_inflight=options.grpc_max_stream_inflight,
                 restrictions=ApiRestrictions(options.grpc_restricted_api, header_prefix=GRPC_HEADER_PREFIX),
-                transport=options.grpc_transport,
+                transport=transport,
             )
             await _start_service("gRPC", self.grpc.start())
-        if options.allow_http:
+        if options.allow_http and serves_http:
             self.http = self.http_frontend()
             await _start_service("HTTP", self.http.start())
-        if self._openai_type is not None and options.openai_port is not None:
+        if self._openai_type is not None and options.openai_port is not None and serves_http:
             self.openai = self._openai_type(
                 self.dataplane,
                 self.custom_metrics,
@@ -204,6 +222,7 @@ class ServerRuntime:
                 max_body_size=options.http_max_input_size,
                 limits=options.http_limits,
                 shutdown_timeout=options.exit_timeout_secs,
+                reuse_port=worker is not None,
             )
             await _start_service("OpenAI", self.openai.start())
 
@@ -223,6 +242,7 @@ class ServerRuntime:
             restrictions=ApiRestrictions(options.http_restricted_api),
             shutdown_timeout=options.exit_timeout_secs,
             tls=options.http_tls,
+            reuse_port=options.http_reuse_port or self.worker is not None,
         )
 
     async def stop(self) -> None:
@@ -245,6 +265,8 @@ class ServerRuntime:
         if self.metrics_report is not None:
             await self.metrics_report.stop()
         self.tracer.close()
+        if self._link is not None:
+            await self._link.close()
         self._remove_own_cache()
         logger.info("coreserve stopped")
 

@@ -10,7 +10,7 @@ import asyncio
 import time
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from coreserve import __version__
 from coreserve.config import ModelConfig, ModelSignature
@@ -61,6 +61,17 @@ class ServerFlags:
     started: bool = False
     stopping: bool = False
     strict_readiness: bool = True
+    peers_ready: bool = True  # in a server of several workers: every worker is serving
+
+
+class Peers(Protocol):
+    """The other workers of a server of several (`coreserve.server.workers`)."""
+
+    async def everywhere(self, change: dict[str, Any]) -> None:
+        """Makes `change` in every worker (`DataPlane.apply_change`), this one too."""
+
+    async def statistics(self, name: str, version: str) -> dict[str, Any]:
+        """The statistics of every worker, added up."""
 
 
 class DataPlane:
@@ -84,12 +95,13 @@ class DataPlane:
         if runtime is not None:  # CUDA shared memory only where a CUDA device is usable
             self.shared_memory.cuda = CudaSharedMemory(runtime)
         self.tracer = tracer or Tracer()
+        self.peers: Peers | None = None  # set in a worker of a server of several
 
     def live(self) -> bool:
         return not self.flags.stopping
 
     def ready(self) -> bool:
-        if not self.flags.started or self.flags.stopping:
+        if not self.flags.started or self.flags.stopping or not self.flags.peers_ready:
             return False
         return self.repository.all_ready() if self.flags.strict_readiness else True
 
@@ -102,19 +114,20 @@ class DataPlane:
     def log_settings(self) -> LogSettings:
         return self.log.settings
 
-    def update_log_settings(self, changes: dict[str, Any]) -> LogSettings:
+    async def update_log_settings(self, changes: dict[str, Any]) -> LogSettings:
         """Changes the log settings at run time, all or nothing (see ServerLog.update)."""
-        return self.log.update(changes)
+        await self.change({"call": "update_log_settings", "changes": changes})
+        return self.log.settings
 
     def trace_setting(self, model: str = "") -> TraceSetting:
         """The trace setting in force for a model ("" for the global one)."""
         self._check_traced_model(model)
         return self.tracer.setting(model)
 
-    def update_trace_setting(self, changes: dict[str, Any], model: str = "") -> TraceSetting:
+    async def update_trace_setting(self, changes: dict[str, Any], model: str = "") -> TraceSetting:
         """Changes the global trace setting or a model's, all or nothing (see TraceSettings.update)."""
-        self._check_traced_model(model)
-        return self.tracer.update(changes, model)
+        await self.change({"call": "update_trace_setting", "changes": changes, "model": model})
+        return self.tracer.setting(model)
 
     def _check_traced_model(self, model: str) -> None:
         if model:
@@ -341,10 +354,50 @@ class DataPlane:
 
     async def load_model(self, name: str, parameters: dict[str, object]) -> None:
         """Loads or reloads a model; `parameters` as Triton's load request carries them."""
-        await self.repository.load(name, parse_load_parameters(name, parameters))
+        await self.change({"call": "load_model", "name": name, "parameters": parameters})
 
     async def unload_model(self, name: str, dependents: bool = False) -> None:
-        await self.repository.unload(name, dependents)
+        await self.change({"call": "unload_model", "name": name, "dependents": dependents})
+
+    async def server_statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
+        """`statistics`, of every worker added up in a server of several."""
+        if self.peers is not None:
+            return await self.peers.statistics(name, version)
+        return self.statistics(name, version)
+
+    async def change(self, change: dict[str, Any]) -> None:
+        """A change a client asks of the server (`apply_change`): made here, or in every worker
+        of a server of several, so that the server stays one to its clients."""
+        if self.peers is not None:
+            await self.peers.everywhere(change)
+        else:
+            await self.apply_change(change)
+
+    async def apply_change(self, change: dict[str, Any]) -> None:
+        """Makes `change` in this process: a model loaded or unloaded, a shared-memory region
+        registered or unregistered, the log or trace settings changed."""
+        call, name = change["call"], change.get("name", "")
+        regions = self.shared_memory
+        if call == "load_model":
+            await self.repository.load(name, parse_load_parameters(name, change["parameters"]))
+        elif call == "unload_model":
+            await self.repository.unload(name, change["dependents"])
+        elif call == "register_system_shared_memory":
+            regions.register(name, change["key"], change["offset"], change["byte_size"])
+        elif call == "unregister_system_shared_memory":
+            regions.unregister(name)
+        elif call == "register_cuda_shared_memory":
+            regions.register_cuda(name, change["raw_handle"], change["device_id"], change["byte_size"])
+        elif call == "unregister_cuda_shared_memory":
+            if regions.cuda is not None:  # unknown names are no error, as in Triton
+                regions.cuda.unregister(name)
+        elif call == "update_log_settings":
+            self.log.update(change["changes"])
+        elif call == "update_trace_setting":
+            self._check_traced_model(change["model"])
+            self.tracer.update(change["changes"], change["model"])
+        else:
+            raise InvalidArgumentError(f"no such change: '{call}'")
 
 
 def _timeout_s(request: InferenceRequest) -> float | None:

@@ -35,6 +35,10 @@ class ServerOptions:
     # None: a temporary folder of this server's own (never shared with another server),
     # removed when it stops. A folder given here is kept, with what it holds.
     cache_dir: Path | None = None
+    # --http-thread-count, --grpc-infer-thread-count: worker processes serving each (server/workers).
+    http_workers: int = 1
+    grpc_workers: int = 1
+    http_reuse_port: bool = False  # --reuse-http-port
     allow_http: bool = True
     http_address: str = "0.0.0.0"
     http_port: int = 8000

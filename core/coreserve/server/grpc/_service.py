@@ -152,7 +152,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelStatistics(
         self, request: pb.ModelStatisticsRequest, context: Any
     ) -> pb.ModelStatisticsResponse:
-        statistics = self._dataplane.statistics(request.name, request.version)
+        statistics = await self._dataplane.server_statistics(request.name, request.version)
         return json_format.ParseDict(statistics, pb.ModelStatisticsResponse())
 
     @_unary("model-repository")
@@ -181,13 +181,11 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def RepositoryModelUnload(
         self, request: pb.RepositoryModelUnloadRequest, context: Any
     ) -> pb.RepositoryModelUnloadResponse:
-        dependents = request.parameters.get("unload_dependents")
-        await self._dataplane.unload_model(
-            request.model_name,
-            dependents is not None
-            and dependents.WhichOneof("parameter_choice") == "bool_param"
-            and dependents.bool_param,
+        flag = request.parameters.get("unload_dependents")
+        dependents = (
+            flag is not None and flag.WhichOneof("parameter_choice") == "bool_param" and flag.bool_param
         )
+        await self._dataplane.unload_model(request.model_name, dependents)
         return pb.RepositoryModelUnloadResponse()
 
     @_unary("shared-memory")
@@ -205,14 +203,14 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def SystemSharedMemoryRegister(
         self, request: pb.SystemSharedMemoryRegisterRequest, context: Any
     ) -> pb.SystemSharedMemoryRegisterResponse:
-        self._dataplane.shared_memory.register(request.name, request.key, request.offset, request.byte_size)
+        await self._dataplane.change(_change("register_system", request, "key", "offset", "byte_size"))
         return pb.SystemSharedMemoryRegisterResponse()
 
     @_unary("shared-memory")
     async def SystemSharedMemoryUnregister(
         self, request: pb.SystemSharedMemoryUnregisterRequest, context: Any
     ) -> pb.SystemSharedMemoryUnregisterResponse:
-        self._dataplane.shared_memory.unregister(request.name)
+        await self._dataplane.change(_change("unregister_system", request))
         return pb.SystemSharedMemoryUnregisterResponse()
 
     @_unary("shared-memory")
@@ -235,8 +233,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def CudaSharedMemoryRegister(
         self, request: pb.CudaSharedMemoryRegisterRequest, context: Any
     ) -> pb.CudaSharedMemoryRegisterResponse:
-        self._dataplane.shared_memory.register_cuda(
-            request.name, request.raw_handle, request.device_id, request.byte_size
+        await self._dataplane.change(
+            _change("register_cuda", request, "raw_handle", "device_id", "byte_size")
         )
         return pb.CudaSharedMemoryRegisterResponse()
 
@@ -244,10 +242,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def CudaSharedMemoryUnregister(
         self, request: pb.CudaSharedMemoryUnregisterRequest, context: Any
     ) -> pb.CudaSharedMemoryUnregisterResponse:
-        cuda = self._dataplane.shared_memory.cuda
-        if cuda is not None:
-            cuda.unregister(request.name)
-        return pb.CudaSharedMemoryUnregisterResponse()  # unknown names are no error, as in Triton
+        await self._dataplane.change(_change("unregister_cuda", request))
+        return pb.CudaSharedMemoryUnregisterResponse()
 
     @_unary("trace")
     async def TraceSetting(self, request: pb.TraceSettingRequest, context: Any) -> pb.TraceSettingResponse:
@@ -257,7 +253,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             for key, value in request.settings.items()
         }
         if changes:
-            setting = self._dataplane.update_trace_setting(changes, request.model_name)
+            setting = await self._dataplane.update_trace_setting(changes, request.model_name)
         else:
             setting = self._dataplane.trace_setting(request.model_name)
         response = pb.TraceSettingResponse()
@@ -268,7 +264,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     @_unary("logging")
     async def LogSettings(self, request: pb.LogSettingsRequest, context: Any) -> pb.LogSettingsResponse:
         changes = {key: _log_setting(value) for key, value in request.settings.items()}
-        settings = self._dataplane.update_log_settings(changes) if changes else self._dataplane.log_settings()
+        dataplane = self._dataplane
+        settings = await dataplane.update_log_settings(changes) if changes else dataplane.log_settings()
         response = pb.LogSettingsResponse()
         for key, value in settings.as_dict().items():
             field = {bool: "bool_param", int: "uint32_param", str: "string_param"}[type(value)]
@@ -446,3 +443,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             error_message(exc)
             return
         running.add(request)  # (no response can come before submit returns)
+
+
+def _change(what: str, request: Any, *fields: str) -> dict[str, Any]:
+    """The shared-memory change `request` asks for (`DataPlane.apply_change`)."""
+    return {"call": f"{what}_shared_memory", "name": request.name, **{f: getattr(request, f) for f in fields}}

@@ -105,14 +105,18 @@ class HttpServer:
                 self.file_safe_connections,
             )
 
-    async def start(self, address: str, port: int, tls: ssl.SSLContext | None = None) -> int:
-        """Listens; with `tls`, each connection's handshake must finish within the header timeout."""
+    async def start(
+        self, address: str, port: int, tls: ssl.SSLContext | None = None, *, reuse_port: bool = False
+    ) -> int:
+        """Listens; with `tls`, each connection's handshake must finish within the header timeout.
+        With `reuse_port`, other sockets may bind the port too (SO_REUSEPORT)."""
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
             lambda: HttpProtocol(self),
             address,
             port,
             reuse_address=True,
+            reuse_port=reuse_port or None,
             backlog=1024,
             ssl=tls,
             ssl_handshake_timeout=self.limits.header_timeout if tls is not None else None,

@@ -15,6 +15,7 @@ import logging
 import math
 import time
 from collections.abc import Iterable, Iterator
+from typing import Protocol
 
 from aiohttp import web
 from prometheus_client import (
@@ -300,6 +301,13 @@ def _own_histogram(name: str, labels: str, version: ModelVersion, kind: str, dur
     yield f"{name}_sum{labels} {getattr(s, duration).ns / 1000:.9g}"
 
 
+class MetricsPeers(Protocol):
+    """The workers of a server of several (`coreserve.server.workers`)."""
+
+    async def metrics(self) -> str:
+        """Every worker's metrics, added up."""
+
+
 class MetricsReport:
     """The whole metrics text of one server, whether a port serves it or `coreserve.Server.metrics()` asks."""
 
@@ -323,6 +331,7 @@ class MetricsReport:
         PlatformCollector(registry=self._process)
         GCCollector(registry=self._process)
         self._system = SystemMetrics(cpu=cpu, gpu=gpu, interval_ms=interval_ms)
+        self.peers: MetricsPeers | None = None  # in a worker of a server of several: all workers'
 
     def render(self, cache_statistics: CacheStatistics | None = None) -> str:
         """The metrics in Prometheus text format 0.0.4 (`cache_statistics`: asked here if None)."""
@@ -347,6 +356,13 @@ class MetricsReport:
             statistics = await asyncio.get_running_loop().run_in_executor(cache.executor, cache.statistics)
         return self.render(statistics)
 
+    async def server_text(self) -> str:
+        """What the metrics port answers: `render_on_loop`, or in a server of several workers
+        the metrics of every worker added up."""
+        if self.peers is not None:
+            return await self.peers.metrics()
+        return await self.render_on_loop()
+
     def start(self) -> None:
         """Starts polling the CPU and GPU families (on the running event loop)."""
         self._system.start()
@@ -367,7 +383,7 @@ class MetricsFrontend:
         self._runner: web.AppRunner | None = None
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        text = await self._report.render_on_loop()
+        text = await self._report.server_text()
         return web.Response(body=text.encode(), headers={"Content-Type": CONTENT_TYPE})
 
     async def start(self) -> None:

@@ -75,9 +75,11 @@ class OpenAIFrontend:
         max_body_size: int,
         limits: HttpLimits = DEFAULT_HTTP_LIMITS,
         shutdown_timeout: float = 30.0,
+        reuse_port: bool = False,
     ) -> None:
         self._dataplane = dataplane
         self._address = address
+        self._reuse_port = reuse_port  # the workers of a server of several share the port
         self._max_body_size = max_body_size
         self._shutdown_timeout = shutdown_timeout
         self._generation = Generation(dataplane, ChatTemplates(), OpenAIMetrics(custom_metrics))
@@ -97,7 +99,7 @@ class OpenAIFrontend:
         self.port = port
 
     async def start(self) -> None:
-        self.port = await self._server.start(self._address, self.port)
+        self.port = await self._server.start(self._address, self.port, reuse_port=self._reuse_port)
         logger.info("Started OpenAIService at %s:%d", self._address, self.port)
 
     async def stop(self) -> None:

@@ -73,7 +73,7 @@ def control_routes(dataplane: DataPlane, read_body: ReadBody) -> list[tuple[str,
 
     async def update_log_settings(request: HttpRequest) -> HttpResponse:
         changes = json_object(await read_body(request), "log settings")
-        return json_answer(dataplane.update_log_settings(changes).as_dict())
+        return json_answer((await dataplane.update_log_settings(changes)).as_dict())
 
     async def trace_setting(request: HttpRequest) -> HttpResponse:
         return json_answer(dataplane.trace_setting(request.match_info.get("model", "")).as_dict())
@@ -81,7 +81,7 @@ def control_routes(dataplane: DataPlane, read_body: ReadBody) -> list[tuple[str,
     async def update_trace_setting(request: HttpRequest) -> HttpResponse:
         changes = json_object(await read_body(request), "trace settings")
         model = request.match_info.get("model", "")
-        return json_answer(dataplane.update_trace_setting(changes, model).as_dict())
+        return json_answer((await dataplane.update_trace_setting(changes, model)).as_dict())
 
     model = "/v2/models/{model}"
     return [

@@ -105,8 +105,10 @@ class HttpFrontend:
         restrictions: ApiRestrictions | None = None,
         shutdown_timeout: float = 30.0,
         tls: HttpTls | None = None,
+        reuse_port: bool = False,
     ) -> None:
         self._dataplane = dataplane
+        self._reuse_port = reuse_port  # other servers (or workers of this one) bind the port too
         self._tls = tls
         self._address = address
         self._port = port
@@ -138,7 +140,7 @@ class HttpFrontend:
             ],
             *[("statistics", "GET", f"{base}/stats", self._statistics) for base in (model, version)],
             *control_routes(self._dataplane, self._read_body),
-            *shared_memory_routes(self._dataplane.shared_memory, self._read_body),
+            *shared_memory_routes(self._dataplane.shared_memory, self._dataplane.change, self._read_body),
         ]
         for category, method, path, handler in routes:
             self._router.add(method, path, _handles_errors(handler, category, self._restrictions))
@@ -155,7 +157,8 @@ class HttpFrontend:
 
     async def start(self) -> None:
         context = self._tls.context() if self._tls is not None else None
-        self.port = await self._server.start(self._address, self._port, context)  # the real port for 0
+        # the real port where 0 was asked
+        self.port = await self._server.start(self._address, self._port, context, reuse_port=self._reuse_port)
         logger.info("Started HTTPService at %s:%d%s", self._address, self.port, " (TLS)" if context else "")
 
     async def stop(self) -> None:
@@ -337,7 +340,8 @@ class HttpFrontend:
 
     async def _statistics(self, request: HttpRequest) -> HttpResponse:
         info = request.match_info
-        return json_answer(self._dataplane.statistics(info.get("model", ""), info.get("version", "")))
+        statistics = await self._dataplane.server_statistics(info.get("model", ""), info.get("version", ""))
+        return json_answer(statistics)
 
     async def _read_body(self, request: HttpRequest) -> bytes | bytearray:
         """The body, decompressed under its Content-Encoding."""

@@ -23,13 +23,15 @@ from coreserve.server.shared_memory import SystemSharedMemory, cuda_shared_memor
 
 Handler = Callable[[HttpRequest], Awaitable[Response]]
 ReadBody = Callable[[HttpRequest], Awaitable[bytes | bytearray]]
+Change = Callable[[dict[str, Any]], Awaitable[None]]
 CATEGORY = "shared-memory"  # the API restriction group, as Triton names it
 
 
 def shared_memory_routes(
-    regions: SystemSharedMemory, read_body: ReadBody
+    regions: SystemSharedMemory, change: Change, read_body: ReadBody
 ) -> list[tuple[str, str, str, Handler]]:
-    """(category, method, path, handler) of every shared-memory endpoint."""
+    """(category, method, path, handler) of every shared-memory endpoint; registrations go
+    through `change` (`DataPlane.change`: every worker of a server of several)."""
 
     async def status(request: HttpRequest) -> HttpResponse:
         return json_answer(regions.status(request.match_info.get("name", "")))
@@ -37,11 +39,14 @@ def shared_memory_routes(
     async def register(request: HttpRequest) -> HttpResponse:
         document = await _register_document(request, read_body, ("key", "byte_size"))
         name = request.match_info["name"]
-        regions.register(name, document["key"], document.get("offset", 0), document["byte_size"])
+        await change(
+            {"call": "register_system_shared_memory", "name": name, "key": document["key"],
+             "offset": document.get("offset", 0), "byte_size": document["byte_size"]}
+        )  # fmt: skip
         return HttpResponse(200)
 
     async def unregister(request: HttpRequest) -> HttpResponse:
-        regions.unregister(request.match_info.get("name", ""))
+        await change({"call": "unregister_system_shared_memory", "name": request.match_info.get("name", "")})
         return HttpResponse(200)
 
     async def cuda_status(request: HttpRequest) -> HttpResponse:
@@ -68,13 +73,15 @@ def shared_memory_routes(
             raise InvalidArgumentError(
                 f"CUDA shared memory region '{name}': 'raw_handle' is not base64"
             ) from None
-        regions.register_cuda(name, raw, document["device_id"], document["byte_size"])
+        await change(
+            {"call": "register_cuda_shared_memory", "name": name, "raw_handle": raw,
+             "device_id": document["device_id"], "byte_size": document["byte_size"]}
+        )  # fmt: skip
         return HttpResponse(200)
 
     async def cuda_unregister(request: HttpRequest) -> HttpResponse:
-        if regions.cuda is not None:
-            regions.cuda.unregister(request.match_info.get("name", ""))
-        return HttpResponse(200)  # unknown names are no error, as in Triton
+        await change({"call": "unregister_cuda_shared_memory", "name": request.match_info.get("name", "")})
+        return HttpResponse(200)
 
     routes: list[tuple[str, str, str, Handler]] = []
     for base, on_status, on_register, on_unregister in (

@@ -1,0 +1,142 @@
+"""The line between the supervisor and one worker: JSON messages, one per line, over a Unix
+socket.
+
+Either side may ask (`{"ask": N, ...}`) and the other answers (`{"answer": N, "result": ...}`
+or `{"answer": N, "error": {"kind": ..., "message": ...}}`), in any order. An error travels as
+the name of its `coreserve.errors` class and its message, so the client of the server that
+asked sees the same status code and words as from one server; bytes travel as base64.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+
+from coreserve import errors
+from coreserve.errors import CoreserveError, InternalError, UnavailableError
+
+logger = logging.getLogger(__name__)
+
+BYTES = "__bytes__"
+MAX_MESSAGE_BYTES = 256 * 1024 * 1024  # a metrics text or a statistics answer of many models
+
+Handler = Callable[[dict[str, Any]], Awaitable[Any]]
+
+
+class ChannelClosed(UnavailableError):
+    """The other side went away before it answered."""
+
+
+class Channel:
+    """One end of the line. `handle` answers what the other side asks."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, handle: Handler) -> None:
+        self._reader = reader
+        self._writer = writer
+        self._handle = handle
+        self._asked: dict[int, asyncio.Future[Any]] = {}
+        self._next = 0
+        self._answering: set[asyncio.Task[None]] = set()
+        self.closed = asyncio.Event()
+        self._reading = asyncio.create_task(self._read())
+
+    async def ask(self, message: dict[str, Any]) -> Any:
+        """Sends `message` and waits for its answer; raises the other side's error as its class,
+        or ChannelClosed."""
+        if self.closed.is_set():
+            raise ChannelClosed("the worker line is closed")
+        self._next += 1
+        number = self._next
+        answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._asked[number] = answer
+        try:
+            self._send({**message, "ask": number})
+            return await answer
+        finally:
+            self._asked.pop(number, None)
+
+    def _send(self, message: dict[str, Any]) -> None:
+        self._writer.write(orjson.dumps(message, default=_encode) + b"\n")
+
+    async def _read(self) -> None:
+        try:
+            while True:
+                line = await self._reader.readline()
+                if not line:
+                    break
+                message = _decoded(orjson.loads(line))
+                if "answer" in message:
+                    self._answered(message)
+                else:
+                    task = asyncio.create_task(self._answer(message))
+                    self._answering.add(task)
+                    task.add_done_callback(self._answering.discard)
+        except (ConnectionError, ValueError, asyncio.LimitOverrunError) as exc:
+            logger.warning("worker line broken: %s", exc)
+        finally:
+            self.closed.set()
+            for waiting in self._asked.values():
+                if not waiting.done():
+                    waiting.set_exception(ChannelClosed("the other end of the worker line went away"))
+
+    def _answered(self, message: dict[str, Any]) -> None:
+        waiting = self._asked.get(message["answer"])
+        if waiting is None or waiting.done():
+            return
+        if "error" in message:
+            waiting.set_exception(_error(message["error"]))
+        else:
+            waiting.set_result(message.get("result"))
+
+    async def _answer(self, message: dict[str, Any]) -> None:
+        number = message.pop("ask")
+        try:
+            result = await self._handle(message)
+        except CoreserveError as exc:
+            error = {"kind": type(exc).__name__, "message": exc.message}
+            reply: dict[str, Any] = {"answer": number, "error": error}
+        except Exception as exc:  # a fault here: the asker gets it as an internal error, the log the trace
+            logger.exception("worker line: %s failed", message.get("call"))
+            error = {"kind": "InternalError", "message": f"{type(exc).__name__}: {exc}"}
+            reply = {"answer": number, "error": error}
+        else:
+            reply = {"answer": number, "result": result}
+        if not self.closed.is_set():
+            with contextlib.suppress(ConnectionError):
+                self._send(reply)
+
+    async def close(self) -> None:
+        self._writer.close()
+        with contextlib.suppress(ConnectionError):
+            await self._writer.wait_closed()
+        await self._reading
+
+
+def _encode(value: Any) -> Any:
+    """What JSON has no word for: bytes (a load request's files, a CUDA handle) as base64."""
+    if isinstance(value, bytes | bytearray | memoryview):
+        return {BYTES: base64.b64encode(value).decode()}
+    raise TypeError(f"{type(value).__name__} does not travel between workers")
+
+
+def _decoded(value: Any) -> Any:
+    if isinstance(value, dict):
+        if len(value) == 1 and BYTES in value:
+            return base64.b64decode(value[BYTES])
+        return {key: _decoded(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_decoded(item) for item in value]
+    return value
+
+
+def _error(data: dict[str, str]) -> CoreserveError:
+    kind = getattr(errors, data.get("kind", ""), None)
+    if isinstance(kind, type) and issubclass(kind, CoreserveError):
+        return kind(data.get("message", ""))
+    return InternalError(data.get("message", ""))

@@ -1,0 +1,90 @@
+"""A worker's line to its supervisor (`_supervisor`): how a worker is one part of one server.
+
+Changes a client asks of the server (`DataPlane.change`) are relayed to every worker; the
+statistics and the metrics are gathered from every worker and added up; the supervisor's
+asks are answered here: a change to make, the figures of this worker, and whether every
+worker is serving (until then this one is not ready). A worker whose supervisor is gone stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+from typing import Any
+
+from coreserve.errors import CoreserveError
+from coreserve.server.dataplane import DataPlane
+from coreserve.server.metrics import MetricsReport
+from coreserve.server.workers._channel import MAX_MESSAGE_BYTES, Channel
+from coreserve.server.workers._merge import merge_metrics, merge_statistics
+from coreserve.server.workers._role import WorkerRole
+
+logger = logging.getLogger(__name__)
+
+
+class WorkerLink:
+    def __init__(self, role: WorkerRole, dataplane: DataPlane, metrics: MetricsReport | None) -> None:
+        self.role = role
+        self._dataplane = dataplane
+        self._metrics = metrics
+        self._channel: Channel | None = None
+        self._watch: asyncio.Task[None] | None = None
+        dataplane.flags.peers_ready = False  # until the supervisor says every worker serves
+
+    async def join(self) -> None:
+        """Joins the server: makes, here, every change made since it started (a worker that
+        starts again must serve what the others serve), then answers the supervisor's asks.
+        Then `DataPlane.change` and the statistics and metrics go through the supervisor."""
+        reader, writer = await asyncio.open_unix_connection(self.role.socket, limit=MAX_MESSAGE_BYTES)
+        self._channel = Channel(reader, writer, self._answer)
+        for change in await self._channel.ask({"call": "join", "index": self.role.index}):
+            try:
+                await self._dataplane.apply_change(change)
+            except CoreserveError as exc:  # as it failed nowhere else, it is this worker's to say
+                logger.warning("worker %d: %s: %s", self.role.index, change["call"], exc.message)
+        self._dataplane.peers = self
+        if self._metrics is not None:
+            self._metrics.peers = self
+        self._watch = asyncio.create_task(self._stop_without_supervisor(self._channel))
+
+    async def _answer(self, ask: dict[str, Any]) -> Any:
+        call = ask["call"]
+        if call == "peers_ready":
+            self._dataplane.flags.peers_ready = bool(ask["ready"])
+            return None
+        if call == "statistics":
+            return self._dataplane.statistics(ask["name"], ask["version"])
+        if call == "metrics":
+            return await self._metrics.render_on_loop() if self._metrics is not None else ""
+        await self._dataplane.apply_change(ask)
+        return None
+
+    async def everywhere(self, change: dict[str, Any]) -> None:
+        await self._ask({"call": "everywhere", "what": change})
+
+    async def statistics(self, name: str, version: str) -> dict[str, Any]:
+        answers = await self._ask(
+            {"call": "gather", "what": {"call": "statistics", "name": name, "version": version}}
+        )
+        return merge_statistics(answers)
+
+    async def metrics(self) -> str:
+        return merge_metrics(await self._ask({"call": "gather", "what": {"call": "metrics"}}))
+
+    async def _ask(self, message: dict[str, Any]) -> Any:
+        assert self._channel is not None
+        return await self._channel.ask(message)
+
+    async def _stop_without_supervisor(self, channel: Channel) -> None:
+        await channel.closed.wait()
+        if not self._dataplane.flags.stopping:
+            logger.error("worker %d: the supervisor is gone; stopping", self.role.index)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    async def close(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+        if self._channel is not None:
+            await self._channel.close()

@@ -1,0 +1,200 @@
+"""The supervisor: the `coreserve` process that runs N workers and makes them one server.
+
+Each worker is a whole server (`coreserve` with the same flags, its own models and frontends)
+bound to the same ports with SO_REUSEPORT, so the kernel spreads the connections over them.
+The supervisor loads no model and answers no client: it starts the workers, relays what must
+happen in every worker (a model loaded or unloaded, a shared-memory region registered, a log
+or trace setting changed) and what must be gathered from every worker (statistics, metrics),
+restarts a worker that dies, and stops them all on SIGTERM or SIGINT.
+
+A restarted worker is told, before it opens its ports, every change made since the start
+(the replay), so it serves the same models as the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from coreserve.errors import CoreserveError
+from coreserve.server.workers._channel import MAX_MESSAGE_BYTES, Channel
+from coreserve.server.workers._role import WORKER_ENV, WorkerRole
+
+logger = logging.getLogger(__name__)
+
+RESTART_DELAY_S = 1.0
+MAX_FAILED_STARTS = 5  # a worker that dies this many times in a row before joining stops the server
+STOP_MARGIN_S = 10.0  # past --exit-timeout-secs, a worker still running is killed
+
+
+@dataclass
+class _Worker:
+    index: int
+    process: asyncio.subprocess.Process | None = None
+    channel: Channel | None = None
+    joined: bool = False
+    failed_starts: int = 0
+    started_at: float = field(default_factory=time.monotonic)
+
+
+class Supervisor:
+    def __init__(self, argv: Sequence[str], count: int, exit_timeout_s: float) -> None:
+        self.argv = list(argv)
+        self.count = count
+        self.exit_timeout_s = exit_timeout_s
+        self.workers = [_Worker(index) for index in range(count)]
+        # Changes every worker must have made, by what they change (the last one of each kept).
+        self._replay: dict[tuple[str, ...], dict[str, Any]] = {}
+        self._relaying = asyncio.Lock()  # one change at a time, and none while a worker joins
+        self._changes = 0
+        self._stopping = asyncio.Event()
+        self._exit_code = 0
+        self._socket = ""
+
+    async def run(self) -> int:
+        """Runs the workers until a signal, or until the first of them fails to start."""
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, self._stopping.set)
+        with tempfile.TemporaryDirectory(prefix="coreserve-workers-") as folder:
+            self._socket = str(Path(folder) / "supervisor.sock")
+            server = await asyncio.start_unix_server(self._connected, self._socket, limit=MAX_MESSAGE_BYTES)
+            logger.info("starting %d workers", self.count)
+            watchers = [asyncio.create_task(self._keep_running(worker)) for worker in self.workers]
+            await self._stopping.wait()
+            await self._stop_workers()
+            for watcher in watchers:
+                watcher.cancel()
+            await asyncio.gather(*watchers, return_exceptions=True)
+            server.close()
+        logger.info("coreserve stopped")
+        return self._exit_code
+
+    async def _keep_running(self, worker: _Worker) -> None:
+        """Starts `worker`, and again each time it dies, until the server stops."""
+        while not self._stopping.is_set():
+            role = WorkerRole(worker.index, self.count, self._socket)
+            environment = {**os.environ, WORKER_ENV: role.encode()}
+            worker.process = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "coreserve", *self.argv, env=environment
+            )
+            worker.started_at = time.monotonic()
+            code = await worker.process.wait()
+            had_joined = worker.joined
+            await self._left(worker)
+            if self._stopping.is_set():
+                return
+            if not had_joined:
+                worker.failed_starts += 1
+                never_served = not any(other.joined for other in self.workers)
+                if never_served or worker.failed_starts >= MAX_FAILED_STARTS:
+                    # As one server would: a start that fails (a port taken, a model that does not
+                    # load under --exit-on-error) ends the server with the worker's status.
+                    logger.error(
+                        "worker %d exited with status %d before serving; stopping", worker.index, code
+                    )
+                    self._exit_code = code or 1
+                    self._stopping.set()
+                    return
+            else:
+                worker.failed_starts = 0
+            logger.error("worker %d exited with status %d; starting it again", worker.index, code)
+            await asyncio.sleep(RESTART_DELAY_S)
+
+    async def _left(self, worker: _Worker) -> None:
+        worker.joined = False
+        if worker.channel is not None:
+            await worker.channel.close()
+            worker.channel = None
+        await self._tell_readiness()
+
+    async def _connected(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        holder: list[_Worker] = []
+
+        async def handle(message: dict[str, Any]) -> Any:
+            return await self._handle(message, holder, channel)
+
+        channel = Channel(reader, writer, handle)
+        await channel.closed.wait()
+
+    async def _handle(self, message: dict[str, Any], holder: list[_Worker], channel: Channel) -> Any:
+        call = message["call"]
+        if call == "join":
+            worker = self.workers[message["index"]]
+            holder.append(worker)
+            async with self._relaying:  # no change may slip between the replay and the join
+                worker.channel, worker.joined = channel, True
+                replay = list(self._replay.values())
+            asyncio.get_running_loop().call_soon(lambda: asyncio.ensure_future(self._tell_readiness()))
+            return replay
+        if call == "everywhere":
+            async with self._relaying:
+                results = await self._ask_all(message["what"])
+                self._remember(message["what"])
+            return results
+        if call == "gather":
+            return await self._ask_all(message["what"])
+        raise CoreserveError(f"the supervisor does not know '{call}'")
+
+    async def _ask_all(self, what: dict[str, Any]) -> list[Any]:
+        """`what` asked of every joined worker; the first error is raised as it is."""
+        joined = [worker.channel for worker in self.workers if worker.joined and worker.channel is not None]
+        answers = await asyncio.gather(*(channel.ask(what) for channel in joined), return_exceptions=True)
+        for answer in answers:
+            if isinstance(answer, BaseException):
+                raise answer
+        return list(answers)
+
+    def _remember(self, what: dict[str, Any]) -> None:
+        """Keeps a change for the workers that start later: the last change of each model and
+        region (an unregistered region is forgotten), and every settings change in order."""
+        call, name = what["call"], what.get("name", "")
+        if call.startswith("unregister_"):
+            kind = call.removeprefix("unregister_")
+            for old in [old for old in self._replay if old[0] == kind and (not name or old[1] == name)]:
+                del self._replay[old]
+            return
+        if call.startswith("register_"):
+            key: tuple[str, ...] = (call.removeprefix("register_"), name)
+        elif call in ("load_model", "unload_model"):
+            key = ("model", name)
+        else:
+            self._changes += 1
+            key = (call, str(self._changes))
+        self._replay.pop(key, None)
+        self._replay[key] = what
+
+    async def _tell_readiness(self) -> None:
+        """Each worker is ready to its clients only while every worker has joined."""
+        ready = all(worker.joined for worker in self.workers)
+        for worker in self.workers:
+            if worker.joined and worker.channel is not None:
+                with contextlib.suppress(CoreserveError):
+                    await worker.channel.ask({"call": "peers_ready", "ready": ready})
+
+    async def _stop_workers(self) -> None:
+        """SIGTERM to every worker: each drains within --exit-timeout-secs; then the rest is killed."""
+        running = [w.process for w in self.workers if w.process is not None and w.process.returncode is None]
+        for process in running:
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(signal.SIGTERM)
+        waits = [process.wait() for process in running]
+        try:
+            await asyncio.wait_for(asyncio.gather(*waits), self.exit_timeout_s + STOP_MARGIN_S)
+        except TimeoutError:
+            for process in running:
+                if process.returncode is None:
+                    logger.error("a worker did not stop within --exit-timeout-secs; killing it")
+                    with contextlib.suppress(ProcessLookupError):
+                        process.kill()
+            await asyncio.gather(*(process.wait() for process in running))

@@ -1,0 +1,295 @@
+"""A server of several workers (`--http-thread-count`, `--grpc-infer-thread-count`) is one
+server to its clients: what one connection changes, every connection sees; the statistics and
+metrics are the totals; a worker that dies is started again while the others serve; SIGTERM
+stops them all.
+
+Each new connection may land on any worker (the kernel spreads them over the shared port), so
+the tests open a new connection per request where "every worker" matters: over 40 connections
+the chance that one worker got them all is 2**-39.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+import tritonclient.utils.shared_memory as shm
+from tritonclient.utils import InferenceServerException
+
+from coreserve.testing import ServerProcess
+from model_builders import ADD_SUB_CONFIG, accumulator_model, add_sub_model, scale_model, write_model
+from waiting import wait_until
+
+CONNECTIONS = 40
+SCALE_CONFIG = """
+backend: "onnxruntime"
+max_batch_size: 8
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+"""
+SEQUENCE_CONFIG = """
+backend: "onnxruntime"
+max_batch_size: 0
+sequence_batching { control_input [ { name: "START" control [ { kind: CONTROL_SEQUENCE_START fp32_false_true: [ 0, 1 ] } ] } ] }
+input [ { name: "INPUT" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "OUTPUT" data_type: TYPE_FP32 dims: [ 1 ] } ]
+"""
+ADD_BODY = json.dumps(
+    {
+        "inputs": [
+            {"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]},
+            {"name": "INPUT1", "shape": [1, 4], "datatype": "FP32", "data": [1, 1, 1, 1]},
+        ]
+    }
+)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("workers")
+    write_model(root, "add_sub", add_sub_model(), ADD_SUB_CONFIG)
+    write_model(root, "scale", scale_model(2.0), SCALE_CONFIG)
+    write_model(root, "counter", accumulator_model(), SEQUENCE_CONFIG)
+    return root
+
+
+def _start(repository: Path, *args: str, workers: int = 2) -> ServerProcess:
+    server = ServerProcess(
+        [repository],
+        [
+            f"--http-port={_free_port()}",
+            f"--grpc-port={_free_port()}",
+            f"--http-thread-count={workers}",
+            f"--grpc-infer-thread-count={workers}",
+            "--model-control-mode=explicit",
+            "--load-model=add_sub",
+            *args,
+        ],
+    ).start(timeout=120)
+    wait_until(lambda: _status(server, "GET", "/v2/health/ready") == 200, "every worker ready", timeout=120)
+    return server
+
+
+@pytest.fixture
+def server(repository: Path) -> Iterator[ServerProcess]:
+    process = _start(repository)
+    yield process
+    process.close()
+
+
+def _request(server: ServerProcess, method: str, path: str, body: str | None = None) -> tuple[int, bytes]:
+    """One request on a connection of its own: it may land on any worker."""
+    host, port = server.http_url.split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=30)
+    try:
+        connection.request(method, path, body=body, headers={"Content-Type": "application/json"})
+        response = connection.getresponse()
+        return response.status, response.read()
+    finally:
+        connection.close()
+
+
+def _status(server: ServerProcess, method: str, path: str, body: str | None = None) -> int:
+    try:
+        return _request(server, method, path, body)[0]
+    except OSError:
+        return 0
+
+
+def _workers(server: ServerProcess) -> list[int]:
+    """The supervisor's children: its workers."""
+    assert server.process is not None
+    children = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            if parent == server.process.pid:
+                children.append(int(entry.name))
+    return sorted(children)
+
+
+def test_statistics_and_metrics_are_the_totals_of_every_worker(server: ServerProcess) -> None:
+    assert len(_workers(server)) == 2
+    for _ in range(CONNECTIONS):
+        status, body = _request(server, "POST", "/v2/models/add_sub/infer", ADD_BODY)
+        assert status == 200, body
+        assert json.loads(body)["outputs"][0]["data"] == [2, 3, 4, 5]
+    status, body = _request(server, "GET", "/v2/models/add_sub/stats")
+    (stats,) = json.loads(body)["model_stats"]
+    assert stats["inference_count"] == stats["inference_stats"]["success"]["count"] == CONNECTIONS
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        stats = client.get_inference_statistics("add_sub", as_json=True)["model_stats"][0]
+        assert int(stats["inference_count"]) == CONNECTIONS
+    metrics = urlopen_text(server.metrics_url)
+    assert f'nv_inference_request_success{{model="add_sub",version="1"}} {CONNECTIONS}' in metrics
+    assert metrics.count("# TYPE nv_inference_request_success counter") == 1
+    assert len([line for line in metrics.splitlines() if line.startswith("nv_cpu_utilization ")]) == 1
+
+
+def urlopen_text(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=30) as answer:
+        return str(answer.read().decode())
+
+
+def test_a_model_loaded_or_unloaded_through_one_connection_is_so_for_every_connection(
+    server: ServerProcess,
+) -> None:
+    body = json.dumps(
+        {"inputs": [{"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]}
+    )
+    assert _status(server, "POST", "/v2/models/scale/infer", body) == 404  # not loaded anywhere
+    with httpclient.InferenceServerClient(server.http_url) as client:
+        client.load_model("scale")
+    for _ in range(CONNECTIONS):
+        status, answer = _request(server, "POST", "/v2/models/scale/infer", body)
+        assert status == 200, answer
+        assert json.loads(answer)["outputs"][0]["data"] == [2, 4, 6, 8]
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        client.unload_model("scale")
+    assert {_status(server, "POST", "/v2/models/scale/infer", body) for _ in range(CONNECTIONS)} == {404}
+    index = json.loads(_request(server, "POST", "/v2/repository/index", "{}")[1])
+    assert {entry["name"]: entry.get("state") for entry in index}["scale"] == "UNAVAILABLE"
+
+
+def test_a_shared_memory_region_registered_through_one_connection_serves_every_connection(
+    server: ServerProcess,
+) -> None:
+    data = np.array([[1, 2, 3, 4]], dtype=np.float32)
+    region = shm.create_shared_memory_region("workers_inputs", "/workers_inputs", 2 * data.nbytes)
+    try:
+        shm.set_shared_memory_region(region, [data, data])
+        with httpclient.InferenceServerClient(server.http_url) as client:
+            client.register_system_shared_memory("workers_inputs", "/workers_inputs", 2 * data.nbytes)
+        for _ in range(CONNECTIONS // 4):
+            with grpcclient.InferenceServerClient(server.grpc_url) as client:
+                inputs = [grpcclient.InferInput(name, [1, 4], "FP32") for name in ("INPUT0", "INPUT1")]
+                inputs[0].set_shared_memory("workers_inputs", data.nbytes)
+                inputs[1].set_shared_memory("workers_inputs", data.nbytes, offset=data.nbytes)
+                result = client.infer("add_sub", inputs)
+                assert result.as_numpy("OUTPUT0").tolist() == [[2, 4, 6, 8]]
+        with grpcclient.InferenceServerClient(server.grpc_url) as client:
+            client.unregister_system_shared_memory("workers_inputs")
+        for _ in range(CONNECTIONS // 4):
+            status, body = _request(server, "GET", "/v2/systemsharedmemory/status")
+            assert (status, json.loads(body)) == (200, [])
+    finally:
+        shm.destroy_shared_memory_region(region)
+
+
+def test_log_settings_changed_through_one_connection_are_every_workers(server: ServerProcess) -> None:
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        client.update_log_settings({"log_verbose_level": 1})
+    for _ in range(CONNECTIONS // 2):
+        status, body = _request(server, "GET", "/v2/logging")
+        assert status == 200 and json.loads(body)["log_verbose_level"] == 1
+
+
+def test_a_model_whose_copies_would_change_its_meaning_is_refused(server: ServerProcess) -> None:
+    with (
+        httpclient.InferenceServerClient(server.http_url) as client,
+        pytest.raises(InferenceServerException) as refused,
+    ):
+        client.load_model("counter")
+    assert "model 'counter' is not served by a server of 2 workers yet" in refused.value.message()
+    assert "sequence batching keeps a sequence on one instance" in refused.value.message()
+    # the server serves on, every worker
+    assert {_status(server, "POST", "/v2/models/add_sub/infer", ADD_BODY) for _ in range(CONNECTIONS)} == {
+        200
+    }
+    assert "Traceback" not in server.log
+
+
+def test_a_worker_that_dies_is_started_again_while_the_others_serve(repository: Path) -> None:
+    server = _start(repository)
+    try:
+        with httpclient.InferenceServerClient(server.http_url) as client:
+            client.load_model("scale")  # made after the start: the new worker must make it too
+        host, port = server.http_url.split(":")
+        connections = [http.client.HTTPConnection(host, int(port), timeout=30) for _ in range(16)]
+        for connection in connections:  # each now belongs to one worker
+            connection.request("POST", "/v2/models/add_sub/infer", body=ADD_BODY)
+            assert connection.getresponse().read()
+        first, second = _workers(server)
+        os.kill(second, signal.SIGKILL)
+        outcomes = []
+        for connection in connections:
+            answers = []
+            for _ in range(5):
+                try:
+                    connection.request("POST", "/v2/models/add_sub/infer", body=ADD_BODY)
+                    response = connection.getresponse()
+                    response.read()
+                    answers.append(response.status)
+                except (OSError, http.client.HTTPException):
+                    answers.append(0)
+                    break
+            outcomes.append(answers)
+        # A connection of the worker that died fails at once; those of the other never fail.
+        assert all(answers in ([200] * 5, [0]) for answers in outcomes), outcomes
+        assert [200] * 5 in outcomes
+        wait_until(lambda: len(_workers(server)) == 2 and second not in _workers(server), "a new worker")
+        wait_until(lambda: _status(server, "GET", "/v2/health/ready") == 200, "ready again", timeout=120)
+        assert first in _workers(server)
+        body = json.dumps(
+            {"inputs": [{"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "data": [1, 1, 1, 1]}]}
+        )
+        assert {_status(server, "POST", "/v2/models/scale/infer", body) for _ in range(CONNECTIONS)} == {200}
+        for connection in connections:
+            connection.close()
+    finally:
+        server.close()
+
+
+def test_sigterm_stops_every_worker(repository: Path) -> None:
+    server = _start(repository, "--exit-timeout-secs=10")
+    workers = _workers(server)
+    assert server.process is not None
+    server.process.send_signal(signal.SIGTERM)
+    assert server.process.wait(timeout=60) == 0
+    assert not [pid for pid in workers if Path(f"/proc/{pid}").exists()]
+    assert server.log.count("coreserve stopped") == 3  # each worker, then the supervisor
+
+
+def test_a_start_that_fails_stops_the_server(repository: Path, tmp_path: Path) -> None:
+    write_model(tmp_path, "broken", b"not an onnx model", SCALE_CONFIG)
+    command = [sys.executable, "-m", "coreserve", f"--model-repository={tmp_path}", "--http-thread-count=2",
+               f"--http-port={_free_port()}", f"--grpc-port={_free_port()}", "--metrics-port=0"]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert "some models failed to load" in done.stderr and "before serving; stopping" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_shared_ports_must_be_named() -> None:
+    command = [
+        sys.executable,
+        "-m",
+        "coreserve",
+        "--model-repository=.",
+        "--http-thread-count=2",
+        "--http-port=0",
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "--http-port=0 (any free port) cannot be shared by several workers" in done.stderr
