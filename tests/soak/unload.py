@@ -16,8 +16,10 @@ whose initialize raises). Then, through the repository API:
 After each unload (and each failed load) it samples the server process: resident memory,
 open descriptors (/proc/PID/fd), threads and child processes (Python model stubs). A backend
 passes when, after the last cycle, RSS is within `--rss-growth-mb` of what it was after the
-first (the first cycle pays for importing the framework and its caches, which the process keeps:
-the "kept" column), descriptors and threads are back to their count after the first cycle, and no
+first (the first cycle pays for importing the framework and its caches, which the process keeps),
+descriptors are back to their count after the first cycle, threads too (give or take the event
+loop's default executor, whose workers start as needed and stay: no more than its bound, and
+no growth in the second half of the cycles), and no
 child process is left beyond those the server had before the first load. `--minutes` bounds each
 backend's run: a backend that runs out of time reports the cycles it did. Writes
 benchmarks/results/unload.json and prints a table; exits 1 if a backend fails. Linux only (/proc).
@@ -52,6 +54,8 @@ REPO = Path(__file__).resolve().parents[2]
 TESTS = REPO / "tests"
 # Seconds a sample waits for stubs, threads and descriptors to be given back before it is taken.
 SETTLE_S = 10.0
+# The event loop's default executor's most workers (concurrent.futures.ThreadPoolExecutor's default).
+EXECUTOR_THREADS = min(32, (os.cpu_count() or 1) + 4)
 
 ADD_SUB_TENSORS = """
 max_batch_size: 8
@@ -387,8 +391,15 @@ class Run:
             )
         if self.last.fds > self.first.fds:
             found.append(f"{self.last.fds - self.first.fds} more open descriptors")
-        if self.last.threads > self.first.threads:
-            found.append(f"{self.last.threads - self.first.threads} more threads")
+        # The event loop's default executor (asyncio.to_thread) starts its workers as they are
+        # needed, up to its bound, and keeps them: more threads than after the first cycle are
+        # a leak when they pass that bound, or when they still grew in the second half.
+        first_half = max(sample.threads for sample in self.after[: max(1, len(self.after) // 2)])
+        if self.last.threads > self.first.threads + EXECUTOR_THREADS or self.last.threads > first_half:
+            found.append(
+                f"{self.last.threads - self.first.threads} more threads (at most {first_half} in the "
+                f"first half of the cycles)"
+            )
         if self.last.children > self.before.children:
             found.append(f"{self.last.children - self.before.children} child processes left")
         return found
@@ -431,6 +442,7 @@ def cycle_loads(
         run.errors.append(f"cycle {run.cycles + 1}: {exc}")
     finally:
         client.close()
+    _settle_last(run, pid)
     return run
 
 
@@ -453,16 +465,27 @@ def cycle_failed_loads(server: ServerProcess, backend: str, cycles: int, deadlin
             _end_cycle(run, pid)
     finally:
         client.close()
+    _settle_last(run, pid)
     return run
 
 
 def _end_cycle(run: Run, pid: int) -> None:
+    """Samples after a cycle, once its stubs have exited (a moment more after the first cycle,
+    whose sample is the baseline); the last sample settles fully (see `_settle_last`)."""
     run.cycles += 1
-    now = settled_sample(pid, run.first or run.before)
-    run.after.append(now)
+    now = settled_sample(pid, Sample(0, 10**9, 10**9, run.before.children))
     if run.first is None:
+        time.sleep(1.0)
+        now = sample(pid)
         run.first = now
+    run.after.append(now)
     run.last = now
+
+
+def _settle_last(run: Run, pid: int) -> None:
+    if run.first is not None:
+        run.last = settled_sample(pid, run.first)
+        run.after[-1] = run.last
 
 
 @contextmanager
