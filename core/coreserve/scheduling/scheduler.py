@@ -249,6 +249,11 @@ class Scheduler:
                         await self._execute(instance, batch)
                     finally:
                         self._executing -= len(batch)
+                # An idle worker holds no finished requests: their tensors go now, and its
+                # frame (kept by the CancelledError that ends it at close) makes no cycle
+                # request.queue -> scheduler -> task, which kept an unloaded model's instances
+                # alive until the garbage collector ran.
+                del batch
             finally:
                 self._busy -= 1
                 self._batch_done(index)
@@ -335,6 +340,7 @@ class Scheduler:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()  # a finished task's exception holds its frames: nothing must lead back here
         for request in self._drain():
             if request.sink is not None:
                 request.sink.fail(UnavailableError(f"model '{self.signature.model_name}' was unloaded"))
