@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -105,6 +106,8 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
         repository = openai_repository(Path(folder) / "models")
+        # The embedder would be KIND_GPU on a GPU machine, which workers do not serve yet.
+        shutil.rmtree(repository / "embedder")
         write_model(repository, "add", add_model(), CONFIG)
         write_python_model(repository)
         servers = {1: start(repository, 1), args.workers: start(repository, args.workers)}

@@ -105,7 +105,8 @@ class BudgetedLoads:
                 await self._close(new)
                 raise
         self.memory.record(key, new.memory_bytes)
-        logger.info("model '%s' uses %d bytes (%s)", location.name, new.memory_bytes, reason)
+        if self.memory.budget is not None or self.on_demand:  # the line is for who asked for them
+            logger.info("model '%s' uses %d bytes (%s)", location.name, new.memory_bytes, reason)
         return new
 
     async def _make_room(self, name: str, key: str, size: int, expected: int | None) -> None:

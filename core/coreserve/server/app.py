@@ -145,7 +145,8 @@ class ServerRuntime:
         the others: it serves what they serve)."""
         await self.load_models()
         if self.worker is not None:
-            self._link = WorkerLink(self.worker, self.dataplane, self.metrics_report)
+            shared_cache = "redis" in self.options.cache_config  # one store for every worker
+            self._link = WorkerLink(self.worker, self.dataplane, self.metrics_report, shared_cache)
             await self._link.join()
         await self.open_frontends()
         if self.options.model_control_mode is ControlMode.POLL:

@@ -24,7 +24,8 @@ from coreserve.errors import CoreserveError, InternalError, UnavailableError
 logger = logging.getLogger(__name__)
 
 BYTES = "__bytes__"
-MAX_MESSAGE_BYTES = 256 * 1024 * 1024  # a metrics text or a statistics answer of many models
+# A load request's files (up to --grpc-max-message-size, 256 MiB, as base64), a metrics text.
+MAX_MESSAGE_BYTES = 1024 * 1024 * 1024
 
 Handler = Callable[[dict[str, Any]], Awaitable[Any]]
 
@@ -46,9 +47,9 @@ class Channel:
         self.closed = asyncio.Event()
         self._reading = asyncio.create_task(self._read())
 
-    async def ask(self, message: dict[str, Any]) -> Any:
-        """Sends `message` and waits for its answer; raises the other side's error as its class,
-        or ChannelClosed."""
+    async def ask(self, message: dict[str, Any], timeout: float | None = None) -> Any:
+        """Sends `message` and waits for its answer (at most `timeout` seconds); raises the
+        other side's error as its class, ChannelClosed, or UnavailableError past the timeout."""
         if self.closed.is_set():
             raise ChannelClosed("the worker line is closed")
         self._next += 1
@@ -57,7 +58,11 @@ class Channel:
         self._asked[number] = answer
         try:
             self._send({**message, "ask": number})
-            return await answer
+            return await asyncio.wait_for(answer, timeout)
+        except TimeoutError:
+            raise UnavailableError(
+                f"a worker did not answer '{message.get('call')}' within {timeout:g} s"
+            ) from None
         finally:
             self._asked.pop(number, None)
 
@@ -81,6 +86,7 @@ class Channel:
             logger.warning("worker line broken: %s", exc)
         finally:
             self.closed.set()
+            self._writer.close()  # the other side sees the end too
             for waiting in self._asked.values():
                 if not waiting.done():
                     waiting.set_exception(ChannelClosed("the other end of the worker line went away"))
@@ -90,7 +96,7 @@ class Channel:
         if waiting is None or waiting.done():
             return
         if "error" in message:
-            waiting.set_exception(_error(message["error"]))
+            waiting.set_exception(error_from(message["error"]))
         else:
             waiting.set_result(message.get("result"))
 
@@ -99,12 +105,10 @@ class Channel:
         try:
             result = await self._handle(message)
         except CoreserveError as exc:
-            error = {"kind": type(exc).__name__, "message": exc.message}
-            reply: dict[str, Any] = {"answer": number, "error": error}
+            reply: dict[str, Any] = {"answer": number, "error": error_data(exc)}
         except Exception as exc:  # a fault here: the asker gets it as an internal error, the log the trace
             logger.exception("worker line: %s failed", message.get("call"))
-            error = {"kind": "InternalError", "message": f"{type(exc).__name__}: {exc}"}
-            reply = {"answer": number, "error": error}
+            reply = {"answer": number, "error": error_data(exc)}
         else:
             reply = {"answer": number, "result": result}
         if not self.closed.is_set():
@@ -135,8 +139,26 @@ def _decoded(value: Any) -> Any:
     return value
 
 
-def _error(data: dict[str, str]) -> CoreserveError:
+def error_data(error: Exception) -> dict[str, str]:
+    """An error as it travels: its class's name, its code and its message."""
+    if not isinstance(error, CoreserveError):
+        error = InternalError(f"{type(error).__name__}: {error}")
+    return {"kind": type(error).__name__, "code": error.code.value, "message": error.message}
+
+
+def error_from(data: dict[str, str]) -> CoreserveError:
+    """The error `error_data` made: of its class where `coreserve.errors` has it, else of the
+    class of its code (an error class of another module keeps its status code)."""
     kind = getattr(errors, data.get("kind", ""), None)
-    if isinstance(kind, type) and issubclass(kind, CoreserveError):
-        return kind(data.get("message", ""))
-    return InternalError(data.get("message", ""))
+    if not (isinstance(kind, type) and issubclass(kind, CoreserveError)):
+        kind = _BY_CODE.get(data.get("code", ""), InternalError)
+    return kind(data.get("message", ""))
+
+
+_BY_CODE: dict[str, type[CoreserveError]] = {
+    error.code.value: error
+    for error in (
+        errors.InvalidArgumentError, errors.NotFoundError, errors.UnavailableError, errors.UnsupportedError,
+        errors.AlreadyExistsError, errors.CancelledError, errors.PermissionDeniedError, errors.InternalError,
+    )
+}  # fmt: skip

@@ -17,7 +17,7 @@ from typing import Any
 from coreserve.errors import CoreserveError
 from coreserve.server.dataplane import DataPlane
 from coreserve.server.metrics import MetricsReport
-from coreserve.server.workers._channel import MAX_MESSAGE_BYTES, Channel
+from coreserve.server.workers._channel import MAX_MESSAGE_BYTES, Channel, ChannelClosed, error_from
 from coreserve.server.workers._merge import merge_metrics, merge_statistics
 from coreserve.server.workers._role import WorkerRole
 
@@ -25,8 +25,13 @@ logger = logging.getLogger(__name__)
 
 
 class WorkerLink:
-    def __init__(self, role: WorkerRole, dataplane: DataPlane, metrics: MetricsReport | None) -> None:
+    def __init__(
+        self, role: WorkerRole, dataplane: DataPlane, metrics: MetricsReport | None, shared_cache: bool
+    ) -> None:
+        """`shared_cache`: the response cache is one for every worker (Redis): its entries are
+        counted once in the metrics."""
         self.role = role
+        self._shared_cache = shared_cache
         self._dataplane = dataplane
         self._metrics = metrics
         self._channel: Channel | None = None
@@ -65,13 +70,20 @@ class WorkerLink:
         await self._ask({"call": "everywhere", "what": change})
 
     async def statistics(self, name: str, version: str) -> dict[str, Any]:
-        answers = await self._ask(
-            {"call": "gather", "what": {"call": "statistics", "name": name, "version": version}}
-        )
-        return merge_statistics(answers)
+        """Every worker's statistics added up (a worker that lacks the model, or does not
+        answer, is left out; where none answers, the first one's error is the answer)."""
+        return merge_statistics(await self._gather({"call": "statistics", "name": name, "version": version}))
 
     async def metrics(self) -> str:
-        return merge_metrics(await self._ask({"call": "gather", "what": {"call": "metrics"}}))
+        return merge_metrics(await self._gather({"call": "metrics"}), shared_cache=self._shared_cache)
+
+    async def _gather(self, what: dict[str, Any]) -> list[Any]:
+        answers = await self._ask({"call": "gather", "what": what})
+        results = [answer["result"] for answer in answers if "result" in answer]
+        if not results:
+            errors = [error_from(answer["error"]) for answer in answers if "error" in answer]
+            raise errors[0] if errors else ChannelClosed("no worker answered")
+        return results
 
     async def _ask(self, message: dict[str, Any]) -> Any:
         assert self._channel is not None

@@ -21,13 +21,13 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from coreserve.errors import CoreserveError
-from coreserve.server.workers._channel import MAX_MESSAGE_BYTES, Channel
+from coreserve.server.workers._channel import MAX_MESSAGE_BYTES, Channel, ChannelClosed, error_data
 from coreserve.server.workers._role import WORKER_ENV, WorkerRole
 
 logger = logging.getLogger(__name__)
@@ -35,6 +35,8 @@ logger = logging.getLogger(__name__)
 RESTART_DELAY_S = 1.0
 MAX_FAILED_STARTS = 5  # a worker that dies this many times in a row before joining stops the server
 STOP_MARGIN_S = 10.0  # past --exit-timeout-secs, a worker still running is killed
+# What a worker must answer within, but for a change (a model's load takes what it takes).
+GATHER_TIMEOUT_S = 30.0
 
 
 @dataclass
@@ -57,6 +59,8 @@ class Supervisor:
         self._replay: dict[tuple[str, ...], dict[str, Any]] = {}
         self._relaying = asyncio.Lock()  # one change at a time, and none while a worker joins
         self._changes = 0
+        self._telling = asyncio.Lock()
+        self._background: set[asyncio.Task[None]] = set()
         self._stopping = asyncio.Event()
         self._exit_code = 0
         self._socket = ""
@@ -116,7 +120,7 @@ class Supervisor:
         if worker.channel is not None:
             await worker.channel.close()
             worker.channel = None
-        await self._tell_readiness()
+        self._in_background(self._tell_readiness())
 
     async def _connected(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         holder: list[_Worker] = []
@@ -135,25 +139,43 @@ class Supervisor:
             async with self._relaying:  # no change may slip between the replay and the join
                 worker.channel, worker.joined = channel, True
                 replay = list(self._replay.values())
-            asyncio.get_running_loop().call_soon(lambda: asyncio.ensure_future(self._tell_readiness()))
+            self._in_background(self._tell_readiness())
             return replay
         if call == "everywhere":
-            async with self._relaying:
-                results = await self._ask_all(message["what"])
-                self._remember(message["what"])
-            return results
-        if call == "gather":
-            return await self._ask_all(message["what"])
+            await self._everywhere(message["what"])
+            return None
+        if call == "gather":  # each worker's answer or error: the asker adds up what it can
+            answers = await self._ask_all(message["what"], GATHER_TIMEOUT_S)
+            return [{"error": error_data(a)} if isinstance(a, Exception) else {"result": a} for a in answers]
         raise CoreserveError(f"the supervisor does not know '{call}'")
 
-    async def _ask_all(self, what: dict[str, Any]) -> list[Any]:
-        """`what` asked of every joined worker; the first error is raised as it is."""
+    async def _everywhere(self, what: dict[str, Any]) -> None:
+        """Makes a change in every worker. Where it failed in some, a region registered in the
+        others is unregistered again (the client may retry); any other change made somewhere
+        is kept for the workers that start later. A worker that left meanwhile makes it when
+        it starts again. The first failure is the answer."""
+        async with self._relaying:
+            answers = await self._ask_all(what, None)
+            made = [answer for answer in answers if not isinstance(answer, Exception)]
+            failed = [a for a in answers if isinstance(a, Exception) and not isinstance(a, ChannelClosed)]
+            if failed and made and what["call"].startswith("register_"):
+                undo = {"call": "un" + what["call"], "name": what["name"]}
+                await self._ask_all(undo, GATHER_TIMEOUT_S)
+            elif made or not failed:
+                self._remember(what)
+        if failed:
+            raise failed[0]
+
+    async def _ask_all(self, what: dict[str, Any], timeout: float | None) -> list[Any]:
+        """`what` asked of every joined worker: each one's answer, or its error."""
         joined = [worker.channel for worker in self.workers if worker.joined and worker.channel is not None]
-        answers = await asyncio.gather(*(channel.ask(what) for channel in joined), return_exceptions=True)
-        for answer in answers:
-            if isinstance(answer, BaseException):
-                raise answer
-        return list(answers)
+        asks = (channel.ask(what, timeout) for channel in joined)
+        return list(await asyncio.gather(*asks, return_exceptions=True))
+
+    def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     def _remember(self, what: dict[str, Any]) -> None:
         """Keeps a change for the workers that start later: the last change of each model and
@@ -175,12 +197,14 @@ class Supervisor:
         self._replay[key] = what
 
     async def _tell_readiness(self) -> None:
-        """Each worker is ready to its clients only while every worker has joined."""
-        ready = all(worker.joined for worker in self.workers)
-        for worker in self.workers:
-            if worker.joined and worker.channel is not None:
-                with contextlib.suppress(CoreserveError):
-                    await worker.channel.ask({"call": "peers_ready", "ready": ready})
+        """Each worker is ready to its clients only while every worker has joined (one telling
+        at a time, each worker told the state as it is when its turn comes)."""
+        async with self._telling:
+            for worker in self.workers:
+                if worker.joined and worker.channel is not None:
+                    ready = all(other.joined for other in self.workers)
+                    with contextlib.suppress(CoreserveError):
+                        await worker.channel.ask({"call": "peers_ready", "ready": ready}, GATHER_TIMEOUT_S)
 
     async def _stop_workers(self) -> None:
         """SIGTERM to every worker: each drains within --exit-timeout-secs; then the rest is killed."""
