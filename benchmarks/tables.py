@@ -46,15 +46,17 @@ def markdown_table(columns: Sequence[str], rows: Sequence[Sequence[object]]) -> 
     return "\n".join(lines)
 
 
-def render(document: Mapping[str, Any], heading_level: int = 2) -> str:
-    """One results document as markdown: heading, provenance line, tables."""
+def render(document: Mapping[str, Any], heading_level: int = 2, name: str = "") -> str:
+    """One results document as markdown: heading, provenance line, tables. `name`: the file's,
+    where it is not the script's (a second run kept beside the last, as workers-h200.json)."""
     machine = document.get("machine") or {}
     parameters = document.get("parameters") or {}
     described = ", ".join(
         f"`{key}={_parameter(value)}`" for key, value in parameters.items() if value is not None
     )
     parts = [
-        f"{'#' * heading_level} {document['script']}",
+        f"{'#' * heading_level} {document['script']}"
+        + (f" ({name})" if name and name != document["script"] else ""),
         f"Run {document['date']} on {machine.get('description', 'an unnamed machine')}"
         + (f"; parameters: {described}" if described else "")
         + ".",
@@ -84,7 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for path in result_files(args.results):
         try:
             document = json.loads(path.read_text())
-            rendered.append(render(document, args.heading_level))
+            rendered.append(render(document, args.heading_level, path.stem))
         except (OSError, ValueError, KeyError) as exc:
             print(f"{path}: not a results file ({type(exc).__name__}: {exc})", file=sys.stderr)
             failed += 1
