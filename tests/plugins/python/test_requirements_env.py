@@ -44,7 +44,7 @@ import {PACKAGE}
 class TritonPythonModel:
     def execute(self, requests):
         found = []
-        for name in ("pytest", "tritonclient"):  # in the server's environment, not in this one
+        for name in ("pytest", "tritonclient"):  # in the server's environment, not in this one's own
             try:
                 __import__(name)
                 found.append(name)
@@ -162,6 +162,8 @@ def test_models_run_in_environments_built_from_their_requirements(
     _model(repository, "second", REQUIREMENTS, in_version=True)  # the same requirements, by content
     _model(repository, "unresolvable", "coreserve-test-missing-xyz==9.9\n")
     _model(repository, "plain", None)
+    # What the server has already is not installed again (offline here: it could not be).
+    _model(repository, "satisfied", f"{REQUIREMENTS}numpy=={np.__version__}\ntritonclient\n")
     server = coreserve_server(
         repository, "--exit-on-error=false", f"--python-env-cache-dir={cache}", env=_offline(wheels)
     )
@@ -169,12 +171,15 @@ def test_models_run_in_environments_built_from_their_requirements(
     first, second = _ask(server, "first"), _ask(server, "second")
     assert first["greeting"] == second["greeting"] == "hello from xyz"
     assert str(first["executable"]).startswith(str(cache)) and first["executable"] == second["executable"]
-    assert first["server_packages"] == []  # the server's site-packages stay out of the model's sight
+    # the server's packages stay in sight, below the environment's own
+    assert first["server_packages"] == ["pytest", "tritonclient"]
     assert first["numpy"] == np.__version__  # the stub imports the server's numpy
     assert _ask(server, "plain")["executable"] == sys.executable  # no requirements.txt: nothing changes
 
     log = server.log
-    builds = [line for line in log.splitlines() if BUILDING in line and "unresolvable" not in line]
+    builds = [
+        line for line in log.splitlines() if BUILDING in line and ("'first'" in line or "'second'" in line)
+    ]
     assert len(builds) == 1, log  # the second model found the first's environment
     assert "using the cached Python environment" in log
     installer = "uv" if uv_binary() else "pip"
@@ -190,9 +195,13 @@ def test_models_run_in_environments_built_from_their_requirements(
         ["first"],
         ["second"],
     ), log
-
+    if installer == "pip":  # what the server has is not installed again
+        satisfied = f"model 'satisfied': {repository / 'satisfied' / 'requirements.txt'}"
+        for name in ("numpy", "tritonclient"):
+            assert f"{satisfied}: Requirement already satisfied: {name}" in log
     index = _index(server)
-    assert index["first"]["state"] == index["plain"]["state"] == "READY"
+    assert index["first"]["state"] == index["plain"]["state"] == index["satisfied"]["state"] == "READY", index
+    assert _ask(server, "satisfied")["server_packages"] == ["pytest", "tritonclient"]
     broken = index["unresolvable"]
     assert broken["state"] == "UNAVAILABLE"
     assert broken["reason"].startswith(

@@ -1,9 +1,11 @@
 """Building a venv from a requirements.txt: with uv where it is installed, else venv and pip.
 
-The venv is made from the server's own Python, without its site-packages: the model sees only
-what its requirements install. The installer is held to the server's numpy (a constraint), the
-numpy the stubs import. Every line the installer prints goes to the log at INFO; a build that
-fails raises EnvironmentBuildError carrying the last lines of its error output.
+The venv is made from the server's own Python, and sees the server's site-packages below its
+own: what the server has already (the requirements of a Triton repository, often) is not
+installed again, and what the requirements install comes first. The installer is held to the
+server's numpy (a constraint), the numpy the stubs import. Every line the installer prints
+goes to the log at INFO; a build that fails raises EnvironmentBuildError carrying the last
+lines of its error output.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import logging
 import os
 import shutil
 import signal
+import site
 import subprocess
 import sys
 import threading
@@ -56,11 +59,13 @@ def build_environment(
     uv = uv_binary()
     install: list[str]
     if uv is not None:
-        _run([uv, "venv", "--quiet", "--python", sys.executable, str(folder)], requirements, deadline, label)
-        install = [uv, "pip", "install", "--python", str(python), *_uv_pip_settings(os.environ)]
+        venv = [uv, "venv", "--quiet", "--python", sys.executable, str(folder)]
+        _run(venv, requirements, deadline, label)
+        install = [uv, "pip", "install", "--python", str(python)]
         installer = "uv"
     else:
-        _run([sys.executable, "-m", "venv", "--without-pip", str(folder)], requirements, deadline, label)
+        venv = [sys.executable, "-m", "venv", "--without-pip", str(folder)]
+        _run(venv, requirements, deadline, label)
         if importlib.util.find_spec("pip") is not None:
             # This Python's pip installs into the venv: no copy of pip in each environment.
             install = [sys.executable, "-m", "pip", "--python", str(python), "install"]
@@ -69,27 +74,39 @@ def build_environment(
             install = [str(python), "-m", "pip", "install"]
         install += ["--progress-bar", "off"]
         installer = "pip"
+    _see_the_servers_packages(folder)
     constraints.write_text(f"numpy=={numpy_version}\n")
     _run([*install, "-r", str(requirements), "-c", str(constraints)], requirements, deadline, label)
     return installer
 
 
-def _uv_pip_settings(environ: os._Environ[str] | dict[str, str]) -> list[str]:
-    """pip's variables, as `uv pip install` options (uv reads UV_* variables and uv.toml, not pip's)."""
-    options: list[str] = []
-    if environ.get("PIP_INDEX_URL"):
-        options += ["--index-url", environ["PIP_INDEX_URL"]]
-    for url in environ.get("PIP_EXTRA_INDEX_URL", "").split():
-        options += ["--extra-index-url", url]
-    for place in environ.get("PIP_FIND_LINKS", "").split():
-        options += ["--find-links", place]
-    if environ.get("PIP_NO_INDEX", "").lower() in TRUE:
-        options.append("--no-index")
-    return options
+def _see_the_servers_packages(folder: Path) -> None:
+    """A .pth file in the venv's site-packages naming the server's: read after the venv's own,
+    they come after them on the path (a venv made with --system-site-packages from the server's
+    Python would see the Python's, not those of the venv the server runs in)."""
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    own = folder / "lib" / version / "site-packages"
+    own.mkdir(parents=True, exist_ok=True)
+    (own / "coreserve-server-packages.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+
+
+def uv_settings(environ: os._Environ[str] | dict[str, str]) -> dict[str, str]:
+    """pip's variables as uv's (uv reads UV_* variables and uv.toml, not pip's), in the
+    environment rather than on the command line, where an index URL's token would be visible
+    to every user of the machine; uv's own variables, where set, stay."""
+    pairs = {
+        "PIP_INDEX_URL": "UV_INDEX_URL",
+        "PIP_EXTRA_INDEX_URL": "UV_EXTRA_INDEX_URL",
+        "PIP_FIND_LINKS": "UV_FIND_LINKS",
+    }
+    settings = {uv: environ[pip] for pip, uv in pairs.items() if environ.get(pip) and uv not in environ}
+    if environ.get("PIP_NO_INDEX", "").lower() in TRUE and "UV_NO_INDEX" not in environ:
+        settings["UV_NO_INDEX"] = "1"
+    return settings
 
 
 def _run(command: Sequence[str], requirements: Path, deadline: float, label: str) -> None:
-    env = dict(os.environ)
+    env = {**os.environ, **uv_settings(os.environ)}
     env.setdefault("PIP_DISABLE_PIP_VERSION_CHECK", "1")
     env.setdefault("PIP_NO_INPUT", "1")
     process = subprocess.Popen(

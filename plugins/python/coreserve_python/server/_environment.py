@@ -150,8 +150,7 @@ def _requirements_launch(requirements: Path, model_name: str, settings: Mapping[
                     "python": python_tag(),
                     "numpy": np.__version__,
                     "installer": installer,
-                    "requirements": requirements.read_text(errors="replace"),
-                }
+                }  # not the requirements' text: an index URL in it may carry a token
                 cache.publish(key, folder, metadata)
                 logger.info("%s: built the Python environment %s with %s", label, folder, installer)
             else:
