@@ -113,7 +113,9 @@ def test_twenty_models_cycle_through_a_budget_that_holds_five(
     margin = model_size
     client = httpclient.InferenceServerClient(server.http_url, network_timeout=120)
     try:
-        order = [*range(MODELS), MODELS - 1, MODELS - 2, MODELS - 3]  # the last three are still loaded
+        # The last two are still loaded: the two pinned and the last two take 4 of the 5.5 sizes, a
+        # slack of one and a half for sizes measured apart from model_size.
+        order = [*range(MODELS), MODELS - 1, MODELS - 2]
         for number in order:
             assert _infer(client, _name(number)).tolist() == [[float(number)] * 4], number
             rss = process_tree_rss(server.process.pid)
@@ -123,7 +125,7 @@ def test_twenty_models_cycle_through_a_budget_that_holds_five(
     index = _index(server)
     ready = [name for name, entry in index.items() if entry["state"] == "READY"]
     assert _name(0) in ready and _name(1) in ready  # pinned: never unloaded
-    assert {_name(MODELS - 1), _name(MODELS - 2), _name(MODELS - 3)} <= set(ready)
+    assert {_name(MODELS - 1), _name(MODELS - 2)} <= set(ready)
     assert sum(int(index[name]["memory_bytes"]) for name in ready) <= budget
     loads = _sample(server, 'coreserve_model_loads_total{reason="demand"}')
     assert loads == MODELS - 1  # each once (model_00 loaded at start-up); the revisits loaded nothing

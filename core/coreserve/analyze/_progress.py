@@ -42,7 +42,7 @@ class Progress:
         elapsed = time.monotonic() - self.started
         if not self.total:  # the quick search: its path is found as it goes, so the ETA is its estimate
             position = f"configuration {self.settings_done + 1}, {_clock(elapsed)}"
-            if self.expected_more is None or not self.settings_done:
+            if not self.expected_more or not self.settings_done:  # (0: the climb is near its end)
                 return f"[{position}]"
             estimate = elapsed / self.settings_done * self.expected_more
             return f"[{position}, about {self.expected_more} more, ETA ~{_clock(estimate)}]"

@@ -91,12 +91,15 @@ class BudgetedLoads:
         if self.memory.budget is not None:
             await self._make_room(location.name, key, expected or 0, expected)
         logger.info("loading model '%s' from %s", location.name, location.path)
-        before = await asyncio.to_thread(process_tree_rss)
+        measuring = self.memory.budget is not None or self.on_demand  # only for who asked for them
+        before = await asyncio.to_thread(process_tree_rss) if measuring else 0
         new = await self._loader.load(location, overrides.config if overrides else None)
         if not new.takes_requests:
             return new
-        new.memory_bytes = max(0, await asyncio.to_thread(process_tree_rss) - before)
         new.loaded_at = time.time()
+        if not measuring:
+            return new
+        new.memory_bytes = max(0, await asyncio.to_thread(process_tree_rss) - before)
         self.memory.measured(key, new.memory_bytes)
         if self.memory.budget is not None:
             try:
@@ -105,8 +108,7 @@ class BudgetedLoads:
                 await self._close(new)
                 raise
         self.memory.record(key, new.memory_bytes)
-        if self.memory.budget is not None or self.on_demand:  # the line is for who asked for them
-            logger.info("model '%s' uses %d bytes (%s)", location.name, new.memory_bytes, reason)
+        logger.info("model '%s' uses %d bytes (%s)", location.name, new.memory_bytes, reason)
         return new
 
     async def _make_room(self, name: str, key: str, size: int, expected: int | None) -> None:
