@@ -186,6 +186,10 @@ def test_an_unknown_model_is_still_not_found(server: ServerProcess) -> None:
     with pytest.raises(InferenceServerException) as grpc_failure:
         _grpc_infer(server.grpc_url, "nowhere")
     assert grpc_failure.value.status() == "StatusCode.NOT_FOUND"
+    for _ in range(20):  # a client asking on: the repository is not looked through each time
+        with pytest.raises(InferenceServerException, match="'nowhere' is not found"):
+            _http_infer(server.http_url, "nowhere")
+    assert server.log.count("loading model 'nowhere' on demand") < 20
 
 
 def test_a_bls_call_loads_the_model_it_calls(server: ServerProcess) -> None:

@@ -35,6 +35,10 @@ from coreserve.repository.overrides import LoadOverrides
 logger = logging.getLogger(__name__)
 # A model configuration's parameter that keeps a model from being unloaded to make room.
 PINNED_PARAMETER = "coreserve_pinned"
+# A name a request asked for that is not in the repository is not looked for again for this
+# long (a client asking for unknown names must not scan the repository at each request).
+ABSENT_FOR_S = 2.0
+MAX_ABSENT_NAMES = 10_000
 
 
 class BudgetedLoads:
@@ -55,6 +59,7 @@ class BudgetedLoads:
         self.lifecycle = LifecycleCounts()
         self._demand = DemandLoads(self._load_on_demand, self.lifecycle)
         self._pinned = set()  # keys named by --load-model
+        self._absent: dict[str, float] = {}  # names not in the repository, until when it is believed
         # Under a budget, one load at a time: each measures its own growth of the server's memory.
         self._measuring: AbstractAsyncContextManager[object] = (
             asyncio.Lock() if memory_budget is not None else contextlib.nullcontext()
@@ -177,6 +182,8 @@ class BudgetedLoads:
         """
         if not self.on_demand or self._held(name):
             return
+        if self._absent.get(name, 0.0) > time.monotonic():
+            return  # looked for a moment ago and not there: the request's lookup says not found
         await self._demand.wait(name, timeout)
 
     def _held(self, name: str) -> bool:
@@ -192,11 +199,15 @@ class BudgetedLoads:
             await self._load(name, LoadOverrides(), (), reason="demand")
         except ModelMemoryBudgetError:
             raise
-        except CoreserveError:
+        except CoreserveError as exc:
             # A model that failed is held with its reason (requests get the model's error), one
             # not in the repository is not found: an error other than those goes to the requests.
             if self._held(name):
                 return
+            if isinstance(exc, NotFoundError):  # not looked for again at once: no scan per request
+                if len(self._absent) >= MAX_ABSENT_NAMES:
+                    self._absent.clear()
+                self._absent[name] = time.monotonic() + ABSENT_FOR_S
             raise
 
 
