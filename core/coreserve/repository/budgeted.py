@@ -19,8 +19,8 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
-from typing import TYPE_CHECKING
 
 from coreserve.backend.parameters import bool_parameter
 from coreserve.errors import CoreserveError, NotFoundError
@@ -42,39 +42,42 @@ MAX_ABSENT_NAMES = 10_000
 
 
 class BudgetedLoads:
-    """What `ModelRepository` adds to its loads for a memory budget and for loading on demand."""
+    """What the `ModelRepository` that owns it adds to its loads for a memory budget and for
+    loading on demand: given the repository's model table, its set of unloaded keys and the
+    calls it answers (a model's lock, closing a model, loading a model by name)."""
 
-    on_demand: bool
-    memory: ModelMemory
-    lifecycle: LifecycleCounts
-    _models: ModelTable
-    _loader: ModelLoader
-    _demand: DemandLoads
-    _pinned: set[str]
-    _unloaded: set[str]
-
-    def _init_budgeted(self, on_demand: bool, memory_budget: int | None) -> None:
+    def __init__(
+        self,
+        models: ModelTable,
+        unloaded: set[str],
+        loader: ModelLoader,
+        *,
+        find: Callable[[str], Model],
+        lock: Callable[[str], asyncio.Lock],
+        close: Callable[[Model], Awaitable[None]],
+        load: Callable[[str], Awaitable[None]],
+        on_demand: bool,
+        memory_budget: int | None,
+    ) -> None:
+        self._models = models
+        self._unloaded = unloaded
+        self._loader = loader
+        self._find = find  # the model a request names (ModelRepository.get)
+        self._lock = lock
+        self._close = close
+        self._load = load  # a load of that name, as a request's on demand
         self.on_demand = on_demand
         self.memory = ModelMemory(memory_budget)
         self.lifecycle = LifecycleCounts()
         self._demand = DemandLoads(self._load_on_demand, self.lifecycle)
-        self._pinned = set()  # keys named by --load-model
+        self.pinned: set[str] = set()  # keys named by --load-model
         self._absent: dict[str, float] = {}  # names not in the repository, until when it is believed
         # Under a budget, one load at a time: each measures its own growth of the server's memory.
-        self._measuring: AbstractAsyncContextManager[object] = (
+        self.measuring: AbstractAsyncContextManager[object] = (
             asyncio.Lock() if memory_budget is not None else contextlib.nullcontext()
         )
 
-    if TYPE_CHECKING:
-
-        def get(self, name: str) -> Model: ...
-        def _lock(self, name: str) -> asyncio.Lock: ...
-        async def _close(self, model: Model) -> None: ...
-        async def _load(
-            self, name: str, overrides: LoadOverrides, loading: tuple[str, ...], reason: str = "explicit"
-        ) -> None: ...
-
-    async def _budgeted_load(
+    async def measured_load(
         self, location: ModelLocation, overrides: LoadOverrides | None, reason: str
     ) -> Model:
         """`_measured_load`; a refusal of the budget at start-up or in a poll is the model's failure."""
@@ -168,7 +171,7 @@ class BudgetedLoads:
         await asyncio.gather(*closing)
 
     def _evictable(self, key: str, model: Model) -> bool:
-        if key in self._pinned or not model.takes_requests or self._lock(key).locked() or model.in_flight():
+        if key in self.pinned or not model.takes_requests or self._lock(key).locked() or model.in_flight():
             return False
         return not pinned_by_config(model)
 
@@ -188,7 +191,7 @@ class BudgetedLoads:
 
     def _held(self, name: str) -> bool:
         try:
-            self.get(name)
+            self._find(name)
         except NotFoundError:
             return False
         return True
@@ -196,7 +199,7 @@ class BudgetedLoads:
     async def _load_on_demand(self, name: str) -> None:
         logger.info("loading model '%s' on demand", name)
         try:
-            await self._load(name, LoadOverrides(), (), reason="demand")
+            await self._load(name)
         except ModelMemoryBudgetError:
             raise
         except CoreserveError as exc:

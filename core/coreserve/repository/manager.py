@@ -28,7 +28,6 @@ from pathlib import Path
 
 from coreserve.errors import (
     CoreserveError,
-    InternalError,
     InvalidArgumentError,
     NotFoundError,
     UnsupportedError,
@@ -40,7 +39,7 @@ from coreserve.repository.layout import ModelLocation, ensemble_steps
 from coreserve.repository.loader import ModelLoader
 from coreserve.repository.model import Model
 from coreserve.repository.namespaces import ModelTable, ambiguous, qualified
-from coreserve.repository.overrides import LoadOverrides, poll_failure, write_override_files
+from coreserve.repository.overrides import LoadOverrides, not_in_repository, write_override_files
 from coreserve.repository.sources import RepositorySource
 from coreserve.repository.unloading import UNLOADED, close_model, unload_loaded_versions
 
@@ -53,7 +52,7 @@ class ControlMode(enum.StrEnum):
     EXPLICIT = "explicit"
 
 
-class ModelRepository(BudgetedLoads):
+class ModelRepository:
     """The served models, found in one or more repository sources."""
 
     def __init__(
@@ -84,7 +83,11 @@ class ModelRepository(BudgetedLoads):
         self._unloaded: set[str] = set()
         self._locks: dict[str, asyncio.Lock] = {}
         self._closing: set[asyncio.Task[None]] = set()
-        self._init_budgeted(on_demand and mode is ControlMode.EXPLICIT, memory_budget)
+        self.budgeted = BudgetedLoads(
+            self._models, self._unloaded, loader, find=self.get, lock=self._lock, close=self._close,
+            load=lambda name: self._load(name, LoadOverrides(), (), reason="demand"),
+            on_demand=on_demand and mode is ControlMode.EXPLICIT, memory_budget=memory_budget,
+        )  # fmt: skip
         if namespacing:
             loader.has_model = self._models.__contains__
 
@@ -162,8 +165,8 @@ class ModelRepository(BudgetedLoads):
         for name, reason in duplicates.items():
             self._models[name] = Model(name=name, path=None, reason=reason)
         if self.mode is ControlMode.EXPLICIT:  # pinned: never unloaded to make room
-            self._pinned = {key for name in self._startup_models for key in self._keys_named(name, found)}
-            self._pinned |= set(found) if "*" in self._startup_models else set()
+            pinned = {key for name in self._startup_models for key in self._keys_named(name, found)}
+            self.budgeted.pinned = pinned | (set(found) if "*" in self._startup_models else set())
         if self.mode is ControlMode.EXPLICIT and "*" not in self._startup_models:
             wanted = {}
             for name in self._startup_models:
@@ -277,11 +280,11 @@ class ModelRepository(BudgetedLoads):
         of a model that another load made ready meanwhile returns that one.
         """
         key = location.key
-        async with self._lock(key), self._limit, self._measuring:
+        async with self._lock(key), self._limit, self.budgeted.measuring:
             old = self._models.get(key)
             if reason == "demand" and old is not None and old.takes_requests:
                 return old
-            new = await self._budgeted_load(location, overrides, reason)
+            new = await self.budgeted.measured_load(location, overrides, reason)
             if fingerprint is not None:
                 self._fingerprints[key] = fingerprint
             failed = not new.takes_requests
@@ -295,9 +298,9 @@ class ModelRepository(BudgetedLoads):
                 return new
             if failed:
                 await unload_loaded_versions(new, self._drain_timeout)
-                self.memory.release(key)
+                self.budgeted.memory.release(key)
             else:
-                self.lifecycle.loads[reason] += 1
+                self.budgeted.lifecycle.loads[reason] += 1
             self._models[key] = new
             self._unloaded.discard(key)
             if old is not None:
@@ -345,7 +348,7 @@ class ModelRepository(BudgetedLoads):
         if not keys and reason == "demand":
             raise NotFoundError(f"Request for unknown model: '{name}' is not found")
         if not keys:
-            raise _not_in_repository(name)
+            raise not_in_repository(name)
         # Under namespacing, as Triton: a name loads the models of that name in every repository.
         for key in keys:
             location = await self._location(key, found[key][0])
@@ -404,7 +407,7 @@ class ModelRepository(BudgetedLoads):
             if model is None:
                 return
             self._unloaded.add(name)
-            self.memory.release(name)
+            self.budgeted.memory.release(name)
             logger.info("unloading model '%s'", name)
             await self._close(model)
 
@@ -425,13 +428,8 @@ class ModelRepository(BudgetedLoads):
         (and, loading on demand or under a memory budget, memory and last use: see index.py)."""
         found, _ = await self._scan()
         names = {key: self._split(key, source)[1] for key, (source, _) in found.items()}
-        extras = self.on_demand or self.memory.budget is not None
+        extras = self.budgeted.on_demand or self.budgeted.memory.budget is not None
         return index_entries(self._models, names, self._unloaded, ready_only=ready_only, extras=extras)
-
-
-def _not_in_repository(name: str) -> InternalError:
-    # Triton 2.51 answers this with INTERNAL (HTTP 500), and clients may check for it.
-    return InternalError(poll_failure(name, f"model '{name}' is not in the repository"))
 
 
 def _reason(model: Model) -> str:

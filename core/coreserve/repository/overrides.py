@@ -41,6 +41,11 @@ def poll_failure(model_name: str, reason: str) -> str:
     return f"failed to load '{model_name}', failed to poll from model repository: {reason}"
 
 
+def not_in_repository(name: str) -> InternalError:
+    # Triton 2.51 answers this with INTERNAL (HTTP 500), and clients may check for it.
+    return InternalError(poll_failure(name, f"model '{name}' is not in the repository"))
+
+
 @dataclass
 class LoadOverrides:
     """What a load request replaces: the configuration, the files, or both."""

@@ -161,7 +161,7 @@ class DataPlane:
     async def _on_demand(self, name: str, version: str, timeout: float | None) -> ModelVersion:
         """After a lookup that found no model: loads it on demand where the server does, and
         looks again (raising the lookup's error where it does not)."""
-        await self.repository.demand(name, timeout)
+        await self.repository.budgeted.demand(name, timeout)
         target = self.model_version(name, version)
         target.last_used = time.time()
         return target

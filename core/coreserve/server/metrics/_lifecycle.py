@@ -20,9 +20,10 @@ def _escape(value: str) -> str:
 
 def render_lifecycle_metrics(repository: ModelRepository) -> list[str]:
     """The lifecycle families in Prometheus text format 0.0.4 (none unless the server asks)."""
-    if not repository.on_demand and repository.memory.budget is None:
+    budgeted = repository.budgeted
+    if not budgeted.on_demand and budgeted.memory.budget is None:
         return []
-    counts = repository.lifecycle
+    counts = budgeted.lifecycle
     lines = family(
         "coreserve_model_loads_total",
         "counter",
@@ -47,12 +48,12 @@ def render_lifecycle_metrics(repository: ModelRepository) -> list[str]:
             if model.memory_bytes is not None and model.takes_requests
         ),
     )
-    if repository.memory.budget is not None:
+    if budgeted.memory.budget is not None:
         lines += family(
             "coreserve_model_memory_budget_bytes",
             "gauge",
             "The model memory budget (--model-memory-budget), in bytes (coreserve)",
-            [f"coreserve_model_memory_budget_bytes {repository.memory.budget}"],
+            [f"coreserve_model_memory_budget_bytes {budgeted.memory.budget}"],
         )
     running = 0
     buckets = []
