@@ -5,6 +5,7 @@ and the flag off (Triton's behaviour)."""
 from __future__ import annotations
 
 import json
+import queue
 import re
 import subprocess
 import sys
@@ -139,6 +140,25 @@ def test_a_request_over_grpc_loads_the_model_and_is_answered(server: ServerProce
         assert {"name": "tripled", "version": "1", "state": "READY"} in index
     finally:
         client.close()
+
+
+def test_a_streams_requests_load_their_models_in_order(server: ServerProcess) -> None:
+    answers: queue.Queue[object] = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        client.start_stream(lambda result, error: answers.put(error or result))
+        tensor = grpcclient.InferInput("INPUT0", [1, 4], "FP32")
+        tensor.set_data_from_numpy(np.ones((1, 4), np.float32))
+        for number, model in enumerate(["doubled", "scale", "nowhere", "doubled"]):
+            client.async_stream_infer(model, [tensor], request_id=str(number))
+        got = [answers.get(timeout=120) for _ in range(4)]
+        client.stop_stream()
+    finally:
+        client.close()
+    assert [answer.get_response().id for answer in got[:2]] == ["0", "1"]  # type: ignore[union-attr]
+    assert [answer.as_numpy("OUTPUT0").tolist() for answer in got[:2]] == [[[2.0] * 4], [[5.0] * 4]]  # type: ignore[union-attr]
+    assert "Request for unknown model: 'nowhere' is not found" in str(got[2])
+    assert got[3].as_numpy("OUTPUT0").tolist() == [[2.0] * 4]  # type: ignore[union-attr]
 
 
 def test_concurrent_first_requests_share_one_load(server: ServerProcess) -> None:

@@ -7,6 +7,7 @@ model-related decision (which version, is it ready, is the request valid) is mad
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
@@ -62,6 +63,11 @@ class ServerFlags:
     stopping: bool = False
     strict_readiness: bool = True
     peers_ready: bool = True  # in a server of several workers: every worker is serving
+
+
+class NamesModel(Protocol):
+    model_name: str
+    model_version: str
 
 
 class Peers(Protocol):
@@ -165,6 +171,14 @@ class DataPlane:
         target = self.model_version(name, version)
         target.last_used = time.time()
         return target
+
+    async def load_on_demand(self, request: NamesModel) -> None:
+        """Loads the model of a stream's request on demand, before it is submitted (the stream's
+        next requests wait: their order stays); a failure is the request's own lookup's to say."""
+        name, version = request.model_name, request.model_version
+        if self.repository.budgeted.on_demand and self._in_use(name, version) is None:
+            with contextlib.suppress(CoreserveError):
+                await self._on_demand(name, version, None)
 
     def model_signature(self, name: str, version: str = "") -> ModelSignature:
         return self.model_version(name, version).signature

@@ -203,14 +203,14 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def SystemSharedMemoryRegister(
         self, request: pb.SystemSharedMemoryRegisterRequest, context: Any
     ) -> pb.SystemSharedMemoryRegisterResponse:
-        await self._dataplane.change(_change("register_system", request, "key", "offset", "byte_size"))
+        await self._dataplane.change(_shm("register_system", request, "key", "offset", "byte_size"))
         return pb.SystemSharedMemoryRegisterResponse()
 
     @_unary("shared-memory")
     async def SystemSharedMemoryUnregister(
         self, request: pb.SystemSharedMemoryUnregisterRequest, context: Any
     ) -> pb.SystemSharedMemoryUnregisterResponse:
-        await self._dataplane.change(_change("unregister_system", request))
+        await self._dataplane.change(_shm("unregister_system", request))
         return pb.SystemSharedMemoryUnregisterResponse()
 
     @_unary("shared-memory")
@@ -233,16 +233,14 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def CudaSharedMemoryRegister(
         self, request: pb.CudaSharedMemoryRegisterRequest, context: Any
     ) -> pb.CudaSharedMemoryRegisterResponse:
-        await self._dataplane.change(
-            _change("register_cuda", request, "raw_handle", "device_id", "byte_size")
-        )
+        await self._dataplane.change(_shm("register_cuda", request, "raw_handle", "device_id", "byte_size"))
         return pb.CudaSharedMemoryRegisterResponse()
 
     @_unary("shared-memory")
     async def CudaSharedMemoryUnregister(
         self, request: pb.CudaSharedMemoryUnregisterRequest, context: Any
     ) -> pb.CudaSharedMemoryUnregisterResponse:
-        await self._dataplane.change(_change("unregister_cuda", request))
+        await self._dataplane.change(_shm("unregister_cuda", request))
         return pb.CudaSharedMemoryUnregisterResponse()
 
     @_unary("trace")
@@ -348,6 +346,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             try:
                 async for message in requests:
                     open_requests += 1
+                    await self._dataplane.load_on_demand(message.message)
                     self._start_stream_request(message, deliver, running, context)
                     if open_requests >= limit:
                         room.clear()
@@ -445,6 +444,6 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         running.add(request)  # (no response can come before submit returns)
 
 
-def _change(what: str, request: Any, *fields: str) -> dict[str, Any]:
+def _shm(what: str, request: Any, *fields: str) -> dict[str, Any]:
     """The shared-memory change `request` asks for (`DataPlane.apply_change`)."""
     return {"call": f"{what}_shared_memory", "name": request.name, **{f: getattr(request, f) for f in fields}}
