@@ -123,19 +123,16 @@ class Supervisor:
         self._in_background(self._tell_readiness())
 
     async def _connected(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        holder: list[_Worker] = []
-
         async def handle(message: dict[str, Any]) -> Any:
-            return await self._handle(message, holder, channel)
+            return await self._handle(message, channel)
 
         channel = Channel(reader, writer, handle)
         await channel.closed.wait()
 
-    async def _handle(self, message: dict[str, Any], holder: list[_Worker], channel: Channel) -> Any:
+    async def _handle(self, message: dict[str, Any], channel: Channel) -> Any:
         call = message["call"]
         if call == "join":
             worker = self.workers[message["index"]]
-            holder.append(worker)
             async with self._relaying:  # no change may slip between the replay and the join
                 worker.channel, worker.joined = channel, True
                 replay = list(self._replay.values())
