@@ -45,7 +45,7 @@ def test_triton_only_flags_start_a_server_with_one_warning(
         "--cuda-memory-pool-byte-size",
         "0:67108864",
         "--backend-directory=/opt/tritonserver/backends",
-        "--http-thread-count=8",
+        "--sagemaker-thread-count=8",
         "--rate-limit=off",
         "--allow-gpu-metrics=false",
         "--grpc-keepalive-time=60000",
@@ -59,7 +59,7 @@ def test_triton_only_flags_start_a_server_with_one_warning(
         "--pinned-memory-pool-byte-size",
         "--cuda-memory-pool-byte-size",
         "--backend-directory",
-        "--http-thread-count",
+        "--sagemaker-thread-count",
     ):
         assert warnings[0].count(name) == 1
     for quiet in ("--rate-limit", "--allow-gpu-metrics", "--grpc-keepalive-time", "--id"):
