@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,6 +26,7 @@ from storage_emulators import (
     free_port,
     start_azurite,
 )
+from waiting import wait_until
 
 blob = pytest.importorskip(
     "azure.storage.blob", reason="azure-storage-blob (with adlfs: core-server[azure]) is not installed"
@@ -101,16 +101,10 @@ def test_serves_and_polls_an_azure_repository(
         container.upload_blob(
             "repo/scaled/1/model.onnx", scale_model(3.0).SerializeToString(), overwrite=True
         )
-        deadline = time.monotonic() + 30
-        while _scale(client) != 3.0 and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert _scale(client) == 3.0, server.log[-3000:]
+        wait_until(lambda: _scale(client) == 3.0, "the changed blob reloaded", timeout=30)
         # A new version folder is noticed too.
         container.upload_blob("repo/scaled/2/model.onnx", scale_model(4.0).SerializeToString())
-        deadline = time.monotonic() + 30
-        while _scale(client) != 4.0 and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert _scale(client) == 4.0, server.log[-3000:]
+        wait_until(lambda: _scale(client) == 4.0, "the new version served", timeout=30)
         assert client.get_model_metadata("scaled")["versions"] == ["2"]
     finally:
         client.close()

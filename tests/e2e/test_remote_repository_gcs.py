@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import tritonclient.http as httpclient
 from coreserve.testing import ServerFactory
 from model_builders import scale_model
 from storage_emulators import free_port, start_gcs_emulator
+from waiting import wait_until
 
 gcsfs = pytest.importorskip("gcsfs", reason="gcsfs (core-server[gcs]) is not installed")
 pytest.importorskip(
@@ -71,15 +71,9 @@ def test_serves_and_polls_a_gcs_repository(
         assert _scale(client) == 2.0
         assert any((tmp_path / "cache").rglob("model.onnx"))  # fetched into the cache folder
         fs.pipe("polled/repo/scaled/1/model.onnx", scale_model(3.0).SerializeToString())
-        deadline = time.monotonic() + 30
-        while _scale(client) != 3.0 and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert _scale(client) == 3.0, server.log[-3000:]
+        wait_until(lambda: _scale(client) == 3.0, "the changed object reloaded", timeout=30)
         fs.pipe("polled/repo/scaled/2/model.onnx", scale_model(4.0).SerializeToString())
-        deadline = time.monotonic() + 30
-        while _scale(client) != 4.0 and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert _scale(client) == 4.0, server.log[-3000:]
+        wait_until(lambda: _scale(client) == 4.0, "the new version served", timeout=30)
         assert client.get_model_metadata("scaled")["versions"] == ["2"]
     finally:
         client.close()

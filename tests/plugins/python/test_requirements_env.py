@@ -27,6 +27,7 @@ import tritonclient.http as httpclient
 from coreserve.testing import ServerFactory, ServerProcess
 from coreserve_python.server._env_build import uv_binary
 from coreserve_python.server._env_cache import EnvironmentCache, environment_key
+from waiting import wait_until
 
 PACKAGE = "coreserve_test_dep_xyz"
 REQUIREMENTS = "coreserve-test-dep-xyz==1.0\n"
@@ -233,10 +234,9 @@ def test_servers_sharing_the_cache_build_once_and_python_envs_lists_and_prunes(
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
             with EnvironmentCache(cache).locked(key, timeout=1):
                 starts = [pool.submit(server.start, 120.0) for server in servers]
-                deadline = time.monotonic() + 60
-                while time.monotonic() < deadline and not all("waiting for" in s.log for s in servers):
-                    time.sleep(0.05)
-                assert all("waiting for" in server.log for server in servers), [s.log for s in servers]
+                wait_until(
+                    lambda: all("waiting for" in s.log for s in servers), "both servers wait for the lock"
+                )
             for started in starts:
                 started.result()
         answers = [_ask(server, "needs_dep") for server in servers]
