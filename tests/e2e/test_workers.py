@@ -13,13 +13,17 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import queue
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -41,10 +45,17 @@ output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
 """
 SEQUENCE_CONFIG = """
 backend: "onnxruntime"
-max_batch_size: 0
-sequence_batching { control_input [ { name: "START" control [ { kind: CONTROL_SEQUENCE_START fp32_false_true: [ 0, 1 ] } ] } ] }
-input [ { name: "INPUT" data_type: TYPE_FP32 dims: [ 1 ] } ]
-output [ { name: "OUTPUT" data_type: TYPE_FP32 dims: [ 1 ] } ]
+max_batch_size: 2
+input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] }, { name: "CORR_OUT" data_type: TYPE_UINT64 dims: [ 1 ] } ]
+instance_group [ { count: 2 kind: KIND_CPU } ]
+sequence_batching {
+  control_input [
+    { name: "START" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] },
+    { name: "CORRID" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_UINT64 } ] }
+  ]
+  state [ { input_name: "acc_in" output_name: "acc_out" data_type: TYPE_INT32 dims: [ 1 ] } ]
+}
 """
 ADD_BODY = json.dumps(
     {
@@ -68,6 +79,12 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write_model(root, "add_sub", add_sub_model(), ADD_SUB_CONFIG)
     write_model(root, "scale", scale_model(2.0), SCALE_CONFIG)
     write_model(root, "counter", accumulator_model(), SEQUENCE_CONFIG)
+    models = Path(__file__).parent / "cancellation_models"
+    shutil.copytree(models / "sleepy_sequence", root / "sleepy_sequence")
+    # A decoupled model made single-copy by a sequence batcher: its responses are sent on.
+    shutil.copytree(models / "streamer", root / "sequence_streamer")
+    with (root / "sequence_streamer" / "config.pbtxt").open("a") as config:
+        config.write("sequence_batching { }\n")
     return root
 
 
@@ -205,18 +222,53 @@ def test_log_settings_changed_through_one_connection_are_every_workers(server: S
         assert status == 200 and json.loads(body)["log_verbose_level"] == 1
 
 
-def test_a_model_whose_copies_would_change_its_meaning_is_refused(server: ServerProcess) -> None:
-    with (
-        httpclient.InferenceServerClient(server.http_url) as client,
-        pytest.raises(InferenceServerException) as refused,
-    ):
+def _sequence_step(
+    server: ServerProcess, sequence_id: int, value: int, *, start: bool, end: bool, grpc: bool
+) -> int:
+    """One request of a sequence on a connection of its own (it may land on any worker)."""
+    module: Any = grpcclient if grpc else httpclient
+    with module.InferenceServerClient(server.grpc_url if grpc else server.http_url) as client:
+        tensor = module.InferInput("INPUT", [1, 1], "INT32")
+        tensor.set_data_from_numpy(np.array([[value]], np.int32))
+        result = client.infer(
+            "counter", [tensor], sequence_id=sequence_id, sequence_start=start, sequence_end=end
+        )
+    assert int(result.as_numpy("CORR_OUT")[0, 0]) == sequence_id
+    return int(result.as_numpy("OUTPUT")[0, 0])
+
+
+def test_a_sequence_keeps_its_state_whichever_worker_its_requests_reach(server: ServerProcess) -> None:
+    """A sequence model is served by worker 0 for every worker: the others send it their
+    requests, so a sequence's running sum holds over requests that reach different workers."""
+    with httpclient.InferenceServerClient(server.http_url) as client:
         client.load_model("counter")
-    assert "model 'counter' is not served by a server of 2 workers yet" in refused.value.message()
-    assert "sequence batching keeps a sequence on one instance" in refused.value.message()
-    # the server serves on, every worker
-    assert {_status(server, "POST", "/v2/models/add_sub/infer", ADD_BODY) for _ in range(CONNECTIONS)} == {
-        200
-    }
+    assert {_status(server, "GET", "/v2/models/counter/ready") for _ in range(CONNECTIONS // 2)} == {200}
+    sequences = {7: [1, 2, 3, 4, 5, 6, 7, 8], 8: [10, 20, 30, 40, 50, 60, 70, 80]}
+    sums: dict[int, list[int]] = {sid: [] for sid in sequences}
+    for step in range(8):  # interleaved, over HTTP and gRPC alternately
+        for sid, values in sequences.items():
+            last = step == len(values) - 1
+            sums[sid].append(
+                _sequence_step(server, sid, values[step], start=step == 0, end=last, grpc=step % 2 == 1)
+            )
+    for sid, values in sequences.items():
+        assert sums[sid] == list(np.cumsum(values)), sid
+    # A request of no started sequence gets worker 0's error, whichever worker it reaches.
+    answers = set()
+    for _ in range(CONNECTIONS // 4):
+        with pytest.raises(InferenceServerException) as refused:
+            _sequence_step(server, 99, 1, start=False, end=False, grpc=False)
+        answers.add((refused.value.status(), refused.value.message()))
+    assert len(answers) == 1, answers
+    status, message = answers.pop()
+    assert status == "400" and "must set sequence_start" in message
+    # Counted once, where they ran.
+    with httpclient.InferenceServerClient(server.http_url) as client:
+        stats = client.get_inference_statistics("counter")["model_stats"][0]
+    assert stats["inference_count"] == 16 and stats["inference_stats"]["success"]["count"] == 16
+    with httpclient.InferenceServerClient(server.http_url) as client:
+        client.unload_model("counter")
+    assert {_status(server, "GET", "/v2/models/counter/ready") for _ in range(CONNECTIONS // 2)} == {400}
     assert "Traceback" not in server.log
 
 
@@ -257,6 +309,88 @@ def test_a_worker_that_dies_is_started_again_while_the_others_serve(repository: 
         assert {_status(server, "POST", "/v2/models/scale/infer", body) for _ in range(CONNECTIONS)} == {200}
         for connection in connections:
             connection.close()
+    finally:
+        server.close()
+
+
+def test_a_request_cancelled_in_one_worker_is_cancelled_in_worker_0(server: ServerProcess) -> None:
+    """Six one-request sequences of 0.5 s on one sequence slot, each from a channel of its own
+    whose deadline passes at 0.3 s: each ends cancelled in worker 0, wherever it arrived
+    (without the cancel passed on, those sent on would run in turn and succeed)."""
+    with httpclient.InferenceServerClient(server.http_url) as client:
+        client.load_model("sleepy_sequence")
+    outcomes: list[str] = []
+    done = threading.Semaphore(0)
+
+    def finished(result: object, error: InferenceServerException | None) -> None:
+        outcomes.append("ok" if error is None else str(error.status()))
+        done.release()
+
+    clients = [grpcclient.InferenceServerClient(server.grpc_url) for _ in range(6)]
+    try:
+        for sequence_id, client in enumerate(clients, start=1):
+            x = grpcclient.InferInput("X", [1], "INT32")
+            x.set_data_from_numpy(np.array([sequence_id], np.int32))
+            client.async_infer("sleepy_sequence", [x], finished, sequence_id=sequence_id,
+                               sequence_start=True, sequence_end=True, client_timeout=0.3)  # fmt: skip
+        for _ in clients:
+            assert done.acquire(timeout=30)
+    finally:
+        for client in clients:
+            client.close()
+    assert outcomes == ["StatusCode.DEADLINE_EXCEEDED"] * 6
+
+    def statistics() -> dict[str, Any]:
+        with httpclient.InferenceServerClient(server.http_url) as client:
+            stats: dict[str, Any] = client.get_inference_statistics("sleepy_sequence")["model_stats"][0]
+        return stats
+
+    wait_until(lambda: statistics()["inference_stats"]["fail"]["count"] == 6, "six requests cancelled", 10)
+    stats = statistics()
+    # (A backlog's next sequence may start in the instant before its own cancel arrives.)
+    assert stats["inference_stats"]["success"]["count"] == 0 and stats["execution_count"] < 6, stats
+    assert "Traceback" not in server.log
+
+
+def test_the_responses_of_a_decoupled_model_come_back_from_worker_0_in_order(server: ServerProcess) -> None:
+    with httpclient.InferenceServerClient(server.http_url) as client:
+        client.load_model("sequence_streamer")
+    for sequence_id in range(1, 7):  # a channel each: some arrive at worker 1, some at worker 0
+        responses: queue.Queue[Any] = queue.Queue()
+        with grpcclient.InferenceServerClient(server.grpc_url) as client:
+            client.start_stream(lambda result, error, into=responses: into.put(error or result))
+            n = grpcclient.InferInput("N", [1], "INT32")
+            n.set_data_from_numpy(np.array([20], np.int32))
+            client.async_stream_infer("sequence_streamer", [n], sequence_id=sequence_id,
+                                      sequence_start=True, sequence_end=True)  # fmt: skip
+            values = [int(responses.get(timeout=30).as_numpy("VALUE")[0]) for _ in range(20)]
+            client.stop_stream()
+        assert values == list(range(20)), sequence_id
+
+
+def _worker_index(pid: int) -> int:
+    """Which worker a process is, from the environment it started with."""
+    variables = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    role = next(v for v in variables if v.startswith(b"CORESERVE_WORKER="))
+    return int(role.split(b"=", 1)[1].split(b"/")[0])
+
+
+def test_worker_0_that_dies_is_started_again_and_serves_its_models_for_all_again(repository: Path) -> None:
+    server = _start(repository)
+    try:
+        with httpclient.InferenceServerClient(server.http_url) as client:
+            client.load_model("counter")
+        owner = next(pid for pid in _workers(server) if _worker_index(pid) == 0)
+        os.kill(owner, signal.SIGKILL)
+        wait_until(lambda: owner not in _workers(server) and len(_workers(server)) == 2, "worker 0 again")
+        wait_until(lambda: _status(server, "GET", "/v2/health/ready") == 200, "ready again", timeout=120)
+        values = [3, 1, 4, 1, 5, 9, 2, 6]
+        sums = [
+            _sequence_step(server, 21, value, start=step == 0, end=step == 7, grpc=step % 2 == 0)
+            for step, value in enumerate(values)
+        ]
+        assert sums == list(np.cumsum(values))
+        assert {_status(server, "GET", "/v2/models/counter/ready") for _ in range(CONNECTIONS // 2)} == {200}
     finally:
         server.close()
 

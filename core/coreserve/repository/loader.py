@@ -25,14 +25,14 @@ from coreserve.backend.registry import BackendRegistry
 from coreserve.config import ModelSignature, apply_defaults, read_config_file, validate_config
 from coreserve.config.ignored import ignored_fields
 from coreserve.config.instance_groups import depends_on_gpus
-from coreserve.errors import CoreserveError, ModelConfigError, UnsupportedError
+from coreserve.errors import CoreserveError, ModelConfigError
 from coreserve.protos.model_config_pb2 import ModelConfig, ModelInstanceGroup
 from coreserve.repository.labels import read_output_labels
 from coreserve.repository.layout import CONFIG_FILENAME, ModelLocation, list_versions, select_versions
 from coreserve.repository.model import Model, ModelState, ModelVersion
 from coreserve.repository.namespaces import NamespacedClient
 from coreserve.repository.warmup import run_warmups
-from coreserve.scheduling import LatencyOptions, ModelStatistics, make_scheduler
+from coreserve.scheduling import LatencyOptions, ModelStatistics, Scheduler, make_scheduler
 from coreserve.scheduling.cache_key import version_fingerprint
 from coreserve.scheduling.rate_limiter import RateLimiter
 from coreserve.scheduling.response_cache import ModelResponseCache, ResponseCache
@@ -73,7 +73,9 @@ class ModelLoader:
         self.metrics = CustomMetrics()  # the custom metric families the metrics endpoint writes
         # Under --model-namespacing, the repository's test for a qualified model key.
         self.has_model: Callable[[str], bool] | None = None
-        self.workers = 1  # the worker processes of the server, each with its own copy of the models
+        # In a worker of a server of several, but the first: the scheduler that sends a
+        # single-copy model's requests to the first, which alone loads it (`single_copy_reason`).
+        self.forwarding: Callable[[ModelVersion], Scheduler] | None = None
 
     def context_for(self, backend: Backend, namespace: str = "") -> ServerContext:
         client = self.client
@@ -144,8 +146,6 @@ class ModelLoader:
         gpus = await asyncio.to_thread(reported_gpus, backend) if depends_on_gpus(config) else None
         apply_defaults(config, location.name, gpus)
         validate_config(config)
-        if self.workers > 1:
-            refuse_copies(config, self.workers)
         for field_name in ignored_fields(config):
             logger.warning(
                 "model '%s': config field '%s' is not supported and has no effect", config.name, field_name
@@ -207,6 +207,16 @@ class ModelLoader:
             if not files.version_path.is_dir():
                 raise ModelConfigError(f"model '{location.name}' has no folder for version {version.version}")
             version.labels = read_output_labels(version.config, location.path)
+            if self.forwarding is not None and single_copy_reason(version.config):
+                version.scheduler = self.forwarding(version)
+                version.scheduler.start()
+                version.state = ModelState.READY
+                logger.info(
+                    "model '%s' version %d is served by worker 0 for every worker",
+                    location.name,
+                    version.version,
+                )
+                return
             context = self.context_for(backend, location.namespace)
             grouped = _grouped_placements(version.config)
             for _, placement in grouped:
@@ -294,16 +304,11 @@ async def _report_progress(name: str, every: float = 5.0) -> None:
         logger.info("model '%s' is still loading (%.0f s so far)", name, time.monotonic() - started)
 
 
-def refuse_copies(config: ModelConfig, workers: int) -> None:
-    """In a server of several workers each loads its own copy of a model; where a copy per
-    worker would change what the configuration means, the load is refused, for now."""
-    why = ""
+def single_copy_reason(config: ModelConfig) -> str:
+    """Why a server of several workers must have one copy of a model, not one per worker (""
+    where a copy per worker means what the configuration says)."""
     if config.HasField("sequence_batching"):
-        why = "sequence batching keeps a sequence on one instance, and workers do not share theirs yet"
-    elif any(group.kind == ModelInstanceGroup.KIND_GPU for group in config.instance_group):
-        why = "its GPU instances are counted per server, and each worker would add its own"
-    if why:
-        raise UnsupportedError(
-            f"model '{config.name}' is not served by a server of {workers} workers yet "
-            f"(--http-thread-count, --grpc-infer-thread-count): {why}; serve it with one worker"
-        )
+        return "sequence batching keeps a sequence on one instance"
+    if any(group.kind == ModelInstanceGroup.KIND_GPU for group in config.instance_group):
+        return "its GPU instances are counted per server"
+    return ""

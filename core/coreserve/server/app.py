@@ -97,7 +97,6 @@ class ServerRuntime:
             on_demand=options.model_load_on_demand,
             memory_budget=options.model_memory_budget,
         )
-        loader.workers = worker.count if worker is not None else 1
         self._poller: asyncio.Task[None] | None = None
         self.flags = ServerFlags(strict_readiness=options.strict_readiness)
         self.log = log or ServerLog(options.log_settings)
@@ -124,6 +123,11 @@ class ServerRuntime:
                 custom=self.custom_metrics,
                 response_cache=self.response_cache,
             )
+        if worker is not None:
+            shared_cache = "redis" in options.cache_config  # one store for every worker
+            self._link = WorkerLink(worker, self.dataplane, self.metrics_report, shared_cache)
+            if self._link.owner_link is not None:
+                loader.forwarding = self._link.owner_link.scheduler_for
         self.http: HttpFrontend | None = None
         self.grpc: GrpcFrontend | NativeGrpcFrontend | None = None
         self.metrics: MetricsFrontend | None = None
@@ -144,9 +148,7 @@ class ServerRuntime:
         """Loads the models, then opens the frontends the options ask for (a worker first joins
         the others: it serves what they serve)."""
         await self.load_models()
-        if self.worker is not None:
-            shared_cache = "redis" in self.options.cache_config  # one store for every worker
-            self._link = WorkerLink(self.worker, self.dataplane, self.metrics_report, shared_cache)
+        if self._link is not None:
             await self._link.join()
         await self.open_frontends()
         if self.options.model_control_mode is ControlMode.POLL:

@@ -4,6 +4,10 @@ Changes a client asks of the server (`DataPlane.change`) are relayed to every wo
 statistics and the metrics are gathered from every worker and added up; the supervisor's
 asks are answered here: a change to make, the figures of this worker, and whether every
 worker is serving (until then this one is not ready). A worker whose supervisor is gone stops.
+
+The models that must have one copy in the server (`single_copy_reason`) are loaded by worker 0
+alone, which runs the requests the others send it (`ForwardedRequests`); the others load them
+as schedulers that send their requests there (`OwnerLink`).
 """
 
 from __future__ import annotations
@@ -18,7 +22,9 @@ from coreserve.errors import CoreserveError
 from coreserve.server.dataplane import DataPlane
 from coreserve.server.metrics import MetricsReport
 from coreserve.server.workers._channel import MAX_MESSAGE_BYTES, Channel, ChannelClosed, error_from
+from coreserve.server.workers._forwarding import OwnerLink
 from coreserve.server.workers._merge import merge_metrics, merge_statistics
+from coreserve.server.workers._owner import ForwardedRequests, owner_socket
 from coreserve.server.workers._role import WorkerRole
 
 logger = logging.getLogger(__name__)
@@ -37,11 +43,17 @@ class WorkerLink:
         self._channel: Channel | None = None
         self._watch: asyncio.Task[None] | None = None
         dataplane.flags.peers_ready = False  # until the supervisor says every worker serves
+        # Worker 0 serves the single-copy models for all; the others send it their requests.
+        path = owner_socket(role.socket)
+        self._owner = ForwardedRequests(dataplane, path) if role.index == 0 else None
+        self.owner_link = OwnerLink(path) if role.index != 0 else None
 
     async def join(self) -> None:
         """Joins the server: makes, here, every change made since it started (a worker that
         starts again must serve what the others serve), then answers the supervisor's asks.
         Then `DataPlane.change` and the statistics and metrics go through the supervisor."""
+        if self.owner_link is not None:  # once worker 0 serves (and has told its models' states)
+            await self.owner_link.start()
         reader, writer = await asyncio.open_unix_connection(self.role.socket, limit=MAX_MESSAGE_BYTES)
         self._channel = Channel(reader, writer, self._answer)
         for change in await self._channel.ask({"call": "join", "index": self.role.index}):
@@ -49,9 +61,12 @@ class WorkerLink:
                 await self._dataplane.apply_change(change)
             except CoreserveError as exc:  # as it failed nowhere else, it is this worker's to say
                 logger.warning("worker %d: %s: %s", self.role.index, change["call"], exc.message)
+        if self._owner is not None:  # with every model the others serve loaded
+            await self._owner.start(self.role.count - 1)
         self._dataplane.peers = self
         if self._metrics is not None:
             self._metrics.peers = self
+        await self._channel.ask({"call": "serving", "index": self.role.index})
         self._watch = asyncio.create_task(self._stop_without_supervisor(self._channel))
 
     async def _answer(self, ask: dict[str, Any]) -> Any:
@@ -63,7 +78,11 @@ class WorkerLink:
             return self._dataplane.statistics(ask["name"], ask["version"])
         if call == "metrics":
             return await self._metrics.render_on_loop() if self._metrics is not None else ""
-        await self._dataplane.apply_change(ask)
+        try:
+            await self._dataplane.apply_change(ask)
+        finally:
+            if self._owner is not None:  # the others' readiness follows before the answer
+                self._owner.tell_states()
         return None
 
     async def everywhere(self, change: dict[str, Any]) -> None:
@@ -98,5 +117,9 @@ class WorkerLink:
     async def close(self) -> None:
         if self._watch is not None:
             self._watch.cancel()
+        if self._owner is not None:
+            await self._owner.close()
+        if self.owner_link is not None:
+            await self.owner_link.close()
         if self._channel is not None:
             await self._channel.close()

@@ -44,7 +44,8 @@ class _Worker:
     index: int
     process: asyncio.subprocess.Process | None = None
     channel: Channel | None = None
-    joined: bool = False
+    joined: bool = False  # it makes every change from now on
+    serving: bool = False  # it has made the changes made before it joined, and serves
     failed_starts: int = 0
     started_at: float = field(default_factory=time.monotonic)
 
@@ -116,7 +117,7 @@ class Supervisor:
             await asyncio.sleep(RESTART_DELAY_S)
 
     async def _left(self, worker: _Worker) -> None:
-        worker.joined = False
+        worker.joined = worker.serving = False
         if worker.channel is not None:
             await worker.channel.close()
             worker.channel = None
@@ -136,8 +137,11 @@ class Supervisor:
             async with self._relaying:  # no change may slip between the replay and the join
                 worker.channel, worker.joined = channel, True
                 replay = list(self._replay.values())
-            self._in_background(self._tell_readiness())
             return replay
+        if call == "serving":
+            self.workers[message["index"]].serving = True
+            self._in_background(self._tell_readiness())
+            return None
         if call == "everywhere":
             await self._everywhere(message["what"])
             return None
@@ -194,12 +198,12 @@ class Supervisor:
         self._replay[key] = what
 
     async def _tell_readiness(self) -> None:
-        """Each worker is ready to its clients only while every worker has joined (one telling
+        """Each worker is ready to its clients only while every worker serves (one telling
         at a time, each worker told the state as it is when its turn comes)."""
         async with self._telling:
             for worker in self.workers:
                 if worker.joined and worker.channel is not None:
-                    ready = all(other.joined for other in self.workers)
+                    ready = all(other.serving for other in self.workers)
                     with contextlib.suppress(CoreserveError):
                         await worker.channel.ask({"call": "peers_ready", "ready": ready}, GATHER_TIMEOUT_S)
 

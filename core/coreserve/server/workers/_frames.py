@@ -1,0 +1,151 @@
+"""The frames between a worker and worker 0 for the models only worker 0 serves (`_forwarding`).
+
+A frame is two lengths (header, payload), a JSON header and the payload: the tensors' bytes
+one after another, each described in the header as `[name, datatype, shape, byte size]`. A
+BYTES tensor travels as on the v2 wire (a 4-byte length before each element). The header says
+what the frame is: a request (`model`), a response to request `n`, an error of request `n`, a
+cancel of request `n`, or worker 0's report of the states of its models (`states`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import orjson
+
+from coreserve.errors import InvalidArgumentError
+from coreserve.protocol.bytes_codec import decode_bytes_tensor, encode_bytes_tensor
+from coreserve.types import DataType, InferenceRequest, InferenceResponse
+
+_LENGTHS = struct.Struct("!IQ")
+MAX_HEADER_BYTES = 64 * 1024 * 1024  # a header lists names, shapes and parameters only
+# A request's tensors may be as large as the largest message a frontend takes (a 32-bit length
+# does not hold that); a reader refuses more than this.
+MAX_PAYLOAD_BYTES = 16 * 1024 * 1024 * 1024
+
+Pieces = list[bytes | memoryview]
+
+
+@dataclass
+class Frame:
+    header: dict[str, Any]
+    payload: memoryview
+
+
+def frame(header: Mapping[str, Any], tensors: Mapping[str, np.ndarray] | None = None) -> Pieces:
+    """A frame's bytes in pieces (for `writelines`): `tensors` described in the header's
+    `tensors` and sent after it without a copy where they are contiguous."""
+    described: list[list[Any]] = []
+    payload: Pieces = []
+    size = 0
+    for name, array in (tensors or {}).items():
+        data = _tensor_bytes(array)
+        datatype = DataType.BYTES if array.dtype.kind in "OSU" else DataType.from_numpy(array.dtype)
+        described.append([name, datatype.value, list(array.shape), len(data)])
+        payload.append(data)
+        size += len(data)
+    head = orjson.dumps({**header, "tensors": described} if tensors is not None else header)
+    return [_LENGTHS.pack(len(head), size), head, *payload]
+
+
+def _tensor_bytes(array: np.ndarray) -> bytes | memoryview:
+    if array.dtype.kind in "OSU":
+        return encode_bytes_tensor(array)
+    return np.ascontiguousarray(array).reshape(-1).view(np.uint8).data
+
+
+def tensors_of(received: Frame) -> dict[str, np.ndarray]:
+    """The tensors a frame carries (views of its payload)."""
+    tensors: dict[str, np.ndarray] = {}
+    offset = 0
+    for name, datatype_name, shape, size in received.header.get("tensors", ()):
+        data = received.payload[offset : offset + size]
+        offset += size
+        datatype = DataType(datatype_name)
+        count = int(np.prod(shape, dtype=np.int64))
+        if datatype is DataType.BYTES:
+            array = decode_bytes_tensor(data, count, name)
+        else:
+            array = np.frombuffer(data, dtype=datatype.numpy_dtype, count=count)
+        tensors[name] = array.reshape(shape)
+    return tensors
+
+
+async def read_frame(reader: asyncio.StreamReader) -> Frame | None:
+    """The next frame; None at the end of the stream. Raises InvalidArgumentError for lengths
+    past the limits (the line is then not to be trusted)."""
+    try:
+        lengths = await reader.readexactly(_LENGTHS.size)
+    except asyncio.IncompleteReadError:
+        return None
+    head_size, payload_size = _LENGTHS.unpack(lengths)
+    if head_size > MAX_HEADER_BYTES or payload_size > MAX_PAYLOAD_BYTES:
+        raise InvalidArgumentError(
+            f"a frame between workers is too large ({head_size} + {payload_size} bytes)"
+        )
+    try:
+        header = orjson.loads(await reader.readexactly(head_size))
+        payload = await reader.readexactly(payload_size) if payload_size else b""
+    except asyncio.IncompleteReadError:
+        return None
+    return Frame(header, memoryview(payload))
+
+
+def request_frame(number: int, request: InferenceRequest, version: int) -> Pieces:
+    """A request checked where it arrived (`batch`: its batch size there) for worker 0's
+    scheduler of model version `version`."""
+    header = {
+        "n": number,
+        "model": request.model_name,
+        "version": version,
+        "id": request.id,
+        "parameters": request.parameters,
+        "outputs": request.requested_outputs,
+        "batch": request.batch_size,
+    }
+    return frame(header, request.inputs)
+
+
+def request_from(received: Frame) -> InferenceRequest:
+    header = received.header
+    outputs = header["outputs"]
+    return InferenceRequest(
+        model_name=header["model"],
+        inputs=tensors_of(received),
+        model_version=str(header["version"]),
+        id=header["id"],
+        parameters=header["parameters"],
+        requested_outputs=tuple(outputs) if outputs is not None else None,
+        batch_size=header["batch"],
+    )
+
+
+def response_frame(number: int, response: InferenceResponse | None, final: bool) -> Pieces:
+    if response is None:
+        return frame({"n": number, "final": final, "empty": True})
+    header = {
+        "n": number,
+        "final": final,
+        "version": response.model_version,
+        "id": response.id,
+        "parameters": response.parameters,
+    }
+    return frame(header, response.outputs)
+
+
+def response_from(received: Frame, model_name: str) -> InferenceResponse | None:
+    header = received.header
+    if header.get("empty"):
+        return None
+    return InferenceResponse(
+        model_name=model_name,
+        model_version=header["version"],
+        outputs=tensors_of(received),
+        id=header["id"],
+        parameters=header["parameters"],
+    )

@@ -1,0 +1,184 @@
+"""Worker 0's side of the models only it serves: it runs the requests the other workers send
+(`_forwarding`) and tells them the states of those models.
+
+A request comes checked (its inputs reshaped, its batch size known) and goes straight to the
+model version's scheduler, in the order it came: a sequence's requests keep their order
+whichever worker they arrived at. It is counted in worker 0's statistics only, where it runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from pathlib import Path
+
+from coreserve.errors import CoreserveError, InvalidArgumentError, UnavailableError
+from coreserve.repository.loader import single_copy_reason
+from coreserve.repository.model import ModelState
+from coreserve.server.dataplane import DataPlane
+from coreserve.server.workers._channel import error_data
+from coreserve.server.workers._frames import Frame, Pieces, frame, read_frame, request_from, response_frame
+from coreserve.types import InferenceRequest, InferenceResponse
+
+logger = logging.getLogger(__name__)
+
+# How long a worker 0 that starts waits for the other workers' lines before it serves (one
+# of them may be starting again itself).
+LINES_WAIT_S = 10.0
+# How often worker 0 looks whether a model's state changed by itself (an instance failed, a
+# poll or an on-demand load), besides after each change a client asks for.
+STATE_CHECK_S = 1.0
+
+
+def owner_socket(supervisor_socket: str) -> str:
+    """Where worker 0 takes the other workers' requests: beside the supervisor's socket."""
+    return str(Path(supervisor_socket).with_name("owner.sock"))
+
+
+class ForwardedRequests:
+    """The Unix socket server in worker 0 that the other workers send requests to."""
+
+    def __init__(self, dataplane: DataPlane, path: str) -> None:
+        self._dataplane = dataplane
+        self._path = path
+        self._server: asyncio.Server | None = None
+        self._lines: set[_Line] = set()
+        self._states: dict[str, dict[str, str]] = {}
+        self._watch: asyncio.Task[None] | None = None
+        self._connections = asyncio.Condition()
+
+    async def start(self, others: int) -> None:
+        """Listens; returns once the `others` workers are connected (or after LINES_WAIT_S):
+        a worker 0 that starts again serves when the others can send it requests again."""
+        with contextlib.suppress(FileNotFoundError):
+            Path(self._path).unlink()  # left by the worker 0 that ran before this one
+        self._states = self.states()
+        self._server = await asyncio.start_unix_server(self._connected, self._path)
+        self._watch = asyncio.create_task(self._watch_states())
+        async with self._connections:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    self._connections.wait_for(lambda: len(self._lines) >= others), LINES_WAIT_S
+                )
+
+    def states(self) -> dict[str, dict[str, str]]:
+        """Each single-copy model's loaded versions: "" where one serves, else why not (one
+        still loading is left out: the others' copies say nothing of it until it is settled)."""
+        states: dict[str, dict[str, str]] = {}
+        for model in self._dataplane.repository.models():
+            if model.config is None or not single_copy_reason(model.config):
+                continue
+            states[model.name] = {
+                str(number): "" if version.ready else (version.current_reason or version.current_state.name)
+                for number, version in model.versions.items()
+                if version.state in (ModelState.READY, ModelState.UNAVAILABLE)
+            }
+        return states
+
+    def tell_states(self) -> None:
+        """Tells every other worker the models' states, where they changed since last told."""
+        states = self.states()
+        if states != self._states:
+            self._states = states
+            for line in self._lines:
+                line.send(frame({"states": states}))
+
+    async def _watch_states(self) -> None:
+        while True:
+            await asyncio.sleep(STATE_CHECK_S)
+            self.tell_states()
+
+    async def _connected(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        line = _Line(self._dataplane, writer)
+        line.send(frame({"states": self._states}))
+        async with self._connections:
+            self._lines.add(line)
+            self._connections.notify_all()
+        try:
+            await line.serve(reader)
+        finally:
+            self._lines.discard(line)
+            line.close()
+
+    async def close(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+        if self._server is not None:
+            self._server.close()
+        for line in list(self._lines):
+            line.close()
+
+
+class _Line:
+    """One other worker's connection: its requests running here, by their numbers."""
+
+    def __init__(self, dataplane: DataPlane, writer: asyncio.StreamWriter) -> None:
+        self._dataplane = dataplane
+        self._writer = writer
+        self.running: dict[int, InferenceRequest] = {}
+
+    def send(self, pieces: Pieces) -> None:
+        if not self._writer.is_closing():
+            self._writer.writelines(pieces)
+
+    async def serve(self, reader: asyncio.StreamReader) -> None:
+        try:
+            while (received := await read_frame(reader)) is not None:
+                header = received.header
+                if "cancel" in header:
+                    request = self.running.get(header["n"])
+                    if request is not None:
+                        request.cancel()
+                else:
+                    await self._run(received)  # one at a time: they are scheduled in order
+        except (ConnectionError, InvalidArgumentError) as exc:
+            logger.warning("a worker's line to worker 0 broke: %s", exc)
+
+    async def _run(self, received: Frame) -> None:
+        number = received.header["n"]
+        try:
+            request = request_from(received)
+            # Loaded here already, but where the server loads on demand (then this waits).
+            target = await self._dataplane.serving_version(request.model_name, request.model_version)
+            if target.scheduler is None:
+                raise UnavailableError(f"model '{request.model_name}' version {target.version} is not loaded")
+            request.sink = _Replies(self, number)
+            self.running[number] = request
+            target.scheduler.submit(request)
+        except CoreserveError as exc:
+            self.running.pop(number, None)
+            self.send(frame({"n": number, "error": error_data(exc)}))
+
+    def close(self) -> None:
+        """The worker went away: nobody waits for its requests any more."""
+        for request in list(self.running.values()):
+            request.cancel()
+        self.running.clear()
+        self._writer.close()
+
+
+class _Replies:
+    """The sink of a request that another worker sent: its responses go back on the line."""
+
+    def __init__(self, line: _Line, number: int) -> None:
+        self._line = line
+        self._number = number
+        self._done = False
+
+    @property
+    def done(self) -> bool:
+        return self._done
+
+    def send(self, response: InferenceResponse | None, final: bool) -> None:
+        if final:
+            self._end()
+        self._line.send(response_frame(self._number, response, final))
+
+    def fail(self, error: CoreserveError) -> None:
+        self._end()
+        self._line.send(frame({"n": self._number, "error": error_data(error)}))
+
+    def _end(self) -> None:
+        self._done = True
+        self._line.running.pop(self._number, None)
