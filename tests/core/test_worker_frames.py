@@ -84,7 +84,11 @@ def test_a_request_and_its_responses_keep_their_fields() -> None:
         batch_size=1,
     )
     response = InferenceResponse("counter", "3", {"OUTPUT": np.array([[9]], np.int32)}, "req-7", {"p": 1.5})
-    sent = [request_frame(12, request, 3), response_frame(12, response, False), response_frame(12, None, True)]
+    sent = [
+        request_frame(12, request, 3),
+        response_frame(12, response, False),
+        response_frame(12, None, True),
+    ]
     received_request, received_response, empty_final, _ = _through_socket(sent)
     assert received_request is not None and received_response is not None and empty_final is not None
     again = request_from(received_request)
@@ -93,7 +97,9 @@ def test_a_request_and_its_responses_keep_their_fields() -> None:
     assert again.requested_outputs == ("OUTPUT",)
     np.testing.assert_array_equal(again.inputs["INPUT"], request.inputs["INPUT"])
     answer = response_from(received_response, "counter")
-    assert answer is not None and received_response.header["n"] == 12 and not received_response.header["final"]
+    assert (
+        answer is not None and received_response.header["n"] == 12 and not received_response.header["final"]
+    )
     assert (answer.model_version, answer.id, answer.parameters) == ("3", "req-7", {"p": 1.5})
     np.testing.assert_array_equal(answer.outputs["OUTPUT"], [[9]])
     assert empty_final.header["final"] and response_from(empty_final, "counter") is None

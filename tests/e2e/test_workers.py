@@ -14,6 +14,7 @@ import http.client
 import json
 import os
 import queue
+import re
 import shutil
 import signal
 import socket
@@ -88,7 +89,9 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def _start(repository: Path, *args: str, workers: int = 2) -> ServerProcess:
+def _start(
+    repository: Path, *args: str, workers: int = 2, env: dict[str, str] | None = None
+) -> ServerProcess:
     server = ServerProcess(
         [repository],
         [
@@ -100,6 +103,7 @@ def _start(repository: Path, *args: str, workers: int = 2) -> ServerProcess:
             "--load-model=add_sub",
             *args,
         ],
+        env,
     ).start(timeout=120)
     wait_until(lambda: _status(server, "GET", "/v2/health/ready") == 200, "every worker ready", timeout=120)
     return server
@@ -366,6 +370,62 @@ def test_the_responses_of_a_decoupled_model_come_back_from_worker_0_in_order(ser
             values = [int(responses.get(timeout=30).as_numpy("VALUE")[0]) for _ in range(20)]
             client.stop_stream()
         assert values == list(range(20)), sequence_id
+
+
+GPU_REPORT_CONFIG = """
+backend: "gpu_report"
+max_batch_size: 4
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 2 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 2 ] } ]
+"""
+
+
+def test_gpu_instances_are_counted_per_server_not_per_worker(
+    repository: Path, tmp_path: Path, gpu_report_backend_site: Path
+) -> None:
+    """The `gpu_report` test backend reports two GPUs: a KIND_GPU group of count 2 gets its 4
+    instances once, in worker 0, while a KIND_CPU group of count 2 gets 2 in each worker."""
+    for name, group in (("on_gpus", "KIND_GPU"), ("on_cpus", "KIND_CPU")):
+        (tmp_path / name / "1").mkdir(parents=True)
+        (tmp_path / name / "1" / "model.gpu").write_bytes(b"")
+        (tmp_path / name / "config.pbtxt").write_text(
+            GPU_REPORT_CONFIG + f"instance_group [ {{ kind: {group} count: 2 }} ]"
+        )
+    write_model(tmp_path, "add_sub", add_sub_model(), ADD_SUB_CONFIG)
+    site = os.pathsep.join([str(gpu_report_backend_site), os.environ.get("PYTHONPATH", "")])
+    server = _start(
+        tmp_path,
+        "--load-model=on_gpus",
+        "--load-model=on_cpus",
+        env={"PYTHONPATH": site, "GPU_REPORT_GPUS": "0,1"},
+    )
+    try:
+        placed = re.findall(
+            r" (\d+) coreserve\.backend\.gpu_report\] placed (\w+)/(\S+) on (\w+) (\d+)", server.log
+        )
+        on_gpus = sorted(
+            (instance, kind, device) for _, model, instance, kind, device in placed if model == "on_gpus"
+        )
+        assert on_gpus == [("on_gpus_0_0", "GPU", "0"), ("on_gpus_0_0", "GPU", "1"),
+                           ("on_gpus_0_1", "GPU", "0"), ("on_gpus_0_1", "GPU", "1")]  # fmt: skip
+        assert len({pid for pid, model, *_ in placed if model == "on_gpus"}) == 1
+        cpu_pids = [pid for pid, model, *_ in placed if model == "on_cpus"]
+        assert len(cpu_pids) == 4 and len(set(cpu_pids)) == 2
+        body = json.dumps(
+            {"inputs": [{"name": "INPUT0", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}]}
+        )
+        for model in ("on_gpus", "on_cpus"):
+            answers = {
+                _request(server, "POST", f"/v2/models/{model}/infer", body) for _ in range(CONNECTIONS // 2)
+            }
+            assert {(status, tuple(json.loads(text)["outputs"][0]["data"])) for status, text in answers} == {
+                (200, (1.0, 2.0))
+            }
+        with httpclient.InferenceServerClient(server.http_url) as client:
+            stats = client.get_inference_statistics("on_gpus")["model_stats"][0]
+        assert stats["inference_count"] == CONNECTIONS // 2
+    finally:
+        server.close()
 
 
 def _worker_index(pid: int) -> int:

@@ -48,6 +48,7 @@ class OwnerLink:
         self._states: dict[str, dict[str, str]] | None = None
         self._keeping: asyncio.Task[None] | None = None
         self._told = asyncio.Event()  # set while worker 0's states are known here
+        self._ever_told = False
 
     async def start(self) -> None:
         """Connects, and returns once worker 0 has told its models' states (it listens once it
@@ -60,8 +61,12 @@ class OwnerLink:
 
     def failure(self, name: str, version: int) -> str:
         """Why worker 0 does not serve that model version now ("" while it does, or while it
-        does not know the model: a request then loads it there on demand or fails there)."""
-        if self._writer is None or self._states is None:
+        does not know the model: a request then loads it there on demand or fails there).
+        Before the line first connects (this worker starts; it joins once it has), nothing
+        is known yet, and nothing is said."""
+        if self._states is None:
+            if not self._ever_told:
+                return ""
             return f"worker 0, which serves model '{name}' for every worker, is not reachable"
         return self._states.get(name, {}).get(str(version), "")
 
@@ -120,6 +125,7 @@ class OwnerLink:
         if "states" in header:
             self._states = header["states"]
             self._told.set()
+            self._ever_told = True
             return
         number = header["n"]
         sent = self._sent.get(number)
