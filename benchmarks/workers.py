@@ -2,11 +2,14 @@
 at 1 and at N, in alternating rounds.
 
     python benchmarks/workers.py [--workers N] [--seconds 4] [--rounds 4] [--concurrency 1 32]
-                                 [--paths http-json grpc python-json openai-stream]
+                                 [--paths http-json grpc python-json sequence-json openai-stream]
                                  [--load-threads T]
 
 Both servers run at once on their own ports, serving the tiny add model of overhead.py, the
-add-one model.py of python_speed.py and the streaming `charlm` of the OpenAI tests. Each round
+add-one model.py of python_speed.py and the streaming `charlm` of the OpenAI tests. The
+`sequence-json` path sends HTTP JSON to the add model with a sequence batcher, each request a
+sequence of its own: under workers only worker 0 serves it, and the others send it their
+requests, so this row measures that hop. Each round
 drives every path and concurrency on both, one first in even rounds and the other in odd ones,
 so that a neighbour who slows the shared machine weighs on both. HTTP JSON goes through wrk,
 gRPC through h2load (unary ModelInfer), each with `--load-threads` threads (default: a
@@ -20,8 +23,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
-import shutil
 import sys
 import tempfile
 import time
@@ -43,7 +46,7 @@ from trials import median
 
 from coreserve.testing import ServerProcess
 
-PATHS = ("http-json", "grpc", "python-json", "openai-stream")
+PATHS = ("http-json", "grpc", "python-json", "sequence-json", "openai-stream")
 METHOD = "/inference.GRPCInferenceService/ModelInfer"
 MAX_TOKENS = 64
 
@@ -79,6 +82,9 @@ def measure(server: ServerProcess, path: str, concurrency: int, seconds: float, 
     if path == "http-json":
         url = f"http://{server.http_url}/v2/models/add/infer"
         return retrying(lambda: wrk(url, concurrency, seconds, json_body(), threads=threads))
+    if path == "sequence-json":
+        url = f"http://{server.http_url}/v2/models/add_sequence/infer"
+        return retrying(lambda: wrk(url, concurrency, seconds, sequence_body(), threads=threads))
     if path == "python-json":
         url = f"http://{server.http_url}/v2/models/{PYTHON_MODEL}/infer"
         return retrying(lambda: wrk(url, concurrency, seconds, PYTHON_JSON_BODY, threads=threads))
@@ -90,6 +96,13 @@ def measure(server: ServerProcess, path: str, concurrency: int, seconds: float, 
     done = asyncio.run(openai_stream_round(openai_url(server), concurrency, seconds, MAX_TOKENS))
     return Load(requests_per_s=done.tokens_per_second, p50_ms=done.ttft_ms_median,
                 p90_ms=done.ttft_ms_p90, p99_ms=done.ttft_ms_p90, tool="aiohttp")  # fmt: skip
+
+
+def sequence_body() -> bytes:
+    """The add model's JSON body as a whole sequence: the load generator numbers each one."""
+    document = json.loads(json_body())
+    document["parameters"] = {"sequence_id": 0, "sequence_start": True, "sequence_end": True}
+    return json.dumps(document).replace('"sequence_id": 0', '"sequence_id": __SEQUENCE_ID__').encode()
 
 
 def main() -> None:
@@ -106,9 +119,8 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
         repository = openai_repository(Path(folder) / "models")
-        # The embedder would be KIND_GPU on a GPU machine, which workers do not serve yet.
-        shutil.rmtree(repository / "embedder")
         write_model(repository, "add", add_model(), CONFIG)
+        write_model(repository, "add_sequence", add_model(), CONFIG + "sequence_batching { }\n")
         write_python_model(repository)
         servers = {1: start(repository, 1), args.workers: start(repository, args.workers)}
         try:
@@ -123,6 +135,10 @@ def main() -> None:
                             load = measure(
                                 servers[workers], path, concurrency, args.seconds, args.load_threads
                             )
+                            if load.errors:  # a figure of failed requests measures nothing
+                                raise SystemExit(
+                                    f"{path} at {concurrency} on {workers} workers: {load.errors} requests failed"
+                                )
                             loads.setdefault((path, concurrency, workers), []).append(load)
         finally:
             for server in servers.values():

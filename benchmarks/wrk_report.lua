@@ -1,5 +1,6 @@
 -- wrk script: POSTs the body in WRK_BODY_FILE with the headers given in WRK_HEADERS
--- ("Name: value|Name: value"), and prints a JSON summary line at the end.
+-- ("Name: value|Name: value"), and prints a JSON summary line at the end. Where the body holds
+-- __SEQUENCE_ID__, each request puts a number there that no other request of the run has.
 local body_file = os.getenv("WRK_BODY_FILE")
 local headers = os.getenv("WRK_HEADERS") or ""
 
@@ -9,6 +10,22 @@ if body_file then
   wrk.body = f:read("*a")
   f:close()
 end
+local threads = 0
+function setup(thread)
+  threads = threads + 1
+  thread:set("first_id", threads * 1000000000)
+end
+
+if wrk.body and string.find(wrk.body, "__SEQUENCE_ID__", 1, true) then
+  local template = wrk.body
+  local sent = 0
+  function request()
+    sent = sent + 1
+    local body = string.gsub(template, "__SEQUENCE_ID__", tostring(first_id + sent))
+    return wrk.format(nil, nil, nil, body)
+  end
+end
+
 for pair in string.gmatch(headers, "[^|]+") do
   local name, value = string.match(pair, "^%s*(.-)%s*:%s*(.-)%s*$")
   if name then wrk.headers[name] = value end

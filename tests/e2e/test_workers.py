@@ -384,12 +384,19 @@ def test_gpu_instances_are_counted_per_server_not_per_worker(
     repository: Path, tmp_path: Path, gpu_report_backend_site: Path
 ) -> None:
     """The `gpu_report` test backend reports two GPUs: a KIND_GPU group of count 2 gets its 4
-    instances once, in worker 0, while a KIND_CPU group of count 2 gets 2 in each worker."""
-    for name, group in (("on_gpus", "KIND_GPU"), ("on_cpus", "KIND_CPU")):
+    instances once, in worker 0, as does a KIND_CPU group that asks for one copy, while a
+    KIND_CPU group of count 2 gets 2 in each worker."""
+    once = 'parameters { key: "coreserve_single_copy" value { string_value: "%s" } }'
+    for name, group, extra in (
+        ("on_gpus", "KIND_GPU", ""),
+        ("on_cpus", "KIND_CPU", ""),
+        ("on_cpus_once", "KIND_CPU", once % "true"),
+        ("on_cpus_maybe", "KIND_CPU", once % "maybe"),
+    ):
         (tmp_path / name / "1").mkdir(parents=True)
         (tmp_path / name / "1" / "model.gpu").write_bytes(b"")
         (tmp_path / name / "config.pbtxt").write_text(
-            GPU_REPORT_CONFIG + f"instance_group [ {{ kind: {group} count: 2 }} ]"
+            GPU_REPORT_CONFIG + f"instance_group [ {{ kind: {group} count: 2 }} ]\n{extra}"
         )
     write_model(tmp_path, "add_sub", add_sub_model(), ADD_SUB_CONFIG)
     site = os.pathsep.join([str(gpu_report_backend_site), os.environ.get("PYTHONPATH", "")])
@@ -397,6 +404,7 @@ def test_gpu_instances_are_counted_per_server_not_per_worker(
         tmp_path,
         "--load-model=on_gpus",
         "--load-model=on_cpus",
+        "--load-model=on_cpus_once",
         env={"PYTHONPATH": site, "GPU_REPORT_GPUS": "0,1"},
     )
     try:
@@ -408,13 +416,16 @@ def test_gpu_instances_are_counted_per_server_not_per_worker(
         )
         assert on_gpus == [("on_gpus_0_0", "GPU", "0"), ("on_gpus_0_0", "GPU", "1"),
                            ("on_gpus_0_1", "GPU", "0"), ("on_gpus_0_1", "GPU", "1")]  # fmt: skip
-        assert len({pid for pid, model, *_ in placed if model == "on_gpus"}) == 1
+        on_gpus_pids = {pid for pid, model, *_ in placed if model == "on_gpus"}
+        assert len(on_gpus_pids) == 1
         cpu_pids = [pid for pid, model, *_ in placed if model == "on_cpus"]
         assert len(cpu_pids) == 4 and len(set(cpu_pids)) == 2
+        once_pids = [pid for pid, model, *_ in placed if model == "on_cpus_once"]
+        assert len(once_pids) == 2 and set(once_pids) == set(on_gpus_pids)
         body = json.dumps(
             {"inputs": [{"name": "INPUT0", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}]}
         )
-        for model in ("on_gpus", "on_cpus"):
+        for model in ("on_gpus", "on_cpus", "on_cpus_once"):
             answers = {
                 _request(server, "POST", f"/v2/models/{model}/infer", body) for _ in range(CONNECTIONS // 2)
             }
@@ -424,6 +435,15 @@ def test_gpu_instances_are_counted_per_server_not_per_worker(
         with httpclient.InferenceServerClient(server.http_url) as client:
             stats = client.get_inference_statistics("on_gpus")["model_stats"][0]
         assert stats["inference_count"] == CONNECTIONS // 2
+        with (
+            httpclient.InferenceServerClient(server.http_url) as client,
+            pytest.raises(InferenceServerException) as refused,
+        ):
+            client.load_model("on_cpus_maybe")
+        assert (
+            "parameter 'coreserve_single_copy' must be true or false, got 'maybe'" in refused.value.message()
+        )
+        assert "Traceback" not in server.log
     finally:
         server.close()
 

@@ -21,6 +21,7 @@ from coreserve.backend.api import (
 )
 from coreserve.backend.custom_metrics import CustomMetrics
 from coreserve.backend.devices import reported_gpus
+from coreserve.backend.parameters import bool_parameter
 from coreserve.backend.registry import BackendRegistry
 from coreserve.config import ModelSignature, apply_defaults, read_config_file, validate_config
 from coreserve.config.ignored import ignored_fields
@@ -38,6 +39,8 @@ from coreserve.scheduling.rate_limiter import RateLimiter
 from coreserve.scheduling.response_cache import ModelResponseCache, ResponseCache
 
 logger = logging.getLogger(__name__)
+# A model parameter: a server of several workers keeps one copy of the model, in worker 0.
+SINGLE_COPY_PARAMETER = "coreserve_single_copy"
 
 _KINDS = {
     ModelInstanceGroup.KIND_CPU: InstanceKind.CPU,
@@ -146,6 +149,7 @@ class ModelLoader:
         gpus = await asyncio.to_thread(reported_gpus, backend) if depends_on_gpus(config) else None
         apply_defaults(config, location.name, gpus)
         validate_config(config)
+        single_copy_reason(config)  # a malformed coreserve_single_copy fails the load here
         for field_name in ignored_fields(config):
             logger.warning(
                 "model '%s': config field '%s' is not supported and has no effect", config.name, field_name
@@ -306,9 +310,12 @@ async def _report_progress(name: str, every: float = 5.0) -> None:
 
 def single_copy_reason(config: ModelConfig) -> str:
     """Why a server of several workers must have one copy of a model, not one per worker (""
-    where a copy per worker means what the configuration says)."""
+    where a copy per worker means what the configuration says). Raises ModelConfigError for a
+    parameter `coreserve_single_copy` that is not true or false."""
     if config.HasField("sequence_batching"):
         return "sequence batching keeps a sequence on one instance"
     if any(group.kind == ModelInstanceGroup.KIND_GPU for group in config.instance_group):
         return "its GPU instances are counted per server"
+    if bool_parameter(config, SINGLE_COPY_PARAMETER):
+        return f"its configuration asks for one copy (parameter '{SINGLE_COPY_PARAMETER}')"
     return ""
