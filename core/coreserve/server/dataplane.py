@@ -29,6 +29,17 @@ from coreserve.repository import Model, ModelRepository, ModelVersion, parse_loa
 from coreserve.repository.model import ModelState, parse_version
 from coreserve.responses import QueuedResponses, SingleResponse
 from coreserve.server import request_log
+from coreserve.server.changes import (
+    Change,
+    LoadModel,
+    RegisterCudaRegion,
+    RegisterSystemRegion,
+    UnloadModel,
+    UnregisterCudaRegion,
+    UnregisterSystemRegion,
+    UpdateLogSettings,
+    UpdateTraceSetting,
+)
 from coreserve.server.frontend_reads import FRONTEND_READS
 from coreserve.server.log_settings import LogSettings, ServerLog
 from coreserve.server.shared_memory import CudaSharedMemory, SystemSharedMemory, load_cuda_runtime
@@ -39,20 +50,10 @@ from coreserve.types import InferenceRequest, InferenceResponse, ResponseSink, n
 SERVER_NAME = "coreserve"
 # Exactly the extensions served (Triton's names; tests/e2e/test_shared_memory.py probes each).
 EXTENSIONS = (
-    "classification",
-    "sequence",
-    "model_repository",
-    "model_repository(unload_dependents)",
-    "schedule_policy",
-    "model_configuration",
-    "system_shared_memory",
-    "binary_tensor_data",
-    "parameters",
-    "statistics",
-    "generate",
-    "trace",
-    "logging",
-)
+    "classification", "sequence", "model_repository", "model_repository(unload_dependents)",
+    "schedule_policy", "model_configuration", "system_shared_memory", "binary_tensor_data",
+    "parameters", "statistics", "generate", "trace", "logging",
+)  # fmt: skip
 
 
 @dataclass
@@ -73,7 +74,7 @@ class NamesModel(Protocol):
 class Peers(Protocol):
     """The other workers of a server of several (`coreserve.server.workers`)."""
 
-    async def everywhere(self, change: dict[str, Any]) -> None:
+    async def everywhere(self, change: Change) -> None:
         """Makes `change` in every worker (`DataPlane.apply_change`), this one too."""
 
     async def statistics(self, name: str, version: str) -> dict[str, Any]:
@@ -122,7 +123,7 @@ class DataPlane:
 
     async def update_log_settings(self, changes: dict[str, Any]) -> LogSettings:
         """Changes the log settings at run time, all or nothing (see ServerLog.update)."""
-        await self.change({"call": "update_log_settings", "changes": changes})
+        await self.change(UpdateLogSettings(changes))
         return self.log.settings
 
     def trace_setting(self, model: str = "") -> TraceSetting:
@@ -132,7 +133,7 @@ class DataPlane:
 
     async def update_trace_setting(self, changes: dict[str, Any], model: str = "") -> TraceSetting:
         """Changes the global trace setting or a model's, all or nothing (see TraceSettings.update)."""
-        await self.change({"call": "update_trace_setting", "changes": changes, "model": model})
+        await self.change(UpdateTraceSetting(changes, model))
         return self.tracer.setting(model)
 
     def _check_traced_model(self, model: str) -> None:
@@ -368,10 +369,10 @@ class DataPlane:
 
     async def load_model(self, name: str, parameters: dict[str, object]) -> None:
         """Loads or reloads a model; `parameters` as Triton's load request carries them."""
-        await self.change({"call": "load_model", "name": name, "parameters": parameters})
+        await self.change(LoadModel(name, parameters))
 
     async def unload_model(self, name: str, dependents: bool = False) -> None:
-        await self.change({"call": "unload_model", "name": name, "dependents": dependents})
+        await self.change(UnloadModel(name, dependents))
 
     async def server_statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
         """`statistics`, of every worker added up in a server of several."""
@@ -379,7 +380,7 @@ class DataPlane:
             return await self.peers.statistics(name, version)
         return self.statistics(name, version)
 
-    async def change(self, change: dict[str, Any]) -> None:
+    async def change(self, change: Change) -> None:
         """A change a client asks of the server (`apply_change`): made here, or in every worker
         of a server of several, so that the server stays one to its clients."""
         if self.peers is not None:
@@ -387,31 +388,28 @@ class DataPlane:
         else:
             await self.apply_change(change)
 
-    async def apply_change(self, change: dict[str, Any]) -> None:
-        """Makes `change` in this process: a model loaded or unloaded, a shared-memory region
-        registered or unregistered, the log or trace settings changed."""
-        call, name = change["call"], change.get("name", "")
+    async def apply_change(self, change: Change) -> None:
+        """Makes `change` in this process."""
         regions = self.shared_memory
-        if call == "load_model":
-            await self.repository.load(name, parse_load_parameters(name, change["parameters"]))
-        elif call == "unload_model":
-            await self.repository.unload(name, change["dependents"])
-        elif call == "register_system_shared_memory":
-            regions.register(name, change["key"], change["offset"], change["byte_size"])
-        elif call == "unregister_system_shared_memory":
-            regions.unregister(name)
-        elif call == "register_cuda_shared_memory":
-            regions.register_cuda(name, change["raw_handle"], change["device_id"], change["byte_size"])
-        elif call == "unregister_cuda_shared_memory":
-            if regions.cuda is not None:  # unknown names are no error, as in Triton
-                regions.cuda.unregister(name)
-        elif call == "update_log_settings":
-            self.log.update(change["changes"])
-        elif call == "update_trace_setting":
-            self._check_traced_model(change["model"])
-            self.tracer.update(change["changes"], change["model"])
-        else:
-            raise InvalidArgumentError(f"no such change: '{call}'")
+        match change:
+            case LoadModel(name, parameters):
+                await self.repository.load(name, parse_load_parameters(name, parameters))
+            case UnloadModel(name, dependents):
+                await self.repository.unload(name, dependents)
+            case RegisterSystemRegion(name, key, offset, byte_size):
+                regions.register(name, key, offset, byte_size)
+            case UnregisterSystemRegion(name):
+                regions.unregister(name)
+            case RegisterCudaRegion(name, raw_handle, device_id, byte_size):
+                regions.register_cuda(name, raw_handle, device_id, byte_size)
+            case UnregisterCudaRegion(name):
+                if regions.cuda is not None:  # unknown names are no error, as in Triton
+                    regions.cuda.unregister(name)
+            case UpdateLogSettings(changes):
+                self.log.update(changes)
+            case UpdateTraceSetting(changes, model):
+                self._check_traced_model(model)
+                self.tracer.update(changes, model)
 
 
 def _timeout_s(request: InferenceRequest) -> float | None:

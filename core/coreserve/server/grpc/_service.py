@@ -25,6 +25,7 @@ from coreserve.protocol.grpc_response import (
 from coreserve.protos import grpc_service_pb2 as pb
 from coreserve.protos import grpc_service_pb2_grpc as pb_grpc
 from coreserve.responses import StreamingResponses
+from coreserve.server import changes
 from coreserve.server.dataplane import DataPlane
 from coreserve.server.restrictions import ApiRestrictions
 from coreserve.tracing import RequestTrace
@@ -203,14 +204,16 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def SystemSharedMemoryRegister(
         self, request: pb.SystemSharedMemoryRegisterRequest, context: Any
     ) -> pb.SystemSharedMemoryRegisterResponse:
-        await self._dataplane.change(_shm("register_system", request, "key", "offset", "byte_size"))
+        await self._dataplane.change(
+            changes.RegisterSystemRegion(request.name, request.key, request.offset, request.byte_size)
+        )
         return pb.SystemSharedMemoryRegisterResponse()
 
     @_unary("shared-memory")
     async def SystemSharedMemoryUnregister(
         self, request: pb.SystemSharedMemoryUnregisterRequest, context: Any
     ) -> pb.SystemSharedMemoryUnregisterResponse:
-        await self._dataplane.change(_shm("unregister_system", request))
+        await self._dataplane.change(changes.UnregisterSystemRegion(request.name))
         return pb.SystemSharedMemoryUnregisterResponse()
 
     @_unary("shared-memory")
@@ -233,25 +236,27 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def CudaSharedMemoryRegister(
         self, request: pb.CudaSharedMemoryRegisterRequest, context: Any
     ) -> pb.CudaSharedMemoryRegisterResponse:
-        await self._dataplane.change(_shm("register_cuda", request, "raw_handle", "device_id", "byte_size"))
+        await self._dataplane.change(
+            changes.RegisterCudaRegion(request.name, request.raw_handle, request.device_id, request.byte_size)
+        )
         return pb.CudaSharedMemoryRegisterResponse()
 
     @_unary("shared-memory")
     async def CudaSharedMemoryUnregister(
         self, request: pb.CudaSharedMemoryUnregisterRequest, context: Any
     ) -> pb.CudaSharedMemoryUnregisterResponse:
-        await self._dataplane.change(_shm("unregister_cuda", request))
+        await self._dataplane.change(changes.UnregisterCudaRegion(request.name))
         return pb.CudaSharedMemoryUnregisterResponse()
 
     @_unary("trace")
     async def TraceSetting(self, request: pb.TraceSettingRequest, context: Any) -> pb.TraceSettingResponse:
         # An empty value list clears a setting, as JSON's null does over HTTP.
-        changes: dict[str, Any] = {
+        wanted: dict[str, Any] = {
             key: (list(value.value) if key == "trace_level" else value.value[0]) if value.value else None
             for key, value in request.settings.items()
         }
-        if changes:
-            setting = await self._dataplane.update_trace_setting(changes, request.model_name)
+        if wanted:
+            setting = await self._dataplane.update_trace_setting(wanted, request.model_name)
         else:
             setting = self._dataplane.trace_setting(request.model_name)
         response = pb.TraceSettingResponse()
@@ -261,9 +266,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     @_unary("logging")
     async def LogSettings(self, request: pb.LogSettingsRequest, context: Any) -> pb.LogSettingsResponse:
-        changes = {key: _log_setting(value) for key, value in request.settings.items()}
+        wanted = {key: _log_setting(value) for key, value in request.settings.items()}
         dataplane = self._dataplane
-        settings = await dataplane.update_log_settings(changes) if changes else dataplane.log_settings()
+        settings = await dataplane.update_log_settings(wanted) if wanted else dataplane.log_settings()
         response = pb.LogSettingsResponse()
         for key, value in settings.as_dict().items():
             field = {bool: "bool_param", int: "uint32_param", str: "string_param"}[type(value)]
@@ -442,8 +447,3 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             error_message(exc)
             return
         running.add(request)  # (no response can come before submit returns)
-
-
-def _shm(what: str, request: Any, *fields: str) -> dict[str, Any]:
-    """The shared-memory change `request` asks for (`DataPlane.apply_change`)."""
-    return {"call": f"{what}_shared_memory", "name": request.name, **{f: getattr(request, f) for f in fields}}

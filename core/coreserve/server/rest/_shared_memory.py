@@ -17,18 +17,25 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from coreserve.errors import InvalidArgumentError, NotFoundError
+from coreserve.server.changes import (
+    Change,
+    RegisterCudaRegion,
+    RegisterSystemRegion,
+    UnregisterCudaRegion,
+    UnregisterSystemRegion,
+)
 from coreserve.server.httpd import HttpRequest, HttpResponse, Response
 from coreserve.server.rest._json_bodies import json_answer, json_object
 from coreserve.server.shared_memory import SystemSharedMemory, cuda_shared_memory_unavailable
 
 Handler = Callable[[HttpRequest], Awaitable[Response]]
 ReadBody = Callable[[HttpRequest], Awaitable[bytes | bytearray]]
-Change = Callable[[dict[str, Any]], Awaitable[None]]
+MakeChange = Callable[[Change], Awaitable[None]]
 CATEGORY = "shared-memory"  # the API restriction group, as Triton names it
 
 
 def shared_memory_routes(
-    regions: SystemSharedMemory, change: Change, read_body: ReadBody
+    regions: SystemSharedMemory, change: MakeChange, read_body: ReadBody
 ) -> list[tuple[str, str, str, Handler]]:
     """(category, method, path, handler) of every shared-memory endpoint; registrations go
     through `change` (`DataPlane.change`: every worker of a server of several)."""
@@ -40,13 +47,12 @@ def shared_memory_routes(
         document = await _register_document(request, read_body, ("key", "byte_size"))
         name = request.match_info["name"]
         await change(
-            {"call": "register_system_shared_memory", "name": name, "key": document["key"],
-             "offset": document.get("offset", 0), "byte_size": document["byte_size"]}
-        )  # fmt: skip
+            RegisterSystemRegion(name, document["key"], document.get("offset", 0), document["byte_size"])
+        )
         return HttpResponse(200)
 
     async def unregister(request: HttpRequest) -> HttpResponse:
-        await change({"call": "unregister_system_shared_memory", "name": request.match_info.get("name", "")})
+        await change(UnregisterSystemRegion(request.match_info.get("name", "")))
         return HttpResponse(200)
 
     async def cuda_status(request: HttpRequest) -> HttpResponse:
@@ -73,14 +79,11 @@ def shared_memory_routes(
             raise InvalidArgumentError(
                 f"CUDA shared memory region '{name}': 'raw_handle' is not base64"
             ) from None
-        await change(
-            {"call": "register_cuda_shared_memory", "name": name, "raw_handle": raw,
-             "device_id": document["device_id"], "byte_size": document["byte_size"]}
-        )  # fmt: skip
+        await change(RegisterCudaRegion(name, raw, document["device_id"], document["byte_size"]))
         return HttpResponse(200)
 
     async def cuda_unregister(request: HttpRequest) -> HttpResponse:
-        await change({"call": "unregister_cuda_shared_memory", "name": request.match_info.get("name", "")})
+        await change(UnregisterCudaRegion(request.match_info.get("name", "")))
         return HttpResponse(200)
 
     routes: list[tuple[str, str, str, Handler]] = []

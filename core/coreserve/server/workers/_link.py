@@ -18,7 +18,8 @@ import os
 import signal
 from typing import Any
 
-from coreserve.errors import CoreserveError
+from coreserve.errors import CoreserveError, InvalidArgumentError
+from coreserve.server.changes import Change, change_from, message_of
 from coreserve.server.dataplane import DataPlane
 from coreserve.server.metrics import MetricsReport
 from coreserve.server.workers._channel import MAX_MESSAGE_BYTES, Channel, ChannelClosed, error_from
@@ -56,11 +57,11 @@ class WorkerLink:
             await self.owner_link.start()
         reader, writer = await asyncio.open_unix_connection(self.role.socket, limit=MAX_MESSAGE_BYTES)
         self._channel = Channel(reader, writer, self._answer)
-        for change in await self._channel.ask({"call": "join", "index": self.role.index}):
+        for message in await self._channel.ask({"call": "join", "index": self.role.index}):
             try:
-                await self._dataplane.apply_change(change)
+                await self._dataplane.apply_change(change_from(message))
             except CoreserveError as exc:  # as it failed nowhere else, it is this worker's to say
-                logger.warning("worker %d: %s: %s", self.role.index, change["call"], exc.message)
+                logger.warning("worker %d: %s: %s", self.role.index, message["call"], exc.message)
         if self._owner is not None:  # with every model the others serve loaded
             await self._owner.start(self.role.count - 1)
         self._dataplane.peers = self
@@ -78,15 +79,17 @@ class WorkerLink:
             return self._dataplane.statistics(ask["name"], ask["version"])
         if call == "metrics":
             return await self._metrics.render_on_loop() if self._metrics is not None else ""
+        if call != "change":
+            raise InvalidArgumentError(f"a worker does not know '{call}'")
         try:
-            await self._dataplane.apply_change(ask)
+            await self._dataplane.apply_change(change_from(ask["what"]))
         finally:
             if self._owner is not None:  # the others' readiness follows before the answer
                 self._owner.tell_states()
         return None
 
-    async def everywhere(self, change: dict[str, Any]) -> None:
-        await self._ask({"call": "everywhere", "what": change})
+    async def everywhere(self, change: Change) -> None:
+        await self._ask({"call": "everywhere", "what": message_of(change)})
 
     async def statistics(self, name: str, version: str) -> dict[str, Any]:
         """Every worker's statistics added up (a worker that lacks the model, or does not

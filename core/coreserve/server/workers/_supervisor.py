@@ -27,6 +27,15 @@ from pathlib import Path
 from typing import Any
 
 from coreserve.errors import CoreserveError
+from coreserve.server.changes import (
+    Change,
+    Registration,
+    Unregistration,
+    UpdateLogSettings,
+    UpdateTraceSetting,
+    change_from,
+    message_of,
+)
 from coreserve.server.workers._channel import MAX_MESSAGE_BYTES, Channel, ChannelClosed, error_data
 from coreserve.server.workers._role import WORKER_ENV, WorkerRole
 
@@ -151,19 +160,21 @@ class Supervisor:
         raise CoreserveError(f"the supervisor does not know '{call}'")
 
     async def _everywhere(self, what: dict[str, Any]) -> None:
-        """Makes a change in every worker. Where it failed in some, a region registered in the
-        others is unregistered again (the client may retry); any other change made somewhere
-        is kept for the workers that start later. A worker that left meanwhile makes it when
-        it starts again. The first failure is the answer."""
+        """Makes a change (a message of `coreserve.server.changes`) in every worker. Where it
+        failed in some, a region registered in the others is unregistered again (the client
+        may retry); any other change made somewhere is kept for the workers that start later.
+        A worker that left meanwhile makes it when it starts again. The first failure is the
+        answer."""
+        change = change_from(what)
         async with self._relaying:
-            answers = await self._ask_all(what, None)
+            answers = await self._ask_all({"call": "change", "what": what}, None)
             made = [answer for answer in answers if not isinstance(answer, Exception)]
             failed = [a for a in answers if isinstance(a, Exception) and not isinstance(a, ChannelClosed)]
-            if failed and made and what["call"].startswith("register_"):
-                undo = {"call": "un" + what["call"], "name": what["name"]}
+            if failed and made and isinstance(change, Registration):
+                undo = {"call": "change", "what": message_of(change.undo())}
                 await self._ask_all(undo, GATHER_TIMEOUT_S)
             elif made or not failed:
-                self._remember(what)
+                self._remember(change, what)
         if failed:
             raise failed[0]
 
@@ -178,22 +189,18 @@ class Supervisor:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    def _remember(self, what: dict[str, Any]) -> None:
+    def _remember(self, change: Change, what: dict[str, Any]) -> None:
         """Keeps a change for the workers that start later: the last change of each model and
         region (an unregistered region is forgotten), and every settings change in order."""
-        call, name = what["call"], what.get("name", "")
-        if call.startswith("unregister_"):
-            kind = call.removeprefix("unregister_")
-            for old in [old for old in self._replay if old[0] == kind and (not name or old[1] == name)]:
-                del self._replay[old]
+        if isinstance(change, Unregistration):
+            for forgotten in [kept for kept in self._replay if change.forgets(kept)]:
+                del self._replay[forgotten]
             return
-        if call.startswith("register_"):
-            key: tuple[str, ...] = (call.removeprefix("register_"), name)
-        elif call in ("load_model", "unload_model"):
-            key = ("model", name)
-        else:
+        if isinstance(change, UpdateLogSettings | UpdateTraceSetting):
             self._changes += 1
-            key = (call, str(self._changes))
+            key: tuple[str, ...] = ("settings", str(self._changes))
+        else:
+            key = change.replay_key
         self._replay.pop(key, None)
         self._replay[key] = what
 

@@ -1,0 +1,141 @@
+"""The changes a client makes to the server: a model loaded or unloaded, a shared-memory region
+registered or unregistered, the log or trace settings changed.
+
+`DataPlane.change` takes one and makes it; in a server of several workers it travels to every
+worker as a message (`message_of`, `change_from`) and is kept for the workers that start later.
+Each change says what it replaces in that replay (`replay_key`: the last change of a model or a
+region is what counts) and what an unregistration forgets (`forgets`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from coreserve.errors import InvalidArgumentError
+
+
+@dataclass(frozen=True)
+class LoadModel:
+    call: ClassVar[str] = "load_model"
+    name: str
+    parameters: dict[str, object]  # as Triton's load request carries them
+
+    @property
+    def replay_key(self) -> tuple[str, str]:
+        return ("model", self.name)
+
+
+@dataclass(frozen=True)
+class UnloadModel:
+    call: ClassVar[str] = "unload_model"
+    name: str
+    dependents: bool = False
+
+    @property
+    def replay_key(self) -> tuple[str, str]:
+        return ("model", self.name)
+
+
+@dataclass(frozen=True)
+class RegisterSystemRegion:
+    call: ClassVar[str] = "register_system_shared_memory"
+    name: str
+    key: str
+    offset: int
+    byte_size: int
+
+    @property
+    def replay_key(self) -> tuple[str, str]:
+        return ("system", self.name)
+
+    def undo(self) -> UnregisterSystemRegion:
+        return UnregisterSystemRegion(self.name)
+
+
+@dataclass(frozen=True)
+class UnregisterSystemRegion:
+    call: ClassVar[str] = "unregister_system_shared_memory"
+    name: str  # "": every region
+
+    def forgets(self, key: tuple[str, ...]) -> bool:
+        return key[0] == "system" and (not self.name or key[1] == self.name)
+
+
+@dataclass(frozen=True)
+class RegisterCudaRegion:
+    call: ClassVar[str] = "register_cuda_shared_memory"
+    name: str
+    raw_handle: bytes
+    device_id: int
+    byte_size: int
+
+    @property
+    def replay_key(self) -> tuple[str, str]:
+        return ("cuda", self.name)
+
+    def undo(self) -> UnregisterCudaRegion:
+        return UnregisterCudaRegion(self.name)
+
+
+@dataclass(frozen=True)
+class UnregisterCudaRegion:
+    call: ClassVar[str] = "unregister_cuda_shared_memory"
+    name: str  # "": every region
+
+    def forgets(self, key: tuple[str, ...]) -> bool:
+        return key[0] == "cuda" and (not self.name or key[1] == self.name)
+
+
+@dataclass(frozen=True)
+class UpdateLogSettings:
+    call: ClassVar[str] = "update_log_settings"
+    changes: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class UpdateTraceSetting:
+    call: ClassVar[str] = "update_trace_setting"
+    changes: dict[str, Any]
+    model: str = ""  # "": the global setting
+
+
+Change = (
+    LoadModel
+    | UnloadModel
+    | RegisterSystemRegion
+    | UnregisterSystemRegion
+    | RegisterCudaRegion
+    | UnregisterCudaRegion
+    | UpdateLogSettings
+    | UpdateTraceSetting
+)
+Registration = RegisterSystemRegion | RegisterCudaRegion
+Unregistration = UnregisterSystemRegion | UnregisterCudaRegion
+
+_BY_CALL: dict[str, type[Change]] = {
+    kind.call: kind
+    for kind in (
+        LoadModel, UnloadModel, RegisterSystemRegion, UnregisterSystemRegion, RegisterCudaRegion,
+        UnregisterCudaRegion, UpdateLogSettings, UpdateTraceSetting,
+    )
+}  # fmt: skip
+
+
+def message_of(change: Change) -> dict[str, Any]:
+    """The change as it travels between processes: its `call` and its fields."""
+    fields = {field.name: getattr(change, field.name) for field in dataclasses.fields(change)}
+    return {"call": change.call, **fields}
+
+
+def change_from(message: dict[str, Any]) -> Change:
+    """The change a message carries; InvalidArgumentError for one that is no change."""
+    call = message.get("call")
+    kind = _BY_CALL.get(call) if isinstance(call, str) else None
+    if kind is None:
+        raise InvalidArgumentError(f"no such change: '{call}'")
+    try:
+        return kind(**{key: value for key, value in message.items() if key != "call"})
+    except TypeError as exc:
+        raise InvalidArgumentError(f"change '{call}' is malformed: {exc}") from None
