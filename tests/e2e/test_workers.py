@@ -475,6 +475,29 @@ def test_worker_0_that_dies_is_started_again_and_serves_its_models_for_all_again
         server.close()
 
 
+def test_one_triton_trace_file_holds_every_workers_traces(repository: Path, tmp_path: Path) -> None:
+    """Worker 0 writes the one trace file; the other worker sends it each trace as it ends,
+    numbered apart (worker i of 2: i + 1, i + 3, ...)."""
+    trace_file = tmp_path / "trace.json"
+    server = _start(repository, "--trace-config", f"triton,file={trace_file}",
+                    "--trace-config", "level=TIMESTAMPS", "--trace-config", "rate=1")  # fmt: skip
+    try:
+        for index in range(CONNECTIONS // 2):
+            body = json.loads(ADD_BODY)
+            body["id"] = f"request-{index}"
+            assert _request(server, "POST", "/v2/models/add_sub/infer", json.dumps(body))[0] == 200
+        assert server.process is not None
+        server.process.send_signal(signal.SIGTERM)
+        assert server.process.wait(timeout=60) == 0
+    finally:
+        server.close()
+    entries = json.loads(trace_file.read_text())
+    records = {entry["id"]: entry["request_id"] for entry in entries if "model_name" in entry}
+    assert sorted(records.values()) == sorted(f"request-{index}" for index in range(CONNECTIONS // 2))
+    assert {trace_id % 2 for trace_id in records} == {0, 1}  # both workers' traces
+    assert not list(tmp_path.glob("trace.json.*"))
+
+
 def test_sigterm_stops_every_worker(repository: Path) -> None:
     server = _start(repository, "--exit-timeout-secs=10")
     workers = _workers(server)

@@ -41,6 +41,8 @@ if TYPE_CHECKING:
     from coreserve.server.openai import OpenAIFrontend
 
 logger = logging.getLogger(__name__)
+# How long worker 0 of a server of several, as it stops, waits for the others to stop first.
+OTHERS_STOP_WAIT_S = 10.0
 
 
 class StartupError(CoreserveError):
@@ -267,6 +269,8 @@ class ServerRuntime:
             await self.metrics.stop()
         if self.metrics_report is not None:
             await self.metrics_report.stop()
+        if self._link is not None:
+            await self._link.others_gone(min(OTHERS_STOP_WAIT_S, max(0.0, deadline - loop.time())))
         self.tracer.close()
         if self._link is not None:
             await self._link.close()

@@ -9,13 +9,13 @@ path checks nothing else.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from coreserve.errors import InvalidArgumentError
 from coreserve.tracing.settings import TraceConfig, TraceSetting, TraceSettings
 from coreserve.tracing.trace import RequestTrace
-from coreserve.tracing.triton_file import TraceFileError, TritonTraceFile, check_writable
+from coreserve.tracing.triton_file import TraceFileError, TritonTraceFile, check_writable, trace_entries
 from coreserve.types import InferenceRequest
 
 logger = logging.getLogger(__name__)
@@ -36,7 +36,11 @@ class Tracer:
             raise TraceStartupError(exc.message) from None
         self._samples: dict[str, int] = {}
         self._next_id = 1
+        self._id_step = 1
         self._file: TritonTraceFile | None = None
+        # In a worker of a server of several but the first: where its Triton-mode traces go
+        # (the first worker writes every worker's into the one trace file).
+        self.send_entries: Callable[[bytes], None] | None = None
         self._exporter: Any = None
         self.active = self.settings.any_traces()
 
@@ -63,6 +67,16 @@ class Tracer:
             logger.warning(
                 "tracing is on but no trace file is set (--trace-config triton,file=PATH): traces are dropped"
             )
+
+    def number_traces(self, first: int, step: int) -> None:
+        """Numbers this tracer's traces first, first + step, ...: the workers of a server of
+        several (worker i of N: i + 1, step N) write into one file without sharing an id."""
+        self._next_id, self._id_step = first, step
+
+    def add_entries(self, entries: bytes) -> None:
+        """Keeps the entries of a trace that another worker made (Triton mode)."""
+        if self._file is not None:
+            self._file.add_entries(entries)
 
     def close(self) -> None:
         """Writes the traces still kept, and flushes the exporter."""
@@ -108,7 +122,7 @@ class Tracer:
                 if seen % setting.trace_rate or not self.settings.count_one(model):
                     return None
         trace_id = self._next_id
-        self._next_id += 1
+        self._next_id += self._id_step
         recorder: Any = self._exporter if self._exporter is not None else self
         trace = RequestTrace(trace_id, request, model_version, recorder, tensors=tensors, context=context)
         if self._exporter is not None:
@@ -118,6 +132,9 @@ class Tracer:
     def record(self, trace: RequestTrace) -> None:
         """Takes a finished trace (Triton mode)."""
         if self._file is None:
+            return
+        if self.send_entries is not None:
+            self.send_entries(trace_entries(trace))
             return
         self._file.add(trace)
         if self.settings.setting(trace.model_name).trace_count == 0 and trace.parent is None:

@@ -119,7 +119,11 @@ class TritonTraceFile:
         self._index = 0
 
     def add(self, trace: RequestTrace) -> None:
-        self._pending.append(trace_entries(trace))
+        self.add_entries(trace_entries(trace))
+
+    def add_entries(self, entries: bytes) -> None:
+        """Keeps one trace's entries (`trace_entries`: made here, or in another worker)."""
+        self._pending.append(entries)
         self._traces += 1
         if self.log_frequency and self._traces >= self.log_frequency:
             self.write_numbered()

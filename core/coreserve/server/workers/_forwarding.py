@@ -21,7 +21,15 @@ from coreserve.errors import CancelledError, CoreserveError, InvalidArgumentErro
 from coreserve.repository.model import ModelVersion
 from coreserve.scheduling import Scheduler
 from coreserve.server.workers._channel import error_from
-from coreserve.server.workers._frames import Frame, Pieces, frame, read_frame, request_frame, response_from
+from coreserve.server.workers._frames import (
+    Frame,
+    Pieces,
+    entries_frame,
+    frame,
+    read_frame,
+    request_frame,
+    response_from,
+)
 from coreserve.types import InferenceRequest
 
 logger = logging.getLogger(__name__)
@@ -81,6 +89,10 @@ class OwnerLink:
         number = self._next
         self._sent[number] = _Sent(request, request.on_cancel(lambda: self._cancel(number)), answered)
         self._writer.writelines(request_frame(number, request, version))
+
+    def send_trace(self, entries: bytes) -> None:
+        """Sends a finished trace's entries to worker 0's trace file (lost while the line is down)."""
+        self._write(entries_frame(entries))
 
     def _cancel(self, number: int) -> None:
         if number in self._sent:

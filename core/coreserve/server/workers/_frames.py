@@ -4,7 +4,8 @@ A frame is two lengths (header, payload), a JSON header and the payload: the ten
 one after another, each described in the header as `[name, datatype, shape, byte size]`. A
 BYTES tensor travels as on the v2 wire (a 4-byte length before each element). The header says
 what the frame is: a request (`model`), a response to request `n`, an error of request `n`, a
-cancel of request `n`, or worker 0's report of the states of its models (`states`).
+cancel of request `n`, worker 0's report of the states of its models (`states`), or a trace
+for worker 0's Triton-format trace file (`trace`: the payload is its entries).
 """
 
 from __future__ import annotations
@@ -51,6 +52,12 @@ def frame(header: Mapping[str, Any], tensors: Mapping[str, np.ndarray] | None = 
         size += len(data)
     head = orjson.dumps({**header, "tensors": described} if tensors is not None else header)
     return [_LENGTHS.pack(len(head), size), head, *payload]
+
+
+def entries_frame(entries: bytes) -> Pieces:
+    """A finished trace's entries in Triton's trace file (`trace_entries`), for worker 0's file."""
+    head = orjson.dumps({"trace": True})
+    return [_LENGTHS.pack(len(head), len(entries)), head, entries]
 
 
 def _tensor_bytes(array: np.ndarray) -> bytes | memoryview:

@@ -48,6 +48,10 @@ class WorkerLink:
         path = owner_socket(role.socket)
         self._owner = ForwardedRequests(dataplane, path) if role.index == 0 else None
         self.owner_link = OwnerLink(path) if role.index != 0 else None
+        # One Triton-format trace file, written by worker 0, with every worker's traces.
+        dataplane.tracer.number_traces(role.index + 1, role.count)
+        if self.owner_link is not None:
+            dataplane.tracer.send_entries = self.owner_link.send_trace
 
     async def join(self) -> None:
         """Joins the server: makes, here, every change made since it started (a worker that
@@ -116,6 +120,12 @@ class WorkerLink:
         if not self._dataplane.flags.stopping:
             logger.error("worker %d: the supervisor is gone; stopping", self.role.index)
             os.kill(os.getpid(), signal.SIGTERM)
+
+    async def others_gone(self, timeout: float) -> None:
+        """In worker 0, as it stops: waits (at most `timeout` seconds) for the other workers to
+        stop, so that their last traces reach the trace file it writes."""
+        if self._owner is not None:
+            await self._owner.others_gone(timeout)
 
     async def close(self) -> None:
         if self._watch is not None:

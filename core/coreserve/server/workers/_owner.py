@@ -98,8 +98,17 @@ class ForwardedRequests:
         try:
             await line.serve(reader)
         finally:
-            self._lines.discard(line)
             line.close()
+            async with self._connections:
+                self._lines.discard(line)
+                self._connections.notify_all()
+
+    async def others_gone(self, timeout: float) -> None:
+        """Waits (at most `timeout` seconds) until every other worker's line has ended: they
+        have stopped, and sent their last traces."""
+        async with self._connections:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._connections.wait_for(lambda: not self._lines), timeout)
 
     async def close(self) -> None:
         if self._watch is not None:
@@ -126,7 +135,9 @@ class _Line:
         try:
             while (received := await read_frame(reader)) is not None:
                 header = received.header
-                if "cancel" in header:
+                if "trace" in header:
+                    self._dataplane.tracer.add_entries(bytes(received.payload))
+                elif "cancel" in header:
                     request = self.running.get(header["n"])
                     if request is not None:
                         request.cancel()
