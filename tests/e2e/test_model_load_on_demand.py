@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from tritonclient.utils import InferenceServerException
 
 from coreserve.testing import ServerFactory, ServerProcess
 from model_builders import scale_model, write_bls_model, write_model
+from waiting import wait_until
 
 SCALE = """
 backend: "onnxruntime"
@@ -194,8 +196,30 @@ def test_a_model_that_fails_to_load_answers_with_its_reason_and_the_server_keeps
             call(url, "broken")
         assert "Request for unknown model: 'broken' has no available versions" in str(failed.value)
         assert "NOT_AN_INPUT" in str(failed.value)
-    assert server.log.count("loading model 'broken' on demand") == 1  # not tried again
+    assert server.log.count("loading model 'broken' on demand") == 1  # not tried again at once
     assert _http_infer(server.http_url, "doubled").tolist() == [[2.0] * 4]
+
+
+def test_a_model_that_failed_is_loaded_on_demand_again_after_a_back_off(
+    server: ServerProcess, repository: Path
+) -> None:
+    with pytest.raises(InferenceServerException, match="NOT_AN_INPUT"):
+        _http_infer(server.http_url, "broken")
+    failed_at = time.monotonic()
+    (repository / "broken" / "config.pbtxt").write_text(SCALE)  # mended
+    with pytest.raises(InferenceServerException, match="NOT_AN_INPUT"):  # within the back-off
+        _http_infer(server.http_url, "broken")
+    assert time.monotonic() - failed_at < 5.0, "the test ran too slowly to see the back-off"
+
+    def answered() -> bool:
+        try:
+            return bool(_http_infer(server.http_url, "broken").tolist() == [[2.0] * 4])
+        except InferenceServerException:
+            return False
+
+    wait_until(answered, "the mended model loaded on demand", timeout=30, interval=0.5)
+    assert time.monotonic() - failed_at >= 5.0
+    assert server.log.count("loading model 'broken' on demand") == 2
 
 
 def test_an_unknown_model_is_still_not_found(server: ServerProcess) -> None:

@@ -4,8 +4,10 @@ the requests that wait for it.
 
 In explicit mode, two choices go beyond Triton (nothing changes without them):
 - on demand (`--model-load-on-demand`): a request for a model of the repository that is not
-  loaded loads it (see demand.py); a model whose load failed is not tried again on demand (a
-  load through the repository API tries again);
+  loaded loads it (see demand.py); a model whose load failed is tried again by a request that
+  comes after a back-off, 5 s after the first failed try, then twice as long after each
+  (at most 5 minutes); until then its requests get its reason (a load through the repository
+  API tries again at once);
 - a memory budget (`--model-memory-budget`): each model's memory is measured as it loads (see
   memory.py); a load that would pass the budget first unloads the least recently used models
   with no request in flight, never a pinned one (named by `--load-model`, or with the
@@ -28,7 +30,7 @@ from coreserve.repository.demand import DemandLoads, LifecycleCounts
 from coreserve.repository.layout import ModelLocation
 from coreserve.repository.loader import ModelLoader
 from coreserve.repository.memory import ModelMemory, ModelMemoryBudgetError, megabytes, process_tree_rss
-from coreserve.repository.model import Model
+from coreserve.repository.model import Model, ModelState
 from coreserve.repository.namespaces import ModelTable
 from coreserve.repository.overrides import LoadOverrides
 
@@ -38,6 +40,10 @@ PINNED_PARAMETER = "coreserve_pinned"
 # A name a request asked for that is not in the repository is not looked for again for this
 # long (a client asking for unknown names must not scan the repository at each request).
 ABSENT_FOR_S = 2.0
+# A model whose load failed is loaded on demand again this long after the last try, doubled
+# after each try that fails, up to the most.
+RETRY_FIRST_S = 5.0
+RETRY_MOST_S = 300.0
 MAX_ABSENT_NAMES = 10_000
 
 
@@ -72,6 +78,7 @@ class BudgetedLoads:
         self._demand = DemandLoads(self._load_on_demand, self.lifecycle)
         self.pinned: set[str] = set()  # keys named by --load-model
         self._absent: dict[str, float] = {}  # names not in the repository, until when it is believed
+        self._retries: dict[str, tuple[float, float]] = {}  # a failed model's next try: (when, back-off)
         # Under a budget, one load at a time: each measures its own growth of the server's memory.
         self.measuring: AbstractAsyncContextManager[object] = (
             asyncio.Lock() if memory_budget is not None else contextlib.nullcontext()
@@ -183,11 +190,17 @@ class BudgetedLoads:
         for it then gets the model's error, as without loading on demand). After it, the model
         is loaded or held with the reason it failed; one not in the repository is not found.
         """
-        if not self.on_demand or self._held(name):
+        if not self.on_demand or (self._held(name) and not self._retry_due(name)):
             return
         if self._absent.get(name, 0.0) > time.monotonic():
             return  # looked for a moment ago and not there: the request's lookup says not found
         await self._demand.wait(name, timeout)
+
+    def _retry_due(self, name: str) -> bool:
+        """Whether the model is held because its load failed, and may be tried again now."""
+        model = self._find(name)
+        failed = not model.versions or all(v.state is ModelState.UNAVAILABLE for v in model.versions.values())
+        return failed and self._retries.get(name, (0.0, 0.0))[0] <= time.monotonic()
 
     def _held(self, name: str) -> bool:
         try:
@@ -198,6 +211,10 @@ class BudgetedLoads:
 
     async def _load_on_demand(self, name: str) -> None:
         logger.info("loading model '%s' on demand", name)
+        if len(self._retries) >= MAX_ABSENT_NAMES:
+            self._retries.clear()
+        back_off = min(RETRY_MOST_S, 2 * self._retries.get(name, (0.0, RETRY_FIRST_S / 2))[1])
+        self._retries[name] = (time.monotonic() + back_off, back_off)  # if it fails
         try:
             await self._load(name)
         except ModelMemoryBudgetError:
@@ -212,6 +229,7 @@ class BudgetedLoads:
                     self._absent.clear()
                 self._absent[name] = time.monotonic() + ABSENT_FOR_S
             raise
+        self._retries.pop(name, None)
 
 
 def pinned_by_config(model: Model) -> bool:
