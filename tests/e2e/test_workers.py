@@ -21,6 +21,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -82,6 +83,10 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write_model(root, "counter", accumulator_model(), SEQUENCE_CONFIG)
     models = Path(__file__).parent / "cancellation_models"
     shutil.copytree(models / "sleepy_sequence", root / "sleepy_sequence")
+    # The same, 4 s to load: its load on demand takes a while.
+    shutil.copytree(models / "sleepy_sequence", root / "slow_sequence")
+    with (root / "slow_sequence" / "1" / "model.py").open("a") as source:
+        source.write("\n    def initialize(self, args):\n        time.sleep(4)\n")
     # A decoupled model made single-copy by a sequence batcher: its responses are sent on.
     shutil.copytree(models / "streamer", root / "sequence_streamer")
     with (root / "sequence_streamer" / "config.pbtxt").open("a") as config:
@@ -227,7 +232,14 @@ def test_log_settings_changed_through_one_connection_are_every_workers(server: S
 
 
 def _sequence_step(
-    server: ServerProcess, sequence_id: int, value: int, *, start: bool, end: bool, grpc: bool
+    server: ServerProcess,
+    sequence_id: int,
+    value: int,
+    *,
+    start: bool,
+    end: bool,
+    grpc: bool,
+    model: str = "counter",
 ) -> int:
     """One request of a sequence on a connection of its own (it may land on any worker)."""
     module: Any = grpcclient if grpc else httpclient
@@ -235,7 +247,7 @@ def _sequence_step(
         tensor = module.InferInput("INPUT", [1, 1], "INT32")
         tensor.set_data_from_numpy(np.array([[value]], np.int32))
         result = client.infer(
-            "counter", [tensor], sequence_id=sequence_id, sequence_start=start, sequence_end=end
+            model, [tensor], sequence_id=sequence_id, sequence_start=start, sequence_end=end
         )
     assert int(result.as_numpy("CORR_OUT")[0, 0]) == sequence_id
     return int(result.as_numpy("OUTPUT")[0, 0])
@@ -313,6 +325,73 @@ def test_a_worker_that_dies_is_started_again_while_the_others_serve(repository: 
         assert {_status(server, "POST", "/v2/models/scale/infer", body) for _ in range(CONNECTIONS)} == {200}
         for connection in connections:
             connection.close()
+    finally:
+        server.close()
+
+
+def test_a_single_copy_model_mended_and_loaded_again_is_ready_in_every_worker(
+    repository: Path, tmp_path: Path
+) -> None:
+    """Worker 0 told the others that its load failed; their next load of the model is judged
+    by worker 0's next word, not that old one."""
+    write_model(tmp_path, "add_sub", add_sub_model(), ADD_SUB_CONFIG)
+    write_model(tmp_path, "mended", b"not an onnx model", SEQUENCE_CONFIG)
+    # (Without auto-completion the configuration is read from the file alone: only worker 0,
+    # which loads the model, finds the model file broken.)
+    server = _start(tmp_path, "--disable-auto-complete-config")
+    try:
+        with httpclient.InferenceServerClient(server.http_url) as client:
+            with pytest.raises(InferenceServerException):
+                client.load_model("mended")
+            wait_until(  # worker 0 tells the others its model failed
+                lambda: {_status(server, "GET", "/v2/models/mended/ready") for _ in range(10)} == {400},
+                "not ready anywhere",
+            )
+            write_model(tmp_path, "mended", accumulator_model(), SEQUENCE_CONFIG)
+            client.load_model("mended")
+        assert {_status(server, "GET", "/v2/models/mended/ready") for _ in range(CONNECTIONS // 2)} == {200}
+        values = [4, 5, 6]
+        sums = [
+            _sequence_step(server, 3, value, start=step == 0, end=step == 2, grpc=False, model="mended")
+            for step, value in enumerate(values)
+        ]
+        assert sums == [4, 9, 15]
+    finally:
+        server.close()
+
+
+def test_requests_wait_for_a_load_on_demand_in_worker_0_without_holding_up_the_others(
+    repository: Path,
+) -> None:
+    server = _start(repository, "--model-load-on-demand")
+    try:
+        with httpclient.InferenceServerClient(server.http_url) as client:
+            client.load_model("counter")
+        # slow_sequence (4 s to load) is not loaded: requests from fresh connections load it on
+        # demand, in worker 0 for both workers, while counter's requests are answered.
+        outcomes: queue.Queue[object] = queue.Queue()
+
+        def sleepy(sequence_id: int) -> None:
+            with grpcclient.InferenceServerClient(server.grpc_url) as client:
+                x = grpcclient.InferInput("X", [1], "INT32")
+                x.set_data_from_numpy(np.array([sequence_id], np.int32))
+                result = client.infer("slow_sequence", [x], sequence_id=sequence_id, sequence_start=True,
+                                      sequence_end=True, client_timeout=60)  # fmt: skip
+                outcomes.put(int(result.as_numpy("Y")[0]))
+
+        threads = [threading.Thread(target=sleepy, args=(sid,)) for sid in range(1, 5)]
+        for thread in threads:
+            thread.start()
+        time.sleep(0.5)  # their requests wait for the load
+        started = time.monotonic()
+        for step in range(8):
+            assert _sequence_step(server, 50 + step, 2, start=True, end=True, grpc=step % 2 == 0) == 2
+        quick = time.monotonic() - started
+        for thread in threads:
+            thread.join(timeout=90)
+        assert sorted(outcomes.get_nowait() for _ in range(4)) == [1, 2, 3, 4]
+        assert server.log.count("loading model 'slow_sequence' on demand") <= 2  # once in each worker
+        assert quick < 3, quick  # not held up by the load
     finally:
         server.close()
 

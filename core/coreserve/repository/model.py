@@ -50,27 +50,15 @@ class ModelVersion:
         return self.state is ModelState.READY and not self.instance_failure()
 
     def _an_instance_serves(self) -> bool:
-        """False while every instance restarts its worker process (see `ModelInstance.serving`)."""
-        if self.scheduler is None or not self.scheduler.instances:
-            return True
-        for instance in self.scheduler.instances:
-            serving = getattr(instance, "serving", None)
-            if serving is None or serving.is_set():
-                return True
-        return False
+        """False while every instance restarts its worker process (see `Scheduler.serving`)."""
+        return self.scheduler is None or self.scheduler.serving()
 
     def instance_failure(self) -> str:
-        """Why an instance of this loaded version cannot serve now ("" while every one can).
-
-        Read from the instances' optional `failure` attribute (see `ModelInstance`).
-        """
+        """Why an instance of this loaded version cannot serve now ("" while every one can;
+        see `Scheduler.failure`)."""
         if self.state is not ModelState.READY or self.scheduler is None:
             return ""
-        for instance in self.scheduler.instances:
-            failure = getattr(instance, "failure", None)
-            if failure:
-                return str(failure)
-        return ""
+        return self.scheduler.failure()
 
     @property
     def current_state(self) -> ModelState:

@@ -80,6 +80,26 @@ class Scheduler:
         self._rate_limiter = limiter
         self._slots = {id(instance): slot for instance, slot in zip(self.instances, slots, strict=True)}
 
+    def serving(self) -> bool:
+        """Whether an instance serves now: false while every instance restarts its worker
+        process (read from the instances' optional `serving` event, see `ModelInstance`)."""
+        if not self.instances:
+            return True
+        for instance in self.instances:
+            serving = getattr(instance, "serving", None)
+            if serving is None or serving.is_set():
+                return True
+        return False
+
+    def failure(self) -> str:
+        """Why an instance cannot serve now ("" while every one can), from the instances'
+        optional `failure` attribute (see `ModelInstance`)."""
+        for instance in self.instances:
+            failure = getattr(instance, "failure", None)
+            if failure:
+                return str(failure)
+        return ""
+
     @property
     def queue_size(self) -> int:
         return len(self._queue)

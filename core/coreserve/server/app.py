@@ -264,13 +264,13 @@ class ServerRuntime:
             *([self.openai.stop()] if self.openai is not None else []),
             *([self.grpc.stop(grace=timeout)] if self.grpc is not None else []),
         )
+        if self._link is not None:  # worker 0 serves the others' requests until they stop
+            await self._link.others_gone(min(OTHERS_STOP_WAIT_S, max(0.0, deadline - loop.time())))
         await self.repository.unload_all(timeout=max(0.0, deadline - loop.time()))
         if self.metrics is not None:
             await self.metrics.stop()
         if self.metrics_report is not None:
             await self.metrics_report.stop()
-        if self._link is not None:
-            await self._link.others_gone(min(OTHERS_STOP_WAIT_S, max(0.0, deadline - loop.time())))
         self.tracer.close()
         if self._link is not None:
             await self._link.close()

@@ -4,14 +4,15 @@ registered or unregistered, the log or trace settings changed.
 `DataPlane.change` takes one and makes it; in a server of several workers it travels to every
 worker as a message (`message_of`, `change_from`) and is kept for the workers that start later.
 Each change says what it replaces in that replay (`replay_key`: the last change of a model or a
-region is what counts) and what an unregistration forgets (`forgets`).
+region is what counts; None: each one is replayed, in order) and what an unregistration
+forgets (`forgets`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, get_args
 
 from coreserve.errors import InvalidArgumentError
 
@@ -91,12 +92,14 @@ class UnregisterCudaRegion:
 @dataclass(frozen=True)
 class UpdateLogSettings:
     call: ClassVar[str] = "update_log_settings"
+    replay_key: ClassVar[None] = None  # replayed in order, each one
     changes: dict[str, Any]
 
 
 @dataclass(frozen=True)
 class UpdateTraceSetting:
     call: ClassVar[str] = "update_trace_setting"
+    replay_key: ClassVar[None] = None  # replayed in order, each one
     changes: dict[str, Any]
     model: str = ""  # "": the global setting
 
@@ -114,13 +117,7 @@ Change = (
 Registration = RegisterSystemRegion | RegisterCudaRegion
 Unregistration = UnregisterSystemRegion | UnregisterCudaRegion
 
-_BY_CALL: dict[str, type[Change]] = {
-    kind.call: kind
-    for kind in (
-        LoadModel, UnloadModel, RegisterSystemRegion, UnregisterSystemRegion, RegisterCudaRegion,
-        UnregisterCudaRegion, UpdateLogSettings, UpdateTraceSetting,
-    )
-}  # fmt: skip
+_BY_CALL: dict[str, type[Change]] = {kind.call: kind for kind in get_args(Change)}
 
 
 def message_of(change: Change) -> dict[str, Any]:

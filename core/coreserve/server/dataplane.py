@@ -11,7 +11,7 @@ import contextlib
 import time
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, assert_never
 
 from coreserve import __version__
 from coreserve.config import ModelConfig, ModelSignature
@@ -152,9 +152,9 @@ class DataPlane:
     ) -> ModelVersion:
         """The model version an inference request names, loaded first if the server loads
         models on demand and it is not loaded (waiting at most `timeout` seconds)."""
-        return self._in_use(name, version) or await self._on_demand(name, version, timeout)
+        return self.in_use(name, version) or await self._on_demand(name, version, timeout)
 
-    def _in_use(self, name: str, version: str) -> ModelVersion | None:
+    def in_use(self, name: str, version: str) -> ModelVersion | None:
         """The loaded version a request names, marked used now; None where no such model is
         loaded (the caller then awaits `_on_demand`: a request for a loaded model makes no
         coroutine)."""
@@ -177,7 +177,7 @@ class DataPlane:
         """Loads the model of a stream's request on demand, before it is submitted (the stream's
         next requests wait: their order stays); a failure is the request's own lookup's to say."""
         name, version = request.model_name, request.model_version
-        if self.repository.budgeted.on_demand and self._in_use(name, version) is None:
+        if self.repository.budgeted.on_demand and self.in_use(name, version) is None:
             with contextlib.suppress(CoreserveError):
                 await self._on_demand(name, version, None)
 
@@ -269,7 +269,7 @@ class DataPlane:
         ("HTTP end point", "ModelInfer RPC"); `instead` says what serves such a model there.
         """
         name, version = request.model_name, request.model_version
-        target = self._in_use(name, version) or await self._on_demand(name, version, _timeout_s(request))
+        target = self.in_use(name, version) or await self._on_demand(name, version, _timeout_s(request))
         if target.config.model_transaction_policy.decoupled:
             raise UnsupportedError(
                 f"{endpoint} doesn't support models with decoupled transaction policy: model "
@@ -306,7 +306,7 @@ class DataPlane:
         """
         sink = QueuedResponses()
         name, version = request.model_name, request.model_version
-        target = self._in_use(name, version) or await self._on_demand(name, version, _timeout_s(request))
+        target = self.in_use(name, version) or await self._on_demand(name, version, _timeout_s(request))
         self._submit(target, request, sink, ends_trace=not frontend_sends)
         trace = request.trace if frontend_sends else None
         try:
@@ -410,6 +410,8 @@ class DataPlane:
             case UpdateTraceSetting(changes, model):
                 self._check_traced_model(model)
                 self.tracer.update(changes, model)
+            case _:
+                assert_never(change)
 
 
 def _timeout_s(request: InferenceRequest) -> float | None:

@@ -22,10 +22,12 @@ from coreserve.repository.model import ModelVersion
 from coreserve.scheduling import Scheduler
 from coreserve.server.workers._channel import error_from
 from coreserve.server.workers._frames import (
+    MAX_PAYLOAD_BYTES,
     Frame,
     Pieces,
     entries_frame,
     frame,
+    payload_size,
     read_frame,
     request_frame,
     response_from,
@@ -35,6 +37,10 @@ from coreserve.types import InferenceRequest
 logger = logging.getLogger(__name__)
 
 RECONNECT_DELAY_S = 0.2
+
+
+def _unreachable(name: str) -> str:
+    return f"worker 0, which serves model '{name}' for every worker, is not reachable"
 
 
 @dataclass
@@ -52,11 +58,12 @@ class OwnerLink:
         self._writer: asyncio.StreamWriter | None = None
         self._sent: dict[int, _Sent] = {}
         self._next = 0
-        # Worker 0's states of its single-copy models (None until it told them on this line).
-        self._states: dict[str, dict[str, str]] | None = None
+        # Worker 0's states of its single-copy models, by name and version: [takes requests,
+        # ready, why not] (None while the line is down), and how many times it told them.
+        self._states: dict[str, dict[str, list[object]]] | None = None
+        self.told = 0
         self._keeping: asyncio.Task[None] | None = None
         self._told = asyncio.Event()  # set while worker 0's states are known here
-        self._ever_told = False
 
     async def start(self) -> None:
         """Connects, and returns once worker 0 has told its models' states (it listens once it
@@ -67,28 +74,36 @@ class OwnerLink:
     def scheduler_for(self, version: ModelVersion) -> ForwardingScheduler:
         return ForwardingScheduler(self, version)
 
-    def failure(self, name: str, version: int) -> str:
-        """Why worker 0 does not serve that model version now ("" while it does, or while it
-        does not know the model: a request then loads it there on demand or fails there).
-        Before the line first connects (this worker starts; it joins once it has), nothing
-        is known yet, and nothing is said."""
+    def verdict(self, name: str, version: int, since: int) -> tuple[str, bool]:
+        """Whether worker 0 serves that model version: why its requests are refused ("" while
+        they are taken), and whether it is ready. `since`: `told` when this worker loaded it;
+        what worker 0 told before is of an older load, and its own load is worker 0's to
+        judge (the answer to the load says how it went there)."""
+        if self.told <= since:
+            return "", True
         if self._states is None:
-            if not self._ever_told:
-                return ""
-            return f"worker 0, which serves model '{name}' for every worker, is not reachable"
-        return self._states.get(name, {}).get(str(version), "")
+            return _unreachable(name), False
+        told = self._states.get(name, {}).get(str(version))
+        if told is None:  # not loaded there: a request then loads it on demand, or fails there
+            return "", True
+        takes, ready, reason = told
+        return ("" if takes else str(reason)), bool(ready)
 
     def send(self, request: InferenceRequest, version: int, answered: Callable[[], None]) -> None:
         """Sends `request` for model version `version`; `answered()` runs once it is answered
         (or failed)."""
         if self._writer is None or self._writer.is_closing():
-            raise UnavailableError(
-                f"worker 0, which serves model '{request.model_name}' for every worker, is not reachable"
+            raise UnavailableError(_unreachable(request.model_name))
+        number = self._next + 1
+        pieces = request_frame(number, request, version)
+        if payload_size(pieces) > MAX_PAYLOAD_BYTES:
+            raise InvalidArgumentError(
+                f"request for model '{request.model_name}' is too large to send to worker 0, which serves "
+                f"it ({payload_size(pieces)} bytes of tensors; at most {MAX_PAYLOAD_BYTES})"
             )
-        self._next += 1
-        number = self._next
+        self._next = number
         self._sent[number] = _Sent(request, request.on_cancel(lambda: self._cancel(number)), answered)
-        self._writer.writelines(request_frame(number, request, version))
+        self._writer.writelines(pieces)
 
     def send_trace(self, entries: bytes) -> None:
         """Sends a finished trace's entries to worker 0's trace file (lost while the line is down)."""
@@ -128,7 +143,11 @@ class OwnerLink:
     async def _read(self, reader: asyncio.StreamReader) -> None:
         try:
             while (received := await read_frame(reader)) is not None:
-                self._received(received)
+                try:
+                    self._received(received)
+                except Exception:  # a fault with one frame fails its request, not the line
+                    logger.exception("worker 0's answer could not be handed on")
+                    self._fail(received.header.get("n"), UnavailableError("worker 0's answer was malformed"))
         except (ConnectionError, InvalidArgumentError) as exc:
             logger.warning("the line to worker 0 broke: %s", exc)
 
@@ -136,13 +155,13 @@ class OwnerLink:
         header = received.header
         if "states" in header:
             self._states = header["states"]
+            self.told += 1
             self._told.set()
-            self._ever_told = True
             return
         number = header["n"]
         sent = self._sent.get(number)
         if sent is None:
-            return  # a cancelled request's late answer
+            return  # a request failed here already (its sink took an error): nobody waits
         sink = sent.request.sink
         assert sink is not None
         if "error" in header:
@@ -150,21 +169,27 @@ class OwnerLink:
             sink.fail(error_from(header["error"]))
             return
         final = bool(header["final"])
+        response = response_from(received, sent.request.model_name)
         if final:
             self._forget(number)
-        sink.send(response_from(received, sent.request.model_name), final)
+        sink.send(response, final)
 
     def _forget(self, number: int) -> None:
         sent = self._sent.pop(number)
         sent.forget_cancel()
         sent.answered()
 
+    def _fail(self, number: object, error: CoreserveError) -> None:
+        sent = self._sent.get(number) if isinstance(number, int) else None
+        if sent is None:
+            return
+        self._forget(number)  # type: ignore[arg-type]
+        if sent.request.sink is not None and not sent.request.sink.done:
+            sent.request.sink.fail(error)
+
     def _fail_all(self, error: CoreserveError) -> None:
         for number in list(self._sent):
-            sink = self._sent[number].request.sink
-            self._forget(number)
-            if sink is not None and not sink.done:
-                sink.fail(error)
+            self._fail(number, error)
 
     async def close(self) -> None:
         if self._keeping is not None:
@@ -174,39 +199,29 @@ class OwnerLink:
         self._fail_all(UnavailableError("the server is stopping"))
 
 
-class _OwnerState:
-    """The forwarding scheduler's one instance: it runs nothing; it says whether worker 0
-    serves the model version (`ModelVersion.instance_failure` reads `failure`)."""
-
-    def __init__(self, link: OwnerLink, name: str, version: int) -> None:
-        self._link = link
-        self._name = name
-        self._version = version
-
-    @property
-    def failure(self) -> str:
-        return self._link.failure(self._name, self._version)
-
-    async def close(self) -> None:
-        return None
-
-
 class ForwardingScheduler(Scheduler):
     """A model version that worker 0 serves for every worker: requests are sent there."""
 
     answers_from_cache = False  # worker 0's cache answers, where the model has one
 
     def __init__(self, link: OwnerLink, version: ModelVersion) -> None:
-        state = _OwnerState(link, version.name, version.version)
-        super().__init__(version.signature, version.statistics, [state])  # type: ignore[list-item]
+        super().__init__(version.signature, version.statistics, [])
         self._link = link
+        self._name = version.name
         self._version = version.version
+        self._since = link.told  # what worker 0 told before this load is of an older one
         self._sending = 0
         self._done_sending = asyncio.Event()
 
     @property
     def pending(self) -> int:
         return 0  # counted where they run, in worker 0
+
+    def failure(self) -> str:
+        return self._link.verdict(self._name, self._version, self._since)[0]
+
+    def serving(self) -> bool:
+        return self._link.verdict(self._name, self._version, self._since)[1]
 
     def start(self) -> None:
         self._done_sending.set()
@@ -215,6 +230,7 @@ class ForwardingScheduler(Scheduler):
         if self._closed:
             raise self._unloading()
         if request.is_cancelled():  # its client gave up while it was being decoded
+            self.statistics.record_failure(request, "CANCELED")
             raise CancelledError.of_request(request.model_name)
         self._link.send(request, self._version, self._answered)
         self._sending += 1

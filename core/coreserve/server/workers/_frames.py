@@ -40,7 +40,7 @@ class Frame:
 
 def frame(header: Mapping[str, Any], tensors: Mapping[str, np.ndarray] | None = None) -> Pieces:
     """A frame's bytes in pieces (for `writelines`): `tensors` described in the header's
-    `tensors` and sent after it without a copy where they are contiguous."""
+    `tensors` and sent after it (views of the arrays where they are contiguous)."""
     described: list[list[Any]] = []
     payload: Pieces = []
     size = 0
@@ -52,6 +52,11 @@ def frame(header: Mapping[str, Any], tensors: Mapping[str, np.ndarray] | None = 
         size += len(data)
     head = orjson.dumps({**header, "tensors": described} if tensors is not None else header)
     return [_LENGTHS.pack(len(head), size), head, *payload]
+
+
+def payload_size(pieces: Pieces) -> int:
+    """The bytes of a frame's tensors (what `read_frame` checks against MAX_PAYLOAD_BYTES)."""
+    return int(_LENGTHS.unpack(pieces[0])[1])
 
 
 def entries_frame(entries: bytes) -> Pieces:

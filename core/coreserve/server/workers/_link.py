@@ -123,7 +123,8 @@ class WorkerLink:
 
     async def others_gone(self, timeout: float) -> None:
         """In worker 0, as it stops: waits (at most `timeout` seconds) for the other workers to
-        stop, so that their last traces reach the trace file it writes."""
+        stop, serving the requests they still send it, and taking their last traces for the
+        trace file it writes."""
         if self._owner is not None:
             await self._owner.others_gone(timeout)
 

@@ -13,9 +13,9 @@ import contextlib
 import logging
 from pathlib import Path
 
-from coreserve.errors import CoreserveError, InvalidArgumentError, UnavailableError
+from coreserve.errors import CoreserveError, InternalError, InvalidArgumentError, UnavailableError
 from coreserve.repository.loader import single_copy_reason
-from coreserve.repository.model import ModelState
+from coreserve.repository.model import ModelState, ModelVersion
 from coreserve.server.dataplane import DataPlane
 from coreserve.server.workers._channel import error_data
 from coreserve.server.workers._frames import Frame, Pieces, frame, read_frame, request_from, response_frame
@@ -44,7 +44,7 @@ class ForwardedRequests:
         self._path = path
         self._server: asyncio.Server | None = None
         self._lines: set[_Line] = set()
-        self._states: dict[str, dict[str, str]] = {}
+        self._states: dict[str, dict[str, list[object]]] = {}
         self._watch: asyncio.Task[None] | None = None
         self._connections = asyncio.Condition()
 
@@ -62,15 +62,15 @@ class ForwardedRequests:
                     self._connections.wait_for(lambda: len(self._lines) >= others), LINES_WAIT_S
                 )
 
-    def states(self) -> dict[str, dict[str, str]]:
-        """Each single-copy model's loaded versions: "" where one serves, else why not (one
+    def states(self) -> dict[str, dict[str, list[object]]]:
+        """Each single-copy model's loaded versions: [takes requests, ready, why not] (one
         still loading is left out: the others' copies say nothing of it until it is settled)."""
-        states: dict[str, dict[str, str]] = {}
+        states: dict[str, dict[str, list[object]]] = {}
         for model in self._dataplane.repository.models():
             if model.config is None or not single_copy_reason(model.config):
                 continue
             states[model.name] = {
-                str(number): "" if version.ready else (version.current_reason or version.current_state.name)
+                str(number): [version.takes_requests, version.ready, _reason(version)]
                 for number, version in model.versions.items()
                 if version.state in (ModelState.READY, ModelState.UNAVAILABLE)
             }
@@ -119,13 +119,24 @@ class ForwardedRequests:
             line.close()
 
 
+def _reason(version: ModelVersion) -> str:
+    return version.current_reason or f"version {version.version} is {version.current_state.name}"
+
+
 class _Line:
-    """One other worker's connection: its requests running here, by their numbers."""
+    """One other worker's connection: its requests running here, by their numbers.
+
+    Requests are handed to their schedulers in the order they come. Those of a model that is
+    not loaded, where the server loads on demand, wait (in order) for its load, while the
+    requests of other models go on.
+    """
 
     def __init__(self, dataplane: DataPlane, writer: asyncio.StreamWriter) -> None:
         self._dataplane = dataplane
         self._writer = writer
         self.running: dict[int, InferenceRequest] = {}
+        self._waiting: dict[str, list[tuple[int, InferenceRequest]]] = {}  # by model, for its load
+        self._loads: set[asyncio.Task[None]] = set()
 
     def send(self, pieces: Pieces) -> None:
         if not self._writer.is_closing():
@@ -134,35 +145,67 @@ class _Line:
     async def serve(self, reader: asyncio.StreamReader) -> None:
         try:
             while (received := await read_frame(reader)) is not None:
-                header = received.header
-                if "trace" in header:
-                    self._dataplane.tracer.add_entries(bytes(received.payload))
-                elif "cancel" in header:
-                    request = self.running.get(header["n"])
-                    if request is not None:
-                        request.cancel()
-                else:
-                    await self._run(received)  # one at a time: they are scheduled in order
+                try:
+                    self._received(received)
+                except Exception:  # a fault with one frame fails its request, not the line
+                    logger.exception("a request from another worker could not be run")
+                    number = received.header.get("n")
+                    if isinstance(number, int):
+                        self._fail(number, InternalError("worker 0 could not run the request"))
         except (ConnectionError, InvalidArgumentError) as exc:
             logger.warning("a worker's line to worker 0 broke: %s", exc)
 
-    async def _run(self, received: Frame) -> None:
-        number = received.header["n"]
+    def _received(self, received: Frame) -> None:
+        header = received.header
+        if "trace" in header:
+            self._dataplane.tracer.add_entries(bytes(received.payload))
+        elif "cancel" in header:
+            request = self.running.get(header["n"])
+            if request is not None:
+                request.cancel()
+        else:
+            number, request = header["n"], request_from(received)
+            self.running[number] = request
+            name = request.model_name
+            waiting = self._waiting.get(name)
+            if waiting is not None:  # behind the others of its model
+                waiting.append((number, request))
+            elif self._dataplane.in_use(name, request.model_version) is None and self._on_demand():
+                self._waiting[name] = [(number, request)]
+                load = asyncio.create_task(self._load_then_submit(name, request.model_version))
+                self._loads.add(load)
+                load.add_done_callback(self._loads.discard)
+            else:
+                self._submit(number, request)
+
+    def _on_demand(self) -> bool:
+        return self._dataplane.repository.budgeted.on_demand
+
+    async def _load_then_submit(self, name: str, version: str) -> None:
+        with contextlib.suppress(CoreserveError):  # each request then gets its own lookup's error
+            await self._dataplane.serving_version(name, version)
+        for number, request in self._waiting.pop(name, []):
+            self._submit(number, request)
+
+    def _submit(self, number: int, request: InferenceRequest) -> None:
         try:
-            request = request_from(received)
-            # Loaded here already, but where the server loads on demand (then this waits).
-            target = await self._dataplane.serving_version(request.model_name, request.model_version)
+            target = self._dataplane.model_version(request.model_name, request.model_version)
             if target.scheduler is None:
                 raise UnavailableError(f"model '{request.model_name}' version {target.version} is not loaded")
             request.sink = _Replies(self, number)
-            self.running[number] = request
             target.scheduler.submit(request)
         except CoreserveError as exc:
-            self.running.pop(number, None)
-            self.send(frame({"n": number, "error": error_data(exc)}))
+            self._fail(number, exc)
+
+    def _fail(self, number: int, error: CoreserveError) -> None:
+        self.running.pop(number, None)
+        self.send(frame({"n": number, "error": error_data(error)}))
 
     def close(self) -> None:
         """The worker went away: nobody waits for its requests any more."""
+        for load in self._loads:
+            load.cancel()
+        self._waiting.clear()
         for request in list(self.running.values()):
             request.cancel()
         self.running.clear()

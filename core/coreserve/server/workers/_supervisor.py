@@ -31,8 +31,6 @@ from coreserve.server.changes import (
     Change,
     Registration,
     Unregistration,
-    UpdateLogSettings,
-    UpdateTraceSetting,
     change_from,
     message_of,
 )
@@ -196,11 +194,10 @@ class Supervisor:
             for forgotten in [kept for kept in self._replay if change.forgets(kept)]:
                 del self._replay[forgotten]
             return
-        if isinstance(change, UpdateLogSettings | UpdateTraceSetting):
+        key = change.replay_key
+        if key is None:
             self._changes += 1
-            key: tuple[str, ...] = ("settings", str(self._changes))
-        else:
-            key = change.replay_key
+            key = ("in order", str(self._changes))
         self._replay.pop(key, None)
         self._replay[key] = what
 
