@@ -10,6 +10,7 @@ the chance that one worker got them all is 2**-39.
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
 import os
@@ -18,6 +19,7 @@ import re
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -34,6 +36,8 @@ import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
+from coreserve.server.workers._frames import frame, read_frame
+from coreserve.server.workers._owner import owner_socket
 from coreserve.testing import ServerProcess
 from model_builders import ADD_SUB_CONFIG, accumulator_model, add_sub_model, scale_model, write_model
 from waiting import wait_until
@@ -575,6 +579,43 @@ def test_one_triton_trace_file_holds_every_workers_traces(repository: Path, tmp_
     assert sorted(records.values()) == sorted(f"request-{index}" for index in range(CONNECTIONS // 2))
     assert {trace_id % 2 for trace_id in records} == {0, 1}  # both workers' traces
     assert not list(tmp_path.glob("trace.json.*"))
+
+
+def test_worker_0s_line_answers_a_malformed_request_and_survives_a_broken_frame(
+    server: ServerProcess,
+) -> None:
+    """The line other workers send worker 0 their requests on (a Unix socket in the
+    supervisor's private folder): a request frame it cannot run gets an error for that
+    request; a frame past the limits ends that line only; the server serves on."""
+    with httpclient.InferenceServerClient(server.http_url) as client:
+        client.load_model("counter")
+    owner = next(pid for pid in _workers(server) if _worker_index(pid) == 0)
+    variables = Path(f"/proc/{owner}/environ").read_bytes().split(b"\0")
+    supervisor_socket = next(v for v in variables if v.startswith(b"CORESERVE_WORKER=")).split(b"/", 2)[2]
+    path = owner_socket(supervisor_socket.decode())
+    assert oct(Path(path).parent.stat().st_mode & 0o777) == "0o700"
+
+    async def talk() -> None:
+        reader, writer = await asyncio.open_unix_connection(path)
+        states = await read_frame(reader)
+        assert states is not None and "counter" in states.header["states"]
+        writer.writelines(frame({"n": 1, "model": "counter"}))  # no version, inputs, ...
+        writer.writelines(frame({"n": 2, "model": "nowhere", "version": 1, "id": "", "parameters": {},
+                                 "outputs": None, "batch": 1}, {}))  # fmt: skip
+        answers = {}
+        while len(answers) < 2:
+            answer = await asyncio.wait_for(read_frame(reader), 30)
+            assert answer is not None
+            answers[answer.header["n"]] = answer.header["error"]
+        assert answers[1]["kind"] == "InternalError"
+        assert answers[2]["kind"] == "NotFoundError" and "nowhere" in answers[2]["message"]
+        writer.write(struct.pack("!IQ", 2**31, 0))  # a header past the limit
+        assert await asyncio.wait_for(reader.read(), 30) == b""  # the line ends
+        writer.close()
+
+    asyncio.run(talk())
+    assert _sequence_step(server, 77, 5, start=True, end=True, grpc=False) == 5
+    assert "a worker's line to worker 0 broke: a frame between workers is too large" in server.log
 
 
 def test_sigterm_stops_every_worker(repository: Path) -> None:
