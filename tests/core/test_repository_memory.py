@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
 import pytest
 
-from coreserve.repository.memory import MemoryBudgetError, ModelMemory, parse_memory_budget, process_tree_rss
+from coreserve.repository.memory import (
+    MemoryBudgetError,
+    MemoryBudgets,
+    ModelMemory,
+    parse_memory_budget,
+    parse_memory_budgets,
+    process_tree_rss,
+)
 
 
 @pytest.mark.parametrize(
@@ -73,3 +81,36 @@ def test_the_refusal_names_the_budget_the_usage_and_the_model() -> None:
     )
     memory.release("a")
     assert memory.used() == 0 and memory.expected("a") == 80 * 10**6
+
+
+def test_the_host_and_each_gpu_have_a_budget_of_their_own() -> None:
+    assert parse_memory_budgets([], total=1000) == MemoryBudgets() and not MemoryBudgets()
+    budgets = parse_memory_budgets(["40%", "gpu:0=8GB", "GPU:1 = 512MiB"], total=1000)
+    assert budgets == MemoryBudgets(host=400, gpus={0: 8 * 10**9, 1: 512 * 2**20}) and budgets
+    assert parse_memory_budgets(["gpu:3=1GB"]) == MemoryBudgets(gpus={3: 10**9})
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        (["1GB", "2GB"], "the host's model memory budget is given twice"),
+        (["gpu:0=1GB", "gpu:0=2GB"], "the model memory budget of GPU 0 is given twice"),
+        (["gpu:0"], "expected a GPU's model memory budget as gpu:<id>=BYTES"),
+        (["gpu:x=1GB"], "expected a GPU's model memory budget as gpu:<id>=BYTES"),
+        (["gpu:-1=1GB"], "expected a GPU's model memory budget as gpu:<id>=BYTES"),
+        (["gpu:0=0"], "must be above 0 bytes, got 'gpu:0=0'"),
+        (["gpu:0=40%"], "expected a model memory budget as BYTES (e.g. gpu:0=8GB), got 'gpu:0=40%'"),
+    ],
+)
+def test_bad_gpu_budgets_are_refused(values: list[str], message: str) -> None:
+    with pytest.raises(MemoryBudgetError, match=re.escape(message)):
+        parse_memory_budgets(values, total=1000)
+
+
+def test_a_gpus_refusal_names_the_gpu() -> None:
+    memory = ModelMemory(budget=100 * 10**6, place="GPU 1")
+    memory.record("a", 90 * 10**6)
+    assert memory.refusal("b", None, "nothing can be unloaded").message == (
+        "cannot load model 'b' (measured now) within GPU 1's model memory budget of 100.0 MB: "
+        "loaded models use 90.0 MB, and nothing can be unloaded"
+    )

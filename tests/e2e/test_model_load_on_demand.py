@@ -289,6 +289,19 @@ def test_without_the_flag_a_request_for_a_model_not_loaded_fails_as_in_triton(
         (["--model-control-mode=explicit", "--model-memory-budget=150%"], "at most 100, got '150%'"),
         (["--model-memory-budget=1GB"], "--model-memory-budget needs --model-control-mode=explicit"),
         (["--model-load-on-demand"], "--model-load-on-demand needs --model-control-mode=explicit"),
+        (
+            ["--model-control-mode=explicit", "--model-memory-budget=1GB", "--model-memory-budget=2GB"],
+            "the host's model memory budget is given twice",
+        ),
+        (["--model-control-mode=explicit", "--model-memory-budget=gpu:a=1GB"], "as gpu:<id>=BYTES"),
+        (
+            [
+                "--model-control-mode=explicit",
+                "--model-memory-budget=gpu:0=1GB",
+                "--model-memory-budget=gpu:0=1GB",
+            ],
+            "the model memory budget of GPU 0 is given twice",
+        ),
     ],
 )
 def test_bad_settings_are_refused_at_startup(tmp_path: Path, flags: list[str], message: str) -> None:
@@ -300,3 +313,23 @@ def test_bad_settings_are_refused_at_startup(tmp_path: Path, flags: list[str], m
     )
     assert run.returncode == 2
     assert message in run.stderr
+
+
+def test_a_gpu_budget_without_nvml_stops_the_start_with_the_reason(tmp_path: Path) -> None:
+    try:  # where NVML reads a GPU, the budget is kept (test_model_memory_budget.py)
+        import pynvml
+
+        pynvml.nvmlInit()
+        pytest.skip("NVML works here: the budget starts (its test is test_model_memory_budget.py)")
+    except ImportError:
+        reason = "pip install nvidia-ml-py"
+    except Exception:  # NVMLError: installed, but no driver or GPU
+        reason = "needs NVML, which is not usable here"
+    run = subprocess.run(
+        [sys.executable, "-m", "coreserve", f"--model-repository={tmp_path}", "--model-control-mode=explicit",
+         "--model-memory-budget=gpu:0=1GB", "--http-port=0", "--grpc-port=0", "--metrics-port=0"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert run.returncode == 1
+    assert "--model-memory-budget: a GPU model memory budget (gpu:0)" in run.stderr and reason in run.stderr
+    assert "Traceback" not in run.stderr

@@ -161,3 +161,68 @@ def test_a_load_with_no_room_fails_naming_the_budget(
     finally:
         client.close()
     assert _index(server)[_name(2)]["state"] == "UNAVAILABLE"
+
+
+ON_GPU = """
+import torch
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.block = torch.ones(2 * 2**30, dtype=torch.uint8, device="cuda:0")  # 2 GiB on GPU 0
+
+    def execute(self, requests):
+        return [
+            pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())])
+            for r in requests
+        ]
+"""
+
+
+def _gpu_usable() -> str:
+    """Why GPU 0's memory cannot be budgeted here ("" where it can)."""
+    try:
+        import pynvml
+        import torch
+
+        pynvml.nvmlInit()
+    except ImportError as exc:
+        return f"needs {exc.name} (a CUDA build of torch and nvidia-ml-py)"
+    except Exception as exc:  # NVMLError
+        return f"NVML is not usable here ({exc})"
+    return "" if torch.cuda.is_available() else "no CUDA device"
+
+
+@pytest.mark.skipif(bool(_gpu_usable()), reason=_gpu_usable() or "GPU 0 is usable")
+def test_a_gpu_budget_unloads_the_least_recently_used_model_on_that_gpu(tmp_path: Path) -> None:
+    """Three models of 2 GiB (and a CUDA context) each on GPU 0, a budget of 6 GB there: two
+    fit; loading the third unloads the one used least recently. Runs on a GPU machine
+    (.ci/gpu-tests)."""
+    root = tmp_path / "models"
+    for name in ("gpu_a", "gpu_b", "gpu_c"):
+        (root / name / "1").mkdir(parents=True)
+        (root / name / "1" / "model.py").write_text(ON_GPU)
+        (root / name / "config.pbtxt").write_text(CONFIG + "instance_group [ { kind: KIND_CPU } ]\n")
+    server = ServerProcess(
+        [root], ["--model-control-mode=explicit", "--model-load-on-demand", "--model-memory-budget=gpu:0=6GB"]
+    ).start(timeout=300)
+    try:
+        client = httpclient.InferenceServerClient(server.http_url, network_timeout=300)
+        for name in ("gpu_a", "gpu_b"):
+            assert _infer(client, name).tolist() == [[1.0] * 4]
+        assert _infer(client, "gpu_a").tolist() == [[1.0] * 4]  # gpu_b is now the least recently used
+        sizes = {
+            name: _sample(server, f'coreserve_model_gpu_memory_bytes{{model="{name}",gpu="0"}}')
+            for name in ("gpu_a", "gpu_b")
+        }
+        assert all(size >= 2 * 2**30 for size in sizes.values()), sizes
+        assert _infer(client, "gpu_c").tolist() == [[1.0] * 4]
+        index = _index(server)
+        assert index["gpu_b"]["state"] == "UNAVAILABLE" and index["gpu_a"]["state"] == "READY"
+        assert _sample(server, "coreserve_model_evictions_total") == 1
+        assert _sample(server, 'coreserve_model_gpu_memory_budget_bytes{gpu="0"}') == 6 * 10**9
+        client.close()
+    finally:
+        server.close()
+    assert "Traceback" not in server.log

@@ -27,6 +27,7 @@ from coreserve.cli._values import (
     stream_limit,
 )
 from coreserve.repository.manager import ControlMode
+from coreserve.repository.memory import MemoryBudgetError, parse_memory_budgets
 from coreserve.server.grpc import DEFAULT_HANDSHAKE_TIMEOUT_S
 
 GRPC_SERVERS = ("native", "grpcio")  # --grpc-server
@@ -60,10 +61,11 @@ def serve_parser() -> argparse.ArgumentParser:
          help="a model to load at start-up in explicit mode (repeatable; * for all)")
     bool_flag("--model-load-on-demand", False, "in explicit mode, a request for a model of the repository "
               "that is not loaded loads it and is answered when it is ready (default false)")
-    flag("--model-memory-budget", type=memory_budget, default=None, metavar="BYTES|PERCENT",
-         help="in explicit mode, the host memory the loaded models may use (e.g. 2GB, 512MiB, 40%%): a load "
-              "that would pass it first unloads the least recently used idle models that are not pinned "
-              "(default: no budget)")
+    flag("--model-memory-budget", type=memory_budget, action="append", default=None,
+         metavar="BYTES|PERCENT|gpu:<id>=BYTES",
+         help="in explicit mode, the host memory the loaded models may use (e.g. 2GB, 512MiB, 40%%), or "
+              "a GPU's (gpu:0=8GB, read through NVML; repeatable, once per GPU): a load that would pass it "
+              "first unloads the least recently used idle models that are not pinned (default: no budget)")
     flag("--repository-poll-secs", type=float, default=15.0, help="seconds between scans in poll mode")
     flag("--model-load-thread-count", type=int, default=4, help="models that load at the same time")
     flag("--model-config-name", default="", metavar="NAME",
@@ -270,6 +272,10 @@ def parse_serve_args(argv: Sequence[str]) -> argparse.Namespace:
     check_http_tls_flags(parser, args)
     _check_cache_flags(parser, args)
     _check_worker_flags(parser, args)
+    try:  # each value was checked alone; together, each place has one
+        parse_memory_budgets(args.model_memory_budget or [])
+    except MemoryBudgetError as exc:
+        parser.error(f"argument --model-memory-budget: {exc}")
     for name, value in (("--model-load-on-demand", args.model_load_on_demand),
                         ("--model-memory-budget", args.model_memory_budget)):  # fmt: skip
         if value and args.model_control_mode != ControlMode.EXPLICIT.value:

@@ -9,6 +9,7 @@ from coreserve import InvalidArgumentError
 from coreserve.cli._tls import http_tls
 from coreserve.cli._values import METRICS_SETTINGS, summary_quantiles
 from coreserve.repository.manager import ControlMode
+from coreserve.repository.memory import parse_memory_budgets
 
 if TYPE_CHECKING:
     from coreserve.server import ServerOptions
@@ -79,7 +80,7 @@ def server_options(args: argparse.Namespace) -> ServerOptions:
         model_control_mode=ControlMode(args.model_control_mode),
         load_models=args.load_models,
         model_load_on_demand=args.model_load_on_demand,
-        model_memory_budget=args.model_memory_budget,
+        model_memory_budgets=parse_memory_budgets(args.model_memory_budget or []),
         repository_poll_secs=args.repository_poll_secs,
         model_load_thread_count=args.model_load_thread_count,
         http_restricted_api=args.http_restricted_api,

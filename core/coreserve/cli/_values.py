@@ -49,14 +49,16 @@ def rate_limit_resource(text: str) -> ResourceSetting:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def memory_budget(text: str) -> int:
-    """--model-memory-budget: BYTES (2GB, 512MiB) or PERCENT of the host's memory, in bytes."""
-    from coreserve.repository.memory import MemoryBudgetError, parse_memory_budget
+def memory_budget(text: str) -> str:
+    """One --model-memory-budget value, checked: BYTES (2GB, 512MiB) or PERCENT of the host's
+    memory, or gpu:<id>=BYTES (the values together: `parse_memory_budgets`)."""
+    from coreserve.repository.memory import MemoryBudgetError, parse_memory_budgets
 
     try:
-        return parse_memory_budget(text)
+        parse_memory_budgets([text])
     except MemoryBudgetError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def positive_int(text: str) -> int:

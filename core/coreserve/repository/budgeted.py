@@ -27,9 +27,16 @@ from contextlib import AbstractAsyncContextManager
 from coreserve.backend.parameters import bool_parameter
 from coreserve.errors import CoreserveError, NotFoundError
 from coreserve.repository.demand import DemandLoads, LifecycleCounts
+from coreserve.repository.gpu_memory import GpuMemoryReader
 from coreserve.repository.layout import ModelLocation
 from coreserve.repository.loader import ModelLoader
-from coreserve.repository.memory import ModelMemory, ModelMemoryBudgetError, megabytes, process_tree_rss
+from coreserve.repository.memory import (
+    MemoryBudgets,
+    ModelMemory,
+    ModelMemoryBudgetError,
+    megabytes,
+    process_tree_rss,
+)
 from coreserve.repository.model import Model, ModelState
 from coreserve.repository.namespaces import ModelTable
 from coreserve.repository.overrides import LoadOverrides
@@ -63,8 +70,9 @@ class BudgetedLoads:
         close: Callable[[Model], Awaitable[None]],
         load: Callable[[str], Awaitable[None]],
         on_demand: bool,
-        memory_budget: int | None,
+        memory_budgets: MemoryBudgets,
     ) -> None:
+        """Raises MemoryBudgetError where a GPU's budget cannot be kept (NVML cannot read it)."""
         self._models = models
         self._unloaded = unloaded
         self._loader = loader
@@ -73,16 +81,37 @@ class BudgetedLoads:
         self._close = close
         self._load = load  # a load of that name, as a request's on demand
         self.on_demand = on_demand
-        self.memory = ModelMemory(memory_budget)
+        self.memory = ModelMemory(memory_budgets.host)  # the host's
+        # Each budgeted GPU's, by id, and the reader of their used memory.
+        self.gpu_memory = {gpu: ModelMemory(size, f"GPU {gpu}") for gpu, size in memory_budgets.gpus.items()}
+        self._gpus = GpuMemoryReader.open(memory_budgets.gpus) if memory_budgets.gpus else None
         self.lifecycle = LifecycleCounts()
         self._demand = DemandLoads(self._load_on_demand, self.lifecycle)
         self.pinned: set[str] = set()  # keys named by --load-model
         self._absent: dict[str, float] = {}  # names not in the repository, until when it is believed
         self._retries: dict[str, tuple[float, float]] = {}  # a failed model's next try: (when, back-off)
+        self.has_budget = bool(memory_budgets)
         # Under a budget, one load at a time: each measures its own growth of the server's memory.
         self.measuring: AbstractAsyncContextManager[object] = (
-            asyncio.Lock() if memory_budget is not None else contextlib.nullcontext()
+            asyncio.Lock() if self.has_budget else contextlib.nullcontext()
         )
+
+    def _places(self) -> dict[str, ModelMemory]:
+        """Where models take memory under a budget or measured: "host", and "gpu:<id>" each."""
+        return {"host": self.memory, **{f"gpu:{gpu}": memory for gpu, memory in self.gpu_memory.items()}}
+
+    def release(self, key: str) -> None:
+        """Forgets an unloaded model's memory in every place."""
+        for memory in self._places().values():
+            memory.release(key)
+
+    async def _sizes_now(self) -> dict[str, int]:
+        """The memory in use now: the server's process tree on the host, each budgeted GPU's."""
+        sizes = {"host": await asyncio.to_thread(process_tree_rss)}
+        if self._gpus is not None:
+            used = await asyncio.to_thread(self._gpus.used)
+            sizes.update({f"gpu:{gpu}": size for gpu, size in used.items()})
+        return sizes
 
     async def measured_load(
         self, location: ModelLocation, overrides: LoadOverrides | None, reason: str
@@ -98,42 +127,55 @@ class BudgetedLoads:
     async def _measured_load(
         self, location: ModelLocation, overrides: LoadOverrides | None, reason: str
     ) -> Model:
-        """Loads a model and measures what the server's memory grew by; under a budget, unloads
-        the least recently used models to make room, before the load where the model's size is
-        known from its last load, and after it where it is not."""
+        """Loads a model and measures what the server's memory grew by in each place (the
+        host, each budgeted GPU); under a budget, unloads the least recently used models to
+        make room, before the load where the model's sizes are known from its last load, and
+        after it where they are not."""
         key = location.key
-        expected = self.memory.expected(key)
-        if self.memory.budget is not None:
-            await self._make_room(location.name, key, expected or 0, expected)
+        places = self._places()
+        expected = {place: memory.expected(key) for place, memory in places.items()}
+        if self.has_budget:
+            await self._make_room(
+                location.name, key, {p: size or 0 for p, size in expected.items()}, expected
+            )
         logger.info("loading model '%s' from %s", location.name, location.path)
-        measuring = self.memory.budget is not None or self.on_demand  # only for who asked for them
-        before = await asyncio.to_thread(process_tree_rss) if measuring else 0
+        measuring = self.has_budget or self.on_demand  # only for who asked for them
+        before = await self._sizes_now() if measuring else {}
         new = await self._loader.load(location, overrides.config if overrides else None)
         if not new.takes_requests:
             return new
         new.loaded_at = time.time()
         if not measuring:
             return new
-        new.memory_bytes = max(0, await asyncio.to_thread(process_tree_rss) - before)
-        self.memory.measured(key, new.memory_bytes)
-        if self.memory.budget is not None:
+        after = await self._sizes_now()
+        sizes = {place: max(0, after[place] - before[place]) for place in places}
+        new.memory_bytes = sizes["host"]
+        new.gpu_memory_bytes = {int(place[4:]): size for place, size in sizes.items() if place != "host"}
+        for place, memory in places.items():
+            memory.measured(key, sizes[place])
+        if self.has_budget:
             try:
-                await self._make_room(location.name, key, new.memory_bytes, expected)
+                await self._make_room(location.name, key, sizes, expected)
             except ModelMemoryBudgetError:
                 await self._close(new)
                 raise
-        self.memory.record(key, new.memory_bytes)
-        logger.info("model '%s' uses %d bytes (%s)", location.name, new.memory_bytes, reason)
+        for place, memory in places.items():
+            memory.record(key, sizes[place])
+        on_gpus = "".join(f", {size} bytes on GPU {gpu}" for gpu, size in new.gpu_memory_bytes.items())
+        logger.info("model '%s' uses %d bytes%s (%s)", location.name, new.memory_bytes, on_gpus, reason)
         return new
 
-    async def _make_room(self, name: str, key: str, size: int, expected: int | None) -> None:
-        """Unloads models, least recently used first, until `size` more bytes fit the budget.
+    async def _make_room(
+        self, name: str, key: str, sizes: dict[str, int], expected: dict[str, int | None]
+    ) -> None:
+        """Unloads models, least recently used first, until the model's `sizes` fit every budget.
 
         Chooses only models that are loaded, not pinned, not loading, with no request in flight,
         and waits until they are closed; raises ModelMemoryBudgetError, unloading nothing, if
-        those are not enough.
+        those are not enough (naming the first place whose budget they leave passed).
         """
-        if not self.memory.over(size):
+        places = self._places()
+        if not any(memory.over(sizes[place]) for place, memory in places.items()):
             return
         candidates = sorted(
             (
@@ -143,28 +185,39 @@ class BudgetedLoads:
             ),
             key=lambda pair: pair[0],
         )
-        budget = self.memory.budget
-        assert budget is not None
-        victims, freeing = [], 0
+        freeing = dict.fromkeys(places, 0)
+
+        def passed() -> str | None:  # the first place whose budget the load would pass
+            for place, memory in places.items():
+                if (
+                    memory.budget is not None
+                    and memory.used() - freeing[place] + sizes[place] > memory.budget
+                ):
+                    return place
+            return None
+
+        victims = []
         for _, other in candidates:
-            if self.memory.used() - freeing + size <= budget:
+            if passed() is None:
                 break
             victims.append(other)
-            freeing += self.memory.loaded.get(other, 0)
-        if self.memory.used() - freeing + size > budget:
-            raise self.memory.refusal(
+            for place, memory in places.items():
+                freeing[place] += memory.loaded.get(other, 0)
+        over = passed()
+        if over is not None:
+            raise places[over].refusal(
                 name,
-                expected,
+                expected[over],
                 "no other loaded model can be unloaded to make room (the others are pinned, loading, "
                 "or have requests in flight)"
                 if not candidates
-                else f"unloading every model that may be unloaded would free only {megabytes(freeing)}",
+                else f"unloading every model that may be unloaded would free only {megabytes(freeing[over])}",
             )
         closing = []
         for other in victims:
             model = self._models[other]
             del self._models[other]
-            self.memory.release(other)
+            self.release(other)
             self._unloaded.add(other)
             self.lifecycle.evictions += 1
             logger.info(

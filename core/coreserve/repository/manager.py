@@ -37,6 +37,7 @@ from coreserve.repository.folders import check_model_name
 from coreserve.repository.index import index_entries
 from coreserve.repository.layout import ModelLocation, ensemble_steps
 from coreserve.repository.loader import ModelLoader
+from coreserve.repository.memory import MemoryBudgets
 from coreserve.repository.model import Model
 from coreserve.repository.namespaces import ModelTable, ambiguous, qualified
 from coreserve.repository.overrides import LoadOverrides, not_in_repository, write_override_files
@@ -67,9 +68,10 @@ class ModelRepository:
         drain_timeout: float | None = None,
         namespacing: bool = False,
         on_demand: bool = False,
-        memory_budget: int | None = None,
+        memory_budgets: MemoryBudgets | None = None,
     ) -> None:
-        """`on_demand`, `memory_budget` (bytes): see the module's docstring (explicit mode only)."""
+        """`on_demand`, `memory_budgets`: see the module's docstring (explicit mode only). Raises
+        MemoryBudgetError where a GPU's budget cannot be kept (NVML cannot read that GPU)."""
         self.sources = list(sources)
         self.mode = mode
         self.namespacing = namespacing
@@ -86,7 +88,8 @@ class ModelRepository:
         self.budgeted = BudgetedLoads(
             self._models, self._unloaded, loader, find=self.get, lock=self._lock, close=self._close,
             load=lambda name: self._load(name, LoadOverrides(), (), reason="demand"),
-            on_demand=on_demand and mode is ControlMode.EXPLICIT, memory_budget=memory_budget,
+            on_demand=on_demand and mode is ControlMode.EXPLICIT,
+            memory_budgets=memory_budgets or MemoryBudgets(),
         )  # fmt: skip
         if namespacing:
             loader.has_model = self._models.__contains__
@@ -298,7 +301,7 @@ class ModelRepository:
                 return new
             if failed:
                 await unload_loaded_versions(new, self._drain_timeout)
-                self.budgeted.memory.release(key)
+                self.budgeted.release(key)
             else:
                 self.budgeted.lifecycle.loads[reason] += 1
             self._models[key] = new
@@ -407,7 +410,7 @@ class ModelRepository:
             if model is None:
                 return
             self._unloaded.add(name)
-            self.budgeted.memory.release(name)
+            self.budgeted.release(name)
             logger.info("unloading model '%s'", name)
             await self._close(model)
 
@@ -428,7 +431,7 @@ class ModelRepository:
         (and, loading on demand or under a memory budget, memory and last use: see index.py)."""
         found, _ = await self._scan()
         names = {key: self._split(key, source)[1] for key, (source, _) in found.items()}
-        extras = self.budgeted.on_demand or self.budgeted.memory.budget is not None
+        extras = self.budgeted.on_demand or self.budgeted.has_budget
         return index_entries(self._models, names, self._unloaded, ready_only=ready_only, extras=extras)
 
 

@@ -1,15 +1,19 @@
-"""Host memory of the loaded models: measuring it, and the budget `--model-memory-budget` sets.
+"""Memory of the loaded models: measuring it, and the budgets `--model-memory-budget` sets.
 
-A model's memory is what the resident set of the server and of its child processes (the
-Python backend's stub processes) grew by while the model loaded, read from /proc. The budget
-bounds the sum of the loaded models' measured sizes; the server's own memory (the interpreter,
-the frontends, the libraries) is not counted against it.
+A model's host memory is what the resident set of the server and of its child processes (the
+Python backend's stub processes) grew by while the model loaded, read from /proc; its memory
+on a GPU is what that GPU's used memory grew by meanwhile, read through NVML (gpu_memory.py).
+A budget bounds the sum of the loaded models' measured sizes in its place (the host, or one
+GPU); the server's own memory (the interpreter, the frontends, the libraries, a CUDA context
+made before) is not counted against it.
 """
 
 from __future__ import annotations
 
 import os
 import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from coreserve.errors import UnavailableError
@@ -36,6 +40,39 @@ class MemoryBudgetError(ValueError):
     """A `--model-memory-budget` value that cannot be used; the message says why."""
 
 
+@dataclass(frozen=True)
+class MemoryBudgets:
+    """What `--model-memory-budget` sets: the host's budget and each GPU's, in bytes."""
+
+    host: int | None = None  # None: no budget for the host
+    gpus: dict[int, int] = field(default_factory=dict)  # by GPU id (NVML's index)
+
+    def __bool__(self) -> bool:
+        return self.host is not None or bool(self.gpus)
+
+
+def parse_memory_budgets(values: Sequence[str], total: int | None = None) -> MemoryBudgets:
+    """The budgets that `--model-memory-budget`'s values name: one for the host (see
+    `parse_memory_budget`) and any number of `gpu:<id>=BYTES`, one per GPU."""
+    host: int | None = None
+    gpus: dict[int, int] = {}
+    for text in values:
+        if text.strip().lower().startswith("gpu:"):
+            device, equals, amount = text.strip()[4:].partition("=")
+            if not equals or not device.strip().isdigit():
+                raise MemoryBudgetError(
+                    f"expected a GPU's model memory budget as gpu:<id>=BYTES (e.g. gpu:0=8GB), got '{text}'"
+                )
+            if int(device) in gpus:
+                raise MemoryBudgetError(f"the model memory budget of GPU {int(device)} is given twice")
+            gpus[int(device)] = _parse_bytes(amount, text, "(e.g. gpu:0=8GB)")
+        else:
+            if host is not None:
+                raise MemoryBudgetError(f"the host's model memory budget is given twice (again as '{text}')")
+            host = parse_memory_budget(text, total)
+    return MemoryBudgets(host, gpus)
+
+
 def parse_memory_budget(text: str, total: int | None = None) -> int:
     """The budget in bytes that `text` names: BYTES with an optional unit (2GB, 512MB, 1.5GiB)
     or PERCENT of the host's memory (40%); `total` is that memory (by default /proc/meminfo's
@@ -49,12 +86,13 @@ def parse_memory_budget(text: str, total: int | None = None) -> int:
             )
         host = total if total is not None else host_memory()
         return int(host * share / 100)
-    amount = _AMOUNT.match(text)
+    return _parse_bytes(text, text, "(e.g. 2GB, 512MB, 1GiB) or PERCENT of the host's memory (e.g. 40%)")
+
+
+def _parse_bytes(amount_text: str, text: str, examples: str) -> int:
+    amount = _AMOUNT.match(amount_text)
     if amount is None or amount[2].lower() not in _UNITS:
-        raise MemoryBudgetError(
-            f"expected a model memory budget as BYTES (e.g. 2GB, 512MB, 1GiB) or PERCENT of the host's "
-            f"memory (e.g. 40%), got '{text}'"
-        )
+        raise MemoryBudgetError(f"expected a model memory budget as BYTES {examples}, got '{text}'")
     budget = int(float(amount[1]) * _UNITS[amount[2].lower()])
     if budget <= 0:
         raise MemoryBudgetError(f"a model memory budget must be above 0 bytes, got '{text}'")
@@ -111,10 +149,12 @@ class ModelMemoryBudgetError(UnavailableError):
 
 
 class ModelMemory:
-    """The measured memory of each loaded model, and the budget their sum must stay within."""
+    """The measured memory of each loaded model in one place (the host, or a GPU), and the
+    budget their sum must stay within."""
 
-    def __init__(self, budget: int | None = None) -> None:
+    def __init__(self, budget: int | None = None, place: str = "") -> None:
         self.budget = budget  # bytes; None: no budget
+        self.place = place  # "": the host; "GPU 0": that GPU
         self.loaded: dict[str, int] = {}  # by model key, for the models loaded now
         self._measured: dict[str, int] = {}  # by model key, at its last load (kept after unloading)
 
@@ -143,7 +183,8 @@ class ModelMemory:
         """The error of a load the budget has no room for, with the budget, the usage and the model."""
         assert self.budget is not None
         size = f"{megabytes(expected)} at its last load" if expected is not None else "measured now"
+        budget = f"{self.place}'s model memory budget" if self.place else "the model memory budget"
         return ModelMemoryBudgetError(
-            f"cannot load model '{name}' ({size}) within the model memory budget of "
+            f"cannot load model '{name}' ({size}) within {budget} of "
             f"{megabytes(self.budget)}: loaded models use {megabytes(self.used())}, and {why}"
         )

@@ -85,6 +85,7 @@ class Model:
     namespace: str = ""  # its repository, under --model-namespacing
     loaded_at: float = 0.0  # time.time() when it became ready
     memory_bytes: int | None = None  # what the server's memory grew by while it loaded
+    gpu_memory_bytes: dict[int, int] = field(default_factory=dict)  # and each budgeted GPU's
 
     def last_used(self) -> float:
         """When a request last used a version of it, or when it loaded if none did since."""

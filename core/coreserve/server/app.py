@@ -16,11 +16,12 @@ import signal
 import tempfile
 from collections.abc import Awaitable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from coreserve.backend.plugins import Plugins
 from coreserve.errors import CoreserveError
 from coreserve.repository import ControlMode, ModelLoader, ModelRepository, source_for
+from coreserve.repository.memory import MemoryBudgetError
 from coreserve.scheduling import LatencyOptions
 from coreserve.scheduling.cache_config import make_response_cache
 from coreserve.scheduling.rate_limiter import RateLimiter
@@ -86,19 +87,11 @@ class ServerRuntime:
         except CoreserveError as exc:
             self._remove_own_cache()
             raise StartupError(exc.message) from None
-        self.repository = ModelRepository(
-            sources,
-            loader,
-            mode=options.model_control_mode,
-            # Explicit mode loads only what --load-model names (nothing without it), as Triton.
-            startup_models=options.load_models,
-            load_threads=options.model_load_thread_count,
-            cache_dir=self.cache_dir,
-            drain_timeout=options.exit_timeout_secs,
-            namespacing=options.model_namespacing,
-            on_demand=options.model_load_on_demand,
-            memory_budget=options.model_memory_budget,
-        )
+        try:
+            self.repository = self._repository(options, sources, loader)
+        except MemoryBudgetError as exc:  # a GPU's budget NVML cannot read
+            self._remove_own_cache()
+            raise StartupError(f"--model-memory-budget: {exc}") from None
         self._poller: asyncio.Task[None] | None = None
         self.flags = ServerFlags(strict_readiness=options.strict_readiness)
         self.log = log or ServerLog(options.log_settings)
@@ -135,6 +128,21 @@ class ServerRuntime:
         self.metrics: MetricsFrontend | None = None
         self.openai: OpenAIFrontend | None = None
         self._openai_type: type[OpenAIFrontend] | None = None
+
+    def _repository(self, options: ServerOptions, sources: list[Any], loader: ModelLoader) -> ModelRepository:
+        return ModelRepository(
+            sources,
+            loader,
+            mode=options.model_control_mode,
+            # Explicit mode loads only what --load-model names (nothing without it), as Triton.
+            startup_models=options.load_models,
+            load_threads=options.model_load_thread_count,
+            cache_dir=self.cache_dir,
+            drain_timeout=options.exit_timeout_secs,
+            namespacing=options.model_namespacing,
+            on_demand=options.model_load_on_demand,
+            memory_budgets=options.model_memory_budgets,
+        )
 
     def _latency_options(self) -> LatencyOptions:
         """The latency families `--metrics-config` asks for (none when metrics are off)."""

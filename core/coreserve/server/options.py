@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from coreserve.repository import ControlMode
+from coreserve.repository.memory import MemoryBudgets
 from coreserve.scheduling.rate_limiter import ResourceSetting
 from coreserve.server.grpc import GrpcTransport
 from coreserve.server.httpd import HttpLimits, HttpTls
@@ -28,8 +29,8 @@ class ServerOptions:
     load_models: list[str] = field(default_factory=list)
     # --model-load-on-demand (explicit mode): a request for a model not loaded loads it.
     model_load_on_demand: bool = False
-    # --model-memory-budget (explicit mode), in bytes: the loaded models' memory; None: no budget.
-    model_memory_budget: int | None = None
+    # --model-memory-budget (explicit mode): the loaded models' memory on the host and GPUs.
+    model_memory_budgets: MemoryBudgets = field(default_factory=MemoryBudgets)
     repository_poll_secs: float = 15.0
     model_load_thread_count: int = 4
     # None: a temporary folder of this server's own (never shared with another server),

@@ -21,7 +21,7 @@ def _escape(value: str) -> str:
 def render_lifecycle_metrics(repository: ModelRepository) -> list[str]:
     """The lifecycle families in Prometheus text format 0.0.4 (none unless the server asks)."""
     budgeted = repository.budgeted
-    if not budgeted.on_demand and budgeted.memory.budget is None:
+    if not budgeted.on_demand and not budgeted.has_budget:
         return []
     counts = budgeted.lifecycle
     lines = family(
@@ -54,6 +54,27 @@ def render_lifecycle_metrics(repository: ModelRepository) -> list[str]:
             "gauge",
             "The model memory budget (--model-memory-budget), in bytes (coreserve)",
             [f"coreserve_model_memory_budget_bytes {budgeted.memory.budget}"],
+        )
+    if budgeted.gpu_memory:
+        lines += family(
+            "coreserve_model_gpu_memory_bytes",
+            "gauge",
+            "GPU memory a loaded model took when it loaded, in bytes, on each GPU with a budget (coreserve)",
+            (
+                f'coreserve_model_gpu_memory_bytes{{model="{_escape(name)}",gpu="{gpu}"}} {size}'
+                for name, model in models.items()
+                if model.takes_requests
+                for gpu, size in model.gpu_memory_bytes.items()
+            ),
+        )
+        lines += family(
+            "coreserve_model_gpu_memory_budget_bytes",
+            "gauge",
+            "Each GPU's model memory budget (--model-memory-budget gpu:<id>=BYTES), in bytes (coreserve)",
+            (
+                f'coreserve_model_gpu_memory_budget_bytes{{gpu="{gpu}"}} {memory.budget}'
+                for gpu, memory in budgeted.gpu_memory.items()
+            ),
         )
     running = 0
     buckets = []
