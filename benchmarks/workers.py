@@ -7,6 +7,8 @@ at 1 and at N, in alternating rounds.
 
 Both servers run at once on their own ports, serving the tiny add model of overhead.py, the
 add-one model.py of python_speed.py and the streaming `charlm` of the OpenAI tests. The
+`compute-binary` path sends HTTP binary requests to a model of four 512-wide dense layers with
+ONNX Runtime's own thread count (a model that uses the cores itself). The
 `sequence-json` path sends HTTP JSON to the add model with a sequence batcher, each request a
 sequence of its own: under workers only worker 0 serves it, and the others send it their
 requests, so this row measures that hop. Each round
@@ -31,6 +33,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "e2e"))
 from load_generators import Load, grpc_call_succeeds, h2load_grpc, retrying, wrk
@@ -46,7 +50,16 @@ from trials import median
 
 from coreserve.testing import ServerProcess
 
-PATHS = ("http-json", "grpc", "python-json", "sequence-json", "openai-stream")
+PATHS = ("http-json", "grpc", "python-json", "sequence-json", "compute-binary", "openai-stream")
+# A model whose inference is compute (four 512x512 layers over 64 rows), with ONNX Runtime's
+# own thread count (none set): what workers do to a model that uses the cores itself.
+COMPUTE_ROWS, COMPUTE_WIDTH, COMPUTE_LAYERS = 64, 512, 4
+COMPUTE_CONFIG = f"""
+backend: "onnxruntime"
+max_batch_size: 0
+input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ {COMPUTE_ROWS}, {COMPUTE_WIDTH} ] }} ]
+output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ {COMPUTE_ROWS}, {COMPUTE_WIDTH} ] }} ]
+"""
 METHOD = "/inference.GRPCInferenceService/ModelInfer"
 MAX_TOKENS = 64
 
@@ -85,6 +98,10 @@ def measure(server: ServerProcess, path: str, concurrency: int, seconds: float, 
     if path == "sequence-json":
         url = f"http://{server.http_url}/v2/models/add_sequence/infer"
         return retrying(lambda: wrk(url, concurrency, seconds, sequence_body(), threads=threads))
+    if path == "compute-binary":
+        url = f"http://{server.http_url}/v2/models/compute/infer"
+        body, headers = compute_body()
+        return retrying(lambda: wrk(url, concurrency, seconds, body, headers, threads=threads))
     if path == "python-json":
         url = f"http://{server.http_url}/v2/models/{PYTHON_MODEL}/infer"
         return retrying(lambda: wrk(url, concurrency, seconds, PYTHON_JSON_BODY, threads=threads))
@@ -96,6 +113,49 @@ def measure(server: ServerProcess, path: str, concurrency: int, seconds: float, 
     done = asyncio.run(openai_stream_round(openai_url(server), concurrency, seconds, MAX_TOKENS))
     return Load(requests_per_s=done.tokens_per_second, p50_ms=done.ttft_ms_median,
                 p90_ms=done.ttft_ms_p90, p99_ms=done.ttft_ms_p90, tool="aiohttp")  # fmt: skip
+
+
+def compute_model() -> bytes:
+    """COMPUTE_LAYERS dense layers (MatMul, Relu) of fixed random weights."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    nodes, weights, previous = [], [], "INPUT0"
+    for layer in range(COMPUTE_LAYERS):
+        weight = rng.standard_normal((COMPUTE_WIDTH, COMPUTE_WIDTH), dtype=np.float32) / COMPUTE_WIDTH**0.5
+        weights.append(numpy_helper.from_array(weight, f"W{layer}"))
+        output = "OUTPUT0" if layer == COMPUTE_LAYERS - 1 else f"H{layer}"
+        nodes.append(helper.make_node("MatMul", [previous, f"W{layer}"], [f"M{layer}"]))
+        nodes.append(helper.make_node("Relu", [f"M{layer}"], [output]))
+        previous = output
+    shape = [COMPUTE_ROWS, COMPUTE_WIDTH]
+    graph = helper.make_graph(
+        nodes,
+        "compute",
+        [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, shape)],
+        weights,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return bytes(model.SerializeToString())
+
+
+def compute_body() -> tuple[bytes, dict[str, str]]:
+    """The compute model's request in the binary extension (its tensor is 128 KiB)."""
+    data = np.ones((COMPUTE_ROWS, COMPUTE_WIDTH), np.float32).tobytes()
+    header = json.dumps(
+        {
+            "inputs": [{"name": "INPUT0", "shape": [COMPUTE_ROWS, COMPUTE_WIDTH], "datatype": "FP32",
+                        "parameters": {"binary_data_size": len(data)}}],
+            "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}}],
+        }
+    ).encode()  # fmt: skip
+    headers = {
+        "Inference-Header-Content-Length": str(len(header)),
+        "Content-Type": "application/octet-stream",
+    }
+    return header + data, headers
 
 
 def sequence_body() -> bytes:
@@ -121,6 +181,7 @@ def main() -> None:
         repository = openai_repository(Path(folder) / "models")
         write_model(repository, "add", add_model(), CONFIG)
         write_model(repository, "add_sequence", add_model(), CONFIG + "sequence_batching { }\n")
+        write_model(repository, "compute", compute_model(), COMPUTE_CONFIG)
         write_python_model(repository)
         servers = {1: start(repository, 1), args.workers: start(repository, args.workers)}
         try:

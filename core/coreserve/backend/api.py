@@ -115,7 +115,10 @@ class ServerContext:
     this backend; `client` calls other models of this server (BLS, pipelines); `models` loads,
     unloads and checks models through the repository API; `metrics` adds custom metric
     families to the metrics endpoint (release them when the instance closes); `activity` says
-    how busy the server is, for a backend that adapts to it.
+    how busy the server is, for a backend that adapts to it; `copies` is how many copies of
+    the model the server loads on this machine: one per worker process under
+    `--http-thread-count` (1 for a model worker 0 serves for all), so that a backend which
+    sizes a thread pool by the machine's cores gives each copy its share.
     """
 
     backend_config: Mapping[str, str] = field(default_factory=dict)
@@ -124,6 +127,7 @@ class ServerContext:
     models: ModelControl | None = None
     metrics: CustomMetrics = field(default_factory=CustomMetrics)
     activity: ServerActivity | None = None
+    copies: int = 1
 
 
 @runtime_checkable

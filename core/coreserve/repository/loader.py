@@ -76,11 +76,12 @@ class ModelLoader:
         self.metrics = CustomMetrics()  # the custom metric families the metrics endpoint writes
         # Under --model-namespacing, the repository's test for a qualified model key.
         self.has_model: Callable[[str], bool] | None = None
+        self.workers = 1  # the worker processes of the server, each with its copies of the models
         # In a worker of a server of several, but the first: the scheduler that sends a
         # single-copy model's requests to the first, which alone loads it (`single_copy_reason`).
         self.forwarding: Callable[[ModelVersion], Scheduler] | None = None
 
-    def context_for(self, backend: Backend, namespace: str = "") -> ServerContext:
+    def context_for(self, backend: Backend, namespace: str = "", copies: int = 1) -> ServerContext:
         client = self.client
         # Under namespacing an ensemble's steps resolve in its own repository first; other
         # backends' calls (BLS) name models globally, as Triton's do.
@@ -93,6 +94,7 @@ class ModelLoader:
             models=self.models,
             metrics=self.metrics,
             activity=self.activity,
+            copies=copies,
         )
 
     def _latency_for(self, config: ModelConfig) -> LatencyOptions:
@@ -221,7 +223,8 @@ class ModelLoader:
                     version.version,
                 )
                 return
-            context = self.context_for(backend, location.namespace)
+            copies = 1 if single_copy_reason(version.config) else self.workers
+            context = self.context_for(backend, location.namespace, copies)
             grouped = _grouped_placements(version.config)
             for _, placement in grouped:
                 instances.append(await backend.create_instance(files, version.config, placement, context))

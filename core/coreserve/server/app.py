@@ -119,6 +119,7 @@ class ServerRuntime:
                 response_cache=self.response_cache,
             )
         if worker is not None:
+            loader.workers = worker.count
             shared_cache = "redis" in options.cache_config  # one store for every worker
             self._link = WorkerLink(worker, self.dataplane, self.metrics_report, shared_cache)
             if self._link.owner_link is not None:

@@ -41,7 +41,7 @@ def create_instance(
 ) -> OnnxInstance:
     """Opens one session for `placement` (with the configuration's execution accelerators) and
     checks the configuration against the model's tensors."""
-    options = session_options(config)
+    options = session_options(config, server.copies, server.logger)
     providers, missing = providers_for(config, placement, model.name)
     for provider in missing:
         server.logger.warning(

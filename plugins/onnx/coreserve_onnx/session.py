@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -21,10 +22,27 @@ _GRAPH_LEVELS = {
 }
 
 
-def session_options(config: ModelConfig) -> ort.SessionOptions:
-    """SessionOptions from `parameters` and `optimization.graph.level`; bad values name the model."""
+def session_options(
+    config: ModelConfig, copies: int = 1, logger: logging.Logger | None = None
+) -> ort.SessionOptions:
+    """SessionOptions from `parameters` and `optimization.graph.level`; bad values name the model.
+
+    `copies`: the copies of the model the server loads (`ServerContext.copies`). Where there are
+    several and the configuration sets no `intra_op_thread_count`, each gets its share of the
+    cores, not ONNX Runtime's default of all of them: copies that each take every core slow
+    one another down (benchmarks/workers.py, compute-binary).
+    """
     options = ort.SessionOptions()
     intra = int_parameter(config, "intra_op_thread_count")
+    if intra is None and copies > 1:
+        intra = max(1, len(os.sched_getaffinity(0)) // copies)
+        (logger or logging.getLogger(__name__)).info(
+            "model '%s': %d intra-op thread(s) per instance, the share of %d copies of it on this machine's "
+            "cores (parameter intra_op_thread_count sets it)",
+            config.name,
+            intra,
+            copies,
+        )
     if intra is not None:
         options.intra_op_num_threads = intra
     inter = int_parameter(config, "inter_op_thread_count")

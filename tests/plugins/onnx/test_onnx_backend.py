@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 
 import numpy as np
@@ -167,6 +168,18 @@ def test_session_parameters_are_applied() -> None:
     assert options.intra_op_num_threads == 1
     assert options.execution_mode == ort.ExecutionMode.ORT_PARALLEL
     assert options.graph_optimization_level == ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+
+
+def test_copies_share_the_cores_unless_the_configuration_sets_the_threads() -> None:
+    cores = len(os.sched_getaffinity(0))
+    plain = parse_config('name: "m"')
+    assert session_options(plain).intra_op_num_threads == 0  # ONNX Runtime's default: every core
+    assert session_options(plain, copies=2).intra_op_num_threads == max(1, cores // 2)
+    assert session_options(plain, copies=4 * cores).intra_op_num_threads == 1
+    set_here = parse_config(
+        'name: "m" parameters { key: "intra_op_thread_count" value: { string_value: "3" } }'
+    )
+    assert session_options(set_here, copies=2).intra_op_num_threads == 3
 
 
 def test_intra_op_threads_spin_only_when_asked() -> None:
