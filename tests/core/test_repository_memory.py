@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from coreserve.repository.budgeted import choose_victims
 from coreserve.repository.memory import (
     MemoryBudgetError,
     MemoryBudgets,
@@ -114,3 +115,34 @@ def test_a_gpus_refusal_names_the_gpu() -> None:
         "cannot load model 'b' (measured now) within GPU 1's model memory budget of 100.0 MB: "
         "loaded models use 90.0 MB, and nothing can be unloaded"
     )
+
+
+def _places(
+    host_budget: int | None, gpu_budget: int | None, loaded: dict[str, tuple[int, int]]
+) -> dict[str, ModelMemory]:
+    host, gpu = ModelMemory(host_budget), ModelMemory(gpu_budget, "GPU 0")
+    for key, (on_host, on_gpu) in loaded.items():
+        host.record(key, on_host)
+        gpu.record(key, on_gpu)
+    return {"host": host, "gpu:0": gpu}
+
+
+def test_only_models_that_free_memory_where_room_is_wanted_are_unloaded() -> None:
+    # LRU first: a CPU model (nothing on the GPU), then two GPU models; room is wanted on GPU 0.
+    places = _places(None, 10, {"cpu_model": (50, 0), "gpu_a": (1, 4), "gpu_b": (1, 4)})
+    victims, freeing, over = choose_victims(places, {"host": 1, "gpu:0": 5}, ["cpu_model", "gpu_a", "gpu_b"])
+    assert (victims, over) == (["gpu_a"], None)
+    assert freeing == {"host": 1, "gpu:0": 4}
+
+
+def test_every_place_must_hold_the_model() -> None:
+    # The host is over too: the CPU model goes for the host, a GPU model for the GPU.
+    places = _places(60, 10, {"cpu_model": (50, 0), "gpu_a": (1, 4), "gpu_b": (1, 4)})
+    victims, _, over = choose_victims(places, {"host": 20, "gpu:0": 5}, ["gpu_a", "cpu_model", "gpu_b"])
+    assert (victims, over) == (["gpu_a", "cpu_model"], None)
+
+
+def test_the_place_still_passed_is_named_when_nothing_more_can_go() -> None:
+    places = _places(None, 10, {"gpu_a": (1, 4), "cpu_model": (50, 0)})
+    victims, freeing, over = choose_victims(places, {"host": 1, "gpu:0": 12}, ["gpu_a", "cpu_model"])
+    assert (victims, freeing["gpu:0"], over) == (["gpu_a"], 4, "gpu:0")

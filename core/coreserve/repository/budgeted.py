@@ -4,10 +4,11 @@ the requests that wait for it.
 
 In explicit mode, two choices go beyond Triton (nothing changes without them):
 - on demand (`--model-load-on-demand`): a request for a model of the repository that is not
-  loaded loads it (see demand.py); a model whose load failed is tried again by a request that
-  comes after a back-off, 5 s after the first failed try, then twice as long after each
-  (at most 5 minutes); until then its requests get its reason (a load through the repository
-  API tries again at once);
+  loaded loads it (see demand.py); a model whose load on demand failed is tried again by a
+  request that comes after a back-off, 5 s after the failure, then twice as long after each
+  (at most 5 minutes); until then its requests get its reason (a model that failed to load
+  otherwise, at start-up or through the API, is tried by its first request; a load through
+  the repository API tries again at any time);
 - a memory budget (`--model-memory-budget`): each model's memory is measured as it loads (see
   memory.py); a load that would pass the budget first unloads the least recently used models
   with no request in flight, never a pinned one (named by `--load-model`, or with the
@@ -100,6 +101,11 @@ class BudgetedLoads:
         """Where models take memory under a budget or measured: "host", and "gpu:<id>" each."""
         return {"host": self.memory, **{f"gpu:{gpu}": memory for gpu, memory in self.gpu_memory.items()}}
 
+    def close(self) -> None:
+        """Lets go of NVML (the server stops)."""
+        if self._gpus is not None:
+            self._gpus.close()
+
     def release(self, key: str) -> None:
         """Forgets an unloaded model's memory in every place."""
         for memory in self._places().values():
@@ -147,7 +153,11 @@ class BudgetedLoads:
         new.loaded_at = time.time()
         if not measuring:
             return new
-        after = await self._sizes_now()
+        try:
+            after = await self._sizes_now()
+        except CoreserveError:  # a GPU that cannot be read now: the model is not kept unmeasured
+            await self._close(new)
+            raise
         sizes = {place: max(0, after[place] - before[place]) for place in places}
         new.memory_bytes = sizes["host"]
         new.gpu_memory_bytes = {int(place[4:]): size for place, size in sizes.items() if place != "host"}
@@ -185,25 +195,7 @@ class BudgetedLoads:
             ),
             key=lambda pair: pair[0],
         )
-        freeing = dict.fromkeys(places, 0)
-
-        def passed() -> str | None:  # the first place whose budget the load would pass
-            for place, memory in places.items():
-                if (
-                    memory.budget is not None
-                    and memory.used() - freeing[place] + sizes[place] > memory.budget
-                ):
-                    return place
-            return None
-
-        victims = []
-        for _, other in candidates:
-            if passed() is None:
-                break
-            victims.append(other)
-            for place, memory in places.items():
-                freeing[place] += memory.loaded.get(other, 0)
-        over = passed()
+        victims, freeing, over = choose_victims(places, sizes, [other for _, other in candidates])
         if over is not None:
             raise places[over].refusal(
                 name,
@@ -220,10 +212,14 @@ class BudgetedLoads:
             self.release(other)
             self._unloaded.add(other)
             self.lifecycle.evictions += 1
+            on_gpus = "".join(
+                f", {megabytes(size)} on GPU {gpu}" for gpu, size in model.gpu_memory_bytes.items()
+            )
             logger.info(
-                "unloading model '%s' (%s) to make room for model '%s' within the model memory budget",
+                "unloading model '%s' (%s%s) to make room for model '%s' within the model memory budget",
                 model.name,
                 megabytes(model.memory_bytes or 0),
+                on_gpus,
                 name,
             )
             closing.append(self._close(model))
@@ -243,7 +239,9 @@ class BudgetedLoads:
         for it then gets the model's error, as without loading on demand). After it, the model
         is loaded or held with the reason it failed; one not in the repository is not found.
         """
-        if not self.on_demand or (self._held(name) and not self._retry_due(name)):
+        if not self.on_demand:
+            return
+        if self._held(name) and not self._demand.running(name) and not self._retry_due(name):
             return
         if self._absent.get(name, 0.0) > time.monotonic():
             return  # looked for a moment ago and not there: the request's lookup says not found
@@ -264,18 +262,19 @@ class BudgetedLoads:
 
     async def _load_on_demand(self, name: str) -> None:
         logger.info("loading model '%s' on demand", name)
-        if len(self._retries) >= MAX_ABSENT_NAMES:
-            self._retries.clear()
-        back_off = min(RETRY_MOST_S, 2 * self._retries.get(name, (0.0, RETRY_FIRST_S / 2))[1])
-        self._retries[name] = (time.monotonic() + back_off, back_off)  # if it fails
         try:
             await self._load(name)
         except ModelMemoryBudgetError:
             raise
         except CoreserveError as exc:
-            # A model that failed is held with its reason (requests get the model's error), one
-            # not in the repository is not found: an error other than those goes to the requests.
+            # A model that failed is held with its reason (requests get the model's error), and
+            # tried again after a back-off that doubles with each failure; one not in the
+            # repository is not found: an error other than those goes to the requests.
             if self._held(name):
+                if len(self._retries) >= MAX_ABSENT_NAMES:
+                    self._retries.clear()
+                back_off = min(RETRY_MOST_S, 2 * self._retries.get(name, (0.0, RETRY_FIRST_S / 2))[1])
+                self._retries[name] = (time.monotonic() + back_off, back_off)
                 return
             if isinstance(exc, NotFoundError):  # not looked for again at once: no scan per request
                 if len(self._absent) >= MAX_ABSENT_NAMES:
@@ -283,6 +282,35 @@ class BudgetedLoads:
                 self._absent[name] = time.monotonic() + ABSENT_FOR_S
             raise
         self._retries.pop(name, None)
+
+
+def choose_victims(
+    places: dict[str, ModelMemory], sizes: dict[str, int], candidates: list[str]
+) -> tuple[list[str], dict[str, int], str | None]:
+    """The models to unload, from `candidates` (least recently used first), so that a model of
+    `sizes` fits every place's budget: each one taken frees memory in a place whose budget is
+    still passed (one that frees nothing there stays). Returns them, what they free in each
+    place, and the first place whose budget is passed even so (None: every one holds it)."""
+    freeing = dict.fromkeys(places, 0)
+
+    def passed() -> str | None:
+        for place, memory in places.items():
+            budget = memory.budget
+            if budget is not None and memory.used() - freeing[place] + sizes[place] > budget:
+                return place
+        return None
+
+    victims = []
+    for other in candidates:
+        over = passed()
+        if over is None:
+            break
+        if not places[over].loaded.get(other):
+            continue
+        victims.append(other)
+        for place, memory in places.items():
+            freeing[place] += memory.loaded.get(other, 0)
+    return victims, freeing, passed()
 
 
 def pinned_by_config(model: Model) -> bool:

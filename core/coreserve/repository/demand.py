@@ -57,6 +57,10 @@ class DemandLoads:
         self._loads: dict[str, asyncio.Task[None]] = {}
         self._waiting: dict[str, int] = {}
 
+    def running(self, name: str) -> bool:
+        """Whether a load on demand of `name` is under way."""
+        return name in self._loads
+
     def waiting(self, name: str) -> int:
         """How many requests wait for `name`'s load now."""
         return self._waiting.get(name, 0)

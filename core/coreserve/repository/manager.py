@@ -423,6 +423,7 @@ class ModelRepository:
         for task in list(self._closing):
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        self.budgeted.close()
 
     # The repository index.
 

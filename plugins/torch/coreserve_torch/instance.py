@@ -67,3 +67,5 @@ class TorchInstance:
     async def close(self) -> None:
         self._thread.close()
         del self._module
+        if self._device.type == "cuda":  # torch's cache keeps what the module held from NVML's view
+            torch.cuda.empty_cache()
