@@ -23,7 +23,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import coreserve
 from coreserve.server.metrics._system import GPU_FAMILIES
-from coreserve.server.workers._merge import TAKEN_ONCE, merge_metrics, merge_statistics
+from coreserve.server.workers._merge import (
+    TAKEN_ONCE,
+    merge_metrics,
+    merge_statistics,
+    without_model_metrics,
+    without_model_statistics,
+)
 from model_builders import ADD_SUB_CONFIG, add_sub_model, write_model
 
 CACHED = ADD_SUB_CONFIG + "response_cache { enable: true }\n"
@@ -379,3 +385,81 @@ def test_gauges_that_are_not_amounts() -> None:
     assert values(merge_metrics(texts)) == ["22", "0.375", "2.25", "3"]
     # One store all workers share (Redis): its entry count is the same store's in every text.
     assert values(merge_metrics(texts, shared_cache=True)) == ["10", "0.375", "2.25", "3"]
+
+
+# What workers that died had counted -------------------------------------------------------
+
+LIVE = """# HELP nv_inference_request_success Number of successful inference requests
+# TYPE nv_inference_request_success counter
+nv_inference_request_success{model="add",version="1"} 5
+# HELP nv_inference_pending_request_count Instantaneous number of pending requests
+# TYPE nv_inference_pending_request_count gauge
+nv_inference_pending_request_count{model="add",version="1"} 1
+# HELP nv_inference_queue_summary_us Summary of inference queue duration
+# TYPE nv_inference_queue_summary_us summary
+nv_inference_queue_summary_us_count{model="add",version="1"} 5
+nv_inference_queue_summary_us_sum{model="add",version="1"} 50
+nv_inference_queue_summary_us{model="add",version="1",quantile="0.5"} 10
+# HELP nv_energy_consumption GPU energy consumption
+# TYPE nv_energy_consumption counter
+nv_energy_consumption{gpu_uuid="GPU-1"} 100
+"""
+PAST = """# TYPE nv_inference_request_success counter
+nv_inference_request_success{model="add",version="1"} 7
+nv_inference_request_success{model="gone",version="1"} 3
+# TYPE nv_inference_pending_request_count gauge
+nv_inference_pending_request_count{model="add",version="1"} 4
+# TYPE nv_inference_queue_summary_us summary
+nv_inference_queue_summary_us_count{model="add",version="1"} 7
+nv_inference_queue_summary_us_sum{model="add",version="1"} 70
+nv_inference_queue_summary_us{model="add",version="1",quantile="0.5"} 99
+# TYPE nv_energy_consumption counter
+nv_energy_consumption{gpu_uuid="GPU-1"} 90
+# TYPE coreserve_only_in_the_past counter
+coreserve_only_in_the_past 1
+"""
+
+
+def test_what_a_dead_worker_counted_is_carried_into_the_counters_only() -> None:
+    merged = {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(merge_metrics([LIVE], carried=[PAST]))
+        for sample in family.samples
+    }
+    add = (("model", "add"), ("version", "1"))
+    assert merged[("nv_inference_request_success_total", add)] == 12  # counted on
+    assert merged[("nv_inference_pending_request_count", add)] == 1  # a gauge went with it
+    assert merged[("nv_inference_queue_summary_us_count", add)] == 12
+    assert merged[("nv_inference_queue_summary_us_sum", add)] == 120
+    assert merged[("nv_inference_queue_summary_us", tuple(sorted((*add, ("quantile", "0.5")))))] == 10
+    assert merged[("nv_energy_consumption_total", (("gpu_uuid", "GPU-1"),))] == 100  # the machine's
+    # A model no live worker serves, a family no live worker has: not brought back.
+    assert not [key for key in merged if ("model", "gone") in key[1] or key[0].startswith("coreserve_only")]
+
+
+def test_a_model_loaded_again_forgets_what_was_carried() -> None:
+    kept = without_model_metrics(PAST, "add")
+    assert 'model="add"' not in kept and 'nv_inference_request_success{model="gone",version="1"} 3' in kept
+    assert merge_metrics([LIVE], carried=[kept]).count("nv_inference_request_success{") == 1
+    assert 'nv_inference_request_success{model="add",version="1"} 5' in merge_metrics([LIVE], carried=[kept])
+
+
+def test_what_a_dead_worker_counted_is_added_to_the_statistics_of_models_still_served() -> None:
+    def model(name: str, count: int, memory: int) -> dict[str, Any]:
+        return {
+            "name": name,
+            "version": "1",
+            "inference_count": count,
+            "inference_stats": {"success": {"count": count, "ns": 10 * count}},
+            "memory_usage": [{"type": "CPU", "id": 0, "byte_size": memory}],
+        }
+
+    live = {"model_stats": [model("add", 5, 100)]}
+    past = {"model_stats": [model("add", 7, 100), model("gone", 3, 100)]}
+    (merged,) = merge_statistics([live], [past])["model_stats"]
+    assert merged["inference_count"] == 12 and merged["inference_stats"]["success"] == {
+        "count": 12,
+        "ns": 120,
+    }
+    assert merged["memory_usage"] == [{"type": "CPU", "id": 0, "byte_size": 100}]  # went with it
+    assert without_model_statistics(past, "add") == {"model_stats": [model("gone", 3, 100)]}

@@ -297,6 +297,17 @@ def test_a_sequence_keeps_its_state_whichever_worker_its_requests_reach(server: 
     assert "Traceback" not in server.log
 
 
+def _add_sub_counts(server: ServerProcess) -> tuple[int, int]:
+    """add_sub's inference count in the statistics of every model, and its success counter."""
+    status, body = _request(server, "GET", "/v2/models/stats")
+    assert status == 200, body
+    (stats,) = [model for model in json.loads(body)["model_stats"] if model["name"] == "add_sub"]
+    metrics = urlopen_text(server.metrics_url)
+    success = re.search(r'^nv_inference_request_success\{model="add_sub",version="1"\} (\d+)$', metrics, re.M)
+    assert success is not None
+    return int(stats["inference_count"]), int(success[1])
+
+
 def test_a_worker_that_dies_is_started_again_while_the_others_serve(repository: Path) -> None:
     server = _start(repository)
     try:
@@ -307,6 +318,7 @@ def test_a_worker_that_dies_is_started_again_while_the_others_serve(repository: 
         for connection in connections:  # each now belongs to one worker
             connection.request("POST", "/v2/models/add_sub/infer", body=ADD_BODY)
             assert connection.getresponse().read()
+        counted = _add_sub_counts(server)  # every worker's figures, seen by the supervisor now
         first, second = _workers(server)
         os.kill(second, signal.SIGKILL)
         outcomes = []
@@ -328,6 +340,9 @@ def test_a_worker_that_dies_is_started_again_while_the_others_serve(repository: 
         wait_until(lambda: len(_workers(server)) == 2 and second not in _workers(server), "a new worker")
         wait_until(lambda: _status(server, "GET", "/v2/health/ready") == 200, "ready again", timeout=120)
         assert first in _workers(server)
+        # What the dead worker had counted stays counted: the server's totals do not fall back.
+        answered = sum(answers.count(200) for answers in outcomes)
+        assert all(now >= then + answered for now, then in zip(_add_sub_counts(server), counted, strict=True))
         body = json.dumps(
             {"inputs": [{"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "data": [1, 1, 1, 1]}]}
         )

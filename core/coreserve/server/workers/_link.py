@@ -96,20 +96,24 @@ class WorkerLink:
         await self._ask({"call": "everywhere", "what": message_of(change)})
 
     async def statistics(self, name: str, version: str) -> dict[str, Any]:
-        """Every worker's statistics added up (a worker that lacks the model, or does not
-        answer, is left out; where none answers, the first one's error is the answer)."""
-        return merge_statistics(await self._gather({"call": "statistics", "name": name, "version": version}))
+        """Every worker's statistics added up, with what workers that died had counted (a
+        worker that lacks the model, or does not answer, is left out; where none answers, the
+        first one's error is the answer)."""
+        results, carried = await self._gather({"call": "statistics", "name": name, "version": version})
+        return merge_statistics(results, carried)
 
     async def metrics(self) -> str:
-        return merge_metrics(await self._gather({"call": "metrics"}), shared_cache=self._shared_cache)
+        results, carried = await self._gather({"call": "metrics"})
+        return merge_metrics(results, shared_cache=self._shared_cache, carried=carried)
 
-    async def _gather(self, what: dict[str, Any]) -> list[Any]:
-        answers = await self._ask({"call": "gather", "what": what})
+    async def _gather(self, what: dict[str, Any]) -> tuple[list[Any], list[Any]]:
+        gathered = await self._ask({"call": "gather", "what": what})
+        answers = gathered["answers"]
         results = [answer["result"] for answer in answers if "result" in answer]
         if not results:
             errors = [error_from(answer["error"]) for answer in answers if "error" in answer]
             raise errors[0] if errors else ChannelClosed("no worker answered")
-        return results
+        return results, gathered["carried"]
 
     async def _ask(self, message: dict[str, Any]) -> Any:
         assert self._channel is not None

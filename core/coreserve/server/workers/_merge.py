@@ -11,16 +11,20 @@ from __future__ import annotations
 import copy
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 # Statistics -------------------------------------------------------------------------------
 
 
-def merge_statistics(answers: list[dict[str, Any]]) -> dict[str, Any]:
+def merge_statistics(answers: list[dict[str, Any]], carried: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
     """The statistics of all workers as one server's, in the shape of each answer.
 
     :param answers: each worker's `{"model_stats": [...]}`, as `DataPlane.statistics()` gives it.
+    :param carried: the last statistics of workers' earlier lives (a worker that died and was
+        started again): their counts are added to the models the answers have (a model they
+        lack is not served any more), so that the server's counts do not fall back when a
+        worker starts again; their memory is not (it went with them).
     :return: one `{"model_stats": [...]}`: the models in the order the first answer lists them,
         then those only later answers list (a worker that restarted, or loaded a model the
         others have not yet), each once. Per model: every count and `ns` summed, over
@@ -35,14 +39,31 @@ def merge_statistics(answers: list[dict[str, Any]]) -> dict[str, Any]:
     """
     merged: dict[tuple[str, str, int], dict[str, Any]] = {}
     for answer in answers:
-        seen: dict[tuple[str, str], int] = {}
-        for model in answer.get("model_stats", ()):
-            name_version = (model["name"], model["version"])
-            place = seen[name_version] = seen.get(name_version, -1) + 1
-            key = (*name_version, place)
+        for key, model in _keyed(answer):
             total = merged.get(key)
             merged[key] = copy.deepcopy(model) if total is None else _add(total, model, _MODEL_FIELDS)
+    for answer in carried:
+        for key, model in _keyed(answer):
+            if key in merged:
+                past = {field: value for field, value in model.items() if field != "memory_usage"}
+                merged[key] = _add(merged[key], past, _MODEL_FIELDS)
     return {"model_stats": list(merged.values())}
+
+
+def _keyed(answer: dict[str, Any]) -> Iterator[tuple[tuple[str, str, int], dict[str, Any]]]:
+    seen: dict[tuple[str, str], int] = {}
+    for model in answer.get("model_stats", ()):
+        name_version = (model["name"], model["version"])
+        place = seen[name_version] = seen.get(name_version, -1) + 1
+        yield (*name_version, place), model
+
+
+def without_model_statistics(answer: dict[str, Any], name: str) -> dict[str, Any]:
+    """`answer` without the entries of model `name` (loaded again: its counts start anew)."""
+    return {
+        **answer,
+        "model_stats": [model for model in answer.get("model_stats", ()) if model["name"] != name],
+    }
 
 
 def _add(total: Any, more: Any, fields: dict[str, Callable[[Any, Any], Any]] | None = None) -> Any:
@@ -143,12 +164,16 @@ class _Family:
         self.samples: dict[tuple[str, str], list[str]] = {}
 
 
-def merge_metrics(texts: list[str], *, shared_cache: bool = False) -> str:
+def merge_metrics(texts: list[str], *, shared_cache: bool = False, carried: Sequence[str] = ()) -> str:
     """The /metrics texts of all workers as one server's, in Prometheus text format 0.0.4.
 
     :param texts: each worker's scrape, as coreserve's /metrics writes it.
     :param shared_cache: the response cache is one store all workers share (Redis), so its
         entry count is the store's, the same in every text.
+    :param carried: the last texts of workers' earlier lives (a worker that died and was
+        started again): their counters, histograms and summaries' `_sum` and `_count` are added
+        to the samples the texts have (a sample they lack is not served any more), so that a
+        counter of the server never falls back; their gauges are not (they went with them).
     :return: one text: each family once, with its HELP and TYPE lines from the first text that
         has them, the families in the order they are first seen, and in each family its
         samples (matched by name and labels, as written) in the order they are first seen.
@@ -189,6 +214,12 @@ def merge_metrics(texts: list[str], *, shared_cache: bool = False) -> str:
             if current is None or name not in {current.name + suffix for suffix in _SUFFIXES}:
                 current = families.setdefault(name, _Family(name))
             current.samples.setdefault((name, labels), []).append(value)
+    for text in carried:
+        for family, key, value in _samples_of(text, families):
+            quantile = family.kind == "summary" and key[0] == family.name
+            counts = family.kind in ("counter", "histogram", "summary") and not key[0].endswith("_created")
+            if counts and not quantile and key in family.samples:
+                family.samples[key].append(value)
     lines: list[str] = []
     for family in families.values():
         lines.extend(header for header in (family.help, family.type) if header is not None)
@@ -197,6 +228,37 @@ def merge_metrics(texts: list[str], *, shared_cache: bool = False) -> str:
             quantile = family.kind == "summary" and name == family.name
             lines.append(f"{name}{labels} {_largest(values) if quantile else rule(values)}")
     return "\n".join(lines) + "\n" if lines else ""
+
+
+def _samples_of(text: str, families: dict[str, _Family]) -> Iterator[tuple[_Family, tuple[str, str], str]]:
+    """Each sample line of `text` whose family is among `families`: the family, the sample's
+    name and labels, its value."""
+    for line in text.splitlines():
+        if not line.strip() or line.startswith("#"):
+            continue
+        name, labels, value = _sample(line)
+        for suffix in _SUFFIXES:
+            family = families.get(name.removesuffix(suffix)) if name.endswith(suffix) else None
+            if family is not None:
+                yield family, (name, labels), value
+                break
+
+
+def without_model_metrics(text: str, name: str) -> str:
+    """`text` without the samples labelled with model `name` (loaded again: its counts start anew)."""
+    label = f'model="{_escaped(name)}"'
+    kept = []
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            labels = _sample(line)[1]
+            if label in labels:
+                continue
+        kept.append(line)
+    return "\n".join(kept) + "\n" if kept else ""
+
+
+def _escaped(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
 def _sample(line: str) -> tuple[str, str, str]:

@@ -29,11 +29,14 @@ from typing import Any
 from coreserve.errors import CoreserveError
 from coreserve.server.changes import (
     Change,
+    LoadModel,
     Registration,
+    UnloadModel,
     Unregistration,
     change_from,
     message_of,
 )
+from coreserve.server.workers._carried import ALL_STATISTICS, METRICS, REFRESH_S, CarriedFigures
 from coreserve.server.workers._channel import MAX_MESSAGE_BYTES, Channel, ChannelClosed, error_data
 from coreserve.server.workers._role import WORKER_ENV, WorkerRole
 
@@ -70,6 +73,7 @@ class Supervisor:
         self._telling = asyncio.Lock()
         self._background: set[asyncio.Task[None]] = set()
         self._stopping = asyncio.Event()
+        self._carried = CarriedFigures()
         self._exit_code = 0
         self._socket = ""
 
@@ -83,6 +87,7 @@ class Supervisor:
             server = await asyncio.start_unix_server(self._connected, self._socket, limit=MAX_MESSAGE_BYTES)
             logger.info("starting %d workers", self.count)
             watchers = [asyncio.create_task(self._keep_running(worker)) for worker in self.workers]
+            watchers.append(asyncio.create_task(self._keep_figures()))
             await self._stopping.wait()
             await self._stop_workers()
             for watcher in watchers:
@@ -124,6 +129,7 @@ class Supervisor:
             await asyncio.sleep(RESTART_DELAY_S)
 
     async def _left(self, worker: _Worker) -> None:
+        self._carried.died(worker.index)
         worker.joined = worker.serving = False
         if worker.channel is not None:
             await worker.channel.close()
@@ -152,9 +158,19 @@ class Supervisor:
         if call == "everywhere":
             await self._everywhere(message["what"])
             return None
-        if call == "gather":  # each worker's answer or error: the asker adds up what it can
-            answers = await self._ask_all(message["what"], GATHER_TIMEOUT_S)
-            return [{"error": error_data(a)} if isinstance(a, Exception) else {"result": a} for a in answers]
+        if call == "gather":  # each worker's answer or error, and the carried: the asker adds up
+            what = message["what"]
+            answers = await self._ask_each(what, GATHER_TIMEOUT_S)
+            for index, answer in answers:
+                if not isinstance(answer, Exception):
+                    self._carried.seen(index, what, answer)
+            return {
+                "answers": [
+                    {"error": error_data(a)} if isinstance(a, Exception) else {"result": a}
+                    for _, a in answers
+                ],
+                "carried": self._carried.for_gather(what),
+            }
         raise CoreserveError(f"the supervisor does not know '{call}'")
 
     async def _everywhere(self, what: dict[str, Any]) -> None:
@@ -173,14 +189,30 @@ class Supervisor:
                 await self._ask_all(undo, GATHER_TIMEOUT_S)
             elif made or not failed:
                 self._remember(change, what)
+            if made and isinstance(change, LoadModel | UnloadModel):
+                self._carried.forget_model(change.name)
         if failed:
             raise failed[0]
 
     async def _ask_all(self, what: dict[str, Any], timeout: float | None) -> list[Any]:
         """`what` asked of every joined worker: each one's answer, or its error."""
-        joined = [worker.channel for worker in self.workers if worker.joined and worker.channel is not None]
-        asks = (channel.ask(what, timeout) for channel in joined)
-        return list(await asyncio.gather(*asks, return_exceptions=True))
+        return [answer for _, answer in await self._ask_each(what, timeout)]
+
+    async def _ask_each(self, what: dict[str, Any], timeout: float | None) -> list[tuple[int, Any]]:
+        """`what` asked of every joined worker: its index, and its answer or its error."""
+        joined = [worker for worker in self.workers if worker.joined and worker.channel is not None]
+        asks = (worker.channel.ask(what, timeout) for worker in joined if worker.channel is not None)
+        answers = await asyncio.gather(*asks, return_exceptions=True)
+        return [(worker.index, answer) for worker, answer in zip(joined, answers, strict=True)]
+
+    async def _keep_figures(self) -> None:
+        """Notes every worker's figures now and then, for what a worker that dies had counted."""
+        while True:
+            await asyncio.sleep(REFRESH_S)
+            for what in (METRICS, ALL_STATISTICS):
+                for index, answer in await self._ask_each(what, GATHER_TIMEOUT_S):
+                    if not isinstance(answer, Exception):
+                        self._carried.seen(index, what, answer)
 
     def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(work)

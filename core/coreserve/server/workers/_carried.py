@@ -1,0 +1,59 @@
+"""What the workers' earlier lives counted: the supervisor keeps each worker's last figures,
+and when a worker dies, what it had counted is carried into the server's totals (merged with
+`carried=`), so that the server's counters do not fall back while the worker starts again.
+
+Figures reach the supervisor with every gather a client asks for, and every REFRESH_S
+seconds besides; what a worker counted after the last of them is lost with it, as a process
+that dies loses it. A model loaded or unloaded starts its counts anew: its carried figures
+are forgotten.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from coreserve.server.workers._merge import (
+    merge_metrics,
+    merge_statistics,
+    without_model_metrics,
+    without_model_statistics,
+)
+
+REFRESH_S = 5.0
+ALL_STATISTICS = {"call": "statistics", "name": "", "version": ""}
+METRICS = {"call": "metrics"}
+
+
+class CarriedFigures:
+    def __init__(self) -> None:
+        self._last: dict[int, dict[str, Any]] = {}  # by worker: its last metrics and statistics
+        self.metrics: list[str] = []
+        self.statistics: list[dict[str, Any]] = []
+
+    def seen(self, index: int, what: dict[str, Any], result: Any) -> None:
+        """Notes a worker's answer to a gather: its metrics, or its statistics of every model."""
+        if what == METRICS and isinstance(result, str):
+            self._last.setdefault(index, {})["metrics"] = result
+        elif what == ALL_STATISTICS and isinstance(result, dict):
+            self._last.setdefault(index, {})["statistics"] = result
+
+    def died(self, index: int) -> None:
+        """Carries what a worker that left had counted, as last seen."""
+        last = self._last.pop(index, {})
+        if "metrics" in last:  # one text of every earlier life (its gauges are never carried)
+            self.metrics = [merge_metrics([*self.metrics, last["metrics"]])]
+        if "statistics" in last:
+            self.statistics = [merge_statistics([*self.statistics, last["statistics"]])]
+
+    def forget_model(self, name: str) -> None:
+        """A model loaded or unloaded: its counts start anew."""
+        self.metrics = [without_model_metrics(text, name) for text in self.metrics]
+        self.statistics = [without_model_statistics(answer, name) for answer in self.statistics]
+
+    def for_gather(self, what: dict[str, Any]) -> list[Any]:
+        """The carried figures a gather of `what` adds up with the workers' answers."""
+        if what == METRICS:
+            return list(self.metrics)
+        if what.get("call") == "statistics":
+            return list(self.statistics)
+        return []
