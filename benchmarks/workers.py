@@ -2,7 +2,8 @@
 at 1 and at N, in alternating rounds.
 
     python benchmarks/workers.py [--workers N] [--seconds 4] [--rounds 4] [--concurrency 1 32]
-                                 [--paths http-json grpc python-json sequence-json openai-stream]
+                                 [--paths http-json grpc python-json sequence-json compute-binary
+                                          openai-stream]
                                  [--load-threads T]
 
 Both servers run at once on their own ports, serving the tiny add model of overhead.py, the

@@ -191,10 +191,14 @@ def _gpu_usable() -> str:
         return f"needs {exc.name} (a CUDA build of torch and nvidia-ml-py)"
     except Exception as exc:  # NVMLError
         return f"NVML is not usable here ({exc})"
+    pynvml.nvmlShutdown()
     return "" if torch.cuda.is_available() else "no CUDA device"
 
 
-@pytest.mark.skipif(bool(_gpu_usable()), reason=_gpu_usable() or "GPU 0 is usable")
+GPU_UNUSABLE = _gpu_usable()
+
+
+@pytest.mark.skipif(bool(GPU_UNUSABLE), reason=GPU_UNUSABLE or "GPU 0 is usable")
 def test_a_gpu_budget_unloads_the_least_recently_used_model_on_that_gpu(tmp_path: Path) -> None:
     """Three models of 2 GiB (and a CUDA context each, in its stub) on GPU 0, a budget of 7 GB
     there: two fit (where a context takes 0.2 to 1.3 GB); loading the third unloads the one used

@@ -117,7 +117,8 @@ class ServerContext:
     families to the metrics endpoint (release them when the instance closes); `activity` says
     how busy the server is, for a backend that adapts to it; `copies` is how many copies of
     the model the server loads on this machine: one per worker process under
-    `--http-thread-count` (1 for a model worker 0 serves for all), so that a backend which
+    `--http-thread-count` or `--grpc-infer-thread-count` (1 for a model worker 0 serves for
+    all), so that a backend which
     sizes a thread pool by the machine's cores gives each copy its share.
     """
 

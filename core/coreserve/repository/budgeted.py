@@ -150,6 +150,7 @@ class BudgetedLoads:
         new = await self._loader.load(location, overrides.config if overrides else None)
         if not new.takes_requests:
             return new
+        self._retries.pop(location.name, None)  # a failed model's back-off starts anew
         new.loaded_at = time.time()
         if not measuring:
             return new
@@ -235,9 +236,10 @@ class BudgetedLoads:
         """Loads a model a request names that is in the repository but not loaded, sharing the
         load with the other requests that wait for it (`timeout`: seconds this one waits).
 
-        Does nothing unless on demand, or for a model held already (loaded, or failed: a request
-        for it then gets the model's error, as without loading on demand). After it, the model
-        is loaded or held with the reason it failed; one not in the repository is not found.
+        Does nothing unless on demand, or for a model held already: loaded, or failed and not yet
+        due to be tried again (a request for it then gets the model's error); a request that
+        comes while a try is under way waits for it. After it, the model is loaded or held with
+        the reason it failed; one not in the repository is not found.
         """
         if not self.on_demand:
             return
@@ -281,7 +283,6 @@ class BudgetedLoads:
                     self._absent.clear()
                 self._absent[name] = time.monotonic() + ABSENT_FOR_S
             raise
-        self._retries.pop(name, None)
 
 
 def choose_victims(

@@ -213,17 +213,19 @@ class ModelLoader:
             if not files.version_path.is_dir():
                 raise ModelConfigError(f"model '{location.name}' has no folder for version {version.version}")
             version.labels = read_output_labels(version.config, location.path)
-            if self.forwarding is not None and single_copy_reason(version.config):
+            single = single_copy_reason(version.config)
+            if self.forwarding is not None and single:
                 version.scheduler = self.forwarding(version)
                 version.scheduler.start()
                 version.state = ModelState.READY
                 logger.info(
-                    "model '%s' version %d is served by worker 0 for every worker",
+                    "model '%s' version %d is served by worker 0 for every worker (%s)",
                     location.name,
                     version.version,
+                    single,
                 )
                 return
-            copies = 1 if single_copy_reason(version.config) else self.workers
+            copies = 1 if single else self.workers
             context = self.context_for(backend, location.namespace, copies)
             grouped = _grouped_placements(version.config)
             for _, placement in grouped:

@@ -45,7 +45,7 @@ class MemoryBudgets:
     """What `--model-memory-budget` sets: the host's budget and each GPU's, in bytes."""
 
     host: int | None = None  # None: no budget for the host
-    gpus: dict[int, int] = field(default_factory=dict)  # by GPU id (NVML's index)
+    gpus: dict[int, int] = field(default_factory=dict)  # by CUDA id (see gpu_memory.py)
 
     def __bool__(self) -> bool:
         return self.host is not None or bool(self.gpus)

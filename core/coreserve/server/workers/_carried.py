@@ -25,10 +25,13 @@ METRICS = {"call": "metrics"}
 
 
 class CarriedFigures:
+    """Each worker's last figures, and what the workers' earlier lives counted (merged into
+    one metrics text and one statistics answer)."""
+
     def __init__(self) -> None:
         self._last: dict[int, dict[str, Any]] = {}  # by worker: its last metrics and statistics
-        self.metrics: list[str] = []
-        self.statistics: list[dict[str, Any]] = []
+        self.metrics: list[str] = []  # none, or one text
+        self.statistics: list[dict[str, Any]] = []  # none, or one answer
 
     def seen(self, index: int, what: dict[str, Any], result: Any) -> None:
         """Notes a worker's answer to a gather: its metrics, or its statistics of every model."""
@@ -46,9 +49,14 @@ class CarriedFigures:
             self.statistics = [merge_statistics([*self.statistics, last["statistics"]])]
 
     def forget_model(self, name: str) -> None:
-        """A model loaded or unloaded: its counts start anew."""
+        """A model loaded or unloaded through the repository API: its counts start anew."""
         self.metrics = [without_model_metrics(text, name) for text in self.metrics]
         self.statistics = [without_model_statistics(answer, name) for answer in self.statistics]
+        for last in self._last.values():
+            if "metrics" in last:
+                last["metrics"] = without_model_metrics(last["metrics"], name)
+            if "statistics" in last:
+                last["statistics"] = without_model_statistics(last["statistics"], name)
 
     def for_gather(self, what: dict[str, Any]) -> list[Any]:
         """The carried figures a gather of `what` adds up with the workers' answers."""

@@ -61,25 +61,25 @@ class OwnerLink:
         # Worker 0's states of its single-copy models, by name and version: [takes requests,
         # ready, why not] (None while the line is down), and how many times it told them.
         self._states: dict[str, dict[str, list[object]]] | None = None
-        self.told = 0
+        self.states_told = 0
         self._keeping: asyncio.Task[None] | None = None
-        self._told = asyncio.Event()  # set while worker 0's states are known here
+        self._states_known = asyncio.Event()  # set while worker 0's states are known here
 
     async def start(self) -> None:
         """Connects, and returns once worker 0 has told its models' states (it listens once it
         has loaded its models); connects again each time the line breaks."""
         self._keeping = asyncio.create_task(self._keep_connected())
-        await self._told.wait()
+        await self._states_known.wait()
 
     def scheduler_for(self, version: ModelVersion) -> ForwardingScheduler:
         return ForwardingScheduler(self, version)
 
     def verdict(self, name: str, version: int, since: int) -> tuple[str, bool]:
         """Whether worker 0 serves that model version: why its requests are refused ("" while
-        they are taken), and whether it is ready. `since`: `told` when this worker loaded it;
+        they are taken), and whether it is ready. `since`: `states_told` when this worker loaded it;
         what worker 0 told before is of an older load, and its own load is worker 0's to
         judge (the answer to the load says how it went there)."""
-        if self.told <= since:
+        if self.states_told <= since:
             return "", True
         if self._states is None:
             return _unreachable(name), False
@@ -135,7 +135,7 @@ class OwnerLink:
             finally:
                 self._writer = None
                 self._states = None
-                self._told.clear()
+                self._states_known.clear()
                 writer.close()
                 self._fail_all(UnavailableError("worker 0 stopped before it answered"))
             await asyncio.sleep(RECONNECT_DELAY_S)
@@ -155,8 +155,8 @@ class OwnerLink:
         header = received.header
         if "states" in header:
             self._states = header["states"]
-            self.told += 1
-            self._told.set()
+            self.states_told += 1
+            self._states_known.set()
             return
         number = header["n"]
         sent = self._sent.get(number)
@@ -180,10 +180,10 @@ class OwnerLink:
         sent.answered()
 
     def _fail(self, number: object, error: CoreserveError) -> None:
-        sent = self._sent.get(number) if isinstance(number, int) else None
-        if sent is None:
+        if not isinstance(number, int) or number not in self._sent:
             return
-        self._forget(number)  # type: ignore[arg-type]
+        sent = self._sent[number]
+        self._forget(number)
         if sent.request.sink is not None and not sent.request.sink.done:
             sent.request.sink.fail(error)
 
@@ -209,7 +209,7 @@ class ForwardingScheduler(Scheduler):
         self._link = link
         self._name = version.name
         self._version = version.version
-        self._since = link.told  # what worker 0 told before this load is of an older one
+        self._since = link.states_told  # what worker 0 told before this load is of an older one
         self._sending = 0
         self._done_sending = asyncio.Event()
 

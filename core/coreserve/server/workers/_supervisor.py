@@ -160,14 +160,10 @@ class Supervisor:
             return None
         if call == "gather":  # each worker's answer or error, and the carried: the asker adds up
             what = message["what"]
-            answers = await self._ask_each(what, GATHER_TIMEOUT_S)
-            for index, answer in answers:
-                if not isinstance(answer, Exception):
-                    self._carried.seen(index, what, answer)
+            answers = await self._ask_living(what, GATHER_TIMEOUT_S)
             return {
                 "answers": [
-                    {"error": error_data(a)} if isinstance(a, Exception) else {"result": a}
-                    for _, a in answers
+                    {"error": error_data(a)} if isinstance(a, Exception) else {"result": a} for a in answers
                 ],
                 "carried": self._carried.for_gather(what),
             }
@@ -196,23 +192,37 @@ class Supervisor:
 
     async def _ask_all(self, what: dict[str, Any], timeout: float | None) -> list[Any]:
         """`what` asked of every joined worker: each one's answer, or its error."""
-        return [answer for _, answer in await self._ask_each(what, timeout)]
+        joined = [worker.channel for worker in self.workers if worker.joined and worker.channel is not None]
+        return list(
+            await asyncio.gather(*(channel.ask(what, timeout) for channel in joined), return_exceptions=True)
+        )
 
-    async def _ask_each(self, what: dict[str, Any], timeout: float | None) -> list[tuple[int, Any]]:
-        """`what` asked of every joined worker: its index, and its answer or its error."""
-        joined = [worker for worker in self.workers if worker.joined and worker.channel is not None]
-        asks = (worker.channel.ask(what, timeout) for worker in joined if worker.channel is not None)
-        answers = await asyncio.gather(*asks, return_exceptions=True)
-        return [(worker.index, answer) for worker, answer in zip(joined, answers, strict=True)]
+    async def _ask_living(self, what: dict[str, Any], timeout: float | None) -> list[Any]:
+        """A gather's `what` asked of every joined worker: the answers and errors of the workers
+        still in the life that answered (one that died meanwhile is carried instead: its
+        answer would count it twice), each answer noted for what it would carry."""
+        joined = [
+            (worker, worker.channel)
+            for worker in self.workers
+            if worker.joined and worker.channel is not None
+        ]
+        answers = await asyncio.gather(
+            *(channel.ask(what, timeout) for _, channel in joined), return_exceptions=True
+        )
+        living = []
+        for (worker, channel), answer in zip(joined, answers, strict=True):
+            if worker.channel is channel:
+                living.append(answer)
+                if not isinstance(answer, Exception):
+                    self._carried.seen(worker.index, what, answer)
+        return living
 
     async def _keep_figures(self) -> None:
         """Notes every worker's figures now and then, for what a worker that dies had counted."""
         while True:
             await asyncio.sleep(REFRESH_S)
             for what in (METRICS, ALL_STATISTICS):
-                for index, answer in await self._ask_each(what, GATHER_TIMEOUT_S):
-                    if not isinstance(answer, Exception):
-                        self._carried.seen(index, what, answer)
+                await self._ask_living(what, GATHER_TIMEOUT_S)
 
     def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(work)
