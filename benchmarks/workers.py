@@ -3,13 +3,14 @@ at 1 and at N, in alternating rounds.
 
     python benchmarks/workers.py [--workers N] [--seconds 4] [--rounds 4] [--concurrency 1 32]
                                  [--paths http-json grpc python-json sequence-json compute-binary
-                                          openai-stream]
+                                          torch-binary openai-stream] [--results-name workers]
                                  [--load-threads T]
 
 Both servers run at once on their own ports, serving the tiny add model of overhead.py, the
 add-one model.py of python_speed.py and the streaming `charlm` of the OpenAI tests. The
 `compute-binary` path sends HTTP binary requests to a model of four 512-wide dense layers with
-ONNX Runtime's own thread count (a model that uses the cores itself). The
+ONNX Runtime's own thread count (a model that uses the cores itself); `torch-binary`, not run
+unless named, the same layers as TorchScript (plugin-torch). The
 `sequence-json` path sends HTTP JSON to the add model with a sequence batcher, each request a
 sequence of its own: under workers only worker 0 serves it, and the others send it their
 requests, so this row measures that hop. Each round
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import sys
@@ -51,7 +53,16 @@ from trials import median
 
 from coreserve.testing import ServerProcess
 
-PATHS = ("http-json", "grpc", "python-json", "sequence-json", "compute-binary", "openai-stream")
+PATHS = (
+    "http-json",
+    "grpc",
+    "python-json",
+    "sequence-json",
+    "compute-binary",
+    "torch-binary",
+    "openai-stream",
+)
+DEFAULT_PATHS = [path for path in PATHS if path != "torch-binary"]  # that one needs plugin-torch
 # A model whose inference is compute (four 512x512 layers over 64 rows), with ONNX Runtime's
 # own thread count (none set): what workers do to a model that uses the cores itself.
 COMPUTE_ROWS, COMPUTE_WIDTH, COMPUTE_LAYERS = 64, 512, 4
@@ -99,9 +110,10 @@ def measure(server: ServerProcess, path: str, concurrency: int, seconds: float, 
     if path == "sequence-json":
         url = f"http://{server.http_url}/v2/models/add_sequence/infer"
         return retrying(lambda: wrk(url, concurrency, seconds, sequence_body(), threads=threads))
-    if path == "compute-binary":
-        url = f"http://{server.http_url}/v2/models/compute/infer"
-        body, headers = compute_body()
+    if path in ("compute-binary", "torch-binary"):
+        model, output = ("compute", "OUTPUT0") if path == "compute-binary" else ("compute_torch", "OUTPUT__0")
+        url = f"http://{server.http_url}/v2/models/{model}/infer"
+        body, headers = compute_body(output)
         return retrying(lambda: wrk(url, concurrency, seconds, body, headers, threads=threads))
     if path == "python-json":
         url = f"http://{server.http_url}/v2/models/{PYTHON_MODEL}/infer"
@@ -142,14 +154,44 @@ def compute_model() -> bytes:
     return bytes(model.SerializeToString())
 
 
-def compute_body() -> tuple[bytes, dict[str, str]]:
+def write_torch_model(repository: Path) -> None:
+    """The compute model's twin for plugin-torch: the same layers as TorchScript."""
+    import warnings
+
+    import torch
+
+    class Dense(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            widths = [COMPUTE_WIDTH] * (COMPUTE_LAYERS + 1)
+            self.layers = torch.nn.ModuleList(
+                torch.nn.Linear(a, b, bias=False) for a, b in itertools.pairwise(widths)
+            )
+
+        def forward(self, INPUT0: torch.Tensor) -> torch.Tensor:  # the input is named as the model's
+            for layer in self.layers:
+                INPUT0 = torch.relu(layer(INPUT0))
+            return INPUT0
+
+    folder = repository / "compute_torch"
+    (folder / "1").mkdir(parents=True)
+    with warnings.catch_warnings():  # torch deprecates TorchScript; Triton users still have model.pt files
+        warnings.simplefilter("ignore", DeprecationWarning)
+        traced = torch.jit.trace(Dense().eval(), torch.ones(COMPUTE_ROWS, COMPUTE_WIDTH))  # type: ignore[no-untyped-call]
+        torch.jit.save(traced, str(folder / "1" / "model.pt"))
+    config = COMPUTE_CONFIG.replace('"onnxruntime"', '"pytorch"').replace('"OUTPUT0"', '"OUTPUT__0"')
+    (folder / "config.pbtxt").write_text(config)
+
+
+def compute_body(output: str = "OUTPUT0") -> tuple[bytes, dict[str, str]]:
     """The compute model's request in the binary extension (its tensor is 128 KiB)."""
     data = np.ones((COMPUTE_ROWS, COMPUTE_WIDTH), np.float32).tobytes()
     header = json.dumps(
         {
             "inputs": [{"name": "INPUT0", "shape": [COMPUTE_ROWS, COMPUTE_WIDTH], "datatype": "FP32",
                         "parameters": {"binary_data_size": len(data)}}],
-            "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}}],
+            "outputs": [{"name": output, "parameters": {"binary_data": True}}],
         }
     ).encode()  # fmt: skip
     headers = {
@@ -175,7 +217,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=4.0, help="length of each trial")
     parser.add_argument("--rounds", type=int, default=4, help="rounds of alternating trials")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32])
-    parser.add_argument("--paths", nargs="+", choices=PATHS, default=list(PATHS))
+    parser.add_argument("--paths", nargs="+", choices=PATHS, default=DEFAULT_PATHS)
+    parser.add_argument("--results-name", default="workers", help="benchmarks/results/NAME.json")
     parser.add_argument("--load-threads", type=int, default=max(1, cores // 4))
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
@@ -183,6 +226,8 @@ def main() -> None:
         write_model(repository, "add", add_model(), CONFIG)
         write_model(repository, "add_sequence", add_model(), CONFIG + "sequence_batching { }\n")
         write_model(repository, "compute", compute_model(), COMPUTE_CONFIG)
+        if "torch-binary" in args.paths:
+            write_torch_model(repository)
         write_python_model(repository)
         servers = {1: start(repository, 1), args.workers: start(repository, args.workers)}
         try:
@@ -222,7 +267,7 @@ def main() -> None:
         COLUMNS,
         rows,
     )
-    print(f"\nwrote {write_results('workers', args, [table], {'results': results})}")
+    print(f"\nwrote {write_results('workers', args, [table], {'results': results}, name=args.results_name)}")
 
 
 COLUMNS = [

@@ -39,4 +39,4 @@ class TorchBackend(BaseBackend):
     ) -> ModelInstance:
         from coreserve_torch.loading import create_instance
 
-        return create_instance(model, config, placement)
+        return create_instance(model, config, placement, server)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 from pathlib import Path
 from typing import Any
 
@@ -106,10 +107,27 @@ def complete_from_export(model: ModelFiles, config: ModelConfig, server: ServerC
     )
 
 
-def create_instance(model: ModelFiles, config: ModelConfig, placement: InstancePlacement) -> TorchInstance:
-    """Loads the module for one instance (blocking: run it on a worker thread)."""
+def create_instance(
+    model: ModelFiles, config: ModelConfig, placement: InstancePlacement, server: ServerContext
+) -> TorchInstance:
+    """Loads the module for one instance (blocking: run it on a worker thread).
+
+    Where the server loads several copies of the model (`server.copies`: one per worker) and
+    the configuration sets no INTRA_OP_THREAD_COUNT, torch's threads are this process's share
+    of the cores, not all of them: copies that each take every core slow one another down by
+    far (docs/serving/workers.md).
+    """
     device = _device(placement, model.name)
     intra = int_parameter(config, "INTRA_OP_THREAD_COUNT", minimum=1)
+    if intra is None and server.copies > 1:
+        intra = max(1, len(os.sched_getaffinity(0)) // server.copies)
+        server.logger.info(
+            "model '%s': %d torch thread(s), the share of %d copies of it on this machine's cores "
+            "(parameter INTRA_OP_THREAD_COUNT sets it)",
+            model.name,
+            intra,
+            server.copies,
+        )
     if intra is not None:
         torch.set_num_threads(intra)
     inter = int_parameter(config, "INTER_OP_THREAD_COUNT", minimum=1)

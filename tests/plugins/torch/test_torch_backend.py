@@ -3,6 +3,8 @@ torch.export programs, BF16, batching, and the reasons models are unavailable.""
 
 from __future__ import annotations
 
+import asyncio
+import os
 import warnings
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -15,7 +17,10 @@ import torch
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from coreserve.backend import InstanceKind, InstancePlacement, ModelFiles, ServerContext
+from coreserve.config import parse_config
 from coreserve.testing import ServerProcess
+from coreserve_torch.loading import create_instance
 from torch_models import AddSub, Double, Halves, OnCuda, Weighted
 
 # The CPU build of torch (CI's) sees no GPU; a CUDA build on a machine with an NVIDIA GPU does.
@@ -227,3 +232,30 @@ def test_unavailable_models_say_why(
     with pytest.raises(InferenceServerException) as info:
         client.get_model_metadata(model)
     assert info.value.status() == "404" and reason in info.value.message()
+
+
+def test_copies_share_the_cores_unless_the_configuration_sets_the_threads(tmp_path: Path) -> None:
+    """torch's threads are process-wide: a worker's copy of the model (ServerContext.copies)
+    takes its share of the cores, unless INTRA_OP_THREAD_COUNT sets them."""
+    _save_script(tmp_path / "doubled", Double(), None)
+    files = ModelFiles("doubled", tmp_path / "doubled", 1, "model.pt")
+    placement = InstancePlacement(name="doubled_0", group_name="doubled", index=0, kind=InstanceKind.CPU)
+    plain = parse_config(_config([("INPUT__0", FP32)], [("OUTPUT__0", FP32)]))
+    threads = 'parameters { key: "INTRA_OP_THREAD_COUNT" value: { string_value: "1" } }'
+    set_here = parse_config(_config([("INPUT__0", FP32)], [("OUTPUT__0", FP32)], threads))
+    cores = len(os.sched_getaffinity(0))
+    before = torch.get_num_threads()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # torch.jit.load, in this process
+            torch.set_num_threads(cores)
+            for config, copies, threads in (
+                (plain, 1, cores),
+                (plain, 2, max(1, cores // 2)),
+                (set_here, 2, 1),
+            ):
+                instance = create_instance(files, config, placement, ServerContext(copies=copies))
+                asyncio.run(instance.close())
+                assert torch.get_num_threads() == threads, (copies, threads)
+    finally:
+        torch.set_num_threads(before)
