@@ -3,14 +3,16 @@ at 1 and at N, in alternating rounds.
 
     python benchmarks/workers.py [--workers N] [--seconds 4] [--rounds 4] [--concurrency 1 32]
                                  [--paths http-json grpc python-json sequence-json compute-binary
-                                          torch-binary openai-stream] [--results-name workers]
+                                          torch-binary openvino-binary openai-stream]
+                                 [--results-name workers]
                                  [--load-threads T]
 
 Both servers run at once on their own ports, serving the tiny add model of overhead.py, the
 add-one model.py of python_speed.py and the streaming `charlm` of the OpenAI tests. The
 `compute-binary` path sends HTTP binary requests to a model of four 512-wide dense layers with
 ONNX Runtime's own thread count (a model that uses the cores itself); `torch-binary`, not run
-unless named, the same layers as TorchScript (plugin-torch). The
+unless named, the same layers as TorchScript (plugin-torch), and `openvino-binary` as
+OpenVINO IR (plugin-openvino). The
 `sequence-json` path sends HTTP JSON to the add model with a sequence batcher, each request a
 sequence of its own: under workers only worker 0 serves it, and the others send it their
 requests, so this row measures that hop. Each round
@@ -54,15 +56,12 @@ from trials import median
 from coreserve.testing import ServerProcess
 
 PATHS = (
-    "http-json",
-    "grpc",
-    "python-json",
-    "sequence-json",
-    "compute-binary",
-    "torch-binary",
+    "http-json", "grpc", "python-json", "sequence-json", "compute-binary", "torch-binary", "openvino-binary",
     "openai-stream",
-)
-DEFAULT_PATHS = [path for path in PATHS if path != "torch-binary"]  # that one needs plugin-torch
+)  # fmt: skip
+# The twins of the compute model for plugin-torch and plugin-openvino: run where named.
+TWINS = {"torch-binary": ("compute_torch", "OUTPUT__0"), "openvino-binary": ("compute_openvino", "OUTPUT0")}
+DEFAULT_PATHS = [path for path in PATHS if path not in TWINS]
 # A model whose inference is compute (four 512x512 layers over 64 rows), with ONNX Runtime's
 # own thread count (none set): what workers do to a model that uses the cores itself.
 COMPUTE_ROWS, COMPUTE_WIDTH, COMPUTE_LAYERS = 64, 512, 4
@@ -110,8 +109,8 @@ def measure(server: ServerProcess, path: str, concurrency: int, seconds: float, 
     if path == "sequence-json":
         url = f"http://{server.http_url}/v2/models/add_sequence/infer"
         return retrying(lambda: wrk(url, concurrency, seconds, sequence_body(), threads=threads))
-    if path in ("compute-binary", "torch-binary"):
-        model, output = ("compute", "OUTPUT0") if path == "compute-binary" else ("compute_torch", "OUTPUT__0")
+    if path == "compute-binary" or path in TWINS:
+        model, output = TWINS.get(path, ("compute", "OUTPUT0"))
         url = f"http://{server.http_url}/v2/models/{model}/infer"
         body, headers = compute_body(output)
         return retrying(lambda: wrk(url, concurrency, seconds, body, headers, threads=threads))
@@ -184,6 +183,19 @@ def write_torch_model(repository: Path) -> None:
     (folder / "config.pbtxt").write_text(config)
 
 
+def write_openvino_model(repository: Path) -> None:
+    """The compute model's twin for plugin-openvino: the same ONNX graph as OpenVINO IR."""
+    import openvino
+
+    folder = repository / "compute_openvino"
+    (folder / "1").mkdir(parents=True)
+    source = repository / "compute_openvino.onnx"
+    source.write_bytes(compute_model())
+    openvino.save_model(openvino.convert_model(str(source)), str(folder / "1" / "model.xml"))
+    source.unlink()
+    (folder / "config.pbtxt").write_text(COMPUTE_CONFIG.replace('"onnxruntime"', '"openvino"'))
+
+
 def compute_body(output: str = "OUTPUT0") -> tuple[bytes, dict[str, str]]:
     """The compute model's request in the binary extension (its tensor is 128 KiB)."""
     data = np.ones((COMPUTE_ROWS, COMPUTE_WIDTH), np.float32).tobytes()
@@ -228,6 +240,8 @@ def main() -> None:
         write_model(repository, "compute", compute_model(), COMPUTE_CONFIG)
         if "torch-binary" in args.paths:
             write_torch_model(repository)
+        if "openvino-binary" in args.paths:
+            write_openvino_model(repository)
         write_python_model(repository)
         servers = {1: start(repository, 1), args.workers: start(repository, args.workers)}
         try:
