@@ -133,16 +133,21 @@ class Scheduler:
 
     def submit(self, request: InferenceRequest) -> None:
         """Queues a request; its sink receives the response. Raises if it cannot queue."""
-        if self._closed:
-            raise self._unloading()
-        if request.is_cancelled():  # its client gave up while it was being decoded
-            self.statistics.record_failure(request, "CANCELED")
-            raise CancelledError.of_request(request.model_name)
+        self._check_takes(request)
         request.queued_ns = now_ns()
         cache = self.response_cache if self.answers_from_cache else None
         if cache is not None and cache.answer(request, self.statistics, self._admit_missed):
             return  # answered from the cache (or being looked up): it does not queue now
         self._queue_up(request)
+
+    def _check_takes(self, request: InferenceRequest) -> None:
+        """Raises where the request cannot be taken: the model unloads, or its client gave up
+        while it was being decoded (counted as cancelled)."""
+        if self._closed:
+            raise self._unloading()
+        if request.is_cancelled():
+            self.statistics.record_failure(request, "CANCELED")
+            raise CancelledError.of_request(request.model_name)
 
     def _unloading(self) -> UnavailableError:
         name, version = self.signature.model_name, self.model_version

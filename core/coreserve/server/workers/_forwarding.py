@@ -17,7 +17,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from coreserve.errors import CancelledError, CoreserveError, InvalidArgumentError, UnavailableError
+from coreserve.errors import CoreserveError, InvalidArgumentError, UnavailableError
 from coreserve.repository.model import ModelVersion
 from coreserve.scheduling import Scheduler
 from coreserve.server.workers._channel import error_from
@@ -227,11 +227,7 @@ class ForwardingScheduler(Scheduler):
         self._done_sending.set()
 
     def submit(self, request: InferenceRequest) -> None:
-        if self._closed:
-            raise self._unloading()
-        if request.is_cancelled():  # its client gave up while it was being decoded
-            self.statistics.record_failure(request, "CANCELED")
-            raise CancelledError.of_request(request.model_name)
+        self._check_takes(request)
         self._link.send(request, self._version, self._answered)
         self._sending += 1
         self._done_sending.clear()
