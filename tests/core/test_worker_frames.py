@@ -1,6 +1,7 @@
 """The frames between a worker and worker 0 (`coreserve.server.workers._frames`), over a real
 Unix socket pair: every datatype's tensors arrive as they left, requests and responses keep
-their fields, an empty final response stays empty, and a frame past the limits is refused."""
+their fields, an empty final response stays empty, and a frame past the limits is refused.
+And the interface digest a request carries, which tells worker 0 what it was checked against."""
 
 from __future__ import annotations
 
@@ -12,7 +13,11 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from coreserve.config import parse_config
+from coreserve.config.signature import ModelSignature
 from coreserve.errors import InvalidArgumentError
+from coreserve.repository.model import ModelVersion
+from coreserve.scheduling import ModelStatistics
 from coreserve.server.workers._frames import (
     MAX_HEADER_BYTES,
     Frame,
@@ -85,12 +90,13 @@ def test_a_request_and_its_responses_keep_their_fields() -> None:
     )
     response = InferenceResponse("counter", "3", {"OUTPUT": np.array([[9]], np.int32)}, "req-7", {"p": 1.5})
     sent = [
-        request_frame(12, request, 3),
+        request_frame(12, request, 3, "0123456789abcdef"),
         response_frame(12, response, False),
         response_frame(12, None, True),
     ]
     received_request, received_response, empty_final, _ = _through_socket(sent)
     assert received_request is not None and received_response is not None and empty_final is not None
+    assert received_request.header["interface"] == "0123456789abcdef"
     again = request_from(received_request)
     assert (again.model_name, again.model_version, again.id, again.batch_size) == ("counter", "3", "req-7", 1)
     assert again.parameters == request.parameters
@@ -107,7 +113,7 @@ def test_a_request_and_its_responses_keep_their_fields() -> None:
 
 def test_all_outputs_are_asked_for_when_none_is_named() -> None:
     request = InferenceRequest(model_name="m", inputs={})
-    (received, _) = _through_socket([request_frame(1, request, 1)])
+    (received, _) = _through_socket([request_frame(1, request, 1, "")])
     assert received is not None and request_from(received).requested_outputs is None
 
 
@@ -130,3 +136,29 @@ def test_a_frame_cut_short_reads_as_the_end() -> None:
     pieces = frame({"n": 1}, {"x": np.ones(1000, np.float32)})
     cut: Pieces = [b"".join(bytes(piece) for piece in pieces)[:-10]]
     assert _through_socket([cut]) == [None, None]
+
+
+def _interface_digest(config_text: str) -> str:
+    config = parse_config(config_text)
+    return ModelVersion("m", 1, config, ModelSignature(config), ModelStatistics("m", 1)).interface_digest
+
+
+def test_the_interface_digest_tells_apart_only_what_requests_are_checked_against() -> None:
+    """The digest a forwarded request carries: the same for two loads of one configuration,
+    and for configurations that differ in how the model is run; not for other inputs,
+    outputs, batch size or transaction policy."""
+    base = """
+    max_batch_size: 2
+    input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]
+    output [ { name: "Y" data_type: TYPE_INT32 dims: [ 1 ] } ]
+    """
+    digest = _interface_digest(base)
+    assert len(digest) == 16 and digest == _interface_digest(base)
+    assert digest == _interface_digest(base + "dynamic_batching { } instance_group [ { count: 3 } ]")
+    for other in (
+        base.replace("max_batch_size: 2", "max_batch_size: 4"),
+        base.replace("dims: [ 1 ] } ]\n    output", "dims: [ 2 ] } ]\n    output"),
+        base.replace('name: "Y"', 'name: "Z"'),
+        base + "model_transaction_policy { decoupled: true }",
+    ):
+        assert _interface_digest(other) != digest, other

@@ -28,11 +28,16 @@ from tritonclient.utils import InferenceServerException
 from coreserve.server.workers._frames import frame, read_frame
 from coreserve.server.workers._owner import owner_socket
 from coreserve.testing import ServerProcess
-from model_builders import ADD_SUB_CONFIG, accumulator_model, add_sub_model, write_model
+from model_builders import (
+    ACCUMULATOR_SEQUENCE_CONFIG,
+    ADD_SUB_CONFIG,
+    accumulator_model,
+    add_sub_model,
+    write_model,
+)
 from waiting import wait_until
 from worker_servers import (
     CONNECTIONS,
-    SEQUENCE_CONFIG,
     answer_of,
     sequence_step,
     start_workers,
@@ -95,9 +100,11 @@ def test_a_single_copy_model_mended_and_loaded_again_is_ready_in_every_worker(
     repository: Path, tmp_path: Path
 ) -> None:
     """Worker 0 told the others that its load failed; their next load of the model is judged
-    by worker 0's next word, not that old one."""
+    by worker 0's next word, not that old one. A reload of another configuration that fails in
+    worker 0, where the loaded version serves on, leaves the others refusing the model's
+    requests with the reason (their checks are no longer worker 0's), never sending them."""
     write_model(tmp_path, "add_sub", add_sub_model(), ADD_SUB_CONFIG)
-    write_model(tmp_path, "mended", b"not an onnx model", SEQUENCE_CONFIG)
+    write_model(tmp_path, "mended", b"not an onnx model", ACCUMULATOR_SEQUENCE_CONFIG)
     # (Without auto-completion the configuration is read from the file alone: only worker 0,
     # which loads the model, finds the model file broken.)
     server = start_workers(tmp_path, "--disable-auto-complete-config")
@@ -109,7 +116,7 @@ def test_a_single_copy_model_mended_and_loaded_again_is_ready_in_every_worker(
                 lambda: {status_of(server, "GET", "/v2/models/mended/ready") for _ in range(10)} == {400},
                 "not ready anywhere",
             )
-            write_model(tmp_path, "mended", accumulator_model(), SEQUENCE_CONFIG)
+            write_model(tmp_path, "mended", accumulator_model(), ACCUMULATOR_SEQUENCE_CONFIG)
             client.load_model("mended")
         assert {status_of(server, "GET", "/v2/models/mended/ready") for _ in range(CONNECTIONS // 2)} == {200}
         values = [4, 5, 6]
@@ -118,6 +125,58 @@ def test_a_single_copy_model_mended_and_loaded_again_is_ready_in_every_worker(
             for step, value in enumerate(values)
         ]
         assert sums == [4, 9, 15]
+
+        # Another configuration (batches up to 4), and a model file worker 0 cannot load.
+        write_model(
+            tmp_path,
+            "mended",
+            b"not an onnx model",
+            ACCUMULATOR_SEQUENCE_CONFIG.replace("max_batch_size: 2", "max_batch_size: 4"),
+        )
+        with (
+            httpclient.InferenceServerClient(server.http_url) as client,
+            pytest.raises(InferenceServerException, match="the loaded version keeps serving"),
+        ):
+            client.load_model("mended")
+        served, refusals = set(), set()
+        for sequence_id in range(100, 100 + CONNECTIONS):
+            try:
+                served.add(
+                    sequence_step(server, sequence_id, 7, start=True, end=True, grpc=False, model="mended")
+                )
+            except InferenceServerException as refused:
+                refusals.add((refused.status(), refused.message()))
+        # Worker 0 serves its loaded version; the other worker refuses the model (whose requests
+        # it would check for the configuration worker 0 failed to load) with the reason: where
+        # it arrives, as a model without a version ready; in worker 0 (503), should one be sent
+        # before the other worker heard how the load went there.
+        reason = (
+            "worker 0, which serves model 'mended' for every worker, serves version 1 with other "
+            "inputs, outputs or batch size than this worker loaded (its load of this configuration "
+            "failed there, or is not done); load the model again once it loads"
+        )
+        assert served == {7}
+        assert refusals, "no request reached the other worker"
+        assert refusals <= {
+            ("404", f"Request for unknown model: 'mended' has no available versions (version 1: {reason})"),
+            ("503", reason),
+        }, refusals
+        wait_until(
+            lambda: (
+                {status_of(server, "GET", "/v2/models/mended/ready") for _ in range(CONNECTIONS // 2)}
+                == {200, 400}
+            ),
+            "ready in worker 0 only",
+        )
+        write_model(tmp_path, "mended", accumulator_model(), ACCUMULATOR_SEQUENCE_CONFIG)
+        with httpclient.InferenceServerClient(server.http_url) as client:
+            client.load_model("mended")
+        assert {status_of(server, "GET", "/v2/models/mended/ready") for _ in range(CONNECTIONS // 2)} == {200}
+        assert {
+            sequence_step(server, sid, 2, start=True, end=True, grpc=sid % 2 == 0, model="mended")
+            for sid in range(200, 200 + CONNECTIONS // 2)
+        } == {2}
+        assert "Traceback" not in server.log
     finally:
         server.close()
 
@@ -336,15 +395,20 @@ def test_worker_0s_line_answers_a_malformed_request_and_survives_a_broken_frame(
         states = await read_frame(reader)
         assert states is not None and "counter" in states.header["states"]
         writer.writelines(frame({"n": 1, "model": "counter"}))  # no version, inputs, ...
-        writer.writelines(frame({"n": 2, "model": "nowhere", "version": 1, "id": "", "parameters": {},
-                                 "outputs": None, "batch": 1}, {}))  # fmt: skip
+        writer.writelines(frame({"n": 2, "model": "nowhere", "version": 1, "interface": "", "id": "",
+                                 "parameters": {}, "outputs": None, "batch": 1}, {}))  # fmt: skip
+        # Checked against inputs worker 0 did not load: refused, not run.
+        writer.writelines(frame({"n": 3, "model": "counter", "version": 1, "interface": "0" * 16, "id": "",
+                                 "parameters": {"sequence_id": 5, "sequence_start": True}, "outputs": None,
+                                 "batch": 1}, {"INPUT": np.array([[1]], np.int32)}))  # fmt: skip
         answers = {}
-        while len(answers) < 2:
+        while len(answers) < 3:
             answer = await asyncio.wait_for(read_frame(reader), 30)
             assert answer is not None
             answers[answer.header["n"]] = answer.header["error"]
         assert answers[1]["kind"] == "InternalError"
         assert answers[2]["kind"] == "NotFoundError" and "nowhere" in answers[2]["message"]
+        assert answers[3]["kind"] == "UnavailableError" and "other inputs, outputs" in answers[3]["message"]
         writer.write(struct.pack("!IQ", 2**31, 0))  # a header past the limit
         assert await asyncio.wait_for(reader.read(), 30) == b""  # the line ends
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import enum
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
+from hashlib import blake2b
 from pathlib import Path
 
 from coreserve.config.signature import ModelSignature
@@ -68,6 +70,20 @@ class ModelVersion:
     @property
     def current_reason(self) -> str:
         return self.instance_failure() or self.reason
+
+    @cached_property
+    def interface_digest(self) -> str:
+        """A short digest of what its configuration says of requests and responses (inputs,
+        outputs, batch size, transaction policy): two loads that check requests alike agree on
+        it, whatever else their configurations change."""
+        config = self.config
+        interface = ModelConfig(
+            max_batch_size=config.max_batch_size,
+            input=config.input,
+            output=config.output,
+            model_transaction_policy=config.model_transaction_policy,
+        )
+        return blake2b(interface.SerializeToString(deterministic=True), digest_size=8).hexdigest()
 
 
 @dataclass(eq=False)

@@ -43,6 +43,18 @@ def _unreachable(name: str) -> str:
     return f"worker 0, which serves model '{name}' for every worker, is not reachable"
 
 
+def another_configuration(name: str, version: int) -> str:
+    """Why a worker cannot send a model's requests to worker 0: worker 0 serves the model with
+    other inputs, outputs or batch size than this worker loaded (worker 0's load of this
+    configuration failed, its loaded version serving on, or is not done), so a request checked
+    here is not checked for it."""
+    return (
+        f"worker 0, which serves model '{name}' for every worker, serves version {version} with "
+        "other inputs, outputs or batch size than this worker loaded (its load of this "
+        "configuration failed there, or is not done); load the model again once it loads"
+    )
+
+
 @dataclass
 class _Sent:
     request: InferenceRequest
@@ -59,7 +71,8 @@ class OwnerLink:
         self._sent: dict[int, _Sent] = {}
         self._next = 0
         # Worker 0's states of its single-copy models, by name and version: [takes requests,
-        # ready, why not] (None while the line is down), and how many times it told them.
+        # ready, why not, interface digest] (None while the line is down), and how many times it
+        # told them.
         self._states: dict[str, dict[str, list[object]]] | None = None
         self.states_told = 0
         self._keeping: asyncio.Task[None] | None = None
@@ -74,28 +87,33 @@ class OwnerLink:
     def scheduler_for(self, version: ModelVersion) -> ForwardingScheduler:
         return ForwardingScheduler(self, version)
 
-    def verdict(self, name: str, version: int, since: int) -> tuple[str, bool]:
-        """Whether worker 0 serves that model version: why its requests are refused ("" while
-        they are taken), and whether it is ready. `since`: `states_told` when this worker loaded it;
-        what worker 0 told before is of an older load, and its own load is worker 0's to
-        judge (the answer to the load says how it went there)."""
+    def verdict(self, version: ModelVersion, since: int) -> tuple[str, bool]:
+        """Whether worker 0 serves that model version as this worker loaded it: why its
+        requests are refused ("" while they are taken), and whether it is ready. `since`:
+        `states_told` when this worker loaded it; what worker 0 told before is of an older
+        load, and its own load is worker 0's to judge (the answer to the load says how it went
+        there). Worker 0 serving it with other inputs, outputs or batch size (its load of this
+        configuration failed, the loaded version serving on) refuses it."""
+        name = version.name
         if self.states_told <= since:
             return "", True
         if self._states is None:
             return _unreachable(name), False
-        told = self._states.get(name, {}).get(str(version))
+        told = self._states.get(name, {}).get(str(version.version))
         if told is None:  # not loaded there: a request then loads it on demand, or fails there
             return "", True
-        takes, ready, reason = told
+        takes, ready, reason, interface = told
+        if interface != version.interface_digest:
+            return another_configuration(name, version.version), False
         return ("" if takes else str(reason)), bool(ready)
 
-    def send(self, request: InferenceRequest, version: int, answered: Callable[[], None]) -> None:
-        """Sends `request` for model version `version`; `answered()` runs once it is answered
-        (or failed)."""
+    def send(self, request: InferenceRequest, version: ModelVersion, answered: Callable[[], None]) -> None:
+        """Sends `request` for `version` (checked against its configuration); `answered()`
+        runs once it is answered (or failed)."""
         if self._writer is None or self._writer.is_closing():
             raise UnavailableError(_unreachable(request.model_name))
         number = self._next + 1
-        pieces = request_frame(number, request, version)
+        pieces = request_frame(number, request, version.version, version.interface_digest)
         if payload_size(pieces) > MAX_PAYLOAD_BYTES:
             raise InvalidArgumentError(
                 f"request for model '{request.model_name}' is too large to send to worker 0, which serves "
@@ -207,8 +225,7 @@ class ForwardingScheduler(Scheduler):
     def __init__(self, link: OwnerLink, version: ModelVersion) -> None:
         super().__init__(version.signature, version.statistics, [])
         self._link = link
-        self._name = version.name
-        self._version = version.version
+        self._version = version
         self._since = link.states_told  # what worker 0 told before this load is of an older one
         self._sending = 0
         self._done_sending = asyncio.Event()
@@ -218,10 +235,10 @@ class ForwardingScheduler(Scheduler):
         return 0  # counted where they run, in worker 0
 
     def failure(self) -> str:
-        return self._link.verdict(self._name, self._version, self._since)[0]
+        return self._link.verdict(self._version, self._since)[0]
 
     def serving(self) -> bool:
-        return self._link.verdict(self._name, self._version, self._since)[1]
+        return self._link.verdict(self._version, self._since)[1]
 
     def start(self) -> None:
         self._done_sending.set()

@@ -108,13 +108,15 @@ async def read_frame(reader: asyncio.StreamReader) -> Frame | None:
     return Frame(header, memoryview(payload))
 
 
-def request_frame(number: int, request: InferenceRequest, version: int) -> Pieces:
+def request_frame(number: int, request: InferenceRequest, version: int, interface: str) -> Pieces:
     """A request checked where it arrived (`batch`: its batch size there) for worker 0's
-    scheduler of model version `version`."""
+    scheduler of model version `version`; `interface`: the digest of what the configuration it
+    was checked against says of requests (`ModelVersion.interface_digest`)."""
     header = {
         "n": number,
         "model": request.model_name,
         "version": version,
+        "interface": interface,
         "id": request.id,
         "parameters": request.parameters,
         "outputs": request.requested_outputs,

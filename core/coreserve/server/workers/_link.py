@@ -83,6 +83,10 @@ class WorkerLink:
             return self._dataplane.statistics(ask["name"], ask["version"])
         if call == "metrics":
             return await self._metrics.render_on_loop() if self._metrics is not None else ""
+        if call == "tell_states":  # in worker 0, once every worker has made a model's change
+            if self._owner is not None:
+                self._owner.tell_states(again=True)
+            return None
         if call != "change":
             raise InvalidArgumentError(f"a worker does not know '{call}'")
         try:

@@ -4,6 +4,9 @@
 A request comes checked (its inputs reshaped, its batch size known) and goes straight to the
 model version's scheduler, in the order it came: a sequence's requests keep their order
 whichever worker they arrived at. It is counted in worker 0's statistics only, where it runs.
+One checked against a configuration whose inputs, outputs or batch size are not those of the
+version here (where a reload failed here and the loaded version serves on, or is not done) is
+refused: its tensors were checked for that other one.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 from coreserve.errors import CoreserveError, InternalError, InvalidArgumentError, UnavailableError
@@ -18,6 +22,7 @@ from coreserve.repository.loader import single_copy_reason
 from coreserve.repository.model import ModelState, ModelVersion
 from coreserve.server.dataplane import DataPlane
 from coreserve.server.workers._channel import error_data
+from coreserve.server.workers._forwarding import another_configuration
 from coreserve.server.workers._frames import Frame, Pieces, frame, read_frame, request_from, response_frame
 from coreserve.types import InferenceRequest, InferenceResponse
 
@@ -63,23 +68,30 @@ class ForwardedRequests:
                 )
 
     def states(self) -> dict[str, dict[str, list[object]]]:
-        """Each single-copy model's loaded versions: [takes requests, ready, why not] (one
-        still loading is left out: the others' copies say nothing of it until it is settled)."""
+        """Each single-copy model's loaded versions: [takes requests, ready, why not,
+        interface digest] (one still loading is left out: the others' copies say nothing of it until it
+        is settled)."""
         states: dict[str, dict[str, list[object]]] = {}
         for model in self._dataplane.repository.models():
             if model.config is None or not single_copy_reason(model.config):
                 continue
             states[model.name] = {
-                str(number): [version.takes_requests, version.ready, _reason(version)]
+                str(number): [
+                    version.takes_requests,
+                    version.ready,
+                    _reason(version),
+                    version.interface_digest,
+                ]
                 for number, version in model.versions.items()
                 if version.state in (ModelState.READY, ModelState.UNAVAILABLE)
             }
         return states
 
-    def tell_states(self) -> None:
-        """Tells every other worker the models' states, where they changed since last told."""
+    def tell_states(self, again: bool = False) -> None:
+        """Tells every other worker the models' states, where they changed since last told (or
+        `again`: also where they did not)."""
         states = self.states()
-        if states != self._states:
+        if again or states != self._states:
             self._states = states
             for line in self._lines:
                 line.send(frame({"states": states}))
@@ -123,6 +135,16 @@ def _reason(version: ModelVersion) -> str:
     return version.current_reason or f"version {version.version} is {version.current_state.name}"
 
 
+@dataclass
+class _Sent:
+    """A request another worker sent: its number on the line, and the interface digest of the
+    configuration it was checked against there."""
+
+    number: int
+    request: InferenceRequest
+    interface: str
+
+
 class _Line:
     """One other worker's connection: its requests running here, by their numbers.
 
@@ -135,7 +157,7 @@ class _Line:
         self._dataplane = dataplane
         self._writer = writer
         self.running: dict[int, InferenceRequest] = {}
-        self._waiting: dict[str, list[tuple[int, InferenceRequest]]] = {}  # by model, for its load
+        self._waiting: dict[str, list[_Sent]] = {}  # by model, for its load
         self._loads: set[asyncio.Task[None]] = set()
 
     def send(self, pieces: Pieces) -> None:
@@ -166,17 +188,17 @@ class _Line:
         else:
             number, request = header["n"], request_from(received)
             self.running[number] = request
-            name = request.model_name
+            name, sent = request.model_name, _Sent(number, request, str(header["interface"]))
             waiting = self._waiting.get(name)
             if waiting is not None:  # behind the others of its model
-                waiting.append((number, request))
+                waiting.append(sent)
             elif self._dataplane.in_use(name, request.model_version) is None and self._on_demand():
-                self._waiting[name] = [(number, request)]
+                self._waiting[name] = [sent]
                 load = asyncio.create_task(self._load_then_submit(name, request.model_version))
                 self._loads.add(load)
                 load.add_done_callback(self._loads.discard)
             else:
-                self._submit(number, request)
+                self._submit(sent)
 
     def _on_demand(self) -> bool:
         return self._dataplane.repository.budgeted.on_demand
@@ -184,18 +206,21 @@ class _Line:
     async def _load_then_submit(self, name: str, version: str) -> None:
         with contextlib.suppress(CoreserveError):  # each request then gets its own lookup's error
             await self._dataplane.serving_version(name, version)
-        for number, request in self._waiting.pop(name, []):
-            self._submit(number, request)
+        for sent in self._waiting.pop(name, []):
+            self._submit(sent)
 
-    def _submit(self, number: int, request: InferenceRequest) -> None:
+    def _submit(self, sent: _Sent) -> None:
+        request = sent.request
         try:
             target = self._dataplane.model_version(request.model_name, request.model_version)
             if target.scheduler is None:
                 raise UnavailableError(f"model '{request.model_name}' version {target.version} is not loaded")
-            request.sink = _Replies(self, number)
+            if sent.interface != target.interface_digest:
+                raise UnavailableError(another_configuration(request.model_name, target.version))
+            request.sink = _Replies(self, sent.number)
             target.scheduler.submit(request)
         except CoreserveError as exc:
-            self._fail(number, exc)
+            self._fail(sent.number, exc)
 
     def _fail(self, number: int, error: CoreserveError) -> None:
         self.running.pop(number, None)

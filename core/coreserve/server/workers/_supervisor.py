@@ -187,8 +187,19 @@ class Supervisor:
                 self._remember(change, what)
             if made and isinstance(change, LoadModel | UnloadModel):
                 self._carried.forget_model(change.name)
+                await self._retell_states()
         if failed:
             raise failed[0]
+
+    async def _retell_states(self) -> None:
+        """Has worker 0 tell the others its models' states once every worker has made a
+        model's change: each judges its new copy of a model that worker 0 serves for all by
+        how worker 0's load of it went (what worker 0 told while the others still loaded is
+        not taken as of their load)."""
+        owner = self.workers[0]
+        if owner.joined and owner.channel is not None:
+            with contextlib.suppress(CoreserveError):
+                await owner.channel.ask({"call": "tell_states"}, GATHER_TIMEOUT_S)
 
     async def _ask_all(self, what: dict[str, Any], timeout: float | None) -> list[Any]:
         """`what` asked of every joined worker: each one's answer, or its error."""
