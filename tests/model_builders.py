@@ -101,6 +101,23 @@ def write_model(
     return folder
 
 
+# The accumulator model's configuration: a sequence batcher over two instances.
+ACCUMULATOR_SEQUENCE_CONFIG = """
+backend: "onnxruntime"
+max_batch_size: 2
+input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] }, { name: "CORR_OUT" data_type: TYPE_UINT64 dims: [ 1 ] } ]
+instance_group [ { count: 2 kind: KIND_CPU } ]
+sequence_batching {
+  control_input [
+    { name: "START" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] },
+    { name: "CORRID" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_UINT64 } ] }
+  ]
+  state [ { input_name: "acc_in" output_name: "acc_out" data_type: TYPE_INT32 dims: [ 1 ] } ]
+}
+"""
+
+
 def accumulator_model(corrid: str = "UINT64") -> onnx.ModelProto:
     """A stateful running sum: OUTPUT = INPUT + (START ? 0 : acc_in); acc_out = OUTPUT.
 

@@ -21,7 +21,14 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from coreserve.testing import ServerProcess
-from model_builders import ADD_SUB_CONFIG, accumulator_model, add_sub_model, scale_model, write_model
+from model_builders import (
+    ACCUMULATOR_SEQUENCE_CONFIG,
+    ADD_SUB_CONFIG,
+    accumulator_model,
+    add_sub_model,
+    scale_model,
+    write_model,
+)
 from waiting import wait_until
 
 CONNECTIONS = 40
@@ -32,22 +39,6 @@ backend: "onnxruntime"
 max_batch_size: 8
 input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
 output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
-"""
-
-
-SEQUENCE_CONFIG = """
-backend: "onnxruntime"
-max_batch_size: 2
-input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
-output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] }, { name: "CORR_OUT" data_type: TYPE_UINT64 dims: [ 1 ] } ]
-instance_group [ { count: 2 kind: KIND_CPU } ]
-sequence_batching {
-  control_input [
-    { name: "START" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] },
-    { name: "CORRID" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_UINT64 } ] }
-  ]
-  state [ { input_name: "acc_in" output_name: "acc_out" data_type: TYPE_INT32 dims: [ 1 ] } ]
-}
 """
 
 
@@ -166,7 +157,7 @@ def write_repository(root: Path) -> Path:
     models of the cancellation tests (one 6 s to load, one a decoupled sequence model)."""
     write_model(root, "add_sub", add_sub_model(), ADD_SUB_CONFIG)
     write_model(root, "scale", scale_model(2.0), SCALE_CONFIG)
-    write_model(root, "counter", accumulator_model(), SEQUENCE_CONFIG)
+    write_model(root, "counter", accumulator_model(), ACCUMULATOR_SEQUENCE_CONFIG)
     models = Path(__file__).parent / "cancellation_models"
     shutil.copytree(models / "sleepy_sequence", root / "sleepy_sequence")
     # The same, 6 s to load: its load on demand takes a while.

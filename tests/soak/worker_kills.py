@@ -44,22 +44,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from reporting import print_table, write_results
 
 from coreserve.testing import ServerProcess
-from model_builders import ADD_SUB_CONFIG, accumulator_model, add_sub_model, write_model  # type: ignore[import-not-found]
+from model_builders import (  # type: ignore[import-not-found]
+    ACCUMULATOR_SEQUENCE_CONFIG,
+    ADD_SUB_CONFIG,
+    accumulator_model,
+    add_sub_model,
+    write_model,
+)
 
-SEQUENCE_CONFIG = """
-backend: "onnxruntime"
-max_batch_size: 2
-input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
-output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] }, { name: "CORR_OUT" data_type: TYPE_UINT64 dims: [ 1 ] } ]
-instance_group [ { count: 2 kind: KIND_CPU } ]
-sequence_batching {
-  control_input [
-    { name: "START" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] },
-    { name: "CORRID" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_UINT64 } ] }
-  ]
-  state [ { input_name: "acc_in" output_name: "acc_out" data_type: TYPE_INT32 dims: [ 1 ] } ]
-}
-"""
 AFTER_READY_S = 2.0  # a kill's window lasts this long past the server's readiness
 # What a request may get in a kill's window: the words of each error a restart explains.
 EXPLAINED = (
@@ -193,7 +185,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         repository = Path(folder)
         write_model(repository, "add_sub", add_sub_model(), ADD_SUB_CONFIG)
-        write_model(repository, "counter", accumulator_model(), SEQUENCE_CONFIG)
+        write_model(repository, "counter", accumulator_model(), ACCUMULATOR_SEQUENCE_CONFIG)
         flags = [f"--http-port={free_port()}", f"--grpc-port={free_port()}", f"--http-thread-count={args.workers}",
                  f"--grpc-infer-thread-count={args.workers}"]  # fmt: skip
         server = ServerProcess([repository], flags).start(timeout=180)

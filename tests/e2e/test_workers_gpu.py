@@ -1,0 +1,92 @@
+"""A model on a real GPU in a server of several workers (runs on a GPU machine: .ci/gpu-tests).
+
+Triton counts a KIND_GPU group's instances per server: worker 0 alone loads them, and is the
+one worker process with a CUDA context on the GPU; the other workers send it their requests.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import pytest
+
+from model_builders import ADD_SUB_CONFIG, add_sub_model, write_model
+from worker_servers import CONNECTIONS, answer_of, start_workers, worker_index, worker_pids
+
+torch = pytest.importorskip("torch")
+
+
+def _gpu_usable() -> str:
+    """Why GPU 0 cannot be used and watched here ("" where it can)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except ImportError as exc:
+        return f"needs {exc.name} (nvidia-ml-py)"
+    except Exception as exc:  # NVMLError
+        return f"NVML is not usable here ({exc})"
+    pynvml.nvmlShutdown()
+    return "" if torch.cuda.is_available() else "no CUDA device (a CUDA build of torch and an NVIDIA GPU)"
+
+
+GPU_UNUSABLE = _gpu_usable()
+
+
+class OnCuda(torch.nn.Module):
+    """Ones where the input came to the module on a CUDA device, zeros where on the CPU."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.full_like(x, float(x.is_cuda))
+
+
+ON_GPU_CONFIG = """
+backend: "pytorch"
+max_batch_size: 8
+input [ { name: "x" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "y" data_type: TYPE_FP32 dims: [ 4 ] } ]
+instance_group [ { kind: KIND_GPU count: 2 gpus: [ 0 ] } ]
+"""
+
+BODY = json.dumps({"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [5, 6, 7, 8]}]})
+
+
+def _processes_on_gpu_0() -> set[int]:
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        device = pynvml.nvmlDeviceGetHandleByIndex(0)
+        return {process.pid for process in pynvml.nvmlDeviceGetComputeRunningProcesses(device)}
+    finally:
+        pynvml.nvmlShutdown()
+
+
+@pytest.mark.skipif(bool(GPU_UNUSABLE), reason=GPU_UNUSABLE or "GPU 0 is usable")
+def test_a_kind_gpu_model_runs_on_the_gpu_in_worker_0_alone(tmp_path: Path) -> None:
+    write_model(tmp_path, "add_sub", add_sub_model(), ADD_SUB_CONFIG)
+    (tmp_path / "on_gpu" / "1").mkdir(parents=True)
+    with warnings.catch_warnings():  # torch deprecates TorchScript; Triton users still have model.pt files
+        warnings.simplefilter("ignore", DeprecationWarning)
+        torch.jit.save(torch.jit.script(OnCuda()), str(tmp_path / "on_gpu" / "1" / "model.pt"))
+    (tmp_path / "on_gpu" / "config.pbtxt").write_text(ON_GPU_CONFIG)
+    server = start_workers(tmp_path, "--load-model=on_gpu")
+    try:
+        for _ in range(CONNECTIONS):  # each on a connection of its own: through both workers
+            status, body = answer_of(server, "POST", "/v2/models/on_gpu/infer", BODY)
+            assert status == 200, body
+            assert json.loads(body)["outputs"][0]["data"] == [1.0] * 4  # it ran on a CUDA device
+        status, body = answer_of(server, "GET", "/v2/models/on_gpu/stats")
+        stats = json.loads(body)["model_stats"][0]
+        assert status == 200 and stats["inference_count"] == CONNECTIONS
+        owner = [pid for pid in worker_pids(server) if worker_index(pid) == 0]
+        others = set(worker_pids(server)) - set(owner)
+        on_gpu = _processes_on_gpu_0()
+        assert set(owner) <= on_gpu and not others & on_gpu, (owner, others, on_gpu)
+        forwarded = "model 'on_gpu' version 1 is served by worker 0 for every worker (its GPU instances"
+        assert server.log.count(forwarded) == 1  # by the other worker
+        assert "Traceback" not in server.log
+    finally:
+        server.close()
