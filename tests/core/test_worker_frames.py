@@ -6,8 +6,12 @@ And the interface digest a request carries, which tells worker 0 what it was che
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import struct
+import subprocess
+import sys
+from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -154,6 +158,23 @@ def test_the_interface_digest_tells_apart_only_what_requests_are_checked_against
     """
     digest = _interface_digest(base)
     assert len(digest) == 16 and digest == _interface_digest(base)
+    # Computed in another process (as each worker does), from the tensors listed in another order.
+    two = base.replace(
+        "dims: [ 1 ] } ]\n    output",
+        'dims: [ 1 ] }, { name: "W" data_type: TYPE_FP32 dims: [ 3 ] } ]\n    output',
+    )
+    swapped = two.replace('{ name: "X" data_type: TYPE_INT32 dims: [ 1 ] }, { name: "W" data_type: TYPE_FP32 dims: [ 3 ] }',
+                          '{ name: "W" data_type: TYPE_FP32 dims: [ 3 ] }, { name: "X" data_type: TYPE_INT32 dims: [ 1 ] }')  # fmt: skip
+    assert swapped != two
+    elsewhere = subprocess.run(
+        [sys.executable, "-c", f"import test_worker_frames as t; print(t._interface_digest({swapped!r}))"],
+        cwd=Path(__file__).parent,
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONHASHSEED": "random"},
+    ).stdout.strip()
+    assert elsewhere == _interface_digest(two) != digest
     assert digest == _interface_digest(base + "dynamic_batching { } instance_group [ { count: 3 } ]")
     for other in (
         base.replace("max_batch_size: 2", "max_batch_size: 4"),

@@ -48,6 +48,13 @@ from worker_servers import (
     write_repository,
 )
 
+# Why the other worker refuses a model whose reload failed in worker 0 alone.
+WORKER_0_SERVES_ANOTHER = (
+    "worker 0, which serves model '%s' for every worker, serves version 1 with other inputs, "
+    "outputs, batch size or transaction policy than this worker loaded (a load of this "
+    "configuration failed there, or is not done); load the model again once it loads"
+)
+
 
 @pytest.fixture(scope="module")
 def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -150,11 +157,7 @@ def test_a_single_copy_model_mended_and_loaded_again_is_ready_in_every_worker(
         # it would check for the configuration worker 0 failed to load) with the reason: where
         # it arrives, as a model without a version ready; in worker 0 (503), should one be sent
         # before the other worker heard how the load went there.
-        reason = (
-            "worker 0, which serves model 'mended' for every worker, serves version 1 with other "
-            "inputs, outputs or batch size than this worker loaded (its load of this configuration "
-            "failed there, or is not done); load the model again once it loads"
-        )
+        reason = WORKER_0_SERVES_ANOTHER % "mended"
         assert served == {7}
         assert refusals, "no request reached the other worker"
         assert refusals <= {
@@ -168,6 +171,22 @@ def test_a_single_copy_model_mended_and_loaded_again_is_ready_in_every_worker(
             ),
             "ready in worker 0 only",
         )
+        # The other worker, started again, loads the configuration of the last load (its
+        # replay), and hears from worker 0 how that went there: not ready, without a request.
+        other = next(pid for pid in worker_pids(server) if worker_index(pid) != 0)
+        os.kill(other, signal.SIGKILL)
+        wait_until(
+            lambda: other not in worker_pids(server) and len(worker_pids(server)) == 2, "started again"
+        )
+        wait_until(lambda: status_of(server, "GET", "/v2/health/ready") == 200, "ready again", timeout=120)
+        wait_until(
+            lambda: (
+                {status_of(server, "GET", "/v2/models/mended/ready") for _ in range(CONNECTIONS // 2)}
+                == {200, 400}
+            ),
+            "ready in worker 0 only, again",
+            timeout=10,
+        )
         write_model(tmp_path, "mended", accumulator_model(), ACCUMULATOR_SEQUENCE_CONFIG)
         with httpclient.InferenceServerClient(server.http_url) as client:
             client.load_model("mended")
@@ -176,6 +195,51 @@ def test_a_single_copy_model_mended_and_loaded_again_is_ready_in_every_worker(
             sequence_step(server, sid, 2, start=True, end=True, grpc=sid % 2 == 0, model="mended")
             for sid in range(200, 200 + CONNECTIONS // 2)
         } == {2}
+        assert "Traceback" not in server.log
+    finally:
+        server.close()
+
+
+def test_a_reload_by_poll_that_fails_in_worker_0_alone_leaves_the_others_refusing_the_model(
+    tmp_path: Path,
+) -> None:
+    """Without a change through the repository API (each worker polls the repository itself),
+    worker 0's refusal of a request checked for the configuration it failed to load tells the
+    other worker: it refuses the model from then on, with the reason, and reports it not ready."""
+    write_model(tmp_path, "add_sub", add_sub_model(), ADD_SUB_CONFIG)
+    write_model(tmp_path, "polled", accumulator_model(), ACCUMULATOR_SEQUENCE_CONFIG)
+    server = start_workers(
+        tmp_path, "--model-control-mode=poll", "--repository-poll-secs=1", "--disable-auto-complete-config"
+    )
+    try:
+        assert sequence_step(server, 1, 3, start=True, end=True, grpc=False, model="polled") == 3
+        write_model(
+            tmp_path,
+            "polled",
+            b"not an onnx model",
+            ACCUMULATOR_SEQUENCE_CONFIG.replace("max_batch_size: 2", "max_batch_size: 4"),
+        )
+        wait_until(lambda: server.log.count("model 'polled' did not reload") >= 1, "worker 0's reload failed")
+        wait_until(
+            lambda: server.log.count("model 'polled' version 1 is served by worker 0") >= 2, "reloaded there"
+        )
+        served, refusals = set(), set()
+        for sequence_id in range(100, 100 + CONNECTIONS):
+            try:
+                served.add(
+                    sequence_step(server, sequence_id, 7, start=True, end=True, grpc=False, model="polled")
+                )
+            except InferenceServerException as refused:
+                refusals.add((refused.status(), refused.message()))
+        assert served == {7}
+        assert refusals, "no request reached the other worker"
+        assert all(WORKER_0_SERVES_ANOTHER % "polled" in message for _, message in refusals), refusals
+        assert ("404", f"Request for unknown model: 'polled' has no available versions (version 1: "
+                f"{WORKER_0_SERVES_ANOTHER % 'polled'})") in refusals  # fmt: skip
+        assert {status_of(server, "GET", "/v2/models/polled/ready") for _ in range(CONNECTIONS // 2)} == {
+            200,
+            400,
+        }
         assert "Traceback" not in server.log
     finally:
         server.close()
@@ -408,7 +472,10 @@ def test_worker_0s_line_answers_a_malformed_request_and_survives_a_broken_frame(
             answers[answer.header["n"]] = answer.header["error"]
         assert answers[1]["kind"] == "InternalError"
         assert answers[2]["kind"] == "NotFoundError" and "nowhere" in answers[2]["message"]
-        assert answers[3]["kind"] == "UnavailableError" and "other inputs, outputs" in answers[3]["message"]
+        assert (
+            answers[3]["kind"] == "UnavailableError"
+            and "other inputs, outputs, batch size" in answers[3]["message"]
+        )
         writer.write(struct.pack("!IQ", 2**31, 0))  # a header past the limit
         assert await asyncio.wait_for(reader.read(), 30) == b""  # the line ends
 

@@ -73,16 +73,16 @@ class ModelVersion:
 
     @cached_property
     def interface_digest(self) -> str:
-        """A short digest of what its configuration says of requests and responses (inputs,
-        outputs, batch size, transaction policy): two loads that check requests alike agree on
-        it, whatever else their configurations change."""
+        """A short digest of what its configuration says of requests and responses (inputs and
+        outputs, by name: their order in the file does not count; batch size; transaction
+        policy): two loads that check requests alike agree on it, whatever else their
+        configurations change."""
         config = self.config
         interface = ModelConfig(
-            max_batch_size=config.max_batch_size,
-            input=config.input,
-            output=config.output,
-            model_transaction_policy=config.model_transaction_policy,
+            max_batch_size=config.max_batch_size, model_transaction_policy=config.model_transaction_policy
         )
+        interface.input.extend(sorted(config.input, key=lambda tensor: tensor.name))
+        interface.output.extend(sorted(config.output, key=lambda tensor: tensor.name))
         return blake2b(interface.SerializeToString(deterministic=True), digest_size=8).hexdigest()
 
 

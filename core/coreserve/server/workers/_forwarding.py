@@ -45,19 +45,20 @@ def _unreachable(name: str) -> str:
 
 def another_configuration(name: str, version: int) -> str:
     """Why a worker cannot send a model's requests to worker 0: worker 0 serves the model with
-    other inputs, outputs or batch size than this worker loaded (worker 0's load of this
-    configuration failed, its loaded version serving on, or is not done), so a request checked
-    here is not checked for it."""
+    another interface than this worker loaded (`ModelVersion.interface_digest`: worker 0's
+    load of this configuration failed, its loaded version serving on, or one of the two loads
+    is not done), so a request checked here is not checked for it."""
     return (
         f"worker 0, which serves model '{name}' for every worker, serves version {version} with "
-        "other inputs, outputs or batch size than this worker loaded (its load of this "
-        "configuration failed there, or is not done); load the model again once it loads"
+        "other inputs, outputs, batch size or transaction policy than this worker loaded (a load "
+        "of this configuration failed there, or is not done); load the model again once it loads"
     )
 
 
 @dataclass
 class _Sent:
     request: InferenceRequest
+    version: ModelVersion
     forget_cancel: Callable[[], None]
     answered: Callable[[], None]  # its scheduler's count of requests out
 
@@ -75,6 +76,10 @@ class OwnerLink:
         # told them.
         self._states: dict[str, dict[str, list[object]]] | None = None
         self.states_told = 0
+        # The versions worker 0 refused a request of because it serves them with another
+        # interface: (name, version) -> the interface digest of this worker's copy, until
+        # worker 0 tells it serves that one (or not the version at all).
+        self._refused: dict[tuple[str, int], str] = {}
         self._keeping: asyncio.Task[None] | None = None
         self._states_known = asyncio.Event()  # set while worker 0's states are known here
 
@@ -92,9 +97,12 @@ class OwnerLink:
         requests are refused ("" while they are taken), and whether it is ready. `since`:
         `states_told` when this worker loaded it; what worker 0 told before is of an older
         load, and its own load is worker 0's to judge (the answer to the load says how it went
-        there). Worker 0 serving it with other inputs, outputs or batch size (its load of this
-        configuration failed, the loaded version serving on) refuses it."""
+        there). Worker 0 serving it with another interface (its load of this configuration
+        failed, the loaded version serving on), as told since or as its refusal of a request
+        said, refuses it."""
         name = version.name
+        if self._refused.get((name, version.version)) == version.interface_digest:
+            return another_configuration(name, version.version), False
         if self.states_told <= since:
             return "", True
         if self._states is None:
@@ -120,7 +128,8 @@ class OwnerLink:
                 f"it ({payload_size(pieces)} bytes of tensors; at most {MAX_PAYLOAD_BYTES})"
             )
         self._next = number
-        self._sent[number] = _Sent(request, request.on_cancel(lambda: self._cancel(number)), answered)
+        forget_cancel = request.on_cancel(lambda: self._cancel(number))
+        self._sent[number] = _Sent(request, version, forget_cancel, answered)
         self._writer.writelines(pieces)
 
     def send_trace(self, entries: bytes) -> None:
@@ -175,6 +184,10 @@ class OwnerLink:
             self._states = header["states"]
             self.states_told += 1
             self._states_known.set()
+            for (name, version), interface in list(self._refused.items()):
+                told = self._states.get(name, {}).get(str(version))
+                if told is None or told[3] == interface:
+                    del self._refused[name, version]
             return
         number = header["n"]
         sent = self._sent.get(number)
@@ -183,6 +196,9 @@ class OwnerLink:
         sink = sent.request.sink
         assert sink is not None
         if "error" in header:
+            if "serves" in header:  # worker 0 serves that version with another interface
+                copy = sent.version
+                self._refused[copy.name, copy.version] = copy.interface_digest
             self._forget(number)
             sink.fail(error_from(header["error"]))
             return

@@ -215,16 +215,18 @@ class _Line:
             target = self._dataplane.model_version(request.model_name, request.model_version)
             if target.scheduler is None:
                 raise UnavailableError(f"model '{request.model_name}' version {target.version} is not loaded")
-            if sent.interface != target.interface_digest:
-                raise UnavailableError(another_configuration(request.model_name, target.version))
+            if sent.interface != target.interface_digest:  # `serves`: the sender's copy is not this one
+                error = UnavailableError(another_configuration(request.model_name, target.version))
+                self._fail(sent.number, error, serves=target.interface_digest)
+                return
             request.sink = _Replies(self, sent.number)
             target.scheduler.submit(request)
         except CoreserveError as exc:
             self._fail(sent.number, exc)
 
-    def _fail(self, number: int, error: CoreserveError) -> None:
+    def _fail(self, number: int, error: CoreserveError, **more: object) -> None:
         self.running.pop(number, None)
-        self.send(frame({"n": number, "error": error_data(error)}))
+        self.send(frame({"n": number, "error": error_data(error), **more}))
 
     def close(self) -> None:
         """The worker went away: nobody waits for its requests any more."""

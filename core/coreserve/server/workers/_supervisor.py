@@ -154,6 +154,7 @@ class Supervisor:
         if call == "serving":
             self.workers[message["index"]].serving = True
             self._in_background(self._tell_readiness())
+            self._in_background(self._retell_states())  # for the copies its replay loaded
             return None
         if call == "everywhere":
             await self._everywhere(message["what"])
@@ -193,9 +194,9 @@ class Supervisor:
 
     async def _retell_states(self) -> None:
         """Has worker 0 tell the others its models' states once every worker has made a
-        model's change: each judges its new copy of a model that worker 0 serves for all by
-        how worker 0's load of it went (what worker 0 told while the others still loaded is
-        not taken as of their load)."""
+        model's change, or a worker that started again serves: each judges its new copy of a
+        model that worker 0 serves for all by how worker 0's load of it went (what worker 0
+        told while the others still loaded is not taken as of their load)."""
         owner = self.workers[0]
         if owner.joined and owner.channel is not None:
             with contextlib.suppress(CoreserveError):
