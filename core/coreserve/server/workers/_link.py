@@ -83,7 +83,7 @@ class WorkerLink:
             return self._dataplane.statistics(ask["name"], ask["version"])
         if call == "metrics":
             return await self._metrics.render_on_loop() if self._metrics is not None else ""
-        if call == "tell_states":  # in worker 0, once every worker has made a model's change
+        if call == "tell_states":  # in worker 0: every worker made a model's change, or one started again
             if self._owner is not None:
                 self._owner.tell_states(again=True)
             return None

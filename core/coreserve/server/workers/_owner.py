@@ -4,9 +4,10 @@
 A request comes checked (its inputs reshaped, its batch size known) and goes straight to the
 model version's scheduler, in the order it came: a sequence's requests keep their order
 whichever worker they arrived at. It is counted in worker 0's statistics only, where it runs.
-One checked against a configuration whose inputs, outputs or batch size are not those of the
-version here (where a reload failed here and the loaded version serves on, or is not done) is
-refused: its tensors were checked for that other one.
+One checked against a configuration whose interface (inputs, outputs, batch size,
+transaction policy) is not the version's here (where a reload failed here and the loaded
+version serves on, or one of the two loads is not done) is refused: its tensors were checked
+for that other one.
 """
 
 from __future__ import annotations
@@ -68,8 +69,8 @@ class ForwardedRequests:
                 )
 
     def states(self) -> dict[str, dict[str, list[object]]]:
-        """Each single-copy model's loaded versions: [takes requests, ready, why not,
-        interface digest] (one still loading is left out: the others' copies say nothing of it until it
+        """Each single-copy model's loaded versions: [takes requests, ready, why not, interface
+        digest] (one still loading is left out: the others' copies say nothing of it until it
         is settled)."""
         states: dict[str, dict[str, list[object]]] = {}
         for model in self._dataplane.repository.models():
