@@ -15,6 +15,7 @@ from tritonclient.utils import InferenceServerException
 
 from coreserve.repository.memory import process_tree_rss
 from coreserve.testing import ServerFactory, ServerProcess
+from gpu_checks import gpu_0_unusable
 
 MODELS = 20
 HOLDING = """
@@ -180,22 +181,7 @@ class TritonPythonModel:
 """
 
 
-def _gpu_usable() -> str:
-    """Why GPU 0's memory cannot be budgeted here ("" where it can)."""
-    try:
-        import pynvml
-        import torch
-
-        pynvml.nvmlInit()
-    except ImportError as exc:
-        return f"needs {exc.name} (a CUDA build of torch and nvidia-ml-py)"
-    except Exception as exc:  # NVMLError
-        return f"NVML is not usable here ({exc})"
-    pynvml.nvmlShutdown()
-    return "" if torch.cuda.is_available() else "no CUDA device"
-
-
-GPU_UNUSABLE = _gpu_usable()
+GPU_UNUSABLE = gpu_0_unusable()
 
 
 @pytest.mark.skipif(bool(GPU_UNUSABLE), reason=GPU_UNUSABLE or "GPU 0 is usable")

@@ -12,27 +12,14 @@ from pathlib import Path
 
 import pytest
 
+from gpu_checks import gpu_0_unusable
 from model_builders import ADD_SUB_CONFIG, add_sub_model, write_model
 from worker_servers import CONNECTIONS, answer_of, start_workers, worker_index, worker_pids
 
 torch = pytest.importorskip("torch")
 
 
-def _gpu_usable() -> str:
-    """Why GPU 0 cannot be used and watched here ("" where it can)."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except ImportError as exc:
-        return f"needs {exc.name} (nvidia-ml-py)"
-    except Exception as exc:  # NVMLError
-        return f"NVML is not usable here ({exc})"
-    pynvml.nvmlShutdown()
-    return "" if torch.cuda.is_available() else "no CUDA device (a CUDA build of torch and an NVIDIA GPU)"
-
-
-GPU_UNUSABLE = _gpu_usable()
+GPU_UNUSABLE = gpu_0_unusable()
 
 
 class OnCuda(torch.nn.Module):
