@@ -56,6 +56,18 @@ WORKER_0_SERVES_ANOTHER = (
 )
 
 
+def _one_step_sequences(server: ServerProcess, model: str) -> tuple[set[int], set[tuple[str, str]]]:
+    """A sequence of one step (7) on each of CONNECTIONS connections: the sums answered, and
+    the refusals' statuses and messages."""
+    served, refusals = set(), set()
+    for sequence_id in range(100, 100 + CONNECTIONS):
+        try:
+            served.add(sequence_step(server, sequence_id, 7, start=True, end=True, grpc=False, model=model))
+        except InferenceServerException as refused:
+            refusals.add((refused.status(), refused.message()))
+    return served, refusals
+
+
 @pytest.fixture(scope="module")
 def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_repository(tmp_path_factory.mktemp("workers"))
@@ -145,14 +157,7 @@ def test_a_single_copy_model_mended_and_loaded_again_is_ready_in_every_worker(
             pytest.raises(InferenceServerException, match="the loaded version keeps serving"),
         ):
             client.load_model("mended")
-        served, refusals = set(), set()
-        for sequence_id in range(100, 100 + CONNECTIONS):
-            try:
-                served.add(
-                    sequence_step(server, sequence_id, 7, start=True, end=True, grpc=False, model="mended")
-                )
-            except InferenceServerException as refused:
-                refusals.add((refused.status(), refused.message()))
+        served, refusals = _one_step_sequences(server, "mended")
         # Worker 0 serves its loaded version; the other worker refuses the model (whose requests
         # it would check for the configuration worker 0 failed to load) with the reason: where
         # it arrives, as a model without a version ready; in worker 0 (503), should one be sent
@@ -223,14 +228,7 @@ def test_a_reload_by_poll_that_fails_in_worker_0_alone_leaves_the_others_refusin
         wait_until(
             lambda: server.log.count("model 'polled' version 1 is served by worker 0") >= 2, "reloaded there"
         )
-        served, refusals = set(), set()
-        for sequence_id in range(100, 100 + CONNECTIONS):
-            try:
-                served.add(
-                    sequence_step(server, sequence_id, 7, start=True, end=True, grpc=False, model="polled")
-                )
-            except InferenceServerException as refused:
-                refusals.add((refused.status(), refused.message()))
+        served, refusals = _one_step_sequences(server, "polled")
         assert served == {7}
         assert refusals, "no request reached the other worker"
         assert all(WORKER_0_SERVES_ANOTHER % "polled" in message for _, message in refusals), refusals
