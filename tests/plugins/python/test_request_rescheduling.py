@@ -182,8 +182,10 @@ def _statistics(server: ServerProcess, model: str) -> dict:
 
 def test_an_iterative_sequence_runs_a_decoupled_request_until_it_is_answered(server: ServerProcess) -> None:
     assert _stream(server, "countdown_iterative", 3) == [("out", 2), ("out", 1), ("out", 0), ("final", None)]
+    # One request, executed three times, counted once as a success (the last execution is
+    # counted as its execute returns, which may come after the client has the final response).
+    wait_until(lambda: _statistics(server, "countdown_iterative")["execution_count"] == 3, "three executions")
     stats = _statistics(server, "countdown_iterative")
-    # One request, executed three times, counted once as a success.
     assert stats["execution_count"] == 3
     assert stats["inference_stats"]["success"]["count"] == 1
     assert stats["inference_stats"]["fail"]["count"] == 0
