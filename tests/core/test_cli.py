@@ -57,8 +57,10 @@ def _extra(name: str) -> list[str]:
 
 @pytest.mark.parametrize("flag", TRITON_FLAGS, ids=lambda flag: flag.name)
 def test_every_tritonserver_flag_is_accepted_in_both_forms(flag) -> None:
-    if flag.kind == "":
-        assert parse_serve_args([*BASE, flag.name])
+    if flag.kind == "":  # a bare switch: it sets its own value to true, and nothing else
+        default, given = vars(parse_serve_args(BASE)), vars(parse_serve_args([*BASE, flag.name]))
+        changed = {name: value for name, value in given.items() if default[name] != value}
+        assert changed == {flag.name.removeprefix("--").replace("-", "_"): True}
         return
     value = _value(flag.name, flag.kind)
     joined = parse_serve_args([*BASE, *_extra(flag.name), f"{flag.name}={value}"])
