@@ -139,6 +139,27 @@ def test_a_correct_backend_keeps_every_rule(server: InProcessServer, model: str)
     assert len(kept) == (10 if model == "good" else 9)
 
 
+class _SaysGoodCannotBatch(BackendConformance):
+    unbatched_models = ("good", "good_stream")
+
+
+def test_a_model_listed_as_unbatched_is_checked_to_be_so(server: InProcessServer) -> None:
+    """A decoupled model listed in `unbatched_models` keeps the batch rule (no skip); a batching
+    one listed there breaks it, with the fix."""
+    rule = "test_a_batch_gives_each_request_its_rows"
+    loaded = _loaded(server, "good_stream")
+    try:
+        getattr(_SaysGoodCannotBatch(), rule)(loaded)
+    finally:
+        server.unload("good_stream")
+    loaded = _loaded(server, "good")
+    try:
+        with pytest.raises(ConformanceFailure, match="take it out of `unbatched_models`"):
+            getattr(_SaysGoodCannotBatch(), rule)(loaded)
+    finally:
+        server.unload("good")
+
+
 def test_a_model_that_does_not_load_breaks_the_load_rule(server: InProcessServer) -> None:
     with pytest.raises(ConformanceFailure, match=r"rule 'load' broke for model 'absent'"):
         load(server, "absent")

@@ -102,6 +102,8 @@ class BackendConformance:
     - `backend_config`: `--backend-config` values, `{backend: {key: value}}`;
     - `deterministic`: False for models whose outputs differ between equal requests (the rules
       that compare a batch with single requests are then skipped);
+    - `unbatched_models`: the models that cannot batch (`max_batch_size` below 2, decoupled): the
+      batch rule checks that they cannot, instead of skipping them as it does other such models;
     - `instances`: how many instances the concurrency rule loads (2);
     - `request_timeout`: seconds a request may take to end before a rule says it never did.
     """
@@ -111,6 +113,7 @@ class BackendConformance:
     backends: ClassVar[Sequence[Backend]] = ()
     backend_config: ClassVar[Mapping[str, Mapping[str, str]]] = {}
     deterministic: ClassVar[bool] = True
+    unbatched_models: ClassVar[Sequence[str]] = ()
     instances: ClassVar[int] = 2
     request_timeout: ClassVar[float] = 60.0
     tolerance: ClassVar[float] = 1e-5
@@ -227,7 +230,17 @@ class BackendConformance:
     def test_a_batch_gives_each_request_its_rows(self, loaded: LoadedModel) -> None:
         """N single-row requests sent together get the rows a batch of N gets, each its own."""
         rows = min(loaded.signature.max_batch_size, 4)
-        if rows < 2 or loaded.decoupled or not self.deterministic:
+        batches = rows >= 2 and not loaded.decoupled and self.deterministic
+        if loaded.name in self.unbatched_models:
+            if batches:
+                raise ConformanceFailure(
+                    "batch",
+                    loaded.name,
+                    "the model batches, but the suite lists it in `unbatched_models`",
+                    "take it out of `unbatched_models`, so that its batches are checked",
+                )
+            return
+        if not batches:
             pytest.skip("needs a deterministic, non-decoupled model with max_batch_size >= 2")
         inputs = sample_inputs(loaded.signature, rows, seed=7)
         sequence = loaded.config.HasField("sequence_batching")

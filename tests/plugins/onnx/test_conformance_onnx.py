@@ -12,6 +12,7 @@ from model_builders import add_sub_model, identity_model, write_model
 
 class TestOnnxBackendConformance(BackendConformance):
     model_names = ("add_sub_auto", "identity_bytes", "identity_fp16")
+    unbatched_models = ("identity_fp16",)
 
     @pytest.fixture(scope="class")
     @classmethod

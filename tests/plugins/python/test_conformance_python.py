@@ -16,6 +16,7 @@ MODELS = TESTS / "plugins" / "python" / "models"
 class TestPythonBackendConformance(BackendConformance):
     # An ordinary batching model on two instances, a decoupled one, one whose model.py completes its config.
     model_folders = [MODELS / "add_one", MODELS / "countdown", MODELS / "autocomplete"]
+    unbatched_models = ("countdown",)
 
 
 def test_the_stub_datatype_table_is_the_core_s() -> None:
