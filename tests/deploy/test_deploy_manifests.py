@@ -8,9 +8,10 @@ import copy
 from typing import Any
 
 import kserve_types
+import kubernetes_validate
 import pytest
 from deploy_render import DEPLOY, KUBERNETES, TREES, flag_values, load_yaml, one, render, server_container
-from kube_schemas import kubernetes_validate, validate_object, versions
+from kube_schemas import validate_object, versions
 
 KSERVE_EXAMPLE = DEPLOY / "kserve" / "inference-service-example.yaml"
 KUBERNETES_TREES = ("cpu", "gpu")
@@ -36,7 +37,7 @@ def test_strict_validation_refuses_a_misspelt_field() -> None:
     deployment = copy.deepcopy(one(render(TREES["cpu"]), "Deployment"))
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     container["readinesProbe"] = container.pop("readinessProbe")
-    with pytest.raises(kubernetes_validate().ValidationError, match="readinesProbe"):
+    with pytest.raises(kubernetes_validate.ValidationError, match="readinesProbe"):
         validate_object(deployment, versions()[-1])
 
 

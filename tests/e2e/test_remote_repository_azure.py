@@ -12,9 +12,11 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import adlfs  # noqa: F401  (the server's as:// filesystem)
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
+from azure.storage import blob
 
 from coreserve.testing import ServerFactory
 from model_builders import scale_model
@@ -27,11 +29,6 @@ from storage_emulators import (
     start_azurite,
 )
 from waiting import wait_until
-
-blob = pytest.importorskip(
-    "azure.storage.blob", reason="azure-storage-blob (with adlfs: core-server[azure]) is not installed"
-)
-pytest.importorskip("adlfs", reason="adlfs (core-server[azure]) is not installed")
 
 SCALE = """
 backend: "onnxruntime"

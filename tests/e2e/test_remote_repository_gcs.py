@@ -9,6 +9,8 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import gcp_storage_emulator  # noqa: F401  (the emulator's process runs it)
+import gcsfs
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
@@ -17,11 +19,6 @@ from coreserve.testing import ServerFactory
 from model_builders import scale_model
 from storage_emulators import free_port, start_gcs_emulator
 from waiting import wait_until
-
-gcsfs = pytest.importorskip("gcsfs", reason="gcsfs (core-server[gcs]) is not installed")
-pytest.importorskip(
-    "gcp_storage_emulator", reason="gcp-storage-emulator (tests/requirements.txt) is not installed"
-)
 
 SCALE = """
 backend: "onnxruntime"

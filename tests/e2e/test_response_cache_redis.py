@@ -19,6 +19,7 @@ from typing import NamedTuple
 
 import numpy as np
 import pytest
+import redis
 import tritonclient.http as httpclient
 
 from coreserve.testing import ServerProcess
@@ -26,7 +27,6 @@ from json_worker_processes import stopped
 from model_builders import scale_model, write_model
 from waiting import wait_until
 
-redis = pytest.importorskip("redis", reason="the redis package (core-server[redis]) is not installed")
 REDIS_SERVER = shutil.which("redis-server")
 pytestmark = pytest.mark.skipif(
     REDIS_SERVER is None, reason="redis-server is not installed (apt-get install redis-server)"

@@ -8,10 +8,9 @@ import sys
 
 import pytest
 import yaml
+from ray.serve import schema as serve_schema
 
 from paths import REPO
-
-serve_schema = pytest.importorskip("ray.serve.schema", reason="needs core-server[ray]")
 
 
 def _config() -> dict:

@@ -7,13 +7,10 @@ import json
 from pathlib import Path
 
 import pytest
-
-from model_builders import scale_model, write_model
-
-pytest.importorskip("ray.serve", reason="needs core-server[ray]")
 from starlette.requests import Request
 
 from coreserve.ray import PENDING_REQUESTS, REPLICA_HEADER, CoreserveReplica
+from model_builders import scale_model, write_model
 
 SCALE = """
 backend: "onnxruntime"

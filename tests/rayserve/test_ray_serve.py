@@ -27,7 +27,6 @@ from ray_cluster import Deployment, RayCluster
 from s3_server import free_port, s3_client, start_moto
 from waiting import wait_until
 
-pytest.importorskip("ray.serve", reason="the Ray Serve tests need core-server[ray]")
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
 
 ADD_SUB = """

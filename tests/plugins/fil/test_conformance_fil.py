@@ -5,14 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from coreserve.testing import BackendConformance
-
-pytest.importorskip("coreserve_fil", reason="plugin-fil is not installed (pip install ./plugins/fil)")
-pytest.importorskip("lightgbm")
-pytest.importorskip("xgboost")
-
 from forest_builders import fil_config, lightgbm_booster, write_fil_model, xgboost_booster
+
+import coreserve_fil  # noqa: F401  (the plugin under test, installed by README's test command)
+from coreserve.testing import BackendConformance
 
 
 class TestFilBackendConformance(BackendConformance):

@@ -8,18 +8,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
+import treelite
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from tritonclient.utils import InferenceServerException
-
-from coreserve.testing import ServerProcess
-
-pytest.importorskip("coreserve_fil", reason="plugin-fil is not installed (pip install ./plugins/fil)")
-lightgbm = pytest.importorskip("lightgbm")
-treelite = pytest.importorskip("treelite")
-xgboost = pytest.importorskip("xgboost")
-
-from forest_builders import (  # noqa: E402
+import xgboost
+from forest_builders import (
     FEATURES,
     fil_config,
     lightgbm_booster,
@@ -27,6 +20,10 @@ from forest_builders import (  # noqa: E402
     write_fil_model,
     xgboost_booster,
 )
+from tritonclient.utils import InferenceServerException
+
+import coreserve_fil  # noqa: F401  (the plugin under test, installed by README's test command)
+from coreserve.testing import ServerProcess
 
 ROWS = samples(64, seed=1)
 

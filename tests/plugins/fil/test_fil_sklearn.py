@@ -8,13 +8,11 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
+from forest_builders import fil_config, labels, samples, write_fil_model
+from sklearn import ensemble
 
+import coreserve_fil  # noqa: F401  (the plugin under test, installed by README's test command)
 from coreserve.testing import ServerProcess
-
-pytest.importorskip("coreserve_fil", reason="plugin-fil is not installed (pip install ./plugins/fil)")
-ensemble = pytest.importorskip("sklearn.ensemble")
-
-from forest_builders import fil_config, labels, samples, write_fil_model  # noqa: E402
 
 ROWS = np.nan_to_num(samples(32, seed=2))
 

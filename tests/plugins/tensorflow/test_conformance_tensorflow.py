@@ -7,11 +7,9 @@ from pathlib import Path
 
 import pytest
 from tf_repository import GRAPHDEF_CONFIG as GRAPHDEF
-from tf_repository import built_models, skip_without_tensorflow
+from tf_repository import built_models
 
 from coreserve.testing import BackendConformance
-
-skip_without_tensorflow()
 
 
 class TestTensorFlowBackendConformance(BackendConformance):

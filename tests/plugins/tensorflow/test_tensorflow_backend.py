@@ -14,12 +14,10 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tf_repository import GRAPHDEF_CONFIG as GRAPHDEF
-from tf_repository import built_models, skip_without_tensorflow
+from tf_repository import built_models
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from coreserve.testing import ServerProcess
-
-skip_without_tensorflow()
 
 NUMPY_TYPES = {
     "BOOL": np.bool_,

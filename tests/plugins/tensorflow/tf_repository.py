@@ -18,14 +18,12 @@ output [ { name: "y" data_type: TYPE_FP32 dims: [ 4 ] } ]
 """
 
 
-def skip_without_tensorflow() -> None:
-    """Skips the calling test module where plugin-tensorflow or TensorFlow is not installed."""
-    if (
-        importlib.util.find_spec("coreserve_tensorflow") is None
-        or importlib.util.find_spec("tensorflow") is None
-    ):
-        pytest.skip(
-            "plugin-tensorflow is not installed (pip install ./plugins/tensorflow)", allow_module_level=True
+# README's test command installs both. Only the servers and the builder's process import TensorFlow
+# (slow to import): here a missing one is looked for, and is an error.
+for _module in ("coreserve_tensorflow", "tensorflow"):
+    if importlib.util.find_spec(_module) is None:
+        raise ModuleNotFoundError(
+            f"{_module} is not installed (pip install ./plugins/tensorflow)", name=_module
         )
 
 
