@@ -344,7 +344,7 @@ def test_gpus_asked_for_where_the_server_reports_none_are_refused(
 def test_gpus_are_swept_and_measured(repository: Path, tmp_path: Path) -> None:
     gpus, why = SystemGpuMetrics.open()
     if gpus is None:
-        pytest.skip(f"the server reports GPUs through NVML (nvidia-ml-py) and an NVIDIA GPU: {why}")
+        pytest.skip(f"no NVML: the server reports GPUs through NVML (nvidia-ml-py) and an NVIDIA GPU: {why}")
     gpus.close()
     done = analyze(
         "--model-repository", repository, "--model", "picky", "--search", "brute", "--output-dir", tmp_path,

@@ -210,7 +210,7 @@ def test_cpu_metrics_off_gpu_metrics_absent_without_nvml(tmp_path: Path) -> None
 def test_gpu_families_are_tritons(tmp_path: Path) -> None:
     count, why = _gpus_here()
     if not count:
-        pytest.skip(f"the GPU families need NVML (nvidia-ml-py) and an NVIDIA GPU: {why}")
+        pytest.skip(f"no NVML: the GPU families need NVML (nvidia-ml-py) and an NVIDIA GPU: {why}")
     server = _serve(tmp_path, "--allow-gpu-metrics=true", "--metrics-interval-ms=200")
     gpu = _when("gpu")
 

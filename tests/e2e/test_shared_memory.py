@@ -39,7 +39,7 @@ from paths import EXAMPLES
 BYTE_SIZE = 64  # one INT32 [1, 16] tensor
 # The server offers CUDA shared memory exactly where this probe finds a usable CUDA device.
 GPU = load_cuda_runtime() is not None
-needs_gpu = pytest.mark.skipif(not GPU, reason="no CUDA device")
+needs_gpu = pytest.mark.skipif(not GPU, reason="no CUDA: no CUDA device (the CUDA runtime and an NVIDIA GPU)")
 without_gpu = pytest.mark.skipif(GPU, reason="a CUDA device is usable here: the GPU path answers instead")
 SLOW_MODEL = """
 import time
@@ -596,14 +596,12 @@ def test_bytes_tensors_in_shared_memory(
         client.close()
 
 
-@pytest.mark.skipif(
-    not os.environ.get("PERF_ANALYZER"),
-    reason="set PERF_ANALYZER to tritonclient 2.51's perf_analyzer (docs/benchmarks.md) to run it",
-)
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
-def test_perf_analyzer_drives_system_shared_memory(server: ServerProcess, protocol: str) -> None:
+def test_perf_analyzer_drives_system_shared_memory(
+    server: ServerProcess, perf_analyzer: Path, protocol: str
+) -> None:
     command = [
-        os.environ["PERF_ANALYZER"],
+        str(perf_analyzer),
         *("-m", "simple", "-i", protocol, "-u", server.http_url if protocol == "http" else server.grpc_url),
         *("--shared-memory", "system", "--output-shared-memory-size", "64"),
         *("--concurrency-range", "2", "--measurement-interval", "1000", "--max-trials", "3"),

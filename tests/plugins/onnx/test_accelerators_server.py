@@ -145,7 +145,7 @@ def test_openvino_provider_runs_where_the_build_has_it(
 
 
 @pytest.mark.skipif(
-    not HAS_GPU, reason="needs onnxruntime-gpu (plugin-onnx[gpu]) and a GPU the CUDA driver shows"
+    not HAS_GPU, reason="no GPU: needs onnxruntime-gpu (plugin-onnx[gpu]) and a GPU the CUDA driver shows"
 )
 def test_gpu_build_places_models_on_every_gpu(
     coreserve_server: ServerFactory, http_client: ClientFactory, tmp_path: Path

@@ -13,7 +13,7 @@ import torch
 
 from coreserve_python import pb_utils
 
-NO_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+NO_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA: torch sees no CUDA device")
 
 
 class _ProducerOn:

@@ -161,7 +161,7 @@ def test_force_cpu_only_input_tensors_takes_yes_or_no(
     assert "Traceback" not in server.log  # a configuration mistake, not a server fault
 
 
-@pytest.mark.skipif(not CUDA, reason="no CUDA device")
+@pytest.mark.skipif(not CUDA, reason="no CUDA: torch sees no CUDA device")
 def test_a_cuda_tensor_returned_by_a_model_reaches_the_client(
     client: httpclient.InferenceServerClient,
 ) -> None:

@@ -12,7 +12,9 @@ from model_builders import add_sub_model
 
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(not (HAS_TENSORRT and HAS_GPU), reason="needs the tensorrt package and an NVIDIA GPU"),
+    pytest.mark.skipif(
+        not (HAS_TENSORRT and HAS_GPU), reason="no TensorRT: needs the tensorrt package and an NVIDIA GPU"
+    ),
 ]
 
 

@@ -101,7 +101,9 @@ def engine_server(coreserve_server: ServerFactory, tmp_path: Path) -> Iterator[S
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not (HAS_TENSORRT and HAS_GPU), reason="needs the tensorrt package and an NVIDIA GPU")
+@pytest.mark.skipif(
+    not (HAS_TENSORRT and HAS_GPU), reason="no TensorRT: needs the tensorrt package and an NVIDIA GPU"
+)
 def test_engine_on_the_gpu(engine_server: ServerProcess) -> None:
     client = httpclient.InferenceServerClient(engine_server.http_url)
     try:

@@ -25,7 +25,9 @@ from torch_models import AddSub, Double, Halves, OnCuda, Weighted
 
 # The CPU build of torch (CI's) sees no GPU; a CUDA build on a machine with an NVIDIA GPU does.
 GPU = torch.cuda.is_available()
-needs_gpu = pytest.mark.skipif(not GPU, reason="no CUDA device (a CUDA build of torch and an NVIDIA GPU)")
+needs_gpu = pytest.mark.skipif(
+    not GPU, reason="no CUDA: torch sees no CUDA device (a CUDA build of torch and an NVIDIA GPU)"
+)
 
 
 def _config(
