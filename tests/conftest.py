@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -16,7 +17,7 @@ from paths import REPO, TESTS
 if TYPE_CHECKING:
     from coreserve.testing import ServerProcess
 
-pytest_plugins = ["coreserve.testing"]
+pytest_plugins = ["coreserve.testing", "skip_allowlist"]
 
 
 def _install(package: Path, target: Path) -> Path:
@@ -56,6 +57,17 @@ def broken_plugin_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def gpu_report_backend_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A site folder holding the `gpu_report` backend, which reports the GPUs $GPU_REPORT_GPUS lists."""
     return _install(TESTS / "fixtures" / "gpu_report_backend", tmp_path_factory.mktemp("gpu-report-site"))
+
+
+@pytest.fixture(scope="session")
+def wheelhouse() -> Path:
+    """A folder of wheels, $CORESERVE_WHEELHOUSE, from which the tests that make fresh venvs install
+    with no package index: what core-server, plugin-openvino and plugin-torch need, torch, numpy
+    and hatchling (.ci/install-test-tools builds it)."""
+    named = os.environ.get("CORESERVE_WHEELHOUSE")
+    if not named:
+        pytest.skip("set CORESERVE_WHEELHOUSE to a folder of wheels (.ci/install-test-tools builds one)")
+    return Path(named)
 
 
 @pytest.fixture

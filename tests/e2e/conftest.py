@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import tritonclient.http as httpclient
@@ -39,3 +41,15 @@ def examples_client(examples_server: ServerProcess) -> Iterator[httpclient.Infer
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     """Certificates for the TLS tests (HTTP and gRPC): a root, a server, a client, a stranger."""
     return make_pki(tmp_path_factory.mktemp("pki"))
+
+
+@pytest.fixture(scope="session")
+def perf_analyzer() -> Path:
+    """Triton's own perf_analyzer (tritonclient 2.51's wheel), as $PERF_ANALYZER names it:
+    .ci/install-test-tools installs one, and docs/benchmarks.md says how to by hand."""
+    named = os.environ.get("PERF_ANALYZER")
+    if not named:
+        pytest.skip(
+            "set PERF_ANALYZER to tritonclient 2.51's perf_analyzer (.ci/install-test-tools installs one)"
+        )
+    return Path(named)

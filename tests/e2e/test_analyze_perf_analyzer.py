@@ -1,44 +1,16 @@
 """`coreserve analyze --perf-analyzer`: the load levels measured by Triton's own perf_analyzer
-(from the tritonclient 2.51 wheel, installed here into a venv of its own, as a user would).
+(from the tritonclient 2.51 wheel: the `perf_analyzer` fixture, which $PERF_ANALYZER names).
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from test_analyze import FAST, IDENTITY, analyze, checkpoint_lines, rows
 
 from model_builders import identity_model, write_model
-
-PERF_ANALYZER_PACKAGES = ["tritonclient==2.51.0", "nvidia-cuda-runtime-cu12"]
-
-
-@pytest.fixture(scope="module")
-def perf_analyzer(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A perf_analyzer that runs: the wheel's binary, with the CUDA runtime library it links
-    against on LD_LIBRARY_PATH (it needs no GPU), behind a two-line script."""
-    venv = tmp_path_factory.mktemp("perf-analyzer") / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    installed = subprocess.run(
-        [str(venv / "bin" / "pip"), "install", "--quiet", *PERF_ANALYZER_PACKAGES],
-        capture_output=True,
-        text=True,
-    )
-    if installed.returncode != 0:
-        pytest.skip(f"perf_analyzer could not be installed: {installed.stderr[-500:]}")
-    runtime = next(venv.glob("lib/python*/site-packages/nvidia/cuda_runtime/lib"))
-    script = venv / "perf_analyzer.sh"
-    script.write_text(f'#!/bin/sh\nLD_LIBRARY_PATH={runtime} exec {venv}/bin/perf_analyzer "$@"\n')
-    script.chmod(0o755)
-    probe = subprocess.run([str(script), "--version"], capture_output=True, text=True)
-    if "libb64" in probe.stderr:
-        pytest.skip("perf_analyzer needs Debian's libb64-0d")
-    assert probe.returncode == 0, probe.stdout + probe.stderr
-    return script
 
 
 @pytest.fixture(scope="module")

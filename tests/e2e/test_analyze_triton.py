@@ -26,20 +26,13 @@ from coreserve.analyze._points import ModelSettings
 from coreserve.config import read_config_file
 from coreserve.config.json import config_from_dict
 from coreserve.testing import ServerFactory
-from paths import REPO
+from paths import real_tritonserver
 from waiting import wait_until
 
 REAL_TRITON_HOME = Path(os.environ.get("REAL_TRITON_HOME", Path.home() / ".cache" / "real-triton"))
 
 
-def _real_tritonserver() -> Path | None:
-    if "REAL_TRITONSERVER" in os.environ:
-        return Path(os.environ["REAL_TRITONSERVER"])
-    candidates = (folder / "shared" / "tools" / "real-tritonserver" for folder in REPO.parents)
-    return next((path for path in candidates if path.is_file()), None)
-
-
-REAL_TRITONSERVER = _real_tritonserver()
+REAL_TRITONSERVER = real_tritonserver()
 pytestmark = pytest.mark.skipif(
     REAL_TRITONSERVER is None, reason="../shared/tools/real-tritonserver (the real Triton) is not here"
 )

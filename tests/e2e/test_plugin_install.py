@@ -31,20 +31,26 @@ def _backends(venv: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def fresh_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def fresh_venv(tmp_path_factory: pytest.TempPathFactory, wheelhouse: Path) -> Path:
     venv = tmp_path_factory.mktemp("fresh") / "venv"
     _run(sys.executable, "-m", "venv", venv)
     _run(
         venv / "bin" / "pip",
         "install",
         "--quiet",
+        "--no-index",
+        "--find-links",
+        wheelhouse,
         REPO / "core",
         REPO / "plugins" / "openvino",
         REPO / "plugins" / "torch",
         TORCH,
     )
     # TensorRT's own wheels need a GPU machine; the plugin installs without them.
-    _run(venv / "bin" / "pip", "install", "--quiet", "--no-deps", REPO / "plugins" / "tensorrt")
+    _run(
+        venv / "bin" / "pip", "install", "--quiet", "--no-index", "--find-links", wheelhouse, "--no-deps",
+        REPO / "plugins" / "tensorrt",
+    )  # fmt: skip
     return venv
 
 

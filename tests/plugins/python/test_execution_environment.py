@@ -19,11 +19,15 @@ MODEL = Path(__file__).resolve().parent / "env_models" / "which_python"
 
 
 @pytest.fixture(scope="session")
-def other_environment(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def other_environment(tmp_path_factory: pytest.TempPathFactory, wheelhouse: Path) -> Path:
     """A separate venv with only numpy in it (no coreserve)."""
     root = tmp_path_factory.mktemp("other-env") / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(root)], check=True)
-    subprocess.run([str(root / "bin" / "python"), "-m", "pip", "install", "--quiet", "numpy"], check=True)
+    subprocess.run(
+        [str(root / "bin" / "python"), "-m", "pip", "install", "--quiet", "--no-index", "--find-links",
+         str(wheelhouse), "numpy"],
+        check=True,
+    )  # fmt: skip
     return root
 
 

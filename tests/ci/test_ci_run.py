@@ -1,0 +1,103 @@
+""".ci/run cannot end green unless every test it promises ran: each fault below, injected into a
+throwaway copy of the checkout, makes the real script fail at the step that met it, and stop there.
+
+The copy holds what a clone of this working tree would, and shares its .cache (the tools that
+.ci/install-test-tools installed there are found, not installed again). These tests run the
+installer itself, so pip reaches the package index here as .ci/run does (through pip's cache).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from paths import REPO, real_tritonserver
+
+REAL_TRITONSERVER = real_tritonserver()
+pytestmark = [
+    pytest.mark.skipif(
+        REAL_TRITONSERVER is None, reason="shared/tools/real-tritonserver (the real Triton) is not here"
+    ),
+    pytest.mark.timeout(1800),
+]
+
+
+def _copy_checkout(target: Path) -> Path:
+    """The files a clone of this working tree holds, with the checkout's .cache beside them."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO, capture_output=True, check=True,
+    ).stdout.decode().split("\0")  # fmt: skip
+    for name in filter(None, listed):
+        source = REPO / name
+        if source.is_file():  # a deleted file stays listed until it is committed
+            (target / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target / name)
+    (REPO / ".cache").mkdir(exist_ok=True)
+    (target / ".cache").symlink_to(REPO / ".cache")
+    return target
+
+
+def _run_ci(copy: Path) -> tuple[int, str]:
+    """`bash .ci/run` in the copy: its status, and all it printed."""
+    environment = {key: value for key, value in os.environ.items() if not key.startswith("PYTEST_")}
+    environment.pop("CORESERVE_ALLOWED_SKIPS", None)  # the script sets it itself
+    environment["REAL_TRITONSERVER"] = str(REAL_TRITONSERVER)
+    run = subprocess.run(
+        ["bash", ".ci/run"], cwd=copy, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, timeout=1700,
+    )  # fmt: skip
+    return run.returncode, run.stdout
+
+
+def _steps(output: str) -> list[str]:
+    return [line.removeprefix("ci: ") for line in output.splitlines() if line.startswith("ci: ")]
+
+
+def test_a_pip_install_that_fails_stops_the_run_before_the_tests(tmp_path: Path) -> None:
+    copy = _copy_checkout(tmp_path)
+    requirements = copy / "tests" / "requirements.txt"
+    requirements.write_text(requirements.read_text() + "coreserve-no-such-distribution==1.0\n")
+    status, output = _run_ci(copy)
+    assert status != 0, output[-3000:]
+    assert "coreserve-no-such-distribution" in output
+    assert _steps(output)[-2:] == ["README's test command", "README's test command failed with status 1"]
+    assert "test session starts" not in output  # pytest never ran, and nothing after it either
+
+
+def test_a_skip_for_a_reason_off_the_allow_list_fails_the_run(tmp_path: Path) -> None:
+    copy = _copy_checkout(tmp_path)
+    # A suite of three tests: one passes, one skips for want of a GPU (on the list), one for
+    # want of a program that an install should have brought (off it).
+    shutil.rmtree(copy / "tests")
+    (copy / "tests").mkdir()
+    for helper in ("conftest.py", "paths.py", "skip_allowlist.py", "requirements.txt"):
+        shutil.copy2(REPO / "tests" / helper, copy / "tests" / helper)
+    (copy / "tests" / "test_injected.py").write_text(
+        "import pytest\n\n\n"
+        "def test_runs() -> None:\n    assert 1 + 1 == 2\n\n\n"
+        '@pytest.mark.skip(reason="no GPU: this machine has none")\n'
+        "def test_on_a_gpu() -> None:\n    pass\n\n\n"
+        "def test_with_redis() -> None:\n"
+        '    pytest.skip("redis-server is not installed")\n'
+    )
+    status, output = _run_ci(copy)
+    assert status != 0, output[-3000:]
+    assert "1 passed, 2 skipped" in output
+    assert "tests/test_injected.py::test_with_redis: redis-server is not installed" in output
+    assert "test_injected.py::test_on_a_gpu:" not in output
+    assert _steps(output)[-1].startswith("README's test command failed")
+
+
+def test_a_system_program_that_does_not_install_stops_the_run(tmp_path: Path) -> None:
+    copy = _copy_checkout(tmp_path)
+    programs = copy / ".ci" / "system-programs"
+    programs.write_text("coreserve-no-such-program coreserve-no-such-package\n" + programs.read_text())
+    status, output = _run_ci(copy)
+    assert status != 0, output[-3000:]
+    assert "coreserve-no-such-package" in _steps(output)[-1]
+    assert "README's test command" not in _steps(output)
