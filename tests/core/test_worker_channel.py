@@ -5,7 +5,9 @@ a side that does not answer in time, and a side that goes away."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
+import struct
 from typing import Any
 
 import pytest
@@ -13,14 +15,17 @@ import pytest
 from coreserve.errors import InvalidArgumentError, UnavailableError
 from coreserve.repository.memory import ModelMemoryBudgetError
 from coreserve.server.workers._channel import Channel, ChannelClosed, error_data, error_from
+from coreserve.server.workers._trust import LINE_ERRORS, MALFORMED, OVERSIZED
+
+LIMIT = 1024 * 1024
 
 
 async def _pair(handle: Any) -> tuple[Channel, Channel]:
     one, two = socket.socketpair()
     reader, writer = await asyncio.open_unix_connection(sock=one)
-    asker = Channel(reader, writer, handle)
+    asker = Channel(reader, writer, handle, LIMIT)
     reader, writer = await asyncio.open_unix_connection(sock=two)
-    answerer = Channel(reader, writer, handle)
+    answerer = Channel(reader, writer, handle, LIMIT)
     return asker, answerer
 
 
@@ -63,3 +68,45 @@ def test_an_error_that_is_no_coreserve_error_travels_as_an_internal_one() -> Non
     travelled = error_from(error_data(KeyError("x")))
     assert travelled.code.value == "INTERNAL" and travelled.message == "KeyError: 'x'"
     assert type(error_from(error_data(ModelMemoryBudgetError("full")))) is UnavailableError
+
+
+def _framed(body: bytes) -> bytes:
+    return struct.pack("!I", len(body)) + body
+
+
+@pytest.mark.parametrize(
+    ("sent", "reason"),
+    [
+        (struct.pack("!I", LIMIT + 1), OVERSIZED),  # refused on its length, before a byte of it
+        (_framed(b"{nope"), MALFORMED),
+        (_framed(b"[1, 2]"), MALFORMED),
+        (_framed(b'{"call": "change"}'), MALFORMED),  # neither an ask nor an answer
+        (_framed(b'{"ask": 1, "call": "x", "data": {"__bytes__": 5}}'), MALFORMED),
+    ],
+    ids=["length", "json", "array", "no-number", "bytes"],
+)
+def test_a_message_past_the_limit_or_unreadable_closes_the_line_counted(
+    sent: bytes, reason: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    asked: list[dict[str, Any]] = []
+
+    async def handle(message: dict[str, Any]) -> Any:
+        asked.append(message)
+
+    async def run() -> None:
+        one, two = socket.socketpair()
+        reader, writer = await asyncio.open_unix_connection(sock=one)
+        channel = Channel(reader, writer, handle, LIMIT)
+        other_reader, other_writer = await asyncio.open_unix_connection(sock=two)
+        before = LINE_ERRORS.counts[reason]
+        other_writer.write(sent)
+        await asyncio.wait_for(channel.closed.wait(), 5)
+        assert await asyncio.wait_for(other_reader.read(), 5) == b""  # the other side sees the end
+        assert LINE_ERRORS.counts[reason] == before + 1
+        other_writer.close()
+        await channel.close()
+
+    with caplog.at_level(logging.WARNING):
+        asyncio.run(run())
+    assert asked == [] and "worker line closed" in caplog.text
+    assert not [record for record in caplog.records if record.exc_info]

@@ -7,13 +7,11 @@ readiness agrees, and the line survives malformed frames.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import queue
 import re
 import signal
-import struct
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,8 +23,6 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from coreserve.server.workers._frames import frame, read_frame
-from coreserve.server.workers._owner import owner_socket
 from coreserve.testing import ServerProcess
 from model_builders import (
     ACCUMULATOR_SEQUENCE_CONFIG,
@@ -44,7 +40,6 @@ from worker_servers import (
     status_of,
     worker_index,
     worker_pids,
-    worker_role,
     write_repository,
 )
 
@@ -432,51 +427,3 @@ def test_worker_0_that_dies_is_started_again_and_serves_its_models_for_all_again
         }
     finally:
         server.close()
-
-
-def test_worker_0s_line_answers_a_malformed_request_and_survives_a_broken_frame(
-    server: ServerProcess,
-) -> None:
-    """The line other workers send worker 0 their requests on (a Unix socket in the
-    supervisor's private folder): a request frame it cannot run gets an error for that
-    request; a frame past the limits ends that line only; the server serves on."""
-    with httpclient.InferenceServerClient(server.http_url) as client:
-        client.load_model("counter")
-    owner = next(pid for pid in worker_pids(server) if worker_index(pid) == 0)
-    path = owner_socket(worker_role(owner)[2])
-    assert oct(Path(path).parent.stat().st_mode & 0o777) == "0o700"
-
-    async def talk() -> None:
-        reader, writer = await asyncio.open_unix_connection(path)
-        try:
-            await exchange(reader, writer)
-        finally:
-            writer.close()
-
-    async def exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        states = await read_frame(reader)
-        assert states is not None and "counter" in states.header["states"]
-        writer.writelines(frame({"n": 1, "model": "counter"}))  # no version, inputs, ...
-        writer.writelines(frame({"n": 2, "model": "nowhere", "version": 1, "interface": "", "id": "",
-                                 "parameters": {}, "outputs": None, "batch": 1}, {}))  # fmt: skip
-        # Checked against inputs worker 0 did not load: refused, not run.
-        writer.writelines(frame({"n": 3, "model": "counter", "version": 1, "interface": "0" * 16, "id": "",
-                                 "parameters": {"sequence_id": 5, "sequence_start": True}, "outputs": None,
-                                 "batch": 1}, {"INPUT": np.array([[1]], np.int32)}))  # fmt: skip
-        answers = {}
-        while len(answers) < 3:
-            answer = await asyncio.wait_for(read_frame(reader), 30)
-            assert answer is not None
-            answers[answer.header["n"]] = answer.header["error"]
-        assert answers[1]["kind"] == "InternalError"
-        assert answers[2]["kind"] == "NotFoundError" and "nowhere" in answers[2]["message"]
-        assert (
-            answers[3]["kind"] == "UnavailableError"
-            and "other inputs, outputs, batch size" in answers[3]["message"]
-        )
-        writer.write(struct.pack("!IQ", 2**31, 0))  # a header past the limit
-        assert await asyncio.wait_for(reader.read(), 30) == b""  # the line ends
-
-    asyncio.run(talk())
-    assert sequence_step(server, 77, 5, start=True, end=True, grpc=False) == 5
-    assert "a worker's line to worker 0 broke: a frame between workers is too large" in server.log

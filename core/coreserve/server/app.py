@@ -35,7 +35,7 @@ from coreserve.server.rest import HttpFrontend
 from coreserve.server.restrictions import GRPC_HEADER_PREFIX, ApiRestrictions
 from coreserve.server.status_table import model_status_table
 from coreserve.server.tls_files import TlsFileError
-from coreserve.server.workers import WorkerLink, WorkerRole
+from coreserve.server.workers import WorkerLink, WorkerRole, message_limit
 from coreserve.tracing import Tracer, TraceStartupError
 
 if TYPE_CHECKING:
@@ -121,7 +121,8 @@ class ServerRuntime:
         if worker is not None:
             loader.workers = worker.count
             shared_cache = "redis" in options.cache_config  # one store for every worker
-            self._link = WorkerLink(worker, self.dataplane, self.metrics_report, shared_cache)
+            limit = message_limit(options)
+            self._link = WorkerLink(worker, self.dataplane, self.metrics_report, shared_cache, limit)
             if self._link.owner_link is not None:
                 loader.forwarding = self._link.owner_link.scheduler_for
         self.http: HttpFrontend | None = None
@@ -160,7 +161,10 @@ class ServerRuntime:
         the others: it serves what they serve)."""
         await self.load_models()
         if self._link is not None:
-            await self._link.join()
+            try:
+                await self._link.join()
+            except OSError as exc:
+                raise StartupError(f"worker {self._link.role.index} cannot join its server: {exc}") from None
         await self.open_frontends()
         if self.options.model_control_mode is ControlMode.POLL:
             self._poller = asyncio.create_task(

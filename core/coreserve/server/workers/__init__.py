@@ -9,8 +9,9 @@ Layer 7, beside `server.app`: it imports the data plane and the metrics report; 
 (`server.app`) imports this package, never the other way round.
 """
 
+from coreserve.server.workers._channel import message_limit
 from coreserve.server.workers._link import WorkerLink
 from coreserve.server.workers._role import WORKER_ENV, WorkerRole
 from coreserve.server.workers._supervisor import Supervisor
 
-__all__ = ["WORKER_ENV", "Supervisor", "WorkerLink", "WorkerRole"]
+__all__ = ["WORKER_ENV", "Supervisor", "WorkerLink", "WorkerRole", "message_limit"]

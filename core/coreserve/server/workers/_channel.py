@@ -1,5 +1,5 @@
-"""The line between the supervisor and one worker: JSON messages, one per line, over a Unix
-socket.
+"""The line between the supervisor and one worker: JSON messages over a Unix socket, each after
+its length (4 bytes), which is checked against the line's limit before the message is read.
 
 Either side may ask (`{"ask": N, ...}`) and the other answers (`{"answer": N, "result": ...}`
 or `{"answer": N, "error": {"kind": ..., "message": ...}}`), in any order. An error travels as
@@ -13,6 +13,7 @@ import asyncio
 import base64
 import contextlib
 import logging
+import struct
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -20,12 +21,23 @@ import orjson
 
 from coreserve import errors
 from coreserve.errors import CoreserveError, InternalError, UnavailableError
+from coreserve.server.options import ServerOptions
+from coreserve.server.workers._trust import LINE_ERRORS, MALFORMED, OVERSIZED
 
 logger = logging.getLogger(__name__)
 
 BYTES = "__bytes__"
-# A load request's files (up to --grpc-max-message-size, 256 MiB, as base64), a metrics text.
-MAX_MESSAGE_BYTES = 1024 * 1024 * 1024
+_LENGTH = struct.Struct("!I")
+# Beside a load request's files: the other messages (statistics, every worker's metrics text).
+_ROOM_BESIDE_FILES = 64 * 1024 * 1024
+
+
+def message_limit(options: ServerOptions) -> int:
+    """The largest message a line takes: a load request's files as base64 (at most the largest
+    request a frontend takes), and room for the rest."""
+    largest_request = max(options.grpc_max_message_size, options.http_max_input_size)
+    return largest_request * 4 // 3 + _ROOM_BESIDE_FILES
+
 
 Handler = Callable[[dict[str, Any]], Awaitable[Any]]
 
@@ -34,13 +46,21 @@ class ChannelClosed(UnavailableError):
     """The other side went away before it answered."""
 
 
-class Channel:
-    """One end of the line. `handle` answers what the other side asks."""
+class _Malformed(ValueError):
+    """A message that is not an ask or an answer."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, handle: Handler) -> None:
+
+class Channel:
+    """One end of the line. `handle` answers what the other side asks; `limit`: the largest
+    message taken (a larger one, or one that cannot be read, closes the line)."""
+
+    def __init__(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, handle: Handler, limit: int
+    ) -> None:
         self._reader = reader
         self._writer = writer
         self._handle = handle
+        self._limit = limit
         self._asked: dict[int, asyncio.Future[Any]] = {}
         self._next = 0
         self._answering: set[asyncio.Task[None]] = set()
@@ -67,29 +87,51 @@ class Channel:
             self._asked.pop(number, None)
 
     def _send(self, message: dict[str, Any]) -> None:
-        self._writer.write(orjson.dumps(message, default=_encode) + b"\n")
+        body = orjson.dumps(message, default=_encode)
+        self._writer.writelines([_LENGTH.pack(len(body)), body])
 
     async def _read(self) -> None:
         try:
-            while True:
-                line = await self._reader.readline()
-                if not line:
-                    break
-                message = _decoded(orjson.loads(line))
+            while (message := await self._next_message()) is not None:
                 if "answer" in message:
                     self._answered(message)
                 else:
                     task = asyncio.create_task(self._answer(message))
                     self._answering.add(task)
                     task.add_done_callback(self._answering.discard)
-        except (ConnectionError, ValueError, asyncio.LimitOverrunError) as exc:
+        except ConnectionError as exc:
             logger.warning("worker line broken: %s", exc)
+        except _Malformed as exc:
+            LINE_ERRORS.count(MALFORMED)
+            logger.warning("worker line closed: a message that cannot be read (%s)", exc)
         finally:
             self.closed.set()
             self._writer.close()  # the other side sees the end too
             for waiting in self._asked.values():
                 if not waiting.done():
                     waiting.set_exception(ChannelClosed("the other end of the worker line went away"))
+
+    async def _next_message(self) -> dict[str, Any] | None:
+        """The next message (None at the end of the line, or past the limit: then counted)."""
+        try:
+            (size,) = _LENGTH.unpack(await self._reader.readexactly(_LENGTH.size))
+            if size > self._limit:
+                LINE_ERRORS.count(OVERSIZED)
+                logger.warning("worker line closed: a message of %d bytes (at most %d)", size, self._limit)
+                return None
+            body = await self._reader.readexactly(size)
+        except asyncio.IncompleteReadError:
+            return None
+        try:
+            message = _decoded(orjson.loads(body))
+        except (ValueError, TypeError) as exc:  # not JSON, or bytes that are not base64
+            raise _Malformed(str(exc)) from None
+        if not isinstance(message, dict) or not (
+            isinstance(message.get("answer"), int)
+            or (isinstance(message.get("ask"), int) and isinstance(message.get("call"), str))
+        ):
+            raise _Malformed("neither an ask nor an answer")
+        return message
 
     def _answered(self, message: dict[str, Any]) -> None:
         waiting = self._asked.get(message["answer"])

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -24,6 +25,7 @@ from coreserve.server.workers._channel import error_from
 from coreserve.server.workers._frames import (
     MAX_PAYLOAD_BYTES,
     Frame,
+    FrameError,
     Pieces,
     entries_frame,
     frame,
@@ -32,6 +34,7 @@ from coreserve.server.workers._frames import (
     request_frame,
     response_from,
 )
+from coreserve.server.workers._trust import LINE_ERRORS, MALFORMED, STRANGER, parent_pid, peer_pid
 from coreserve.types import InferenceRequest
 
 logger = logging.getLogger(__name__)
@@ -156,6 +159,13 @@ class OwnerLink:
                 await asyncio.sleep(RECONNECT_DELAY_S)
                 continue
             warned = False
+            pid = peer_pid(writer)
+            if pid is None or parent_pid(pid) != os.getppid():  # another process took worker 0's path
+                LINE_ERRORS.count(STRANGER)
+                logger.warning("the line to worker 0 reached process %s, which is no worker here", pid)
+                writer.close()
+                await asyncio.sleep(RECONNECT_DELAY_S)
+                continue
             self._writer = writer
             try:
                 await self._read(reader)
@@ -170,43 +180,49 @@ class OwnerLink:
     async def _read(self, reader: asyncio.StreamReader) -> None:
         try:
             while (received := await read_frame(reader)) is not None:
-                try:
-                    self._received(received)
-                except Exception:  # a fault with one frame fails its request, not the line
-                    logger.exception("worker 0's answer could not be handed on")
-                    self._fail(received.header.get("n"), UnavailableError("worker 0's answer was malformed"))
-        except (ConnectionError, InvalidArgumentError) as exc:
+                self._received(received)
+        except FrameError as exc:
+            LINE_ERRORS.count(exc.reason)
+            logger.warning("the line to worker 0 closed: %s", exc.message)
+        except ConnectionError as exc:
             logger.warning("the line to worker 0 broke: %s", exc)
 
     def _received(self, received: Frame) -> None:
         header = received.header
         if "states" in header:
-            self._states = header["states"]
-            self.states_told += 1
-            self._states_known.set()
-            for (name, version), interface in list(self._refused.items()):
-                told = self._states.get(name, {}).get(str(version))
-                if told is None or told[3] == interface:
-                    del self._refused[name, version]
+            self._told(_states_of(header))
             return
-        number = header["n"]
-        sent = self._sent.get(number)
+        number = header.get("n")
+        sent = self._sent.get(number) if isinstance(number, int) else None
         if sent is None:
             return  # a request failed here already (its sink took an error): nobody waits
+        try:
+            error = error_from(header["error"]) if "error" in header else None
+            final = bool(header["final"]) if error is None else True
+            response = response_from(received, sent.request.model_name) if error is None else None
+        except (KeyError, TypeError, ValueError, CoreserveError) as exc:
+            raise FrameError(f"an answer from worker 0 that cannot be read ({exc!r})", MALFORMED) from None
         sink = sent.request.sink
-        assert sink is not None
-        if "error" in header:
+        assert sink is not None and isinstance(number, int)
+        if error is not None:
             if "serves" in header:  # worker 0 serves that version with another interface
                 copy = sent.version
                 self._refused[copy.name, copy.version] = copy.interface_digest
             self._forget(number)
-            sink.fail(error_from(header["error"]))
+            sink.fail(error)
             return
-        final = bool(header["final"])
-        response = response_from(received, sent.request.model_name)
         if final:
             self._forget(number)
         sink.send(response, final)
+
+    def _told(self, states: dict[str, dict[str, list[object]]]) -> None:
+        self._states = states
+        self.states_told += 1
+        self._states_known.set()
+        for (name, version), interface in list(self._refused.items()):
+            told = states.get(name, {}).get(str(version))
+            if told is None or told[3] == interface:
+                del self._refused[name, version]
 
     def _forget(self, number: int) -> None:
         sent = self._sent.pop(number)
@@ -231,6 +247,19 @@ class OwnerLink:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._keeping
         self._fail_all(UnavailableError("the server is stopping"))
+
+
+def _states_of(header: dict[str, object]) -> dict[str, dict[str, list[object]]]:
+    """Worker 0's states of its models, as a frame tells them (FrameError where they are not
+    the shape `ForwardedRequests.states` gives)."""
+    states = header["states"]
+    if isinstance(states, dict) and all(
+        isinstance(versions, dict)
+        and all(isinstance(told, list) and len(told) == 4 for told in versions.values())
+        for versions in states.values()
+    ):
+        return states
+    raise FrameError("worker 0's states in a frame that cannot be read", MALFORMED)
 
 
 class ForwardingScheduler(Scheduler):

@@ -21,6 +21,7 @@ import orjson
 
 from coreserve.errors import InvalidArgumentError
 from coreserve.protocol.bytes_codec import decode_bytes_tensor, encode_bytes_tensor
+from coreserve.server.workers._trust import MALFORMED, OVERSIZED
 from coreserve.types import DataType, InferenceRequest, InferenceResponse
 
 _LENGTHS = struct.Struct("!IQ")
@@ -36,6 +37,15 @@ Pieces = list[bytes | memoryview]
 class Frame:
     header: dict[str, Any]
     payload: memoryview
+
+
+class FrameError(InvalidArgumentError):
+    """A frame the line must not take (the line is then not to be trusted): `reason` is why,
+    as `coreserve_worker_line_errors_total` counts it."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 def frame(header: Mapping[str, Any], tensors: Mapping[str, np.ndarray] | None = None) -> Pieces:
@@ -89,19 +99,28 @@ def tensors_of(received: Frame) -> dict[str, np.ndarray]:
 
 
 async def read_frame(reader: asyncio.StreamReader) -> Frame | None:
-    """The next frame; None at the end of the stream. Raises InvalidArgumentError for lengths
-    past the limits (the line is then not to be trusted)."""
+    """The next frame; None at the end of the stream. Raises FrameError for lengths past the
+    limits (before anything more is read) or a header that is not a JSON object."""
     try:
         lengths = await reader.readexactly(_LENGTHS.size)
     except asyncio.IncompleteReadError:
         return None
     head_size, payload_size = _LENGTHS.unpack(lengths)
     if head_size > MAX_HEADER_BYTES or payload_size > MAX_PAYLOAD_BYTES:
-        raise InvalidArgumentError(
-            f"a frame between workers is too large ({head_size} + {payload_size} bytes)"
+        raise FrameError(
+            f"a frame between workers is too large ({head_size} + {payload_size} bytes)", OVERSIZED
         )
     try:
-        header = orjson.loads(await reader.readexactly(head_size))
+        head = await reader.readexactly(head_size)
+    except asyncio.IncompleteReadError:
+        return None
+    try:
+        header = orjson.loads(head)
+    except ValueError:
+        header = None
+    if not isinstance(header, dict):
+        raise FrameError("a frame between workers whose header is not a JSON object", MALFORMED)
+    try:
         payload = await reader.readexactly(payload_size) if payload_size else b""
     except asyncio.IncompleteReadError:
         return None

@@ -22,22 +22,30 @@ from coreserve.errors import CoreserveError, InvalidArgumentError
 from coreserve.server.changes import Change, change_from, message_of
 from coreserve.server.dataplane import DataPlane
 from coreserve.server.metrics import MetricsReport
-from coreserve.server.workers._channel import MAX_MESSAGE_BYTES, Channel, ChannelClosed, error_from
+from coreserve.server.workers._channel import Channel, ChannelClosed, error_from
 from coreserve.server.workers._forwarding import OwnerLink
 from coreserve.server.workers._merge import merge_metrics, merge_statistics
 from coreserve.server.workers._owner import ForwardedRequests, owner_socket
 from coreserve.server.workers._role import WorkerRole
+from coreserve.server.workers._trust import LINE_ERRORS, peer_pid
 
 logger = logging.getLogger(__name__)
 
 
 class WorkerLink:
     def __init__(
-        self, role: WorkerRole, dataplane: DataPlane, metrics: MetricsReport | None, shared_cache: bool
+        self,
+        role: WorkerRole,
+        dataplane: DataPlane,
+        metrics: MetricsReport | None,
+        shared_cache: bool,
+        message_limit: int,
     ) -> None:
         """`shared_cache`: the response cache is one for every worker (Redis): its entries are
-        counted once in the metrics."""
+        counted once in the metrics. `message_limit`: the largest message the supervisor's line
+        takes (`_channel.message_limit`)."""
         self.role = role
+        self._message_limit = message_limit
         self._shared_cache = shared_cache
         self._dataplane = dataplane
         self._metrics = metrics
@@ -56,11 +64,15 @@ class WorkerLink:
     async def join(self) -> None:
         """Joins the server: makes, here, every change made since it started (a worker that
         starts again must serve what the others serve), then answers the supervisor's asks.
-        Then `DataPlane.change` and the statistics and metrics go through the supervisor."""
+        Then `DataPlane.change` and the statistics and metrics go through the supervisor.
+        Raises OSError where the supervisor's line cannot be reached."""
         if self.owner_link is not None:  # once worker 0 serves (and has told its models' states)
             await self.owner_link.start()
-        reader, writer = await asyncio.open_unix_connection(self.role.socket, limit=MAX_MESSAGE_BYTES)
-        self._channel = Channel(reader, writer, self._answer)
+        reader, writer = await asyncio.open_unix_connection(self.role.socket)
+        if peer_pid(writer) != os.getppid():  # another process took the supervisor's path
+            writer.close()
+            raise ConnectionRefusedError(f"{self.role.socket} is not this worker's supervisor's line")
+        self._channel = Channel(reader, writer, self._answer, self._message_limit)
         for message in await self._channel.ask({"call": "join", "index": self.role.index}):
             try:
                 await self._dataplane.apply_change(change_from(message))
@@ -81,8 +93,9 @@ class WorkerLink:
             return None
         if call == "statistics":
             return self._dataplane.statistics(ask["name"], ask["version"])
-        if call == "metrics":
-            return await self._metrics.render_on_loop() if self._metrics is not None else ""
+        if call == "metrics":  # with the lines this worker closed
+            own = await self._metrics.render_on_loop() if self._metrics is not None else ""
+            return own + LINE_ERRORS.render()
         if call == "tell_states":  # in worker 0: every worker made a model's change, or one started again
             if self._owner is not None:
                 self._owner.tell_states(again=True)

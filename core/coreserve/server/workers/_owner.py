@@ -15,16 +15,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from coreserve.errors import CoreserveError, InternalError, InvalidArgumentError, UnavailableError
+from coreserve.errors import CoreserveError, UnavailableError
 from coreserve.repository.loader import single_copy_reason
 from coreserve.repository.model import ModelState, ModelVersion
 from coreserve.server.dataplane import DataPlane
 from coreserve.server.workers._channel import error_data
 from coreserve.server.workers._forwarding import another_configuration
-from coreserve.server.workers._frames import Frame, Pieces, frame, read_frame, request_from, response_frame
+from coreserve.server.workers._frames import (
+    Frame,
+    FrameError,
+    Pieces,
+    frame,
+    read_frame,
+    request_from,
+    response_frame,
+)
+from coreserve.server.workers._trust import LINE_ERRORS, MALFORMED, STRANGER, parent_pid, peer_pid
 from coreserve.types import InferenceRequest, InferenceResponse
 
 logger = logging.getLogger(__name__)
@@ -103,6 +113,12 @@ class ForwardedRequests:
             self.tell_states()
 
     async def _connected(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        pid = peer_pid(writer)
+        if pid is None or pid == os.getpid() or parent_pid(pid) != os.getppid():
+            LINE_ERRORS.count(STRANGER)
+            logger.warning("worker 0 refused a connection from process %s, which is no worker", pid)
+            writer.close()
+            return
         line = _Line(self._dataplane, writer)
         line.send(frame({"states": self._states}))
         async with self._connections:
@@ -130,6 +146,24 @@ class ForwardedRequests:
             self._server.close()
         for line in list(self._lines):
             line.close()
+
+
+def _number(header: dict[str, object]) -> int:
+    number = header.get("n")
+    if not isinstance(number, int):
+        raise FrameError("a frame between workers without its request's number", MALFORMED)
+    return number
+
+
+def _sent_of(received: Frame) -> _Sent:
+    """The request a frame carries (FrameError where its fields cannot be read)."""
+    try:
+        return _Sent(_number(received.header), request_from(received), str(received.header["interface"]))
+    except (KeyError, TypeError, ValueError, CoreserveError) as exc:
+        if isinstance(exc, FrameError):
+            raise
+        text = exc.message if isinstance(exc, CoreserveError) else f"{type(exc).__name__}: {exc}"
+        raise FrameError(f"a request frame between workers that cannot be read ({text})", MALFORMED) from None
 
 
 def _reason(version: ModelVersion) -> str:
@@ -166,16 +200,14 @@ class _Line:
             self._writer.writelines(pieces)
 
     async def serve(self, reader: asyncio.StreamReader) -> None:
+        """Takes the frames until the line ends; a frame the line must not take ends it."""
         try:
             while (received := await read_frame(reader)) is not None:
-                try:
-                    self._received(received)
-                except Exception:  # a fault with one frame fails its request, not the line
-                    logger.exception("a request from another worker could not be run")
-                    number = received.header.get("n")
-                    if isinstance(number, int):
-                        self._fail(number, InternalError("worker 0 could not run the request"))
-        except (ConnectionError, InvalidArgumentError) as exc:
+                self._received(received)
+        except FrameError as exc:
+            LINE_ERRORS.count(exc.reason)
+            logger.warning("worker 0 closed a worker's line: %s", exc.message)
+        except ConnectionError as exc:
             logger.warning("a worker's line to worker 0 broke: %s", exc)
 
     def _received(self, received: Frame) -> None:
@@ -183,13 +215,13 @@ class _Line:
         if "trace" in header:
             self._dataplane.tracer.add_entries(bytes(received.payload))
         elif "cancel" in header:
-            request = self.running.get(header["n"])
+            request = self.running.get(_number(header))
             if request is not None:
                 request.cancel()
         else:
-            number, request = header["n"], request_from(received)
-            self.running[number] = request
-            name, sent = request.model_name, _Sent(number, request, str(header["interface"]))
+            sent = _sent_of(received)
+            self.running[sent.number] = request = sent.request
+            name = request.model_name
             waiting = self._waiting.get(name)
             if waiting is not None:  # behind the others of its model
                 waiting.append(sent)

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from coreserve.errors import CoreserveError
+from coreserve.errors import CoreserveError, InvalidArgumentError
 from coreserve.server.changes import (
     Change,
     LoadModel,
@@ -37,8 +37,9 @@ from coreserve.server.changes import (
     message_of,
 )
 from coreserve.server.workers._carried import ALL_STATISTICS, METRICS, REFRESH_S, CarriedFigures
-from coreserve.server.workers._channel import MAX_MESSAGE_BYTES, Channel, ChannelClosed, error_data
+from coreserve.server.workers._channel import Channel, ChannelClosed, error_data
 from coreserve.server.workers._role import WORKER_ENV, WorkerRole
+from coreserve.server.workers._trust import LINE_ERRORS, STRANGER, parent_pid, peer_pid, peers_can_be_checked
 
 logger = logging.getLogger(__name__)
 
@@ -61,10 +62,12 @@ class _Worker:
 
 
 class Supervisor:
-    def __init__(self, argv: Sequence[str], count: int, exit_timeout_s: float) -> None:
+    def __init__(self, argv: Sequence[str], count: int, exit_timeout_s: float, message_limit: int) -> None:
+        """`message_limit`: the largest message a worker's line takes (`_channel.message_limit`)."""
         self.argv = list(argv)
         self.count = count
         self.exit_timeout_s = exit_timeout_s
+        self.message_limit = message_limit
         self.workers = [_Worker(index) for index in range(count)]
         # Changes every worker must have made, by what they change (the last one of each kept).
         self._replay: dict[tuple[str, ...], dict[str, Any]] = {}
@@ -79,12 +82,16 @@ class Supervisor:
 
     async def run(self) -> int:
         """Runs the workers until a signal, or until the first of them fails to start."""
+        if not peers_can_be_checked():
+            logger.error("several workers need a system that says which process is at the other end of a "
+                         "Unix socket (SO_PEERCRED, as Linux does)")  # fmt: skip
+            return 1
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, self._stopping.set)
         with tempfile.TemporaryDirectory(prefix="coreserve-workers-") as folder:
             self._socket = str(Path(folder) / "supervisor.sock")
-            server = await asyncio.start_unix_server(self._connected, self._socket, limit=MAX_MESSAGE_BYTES)
+            server = await asyncio.start_unix_server(self._connected, self._socket)
             logger.info("starting %d workers", self.count)
             watchers = [asyncio.create_task(self._keep_running(worker)) for worker in self.workers]
             watchers.append(asyncio.create_task(self._keep_figures()))
@@ -137,22 +144,38 @@ class Supervisor:
         self._in_background(self._tell_readiness())
 
     async def _connected(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        async def handle(message: dict[str, Any]) -> Any:
-            return await self._handle(message, channel)
+        pid = peer_pid(writer)
+        if pid is None or parent_pid(pid) != os.getpid():  # every child of the supervisor is a worker
+            LINE_ERRORS.count(STRANGER)
+            logger.warning("refused a connection to the workers' line from process %s, no worker", pid)
+            writer.close()
+            return
 
-        channel = Channel(reader, writer, handle)
+        async def handle(message: dict[str, Any]) -> Any:
+            return await self._handle(message, channel, pid)
+
+        channel = Channel(reader, writer, handle, self.message_limit)
         await channel.closed.wait()
 
-    async def _handle(self, message: dict[str, Any], channel: Channel) -> Any:
+    def _worker_at(self, index: object, pid: int) -> _Worker:
+        """The worker that process `pid`, a child of the supervisor, says it is: its own index only."""
+        worker = self.workers[index] if isinstance(index, int) and 0 <= index < self.count else None
+        if worker is None or worker.process is None or worker.process.pid != pid:
+            raise InvalidArgumentError(f"process {pid} is not worker {index}")
+        return worker
+
+    async def _handle(self, message: dict[str, Any], channel: Channel, pid: int) -> Any:
         call = message["call"]
         if call == "join":
-            worker = self.workers[message["index"]]
+            worker = self._worker_at(message.get("index"), pid)
             async with self._relaying:  # no change may slip between the replay and the join
                 worker.channel, worker.joined = channel, True
                 replay = list(self._replay.values())
             return replay
+        if not any(worker.channel is channel for worker in self.workers):
+            raise InvalidArgumentError(f"'{call}' from a worker that has not joined")
         if call == "serving":
-            self.workers[message["index"]].serving = True
+            self._worker_at(message.get("index"), pid).serving = True
             self._in_background(self._tell_readiness())
             self._in_background(self._retell_states())  # for the copies its replay loaded
             return None
@@ -162,11 +185,14 @@ class Supervisor:
         if call == "gather":  # each worker's answer or error, and the carried: the asker adds up
             what = message["what"]
             answers = await self._ask_living(what, GATHER_TIMEOUT_S)
+            carried = self._carried.for_gather(what)
+            if what == METRICS and LINE_ERRORS.counts:  # the lines this process closed
+                carried.append(LINE_ERRORS.render())
             return {
                 "answers": [
                     {"error": error_data(a)} if isinstance(a, Exception) else {"result": a} for a in answers
                 ],
-                "carried": self._carried.for_gather(what),
+                "carried": carried,
             }
         raise CoreserveError(f"the supervisor does not know '{call}'")
 
