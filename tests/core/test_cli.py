@@ -280,6 +280,20 @@ def test_the_grpc_handshake_timeout_takes_positive_seconds(capsys: pytest.Captur
         )
 
 
+def test_the_worker_heartbeat_timeout_takes_positive_seconds(capsys: pytest.CaptureFixture[str]) -> None:
+    assert server_options(parse_serve_args(BASE)).worker_heartbeat_timeout_s == 5.0
+    options = server_options(parse_serve_args([*BASE, "--worker-heartbeat-timeout-secs=0.5"]))
+    assert options.worker_heartbeat_timeout_s == 0.5
+    for value in ("0", "-1", "soon", "inf", "nan", ""):
+        with pytest.raises(SystemExit) as exit_info:
+            parse_serve_args([*BASE, f"--worker-heartbeat-timeout-secs={value}"])
+        assert exit_info.value.code == 2
+        assert (
+            "argument --worker-heartbeat-timeout-secs: expected a number of seconds"
+            in capsys.readouterr().err
+        )
+
+
 def test_load_model_star_goes_alone(capsys: pytest.CaptureFixture[str]) -> None:
     args = [*BASE, "--model-control-mode=explicit", "--load-model=*"]
     assert parse_serve_args(args).load_models == ["*"]

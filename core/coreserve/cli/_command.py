@@ -27,7 +27,7 @@ T = TypeVar("T")
 def _run_server(argv: Sequence[str]) -> int:
     from coreserve.server import ServerRuntime, StartupError
     from coreserve.server.log_settings import ServerLog, StartupLogError
-    from coreserve.server.workers import Supervisor, WorkerRole, message_limit
+    from coreserve.server.workers import Supervisor, WorkerRole
 
     args = parse_serve_args(argv)
     logger = logging.getLogger("coreserve")
@@ -47,8 +47,7 @@ def _run_server(argv: Sequence[str]) -> int:
     role = WorkerRole.from_environment()
     workers = max(options.http_workers, options.grpc_workers)
     if role is None and workers > 1:
-        supervisor = Supervisor(argv, workers, options.exit_timeout_secs, message_limit(options))
-        return _event_loop_runner()(supervisor.run())
+        return _event_loop_runner()(Supervisor(argv, options).run())
     try:  # the constructor refuses a repository URL that names no storage it can read
         server = ServerRuntime(options, log=log, worker=role)
         _event_loop_runner()(server.serve())

@@ -90,6 +90,9 @@ def serve_parser() -> argparse.ArgumentParser:
               "the models, one server to the clients (default 1: one process)")
     flag("--grpc-infer-thread-count", type=positive_int, default=1, metavar="N",
          help="worker processes serving gRPC, as --http-thread-count (default 1)")
+    flag("--worker-heartbeat-timeout-secs", type=positive_secs, default=5.0, metavar="S",
+         help="with several workers: a worker that has not answered the supervisor for this long is hung, "
+              "and is killed and started again (default 5)")
     flag("--openai-port", type=int, default=None, metavar="PORT",
          help="serve the OpenAI-compatible API (/v1/models, /v1/completions, /v1/chat/completions, "
               "/v1/embeddings) on this port; needs core-server[openai] "

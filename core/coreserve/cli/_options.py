@@ -89,6 +89,7 @@ def server_options(args: argparse.Namespace) -> ServerOptions:
         http_workers=args.http_thread_count,
         http_reuse_port=args.reuse_http_port,
         grpc_workers=args.grpc_infer_thread_count,
+        worker_heartbeat_timeout_s=args.worker_heartbeat_timeout_secs,
         allow_http=args.allow_http,
         http_address=args.http_address,
         http_port=args.http_port,

@@ -39,6 +39,7 @@ class ServerOptions:
     # --http-thread-count, --grpc-infer-thread-count: worker processes serving each (server/workers).
     http_workers: int = 1
     grpc_workers: int = 1
+    worker_heartbeat_timeout_s: float = 5.0  # --worker-heartbeat-timeout-secs: a silent worker is hung
     http_reuse_port: bool = False  # --reuse-http-port
     allow_http: bool = True
     http_address: str = "0.0.0.0"

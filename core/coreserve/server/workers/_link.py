@@ -88,6 +88,8 @@ class WorkerLink:
 
     async def _answer(self, ask: dict[str, Any]) -> Any:
         call = ask["call"]
+        if call == "ping":  # the supervisor's heartbeat: this worker's loop answers
+            return None
         if call == "peers_ready":
             self._dataplane.flags.peers_ready = bool(ask["ready"])
             return None

@@ -9,6 +9,12 @@ restarts a worker that dies, and stops them all on SIGTERM or SIGINT.
 
 A restarted worker is told, before it opens its ports, every change made since the start
 (the replay), so it serves the same models as the others.
+
+Every joined worker is asked every HEARTBEAT_S whether it is alive; one that does not answer
+within `--worker-heartbeat-timeout-secs` is hung (stopped, or its event loop stuck): it is killed,
+so that its listening sockets close and no new connection waits on it, and started again. Every
+ask of a worker is bounded by that: a change a worker is making waits for it as long as it
+answers the heartbeats (a model's load takes what it takes), and fails there when it is killed.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from coreserve.errors import CoreserveError, InvalidArgumentError
+from coreserve.errors import CoreserveError, InvalidArgumentError, UnavailableError
 from coreserve.server.changes import (
     Change,
     LoadModel,
@@ -36,14 +42,16 @@ from coreserve.server.changes import (
     change_from,
     message_of,
 )
+from coreserve.server.options import ServerOptions
 from coreserve.server.workers._carried import ALL_STATISTICS, METRICS, REFRESH_S, CarriedFigures
-from coreserve.server.workers._channel import Channel, ChannelClosed, error_data
+from coreserve.server.workers._channel import Channel, ChannelClosed, error_data, message_limit
 from coreserve.server.workers._role import WORKER_ENV, WorkerRole
 from coreserve.server.workers._trust import LINE_ERRORS, STRANGER, parent_pid, peer_pid, peers_can_be_checked
 
 logger = logging.getLogger(__name__)
 
 RESTART_DELAY_S = 1.0
+HEARTBEAT_S = 1.0  # how often each joined worker is asked whether it is alive
 MAX_FAILED_STARTS = 5  # a worker that dies this many times in a row before joining stops the server
 STOP_MARGIN_S = 10.0  # past --exit-timeout-secs, a worker still running is killed
 # What a worker must answer within, but for a change (a model's load takes what it takes).
@@ -62,13 +70,14 @@ class _Worker:
 
 
 class Supervisor:
-    def __init__(self, argv: Sequence[str], count: int, exit_timeout_s: float, message_limit: int) -> None:
-        """`message_limit`: the largest message a worker's line takes (`_channel.message_limit`)."""
+    def __init__(self, argv: Sequence[str], options: ServerOptions) -> None:
+        """`argv`: the command line each worker runs; `options`: what it says."""
         self.argv = list(argv)
-        self.count = count
-        self.exit_timeout_s = exit_timeout_s
-        self.message_limit = message_limit
-        self.workers = [_Worker(index) for index in range(count)]
+        self.count = max(options.http_workers, options.grpc_workers)
+        self.exit_timeout_s = options.exit_timeout_secs
+        self.hung_after_s = options.worker_heartbeat_timeout_s
+        self.message_limit = message_limit(options)
+        self.workers = [_Worker(index) for index in range(self.count)]
         # Changes every worker must have made, by what they change (the last one of each kept).
         self._replay: dict[tuple[str, ...], dict[str, Any]] = {}
         self._relaying = asyncio.Lock()  # one change at a time, and none while a worker joins
@@ -171,6 +180,7 @@ class Supervisor:
             async with self._relaying:  # no change may slip between the replay and the join
                 worker.channel, worker.joined = channel, True
                 replay = list(self._replay.values())
+            self._in_background(self._watch(worker, channel))
             return replay
         if not any(worker.channel is channel for worker in self.workers):
             raise InvalidArgumentError(f"'{call}' from a worker that has not joined")
@@ -218,6 +228,32 @@ class Supervisor:
         if failed:
             raise failed[0]
 
+    async def _watch(self, worker: _Worker, channel: Channel) -> None:
+        """Asks a joined worker every HEARTBEAT_S whether it is alive, while it keeps this line;
+        one that does not answer in time is hung: killed, and then started again."""
+        while worker.channel is channel and not self._stopping.is_set():
+            try:
+                await channel.ask({"call": "ping"}, self.hung_after_s)
+            except ChannelClosed:
+                return
+            except UnavailableError:  # no answer within the heartbeat timeout
+                if worker.channel is channel and not self._stopping.is_set():
+                    self._kill_hung(worker)
+                return
+            await asyncio.sleep(HEARTBEAT_S)
+
+    def _kill_hung(self, worker: _Worker) -> None:
+        logger.error(
+            "worker %d has not answered for %g s: it is hung; killing it (it starts again)",
+            worker.index,
+            self.hung_after_s,
+        )
+        worker.serving = False
+        self._in_background(self._tell_readiness())
+        if worker.process is not None and worker.process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                worker.process.kill()
+
     async def _retell_states(self) -> None:
         """Has worker 0 tell the others its models' states once every worker has made a
         model's change, or a worker that started again serves: each judges its new copy of a
@@ -226,7 +262,7 @@ class Supervisor:
         owner = self.workers[0]
         if owner.joined and owner.channel is not None:
             with contextlib.suppress(CoreserveError):
-                await owner.channel.ask({"call": "tell_states"}, GATHER_TIMEOUT_S)
+                await owner.channel.ask({"call": "tell_states"}, self.hung_after_s)
 
     async def _ask_all(self, what: dict[str, Any], timeout: float | None) -> list[Any]:
         """`what` asked of every joined worker: each one's answer, or its error."""
@@ -282,14 +318,12 @@ class Supervisor:
         self._replay[key] = what
 
     async def _tell_readiness(self) -> None:
-        """Each worker is ready to its clients only while every worker serves (one telling
-        at a time, each worker told the state as it is when its turn comes)."""
+        """Each worker is ready to its clients only while every worker serves (one telling at a
+        time, every joined worker told at once: a hung one holds up none of the others)."""
         async with self._telling:
-            for worker in self.workers:
-                if worker.joined and worker.channel is not None:
-                    ready = all(other.serving for other in self.workers)
-                    with contextlib.suppress(CoreserveError):
-                        await worker.channel.ask({"call": "peers_ready", "ready": ready}, GATHER_TIMEOUT_S)
+            ready = all(worker.serving for worker in self.workers)
+            told = {"call": "peers_ready", "ready": ready}
+            await self._ask_all(told, self.hung_after_s)
 
     async def _stop_workers(self) -> None:
         """SIGTERM to every worker: each drains within --exit-timeout-secs; then the rest is killed."""
