@@ -199,3 +199,15 @@ class Backend(Protocol):
     ) -> ModelInstance:
         """Loads one instance; raises a CoreserveError whose message says why it cannot."""
         ...
+
+
+@runtime_checkable
+class LoadStopper(Protocol):
+    """A backend that runs something of its own for a load (an installer building a model's
+    environment, say) which must not outlive the server: an optional part of the Backend
+    protocol."""
+
+    def stop_loads(self) -> None:
+        """Called on the event loop as the server stops, before its models are unloaded: stop
+        what still runs for loads under way (those loads then fail). Must not block."""
+        ...

@@ -13,6 +13,7 @@ from coreserve.backend.api import (
     InferenceClient,
     InstanceKind,
     InstancePlacement,
+    LoadStopper,
     ModelControl,
     ModelFiles,
     ModelInstance,
@@ -80,6 +81,12 @@ class ModelLoader:
         # In a worker of a server of several, but the first: the scheduler that sends a
         # single-copy model's requests to the first, which alone loads it (`single_copy_reason`).
         self.forwarding: Callable[[ModelVersion], Scheduler] | None = None
+
+    def stop_loads(self) -> None:
+        """Has each backend that runs something of its own for loads (`LoadStopper`) stop it."""
+        for backend in self._backends:
+            if isinstance(backend, LoadStopper):
+                backend.stop_loads()
 
     def context_for(self, backend: Backend, namespace: str = "", copies: int = 1) -> ServerContext:
         client = self.client

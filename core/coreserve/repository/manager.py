@@ -415,7 +415,9 @@ class ModelRepository:
             await self._close(model)
 
     async def unload_all(self, timeout: float | None = None) -> None:
-        """Lets queued requests finish (up to `timeout` seconds), then closes every instance."""
+        """Lets queued requests finish (up to `timeout` seconds), then closes every instance.
+        Loads under way are given up: the backends stop what they run for them."""
+        self._loader.stop_loads()
         self._drain_timeout = timeout
         models = list(self._models.values())
         self._models.clear()

@@ -9,6 +9,7 @@ frontends it opens (HTTP, gRPC, metrics) are thin adapters over its `DataPlane` 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import shutil
@@ -296,19 +297,29 @@ class ServerRuntime:
             shutil.rmtree(self.cache_dir, ignore_errors=True)
 
     async def serve(self) -> None:
-        """Starts, serves until SIGINT or SIGTERM, then stops."""
+        """Starts, serves until SIGINT or SIGTERM, then stops. A signal while the models load
+        gives the start up (the loads under way are cancelled) and stops."""
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stop.set)
+        starting = asyncio.create_task(self.start())
+        signalled = asyncio.create_task(stop.wait())
         try:
-            await self.start()
+            await asyncio.wait({starting, signalled}, return_when=asyncio.FIRST_COMPLETED)
+            if not starting.done():
+                logger.info("signal received while starting; stopping")
+                starting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await starting  # raises what the start raised
         except BaseException:
+            signalled.cancel()
             await self.stop()  # what did start (models, stubs, frontends) stops cleanly
             raise
         try:
-            await stop.wait()
-            logger.info("signal received; stopping")
+            if not signalled.done():
+                await signalled
+                logger.info("signal received; stopping")
         finally:
             await self.stop()
 

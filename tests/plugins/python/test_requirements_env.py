@@ -25,7 +25,7 @@ import pytest
 import tritonclient.http as httpclient
 
 from coreserve.testing import ServerFactory, ServerProcess
-from coreserve_python.server._env_build import uv_binary
+from coreserve_python.server._env_build import build_environment, uv_binary
 from coreserve_python.server._env_cache import EnvironmentCache, environment_key
 from waiting import wait_until
 
@@ -297,3 +297,21 @@ def test_a_build_that_outruns_its_timeout_is_stopped_and_fails_only_its_model(
     assert _ask(server, "plain")["executable"] == sys.executable
     assert "Traceback" not in server.log
     assert list((tmp_path / "envs" / ".store").iterdir()) == []  # nothing half-built is kept
+
+
+def test_requirements_named_by_a_relative_path_build(
+    tmp_path: Path, wheels: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A repository given as a relative path: the installer, which runs in the requirements'
+    folder, still finds the file."""
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "requirements.txt").write_text(REQUIREMENTS)
+    monkeypatch.chdir(tmp_path)
+    for name, value in _offline(wheels).items():
+        monkeypatch.setenv(name, value)
+    build_environment(Path("model/requirements.txt"), tmp_path / "env", np.__version__, 300, "relative")
+    greeting = subprocess.run(
+        [str(tmp_path / "env" / "bin" / "python"), "-c", f"import {PACKAGE}; print({PACKAGE}.greet())"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert greeting.stdout.strip() == "hello from xyz"

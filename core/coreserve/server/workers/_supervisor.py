@@ -45,6 +45,7 @@ from coreserve.server.changes import (
 from coreserve.server.options import ServerOptions
 from coreserve.server.workers._carried import ALL_STATISTICS, METRICS, REFRESH_S, CarriedFigures
 from coreserve.server.workers._channel import Channel, ChannelClosed, error_data, message_limit
+from coreserve.server.workers._orphans import become_subreaper, end_orphans
 from coreserve.server.workers._role import WORKER_ENV, WorkerRole
 from coreserve.server.workers._trust import LINE_ERRORS, STRANGER, parent_pid, peer_pid, peers_can_be_checked
 
@@ -95,6 +96,8 @@ class Supervisor:
             logger.error("several workers need a system that says which process is at the other end of a "
                          "Unix socket (SO_PEERCRED, as Linux does)")  # fmt: skip
             return 1
+        if not become_subreaper():
+            logger.warning("what a worker that dies leaves running (an environment's build) is not ended")
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, self._stopping.set)
@@ -106,6 +109,7 @@ class Supervisor:
             watchers.append(asyncio.create_task(self._keep_figures()))
             await self._stopping.wait()
             await self._stop_workers()
+            end_orphans(self._worker_pids())
             for watcher in watchers:
                 watcher.cancel()
             await asyncio.gather(*watchers, return_exceptions=True)
@@ -123,6 +127,7 @@ class Supervisor:
             )
             worker.started_at = time.monotonic()
             code = await worker.process.wait()
+            end_orphans(self._worker_pids())  # what it started (an environment's build) goes with it
             had_joined = worker.joined
             await self._left(worker)
             if self._stopping.is_set():
@@ -292,11 +297,16 @@ class Supervisor:
         return living
 
     async def _keep_figures(self) -> None:
-        """Notes every worker's figures now and then, for what a worker that dies had counted."""
+        """Notes every worker's figures now and then, for what a worker that dies had counted
+        (and reaps what the processes ended after a worker's death left)."""
         while True:
             await asyncio.sleep(REFRESH_S)
+            end_orphans(self._worker_pids())
             for what in (METRICS, ALL_STATISTICS):
                 await self._ask_living(what, GATHER_TIMEOUT_S)
+
+    def _worker_pids(self) -> set[int]:
+        return {worker.process.pid for worker in self.workers if worker.process is not None}
 
     def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(work)

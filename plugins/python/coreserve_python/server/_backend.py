@@ -16,6 +16,7 @@ from coreserve.backend import (
     cuda_driver_gpus,
 )
 from coreserve_python.ipc import AutoCompleteMessage
+from coreserve_python.server._env_build import stop_builds
 from coreserve_python.server._environment import stub_launch
 from coreserve_python.server._instance import PythonInstance
 from coreserve_python.server._process import run_once
@@ -93,6 +94,10 @@ class PythonBackend(BaseBackend):
     name: str = "python"
     platforms: tuple[str, ...] = ()
     default_model_filename: str = "model.py"
+
+    def stop_loads(self) -> None:
+        """The server stops: the environments being built for loads are given up."""
+        stop_builds()
 
     def usable_gpus(self) -> Sequence[int]:
         """The GPUs the CUDA driver shows: as on Triton (whose python backend prefers GPU

@@ -5,7 +5,8 @@ own: what the server has already (the requirements of a Triton repository, often
 installed again, and what the requirements install comes first. The installer is held to the
 server's numpy (a constraint), the numpy the stubs import. Every line the installer prints
 goes to the log at INFO; a build that fails raises EnvironmentBuildError carrying the last
-lines of its error output.
+lines of its error output. The builds under way are stopped when the server stops
+(`stop_builds`): the installer running then is killed with its whole process group.
 """
 
 from __future__ import annotations
@@ -33,7 +34,47 @@ TRUE = ("1", "true", "yes", "on")
 
 
 class EnvironmentBuildError(Exception):
-    """The installer failed or ran out of time; the message holds its last error lines."""
+    """The installer failed, ran out of time or was stopped; the message holds its last error lines."""
+
+
+class _Build:
+    """Stops a build that runs in another thread: the installer running then is killed with its
+    whole process group, and the build raises EnvironmentBuildError instead of going on."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._process: subprocess.Popen[str] | None = None
+        self.stopped = False
+
+    def stop(self) -> None:
+        with self._lock:
+            self.stopped = True
+            if self._process is not None:
+                _kill_group(self._process)
+
+    def running(self, process: subprocess.Popen[str] | None) -> None:
+        """The installer now running (None: none); one that starts after a stop is killed."""
+        with self._lock:
+            self._process = process
+            if process is not None and self.stopped:
+                _kill_group(process)
+
+
+def _kill_group(process: subprocess.Popen[str]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)  # the installer leads its own session
+
+
+_UNDER_WAY: set[_Build] = set()  # the builds of this process, each while it runs
+_UNDER_WAY_LOCK = threading.Lock()
+
+
+def stop_builds() -> None:
+    """Stops every build under way in this process (the server stops)."""
+    with _UNDER_WAY_LOCK:
+        under_way = list(_UNDER_WAY)
+    for build in under_way:
+        build.stop()
 
 
 def uv_binary() -> str | None:
@@ -53,30 +94,42 @@ def build_environment(
     The installer runs in the requirements' folder (relative paths in the file resolve there)
     with this process's environment, so pip's configuration (PIP_* variables, pip.conf) holds.
     """
-    deadline = time.monotonic() + timeout
+    build = _Build()
+    with _UNDER_WAY_LOCK:
+        _UNDER_WAY.add(build)
+    try:
+        return _build(requirements.resolve(), folder, numpy_version, time.monotonic() + timeout, label, build)
+    finally:
+        with _UNDER_WAY_LOCK:
+            _UNDER_WAY.discard(build)
+
+
+def _build(
+    requirements: Path, folder: Path, numpy_version: str, deadline: float, label: str, build: _Build
+) -> str:
     constraints = folder / "coreserve-constraints.txt"
     python = folder / "bin" / "python"
     uv = uv_binary()
     install: list[str]
     if uv is not None:
         venv = [uv, "venv", "--quiet", "--python", sys.executable, str(folder)]
-        _run(venv, requirements, deadline, label)
+        _run(venv, requirements, deadline, label, build)
         install = [uv, "pip", "install", "--python", str(python)]
         installer = "uv"
     else:
         venv = [sys.executable, "-m", "venv", "--without-pip", str(folder)]
-        _run(venv, requirements, deadline, label)
+        _run(venv, requirements, deadline, label, build)
         if importlib.util.find_spec("pip") is not None:
             # This Python's pip installs into the venv: no copy of pip in each environment.
             install = [sys.executable, "-m", "pip", "--python", str(python), "install"]
         else:
-            _run([str(python), "-m", "ensurepip", "--default-pip"], requirements, deadline, label)
+            _run([str(python), "-m", "ensurepip", "--default-pip"], requirements, deadline, label, build)
             install = [str(python), "-m", "pip", "install"]
         install += ["--progress-bar", "off"]
         installer = "pip"
     _see_the_servers_packages(folder)
     constraints.write_text(f"numpy=={numpy_version}\n")
-    _run([*install, "-r", str(requirements), "-c", str(constraints)], requirements, deadline, label)
+    _run([*install, "-r", str(requirements), "-c", str(constraints)], requirements, deadline, label, build)
     return installer
 
 
@@ -105,7 +158,9 @@ def uv_settings(environ: os._Environ[str] | dict[str, str]) -> dict[str, str]:
     return settings
 
 
-def _run(command: Sequence[str], requirements: Path, deadline: float, label: str) -> None:
+def _run(command: Sequence[str], requirements: Path, deadline: float, label: str, build: _Build) -> None:
+    if build.stopped:
+        raise EnvironmentBuildError("the build was stopped: the server stops")
     env = {**os.environ, **uv_settings(os.environ)}
     env.setdefault("PIP_DISABLE_PIP_VERSION_CHECK", "1")
     env.setdefault("PIP_NO_INPUT", "1")
@@ -118,8 +173,9 @@ def _run(command: Sequence[str], requirements: Path, deadline: float, label: str
         stderr=subprocess.PIPE,
         text=True,
         errors="replace",
-        start_new_session=True,  # its whole group is stopped at the deadline
+        start_new_session=True,  # its whole group is stopped at the deadline, or when the server stops
     )
+    build.running(process)
     errors: collections.deque[str] = collections.deque(maxlen=ERROR_LINES)
     assert process.stdout is not None and process.stderr is not None
     readers = [
@@ -131,12 +187,17 @@ def _run(command: Sequence[str], requirements: Path, deadline: float, label: str
     try:
         code = process.wait(timeout=max(0.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
+        _kill_group(process)
         process.wait()
         code = None
-    for reader in readers:
+    finally:
+        build.running(None)
+    for reader, stream in zip(readers, (process.stdout, process.stderr), strict=True):
         reader.join(timeout=5)
+        if not reader.is_alive():  # else a process the installer left holds the pipe open
+            stream.close()
+    if build.stopped:
+        raise EnvironmentBuildError(f"{command[0]} was stopped: the server stops")
     if code is None:
         raise EnvironmentBuildError(f"{command[0]} ran out of time and was stopped:\n" + "\n".join(errors))
     if code != 0:
