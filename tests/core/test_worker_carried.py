@@ -26,18 +26,24 @@ def test_each_life_is_carried_once_as_last_seen() -> None:
     carried = CarriedFigures()
     carried.seen(1, METRICS, _metrics(add=3))
     carried.seen(1, METRICS, _metrics(add=5))  # the latest counts
-    carried.seen(1, ALL_STATISTICS, _statistics(add=5))
-    carried.seen(
-        1, {"call": "statistics", "name": "add", "version": ""}, _statistics(add=99)
-    )  # not all models
+    carried.seen(1, ALL_STATISTICS, _statistics(add=5, other=1))
+    # A later read of one model takes its place among the last statistics of every model.
+    carried.seen(1, {"call": "statistics", "name": "add", "version": ""}, _statistics(add=6))
+    version_2 = {"model_stats": [{"name": "other", "version": "2", "inference_count": 50}]}
+    carried.seen(1, {"call": "statistics", "name": "other", "version": "2"}, version_2)  # v1 kept
     carried.died(1)
     carried.died(1)  # nothing seen of the next life yet: nothing more to carry
     live = _metrics(add=2)
     assert 'nv_inference_request_success{model="add",version="1"} 7' in merge_metrics(
         [live], carried=carried.for_gather(METRICS)
     )
-    stats = merge_statistics([_statistics(add=2)], carried.for_gather({"call": "statistics", "name": "add"}))
-    assert stats["model_stats"][0]["inference_count"] == 7
+    stats = merge_statistics(
+        [_statistics(add=2, other=1)], carried.for_gather({"call": "statistics", "name": "add"})
+    )
+    assert {model["name"]: model["inference_count"] for model in stats["model_stats"]} == {
+        "add": 8,
+        "other": 2,
+    }
     carried.seen(1, METRICS, _metrics(add=4))  # the second life
     carried.died(1)
     (text,) = carried.for_gather(METRICS)

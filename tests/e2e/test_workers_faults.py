@@ -9,6 +9,7 @@ import contextlib
 import http.client
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -24,8 +25,10 @@ from worker_servers import (
     ADD_BODY,
     CONNECTIONS,
     answer_of,
+    free_port,
     start_workers,
     status_of,
+    urlopen_text,
     worker_index,
     worker_pids,
     write_repository,
@@ -154,4 +157,46 @@ def test_a_worker_killed_while_it_hangs_is_replaced_and_the_change_waiting_on_it
         assert "Traceback" not in server.log
     finally:
         _close(connections)
+        server.close()
+
+
+def _inference_count(server: ServerProcess) -> int:
+    status, body = answer_of(server, "GET", "/v2/models/add_sub/stats")
+    assert status == 200
+    return int(json.loads(body)["model_stats"][0]["inference_stats"]["success"]["count"])
+
+
+def _success(server: ServerProcess) -> int:
+    found = re.search(
+        r'^nv_inference_request_success\{model="add_sub",version="1"\} (\d+)$',
+        urlopen_text(server.metrics_url),
+        re.M,
+    )
+    assert found is not None
+    return int(found.group(1))
+
+
+def test_statistics_and_metrics_read_never_go_back_when_a_worker_dies(tmp_path: Path) -> None:
+    """What a client read of one model's statistics, and of the metrics, is carried when worker 0
+    dies right after (before the supervisor's next look at the figures)."""
+    # The metrics port is worker 0's: named, so that the worker started again binds it too.
+    server = start_workers(write_repository(tmp_path / "models"), f"--metrics-port={free_port()}")
+    try:
+        assert {
+            status_of(server, "POST", "/v2/models/add_sub/infer", ADD_BODY) for _ in range(CONNECTIONS)
+        } == {200}
+        assert _inference_count(server) == CONNECTIONS
+        assert _success(server) == CONNECTIONS
+        dead = _worker_0(server)
+        os.kill(dead, signal.SIGKILL)
+        wait_until(lambda: dead not in worker_pids(server), "worker 0 gone")
+        assert _inference_count(server) == CONNECTIONS  # while it starts again
+        wait_until(
+            lambda: status_of(server, "GET", "/v2/health/ready") == 200, "every worker ready", timeout=120
+        )
+        assert _inference_count(server) == CONNECTIONS
+        assert _success(server) == CONNECTIONS
+        assert {status_of(server, "POST", "/v2/models/add_sub/infer", ADD_BODY) for _ in range(4)} == {200}
+        assert _inference_count(server) == CONNECTIONS + 4
+    finally:
         server.close()

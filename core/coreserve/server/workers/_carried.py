@@ -2,10 +2,11 @@
 and when a worker dies, what it had counted is carried into the server's totals (merged with
 `carried=`), so that the server's counters do not fall back while the worker starts again.
 
-Figures reach the supervisor with every gather a client asks for, and every REFRESH_S
-seconds besides; what a worker counted after the last of them is lost with it, as a process
-that dies loses it. A model loaded or unloaded starts its counts anew: its carried figures
-are forgotten.
+Figures reach the supervisor with every gather a client asks for (metrics, the statistics of
+every model or of one), and every REFRESH_S seconds besides: no figure a client has read goes
+back when the worker that counted it dies, and what a worker counted after the last of them
+(at most REFRESH_S seconds' worth, or since it hung) is lost with it, as a process that dies
+loses it. A model loaded or unloaded starts its counts anew: its carried figures are forgotten.
 """
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ from typing import Any
 from coreserve.server.workers._merge import (
     merge_metrics,
     merge_statistics,
+    with_model_statistics,
     without_model_metrics,
     without_model_statistics,
 )
 
-REFRESH_S = 5.0
+REFRESH_S = 1.0
 ALL_STATISTICS = {"call": "statistics", "name": "", "version": ""}
 METRICS = {"call": "metrics"}
 
@@ -34,11 +36,16 @@ class CarriedFigures:
         self.statistics: list[dict[str, Any]] = []  # none, or one answer
 
     def seen(self, index: int, what: dict[str, Any], result: Any) -> None:
-        """Notes a worker's answer to a gather: its metrics, or its statistics of every model."""
+        """Notes a worker's answer to a gather: its metrics, or its statistics of every model,
+        or of one model (which take that model's place in the last of every model)."""
+        last = self._last.setdefault(index, {})
         if what == METRICS and isinstance(result, str):
-            self._last.setdefault(index, {})["metrics"] = result
+            last["metrics"] = result
         elif what == ALL_STATISTICS and isinstance(result, dict):
-            self._last.setdefault(index, {})["statistics"] = result
+            last["statistics"] = result
+        elif what.get("call") == "statistics" and isinstance(result, dict):
+            earlier = last.get("statistics", {"model_stats": []})
+            last["statistics"] = with_model_statistics(earlier, result, what["name"], what["version"])
 
     def died(self, index: int) -> None:
         """Carries what a worker that left had counted, as last seen."""

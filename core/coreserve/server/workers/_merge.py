@@ -66,6 +66,19 @@ def without_model_statistics(answer: dict[str, Any], name: str) -> dict[str, Any
     }
 
 
+def with_model_statistics(
+    answer: dict[str, Any], model_answer: dict[str, Any], name: str, version: str
+) -> dict[str, Any]:
+    """`answer` (every model's statistics) with the entries of model `name` (of its `version`
+    only, unless "") replaced by those of `model_answer`, a newer answer for it."""
+    kept = [
+        model
+        for model in answer.get("model_stats", ())
+        if model["name"] != name or (version and model["version"] != version)
+    ]
+    return {**answer, "model_stats": kept + list(model_answer.get("model_stats", ()))}
+
+
 def _add(total: Any, more: Any, fields: dict[str, Callable[[Any, Any], Any]] | None = None) -> Any:
     """`more` added to `total`: integers summed, mappings merged key by key (`fields` names a
     key's own rule), anything else (text) as `total` has it."""

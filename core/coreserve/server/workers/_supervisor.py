@@ -170,6 +170,17 @@ class Supervisor:
 
         channel = Channel(reader, writer, handle, self.message_limit)
         await channel.closed.wait()
+        self._line_closed(channel)
+
+    def _line_closed(self, channel: Channel) -> None:
+        """A worker's line ended (it died, or is dying): from now on what it counted is carried
+        (a read of the statistics then never misses its counts), and it makes no more changes."""
+        for worker in self.workers:
+            if worker.channel is channel:
+                self._carried.died(worker.index)
+                worker.joined = worker.serving = False
+                worker.channel = None
+                self._in_background(self._tell_readiness())
 
     def _worker_at(self, index: object, pid: int) -> _Worker:
         """The worker that process `pid`, a child of the supervisor, says it is: its own index only."""
@@ -290,7 +301,9 @@ class Supervisor:
         )
         living = []
         for (worker, channel), answer in zip(joined, answers, strict=True):
-            if worker.channel is channel:
+            if isinstance(answer, ChannelClosed):
+                self._line_closed(channel)  # carried now, before the asker adds the carried up
+            elif worker.channel is channel:
                 living.append(answer)
                 if not isinstance(answer, Exception):
                     self._carried.seen(worker.index, what, answer)
