@@ -179,6 +179,25 @@ def test_model_names_that_leave_the_repository_are_refused(
     assert not (tmp_path / "cache" / "overrides").exists()  # nothing was written
 
 
+def test_a_model_name_no_folder_can_have_is_a_client_error_and_a_short_unknown_one_tritons(
+    server: ServerProcess,
+) -> None:
+    """A load of an unknown model is Triton's INTERNAL (500); of a name longer than any folder's
+    (255 bytes) it is the client's mistake (400, saying so) over HTTP and gRPC alike."""
+    status, _, reply = request(server.http_url, "POST", "/v2/repository/models/nosuch/load", b"")
+    assert status == 500 and "failed to poll from model repository" in json.loads(reply)["error"]
+    long_name = "a" * 300
+    status, _, reply = request(server.http_url, "POST", f"/v2/repository/models/{long_name}/load", b"")
+    assert status == 400, reply
+    assert "no model folder has a name of 300 bytes (at most 255)" in json.loads(reply)["error"]
+    with grpcclient.InferenceServerClient(server.grpc_url) as grpc_client:
+        with pytest.raises(InferenceServerException) as info:
+            grpc_client.load_model(long_name)
+    assert info.value.status() == "StatusCode.INVALID_ARGUMENT"
+    status, _, _ = request(server.http_url, "GET", "/v2/models/scaled/ready")
+    assert status == 200 and "Traceback" not in server.log
+
+
 BAD_FILES = [
     "file:../escape.onnx",
     "file:/etc/passwd",

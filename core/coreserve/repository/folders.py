@@ -6,6 +6,9 @@ import hashlib
 
 from coreserve.errors import InvalidArgumentError
 
+# POSIX's NAME_MAX on Linux, macOS and the BSDs, in bytes: no folder has a longer name.
+MAX_NAME_BYTES = 255
+
 
 def fingerprint(entries: list[tuple[str, int, object]]) -> str:
     """A digest of a model folder's entries (path, size, modification): changes when any file does."""

@@ -33,7 +33,7 @@ from coreserve.errors import (
     UnsupportedError,
 )
 from coreserve.repository.budgeted import BudgetedLoads
-from coreserve.repository.folders import check_model_name
+from coreserve.repository.folders import MAX_NAME_BYTES, check_model_name
 from coreserve.repository.index import index_entries
 from coreserve.repository.layout import ModelLocation, ensemble_steps
 from coreserve.repository.loader import ModelLoader
@@ -350,6 +350,11 @@ class ModelRepository:
         keys = self._keys_named(name, found)
         if not keys and reason == "demand":
             raise NotFoundError(f"Request for unknown model: '{name}' is not found")
+        if not keys and len(name.encode()) > MAX_NAME_BYTES:  # a client's mistake, not the repository's
+            raise InvalidArgumentError(
+                f"failed to load '{name[:64]}...': no model folder has a name of {len(name.encode())} bytes "
+                f"(at most {MAX_NAME_BYTES}); a model of a longer name loads from files only"
+            )
         if not keys:
             raise not_in_repository(name)
         # Under namespacing, as Triton: a name loads the models of that name in every repository.

@@ -27,10 +27,10 @@ from pathlib import Path, PurePosixPath
 
 from coreserve.config import ModelConfig, config_from_dict
 from coreserve.errors import InternalError, InvalidArgumentError, ModelConfigError
+from coreserve.repository.folders import MAX_NAME_BYTES
 
 logger = logging.getLogger(__name__)
-# POSIX's NAME_MAX and PATH_MAX on Linux, macOS and the BSDs, in bytes.
-MAX_NAME_BYTES = 255
+# POSIX's PATH_MAX on Linux, macOS and the BSDs, in bytes.
 MAX_PATH_BYTES = 4096
 # Where the files of loads from files go, under the cache folder.
 OVERRIDES_FOLDER = "overrides"
