@@ -44,7 +44,6 @@ from e2e.http2_raw import (
     REFUSED_STREAM,
     RST_STREAM,
     SETTINGS,
-    STREAM_CLOSED,
     WINDOW_UPDATE,
     RawHttp2,
     frame,
@@ -783,13 +782,13 @@ PROTOCOL_FAULTS: dict[str, tuple[Callable[[MemoryClient], bytes], int, str, int]
         "stream 2 may not open here",
         0,
     ),
-    "HEADERS on a closed stream": (
+    "HEADERS on a lower stream": (
         lambda c: (
             frame(HEADERS, END_HEADERS, 3, c.headers_block("ModelInfer"))
             + frame(HEADERS, END_HEADERS, 1, c.headers_block("ModelInfer"))
         ),
-        STREAM_CLOSED,
-        "HEADERS on closed stream 1",
+        PROTOCOL_ERROR,
+        "HEADERS on stream 1, not above the last opened (3)",
         3,
     ),
     "RST_STREAM on an idle stream": (

@@ -180,11 +180,11 @@ CONNECTION_ERRORS: dict[str, tuple[Case, int]] = {
     "data-on-idle-stream": (_opened(frame(DATA, 0, 7, b"abc")), PROTOCOL_ERROR),
     "rst-on-idle-stream": (_opened(frame(RST_STREAM, 0, 7, struct.pack(">I", 8))), PROTOCOL_ERROR),
     "window-update-on-idle-stream": (_opened(frame(WINDOW_UPDATE, 0, 7, struct.pack(">I", 1))), PROTOCOL_ERROR),
-    # 5.1: HEADERS on a stream the server closed
-    "headers-on-closed-stream": (_after_call(lambda raw: frame(HEADERS, END_HEADERS | END_STREAM, 1, request_headers(raw))), STREAM_CLOSED),
-    # 5.1.1: a client opens odd streams, each above the last
+    # 5.1.1: a client opens odd streams, each above the last; HEADERS on a stream not above the
+    # last one opened (closed, or never opened) is PROTOCOL_ERROR, as Go's x/net/http2 answers
+    "headers-on-closed-stream": (_after_call(lambda raw: frame(HEADERS, END_HEADERS | END_STREAM, 1, request_headers(raw))), PROTOCOL_ERROR),
     "even-stream": (_opened(frame(HEADERS, END_HEADERS, 2, b"\x83")), PROTOCOL_ERROR),
-    "stream-id-going-back": (_after_call(lambda raw: infer(raw, 3) + infer(raw, 1)), STREAM_CLOSED),
+    "stream-id-going-back": (_after_call(lambda raw: infer(raw, 3) + infer(raw, 1)), PROTOCOL_ERROR),
     # 5.5: an unknown frame in the middle of a header block
     "unknown-frame-inside-a-header-block": (
         lambda raw: (raw.open(), raw.send(frame(HEADERS, 0, 1, request_headers(raw)[:5]) + frame(0xFA, 0, 0, b""))),  # type: ignore[func-returns-value]

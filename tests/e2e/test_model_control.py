@@ -190,9 +190,11 @@ def test_a_model_name_no_folder_can_have_is_a_client_error_and_a_short_unknown_o
     status, _, reply = request(server.http_url, "POST", f"/v2/repository/models/{long_name}/load", b"")
     assert status == 400, reply
     assert "no model folder has a name of 300 bytes (at most 255)" in json.loads(reply)["error"]
-    with grpcclient.InferenceServerClient(server.grpc_url) as grpc_client:
-        with pytest.raises(InferenceServerException) as info:
-            grpc_client.load_model(long_name)
+    with (
+        grpcclient.InferenceServerClient(server.grpc_url) as grpc_client,
+        pytest.raises(InferenceServerException) as info,
+    ):
+        grpc_client.load_model(long_name)
     assert info.value.status() == "StatusCode.INVALID_ARGUMENT"
     status, _, _ = request(server.http_url, "GET", "/v2/models/scaled/ready")
     assert status == 200 and "Traceback" not in server.log

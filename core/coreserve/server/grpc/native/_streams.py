@@ -68,8 +68,9 @@ class Streams:
             return
         if stream_id % 2 == 0:
             raise ConnectionFault(_frames.PROTOCOL_ERROR, f"stream {stream_id} may not open here")
-        if stream_id <= self.last_stream:
-            raise ConnectionFault(_frames.STREAM_CLOSED, f"HEADERS on closed stream {stream_id}")
+        if stream_id <= self.last_stream:  # RFC 9113 5.1.1, as Go's x/net/http2 answers it
+            message = f"HEADERS on stream {stream_id}, not above the last opened ({self.last_stream})"
+            raise ConnectionFault(_frames.PROTOCOL_ERROR, message)
         self.last_stream = stream_id
         if self.going_away or len(self.calls) >= MAX_CONCURRENT:
             connection.out.append(_frames.rst_stream(stream_id, _frames.REFUSED_STREAM))
