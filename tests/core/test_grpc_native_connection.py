@@ -108,6 +108,9 @@ class MemoryTransport(asyncio.Transport):
     def is_closing(self) -> bool:
         return self.closing
 
+    def get_write_buffer_size(self) -> int:
+        return 0  # its client takes whatever is written
+
     def pause_reading(self) -> None:
         self.reading = False
 

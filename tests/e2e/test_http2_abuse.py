@@ -306,35 +306,27 @@ def test_floods_of_frames_that_carry_nothing_get_goaway_enhance_your_calm(
 
 
 @pytest.mark.parametrize("kind", [PING, SETTINGS], ids=["pings", "settings"])
-def test_a_client_that_does_not_read_its_acks_is_not_read_either(
+def test_a_client_that_does_not_read_its_acks_is_cut_off(
     server: ServerProcess, raw: RawHttp2, kind: int
 ) -> None:
-    # 2M frames (34 MB), each of which asks for an ACK, from a client that reads nothing: once
-    # the ACKs fill the socket the server stops reading, so the sender blocks and the server's
-    # memory does not grow by what the client sends.
+    # Frames that each ask for an ACK, from a client that reads nothing (with a call open, so
+    # that the PING policy does not end it first). Once its socket holds all it can, the ACKs
+    # queue in the server, and past 1000 of them (nghttp2's max_outbound_ack; Go's server:
+    # 10000 control frames) the server ends the connection with GOAWAY ENHANCE_YOUR_CALM,
+    # before it stops reading; its memory does not grow by what the client sends.
     raw.open()
     raw.send(frame(HEADERS, END_HEADERS, 1, raw.headers_block("ModelStreamInfer")))  # a call open
-    raw.sock.settimeout(3.0)
+    raw.sock.settimeout(10.0)
     flood = frame(kind, 0, 0, b"12345678" if kind == PING else b"")
     before = rss_mib(server)
     sent = 0
     burst = flood * 10_000
-    with Bystander(server), HealthProbe(server):
-        try:
-            while sent < 2_000_000 * len(flood):
-                raw.sock.sendall(burst)
-                sent += len(burst)
-        except TimeoutError:
-            pass
-    assert sent < 2_000_000 * len(flood), "the server read all 2M frames while their ACKs went unread"
+    with Bystander(server), HealthProbe(server), pytest.raises((ConnectionResetError, BrokenPipeError)):
+        while sent < 10_000_000 * len(flood):
+            raw.sock.sendall(burst)
+            sent += len(burst)
     assert rss_mib(server) - before < 20
-    # Once the client reads, its ACKs come and the connection goes on.
-    raw.sock.settimeout(10.0)
-    acks = 0
-    for got, flags, _sid, _payload in raw.frames(2.0):
-        if got == kind and flags & ACK:
-            acks += 1
-    assert acks > 1000
+    assert "closed: over 1000 answers queued for a client that does not read" in server.log
 
 
 def read_until_ping_ack(raw: RawHttp2, payload: bytes) -> None:

@@ -41,6 +41,7 @@ from coreserve.server.grpc.native._limits import (
     MAX_FRAME_SIZE,
     MAX_HEADER_BLOCK,
     MAX_HEADER_LIST,
+    MAX_QUEUED_ACKS,
     STREAM_WINDOW,
     STREAMS_PER_TURN,
     RateBudget,
@@ -96,6 +97,7 @@ class Http2Connection(asyncio.Protocol):
         self._reading = True  # the transport reads (see _read_on)
         self._abort_timer: asyncio.TimerHandle | None = None  # see _close
         self._turn_scheduled = False
+        self._queued_acks = 0  # SETTINGS and PING answers written while the client reads nothing
 
     @property
     def calls(self) -> dict[int, Call]:
@@ -258,7 +260,7 @@ class Http2Connection(asyncio.Protocol):
         # Only the last value of the frame moves the windows: one change per frame at most.
         if initial is not None and not self.outbound.initial_window(initial, self.calls.values()):
             raise ConnectionFault(_frames.FLOW_CONTROL_ERROR, "a stream window past 2^31-1")
-        self.out.append(_frames.frame(_frames.SETTINGS, _frames.ACK, 0))
+        self._acknowledge(_frames.frame(_frames.SETTINGS, _frames.ACK, 0))
         if initial is not None:  # after the ACK: the bytes a raised window allows
             self.outbound.send_blocked()
 
@@ -268,9 +270,21 @@ class Http2Connection(asyncio.Protocol):
             if self._keepalive is not None:
                 self._keepalive.ping_acknowledged(data)
         else:
-            self.out.append(_frames.frame(_frames.PING, _frames.ACK, 0, data))
+            self._acknowledge(_frames.frame(_frames.PING, _frames.ACK, 0, data))
             if self._keepalive is not None:
                 self._keepalive.ping_received()
+
+    def _acknowledge(self, ack: bytes) -> None:
+        """Queues a SETTINGS or PING answer; ends the connection once MAX_QUEUED_ACKS wait
+        unwritten for a client that does not read (its socket takes none of what we write)."""
+        if self.transport.get_write_buffer_size():
+            self._queued_acks += 1
+            if self._queued_acks > MAX_QUEUED_ACKS:
+                reason = f"over {MAX_QUEUED_ACKS} answers queued for a client that does not read"
+                raise ConnectionFault(_frames.ENHANCE_YOUR_CALM, reason)
+        else:
+            self._queued_acks = 0
+        self.out.append(ack)
 
     def _window_update(self, stream_id: int, payload: memoryview) -> None:
         increment = _frame_layout.window_increment(stream_id, payload)

@@ -9,6 +9,9 @@ The budgets follow the reference servers' mitigations of the HTTP/2 denial-of-se
   second; CVE-2019-9518 and its kin); past it, GOAWAY ENHANCE_YOUR_CALM;
 - a header block may come in at most MAX_CONTINUATIONS CONTINUATION frames (nghttp2's; the
   CONTINUATION flood, CVE-2024-27316), a SETTINGS frame hold at most MAX_SETTINGS entries;
+- at most MAX_QUEUED_ACKS answers to SETTINGS and PING frames wait, unwritten, for a client that
+  does not read what it is sent (nghttp2's max_outbound_ack; Go's server allows 10000 control
+  frames); past it, GOAWAY ENHANCE_YOUR_CALM (the SETTINGS and PING floods, CVE-2019-9512/9515);
 - one turn of the event loop reads at most STREAMS_PER_TURN new streams (grpc's
   max_requests_per_read), FRAMES_PER_TURN frames and (past a frame) HEADER_BYTES_PER_TURN of
   header blocks of a connection, so that one connection's flood cannot hold up the others for
@@ -29,6 +32,7 @@ MAX_HEADER_BLOCK = 2 * MAX_HEADER_LIST  # encoded; a larger block ends the conne
 MAX_CONCURRENT = 1024
 MAX_CONTINUATIONS = 8
 MAX_SETTINGS = 32
+MAX_QUEUED_ACKS = 1000
 STREAM_CHURN_BURST, STREAM_CHURN_RATE = 1000, 33.0
 GLITCH_BURST, GLITCH_RATE = 10000, 330.0
 STREAMS_PER_TURN = 32
