@@ -17,12 +17,17 @@ as `python -m coreserve` with this environment). The machine's CPU pressure (Lin
 share of time some task waited for a CPU) is printed with the figures: neighbours' work on a
 shared machine shows up as latency here.
 
+    python benchmarks/large_json.py --objects-to /v2/trace/setting [--requests 10]
+
+instead sends bodies of about `--megabytes` MB of small JSON objects (`{}`, millions of them) to
+a control endpoint, which refuses them (400) before reading them; the same figures.
+
     python benchmarks/large_json.py --small-against /path/to/other/checkout [--trials 5]
 
 instead compares the small-body path of this checkout with another's: a small JSON infer
 body, driven by wrk against one server of each in turn (the trials alternate), so that the
 work for large bodies is seen to cost small ones nothing.
-Writes benchmarks/results/large_json.json (or large_json_small.json).
+Writes benchmarks/results/large_json.json (or large_json_small.json; `--name` names it).
 """
 
 from __future__ import annotations
@@ -178,16 +183,25 @@ class RssPeak:
         self._thread.join()
 
 
-def send_large(host: str, port: int, body: bytes, expected: np.ndarray | None, binary_output: bool) -> int:
-    """One large request on a new connection; checks its answer (in full when `expected`)."""
+def objects_body(megabytes: float) -> bytes:
+    """About `megabytes` MB of JSON holding millions of empty objects."""
+    count = int(megabytes * 1e6 / 3)
+    return b'{"x":[' + b"{}," * (count - 1) + b"{}]}"
+
+
+def send_large(
+    host: str, port: int, body: bytes, expected: np.ndarray | None, binary_output: bool, path: str = INFER
+) -> int:
+    """One large request on a new connection; checks its answer (in full when `expected`):
+    200 for an infer, 400 from another endpoint (`path`)."""
     connection = http.client.HTTPConnection(host, port, timeout=300)
     try:
-        connection.request("POST", INFER, body, {"Content-Type": "application/json"})
+        connection.request("POST", path, body, {"Content-Type": "application/json"})
         response = connection.getresponse()
         reply = response.read()
     finally:
         connection.close()
-    if response.status != 200:
+    if response.status != (200 if path == INFER else 400):
         raise SystemExit(f"a large request failed: {response.status} {reply[:300]!r}")
     if expected is not None:
         if binary_output:
@@ -218,6 +232,7 @@ def main() -> None:
     parser.add_argument("--megabytes", type=float, default=60.0)
     parser.add_argument("--requests", type=int, default=30)
     parser.add_argument("--binary-output", action="store_true", help="ask for the output as binary data")
+    parser.add_argument("--objects-to", metavar="PATH", help="send bodies of small objects to this endpoint")
     parser.add_argument("--name", default="large_json", help="the results file's name")
     parser.add_argument("--small-against", type=Path, help="another checkout: compare the small-body path")
     parser.add_argument("--trials", type=int, default=5, help="wrk trials per checkout (--small-against)")
@@ -228,8 +243,12 @@ def main() -> None:
         write_results("large_json", args, tables, data, name=f"{args.name}_small")
         return
 
-    body, expected = large_body(args.megabytes, args.binary_output)
-    print(f"large body: {len(body) / 1e6:.1f} MB, {expected.size:,} FP32 values", flush=True)
+    if args.objects_to:
+        body, expected = objects_body(args.megabytes), np.zeros(0, np.float32)
+        print(f"large body: {len(body) / 1e6:.1f} MB of small objects, to {args.objects_to}", flush=True)
+    else:
+        body, expected = large_body(args.megabytes, args.binary_output)
+        print(f"large body: {len(body) / 1e6:.1f} MB, {expected.size:,} FP32 values", flush=True)
     with tempfile.TemporaryDirectory() as folder:
         repository = Path(folder)
         write_model(repository, "identity", identity_onnx(), CONFIG)
@@ -268,7 +287,8 @@ def measure(
     with RssPeak(pid) as peak:
         for index in range(args.requests):
             started = time.monotonic()
-            reply_size = send_large(host, port, body, expected if index == 0 else None, args.binary_output)
+            check = expected if index == 0 and not args.objects_to else None
+            reply_size = send_large(host, port, body, check, args.binary_output, args.objects_to or INFER)
             intervals.append((started, time.monotonic()))
             after.append((rss_mib(pid), tree_rss_mib(pid)))
             pressure.append(cpu_pressure())

@@ -12,6 +12,7 @@ import http.client
 import socket
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import numpy as np
 import orjson
@@ -215,3 +216,31 @@ def test_a_client_that_leaves_while_its_body_is_parsed_stops_the_parsing(server:
     assert status == 200
     assert np.array_equal(np.array(orjson.loads(reply)["outputs"][0]["data"], np.float32), np.float32(LARGE))
     assert request(server.http_url, "POST", INFER, SMALL)[0] == 200
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["/v2/repository/index", "/v2/trace/setting", "/v2/logging", "/v2/systemsharedmemory/region/r/register"],
+)
+def test_a_control_body_of_millions_of_small_objects_is_refused_before_it_is_read(
+    server: ServerProcess, path: str
+) -> None:
+    """60 MB of `{}` to an endpoint that reads its JSON on the event loop: 400, saying so, with
+    the body's memory only (the objects are never made); the server serves on."""
+    body = b'{"x":[' + b"{}," * 19_999_999 + b"{}]}"
+    assert server.process is not None
+    pid = server.process.pid
+    Path(f"/proc/{pid}/clear_refs").write_text("5")  # the peak (VmHWM) starts again from now
+    before = _status_mib(pid, "VmRSS")
+    status, message = error_of(server.http_url, path, body)
+    assert status == 400
+    assert "too many JSON values" in message and "at most 100000" in message
+    assert _status_mib(pid, "VmHWM") - before < 200
+    assert request(server.http_url, "POST", INFER, SMALL)[0] == 200
+
+
+def _status_mib(pid: int, field: str) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(field)
