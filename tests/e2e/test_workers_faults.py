@@ -20,10 +20,12 @@ import pytest
 import tritonclient.utils.shared_memory as shm
 
 from coreserve.testing import ServerProcess
+from model_builders import scale_model, write_model
 from waiting import wait_until
 from worker_servers import (
     ADD_BODY,
     CONNECTIONS,
+    SCALE_CONFIG,
     answer_of,
     free_port,
     start_workers,
@@ -199,4 +201,158 @@ def test_statistics_and_metrics_read_never_go_back_when_a_worker_dies(tmp_path: 
         assert {status_of(server, "POST", "/v2/models/add_sub/infer", ADD_BODY) for _ in range(4)} == {200}
         assert _inference_count(server) == CONNECTIONS + 4
     finally:
+        server.close()
+
+
+SCALE_BODY = json.dumps(
+    {"inputs": [{"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "data": [1, 1, 1, 1]}]}
+)
+
+
+def _scaled(server: ServerProcess, model: str) -> tuple[int, object]:
+    """One infer of a scale model on a connection of its own: status, and (version, first output)."""
+    status, body = answer_of(server, "POST", f"/v2/models/{model}/infer", SCALE_BODY)
+    if status != 200:
+        return status, json.loads(body).get("error")
+    answer = json.loads(body)
+    return status, (answer["model_version"], answer["outputs"][0]["data"][0])
+
+
+def _kill_and_wait(server: ServerProcess, index: int) -> None:
+    """Kills worker `index` and waits until another process has taken its place."""
+    dead = next(pid for pid in worker_pids(server) if worker_index(pid) == index)
+    os.kill(dead, signal.SIGKILL)
+    wait_until(lambda: dead not in worker_pids(server) and len(worker_pids(server)) == 2, "started again")
+
+
+def test_a_worker_started_again_serves_what_the_others_serve_not_a_version_staged_since(
+    tmp_path: Path,
+) -> None:
+    repository = write_repository(tmp_path / "models")
+    write_model(repository, "staged", scale_model(2.0), SCALE_CONFIG)
+    server = start_workers(repository, "--load-model=staged")
+    try:
+        write_model(repository, "staged", scale_model(3.0), versions=(2,))  # staged: no API call
+        for index in (0, 1):  # worker 0's truth comes from worker 1 then, and the other way round
+            _kill_and_wait(server, index)
+            wait_until(lambda: status_of(server, "GET", "/v2/health/ready") == 200, "ready", timeout=120)
+            assert {_scaled(server, "staged") for _ in range(CONNECTIONS)} == {(200, ("1", 2.0))}
+            assert {status_of(server, "GET", "/v2/models/staged/versions/1/ready") for _ in range(16)} == {
+                200
+            }
+            assert 200 not in {
+                status_of(server, "GET", "/v2/models/staged/versions/2/ready") for _ in range(16)
+            }
+        assert "Traceback" not in server.log
+    finally:
+        server.close()
+
+
+def test_a_worker_that_cannot_load_what_the_others_serve_is_not_ready_and_never_stops_them(
+    tmp_path: Path,
+) -> None:
+    """Version 1's file half copied (empty) after the others loaded it, no API call, then a
+    worker killed: started again, it cannot serve what the others serve, and says so; it does
+    not exit (whatever --exit-on-error says), the other serves on, and a load through the API
+    of the mended files mends it."""
+    repository = write_repository(tmp_path / "models")
+    write_model(repository, "copied", scale_model(2.0), SCALE_CONFIG)
+    server = start_workers(repository, "--load-model=copied", "--exit-on-error=true")
+    try:
+        (repository / "copied" / "1" / "model.onnx").write_bytes(b"")
+        _kill_and_wait(server, 1)
+        reason = "the files of model 'copied' version 1 changed since the other workers loaded it"
+        wait_until(lambda: reason in server.log, "the new worker says why")
+        restarted = set(worker_pids(server))
+        answers = {_scaled(server, "copied") for _ in range(CONNECTIONS)}
+        assert (200, ("1", 2.0)) in answers  # worker 0 serves it
+        refused = {answer for answer in answers if answer[0] != 200}
+        assert refused and all(reason in str(message) for _, message in refused), answers
+        assert {status_of(server, "GET", "/v2/health/ready") for _ in range(16)} == {400}
+        assert set(worker_pids(server)) == restarted  # the new worker stays, the other too
+        write_model(repository, "copied", scale_model(2.0), SCALE_CONFIG)  # the copy done
+        assert status_of(server, "POST", "/v2/repository/models/copied/load") == 200
+        wait_until(lambda: status_of(server, "GET", "/v2/health/ready") == 200, "mended: ready")
+        assert {_scaled(server, "copied") for _ in range(CONNECTIONS)} == {(200, ("1", 2.0))}
+        assert "stopping" not in server.log and "Traceback" not in server.log
+    finally:
+        server.close()
+
+
+LOADS_ONCE_PY = """
+import os
+
+import triton_python_backend_utils as pb_utils
+
+FLAG = {flag!r}
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        # The first instance anywhere takes the flag; the other worker's fails.
+        os.close(os.open(FLAG, os.O_CREAT | os.O_EXCL))
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.get_input_tensor_by_name(r, "INPUT0")]) for r in requests]
+"""
+ONCE_CONFIG = """
+backend: "python"
+max_batch_size: 0
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+instance_group [ { count: 1 kind: KIND_CPU } ]
+"""
+
+
+def test_a_load_that_fails_in_one_worker_is_undone_in_the_others(tmp_path: Path) -> None:
+    repository = write_repository(tmp_path / "models")
+    (repository / "once" / "1").mkdir(parents=True)
+    (repository / "once" / "config.pbtxt").write_text(ONCE_CONFIG)
+    (repository / "once" / "1" / "model.py").write_text(LOADS_ONCE_PY.format(flag=str(tmp_path / "flag")))
+    server = start_workers(repository)
+    try:
+        status, body = answer_of(server, "POST", "/v2/repository/models/once/load")
+        assert (
+            status == 400 and "FileExistsError" in json.loads(body)["error"]
+        )  # the failing worker's own error
+        assert (tmp_path / "flag").exists()  # so it loaded in the other worker, then was undone there
+        statuses = {status_of(server, "GET", "/v2/models/once/ready") for _ in range(CONNECTIONS)}
+        assert 200 not in statuses  # served nowhere
+        # Every worker holds the model as one server would after that failed load: unavailable
+        # for that reason (so not ready, as one server is not with a model that failed to load).
+        for _ in range(16):
+            status, body = answer_of(server, "POST", "/v2/repository/index")
+            (entry,) = [model for model in json.loads(body) if model["name"] == "once"]
+            assert entry["state"] == "UNAVAILABLE" and "FileExistsError" in entry["reason"]
+        assert {status_of(server, "GET", "/v2/health/ready") for _ in range(16)} == {400}
+        assert status_of(server, "POST", "/v2/repository/models/once/unload") == 200
+        assert {status_of(server, "GET", "/v2/health/ready") for _ in range(16)} == {200}
+        # (The log holds the traceback of the model's initialize, as Triton logs it: the model's.)
+    finally:
+        server.close()
+
+
+def test_a_region_whose_segment_is_gone_fails_the_replay_and_the_worker_is_not_ready_until_mended(
+    tmp_path: Path,
+) -> None:
+    key = f"/coreserve-replay-{os.getpid()}"
+    handle = shm.create_shared_memory_region("replay", key, 64)
+    server = start_workers(write_repository(tmp_path / "models"))
+    try:
+        body = json.dumps({"key": key, "offset": 0, "byte_size": 64})
+        assert status_of(server, "POST", "/v2/systemsharedmemory/region/replayed/register", body) == 200
+        shm.destroy_shared_memory_region(handle)  # the segment unlinked behind the server's back
+        handle = None
+        _kill_and_wait(server, 1)
+        wait_until(lambda: "could not make register_system_shared_memory" in server.log, "the replay failed")
+        wait_until(
+            lambda: {status_of(server, "GET", "/v2/health/ready") for _ in range(8)} == {400}, "not ready"
+        )
+        assert status_of(server, "POST", "/v2/systemsharedmemory/region/replayed/unregister") == 200
+        wait_until(lambda: status_of(server, "GET", "/v2/health/ready") == 200, "mended: ready")
+        assert {status_of(server, "GET", "/v2/health/ready") for _ in range(16)} == {200}
+        assert "Traceback" not in server.log
+    finally:
+        if handle is not None:
+            shm.destroy_shared_memory_region(handle)
         server.close()

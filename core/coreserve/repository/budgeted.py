@@ -147,7 +147,8 @@ class BudgetedLoads:
         logger.info("loading model '%s' from %s", location.name, location.path)
         measuring = self.has_budget or self.on_demand  # only for who asked for them
         before = await self._sizes_now() if measuring else {}
-        new = await self._loader.load(location, overrides.config if overrides else None)
+        overrides = overrides or LoadOverrides()
+        new = await self._loader.load(location, overrides.config, overrides.versions)
         if not new.takes_requests:
             return new
         self._retries.pop(location.name, None)  # a failed model's back-off starts anew

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 
 from coreserve.repository.model import Model, ModelState
+from coreserve.repository.unloading import UNLOADED
 
 
 def index_entries(
@@ -42,3 +43,17 @@ def index_entries(
                 entry["last_used"] = datetime.fromtimestamp(model.last_used(), UTC).isoformat()
             entries.append(entry)
     return entries
+
+
+def unavailable_reason(model: Model) -> str:
+    """Why a model serves no version: its own reason, else each failed version's."""
+    if model.reason:
+        return model.reason
+    # In Triton's words: "version 1 is at UNAVAILABLE state: <why>;" for each version that
+    # failed (not for those unloaded because another failed, as Triton).
+    reasons = [
+        f"version {v.version} is at {v.current_state} state: {v.reason};"
+        for v in model.versions.values()
+        if v.reason and v.reason != UNLOADED
+    ]
+    return " ".join(reasons) or "it did not become ready"

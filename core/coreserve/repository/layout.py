@@ -26,6 +26,7 @@ class ModelLocation:
     repository: Path
     config_name: str = ""  # --model-config-name
     namespace: str = ""  # its repository, under --model-namespacing
+    from_files: bool = False  # written from the files a load request carried, not a repository's
 
     @property
     def key(self) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from coreserve.backend.api import (
@@ -108,16 +108,24 @@ class ModelLoader:
         """The latency options with the histogram buckets the model's `model_metrics` sets."""
         return (self._latency or LatencyOptions()).for_config(config)
 
-    async def load(self, location: ModelLocation, config: ModelConfig | None = None) -> Model:
-        """Loads a model folder (with `config` in place of its config.pbtxt, if given).
+    async def load(
+        self,
+        location: ModelLocation,
+        config: ModelConfig | None = None,
+        versions: Sequence[int] | None = None,
+    ) -> Model:
+        """Loads a model folder (with `config` in place of its config.pbtxt, and `versions` in
+        place of those its version policy chooses, if given).
 
         Never raises: a model that cannot load comes back with its reason.
         """
-        model = Model(name=location.name, path=location.path, namespace=location.namespace)
+        model = Model(location.name, location.path, namespace=location.namespace)
+        model.from_files = location.from_files
         progress = asyncio.create_task(_report_progress(location.name))
         try:
             try:
-                backend, config, versions = await self._prepare(location, config)
+                backend, config, chosen = await self._prepare(location, config)
+                versions = list(versions) if versions is not None else chosen
             except CoreserveError as exc:
                 model.reason = exc.message
                 logger.error("model '%s' is unavailable: %s", location.name, model.reason)
@@ -232,6 +240,9 @@ class ModelLoader:
                     single,
                 )
                 return
+            version.files_fingerprint = await asyncio.to_thread(
+                version_fingerprint, location.path, version.version, ""
+            )  # of the files it loads (a version worker 0 serves for this worker loads none)
             copies = 1 if single else self.workers
             context = self.context_for(backend, location.namespace, copies)
             grouped = _grouped_placements(version.config)

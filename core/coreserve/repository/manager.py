@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import enum
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from coreserve.errors import (
@@ -34,7 +34,7 @@ from coreserve.errors import (
 )
 from coreserve.repository.budgeted import BudgetedLoads
 from coreserve.repository.folders import MAX_NAME_BYTES, check_model_name
-from coreserve.repository.index import index_entries
+from coreserve.repository.index import index_entries, unavailable_reason
 from coreserve.repository.layout import ModelLocation, ensemble_steps
 from coreserve.repository.loader import ModelLoader
 from coreserve.repository.memory import MemoryBudgets
@@ -42,7 +42,7 @@ from coreserve.repository.model import Model
 from coreserve.repository.namespaces import ModelTable, ambiguous, qualified
 from coreserve.repository.overrides import LoadOverrides, not_in_repository, write_override_files
 from coreserve.repository.sources import RepositorySource
-from coreserve.repository.unloading import UNLOADED, close_model, unload_loaded_versions
+from coreserve.repository.unloading import close_model, unload_loaded_versions
 
 logger = logging.getLogger(__name__)
 
@@ -203,8 +203,28 @@ class ModelRepository:
                         unexplored.append(step_key)
         return wanted
 
-    async def _load_many(self, found: dict[str, tuple[RepositorySource, str]], reason: str) -> None:
-        """Loads models concurrently; ensembles after the models they are made of."""
+    async def take_on(self, plan: Mapping[str, LoadOverrides]) -> None:
+        """Loads the models `plan` names (by key) with its overrides, whatever the control mode: a
+        worker of a server of several taking on what the others serve (`adoption`). A model no
+        repository holds is left out; the caller finds it missing."""
+        found, _ = await self._scan()
+        await self._load_many({key: found[key] for key in plan if key in found}, "startup", plan)
+
+    def mark_unavailable(self, key: str, name: str, namespace: str, reason: str) -> None:
+        """Holds the model under `key` as unavailable with `reason`, closing what it had loaded."""
+        old = self._models.get(key)
+        self._models[key] = Model(name=name, path=None, reason=reason, namespace=namespace)
+        if old is not None:
+            self._close_later(old)
+
+    async def _load_many(
+        self,
+        found: dict[str, tuple[RepositorySource, str]],
+        reason: str,
+        overrides: Mapping[str, LoadOverrides] | None = None,
+    ) -> None:
+        """Loads models concurrently (each with its `overrides`, if any); ensembles after the
+        models they are made of."""
         locations: dict[str, ModelLocation] = {}
         for key, (source, _) in found.items():
             try:
@@ -223,7 +243,10 @@ class ModelRepository:
             if not ready:  # ensembles that wait on each other: load them; they report the cycle
                 ready = list(pending)
             await asyncio.gather(
-                *(self._replace(locations[name], found[name][1], reason=reason) for name in ready)
+                *(
+                    self._replace(locations[name], found[name][1], (overrides or {}).get(name), reason=reason)
+                    for name in ready
+                )
             )
             for name in ready:
                 del pending[name]
@@ -243,25 +266,6 @@ class ModelRepository:
         if changed:
             logger.info("repository changes found for: %s", ", ".join(sorted(changed)))
             await self._load_many(changed, "poll")
-
-    async def poll_forever(self, interval: float) -> None:
-        """Polls every `interval` seconds until cancelled; a failed poll is logged in one line
-        and the next one tries again (the models being served keep serving meanwhile)."""
-        failing = False
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                await self.poll()
-            except CoreserveError as exc:
-                logger.error("polling the model repository failed: %s", exc.message)
-                failing = True
-            except Exception as exc:  # polling must go on whatever a repository source raises
-                logger.error("polling the model repository failed: %s: %s", type(exc).__name__, exc)
-                failing = True
-            else:
-                if failing:
-                    logger.info("polling the model repository works again")
-                failing = False
 
     # Loading and unloading.
 
@@ -295,7 +299,7 @@ class ModelRepository:
                 logger.error(
                     "model '%s' did not reload, the loaded version keeps serving: %s",
                     location.name,
-                    _reason(new),
+                    unavailable_reason(new),
                 )
                 self._close_later(new)
                 return new
@@ -340,9 +344,8 @@ class ModelRepository:
             if self._cache_dir is None:
                 raise UnsupportedError("loading models from files needs a cache folder")
             path = await asyncio.to_thread(write_override_files, self._cache_dir, name, overrides.files)
-            location = ModelLocation(name, path, path.parent, self._loader.config_name)
-            fingerprint = None
-            await self._load_location(name, location, fingerprint, overrides, reason)
+            location = ModelLocation(name, path, path.parent, self._loader.config_name, from_files=True)
+            await self._load_location(name, location, None, overrides, reason)
             return
         found, duplicates = await self._scan()
         if name in duplicates:
@@ -383,11 +386,10 @@ class ModelRepository:
     ) -> None:
         new = await self._replace(location, fingerprint, overrides, reason=reason)
         if self._models.get(location.key) is not new:
-            raise InvalidArgumentError(
-                f"load failed for model '{name}': {_reason(new)} (the loaded version keeps serving)"
-            )
+            why = f"{unavailable_reason(new)} (the loaded version keeps serving)"
+            raise InvalidArgumentError(f"load failed for model '{name}': {why}")
         if not new.takes_requests:
-            raise InvalidArgumentError(f"load failed for model '{name}': {_reason(new)}")
+            raise InvalidArgumentError(f"load failed for model '{name}': {unavailable_reason(new)}")
 
     async def unload(self, name: str, dependents: bool = False) -> None:
         """Unloads a model (explicit mode) and, with `dependents`, the ensembles that use it."""
@@ -441,16 +443,3 @@ class ModelRepository:
         names = {key: self._split(key, source)[1] for key, (source, _) in found.items()}
         extras = self.budgeted.on_demand or self.budgeted.has_budget
         return index_entries(self._models, names, self._unloaded, ready_only=ready_only, extras=extras)
-
-
-def _reason(model: Model) -> str:
-    if model.reason:
-        return model.reason
-    # In Triton's words: "version 1 is at UNAVAILABLE state: <why>;" for each version that
-    # failed (not for those unloaded because another failed, as Triton).
-    reasons = [
-        f"version {v.version} is at {v.current_state} state: {v.reason};"
-        for v in model.versions.values()
-        if v.reason and v.reason != UNLOADED
-    ]
-    return " ".join(reasons) or "it did not become ready"

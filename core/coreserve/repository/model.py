@@ -40,6 +40,10 @@ class ModelVersion:
     last_used: float = 0.0  # time.time() of its last inference request (0: none yet)
     # Class labels per output (label_filename), for the classification extension.
     labels: dict[str, tuple[bytes, ...]] = field(default_factory=dict)
+    # What its version folder held when it loaded (each file's path, size and modification
+    # time): a worker of a server of several checks it loaded the same files as the others
+    # ("": it loaded none, worker 0 serving it for this worker).
+    files_fingerprint: str = ""
 
     @property
     def ready(self) -> bool:
@@ -99,6 +103,7 @@ class Model:
     versions: dict[int, ModelVersion] = field(default_factory=dict)
     reason: str = ""
     namespace: str = ""  # its repository, under --model-namespacing
+    from_files: bool = False  # loaded from the files its load request carried
     loaded_at: float = 0.0  # time.time() when it became ready
     memory_bytes: int | None = None  # what the server's memory grew by while it loaded
     gpu_memory_bytes: dict[int, int] = field(default_factory=dict)  # and each budgeted GPU's

@@ -48,10 +48,13 @@ def not_in_repository(name: str) -> InternalError:
 
 @dataclass
 class LoadOverrides:
-    """What a load request replaces: the configuration, the files, or both."""
+    """What a load request replaces: the configuration, the files, or both; and (a worker of a
+    server of several taking on what the others serve) the versions, in place of those the
+    version policy chooses."""
 
     config: ModelConfig | None = None
     files: dict[str, bytes] = field(default_factory=dict)
+    versions: tuple[int, ...] | None = None
 
 
 def parse_load_parameters(model_name: str, parameters: Mapping[str, object]) -> LoadOverrides:

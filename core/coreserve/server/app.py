@@ -22,7 +22,9 @@ from typing import TYPE_CHECKING, Any
 from coreserve.backend.plugins import Plugins
 from coreserve.errors import CoreserveError
 from coreserve.repository import ControlMode, ModelLoader, ModelRepository, source_for
+from coreserve.repository.adoption import adopt
 from coreserve.repository.memory import MemoryBudgetError
+from coreserve.repository.polling import poll_forever
 from coreserve.scheduling import LatencyOptions
 from coreserve.scheduling.cache_config import make_response_cache
 from coreserve.scheduling.rate_limiter import RateLimiter
@@ -158,23 +160,39 @@ class ServerRuntime:
         )
 
     async def start(self) -> None:
-        """Loads the models, then opens the frontends the options ask for (a worker first joins
-        the others: it serves what they serve)."""
-        await self.load_models()
+        """Loads the models, then opens the frontends the options ask for. A worker of a server
+        of several joins the others: one that starts while they serve takes on what they serve
+        (`repository.adoption`) rather than what the repository's files hold now."""
+        self._check_startup()
+        faults: dict[str, str] = {}
+        truth = await self._connect() if self._link is not None else None
+        if truth is None:
+            await self.load_models()
+        else:
+            adopted = await adopt(self.repository, truth)
+            faults = {f"model/{key}": reason for key, reason in adopted.items()}
+            self._log_models()
         if self._link is not None:
-            try:
-                await self._link.join()
-            except OSError as exc:
-                raise StartupError(f"worker {self._link.role.index} cannot join its server: {exc}") from None
+            await self._link.join(faults)
         await self.open_frontends()
         if self.options.model_control_mode is ControlMode.POLL:
             self._poller = asyncio.create_task(
-                self.repository.poll_forever(self.options.repository_poll_secs)
+                poll_forever(self.repository, self.options.repository_poll_secs)
             )
         self.flags.started = True
 
-    async def load_models(self) -> None:
-        """Checks the start-up settings and loads the models the control mode asks for."""
+    async def _connect(self) -> list[dict[str, Any]] | None:
+        """A worker's line to its supervisor: what the serving workers serve, or None (none serves
+        yet, or the server loads on demand: each worker then loads for itself)."""
+        assert self._link is not None
+        try:
+            truth = await self._link.connect()
+        except OSError as exc:
+            raise StartupError(f"worker {self._link.role.index} cannot join its server: {exc}") from None
+        return None if self.repository.budgeted.on_demand else truth
+
+    def _check_startup(self) -> None:
+        """What must hold before any model loads (repositories, certificates, the trace file)."""
         for location in self.options.model_repositories:
             if "://" not in location and not Path(location).is_dir():
                 raise StartupError(f"model repository '{location}' is not a folder")
@@ -192,17 +210,23 @@ class ServerRuntime:
             raise StartupError(str(exc)) from None
         if self.options.openai_port is not None:  # before the models load, as the certificates
             self._openai_type = _openai_frontend_type()
+
+    async def load_models(self) -> None:
+        """Loads the models the control mode asks for (`--exit-on-error` applies)."""
         try:  # a repository that cannot be listed stops the start, as in Triton
             await self.repository.start()
         except CoreserveError as exc:
             raise StartupError(exc.message) from None
-        for line in model_status_table(self.repository.models()).splitlines():
-            logger.info("%s", line)
+        self._log_models()
         if self.options.exit_on_error and not self.repository.all_ready():
             await self.repository.unload_all(timeout=self.options.exit_timeout_secs)
             raise StartupError(
                 "some models failed to load (see above); exiting because --exit-on-error is true"
             )
+
+    def _log_models(self) -> None:
+        for line in model_status_table(self.repository.models()).splitlines():
+            logger.info("%s", line)
 
     async def open_frontends(self) -> None:
         """Starts the metrics polling and the HTTP, gRPC and metrics frontends the options allow."""

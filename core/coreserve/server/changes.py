@@ -136,3 +136,27 @@ def change_from(message: dict[str, Any]) -> Change:
         return kind(**{key: value for key, value in message.items() if key != "call"})
     except TypeError as exc:
         raise InvalidArgumentError(f"change '{call}' is malformed: {exc}") from None
+
+
+def fault_key(change: Change) -> str:
+    """What a change concerns, as a worker names a fault of it ("model/<name>", "system/<region>",
+    or the change's call for a settings change)."""
+    key = getattr(change, "replay_key", None)
+    return "/".join(key) if key is not None else change.call
+
+
+def forgets(change: Change, fault: str) -> bool:
+    """Whether `change` makes the fault named `fault` moot (a region unregistered)."""
+    return isinstance(change, UnregisterSystemRegion | UnregisterCudaRegion) and change.forgets(
+        tuple(fault.split("/", 1))
+    )
+
+
+def loads_files(message: dict[str, Any]) -> bool:
+    """Whether a change's message is a load whose files the request carries."""
+    parameters = message.get("parameters")
+    return (
+        message.get("call") == LoadModel.call
+        and isinstance(parameters, dict)
+        and any(str(key).startswith("file:") for key in parameters)
+    )

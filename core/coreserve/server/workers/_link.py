@@ -19,7 +19,16 @@ import signal
 from typing import Any
 
 from coreserve.errors import CoreserveError, InvalidArgumentError
-from coreserve.server.changes import Change, change_from, message_of
+from coreserve.repository.adoption import restore, snapshot, snapshot_entry
+from coreserve.server.changes import (
+    Change,
+    LoadModel,
+    UnloadModel,
+    change_from,
+    fault_key,
+    forgets,
+    message_of,
+)
 from coreserve.server.dataplane import DataPlane
 from coreserve.server.metrics import MetricsReport
 from coreserve.server.workers._channel import Channel, ChannelClosed, error_from
@@ -51,6 +60,8 @@ class WorkerLink:
         self._metrics = metrics
         self._channel: Channel | None = None
         self._watch: asyncio.Task[None] | None = None
+        self.faults: dict[str, str] = {}  # what it does not serve as the others do, with why
+        self._telling: set[asyncio.Task[Any]] = set()
         dataplane.flags.peers_ready = False  # until the supervisor says every worker serves
         # Worker 0 serves the single-copy models for all; the others send it their requests.
         path = owner_socket(role.socket)
@@ -61,29 +72,47 @@ class WorkerLink:
         if self.owner_link is not None:
             dataplane.tracer.send_entries = self.owner_link.send_trace
 
-    async def join(self) -> None:
-        """Joins the server: makes, here, every change made since it started (a worker that
-        starts again must serve what the others serve), then answers the supervisor's asks.
-        Then `DataPlane.change` and the statistics and metrics go through the supervisor.
-        Raises OSError where the supervisor's line cannot be reached."""
-        if self.owner_link is not None:  # once worker 0 serves (and has told its models' states)
-            await self.owner_link.start()
+    async def connect(self) -> list[dict[str, Any]] | None:
+        """Opens the line to the supervisor; returns what the serving workers serve (their
+        `adoption.snapshot`), for this worker to take on, or None where none serves yet (the
+        server starts: it loads what its control mode says). Raises OSError where the line
+        cannot be reached."""
         reader, writer = await asyncio.open_unix_connection(self.role.socket)
         if peer_pid(writer) != os.getppid():  # another process took the supervisor's path
             writer.close()
             raise ConnectionRefusedError(f"{self.role.socket} is not this worker's supervisor's line")
         self._channel = Channel(reader, writer, self._answer, self._message_limit)
+        truth: list[dict[str, Any]] | None = await self._channel.ask(
+            {"call": "truth", "index": self.role.index}
+        )
+        return truth
+
+    async def join(self, faults: dict[str, str]) -> None:
+        """Joins the server: makes, here, every change made since what it loaded (a worker that
+        starts again must serve what the others serve), then answers the supervisor's asks.
+        Then `DataPlane.change` and the statistics and metrics go through the supervisor.
+        `faults`: what this worker could not take on of what the others serve (by fault key,
+        with why); a change of the replay that fails here is one too. While it has any, the
+        server is not ready; a change that then holds here mends its fault."""
+        assert self._channel is not None
+        self.faults = dict(faults)
+        if self.owner_link is not None:  # once worker 0 serves (and has told its models' states)
+            await self.owner_link.start()
         for message in await self._channel.ask({"call": "join", "index": self.role.index}):
+            change = change_from(message)
             try:
-                await self._dataplane.apply_change(change_from(message))
-            except CoreserveError as exc:  # as it failed nowhere else, it is this worker's to say
-                logger.warning("worker %d: %s: %s", self.role.index, message["call"], exc.message)
+                await self._dataplane.apply_change(change)
+            except CoreserveError as exc:  # made everywhere else: this worker is not what they are
+                logger.error("worker %d could not make %s: %s", self.role.index, message["call"], exc.message)
+                self.faults[fault_key(change)] = exc.message
         if self._owner is not None:  # with every model the others serve loaded
             await self._owner.start(self.role.count - 1)
         self._dataplane.peers = self
         if self._metrics is not None:
             self._metrics.peers = self
-        await self._channel.ask({"call": "serving", "index": self.role.index})
+        for key, reason in self.faults.items():
+            logger.error("worker %d does not serve as the others do (%s): %s", self.role.index, key, reason)
+        await self._channel.ask({"call": "serving", "index": self.role.index, "faults": self.faults})
         self._watch = asyncio.create_task(self._stop_without_supervisor(self._channel))
 
     async def _answer(self, ask: dict[str, Any]) -> Any:
@@ -102,14 +131,57 @@ class WorkerLink:
             if self._owner is not None:
                 self._owner.tell_states(again=True)
             return None
+        if call == "snapshot":  # what this worker serves, for one that starts again to take on
+            return snapshot(self._dataplane.repository)
+        if call == "restore":  # a model change that failed in another worker is undone here
+            return await self._restore(ask["name"], ask["before"], ask["failure"])
         if call != "change":
             raise InvalidArgumentError(f"a worker does not know '{call}'")
+        change = change_from(ask["what"])
+        before = self._before(change)
         try:
-            await self._dataplane.apply_change(change_from(ask["what"]))
+            await self._dataplane.apply_change(change)
         finally:
             if self._owner is not None:  # the others' readiness follows before the answer
                 self._owner.tell_states()
-        return None
+        self._mended(change)
+        return {"before": before}
+
+    def _before(self, change: Change) -> dict[str, Any] | None:
+        """A model change's model as it is here before it (what its undo puts back)."""
+        if not isinstance(change, LoadModel | UnloadModel):
+            return None
+        model = next((m for m in self._dataplane.repository.models() if m.name == change.name), None)
+        return snapshot_entry(model) if model is not None else None
+
+    async def _restore(self, name: str, before: dict[str, Any] | None, failure: str) -> None:
+        fault = await restore(self._dataplane.repository, name, before, failure)
+        key = fault_key(UnloadModel(name))
+        if fault:
+            logger.error("worker %d could not undo a change of model '%s': %s", self.role.index, name, fault)
+            self.faults[key] = fault
+            self._tell_faults()
+        elif self.faults.pop(key, None) is not None:
+            self._tell_faults()
+        if self._owner is not None:
+            self._owner.tell_states()
+
+    def _mended(self, change: Change) -> None:
+        """A change that held here mends the fault it concerns (a model loaded again, a region
+        registered again or unregistered)."""
+        mended = [key for key in self.faults if key == fault_key(change) or forgets(change, key)]
+        for key in mended:
+            del self.faults[key]
+        if mended:
+            self._tell_faults()
+
+    def _tell_faults(self) -> None:
+        if self._channel is not None:
+            told = self._channel.ask({"call": "faults", "index": self.role.index, "faults": self.faults})
+            task = asyncio.create_task(told)
+            self._telling.add(task)
+            task.add_done_callback(self._telling.discard)
+            task.add_done_callback(_quiet)
 
     async def everywhere(self, change: Change) -> None:
         await self._ask({"call": "everywhere", "what": message_of(change)})
@@ -160,3 +232,9 @@ class WorkerLink:
             await self.owner_link.close()
         if self._channel is not None:
             await self._channel.close()
+
+
+def _quiet(task: asyncio.Task[Any]) -> None:
+    """A fault told while the supervisor's line closes is told again by no one: nothing to do."""
+    if not task.cancelled():
+        task.exception()

@@ -7,8 +7,13 @@ happen in every worker (a model loaded or unloaded, a shared-memory region regis
 or trace setting changed) and what must be gathered from every worker (statistics, metrics),
 restarts a worker that dies, and stops them all on SIGTERM or SIGINT.
 
-A restarted worker is told, before it opens its ports, every change made since the start
-(the replay), so it serves the same models as the others.
+A worker that starts while others serve takes on what they serve (`repository.adoption`: a
+serving worker's snapshot, loaded from the same files, not the repository as it is now), then is
+told, before it opens its ports, the changes its snapshot does not hold (the replay: shared-memory
+regions and settings, models loaded from files a request carried, and the changes made since). A
+worker that cannot make all of it says so (its faults): the server is not ready until each is
+mended. A change either holds in every live worker or is undone where it held: a model put back as
+each worker had it, a region unregistered again; the first failure is the answer.
 
 Every joined worker is asked every HEARTBEAT_S whether it is alive; one that does not answer
 within `--worker-heartbeat-timeout-secs` is hung (stopped, or its event loop stuck): it is killed,
@@ -40,6 +45,7 @@ from coreserve.server.changes import (
     UnloadModel,
     Unregistration,
     change_from,
+    loads_files,
     message_of,
 )
 from coreserve.server.options import ServerOptions
@@ -52,8 +58,11 @@ from coreserve.server.workers._trust import LINE_ERRORS, STRANGER, parent_pid, p
 logger = logging.getLogger(__name__)
 
 RESTART_DELAY_S = 1.0
+# A worker that failed to start MAX_FAILED_STARTS times in a row is tried again this seldom (the
+# others serve meanwhile; the server is not ready without it).
+FAILED_START_DELAY_S = 30.0
 HEARTBEAT_S = 1.0  # how often each joined worker is asked whether it is alive
-MAX_FAILED_STARTS = 5  # a worker that dies this many times in a row before joining stops the server
+MAX_FAILED_STARTS = 5
 STOP_MARGIN_S = 10.0  # past --exit-timeout-secs, a worker still running is killed
 # What a worker must answer within, but for a change (a model's load takes what it takes).
 GATHER_TIMEOUT_S = 30.0
@@ -68,6 +77,8 @@ class _Worker:
     serving: bool = False  # it has made the changes made before it joined, and serves
     failed_starts: int = 0
     started_at: float = field(default_factory=time.monotonic)
+    faults: dict[str, str] = field(default_factory=dict)  # what it does not serve as the others do
+    adopted_at: int | None = None  # the last change its snapshot holds, where it took one on
 
 
 class Supervisor:
@@ -79,10 +90,12 @@ class Supervisor:
         self.hung_after_s = options.worker_heartbeat_timeout_s
         self.message_limit = message_limit(options)
         self.workers = [_Worker(index) for index in range(self.count)]
-        # Changes every worker must have made, by what they change (the last one of each kept).
-        self._replay: dict[tuple[str, ...], dict[str, Any]] = {}
+        # Changes every worker must have made, by what they change (the last one of each kept),
+        # each with its number in the order they were made.
+        self._replay: dict[tuple[str, ...], tuple[int, dict[str, Any]]] = {}
         self._relaying = asyncio.Lock()  # one change at a time, and none while a worker joins
         self._changes = 0
+        self._ever_served = False
         self._telling = asyncio.Lock()
         self._background: set[asyncio.Task[None]] = set()
         self._stopping = asyncio.Event()
@@ -132,10 +145,10 @@ class Supervisor:
             await self._left(worker)
             if self._stopping.is_set():
                 return
+            delay = RESTART_DELAY_S
             if not had_joined:
                 worker.failed_starts += 1
-                never_served = not any(other.joined for other in self.workers)
-                if never_served or worker.failed_starts >= MAX_FAILED_STARTS:
+                if not self._ever_served:
                     # As one server would: a start that fails (a port taken, a model that does not
                     # load under --exit-on-error) ends the server with the worker's status.
                     logger.error(
@@ -144,10 +157,14 @@ class Supervisor:
                     self._exit_code = code or 1
                     self._stopping.set()
                     return
+                if worker.failed_starts >= MAX_FAILED_STARTS:  # the others serve on without it
+                    delay = FAILED_START_DELAY_S
             else:
                 worker.failed_starts = 0
-            logger.error("worker %d exited with status %d; starting it again", worker.index, code)
-            await asyncio.sleep(RESTART_DELAY_S)
+            logger.error(
+                "worker %d exited with status %d; starting it again in %g s", worker.index, code, delay
+            )
+            await asyncio.sleep(delay)
 
     async def _left(self, worker: _Worker) -> None:
         self._carried.died(worker.index)
@@ -191,19 +208,30 @@ class Supervisor:
 
     async def _handle(self, message: dict[str, Any], channel: Channel, pid: int) -> Any:
         call = message["call"]
+        if call == "truth":  # what a worker that starts takes on: the serving workers' state
+            worker = self._worker_at(message.get("index"), pid)
+            async with self._relaying:  # and the last change that state holds
+                truth = await self._truth(worker)
+                worker.adopted_at = self._changes if truth is not None else None
+            return truth
         if call == "join":
             worker = self._worker_at(message.get("index"), pid)
             async with self._relaying:  # no change may slip between the replay and the join
                 worker.channel, worker.joined = channel, True
-                replay = list(self._replay.values())
+                replay = self._replay_after(worker.adopted_at)
             self._in_background(self._watch(worker, channel))
             return replay
         if not any(worker.channel is channel for worker in self.workers):
             raise InvalidArgumentError(f"'{call}' from a worker that has not joined")
         if call == "serving":
-            self._worker_at(message.get("index"), pid).serving = True
+            worker = self._worker_at(message.get("index"), pid)
+            worker.serving, worker.faults, self._ever_served = True, dict(message.get("faults") or {}), True
             self._in_background(self._tell_readiness())
             self._in_background(self._retell_states())  # for the copies its replay loaded
+            return None
+        if call == "faults":  # what a worker does not serve as the others do changed
+            self._worker_at(message.get("index"), pid).faults = dict(message.get("faults") or {})
+            self._in_background(self._tell_readiness())
             return None
         if call == "everywhere":
             await self._everywhere(message["what"])
@@ -223,26 +251,61 @@ class Supervisor:
         raise CoreserveError(f"the supervisor does not know '{call}'")
 
     async def _everywhere(self, what: dict[str, Any]) -> None:
-        """Makes a change (a message of `coreserve.server.changes`) in every worker. Where it
-        failed in some, a region registered in the others is unregistered again (the client
-        may retry); any other change made somewhere is kept for the workers that start later.
-        A worker that left meanwhile makes it when it starts again. The first failure is the
-        answer."""
+        """Makes a change (a message of `coreserve.server.changes`) in every worker, or in none:
+        where it failed in some, it is undone in those that made it (`_undo`). A worker that
+        left meanwhile makes it when it starts again. The first failure is the answer."""
         change = change_from(what)
         async with self._relaying:
             answers = await self._ask_all({"call": "change", "what": what}, None)
-            made = [answer for answer in answers if not isinstance(answer, Exception)]
-            failed = [a for a in answers if isinstance(a, Exception) and not isinstance(a, ChannelClosed)]
-            if failed and made and isinstance(change, Registration):
-                undo = {"call": "change", "what": message_of(change.undo())}
-                await self._ask_all(undo, GATHER_TIMEOUT_S)
-            elif made or not failed:
+            made = [(channel, answer) for channel, answer in answers if not isinstance(answer, Exception)]
+            failed = [a for _, a in answers if isinstance(a, Exception) and not isinstance(a, ChannelClosed)]
+            if failed and made:
+                await self._undo(change, what, made, failed[0])
+            elif not failed:
                 self._remember(change, what)
             if made and isinstance(change, LoadModel | UnloadModel):
                 self._carried.forget_model(change.name)
                 await self._retell_states()
         if failed:
             raise failed[0]
+
+    async def _undo(
+        self, change: Change, what: dict[str, Any], made: list[tuple[Channel, Any]], failure: Exception
+    ) -> None:
+        """A change that failed in some workers, undone in those that made it: a model put back
+        as each had it (a worker that cannot is not ready until the model is loaded again), a
+        region unregistered again (the client may retry). A settings change stays made, and is
+        kept for the workers that start later."""
+        if isinstance(change, LoadModel | UnloadModel):
+            message = failure.message if isinstance(failure, CoreserveError) else str(failure)
+            restore = {"call": "restore", "name": change.name, "failure": message}
+            undo = [channel.ask({**restore, "before": answer["before"]}) for channel, answer in made]
+        elif isinstance(change, Registration):
+            undone = {"call": "change", "what": message_of(change.undo())}
+            undo = [channel.ask(undone, GATHER_TIMEOUT_S) for channel, _ in made]
+        else:
+            self._remember(change, what)
+            return
+        await asyncio.gather(*undo, return_exceptions=True)
+
+    async def _truth(self, joining: _Worker) -> list[dict[str, Any]] | None:
+        """What the serving workers serve (one's snapshot), or None where none serves as the
+        others do (the server starts: the worker loads what the control mode says)."""
+        for source in self.workers:
+            if source is not joining and source.serving and not source.faults and source.channel is not None:
+                with contextlib.suppress(CoreserveError):
+                    return list(await source.channel.ask({"call": "snapshot"}, self.hung_after_s))
+        return None
+
+    def _replay_after(self, adopted_at: int | None) -> list[dict[str, Any]]:
+        """The changes a joining worker makes: all of them, or where it took a snapshot on (made
+        after change `adopted_at`), those it does not hold: every change but the models' made
+        up to it, and the loads whose files their request carried."""
+        return [
+            what
+            for key, (number, what) in self._replay.items()
+            if adopted_at is None or key[0] != "model" or number > adopted_at or loads_files(what)
+        ]
 
     async def _watch(self, worker: _Worker, channel: Channel) -> None:
         """Asks a joined worker every HEARTBEAT_S whether it is alive, while it keeps this line;
@@ -280,12 +343,13 @@ class Supervisor:
             with contextlib.suppress(CoreserveError):
                 await owner.channel.ask({"call": "tell_states"}, self.hung_after_s)
 
-    async def _ask_all(self, what: dict[str, Any], timeout: float | None) -> list[Any]:
-        """`what` asked of every joined worker: each one's answer, or its error."""
+    async def _ask_all(self, what: dict[str, Any], timeout: float | None) -> list[tuple[Channel, Any]]:
+        """`what` asked of every joined worker: each one's line, and its answer or error."""
         joined = [worker.channel for worker in self.workers if worker.joined and worker.channel is not None]
-        return list(
-            await asyncio.gather(*(channel.ask(what, timeout) for channel in joined), return_exceptions=True)
+        answers = await asyncio.gather(
+            *(channel.ask(what, timeout) for channel in joined), return_exceptions=True
         )
+        return list(zip(joined, answers, strict=True))
 
     async def _ask_living(self, what: dict[str, Any], timeout: float | None) -> list[Any]:
         """A gather's `what` asked of every joined worker: the answers and errors of the workers
@@ -333,18 +397,16 @@ class Supervisor:
             for forgotten in [kept for kept in self._replay if change.forgets(kept)]:
                 del self._replay[forgotten]
             return
-        key = change.replay_key
-        if key is None:
-            self._changes += 1
-            key = ("in order", str(self._changes))
+        self._changes += 1
+        key = change.replay_key or ("in order", str(self._changes))
         self._replay.pop(key, None)
-        self._replay[key] = what
+        self._replay[key] = (self._changes, what)
 
     async def _tell_readiness(self) -> None:
         """Each worker is ready to its clients only while every worker serves (one telling at a
         time, every joined worker told at once: a hung one holds up none of the others)."""
         async with self._telling:
-            ready = all(worker.serving for worker in self.workers)
+            ready = all(worker.serving and not worker.faults for worker in self.workers)
             told = {"call": "peers_ready", "ready": ready}
             await self._ask_all(told, self.hung_after_s)
 
