@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from coreserve.config.json import config_from_dict, config_to_dict
+from coreserve.errors import CoreserveError
 from coreserve.repository.manager import ModelRepository
 from coreserve.repository.model import Model, ModelState
 from coreserve.repository.namespaces import qualified
@@ -52,26 +53,27 @@ def snapshot(repository: ModelRepository) -> list[Entry]:
 
 async def adopt(repository: ModelRepository, entries: list[Entry]) -> dict[str, str]:
     """Serves what another worker's `snapshot` says it serves; returns the models that could not
-    be taken on (by key), with why. Models that worker loaded from files sent with the load
+    be taken on (by name), with why. Models that worker loaded from files sent with the load
     request are left out: their load is made again as it was asked."""
     plan: dict[str, LoadOverrides] = {}
-    unserved: list[Entry] = []
+    faults: dict[str, str] = {}
     for entry in entries:
         if entry["from_files"]:
             continue
-        if entry["versions"]:
-            plan[_key(entry)] = _overrides(entry)
-        else:
-            unserved.append(entry)
+        try:
+            if entry["versions"]:
+                plan[_key(entry)] = _overrides(entry)
+                continue
+            reason = entry["reason"]  # not served there: not here either, for the same reason
+        except CoreserveError as exc:  # a configuration this worker cannot read
+            reason = faults[entry["name"]] = exc.message
+        repository.mark_unavailable(_key(entry), entry["name"], entry["namespace"], reason)
     await repository.take_on(plan)
-    for entry in unserved:  # not served there: not here either, for the same reason
-        repository.mark_unavailable(_key(entry), entry["name"], entry["namespace"], entry["reason"])
-    faults = {}
     for entry in entries:
-        if entry["versions"] and not entry["from_files"]:
+        if _key(entry) in plan:
             fault = _taken_on(repository, entry)
             if fault:
-                faults[_key(entry)] = fault
+                faults[entry["name"]] = fault
                 repository.mark_unavailable(_key(entry), entry["name"], entry["namespace"], fault)
     return faults
 
@@ -83,7 +85,7 @@ async def restore(repository: ModelRepository, name: str, entry: Entry | None, f
     if entry is None:
         repository.mark_unavailable(name, name, "", failure)
         return ""
-    return (await adopt(repository, [entry])).get(_key(entry), "")
+    return (await adopt(repository, [entry])).get(name, "")
 
 
 def _key(entry: Entry) -> str:

@@ -27,6 +27,7 @@ class ModelLocation:
     config_name: str = ""  # --model-config-name
     namespace: str = ""  # its repository, under --model-namespacing
     from_files: bool = False  # written from the files a load request carried, not a repository's
+    copied: bool = False  # a copy of a remote repository's files: their times are the copy's
 
     @property
     def key(self) -> str:

@@ -124,7 +124,7 @@ class ModelLoader:
         progress = asyncio.create_task(_report_progress(location.name))
         try:
             try:
-                backend, config, chosen = await self._prepare(location, config)
+                backend, config, chosen = await self._prepare(location, config, versions)
                 versions = list(versions) if versions is not None else chosen
             except CoreserveError as exc:
                 model.reason = exc.message
@@ -143,19 +143,22 @@ class ModelLoader:
             progress.cancel()
 
     async def _prepare(
-        self, location: ModelLocation, config: ModelConfig | None
+        self, location: ModelLocation, config: ModelConfig | None, versions: Sequence[int] | None = None
     ) -> tuple[Backend, ModelConfig, list[int]]:
+        """The backend, the completed configuration and the versions to load; the files looked
+        at are the newest version's, of those `versions` where given (not one added since)."""
         config_path = location.config_path
         if config is None:
             config = read_config_file(config_path) if config_path.exists() else ModelConfig()
         else:
             config = _copy(config)
         available = list_versions(location.path)
-        backend = self._choose_backend(location, config, available)
+        newest = max(versions) if versions else (available[-1] if available else None)
+        backend = self._choose_backend(location, config, newest)
         if not config.default_model_filename:
             config.default_model_filename = backend.default_model_filename
-        if self._auto_complete and available:
-            files = ModelFiles(location.name, location.path, available[-1], config.default_model_filename)
+        if self._auto_complete and newest is not None:
+            files = ModelFiles(location.name, location.path, newest, config.default_model_filename)
             config = await asyncio.to_thread(
                 backend.auto_complete_config, files, config, self.context_for(backend)
             )
@@ -193,7 +196,7 @@ class ModelLoader:
             )
         return backend, config, versions
 
-    def _choose_backend(self, location: ModelLocation, config: ModelConfig, available: list[int]) -> Backend:
+    def _choose_backend(self, location: ModelLocation, config: ModelConfig, newest: int | None) -> Backend:
         if config.backend or config.platform:
             try:
                 return self._backends.require(name=config.backend, platform=config.platform)
@@ -201,8 +204,8 @@ class ModelLoader:
                 raise ModelConfigError(f"model '{location.name}': {exc.message}") from None
         # No backend named: take the one whose kind of model file the newest version holds.
         candidates = []
-        if available:
-            version_path = location.path / str(available[-1])
+        if newest is not None:
+            version_path = location.path / str(newest)
             for backend in self._backends:
                 if not backend.default_model_filename:
                     continue  # a backend without model files (ensemble) is only chosen by name
@@ -240,9 +243,11 @@ class ModelLoader:
                     single,
                 )
                 return
+            # Of the files it loads (a version worker 0 serves for this worker loads none), by path
+            # and size where they are this server's copy (its times differ from another's).
             version.files_fingerprint = await asyncio.to_thread(
-                version_fingerprint, location.path, version.version, ""
-            )  # of the files it loads (a version worker 0 serves for this worker loads none)
+                version_fingerprint, location.path, version.version, "", times=not location.copied
+            )
             copies = 1 if single else self.workers
             context = self.context_for(backend, location.namespace, copies)
             grouped = _grouped_placements(version.config)

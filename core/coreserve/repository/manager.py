@@ -158,7 +158,8 @@ class ModelRepository:
     async def _location(self, key: str, source: RepositorySource) -> ModelLocation:
         namespace, name = self._split(key, source)
         path = await asyncio.to_thread(source.local_path, name)
-        return ModelLocation(name, path, path.parent, self._loader.config_name, namespace)
+        config_name, copied = self._loader.config_name, source.copies_files
+        return ModelLocation(name, path, path.parent, config_name, namespace, copied=copied)
 
     # Start-up and polling.
 
@@ -211,10 +212,13 @@ class ModelRepository:
         await self._load_many({key: found[key] for key in plan if key in found}, "startup", plan)
 
     def mark_unavailable(self, key: str, name: str, namespace: str, reason: str) -> None:
-        """Holds the model under `key` as unavailable with `reason`, closing what it had loaded."""
+        """Holds the model under `key` as unavailable with `reason`, closing what it had loaded
+        (a poll then loads it again)."""
         old = self._models.get(key)
         self._models[key] = Model(name=name, path=None, reason=reason, namespace=namespace)
+        self._fingerprints.pop(key, None)
         if old is not None:
+            self.budgeted.release(key)
             self._close_later(old)
 
     async def _load_many(

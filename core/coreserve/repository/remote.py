@@ -36,6 +36,8 @@ PROGRESS_BYTES = 16 * 1024 * 1024
 class RemoteSource:
     """A repository under a URL prefix of an fsspec filesystem."""
 
+    copies_files = True
+
     def __init__(self, url: str, cache_dir: Path) -> None:
         self.label = url
         scheme = url.partition("://")[0]

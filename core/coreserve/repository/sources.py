@@ -22,6 +22,8 @@ class RepositorySource(Protocol):
     """One `--model-repository`: local or remote."""
 
     label: str
+    # Whether `local_path` is a copy of this server's own (its files' times say when it copied them).
+    copies_files: bool
 
     def scan(self) -> dict[str, str]:
         """Every model folder of the repository with its fingerprint (blocking I/O)."""
@@ -34,6 +36,8 @@ class RepositorySource(Protocol):
 
 class LocalSource:
     """A model repository in a local folder."""
+
+    copies_files = False
 
     def __init__(self, path: Path) -> None:
         self.path = path

@@ -27,16 +27,17 @@ def model_prefix(model_name: str, version: int, generation: int | str) -> bytes:
     return f"{len(model_name)}:{model_name}:{version}:{generation}:".encode()
 
 
-def version_fingerprint(model_path: Path, version: int, config_text: str) -> str:
+def version_fingerprint(model_path: Path, version: int, config_text: str, times: bool = True) -> str:
     """What identifies a model version's files across processes: its configuration and each
-    file's path, size and modification time (not the contents: hashing a large model at each
-    load would cost seconds)."""
+    file's path, size and (with `times`) modification time (not the contents: hashing a large
+    model at each load would cost seconds)."""
     digest = blake2b(config_text.encode(), digest_size=8)
     folder = model_path / str(version)
     for path in sorted(folder.rglob("*")) if folder.is_dir() else []:
         if path.is_file():
             stat = path.stat()
-            digest.update(f"{path.relative_to(folder)}:{stat.st_size}:{stat.st_mtime_ns};".encode())
+            modified = stat.st_mtime_ns if times else 0
+            digest.update(f"{path.relative_to(folder)}:{stat.st_size}:{modified};".encode())
     return digest.hexdigest()
 
 

@@ -170,7 +170,9 @@ class ServerRuntime:
             await self.load_models()
         else:
             adopted = await adopt(self.repository, truth)
-            faults = {f"model/{key}": reason for key, reason in adopted.items()}
+            # In poll mode the next poll takes on the files as they are now, as the others' do.
+            if self.options.model_control_mode is not ControlMode.POLL:
+                faults = {f"model/{name}": reason for name, reason in adopted.items()}
             self._log_models()
         if self._link is not None:
             await self._link.join(faults)
@@ -185,11 +187,13 @@ class ServerRuntime:
         """A worker's line to its supervisor: what the serving workers serve, or None (none serves
         yet, or the server loads on demand: each worker then loads for itself)."""
         assert self._link is not None
+        cannot = f"worker {self._link.role.index} cannot join its server"
         try:
-            truth = await self._link.connect()
+            return await self._link.connect(adopt=not self.repository.budgeted.on_demand)
         except OSError as exc:
-            raise StartupError(f"worker {self._link.role.index} cannot join its server: {exc}") from None
-        return None if self.repository.budgeted.on_demand else truth
+            raise StartupError(f"{cannot}: {exc}") from None
+        except CoreserveError as exc:  # the supervisor refused, or went away
+            raise StartupError(f"{cannot}: {exc.message}") from None
 
     def _check_startup(self) -> None:
         """What must hold before any model loads (repositories, certificates, the trace file)."""

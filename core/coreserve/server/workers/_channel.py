@@ -104,6 +104,8 @@ class Channel:
         except _Malformed as exc:
             LINE_ERRORS.count(MALFORMED)
             logger.warning("worker line closed: a message that cannot be read (%s)", exc)
+        except Exception:  # a fault of ours: this line ends, its process goes on
+            logger.exception("worker line failed")
         finally:
             self.closed.set()
             self._writer.close()  # the other side sees the end too
@@ -127,7 +129,7 @@ class Channel:
         except (ValueError, TypeError) as exc:  # not JSON, or bytes that are not base64
             raise _Malformed(str(exc)) from None
         if not isinstance(message, dict) or not (
-            isinstance(message.get("answer"), int)
+            (isinstance(message.get("answer"), int) and isinstance(message.get("error", {}), dict))
             or (isinstance(message.get("ask"), int) and isinstance(message.get("call"), str))
         ):
             raise _Malformed("neither an ask nor an answer")
@@ -155,7 +157,11 @@ class Channel:
             reply = {"answer": number, "result": result}
         if not self.closed.is_set():
             with contextlib.suppress(ConnectionError):
-                self._send(reply)
+                try:
+                    self._send(reply)
+                except TypeError as exc:  # an answer that cannot travel: the asker gets why
+                    logger.exception("worker line: the answer to %s cannot be sent", message.get("call"))
+                    self._send({"answer": number, "error": error_data(exc)})
 
     async def close(self) -> None:
         self._writer.close()

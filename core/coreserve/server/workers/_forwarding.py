@@ -180,7 +180,13 @@ class OwnerLink:
     async def _read(self, reader: asyncio.StreamReader) -> None:
         try:
             while (received := await read_frame(reader)) is not None:
-                self._received(received)
+                try:
+                    self._received(received)
+                except FrameError:
+                    raise
+                except Exception:  # a fault of ours with one frame fails its request, not the line
+                    logger.exception("worker 0's answer could not be handed on")
+                    self._fail(received.header.get("n"), UnavailableError("worker 0's answer was malformed"))
         except FrameError as exc:
             LINE_ERRORS.count(exc.reason)
             logger.warning("the line to worker 0 closed: %s", exc.message)

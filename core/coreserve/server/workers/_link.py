@@ -61,6 +61,7 @@ class WorkerLink:
         self._channel: Channel | None = None
         self._watch: asyncio.Task[None] | None = None
         self.faults: dict[str, str] = {}  # what it does not serve as the others do, with why
+        self._replayed = asyncio.Event()
         self._telling: set[asyncio.Task[Any]] = set()
         dataplane.flags.peers_ready = False  # until the supervisor says every worker serves
         # Worker 0 serves the single-copy models for all; the others send it their requests.
@@ -72,18 +73,18 @@ class WorkerLink:
         if self.owner_link is not None:
             dataplane.tracer.send_entries = self.owner_link.send_trace
 
-    async def connect(self) -> list[dict[str, Any]] | None:
+    async def connect(self, adopt: bool) -> list[dict[str, Any]] | None:
         """Opens the line to the supervisor; returns what the serving workers serve (their
         `adoption.snapshot`), for this worker to take on, or None where none serves yet (the
-        server starts: it loads what its control mode says). Raises OSError where the line
-        cannot be reached."""
+        server starts: it loads what its control mode says) or it does not `adopt` (it loads
+        on demand, for itself). Raises OSError where the line cannot be reached."""
         reader, writer = await asyncio.open_unix_connection(self.role.socket)
         if peer_pid(writer) != os.getppid():  # another process took the supervisor's path
             writer.close()
             raise ConnectionRefusedError(f"{self.role.socket} is not this worker's supervisor's line")
         self._channel = Channel(reader, writer, self._answer, self._message_limit)
         truth: list[dict[str, Any]] | None = await self._channel.ask(
-            {"call": "truth", "index": self.role.index}
+            {"call": "truth", "index": self.role.index, "adopt": adopt}
         )
         return truth
 
@@ -105,6 +106,7 @@ class WorkerLink:
             except CoreserveError as exc:  # made everywhere else: this worker is not what they are
                 logger.error("worker %d could not make %s: %s", self.role.index, message["call"], exc.message)
                 self.faults[fault_key(change)] = exc.message
+        self._replayed.set()  # the changes asked from now on follow it
         if self._owner is not None:  # with every model the others serve loaded
             await self._owner.start(self.role.count - 1)
         self._dataplane.peers = self
@@ -133,10 +135,11 @@ class WorkerLink:
             return None
         if call == "snapshot":  # what this worker serves, for one that starts again to take on
             return snapshot(self._dataplane.repository)
+        if call not in ("change", "restore"):
+            raise InvalidArgumentError(f"a worker does not know '{call}'")
+        await self._replayed.wait()  # a change asked while the replay is made comes after it
         if call == "restore":  # a model change that failed in another worker is undone here
             return await self._restore(ask["name"], ask["before"], ask["failure"])
-        if call != "change":
-            raise InvalidArgumentError(f"a worker does not know '{call}'")
         change = change_from(ask["what"])
         before = self._before(change)
         try:

@@ -19,7 +19,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from coreserve.errors import CoreserveError, UnavailableError
+from coreserve.errors import CoreserveError, InternalError, UnavailableError
 from coreserve.repository.loader import single_copy_reason
 from coreserve.repository.model import ModelState, ModelVersion
 from coreserve.server.dataplane import DataPlane
@@ -159,9 +159,9 @@ def _sent_of(received: Frame) -> _Sent:
     """The request a frame carries (FrameError where its fields cannot be read)."""
     try:
         return _Sent(_number(received.header), request_from(received), str(received.header["interface"]))
+    except FrameError:
+        raise
     except (KeyError, TypeError, ValueError, CoreserveError) as exc:
-        if isinstance(exc, FrameError):
-            raise
         text = exc.message if isinstance(exc, CoreserveError) else f"{type(exc).__name__}: {exc}"
         raise FrameError(f"a request frame between workers that cannot be read ({text})", MALFORMED) from None
 
@@ -203,7 +203,15 @@ class _Line:
         """Takes the frames until the line ends; a frame the line must not take ends it."""
         try:
             while (received := await read_frame(reader)) is not None:
-                self._received(received)
+                try:
+                    self._received(received)
+                except FrameError:
+                    raise
+                except Exception:  # a fault of ours with one frame fails its request, not the line
+                    logger.exception("a request from another worker could not be run")
+                    number = received.header.get("n")
+                    if isinstance(number, int):
+                        self._fail(number, InternalError("worker 0 could not run the request"))
         except FrameError as exc:
             LINE_ERRORS.count(exc.reason)
             logger.warning("worker 0 closed a worker's line: %s", exc.message)

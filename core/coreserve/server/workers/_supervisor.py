@@ -31,7 +31,6 @@ import os
 import signal
 import sys
 import tempfile
-import time
 from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,9 +50,9 @@ from coreserve.server.changes import (
 from coreserve.server.options import ServerOptions
 from coreserve.server.workers._carried import ALL_STATISTICS, METRICS, REFRESH_S, CarriedFigures
 from coreserve.server.workers._channel import Channel, ChannelClosed, error_data, message_limit
-from coreserve.server.workers._orphans import become_subreaper, end_orphans
+from coreserve.server.workers._orphans import become_subreaper, end_orphans, reap_orphans
 from coreserve.server.workers._role import WORKER_ENV, WorkerRole
-from coreserve.server.workers._trust import LINE_ERRORS, STRANGER, parent_pid, peer_pid, peers_can_be_checked
+from coreserve.server.workers._trust import LINE_ERRORS, STRANGER, peer_pid, peers_can_be_checked
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +75,6 @@ class _Worker:
     joined: bool = False  # it makes every change from now on
     serving: bool = False  # it has made the changes made before it joined, and serves
     failed_starts: int = 0
-    started_at: float = field(default_factory=time.monotonic)
     faults: dict[str, str] = field(default_factory=dict)  # what it does not serve as the others do
     adopted_at: int | None = None  # the last change its snapshot holds, where it took one on
 
@@ -122,7 +120,7 @@ class Supervisor:
             watchers.append(asyncio.create_task(self._keep_figures()))
             await self._stopping.wait()
             await self._stop_workers()
-            end_orphans(self._worker_pids())
+            end_orphans(None, self._worker_pids())
             for watcher in watchers:
                 watcher.cancel()
             await asyncio.gather(*watchers, return_exceptions=True)
@@ -136,11 +134,11 @@ class Supervisor:
             role = WorkerRole(worker.index, self.count, self._socket)
             environment = {**os.environ, WORKER_ENV: role.encode()}
             worker.process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "coreserve", *self.argv, env=environment
-            )
-            worker.started_at = time.monotonic()
+                sys.executable, "-m", "coreserve", *self.argv, env=environment, start_new_session=True
+            )  # a session of its own: what it leaves running when it dies is told apart by it
             code = await worker.process.wait()
-            end_orphans(self._worker_pids())  # what it started (an environment's build) goes with it
+            # What it started (an environment's build) goes with it.
+            end_orphans(worker.process.pid, self._worker_pids() - {worker.process.pid})
             had_joined = worker.joined
             await self._left(worker)
             if self._stopping.is_set():
@@ -167,16 +165,18 @@ class Supervisor:
             await asyncio.sleep(delay)
 
     async def _left(self, worker: _Worker) -> None:
-        self._carried.died(worker.index)
-        worker.joined = worker.serving = False
-        if worker.channel is not None:
-            await worker.channel.close()
-            worker.channel = None
-        self._in_background(self._tell_readiness())
+        """A worker's process ended: its line too, if it is still open."""
+        channel = worker.channel
+        if channel is not None:
+            self._line_closed(channel)
+            await channel.close()
+        else:
+            self._carried.died(worker.index)  # (no-op where its line's end carried it already)
+            worker.joined = worker.serving = False
 
     async def _connected(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         pid = peer_pid(writer)
-        if pid is None or parent_pid(pid) != os.getpid():  # every child of the supervisor is a worker
+        if pid is None or pid not in self._worker_pids():
             LINE_ERRORS.count(STRANGER)
             logger.warning("refused a connection to the workers' line from process %s, no worker", pid)
             writer.close()
@@ -211,7 +211,7 @@ class Supervisor:
         if call == "truth":  # what a worker that starts takes on: the serving workers' state
             worker = self._worker_at(message.get("index"), pid)
             async with self._relaying:  # and the last change that state holds
-                truth = await self._truth(worker)
+                truth = await self._truth(worker) if message.get("adopt") else None
                 worker.adopted_at = self._changes if truth is not None else None
             return truth
         if call == "join":
@@ -279,7 +279,14 @@ class Supervisor:
         if isinstance(change, LoadModel | UnloadModel):
             message = failure.message if isinstance(failure, CoreserveError) else str(failure)
             restore = {"call": "restore", "name": change.name, "failure": message}
-            undo = [channel.ask({**restore, "before": answer["before"]}) for channel, answer in made]
+            kept = self._replay.get(("model", change.name))
+            undo = [
+                # A model loaded from files its request carried comes back by that request again.
+                channel.ask({"call": "change", "what": kept[1]})
+                if kept is not None and (answer["before"] or {}).get("from_files")
+                else channel.ask({**restore, "before": answer["before"]})
+                for channel, answer in made
+            ]
         elif isinstance(change, Registration):
             undone = {"call": "change", "what": message_of(change.undo())}
             undo = [channel.ask(undone, GATHER_TIMEOUT_S) for channel, _ in made]
@@ -378,9 +385,12 @@ class Supervisor:
         (and reaps what the processes ended after a worker's death left)."""
         while True:
             await asyncio.sleep(REFRESH_S)
-            end_orphans(self._worker_pids())
-            for what in (METRICS, ALL_STATISTICS):
-                await self._ask_living(what, GATHER_TIMEOUT_S)
+            try:
+                reap_orphans(self._worker_pids())
+                for what in (METRICS, ALL_STATISTICS):
+                    await self._ask_living(what, GATHER_TIMEOUT_S)
+            except Exception:  # a fault of ours: logged, and the looks go on
+                logger.exception("the supervisor could not look at the workers' figures")
 
     def _worker_pids(self) -> set[int]:
         return {worker.process.pid for worker in self.workers if worker.process is not None}

@@ -62,7 +62,7 @@ class _Build:
 
 def _kill_group(process: subprocess.Popen[str]) -> None:
     with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGKILL)  # the installer leads its own session
+        os.killpg(process.pid, signal.SIGKILL)  # the installer leads its own group
 
 
 _UNDER_WAY: set[_Build] = set()  # the builds of this process, each while it runs
@@ -173,7 +173,9 @@ def _run(command: Sequence[str], requirements: Path, deadline: float, label: str
         stderr=subprocess.PIPE,
         text=True,
         errors="replace",
-        start_new_session=True,  # its whole group is stopped at the deadline, or when the server stops
+        # A process group of its own, stopped whole at the deadline or when the server stops; in
+        # the server's session, as which a server of several workers ends it if the server dies.
+        process_group=0,
     )
     build.running(process)
     errors: collections.deque[str] = collections.deque(maxlen=ERROR_LINES)
