@@ -192,11 +192,14 @@ def test_without_the_extra_the_port_is_one_start_up_error(tmp_path: Path) -> Non
     try:
         with pytest.raises(RuntimeError, match="exited with 1"):
             process.start()
-        errors = [line for line in process.log.splitlines() if line.startswith("E")]
+        lines = process.log.splitlines()
+        errors = [line for line in lines if line.startswith("E")]
         assert len(errors) == 1
         assert (
-            "--openai-port needs the OpenAI frontend's extra: pip install 'core-server[openai]'" in errors[0]
+            "--openai-port needs the OpenAI frontend's extra: pip install 'core-server[openai]' (from a clone: "
+            "pip install './core[openai]')" in errors[0]
         )
+        assert lines.index(errors[0]) < next(i for i, line in enumerate(lines) if "coreserve stopped" in line)
         assert "Traceback" not in process.log
     finally:
         process.close()

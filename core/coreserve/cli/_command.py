@@ -50,9 +50,12 @@ def _run_server(argv: Sequence[str]) -> int:
         return _event_loop_runner()(Supervisor(argv, options).run())
     try:  # the constructor refuses a repository URL that names no storage it can read
         server = ServerRuntime(options, log=log, worker=role)
-        _event_loop_runner()(server.serve())
     except StartupError as exc:
         logger.error("%s", exc.message)
+        return 1
+    try:
+        _event_loop_runner()(server.serve())
+    except StartupError:  # serve() said why
         return 1
     return 0
 

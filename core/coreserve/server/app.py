@@ -340,7 +340,9 @@ class ServerRuntime:
                 starting.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await starting  # raises what the start raised
-        except BaseException:
+        except BaseException as exc:
+            if isinstance(exc, StartupError):  # said before the stop's own lines
+                logger.error("%s", exc.message)
             signalled.cancel()
             await self.stop()  # what did start (models, stubs, frontends) stops cleanly
             raise
@@ -366,6 +368,7 @@ def _openai_frontend_type() -> type[OpenAIFrontend]:
         from coreserve.server.openai import OpenAIFrontend
     except ImportError as exc:
         raise StartupError(
-            f"--openai-port needs the OpenAI frontend's extra: pip install 'core-server[openai]' ({exc})"
+            "--openai-port needs the OpenAI frontend's extra: pip install 'core-server[openai]' (from a "
+            f"clone: pip install './core[openai]') ({exc})"
         ) from None
     return OpenAIFrontend
