@@ -29,7 +29,7 @@ import numpy as np
 import treelite
 import xgboost
 
-from coreserve_fil.settings import FilSettings
+from coreserve_fil._settings import FilSettings
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from load_generators import Load, calls_per_second, wrk

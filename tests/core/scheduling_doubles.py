@@ -19,7 +19,7 @@ from coreserve.backend.responder import Responder
 from coreserve.config.signature import ModelSignature
 from coreserve.errors import CoreserveError
 from coreserve.protos.model_config_pb2 import ModelConfig
-from coreserve.scheduling.scheduler import Scheduler
+from coreserve.scheduling._scheduler import Scheduler
 from coreserve.scheduling.statistics import ModelStatistics
 from coreserve.types import InferenceRequest, InferenceResponse
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from coreserve.analyze._checkpoint import FILE_NAME, Checkpoint, CheckpointMismatch
-from coreserve.analyze._gpu_metrics import (
+from coreserve.analyze._points import Measurement, ModelSettings
+from coreserve.analyze.measure._gpu_metrics import (
     MEMORY_USED,
     UTILIZATION,
     GpuFigures,
@@ -17,9 +17,9 @@ from coreserve.analyze._gpu_metrics import (
     gpu_figures,
     gpu_sample,
 )
-from coreserve.analyze._load import _stable, _Window
-from coreserve.analyze._perf_analyzer import _fill
-from coreserve.analyze._points import Measurement, ModelSettings
+from coreserve.analyze.measure._load import _stable, _Window
+from coreserve.analyze.measure._perf_analyzer import _fill
+from coreserve.analyze.search._checkpoint import FILE_NAME, Checkpoint, CheckpointMismatch
 from coreserve.server.metrics._system import family
 
 WHAT = {"model": "m", "server": "started on /models", "load": "grpc by coreserve analyze"}

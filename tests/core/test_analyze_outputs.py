@@ -20,13 +20,13 @@ import pytest
 import tritonclient.http as httpclient
 
 from coreserve.analyze._analysis import Analysis
-from coreserve.analyze._csv_files import INFERENCE_COLUMNS, write_csv_files
-from coreserve.analyze._output_repository import write_output_repository
 from coreserve.analyze._points import GPU, Measurement, ModelSettings
 from coreserve.analyze._ranking import Constraints
-from coreserve.analyze._report import write_report
-from coreserve.analyze._terminal_table import best_table
-from coreserve.analyze._wording import instance_group_label
+from coreserve.analyze.report._csv_files import INFERENCE_COLUMNS, write_csv_files
+from coreserve.analyze.report._html import write_report
+from coreserve.analyze.report._output_repository import write_output_repository
+from coreserve.analyze.report._terminal_table import best_table
+from coreserve.analyze.report._wording import instance_group_label
 from coreserve.config import parse_config, read_config_file
 from coreserve.protos.model_config_pb2 import ModelInstanceGroup
 from coreserve.testing import ServerFactory, ServerProcess

@@ -10,9 +10,9 @@ import json
 import re
 
 from coreserve.analyze._points import CPU, GPU, Measurement, ModelSettings
-from coreserve.analyze._progress import Progress
 from coreserve.analyze._ranking import Constraints, rank
-from coreserve.analyze._search import (
+from coreserve.analyze.search._progress import Progress
+from coreserve.analyze.search._strategy import (
     OWN_AXES,
     Evaluate,
     SearchSpace,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from coreserve.backend.ragged import batch_input_value, merge_ragged, split_ragged
+from coreserve.backend.tensors._ragged import batch_input_value, merge_ragged, split_ragged
 from coreserve.config import ModelSignature, apply_defaults, parse_config, validate_config
 from coreserve.errors import InternalError, ModelConfigError
 from coreserve.protos.model_config_pb2 import BatchInput, DataType

@@ -7,7 +7,7 @@ import enum
 import inspect
 import re
 
-from coreserve.backend import hookspecs
+from coreserve.backend.plugins import hookspecs
 from paths import REPO
 
 

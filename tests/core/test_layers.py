@@ -255,3 +255,48 @@ def test_no_module_is_longer_than_the_limit() -> None:
         if (lines := len(path.read_text().splitlines())) > MAX_MODULE_LINES
     }
     assert long == {}
+
+
+# Modules that other code names by a string, not an import: entry points and user-facing shims.
+NAMED_ELSEWHERE = {"coreserve_python.plugin", "coreserve_python.shim.triton_python_backend_utils"}
+
+
+def _unit(module: str) -> str:
+    """The package a module belongs to for the naming rule: its entry in LAYERS for the core, the
+    plugin's sub-package (or the plugin) for a plugin. Sub-packages inside one unit only file it."""
+    if module == "coreserve" or module.startswith("coreserve."):
+        return max((p for p in LAYERS if module == p or module.startswith(p + ".")), key=len, default="coreserve")
+    parts = module.split(".")
+    return ".".join(parts[:2]) if len(parts) > 2 or (len(parts) == 2 and _is_package(module)) else parts[0]
+
+
+def test_private_modules_say_so() -> None:
+    """A module whose name starts with an underscore is its package's own: only modules of the same
+    package (as LAYERS draws them) import it. A module without one is imported by another package."""
+    importers: dict[str, set[str]] = {module: set() for module in _modules()}
+    for module in _modules():
+        for imported in _imports(module):
+            importers[imported].add(module)
+    wrong = []
+    for module in sorted(_modules()):
+        leaf = module.rsplit(".", 1)[-1]
+        if _is_package(module) or leaf.startswith("__") or module in NAMED_ELSEWHERE:
+            continue
+        outside = sorted(m for m in importers[module] if _unit(m) != _unit(module))
+        if leaf.startswith("_") and outside:
+            wrong.append(f"{module} is private but imported by {outside}")
+        elif not leaf.startswith("_") and not outside and module != _unit(module):
+            wrong.append(f"{module} is imported only inside {_unit(module)}: name it _{leaf}")
+    assert not wrong, "\n".join(wrong)
+
+
+MAX_MODULES_PER_FOLDER = 12
+
+
+def test_no_folder_holds_more_than_a_dozen_modules() -> None:
+    """Past a dozen modules the prefixes in a folder's file names are naming its sub-packages."""
+    folders: dict[Path, int] = {}
+    for path in _modules().values():
+        folders[path.parent] = folders.get(path.parent, 0) + 1
+    crowded = {str(folder.relative_to(REPO)): n for folder, n in folders.items() if n > MAX_MODULES_PER_FOLDER}
+    assert crowded == {}

@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from coreserve.backend import BackendRegistry, hookimpl
-from coreserve.backend.plugins import Plugins
+from coreserve.backend.plugins.manager import Plugins
 from coreserve.errors import InvalidArgumentError
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from google.protobuf.message import DecodeError
 
-from coreserve.protocol.grpc_codec import decode_model_infer_request
+from coreserve.protocol._grpc_codec import decode_model_infer_request
 from coreserve.protocol.grpc_received import VIEW_RAW_CONTENTS_FROM, parse_model_infer_request
 from coreserve.protocol.grpc_response import (
     _PLAIN_HEADERS,

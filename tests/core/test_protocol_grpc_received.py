@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coreserve.errors import CoreserveError
-from coreserve.protocol.grpc_codec import decode_model_infer_request
+from coreserve.protocol._grpc_codec import decode_model_infer_request
 from coreserve.protocol.grpc_received import (
     _LEARN_PERIOD,
     TEMPLATES,

@@ -8,8 +8,8 @@ import pytest
 
 from coreserve.config import parse_config
 from coreserve.errors import InvalidArgumentError, ModelConfigError
-from coreserve.repository.layout import list_versions, select_versions
-from coreserve.repository.sources import LocalSource
+from coreserve.repository._layout import list_versions, select_versions
+from coreserve.repository.storage._sources import LocalSource
 
 
 def test_models_and_numeric_versions(tmp_path: Path) -> None:

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from coreserve.repository.budgeted import choose_victims
-from coreserve.repository.memory import (
+from coreserve.repository.memory._budgeted import choose_victims
+from coreserve.repository.memory.budgets import (
     MemoryBudgetError,
     MemoryBudgets,
     ModelMemory,

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from coreserve.errors import InvalidArgumentError
-from coreserve.repository.remote import EXTRAS
-from coreserve.repository.stores import store_location
+from coreserve.repository.storage._remote import EXTRAS
+from coreserve.repository.storage._stores import store_location
 
 KEY = "c2VjcmV0LWtleS1vZi10aGUtdGVzdA=="
 CORE_PYPROJECT = Path(__file__).resolve().parents[2] / "core" / "pyproject.toml"

@@ -23,7 +23,7 @@ from scheduling_doubles import (
 
 from coreserve.errors import CancelledError, InvalidArgumentError, UnavailableError
 from coreserve.protos.model_config_pb2 import ModelQueuePolicy
-from coreserve.scheduling.dynamic import DynamicBatcher, QueuePolicy
+from coreserve.scheduling._dynamic import DynamicBatcher, QueuePolicy
 from coreserve.types import InferenceRequest
 
 Log = list[tuple[str, str]]

@@ -20,8 +20,8 @@ from scheduling_doubles import (
 )
 
 from coreserve.errors import UnavailableError
-from coreserve.scheduling.dynamic import DynamicBatcher
-from coreserve.scheduling.ordering import HeldSink, OrderedRelease
+from coreserve.scheduling._dynamic import DynamicBatcher
+from coreserve.scheduling._ordering import HeldSink, OrderedRelease
 from coreserve.types import InferenceRequest, InferenceResponse
 
 Log = list[tuple[str, str]]

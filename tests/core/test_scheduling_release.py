@@ -22,8 +22,8 @@ from scheduling_doubles import (
 )
 
 from coreserve.backend.responder import Responder
-from coreserve.scheduling.dynamic import DynamicBatcher
-from coreserve.scheduling.scheduler import Scheduler
+from coreserve.scheduling._dynamic import DynamicBatcher
+from coreserve.scheduling._scheduler import Scheduler
 from coreserve.types import InferenceRequest
 
 CONFIG = (

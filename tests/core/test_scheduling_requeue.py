@@ -27,9 +27,9 @@ from coreserve.backend.responder import Responder
 from coreserve.errors import CancelledError, InternalError, UnavailableError
 from coreserve.protos.model_config_pb2 import ModelConfig
 from coreserve.repository.model import ModelState, ModelVersion
-from coreserve.scheduling.dynamic import DynamicBatcher
-from coreserve.scheduling.scheduler import Scheduler
-from coreserve.scheduling.sequence import SequenceBatcher
+from coreserve.scheduling._dynamic import DynamicBatcher
+from coreserve.scheduling._scheduler import Scheduler
+from coreserve.scheduling.sequence._batcher import SequenceBatcher
 from coreserve.types import InferenceRequest
 
 Log = list[tuple[str, str]]

@@ -9,9 +9,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from coreserve.scheduling.cache_config import CacheConfigError, check_cache_config, make_response_cache
-from coreserve.scheduling.cache_key import model_prefix, request_key
-from coreserve.scheduling.response_cache import (
+from coreserve.scheduling.cache.config import CacheConfigError, check_cache_config, make_response_cache
+from coreserve.scheduling.cache.key import model_prefix, request_key
+from coreserve.scheduling.cache.responses import (
     ENTRY_OVERHEAD,
     OUTPUT_OVERHEAD,
     CachedResponse,

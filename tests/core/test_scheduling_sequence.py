@@ -24,7 +24,7 @@ from scheduling_doubles import (
 
 from coreserve.backend.responder import Responder
 from coreserve.errors import CancelledError, InvalidArgumentError, UnavailableError
-from coreserve.scheduling.sequence import SequenceBatcher
+from coreserve.scheduling.sequence._batcher import SequenceBatcher
 from coreserve.types import InferenceRequest
 
 Log = list[tuple[str, str]]

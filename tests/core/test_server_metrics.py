@@ -35,7 +35,7 @@ from coreserve.backend import (
     ServerContext,
     hookimpl,
 )
-from coreserve.scheduling.response_cache import CacheStatistics
+from coreserve.scheduling.cache.responses import CacheStatistics
 from coreserve.scheduling.statistics import FIRST_RESPONSE_BUCKETS_MS, HISTOGRAM_BUCKETS_US
 from coreserve.server.metrics._prometheus import FAILURE_ORDER, render_cache_metrics
 from model_builders import ADD_SUB_CONFIG, add_sub_model, write_model

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from coreserve.errors import InvalidArgumentError
-from coreserve.protocol.shared_memory import (
+from coreserve.protocol._shared_memory import (
     SharedMemoryReference,
     output_target,
     read_input,

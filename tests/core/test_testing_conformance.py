@@ -20,7 +20,7 @@ from coreserve.backend import (
     run_batched,
 )
 from coreserve.testing import BackendConformance, ConformanceFailure, InProcessServer
-from coreserve.testing.conformance import LoadedModel, load
+from coreserve.testing._conformance import LoadedModel, load
 
 # Threads a leaky instance starts; set at the end so that they end with the test module.
 _RELEASE = threading.Event()

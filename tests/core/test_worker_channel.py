@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from coreserve.errors import InvalidArgumentError, UnavailableError
-from coreserve.repository.memory import ModelMemoryBudgetError
+from coreserve.repository.memory.budgets import ModelMemoryBudgetError
 from coreserve.server.workers._channel import Channel, ChannelClosed, error_data, error_from
 from coreserve.server.workers._trust import LINE_ERRORS, MALFORMED, OVERSIZED
 

@@ -26,7 +26,7 @@ import pytest
 from coreserve.analyze._analysis import Analysis
 from coreserve.analyze._points import Measurement, ModelSettings
 from coreserve.analyze._ranking import Constraints
-from coreserve.analyze._report import write_report
+from coreserve.analyze.report._html import write_report
 from coreserve.protos.model_config_pb2 import ModelConfig
 
 CHROMIUM = shutil.which("chromium")

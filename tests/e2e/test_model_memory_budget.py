@@ -13,7 +13,7 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from coreserve.repository.memory import process_tree_rss
+from coreserve.repository.memory.budgets import process_tree_rss
 from coreserve.testing import ServerFactory, ServerProcess
 from gpu_checks import gpu_0_unusable
 

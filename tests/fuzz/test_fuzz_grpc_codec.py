@@ -9,7 +9,7 @@ from google.protobuf.message import DecodeError
 from hypothesis import given
 from hypothesis import strategies as st
 
-from coreserve.protocol.grpc_codec import decode_model_infer_request
+from coreserve.protocol._grpc_codec import decode_model_infer_request
 from coreserve.protocol.grpc_response import encode_model_infer_response
 from coreserve.protos import grpc_service_pb2 as pb
 from coreserve.types import InferenceResponse

@@ -19,22 +19,22 @@ from collections.abc import Callable
 from pathlib import Path
 
 from coreserve.analyze._analysis import Analysis
-from coreserve.analyze._checkpoint import Checkpoint, CheckpointMismatch
-from coreserve.analyze._client import ServerClient, ServerGone
-from coreserve.analyze._csv_files import write_csv_files
 from coreserve.analyze._flags import parse_args
-from coreserve.analyze._found import AnalyzeError, ModelAsFound, find_model
-from coreserve.analyze._gpu_metrics import GpuMetrics
-from coreserve.analyze._load import Windows
-from coreserve.analyze._output_repository import OUTPUT_REPOSITORY, write_output_repository
 from coreserve.analyze._points import CPU, GPU, ModelSettings
-from coreserve.analyze._progress import Progress
 from coreserve.analyze._ranking import Constraints
-from coreserve.analyze._report import write_report
-from coreserve.analyze._search import SearchSpace, brute, quick
-from coreserve.analyze._server_process import ServerProcess, Usage, tree_usage
-from coreserve.analyze._sweep import Sweep
-from coreserve.analyze._terminal_table import best_table
+from coreserve.analyze.measure._client import ServerClient, ServerGone
+from coreserve.analyze.measure._found import AnalyzeError, ModelAsFound, find_model
+from coreserve.analyze.measure._gpu_metrics import GpuMetrics
+from coreserve.analyze.measure._load import Windows
+from coreserve.analyze.measure._server_process import ServerProcess, Usage, tree_usage
+from coreserve.analyze.report._csv_files import write_csv_files
+from coreserve.analyze.report._html import write_report
+from coreserve.analyze.report._output_repository import OUTPUT_REPOSITORY, write_output_repository
+from coreserve.analyze.report._terminal_table import best_table
+from coreserve.analyze.search._checkpoint import Checkpoint, CheckpointMismatch
+from coreserve.analyze.search._progress import Progress
+from coreserve.analyze.search._strategy import SearchSpace, brute, quick
+from coreserve.analyze.search._sweep import Sweep
 from coreserve.errors import UnsupportedError
 
 READY_WITHIN_S = 120.0

@@ -16,6 +16,8 @@ repository or server layers above it (they call backends, not the other way roun
 
 from __future__ import annotations
 
+from coreserve.backend._base import BaseBackend
+from coreserve.backend._threads import InstanceThread
 from coreserve.backend.api import (
     Backend,
     InferenceClient,
@@ -28,18 +30,8 @@ from coreserve.backend.api import (
     ServerActivity,
     ServerContext,
 )
-from coreserve.backend.base import BaseBackend
-from coreserve.backend.batching import run_batched
-from coreserve.backend.commands import CommandRegistry
 from coreserve.backend.custom_metrics import CustomMetric, CustomMetricFamily, CustomMetrics, MetricKind
 from coreserve.backend.devices import DeviceReporter, cuda_driver_gpus
-from coreserve.backend.hookspecs import hookimpl
-from coreserve.backend.model_tensors import (
-    ModelTensor,
-    check_model_tensors,
-    complete_config,
-    default_max_batch_size,
-)
 from coreserve.backend.parameters import (
     bool_parameter,
     choice_parameter,
@@ -47,9 +39,17 @@ from coreserve.backend.parameters import (
     int_parameter,
     str_parameter,
 )
-from coreserve.backend.registry import BackendRegistry
+from coreserve.backend.plugins._commands import CommandRegistry
+from coreserve.backend.plugins.hookspecs import hookimpl
+from coreserve.backend.plugins.registry import BackendRegistry
 from coreserve.backend.responder import Responder
-from coreserve.backend.threads import InstanceThread
+from coreserve.backend.tensors._batching import run_batched
+from coreserve.backend.tensors._model_tensors import (
+    ModelTensor,
+    check_model_tensors,
+    complete_config,
+    default_max_batch_size,
+)
 from coreserve.config.signature import ModelSignature, TensorSpec
 
 __all__ = [

@@ -61,7 +61,7 @@ def _run_server(argv: Sequence[str]) -> int:
 
 
 def _warn_cache_flags(args: argparse.Namespace, logger: logging.Logger) -> None:
-    from coreserve.scheduling.cache_config import check_cache_config
+    from coreserve.scheduling.cache.config import check_cache_config
 
     not_built = check_cache_config(cache_config(args))
     if not_built:
@@ -82,7 +82,7 @@ def _event_loop_runner() -> Callable[[Coroutine[Any, Any, T]], T]:
 
 
 def _list_backends() -> int:
-    from coreserve.backend.plugins import Plugins
+    from coreserve.backend.plugins.manager import Plugins
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
     plugins = Plugins()
@@ -130,7 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return new_backend(arguments[1:])
     if arguments and not arguments[0].startswith("-"):
-        from coreserve.backend.plugins import Plugins
+        from coreserve.backend.plugins.manager import Plugins
 
         command = Plugins().commands().get(arguments[0])
         if command is not None:

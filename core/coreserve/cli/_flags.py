@@ -27,7 +27,7 @@ from coreserve.cli._values import (
     stream_limit,
 )
 from coreserve.repository.manager import ControlMode
-from coreserve.repository.memory import MemoryBudgetError, parse_memory_budgets
+from coreserve.repository.memory.budgets import MemoryBudgetError, parse_memory_budgets
 from coreserve.server.grpc import DEFAULT_HANDSHAKE_TIMEOUT_S
 
 GRPC_SERVERS = ("native", "grpcio")  # --grpc-server
@@ -301,7 +301,7 @@ def _check_worker_flags(parser: argparse.ArgumentParser, args: argparse.Namespac
 
 def _check_cache_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Refuses a --cache-config no cache can be made of, in one line (Triton's words where it has them)."""
-    from coreserve.scheduling.cache_config import CacheConfigError, check_cache_config
+    from coreserve.scheduling.cache.config import CacheConfigError, check_cache_config
 
     if args.response_cache_byte_size is not None and args.cache_config:
         parser.error(

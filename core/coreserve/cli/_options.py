@@ -9,7 +9,7 @@ from coreserve import InvalidArgumentError
 from coreserve.cli._tls import http_tls
 from coreserve.cli._values import METRICS_SETTINGS, summary_quantiles
 from coreserve.repository.manager import ControlMode
-from coreserve.repository.memory import parse_memory_budgets
+from coreserve.repository.memory.budgets import parse_memory_budgets
 
 if TYPE_CHECKING:
     from coreserve.server import ServerOptions

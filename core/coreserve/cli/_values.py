@@ -32,7 +32,7 @@ def backend_config(text: str) -> tuple[str, str, str]:
 
 
 def cache_setting(text: str) -> tuple[str, str, str]:
-    from coreserve.scheduling.cache_config import CacheConfigError, parse_cache_setting
+    from coreserve.scheduling.cache.config import CacheConfigError, parse_cache_setting
 
     try:
         return parse_cache_setting(text)
@@ -52,7 +52,7 @@ def rate_limit_resource(text: str) -> ResourceSetting:
 def memory_budget(text: str) -> str:
     """One --model-memory-budget value, checked: BYTES (2GB, 512MiB) or PERCENT of the host's
     memory, or gpu:<id>=BYTES (the values together: `parse_memory_budgets`)."""
-    from coreserve.repository.memory import MemoryBudgetError, parse_memory_budgets
+    from coreserve.repository.memory.budgets import MemoryBudgetError, parse_memory_budgets
 
     try:
         parse_memory_budgets([text])

@@ -8,11 +8,11 @@ Layer 1: may import coreserve's errors, types and generated protos only.
 
 from __future__ import annotations
 
-from coreserve.config.defaults import apply_defaults
+from coreserve.config._defaults import apply_defaults
+from coreserve.config._validate import validate_config
 from coreserve.config.json import config_from_dict, config_to_dict
 from coreserve.config.parse import ModelConfig, parse_config, read_config_file
 from coreserve.config.signature import ModelSignature, TensorSpec
-from coreserve.config.validate import validate_config
 
 __all__ = [
     "ModelConfig",

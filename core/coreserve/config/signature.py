@@ -106,7 +106,7 @@ class ModelSignature:
         self.internal_inputs, self.internal_outputs = _internal_tensors(config)
         self.model_inputs = {**self.inputs, **self.internal_inputs}
         self.model_outputs = {**self.outputs, **self.internal_outputs}
-        # Ragged batching (coreserve/backend/ragged.py): inputs the model takes flat, the
+        # Ragged batching (coreserve/backend/tensors/_ragged.py): inputs the model takes flat, the
         # batch_input tensors the server makes and the batch_output tensors it scatters.
         self.ragged_inputs = frozenset(t.name for t in config.input if t.allow_ragged_batch)
         self.batch_inputs = tuple(config.batch_input)

@@ -9,7 +9,7 @@ from collections.abc import Coroutine, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
-from coreserve.backend.plugins import Plugins
+from coreserve.backend.plugins.manager import Plugins
 from coreserve.errors import InvalidArgumentError
 from coreserve.inprocess._http import HttpBridge
 from coreserve.inprocess._loop import LoopThread

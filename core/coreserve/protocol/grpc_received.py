@@ -23,8 +23,8 @@ import numpy as np
 from google.protobuf.message import DecodeError
 
 from coreserve.errors import CoreserveError, RequestMismatchError, with_request_id
-from coreserve.protocol.grpc_codec import decode_model_infer_request, shared_memory_outputs
-from coreserve.protocol.shared_memory import OutputInSharedMemory, SharedMemoryRegions
+from coreserve.protocol._grpc_codec import decode_model_infer_request, shared_memory_outputs
+from coreserve.protocol._shared_memory import OutputInSharedMemory, SharedMemoryRegions
 from coreserve.protocol.tensors import array_from_bytes, check_shape, element_count, parse_datatype
 from coreserve.protos import grpc_service_pb2 as pb
 from coreserve.types import NUMPY_DTYPES, DataType, InferenceRequest, ParameterValue

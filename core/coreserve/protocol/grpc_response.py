@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import NamedTuple
 
-from coreserve.protocol.grpc_codec import set_parameter
-from coreserve.protocol.shared_memory import OutputInSharedMemory, write_output
+from coreserve.protocol._grpc_codec import set_parameter
+from coreserve.protocol._shared_memory import OutputInSharedMemory, write_output
 from coreserve.protocol.tensors import array_to_bytes
 from coreserve.protos import grpc_service_pb2 as pb
 from coreserve.types import DataType, InferenceResponse, ParameterValue

@@ -22,9 +22,7 @@ from coreserve.errors import (
     quoted_value,
     with_request_id,
 )
-from coreserve.protocol.classification import PARAMETER as CLASSIFICATION
-from coreserve.protocol.classification import parse_class_count
-from coreserve.protocol.shared_memory import (
+from coreserve.protocol._shared_memory import (
     OutputInSharedMemory,
     SharedMemoryReference,
     SharedMemoryRegions,
@@ -33,6 +31,8 @@ from coreserve.protocol.shared_memory import (
     shared_memory_reference,
     write_output,
 )
+from coreserve.protocol.classification import PARAMETER as CLASSIFICATION
+from coreserve.protocol.classification import parse_class_count
 from coreserve.protocol.tensors import (
     array_from_bytes,
     array_from_json,

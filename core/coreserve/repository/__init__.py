@@ -6,11 +6,11 @@ server or its frontends.
 
 from __future__ import annotations
 
+from coreserve.repository._overrides import LoadOverrides, parse_load_parameters
 from coreserve.repository.loader import ModelLoader
 from coreserve.repository.manager import ControlMode, ModelRepository
 from coreserve.repository.model import Model, ModelState, ModelVersion
-from coreserve.repository.overrides import LoadOverrides, parse_load_parameters
-from coreserve.repository.sources import RepositorySource, source_for
+from coreserve.repository.storage._sources import RepositorySource, source_for
 
 __all__ = [
     "ControlMode",

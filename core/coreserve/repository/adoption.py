@@ -20,10 +20,10 @@ from typing import Any
 
 from coreserve.config.json import config_from_dict, config_to_dict
 from coreserve.errors import CoreserveError
+from coreserve.repository._overrides import LoadOverrides
 from coreserve.repository.manager import ModelRepository
 from coreserve.repository.model import Model, ModelState
 from coreserve.repository.namespaces import qualified
-from coreserve.repository.overrides import LoadOverrides
 
 Entry = dict[str, Any]
 

@@ -23,21 +23,21 @@ from coreserve.backend.api import (
 from coreserve.backend.custom_metrics import CustomMetrics
 from coreserve.backend.devices import reported_gpus
 from coreserve.backend.parameters import bool_parameter
-from coreserve.backend.registry import BackendRegistry
+from coreserve.backend.plugins.registry import BackendRegistry
 from coreserve.config import ModelSignature, apply_defaults, read_config_file, validate_config
 from coreserve.config.ignored import ignored_fields
 from coreserve.config.instance_groups import depends_on_gpus
 from coreserve.errors import CoreserveError, ModelConfigError
 from coreserve.protos.model_config_pb2 import ModelConfig, ModelInstanceGroup
-from coreserve.repository.labels import read_output_labels
-from coreserve.repository.layout import CONFIG_FILENAME, ModelLocation, list_versions, select_versions
+from coreserve.repository._labels import read_output_labels
+from coreserve.repository._layout import CONFIG_FILENAME, ModelLocation, list_versions, select_versions
+from coreserve.repository._warmup import run_warmups
 from coreserve.repository.model import Model, ModelState, ModelVersion
 from coreserve.repository.namespaces import NamespacedClient
-from coreserve.repository.warmup import run_warmups
 from coreserve.scheduling import LatencyOptions, ModelStatistics, Scheduler, make_scheduler
-from coreserve.scheduling.cache_key import version_fingerprint
+from coreserve.scheduling.cache.key import version_fingerprint
+from coreserve.scheduling.cache.responses import ModelResponseCache, ResponseCache
 from coreserve.scheduling.rate_limiter import RateLimiter
-from coreserve.scheduling.response_cache import ModelResponseCache, ResponseCache
 
 logger = logging.getLogger(__name__)
 # A model parameter: a server of several workers keeps one copy of the model, in worker 0.

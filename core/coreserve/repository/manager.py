@@ -32,17 +32,17 @@ from coreserve.errors import (
     NotFoundError,
     UnsupportedError,
 )
-from coreserve.repository.budgeted import BudgetedLoads
-from coreserve.repository.folders import MAX_NAME_BYTES, check_model_name
-from coreserve.repository.index import index_entries, unavailable_reason
-from coreserve.repository.layout import ModelLocation, ensemble_steps
+from coreserve.repository._index import index_entries, unavailable_reason
+from coreserve.repository._layout import ModelLocation, ensemble_steps
+from coreserve.repository._overrides import LoadOverrides, not_in_repository, write_override_files
 from coreserve.repository.loader import ModelLoader
-from coreserve.repository.memory import MemoryBudgets
+from coreserve.repository.memory._budgeted import BudgetedLoads
+from coreserve.repository.memory._unloading import close_model, unload_loaded_versions
+from coreserve.repository.memory.budgets import MemoryBudgets
 from coreserve.repository.model import Model
 from coreserve.repository.namespaces import ModelTable, ambiguous, qualified
-from coreserve.repository.overrides import LoadOverrides, not_in_repository, write_override_files
-from coreserve.repository.sources import RepositorySource
-from coreserve.repository.unloading import close_model, unload_loaded_versions
+from coreserve.repository.storage._folders import MAX_NAME_BYTES, check_model_name
+from coreserve.repository.storage._sources import RepositorySource
 
 logger = logging.getLogger(__name__)
 

@@ -11,9 +11,9 @@ from pathlib import Path
 from coreserve.backend.api import ModelInstance
 from coreserve.config.signature import ModelSignature
 from coreserve.protos.model_config_pb2 import ModelConfig
-from coreserve.scheduling.dynamic import DynamicBatcher
-from coreserve.scheduling.scheduler import Scheduler
-from coreserve.scheduling.sequence import SequenceBatcher
+from coreserve.scheduling._dynamic import DynamicBatcher
+from coreserve.scheduling._scheduler import Scheduler
+from coreserve.scheduling.sequence._batcher import SequenceBatcher
 from coreserve.scheduling.statistics import LatencyOptions, ModelStatistics
 
 __all__ = [

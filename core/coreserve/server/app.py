@@ -19,14 +19,14 @@ from collections.abc import Awaitable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from coreserve.backend.plugins import Plugins
+from coreserve.backend.plugins.manager import Plugins
 from coreserve.errors import CoreserveError
 from coreserve.repository import ControlMode, ModelLoader, ModelRepository, source_for
 from coreserve.repository.adoption import adopt
-from coreserve.repository.memory import MemoryBudgetError
+from coreserve.repository.memory.budgets import MemoryBudgetError
 from coreserve.repository.polling import poll_forever
 from coreserve.scheduling import LatencyOptions
-from coreserve.scheduling.cache_config import make_response_cache
+from coreserve.scheduling.cache.config import make_response_cache
 from coreserve.scheduling.rate_limiter import RateLimiter
 from coreserve.server.dataplane import DataPlane, ServerFlags
 from coreserve.server.grpc import GrpcFrontend

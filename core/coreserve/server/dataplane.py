@@ -28,7 +28,7 @@ from coreserve.protocol.classification import ClassifyingSink, check_classifiabl
 from coreserve.repository import Model, ModelRepository, ModelVersion, parse_load_parameters
 from coreserve.repository.model import ModelState, parse_version
 from coreserve.responses import QueuedResponses, SingleResponse
-from coreserve.server import request_log
+from coreserve.server import _request_log as request_log
 from coreserve.server.changes import (
     Change,
     LoadModel,

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from coreserve.repository import ControlMode
-from coreserve.repository.memory import MemoryBudgets
+from coreserve.repository.memory.budgets import MemoryBudgets
 from coreserve.scheduling.rate_limiter import ResourceSetting
 from coreserve.server.grpc import GrpcTransport
 from coreserve.server.httpd import HttpLimits, HttpTls

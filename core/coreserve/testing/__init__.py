@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING, Any
 from coreserve.testing._process import SERVICES, ServerFactory, ServerProcess, coreserve_server
 
 if TYPE_CHECKING:
+    from coreserve.testing._conformance import BackendConformance, ConformanceFailure
     from coreserve.testing._inprocess import InProcessServer
-    from coreserve.testing.conformance import BackendConformance, ConformanceFailure
 
 __all__ = [
     "SERVICES",
@@ -45,8 +45,8 @@ __all__ = [
 ]
 
 _LAZY = {
-    "BackendConformance": "coreserve.testing.conformance",
-    "ConformanceFailure": "coreserve.testing.conformance",
+    "BackendConformance": "coreserve.testing._conformance",
+    "ConformanceFailure": "coreserve.testing._conformance",
     "InProcessServer": "coreserve.testing._inprocess",
 }
 

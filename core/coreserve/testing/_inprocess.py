@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from coreserve.backend import Backend, BackendRegistry, hookimpl
-from coreserve.backend.plugins import Plugins
+from coreserve.backend.plugins.manager import Plugins
 from coreserve.config import ModelConfig, config_to_dict
 from coreserve.errors import CoreserveError
 from coreserve.repository import ControlMode, ModelLoader, ModelRepository, source_for

@@ -8,9 +8,9 @@ Layer 1: may import coreserve's errors and types only.
 
 from __future__ import annotations
 
-from coreserve.tracing.settings import OpenTelemetryOptions, TraceConfig, TraceSetting, TraceSettings
+from coreserve.tracing._settings import OpenTelemetryOptions, TraceConfig, TraceSetting, TraceSettings
+from coreserve.tracing._tracer import Tracer, TraceStartupError
 from coreserve.tracing.trace import RequestTrace
-from coreserve.tracing.tracer import Tracer, TraceStartupError
 
 __all__ = [
     "OpenTelemetryOptions",

@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import Any
 
 from coreserve.errors import InvalidArgumentError
-from coreserve.tracing.settings import (
+from coreserve.tracing._settings import (
     LEVELS,
     MODES,
     OpenTelemetryOptions,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from coreserve.backend import BackendRegistry, hookimpl
-from coreserve_fil.backend import FilBackend
+from coreserve_fil._backend import FilBackend
 
 __all__ = ["FilBackend"]
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from coreserve.backend import BackendRegistry, hookimpl
-from coreserve_onnx.backend import OnnxBackend
+from coreserve_onnx._backend import OnnxBackend
 
 __all__ = ["OnnxBackend"]
 

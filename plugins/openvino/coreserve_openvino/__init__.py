@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from coreserve.backend import BackendRegistry, hookimpl
-from coreserve_openvino.backend import OpenVinoBackend
+from coreserve_openvino._backend import OpenVinoBackend
 
 __all__ = ["OpenVinoBackend"]
 

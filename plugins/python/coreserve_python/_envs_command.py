@@ -7,7 +7,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from coreserve_python.server._env_cache import CachedEnvironment, EnvironmentCache, default_cache_dir
+from coreserve_python.server.env.cache import CachedEnvironment, EnvironmentCache, default_cache_dir
 
 HELP = "list or prune the Python environments built from models' requirements.txt"
 

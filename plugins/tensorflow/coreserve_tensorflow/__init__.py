@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from coreserve.backend import BackendRegistry, hookimpl
-from coreserve_tensorflow.backend import TensorFlowBackend
+from coreserve_tensorflow._backend import TensorFlowBackend
 
 __all__ = ["TensorFlowBackend"]
 

@@ -7,7 +7,7 @@ server starts) on machines without them.
 from __future__ import annotations
 
 from coreserve.backend import BackendRegistry, hookimpl
-from coreserve_tensorrt.backend import TensorRTBackend
+from coreserve_tensorrt._backend import TensorRTBackend
 
 __all__ = ["TensorRTBackend"]
 

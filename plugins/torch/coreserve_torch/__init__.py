@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from coreserve.backend import BackendRegistry, hookimpl
-from coreserve_torch.backend import TorchBackend
+from coreserve_torch._backend import TorchBackend
 
 __all__ = ["TorchBackend"]
 

@@ -14,7 +14,7 @@ from coreserve import ModelConfig, ModelConfigError, UnavailableError
 from coreserve.backend import InstanceKind, InstancePlacement, ModelFiles, ServerContext
 from coreserve.config import apply_defaults, parse_config
 from coreserve_onnx import OnnxBackend
-from coreserve_onnx.accelerators import (
+from coreserve_onnx._accelerators import (
     CPU,
     CUDA,
     OPENVINO,

@@ -108,7 +108,7 @@ def test_stub_copies_for_other_pythons_carry_every_module_the_stub_imports() -> 
     from pathlib import Path
 
     import coreserve_python
-    from coreserve_python.server._environment import STUB_MODULES
+    from coreserve_python.server.env._environment import STUB_MODULES
 
     package = Path(coreserve_python.__file__).parent
 

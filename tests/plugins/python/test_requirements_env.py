@@ -25,8 +25,8 @@ import pytest
 import tritonclient.http as httpclient
 
 from coreserve.testing import ServerFactory, ServerProcess
-from coreserve_python.server._env_build import build_environment, uv_binary
-from coreserve_python.server._env_cache import EnvironmentCache, environment_key
+from coreserve_python.server.env._build import build_environment, uv_binary
+from coreserve_python.server.env.cache import EnvironmentCache, environment_key
 from waiting import wait_until
 
 PACKAGE = "coreserve_test_dep_xyz"

@@ -26,9 +26,9 @@ from tritonclient.utils import InferenceServerException
 import coreserve
 from coreserve.testing import ServerFactory, ServerProcess
 from coreserve_python.ipc import Channel
-from coreserve_python.server import _environment as environment
 from coreserve_python.server._process import StubLaunch
 from coreserve_python.server._spawn import describe_exit, reap_blocking
+from coreserve_python.server.env import _environment as environment
 from waiting import wait_until
 
 ECHO_CONFIG = """

@@ -20,7 +20,7 @@ from tritonclient.utils import InferenceServerException
 from coreserve.backend import InstanceKind, InstancePlacement, ModelFiles, ServerContext
 from coreserve.config import parse_config
 from coreserve.testing import ServerProcess
-from coreserve_torch.loading import create_instance
+from coreserve_torch._loading import create_instance
 from torch_models import AddSub, Double, Halves, OnCuda, Weighted
 
 # The CPU build of torch (CI's) sees no GPU; a CUDA build on a machine with an NVIDIA GPU does.

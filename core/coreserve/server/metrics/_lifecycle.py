@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 
 from coreserve.repository import ModelRepository
-from coreserve.repository.demand import WAIT_BUCKETS_S
+from coreserve.repository.memory.demand import WAIT_BUCKETS_S
 from coreserve.server.metrics._system import family
 
 

@@ -28,7 +28,7 @@ from prometheus_client import (
 
 from coreserve.backend.custom_metrics import CustomMetrics
 from coreserve.repository import ModelRepository, ModelVersion
-from coreserve.scheduling.response_cache import CacheStatistics, ResponseCache
+from coreserve.scheduling.cache.responses import CacheStatistics, ResponseCache
 from coreserve.scheduling.statistics import (
     FIRST_RESPONSE_FAMILY,
     HISTOGRAM_BUCKETS_US,

@@ -16,10 +16,10 @@ from coreserve.backend import (
     cuda_driver_gpus,
 )
 from coreserve_python.ipc import AutoCompleteMessage
-from coreserve_python.server._env_build import stop_builds
-from coreserve_python.server._environment import stub_launch
 from coreserve_python.server._instance import PythonInstance
 from coreserve_python.server._process import run_once
+from coreserve_python.server.env._build import stop_builds
+from coreserve_python.server.env._environment import stub_launch
 
 AUTO_COMPLETE_TIMEOUT_S = 120.0
 FORCE_CPU_ONLY_INPUT_TENSORS = "FORCE_CPU_ONLY_INPUT_TENSORS"

@@ -1,0 +1,233 @@
+"""Checks a model configuration before anything is loaded from it.
+
+Each error names the model and the field (`input[1].dims`) and says what is wrong, so that an
+operator can fix `config.pbtxt` from the message alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from coreserve.config._batch_io import check_batch_io
+from coreserve.errors import ModelConfigError
+from coreserve.protos.model_config_pb2 import (
+    DataType,
+    ModelConfig,
+    ModelInstanceGroup,
+    ModelSequenceBatching,
+)
+
+# proto3 enums are open: text format and JSON accept any number, e.g. `data_type: 99`.
+_DATA_TYPES = frozenset(DataType.values()) - {DataType.TYPE_INVALID}
+
+
+def validate_config(config: ModelConfig) -> None:
+    """Raises ModelConfigError for the first problem found."""
+    problem = _first_problem(config)
+    if problem is not None:
+        raise ModelConfigError(f"model '{config.name}': {problem}")
+
+
+def _first_problem(config: ModelConfig) -> str | None:
+    checks: Iterable[str | None] = (
+        "config field 'name' is empty" if not config.name else None,
+        _check_max_batch_size(config),
+        _check_tensors("input", config.input),
+        _check_tensors("output", config.output),
+        _check_version_policy(config),
+        _check_instance_groups(config),
+        _check_dynamic_batching(config),
+        _check_sequence_batching(config),
+        _check_ensemble(config),
+        _check_response_cache(config),
+        check_batch_io(config),
+    )
+    return next((problem for problem in checks if problem is not None), None)
+
+
+def _check_max_batch_size(config: ModelConfig) -> str | None:
+    if config.max_batch_size < 0:
+        return f"config field 'max_batch_size' must be >= 0, got {config.max_batch_size}"
+    return None
+
+
+def _check_tensors(kind: str, tensors: Iterable[Any]) -> str | None:
+    """Checks `input` or `output` entries (ModelInput or ModelOutput messages)."""
+    seen: set[str] = set()
+    for index, tensor in enumerate(tensors):
+        where = f"config field '{kind}[{index}]'"
+        if not tensor.name:
+            return f"{where} has no name"
+        if tensor.name in seen:
+            return f"{where}: {kind} name '{tensor.name}' appears more than once"
+        seen.add(tensor.name)
+        where = f"config field '{kind}[{index}]' ('{tensor.name}')"
+        if tensor.data_type == DataType.TYPE_INVALID:
+            return f"{where} needs a data_type"
+        if tensor.data_type not in _DATA_TYPES:
+            return f"{where}: data_type {tensor.data_type} is not a known type"
+        bad = [dim for dim in tensor.dims if dim < -1 or dim == 0]
+        if bad:
+            return f"{where}: every entry of dims must be -1 (any size) or >= 1, got {list(tensor.dims)}"
+        if not tensor.dims and not tensor.HasField("reshape"):
+            return f"{where} needs dims (use reshape {{ shape: [ ] }} for a scalar)"
+        if tensor.HasField("reshape"):
+            problem = _check_reshape(list(tensor.dims), list(tensor.reshape.shape))
+            if problem:
+                return f"{where}: {problem}"
+    return None
+
+
+def _check_reshape(dims: list[int], shape: list[int]) -> str | None:
+    if -1 in dims or -1 in shape:
+        if dims.count(-1) != shape.count(-1):
+            return f"reshape {shape} must have as many -1 entries as dims {dims}"
+        return None
+    dims_count = _product(dims)
+    if dims_count != _product(shape):
+        return f"reshape {shape} holds {_product(shape)} elements but dims {dims} hold {dims_count}"
+    return None
+
+
+def _product(values: Iterable[int]) -> int:
+    result = 1
+    for value in values:
+        result *= value
+    return result
+
+
+def _check_version_policy(config: ModelConfig) -> str | None:
+    policy = config.version_policy
+    choice = policy.WhichOneof("policy_choice")
+    if choice == "latest" and policy.latest.num_versions < 1:
+        return "config field 'version_policy.latest.num_versions' must be >= 1"
+    if choice == "specific":
+        if not policy.specific.versions:
+            return "config field 'version_policy.specific.versions' lists no versions"
+        if any(v < 1 for v in policy.specific.versions):
+            return (
+                "config field 'version_policy.specific.versions' must hold versions >= 1, "
+                f"got {list(policy.specific.versions)}"
+            )
+    return None
+
+
+def _check_instance_groups(config: ModelConfig) -> str | None:
+    for index, group in enumerate(config.instance_group):
+        where = f"config field 'instance_group[{index}]'"
+        if group.count < 1:
+            return f"{where}: count must be >= 1, got {group.count}"
+        if any(gpu < 0 for gpu in group.gpus):
+            return f"{where}: gpus must be device ids >= 0, got {list(group.gpus)}"
+        if group.gpus and group.kind == ModelInstanceGroup.KIND_CPU:
+            return f"{where}: gpus are listed for a KIND_CPU group"
+    return None
+
+
+def _check_dynamic_batching(config: ModelConfig) -> str | None:
+    if not config.HasField("dynamic_batching"):
+        return None
+    batching = config.dynamic_batching
+    if config.max_batch_size == 0:
+        return "config field 'dynamic_batching' needs max_batch_size > 0 (the model cannot batch)"
+    for size in batching.preferred_batch_size:
+        if not 1 <= size <= config.max_batch_size:
+            return (
+                f"config field 'dynamic_batching.preferred_batch_size' holds {size}, "
+                f"outside 1..max_batch_size ({config.max_batch_size})"
+            )
+    levels = batching.priority_levels
+    if levels and not 1 <= batching.default_priority_level <= levels:
+        return (
+            "config field 'dynamic_batching.default_priority_level' must be within 1.."
+            f"priority_levels ({levels}), got {batching.default_priority_level}"
+        )
+    for level in batching.priority_queue_policy:
+        if not 1 <= level <= levels:
+            return (
+                f"config field 'dynamic_batching.priority_queue_policy' has level {level}, "
+                f"outside 1..priority_levels ({levels})"
+            )
+    return None
+
+
+def _check_sequence_batching(config: ModelConfig) -> str | None:
+    if not config.HasField("sequence_batching"):
+        return None
+    batching = config.sequence_batching
+    utilization = batching.direct.minimum_slot_utilization
+    if not 0.0 <= utilization <= 1.0:
+        return (
+            "config field 'sequence_batching.direct.minimum_slot_utilization' must lie in 0..1, "
+            f"got {utilization:g}"
+        )
+    slots = max(1, config.max_batch_size)
+    for size in batching.oldest.preferred_batch_size:
+        if not 1 <= size <= slots:
+            return (
+                f"config field 'sequence_batching.oldest.preferred_batch_size' has {size}, "
+                f"outside 1..max_batch_size ({slots})"
+            )
+    taken = {tensor.name for tensor in config.input}
+    for index, control_input in enumerate(batching.control_input):
+        where = f"config field 'sequence_batching.control_input[{index}]'"
+        if not control_input.name or control_input.name in taken:
+            return f"{where} needs a name that no other input has, got '{control_input.name}'"
+        taken.add(control_input.name)
+        if len(control_input.control) != 1:
+            return f"{where} must hold exactly one control"
+        control = control_input.control[0]
+        if control.kind == ModelSequenceBatching.Control.CONTROL_SEQUENCE_CORRID:
+            if control.data_type == DataType.TYPE_INVALID:
+                return f"{where}: a CORRID control needs data_type"
+            if control.data_type not in _DATA_TYPES:
+                return f"{where}: data_type {control.data_type} is not a known type"
+            continue
+        pairs = [p for p in (control.int32_false_true, control.fp32_false_true, control.bool_false_true) if p]
+        if len(pairs) != 1 or len(pairs[0]) != 2:
+            return (
+                f"{where} needs exactly one of int32_false_true, fp32_false_true, bool_false_true "
+                "with two values"
+            )
+    for index, state in enumerate(batching.state):
+        where = f"config field 'sequence_batching.state[{index}]'"
+        if not state.input_name or not state.output_name:
+            return f"{where} needs input_name and output_name"
+        if state.input_name in taken:
+            return f"{where}: input_name '{state.input_name}' is already the name of an input"
+        taken.add(state.input_name)
+        if state.data_type == DataType.TYPE_INVALID:
+            return f"{where} needs a data_type"
+        if state.data_type not in _DATA_TYPES:
+            return f"{where}: data_type {state.data_type} is not a known type"
+        initial = state.initial_state[0] if state.initial_state else None
+        dims = list(initial.dims) if initial is not None and initial.dims else list(state.dims)
+        if any(dim < 0 for dim in dims):
+            return f"{where}: dims {dims} are not fixed; give initial_state dims"
+    return None
+
+
+def _check_response_cache(config: ModelConfig) -> str | None:
+    """Triton refuses a cache where one request may have many answers (in Triton's words)."""
+    if not config.response_cache.enable:
+        return None
+    if config.model_transaction_policy.decoupled:
+        return (
+            f"Response Cache does not currently support model {config.name} with 'decoupled' "
+            "transaction policy. Please disable the response cache."
+        )
+    if config.HasField("sequence_batching"):
+        return (
+            f"Response Cache does not currently support model {config.name} with sequence batching "
+            "scheduler. Please disable the response cache."
+        )
+    return None
+
+
+def _check_ensemble(config: ModelConfig) -> str | None:
+    if config.HasField("ensemble_scheduling") and config.platform != "ensemble":
+        return "config field 'ensemble_scheduling' needs platform: \"ensemble\""
+    if config.platform == "ensemble" and not config.HasField("ensemble_scheduling"):
+        return "platform \"ensemble\" needs config field 'ensemble_scheduling'"
+    return None

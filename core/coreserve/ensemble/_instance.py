@@ -1,0 +1,151 @@
+"""Running an ensemble request: each step through its own model's scheduler, as soon as its
+inputs exist, with independent steps at the same time.
+
+Tensors pass from step to step as the arrays they are (no copies, no re-encoding). A step of
+a decoupled model may answer many times: each of its responses continues the pipeline on its
+own, and every run that completes the ensemble's outputs is one response of the ensemble.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+
+import numpy as np
+
+from coreserve.backend.api import InferenceClient
+from coreserve.backend.responder import Responder
+from coreserve.ensemble._graph import EnsembleGraph, Step
+from coreserve.errors import CancelledError, CoreserveError, InternalError
+from coreserve.types import InferenceRequest
+
+Tensors = dict[str, np.ndarray]
+DEFAULT_INFLIGHT = 1024
+
+
+class EnsembleInstance:
+    """Executes ensemble requests; many at once, since it only waits on the composing models."""
+
+    def __init__(
+        self, graph: EnsembleGraph, client: InferenceClient, decoupled: bool, inflight: int = 0
+    ) -> None:
+        self._graph = graph
+        self._client = client
+        self._decoupled = decoupled
+        self.concurrency = inflight or DEFAULT_INFLIGHT
+
+    async def execute(self, requests: Sequence[InferenceRequest], responder: Responder) -> None:
+        await asyncio.gather(*(self._serve(request, responder) for request in requests))
+
+    async def close(self) -> None:
+        return None
+
+    async def _serve(self, request: InferenceRequest, responder: Responder) -> None:
+        answered = False
+        try:
+            async for outputs in self._run(request, dict(request.inputs), frozenset()):
+                responder.send(request, outputs, final=not self._decoupled)
+                answered = True
+                if not self._decoupled:
+                    return
+        except CoreserveError as exc:
+            responder.send_error(request, exc)
+            return
+        if self._decoupled:
+            responder.send_final(request)
+        elif not answered:
+            responder.send_error(
+                request, InternalError(f"ensemble '{self._graph.name}' produced no response")
+            )
+
+    async def _run(
+        self, request: InferenceRequest, tensors: Tensors, done: frozenset[int]
+    ) -> AsyncIterator[Tensors]:
+        """Runs every step it can; yields the ensemble outputs of each run that completes them."""
+        finished = set(done)
+        running: dict[asyncio.Task[Tensors], Step] = {}
+        deferred: list[Step] = []  # decoupled steps: they fork the run, so they go last
+        try:
+            while True:
+                if request.is_cancelled():  # no further step starts; those running were cancelled
+                    raise CancelledError(f"request for ensemble '{self._graph.name}' was cancelled")
+                for step in self._ready(tensors, finished, running, deferred):
+                    if step.index in self._graph.decoupled_steps:
+                        deferred.append(step)
+                    else:
+                        running[asyncio.create_task(self._call(request, step, tensors))] = step
+                if not running:
+                    break
+                completed, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                for task in completed:
+                    step = running.pop(task)
+                    tensors.update(task.result())
+                    finished.add(step.index)
+        finally:
+            for task in running:
+                task.cancel()
+        if deferred:
+            step = deferred[0]
+            async for outputs in self._stream(request, step, tensors):
+                async for result in self._run(
+                    request, {**tensors, **outputs}, frozenset(finished | {step.index})
+                ):
+                    yield result
+            return
+        if all(name in tensors for name in self._graph.outputs):
+            yield {name: tensors[name] for name in self._graph.outputs}
+
+    def _ready(
+        self,
+        tensors: Tensors,
+        finished: set[int],
+        running: dict[asyncio.Task[Tensors], Step],
+        deferred: list[Step],
+    ) -> list[Step]:
+        started = {step.index for step in running.values()} | {step.index for step in deferred}
+        return [
+            step
+            for step in self._graph.steps
+            if step.index not in finished
+            and step.index not in started
+            and all(tensor in tensors for tensor in step.inputs.values())
+        ]
+
+    def _step_request(self, request: InferenceRequest, step: Step, tensors: Tensors) -> InferenceRequest:
+        child = InferenceRequest(
+            model_name=step.model_name,
+            model_version=step.model_version,
+            id=request.id,
+            inputs={model_input: tensors[tensor] for model_input, tensor in step.inputs.items()},
+            parameters=dict(request.parameters),
+            requested_outputs=tuple(step.outputs),
+        )
+        child.trace_as_child_of(request)  # a traced ensemble traces its steps as its children
+        return child
+
+    def _renamed(self, step: Step, outputs: dict[str, np.ndarray]) -> Tensors:
+        return {tensor: outputs[output] for output, tensor in step.outputs.items() if output in outputs}
+
+    async def _call(self, request: InferenceRequest, step: Step, tensors: Tensors) -> Tensors:
+        child = self._step_request(request, step, tensors)
+        forget = request.on_cancel(child.cancel)  # cancelling the ensemble's request cancels its steps
+        try:
+            response = await self._client.infer(child)
+        except CoreserveError as exc:
+            raise type(exc)(f"ensemble '{self._graph.name}' {step.label()} failed: {exc.message}") from None
+        finally:
+            forget()
+        return self._renamed(step, dict(response.outputs))
+
+    async def _stream(
+        self, request: InferenceRequest, step: Step, tensors: Tensors
+    ) -> AsyncIterator[Tensors]:
+        child = self._step_request(request, step, tensors)
+        forget = request.on_cancel(child.cancel)
+        try:
+            async for response in self._client.stream(child):
+                yield self._renamed(step, dict(response.outputs))
+        except CoreserveError as exc:
+            raise type(exc)(f"ensemble '{self._graph.name}' {step.label()} failed: {exc.message}") from None
+        finally:
+            forget()

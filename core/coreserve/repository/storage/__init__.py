@@ -1,0 +1,1 @@
+"""Where model folders come from: local folders and object storage (`s3://`, `gs://`, `as://`)."""

@@ -1,0 +1,242 @@
+"""The dynamic batcher (`dynamic_batching { … }`): many small requests, few large executions.
+
+Requests queue per priority level (level 1 first). A batch starts from the oldest request of
+the highest non-empty level and takes the requests behind it while their inputs fit together
+(same names and non-batch shapes) and the batch stays within max_batch_size. It is sent at
+once when it reaches max_batch_size or a preferred batch size; otherwise the batcher waits up
+to max_queue_delay_microseconds (counted from the oldest request) for more requests.
+
+Queue policies apply per level: `max_queue_size` rejects requests when the level is full, and
+a timeout either rejects a request that waited too long or, with `timeout_action: DELAY`,
+moves it behind every request that has not timed out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from coreserve.backend.api import ModelInstance
+from coreserve.config.signature import ModelSignature
+from coreserve.errors import InvalidArgumentError, UnavailableError, with_request_id
+from coreserve.protos.model_config_pb2 import ModelDynamicBatching, ModelQueuePolicy
+from coreserve.scheduling._ordering import OrderedRelease
+from coreserve.scheduling._scheduler import Scheduler, insert_by_age
+from coreserve.scheduling.statistics import ModelStatistics
+from coreserve.types import InferenceRequest, now_ns
+
+ShapeKey = tuple[tuple[str, tuple[int, ...]], ...]
+
+
+@dataclass(frozen=True)
+class QueuePolicy:
+    max_queue_size: int
+    timeout_us: int
+    delay_on_timeout: bool
+    allow_override: bool
+
+    @classmethod
+    def from_config(cls, policy: ModelQueuePolicy) -> QueuePolicy:
+        return cls(
+            max_queue_size=policy.max_queue_size,
+            timeout_us=policy.default_timeout_microseconds,
+            delay_on_timeout=policy.timeout_action == ModelQueuePolicy.DELAY,
+            allow_override=policy.allow_timeout_override,
+        )
+
+    def timeout_for(self, request: InferenceRequest) -> int:
+        """The request's timeout in microseconds (0: none); an override may only shorten it."""
+        requested = request.parameters.get("timeout", 0)
+        if not self.allow_override or not isinstance(requested, int) or isinstance(requested, bool):
+            return self.timeout_us
+        if requested <= 0:
+            return self.timeout_us
+        return min(requested, self.timeout_us) if self.timeout_us else requested
+
+
+def shape_key(request: InferenceRequest, ragged: frozenset[str] = frozenset()) -> ShapeKey:
+    """What must be equal for two requests to share a batch: input names and non-batch shapes
+    (of a `ragged` input only the name: the model takes the batch's elements flat)."""
+    return tuple(
+        sorted((name, () if name in ragged else array.shape[1:]) for name, array in request.inputs.items())
+    )
+
+
+class DynamicBatcher(Scheduler):
+    """Forms batches from queued requests as Triton's dynamic batcher does."""
+
+    # A batch forms from what queues while the instances are busy: none is taken ahead.
+    pipelines = False
+
+    def __init__(
+        self,
+        signature: ModelSignature,
+        statistics: ModelStatistics,
+        instances: Sequence[ModelInstance],
+        batching: ModelDynamicBatching,
+        *,
+        decoupled: bool = False,
+    ) -> None:
+        super().__init__(signature, statistics, instances, decoupled=decoupled)
+        self._max_batch_size = signature.max_batch_size
+        self._preferred = frozenset(batching.preferred_batch_size)
+        self._delay_ns = batching.max_queue_delay_microseconds * 1000
+        self._levels = max(1, batching.priority_levels)
+        self._default_level = batching.default_priority_level or self._levels
+        self._policies = [
+            QueuePolicy.from_config(batching.priority_queue_policy.get(level, batching.default_queue_policy))
+            for level in range(1, self._levels + 1)
+        ]
+        self._queues: list[deque[InferenceRequest]] = [deque() for _ in range(self._levels)]
+        self._delayed: deque[InferenceRequest] = deque()  # timed out with timeout_action DELAY
+        self._timers: dict[int, asyncio.TimerHandle] = {}
+        self._forming = asyncio.Lock()
+        self._arrived = asyncio.Event()
+        self._ordered = OrderedRelease() if batching.preserve_ordering else None
+
+    @property
+    def queue_size(self) -> int:
+        return sum(len(queue) for queue in self._queues) + len(self._delayed)
+
+    def _level_of(self, request: InferenceRequest) -> int:
+        priority = request.parameters.get("priority", 0)
+        if not isinstance(priority, int) or isinstance(priority, bool) or priority < 0:
+            raise InvalidArgumentError(
+                f"request parameter 'priority' must be a non-negative integer, got {priority!r}"
+            )
+        # As Triton (InferenceRequest::SetPriority): 0 and levels beyond the model's get its default.
+        if priority == 0 or priority > self._levels:
+            return self._default_level
+        return priority
+
+    def _enqueue(self, request: InferenceRequest) -> None:
+        level = self._level_of(request)
+        policy = self._policies[level - 1]
+        queue = self._queues[level - 1]
+        if policy.max_queue_size and len(queue) >= policy.max_queue_size:
+            self.statistics.record_failure(request, "REJECTED")
+            # Triton's words first (core's PriorityQueue), then which queue.
+            raise UnavailableError(
+                with_request_id(request.id, "Exceeds maximum queue size")
+                + f": model '{self.signature.model_name}': the queue of priority level {level} is full "
+                f"(max_queue_size {policy.max_queue_size}); try again later"
+            )
+        self._time(request, level, policy.timeout_for(request) / 1e6)
+        queue.append(request)
+        self._arrived.set()
+
+    def _time(self, request: InferenceRequest, level: int, timeout_s: float) -> None:
+        """Arms the queue policy's timeout of a request (0: none)."""
+        if timeout_s:
+            policy = self._policies[level - 1]
+            self._timers[id(request)] = asyncio.get_running_loop().call_later(
+                timeout_s, self._expire, request, level, policy.delay_on_timeout
+            )
+
+    def _enqueue_by_age(self, request: InferenceRequest) -> None:
+        """Back into its level's queue by age; its timeout counts from when it first queued."""
+        level = self._level_of(request)  # (it was checked when it first queued)
+        timeout_us = self._policies[level - 1].timeout_for(request)
+        if timeout_us:
+            waited_s = (now_ns() - request.queued_ns) / 1e9
+            self._time(request, level, max(timeout_us / 1e6 - waited_s, 1e-6))
+        insert_by_age(self._queues[level - 1], request)
+        self._arrived.set()
+
+    def _expire(self, request: InferenceRequest, level: int, delay: bool) -> None:
+        self._timers.pop(id(request), None)
+        try:
+            self._queues[level - 1].remove(request)
+        except ValueError:
+            return  # already on its way to an instance
+        if delay:
+            self._delayed.append(request)
+            return
+        self.statistics.record_failure(request, "REJECTED")
+        if request.sink is not None:
+            request.sink.fail(
+                UnavailableError(
+                    f"request for model '{self.signature.model_name}' timed out after waiting in the queue"
+                )
+            )
+        self._arrived.set()  # the batch being formed may have lost its head
+
+    def _remove_queued(self, request: InferenceRequest) -> bool:
+        for queue in [*self._queues, self._delayed]:
+            try:
+                queue.remove(request)
+            except ValueError:
+                continue
+            timer = self._timers.pop(id(request), None)
+            if timer is not None:
+                timer.cancel()
+            self._arrived.set()  # the batch being formed may have lost its head
+            return True
+        return False
+
+    def _first_queue(self) -> deque[InferenceRequest] | None:
+        for queue in self._queues:
+            if queue:
+                return queue
+        return self._delayed or None
+
+    def _candidate(self) -> tuple[deque[InferenceRequest] | None, list[int], bool]:
+        """The batch that the oldest request of the first non-empty level starts.
+
+        Returns its queue, the batch sizes of its first 1, 2, … requests, and whether it is
+        complete: it cannot grow (max_batch_size reached, or the next request does not fit).
+        """
+        queue = self._first_queue()
+        if queue is None:
+            return None, [], False
+        ragged = self.signature.ragged_inputs
+        key = shape_key(queue[0], ragged)
+        sizes: list[int] = []
+        size = 0
+        for request in queue:
+            too_big = size + request.batch_size > self._max_batch_size
+            if sizes and (shape_key(request, ragged) != key or too_big):
+                return queue, sizes, True
+            size += request.batch_size
+            sizes.append(size)
+            if size >= self._max_batch_size:
+                return queue, sizes, True
+        return queue, sizes, False
+
+    async def _take_batch(self, index: int) -> list[InferenceRequest]:
+        async with self._forming:
+            while True:
+                queue, sizes, complete = self._candidate()
+                if queue is None:
+                    return []
+                if complete or self._closed or now_ns() - queue[0].queued_ns >= self._delay_ns:
+                    return self._pop(queue, len(sizes))
+                preferred = [count for count, size in enumerate(sizes, start=1) if size in self._preferred]
+                if preferred:
+                    return self._pop(queue, preferred[-1])
+                self._arrived.clear()
+                remaining = (queue[0].queued_ns + self._delay_ns - now_ns()) / 1e9
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._arrived.wait(), max(remaining, 0.0))
+
+    def _send_what_waits(self) -> None:
+        self._arrived.set()  # the batch being formed stops waiting: it is sent as it is
+
+    def _pop(self, queue: deque[InferenceRequest], count: int) -> list[InferenceRequest]:
+        batch = [queue.popleft() for _ in range(count)]
+        for request in batch:
+            timer = self._timers.pop(id(request), None)
+            if timer is not None:
+                timer.cancel()
+        return batch
+
+    def _drain(self) -> Iterable[InferenceRequest]:
+        for timer in self._timers.values():
+            timer.cancel()
+        self._timers.clear()
+        for queue in [*self._queues, self._delayed]:
+            while queue:
+                yield queue.popleft()

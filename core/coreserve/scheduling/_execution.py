@@ -1,0 +1,108 @@
+"""Running one batch on one instance, with the guarantees the core gives every backend."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from functools import partial
+
+from coreserve.backend.api import ModelInstance
+from coreserve.backend.responder import Responder
+from coreserve.config.signature import ModelSignature
+from coreserve.errors import CoreserveError, InternalError
+from coreserve.scheduling._stream_outcome import StreamOutcome
+from coreserve.scheduling.statistics import ModelStatistics
+from coreserve.types import InferenceRequest, InferenceResponse, ResponseSink, now_ns
+
+logger = logging.getLogger(__name__)
+
+
+async def execute_batch(
+    instance: ModelInstance,
+    batch: Sequence[InferenceRequest],
+    signature: ModelSignature,
+    statistics: ModelStatistics,
+    *,
+    decoupled: bool = False,
+) -> Responder:
+    """Executes a batch; whatever the backend does, every request of it ends answered.
+
+    An exception from the backend fails the requests it left open; a non-decoupled backend
+    that returns without answering a request fails that request with an internal error.
+    The execution is recorded in `statistics`; a decoupled request still open counts when it
+    ends (see StreamOutcome). Requests the backend handed back (`Responder.reschedule`,
+    `Responder.requeue`) stay open: the caller schedules them again or fails them.
+    """
+    model_version = statistics.version
+    if decoupled:
+        for request in batch:
+            # Wrapped once: a rescheduled request comes back with its wrappers on.
+            if request.sink is not None and not isinstance(request.sink, StreamOutcome):
+                if statistics.first_response is not None:
+                    request.sink = FirstResponseTimer(request, request.sink, statistics)
+                request.sink = StreamOutcome(request, request.sink)
+    for request in batch:
+        if request.trace is not None:  # the compute marks are still to come
+            request.trace.computing = True
+    responder = Responder(signature, model_version, batch)
+    try:
+        await instance.execute(batch, responder)
+    except CoreserveError as exc:
+        responder.fail_open_requests(exc)
+    except Exception as exc:
+        logger.exception("model '%s' version %s failed while executing", signature.model_name, model_version)
+        responder.fail_open_requests(
+            InternalError(f"model '{signature.model_name}' failed: {type(exc).__name__}: {exc}")
+        )
+    else:
+        if not decoupled:
+            responder.fail_open_requests(
+                InternalError(f"model '{signature.model_name}' returned without answering the request")
+            )
+    if responder.withdrew_all:  # cancelled before the model got them: as if they left the queue
+        for request in batch:
+            statistics.record_failure(request, "CANCELED")
+        return responder
+    if responder.requeued_all:  # the instance never started them: no execution
+        return responder
+    end_ns = now_ns()
+    timing = statistics.record_execution(batch, responder, end_ns)
+    for request in batch:
+        if decoupled and responder.is_open(request) and isinstance(request.sink, StreamOutcome):
+            # Still answering (from the model's own thread): it counts once it ends.
+            request.sink.defer(partial(statistics.record_outcome, request, timing))
+    for request in batch:
+        if request.trace is not None:  # the whole cost of tracing for a request not traced
+            request.trace.executed(
+                request.queued_ns,
+                responder.compute_start_ns,
+                responder.inputs_ready_ns,
+                responder.infer_done_ns,
+                end_ns,
+            )
+    return responder
+
+
+class FirstResponseTimer:
+    """A request's sink that records when its first response leaves, for Triton's histogram."""
+
+    __slots__ = ("_received_ns", "_statistics", "_target", "_timed")
+
+    def __init__(self, request: InferenceRequest, target: ResponseSink, statistics: ModelStatistics) -> None:
+        self._received_ns = request.received_ns
+        self._target = target
+        self._statistics = statistics
+        self._timed = False
+
+    @property
+    def done(self) -> bool:
+        return self._target.done
+
+    def send(self, response: InferenceResponse | None, final: bool) -> None:
+        if response is not None and not self._timed:
+            self._timed = True
+            self._statistics.record_first_response(now_ns() - self._received_ns)
+        self._target.send(response, final)
+
+    def fail(self, error: CoreserveError) -> None:
+        self._target.fail(error)

@@ -1,0 +1,402 @@
+"""The instance pool of a model version and the default scheduler that feeds it.
+
+Each instance has a worker task that takes the next batch from the scheduler's queue and
+executes it, so an instance runs one batch at a time and requests run in parallel across
+instances. The scheduler keeps the bookkeeping every kind shares: the workers, what is queued
+and executing, idleness, and closing. Subclasses decide how requests queue, which instance may
+take what, and how a batch is formed (hooks `_enqueue`, `_has_work`, `_wait_for_work`,
+`_take_batch`, `_batch_done`); the default scheduler runs each request alone, in arrival order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Iterable, Sequence
+
+from coreserve.backend.api import ModelInstance
+from coreserve.config.signature import ModelSignature
+from coreserve.errors import CancelledError, CoreserveError, InternalError, UnavailableError
+from coreserve.scheduling._execution import execute_batch
+from coreserve.scheduling._ordering import OrderedRelease, unhold
+from coreserve.scheduling.cache.responses import ModelResponseCache
+from coreserve.scheduling.rate_limiter import InstanceSlot, RateLimiter
+from coreserve.scheduling.statistics import ModelStatistics
+from coreserve.types import InferenceRequest, now_ns
+
+logger = logging.getLogger(__name__)
+# Triton 2.51's words when a model hands back a request that its scheduler cannot take back.
+RESCHEDULE_REFUSED = (
+    "Request is released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, while the model is not "
+    "configured to handle such a flag."
+)
+# How long an instance whose close was cancelled gets to release what it holds (kill workers).
+CANCELLED_CLOSE_GRACE_S = 10.0
+
+
+class Scheduler:
+    """Queues the requests of one model version and runs them on its instances."""
+
+    # Whether the model's response cache (if any) may answer a request instead of an instance.
+    answers_from_cache = True
+    # Whether instances with a `pipeline_depth` get their next batches ahead of time: not where
+    # a batch forms from what queues while the instances are busy (dynamic batching).
+    pipelines = True
+
+    def __init__(
+        self,
+        signature: ModelSignature,
+        statistics: ModelStatistics,
+        instances: Sequence[ModelInstance],
+        *,
+        decoupled: bool = False,
+    ) -> None:
+        self.signature = signature
+        self.statistics = statistics
+        self.model_version = statistics.version
+        self.instances = list(instances)
+        self.decoupled = decoupled
+        self._queue: deque[InferenceRequest] = deque()
+        # Idle workers, by the index of their instance (see _wake_worker).
+        self._waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
+        self._awake = [0] * len(self.instances)  # each instance's workers not waiting for work
+        self._pipelined = False  # some instance takes batches ahead (see _workers_for)
+        # The instances' workers, and any task of a subclass that ends with them.
+        self._tasks: list[asyncio.Task[None]] = []
+        self._busy = 0
+        self._executing = 0
+        self._idle = asyncio.Event()
+        self._closed = False
+        self._ordered: OrderedRelease | None = None  # set by schedulers that preserve ordering
+        # In front of the queue when the model enables response_cache and the server has one.
+        self.response_cache: ModelResponseCache | None = None
+        # Under --rate-limit=execution_count: each instance's place in the server's limiter.
+        self._rate_limiter: RateLimiter | None = None
+        self._slots: dict[int, InstanceSlot] = {}
+
+    def limit_rate(self, limiter: RateLimiter, slots: Sequence[InstanceSlot]) -> None:
+        """Makes each instance wait for its turn at `limiter` (`slots`: one per instance, in order)."""
+        self._rate_limiter = limiter
+        self._slots = {id(instance): slot for instance, slot in zip(self.instances, slots, strict=True)}
+
+    def serving(self) -> bool:
+        """Whether an instance serves now: false while every instance restarts its worker
+        process (read from the instances' optional `serving` event, see `ModelInstance`)."""
+        if not self.instances:
+            return True
+        for instance in self.instances:
+            serving = getattr(instance, "serving", None)
+            if serving is None or serving.is_set():
+                return True
+        return False
+
+    def failure(self) -> str:
+        """Why an instance cannot serve now ("" while every one can), from the instances'
+        optional `failure` attribute (see `ModelInstance`)."""
+        for instance in self.instances:
+            failure = getattr(instance, "failure", None)
+            if failure:
+                return str(failure)
+        return ""
+
+    @property
+    def queue_size(self) -> int:
+        return len(self._queue)
+
+    @property
+    def pending(self) -> int:
+        """Requests queued or executing: Triton's pending request count."""
+        return self.queue_size + self._executing
+
+    def start(self) -> None:
+        self._idle.set()
+        for index, instance in enumerate(self.instances):
+            for slot in range(self._workers_for(instance)):
+                self._awake[index] += 1
+                name = f"{self.signature.model_name}:{self.model_version}:instance{index}:{slot}"
+                self._tasks.append(asyncio.create_task(self._work(index, instance), name=name))
+
+    def _workers_for(self, instance: ModelInstance) -> int:
+        """How many batches `instance` may have at once."""
+        # An ensemble's runs only wait on other models: it runs several at once.
+        concurrency = getattr(instance, "concurrency", None)
+        if concurrency is not None:
+            return int(concurrency)
+        # A worker process's instance runs one batch at a time, but the next ones may wait
+        # in the process already (see ModelInstance); a rate limiter wants each to ask its turn.
+        depth = int(getattr(instance, "pipeline_depth", 1))
+        if depth > 1 and self.pipelines and self._rate_limiter is None:
+            self._pipelined = True
+            return depth
+        return 1
+
+    def submit(self, request: InferenceRequest) -> None:
+        """Queues a request; its sink receives the response. Raises if it cannot queue."""
+        self._check_takes(request)
+        request.queued_ns = now_ns()
+        cache = self.response_cache if self.answers_from_cache else None
+        if cache is not None and cache.answer(request, self.statistics, self._admit_missed):
+            return  # answered from the cache (or being looked up): it does not queue now
+        self._queue_up(request)
+
+    def _check_takes(self, request: InferenceRequest) -> None:
+        """Raises where the request cannot be taken: the model unloads, or its client gave up
+        while it was being decoded (counted as cancelled)."""
+        if self._closed:
+            raise self._unloading()
+        if request.is_cancelled():
+            self.statistics.record_failure(request, "CANCELED")
+            raise CancelledError.of_request(request.model_name)
+
+    def _unloading(self) -> UnavailableError:
+        name, version = self.signature.model_name, self.model_version
+        return UnavailableError(f"model '{name}' version {version} is unloading")
+
+    def _queue_up(self, request: InferenceRequest) -> None:
+        self._enqueue(request)
+        request.queue = self
+        self._idle.clear()
+        self._wake_worker()
+
+    def _admit_missed(self, request: InferenceRequest) -> None:
+        """Queues a request whose cache lookup missed after `submit` returned (a Redis cache)."""
+        sink = request.sink
+        assert sink is not None
+        if self._closed:
+            sink.fail(self._unloading())
+        elif request.is_cancelled():
+            self.statistics.record_failure(request, "CANCELED")
+            sink.fail(CancelledError.of_request(request.model_name))
+        else:
+            try:
+                self._queue_up(request)
+            except CoreserveError as exc:  # what submit raises to its caller: a full queue, a bad priority
+                sink.fail(exc)
+
+    def withdraw(self, request: InferenceRequest) -> None:
+        """Takes a cancelled request out of the queue, if it is still there, and fails it.
+
+        One that an instance has taken already runs on; its backend sees `is_cancelled()`.
+        """
+        if not self._remove_queued(request):
+            return
+        self.statistics.record_failure(request, "CANCELED")
+        if request.sink is not None:
+            request.sink.fail(CancelledError.of_request(request.model_name))
+
+    def _enqueue(self, request: InferenceRequest) -> None:
+        self._queue.append(request)
+
+    def _remove_queued(self, request: InferenceRequest) -> bool:
+        """Removes a request from the queue; False if it is not there (taken, or never queued)."""
+        try:
+            self._queue.remove(request)
+        except ValueError:
+            return False
+        return True
+
+    def _has_work(self, index: int) -> bool:
+        """Whether instance `index` has something to take now (every instance takes from one queue)."""
+        return bool(self.queue_size)
+
+    async def _wait_for_work(self, index: int) -> None:
+        """Waits until a request queues for instance `index` (see `_wake_worker`)."""
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append((index, waiter))
+        self._awake[index] -= 1  # (and one more once _wake_worker wakes it)
+        await waiter
+
+    async def _take_batch(self, index: int) -> list[InferenceRequest]:
+        """The next batch for instance `index`, once `_has_work` said it has one; empty when
+        there is none after all (the queue emptied meanwhile, or the batch waits for more)."""
+        return [self._queue.popleft()]
+
+    def _batch_done(self, index: int) -> None:
+        """Called after each `_take_batch` of instance `index`, once that batch has run (or
+        failed to): nothing to do here."""
+
+    def _drain(self) -> Iterable[InferenceRequest]:
+        """Removes and returns every queued request."""
+        while self._queue:
+            yield self._queue.popleft()
+
+    def _send_what_waits(self) -> None:
+        """Called when closing begins: a batch waiting for more requests must go at once, as
+        Triton drains its queues on unload (the default scheduler never waits)."""
+
+    def _wake_worker(self) -> None:
+        """Wakes an idle worker for a request that queued: the longest idle, or, where
+        instances take batches ahead, one of the instance with the fewest workers awake (a
+        request must not wait behind another's execution while an instance idles)."""
+        waiters = self._waiters
+        while waiters and waiters[0][1].done():  # (cancelled: the scheduler is closing)
+            waiters.popleft()
+        if not waiters:
+            return
+        chosen = 0
+        if self._pipelined:
+            awake = self._awake
+            for position, (index, waiter) in enumerate(waiters):
+                if not waiter.done() and awake[index] < awake[waiters[chosen][0]]:
+                    chosen = position
+        index, waiter = waiters[chosen]
+        del waiters[chosen]
+        self._awake[index] += 1  # counted now: the next request of this turn goes elsewhere
+        waiter.set_result(None)
+
+    def _note_if_idle(self) -> None:
+        """Marks the scheduler idle (what `close` waits for) when nothing is queued or running."""
+        if self._busy == 0 and not self.queue_size:
+            self._idle.set()
+
+    async def _work(self, index: int, instance: ModelInstance) -> None:
+        """The worker loop of instance `index`: takes batches and executes them, one at a time."""
+        serving = getattr(instance, "serving", None)
+        while True:
+            if not self._has_work(index):
+                self._note_if_idle()
+                await self._wait_for_work(index)
+                continue
+            if serving is not None and not serving.is_set():
+                # The instance restarts its worker process: what is queued stays in the queue
+                # (where timeouts and cancellations reach it) for another instance or for this
+                # one once it is back, and the work this worker was woken for goes elsewhere.
+                self._wake_worker()
+                await serving.wait()
+                continue
+            self._busy += 1
+            try:
+                batch = await self._take_batch(index)
+                if batch:
+                    self._executing += len(batch)
+                    try:
+                        await self._execute(instance, batch)
+                    finally:
+                        self._executing -= len(batch)
+                # An idle worker holds no finished requests: their tensors go now, and its
+                # frame (kept by the CancelledError that ends it at close) makes no cycle
+                # request.queue -> scheduler -> task, which kept an unloaded model's instances
+                # alive until the garbage collector ran.
+                del batch
+            finally:
+                self._busy -= 1
+                self._batch_done(index)
+
+    async def _execute(self, instance: ModelInstance, batch: list[InferenceRequest]) -> None:
+        if self._ordered is None:
+            await self._execute_in_turn(instance, batch)
+            return
+        # The limiter's turn is inside: a batch waiting for earlier ones must not hold resources.
+        async with self._ordered.turn(batch):
+            await self._execute_in_turn(instance, batch)
+
+    async def _execute_in_turn(self, instance: ModelInstance, batch: list[InferenceRequest]) -> None:
+        limiter = self._rate_limiter
+        if limiter is None:
+            responder = await execute_batch(
+                instance, batch, self.signature, self.statistics, decoupled=self.decoupled
+            )
+        else:
+            async with limiter.turn(self._slots[id(instance)]):
+                responder = await execute_batch(
+                    instance, batch, self.signature, self.statistics, decoupled=self.decoupled
+                )
+        if responder.rescheduled:
+            self._take_back(responder.rescheduled)
+        if responder.requeued:
+            self._requeue(responder.requeued)
+
+    def _take_back(self, requests: Sequence[InferenceRequest]) -> None:
+        """Requests a backend handed back to be executed again: only iterative sequences take
+        them (SequenceBatcher); here each fails with Triton's error."""
+        for request in requests:
+            logger.error(
+                "model '%s' version %s: failed to release request '%s': %s",
+                self.signature.model_name,
+                self.model_version,
+                request.id,
+                RESCHEDULE_REFUSED,
+            )
+            self.statistics.record_failure(request, "BACKEND")
+            if request.sink is not None:
+                request.sink.fail(InternalError(RESCHEDULE_REFUSED))
+
+    def _requeue(self, requests: Sequence[tuple[InferenceRequest, CoreserveError]]) -> None:
+        """Queues again, ahead of younger ones, requests an instance handed back unstarted
+        (`Responder.requeue`); one cancelled meanwhile leaves as from the queue."""
+        for request, _ in requests:
+            unhold(request)
+            if request.is_cancelled():
+                self.statistics.record_failure(request, "CANCELED")
+                if request.sink is not None:
+                    request.sink.fail(CancelledError.of_request(request.model_name))
+                continue
+            self._enqueue_by_age(request)
+            self._idle.clear()
+            self._wake_worker()
+
+    def _enqueue_by_age(self, request: InferenceRequest) -> None:
+        """Puts a request taken from the queue back where its age places it: near the head,
+        behind the older ones handed back before it (each execution hands back its own)."""
+        insert_by_age(self._queue, request)
+
+    async def close(self, timeout: float | None = None) -> None:
+        """Stops taking requests, lets queued and running ones finish, fails the rest, then
+        closes the instances; `timeout` seconds bound all of it (an instance still closing
+        then is cancelled, see `ModelInstance.close`)."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        self._closed = True
+        self._send_what_waits()
+        if self.response_cache is not None:
+            self.response_cache.close()  # its answers go with it (unload, or a reload's new files)
+        if self.pending or self._busy:
+            try:
+                await asyncio.wait_for(self._idle.wait(), timeout)
+            except TimeoutError:
+                logger.warning(
+                    "model '%s' version %s: %d requests still queued after %.1fs; failing them",
+                    self.signature.model_name,
+                    self.model_version,
+                    self.queue_size,
+                    timeout,
+                )
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()  # a finished task's exception holds its frames: nothing must lead back here
+        for request in self._drain():
+            if request.sink is not None:
+                request.sink.fail(UnavailableError(f"model '{self.signature.model_name}' was unloaded"))
+        if self._rate_limiter is not None:
+            self._rate_limiter.unregister(self._slots.values())
+        remaining = None if deadline is None else max(0.0, deadline - loop.time())
+        await close_instances(self.instances, remaining, self.signature.model_name)
+
+
+def insert_by_age(queue: deque[InferenceRequest], request: InferenceRequest) -> None:
+    """Inserts `request` into `queue` (oldest first) behind every request queued before it."""
+    younger = (position for position, queued in enumerate(queue) if queued.queued_ns > request.queued_ns)
+    queue.insert(next(younger, len(queue)), request)
+
+
+async def close_instances(instances: Sequence[ModelInstance], timeout: float | None, model_name: str) -> None:
+    """Closes instances side by side; cancels the closes still running after `timeout` s."""
+    closes = [asyncio.create_task(instance.close()) for instance in instances]
+    if not closes:
+        return
+    await asyncio.sleep(0)  # every close has begun, so a cancellation reaches its cleanup
+    _, late = await asyncio.wait(closes, timeout=timeout)
+    if late:
+        logger.warning(
+            "model '%s': %d instances did not close within the exit timeout; cancelling them",
+            model_name,
+            len(late),
+        )
+        for task in late:
+            task.cancel()
+        await asyncio.wait(late, timeout=CANCELLED_CLOSE_GRACE_S)
+    for task in closes:
+        if task.done() and not task.cancelled() and task.exception() is not None:
+            logger.error("model '%s': closing an instance failed", model_name, exc_info=task.exception())

@@ -1,0 +1,1 @@
+"""The sequence batcher for stateful models: slots, control tensors and implicit state."""

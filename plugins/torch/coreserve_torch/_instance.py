@@ -1,0 +1,71 @@
+"""One torch module on one device, run on the instance's thread (torch releases the GIL)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from coreserve import DataType, InferenceRequest, InternalError
+from coreserve.backend import InstanceThread, ModelSignature, Responder, run_batched
+from coreserve_torch._binding import InputBinding, OutputBinding
+from coreserve_torch._tensors import to_tensor
+
+
+class TorchInstance:
+    """One module on one device; calls run on the instance's thread (torch releases the GIL)."""
+
+    def __init__(
+        self,
+        module: Any,
+        device: torch.device,
+        inputs: InputBinding,
+        outputs: OutputBinding,
+        signature: ModelSignature,
+        thread: InstanceThread,
+        *,
+        inference_mode: bool,
+        optimized: bool,
+    ) -> None:
+        self._module = module
+        self._device = device
+        self._inputs = inputs
+        self._outputs = outputs
+        self._types = {name: spec.datatype.numpy_dtype for name, spec in signature.model_outputs.items()}
+        self._thread = thread
+        self._inference_mode = inference_mode
+        self._optimized = optimized
+        self._scripted = isinstance(module, torch.jit.ScriptModule)
+
+    async def execute(self, requests: Sequence[InferenceRequest], responder: Responder) -> None:
+        await run_batched(requests, responder, self._run, thread=self._thread)
+
+    @contextlib.contextmanager
+    def _modes(self) -> Iterator[None]:
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(torch.inference_mode() if self._inference_mode else torch.no_grad())
+            if self._scripted and not self._optimized:
+                stack.enter_context(torch.jit.optimized_execution(False))  # type: ignore[attr-defined]
+            yield
+
+    def _run(self, inputs: dict[str, np.ndarray], output_names: Sequence[str]) -> dict[str, np.ndarray]:
+        tensors = {name: to_tensor(array, self._device) for name, array in inputs.items()}
+        with self._modes():
+            result = self._module(*self._inputs.arguments(tensors))
+        outputs = self._outputs.outputs(result, output_names)
+        for name, array in outputs.items():
+            if array.dtype != self._types[name]:
+                raise InternalError(
+                    f"the model returned output '{name}' as {array.dtype}, but the configuration says "
+                    f"{DataType.from_numpy(self._types[name])}"
+                )
+        return outputs
+
+    async def close(self) -> None:
+        self._thread.close()
+        del self._module
+        if self._device.type == "cuda":  # torch's cache keeps what the module held from NVML's view
+            torch.cuda.empty_cache()
