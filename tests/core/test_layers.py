@@ -265,7 +265,9 @@ def _unit(module: str) -> str:
     """The package a module belongs to for the naming rule: its entry in LAYERS for the core, the
     plugin's sub-package (or the plugin) for a plugin. Sub-packages inside one unit only file it."""
     if module == "coreserve" or module.startswith("coreserve."):
-        return max((p for p in LAYERS if module == p or module.startswith(p + ".")), key=len, default="coreserve")
+        return max(
+            (p for p in LAYERS if module == p or module.startswith(p + ".")), key=len, default="coreserve"
+        )
     parts = module.split(".")
     return ".".join(parts[:2]) if len(parts) > 2 or (len(parts) == 2 and _is_package(module)) else parts[0]
 
@@ -298,5 +300,7 @@ def test_no_folder_holds_more_than_a_dozen_modules() -> None:
     folders: dict[Path, int] = {}
     for path in _modules().values():
         folders[path.parent] = folders.get(path.parent, 0) + 1
-    crowded = {str(folder.relative_to(REPO)): n for folder, n in folders.items() if n > MAX_MODULES_PER_FOLDER}
+    crowded = {
+        str(folder.relative_to(REPO)): n for folder, n in folders.items() if n > MAX_MODULES_PER_FOLDER
+    }
     assert crowded == {}
