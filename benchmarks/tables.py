@@ -1,9 +1,9 @@
 """Renders benchmark results (benchmarks/results/*.json) as markdown tables.
 
-    python benchmarks/tables.py                      # every results file, to stdout
-    python benchmarks/tables.py batching grpc_speed  # some, by script name or path
-    python benchmarks/tables.py --output FILE        # written to FILE instead
-    python benchmarks/tables.py --heading-level 3    # each result under a "###" heading
+    python -m benchmarks.tables                      # every results file, to stdout
+    python -m benchmarks.tables batching grpc_speed  # some, by script name or path
+    python -m benchmarks.tables --output FILE        # written to FILE instead
+    python -m benchmarks.tables --heading-level 3    # each result under a "###" heading
 
 For each results file: a heading naming the script, a line with its date, machine and
 parameters, then each of its tables with its title. Values are formatted as the scripts print
@@ -19,8 +19,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from reporting import RESULTS, format_value
+from benchmarks.support.reporting import RESULTS, format_value
 
 
 def result_files(names: Sequence[str], folder: Path = RESULTS) -> list[Path]:

@@ -15,15 +15,17 @@ def test_the_docs_tables_are_rendered_from_the_results_files(tmp_path) -> None:
     subprocess.run(
         [
             sys.executable,
-            str(REPO / "benchmarks" / "tables.py"),
+            "-m",
+            "benchmarks.tables",
             "--heading-level",
             "3",
             "--output",
             str(rendered),
         ],
         check=True,
+        cwd=REPO,
     )
     assert rendered.read_text() == TABLES.read_text(), (
-        "benchmarks/results/TABLES.md is stale: run benchmarks/tables.py --heading-level 3 --output it"
+        "benchmarks/results/TABLES.md is stale: run python -m benchmarks.tables --heading-level 3 --output it"
     )
     assert '--8<-- "benchmarks/results/TABLES.md"' in (REPO / "docs" / "benchmarks.md").read_text()

@@ -4,7 +4,7 @@ grpc's core does the HTTP/2 here; what coreserve decides is which of its limits 
 server/grpc/_transport.py). A client that opens and resets streams as fast as it can (CVE-2023-44487)
 must get its streams refused past the per-connection limit, while another client's calls of the
 same method keep getting their answers (without the limit, gRPC core cancels them at random).
-benchmarks/http2_attacks.py measures the same attacks for longer, with latencies.
+benchmarks/attacks/http2_attacks.py measures the same attacks for longer, with latencies.
 """
 
 from __future__ import annotations

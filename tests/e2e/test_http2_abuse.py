@@ -6,7 +6,7 @@ raw frames. Each test checks the GOAWAY or RST_STREAM code the references (nghtt
 core) answer with, a bound on the server's memory where the attack aims at it, and that
 another client is served during the attack (counts and answers: every call of a bystander
 succeeds, the HTTP health probe answers). Latency under attack is measured by
-benchmarks/http2_attacks.py, not here.
+benchmarks/attacks/http2_attacks.py, not here.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 other connections keep getting answers; the errors of the in-loop decoder; a client that
 leaves while its body is parsed stops the parsing.
 
-Latencies are benchmarks/large_json.py's to measure; here the parsing is held outright (its
+Latencies are benchmarks/transports/large_json.py's to measure; here the parsing is held outright (its
 worker process stopped) while other connections are answered.
 """
 

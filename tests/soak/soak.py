@@ -53,9 +53,8 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 # Its tables and results file are the benchmarks' kind.
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from reporting import Table, print_table, write_results
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from benchmarks.support.reporting import Table, print_table, write_results
 from coreserve.testing import ServerProcess
 
 REPO = Path(__file__).resolve().parents[2]

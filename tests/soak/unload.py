@@ -536,8 +536,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     # Its tables and results file are the benchmarks' kind.
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    from reporting import print_table, write_results
+    sys.path.insert(0, str(REPO))
+    from benchmarks.support.reporting import print_table, write_results
 
     runs: list[Run] = []
     skipped: dict[str, str] = {}

@@ -39,10 +39,9 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 # Its tables and results file are the benchmarks' kind; its models are the tests' own.
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from reporting import print_table, write_results
-
+from benchmarks.support.reporting import print_table, write_results
 from coreserve.testing import ServerProcess
 from model_builders import (  # type: ignore[import-not-found]
     ACCUMULATOR_SEQUENCE_CONFIG,

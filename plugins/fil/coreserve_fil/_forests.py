@@ -4,7 +4,7 @@ Each framework is imported only when a model of its type loads. The predictor is
 framework's own (XGBoost's, LightGBM's; Treelite's GTIL for checkpoints, which nothing else
 reads): measured on a 500-tree model with 32 features, XGBoost's predictor answers a batch of
 1024 rows about 15 times faster than Treelite's GTIL, LightGBM's about twice as fast, and both
-are as quick at batch 1 (see benchmarks/fil.py).
+are as quick at batch 1 (see benchmarks/backends/fil.py).
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ GPU_ONLY_INTEGERS = ("threads_per_tree", "blocks_per_sm", "transfer_threshold")
 IGNORED_FLAGS = ("use_experimental_optimizations", "xgboost_allow_unknown_field")
 # Below this many rows a prediction runs on one thread unless `cpu_nthread` says otherwise: an
 # OpenMP parallel region costs more than such a batch takes, and its spinning threads slow the
-# other instances down (benchmarks/fil.py, README of plugin-fil).
+# other instances down (benchmarks/backends/fil.py, README of plugin-fil).
 SMALL_BATCH_ROWS = 128
 
 

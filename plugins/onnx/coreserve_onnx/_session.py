@@ -30,7 +30,7 @@ def session_options(
     `copies`: the copies of the model the server loads (`ServerContext.copies`). Where there are
     several and the configuration sets no `intra_op_thread_count`, each gets its share of the
     cores, not ONNX Runtime's default of all of them: copies that each take every core slow
-    one another down (benchmarks/workers.py, compute-binary).
+    one another down (benchmarks/workers/workers.py, compute-binary).
     """
     options = ort.SessionOptions()
     intra = int_parameter(config, "intra_op_thread_count")

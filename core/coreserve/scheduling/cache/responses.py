@@ -241,7 +241,7 @@ class ModelResponseCache:
         # Delivered at the loop's next turn, not from inside the callback that read the
         # request: a frontend then writes the answers of the requests read in one turn
         # together, and a waiting client is woken once for them, not once per answer. The
-        # wake-ups cost the server more than a hit saves (benchmarks/response_cache.py measures
+        # wake-ups cost the server more than a hit saves (benchmarks/features/response_cache.py measures
         # hits against the cache off; docs/benchmarks.md has the figures).
         asyncio.get_running_loop().call_soon(self._hit, request, found, started, statistics)
         return True

@@ -81,7 +81,7 @@ class Channel:
         A process that sleeps on its socket is woken by the kernel when data comes, and on a
         virtual machine that wake-up (and the idle core's own) costs more than a small model's
         execute, so a stub under a steady stream of requests answers more of them when it spins
-        (benchmarks/python_speed.py measures it). The spin is adaptive:
+        (benchmarks/python/python_speed.py measures it). The spin is adaptive:
         - after a wait that lasted over twice the spin (spin included; a sleeper also takes its
           wake-up to see the data), the next wait sleeps at once, until a wait is short again.
           So a stub whose requests are sparse does not spin for each of them;

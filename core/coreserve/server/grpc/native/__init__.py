@@ -1,6 +1,6 @@
 """coreserve's own gRPC server: HTTP/2 on an asyncio Protocol, for `--grpc-server native`.
 
-grpc.aio spends most of a small call in its own per-call machinery (issue 16); this server does
+grpc.aio spends most of a small call in its own per-call machinery; this server does
 only what gRPC needs of HTTP/2 (`_frames`: frames as bytes; `_hpack_decoder` and `_headers`:
 HPACK decoding within a size limit, with a cache of repeated blocks; `_frame_reader` and
 `_frame_layout`: the frames a client sends, checked; `_connection`: frames in and out under

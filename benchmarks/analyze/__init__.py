@@ -1,0 +1,1 @@
+"""`coreserve analyze`'s searches."""

@@ -1,0 +1,1 @@
+"""What serving costs each backend, against the framework in process, and Ray Serve's proxy."""

@@ -1,0 +1,1 @@
+"""What dynamic batching gains, over HTTP binary and gRPC."""

@@ -1,0 +1,1 @@
+"""What a server feature costs or gains: the response cache, tracing, metrics."""

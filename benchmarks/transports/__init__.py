@@ -1,0 +1,1 @@
+"""The request path over HTTP, gRPC, shared memory and the OpenAI frontend, against references and other servers."""

@@ -1,0 +1,1 @@
+"""One worker process against N."""
