@@ -47,7 +47,7 @@ def test_a_large_request_keeps_its_raw_contents_as_views_of_the_received_bytes()
     whole = pb.ModelInferRequest.FromString(data)
     del whole.raw_input_contents[:]
     assert received.message == whole
-    decoded = decode_model_infer_request(received.message, None, received.raw)
+    decoded, _ = decode_model_infer_request(received.message, None, received.raw)
     np.testing.assert_array_equal(decoded.inputs["INPUT0"], big)
     np.testing.assert_array_equal(decoded.inputs["INPUT1"], small)
     assert decoded.id == "7" and decoded.parameters == {"priority": 3}
@@ -60,7 +60,7 @@ def test_a_large_request_keeps_its_raw_contents_as_views_of_the_received_bytes()
     uint8.inputs[0].shape[:] = [big.nbytes]
     data = uint8.SerializeToString()
     received = parse_model_infer_request(data)
-    array = decode_model_infer_request(received.message, None, received.raw).inputs["INPUT0"]
+    array = decode_model_infer_request(received.message, None, received.raw)[0].inputs["INPUT0"]
     assert np.shares_memory(array, np.frombuffer(data, np.uint8))  # bytes are always aligned
 
 
@@ -119,7 +119,7 @@ def test_a_serialized_response_is_the_bytes_protobuf_writes(outputs: dict[str, n
     assert len(parsed.raw_output_contents) == len(outputs)
 
     stream = pb.ModelStreamInferResponse.FromString(
-        _joined(serialize_model_stream_infer_response(response, None, {"triton_final_response": True}))
+        _joined(serialize_model_stream_infer_response(response, parameters={"triton_final_response": True}))
     )
     expected = encode_model_infer_response(response)
     expected.parameters["triton_final_response"].bool_param = True
@@ -140,7 +140,7 @@ def test_a_large_response_leaves_its_outputs_bytes_where_they_are() -> None:
     response = InferenceResponse("m", "1", {"BIG": big, "SMALL": np.ones(3, np.int32)})
     for serialized in (
         serialize_model_infer_response(response),
-        serialize_model_stream_infer_response(response, None, {"triton_final_response": True}),
+        serialize_model_stream_infer_response(response, parameters={"triton_final_response": True}),
     ):
         assert isinstance(serialized, SerializedPieces)
         views = [np.frombuffer(piece, np.uint8) for piece in serialized.pieces if len(piece) == big.nbytes]

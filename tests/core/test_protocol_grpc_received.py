@@ -22,6 +22,7 @@ from coreserve.protocol.grpc_received import (
     RequestTemplates,
     parse_model_infer_request,
 )
+from coreserve.protocol.output_plan import OutputPlan
 from coreserve.protos import grpc_service_pb2 as pb
 from coreserve.types import InferenceRequest
 
@@ -57,7 +58,7 @@ def _same(got: InferenceRequest, want: InferenceRequest) -> None:
 
 
 def _full(data: bytes) -> InferenceRequest:
-    return decode_model_infer_request(pb.ModelInferRequest.FromString(data))
+    return decode_model_infer_request(pb.ModelInferRequest.FromString(data))[0]
 
 
 def test_a_repeated_request_decodes_from_its_template_as_the_full_decode_does() -> None:
@@ -69,14 +70,14 @@ def test_a_repeated_request_decodes_from_its_template_as_the_full_decode_does() 
     received = parse_model_infer_request(data)
 
     assert received.template is not None
-    decoded = received.decode(None)
+    decoded, plan = received.decode(None)
     _same(decoded, _full(data))
     assert decoded.inputs["INPUT0"].tolist() == [[5, 6, 7, 8]] and decoded.inputs["TEXT"].tolist() == [
         b"hello"
     ]
-    assert received.output_targets(None) == {}
+    assert plan == OutputPlan()
     decoded.parameters["mine"] = 1  # each request has its own parameters
-    assert parse_model_infer_request(data).decode(None).parameters == {}
+    assert parse_model_infer_request(data).decode(None)[0].parameters == {}
 
 
 def test_the_request_parameters_come_with_the_template_a_copy_for_each_request() -> None:
@@ -90,10 +91,10 @@ def test_the_request_parameters_come_with_the_template_a_copy_for_each_request()
     received = parse_model_infer_request(data)
 
     assert received.template is not None
-    decoded = received.decode(None)
+    decoded = received.decode(None)[0]
     _same(decoded, _full(data))
     assert decoded.parameters.pop("triton_enable_empty_final_response") is True  # as the stream does
-    assert parse_model_infer_request(data).decode(None).parameters == {
+    assert parse_model_infer_request(data).decode(None)[0].parameters == {
         "triton_enable_empty_final_response": True,
         "priority": 2,
     }
@@ -110,7 +111,7 @@ def test_numbered_requests_share_a_template_and_keep_their_ids() -> None:
         data = message.SerializeToString()
         received = parse_model_infer_request(data)
         assert received.template is not None and received.request_id == request_id
-        _same(received.decode(None), _full(data))
+        _same(received.decode(None)[0], _full(data))
     short = _message(model, [5, 6, 7])
     short.id = "42"
     with pytest.raises(CoreserveError, match=r"^\[request id: 42\] input byte size mismatch"):
@@ -133,7 +134,7 @@ def test_a_wrong_size_gets_the_full_decodes_error() -> None:
 
     assert received.template is not None
     with pytest.raises(CoreserveError) as templated:
-        received.decode(None)
+        received.decode(None)[0]
     with pytest.raises(CoreserveError) as full:
         _full(data)
     assert templated.value.message == full.value.message
@@ -161,7 +162,7 @@ def test_a_request_that_goes_on_after_its_raw_entries_is_parsed_whole() -> None:
     received = parse_model_infer_request(data)
 
     assert received.template is None
-    assert received.decode(None).requested_outputs == ("OUTPUT0", "OUTPUT1")
+    assert received.decode(None)[0].requested_outputs == ("OUTPUT0", "OUTPUT1")
 
 
 def test_raw_entries_that_do_not_match_the_inputs_get_the_full_decodes_error() -> None:
@@ -175,7 +176,7 @@ def test_raw_entries_that_do_not_match_the_inputs_get_the_full_decodes_error() -
 
     assert received.template is None
     with pytest.raises(CoreserveError, match="unable to find data for input tensor 'TEXT'"):
-        received.decode(None)
+        received.decode(None)[0]
 
 
 def test_learning_pauses_while_prefixes_keep_changing_and_resumes_later() -> None:
@@ -242,10 +243,10 @@ def test_any_templated_request_is_the_fully_decoded_one(
         want = _full(data)
     except CoreserveError as exc:
         with pytest.raises(CoreserveError) as got:
-            received.decode(None)
+            received.decode(None)[0]
         assert got.value.message == exc.message
         return
-    _same(received.decode(None), want)
+    _same(received.decode(None)[0], want)
 
 
 def test_a_request_with_raw_entries_among_its_other_fields_teaches_nothing() -> None:
@@ -262,4 +263,4 @@ def test_a_request_with_raw_entries_among_its_other_fields_teaches_nothing() -> 
     received = [parse_model_infer_request(data) for _ in range(2)]
 
     assert [r.template for r in received] == [None, None]
-    _same(received[1].decode(None), _full(data))
+    _same(received[1].decode(None)[0], _full(data))

@@ -17,7 +17,6 @@ from coreserve.protocol.bytes_codec import decode_bytes_tensor, encode_bytes_ten
 from coreserve.protocol.http_body import (
     GATHER_BYTES,
     JSON_SLICE_ELEMENTS,
-    OutputEncoding,
     complete_infer_request,
     decode_infer_request,
     decode_raw_infer_request,
@@ -25,6 +24,7 @@ from coreserve.protocol.http_body import (
     parse_infer_document,
     split_infer_body,
 )
+from coreserve.protocol.output_plan import OutputPlan
 from coreserve.types import DataType, InferenceResponse
 
 
@@ -171,7 +171,7 @@ def test_encode_json_and_binary_outputs() -> None:
             "b": np.array([0.5], dtype=ml_dtypes.bfloat16),
         },
     )
-    body, length = encode_infer_response(response, OutputEncoding(binary={"s": True, "b": True}))
+    body, length = encode_infer_response(response, OutputPlan(binary={"s": True, "b": True}))
     assert length is not None
     header = json.loads(body[:length])
     assert header["id"] == "r" and header["model_version"] == "2"
@@ -187,7 +187,7 @@ def test_encode_json_and_binary_outputs() -> None:
 
 def test_encode_all_json_has_no_header_length() -> None:
     response = InferenceResponse("m", "1", {"o": np.array([True, False])})
-    body, length = encode_infer_response(response, OutputEncoding())
+    body, length = encode_infer_response(response, OutputPlan())
     assert length is None
     assert json.loads(body)["outputs"][0]["data"] == [True, False]
 
@@ -252,7 +252,7 @@ def test_large_json_outputs_are_written_in_slices_as_one_document() -> None:
     response = InferenceResponse(
         model_name="m", model_version="1", outputs=outputs, id="i", parameters={"k": 1}
     )
-    body, json_length = encode_infer_response(response, OutputEncoding(binary={"binary": True}))
+    body, json_length = encode_infer_response(response, OutputPlan(binary={"binary": True}))
     assert json_length is not None
     json_outputs = []
     for name, array in outputs.items():
@@ -285,7 +285,7 @@ def test_a_response_whose_text_holds_the_slices_placeholder_is_still_right() -> 
     data = np.arange(JSON_SLICE_ELEMENTS + 1, dtype=np.int32)
     request_id = "\x00coreserve: data written in slices\x00"
     response = InferenceResponse(model_name="m", model_version="1", outputs={"o": data}, id=request_id)
-    body, _ = encode_infer_response(response, OutputEncoding())
+    body, _ = encode_infer_response(response, OutputPlan())
     document = orjson.loads(body)
     assert document["id"] == request_id
     assert document["outputs"][0]["data"] == data.tolist()

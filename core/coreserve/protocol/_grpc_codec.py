@@ -13,7 +13,6 @@ import numpy as np
 
 from coreserve.errors import InvalidArgumentError, RequestMismatchError, with_request_id
 from coreserve.protocol._shared_memory import (
-    OutputInSharedMemory,
     SharedMemoryReference,
     SharedMemoryRegions,
     input_buffer,
@@ -23,6 +22,7 @@ from coreserve.protocol._shared_memory import (
 )
 from coreserve.protocol.classification import PARAMETER as CLASSIFICATION
 from coreserve.protocol.classification import parse_class_count
+from coreserve.protocol.output_plan import DEFAULT_PLAN, OutputPlan
 from coreserve.protocol.tensors import (
     array_from_bytes,
     check_shape,
@@ -75,8 +75,9 @@ def decode_model_infer_request(
     message: pb.ModelInferRequest,
     regions: SharedMemoryRegions | None = None,
     raw_contents: Sequence[bytes | memoryview] | None = None,
-) -> InferenceRequest:
-    """Decodes a ModelInferRequest; raw contents are wrapped without copying when aligned.
+) -> tuple[InferenceRequest, OutputPlan]:
+    """Decodes a ModelInferRequest and its output plan (the outputs to write into shared
+    memory, resolved now); raw contents are wrapped without copying when aligned.
 
     Inputs in shared memory (read through `regions`) have no raw_input_contents entry: the
     entries belong, in order, to the other inputs. `raw_contents`, when given, stands for the
@@ -97,11 +98,18 @@ def decode_model_infer_request(
         if "priority" in given:
             _check_priority(given["priority"])
     class_counts = {}
+    plan = DEFAULT_PLAN
     outputs = list(message.outputs)
     for output in outputs:
-        if output.parameters and CLASSIFICATION in output.parameters:
-            class_counts[output.name] = _class_count(output.parameters[CLASSIFICATION], output.name)
-    return InferenceRequest(
+        if output.parameters:
+            if CLASSIFICATION in output.parameters:
+                class_counts[output.name] = _class_count(output.parameters[CLASSIFICATION], output.name)
+            reference = shared_memory_reference(_parameters(output.parameters), f"output '{output.name}'")
+            if reference is not None:
+                if plan is DEFAULT_PLAN:
+                    plan = OutputPlan()
+                plan.shared_memory[output.name] = output_target(regions, reference, output.name)
+    request = InferenceRequest(
         model_name=message.model_name,
         model_version=message.model_version,
         id=message.id,
@@ -110,6 +118,7 @@ def decode_model_infer_request(
         requested_outputs=tuple(output.name for output in outputs) or None,
         class_counts=class_counts or None,
     )
+    return request, plan
 
 
 # Where an input's data is: its region's reference and bytes, its raw_input_contents entry, or
@@ -206,20 +215,6 @@ def _class_count(parameter: pb.InferParameter, output_name: str) -> int:
             f"(output '{output_name}')"
         )
     return parse_class_count(parameter.int64_param, output_name)
-
-
-def shared_memory_outputs(
-    message: pb.ModelInferRequest, regions: SharedMemoryRegions | None
-) -> dict[str, OutputInSharedMemory]:
-    """The requested outputs to be written into shared memory, resolved now (see output_target)."""
-    targets = {}
-    for output in message.outputs:
-        if output.parameters:
-            where = f"output '{output.name}'"
-            reference = shared_memory_reference(_parameters(output.parameters), where)
-            if reference is not None:
-                targets[output.name] = output_target(regions, reference, output.name)
-    return targets
 
 
 def _parameters(parameters: Any) -> dict[str, ParameterValue]:

@@ -23,8 +23,9 @@ import numpy as np
 from google.protobuf.message import DecodeError
 
 from coreserve.errors import CoreserveError, RequestMismatchError, with_request_id
-from coreserve.protocol._grpc_codec import decode_model_infer_request, shared_memory_outputs
-from coreserve.protocol._shared_memory import OutputInSharedMemory, SharedMemoryRegions
+from coreserve.protocol._grpc_codec import decode_model_infer_request
+from coreserve.protocol._shared_memory import SharedMemoryRegions
+from coreserve.protocol.output_plan import DEFAULT_PLAN, OutputPlan
 from coreserve.protocol.tensors import array_from_bytes, check_shape, element_count, parse_datatype
 from coreserve.protos import grpc_service_pb2 as pb
 from coreserve.types import NUMPY_DTYPES, DataType, InferenceRequest, ParameterValue
@@ -99,16 +100,14 @@ class ReceivedInferRequest:
     def request_id(self) -> str:
         return self.template_id if self.template is not None else self.message.id
 
-    def decode(self, regions: SharedMemoryRegions | None) -> InferenceRequest:
-        """The InferenceRequest; raises CoreserveError for a request a model cannot take."""
+    def decode(self, regions: SharedMemoryRegions | None) -> tuple[InferenceRequest, OutputPlan]:
+        """The InferenceRequest and its output plan, in one read of the message; raises
+        CoreserveError for a request a model cannot take. (A template's request asks nothing
+        of its outputs: requests whose outputs have parameters make no template.)"""
         if self.template is not None:
             assert self.raw is not None
-            return self.template.request(self.template_id, self.raw)  # type: ignore[arg-type]  # views
+            return self.template.request(self.template_id, self.raw), DEFAULT_PLAN  # type: ignore[arg-type]  # views
         return decode_model_infer_request(self.message, regions, self.raw)
-
-    def output_targets(self, regions: SharedMemoryRegions | None) -> dict[str, OutputInSharedMemory]:
-        """The requested outputs to be written into shared memory (none for a template's)."""
-        return {} if self.template is not None else shared_memory_outputs(self.message, regions)
 
 
 class RequestTemplates:
@@ -159,7 +158,7 @@ class RequestTemplates:
             return
         head, tail = around_id
         try:
-            request = decode_model_infer_request(pb.ModelInferRequest.FromString(prefix), None, raw)
+            request, _ = decode_model_infer_request(pb.ModelInferRequest.FromString(prefix), None, raw)
         except CoreserveError:  # its handler decodes it again, and answers the mistake
             return
         metadata = pb.ModelInferRequest.FromString(head + tail)

@@ -12,20 +12,22 @@ from typing import NamedTuple
 
 from coreserve.protocol._grpc_codec import set_parameter
 from coreserve.protocol._shared_memory import OutputInSharedMemory, write_output
+from coreserve.protocol.output_plan import DEFAULT_PLAN, OutputPlan
 from coreserve.protocol.tensors import array_to_bytes
 from coreserve.protos import grpc_service_pb2 as pb
 from coreserve.types import DataType, InferenceResponse, ParameterValue
 
 
 def encode_model_infer_response(
-    response: InferenceResponse, shared_memory: dict[str, OutputInSharedMemory] | None = None
+    response: InferenceResponse, plan: OutputPlan = DEFAULT_PLAN
 ) -> pb.ModelInferResponse:
     """Encodes a response with every output in raw_output_contents, as Triton does.
 
-    Outputs in `shared_memory` are written into their regions and, as Triton sends them, keep
-    an empty raw_output_contents entry (so that the entries still line up with the outputs).
+    Outputs in the plan's shared memory are written into their regions and, as Triton sends
+    them, keep an empty raw_output_contents entry (so that the entries still line up with the
+    outputs).
     """
-    message, raw = _response_without_raw(response, shared_memory)
+    message, raw = _response_without_raw(response, plan.shared_memory)
     message.raw_output_contents.extend(data if isinstance(data, bytes) else data.tobytes() for data in raw)
     return message
 
@@ -47,7 +49,7 @@ UNJOINED_BYTES = 64 * 1024
 
 
 def serialize_model_infer_response(
-    response: InferenceResponse, shared_memory: dict[str, OutputInSharedMemory] | None = None
+    response: InferenceResponse, plan: OutputPlan = DEFAULT_PLAN
 ) -> bytes | SerializedPieces:
     """encode_model_infer_response's message, serialized, with each output copied once or never.
 
@@ -56,19 +58,19 @@ def serialize_model_infer_response(
     where protobuf writes them too (the highest field number last): the bytes are the same.
     A large message comes as its pieces (see SerializedPieces), its outputs' bytes not copied.
     """
-    return _joined_unless_large(*_serialized_pieces(response, shared_memory))
+    return _joined_unless_large(*_serialized_pieces(response, plan.shared_memory))
 
 
 def serialize_model_stream_infer_response(
     response: InferenceResponse,
-    shared_memory: dict[str, OutputInSharedMemory] | None = None,
+    plan: OutputPlan = DEFAULT_PLAN,
     parameters: Mapping[str, ParameterValue] | None = None,
 ) -> bytes | SerializedPieces:
     """A ModelStreamInferResponse carrying serialize_model_infer_response's message, serialized.
 
     `parameters` are added to the response's own (the streaming protocol's final flag).
     """
-    pieces, size = _serialized_pieces(response, shared_memory, parameters)
+    pieces, size = _serialized_pieces(response, plan.shared_memory, parameters)
     head = _INFER_RESPONSE_KEY + _varint_bytes(size)
     return _joined_unless_large([head, *pieces], len(head) + size)
 

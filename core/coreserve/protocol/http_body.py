@@ -8,7 +8,7 @@ marks a raw request: the whole body is the data of the model's single input.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -23,7 +23,6 @@ from coreserve.errors import (
     with_request_id,
 )
 from coreserve.protocol._shared_memory import (
-    OutputInSharedMemory,
     SharedMemoryReference,
     SharedMemoryRegions,
     output_target,
@@ -33,6 +32,7 @@ from coreserve.protocol._shared_memory import (
 )
 from coreserve.protocol.classification import PARAMETER as CLASSIFICATION
 from coreserve.protocol.classification import parse_class_count
+from coreserve.protocol.output_plan import OutputPlan
 from coreserve.protocol.tensors import (
     array_from_bytes,
     array_from_json,
@@ -55,19 +55,6 @@ GATHER_BYTES = 1 << 20
 # What stands for such an output's data while the rest of the response is written.
 _SLICED = "\x00coreserve: data written in slices\x00"
 _SLICED_JSON = orjson.dumps(_SLICED)
-
-
-@dataclass(slots=True)
-class OutputEncoding:
-    """How the client wants each output back: binary data, JSON, or written into shared memory."""
-
-    binary_by_default: bool = False
-    binary: dict[str, bool] = field(default_factory=dict)
-    class_counts: dict[str, int] = field(default_factory=dict)  # answered as top classes
-    shared_memory: dict[str, OutputInSharedMemory] = field(default_factory=dict)
-
-    def is_binary(self, name: str) -> bool:
-        return self.binary.get(name, self.binary_by_default)
 
 
 @dataclass(slots=True)
@@ -203,7 +190,7 @@ def decode_infer_request(
     model_name: str,
     model_version: str,
     regions: SharedMemoryRegions | None = None,
-) -> tuple[InferenceRequest, OutputEncoding]:
+) -> tuple[InferenceRequest, OutputPlan]:
     """Decodes a JSON (+ binary) inference request body; `regions` serves shared-memory tensors."""
     header, binary = split_infer_body(body, header_length)
     document = parse_infer_document(header, len(binary), model_name)
@@ -216,7 +203,7 @@ def complete_infer_request(
     model_name: str,
     model_version: str,
     regions: SharedMemoryRegions | None = None,
-) -> tuple[InferenceRequest, OutputEncoding]:
+) -> tuple[InferenceRequest, OutputPlan]:
     """The request of a parsed JSON part: its inputs read from `binary` and shared memory."""
     request_id = document.id
     inputs: dict[str, np.ndarray] = {}
@@ -232,8 +219,9 @@ def complete_infer_request(
     if isinstance(request_parameters, dict):
         check_priority(request_parameters)
     parameters = parse_parameters(request_parameters, "the request")
-    encoding = OutputEncoding(binary_by_default=parameters.pop("binary_data_output", False) is True)
-    requested = _requested_outputs(document.outputs, encoding, regions)
+    plan = OutputPlan(binary_by_default=parameters.pop("binary_data_output", False) is True)
+    class_counts: dict[str, int] = {}
+    requested = _requested_outputs(document.outputs, plan, class_counts, regions)
     request = InferenceRequest(
         model_name=model_name,
         model_version=model_version,
@@ -241,14 +229,14 @@ def complete_infer_request(
         inputs=inputs,
         parameters=parameters,
         requested_outputs=requested,
-        class_counts=encoding.class_counts or None,
+        class_counts=class_counts or None,
     )
-    return request, encoding
+    return request, plan
 
 
 def decode_raw_infer_request(
     body: bytes | bytearray, spec: TensorSpec, batching: bool, model_name: str, model_version: str
-) -> tuple[InferenceRequest, OutputEncoding]:
+) -> tuple[InferenceRequest, OutputPlan]:
     """Decodes a raw request: the body is the data of the model's only input.
 
     BYTES data is one element holding the whole body. For other types the shape comes from
@@ -282,11 +270,11 @@ def decode_raw_infer_request(
         shape = check_shape(tuple([1, *dims] if batching else dims), name)
         array = array_from_bytes(memoryview(body).toreadonly(), spec.datatype, shape, name, model_name)
     request = InferenceRequest(model_name=model_name, model_version=model_version, inputs={name: array})
-    return request, OutputEncoding(binary_by_default=True)
+    return request, OutputPlan(binary_by_default=True)
 
 
 def encode_infer_response(
-    response: InferenceResponse, encoding: OutputEncoding
+    response: InferenceResponse, plan: OutputPlan
 ) -> tuple[bytes | bytearray, int | None]:
     """Encodes a response; returns the body and the JSON part's length when binary data follows."""
     outputs_json = []
@@ -296,10 +284,10 @@ def encode_infer_response(
     for name, array in response.outputs.items():
         datatype = DataType.from_numpy(array.dtype)
         output: dict[str, Any] = {"name": name, "datatype": datatype.value, "shape": list(array.shape)}
-        target = encoding.shared_memory.get(name)
+        target = plan.shared_memory.get(name)
         if target is not None:  # written into the region; the response says no more, as Triton's
             write_output(target, array, datatype, name)
-        elif encoding.is_binary(name):
+        elif plan.is_binary(name):
             data = array_to_bytes(array, datatype)
             size = len(data) if isinstance(data, bytes) else data.nbytes
             output["parameters"] = {"binary_data_size": size}
@@ -392,8 +380,9 @@ def check_priority(parameters: dict[str, Any]) -> None:
 
 
 def _requested_outputs(
-    value: object, encoding: OutputEncoding, regions: SharedMemoryRegions | None
+    value: object, plan: OutputPlan, class_counts: dict[str, int], regions: SharedMemoryRegions | None
 ) -> tuple[str, ...] | None:
+    """The names of the requested outputs; fills in `plan` and `class_counts` on the way."""
     if value is None or value == []:
         return None
     if not isinstance(value, list):
@@ -406,12 +395,12 @@ def _requested_outputs(
         parameters = parse_parameters(item.get("parameters"), f"output '{name}'")
         count = parameters.get(CLASSIFICATION)
         if count is not None and not (type(count) is int and count == 0):  # Triton reads 0 as none
-            encoding.class_counts[name] = parse_class_count(count, name)
+            class_counts[name] = parse_class_count(count, name)
         in_shared_memory = shared_memory_reference(parameters, f"output '{name}'")
         if in_shared_memory is not None:
-            encoding.shared_memory[name] = output_target(regions, in_shared_memory, name)
+            plan.shared_memory[name] = output_target(regions, in_shared_memory, name)
         binary = parameters.get("binary_data")
         if binary is not None:
-            encoding.binary[name] = binary is True
+            plan.binary[name] = binary is True
         names.append(name)
     return tuple(names)

@@ -22,6 +22,7 @@ from coreserve.protocol.grpc_response import (
     serialize_model_infer_response,
     serialize_model_stream_infer_response,
 )
+from coreserve.protocol.output_plan import OutputPlan
 from coreserve.protos import grpc_service_pb2 as pb
 from coreserve.protos import grpc_service_pb2_grpc as pb_grpc
 from coreserve.responses import StreamingResponses
@@ -99,10 +100,10 @@ def _trace_context(inference: InferenceRequest, context: Any, received_ns: int) 
 
 
 def _traced_encoding(
-    trace: RequestTrace, response: InferenceResponse, in_shared_memory: Any
+    trace: RequestTrace, response: InferenceResponse, plan: OutputPlan
 ) -> pb.ModelInferResponse:
     trace.mark("GRPC_SEND_START", now_ns())
-    message = encode_model_infer_response(response, in_shared_memory)
+    message = encode_model_infer_response(response, plan)
     trace.mark("GRPC_SEND_END", now_ns())
     trace.finish()
     return message
@@ -281,19 +282,17 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     ) -> bytes | SerializedPieces | pb.ModelInferResponse:
         tracing = self._dataplane.tracer.active
         received_ns = now_ns() if tracing else 0
-        regions = self._dataplane.shared_memory
-        inference = self._decode(received)
-        # Resolved before the model runs, so that unregistering the region meanwhile is harmless.
-        in_shared_memory = received.output_targets(regions)
+        inference, plan = self._decode(received)
         if tracing:
             _trace_context(inference, context, received_ns)
         response = await self._dataplane.infer(inference, endpoint="ModelInfer RPC")
         if inference.trace is None:
-            return serialize_model_infer_response(response, in_shared_memory)
-        return _traced_encoding(inference.trace, response, in_shared_memory)
+            return serialize_model_infer_response(response, plan)
+        return _traced_encoding(inference.trace, response, plan)
 
-    def _decode(self, received: ReceivedInferRequest) -> InferenceRequest:
-        """The request; a mistake in its inputs is answered only for a model that serves.
+    def _decode(self, received: ReceivedInferRequest) -> tuple[InferenceRequest, OutputPlan]:
+        """The request and its output plan; a mistake in its inputs or outputs is answered
+        only for a model that serves.
 
         Triton finds the model (name and version) before it reads the inputs: a request with
         both kinds of mistake gets the model's error, as there. Looked up only on an error, so
@@ -402,8 +401,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             deliver(reply, True)
 
         try:
-            request = self._decode(received)
-            in_shared_memory = received.output_targets(self._dataplane.shared_memory)
+            request, plan = self._decode(received)
             empty_final = request.parameters.pop(ENABLE_EMPTY_FINAL, False) is True
         except CoreserveError as exc:
             error_message(exc)
@@ -420,7 +418,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             if response is not None:
                 final_parameter = {FINAL_RESPONSE: final} if empty_final else None
                 try:
-                    reply = serialize_model_stream_infer_response(response, in_shared_memory, final_parameter)
+                    reply = serialize_model_stream_infer_response(response, plan, final_parameter)
                 except CoreserveError as exc:  # an output too large for its shared memory region
                     encoded = pb.ModelInferResponse(model_name=request.model_name, id=request.id)
                     if empty_final:

@@ -2,9 +2,10 @@
 
 `_frontend` routes the v2 endpoints onto the data plane; `_control` answers the repository,
 log and trace endpoints, `_shared_memory` the shared-memory extensions (`_json_bodies` reads
-and writes their JSON); large bodies are decoded and encoded off the event loop
-(`_codec_threads`, and `_json_workers` for large JSON). May import `coreserve.server.httpd`,
-the server's runtime modules, shared memory and the protocol codecs; never the gRPC frontend.
+and writes their JSON); `_body_codec` turns bodies into requests and responses into bodies,
+off the event loop where they are large (`_codec_threads`, and `_json_workers` for large
+JSON). May import `coreserve.server.httpd`, the server's runtime modules, shared memory and the
+protocol codecs; never the gRPC frontend.
 """
 
 from __future__ import annotations

@@ -2,25 +2,18 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator
 from typing import TypeVar
 
 import orjson
 
 from coreserve.config import config_to_dict
-from coreserve.errors import CancelledError, CoreserveError, ErrorCode, InternalError, InvalidArgumentError
-from coreserve.protocol.generate import decode_generate_request, encode_generate_response
+from coreserve.errors import CoreserveError, ErrorCode, InternalError
+from coreserve.protocol.generate import encode_generate_response
 from coreserve.protocol.http_body import (
     HEADER_LENGTH,
-    OutputEncoding,
-    complete_infer_request,
-    decode_infer_request,
-    decode_raw_infer_request,
-    encode_infer_response,
-    split_infer_body,
 )
 from coreserve.server.dataplane import DataPlane
 from coreserve.server.httpd import (
@@ -35,29 +28,18 @@ from coreserve.server.httpd import (
     Response,
     Router,
     StreamedResponse,
-    decompress,
     unrouted_message,
 )
-from coreserve.server.rest._codec_threads import CodecThreads
+from coreserve.server.rest._body_codec import BodyCodec
 from coreserve.server.rest._control import control_routes
 from coreserve.server.rest._json_bodies import json_answer
-from coreserve.server.rest._json_workers import JsonWorkers
 from coreserve.server.rest._shared_memory import shared_memory_routes
 from coreserve.server.restrictions import ApiRestrictions
 from coreserve.tracing import RequestTrace
-from coreserve.types import InferenceRequest, InferenceResponse, TraceContext, now_ns
+from coreserve.types import InferenceRequest, TraceContext, now_ns
 
 logger = logging.getLogger(__name__)
 _T = TypeVar("_T")
-_HEADER_LENGTH_KEY = HEADER_LENGTH.lower()
-# Bodies (and responses) of at least this many bytes are decoded (encoded) off the loop: a JSON
-# part that large is parsed in a worker process (`JsonWorkers`: parsing holds the interpreter
-# lock throughout), a binary part's tensors are read and responses encoded on a codec thread.
-# Smaller ones stay on the loop, where a hop would cost more than the work.
-OFF_LOOP_BYTES = 1 << 20
-# Compressed bodies can inflate a thousandfold, so they leave the loop from a smaller size.
-OFF_LOOP_COMPRESSED_BYTES = 16 << 10
-
 HTTP_STATUS = {
     ErrorCode.INVALID_ARG: 400,
     ErrorCode.NOT_FOUND: 404,
@@ -114,12 +96,10 @@ class HttpFrontend:
         self._port = port
         self._restrictions = restrictions or ApiRestrictions()
         self._shutdown_timeout = shutdown_timeout
-        self._max_body_size = max_body_size
+        self._codec = BodyCodec(dataplane, max_body_size)
         self._router = Router()
         self._add_routes()
         self._server = HttpServer(self._dispatch, error_response, max_body_size, limits)
-        self._codec_threads = CodecThreads("coreserve-http-codec")
-        self._json_workers = JsonWorkers()
         self.port = port
 
     def _add_routes(self) -> None:
@@ -139,8 +119,10 @@ class HttpFrontend:
                 for base in (model, version)
             ],
             *[("statistics", "GET", f"{base}/stats", self._statistics) for base in (model, version)],
-            *control_routes(self._dataplane, self._read_body),
-            *shared_memory_routes(self._dataplane.shared_memory, self._dataplane.change, self._read_body),
+            *control_routes(self._dataplane, self._codec.read_body),
+            *shared_memory_routes(
+                self._dataplane.shared_memory, self._dataplane.change, self._codec.read_body
+            ),
         ]
         for category, method, path, handler in routes:
             self._router.add(method, path, _handles_errors(handler, category, self._restrictions))
@@ -163,8 +145,7 @@ class HttpFrontend:
 
     async def stop(self) -> None:
         await self._server.stop(self._shutdown_timeout)
-        self._codec_threads.close()
-        self._json_workers.close()
+        self._codec.close()
 
     async def _live(self, request: HttpRequest) -> HttpResponse:
         return HttpResponse(200 if self._dataplane.live() else 400)
@@ -195,49 +176,15 @@ class HttpFrontend:
         tracing = self._dataplane.tracer.active
         received_ns = now_ns() if tracing else 0
         info = request.match_info
-        model, version = info["model"], info.get("version", "")
-        body = await self._read_body(request)
-        header = request.headers.get(_HEADER_LENGTH_KEY)
-        header_length = _parse_header_length(header) if header is not None else None
-        regions = self._dataplane.shared_memory
-        if header_length == 0:
-            target = await self._dataplane.serving_version(model, version)
-            inputs = list(target.signature.inputs.values())
-            if len(inputs) != 1:
-                raise InvalidArgumentError(
-                    f"a raw request ({HEADER_LENGTH}: 0) needs a model with exactly one input; "
-                    f"model '{model}' has {len(inputs)}"
-                )
-            # Raw data is wrapped, not parsed: cheap at any size.
-            infer_request, encoding = decode_raw_infer_request(
-                body, inputs[0], target.signature.batching, model, version
-            )
-        elif (len(body) if header_length is None else header_length) >= OFF_LOOP_BYTES:
-            infer_request, encoding = await self._decode_large_json(
-                request, body, header_length, model, version
-            )
-        elif len(body) < OFF_LOOP_BYTES:
-            infer_request, encoding = decode_infer_request(body, header_length, model, version, regions)
-        else:
-            infer_request, encoding = await self._codec_threads.run(
-                decode_infer_request, body, header_length, model, version, regions
-            )
-        # Not kept while the model runs and the answer is encoded (inputs that view the body
-        # keep it alive themselves): tens of megabytes fewer at the peak of a large request.
-        request.body = body = b""
-        _cancel_on_disconnect(request, infer_request)
+        inference, plan = await self._codec.decode_infer(request, info["model"], info.get("version", ""))
+        _cancel_on_disconnect(request, inference)
         if tracing:
-            infer_request.trace_context = TraceContext(
-                "HTTP", received_ns, now_ns(), request.headers.get("traceparent")
-            )
-        response = await self._dataplane.infer(infer_request, endpoint="HTTP end point")
-        trace = infer_request.trace
+            _trace_context(request, inference, received_ns)
+        response = await self._dataplane.infer(inference, endpoint="HTTP end point")
+        trace = inference.trace
         if trace is not None:
             trace.mark("HTTP_SEND_START", now_ns())
-        if _output_bytes(response) < OFF_LOOP_BYTES:
-            payload, json_length = encode_infer_response(response, encoding)
-        else:
-            payload, json_length = await self._codec_threads.run(encode_infer_response, response, encoding)
+        payload, json_length = await self._codec.encode_infer(response, plan)
         if trace is not None:  # the answer is encoded and handed to the connection
             trace.mark("HTTP_SEND_END", now_ns())
             trace.finish()
@@ -247,42 +194,14 @@ class HttpFrontend:
             200, payload, "application/octet-stream", {HEADER_LENGTH: str(json_length)}, compress=True
         )
 
-    async def _decode_large_json(
-        self,
-        request: HttpRequest,
-        body: bytes | bytearray,
-        header_length: int | None,
-        model: str,
-        version: str,
-    ) -> tuple[InferenceRequest, OutputEncoding]:
-        """Decodes a body with a large JSON part: parsed in a worker process, then completed here."""
-        header, binary = split_infer_body(body, header_length)
-        document = await _unless_disconnected(
-            request, model, self._json_workers.parse_infer(header, len(binary), model)
-        )
-        arguments = (document, binary, model, version, self._dataplane.shared_memory)
-        if len(binary) < OFF_LOOP_BYTES:
-            return complete_infer_request(*arguments)
-        return await self._codec_threads.run(complete_infer_request, *arguments)
-
     async def _generate_request(self, request: HttpRequest) -> InferenceRequest:
         tracing = self._dataplane.tracer.active
         received_ns = now_ns() if tracing else 0
         info = request.match_info
-        model, version = info["model"], info.get("version", "")
-        target = await self._dataplane.serving_version(model, version)
-        body = await self._read_body(request)
-        if len(body) < OFF_LOOP_BYTES:
-            inference = decode_generate_request(body, target.signature, model, version)
-        else:
-            signature = target.signature
-            parsing = self._json_workers.parse_generate(body, signature.inputs, signature.batching)
-            inference = (await _unless_disconnected(request, model, parsing)).request(model, version)
+        inference = await self._codec.decode_generate(request, info["model"], info.get("version", ""))
         _cancel_on_disconnect(request, inference)
         if tracing:
-            inference.trace_context = TraceContext(
-                "HTTP", received_ns, now_ns(), request.headers.get("traceparent")
-            )
+            _trace_context(request, inference, received_ns)
         return inference
 
     async def _generate(self, request: HttpRequest) -> HttpResponse:
@@ -343,18 +262,6 @@ class HttpFrontend:
         statistics = await self._dataplane.server_statistics(info.get("model", ""), info.get("version", ""))
         return json_answer(statistics)
 
-    async def _read_body(self, request: HttpRequest) -> bytes | bytearray:
-        """The body, decompressed under its Content-Encoding."""
-        encoding = request.headers.get("content-encoding", "identity").strip().lower()
-        if encoding == "identity" or not request.body:
-            return request.body
-        try:
-            if len(request.body) < OFF_LOOP_COMPRESSED_BYTES:
-                return decompress(request.body, encoding, self._max_body_size)
-            return await self._codec_threads.run(decompress, request.body, encoding, self._max_body_size)
-        except ValueError as exc:
-            raise InvalidArgumentError(f"cannot read the request body: {exc}") from None
-
 
 def _cancel_on_disconnect(request: HttpRequest, inference: InferenceRequest) -> None:
     """Cancels `inference` if the client of `request` disconnects before it is answered."""
@@ -364,39 +271,12 @@ def _cancel_on_disconnect(request: HttpRequest, inference: InferenceRequest) -> 
         request.on_disconnect = inference.cancel
 
 
-async def _unless_disconnected(request: HttpRequest, model: str, work: Awaitable[_T]) -> _T:
-    """Awaits `work`, which stops (cancelled) if the client of `request` disconnects meanwhile."""
-    task = asyncio.ensure_future(work)
-    if request.disconnected:
-        task.cancel()
-    else:
-        request.on_disconnect = task.cancel
-    try:
-        return await task
-    except asyncio.CancelledError:
-        if task.cancelled() and request.disconnected:
-            raise CancelledError.of_request(model) from None
-        raise
-    finally:
-        request.on_disconnect = None
+def _trace_context(request: HttpRequest, inference: InferenceRequest, received_ns: int) -> None:
+    """The HTTP marks and the client's W3C trace context of a request that may be traced."""
+    inference.trace_context = TraceContext("HTTP", received_ns, now_ns(), request.headers.get("traceparent"))
 
 
 def _mark(trace: RequestTrace | None, name: str) -> None:
     """Marks a frontend timestamp (HTTP_SEND_START, ...) on a traced request's trace."""
     if trace is not None:
         trace.mark(name, now_ns())
-
-
-def _output_bytes(response: InferenceResponse) -> int:
-    """Roughly how large a response's data is (BYTES arrays count their pointers only)."""
-    return sum(array.nbytes for array in response.outputs.values())
-
-
-def _parse_header_length(value: str) -> int:
-    try:
-        length = int(value)
-    except ValueError:
-        raise InvalidArgumentError(f"{HEADER_LENGTH} must be an integer, got '{value}'") from None
-    if length < 0:
-        raise InvalidArgumentError(f"{HEADER_LENGTH} must be >= 0, got {length}")
-    return length
