@@ -23,6 +23,7 @@ LAYERS = {
     "coreserve.errors": 0,
     "coreserve.types": 0,
     "coreserve.protos": 0,
+    "coreserve.version": 0,
     "coreserve.tracing": 1,
     "coreserve.responses": 1,
     "coreserve.config": 1,
