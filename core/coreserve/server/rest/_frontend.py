@@ -44,8 +44,7 @@ from coreserve.server.rest._json_bodies import json_answer
 from coreserve.server.rest._json_workers import JsonWorkers
 from coreserve.server.rest._shared_memory import shared_memory_routes
 from coreserve.server.restrictions import ApiRestrictions
-from coreserve.tracing import RequestTrace
-from coreserve.types import InferenceRequest, InferenceResponse, TraceContext, now_ns
+from coreserve.types import InferenceRequest, InferenceResponse, Trace, TraceContext, now_ns
 
 logger = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -381,7 +380,7 @@ async def _unless_disconnected(request: HttpRequest, model: str, work: Awaitable
         request.on_disconnect = None
 
 
-def _mark(trace: RequestTrace | None, name: str) -> None:
+def _mark(trace: Trace | None, name: str) -> None:
     """Marks a frontend timestamp (HTTP_SEND_START, ...) on a traced request's trace."""
     if trace is not None:
         trace.mark(name, now_ns())
