@@ -13,7 +13,7 @@ import struct
 import zlib
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Container
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import grpc
 
@@ -31,14 +31,44 @@ from coreserve.server.grpc.native._call_status import (
 from coreserve.server.grpc.native._compression import Compressed, inflate
 from coreserve.server.grpc.native._headers import RequestHeaders
 from coreserve.server.grpc.native._messages import MessageReader, MessageTooLarge
-
-if TYPE_CHECKING:
-    from coreserve.server.grpc.native._connection import Http2Connection
+from coreserve.server.grpc.native._sending import Outbound
 
 logger = logging.getLogger("coreserve.server.grpc")
 
 _MESSAGE_PREFIX = struct.Struct(">BI")
 _INFER_METHODS = ("/ModelInfer", "/ModelStreamInfer")
+
+
+class ReceiveWindows(Protocol):
+    """What a call tells its connection's streams (`_streams.Streams`): its handler took the
+    messages that waited, so the stream's receive window may come back."""
+
+    def consumed(self, call: Call) -> None: ...
+
+
+class CallConnection(Protocol):
+    """What a call asks of its connection (`_connection.Http2Connection` is the one): its peer
+    and limits, its open calls, its streams' receive windows, its answers under flow control."""
+
+    @property
+    def peer(self) -> str: ...
+
+    @property
+    def gzip_level(self) -> int: ...
+
+    @property
+    def max_message_size(self) -> int: ...
+
+    @property
+    def calls(self) -> Container[int]: ...
+
+    @property
+    def streams(self) -> ReceiveWindows: ...
+
+    @property
+    def outbound(self) -> Outbound[Call]: ...
+
+    def data_sent(self) -> None: ...
 
 
 class CallContext:
@@ -74,7 +104,7 @@ class Call:
 
     def __init__(
         self,
-        connection: Http2Connection,
+        connection: CallConnection,
         stream_id: int,
         headers: RequestHeaders,
         handler: grpc.RpcMethodHandler,

@@ -10,13 +10,13 @@ MAX_CONCURRENT, spend the connection's stream churn budget.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import grpc
 
 from coreserve.server.grpc.native import _frame_layout, _frames
 from coreserve.server.grpc.native._call_status import CallAborted
-from coreserve.server.grpc.native._calls import Call, refused_call
+from coreserve.server.grpc.native._calls import Call, CallConnection, refused_call
 from coreserve.server.grpc.native._frames import ConnectionFault
 from coreserve.server.grpc.native._headers import RequestHeaders
 from coreserve.server.grpc.native._limits import (
@@ -29,8 +29,21 @@ from coreserve.server.grpc.native._limits import (
     RateBudget,
 )
 
-if TYPE_CHECKING:
-    from coreserve.server.grpc.native._connection import Http2Connection
+
+class StreamsConnection(CallConnection, Protocol):
+    """What the streams ask of their connection (`_connection.Http2Connection` is the one),
+    besides what their calls ask: the frames of the turn, writes, its glitch budget, its end."""
+
+    @property
+    def out(self) -> list[bytes | memoryview]: ...
+
+    def glitch(self, what: str) -> None: ...
+
+    def write(self, *parts: bytes | memoryview) -> None: ...
+
+    def flush(self) -> None: ...
+
+    def close(self) -> None: ...
 
 
 class Streams:
@@ -42,7 +55,7 @@ class Streams:
     """
 
     def __init__(
-        self, connection: Http2Connection, handlers: dict[str, grpc.RpcMethodHandler], max_message_size: int
+        self, connection: StreamsConnection, handlers: dict[str, grpc.RpcMethodHandler], max_message_size: int
     ) -> None:
         self._connection = connection
         self.handlers = handlers
