@@ -9,7 +9,7 @@ from http import HTTPStatus
 from typing import Protocol
 
 from coreserve.server.httpd._encoding import accepted_encoding, compress
-from coreserve.server.httpd._messages import (
+from coreserve.server.httpd._http_messages import (
     ErrorResponse,
     Handler,
     HttpRequest,

@@ -11,8 +11,8 @@ import httptools
 
 from coreserve.server.frontend_reads import FRONTEND_READS
 from coreserve.server.httpd._answering import AnsweringServer, Answers
+from coreserve.server.httpd._http_messages import HttpRequest, HttpResponse
 from coreserve.server.httpd._limits import HttpLimits
-from coreserve.server.httpd._messages import HttpRequest, HttpResponse
 
 logger = logging.getLogger(__name__)
 

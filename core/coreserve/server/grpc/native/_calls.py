@@ -30,7 +30,7 @@ from coreserve.server.grpc.native._call_status import (
 )
 from coreserve.server.grpc.native._compression import Compressed, inflate
 from coreserve.server.grpc.native._headers import RequestHeaders
-from coreserve.server.grpc.native._messages import MessageReader, MessageTooLarge
+from coreserve.server.grpc.native._message_reader import MessageReader, MessageTooLarge
 from coreserve.server.grpc.native._sending import Outbound
 
 logger = logging.getLogger("coreserve.server.grpc")
