@@ -18,7 +18,6 @@ from typing import Any, Protocol
 import grpc
 
 from coreserve.protocol.grpc_response import SerializedPieces
-from coreserve.server.grpc.native import _frames
 from coreserve.server.grpc.native._call_status import (
     DEADLINE_EXCEEDED,
     INTERNAL,
@@ -29,9 +28,10 @@ from coreserve.server.grpc.native._call_status import (
     CallAborted,
 )
 from coreserve.server.grpc.native._compression import Compressed, inflate
-from coreserve.server.grpc.native._headers import RequestHeaders
 from coreserve.server.grpc.native._message_reader import MessageReader, MessageTooLarge
 from coreserve.server.grpc.native._sending import Outbound
+from coreserve.server.grpc.native.frames import wire
+from coreserve.server.grpc.native.headers.request import RequestHeaders
 
 logger = logging.getLogger("coreserve.server.grpc")
 
@@ -304,15 +304,15 @@ def refused_call(headers: RequestHeaders, methods: Container[str], max_header_li
     """The answer (response headers, or headers and trailers) to a request that cannot become
     a call; None when it can."""
     if headers.size > max_header_list:  # before all: a list cut short may lack any field
-        return _frames.RESPONSE_HEADERS + _frames.status_trailers(
+        return wire.RESPONSE_HEADERS + wire.status_trailers(
             RESOURCE_EXHAUSTED, f"header list of {headers.size} bytes (at most {max_header_list})"
         )
     if headers.method != b"POST" or not headers.content_type.startswith(b"application/grpc"):
-        return _frames.http_status(415 if headers.method == b"POST" else 405)
+        return wire.http_status(415 if headers.method == b"POST" else 405)
     if headers.path not in methods:
         status = (UNIMPLEMENTED, "Method not found!")
     elif headers.encoding not in (None, b"identity", b"gzip", b"deflate"):
         status = (UNIMPLEMENTED, f"grpc-encoding {headers.encoding.decode('latin-1')} is not supported")
     else:
         return None
-    return _frames.RESPONSE_HEADERS + _frames.status_trailers(*status)
+    return wire.RESPONSE_HEADERS + wire.status_trailers(*status)

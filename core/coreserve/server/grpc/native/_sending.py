@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterable
 from typing import Generic, Protocol, TypeVar
 
 from coreserve.protocol.grpc_response import SerializedPieces
-from coreserve.server.grpc.native import _frames
-from coreserve.server.grpc.native._response_headers import ResponseHeaderEncoder
+from coreserve.server.grpc.native.frames import wire
+from coreserve.server.grpc.native.headers.response import ResponseHeaderEncoder
 
 # Pieces of a message smaller than this are joined with their neighbours (see _coalesced).
 COALESCE_BELOW = 16 * 1024
@@ -44,10 +44,10 @@ class Outbound(Generic[Stream]):
     def __init__(self, write: Callable[..., None], stream_done: Callable[[Stream], None]) -> None:
         self._write = write
         self._stream_done = stream_done
-        self.window = _frames.DEFAULT_WINDOW  # the connection's send window
-        self.initial = _frames.DEFAULT_WINDOW  # the client's SETTINGS_INITIAL_WINDOW_SIZE
+        self.window = wire.DEFAULT_WINDOW  # the connection's send window
+        self.initial = wire.DEFAULT_WINDOW  # the client's SETTINGS_INITIAL_WINDOW_SIZE
         self._top_credit = 0  # at least any open stream's send credit (see initial_window)
-        self.max_frame = _frames.DEFAULT_MAX_FRAME
+        self.max_frame = wire.DEFAULT_MAX_FRAME
         self.paused = False  # the transport's buffer is full
         self._blocked: dict[int, Stream] = {}
         self._waiting: set[Stream] = set()  # handlers held back in wait_drained
@@ -56,7 +56,7 @@ class Outbound(Generic[Stream]):
     def grant(self, call: Stream, increment: int) -> bool:
         """A WINDOW_UPDATE for `call`; False where it takes the window past 2^31-1 (RFC 9113 6.9.1)."""
         credit = call.send_credit + increment
-        if self.initial + credit > _frames.MAX_WINDOW:
+        if self.initial + credit > wire.MAX_WINDOW:
             return False
         call.send_credit = credit
         self._top_credit = max(self._top_credit, credit)
@@ -75,9 +75,9 @@ class Outbound(Generic[Stream]):
         Nothing is sent here: the caller acknowledges the SETTINGS first, then calls
         `send_blocked`, since a client counts its windows under the settings we acknowledged.
         """
-        if value + self._top_credit > _frames.MAX_WINDOW:
+        if value + self._top_credit > wire.MAX_WINDOW:
             self._top_credit = max((call.send_credit for call in calls), default=0)
-            if value + self._top_credit > _frames.MAX_WINDOW:
+            if value + self._top_credit > wire.MAX_WINDOW:
                 return False
         self.initial = value
         return True
@@ -86,7 +86,7 @@ class Outbound(Generic[Stream]):
         if not call.headers_sent:
             call.headers_sent = True
             block = self.header_blocks.headers(gzip=bool(call.gzip_level))
-            self._write(_frames.frame(_frames.HEADERS, _frames.END_HEADERS, call.stream_id, block))
+            self._write(wire.frame(wire.HEADERS, wire.END_HEADERS, call.stream_id, block))
         if isinstance(message, SerializedPieces):  # large: its large pieces are framed, not joined
             call.outbound.extend(_coalesced(prefix, message.pieces))
             self.send_pending(call)
@@ -95,14 +95,14 @@ class Outbound(Generic[Stream]):
         if not call.outbound and size <= min(self.initial + call.send_credit, self.window, self.max_frame):
             call.send_credit -= size
             self.window -= size
-            self._write(_frames.frame_header(_frames.DATA, 0, call.stream_id, size), prefix, message)
+            self._write(wire.frame_header(wire.DATA, 0, call.stream_id, size), prefix, message)
             return
         call.outbound.append(memoryview(prefix))
         call.outbound.append(memoryview(message))
         self.send_pending(call)
 
     def send_trailers(self, call: Stream, code: int, details: str) -> None:
-        # Encoded when they go out (see `_response_headers`); without headers before: trailers only.
+        # Encoded when they go out (see `headers.response`); without headers before: trailers only.
         call.trailers = (code, details, not call.headers_sent)
         call.headers_sent = True
         self.send_pending(call)
@@ -123,16 +123,12 @@ class Outbound(Generic[Stream]):
                 chunk = chunk[:room]
             call.send_credit -= len(chunk)
             self.window -= len(chunk)
-            self._write(_frames.frame_header(_frames.DATA, 0, call.stream_id, len(chunk)), chunk)
+            self._write(wire.frame_header(wire.DATA, 0, call.stream_id, len(chunk)), chunk)
         self._blocked.pop(call.stream_id, None)
         self._wake(call)
         if call.trailers is not None:
             block = self.header_blocks.trailers(*call.trailers)
-            self._write(
-                _frames.frame(
-                    _frames.HEADERS, _frames.END_HEADERS | _frames.END_STREAM, call.stream_id, block
-                )
-            )
+            self._write(wire.frame(wire.HEADERS, wire.END_HEADERS | wire.END_STREAM, call.stream_id, block))
             call.trailers = None
             self._stream_done(call)
 
