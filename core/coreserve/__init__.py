@@ -7,13 +7,7 @@ What is not exported here or there is internal and may change.
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
 from typing import TYPE_CHECKING
-
-try:
-    __version__ = importlib.metadata.version("core-server")
-except importlib.metadata.PackageNotFoundError:  # running from a source tree
-    __version__ = "0.0.0"
 
 from coreserve.config import ModelConfig, config_from_dict, config_to_dict
 from coreserve.errors import (
@@ -30,6 +24,7 @@ from coreserve.errors import (
     UnsupportedError,
 )
 from coreserve.types import DataType, InferenceRequest, InferenceResponse
+from coreserve.version import __version__
 
 if TYPE_CHECKING:  # what __getattr__ below imports on first use
     from coreserve.inprocess import Model, Server

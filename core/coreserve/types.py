@@ -20,7 +20,6 @@ import numpy as np
 
 if TYPE_CHECKING:
     from coreserve.errors import CoreserveError
-    from coreserve.tracing.trace import RequestTrace
 
 ParameterValue = bool | int | float | str
 logger = logging.getLogger(__name__)
@@ -119,6 +118,36 @@ def now_ns() -> int:
     return time.monotonic_ns()
 
 
+class Trace(Protocol):
+    """A sampled request's trace, as the request's handlers use it (`coreserve.tracing` makes them).
+
+    Frontends mark their timestamps and finish it, the schedulers record the execution, and a
+    child request's trace reads its parent's `id`, `tensors` and OpenTelemetry spans (`otel`).
+    """
+
+    id: int
+    tensors: bool
+    otel: Any
+    computing: bool
+
+    def mark(self, name: str, ns: int) -> None:
+        """Records a named timestamp (HTTP_SEND_START …)."""
+
+    def request_end(self, ns: int) -> None:
+        """Marks REQUEST_END: the request is answered."""
+
+    def executed(
+        self, queued_ns: int, start_ns: int, inputs_ready_ns: int, infer_done_ns: int, end_ns: int
+    ) -> None:
+        """Records the queue and compute phases."""
+
+    def outputs(self, outputs: Mapping[str, np.ndarray]) -> None:
+        """Records a response's output tensors, if the trace keeps tensors."""
+
+    def finish(self) -> None:
+        """Hands the trace on; call once, when the request has been answered."""
+
+
 @dataclass(slots=True)
 class TraceContext:
     """What a frontend or a parent request knows of a request before it is sampled.
@@ -133,7 +162,7 @@ class TraceContext:
     recv_start_ns: int = 0
     recv_end_ns: int = 0
     traceparent: str | None = None
-    parent: RequestTrace | None = None
+    parent: Trace | None = None
     sampled: bool = True
 
 
@@ -164,7 +193,7 @@ class InferenceRequest:
     # Tracing: what a frontend or parent request knows before sampling (set only while some
     # trace setting is on), and the request's trace once it is sampled (None otherwise).
     trace_context: TraceContext | None = None
-    trace: RequestTrace | None = None
+    trace: Trace | None = None
     # Cancellation (see `cancel`). The callback list is made by the first `on_cancel`, so a
     # request nobody watches costs one flag; `queue` is set by the scheduler it waits in.
     _cancelled: bool = field(default=False, init=False, repr=False)

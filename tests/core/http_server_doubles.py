@@ -13,8 +13,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
+from coreserve.server.httpd._http_messages import HttpRequest, HttpResponse, Response, StreamedResponse
 from coreserve.server.httpd._limits import HttpLimits
-from coreserve.server.httpd._messages import HttpRequest, HttpResponse, Response, StreamedResponse
 from coreserve.server.httpd._server import HttpServer
 from coreserve.server.rest._frontend import error_response
 

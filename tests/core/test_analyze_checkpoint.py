@@ -20,7 +20,7 @@ from coreserve.analyze.measure._gpu_metrics import (
 from coreserve.analyze.measure._load import _stable, _Window
 from coreserve.analyze.measure._perf_analyzer import _fill
 from coreserve.analyze.search._checkpoint import FILE_NAME, Checkpoint, CheckpointMismatch
-from coreserve.server.metrics._system import family
+from coreserve.server.metrics._system_metrics import family
 
 WHAT = {"model": "m", "server": "started on /models", "load": "grpc by coreserve analyze"}
 SETTINGS = ModelSettings(4, True, 2, 100, composing=(("pre", 1),))

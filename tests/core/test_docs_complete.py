@@ -26,7 +26,7 @@ from e2e.openai_repository import openai_url
 from coreserve.analyze._flags import parser as analyze_parser
 from coreserve.backend import parameters as parameter_readers
 from coreserve.cli._flags import serve_parser
-from coreserve.server.metrics._system import GPU_FAMILIES
+from coreserve.server.metrics._system_metrics import GPU_FAMILIES
 from coreserve.testing import ServerProcess
 from paths import EXAMPLES, REPO
 

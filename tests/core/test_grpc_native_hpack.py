@@ -7,7 +7,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coreserve.server.grpc.native._hpack_decoder import HeaderDecodingError, HeaderListTooLarge, HpackDecoder
+from coreserve.server.grpc.native.headers._hpack_decoder import (
+    HeaderDecodingError,
+    HeaderListTooLarge,
+    HpackDecoder,
+)
 
 names = st.sampled_from([b":path", b"content-type", b"te", b"x-a", b"x-b", b"user-agent", b"grpc-timeout"])
 values = st.binary(max_size=300)

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from coreserve.server.grpc.native._messages import MessageReader, MessageTooLarge
+from coreserve.server.grpc.native._message_reader import MessageReader, MessageTooLarge
 
 
 def _framed(messages: list[bytes]) -> bytes:

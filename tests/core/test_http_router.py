@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from coreserve.server.httpd._messages import HttpRequest
+from coreserve.server.httpd._http_messages import HttpRequest
 from coreserve.server.rest._frontend import Router
 
 

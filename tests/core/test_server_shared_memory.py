@@ -19,7 +19,7 @@ from coreserve.protocol._shared_memory import (
     read_input,
     write_output,
 )
-from coreserve.server.shared_memory._system import SystemSharedMemory
+from coreserve.server.shared_memory._system_regions import SystemSharedMemory
 from coreserve.types import DataType
 
 

@@ -1,4 +1,4 @@
-"""The frames between a worker and worker 0 (`coreserve.server.workers._frames`), over a real
+"""The frames between a worker and worker 0 (`coreserve.server.workers._line_frames`), over a real
 Unix socket pair: every datatype's tensors arrive as they left, requests and responses keep
 their fields, an empty final response stays empty, and a frame past the limits is refused.
 And the interface digest a request carries, which tells worker 0 what it was checked against."""
@@ -22,7 +22,7 @@ from coreserve.config.signature import ModelSignature
 from coreserve.errors import InvalidArgumentError
 from coreserve.repository.model import ModelVersion
 from coreserve.scheduling import ModelStatistics
-from coreserve.server.workers._frames import (
+from coreserve.server.workers._line_frames import (
     MAX_HEADER_BYTES,
     Frame,
     Pieces,

@@ -22,7 +22,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import coreserve
-from coreserve.server.metrics._system import GPU_FAMILIES
+from coreserve.server.metrics._system_metrics import GPU_FAMILIES
 from coreserve.server.workers._merge import (
     TAKEN_ONCE,
     merge_metrics,

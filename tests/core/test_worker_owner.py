@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from coreserve.server.workers._frames import MAX_HEADER_BYTES, frame, read_frame
+from coreserve.server.workers._line_frames import MAX_HEADER_BYTES, frame, read_frame
 from coreserve.server.workers._owner import _Line
 from coreserve.server.workers._trust import LINE_ERRORS, MALFORMED, OVERSIZED, LineErrors
 from coreserve.testing import InProcessServer

@@ -421,7 +421,7 @@ def test_answers_larger_than_the_socket_buffers_end_once_the_client_reads(raw: R
     )
 
 
-# HPACK of the answers (grpc/native/_response_headers.py) -------------------------------------------------
+# HPACK of the answers (grpc/native/headers/response.py) -------------------------------------------------
 
 HEADER_TABLE_SIZE = 0x1
 OK_FIELDS = [(":status", "200"), ("content-type", "application/grpc")]

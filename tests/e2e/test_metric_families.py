@@ -21,7 +21,7 @@ import tritonclient.http as httpclient
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-from coreserve.server.metrics._system import GpuMetrics
+from coreserve.server.metrics._system_metrics import GpuMetrics
 from coreserve.testing import ServerProcess
 from paths import TESTS
 from waiting import wait_until

@@ -8,7 +8,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from coreserve import __version__
 from coreserve.cli._options import cache_config
 from coreserve.cli._tls import add_http_tls_flags, check_http_tls_flags
 from coreserve.cli._triton_flags import add_accepted_flags, parse_bool, refuse_unknown
@@ -29,6 +28,7 @@ from coreserve.cli._values import (
 from coreserve.repository.manager import ControlMode
 from coreserve.repository.memory.budgets import MemoryBudgetError, parse_memory_budgets
 from coreserve.server.grpc import DEFAULT_HANDSHAKE_TIMEOUT_S
+from coreserve.version import __version__
 
 GRPC_SERVERS = ("native", "grpcio")  # --grpc-server
 

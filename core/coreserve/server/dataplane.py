@@ -13,7 +13,6 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any, Protocol, assert_never
 
-from coreserve import __version__
 from coreserve.config import ModelConfig, ModelSignature
 from coreserve.errors import (
     CoreserveError,
@@ -46,6 +45,7 @@ from coreserve.server.shared_memory import CudaSharedMemory, SystemSharedMemory,
 from coreserve.tracing import Tracer, TraceSetting
 from coreserve.tracing.trace import TraceEndingSink
 from coreserve.types import InferenceRequest, InferenceResponse, ResponseSink, now_ns
+from coreserve.version import __version__
 
 SERVER_NAME = "coreserve"
 # Exactly the extensions served (Triton's names; tests/e2e/test_shared_memory.py probes each).

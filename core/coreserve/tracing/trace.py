@@ -14,11 +14,18 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from coreserve.types import DataType, TraceContext, now_ns
+from coreserve.types import (
+    DataType,
+    InferenceRequest,
+    InferenceResponse,
+    ResponseSink,
+    Trace,
+    TraceContext,
+    now_ns,
+)
 
 if TYPE_CHECKING:
     from coreserve.errors import CoreserveError
-    from coreserve.types import InferenceRequest, InferenceResponse, ResponseSink
 
 
 class TraceRecorder(Protocol):
@@ -151,7 +158,7 @@ class TraceEndingSink:
 
     __slots__ = ("_target", "_trace")
 
-    def __init__(self, trace: RequestTrace, target: ResponseSink) -> None:
+    def __init__(self, trace: Trace, target: ResponseSink) -> None:
         self._trace = trace
         self._target = target
 

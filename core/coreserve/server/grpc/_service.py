@@ -29,8 +29,7 @@ from coreserve.responses import StreamingResponses
 from coreserve.server import changes
 from coreserve.server.dataplane import DataPlane
 from coreserve.server.restrictions import ApiRestrictions
-from coreserve.tracing import RequestTrace
-from coreserve.types import InferenceRequest, InferenceResponse, TraceContext, now_ns
+from coreserve.types import InferenceRequest, InferenceResponse, Trace, TraceContext, now_ns
 
 GRPC_STATUS = {
     ErrorCode.INVALID_ARG: grpc.StatusCode.INVALID_ARGUMENT,
@@ -99,9 +98,7 @@ def _trace_context(inference: InferenceRequest, context: Any, received_ns: int) 
     inference.trace_context = TraceContext("GRPC", received_ns, now_ns(), traceparent)
 
 
-def _traced_encoding(
-    trace: RequestTrace, response: InferenceResponse, plan: OutputPlan
-) -> pb.ModelInferResponse:
+def _traced_encoding(trace: Trace, response: InferenceResponse, plan: OutputPlan) -> pb.ModelInferResponse:
     trace.mark("GRPC_SEND_START", now_ns())
     message = encode_model_infer_response(response, plan)
     trace.mark("GRPC_SEND_END", now_ns())

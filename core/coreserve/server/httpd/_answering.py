@@ -6,14 +6,17 @@ import asyncio
 import logging
 from collections import deque
 from http import HTTPStatus
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from coreserve.server.httpd._encoding import accepted_encoding, compress
-from coreserve.server.httpd._messages import HttpRequest, HttpResponse, Response, StreamedResponse
-
-if TYPE_CHECKING:
-    from coreserve.server.httpd._connection import HttpProtocol
-    from coreserve.server.httpd._server import HttpServer
+from coreserve.server.httpd._http_messages import (
+    ErrorResponse,
+    Handler,
+    HttpRequest,
+    HttpResponse,
+    Response,
+    StreamedResponse,
+)
 
 # What is answered: a parsed request, or an answer ready before any handler (an error).
 Pending = tuple[HttpRequest | HttpResponse, bool]
@@ -23,6 +26,34 @@ logger = logging.getLogger(__name__)
 # written after their head without being joined to it first.
 OFF_LOOP_COMPRESS_BYTES = 256 << 10
 SEPARATE_WRITE_BYTES = 64 << 10
+
+
+class AnsweringServer(Protocol):
+    """What answers ask of their server (`HttpServer` is the one): the handler, its error
+    answers, and its count of the requests being answered, told as each one is answered."""
+
+    handle: Handler
+    error_response: ErrorResponse
+    busy: int
+
+    def answered(self) -> None: ...
+
+
+class AnsweredConnection(Protocol):
+    """What answers ask of their connection (`HttpProtocol` is the one): its transport and
+    state, and what HTTP's framing decides after an answer."""
+
+    max_pipelined: int
+    closed: bool
+    transport: asyncio.Transport | None
+
+    def end_after_answer(self) -> None: ...
+
+    def caught_up(self) -> None: ...
+
+    def idle(self) -> None: ...
+
+    def watch(self) -> None: ...
 
 
 class Answers:
@@ -47,7 +78,7 @@ class Answers:
         "write_blocked_since",
     )
 
-    def __init__(self, server: HttpServer, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, server: AnsweringServer, loop: asyncio.AbstractEventLoop) -> None:
         self._server = server
         self._loop = loop
         self.pending: deque[Pending] = deque()
@@ -57,7 +88,9 @@ class Answers:
         self._worker: asyncio.Task[None] | None = None
         self._writable: asyncio.Future[None] | None = None
 
-    def queue(self, connection: HttpProtocol, item: HttpRequest | HttpResponse, keep_alive: bool) -> None:
+    def queue(
+        self, connection: AnsweredConnection, item: HttpRequest | HttpResponse, keep_alive: bool
+    ) -> None:
         """Adds a request (or an answer ready without a handler) after those already due."""
         self.pending.append((item, keep_alive))
         if not self.busy:
@@ -83,7 +116,7 @@ class Answers:
             if current.on_disconnect is not None:
                 current.on_disconnect()
 
-    async def _answer(self, connection: HttpProtocol) -> None:
+    async def _answer(self, connection: AnsweredConnection) -> None:
         server = self._server
         max_pipelined = connection.max_pipelined
         answered = 0
@@ -123,7 +156,11 @@ class Answers:
             connection.idle()
 
     async def _send(
-        self, connection: HttpProtocol, response: Response, request_headers: dict[str, str], keep_alive: bool
+        self,
+        connection: AnsweredConnection,
+        response: Response,
+        request_headers: dict[str, str],
+        keep_alive: bool,
     ) -> None:
         transport = connection.transport
         if connection.closed or transport is None:
@@ -154,7 +191,11 @@ class Answers:
         await self._drained(connection)
 
     async def _send_streamed(
-        self, connection: HttpProtocol, transport: asyncio.Transport, response: StreamedResponse, close: bytes
+        self,
+        connection: AnsweredConnection,
+        transport: asyncio.Transport,
+        response: StreamedResponse,
+        close: bytes,
     ) -> None:
         extra = "".join(f"{name}: {value}\r\n" for name, value in response.headers.items())
         status_line = f"HTTP/1.1 {response.status} {reason_phrase(response.status)}\r\n"
@@ -175,7 +216,7 @@ class Answers:
             if aclose is not None:
                 await aclose()
 
-    async def _drained(self, connection: HttpProtocol) -> None:
+    async def _drained(self, connection: AnsweredConnection) -> None:
         if self._writable is not None and not self._writable.done():
             self.write_blocked_since = self._loop.time()
             connection.watch()

@@ -5,16 +5,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from http import HTTPStatus
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import httptools
 
 from coreserve.server.frontend_reads import FRONTEND_READS
-from coreserve.server.httpd._answering import Answers
-from coreserve.server.httpd._messages import HttpRequest, HttpResponse
-
-if TYPE_CHECKING:
-    from coreserve.server.httpd._server import HttpServer
+from coreserve.server.httpd._answering import AnsweringServer, Answers
+from coreserve.server.httpd._http_messages import HttpRequest, HttpResponse
+from coreserve.server.httpd._limits import HttpLimits
 
 logger = logging.getLogger(__name__)
 
@@ -26,6 +24,26 @@ LINGER_SECS = 1.0
 # holds a descriptor while it lingers.
 MAX_LINGERING_REFUSALS = 64
 LINGER_DROP_BYTES = 1 << 20
+
+
+class ConnectionServer(AnsweringServer, Protocol):
+    """What a connection asks of its server (`HttpServer` is the one), besides what its answers
+    ask: the limits and the messages of their refusals, the open connections, the refusal of
+    one over the limit."""
+
+    limits: HttpLimits
+    max_body_size: int
+    connection_limit: int
+    head_limit: int
+    file_safe_connections: int
+    header_size_message: str
+    trailer_message: str
+    body_size_message: str
+    connections: set[HttpProtocol]
+
+    def near_file_limit(self, number: int = 0) -> None: ...
+
+    def refuse(self, transport: asyncio.Transport) -> None: ...
 
 
 class _Refusal(Exception):
@@ -77,7 +95,7 @@ class HttpProtocol(asyncio.Protocol):
     about once per keep-alive timeout.
     """
 
-    def __init__(self, server: HttpServer) -> None:
+    def __init__(self, server: ConnectionServer) -> None:
         self._server = server
         self._limits = limits = server.limits
         # Read for every request: kept here, a lookup closer.

@@ -6,7 +6,7 @@ import re
 from collections.abc import Awaitable, Callable
 from urllib.parse import unquote
 
-from coreserve.server.httpd._messages import HttpRequest, Response
+from coreserve.server.httpd._http_messages import HttpRequest, Response
 
 Handler = Callable[[HttpRequest], Awaitable[Response]]
 # What a `{name}` segment matches: a model version is digits only, as in Triton's routes, so

@@ -18,6 +18,7 @@ from http import HTTPStatus
 
 from coreserve.server.httpd._answering import reason_phrase
 from coreserve.server.httpd._connection import LINGER_SECS, MAX_LINGERING_REFUSALS, HttpProtocol
+from coreserve.server.httpd._http_messages import ErrorResponse, Handler
 from coreserve.server.httpd._limits import (
     DEFAULT_HTTP_LIMITS,
     HttpLimits,
@@ -25,7 +26,6 @@ from coreserve.server.httpd._limits import (
     default_max_connections,
     open_file_limit,
 )
-from coreserve.server.httpd._messages import ErrorResponse, Handler
 
 logger = logging.getLogger(__name__)
 

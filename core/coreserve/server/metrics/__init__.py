@@ -1,7 +1,7 @@
 """Prometheus metrics on `--metrics-port`: Triton's families, names, HELP texts and labels.
 
 `_prometheus` renders the statistics the schedulers keep and the families backends add;
-`_system` polls CPU (from /proc) and GPU (through NVML). May import the scheduling statistics
+`_system_metrics` polls CPU (from /proc) and GPU (through NVML). May import the scheduling statistics
 and the backend API's metric families; nothing of the other frontends.
 """
 

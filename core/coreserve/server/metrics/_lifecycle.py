@@ -11,7 +11,7 @@ import math
 
 from coreserve.repository import ModelRepository
 from coreserve.repository.memory.demand import WAIT_BUCKETS_S
-from coreserve.server.metrics._system import family
+from coreserve.server.metrics._system_metrics import family
 
 
 def _escape(value: str) -> str:

@@ -36,7 +36,7 @@ from coreserve.scheduling.statistics import (
     ModelStatistics,
 )
 from coreserve.server.metrics._lifecycle import render_lifecycle_metrics
-from coreserve.server.metrics._system import SystemMetrics, family
+from coreserve.server.metrics._system_metrics import SystemMetrics, family
 
 logger = logging.getLogger(__name__)
 

@@ -35,8 +35,7 @@ from coreserve.server.rest._control import control_routes
 from coreserve.server.rest._json_bodies import json_answer
 from coreserve.server.rest._shared_memory import shared_memory_routes
 from coreserve.server.restrictions import ApiRestrictions
-from coreserve.tracing import RequestTrace
-from coreserve.types import InferenceRequest, TraceContext, now_ns
+from coreserve.types import InferenceRequest, Trace, TraceContext, now_ns
 
 logger = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -276,7 +275,7 @@ def _trace_context(request: HttpRequest, inference: InferenceRequest, received_n
     inference.trace_context = TraceContext("HTTP", received_ns, now_ns(), request.headers.get("traceparent"))
 
 
-def _mark(trace: RequestTrace | None, name: str) -> None:
+def _mark(trace: Trace | None, name: str) -> None:
     """Marks a frontend timestamp (HTTP_SEND_START, ...) on a traced request's trace."""
     if trace is not None:
         trace.mark(name, now_ns())

@@ -22,7 +22,7 @@ from coreserve.errors import CoreserveError, InvalidArgumentError, UnavailableEr
 from coreserve.repository.model import ModelVersion
 from coreserve.scheduling import Scheduler
 from coreserve.server.workers._channel import error_from
-from coreserve.server.workers._frames import (
+from coreserve.server.workers._line_frames import (
     MAX_PAYLOAD_BYTES,
     Frame,
     FrameError,

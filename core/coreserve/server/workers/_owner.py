@@ -25,7 +25,7 @@ from coreserve.repository.model import ModelState, ModelVersion
 from coreserve.server.dataplane import DataPlane
 from coreserve.server.workers._channel import error_data
 from coreserve.server.workers._forwarding import another_configuration
-from coreserve.server.workers._frames import (
+from coreserve.server.workers._line_frames import (
     Frame,
     FrameError,
     Pieces,

@@ -2,11 +2,13 @@
 
 `InferenceRequest` (BLS calls included), `InferenceResponse`, the response sender and iterator,
 `InferenceTrace`, `Logger`, and the module functions Triton defines beside them. Calls that need
-the server go through the stub's runtime (`_runtime`).
+the server go through the stub: BLS calls and decoupled responses through the `StubCalls` it
+installs here (`install_calls`), the rest through its runtime (`_runtime`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import json
 import sys
@@ -114,7 +116,7 @@ class InferenceResponseSender:
             raise TritonModelException(
                 "Inference Response object must be provided when the response flags is set to zero."
             )
-        _runtime.require("InferenceResponseSender.send").send_response(self._key, response, flags)
+        _require_calls("InferenceResponseSender.send").send_response(self._key, response, flags)
         if flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL:
             self._closed = True
 
@@ -305,13 +307,13 @@ class InferenceRequest:
     def exec(self, decoupled: bool = False) -> Any:
         """Runs this request on its model through the server: its response, or for
         `decoupled=True` a `ResponseIterator` of its responses."""
-        runtime = _runtime.require("InferenceRequest.exec")
-        return runtime.stream_bls(self) if decoupled else runtime.execute_bls(self)
+        calls = _require_calls("InferenceRequest.exec")
+        return calls.stream_bls(self) if decoupled else calls.execute_bls(self)
 
     def async_exec(self, decoupled: bool = False) -> Any:
         """exec() for `async def execute`: sends the request now and returns an awaitable
         future of its response (of a `ResponseIterator` for `decoupled=True`)."""
-        return _runtime.require("InferenceRequest.async_exec").async_bls(self, decoupled)
+        return _require_calls("InferenceRequest.async_exec").async_bls(self, decoupled)
 
 
 class Logger:
@@ -384,3 +386,31 @@ def using_decoupled_model_transaction_policy(model_config: dict[str, Any]) -> bo
     if "model_transaction_policy" in model_config:
         return model_config["model_transaction_policy"]["decoupled"]  # type: ignore[no-any-return]
     return False
+
+
+class StubCalls(Protocol):
+    """What requests and response senders ask of the stub (its `ServerRequests`): BLS calls,
+    and the responses of a decoupled model's senders."""
+
+    def execute_bls(self, request: InferenceRequest) -> InferenceResponse: ...
+
+    def stream_bls(self, request: InferenceRequest) -> ResponseIterator: ...
+
+    def async_bls(self, request: InferenceRequest, decoupled: bool) -> asyncio.Future[Any]: ...
+
+    def send_response(self, key: int, response: InferenceResponse | None, flags: int) -> None: ...
+
+
+_calls: StubCalls | None = None
+
+
+def install_calls(calls: StubCalls) -> None:
+    """Installs the stub's calls, with its runtime (`_runtime.install`), before it loads a model."""
+    global _calls
+    _calls = calls
+
+
+def _require_calls(what: str) -> StubCalls:
+    if _calls is None:
+        raise _runtime.not_served(what)
+    return _calls

@@ -1,31 +1,21 @@
 """The stub's side of `triton_python_backend_utils`: what the module asks of the running stub.
 
 The stub installs its runtime here (`install`: the stub's `ServerRequests`) before it loads a
-model; pb_utils' classes reach the server only through this object, so the module stays
-importable (for tests, for tools) with no server at all.
+model; pb_utils' metrics, model management, logger and `get_model_dir` reach the server only
+through this object, so the module stays importable (for tests, for tools) with no server at
+all. The BLS calls and the responses of decoupled models, which carry pb_utils' own requests
+and responses, are installed beside it in `_inference` (`install_calls`).
 """
 
 from __future__ import annotations
 
-import asyncio
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from coreserve_python.pb_utils._errors import TritonModelException
 
-if TYPE_CHECKING:
-    from coreserve_python.pb_utils._inference import InferenceRequest, InferenceResponse, ResponseIterator
-
 
 class Runtime(Protocol):
-    """What the stub provides to pb_utils."""
-
-    def execute_bls(self, request: InferenceRequest) -> InferenceResponse: ...
-
-    def stream_bls(self, request: InferenceRequest) -> ResponseIterator: ...
-
-    def async_bls(self, request: InferenceRequest, decoupled: bool) -> asyncio.Future[Any]: ...
-
-    def send_response(self, key: int, response: InferenceResponse | None, flags: int) -> None: ...
+    """What the stub provides to pb_utils: messages to the server, its log, the model's folder."""
 
     def log(self, level: str, message: str) -> None: ...
 
@@ -60,5 +50,10 @@ def current() -> Runtime | None:
 def require(what: str) -> Runtime:
     """The stub's runtime; a clear TritonModelException outside a served model."""
     if _runtime is None:
-        raise TritonModelException(f"{what} works only inside a model served by coreserve")
+        raise not_served(what)
     return _runtime
+
+
+def not_served(what: str) -> TritonModelException:
+    """The error of a call that needs the server, made outside a model served by coreserve."""
+    return TritonModelException(f"{what} works only inside a model served by coreserve")

@@ -32,6 +32,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import coreserve_python.pb_utils._inference as _inference
 import coreserve_python.pb_utils._runtime as _runtime
 from coreserve_python import pb_utils
 from coreserve_python.ipc import (
@@ -127,6 +128,7 @@ class Stub:
         # crash (see ipc/_start_mark.py); the server's mark once init gives it.
         self._started = open_start_mark(None)
         _runtime.install(self._requests)
+        _inference.install_calls(self._requests)
 
     def _run_coroutine(self, coroutine: Any) -> Any:
         """Runs a coroutine of the model on the stub's loop and waits for its result."""

@@ -13,12 +13,11 @@ import struct
 import zlib
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Container
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import grpc
 
 from coreserve.protocol.grpc_response import SerializedPieces
-from coreserve.server.grpc.native import _frames
 from coreserve.server.grpc.native._call_status import (
     DEADLINE_EXCEEDED,
     INTERNAL,
@@ -29,16 +28,47 @@ from coreserve.server.grpc.native._call_status import (
     CallAborted,
 )
 from coreserve.server.grpc.native._compression import Compressed, inflate
-from coreserve.server.grpc.native._headers import RequestHeaders
-from coreserve.server.grpc.native._messages import MessageReader, MessageTooLarge
-
-if TYPE_CHECKING:
-    from coreserve.server.grpc.native._connection import Http2Connection
+from coreserve.server.grpc.native._message_reader import MessageReader, MessageTooLarge
+from coreserve.server.grpc.native._sending import Outbound
+from coreserve.server.grpc.native.frames import wire
+from coreserve.server.grpc.native.headers.request import RequestHeaders
 
 logger = logging.getLogger("coreserve.server.grpc")
 
 _MESSAGE_PREFIX = struct.Struct(">BI")
 _INFER_METHODS = ("/ModelInfer", "/ModelStreamInfer")
+
+
+class ReceiveWindows(Protocol):
+    """What a call tells its connection's streams (`_streams.Streams`): its handler took the
+    messages that waited, so the stream's receive window may come back."""
+
+    def consumed(self, call: Call) -> None: ...
+
+
+class CallConnection(Protocol):
+    """What a call asks of its connection (`_connection.Http2Connection` is the one): its peer
+    and limits, its open calls, its streams' receive windows, its answers under flow control."""
+
+    @property
+    def peer(self) -> str: ...
+
+    @property
+    def gzip_level(self) -> int: ...
+
+    @property
+    def max_message_size(self) -> int: ...
+
+    @property
+    def calls(self) -> Container[int]: ...
+
+    @property
+    def streams(self) -> ReceiveWindows: ...
+
+    @property
+    def outbound(self) -> Outbound[Call]: ...
+
+    def data_sent(self) -> None: ...
 
 
 class CallContext:
@@ -74,7 +104,7 @@ class Call:
 
     def __init__(
         self,
-        connection: Http2Connection,
+        connection: CallConnection,
         stream_id: int,
         headers: RequestHeaders,
         handler: grpc.RpcMethodHandler,
@@ -274,15 +304,15 @@ def refused_call(headers: RequestHeaders, methods: Container[str], max_header_li
     """The answer (response headers, or headers and trailers) to a request that cannot become
     a call; None when it can."""
     if headers.size > max_header_list:  # before all: a list cut short may lack any field
-        return _frames.RESPONSE_HEADERS + _frames.status_trailers(
+        return wire.RESPONSE_HEADERS + wire.status_trailers(
             RESOURCE_EXHAUSTED, f"header list of {headers.size} bytes (at most {max_header_list})"
         )
     if headers.method != b"POST" or not headers.content_type.startswith(b"application/grpc"):
-        return _frames.http_status(415 if headers.method == b"POST" else 405)
+        return wire.http_status(415 if headers.method == b"POST" else 405)
     if headers.path not in methods:
         status = (UNIMPLEMENTED, "Method not found!")
     elif headers.encoding not in (None, b"identity", b"gzip", b"deflate"):
         status = (UNIMPLEMENTED, f"grpc-encoding {headers.encoding.decode('latin-1')} is not supported")
     else:
         return None
-    return _frames.RESPONSE_HEADERS + _frames.status_trailers(*status)
+    return wire.RESPONSE_HEADERS + wire.status_trailers(*status)

@@ -10,7 +10,7 @@ tasks are gathered until the loop's next turn.
 
 A client that does not take what the server writes is not read from until it does (so PINGs
 and SETTINGS, whose answers it would leave unread, cannot pile them up), and one turn of the
-event loop reads a bounded number of a connection's frames and new streams (`_limits`). Frames
+event loop reads a bounded number of a connection's frames and new streams (`limits`). Frames
 that break RFC 9113 end their stream or the connection with the error code the RFC names.
 """
 
@@ -26,13 +26,15 @@ import grpc
 
 from coreserve.server.frontend_reads import FRONTEND_READS
 from coreserve.server.grpc._transport import GrpcTransport
-from coreserve.server.grpc.native import _frame_layout, _frames
 from coreserve.server.grpc.native._calls import Call
-from coreserve.server.grpc.native._frame_reader import FrameReader
-from coreserve.server.grpc.native._frames import ConnectionFault
-from coreserve.server.grpc.native._headers import HeaderBlockDecoder
 from coreserve.server.grpc.native._keepalive import PING_PAYLOAD, KeepaliveTimers
-from coreserve.server.grpc.native._limits import (
+from coreserve.server.grpc.native._sending import Outbound
+from coreserve.server.grpc.native._streams import Streams
+from coreserve.server.grpc.native.frames import payloads, wire
+from coreserve.server.grpc.native.frames.reader import FrameReader
+from coreserve.server.grpc.native.frames.wire import ConnectionFault
+from coreserve.server.grpc.native.headers.request import HeaderBlockDecoder
+from coreserve.server.grpc.native.limits import (
     CONNECTION_WINDOW,
     GLITCH_BURST,
     GLITCH_RATE,
@@ -46,8 +48,6 @@ from coreserve.server.grpc.native._limits import (
     STREAMS_PER_TURN,
     RateBudget,
 )
-from coreserve.server.grpc.native._sending import Outbound
-from coreserve.server.grpc.native._streams import Streams
 
 logger = logging.getLogger("coreserve.server.grpc")
 
@@ -110,15 +110,15 @@ class Http2Connection(asyncio.Protocol):
         address = transport.get_extra_info("peername")
         self.peer = f"ipv4:{address[0]}:{address[1]}" if address else ""
         self.out.append(
-            _frames.settings_frame(
+            wire.settings_frame(
                 {
-                    _frames.MAX_CONCURRENT_STREAMS: MAX_CONCURRENT,
-                    _frames.INITIAL_WINDOW_SIZE: STREAM_WINDOW,
-                    _frames.MAX_FRAME_SIZE: MAX_FRAME_SIZE,
-                    _frames.MAX_HEADER_LIST_SIZE: MAX_HEADER_LIST,
+                    wire.MAX_CONCURRENT_STREAMS: MAX_CONCURRENT,
+                    wire.INITIAL_WINDOW_SIZE: STREAM_WINDOW,
+                    wire.MAX_FRAME_SIZE: MAX_FRAME_SIZE,
+                    wire.MAX_HEADER_LIST_SIZE: MAX_HEADER_LIST,
                 }
             )
-            + _frames.window_update(0, CONNECTION_WINDOW - _frames.DEFAULT_WINDOW)
+            + wire.window_update(0, CONNECTION_WINDOW - wire.DEFAULT_WINDOW)
         )
         self.flush()
         # A client that never says it speaks HTTP/2 is dropped, as gRPC core's handshake timeout does.
@@ -127,7 +127,7 @@ class Http2Connection(asyncio.Protocol):
         )
         self._keepalive = KeepaliveTimers(
             self._transport_settings,
-            send_ping=lambda: self.write(_frames.frame(_frames.PING, 0, 0, PING_PAYLOAD)),
+            send_ping=lambda: self.write(wire.frame(wire.PING, 0, 0, PING_PAYLOAD)),
             go_away=self._go_away,
             close=self.close,
             has_calls=lambda: bool(self.calls),
@@ -177,7 +177,7 @@ class Http2Connection(asyncio.Protocol):
             asyncio.get_running_loop().call_soon(self._next_turn)
 
     def _next_turn(self) -> None:
-        """Reads the frames a former turn left in the buffer (see `_frame_reader`)."""
+        """Reads the frames a former turn left in the buffer (see `frames.reader`)."""
         self._turn_scheduled = False
         if not self.outbound.paused and not self.transport.is_closing():
             self._read(None)
@@ -196,7 +196,7 @@ class Http2Connection(asyncio.Protocol):
             return
         except Exception:  # a fault of ours: this connection ends, the server goes on
             logger.exception("gRPC connection from %s failed", self.peer)
-            self._fail_connection(ConnectionFault(_frames.INTERNAL_ERROR, "internal error"))
+            self._fail_connection(ConnectionFault(wire.INTERNAL_ERROR, "internal error"))
             return
         self.streams.start_calls()
         if self._preface_timer is not None and self._reader.preface_seen:
@@ -211,66 +211,66 @@ class Http2Connection(asyncio.Protocol):
     # Frames --------------------------------------------------------------------------------
 
     def _frame(self, kind: int, flags: int, stream_id: int, payload: memoryview) -> None:
-        if self._continuation is not None and kind != _frames.CONTINUATION:
-            raise ConnectionFault(_frames.PROTOCOL_ERROR, "a header block interrupted")
-        if kind == _frames.DATA:
+        if self._continuation is not None and kind != wire.CONTINUATION:
+            raise ConnectionFault(wire.PROTOCOL_ERROR, "a header block interrupted")
+        if kind == wire.DATA:
             self.streams.data(flags, stream_id, payload, False)
-        elif kind == _frames.HEADERS:
+        elif kind == wire.HEADERS:
             self._headers(flags, stream_id, payload)
-        elif kind == _frames.CONTINUATION:
+        elif kind == wire.CONTINUATION:
             self._continue_headers(flags, stream_id, payload)
-        elif kind == _frames.SETTINGS:
+        elif kind == wire.SETTINGS:
             self._settings(flags, stream_id, payload)
-        elif kind == _frames.WINDOW_UPDATE:
+        elif kind == wire.WINDOW_UPDATE:
             self._window_update(stream_id, payload)
-        elif kind == _frames.PING:
+        elif kind == wire.PING:
             self._ping(flags, stream_id, payload)
-        elif kind == _frames.RST_STREAM:
+        elif kind == wire.RST_STREAM:
             self.streams.rst_stream(stream_id, payload)
-        elif kind == _frames.PRIORITY:
+        elif kind == wire.PRIORITY:
             # RFC 9113 drops the priority scheme; the frame is read only to be checked (5.3.2).
-            if not _frame_layout.priority(stream_id, payload):
-                self.streams.refuse(stream_id, _frames.FRAME_SIZE_ERROR)
+            if not payloads.priority(stream_id, payload):
+                self.streams.refuse(stream_id, wire.FRAME_SIZE_ERROR)
             self.glitch("PRIORITY frames")
-        elif kind == _frames.GOAWAY:
-            _frame_layout.goaway(stream_id, payload)
+        elif kind == wire.GOAWAY:
+            payloads.goaway(stream_id, payload)
             self.streams.going_away = True
-        elif kind == _frames.PUSH_PROMISE:
-            raise ConnectionFault(_frames.PROTOCOL_ERROR, "clients may not push")
+        elif kind == wire.PUSH_PROMISE:
+            raise ConnectionFault(wire.PROTOCOL_ERROR, "clients may not push")
         else:  # unknown frame types are ignored, as RFC 9113 (5.5) asks
             self.glitch("frames of unknown types")
 
     def glitch(self, what: str) -> None:
         """A frame that carries nothing a server needs: a flood of them ends the connection."""
         if not self._glitches.spend():
-            raise ConnectionFault(_frames.ENHANCE_YOUR_CALM, f"too many {what}")
+            raise ConnectionFault(wire.ENHANCE_YOUR_CALM, f"too many {what}")
 
     def _settings(self, flags: int, stream_id: int, payload: memoryview) -> None:
-        pairs = _frame_layout.settings(flags, stream_id, payload)
+        pairs = payloads.settings(flags, stream_id, payload)
         if pairs is None:  # an ACK
             return
         initial = None
         for key, value in pairs:
-            if key == _frames.INITIAL_WINDOW_SIZE:
+            if key == wire.INITIAL_WINDOW_SIZE:
                 initial = value
-            elif key == _frames.MAX_FRAME_SIZE:
+            elif key == wire.MAX_FRAME_SIZE:
                 self.outbound.max_frame = value
-            elif key == _frames.HEADER_TABLE_SIZE:
+            elif key == wire.HEADER_TABLE_SIZE:
                 self.outbound.header_blocks.table_size(value)
         # Only the last value of the frame moves the windows: one change per frame at most.
         if initial is not None and not self.outbound.initial_window(initial, self.calls.values()):
-            raise ConnectionFault(_frames.FLOW_CONTROL_ERROR, "a stream window past 2^31-1")
-        self._acknowledge(_frames.frame(_frames.SETTINGS, _frames.ACK, 0))
+            raise ConnectionFault(wire.FLOW_CONTROL_ERROR, "a stream window past 2^31-1")
+        self._acknowledge(wire.frame(wire.SETTINGS, wire.ACK, 0))
         if initial is not None:  # after the ACK: the bytes a raised window allows
             self.outbound.send_blocked()
 
     def _ping(self, flags: int, stream_id: int, payload: memoryview) -> None:
-        data = _frame_layout.ping(stream_id, payload)
-        if flags & _frames.ACK:
+        data = payloads.ping(stream_id, payload)
+        if flags & wire.ACK:
             if self._keepalive is not None:
                 self._keepalive.ping_acknowledged(data)
         else:
-            self._acknowledge(_frames.frame(_frames.PING, _frames.ACK, 0, data))
+            self._acknowledge(wire.frame(wire.PING, wire.ACK, 0, data))
             if self._keepalive is not None:
                 self._keepalive.ping_received()
 
@@ -281,24 +281,24 @@ class Http2Connection(asyncio.Protocol):
             self._queued_acks += 1
             if self._queued_acks > MAX_QUEUED_ACKS:
                 reason = f"over {MAX_QUEUED_ACKS} answers queued for a client that does not read"
-                raise ConnectionFault(_frames.ENHANCE_YOUR_CALM, reason)
+                raise ConnectionFault(wire.ENHANCE_YOUR_CALM, reason)
         else:
             self._queued_acks = 0
         self.out.append(ack)
 
     def _window_update(self, stream_id: int, payload: memoryview) -> None:
-        increment = _frame_layout.window_increment(stream_id, payload)
+        increment = payloads.window_increment(stream_id, payload)
         if stream_id == 0:
             self.outbound.window += increment
-            if self.outbound.window > _frames.MAX_WINDOW:
-                raise ConnectionFault(_frames.FLOW_CONTROL_ERROR, "connection window past 2^31-1")
+            if self.outbound.window > wire.MAX_WINDOW:
+                raise ConnectionFault(wire.FLOW_CONTROL_ERROR, "connection window past 2^31-1")
             self.outbound.send_blocked()
             return
         self.streams.window_update(stream_id, increment)
 
     def _headers(self, flags: int, stream_id: int, payload: memoryview) -> None:
-        payload = _frame_layout.header_fragment(stream_id, flags, payload)
-        if flags & _frames.END_HEADERS:
+        payload = payloads.header_fragment(stream_id, flags, payload)
+        if flags & wire.END_HEADERS:
             self._header_block(stream_id, flags, bytes(payload))
         else:
             self._continuation = _PendingBlock(stream_id, flags, bytearray(payload))
@@ -306,16 +306,14 @@ class Http2Connection(asyncio.Protocol):
     def _continue_headers(self, flags: int, stream_id: int, payload: memoryview) -> None:
         pending = self._continuation
         if pending is None or pending.stream_id != stream_id:
-            raise ConnectionFault(_frames.PROTOCOL_ERROR, "CONTINUATION without its HEADERS")
+            raise ConnectionFault(wire.PROTOCOL_ERROR, "CONTINUATION without its HEADERS")
         pending.continuations += 1
         if pending.continuations > MAX_CONTINUATIONS:
-            raise ConnectionFault(
-                _frames.ENHANCE_YOUR_CALM, f"a header block in {pending.continuations} frames"
-            )
+            raise ConnectionFault(wire.ENHANCE_YOUR_CALM, f"a header block in {pending.continuations} frames")
         pending.block.extend(payload)
         if len(pending.block) > MAX_HEADER_BLOCK:
-            raise ConnectionFault(_frames.ENHANCE_YOUR_CALM, f"a header block over {MAX_HEADER_BLOCK} bytes")
-        if flags & _frames.END_HEADERS:
+            raise ConnectionFault(wire.ENHANCE_YOUR_CALM, f"a header block over {MAX_HEADER_BLOCK} bytes")
+        if flags & wire.END_HEADERS:
             self._continuation = None
             self._header_block(stream_id, pending.flags, bytes(pending.block))
         elif not payload:
@@ -323,7 +321,7 @@ class Http2Connection(asyncio.Protocol):
 
     def _header_block(self, stream_id: int, flags: int, block: bytes) -> None:
         if len(block) > MAX_HEADER_BLOCK:
-            raise ConnectionFault(_frames.ENHANCE_YOUR_CALM, f"a header block over {MAX_HEADER_BLOCK} bytes")
+            raise ConnectionFault(wire.ENHANCE_YOUR_CALM, f"a header block over {MAX_HEADER_BLOCK} bytes")
         headers = self._decoder.decode(block)  # always: the HPACK table must stay in step
         self.streams.header_block(stream_id, flags, headers)
 
@@ -361,9 +359,7 @@ class Http2Connection(asyncio.Protocol):
         """GOAWAY for keepalive's reasons: calm (too many pings) closes now, else after the calls."""
         self.streams.going_away = True
         self.write(
-            _frames.goaway(
-                self.streams.last_stream, _frames.ENHANCE_YOUR_CALM if calm else _frames.NO_ERROR, reason
-            )
+            wire.goaway(self.streams.last_stream, wire.ENHANCE_YOUR_CALM if calm else wire.NO_ERROR, reason)
         )
         if calm or not self.calls:
             logger.info("gRPC connection from %s closed: %s", self.peer, reason)
@@ -382,7 +378,7 @@ class Http2Connection(asyncio.Protocol):
         is dropped, where the client does not take what we write)."""
         logger.info("gRPC connection from %s closed: %s", self.peer, fault.reason)
         self._cancel_calls()
-        self.out.append(_frames.goaway(self.streams.last_stream, fault.code, fault.reason))
+        self.out.append(wire.goaway(self.streams.last_stream, fault.code, fault.reason))
         self.flush()
         if self.outbound.paused:
             self.transport.abort()
@@ -394,7 +390,7 @@ class Http2Connection(asyncio.Protocol):
         client that does not take what is left to write within FLUSH_SECONDS is dropped."""
         if not self.transport.is_closing():
             self.streams.going_away = True
-            self.write(_frames.goaway(self.streams.last_stream, _frames.NO_ERROR))
+            self.write(wire.goaway(self.streams.last_stream, wire.NO_ERROR))
             deadline = asyncio.get_running_loop().time() + (grace if grace is not None else 0.0)
             while self.calls and asyncio.get_running_loop().time() < deadline:
                 await asyncio.sleep(0.05)

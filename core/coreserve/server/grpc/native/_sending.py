@@ -9,47 +9,61 @@ client that reads slowly holds its answers back instead of filling the server's 
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
+from typing import Generic, Protocol, TypeVar
 
 from coreserve.protocol.grpc_response import SerializedPieces
-from coreserve.server.grpc.native import _frames
-from coreserve.server.grpc.native._response_headers import ResponseHeaderEncoder
-
-if TYPE_CHECKING:
-    from coreserve.server.grpc.native._calls import Call
-
+from coreserve.server.grpc.native.frames import wire
+from coreserve.server.grpc.native.headers.response import ResponseHeaderEncoder
 
 # Pieces of a message smaller than this are joined with their neighbours (see _coalesced).
 COALESCE_BELOW = 16 * 1024
 
 
-class Outbound:
+class OutboundStream(Protocol):
+    """What of a call its answer's sending reads and keeps (`_calls.Call` is the one): its stream,
+    its send credit, the bytes and trailers that wait for the windows, the handler that waits."""
+
+    stream_id: int
+    gzip_level: int
+    reset: bool
+    headers_sent: bool
+    send_credit: int
+    outbound: deque[memoryview]
+    trailers: tuple[int, str, bool] | None
+    drained: asyncio.Future[None] | None
+
+
+Stream = TypeVar("Stream", bound=OutboundStream)
+
+
+class Outbound(Generic[Stream]):
     """One connection's send windows and the calls whose answers wait for them."""
 
-    def __init__(self, write: Callable[..., None], stream_done: Callable[[Call], None]) -> None:
+    def __init__(self, write: Callable[..., None], stream_done: Callable[[Stream], None]) -> None:
         self._write = write
         self._stream_done = stream_done
-        self.window = _frames.DEFAULT_WINDOW  # the connection's send window
-        self.initial = _frames.DEFAULT_WINDOW  # the client's SETTINGS_INITIAL_WINDOW_SIZE
+        self.window = wire.DEFAULT_WINDOW  # the connection's send window
+        self.initial = wire.DEFAULT_WINDOW  # the client's SETTINGS_INITIAL_WINDOW_SIZE
         self._top_credit = 0  # at least any open stream's send credit (see initial_window)
-        self.max_frame = _frames.DEFAULT_MAX_FRAME
+        self.max_frame = wire.DEFAULT_MAX_FRAME
         self.paused = False  # the transport's buffer is full
-        self._blocked: dict[int, Call] = {}
-        self._waiting: set[Call] = set()  # handlers held back in wait_drained
+        self._blocked: dict[int, Stream] = {}
+        self._waiting: set[Stream] = set()  # handlers held back in wait_drained
         self.header_blocks = ResponseHeaderEncoder()  # every header block of the connection's
 
-    def grant(self, call: Call, increment: int) -> bool:
+    def grant(self, call: Stream, increment: int) -> bool:
         """A WINDOW_UPDATE for `call`; False where it takes the window past 2^31-1 (RFC 9113 6.9.1)."""
         credit = call.send_credit + increment
-        if self.initial + credit > _frames.MAX_WINDOW:
+        if self.initial + credit > wire.MAX_WINDOW:
             return False
         call.send_credit = credit
         self._top_credit = max(self._top_credit, credit)
         self.send_pending(call)
         return True
 
-    def initial_window(self, value: int, calls: Iterable[Call]) -> bool:
+    def initial_window(self, value: int, calls: Iterable[Stream]) -> bool:
         """The client changed its initial window, which moves every open stream's window by the
         change (each window is the initial one and its stream's credit). False where a window
         would pass 2^31-1 (RFC 9113 6.9.2).
@@ -61,18 +75,18 @@ class Outbound:
         Nothing is sent here: the caller acknowledges the SETTINGS first, then calls
         `send_blocked`, since a client counts its windows under the settings we acknowledged.
         """
-        if value + self._top_credit > _frames.MAX_WINDOW:
+        if value + self._top_credit > wire.MAX_WINDOW:
             self._top_credit = max((call.send_credit for call in calls), default=0)
-            if value + self._top_credit > _frames.MAX_WINDOW:
+            if value + self._top_credit > wire.MAX_WINDOW:
                 return False
         self.initial = value
         return True
 
-    def send_message(self, call: Call, prefix: bytes, message: bytes | SerializedPieces) -> None:
+    def send_message(self, call: Stream, prefix: bytes, message: bytes | SerializedPieces) -> None:
         if not call.headers_sent:
             call.headers_sent = True
             block = self.header_blocks.headers(gzip=bool(call.gzip_level))
-            self._write(_frames.frame(_frames.HEADERS, _frames.END_HEADERS, call.stream_id, block))
+            self._write(wire.frame(wire.HEADERS, wire.END_HEADERS, call.stream_id, block))
         if isinstance(message, SerializedPieces):  # large: its large pieces are framed, not joined
             call.outbound.extend(_coalesced(prefix, message.pieces))
             self.send_pending(call)
@@ -81,19 +95,19 @@ class Outbound:
         if not call.outbound and size <= min(self.initial + call.send_credit, self.window, self.max_frame):
             call.send_credit -= size
             self.window -= size
-            self._write(_frames.frame_header(_frames.DATA, 0, call.stream_id, size), prefix, message)
+            self._write(wire.frame_header(wire.DATA, 0, call.stream_id, size), prefix, message)
             return
         call.outbound.append(memoryview(prefix))
         call.outbound.append(memoryview(message))
         self.send_pending(call)
 
-    def send_trailers(self, call: Call, code: int, details: str) -> None:
-        # Encoded when they go out (see `_response_headers`); without headers before: trailers only.
+    def send_trailers(self, call: Stream, code: int, details: str) -> None:
+        # Encoded when they go out (see `headers.response`); without headers before: trailers only.
         call.trailers = (code, details, not call.headers_sent)
         call.headers_sent = True
         self.send_pending(call)
 
-    def send_pending(self, call: Call) -> None:
+    def send_pending(self, call: Stream) -> None:
         """Frames what the windows allow of `call`'s answer; ends the stream once all is out."""
         outbound = call.outbound
         while outbound:
@@ -109,16 +123,12 @@ class Outbound:
                 chunk = chunk[:room]
             call.send_credit -= len(chunk)
             self.window -= len(chunk)
-            self._write(_frames.frame_header(_frames.DATA, 0, call.stream_id, len(chunk)), chunk)
+            self._write(wire.frame_header(wire.DATA, 0, call.stream_id, len(chunk)), chunk)
         self._blocked.pop(call.stream_id, None)
         self._wake(call)
         if call.trailers is not None:
             block = self.header_blocks.trailers(*call.trailers)
-            self._write(
-                _frames.frame(
-                    _frames.HEADERS, _frames.END_HEADERS | _frames.END_STREAM, call.stream_id, block
-                )
-            )
+            self._write(wire.frame(wire.HEADERS, wire.END_HEADERS | wire.END_STREAM, call.stream_id, block))
             call.trailers = None
             self._stream_done(call)
 
@@ -128,13 +138,13 @@ class Outbound:
                 return
             self.send_pending(call)
 
-    def forget(self, call: Call) -> None:
+    def forget(self, call: Stream) -> None:
         """`call` was reset: nothing more of it goes out."""
         self._blocked.pop(call.stream_id, None)
         call.outbound.clear()
         self._wake(call)
 
-    async def wait_drained(self, call: Call) -> None:
+    async def wait_drained(self, call: Stream) -> None:
         self._waiting.add(call)
         try:
             while (call.outbound or self.paused) and not call.reset:
@@ -143,7 +153,7 @@ class Outbound:
         finally:
             self._waiting.discard(call)
 
-    def _wake(self, call: Call) -> None:
+    def _wake(self, call: Stream) -> None:
         if call.drained is not None and not call.drained.done() and (not self.paused or call.reset):
             call.drained.set_result(None)
 

@@ -10,16 +10,16 @@ MAX_CONCURRENT, spend the connection's stream churn budget.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import grpc
 
-from coreserve.server.grpc.native import _frame_layout, _frames
 from coreserve.server.grpc.native._call_status import CallAborted
-from coreserve.server.grpc.native._calls import Call, refused_call
-from coreserve.server.grpc.native._frames import ConnectionFault
-from coreserve.server.grpc.native._headers import RequestHeaders
-from coreserve.server.grpc.native._limits import (
+from coreserve.server.grpc.native._calls import Call, CallConnection, refused_call
+from coreserve.server.grpc.native.frames import payloads, wire
+from coreserve.server.grpc.native.frames.wire import ConnectionFault
+from coreserve.server.grpc.native.headers.request import RequestHeaders
+from coreserve.server.grpc.native.limits import (
     CONNECTION_WINDOW,
     MAX_CONCURRENT,
     MAX_HEADER_LIST,
@@ -29,8 +29,21 @@ from coreserve.server.grpc.native._limits import (
     RateBudget,
 )
 
-if TYPE_CHECKING:
-    from coreserve.server.grpc.native._connection import Http2Connection
+
+class StreamsConnection(CallConnection, Protocol):
+    """What the streams ask of their connection (`_connection.Http2Connection` is the one),
+    besides what their calls ask: the frames of the turn, writes, its glitch budget, its end."""
+
+    @property
+    def out(self) -> list[bytes | memoryview]: ...
+
+    def glitch(self, what: str) -> None: ...
+
+    def write(self, *parts: bytes | memoryview) -> None: ...
+
+    def flush(self) -> None: ...
+
+    def close(self) -> None: ...
 
 
 class Streams:
@@ -42,7 +55,7 @@ class Streams:
     """
 
     def __init__(
-        self, connection: Http2Connection, handlers: dict[str, grpc.RpcMethodHandler], max_message_size: int
+        self, connection: StreamsConnection, handlers: dict[str, grpc.RpcMethodHandler], max_message_size: int
     ) -> None:
         self._connection = connection
         self.handlers = handlers
@@ -60,60 +73,60 @@ class Streams:
         call = self.calls.get(stream_id)
         if call is not None:  # trailers: they end the client's side, with no pseudo-header
             if call.half_closed:
-                self.reset(call, _frames.STREAM_CLOSED)  # RFC 9113 5.1: the client's side is closed
-            elif not flags & _frames.END_STREAM or headers.malformed or headers.has_pseudo:
-                self.reset(call, _frames.PROTOCOL_ERROR)  # RFC 9113 8.1: malformed trailers
+                self.reset(call, wire.STREAM_CLOSED)  # RFC 9113 5.1: the client's side is closed
+            elif not flags & wire.END_STREAM or headers.malformed or headers.has_pseudo:
+                self.reset(call, wire.PROTOCOL_ERROR)  # RFC 9113 8.1: malformed trailers
             else:
                 self._end_input(call)
             return
         if stream_id % 2 == 0:
-            raise ConnectionFault(_frames.PROTOCOL_ERROR, f"stream {stream_id} may not open here")
+            raise ConnectionFault(wire.PROTOCOL_ERROR, f"stream {stream_id} may not open here")
         if stream_id <= self.last_stream:  # RFC 9113 5.1.1, as Go's x/net/http2 answers it
             message = f"HEADERS on stream {stream_id}, not above the last opened ({self.last_stream})"
-            raise ConnectionFault(_frames.PROTOCOL_ERROR, message)
+            raise ConnectionFault(wire.PROTOCOL_ERROR, message)
         self.last_stream = stream_id
         if self.going_away or len(self.calls) >= MAX_CONCURRENT:
-            connection.out.append(_frames.rst_stream(stream_id, _frames.REFUSED_STREAM))
+            connection.out.append(wire.rst_stream(stream_id, wire.REFUSED_STREAM))
             if not self.going_away:
                 self._churn()
             return
         if headers.size <= MAX_HEADER_LIST and (headers.malformed or not headers.pseudo_complete):
-            self.refuse(stream_id, _frames.PROTOCOL_ERROR)
+            self.refuse(stream_id, wire.PROTOCOL_ERROR)
             connection.glitch("malformed requests")
             return
         refusal = refused_call(headers, self.handlers, MAX_HEADER_LIST)
         if refusal is not None:
             block = connection.outbound.header_blocks.literal_block(refusal)
             connection.out.append(
-                _frames.frame(_frames.HEADERS, _frames.END_HEADERS | _frames.END_STREAM, stream_id, block)
+                wire.frame(wire.HEADERS, wire.END_HEADERS | wire.END_STREAM, stream_id, block)
             )
-            if not flags & _frames.END_STREAM:
-                connection.out.append(_frames.rst_stream(stream_id, _frames.NO_ERROR))
+            if not flags & wire.END_STREAM:
+                connection.out.append(wire.rst_stream(stream_id, wire.NO_ERROR))
             return
         call = Call(connection, stream_id, headers, self.handlers[headers.path])
         self.calls[stream_id] = call
         if headers.timeout is not None:
-            timeout = _frames.parse_timeout(headers.timeout)
+            timeout = wire.parse_timeout(headers.timeout)
             if timeout is not None:
                 call.set_deadline(timeout)
         if call.handler.request_streaming:
             self._starting.append(call)
-        if flags & _frames.END_STREAM:
+        if flags & wire.END_STREAM:
             self._end_input(call)
 
     def data(self, flags: int, stream_id: int, payload: memoryview, stable: bool) -> None:
         if stream_id == 0:
-            raise ConnectionFault(_frames.PROTOCOL_ERROR, "DATA on stream 0")
+            raise ConnectionFault(wire.PROTOCOL_ERROR, "DATA on stream 0")
         connection = self._connection
         size = len(payload)
         self._received += size
         if self._received > CONNECTION_WINDOW:
-            raise ConnectionFault(_frames.FLOW_CONTROL_ERROR, "the client overran the connection window")
+            raise ConnectionFault(wire.FLOW_CONTROL_ERROR, "the client overran the connection window")
         if self._received >= CONNECTION_WINDOW // 4:
-            connection.out.append(_frames.window_update(0, self._received))
+            connection.out.append(wire.window_update(0, self._received))
             self._received = 0
-        if flags & _frames.PADDED:
-            payload = _frame_layout.unpadded(flags, payload)
+        if flags & wire.PADDED:
+            payload = payloads.unpadded(flags, payload)
         call = self.calls.get(stream_id)
         if call is None or call.status is not None:
             self.idle(stream_id, "DATA")
@@ -121,13 +134,13 @@ class Streams:
                 connection.glitch("empty DATA frames")
             return  # a stream we ended or reset: its window came back with the connection's
         if call.half_closed:
-            self.reset(call, _frames.STREAM_CLOSED)  # RFC 9113 5.1: the client's side is closed
+            self.reset(call, wire.STREAM_CLOSED)  # RFC 9113 5.1: the client's side is closed
             return
-        if not payload and not flags & _frames.END_STREAM:
+        if not payload and not flags & wire.END_STREAM:
             connection.glitch("empty DATA frames")
         call.unacked += size
         if call.unacked > STREAM_WINDOW:
-            self.reset(call, _frames.FLOW_CONTROL_ERROR)
+            self.reset(call, wire.FLOW_CONTROL_ERROR)
             return
         try:
             call.receive(payload, self.max_message_size, stable)
@@ -137,11 +150,11 @@ class Streams:
             return
         if len(call.messages) < 2:
             self.consumed(call)
-        if flags & _frames.END_STREAM:
+        if flags & wire.END_STREAM:
             self._end_input(call)
 
     def rst_stream(self, stream_id: int, payload: memoryview) -> None:
-        _frame_layout.rst_stream(stream_id, payload)
+        payloads.rst_stream(stream_id, payload)
         self.idle(stream_id, "RST_STREAM")
         call = self.calls.pop(stream_id, None)
         if call is None:
@@ -159,14 +172,14 @@ class Streams:
             self._connection.glitch("frames on closed streams")
             return
         if increment == 0:
-            self.reset(call, _frames.PROTOCOL_ERROR)
+            self.reset(call, wire.PROTOCOL_ERROR)
         elif not self._connection.outbound.grant(call, increment):
-            self.reset(call, _frames.FLOW_CONTROL_ERROR)
+            self.reset(call, wire.FLOW_CONTROL_ERROR)
 
     def idle(self, stream_id: int, kind: str) -> None:
         """RFC 9113 5.1: a frame other than HEADERS and PRIORITY on a stream never opened."""
         if stream_id > self.last_stream:
-            raise ConnectionFault(_frames.PROTOCOL_ERROR, f"{kind} on idle stream {stream_id}")
+            raise ConnectionFault(wire.PROTOCOL_ERROR, f"{kind} on idle stream {stream_id}")
 
     def refuse(self, stream_id: int, code: int) -> None:
         """A stream error (RFC 9113 5.4.2) on `stream_id`, open or not."""
@@ -174,18 +187,18 @@ class Streams:
         if call is not None:
             self.reset(call, code)
         else:
-            self._connection.out.append(_frames.rst_stream(stream_id, code))
+            self._connection.out.append(wire.rst_stream(stream_id, code))
 
     def reset(self, call: Call, code: int) -> None:
         self.calls.pop(call.stream_id, None)
         self._connection.outbound.forget(call)
         call.cancel(None)
-        self._connection.out.append(_frames.rst_stream(call.stream_id, code))
+        self._connection.out.append(wire.rst_stream(call.stream_id, code))
 
     def consumed(self, call: Call) -> None:
         """The handler took messages: gives the stream's window back unless many still wait."""
         if call.unacked >= STREAM_WINDOW // 4 and len(call.messages) < 2 and not call.half_closed:
-            self._connection.write(_frames.window_update(call.stream_id, call.unacked))
+            self._connection.write(wire.window_update(call.stream_id, call.unacked))
             call.unacked = 0
 
     def start_calls(self) -> None:
@@ -203,7 +216,7 @@ class Streams:
         connection = self._connection
         del self.calls[call.stream_id]
         if not call.half_closed:  # the client may still be sending: it need not
-            connection.write(_frames.rst_stream(call.stream_id, _frames.NO_ERROR))
+            connection.write(wire.rst_stream(call.stream_id, wire.NO_ERROR))
         if self.going_away and not self.calls:  # GOAWAY sent, the last call answered
             connection.flush()
             connection.close()
@@ -228,4 +241,4 @@ class Streams:
         """A stream reset before its answer, or refused: a client that makes streams only to drop
         them (rapid reset) ends its connection."""
         if not self._churn_budget.spend():
-            raise ConnectionFault(_frames.ENHANCE_YOUR_CALM, "too many streams reset or refused")
+            raise ConnectionFault(wire.ENHANCE_YOUR_CALM, "too many streams reset or refused")

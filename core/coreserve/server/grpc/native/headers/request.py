@@ -13,8 +13,8 @@ import base64
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from coreserve.server.grpc.native._frames import COMPRESSION_ERROR, ENHANCE_YOUR_CALM, ConnectionFault
-from coreserve.server.grpc.native._hpack_decoder import (
+from coreserve.server.grpc.native.frames.wire import COMPRESSION_ERROR, ENHANCE_YOUR_CALM, ConnectionFault
+from coreserve.server.grpc.native.headers._hpack_decoder import (
     Field,
     HeaderDecodingError,
     HeaderListTooLarge,

@@ -1,7 +1,7 @@
 """The frames in the bytes a native gRPC connection reads: the preface, then whole frames.
 
 A read's frames are handed on as views of the read buffer, a turn's share at a time
-(`_limits`): what is left waits in the buffer for a later turn, and the connection reads
+(`limits`): what is left waits in the buffer for a later turn, and the connection reads
 nothing more from its client meanwhile. A large DATA frame is handed on as its bytes come, so
 that they go from the socket's chunks into their message with one copy.
 """
@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from coreserve.server.grpc.native import _frames
-from coreserve.server.grpc.native._frames import ConnectionFault
-from coreserve.server.grpc.native._limits import (
+from coreserve.server.grpc.native.frames import wire
+from coreserve.server.grpc.native.frames.wire import ConnectionFault
+from coreserve.server.grpc.native.limits import (
     FRAMES_PER_TURN,
     HEADER_BYTES_PER_TURN,
     MAX_FRAME_SIZE,
@@ -64,11 +64,11 @@ class FrameReader:
         position = 0
         if not self.preface_seen:
             if len(buffer) < 24:
-                if not _frames.PREFACE.startswith(bytes(buffer)):
-                    raise ConnectionFault(_frames.PROTOCOL_ERROR, "not an HTTP/2 connection preface")
+                if not wire.PREFACE.startswith(bytes(buffer)):
+                    raise ConnectionFault(wire.PROTOCOL_ERROR, "not an HTTP/2 connection preface")
                 return
-            if buffer[:24] != _frames.PREFACE:
-                raise ConnectionFault(_frames.PROTOCOL_ERROR, "not an HTTP/2 connection preface")
+            if buffer[:24] != wire.PREFACE:
+                raise ConnectionFault(wire.PROTOCOL_ERROR, "not an HTTP/2 connection preface")
             self.preface_seen = True
             position = 24
         del buffer[: self._frames(buffer, position)]
@@ -83,8 +83,8 @@ class FrameReader:
         frames = streams = header_bytes = 0  # this turn's
         self.backlog = False
         if self._settings_due and size - position >= 9:
-            if buffer[position + 3] != _frames.SETTINGS or buffer[position + 4] & _frames.ACK:
-                raise ConnectionFault(_frames.PROTOCOL_ERROR, "the connection preface ends without SETTINGS")
+            if buffer[position + 3] != wire.SETTINGS or buffer[position + 4] & wire.ACK:
+                raise ConnectionFault(wire.PROTOCOL_ERROR, "the connection preface ends without SETTINGS")
             self._settings_due = False
         view = memoryview(buffer)  # frames are views; none outlives this read
         on_frame = self._on_frame
@@ -99,13 +99,13 @@ class FrameReader:
                     break
                 length = (buffer[position] << 16) | (buffer[position + 1] << 8) | buffer[position + 2]
                 if length > MAX_FRAME_SIZE:
-                    raise ConnectionFault(_frames.FRAME_SIZE_ERROR, f"a frame of {length} bytes")
+                    raise ConnectionFault(wire.FRAME_SIZE_ERROR, f"a frame of {length} bytes")
                 kind = buffer[position + 3]
                 if size - position - 9 < length:
                     if (
                         length >= STREAMED_DATA
-                        and kind == _frames.DATA
-                        and not buffer[position + 4] & _frames.PADDED
+                        and kind == wire.DATA
+                        and not buffer[position + 4] & wire.PADDED
                         and not self._in_header_block()
                     ):
                         self._start_streamed_data(buffer, view, position, length)
@@ -116,10 +116,10 @@ class FrameReader:
                 start = position + 9
                 position = start + length
                 frames += 1
-                if kind == _frames.HEADERS:  # each opens a stream at most
+                if kind == wire.HEADERS:  # each opens a stream at most
                     streams += 1
                     header_bytes += length
-                elif kind == _frames.CONTINUATION:
+                elif kind == wire.CONTINUATION:
                     header_bytes += length
                 on_frame(kind, flags, stream_id, view[start:position])
         finally:
@@ -133,7 +133,7 @@ class FrameReader:
         self._streamed = (stream_id, flags)
         self._streamed_due = length - available
         if available:  # (none yet: not an empty frame, just its header so far)
-            self._on_data(flags & ~_frames.END_STREAM, stream_id, view[position + 9 :], False)
+            self._on_data(flags & ~wire.END_STREAM, stream_id, view[position + 9 :], False)
 
     def _stream_data(self, data: memoryview) -> memoryview:
         """Hands on the part of `data` that continues a streamed DATA frame; returns the rest."""
@@ -141,6 +141,6 @@ class FrameReader:
         self._streamed_due -= take
         stream_id, flags = self._streamed
         if self._streamed_due:
-            flags &= ~_frames.END_STREAM
+            flags &= ~wire.END_STREAM
         self._on_data(flags, stream_id, data[:take], True)
         return data[take:]

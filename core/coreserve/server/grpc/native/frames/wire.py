@@ -2,7 +2,7 @@
 
 Only the pieces gRPC needs (RFC 9113, RFC 7541 for the header encoding we write, and gRPC's
 "gRPC over HTTP2" document). Header fields are written without Huffman codes; the few that go
-into the HPACK dynamic table are chosen by `_response_headers`, which keeps its state.
+into the HPACK dynamic table are chosen by `headers.response`, which keeps its state.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ The encoder's table must stay in step with the client's decoder:
 
 from __future__ import annotations
 
-from coreserve.server.grpc.native import _frames
+from coreserve.server.grpc.native.frames import wire
 
 CONTENT_TYPE = (b"content-type", b"application/grpc")
 # Triton's words; the request encodings calls.refused_call lets through.
@@ -37,7 +37,7 @@ class ResponseHeaderEncoder:
         # The fields added to the table, oldest first, each with the bytes that name it by index.
         self._named: dict[tuple[bytes, bytes], bytes] = {}
         self._indexing = True
-        self._limit = _frames.DEFAULT_HEADER_TABLE_SIZE  # the table size the client's decoder allows
+        self._limit = wire.DEFAULT_HEADER_TABLE_SIZE  # the table size the client's decoder allows
         self._update = b""  # a table size update due at the start of the next block
 
     def table_size(self, size: int) -> None:
@@ -45,21 +45,21 @@ class ResponseHeaderEncoder:
         if size >= self._limit:
             return
         self._limit = size
-        self._update = _frames.table_size_update(size)
+        self._update = wire.table_size_update(size)
         if size < TABLE_NEEDED:  # the decoder evicts entries: refer to none of them again
             self._indexing = False
             self._named.clear()
 
     def headers(self, gzip: bool = False) -> bytes:
         block = self._take_update() + self._status_and_type() + self._field(ACCEPT_ENCODING)
-        return (block + _frames.literal(b"grpc-encoding", b"gzip")) if gzip else block
+        return (block + wire.literal(b"grpc-encoding", b"gzip")) if gzip else block
 
     def trailers(self, code: int, details: str, with_headers: bool) -> bytes:
         """The block that ends a call; `with_headers`: the call sent no headers (trailers only)."""
         block = self._take_update() + (self._status_and_type() if with_headers else b"")
         if code == 0 and not details:
             return block + self._field(GRPC_STATUS_OK)
-        return block + _frames.status_trailers(code, details)
+        return block + wire.status_trailers(code, details)
 
     def literal_block(self, block: bytes) -> bytes:
         """A block of literals made elsewhere (the answer to a refused request)."""
@@ -67,7 +67,7 @@ class ResponseHeaderEncoder:
 
     def _status_and_type(self) -> bytes:
         """What every answer's headers begin with (a trailers-only answer's too)."""
-        return _frames.STATUS_200 + self._field(CONTENT_TYPE)
+        return wire.STATUS_200 + self._field(CONTENT_TYPE)
 
     def _take_update(self) -> bytes:
         update, self._update = self._update, b""
@@ -78,9 +78,9 @@ class ResponseHeaderEncoder:
         if named is not None:
             return named
         if not self._indexing:
-            return _frames.literal(*field)
+            return wire.literal(*field)
         table = [*self._named, field]
         # The newest entry is FIRST_DYNAMIC_INDEX: each addition moves the older ones up by one.
-        oldest = _frames.FIRST_DYNAMIC_INDEX + len(table) - 1
-        self._named = {entry: _frames.indexed(oldest - position) for position, entry in enumerate(table)}
-        return _frames.literal_indexed(*field)
+        oldest = wire.FIRST_DYNAMIC_INDEX + len(table) - 1
+        self._named = {entry: wire.indexed(oldest - position) for position, entry in enumerate(table)}
+        return wire.literal_indexed(*field)
