@@ -56,7 +56,7 @@ from coreserve.protos import grpc_service_pb2 as pb
 from coreserve.server.dataplane import DataPlane
 from coreserve.server.grpc._server import add_services
 from coreserve.server.grpc._transport import GrpcTransport
-from coreserve.server.grpc.native import limits
+from coreserve.server.grpc.native import _limits as limits
 from coreserve.server.grpc.native._connection import Http2Connection
 from coreserve.testing import InProcessServer
 from model_builders import identity_model, write_model

@@ -18,28 +18,6 @@ import json  # noqa: F401  (a module attribute of Triton's pb_utils too)
 import struct  # noqa: F401  (a module attribute of Triton's pb_utils too)
 
 from coreserve_python.pb_utils._errors import TritonError, TritonModelException
-from coreserve_python.pb_utils._inference import (
-    TRITONSERVER_REQUEST_FLAG_SEQUENCE_END,
-    TRITONSERVER_REQUEST_FLAG_SEQUENCE_START,
-    TRITONSERVER_REQUEST_RELEASE_ALL,
-    TRITONSERVER_REQUEST_RELEASE_RESCHEDULE,
-    TRITONSERVER_RESPONSE_COMPLETE_FINAL,
-    InferenceRequest,
-    InferenceResponse,
-    InferenceResponseSender,
-    InferenceTrace,
-    Logger,
-    ResponseIterator,
-    get_input_config_by_name,
-    get_input_tensor_by_name,
-    get_model_dir,
-    get_output_config_by_name,
-    get_output_tensor_by_name,
-    using_decoupled_model_transaction_policy,
-)
-from coreserve_python.pb_utils._inference import (
-    _Cancellation as _Cancellation,  # the stub's handle on a request's cancellation
-)
 from coreserve_python.pb_utils._management import is_model_ready, load_model, unload_model
 from coreserve_python.pb_utils._metrics import MetricFamily
 from coreserve_python.pb_utils._model_config import ModelConfig
@@ -61,6 +39,28 @@ from coreserve_python.pb_utils._types import (
     serialize_byte_tensor,
     triton_string_to_numpy,
     triton_to_numpy_type,
+)
+from coreserve_python.pb_utils.inference import (
+    TRITONSERVER_REQUEST_FLAG_SEQUENCE_END,
+    TRITONSERVER_REQUEST_FLAG_SEQUENCE_START,
+    TRITONSERVER_REQUEST_RELEASE_ALL,
+    TRITONSERVER_REQUEST_RELEASE_RESCHEDULE,
+    TRITONSERVER_RESPONSE_COMPLETE_FINAL,
+    InferenceRequest,
+    InferenceResponse,
+    InferenceResponseSender,
+    InferenceTrace,
+    Logger,
+    ResponseIterator,
+    get_input_config_by_name,
+    get_input_tensor_by_name,
+    get_model_dir,
+    get_output_config_by_name,
+    get_output_tensor_by_name,
+    using_decoupled_model_transaction_policy,
+)
+from coreserve_python.pb_utils.inference import (
+    _Cancellation as _Cancellation,  # the stub's handle on a request's cancellation
 )
 
 __all__ = [

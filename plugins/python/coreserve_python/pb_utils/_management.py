@@ -6,7 +6,7 @@ need `--model-control-mode=explicit`, as on Triton. Names may be str or bytes.
 
 from __future__ import annotations
 
-import coreserve_python.pb_utils._runtime as _runtime
+import coreserve_python.pb_utils.runtime as _runtime
 
 
 def _text(value: str | bytes) -> str:

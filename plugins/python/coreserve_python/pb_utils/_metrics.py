@@ -12,7 +12,7 @@ from __future__ import annotations
 import enum
 from typing import Any
 
-import coreserve_python.pb_utils._runtime as _runtime
+import coreserve_python.pb_utils.runtime as _runtime
 from coreserve_python.pb_utils._errors import TritonModelException
 
 

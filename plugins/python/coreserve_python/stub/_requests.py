@@ -92,7 +92,7 @@ class BlsStream:
 
 class ServerRequests:
     """Sends the model's requests to the server and waits for their answers: pb_utils' runtime
-    (`coreserve_python.pb_utils._runtime.Runtime`) and calls (`_inference.StubCalls`) in a stub."""
+    (`coreserve_python.pb_utils.runtime.Runtime`) and calls (`_inference.StubCalls`) in a stub."""
 
     def __init__(
         self,

@@ -32,8 +32,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-import coreserve_python.pb_utils._inference as _inference
-import coreserve_python.pb_utils._runtime as _runtime
+import coreserve_python.pb_utils.inference as _inference
+import coreserve_python.pb_utils.runtime as _runtime
 from coreserve_python import pb_utils
 from coreserve_python.ipc import (
     AutoCompleteDoneMessage,

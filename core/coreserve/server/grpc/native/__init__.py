@@ -5,7 +5,7 @@ only what gRPC needs of HTTP/2 (`frames`: frames as bytes, and the frames a clie
 and checked; `headers`: request header blocks decoded within a size limit, with a cache of
 repeated blocks, and the blocks of the answers; `_connection`: frames in and out under flow
 control; `_streams`: the calls by stream; `_sending`: answers under the client's windows;
-`limits`: what one connection may ask of the server; `_calls`: one call and its handler;
+`_limits`: what one connection may ask of the server; `_calls`: one call and its handler;
 `_message_reader` and `_compression`: its messages) and serves the gRPC package's own
 servicers (`_frontend`). May import its parent package's servicers and
 the server's runtime modules.

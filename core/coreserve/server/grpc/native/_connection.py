@@ -28,13 +28,7 @@ from coreserve.server.frontend_reads import FRONTEND_READS
 from coreserve.server.grpc._transport import GrpcTransport
 from coreserve.server.grpc.native._calls import Call
 from coreserve.server.grpc.native._keepalive import PING_PAYLOAD, KeepaliveTimers
-from coreserve.server.grpc.native._sending import Outbound
-from coreserve.server.grpc.native._streams import Streams
-from coreserve.server.grpc.native.frames import payloads, wire
-from coreserve.server.grpc.native.frames.reader import FrameReader
-from coreserve.server.grpc.native.frames.wire import ConnectionFault
-from coreserve.server.grpc.native.headers.request import HeaderBlockDecoder
-from coreserve.server.grpc.native.limits import (
+from coreserve.server.grpc.native._limits import (
     CONNECTION_WINDOW,
     GLITCH_BURST,
     GLITCH_RATE,
@@ -48,6 +42,12 @@ from coreserve.server.grpc.native.limits import (
     STREAMS_PER_TURN,
     RateBudget,
 )
+from coreserve.server.grpc.native._sending import Outbound
+from coreserve.server.grpc.native._streams import Streams
+from coreserve.server.grpc.native.frames import payloads, wire
+from coreserve.server.grpc.native.frames._reader import FrameReader
+from coreserve.server.grpc.native.frames._wire import ConnectionFault
+from coreserve.server.grpc.native.headers._request import HeaderBlockDecoder
 
 logger = logging.getLogger("coreserve.server.grpc")
 
@@ -177,7 +177,7 @@ class Http2Connection(asyncio.Protocol):
             asyncio.get_running_loop().call_soon(self._next_turn)
 
     def _next_turn(self) -> None:
-        """Reads the frames a former turn left in the buffer (see `frames.reader`)."""
+        """Reads the frames a former turn left in the buffer (see `frames._reader`)."""
         self._turn_scheduled = False
         if not self.outbound.paused and not self.transport.is_closing():
             self._read(None)

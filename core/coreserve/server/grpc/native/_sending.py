@@ -15,7 +15,7 @@ from typing import Generic, Protocol, TypeVar
 
 from coreserve.protocol.grpc_response import SerializedPieces
 from coreserve.server.grpc.native.frames import wire
-from coreserve.server.grpc.native.headers.response import ResponseHeaderEncoder
+from coreserve.server.grpc.native.headers._response import ResponseHeaderEncoder
 
 # Pieces of a message smaller than this are joined with their neighbours (see _coalesced).
 COALESCE_BELOW = 16 * 1024
@@ -102,7 +102,7 @@ class Outbound(Generic[Stream]):
         self.send_pending(call)
 
     def send_trailers(self, call: Stream, code: int, details: str) -> None:
-        # Encoded when they go out (see `headers.response`); without headers before: trailers only.
+        # Encoded when they go out (see `headers._response`); without headers before: trailers only.
         call.trailers = (code, details, not call.headers_sent)
         call.headers_sent = True
         self.send_pending(call)

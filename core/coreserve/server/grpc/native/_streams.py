@@ -16,10 +16,7 @@ import grpc
 
 from coreserve.server.grpc.native._call_status import CallAborted
 from coreserve.server.grpc.native._calls import Call, CallConnection, refused_call
-from coreserve.server.grpc.native.frames import payloads, wire
-from coreserve.server.grpc.native.frames.wire import ConnectionFault
-from coreserve.server.grpc.native.headers.request import RequestHeaders
-from coreserve.server.grpc.native.limits import (
+from coreserve.server.grpc.native._limits import (
     CONNECTION_WINDOW,
     MAX_CONCURRENT,
     MAX_HEADER_LIST,
@@ -28,6 +25,10 @@ from coreserve.server.grpc.native.limits import (
     STREAM_WINDOW,
     RateBudget,
 )
+from coreserve.server.grpc.native.frames import _payloads as payloads
+from coreserve.server.grpc.native.frames import _wire as wire
+from coreserve.server.grpc.native.frames._wire import ConnectionFault
+from coreserve.server.grpc.native.headers._request import RequestHeaders
 
 
 class StreamsConnection(CallConnection, Protocol):

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from coreserve.server.grpc.native.frames import wire
-from coreserve.server.grpc.native.frames.wire import ConnectionFault
-from coreserve.server.grpc.native.limits import (
+from coreserve.server.grpc.native._limits import (
     FRAMES_PER_TURN,
     HEADER_BYTES_PER_TURN,
     MAX_FRAME_SIZE,
     STREAMS_PER_TURN,
 )
+from coreserve.server.grpc.native.frames import _wire as wire
+from coreserve.server.grpc.native.frames._wire import ConnectionFault
 
 STREAMED_DATA = 64 * 1024  # DATA frames this large are handed on before their last byte is in
 

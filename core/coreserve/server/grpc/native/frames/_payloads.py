@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import struct
 
-from coreserve.server.grpc.native.frames import wire
-from coreserve.server.grpc.native.frames.wire import ConnectionFault
-from coreserve.server.grpc.native.limits import MAX_SETTINGS
+from coreserve.server.grpc.native._limits import MAX_SETTINGS
+from coreserve.server.grpc.native.frames import _wire as wire
+from coreserve.server.grpc.native.frames._wire import ConnectionFault
 
 _SETTING = struct.Struct(">HI")
 

@@ -15,7 +15,7 @@ import sys
 from collections.abc import AsyncIterator, Iterator
 from typing import Any, Protocol
 
-import coreserve_python.pb_utils._runtime as _runtime
+import coreserve_python.pb_utils.runtime as _runtime
 from coreserve_python.pb_utils._errors import TritonError, TritonModelException
 from coreserve_python.pb_utils._tensor import TRITONSERVER_MEMORY_CPU, PreferredMemory, Tensor, _text
 

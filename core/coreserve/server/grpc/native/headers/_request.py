@@ -13,7 +13,7 @@ import base64
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from coreserve.server.grpc.native.frames.wire import COMPRESSION_ERROR, ENHANCE_YOUR_CALM, ConnectionFault
+from coreserve.server.grpc.native.frames._wire import COMPRESSION_ERROR, ENHANCE_YOUR_CALM, ConnectionFault
 from coreserve.server.grpc.native.headers._hpack_decoder import (
     Field,
     HeaderDecodingError,

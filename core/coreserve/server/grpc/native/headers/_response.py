@@ -19,7 +19,7 @@ The encoder's table must stay in step with the client's decoder:
 
 from __future__ import annotations
 
-from coreserve.server.grpc.native.frames import wire
+from coreserve.server.grpc.native.frames import _wire as wire
 
 CONTENT_TYPE = (b"content-type", b"application/grpc")
 # Triton's words; the request encodings calls.refused_call lets through.
