@@ -30,7 +30,7 @@ from coreserve.server.grpc.native._call_status import (
 from coreserve.server.grpc.native._compression import Compressed, inflate
 from coreserve.server.grpc.native._message_reader import MessageReader, MessageTooLarge
 from coreserve.server.grpc.native._sending import Outbound
-from coreserve.server.grpc.native.frames import wire
+from coreserve.server.grpc.native.frames import _wire as wire
 from coreserve.server.grpc.native.headers._request import RequestHeaders
 
 logger = logging.getLogger("coreserve.server.grpc")

@@ -44,7 +44,8 @@ from coreserve.server.grpc.native._limits import (
 )
 from coreserve.server.grpc.native._sending import Outbound
 from coreserve.server.grpc.native._streams import Streams
-from coreserve.server.grpc.native.frames import payloads, wire
+from coreserve.server.grpc.native.frames import _payloads as payloads
+from coreserve.server.grpc.native.frames import _wire as wire
 from coreserve.server.grpc.native.frames._reader import FrameReader
 from coreserve.server.grpc.native.frames._wire import ConnectionFault
 from coreserve.server.grpc.native.headers._request import HeaderBlockDecoder

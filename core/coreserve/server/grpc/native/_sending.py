@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 from typing import Generic, Protocol, TypeVar
 
 from coreserve.protocol.grpc_response import SerializedPieces
-from coreserve.server.grpc.native.frames import wire
+from coreserve.server.grpc.native.frames import _wire as wire
 from coreserve.server.grpc.native.headers._response import ResponseHeaderEncoder
 
 # Pieces of a message smaller than this are joined with their neighbours (see _coalesced).
