@@ -30,7 +30,7 @@ from coreserve_python.server.env.cache import (
 
 logger = logging.getLogger("coreserve.backend.python")
 
-PACKAGE = Path(__file__).resolve().parents[1]
+PACKAGE = Path(__file__).resolve().parents[2]
 # What a stub imports, relative to PACKAGE: the stub, the pb_utils API, the IPC and the shim.
 STUB_MODULES = (
     "__init__.py",
@@ -45,10 +45,10 @@ STUB_MODULES = (
     "pb_utils/_dlpack.py",
     "pb_utils/_tensor.py",
     "pb_utils/_model_config.py",
-    "pb_utils/_runtime.py",
+    "pb_utils/runtime.py",
     "pb_utils/_metrics.py",
     "pb_utils/_management.py",
-    "pb_utils/_inference.py",
+    "pb_utils/inference.py",
     "stub/__init__.py",
     "stub/__main__.py",
     "stub/_inbox.py",
