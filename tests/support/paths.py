@@ -7,9 +7,11 @@ import shutil
 import sys
 from pathlib import Path
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]
 REPO = TESTS.parent
 EXAMPLES = REPO / "examples" / "model_repository"
+# Python models that take their time, so that a test can cancel them or kill their server.
+CANCELLATION_MODELS = TESTS / "support" / "servers" / "cancellation_models"
 
 
 def venv_program(program: str, distribution: str) -> str:

@@ -10,7 +10,7 @@ from coreserve.cli._flags import parse_serve_args, serve_parser
 from coreserve.cli._options import server_options
 from coreserve.cli._triton_flags import TRITON_FLAGS, Effect, accepted_flags_warning
 from coreserve.repository import ControlMode
-from paths import TESTS
+from support.paths import TESTS
 
 # The flags of `tritonserver --help` (2.51), one a line, as the real binary lists them.
 TRITON_HELP_FLAGS = (TESTS / "fixtures" / "tritonserver_2_51_flags.txt").read_text().split()

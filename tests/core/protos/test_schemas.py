@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import importlib.util
 import sys
-from pathlib import Path
 
 from google.protobuf.descriptor import Descriptor, EnumDescriptor, FileDescriptor
 
 from coreserve.protos import grpc_service_pb2, model_config_pb2
-
-REPO = Path(__file__).resolve().parents[2]
+from support.paths import REPO
 
 
 def _enum_shape(enum: EnumDescriptor) -> dict[str, int]:

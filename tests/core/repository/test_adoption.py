@@ -12,7 +12,7 @@ import pytest
 from coreserve.repository.adoption import adopt, restore, snapshot
 from coreserve.repository.model import ModelState
 from coreserve.testing import InProcessServer
-from model_builders import scale_model, write_model
+from support.model_builders import scale_model, write_model
 
 SCALE = """
 backend: "onnxruntime"

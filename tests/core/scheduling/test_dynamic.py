@@ -10,7 +10,12 @@ import asyncio
 
 import numpy as np
 import pytest
-from scheduling_doubles import (
+
+from coreserve.errors import CancelledError, InvalidArgumentError, UnavailableError
+from coreserve.protos.model_config_pb2 import ModelQueuePolicy
+from coreserve.scheduling._dynamic import DynamicBatcher, QueuePolicy
+from coreserve.types import InferenceRequest
+from support.scheduling_doubles import (
     RecordingInstance,
     finish,
     make_request,
@@ -20,11 +25,6 @@ from scheduling_doubles import (
     settle,
     signature_and_statistics,
 )
-
-from coreserve.errors import CancelledError, InvalidArgumentError, UnavailableError
-from coreserve.protos.model_config_pb2 import ModelQueuePolicy
-from coreserve.scheduling._dynamic import DynamicBatcher, QueuePolicy
-from coreserve.types import InferenceRequest
 
 Log = list[tuple[str, str]]
 # A queue delay no test waits for: a batch that is sent was sent for another reason.

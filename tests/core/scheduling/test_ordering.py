@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import asyncio
 
-from scheduling_doubles import (
+from coreserve.errors import UnavailableError
+from coreserve.scheduling._dynamic import DynamicBatcher
+from coreserve.scheduling._ordering import HeldSink, OrderedRelease
+from coreserve.types import InferenceRequest, InferenceResponse
+from support.scheduling_doubles import (
     RecordingInstance,
     RecordingSink,
     make_request,
@@ -18,11 +22,6 @@ from scheduling_doubles import (
     settle,
     signature_and_statistics,
 )
-
-from coreserve.errors import UnavailableError
-from coreserve.scheduling._dynamic import DynamicBatcher
-from coreserve.scheduling._ordering import HeldSink, OrderedRelease
-from coreserve.types import InferenceRequest, InferenceResponse
 
 Log = list[tuple[str, str]]
 

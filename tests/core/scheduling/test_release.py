@@ -12,7 +12,12 @@ import weakref
 from collections.abc import Iterator, Sequence
 
 import pytest
-from scheduling_doubles import (
+
+from coreserve.backend.responder import Responder
+from coreserve.scheduling._dynamic import DynamicBatcher
+from coreserve.scheduling._scheduler import Scheduler
+from coreserve.types import InferenceRequest
+from support.scheduling_doubles import (
     make_request,
     model_config,
     recording_sink,
@@ -20,11 +25,6 @@ from scheduling_doubles import (
     settle,
     signature_and_statistics,
 )
-
-from coreserve.backend.responder import Responder
-from coreserve.scheduling._dynamic import DynamicBatcher
-from coreserve.scheduling._scheduler import Scheduler
-from coreserve.types import InferenceRequest
 
 CONFIG = (
     'name: "m" max_batch_size: 8 input [ { name: "IN" data_type: TYPE_INT32 dims: [ -1 ] } ] '

@@ -13,16 +13,6 @@ import asyncio
 from collections import deque
 from collections.abc import Sequence
 
-from scheduling_doubles import (
-    finish,
-    make_request,
-    model_config,
-    recording_sink,
-    run_scenario,
-    settle,
-    signature_and_statistics,
-)
-
 from coreserve.backend.responder import Responder
 from coreserve.errors import CancelledError, InternalError, UnavailableError
 from coreserve.protos.model_config_pb2 import ModelConfig
@@ -31,6 +21,15 @@ from coreserve.scheduling._dynamic import DynamicBatcher
 from coreserve.scheduling._scheduler import Scheduler
 from coreserve.scheduling.sequence._batcher import SequenceBatcher
 from coreserve.types import InferenceRequest
+from support.scheduling_doubles import (
+    finish,
+    make_request,
+    model_config,
+    recording_sink,
+    run_scenario,
+    settle,
+    signature_and_statistics,
+)
 
 Log = list[tuple[str, str]]
 TENSORS = (

@@ -32,7 +32,7 @@ from coreserve.backend import BaseBackend, InstancePlacement, ModelFiles, Respon
 from coreserve.errors import ErrorCode, RequestMismatchError
 from coreserve.server.dataplane import EXTENSIONS, SERVER_NAME, DataPlane, ServerFlags
 from coreserve.testing import InProcessServer
-from model_builders import ADD_SUB_CONFIG, add_sub_model, write_model
+from support.model_builders import ADD_SUB_CONFIG, add_sub_model, write_model
 
 T = TypeVar("T")
 

@@ -23,8 +23,8 @@ from coreserve.analyze._points import ModelSettings
 from coreserve.config.parse import read_config_file
 from coreserve.server.metrics._system import GpuMetrics as SystemGpuMetrics
 from coreserve.testing import ServerFactory
-from model_builders import identity_model, scale_model, write_bls_model, write_model
-from waiting import wait_until
+from support.model_builders import identity_model, scale_model, write_bls_model, write_model
+from support.waiting import wait_until
 
 IDENTITY = """
 backend: "onnxruntime"

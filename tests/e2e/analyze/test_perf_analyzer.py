@@ -8,9 +8,10 @@ import json
 from pathlib import Path
 
 import pytest
-from test_analyze import FAST, IDENTITY, analyze, checkpoint_lines, rows
 
-from model_builders import identity_model, write_model
+from support.model_builders import identity_model, write_model
+
+from .test_analyze import FAST, IDENTITY, analyze, checkpoint_lines, rows
 
 
 @pytest.fixture(scope="module")

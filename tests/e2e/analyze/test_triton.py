@@ -20,14 +20,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
-from test_analyze import FAST, SMALL, analyze, checkpoint_lines, measured_settings, rows
 
 from coreserve.analyze._points import ModelSettings
 from coreserve.config import read_config_file
 from coreserve.config.json import config_from_dict
 from coreserve.testing import ServerFactory
-from paths import real_tritonserver
-from waiting import wait_until
+from support.paths import real_tritonserver
+from support.waiting import wait_until
+
+from .test_analyze import FAST, SMALL, analyze, checkpoint_lines, measured_settings, rows
 
 REAL_TRITON_HOME = Path(os.environ.get("REAL_TRITON_HOME", Path.home() / ".cache" / "real-triton"))
 

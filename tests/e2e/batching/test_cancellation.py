@@ -1,6 +1,6 @@
 """Request cancellation, end to end: clients that give up stop the work done for them.
 
-A real server serves Python models (tests/e2e/cancellation_models): `sleepy` takes 0.5 s per
+A real server serves Python models (tests/support/servers/cancellation_models): `sleepy` takes 0.5 s per
 request on one instance, so 50 requests take 25 s unless the ones whose clients left never
 run; `streamer` streams up to 10,000 responses (20 s) unless its response sender says the
 request was cancelled. The model's own statistics (execution_count) and the server's metrics
@@ -29,9 +29,10 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from coreserve.testing import ServerProcess
-from waiting import wait_until
+from support.paths import CANCELLATION_MODELS
+from support.waiting import wait_until
 
-MODELS = Path(__file__).resolve().parent / "cancellation_models"
+MODELS = CANCELLATION_MODELS
 CLIENTS = 50
 # When the clients give up: halfway through one of sleepy's 0.5 s executions, so that no answer
 # is on its way to a client as it gives up (an answer sent as the client left counts as a

@@ -19,7 +19,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from coreserve.testing import ServerFactory, ServerProcess
-from model_builders import ragged_sum_model, write_model
+from support.model_builders import ragged_sum_model, write_model
 
 CONFIG = """
 backend: "onnxruntime"

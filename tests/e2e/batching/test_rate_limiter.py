@@ -1,6 +1,6 @@
 """The rate limiter end to end: `--rate-limit=execution_count` with Python models that mark their executions.
 
-Every model runs tests/e2e/rate_limiter_models/marker.py, which appends "enter <model>" and
+Every model runs tests/e2e/batching/rate_limiter_models/marker.py, which appends "enter <model>" and
 "exit <model>" to one file as each execution starts and ends, so the tests read what ran, in
 which order and whether two ran at once, from the server's own behaviour rather than from
 timings. A `gate` model holds the one copy of resource ONE until the test creates its gate
@@ -24,7 +24,7 @@ import pytest
 import tritonclient.http as httpclient
 
 from coreserve.testing import ServerFactory, ServerProcess
-from model_builders import scale_model, write_model
+from support.model_builders import scale_model, write_model
 
 MARKER_MODEL = Path(__file__).resolve().parent / "rate_limiter_models" / "marker.py"
 CONFIG = """

@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
 from coreserve.testing import ServerProcess
-from paths import TESTS
+from support.paths import TESTS
 
 REFERENCE = json.loads((TESTS / "fixtures" / "triton_metric_families.json").read_text())["families"]
 # Two entries of 500 floats fit (4,008 bytes of outputs and 848 of overheads each), a third

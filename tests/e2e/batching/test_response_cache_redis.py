@@ -23,9 +23,9 @@ import redis
 import tritonclient.http as httpclient
 
 from coreserve.testing import ServerProcess
-from json_worker_processes import stopped
-from model_builders import scale_model, write_model
-from waiting import wait_until
+from support.model_builders import scale_model, write_model
+from support.servers.json_worker_processes import stopped
+from support.waiting import wait_until
 
 REDIS_SERVER = shutil.which("redis-server")
 pytestmark = pytest.mark.skipif(

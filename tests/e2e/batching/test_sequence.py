@@ -15,8 +15,8 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from coreserve.testing import ServerFactory, ServerProcess
-from model_builders import accumulator_model, write_model
-from waiting import pending_requests, wait_until
+from support.model_builders import accumulator_model, write_model
+from support.waiting import pending_requests, wait_until
 
 ACCUMULATOR = """
 backend: "onnxruntime"
@@ -280,7 +280,7 @@ def test_oldest_preserve_ordering_holds_later_responses(
     # runs at once on the other. Without preserve_ordering its answer comes while the first
     # still runs; with it, its answer is held until the first's has left. Asserted on what the
     # server reports (the second's execution counted) and which answers had come, not on how
-    # long the second one took. tests/core/test_scheduling_ordering.py asserts the order of
+    # long the second one took. tests/core/scheduling/test_ordering.py asserts the order of
     # release exactly.
     with ThreadPoolExecutor(2) as pool:
         slow = pool.submit(step, 1, delay_ms=2000)

@@ -14,13 +14,13 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from test_http_datatypes import _identity_config, _sample
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from coreserve.protos import health_pb2, health_pb2_grpc
 from coreserve.testing import ServerFactory, ServerProcess
-from model_builders import ONNX_TYPES, add_sub_model, identity_model, write_model
+from support.datatypes import datatype_sample, identity_config
+from support.model_builders import ONNX_TYPES, add_sub_model, identity_model, write_model
 
 ADD_SUB = """
 backend: "onnxruntime"
@@ -38,7 +38,7 @@ output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
 @pytest.fixture(scope="module")
 def grpc_server_flags() -> list[str]:
     """The gRPC server of this module's servers: grpc.aio here (the default is the native
-    server, on which test_grpc_native.py runs these tests again)."""
+    server, on which test_native.py runs these tests again)."""
     return ["--grpc-server=grpcio"]
 
 
@@ -69,10 +69,10 @@ def server(
             repository,
             name,
             identity_model(datatype, ["batch", "n"]),
-            _identity_config(name, datatype, "onnxruntime"),
+            identity_config(name, datatype, "onnxruntime"),
         )
     write_model(
-        repository, "echo_bf16", b"", _identity_config("echo_bf16", "BF16", "echo"), filename="model.echo"
+        repository, "echo_bf16", b"", identity_config("echo_bf16", "BF16", "echo"), filename="model.echo"
     )
     write_model(repository, "echo_parameters", b"", ECHO_PARAMETERS, filename="model.echo")
     write_model(repository, "broken", b"not onnx", ADD_SUB)
@@ -136,7 +136,7 @@ def test_infer_with_id(client: grpcclient.InferenceServerClient) -> None:
 
 @pytest.mark.parametrize("datatype", [*ONNX_TYPES, "BF16"])
 def test_every_datatype(client: grpcclient.InferenceServerClient, datatype: str) -> None:
-    data = _sample(datatype)
+    data = datatype_sample(datatype)
     model = "echo_bf16" if datatype == "BF16" else f"identity_{datatype.lower()}"
     tensor = grpcclient.InferInput("INPUT0", list(data.shape), datatype)
     tensor.set_data_from_numpy(data)

@@ -23,8 +23,8 @@ import tritonclient.grpc as grpcclient
 from coreserve.protos import grpc_service_pb2 as pb
 from coreserve.server.grpc._transport import DEFAULT_MAX_CONCURRENT_STREAMS
 from coreserve.testing import ServerProcess
-from model_builders import identity_model, write_model
-from waiting import wait_until
+from support.model_builders import identity_model, write_model
+from support.waiting import wait_until
 
 IDENTITY = """
 backend: "onnxruntime"

@@ -23,11 +23,12 @@ import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-from test_http_abuse import HealthProbe
 
 from coreserve.protos import grpc_service_pb2 as pb
 from coreserve.testing import ServerFactory, ServerProcess
-from http2_raw import (
+from support.model_builders import identity_model, write_model
+from support.wire.health_probe import HealthProbe
+from support.wire.http2_raw import (
     CONTINUATION,
     DATA,
     END_HEADERS,
@@ -50,7 +51,6 @@ from http2_raw import (
     message,
     seconds_until_closed,
 )
-from model_builders import identity_model, write_model
 
 
 @pytest.fixture(scope="module")

@@ -11,12 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-from test_grpc_native_wire import seconds_until_closed
 from tritonclient.utils import InferenceServerException
 
 from coreserve.testing import ServerFactory, ServerProcess
-from model_builders import scale_model, write_model
-from tls_certs import Identity, Pki, tls_flags
+from support.model_builders import scale_model, write_model
+from support.wire.tls_certs import Identity, Pki, tls_flags
+
+from .test_native_wire import seconds_until_closed
 
 SCALE = """
 backend: "onnxruntime"

@@ -22,10 +22,10 @@ import coreserve
 from coreserve.server.httpd import _answering as answering
 from coreserve.server.httpd._encoding import compress
 from coreserve.testing import ServerFactory, ServerProcess
-from http_raw import request
-from json_worker_processes import cpu_ticks, stopped, worker_pids
-from model_builders import identity_model, write_model
-from waiting import wait_until
+from support.model_builders import identity_model, write_model
+from support.servers.json_worker_processes import cpu_ticks, stopped, worker_pids
+from support.waiting import wait_until
+from support.wire.http_raw import request
 
 IDENTITY = """
 backend: "onnxruntime"

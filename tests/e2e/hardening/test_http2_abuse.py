@@ -25,10 +25,10 @@ import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-from test_http_abuse import HealthProbe
 
 from coreserve.testing import ServerProcess
-from http2_raw import (
+from support.wire.health_probe import HealthProbe
+from support.wire.http2_raw import (
     ACK,
     CONTINUATION,
     DATA,

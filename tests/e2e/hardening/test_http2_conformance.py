@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from coreserve.testing import ServerProcess
-from http2_raw import (
+from support.wire.http2_raw import (
     ACK,
     COMPRESSION_ERROR,
     CONTINUATION,

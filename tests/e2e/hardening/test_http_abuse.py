@@ -9,7 +9,6 @@ The limits and timeouts are set small so that the module runs in seconds.
 from __future__ import annotations
 
 import gzip
-import http.client
 import json
 import re
 import resource
@@ -24,7 +23,8 @@ from pathlib import Path
 import pytest
 
 from coreserve.testing import ServerProcess
-from waiting import wait_until
+from support.waiting import wait_until
+from support.wire.health_probe import HealthProbe
 
 TIMEOUT = 1.0  # every --http-*-timeout-secs of the servers below
 MAX_BODY = 1 << 20
@@ -44,9 +44,6 @@ LIMIT_FLAGS = [
     f"--http-max-header-size={MAX_HEADER_BYTES}",
     f"--http-max-pipelined={MAX_PIPELINED}",
 ]
-# The worst latency a health probe may see during an attack: generous, as this machine is
-# shared and slow (the aim, measured in benchmarks, is far lower).
-PROBE_BOUND_S = 2.0
 # How late a timeout may fire on a loaded machine. A timeout's tests time it from before the
 # connection existed (so before its timer started), and hold it to no sooner than half of it:
 # wide margins both ways, as the machine is shared and slow.
@@ -127,50 +124,6 @@ def raw(server: ServerProcess, timeout: float = 10.0) -> Iterator[Raw]:
         yield connection
     finally:
         connection.close()
-
-
-class HealthProbe:
-    """GETs /v2/health/ready on a new connection every 50 ms while an attack runs."""
-
-    def __init__(self, server: ServerProcess) -> None:
-        self._server = server
-        self.latencies: list[float] = []
-        self.failures: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        host, port = self._server.http_url.rsplit(":", 1)
-        while not self._stop.is_set():
-            start = time.monotonic()
-            connection = http.client.HTTPConnection(host, int(port), timeout=10)
-            try:
-                connection.request("GET", "/v2/health/ready")
-                status = connection.getresponse().status
-            except OSError as exc:
-                self.failures.append(repr(exc))
-            else:
-                self.latencies.append(time.monotonic() - start)
-                if status != 200:
-                    self.failures.append(f"status {status}")
-            finally:
-                connection.close()
-            self._stop.wait(0.05)
-
-    def wait_for_answers(self, count: int) -> None:
-        """Waits until the probe has had `count` answers (whatever their status)."""
-        wait_until(lambda: len(self.latencies) >= count or self.failures, f"{count} health probes answered")
-
-    def __enter__(self) -> HealthProbe:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._stop.set()
-        self._thread.join(15)
-        assert not self.failures, self.failures
-        assert self.latencies, "the probe never got an answer"
-        assert max(self.latencies) < PROBE_BOUND_S, f"worst health probe: {max(self.latencies):.3f}s"
 
 
 def _error(body: bytes) -> str:

@@ -6,59 +6,14 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-import ml_dtypes
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from coreserve.testing import ServerProcess
-from model_builders import ONNX_TYPES, identity_model, write_model
-
-NUMPY = {
-    "BOOL": np.bool_,
-    "UINT8": np.uint8,
-    "UINT16": np.uint16,
-    "UINT32": np.uint32,
-    "UINT64": np.uint64,
-    "INT8": np.int8,
-    "INT16": np.int16,
-    "INT32": np.int32,
-    "INT64": np.int64,
-    "FP16": np.float16,
-    "FP32": np.float32,
-    "FP64": np.float64,
-    "BYTES": np.object_,
-}
-CONFIG_TYPE = {name: "TYPE_STRING" if name == "BYTES" else f"TYPE_{name}" for name in [*NUMPY, "BF16"]}
-
-
-def _sample(datatype: str) -> np.ndarray:
-    rng = np.random.default_rng(3)
-    if datatype == "BOOL":
-        return rng.integers(0, 2, size=(2, 5)).astype(bool)
-    if datatype == "BYTES":
-        return np.array(
-            [[f"word {i}".encode() for i in range(5)], [b"", b"x", "\u00e9t\u00e9".encode(), b"y", b"z"]],
-            dtype=np.object_,
-        )
-    if datatype == "BF16":
-        return rng.normal(size=(2, 5)).astype(ml_dtypes.bfloat16)
-    dtype = np.dtype(NUMPY[datatype])
-    if dtype.kind == "f":
-        return rng.normal(size=(2, 5)).astype(dtype)
-    info = np.iinfo(dtype)
-    return rng.integers(info.min, info.max, size=(2, 5), dtype=dtype, endpoint=True)
-
-
-def _identity_config(name: str, datatype: str, backend: str) -> str:
-    return f"""
-name: "{name}"
-backend: "{backend}"
-max_batch_size: 8
-input [ {{ name: "INPUT0" data_type: {CONFIG_TYPE[datatype]} dims: [ -1 ] }} ]
-output [ {{ name: "OUTPUT0" data_type: {CONFIG_TYPE[datatype]} dims: [ -1 ] }} ]
-"""
+from support.datatypes import datatype_sample, identity_config
+from support.model_builders import ONNX_TYPES, identity_model, write_model
 
 
 @pytest.fixture(scope="module")
@@ -70,13 +25,11 @@ def server(tmp_path_factory: pytest.TempPathFactory, echo_backend_site: Path) ->
             repository,
             name,
             identity_model(datatype, ["batch", "n"]),
-            _identity_config(name, datatype, "onnxruntime"),
+            identity_config(name, datatype, "onnxruntime"),
         )
     for datatype in [*ONNX_TYPES, "BF16"]:
         name = f"echo_{datatype.lower()}"
-        write_model(
-            repository, name, b"echo", _identity_config(name, datatype, "echo"), filename="model.echo"
-        )
+        write_model(repository, name, b"echo", identity_config(name, datatype, "echo"), filename="model.echo")
     env = {
         "PYTHONPATH": os.pathsep.join(filter(None, [str(echo_backend_site), os.environ.get("PYTHONPATH")]))
     }
@@ -113,7 +66,7 @@ def _roundtrip(
 def test_onnx_identity(
     client: httpclient.InferenceServerClient, datatype: str, binary_in: bool, binary_out: bool
 ) -> None:
-    data = _sample(datatype)
+    data = datatype_sample(datatype)
     result = _roundtrip(client, f"identity_{datatype.lower()}", datatype, data, binary_in, binary_out)
     assert result.shape == data.shape
     if datatype == "BYTES":
@@ -129,7 +82,7 @@ def test_onnx_identity(
 def test_third_party_backend_echoes_every_datatype(
     client: httpclient.InferenceServerClient, datatype: str
 ) -> None:
-    data = _sample(datatype)
+    data = datatype_sample(datatype)
     result = _roundtrip(client, f"echo_{datatype.lower()}", datatype, data, True, True)
     assert result.shape == data.shape
     if datatype == "BYTES":

@@ -11,8 +11,8 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from coreserve.testing import ServerProcess
-from http_raw import error_of, post_json, request
-from model_builders import add_sub_model, identity_model, write_model
+from support.model_builders import add_sub_model, identity_model, write_model
+from support.wire.http_raw import error_of, post_json, request
 
 ADD_SUB = """
 name: "add_sub"

@@ -24,10 +24,10 @@ from coreserve.errors import CoreserveError
 from coreserve.protocol.generate import decode_generate_request
 from coreserve.protocol.http_body import decode_infer_request
 from coreserve.testing import ServerProcess
-from http_raw import error_of, request
-from json_worker_processes import cpu_ticks, stopped, worker_pids
-from model_builders import identity_model, write_model
-from waiting import wait_until
+from support.model_builders import identity_model, write_model
+from support.servers.json_worker_processes import cpu_ticks, stopped, worker_pids
+from support.waiting import wait_until
+from support.wire.http_raw import error_of, request
 
 IDENTITY = """
 backend: "onnxruntime"

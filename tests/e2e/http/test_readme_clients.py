@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from coreserve.testing import ServerProcess
-from paths import EXAMPLES, REPO
+from support.paths import EXAMPLES, REPO
 
 
 def _section() -> str:

@@ -17,8 +17,8 @@ import pytest
 import tritonclient.http as httpclient
 
 from coreserve.testing import ServerFactory, ServerProcess
-from model_builders import scale_model, write_model
-from tls_certs import Identity, Pki, tls_flags
+from support.model_builders import scale_model, write_model
+from support.wire.tls_certs import Identity, Pki, tls_flags
 
 SCALE = """
 backend: "onnxruntime"

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from coreserve.testing import ServerProcess
-from model_builders import identity_model, write_model
+from support.model_builders import identity_model, write_model
 
 MAX_BODY = 8 * 1024 * 1024
 IDENTITY = """

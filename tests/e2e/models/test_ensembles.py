@@ -17,8 +17,8 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from coreserve.testing import ServerProcess
-from model_builders import add_sub_model, write_model
-from paths import TESTS
+from support.model_builders import add_sub_model, write_model
+from support.paths import TESTS
 
 HERE = Path(__file__).resolve().parent
 PYTHON_MODELS = TESTS / "plugins" / "python" / "models"

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from coreserve.testing import ServerProcess
-from waiting import wait_until
-from worker_servers import start_workers, status_of, worker_pids, write_repository
+from support.servers.worker_servers import start_workers, status_of, worker_pids, write_repository
+from support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(300)
 EXIT_TIMEOUT_S = 5

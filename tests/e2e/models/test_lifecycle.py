@@ -18,8 +18,8 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from coreserve.testing import ServerFactory, ServerProcess
-from model_builders import add_sub_model, scale_model, write_model
-from waiting import pending_requests, wait_until
+from support.model_builders import add_sub_model, scale_model, write_model
+from support.waiting import pending_requests, wait_until
 
 ClientFactory = Callable[[ServerProcess], httpclient.InferenceServerClient]
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from paths import REPO
+from support.paths import REPO
 
 TORCH = "torch==2.13.0"  # the CPU build from local disk; never an unpinned torch
 

@@ -10,7 +10,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from coreserve.testing import ServerFactory
-from model_builders import add_sub_model, write_model
+from support.model_builders import add_sub_model, write_model
 
 ADD_SUB = """
 backend: "onnxruntime"

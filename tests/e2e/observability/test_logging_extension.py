@@ -16,8 +16,8 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from coreserve.testing import ServerFactory, ServerProcess
-from http_raw import request
-from model_builders import scale_model, write_model
+from support.model_builders import scale_model, write_model
+from support.wire.http_raw import request
 
 SCALE = """
 backend: "onnxruntime"

@@ -23,8 +23,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from coreserve.server.metrics._system import GpuMetrics
 from coreserve.testing import ServerProcess
-from paths import TESTS
-from waiting import wait_until
+from support.paths import TESTS
+from support.waiting import wait_until
 
 PYTHON_MODELS = TESTS / "plugins" / "python" / "models"
 REFERENCE = json.loads((TESTS / "fixtures" / "triton_metric_families.json").read_text())["families"]

@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
 from coreserve.testing import ServerProcess
-from model_builders import add_sub_model, identity_model, write_model
+from support.model_builders import add_sub_model, identity_model, write_model
 
 ADD_SUB = """
 backend: "onnxruntime"

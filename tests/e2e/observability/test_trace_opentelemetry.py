@@ -1,6 +1,6 @@
 """`--trace-config mode=opentelemetry`: spans over OTLP/HTTP, checked at a real receiver process.
 
-The receiver (tests/e2e/otlp_receiver.py) is a separate process on loopback that decodes the
+The receiver (tests/e2e/observability/otlp_receiver.py) is a separate process on loopback that decodes the
 exporter's `ExportTraceServiceRequest`s; the tests assert the span tree it got: the request's
 `InferRequest` span, the model span under it, `queue` and `compute` under that, ensemble steps
 under the ensemble's model span, and a client's W3C `traceparent` continuing the client's trace.
@@ -21,8 +21,8 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from coreserve.testing import ServerFactory, ServerProcess
-from http_raw import request
-from model_builders import scale_model, write_bls_model, write_model
+from support.model_builders import scale_model, write_bls_model, write_model
+from support.wire.http_raw import request
 
 SCALE = """
 backend: "onnxruntime"

@@ -20,8 +20,8 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from coreserve.testing import ServerFactory, ServerProcess
-from http_raw import request
-from model_builders import scale_model, write_model
+from support.model_builders import scale_model, write_model
+from support.wire.http_raw import request
 
 SCALE = """
 backend: "onnxruntime"

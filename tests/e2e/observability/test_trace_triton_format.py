@@ -19,8 +19,8 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from coreserve.testing import ServerFactory, ServerProcess
-from http_raw import request
-from model_builders import scale_model, write_bls_model, write_model
+from support.model_builders import scale_model, write_bls_model, write_model
+from support.wire.http_raw import request
 
 SCALE = """
 backend: "onnxruntime"

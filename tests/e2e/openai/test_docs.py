@@ -8,10 +8,10 @@ import shlex
 from collections.abc import Iterator
 
 import pytest
-from openai_repository import openai_url
 
 from coreserve.testing import ServerProcess
-from paths import EXAMPLES, REPO
+from support.paths import EXAMPLES, REPO
+from support.servers.openai_repository import openai_url
 
 DOCUMENTED_URL = "http://localhost:9000/v1"
 

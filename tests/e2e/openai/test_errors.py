@@ -14,10 +14,10 @@ from urllib.parse import urlsplit
 
 import openai
 import pytest
-from openai_repository import openai_repository, openai_url
 
 from coreserve.testing import ServerProcess
-from http_raw import request
+from support.servers.openai_repository import openai_repository, openai_url
+from support.wire.http_raw import request
 
 MAX_BODY = 64 * 1024
 CHAT = [{"role": "user", "content": "Hello"}]

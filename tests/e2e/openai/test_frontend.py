@@ -18,11 +18,11 @@ from urllib.parse import urlsplit
 import numpy as np
 import openai
 import pytest
-from openai_repository import openai_repository, openai_url
 
 from coreserve.testing import ServerProcess
-from http_raw import request
-from waiting import wait_until
+from support.servers.openai_repository import openai_repository, openai_url
+from support.waiting import wait_until
+from support.wire.http_raw import request
 
 PROMPT = "The server reads"
 # What charlm's chat template (tokenizer_config.json) makes of SYSTEM_AND_USER.

@@ -11,13 +11,14 @@ import sys
 import time
 from pathlib import Path
 
-from s3_server import free_port
+from support.paths import REPO
+from support.servers.s3_server import free_port
 
 # Azurite's well-known development account (the same in every Azurite; not a secret).
 AZURITE_ACCOUNT = "devstoreaccount1"
 AZURITE_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
 # Where .ci/run installs Azurite with npm (`npm install --prefix .cache/azurite azurite`).
-_LOCAL_AZURITE = Path(__file__).resolve().parent.parent / ".cache/azurite/node_modules/.bin/azurite-blob"
+_LOCAL_AZURITE = REPO / ".cache/azurite/node_modules/.bin/azurite-blob"
 
 __all__ = [
     "AZURITE_ACCOUNT",

@@ -15,8 +15,8 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from coreserve.testing import ServerFactory, ServerProcess
-from http_raw import request
-from model_builders import add_sub_model, scale_model, write_model
+from support.model_builders import add_sub_model, scale_model, write_model
+from support.wire.http_raw import request
 
 SCALE = """
 backend: "onnxruntime"

@@ -21,8 +21,8 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from coreserve.testing import ServerFactory, ServerProcess
-from model_builders import scale_model, write_bls_model, write_model
-from waiting import wait_until
+from support.model_builders import scale_model, write_bls_model, write_model
+from support.waiting import wait_until
 
 SCALE = """
 backend: "onnxruntime"

@@ -15,7 +15,7 @@ from tritonclient.utils import InferenceServerException
 
 from coreserve.repository.memory.budgets import process_tree_rss
 from coreserve.testing import ServerFactory, ServerProcess
-from gpu_checks import gpu_0_unusable
+from support.gpu_checks import gpu_0_unusable
 
 MODELS = 20
 HOLDING = """

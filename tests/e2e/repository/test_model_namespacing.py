@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
 from coreserve.testing import ServerProcess
-from waiting import wait_until
+from support.waiting import wait_until
 
 AMBIGUOUS = (
     "There are 2 identifiers of model 'add' in global map, model namespace must be provided to resolve "

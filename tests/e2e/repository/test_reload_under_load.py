@@ -11,8 +11,8 @@ import numpy as np
 import tritonclient.http as httpclient
 
 from coreserve.testing import ServerFactory, ServerProcess
-from model_builders import scale_model, write_model
-from waiting import wait_until
+from support.model_builders import scale_model, write_model
+from support.waiting import wait_until
 
 SCALE = """
 backend: "onnxruntime"

@@ -16,8 +16,8 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from coreserve.testing import ServerFactory
-from model_builders import scale_model
-from s3_server import CREDENTIALS, free_port, s3_client, start_moto
+from support.model_builders import scale_model
+from support.servers.s3_server import CREDENTIALS, free_port, s3_client, start_moto
 
 SCALE = """
 backend: "onnxruntime"
@@ -76,7 +76,7 @@ def test_serves_and_polls_an_s3_repository(
 
 def test_missing_filesystem_package_is_a_clear_error(tmp_path: Path) -> None:
     # The test environment has the filesystems of core-server's extras (s3, gcs, azure), so the
-    # missing one is fsspec's OCI filesystem; tests/core/test_repository_stores.py checks that
+    # missing one is fsspec's OCI filesystem; tests/core/repository/storage/test_stores.py checks that
     # each extra the message would name exists.
     completed = subprocess.run(
         [sys.executable, "-m", "coreserve", "--model-repository=oci://bucket/models"],

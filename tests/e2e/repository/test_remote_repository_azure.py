@@ -19,8 +19,10 @@ import tritonclient.http as httpclient
 from azure.storage import blob
 
 from coreserve.testing import ServerFactory
-from model_builders import scale_model
-from storage_emulators import (
+from support.model_builders import scale_model
+from support.waiting import wait_until
+
+from .storage_emulators import (
     AZURITE_ACCOUNT,
     AZURITE_KEY,
     azurite_blob_command,
@@ -28,7 +30,6 @@ from storage_emulators import (
     free_port,
     start_azurite,
 )
-from waiting import wait_until
 
 SCALE = """
 backend: "onnxruntime"

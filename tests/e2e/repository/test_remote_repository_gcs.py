@@ -16,9 +16,10 @@ import pytest
 import tritonclient.http as httpclient
 
 from coreserve.testing import ServerFactory
-from model_builders import scale_model
-from storage_emulators import free_port, start_gcs_emulator
-from waiting import wait_until
+from support.model_builders import scale_model
+from support.waiting import wait_until
+
+from .storage_emulators import free_port, start_gcs_emulator
 
 SCALE = """
 backend: "onnxruntime"

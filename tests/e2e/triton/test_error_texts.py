@@ -23,8 +23,8 @@ import tritonclient.http as httpclient
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from coreserve.testing import ServerProcess
-from http_raw import error_of, request
-from model_builders import add_sub_model, write_model
+from support.model_builders import add_sub_model, write_model
+from support.wire.http_raw import error_of, request
 
 ADD_SUB = """
 backend: "onnxruntime"

@@ -11,7 +11,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from coreserve.testing import ServerFactory, ServerProcess
-from model_builders import scale_model, write_model
+from support.model_builders import scale_model, write_model
 
 SCALE = """
 backend: "onnxruntime"

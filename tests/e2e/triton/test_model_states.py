@@ -30,9 +30,9 @@ import pytest
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from coreserve.testing import ServerFactory, ServerProcess
-from http_raw import request
-from model_builders import add_sub_model, write_model
-from waiting import wait_until
+from support.model_builders import add_sub_model, write_model
+from support.waiting import wait_until
+from support.wire.http_raw import request
 
 ADD_SUB = """
 backend: "onnxruntime"

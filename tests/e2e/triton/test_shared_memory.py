@@ -33,8 +33,8 @@ from tritonclient.utils import InferenceServerException, serialize_byte_tensor
 
 from coreserve.server.shared_memory._cuda import load_cuda_runtime
 from coreserve.testing import ServerProcess
-from model_builders import add_sub_model, write_model
-from paths import EXAMPLES
+from support.model_builders import add_sub_model, write_model
+from support.paths import EXAMPLES
 
 BYTE_SIZE = 64  # one INT32 [1, 16] tensor
 # The server offers CUDA shared memory exactly where this probe finds a usable CUDA device.

@@ -20,9 +20,8 @@ import pytest
 import tritonclient.utils.shared_memory as shm
 
 from coreserve.testing import ServerProcess
-from model_builders import scale_model, write_model
-from waiting import wait_until
-from worker_servers import (
+from support.model_builders import scale_model, write_model
+from support.servers.worker_servers import (
     ADD_BODY,
     CONNECTIONS,
     SCALE_CONFIG,
@@ -35,6 +34,7 @@ from worker_servers import (
     worker_pids,
     write_repository,
 )
+from support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(300)
 HEARTBEAT_TIMEOUT = "--worker-heartbeat-timeout-secs=2"

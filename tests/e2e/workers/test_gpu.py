@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from gpu_checks import gpu_0_unusable
-from model_builders import ADD_SUB_CONFIG, add_sub_model, write_model
-from worker_servers import CONNECTIONS, answer_of, start_workers, worker_index, worker_pids
+from support.gpu_checks import gpu_0_unusable
+from support.model_builders import ADD_SUB_CONFIG, add_sub_model, write_model
+from support.servers.worker_servers import CONNECTIONS, answer_of, start_workers, worker_index, worker_pids
 
 GPU_UNUSABLE = gpu_0_unusable()
 

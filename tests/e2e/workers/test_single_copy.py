@@ -24,15 +24,14 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from coreserve.testing import ServerProcess
-from model_builders import (
+from support.model_builders import (
     ACCUMULATOR_SEQUENCE_CONFIG,
     ADD_SUB_CONFIG,
     accumulator_model,
     add_sub_model,
     write_model,
 )
-from waiting import wait_until
-from worker_servers import (
+from support.servers.worker_servers import (
     CONNECTIONS,
     answer_of,
     sequence_step,
@@ -42,6 +41,7 @@ from worker_servers import (
     worker_pids,
     write_repository,
 )
+from support.waiting import wait_until
 
 # Why the other worker refuses a model whose reload failed in worker 0 alone.
 WORKER_0_SERVES_ANOTHER = (

@@ -4,7 +4,7 @@ supervisor's private folder) is refused at once, before it can send anything; wh
 have sent (a `join` for worker 1's index, an unload, a region, a line of hundreds of MB) is
 never read; the refusal is counted in `coreserve_worker_line_errors_total`; the server serves
 on with the same workers and models. (How a line treats a worker's frame it must not take is
-tested in tests/core/test_worker_owner.py and test_worker_channel.py.)"""
+tested in tests/core/server/workers/test_owner.py and test_channel.py.)"""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import pytest
 
 from coreserve.server.workers._owner import owner_socket
 from coreserve.testing import ServerProcess
-from worker_servers import (
+from support.servers.worker_servers import (
     ADD_BODY,
     CONNECTIONS,
     answer_of,

@@ -2,7 +2,7 @@
 server to its clients: what one connection changes, every connection sees; the statistics and
 metrics are the totals (and stay so when a worker dies); a worker that dies is started again
 while the others serve; one Triton trace file; SIGTERM stops them all. The models that worker
-0 serves for every worker: test_workers_single_copy.py.
+0 serves for every worker: test_single_copy.py.
 """
 
 from __future__ import annotations
@@ -24,9 +24,8 @@ import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 
 from coreserve.testing import ServerProcess
-from model_builders import write_model
-from waiting import wait_until
-from worker_servers import (
+from support.model_builders import write_model
+from support.servers.worker_servers import (
     ADD_BODY,
     CONNECTIONS,
     SCALE_CONFIG,
@@ -38,6 +37,7 @@ from worker_servers import (
     worker_pids,
     write_repository,
 )
+from support.waiting import wait_until
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
 """The OpenAI frontend's test models: a character n-gram language model trained here, and an embedder.
 
-`openai_repository` copies tests/e2e/openai_models into a folder and trains the language model's
+`openai_repository` copies tests/support/servers/openai_models into a folder and trains the language model's
 counts into it (a fraction of a second; nothing is downloaded). `openai_url` finds the port the
 frontend of a started server listens on.
 """

@@ -21,7 +21,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from s3_server import CREDENTIALS, free_port  # the S3 test's moto server accepts these
+from support.servers.s3_server import CREDENTIALS, free_port  # the S3 test's moto server accepts these
 
 RAY = str(Path(sys.executable).parent / "ray")
 OBJECT_STORE_BYTES = 80 * 1024 * 1024

@@ -1,4 +1,4 @@
-"""Servers of several workers for the tests of test_workers.py and test_workers_single_copy.py:
+"""Servers of several workers for the tests of tests/e2e/workers:
 their repository, starting them, and requests each on a connection of its own.
 
 Each new connection may land on any worker (the kernel spreads them over the shared port), so
@@ -21,7 +21,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from coreserve.testing import ServerProcess
-from model_builders import (
+from support.model_builders import (
     ACCUMULATOR_SEQUENCE_CONFIG,
     ADD_SUB_CONFIG,
     accumulator_model,
@@ -29,7 +29,7 @@ from model_builders import (
     scale_model,
     write_model,
 )
-from waiting import wait_until
+from support.waiting import wait_until
 
 CONNECTIONS = 40
 

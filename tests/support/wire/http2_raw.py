@@ -18,7 +18,7 @@ import tritonclient.grpc as grpcclient
 
 from coreserve.protos import grpc_service_pb2 as pb
 from coreserve.testing import ServerProcess
-from model_builders import identity_model, write_model
+from support.model_builders import identity_model, write_model
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = (

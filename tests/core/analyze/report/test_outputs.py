@@ -2,7 +2,7 @@
 repository (loaded by a real coreserve) and report.html, written from a hand-made analysis.
 
 The writers are pure functions of an `Analysis`, so the measurements here are plain data; the
-model folder is a real ONNX model (tests/model_builders.py) that the output repository copies.
+model folder is a real ONNX model (tests/support/model_builders.py) that the output repository copies.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from coreserve.analyze.report._wording import instance_group_label
 from coreserve.config import parse_config, read_config_file
 from coreserve.protos.model_config_pb2 import ModelInstanceGroup
 from coreserve.testing import ServerFactory, ServerProcess
-from model_builders import ADD_SUB_CONFIG, add_sub_model, write_model
+from support.model_builders import ADD_SUB_CONFIG, add_sub_model, write_model
 
 CURRENT = ModelSettings(max_batch_size=8, dynamic_batching=False, instance_count=1)  # ADD_SUB_CONFIG's
 BEST = ModelSettings(max_batch_size=8, dynamic_batching=True, instance_count=2, max_queue_delay_us=100)

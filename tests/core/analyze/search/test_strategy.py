@@ -1,6 +1,6 @@
 """`coreserve analyze`'s search: the bounds of the space, the climb, when a sweep goes on, and
 which settings win. The measurements here are data written by the test (the search and the
-ranking are pure functions of them); tests/e2e/test_analyze.py measures a real server."""
+ranking are pure functions of them); tests/e2e/analyze/test_analyze.py measures a real server."""
 
 from __future__ import annotations
 

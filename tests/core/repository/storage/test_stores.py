@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import tomllib
-from pathlib import Path
 
 import pytest
 
 from coreserve.errors import InvalidArgumentError
 from coreserve.repository.storage._remote import EXTRAS
 from coreserve.repository.storage._stores import store_location
+from support.paths import REPO
 
 KEY = "c2VjcmV0LWtleS1vZi10aGUtdGVzdA=="
-CORE_PYPROJECT = Path(__file__).resolve().parents[2] / "core" / "pyproject.toml"
+CORE_PYPROJECT = REPO / "core" / "pyproject.toml"
 
 
 def test_s3_urls_may_name_an_endpoint() -> None:

@@ -1,6 +1,6 @@
 """The sequence batcher in-process: one request of a sequence at a time, in order, on one instance.
 
-The instances record every batch (tests/core/scheduling_doubles.py); the test queues requests
+The instances record every batch (tests/support/scheduling_doubles.py); the test queues requests
 before the batcher starts, or while a held request keeps a slot busy, so the batches below
 follow from the queue alone.
 """
@@ -11,7 +11,12 @@ import asyncio
 from collections.abc import Sequence
 
 import pytest
-from scheduling_doubles import (
+
+from coreserve.backend.responder import Responder
+from coreserve.errors import CancelledError, InvalidArgumentError, UnavailableError
+from coreserve.scheduling.sequence._batcher import SequenceBatcher
+from coreserve.types import InferenceRequest
+from support.scheduling_doubles import (
     RecordingInstance,
     finish,
     make_request,
@@ -21,11 +26,6 @@ from scheduling_doubles import (
     settle,
     signature_and_statistics,
 )
-
-from coreserve.backend.responder import Responder
-from coreserve.errors import CancelledError, InvalidArgumentError, UnavailableError
-from coreserve.scheduling.sequence._batcher import SequenceBatcher
-from coreserve.types import InferenceRequest
 
 Log = list[tuple[str, str]]
 FOREVER_US = 600_000_000

@@ -1,6 +1,6 @@
 """The HTTP/1.1 server (coreserve.server.httpd) in-process: framing, keep-alive and pipelining.
 
-A trivial handler echoes each request (tests/core/http_server_doubles.py); a raw asyncio
+A trivial handler echoes each request (tests/core/server/httpd/http_server_doubles.py); a raw asyncio
 client on the test's loop sends exact bytes and reads exact answers.
 """
 
@@ -14,7 +14,8 @@ import zlib
 
 import orjson
 import pytest
-from http_server_doubles import (
+
+from .http_server_doubles import (
     RecordingHandler,
     RunningServer,
     get,

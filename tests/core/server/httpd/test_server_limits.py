@@ -10,9 +10,10 @@ import asyncio
 
 import orjson
 import pytest
-from http_server_doubles import RecordingHandler, RunningServer, get, read_response, run_with_server
 
 from coreserve.server.httpd._limits import HttpLimits
+
+from .http_server_doubles import RecordingHandler, RunningServer, get, read_response, run_with_server
 
 SHORT = 0.2  # seconds: a timeout the tests let run out
 

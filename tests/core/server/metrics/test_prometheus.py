@@ -38,8 +38,8 @@ from coreserve.backend import (
 from coreserve.scheduling.cache.responses import CacheStatistics
 from coreserve.scheduling.statistics import FIRST_RESPONSE_BUCKETS_MS, HISTOGRAM_BUCKETS_US
 from coreserve.server.metrics._prometheus import FAILURE_ORDER, render_cache_metrics
-from model_builders import ADD_SUB_CONFIG, add_sub_model, write_model
-from paths import TESTS
+from support.model_builders import ADD_SUB_CONFIG, add_sub_model, write_model
+from support.paths import TESTS
 
 FIXTURES = TESTS / "fixtures"
 REFERENCE = {

@@ -11,7 +11,6 @@ import socket
 import struct
 import subprocess
 import sys
-from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -35,6 +34,7 @@ from coreserve.server.workers._frames import (
     tensors_of,
 )
 from coreserve.types import InferenceRequest, InferenceResponse
+from support.paths import TESTS
 
 
 def _through_socket(pieces: list[Pieces]) -> list[Frame | None]:
@@ -167,8 +167,8 @@ def test_the_interface_digest_tells_apart_only_what_requests_are_checked_against
                           '{ name: "W" data_type: TYPE_FP32 dims: [ 3 ] }, { name: "X" data_type: TYPE_INT32 dims: [ 1 ] }')  # fmt: skip
     assert swapped != two
     elsewhere = subprocess.run(
-        [sys.executable, "-c", f"import test_worker_frames as t; print(t._interface_digest({swapped!r}))"],
-        cwd=Path(__file__).parent,
+        [sys.executable, "-c", f"import {__name__} as t; print(t._interface_digest({swapped!r}))"],
+        cwd=TESTS,
         capture_output=True,
         text=True,
         check=True,

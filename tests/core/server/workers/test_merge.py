@@ -30,7 +30,7 @@ from coreserve.server.workers._merge import (
     without_model_metrics,
     without_model_statistics,
 )
-from model_builders import ADD_SUB_CONFIG, add_sub_model, write_model
+from support.model_builders import ADD_SUB_CONFIG, add_sub_model, write_model
 
 CACHED = ADD_SUB_CONFIG + "response_cache { enable: true }\n"
 # The families of a CPU-only scrape that describe the machine or the process kind: not summed.

@@ -4,7 +4,7 @@ ONNX model): a request it cannot run gets an error for that request; a frame it 
 (too large, unreadable, without its fields) closes that line alone, counted, with no traceback.
 
 The line's peer check (only a sibling process connects) is tested with real workers in
-tests/e2e/test_workers_trust.py."""
+tests/e2e/workers/test_trust.py."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from coreserve.server.workers._frames import MAX_HEADER_BYTES, frame, read_frame
 from coreserve.server.workers._owner import _Line
 from coreserve.server.workers._trust import LINE_ERRORS, MALFORMED, OVERSIZED, LineErrors
 from coreserve.testing import InProcessServer
-from model_builders import ADD_SUB_CONFIG, add_sub_model, write_model
+from support.model_builders import ADD_SUB_CONFIG, add_sub_model, write_model
 
 ADD = {"INPUT0": np.ones((1, 4), np.float32), "INPUT1": np.ones((1, 4), np.float32)}
 

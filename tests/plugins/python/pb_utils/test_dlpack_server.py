@@ -15,7 +15,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from coreserve.testing import ServerProcess
-from model_builders import write_model
+from support.model_builders import write_model
 
 CUDA = torch.cuda.is_available()
 

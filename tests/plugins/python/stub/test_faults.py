@@ -29,7 +29,7 @@ from coreserve_python.ipc import Channel
 from coreserve_python.server._process import StubLaunch
 from coreserve_python.server._spawn import describe_exit, reap_blocking
 from coreserve_python.server.env import _environment as environment
-from waiting import wait_until
+from support.waiting import wait_until
 
 ECHO_CONFIG = """
 backend: "python"

@@ -23,7 +23,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from coreserve.testing import ServerProcess
-from waiting import pending_requests, wait_until
+from support.waiting import pending_requests, wait_until
 
 # Each execution sleeps IN[0] milliseconds, notes (in the file its parameter names) when it
 # ran, its request's id and whether it was cancelled, and answers its stub's process id. A

@@ -20,7 +20,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from coreserve.testing import ServerProcess
-from waiting import pending_requests, wait_until
+from support.waiting import pending_requests, wait_until
 
 # The documentation's decoupled example: IN responses counting down to 0, one per execution.
 DECOUPLED_MODEL = """

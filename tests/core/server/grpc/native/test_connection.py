@@ -4,7 +4,7 @@ No sockets: `MemoryTransport` records what the connection writes and the test fe
 client's bytes with `data_received`, as asyncio's own transport would. The connection serves
 the real servicers (registered as grpc/native/_frontend.py registers them) over a real data
 plane (coreserve.testing's in-process server with an ONNX identity model), so a call goes
-through the data plane to onnxruntime and back. Frames are built with tests/e2e/http2_raw.py's
+through the data plane to onnxruntime and back. Frames are built with tests/support/wire/http2_raw.py's
 encoders; every assertion is on the frames that came out, their order and their codes.
 """
 
@@ -20,7 +20,16 @@ import grpc
 import hpack
 import numpy as np
 import pytest
-from e2e.http2_raw import (
+
+from coreserve.protos import grpc_service_pb2 as pb
+from coreserve.server.dataplane import DataPlane
+from coreserve.server.grpc._server import add_services
+from coreserve.server.grpc._transport import GrpcTransport
+from coreserve.server.grpc.native import _limits as limits
+from coreserve.server.grpc.native._connection import Http2Connection
+from coreserve.testing import InProcessServer
+from support.model_builders import identity_model, write_model
+from support.wire.http2_raw import (
     ACK,
     CONTINUATION,
     DATA,
@@ -51,15 +60,6 @@ from e2e.http2_raw import (
     message,
     setting,
 )
-
-from coreserve.protos import grpc_service_pb2 as pb
-from coreserve.server.dataplane import DataPlane
-from coreserve.server.grpc._server import add_services
-from coreserve.server.grpc._transport import GrpcTransport
-from coreserve.server.grpc.native import _limits as limits
-from coreserve.server.grpc.native._connection import Http2Connection
-from coreserve.testing import InProcessServer
-from model_builders import identity_model, write_model
 
 T = TypeVar("T")
 MAX_MESSAGE = 64 * 1024 * 1024

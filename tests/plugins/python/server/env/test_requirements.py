@@ -27,7 +27,7 @@ import tritonclient.http as httpclient
 from coreserve.testing import ServerFactory, ServerProcess
 from coreserve_python.server.env._build import build_environment, uv_binary
 from coreserve_python.server.env.cache import EnvironmentCache, environment_key
-from waiting import wait_until
+from support.waiting import wait_until
 
 PACKAGE = "coreserve_test_dep_xyz"
 REQUIREMENTS = "coreserve-test-dep-xyz==1.0\n"
