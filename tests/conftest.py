@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING
 import pytest
 import tritonclient.http as httpclient
 
-from paths import REPO, TESTS
+from support.paths import REPO, TESTS
 
 if TYPE_CHECKING:
     from coreserve.testing import ServerProcess
 
-pytest_plugins = ["coreserve.testing", "skip_allowlist"]
+pytest_plugins = ["coreserve.testing", "support.skip_allowlist"]
 
 
 def _install(package: Path, target: Path) -> Path:

@@ -6,7 +6,7 @@ The MLP of benchmarks/batching/batching.py (FP32 [N, 1024] through four 2048-wid
 dynamic batching), one sample per request, HTTP binary, wrk at concurrency 32, against:
 (a) coreserve's own HTTP frontend; (b) Ray Serve's proxy in front of one replica;
 (c) the proxy in front of two replicas. The Ray cluster is the tests' two-node local
-cluster (tests/rayserve/ray_cluster.py): both nodes share this machine's cores, so (c)
+cluster (tests/support/servers/ray_cluster.py): both nodes share this machine's cores, so (c)
 against (b) shows what a second replica costs or gains here, not on two machines.
 Each figure is the median of its trials. Needs core-server[ray] and wrk.
 Writes benchmarks/results/ray_serve.json.
@@ -23,13 +23,13 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path[1:1] = [str(REPO / "tests"), str(REPO / "tests" / "rayserve")]
+sys.path[1:1] = [str(REPO / "tests")]
 from benchmarks.batching.batching import CONFIG, LAYERS, QUEUE_DELAY_US, WIDTH, WIDTH_IN  # noqa: E402
 from benchmarks.support.load_generators import Load, wrk  # noqa: E402
 from benchmarks.support.models import binary_infer_body, mlp_onnx, mlp_weights, start_server, write_model  # noqa: E402
 from benchmarks.support.reporting import Table, print_table, write_results  # noqa: E402
 from benchmarks.support.trials import median_load  # noqa: E402
-from ray_cluster import Deployment, run_cluster  # noqa: E402
+from support.servers.ray_cluster import Deployment, run_cluster  # noqa: E402
 
 CONCURRENCY = 32
 

@@ -3,7 +3,7 @@
     python -m benchmarks.transports.openai_stream [--seconds 10] [--max-tokens 64] [--rounds 2]
 
 One server serves `charlm`, the tests' decoupled character n-gram model (one token, one response
-per character; trained at start-up, see tests/e2e/openai_repository.py), on both doors. At
+per character; trained at start-up, see tests/support/servers/openai_repository.py), on both doors. At
 concurrency 1 and 32, clients stream completions of `--max-tokens` tokens back to back for
 `--seconds`, through `POST /v1/completions` with `"stream": true` and through
 `POST /v2/models/charlm/generate_stream`; the two alternate for `--rounds` rounds and each
@@ -27,11 +27,10 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "e2e"))
-from openai_repository import openai_repository, openai_url
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 from benchmarks.support.models import start_server
 from benchmarks.support.reporting import Table, print_table, write_results
+from support.servers.openai_repository import openai_repository, openai_url
 
 PROMPT = "The server reads its models"
 

@@ -40,9 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "e2e"))
-from openai_repository import openai_repository, openai_url
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 from benchmarks.python.python_speed import JSON_BODY as PYTHON_JSON_BODY
 from benchmarks.python.python_speed import MODEL as PYTHON_MODEL
 from benchmarks.python.python_speed import write_repository as write_python_model
@@ -53,6 +51,7 @@ from benchmarks.support.trials import median
 from benchmarks.transports.openai_stream import openai_stream_round
 from benchmarks.transports.overhead import CONFIG, add_model, free_port, grpc_request, json_body
 from coreserve.testing import ServerProcess
+from support.servers.openai_repository import openai_repository, openai_url
 
 PATHS = (
     "http-json", "grpc", "python-json", "sequence-json", "compute-binary", "torch-binary", "openvino-binary",

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from paths import REPO, real_tritonserver
+from support.paths import REPO, real_tritonserver
 
 REAL_TRITONSERVER = real_tritonserver()
 pytestmark = [
@@ -75,8 +75,11 @@ def test_a_skip_for_a_reason_off_the_allow_list_fails_the_run(tmp_path: Path) ->
     # want of a program that an install should have brought (off it).
     shutil.rmtree(copy / "tests")
     (copy / "tests").mkdir()
-    for helper in ("conftest.py", "paths.py", "skip_allowlist.py", "requirements.txt"):
+    for helper in ("conftest.py", "requirements.txt"):
         shutil.copy2(REPO / "tests" / helper, copy / "tests" / helper)
+    shutil.copytree(
+        REPO / "tests" / "support", copy / "tests" / "support", ignore=shutil.ignore_patterns("__pycache__")
+    )
     (copy / "tests" / "test_injected.py").write_text(
         "import pytest\n\n\n"
         "def test_runs() -> None:\n    assert 1 + 1 == 2\n\n\n"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from paths import REPO
+from support.paths import REPO
 
 PUBLIC_MODULES = ("coreserve", "coreserve.backend", "coreserve.testing", "coreserve.ray")
 

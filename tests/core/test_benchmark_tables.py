@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from paths import REPO
+from support.paths import REPO
 
 TABLES = REPO / "benchmarks" / "results" / "TABLES.md"
 

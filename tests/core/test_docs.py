@@ -8,7 +8,7 @@ import inspect
 import re
 
 from coreserve.backend.plugins import hookspecs
-from paths import REPO
+from support.paths import REPO
 
 
 def test_every_hookspec_is_documented_with_its_signature() -> None:

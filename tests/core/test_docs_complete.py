@@ -21,14 +21,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from e2e.openai_repository import openai_url
 
 from coreserve.analyze._flags import parser as analyze_parser
 from coreserve.backend import parameters as parameter_readers
 from coreserve.cli._flags import serve_parser
 from coreserve.server.metrics._system_metrics import GPU_FAMILIES
 from coreserve.testing import ServerProcess
-from paths import EXAMPLES, REPO
+from support.paths import EXAMPLES, REPO
+from support.servers.openai_repository import openai_url
 
 DOCS = REPO / "docs"
 _INCLUDE = re.compile(r'^--8<-- "([^"]+)"$', flags=re.M)

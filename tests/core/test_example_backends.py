@@ -11,7 +11,7 @@ import pytest
 
 from coreserve.cli._command import main
 from coreserve.cli.new_backend import write_skeleton
-from paths import REPO
+from support.paths import REPO
 
 ECHO = REPO / "examples" / "backends" / "echo"
 

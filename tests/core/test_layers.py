@@ -14,7 +14,7 @@ import re
 from functools import cache
 from pathlib import Path
 
-from paths import REPO
+from support.paths import REPO, TESTS
 
 CORE = REPO / "core"
 PLUGINS = REPO / "plugins"
@@ -292,9 +292,11 @@ MAX_MODULES_PER_FOLDER = 12
 
 
 def test_no_folder_holds_more_than_a_dozen_modules() -> None:
-    """Past a dozen modules the prefixes in a folder's file names are naming its sub-packages."""
+    """Past a dozen modules the prefixes in a folder's file names are naming its sub-packages
+    (in tests/ too, where conftest.py and __init__.py count)."""
+    tests = [path for path in TESTS.rglob("*.py") if "__pycache__" not in path.parts]
     folders: dict[Path, int] = {}
-    for path in _modules().values():
+    for path in [*_modules().values(), *tests]:
         folders[path.parent] = folders.get(path.parent, 0) + 1
     crowded = {
         str(folder.relative_to(REPO)): n for folder, n in folders.items() if n > MAX_MODULES_PER_FOLDER

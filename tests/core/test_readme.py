@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from paths import REPO
+from support.paths import REPO
 
 
 def _commands() -> list[str]:

@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from paths import REPO, venv_program
+from support.paths import REPO, venv_program
 
 DEPLOY = REPO / "deploy"
 KUBERNETES = DEPLOY / "kubernetes"

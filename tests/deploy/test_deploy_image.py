@@ -13,7 +13,7 @@ from pathlib import Path
 from deploy_render import DEPLOY, IMAGE_RECIPE
 from dockerfile_reader import build_args, stages
 
-from paths import REPO, venv_program
+from support.paths import REPO, venv_program
 
 IMAGE = DEPLOY / "image"
 DOCKERFILE = IMAGE_RECIPE

@@ -26,7 +26,7 @@ from dockerfile_reader import stages
 
 from coreserve.protos import health_pb2, health_pb2_grpc
 from coreserve.testing import ServerProcess
-from paths import EXAMPLES
+from support.paths import EXAMPLES
 
 # The gpu overlay's container has the cpu overlay's arguments and environment
 # (test_deploy_manifests checks it), so one run stands for both.

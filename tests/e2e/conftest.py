@@ -10,8 +10,8 @@ import pytest
 import tritonclient.http as httpclient
 
 from coreserve.testing import ServerProcess
-from paths import EXAMPLES
-from tls_certs import Pki, make_pki
+from support.paths import EXAMPLES
+from support.wire.tls_certs import Pki, make_pki
 
 
 @pytest.fixture

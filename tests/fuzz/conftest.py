@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from coreserve.testing import ServerProcess
-from paths import EXAMPLES
+from support.paths import EXAMPLES
 
 # The server tests are slow per example (a socket round trip on a shared machine): the fixture
 # is module-scoped on purpose, and generation may take a while while the server is busy.

@@ -22,7 +22,7 @@ from coreserve.protocol.bytes_codec import encode_bytes_tensor
 from coreserve.protos import grpc_service_pb2 as pb
 from coreserve.server.rest._frontend import HTTP_STATUS
 from coreserve.types import NUMPY_DTYPES, DataType
-from paths import EXAMPLES, TESTS
+from support.paths import EXAMPLES, TESTS
 
 T = TypeVar("T")
 

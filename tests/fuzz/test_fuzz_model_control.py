@@ -22,7 +22,7 @@ from coreserve.protos import grpc_service_pb2 as pb
 from coreserve.protos import grpc_service_pb2_grpc as pb_grpc
 from coreserve.testing import ServerProcess
 from fuzz_support import config_documents, json_values
-from paths import EXAMPLES
+from support.paths import EXAMPLES
 
 # simple_string is the bystander: loaded at start, never touched, it must keep serving.
 MODELS = ("simple", "simple", "ensemble_pipeline", "no_such_model", "..", "simple/1")

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 import coreserve
-from model_builders import add_sub_model, write_model
-from paths import EXAMPLES, TESTS
+from support.model_builders import add_sub_model, write_model
+from support.paths import CANCELLATION_MODELS, EXAMPLES, TESTS
 
 ADD_SUB = """
 backend: "onnxruntime"
@@ -29,7 +29,7 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     shutil.copytree(TESTS / "plugins" / "python" / "models" / "countdown", root / "countdown")
     shutil.copytree(EXAMPLES / "simple_string", root / "simple_string")
     for name in ("sleepy", "streamer"):  # they stop early once cancelled
-        shutil.copytree(TESTS / "e2e" / "cancellation_models" / name, root / name)
+        shutil.copytree(CANCELLATION_MODELS / name, root / name)
     return root
 
 

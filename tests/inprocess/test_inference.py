@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import coreserve
-from model_builders import accumulator_model, write_model
-from waiting import wait_until
+from support.model_builders import accumulator_model, write_model
+from support.waiting import wait_until
 
 
 def _pair(batch: int = 2) -> dict[str, np.ndarray]:

@@ -14,8 +14,8 @@ import pytest
 import tritonclient.http as httpclient
 
 import coreserve
-from model_builders import scale_model, write_model
-from paths import REPO
+from support.model_builders import scale_model, write_model
+from support.paths import REPO
 
 SCALE = """
 backend: "onnxruntime"

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from ray_cluster import RayCluster, run_cluster
+from support.servers.ray_cluster import RayCluster, run_cluster
 
 
 @pytest.fixture(scope="package")

@@ -10,7 +10,7 @@ import pytest
 import yaml
 from ray.serve import schema as serve_schema
 
-from paths import REPO
+from support.paths import REPO
 
 
 def _config() -> dict:

@@ -10,7 +10,7 @@ import pytest
 from starlette.requests import Request
 
 from coreserve.ray import PENDING_REQUESTS, REPLICA_HEADER, CoreserveReplica
-from model_builders import scale_model, write_model
+from support.model_builders import scale_model, write_model
 
 SCALE = """
 backend: "onnxruntime"

@@ -21,11 +21,11 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from model_builders import add_sub_model, scale_model, write_model
-from paths import TESTS
-from ray_cluster import Deployment, RayCluster
-from s3_server import free_port, s3_client, start_moto
-from waiting import wait_until
+from support.model_builders import add_sub_model, scale_model, write_model
+from support.paths import CANCELLATION_MODELS
+from support.servers.ray_cluster import Deployment, RayCluster
+from support.servers.s3_server import free_port, s3_client, start_moto
+from support.waiting import wait_until
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
 
@@ -49,7 +49,7 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """add_sub (ONNX) and sleepy (Python, 0.5 s a request on one instance)."""
     root = tmp_path_factory.mktemp("ray-models")
     write_model(root, "add_sub", add_sub_model(), ADD_SUB)
-    shutil.copytree(TESTS / "e2e" / "cancellation_models" / "sleepy", root / "sleepy")
+    shutil.copytree(CANCELLATION_MODELS / "sleepy", root / "sleepy")
     return root
 
 

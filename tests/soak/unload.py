@@ -25,7 +25,7 @@ benchmarks/results/unload.json and prints a table; exits 1 if a backend fails. L
 
 The models are built in processes of their own (as the TensorFlow tests build theirs) with the
 tests' own builders, so that no framework is imported into this process. pytest does not
-collect this script (no `test_` prefix); tests/e2e/test_unload_memory.py is its short version
+collect this script (no `test_` prefix); tests/e2e/repository/test_unload_memory.py is its short version
 for CI.
 """
 
@@ -91,7 +91,7 @@ class TritonPythonModel:
 BUILD_ONNX = """
 import sys
 from pathlib import Path
-from model_builders import add_sub_model
+from support.model_builders import add_sub_model
 folder = Path(sys.argv[1]) / "good" / "1"
 folder.mkdir(parents=True)
 (folder / "model.onnx").write_bytes(add_sub_model().SerializeToString())

@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.support.reporting import print_table, write_results
 from coreserve.testing import ServerProcess
-from model_builders import (  # type: ignore[import-not-found]
+from support.model_builders import (
     ACCUMULATOR_SEQUENCE_CONFIG,
     ADD_SUB_CONFIG,
     accumulator_model,

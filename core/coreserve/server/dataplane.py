@@ -48,7 +48,7 @@ from coreserve.types import InferenceRequest, InferenceResponse, ResponseSink, n
 from coreserve.version import __version__
 
 SERVER_NAME = "coreserve"
-# Exactly the extensions served (Triton's names; tests/e2e/test_shared_memory.py probes each).
+# Exactly the extensions served (Triton's names; tests/e2e/triton/test_shared_memory.py probes each).
 EXTENSIONS = (
     "classification", "sequence", "model_repository", "model_repository(unload_dependents)",
     "schedule_policy", "model_configuration", "system_shared_memory", "binary_tensor_data",

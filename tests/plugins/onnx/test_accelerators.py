@@ -23,7 +23,7 @@ from coreserve_onnx._accelerators import (
     available_providers,
     plan_providers,
 )
-from model_builders import add_sub_model, write_model
+from support.model_builders import add_sub_model, write_model
 
 GPU, CPU_KIND = InstanceKind.GPU, InstanceKind.CPU
 NO_OPENVINO = OPENVINO not in ort.get_available_providers()

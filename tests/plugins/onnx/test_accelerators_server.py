@@ -23,7 +23,7 @@ from tritonclient.utils import InferenceServerException
 
 from coreserve.backend import cuda_driver_gpus
 from coreserve.testing import ServerFactory, ServerProcess
-from model_builders import add_sub_model, write_model
+from support.model_builders import add_sub_model, write_model
 
 ClientFactory = Callable[[ServerProcess], httpclient.InferenceServerClient]
 OPENVINO = 'optimization { execution_accelerators { cpu_execution_accelerator [ { name: "openvino" } ] } }'

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from coreserve.testing import BackendConformance
-from model_builders import add_sub_model, identity_model, write_model
+from support.model_builders import add_sub_model, identity_model, write_model
 
 
 class TestOnnxBackendConformance(BackendConformance):

@@ -24,7 +24,7 @@ from coreserve.config import apply_defaults, parse_config, validate_config
 from coreserve.responses import SingleResponse
 from coreserve_onnx import OnnxBackend
 from coreserve_onnx._session import session_options
-from model_builders import add_sub_model, identity_model, onnx_model, write_model
+from support.model_builders import add_sub_model, identity_model, onnx_model, write_model
 
 CPU = InstancePlacement(name="m_0_0", group_name="m_0", index=0, kind=InstanceKind.CPU)
 

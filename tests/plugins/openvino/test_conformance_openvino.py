@@ -8,7 +8,7 @@ import pytest
 from test_openvino_backend import ir_add_mul
 
 from coreserve.testing import BackendConformance
-from model_builders import add_sub_model, write_model
+from support.model_builders import add_sub_model, write_model
 
 
 class TestOpenVinoBackendConformance(BackendConformance):

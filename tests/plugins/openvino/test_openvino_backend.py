@@ -14,7 +14,7 @@ from openvino import opset13 as ops
 from tritonclient.utils import InferenceServerException
 
 from coreserve.testing import ServerProcess
-from model_builders import add_sub_model, write_model
+from support.model_builders import add_sub_model, write_model
 
 
 def ir_add_mul(folder: Path, batch: int | None = None) -> None:

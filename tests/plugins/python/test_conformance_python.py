@@ -8,7 +8,7 @@ import numpy as np
 from coreserve import DataType
 from coreserve.testing import BackendConformance
 from coreserve_python import ipc, pb_utils
-from paths import TESTS
+from support.paths import TESTS
 
 MODELS = TESTS / "plugins" / "python" / "models"
 

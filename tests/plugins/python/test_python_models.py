@@ -19,7 +19,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from coreserve.testing import ServerProcess
-from model_builders import add_sub_model, write_model
+from support.model_builders import add_sub_model, write_model
 
 MODELS = Path(__file__).resolve().parent / "models"
 ADD_SUB = """

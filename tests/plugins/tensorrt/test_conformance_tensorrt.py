@@ -8,7 +8,7 @@ import pytest
 from test_tensorrt_backend import HAS_GPU, HAS_TENSORRT, PLAN, _build_engine
 
 from coreserve.testing import BackendConformance
-from model_builders import add_sub_model
+from support.model_builders import add_sub_model
 
 pytestmark = [
     pytest.mark.gpu,

@@ -12,7 +12,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from coreserve.testing import ServerFactory, ServerProcess
-from model_builders import add_sub_model, write_model
+from support.model_builders import add_sub_model, write_model
 
 PLAN = """
 backend: "tensorrt"

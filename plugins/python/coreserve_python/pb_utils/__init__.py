@@ -3,7 +3,7 @@
 Inside a stub process `import triton_python_backend_utils as pb_utils` gives this module (the
 stub puts `coreserve_python/shim/` on sys.path). It offers every name Triton 2.51's module
 offers (its Python file and what its stub adds from `c_python_backend_utils`), with the same
-arguments and answers; tests/plugins/python/test_pb_utils_triton.py checks that name by name.
+arguments and answers; tests/plugins/python/pb_utils/test_utils_triton.py checks that name by name.
 
 What this package may import: the standard library, numpy and `coreserve_python.ipc` (the
 datatype table), never coreserve nor the plugin's server side, so that a stub runs in another

@@ -2,7 +2,7 @@
 
 Host tensors are numpy arrays, as in Triton's python backend; `from_dlpack` shares the memory of
 its argument and keeps a CUDA tensor on its GPU (`_dlpack` holds it and copies
-it to host memory when it leaves the stub). tests/plugins/python/test_pb_dlpack.py compares the
+it to host memory when it leaves the stub). tests/plugins/python/pb_utils/test_dlpack.py compares the
 behaviour and error texts with Triton 2.51's pb_tensor.cc.
 """
 

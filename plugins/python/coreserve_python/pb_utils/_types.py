@@ -3,7 +3,7 @@
 Each helper answers exactly as Triton 2.51's own module does on the same input, odd corners
 included (`TYPE_BOOL` is Python's `bool`, an unknown number or numpy type gives None, an
 unknown type name raises KeyError): a model that relies on them must not see a difference.
-tests/plugins/python/test_pb_utils_triton.py compares them with Triton's module.
+tests/plugins/python/pb_utils/test_utils_triton.py compares them with Triton's module.
 """
 
 from __future__ import annotations

@@ -1,0 +1,345 @@
+"""The dynamic batcher in-process: which requests go together, and in which order.
+
+Requests are queued before the batcher starts, or while a held request keeps its instance
+busy, so every batch below is decided by the queue's contents, never by how fast the machine is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from coreserve.errors import CancelledError, InvalidArgumentError, UnavailableError
+from coreserve.protos.model_config_pb2 import ModelQueuePolicy
+from coreserve.scheduling._dynamic import DynamicBatcher, QueuePolicy
+from coreserve.types import InferenceRequest
+from support.scheduling_doubles import (
+    RecordingInstance,
+    finish,
+    make_request,
+    model_config,
+    recording_sink,
+    run_scenario,
+    settle,
+    signature_and_statistics,
+)
+
+Log = list[tuple[str, str]]
+# A queue delay no test waits for: a batch that is sent was sent for another reason.
+FOREVER_US = 600_000_000
+
+
+def _batcher(
+    batching: str, max_batch: int = 8, ragged: bool = False
+) -> tuple[DynamicBatcher, RecordingInstance]:
+    config = model_config(
+        f'name: "m" max_batch_size: {max_batch} '
+        f'input [ {{ name: "IN" data_type: TYPE_INT32 dims: [ -1 ] allow_ragged_batch: {str(ragged).lower()} }} ] '
+        'output [ { name: "OUT" data_type: TYPE_INT32 dims: [ -1 ] } ] '
+        f"dynamic_batching {{ {batching} }}"
+    )
+    signature, statistics = signature_and_statistics(config)
+    instance = RecordingInstance()
+    return DynamicBatcher(signature, statistics, [instance], config.dynamic_batching), instance
+
+
+def test_queued_requests_form_batches_up_to_max_batch_size() -> None:
+    async def scenario() -> None:
+        batcher, instance = _batcher("", max_batch=4)
+        log: Log = []
+        requests = [make_request(f"r{index}", log) for index in range(10)]
+        for request in requests:
+            batcher.submit(request)
+        batcher.start()
+        await finish(batcher)
+        assert instance.batches == [["r0", "r1", "r2", "r3"], ["r4", "r5", "r6", "r7"], ["r8", "r9"]]
+        assert log == [(f"r{index}", "final") for index in range(10)]
+        for request in requests:  # each request got exactly its own rows back
+            response = recording_sink(request).responses[-1]
+            assert response is not None
+            np.testing.assert_array_equal(response.outputs["OUT"], request.inputs["IN"])
+        assert (batcher.statistics.inference_count, batcher.statistics.execution_count) == (10, 3)
+
+    run_scenario(scenario)
+
+
+def test_rows_count_toward_max_batch_size_and_a_request_is_never_split() -> None:
+    async def scenario() -> None:
+        batcher, instance = _batcher("", max_batch=4)
+        log: Log = []
+        for name, rows in [("a", 2), ("b", 3), ("c", 1), ("d", 4)]:
+            batcher.submit(make_request(name, log, rows=rows))
+        batcher.start()
+        await finish(batcher)
+        assert instance.batches == [["a"], ["b", "c"], ["d"]]
+
+    run_scenario(scenario)
+
+
+def test_only_requests_of_the_same_shape_share_a_batch() -> None:
+    async def scenario() -> None:
+        batcher, instance = _batcher("")
+        log: Log = []
+        for name, width in [("a", 2), ("b", 2), ("c", 3), ("d", 2)]:
+            batcher.submit(make_request(name, log, width=width))
+        batcher.start()
+        await finish(batcher)
+        # The batch stops at the first request that does not fit; order is never changed.
+        assert instance.batches == [["a", "b"], ["c"], ["d"]]
+
+    run_scenario(scenario)
+
+
+def test_ragged_inputs_batch_whatever_their_lengths() -> None:
+    async def scenario() -> None:
+        batcher, instance = _batcher("", max_batch=3, ragged=True)
+        log: Log = []
+        for name, width in [("a", 2), ("b", 5), ("c", 1), ("d", 3)]:
+            batcher.submit(make_request(name, log, width=width))
+        batcher.start()
+        await finish(batcher)
+        assert instance.batches == [["a", "b", "c"], ["d"]]  # only max_batch_size cuts them
+
+    run_scenario(scenario)
+
+
+def test_the_largest_preferred_size_goes_at_once_and_the_rest_waits_for_company() -> None:
+    async def scenario() -> None:
+        batcher, instance = _batcher(
+            f"preferred_batch_size: [ 2, 4 ] max_queue_delay_microseconds: {FOREVER_US}"
+        )
+        log: Log = []
+        for index in range(5):
+            batcher.submit(make_request(f"r{index}", log))
+        batcher.start()
+        await settle()
+        # Five queued: four make the largest preferred size; the fifth alone is not preferred
+        # and its queue delay has not run out, so it waits.
+        assert instance.batches == [["r0", "r1", "r2", "r3"]]
+        assert [name for name, _ in log] == ["r0", "r1", "r2", "r3"]
+        for index in range(5, 8):  # three more arrive together: with r4, a preferred 4
+            batcher.submit(make_request(f"r{index}", log))
+        await settle()
+        assert instance.batches == [["r0", "r1", "r2", "r3"], ["r4", "r5", "r6", "r7"]]
+        batcher.submit(make_request("r8", log))
+        batcher.submit(make_request("r9", log))
+        await finish(batcher)
+        assert instance.batches[2:] == [["r8", "r9"]]
+
+    run_scenario(scenario)
+
+
+def test_a_full_batch_goes_without_waiting_for_the_queue_delay() -> None:
+    async def scenario() -> None:
+        batcher, instance = _batcher(f"max_queue_delay_microseconds: {FOREVER_US}", max_batch=3)
+        log: Log = []
+        batcher.start()
+        for index in range(2):
+            batcher.submit(make_request(f"r{index}", log))
+            await settle()
+        assert instance.batches == []  # two of three: the batch may still grow
+        batcher.submit(make_request("r2", log))
+        await finish(batcher)
+        assert instance.batches == [["r0", "r1", "r2"]]
+
+    run_scenario(scenario)
+
+
+def test_a_lone_request_is_sent_when_its_queue_delay_ends() -> None:
+    async def scenario() -> None:
+        batcher, instance = _batcher("max_queue_delay_microseconds: 20000 preferred_batch_size: [ 4 ]")
+        log: Log = []
+        batcher.start()
+        batcher.submit(make_request("alone", log))
+        while not log:  # the delay is the behaviour here; the test's own bound is run_scenario's 60 s
+            await asyncio.sleep(0.01)
+        assert instance.batches == [["alone"]]
+        await finish(batcher)
+
+    run_scenario(scenario)
+
+
+def test_the_highest_priority_level_is_served_first() -> None:
+    async def scenario() -> None:
+        batcher, instance = _batcher("priority_levels: 2 default_priority_level: 2")
+        log: Log = []
+        batcher.submit(make_request("low0", log))
+        batcher.submit(make_request("low1", log, priority=2))
+        batcher.submit(make_request("high", log, priority=1))
+        batcher.submit(make_request("low2", log))
+        batcher.start()
+        await finish(batcher)
+        # A batch takes requests of one level only.
+        assert instance.batches == [["high"], ["low0", "low1", "low2"]]
+
+    run_scenario(scenario)
+
+
+@pytest.mark.parametrize(
+    ("priority", "message"),
+    [
+        (-1, "request parameter 'priority' must be a non-negative integer, got -1"),
+        ("high", "request parameter 'priority' must be a non-negative integer, got 'high'"),
+    ],
+)
+def test_a_priority_outside_the_levels_is_refused(priority: int | str, message: str) -> None:
+    async def scenario() -> None:
+        batcher, _ = _batcher("priority_levels: 2")
+        with pytest.raises(InvalidArgumentError) as error:
+            batcher.submit(make_request("r", [], priority=priority))
+        assert str(error.value) == message
+        assert batcher.queue_size == 0
+
+    run_scenario(scenario)
+
+
+def test_a_full_priority_queue_rejects_with_tritons_words() -> None:
+    async def scenario() -> None:
+        batcher, instance = _batcher("default_queue_policy { max_queue_size: 2 }")
+        log: Log = []
+        batcher.submit(make_request("a", log))
+        batcher.submit(make_request("b", log))
+        with pytest.raises(UnavailableError) as error:
+            batcher.submit(make_request("c", log))
+        assert str(error.value).startswith("[request id: c] Exceeds maximum queue size: model 'm'")
+        assert batcher.statistics.failures["REJECTED"] == 1
+        batcher.start()
+        await finish(batcher)
+        assert instance.batches == [["a", "b"]]
+
+    run_scenario(scenario)
+
+
+async def _busy_with(batcher: DynamicBatcher, instance: RecordingInstance, log: Log) -> asyncio.Event:
+    """Starts the batcher with request 'busy' held on its instance; returns what releases it."""
+    release = asyncio.Event()
+    instance.holds["busy"] = release
+    batcher.start()
+    batcher.submit(make_request("busy", log))
+    await settle()
+    assert instance.batches == [["busy"]]
+    return release
+
+
+async def _after_timers_of(timeout_us: int) -> None:
+    # asyncio runs timers in deadline order: once this later one has fired, so has every
+    # queue timeout of `timeout_us` set before it, however slow the machine.
+    await asyncio.sleep(timeout_us / 1e6 + 0.05)
+
+
+def test_a_request_that_waits_past_its_timeout_is_rejected() -> None:
+    async def scenario() -> None:
+        batcher, instance = _batcher("default_queue_policy { default_timeout_microseconds: 1000 }")
+        log: Log = []
+        release = await _busy_with(batcher, instance, log)
+        late = make_request("late", log)
+        batcher.submit(late)
+        await _after_timers_of(1000)
+        assert log == [("late", "error")]
+        error = recording_sink(late).error
+        assert isinstance(error, UnavailableError)
+        assert str(error) == "request for model 'm' timed out after waiting in the queue"
+        release.set()
+        await finish(batcher)
+        assert instance.batches == [["busy"]]
+        assert log == [("late", "error"), ("busy", "final")]
+        assert batcher.statistics.failures["REJECTED"] == 1
+
+    run_scenario(scenario)
+
+
+def test_a_delayed_request_goes_behind_every_request_that_did_not_time_out() -> None:
+    async def scenario() -> None:
+        batcher, instance = _batcher(
+            "default_queue_policy { timeout_action: DELAY allow_timeout_override: true }"
+        )
+        log: Log = []
+        release = await _busy_with(batcher, instance, log)
+        batcher.submit(make_request("impatient", log, timeout=1000))
+        batcher.submit(make_request("patient", log))
+        await _after_timers_of(1000)
+        batcher.submit(make_request("newcomer", log))
+        release.set()
+        await finish(batcher)
+        assert instance.batches == [["busy"], ["patient", "newcomer"], ["impatient"]]
+        assert batcher.statistics.failures["REJECTED"] == 0
+
+    run_scenario(scenario)
+
+
+@pytest.mark.parametrize(
+    ("allow", "default_us", "requested", "expected"),
+    [
+        (False, 500, 100, 500),  # no overrides: the policy's
+        (True, 500, 100, 100),  # shorter: taken
+        (True, 500, 900, 500),  # longer: only shortens
+        (True, 0, 900, 900),  # no default: the request's
+        (True, 500, 0, 500),
+        (True, 500, True, 500),  # not an integer
+    ],
+)
+def test_a_request_may_only_shorten_its_queue_timeout(
+    allow: bool, default_us: int, requested: int, expected: int
+) -> None:
+    policy = QueuePolicy.from_config(
+        ModelQueuePolicy(default_timeout_microseconds=default_us, allow_timeout_override=allow)
+    )
+    request = InferenceRequest("m", {}, parameters={"timeout": requested})
+    assert policy.timeout_for(request) == expected
+
+
+def test_a_cancelled_request_leaves_the_queue_and_never_runs() -> None:
+    async def scenario() -> None:
+        batcher, instance = _batcher("")
+        log: Log = []
+        release = await _busy_with(batcher, instance, log)
+        gone = make_request("gone", log)
+        batcher.submit(gone)
+        batcher.submit(make_request("kept", log))
+        gone.cancel()
+        assert log == [("gone", "error")]
+        assert isinstance(recording_sink(gone).error, CancelledError)
+        release.set()
+        await finish(batcher)
+        assert instance.batches == [["busy"], ["kept"]]
+        assert batcher.statistics.failures["CANCELED"] == 1
+
+    run_scenario(scenario)
+
+
+def test_closing_lets_the_running_batch_finish_then_closes_the_instance() -> None:
+    async def scenario() -> None:
+        batcher, instance = _batcher("")
+        log: Log = []
+        release = await _busy_with(batcher, instance, log)
+        closing = asyncio.create_task(batcher.close(timeout=30))
+        await settle()
+        assert not closing.done() and not instance.closed and log == []
+        with pytest.raises(UnavailableError, match="model 'm' version 1 is unloading"):
+            batcher.submit(make_request("after", log))
+        release.set()
+        await closing
+        assert log == [("busy", "final")]
+        assert instance.closed
+
+    run_scenario(scenario)
+
+
+def test_closing_sends_at_once_the_batch_that_waits_for_its_queue_delay() -> None:
+    async def scenario() -> None:
+        # As Triton drains its queue on unload: the delay (600 s) is far beyond the close's timeout.
+        batcher, instance = _batcher(f"max_queue_delay_microseconds: {FOREVER_US}", max_batch=4)
+        log: Log = []
+        batcher.start()
+        for index in range(2):
+            batcher.submit(make_request(f"r{index}", log))
+        await settle()
+        assert instance.batches == []  # two of four: waiting for company
+        await batcher.close(timeout=5)
+        assert instance.batches == [["r0", "r1"]]
+        assert log == [("r0", "final"), ("r1", "final")]
+        assert instance.closed
+
+    run_scenario(scenario)

@@ -1,0 +1,431 @@
+"""Explicit model control: the repository API over HTTP and gRPC, its safety, and restrictions."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from coreserve.testing import ServerFactory, ServerProcess
+from support.model_builders import add_sub_model, scale_model, write_model
+from support.wire.http_raw import request
+
+SCALE = """
+backend: "onnxruntime"
+max_batch_size: 4
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+"""
+ADD_SUB = """
+backend: "onnxruntime"
+max_batch_size: 4
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "INPUT1" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 4 ] } ]
+"""
+PIPELINE = """
+platform: "ensemble"
+max_batch_size: 4
+input [ { name: "A" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "B" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "SUM" data_type: TYPE_FP32 dims: [ 4 ] } ]
+ensemble_scheduling { step [ { model_name: "add_sub" model_version: -1
+  input_map { key: "INPUT0" value: "A" } input_map { key: "INPUT1" value: "B" }
+  output_map { key: "OUTPUT0" value: "SUM" } } ] }
+"""
+
+
+def _scale(client: httpclient.InferenceServerClient, model: str = "scaled") -> float:
+    tensor = httpclient.InferInput("INPUT0", [1, 4], "FP32")
+    tensor.set_data_from_numpy(np.ones((1, 4), np.float32))
+    return float(client.infer(model, [tensor]).as_numpy("OUTPUT0")[0, 0])
+
+
+@pytest.fixture
+def repository(tmp_path: Path) -> Path:
+    root = tmp_path / "models"
+    write_model(root, "scaled", scale_model(2.0), SCALE)
+    write_model(root, "other", scale_model(3.0), SCALE)
+    write_model(root, "add_sub", add_sub_model("FP32", ["batch", 4]), ADD_SUB)
+    (root / "pipeline" / "1").mkdir(parents=True)
+    (root / "pipeline" / "config.pbtxt").write_text(PIPELINE)
+    return root
+
+
+@pytest.fixture
+def server(coreserve_server: ServerFactory, repository: Path, tmp_path: Path) -> ServerProcess:
+    return coreserve_server(
+        repository,
+        "--model-control-mode=explicit",
+        "--load-model=scaled",
+        f"--model-cache-dir={tmp_path / 'cache'}",
+    )
+
+
+@pytest.fixture
+def client(server: ServerProcess) -> Iterator[httpclient.InferenceServerClient]:
+    client = httpclient.InferenceServerClient(server.http_url)
+    yield client
+    client.close()
+
+
+def _states(client: httpclient.InferenceServerClient) -> dict[str, tuple[str, str]]:
+    return {
+        entry["name"]: (entry["state"], entry.get("reason", ""))
+        for entry in client.get_model_repository_index()
+    }
+
+
+def test_only_the_named_models_load_at_start(client: httpclient.InferenceServerClient) -> None:
+    states = _states(client)
+    assert states["scaled"] == ("READY", "")
+    assert states["other"] == ("UNAVAILABLE", "not loaded")
+    assert _scale(client) == 2.0
+    with pytest.raises(
+        InferenceServerException, match="Request for unknown model: 'other' is not found"
+    ) as info:
+        _scale(client, "other")
+    assert info.value.status() == "404"
+    assert [entry["name"] for entry in client.get_model_repository_index() if entry["state"] == "READY"] == [
+        "scaled"
+    ]
+
+
+def test_load_and_unload_over_http_and_grpc(
+    client: httpclient.InferenceServerClient, server: ServerProcess
+) -> None:
+    client.load_model("other")
+    assert client.is_model_ready("other") and _scale(client, "other") == 3.0
+    client.unload_model("other")
+    assert _states(client)["other"] == ("UNAVAILABLE", "unloaded")
+    with pytest.raises(InferenceServerException, match="Request for unknown model: 'other' is not found"):
+        _scale(client, "other")
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        grpc.load_model("other")
+        assert grpc.is_model_ready("other")
+        ready = {m.name for m in grpc.get_model_repository_index().models if m.state == "READY"}
+        assert ready == {"scaled", "other"}
+        grpc.unload_model("other")
+        assert grpc.is_model_ready("scaled") and not {
+            m.name for m in grpc.get_model_repository_index().models if m.state == "READY"
+        } - {"scaled"}
+        with pytest.raises(InferenceServerException) as info:
+            grpc.load_model("missing")
+        assert info.value.status() == "StatusCode.INTERNAL"  # as Triton 2.51 answers it
+    finally:
+        grpc.close()
+
+
+def test_load_with_a_config_override(client: httpclient.InferenceServerClient) -> None:
+    config = json.loads(
+        json.dumps(
+            {
+                "backend": "onnxruntime",
+                "max_batch_size": 2,
+                "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [4]}],
+                "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [4]}],
+            }
+        )
+    )
+    client.load_model("other", config=json.dumps(config))
+    assert client.get_model_config("other")["max_batch_size"] == 2
+    with pytest.raises(InferenceServerException, match="not valid JSON"):
+        client.load_model("other", config="{not json")
+    assert client.is_model_ready("other")  # the failed load left the served one alone
+
+
+def test_load_from_files_writes_nothing_into_the_repository(
+    client: httpclient.InferenceServerClient, repository: Path, tmp_path: Path
+) -> None:
+    before = sorted(str(p) for p in repository.rglob("*"))
+    config = json.dumps(
+        {
+            "backend": "onnxruntime",
+            "max_batch_size": 4,
+            "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [4]}],
+            "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [4]}],
+        }
+    )
+    client.load_model(
+        "uploaded", config=config, files={"file:1/model.onnx": scale_model(7.0).SerializeToString()}
+    )
+    assert _scale(client, "uploaded") == 7.0
+    assert sorted(str(p) for p in repository.rglob("*")) == before
+    client.unload_model("uploaded")
+
+
+@pytest.mark.parametrize("name", ["..", "a%2Fb", ".hidden", "%00nul", "a%5Cb"])
+def test_model_names_that_leave_the_repository_are_refused(
+    server: ServerProcess, tmp_path: Path, name: str
+) -> None:
+    body = json.dumps(
+        {
+            "parameters": {
+                "config": json.dumps({"backend": "onnxruntime"}),
+                "file:1/model.onnx": base64.b64encode(b"x").decode(),
+            }
+        }
+    ).encode()
+    status, _, reply = request(server.http_url, "POST", f"/v2/repository/models/{name}/load", body)
+    assert status == 400, reply
+    assert "not a valid model name" in json.loads(reply)["error"]
+    assert not (tmp_path / "cache" / "overrides").exists()  # nothing was written
+
+
+def test_a_model_name_no_folder_can_have_is_a_client_error_and_a_short_unknown_one_tritons(
+    server: ServerProcess,
+) -> None:
+    """A load of an unknown model is Triton's INTERNAL (500); of a name longer than any folder's
+    (255 bytes) it is the client's mistake (400, saying so) over HTTP and gRPC alike."""
+    status, _, reply = request(server.http_url, "POST", "/v2/repository/models/nosuch/load", b"")
+    assert status == 500 and "failed to poll from model repository" in json.loads(reply)["error"]
+    long_name = "a" * 300
+    status, _, reply = request(server.http_url, "POST", f"/v2/repository/models/{long_name}/load", b"")
+    assert status == 400, reply
+    assert "no model folder has a name of 300 bytes (at most 255)" in json.loads(reply)["error"]
+    with (
+        grpcclient.InferenceServerClient(server.grpc_url) as grpc_client,
+        pytest.raises(InferenceServerException) as info,
+    ):
+        grpc_client.load_model(long_name)
+    assert info.value.status() == "StatusCode.INVALID_ARGUMENT"
+    status, _, _ = request(server.http_url, "GET", "/v2/models/scaled/ready")
+    assert status == 200 and "Traceback" not in server.log
+
+
+BAD_FILES = [
+    "file:../escape.onnx",
+    "file:/etc/passwd",
+    "file:1/../../escape",
+    "file:1/\u0000x",
+    "file:",
+    "file:1//x",
+]
+
+
+@pytest.mark.parametrize("key", BAD_FILES)
+def test_file_paths_that_leave_the_model_folder_are_refused(
+    server: ServerProcess, tmp_path: Path, key: str
+) -> None:
+    body = json.dumps(
+        {
+            "parameters": {
+                "config": json.dumps({"backend": "onnxruntime"}),
+                "file:1/model.onnx": base64.b64encode(b"x").decode(),
+                key: base64.b64encode(b"payload").decode(),
+            }
+        }
+    ).encode()
+    status, _, reply = request(server.http_url, "POST", "/v2/repository/models/uploaded/load", body)
+    assert status == 400 and "is not a relative path inside the model's folder" in json.loads(reply)["error"]
+    assert not (tmp_path / "cache" / "overrides").exists()  # nothing was written
+    assert not (tmp_path / "escape.onnx").exists()
+
+
+@pytest.mark.parametrize(
+    ("parameters", "message"),
+    [
+        ({"config": 5}, "invalid value type for load parameter 'config', expected string_param."),
+        (
+            {"file:1/model.onnx": "bm90IGJhc2U2NA=="},
+            "failed to load 'other', failed to poll from model repository: "
+            "Load parameter 'config' must be specified for model file override",
+        ),
+        ({"file:1/model.onnx": "%%%"}, "not valid base64"),
+        ({"colour": "blue"}, "unrecognized load parameter 'colour'."),
+    ],
+)
+def test_bad_load_parameters(server: ServerProcess, parameters: dict, message: str) -> None:
+    body = json.dumps({"parameters": parameters}).encode()
+    status, _, reply = request(server.http_url, "POST", "/v2/repository/models/other/load", body)
+    assert status == 400 and message in json.loads(reply)["error"]
+
+
+def test_loading_an_ensemble_loads_its_steps_and_unload_dependents(
+    client: httpclient.InferenceServerClient,
+) -> None:
+    client.load_model("pipeline")
+    assert client.is_model_ready("add_sub") and client.is_model_ready("pipeline")
+    client.unload_model("add_sub", unload_dependents=True)
+    states = _states(client)
+    assert states["add_sub"] == ("UNAVAILABLE", "unloaded") and states["pipeline"] == (
+        "UNAVAILABLE",
+        "unloaded",
+    )
+
+
+def test_a_failed_reload_keeps_the_served_version(
+    client: httpclient.InferenceServerClient, repository: Path
+) -> None:
+    (repository / "scaled" / "2").mkdir()
+    (repository / "scaled" / "2" / "model.onnx").write_bytes(b"broken model")
+    with pytest.raises(InferenceServerException, match="the loaded version keeps serving") as info:
+        client.load_model("scaled")
+    assert "onnxruntime cannot load" in info.value.message()
+    assert _scale(client) == 2.0 and client.get_model_metadata("scaled")["versions"] == ["1"]
+
+
+def test_model_control_needs_explicit_mode(coreserve_server: ServerFactory, repository: Path) -> None:
+    server = coreserve_server(repository)
+    status, _, reply = request(server.http_url, "POST", "/v2/repository/models/other/load", b"")
+    assert status == 501 and "--model-control-mode=explicit" in json.loads(reply)["error"]
+
+
+def test_restricted_model_repository_api(coreserve_server: ServerFactory, repository: Path) -> None:
+    server = coreserve_server(
+        repository,
+        "--model-control-mode=explicit",
+        "--load-model=*",
+        "--http-restricted-api=model-repository:admin-key=secret",
+        "--grpc-restricted-api=model-repository,statistics:admin-key=secret",
+    )
+    http = httpclient.InferenceServerClient(server.http_url)
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        with pytest.raises(InferenceServerException, match="restricted") as info:
+            http.unload_model("other")
+        assert info.value.status() == "403"
+        with pytest.raises(InferenceServerException, match="restricted") as info:
+            http.unload_model("other", headers={"admin-key": "wrong"})
+        http.unload_model("other", headers={"admin-key": "secret"})
+        assert _scale(http) == 2.0  # inference is not restricted
+        with pytest.raises(InferenceServerException) as info:
+            grpc.get_inference_statistics("scaled")
+        assert info.value.status() == "StatusCode.PERMISSION_DENIED"
+        secret = {"triton-grpc-protocol-admin-key": "secret"}  # Triton's gRPC form of the header
+        assert grpc.get_inference_statistics("scaled", headers=secret).model_stats
+        grpc.load_model("other", headers=secret)
+        assert grpc.is_model_ready("other")
+    finally:
+        http.close()
+        grpc.close()
+
+
+def test_bad_restriction_flags_stop_the_start(repository: Path) -> None:
+    server = ServerProcess([repository], ["--http-restricted-api=nonsense"])
+    with pytest.raises(RuntimeError, match="exited with 2"):
+        server.start()
+    assert "expected <category>" in server.log
+    server.close()
+    assert os.path.isdir(repository)
+
+
+SCALE_JSON = json.dumps(
+    {
+        "backend": "onnxruntime",
+        "max_batch_size": 4,
+        "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [4]}],
+        "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [4]}],
+    }
+)
+
+
+@pytest.mark.parametrize(
+    ("files", "message"),
+    [
+        ({f"file:1/{'n' * 300}.onnx": b"x"}, "has a name of 305 bytes; file systems hold at most 255"),
+        ({f"file:1/{'é' * 200}": b"x"}, "has a name of 400 bytes"),
+        ({"file:" + "/".join(["d" * 200] * 12): b"x"}, "is longer than 2048 bytes"),
+        # The second file needs a folder where the first one is: found only while writing.
+        ({"file:1/model.onnx": b"x", "file:1/model.onnx/inner": b"y"}, "cannot be written"),
+    ],
+    ids=["name too long", "name too long in bytes", "path too long", "paths that clash"],
+)
+def test_files_no_file_system_holds_are_400_and_leave_nothing(
+    server: ServerProcess, tmp_path: Path, files: dict[str, bytes], message: str
+) -> None:
+    encoded = {key: base64.b64encode(data).decode() for key, data in files.items()}
+    parameters = {"config": SCALE_JSON, **encoded}
+    body = json.dumps({"parameters": parameters}).encode()
+    status, _, reply = request(server.http_url, "POST", "/v2/repository/models/uploaded/load", body)
+    assert status == 400, reply
+    assert message in json.loads(reply)["error"]
+    overrides = tmp_path / "cache" / "overrides"
+    assert not overrides.exists() or not any(overrides.iterdir())
+    assert "Traceback" not in server.log
+    with grpcclient.InferenceServerClient(server.grpc_url) as grpc_client:
+        with pytest.raises(InferenceServerException) as info:
+            grpc_client.load_model("uploaded", config=SCALE_JSON, files=files)
+        assert info.value.status() == "StatusCode.INVALID_ARGUMENT"
+        assert message in info.value.message()
+    assert not overrides.exists() or not any(overrides.iterdir())
+
+
+def test_each_server_has_a_cache_of_its_own_removed_at_exit(
+    coreserve_server: ServerFactory, repository: Path, tmp_path: Path
+) -> None:
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    servers = [
+        coreserve_server(repository, "--model-control-mode=explicit", env={"TMPDIR": str(temp)})
+        for _ in range(2)
+    ]
+    for server in servers:
+        with httpclient.InferenceServerClient(server.http_url) as client:
+            files = {"file:1/model.onnx": scale_model(7.0).SerializeToString()}
+            client.load_model("uploaded", config=SCALE_JSON, files=files)
+            assert _scale(client, "uploaded") == 7.0
+    caches = sorted(temp.glob("coreserve-cache-*"))
+    assert len(caches) == 2
+    assert all(any((cache / "overrides").iterdir()) for cache in caches)
+    for server in servers:
+        assert server.stop() == 0
+    assert not list(temp.glob("coreserve-cache-*"))
+
+
+def test_a_cache_folder_given_is_kept_at_exit(
+    server: ServerProcess, client: httpclient.InferenceServerClient, tmp_path: Path
+) -> None:
+    cache = tmp_path / "cache"
+    cache.mkdir(exist_ok=True)
+    (cache / "mine.txt").write_text("the operator's file")
+    client.load_model(
+        "uploaded", config=SCALE_JSON, files={"file:1/model.onnx": scale_model(7.0).SerializeToString()}
+    )
+    assert len(list((cache / "overrides").glob("*/1/model.onnx"))) == 1
+    assert server.stop() == 0
+    # The files of a model loaded from files go with the model; the folder and the rest stay.
+    assert (cache / "mine.txt").read_text() == "the operator's file"
+    assert not list((cache / "overrides").glob("*.partial"))
+
+
+def _ensemble_of(step: str) -> str:
+    return f"""
+platform: "ensemble"
+max_batch_size: 4
+input [ {{ name: "A" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+output [ {{ name: "B" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+ensemble_scheduling {{ step [ {{ model_name: "{step}" model_version: -1
+  input_map {{ key: "A" value: "A" }} output_map {{ key: "B" value: "B" }} }} ] }}
+"""
+
+
+@pytest.mark.parametrize(
+    ("model", "cycle"),
+    [("selfish", "selfish -> selfish"), ("ping", "ping -> pong -> ping"), ("entry", "ping -> pong -> ping")],
+)
+def test_ensembles_that_form_a_cycle_are_refused_with_the_cycle(
+    coreserve_server: ServerFactory, repository: Path, model: str, cycle: str
+) -> None:
+    for name, step in (("selfish", "selfish"), ("ping", "pong"), ("pong", "ping"), ("entry", "ping")):
+        (repository / name / "1").mkdir(parents=True)
+        (repository / name / "config.pbtxt").write_text(_ensemble_of(step))
+    server = coreserve_server(repository, "--model-control-mode=explicit", "--load-model=scaled")
+    status, _, reply = request(server.http_url, "POST", f"/v2/repository/models/{model}/load")
+    assert status == 400, reply
+    assert f"its steps form a cycle: {cycle}" in json.loads(reply)["error"]
+    with grpcclient.InferenceServerClient(server.grpc_url) as grpc_client:
+        with pytest.raises(InferenceServerException) as info:
+            grpc_client.load_model(model)
+        assert info.value.status() == "StatusCode.INVALID_ARGUMENT"
+        assert f"its steps form a cycle: {cycle}" in info.value.message()
+    with httpclient.InferenceServerClient(server.http_url) as client:
+        assert _scale(client) == 2.0  # the server keeps serving
+    assert "Traceback" not in server.log
