@@ -16,8 +16,8 @@ from pathlib import Path
 
 PROTO_DIR = Path(__file__).resolve().parent
 OUTPUT_DIR = PROTO_DIR.parent / "core" / "coreserve" / "protos"
-PROTO_FILES = ("model_config.proto", "grpc_service.proto", "health.proto")
-MODULE_NAMES = ("model_config_pb2", "grpc_service_pb2", "health_pb2")
+PROTO_FILES = ("model_config.proto", "grpc_service.proto", "health.proto", "traffic.proto")
+MODULE_NAMES = ("model_config_pb2", "grpc_service_pb2", "health_pb2", "traffic_pb2")
 POOL_IMPORT = "from coreserve.protos._pool import POOL as _POOL\n"
 
 

@@ -39,6 +39,7 @@ LAYERS = {
     "coreserve.server": 5,  # the runtime's parts: data plane, options, restrictions, logs
     "coreserve.server.httpd": 5,
     "coreserve.server.shared_memory": 5,
+    "coreserve.server.traffic": 5,  # the data plane's routing step between versions
     "coreserve.server.rest": 6,
     "coreserve.server.grpc": 6,
     "coreserve.server.openai": 6,

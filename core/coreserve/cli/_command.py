@@ -4,6 +4,8 @@ coreserve --model-repository DIR [--http-port 8000] [--exit-on-error BOOL] ...
 coreserve backends
 coreserve new-backend NAME [--directory DIR]
 coreserve analyze --model-repository DIR --model NAME [--latency-budget-ms MS] [--output-dir DIR]
+coreserve traffic MODEL [--weights 1=90,2=10] [--shadow 3=100] [--clear]
+coreserve rollout start|status|promote|abort MODEL [...]
 coreserve NAME ...   (a command a plugin adds, e.g. plugin-python's `coreserve python-envs list`)
 """
 
@@ -125,6 +127,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from coreserve.analyze import main as analyze
 
         return analyze(arguments[1:])
+    if arguments[:1] in (["traffic"], ["rollout"]):
+        from coreserve.cli._traffic import rollout_main, traffic_main
+
+        return (traffic_main if arguments[0] == "traffic" else rollout_main)(arguments[1:])
     if arguments[:1] == ["new-backend"]:
         from coreserve.cli.new_backend import main as new_backend
 

@@ -34,6 +34,7 @@ from coreserve.repository._layout import CONFIG_FILENAME, ModelLocation, list_ve
 from coreserve.repository._warmup import run_warmups
 from coreserve.repository.model import Model, ModelState, ModelVersion
 from coreserve.repository.namespaces import NamespacedClient
+from coreserve.repository.traffic.policy import policy_from_config
 from coreserve.scheduling import LatencyOptions, ModelStatistics, Scheduler, make_scheduler
 from coreserve.scheduling.cache.key import version_fingerprint
 from coreserve.scheduling.cache.responses import ModelResponseCache, ResponseCache
@@ -126,6 +127,9 @@ class ModelLoader:
             try:
                 backend, config, chosen = await self._prepare(location, config, versions)
                 versions = list(versions) if versions is not None else chosen
+                model.traffic = policy_from_config(config)
+                if model.traffic is not None:
+                    model.traffic.check_versions(location.name, versions)
             except CoreserveError as exc:
                 model.reason = exc.message
                 logger.error("model '%s' is unavailable: %s", location.name, model.reason)

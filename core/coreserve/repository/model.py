@@ -12,6 +12,7 @@ from pathlib import Path
 from coreserve.config.signature import ModelSignature
 from coreserve.errors import InvalidArgumentError, NotFoundError, UnavailableError, clipped
 from coreserve.protos.model_config_pb2 import ModelConfig
+from coreserve.repository.traffic.policy import TrafficPolicy, policy_from_config
 from coreserve.scheduling import ModelStatistics, Scheduler
 
 
@@ -107,6 +108,26 @@ class Model:
     loaded_at: float = 0.0  # time.time() when it became ready
     memory_bytes: int | None = None  # what the server's memory grew by while it loaded
     gpu_memory_bytes: dict[int, int] = field(default_factory=dict)  # and each budgeted GPU's
+    # How requests that name no version are shared between its versions (None: the latest).
+    traffic: TrafficPolicy | None = None
+
+    def keep_traffic_of(self, old: Model | None) -> bool:
+        """Carries the traffic policy set at run time (not by the old configuration) over a
+        reload whose configuration sets none. False, with the reason, for a reload that would
+        drop a version the policy sends requests to: the policy must change first."""
+        if old is None or old.traffic is None or self.traffic is not None or old.config is None:
+            return True
+        if old.traffic == policy_from_config(old.config):
+            return True  # the old configuration's own: the new one says what holds now
+        dropped = sorted(old.traffic.versions() - set(self.versions))
+        if dropped:
+            self.reason = (
+                f"version {', '.join(map(str, dropped))} takes requests under the model's traffic policy; "
+                "set a policy without it first"
+            )
+            return False
+        self.traffic = old.traffic
+        return True
 
     def last_used(self) -> float:
         """When a request last used a version of it, or when it loaded if none did since."""

@@ -120,6 +120,7 @@ class ServerRuntime:
                 interval_ms=options.metrics_interval_ms,
                 custom=self.custom_metrics,
                 response_cache=self.response_cache,
+                traffic=self.dataplane.traffic,
             )
         if worker is not None:
             loader.workers = worker.count

@@ -1,5 +1,5 @@
 """The changes a client makes to the server: a model loaded or unloaded, a shared-memory region
-registered or unregistered, the log or trace settings changed.
+registered or unregistered, the log or trace settings changed, a model's traffic policy set.
 
 `DataPlane.change` takes one and makes it; in a server of several workers it travels to every
 worker as a message (`message_of`, `change_from`) and is kept for the workers that start later.
@@ -104,6 +104,17 @@ class UpdateTraceSetting:
     model: str = ""  # "": the global setting
 
 
+@dataclass(frozen=True)
+class SetTraffic:
+    call: ClassVar[str] = "set_traffic"
+    name: str
+    policy: dict[str, Any]  # as the repository API takes it (see repository.traffic.policy)
+
+    @property
+    def replay_key(self) -> tuple[str, str]:
+        return ("traffic", self.name)
+
+
 Change = (
     LoadModel
     | UnloadModel
@@ -113,6 +124,7 @@ Change = (
     | UnregisterCudaRegion
     | UpdateLogSettings
     | UpdateTraceSetting
+    | SetTraffic
 )
 Registration = RegisterSystemRegion | RegisterCudaRegion
 Unregistration = UnregisterSystemRegion | UnregisterCudaRegion

@@ -23,16 +23,17 @@ from coreserve.errors import (
     UnsupportedError,
     with_request_id,
 )
-from coreserve.protocol.classification import ClassifyingSink, check_classifiable
 from coreserve.repository import Model, ModelRepository, ModelVersion, parse_load_parameters
 from coreserve.repository.model import ModelState, parse_version
 from coreserve.responses import QueuedResponses, SingleResponse
 from coreserve.server import _request_log as request_log
+from coreserve.server._request_steps import classifying, end_trace, timeout_s
 from coreserve.server.changes import (
     Change,
     LoadModel,
     RegisterCudaRegion,
     RegisterSystemRegion,
+    SetTraffic,
     UnloadModel,
     UnregisterCudaRegion,
     UnregisterSystemRegion,
@@ -42,6 +43,7 @@ from coreserve.server.changes import (
 from coreserve.server.frontend_reads import FRONTEND_READS
 from coreserve.server.log_settings import LogSettings, ServerLog
 from coreserve.server.shared_memory import CudaSharedMemory, SystemSharedMemory, load_cuda_runtime
+from coreserve.server.traffic import TrafficControl, TrafficRouter
 from coreserve.tracing import Tracer, TraceSetting
 from coreserve.tracing.trace import TraceEndingSink
 from coreserve.types import InferenceRequest, InferenceResponse, ResponseSink, now_ns
@@ -103,6 +105,8 @@ class DataPlane:
             self.shared_memory.cuda = CudaSharedMemory(runtime)
         self.tracer = tracer or Tracer()
         self.peers: Peers | None = None  # set in a worker of a server of several
+        self.traffic = TrafficRouter()
+        self.traffic_control = TrafficControl(repository, self.traffic, self)
 
     def live(self) -> bool:
         return not self.flags.stopping
@@ -165,6 +169,20 @@ class DataPlane:
         target.last_used = time.time()
         return target
 
+    def _serving(self, request: InferenceRequest) -> ModelVersion | None:
+        """`in_use` for a request: one that names no version goes where its model's traffic
+        policy sends it."""
+        try:
+            model = self.repository.get(request.model_name)
+            if request.model_version or model.traffic is None:
+                target = model.version(request.model_version)
+            else:
+                target = self.traffic.route(model, request)
+        except NotFoundError:
+            return None
+        target.last_used = time.time()
+        return target
+
     async def _on_demand(self, name: str, version: str, timeout: float | None) -> ModelVersion:
         """After a lookup that found no model: loads it on demand where the server does, and
         looks again (raising the lookup's error where it does not)."""
@@ -221,7 +239,8 @@ class DataPlane:
 
         Raises (and counts as a failure of the model) when the request does not fit.
         """
-        self._submit(self.model_version(request.model_name, request.model_version), request, sink, True)
+        target = self._serving(request) or self.model_version(request.model_name, request.model_version)
+        self._submit(target, request, sink, True)
 
     def _submit(
         self,
@@ -240,7 +259,7 @@ class DataPlane:
         try:
             model_version.signature.check_request(request)
             if request.class_counts:
-                sink = _classifying(model_version, request.class_counts, sink)
+                sink = classifying(model_version, request.class_counts, sink)
         except CoreserveError as exc:
             model_version.statistics.record_failure(request, "OTHER")
             if isinstance(exc, RequestMismatchError):
@@ -269,7 +288,7 @@ class DataPlane:
         ("HTTP end point", "ModelInfer RPC"); `instead` says what serves such a model there.
         """
         name, version = request.model_name, request.model_version
-        target = self.in_use(name, version) or await self._on_demand(name, version, _timeout_s(request))
+        target = self._serving(request) or await self._on_demand(name, version, timeout_s(request))
         if target.config.model_transaction_policy.decoupled:
             raise UnsupportedError(
                 f"{endpoint} doesn't support models with decoupled transaction policy: model "
@@ -278,19 +297,27 @@ class DataPlane:
             )
         sink = SingleResponse(asyncio.get_running_loop())
         self._submit(target, request, sink)
+        policy = self.repository.get(name).traffic if not version else None
+        if policy is not None:
+            self.traffic.copy_to_shadow(policy, request, sink.future, self.submit)
+        started = time.perf_counter()
         try:
             response = await sink.future
         except asyncio.CancelledError:  # its caller was cancelled (a gRPC deadline or cancel, a BLS parent)
             request.cancel()
             raise
         except CoreserveError as exc:
+            if policy is not None:
+                self.traffic.observe(name, target.version, started, ok=False)
             if request.trace is not None:
-                _end_trace(request, None, finish=True)
+                end_trace(request, None, finish=True)
             if self.log.settings.log_verbose_level:
                 request_log.failed(request, target.version, exc.message)
             raise
+        if policy is not None:
+            self.traffic.observe(name, target.version, started, ok=True)
         if request.trace is not None:
-            _end_trace(request, response, finish=False)
+            end_trace(request, response, finish=False)
         if self.log.settings.log_verbose_level:
             request_log.answered(request, target.version)
         return response
@@ -306,7 +333,7 @@ class DataPlane:
         """
         sink = QueuedResponses()
         name, version = request.model_name, request.model_version
-        target = self.in_use(name, version) or await self._on_demand(name, version, _timeout_s(request))
+        target = self._serving(request) or await self._on_demand(name, version, timeout_s(request))
         self._submit(target, request, sink, ends_trace=not frontend_sends)
         trace = request.trace if frontend_sends else None
         try:
@@ -410,38 +437,10 @@ class DataPlane:
             case UpdateTraceSetting(changes, model):
                 self._check_traced_model(model)
                 self.tracer.update(changes, model)
+            case SetTraffic():
+                self.traffic_control.apply(change)
             case _:
                 assert_never(change)
-
-
-def _timeout_s(request: InferenceRequest) -> float | None:
-    """The request's `timeout` parameter (Triton's, in microseconds) in seconds; None: none."""
-    timeout = request.parameters.get("timeout")
-    if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout <= 0:
-        return None
-    return timeout / 1e6
-
-
-def _end_trace(request: InferenceRequest, response: InferenceResponse | None, *, finish: bool) -> None:
-    """Marks a traced request's end; finishes its trace unless a frontend still sends the answer."""
-    trace = request.trace
-    assert trace is not None
-    if response is not None:
-        trace.outputs(response.outputs)
-    trace.request_end(now_ns())
-    context = request.trace_context
-    if finish or context is None or not context.protocol:
-        trace.finish()
-
-
-def _classifying(model_version: ModelVersion, counts: dict[str, int], sink: ResponseSink) -> ResponseSink:
-    """Wraps `sink` so that the outputs named in `counts` reach it as their top classes."""
-    signature = model_version.signature
-    for name in counts:
-        spec = signature.outputs.get(name)
-        if spec is not None:  # refused before the model runs, rather than after as Triton does
-            check_classifiable(spec.datatype, name)
-    return ClassifyingSink(sink, counts, model_version.labels, signature.batching)
 
 
 def _loaded(model: Model) -> list[ModelVersion]:

@@ -12,10 +12,11 @@ from coreserve.protocol.grpc_received import parse_model_infer_request
 from coreserve.protocol.grpc_response import SerializedPieces
 from coreserve.protos import grpc_service_pb2 as pb
 from coreserve.protos import grpc_service_pb2_grpc as pb_grpc
-from coreserve.protos import health_pb2, health_pb2_grpc
+from coreserve.protos import health_pb2, health_pb2_grpc, traffic_pb2_grpc
 from coreserve.server.dataplane import DataPlane
 from coreserve.server.grpc._decoding import DecodingRegistrar
 from coreserve.server.grpc._service import DEFAULT_MAX_STREAM_INFLIGHT, INFERENCE_SERVICE, InferenceServicer
+from coreserve.server.grpc._traffic_service import TrafficServicer
 from coreserve.server.restrictions import ApiRestrictions
 
 
@@ -62,7 +63,8 @@ def add_services(
     *,
     takes_pieces: bool = False,
 ) -> None:
-    """Registers GRPCInferenceService and grpc.health.v1 on `server`: grpc.aio's or the native one.
+    """Registers GRPCInferenceService, grpc.health.v1 and coreserve.traffic on `server`:
+    grpc.aio's or the native one.
 
     `server` takes `add_registered_method_handlers(service, handlers)` as grpc.aio's does.
     `takes_pieces`: the server sends a large response as its SerializedPieces (the native one).
@@ -79,6 +81,9 @@ def add_services(
     )
     health_pb2_grpc.add_HealthServicer_to_server(  # type: ignore[no-untyped-call]
         HealthServicer(dataplane), DecodingRegistrar(server)
+    )
+    traffic_pb2_grpc.add_TrafficServiceServicer_to_server(  # type: ignore[no-untyped-call]
+        TrafficServicer(dataplane, restrictions), DecodingRegistrar(server)
     )
 
 

@@ -37,6 +37,8 @@ from coreserve.scheduling.statistics import (
 )
 from coreserve.server.metrics._lifecycle import render_lifecycle_metrics
 from coreserve.server.metrics._system_metrics import SystemMetrics, family
+from coreserve.server.metrics._traffic import render_traffic_metrics
+from coreserve.server.traffic import TrafficRouter
 
 logger = logging.getLogger(__name__)
 
@@ -321,8 +323,10 @@ class MetricsReport:
         interval_ms: float = 2000.0,
         custom: CustomMetrics | None = None,
         response_cache: ResponseCache | None = None,
+        traffic: TrafficRouter | None = None,
     ) -> None:
         self._repository = repository
+        self._traffic = traffic
         self._response_cache = response_cache
         self._latency = latency or LatencyOptions()
         self._custom = custom or CustomMetrics()  # families the backends add (Triton's custom metrics)
@@ -340,6 +344,7 @@ class MetricsReport:
             cache_statistics = cache.statistics()
         return (
             render_model_metrics(self._repository, self._latency)
+            + render_traffic_metrics(self._repository, self._traffic)
             + self._custom.render()
             + (render_cache_metrics(cache_statistics) if cache_statistics is not None else "")
             + self._system.render()

@@ -34,11 +34,16 @@ from coreserve.server.rest._body_codec import BodyCodec
 from coreserve.server.rest._control import control_routes
 from coreserve.server.rest._json_bodies import json_answer
 from coreserve.server.rest._shared_memory import shared_memory_routes
+from coreserve.server.rest._traffic import traffic_routes
 from coreserve.server.restrictions import ApiRestrictions
+from coreserve.server.traffic import KEY_PARAMETER
 from coreserve.types import InferenceRequest, Trace, TraceContext, now_ns
 
 logger = logging.getLogger(__name__)
 _T = TypeVar("_T")
+# The header that keeps a request on one version of a model with traffic weights.
+TRAFFIC_KEY_HEADER = KEY_PARAMETER.replace("_", "-")
+
 HTTP_STATUS = {
     ErrorCode.INVALID_ARG: 400,
     ErrorCode.NOT_FOUND: 404,
@@ -119,6 +124,7 @@ class HttpFrontend:
             ],
             *[("statistics", "GET", f"{base}/stats", self._statistics) for base in (model, version)],
             *control_routes(self._dataplane, self._codec.read_body),
+            *traffic_routes(self._dataplane, self._codec.read_body),
             *shared_memory_routes(
                 self._dataplane.shared_memory, self._dataplane.change, self._codec.read_body
             ),
@@ -176,6 +182,7 @@ class HttpFrontend:
         received_ns = now_ns() if tracing else 0
         info = request.match_info
         inference, plan = await self._codec.decode_infer(request, info["model"], info.get("version", ""))
+        inference.traffic_key = request.headers.get(TRAFFIC_KEY_HEADER)
         _cancel_on_disconnect(request, inference)
         if tracing:
             _trace_context(request, inference, received_ns)
@@ -198,6 +205,7 @@ class HttpFrontend:
         received_ns = now_ns() if tracing else 0
         info = request.match_info
         inference = await self._codec.decode_generate(request, info["model"], info.get("version", ""))
+        inference.traffic_key = request.headers.get(TRAFFIC_KEY_HEADER)
         _cancel_on_disconnect(request, inference)
         if tracing:
             _trace_context(request, inference, received_ns)

@@ -137,6 +137,7 @@ _MODEL_FIELDS: dict[str, Callable[[Any, Any], Any]] = {
 # the same in every worker.
 TAKEN_ONCE = frozenset(
     {
+        "coreserve_traffic_weight",  # every worker applies the same policy
         "nv_cpu_utilization",
         "nv_cpu_memory_total_bytes",
         "nv_cpu_memory_used_bytes",
@@ -154,7 +155,7 @@ TAKEN_ONCE = frozenset(
 )
 # Gauges whose sum means nothing. The workers load their models at the same time, so the
 # server took as long as the slowest worker.
-LARGEST = frozenset({"nv_model_load_duration_secs"})
+LARGEST = frozenset({"nv_model_load_duration_secs", "coreserve_traffic_shadow_output_max_abs_diff"})
 # A fraction of each worker's cache, all of one size (the same --cache-config): the mean is
 # the fraction of all of them; with one shared store (Redis) every worker reads the same.
 AVERAGED = frozenset({"nv_cache_util"})

@@ -1,0 +1,264 @@
+"""Canary rollouts run by the server: a candidate version's share of a model's traffic raised
+step by step, each step held for a dwell time and judged against the stable version.
+
+    plan    {"candidate": "2", "steps": [10, 50, 100], "dwell_s": 60,
+             "max_error_rate_increase": 0.01, "max_p99_ratio": 1.5, "min_requests": 20}
+
+At each step the weights are {stable: 100 - s, candidate: s}. When the step's dwell ends, the
+requests the two versions answered during it are compared: a candidate whose error rate
+exceeds the stable version's by more than `max_error_rate_increase`, or whose p99 latency is
+more than `max_p99_ratio` times the stable version's, is rolled back (all traffic to the stable
+version); otherwise the next step begins. After the last step the candidate is promoted (all
+traffic to it). A step whose candidate answered fewer than `min_requests` is held for another
+dwell rather than judged on too little. Every move is logged and shown by `status()`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import itertools
+import logging
+import math
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+
+from coreserve.errors import InvalidArgumentError, clipped
+from coreserve.repository.traffic.policy import TrafficPolicy
+
+logger = logging.getLogger(__name__)
+
+_PLAN_FIELDS = ("candidate", "steps", "dwell_s", "max_error_rate_increase", "max_p99_ratio", "min_requests")
+# Latencies kept per version and step (the newest ones; enough for a p99).
+MAX_SAMPLES = 100_000
+
+
+class RolloutState(enum.StrEnum):
+    RUNNING = "RUNNING"
+    PROMOTED = "PROMOTED"
+    ROLLED_BACK = "ROLLED_BACK"
+    ABORTED = "ABORTED"
+
+
+@dataclass(frozen=True)
+class RolloutPlan:
+    """What a rollout does; see the module's docstring."""
+
+    candidate: int
+    steps: tuple[float, ...]
+    dwell_s: float
+    max_error_rate_increase: float = 0.01
+    max_p99_ratio: float = 2.0
+    min_requests: int = 20
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "candidate": str(self.candidate),
+            "steps": list(self.steps),
+            "dwell_s": self.dwell_s,
+            "max_error_rate_increase": self.max_error_rate_increase,
+            "max_p99_ratio": self.max_p99_ratio,
+            "min_requests": self.min_requests,
+        }
+
+
+def plan_from_document(document: object) -> RolloutPlan:
+    """The plan of a JSON document of the repository API; every mistake refused in one line."""
+    if not isinstance(document, Mapping):
+        raise InvalidArgumentError("a rollout plan must be a JSON object")
+    unknown = sorted(set(document) - set(_PLAN_FIELDS))
+    if unknown:
+        raise InvalidArgumentError(
+            f"unknown rollout plan field '{clipped(str(unknown[0]))}' (fields: {', '.join(_PLAN_FIELDS)})"
+        )
+    for required in ("candidate", "steps", "dwell_s"):
+        if required not in document:
+            raise InvalidArgumentError(f"a rollout plan needs '{required}'")
+    candidate = str(document["candidate"]).strip()
+    if isinstance(document["candidate"], bool) or not candidate.isdigit() or int(candidate) <= 0:
+        raise InvalidArgumentError(
+            f"rollout 'candidate' must be a version number (> 0), got '{clipped(candidate)}'"
+        )
+    steps = document["steps"]
+    if not isinstance(steps, list) or not steps:
+        raise InvalidArgumentError(
+            "rollout 'steps' must be a list of the candidate's percents, e.g. [10, 50, 100]"
+        )
+    shares = tuple(_number(step, "each rollout step", low=0, high=100, above_low=True) for step in steps)
+    if any(later <= earlier for earlier, later in itertools.pairwise(shares)) or shares[-1] != 100:
+        raise InvalidArgumentError(f"rollout 'steps' must rise and end at 100, got {list(shares)}")
+    return RolloutPlan(
+        candidate=int(candidate),
+        steps=shares,
+        dwell_s=_number(document["dwell_s"], "rollout 'dwell_s'", low=0, high=7 * 24 * 3600, above_low=True),
+        max_error_rate_increase=_number(
+            document.get("max_error_rate_increase", 0.01), "rollout 'max_error_rate_increase'", low=0, high=1
+        ),
+        max_p99_ratio=_number(document.get("max_p99_ratio", 2.0), "rollout 'max_p99_ratio'", low=1, high=1e6),
+        min_requests=int(
+            _number(document.get("min_requests", 20), "rollout 'min_requests'", low=1, high=1e9)
+        ),
+    )
+
+
+def _number(value: object, what: str, *, low: float, high: float, above_low: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise InvalidArgumentError(f"{what} must be a number, got {clipped(repr(value))}")
+    if value < low or value > high or (above_low and value == low):
+        bound = f"above {low:g}" if above_low else f"at least {low:g}"
+        raise InvalidArgumentError(f"{what} must be {bound} and at most {high:g}, got {value:g}")
+    return float(value)
+
+
+@dataclass
+class _Window:
+    """What one version answered during the current step."""
+
+    latencies_s: list[float] = field(default_factory=list)
+    failures: int = 0
+
+    @property
+    def requests(self) -> int:
+        return len(self.latencies_s) + self.failures
+
+    def error_rate(self) -> float:
+        return self.failures / self.requests if self.requests else 0.0
+
+    def p99_s(self) -> float:
+        if not self.latencies_s:
+            return 0.0
+        ordered = sorted(self.latencies_s)
+        return ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]
+
+
+class Rollout:
+    """One model's rollout: the task that moves its weights, and what it saw."""
+
+    def __init__(
+        self, model: str, stable: int, plan: RolloutPlan, apply: Callable[[TrafficPolicy], Awaitable[None]]
+    ) -> None:
+        self.model = model
+        self.stable = stable
+        self.plan = plan
+        self.state = RolloutState.RUNNING
+        self.step = 0
+        self.reason = ""
+        self.moves: list[str] = []
+        self._apply = apply
+        self._windows: dict[int, _Window] = {stable: _Window(), plan.candidate: _Window()}
+        self._task: asyncio.Task[None] | None = None
+
+    def running(self) -> bool:
+        return self.state is RolloutState.RUNNING
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name=f"rollout:{self.model}")
+
+    def observe(self, version: int, latency_s: float, ok: bool) -> None:
+        """One request a version answered (or failed) while the rollout runs."""
+        window = self._windows.get(version)
+        if window is None:
+            return
+        if not ok:
+            window.failures += 1
+        elif len(window.latencies_s) < MAX_SAMPLES:
+            window.latencies_s.append(latency_s)
+
+    def status(self) -> dict[str, object]:
+        candidate = self._windows[self.plan.candidate]
+        stable = self._windows[self.stable]
+        return {
+            "state": self.state.value,
+            "stable": str(self.stable),
+            "step": self.step,
+            "candidate_percent": self.plan.steps[self.step] if self.state is RolloutState.RUNNING else None,
+            "plan": self.plan.as_dict(),
+            "reason": self.reason,
+            "moves": list(self.moves),
+            "window": {
+                "candidate": {"requests": candidate.requests, "failures": candidate.failures},
+                "stable": {"requests": stable.requests, "failures": stable.failures},
+            },
+        }
+
+    async def promote(self) -> None:
+        """Ends the rollout at once with the candidate taking every request."""
+        await self._end(RolloutState.PROMOTED, "promoted on request")
+
+    async def abort(self) -> None:
+        """Ends the rollout at once with the stable version taking every request."""
+        await self._end(RolloutState.ABORTED, "aborted on request")
+
+    def close(self) -> None:
+        """Stops the task (the server stops, or the model went away); the weights stay."""
+        if self._task is not None:
+            self._task.cancel()
+
+    async def _run(self) -> None:
+        try:
+            while self.running():
+                await self._set_step(self.step)
+                await asyncio.sleep(self.plan.dwell_s)
+                if not self.running():  # promoted or aborted meanwhile
+                    return
+                verdict = self._judge()
+                if verdict is None:
+                    self._move(f"step {self.step}: held, the candidate answered too few requests")
+                elif verdict:
+                    await self._end(RolloutState.ROLLED_BACK, verdict)
+                elif self.step + 1 == len(self.plan.steps):
+                    await self._end(RolloutState.PROMOTED, "every step passed its guards")
+                else:
+                    self.step += 1
+        except Exception as exc:  # a rollout that cannot go on falls back to the stable version
+            logger.exception("rollout of model '%s' failed", self.model)
+            await self._end(RolloutState.ROLLED_BACK, f"the rollout failed: {exc}")
+
+    async def _set_step(self, step: int) -> None:
+        share = self.plan.steps[step]
+        self._windows = {self.stable: _Window(), self.plan.candidate: _Window()}
+        await self._apply(_weights(self.stable, 100 - share, self.plan.candidate, share))
+        self._move(f"step {step}: candidate version {self.plan.candidate} at {share:g}%")
+
+    def _judge(self) -> str | None:
+        """The reason to roll back ("" to go on; None: too few requests to judge)."""
+        candidate = self._windows[self.plan.candidate]
+        stable = self._windows[self.stable]
+        if candidate.requests < self.plan.min_requests:
+            return None
+        increase = candidate.error_rate() - stable.error_rate()
+        if increase > self.plan.max_error_rate_increase:
+            return (
+                f"step {self.step}: candidate error rate {candidate.error_rate():.2%} against "
+                f"{stable.error_rate():.2%} (allowed increase {self.plan.max_error_rate_increase:.2%})"
+            )
+        if stable.latencies_s and candidate.latencies_s:
+            ratio = candidate.p99_s() / max(stable.p99_s(), 1e-9)
+            if ratio > self.plan.max_p99_ratio:
+                candidate_ms, stable_ms = candidate.p99_s() * 1e3, stable.p99_s() * 1e3
+                return (
+                    f"step {self.step}: candidate p99 {candidate_ms:.3g} ms is {ratio:.3g}x the stable "
+                    f"version's {stable_ms:.3g} ms (allowed {self.plan.max_p99_ratio:g}x)"
+                )
+        return ""
+
+    async def _end(self, state: RolloutState, reason: str) -> None:
+        if self.state is not RolloutState.RUNNING:
+            return
+        self.state = state
+        self.reason = reason
+        winner = self.plan.candidate if state is RolloutState.PROMOTED else self.stable
+        await self._apply(_weights(winner, 100))
+        self._move(f"{state.value.lower().replace('_', ' ')}: {reason}; version {winner} takes every request")
+        if self._task is not None and self._task is not asyncio.current_task():
+            self._task.cancel()
+
+    def _move(self, what: str) -> None:
+        logger.info("rollout of model '%s': %s", self.model, what)
+        self.moves.append(f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} {what}")
+
+
+def _weights(*pairs: float) -> TrafficPolicy:
+    items = [(int(pairs[i]), float(pairs[i + 1])) for i in range(0, len(pairs), 2)]
+    return TrafficPolicy(tuple(sorted((version, weight) for version, weight in items if weight > 0)))

@@ -1,0 +1,133 @@
+"""The routing step: which version serves a request that names none, and what else happens to
+it under its model's traffic policy (a shadow copy, a rollout's observation).
+
+A request that names a version never comes here. Neither does a request for a model without
+a policy: the data plane asks the model first, so such requests pay one attribute read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+
+from coreserve.errors import CoreserveError, InvalidArgumentError
+from coreserve.repository.model import Model, ModelVersion
+from coreserve.repository.traffic.policy import TrafficPolicy
+from coreserve.server.traffic._rollout import Rollout, RolloutPlan
+from coreserve.server.traffic._shadow import ShadowCopies
+from coreserve.types import InferenceRequest, InferenceResponse, ResponseSink
+
+# The request parameter that keeps a request on one version (the HTTP header of the same name,
+# with dashes, sets it too).
+KEY_PARAMETER = "coreserve_traffic_key"
+
+Submit = Callable[[InferenceRequest, ResponseSink], None]
+SetPolicy = Callable[[str, TrafficPolicy], Awaitable[None]]
+
+
+class TrafficRouter:
+    """Routes requests by their model's policy; holds the shadow copies' counts and the rollouts."""
+
+    def __init__(self) -> None:
+        self.shadows = ShadowCopies()
+        self.rollouts: dict[str, Rollout] = {}
+
+    def route(self, model: Model, request: InferenceRequest) -> ModelVersion:
+        """The version that serves `request`, which names none; the request names it from now on
+        (its statistics, trace and log, and a worker it is forwarded to, see that version)."""
+        key = request.traffic_key
+        if key is None and request.parameters:
+            value = request.parameters.pop(KEY_PARAMETER, None)
+            key = None if value is None else str(value)
+        policy = model.traffic
+        number = policy.pick(key) if policy is not None else None
+        if number is None:
+            return model.version("")
+        request.model_version = str(number)
+        return model.version(request.model_version)
+
+    def copy_to_shadow(
+        self,
+        policy: TrafficPolicy,
+        request: InferenceRequest,
+        answer: asyncio.Future[InferenceResponse],
+        submit: Submit,
+    ) -> None:
+        """Sends the shadow's copy of `request` (whose client waits on `answer`), if it is one."""
+        shadow = policy.shadow
+        if shadow is None or str(shadow.version) == request.model_version:
+            return
+        copy = self.shadows.copy(shadow, request)
+        if copy is None:
+            return
+        sink = self.shadows.watch(copy, answer)
+        try:
+            submit(copy, sink)
+        except CoreserveError as exc:
+            sink.fail(exc)
+            self.shadows.failed_to_submit(copy, exc)
+
+    def observe(self, model: str, version: int, started: float, ok: bool) -> None:
+        """One request answered (or failed) by a version of a model under a running rollout."""
+        rollout = self.rollouts.get(model)
+        if rollout is not None and rollout.running():
+            rollout.observe(version, time.perf_counter() - started, ok)
+
+    def observing(self, model: str) -> bool:
+        rollout = self.rollouts.get(model)
+        return rollout is not None and rollout.running()
+
+    def start_rollout(self, model: Model, plan: RolloutPlan, set_policy: SetPolicy) -> Rollout:
+        """Starts a rollout of `plan` on `model`; its stable version is the one the policy gives
+        most weight (the latest that serves, without a policy)."""
+        if self.observing(model.name):
+            raise InvalidArgumentError(
+                f"model '{model.name}' has a rollout running; promote or abort it first"
+            )
+        candidate = model.versions.get(plan.candidate)
+        if candidate is None or not candidate.takes_requests:
+            serving = ", ".join(map(str, model.serving_versions())) or "none"
+            raise InvalidArgumentError(
+                f"rollout candidate version {plan.candidate} of model '{model.name}' does not serve "
+                f"(serving: {serving}); load it first"
+            )
+        stable = _stable_version(model, plan.candidate)
+        shadow = model.traffic.shadow if model.traffic is not None else None
+
+        async def apply(weights: TrafficPolicy) -> None:
+            await set_policy(model.name, TrafficPolicy(weights.weights, shadow))
+
+        rollout = Rollout(model.name, stable, plan, apply)
+        old = self.rollouts.pop(model.name, None)
+        if old is not None:
+            old.close()
+        self.rollouts[model.name] = rollout
+        rollout.start()
+        return rollout
+
+    def check_policy_change(self, model: str) -> None:
+        """Refuses a policy set by hand while a rollout moves the weights."""
+        if self.observing(model):
+            raise InvalidArgumentError(
+                f"model '{model}' has a rollout running, which sets its weights; promote or abort it first"
+            )
+
+    def close(self) -> None:
+        for rollout in self.rollouts.values():
+            rollout.close()
+
+
+def _stable_version(model: Model, candidate: int) -> int:
+    policy = model.traffic
+    weighted = [
+        (weight, version) for version, weight in (policy.weights if policy else ()) if version != candidate
+    ]
+    if weighted:
+        return max(weighted)[1]
+    others = [number for number in model.serving_versions() if number != candidate]
+    if not others:
+        raise InvalidArgumentError(
+            f"model '{model.name}' serves no version beside candidate {candidate} to compare it with"
+        )
+    return others[-1]

@@ -1,0 +1,179 @@
+"""Canary rollouts run by the server: a healthy candidate promoted step by step, a failing or a
+slow one rolled back at the end of the step that shows it, by hand promoted or aborted, and
+every mistake in a plan refused."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import sys
+import threading
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from coreserve.testing import ServerFactory, ServerProcess
+from support.waiting import wait_until
+from support.wire.http_raw import request
+
+from .conftest import write_behaving
+
+ONES = np.ones((1, 4), np.float32)
+
+
+def _post(server: ServerProcess, path: str, body: object = None) -> tuple[int, dict]:
+    data = json.dumps(body).encode() if body is not None else b""
+    status, _, answer = request(server.http_url, "POST", f"/v2/repository/models/behaving/{path}", data)
+    return status, json.loads(answer)
+
+
+def _status(server: ServerProcess) -> dict:
+    status, _, answer = request(server.http_url, "GET", "/v2/repository/models/behaving/rollout")
+    assert status == 200, answer
+    return json.loads(answer)
+
+
+def _weights(server: ServerProcess) -> dict:
+    return json.loads(request(server.http_url, "GET", "/v2/repository/models/behaving/traffic")[2])["weights"]
+
+
+@pytest.fixture
+def server(coreserve_server: ServerFactory, tmp_path: Path) -> ServerProcess:
+    """behaving: version 1 answers at once; 2 too; 3 fails every request; 4 takes 30 ms."""
+    root = write_behaving(
+        tmp_path / "models", "behaving", {1: "scale 1", 2: "scale 1", 3: "fail", 4: "sleep 0.03"}
+    )
+    server = coreserve_server(root)
+    assert _post(server, "traffic", {"weights": {"1": 100}})[0] == 200  # version 1 is the stable one
+    return server
+
+
+@pytest.fixture
+def load(server: ServerProcess) -> Iterator[None]:
+    """Requests that name no version, one after another, while the test runs."""
+    stop = threading.Event()
+
+    def send() -> None:
+        with httpclient.InferenceServerClient(server.http_url) as client:
+            tensor = httpclient.InferInput("INPUT0", [1, 4], "FP32")
+            tensor.set_data_from_numpy(ONES)
+            while not stop.is_set():
+                with contextlib.suppress(InferenceServerException):  # a failing candidate's answers
+                    client.infer("behaving", [tensor])
+
+    sender = threading.Thread(target=send, daemon=True)
+    sender.start()
+    yield
+    stop.set()
+    sender.join(timeout=30)
+
+
+def _start(server: ServerProcess, candidate: int, **plan: object) -> dict:
+    status, answer = _post(
+        server,
+        "rollout",
+        {"candidate": str(candidate), "steps": [50, 100], "dwell_s": 1.0, "min_requests": 5, **plan},
+    )
+    assert status == 200, answer
+    return answer
+
+
+def _ended(server: ServerProcess) -> dict:
+    return wait_until(lambda: (s := _status(server))["state"] != "RUNNING" and s, "the rollout ended")
+
+
+def test_a_healthy_candidate_is_promoted_step_by_step(server: ServerProcess, load: None) -> None:
+    started = _start(server, 2, max_p99_ratio=1000)
+    assert (started["state"], started["stable"], started["step"]) == ("RUNNING", "1", 0)
+    ended = _ended(server)
+    assert ended["state"] == "PROMOTED" and ended["step"] == 1, ended
+    assert [move.split(" ", 1)[1] for move in ended["moves"]] == [
+        "step 0: candidate version 2 at 50%",
+        "step 1: candidate version 2 at 100%",
+        "promoted: every step passed its guards; version 2 takes every request",
+    ]
+    assert _weights(server) == {"2": 100.0}
+    with urllib.request.urlopen(server.metrics_url, timeout=30) as answer:
+        text = answer.read().decode()
+    assert 'coreserve_traffic_rollout_state{model="behaving",candidate="2",stable="1"} 2' in text
+
+
+def test_a_failing_candidate_is_rolled_back_when_its_first_step_ends(
+    server: ServerProcess, load: None
+) -> None:
+    _start(server, 3)
+    ended = _ended(server)
+    assert ended["state"] == "ROLLED_BACK" and ended["step"] == 0, ended  # judged at the first dwell's end
+    assert "candidate error rate 100.00% against 0.00%" in ended["reason"]
+    assert _weights(server) == {"1": 100.0}
+
+
+def test_a_slow_candidate_is_rolled_back_on_its_p99(server: ServerProcess, load: None) -> None:
+    _start(server, 4, max_p99_ratio=3)
+    ended = _ended(server)
+    assert ended["state"] == "ROLLED_BACK" and ended["step"] == 0, ended
+    assert "candidate p99" in ended["reason"] and "(allowed 3x)" in ended["reason"]
+    assert _weights(server) == {"1": 100.0}
+
+
+def test_a_rollout_is_promoted_or_aborted_by_hand(server: ServerProcess) -> None:
+    _start(server, 2, dwell_s=3600)
+    assert _post(server, "traffic", {"weights": {"1": 100}})[0] == 400  # the rollout sets the weights
+    status, answer = _post(server, "rollout", {"candidate": "2", "steps": [100], "dwell_s": 1})
+    assert (status, "has a rollout running; promote or abort it first" in answer["error"]) == (400, True)
+    status, answer = _post(server, "rollout/abort")
+    assert (status, answer["state"]) == (200, "ABORTED")
+    assert _weights(server) == {"1": 100.0}
+    _start(server, 2, dwell_s=3600)
+    done = subprocess.run(
+        [sys.executable, "-m", "coreserve", "rollout", "promote", "behaving", "--url", server.http_url],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["state"] == "PROMOTED"
+    assert _weights(server) == {"2": 100.0}
+
+
+@pytest.mark.parametrize(
+    ("plan", "status", "message"),
+    [
+        ({"candidate": "2", "steps": [50, 100]}, 400, "a rollout plan needs 'dwell_s'"),
+        ({"candidate": "2", "steps": [50, 40, 100], "dwell_s": 1}, 400, "must rise and end at 100"),
+        ({"candidate": "2", "steps": [50], "dwell_s": 1}, 400, "must rise and end at 100"),
+        ({"candidate": "2", "steps": [-5, 100], "dwell_s": 1}, 400, "each rollout step must be above 0"),
+        ({"candidate": "2", "steps": [100], "dwell_s": 0}, 400, "rollout 'dwell_s' must be above 0"),
+        (
+            {"candidate": "x", "steps": [100], "dwell_s": 1},
+            400,
+            "rollout 'candidate' must be a version number",
+        ),
+        ({"candidate": "9", "steps": [100], "dwell_s": 1}, 400, "rollout candidate version 9 of model"),
+        (
+            {"candidate": "2", "steps": [100], "dwell_s": 1, "speed": 2},
+            400,
+            "unknown rollout plan field 'speed'",
+        ),
+        ({"candidate": "2", "steps": "fast", "dwell_s": 1}, 400, "rollout 'steps' must be a list"),
+        ({"candidate": "2", "steps": [100], "dwell_s": 1, "max_p99_ratio": 0.5}, 400, "must be at least 1"),
+    ],
+)
+def test_every_mistake_in_a_plan_is_refused(
+    server: ServerProcess, plan: dict, status: int, message: str
+) -> None:
+    got, answer = _post(server, "rollout", plan)
+    assert got == status and message in answer["error"], answer
+    assert _weights(server) == {"1": 100.0}  # nothing started, nothing changed
+    assert "Traceback" not in server.log
+
+
+def test_reading_or_ending_a_rollout_that_never_started_is_not_found(server: ServerProcess) -> None:
+    assert request(server.http_url, "GET", "/v2/repository/models/behaving/rollout")[0] == 404
+    assert _post(server, "rollout/promote")[0] == 404
+    status, answer = _post(server, "rollout/pause")
+    assert status == 400 and "no rollout action 'pause'" in answer["error"]

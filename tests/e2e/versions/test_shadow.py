@@ -1,0 +1,125 @@
+"""Shadow copies: a share of the requests also sent to a candidate version, compared output by
+output with the client's answer, which they never change; a candidate that falls behind sheds
+copies and counts them."""
+
+from __future__ import annotations
+
+import json
+import re
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+
+from coreserve.testing import ServerFactory, ServerProcess
+from support.waiting import wait_until
+from support.wire.http_raw import request
+
+from .conftest import write_behaving, write_versions
+
+ONES = np.ones((1, 4), np.float32)
+
+
+def _metrics(server: ServerProcess) -> dict[str, float]:
+    with urllib.request.urlopen(server.metrics_url, timeout=30) as answer:
+        text = answer.read().decode()
+    return {
+        match[1]: float(match[2]) for match in re.finditer(r"^(coreserve_traffic_\S+) (\S+)$", text, re.M)
+    }
+
+
+def _policy(server: ServerProcess, model: str, policy: dict) -> None:
+    status, _, answer = request(
+        server.http_url, "POST", f"/v2/repository/models/{model}/traffic", json.dumps(policy).encode()
+    )
+    assert status == 200, answer
+
+
+def _answer(client: httpclient.InferenceServerClient, model: str) -> float:
+    tensor = httpclient.InferInput("INPUT0", [1, 4], "FP32")
+    tensor.set_data_from_numpy(ONES)
+    return float(client.infer(model, [tensor]).as_numpy("OUTPUT0")[0, 0])
+
+
+def _labels(model: str, version: int, **more: str) -> str:
+    return ",".join([f'model="{model}"', f'version="{version}"', *(f'{k}="{v}"' for k, v in more.items())])
+
+
+@pytest.fixture
+def server(coreserve_server: ServerFactory, tmp_path: Path) -> ServerProcess:
+    root = write_versions(tmp_path / "models", versions=(1, 2, 3))
+    (root / "scaled" / "3" / "model.onnx").write_bytes((root / "scaled" / "1" / "model.onnx").read_bytes())
+    write_behaving(root, "behaving", {1: "scale 1", 2: "fail", 3: "sleep 0.05"})
+    return coreserve_server(root)
+
+
+def test_the_candidate_answers_every_copy_and_none_reaches_the_client(server: ServerProcess) -> None:
+    _policy(server, "scaled", {"weights": {"1": 100}, "shadow": {"version": "2", "share": 100}})
+    with httpclient.InferenceServerClient(server.http_url) as client:
+        assert {_answer(client, "scaled") for _ in range(50)} == {1.0}  # version 2 would say 2.0
+    compared = "coreserve_traffic_shadow_requests_total{" + _labels("scaled", 2, outcome="compared") + "}"
+    wait_until(lambda: _metrics(server).get(compared) == 50, "50 copies compared")
+    metrics = _metrics(server)
+    output = "{" + _labels("scaled", 2, output="OUTPUT0") + "}"
+    assert metrics["coreserve_traffic_shadow_output_comparisons_total" + output] == 50
+    assert metrics["coreserve_traffic_shadow_output_mismatches_total" + output] == 50
+    assert metrics["coreserve_traffic_shadow_output_max_abs_diff" + output] == 1.0  # 2 - 1
+    statistics = json.loads(request(server.http_url, "GET", "/v2/models/scaled/stats")[2])
+    counts = {entry["version"]: entry["inference_count"] for entry in statistics["model_stats"]}
+    assert counts == {"1": 50, "2": 50, "3": 0}  # each version's own count, exactly
+
+
+def test_a_candidate_that_answers_alike_shows_no_difference(server: ServerProcess) -> None:
+    _policy(server, "scaled", {"weights": {"1": 100}, "shadow": {"version": "3", "share": 100}})
+    with httpclient.InferenceServerClient(server.http_url) as client:
+        for _ in range(20):
+            _answer(client, "scaled")
+    output = "{" + _labels("scaled", 3, output="OUTPUT0") + "}"
+    comparisons = "coreserve_traffic_shadow_output_comparisons_total" + output
+    wait_until(lambda: _metrics(server).get(comparisons) == 20, "20 outputs compared")
+    metrics = _metrics(server)
+    assert metrics["coreserve_traffic_shadow_output_mismatches_total" + output] == 0
+    assert metrics["coreserve_traffic_shadow_output_max_abs_diff" + output] == 0
+
+
+def test_a_failing_candidate_is_counted_and_the_client_never_sees_its_errors(server: ServerProcess) -> None:
+    _policy(server, "behaving", {"weights": {"1": 100}, "shadow": {"version": "2", "share": 100}})
+    with httpclient.InferenceServerClient(server.http_url) as client:
+        assert {_answer(client, "behaving") for _ in range(10)} == {1.0}
+    failed = "coreserve_traffic_shadow_requests_total{" + _labels("behaving", 2, outcome="failed") + "}"
+    wait_until(lambda: _metrics(server).get(failed) == 10, "10 failed copies counted")
+    assert "Traceback" not in server.log
+
+
+def test_a_candidate_that_falls_behind_sheds_copies_and_counts_them(server: ServerProcess) -> None:
+    """Version 3 takes 50 ms a request on one instance; 200 requests at once outrun it."""
+    _policy(server, "behaving", {"weights": {"1": 100}, "shadow": {"version": "3", "share": 100}})
+
+    def one(_: int) -> float:
+        with httpclient.InferenceServerClient(server.http_url) as client:
+            return _answer(client, "behaving")
+
+    with ThreadPoolExecutor(16) as pool:
+        assert set(pool.map(one, range(200))) == {1.0}
+
+    def outcome(name: str) -> float:
+        return _metrics(server).get(
+            "coreserve_traffic_shadow_requests_total{" + _labels("behaving", 3, outcome=name) + "}", 0
+        )
+
+    wait_until(lambda: outcome("compared") + outcome("shed") == 200, "every copy compared or shed")
+    assert outcome("shed") > 0 and outcome("compared") > 0
+    assert outcome("failed") == 0
+
+
+def test_a_share_below_100_copies_about_that_share(server: ServerProcess) -> None:
+    _policy(server, "scaled", {"weights": {"1": 100}, "shadow": {"version": "2", "share": 25}})
+    with httpclient.InferenceServerClient(server.http_url) as client:
+        for _ in range(400):
+            _answer(client, "scaled")
+    compared = "coreserve_traffic_shadow_requests_total{" + _labels("scaled", 2, outcome="compared") + "}"
+    wait_until(lambda: compared in _metrics(server), "copies compared")
+    assert 50 <= _metrics(server)[compared] <= 150  # 100 expected; binomial spread is about 9
