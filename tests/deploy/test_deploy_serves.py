@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -131,10 +130,10 @@ def test_sigterm_ends_the_server_within_the_grace_period() -> None:
     pod = one(objects, "Deployment")["spec"]["template"]["spec"]
     running = start_as_manifest(server_container(objects))
     try:
-        started = time.monotonic()
-        # Idle, the server should stop at once; the grace period is the bound it must never reach.
+        # The grace period is the deadline, as the kubelet's SIGKILL would be: stop() fails
+        # if the server has not exited by then; it exits 0, having stopped on its own.
         assert running.server.stop(timeout=pod["terminationGracePeriodSeconds"]) == 0
-        assert time.monotonic() - started < pod["terminationGracePeriodSeconds"]
+        assert "coreserve stopped" in running.server.log
     finally:
         running.server.close()
 

@@ -2,7 +2,7 @@
 
 Raw frames check what grpc's clients never send: bad prefaces, garbage frames, oversized header
 blocks, streams reset mid-message, tiny flow-control windows. Each attack checks its answer,
-that the server keeps serving (a health probe over HTTP measures it during the attack, and a
+that the server keeps serving (a health probe over HTTP asks it during the attack, and a
 real client's call succeeds after it) and that the log holds no traceback.
 """
 
@@ -27,6 +27,7 @@ import tritonclient.grpc as grpcclient
 from coreserve.protos import grpc_service_pb2 as pb
 from coreserve.testing import ServerFactory, ServerProcess
 from support.model_builders import identity_model, write_model
+from support.wire.closing import closed_by_server, still_open
 from support.wire.health_probe import HealthProbe
 from support.wire.http2_raw import (
     CONTINUATION,
@@ -49,7 +50,6 @@ from support.wire.http2_raw import (
     identity_server,
     infer_request,
     message,
-    seconds_until_closed,
 )
 
 
@@ -299,14 +299,13 @@ def test_keepalive_pings_and_a_client_that_never_answers_is_dropped(coreserve_se
     connection = RawHttp2(server)
     try:
         connection.open()
-        start = time.monotonic()
-        pings = [
-            payload
-            for kind, flags, _sid, payload in connection.frames(15.0)
-            if kind == PING and not flags & 1
-        ]
-        assert pings, "no keepalive PING came"
-        assert time.monotonic() - start < 10.0, "the connection was not closed after the keepalive timeout"
+        # Read until the server closes, or the socket's 10 s deadline passes: the connection's frames
+        # are its SETTINGS, then the PINGs it never got an answer to, and no GOAWAY (a
+        # keepalive timeout drops the connection without a word).
+        kinds = [(kind, flags) for kind, flags, _sid, _payload in connection.frames()]
+        assert connection.closed, "the connection was not closed after the keepalive timeout"
+        assert (PING, 0) in kinds, f"no keepalive PING came: {kinds}"
+        assert {kind for kind, _flags in kinds} <= {SETTINGS, PING, WINDOW_UPDATE}, kinds
     finally:
         connection.close()
 
@@ -323,7 +322,8 @@ def test_a_connection_that_never_sends_the_preface_is_dropped(
         talking.open()
         host, port = server.grpc_url.rsplit(":", 1)
         with socket.create_connection((host, int(port))) as silent:
-            assert 0.3 < seconds_until_closed(silent, 10.0) < 5.0
+            assert still_open(silent)  # not closed at once
+            assert closed_by_server(silent, 30.0)  # but once the handshake's time ran out
         # The connection that sent its preface is past its handshake: it is still served.
         talking.send(frame(HEADERS, END_HEADERS, 1, talking.headers_block("ModelInfer")))
         talking.send(frame(DATA, END_STREAM, 1, message(infer_request(4))))

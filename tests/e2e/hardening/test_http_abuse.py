@@ -2,8 +2,10 @@
 smuggling, decompression bombs, pipelining floods, connection floods.
 
 Each attack checks its answer, that `/v2/health/ready` on another connection keeps answering
-(a probe thread measures it), and that the server logs no traceback for a client's mistake.
-The limits and timeouts are set small so that the module runs in seconds.
+(a probe thread asks it, and each probe must be answered), and that the server logs no traceback for a client's mistake.
+The limits and timeouts are set small so that the module runs in seconds. A timeout's test
+asserts what the client sees when it runs out (the status and the error naming the timeout, the
+server's close) and that nothing came before it, never how long it took.
 """
 
 from __future__ import annotations
@@ -44,10 +46,9 @@ LIMIT_FLAGS = [
     f"--http-max-header-size={MAX_HEADER_BYTES}",
     f"--http-max-pipelined={MAX_PIPELINED}",
 ]
-# How late a timeout may fire on a loaded machine. A timeout's tests time it from before the
-# connection existed (so before its timer started), and hold it to no sooner than half of it:
-# wide margins both ways, as the machine is shared and slow.
-SLACK_S = 4.0
+# How long a client waits for what a timeout of the server brings before the test fails: a
+# deadline for the test, many timeouts long, as the machine is shared and slow.
+DEADLINE_S = 10.0
 # A log line at ERROR or CRITICAL level ("<time> E coreserve...] ...").
 _ERROR_LINE = re.compile(r"^\S+ \S+ [EC] \S+\] ", re.MULTILINE)
 
@@ -79,7 +80,7 @@ def _assert_quiet_log(server: ServerProcess) -> None:
 class Raw:
     """A client connection that sends bytes as they are and reads whole responses."""
 
-    def __init__(self, server: ServerProcess, timeout: float = 10.0) -> None:
+    def __init__(self, server: ServerProcess, timeout: float = DEADLINE_S) -> None:
         host, port = server.http_url.rsplit(":", 1)
         self.sock = socket.create_connection((host, int(port)), timeout=timeout)
         self.buffer = b""
@@ -113,12 +114,25 @@ class Raw:
         """True once the server closed the connection (waits up to the socket's timeout)."""
         return not self.buffer and not self._fill()
 
+    def nothing_yet(self) -> bool:
+        """Whether the connection is open with nothing received, looking without waiting."""
+        self.sock.setblocking(False)
+        try:
+            chunk = self.sock.recv(1 << 16)
+        except BlockingIOError:
+            return not self.buffer
+        finally:
+            self.sock.setblocking(True)
+            self.sock.settimeout(DEADLINE_S)
+        self.buffer += chunk
+        return False
+
     def close(self) -> None:
         self.sock.close()
 
 
 @contextmanager
-def raw(server: ServerProcess, timeout: float = 10.0) -> Iterator[Raw]:
+def raw(server: ServerProcess, timeout: float = DEADLINE_S) -> Iterator[Raw]:
     connection = Raw(server, timeout)
     try:
         yield connection
@@ -154,26 +168,24 @@ def _send_in_background(connection: Raw, data: bytes) -> threading.Thread:
 def test_slowloris_headers_trickled_get_408_at_the_header_timeout(server: ServerProcess) -> None:
     # A test of the timeout itself. The header timeout bounds the whole header block: the
     # client is cut off while it is still trickling lines (a timer that each line restarted
-    # would let it trickle to the end), by the server (its 408, then its close).
+    # would let it trickle to the end), by the server (its 408 naming the timeout, then its
+    # close), and not at once (the request line is not answered).
     lines = int(4 * TIMEOUT / 0.1)  # one header line every 100 ms, for 4 timeouts
     sent = 0
-    with HealthProbe(server):
-        started = time.monotonic()  # before the connection exists, so before its timer starts
-        with raw(server) as connection:
-            connection.send(b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n")
-            with suppress(OSError):  # the server may close while a line is on its way
-                while sent < lines and b"\r\n\r\n" not in connection.buffer and _readable_or_open(connection):
-                    connection.send(b"X-Trickle-%d: y\r\n" % sent)
-                    sent += 1
-                    time.sleep(0.1)  # the slow client's pace: the attack itself
-            status, headers, body = connection.response()
-            took = time.monotonic() - started
-            assert status == 408
-            assert headers["connection"] == "close"
-            assert "headers not received within 1s" in _error(body)
-            assert connection.closed_by_server()
+    with HealthProbe(server), raw(server) as connection:
+        connection.send(b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n")
+        assert connection.nothing_yet()
+        with suppress(OSError):  # the server may close while a line is on its way
+            while sent < lines and b"\r\n\r\n" not in connection.buffer and _readable_or_open(connection):
+                connection.send(b"X-Trickle-%d: y\r\n" % sent)
+                sent += 1
+                time.sleep(0.1)  # the slow client's pace: the attack itself
+        status, headers, body = connection.response()
+        assert status == 408
+        assert headers["connection"] == "close"
+        assert "headers not received within 1s" in _error(body)
+        assert connection.closed_by_server()
     assert sent < lines, f"the client trickled all {lines} header lines and was not cut off"
-    assert TIMEOUT / 2 <= took < TIMEOUT + SLACK_S, f"answered after {took:.2f} s, with a {TIMEOUT} s timeout"
 
 
 def _readable_or_open(connection: Raw) -> bool:
@@ -187,7 +199,7 @@ def _readable_or_open(connection: Raw) -> bool:
         return False
     finally:
         connection.sock.setblocking(True)
-        connection.sock.settimeout(10)
+        connection.sock.settimeout(DEADLINE_S)
     connection.buffer += chunk
     return bool(chunk)
 
@@ -205,7 +217,7 @@ def test_many_slowloris_connections_do_not_slow_health_probes(server: ServerProc
     assert statuses == [408] * len(connections)
 
 
-def _health_ready(server: ServerProcess, timeout: float = 10.0) -> int:
+def _health_ready(server: ServerProcess, timeout: float = DEADLINE_S) -> int:
     """The status of /v2/health/ready on a connection of its own."""
     with raw(server, timeout) as other:
         other.send(b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -213,47 +225,44 @@ def _health_ready(server: ServerProcess, timeout: float = 10.0) -> int:
 
 
 def test_half_sent_body_gets_408_at_the_body_timeout(server: ServerProcess) -> None:
-    # A test of the timeout itself: the 408 comes from the server, as does the close.
-    with HealthProbe(server):
-        started = time.monotonic()  # before the connection exists, so before its timer starts
-        with raw(server) as connection:
-            connection.send(b"POST /v2/repository/index HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{")
-            assert _health_ready(server) == 200  # served while the body is awaited
-            status, _, body = connection.response()
-            took = time.monotonic() - started
-            assert status == 408
-            assert "request body: nothing received for 1s" in _error(body)
-            assert connection.closed_by_server()
-    assert TIMEOUT / 2 <= took < TIMEOUT + SLACK_S, f"answered after {took:.2f} s, with a {TIMEOUT} s timeout"
+    # A test of the timeout itself: the 408 naming the body timeout comes from the server, as
+    # does the close, and not at once (the half body is not answered).
+    with HealthProbe(server), raw(server) as connection:
+        connection.send(b"POST /v2/repository/index HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{")
+        assert connection.nothing_yet()
+        assert _health_ready(server) == 200  # served while the body is awaited
+        status, _, body = connection.response()
+        assert status == 408
+        assert "request body: nothing received for 1s" in _error(body)
+        assert connection.closed_by_server()
 
 
 def test_idle_keep_alive_connection_is_closed_after_the_keepalive_timeout(server: ServerProcess) -> None:
     # A test of the timeout itself. Each request starts the idle time anew: three pauses of
     # 0.4 timeouts, more than a timeout in all, leave the connection open; after the last
-    # answer the server closes it (EOF, nothing said), not the client's own timeout.
+    # answer, which does not close it, the server closes it once idle (EOF, nothing said),
+    # before the client's own deadline.
     live = b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n"
     with raw(server) as connection:
         for _ in range(3):
             connection.send(live)
             assert connection.response()[0] == 200
             time.sleep(0.4 * TIMEOUT)  # the client idles: the behaviour under test
-        started = time.monotonic()  # before the last request, so before the last idle time starts
         connection.send(live)  # still open
-        assert connection.response()[0] == 200
+        status, headers, _ = connection.response()
+        assert (status, headers.get("connection")) == (200, None)
+        assert connection.nothing_yet()
         assert connection.closed_by_server()
-        took = time.monotonic() - started
-    assert TIMEOUT / 2 <= took < TIMEOUT + SLACK_S, f"closed after {took:.2f} s, with a {TIMEOUT} s timeout"
 
 
 def test_a_connection_that_sends_nothing_is_closed_silently(server: ServerProcess) -> None:
     # A test of the timeout itself: the server closes the silent connection without a word
-    # (EOF, no bytes), not the client's own timeout, and serves others meanwhile.
-    started = time.monotonic()  # before the connection exists, so before its timer starts
+    # (EOF, no bytes), not at once and before the client's own deadline, and serves others
+    # meanwhile.
     with raw(server) as silent:
+        assert silent.nothing_yet()
         assert _health_ready(server) == 200  # served while the silent connection is open
         assert silent.closed_by_server()
-        took = time.monotonic() - started
-    assert TIMEOUT / 2 <= took < TIMEOUT + SLACK_S, f"closed after {took:.2f} s, with a {TIMEOUT} s timeout"
 
 
 def test_a_client_that_reads_no_answer_is_dropped_after_the_write_timeout(server: ServerProcess) -> None:
@@ -261,7 +270,7 @@ def test_a_client_that_reads_no_answer_is_dropped_after_the_write_timeout(server
     with HealthProbe(server), raw(server) as connection:
         request = b"GET /v2/models/%s HTTP/1.1\r\nHost: x\r\n\r\n" % (b"m" * 3000)  # a 404 naming it
         sender = _send_in_background(connection, request * count)  # the answers are not read
-        sender.join(4 * TIMEOUT + SLACK_S)
+        sender.join(4 * TIMEOUT + DEADLINE_S)
         assert not sender.is_alive(), "the server neither answered nor dropped the client"
         while connection._fill():  # what reached the client before it was dropped
             pass

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import socket
 import ssl
-import time
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +17,7 @@ import tritonclient.http as httpclient
 
 from coreserve.testing import ServerFactory, ServerProcess
 from support.model_builders import scale_model, write_model
+from support.wire.closing import still_open
 from support.wire.tls_certs import Identity, Pki, tls_flags
 
 SCALE = """
@@ -128,15 +128,14 @@ def test_a_connection_that_never_starts_its_handshake_is_dropped(
     coreserve_server: ServerFactory, repository: Path, pki: Pki
 ) -> None:
     # A test of the timeout itself: the silent connection is closed once the handshake's 1 s has
-    # run out, not at once and not never (wide margins either side: a loaded machine is slow).
+    # run out, not at once (it is open right after it connects, and others are served while it
+    # is) and not never (the server closes it before the client's deadline of 30 s).
     server = coreserve_server(repository, *_tls_flags(pki), "--http-header-timeout-secs=1")
     host, port = server.http_url.split(":")
-    started = time.monotonic()  # before the connection exists, so before its timer starts
     with socket.create_connection((host, int(port)), timeout=30) as silent:
+        assert still_open(silent)
         assert _tls_ready(server, pki) == b"HTTP/1.1 200 OK"  # served meanwhile
         assert silent.recv(4096) == b""  # closed by the server: the handshake timed out
-        took = time.monotonic() - started
-    assert 0.5 <= took < 25, f"closed after {took:.2f} s, with a 1 s handshake timeout"
     assert "Traceback" not in server.log
 
 

@@ -10,7 +10,6 @@ import re
 import subprocess
 import sys
 import threading
-import time
 import urllib.request
 from pathlib import Path
 
@@ -203,14 +202,16 @@ def test_a_model_that_fails_to_load_answers_with_its_reason_and_the_server_keeps
 def test_a_model_that_failed_is_loaded_on_demand_again_after_a_back_off(
     server: ServerProcess, repository: Path
 ) -> None:
-    asked_at = time.monotonic()  # the back-off starts later: when the load has failed
+    # The back-off's length, and its doubling, are tested on a clock of the test's (see
+    # tests/core/repository/memory/test_demand_back_off.py); here the order of events: a
+    # request right after the failure gets its reason without a new try, and a later one loads
+    # the mended model, with one try more.
     with pytest.raises(InferenceServerException, match="NOT_AN_INPUT"):
         _http_infer(server.http_url, "broken")
-    failed_at = time.monotonic()
     (repository / "broken" / "config.pbtxt").write_text(SCALE)  # mended
     with pytest.raises(InferenceServerException, match="NOT_AN_INPUT"):  # within the back-off
         _http_infer(server.http_url, "broken")
-    assert time.monotonic() - failed_at < 5.0, "the test ran too slowly to see the back-off"
+    assert server.log.count("loading model 'broken' on demand") == 1  # not tried again at once
 
     def answered() -> bool:
         try:
@@ -219,7 +220,6 @@ def test_a_model_that_failed_is_loaded_on_demand_again_after_a_back_off(
             return False
 
     wait_until(answered, "the mended model loaded on demand", timeout=30, interval=0.5)
-    assert time.monotonic() - asked_at >= 5.0
     assert server.log.count("loading model 'broken' on demand") == 2
 
 

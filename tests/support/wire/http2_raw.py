@@ -78,21 +78,6 @@ def infer_request(values: int, model: str = "identity") -> bytes:
     return request.SerializeToString()
 
 
-def seconds_until_closed(sock: socket.socket, limit: float) -> float:
-    """How long the server takes to close `sock` (what it sends is read and dropped); inf if it
-    is still open after `limit` seconds."""
-    start = time.monotonic()
-    sock.settimeout(limit)
-    try:
-        while sock.recv(1 << 16):
-            pass
-    except ConnectionResetError:
-        pass
-    except TimeoutError:
-        return float("inf")
-    return time.monotonic() - start
-
-
 class RawHttp2:
     """A client connection that writes frames by hand and reads the server's frames back."""
 
@@ -102,6 +87,7 @@ class RawHttp2:
         self.encoder = hpack.Encoder()
         self.decoder = hpack.Decoder()
         self.buffer = bytearray()
+        self.closed = False  # by the server: `frames` saw its end of the connection
 
     def send(self, data: bytes) -> None:
         self.sock.sendall(data)
@@ -145,9 +131,13 @@ class RawHttp2:
                 yield kind, flags, stream_id, payload
             try:
                 chunk = self.sock.recv(1 << 20)
-            except (ConnectionResetError, TimeoutError):
+            except ConnectionResetError:
+                self.closed = True
+                return
+            except TimeoutError:
                 return
             if not chunk:
+                self.closed = True
                 return
             self.buffer += chunk
 
