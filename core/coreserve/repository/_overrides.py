@@ -28,11 +28,14 @@ from pathlib import Path, PurePosixPath
 from coreserve.config import ModelConfig, config_from_dict
 from coreserve.errors import InternalError, InvalidArgumentError, ModelConfigError
 from coreserve.repository.storage._folders import MAX_NAME_BYTES
+from coreserve.repository.traffic.policy import TrafficPolicy, policy_from_document
 
 logger = logging.getLogger(__name__)
 # POSIX's PATH_MAX on Linux, macOS and the BSDs, in bytes.
 MAX_PATH_BYTES = 4096
 # Where the files of loads from files go, under the cache folder.
+# The load parameter that sets the traffic policy a (re)load leaves (coreserve's, not Triton's).
+TRAFFIC_PARAMETER = "coreserve_traffic"
 OVERRIDES_FOLDER = "overrides"
 
 
@@ -55,6 +58,7 @@ class LoadOverrides:
     config: ModelConfig | None = None
     files: dict[str, bytes] = field(default_factory=dict)
     versions: tuple[int, ...] | None = None
+    traffic: TrafficPolicy | None = None  # the policy that holds once loaded (`coreserve_traffic`)
 
 
 def parse_load_parameters(model_name: str, parameters: Mapping[str, object]) -> LoadOverrides:
@@ -79,13 +83,29 @@ def parse_load_parameters(model_name: str, parameters: Mapping[str, object]) -> 
             except InvalidArgumentError as exc:
                 raise InvalidArgumentError(poll_failure(model_name, exc.message)) from None
             overrides.files[relative] = value
+        elif key == TRAFFIC_PARAMETER:
+            overrides.traffic = _traffic_override(value)
         else:
-            raise InvalidArgumentError(f"unrecognized load parameter '{key}'. Known: config, file:<path>")
+            raise InvalidArgumentError(
+                f"unrecognized load parameter '{key}'. Known: config, file:<path>, {TRAFFIC_PARAMETER}"
+            )
     if overrides.files and overrides.config is None:
         raise InvalidArgumentError(
             poll_failure(model_name, "Load parameter 'config' must be specified for model file override")
         )
     return overrides
+
+
+def _traffic_override(value: object) -> TrafficPolicy:
+    """The policy a `coreserve_traffic` load parameter carries: a JSON object, or its text."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise InvalidArgumentError(
+                f"load parameter '{TRAFFIC_PARAMETER}' is not valid JSON: {exc}"
+            ) from None
+    return policy_from_document(value)
 
 
 def _config_override(model_name: str, text: str) -> ModelConfig:

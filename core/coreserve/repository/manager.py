@@ -298,7 +298,8 @@ class ModelRepository:
             new = await self.budgeted.measured_load(location, overrides, reason)
             if fingerprint is not None:
                 self._fingerprints[key] = fingerprint
-            failed = not new.takes_requests or not new.keep_traffic_of(old)
+            asked = overrides.traffic if overrides is not None else None
+            failed = not new.takes_requests or not new.keep_traffic_of(old, asked)
             if failed and old is not None and old.takes_requests:
                 logger.error(
                     "model '%s' did not reload, the loaded version keeps serving: %s",

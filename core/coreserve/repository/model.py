@@ -10,7 +10,7 @@ from hashlib import blake2b
 from pathlib import Path
 
 from coreserve.config.signature import ModelSignature
-from coreserve.errors import InvalidArgumentError, NotFoundError, UnavailableError, clipped
+from coreserve.errors import CoreserveError, InvalidArgumentError, NotFoundError, UnavailableError, clipped
 from coreserve.protos.model_config_pb2 import ModelConfig
 from coreserve.repository.traffic.policy import TrafficPolicy, policy_from_config
 from coreserve.scheduling import ModelStatistics, Scheduler
@@ -111,10 +111,20 @@ class Model:
     # How requests that name no version are shared between its versions (None: the latest).
     traffic: TrafficPolicy | None = None
 
-    def keep_traffic_of(self, old: Model | None) -> bool:
-        """Carries the traffic policy set at run time (not by the old configuration) over a
-        reload whose configuration sets none. False, with the reason, for a reload that would
-        drop a version the policy sends requests to: the policy must change first."""
+    def keep_traffic_of(self, old: Model | None, asked: TrafficPolicy | None = None) -> bool:
+        """The traffic policy after a (re)load: the one the load request `asked` for, else the
+        one set at run time (not by the old configuration) where the new configuration sets
+        none. False, with the reason, for a policy that names a version this load dropped: the
+        load request must move that version's weight (`coreserve_traffic`), or the policy
+        change first."""
+        if asked is not None:
+            try:
+                asked.check_versions(self.name, self.serving_versions())
+            except CoreserveError as exc:
+                self.reason = exc.message
+                return False
+            self.traffic = None if asked.empty else asked
+            return True
         if old is None or old.traffic is None or self.traffic is not None or old.config is None:
             return True
         if old.traffic == policy_from_config(old.config):
@@ -123,7 +133,7 @@ class Model:
         if dropped:
             self.reason = (
                 f"version {', '.join(map(str, dropped))} takes requests under the model's traffic policy; "
-                "set a policy without it first"
+                "set a policy without it first, or load with parameter coreserve_traffic"
             )
             return False
         self.traffic = old.traffic

@@ -221,6 +221,19 @@ def test_a_reload_that_drops_a_weighted_version_is_refused(
     assert status == 400
     assert "version 1 takes requests under the model's traffic policy" in json.loads(answer)["error"]
     assert _get(server) == {"weights": {"1": 30.0, "2": 70.0}}
-    assert _set(server, {"weights": {"2": 100}})[0] == 200
+    # The load request may say where the weight goes, in the same step (JSON text, as gRPC sends it).
+    moves = {"parameters": {"coreserve_traffic": json.dumps({"weights": {"1": 50, "2": 50}})}}
+    status, _, answer = request(
+        server.http_url, "POST", "/v2/repository/models/scaled/load", json.dumps(moves).encode()
+    )
+    assert status == 400 and "names version 1, which the model does not serve" in json.loads(answer)["error"]
+    moves = {"parameters": {"coreserve_traffic": {"weights": {"2": 100}}}}
+    status, _, answer = request(
+        server.http_url, "POST", "/v2/repository/models/scaled/load", json.dumps(moves).encode()
+    )
+    assert status == 200, answer
+    assert _get(server) == {"weights": {"2": 100.0}}
+    assert _set(server, {"weights": {"2": 60, "1": 40}})[0] == 400  # version 1 is gone now
+    (repository / "scaled" / "config.pbtxt").write_text(SCALED)
     assert request(server.http_url, "POST", "/v2/repository/models/scaled/load", b"{}")[0] == 200
     assert _get(server) == {"weights": {"2": 100.0}}  # a policy set at run time outlives the reload

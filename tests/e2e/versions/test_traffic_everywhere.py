@@ -1,0 +1,80 @@
+"""The policy holds in every mode: in each worker of a server of several (sticky keys land on
+the same version in every worker, the metrics merge), and for the requests ensembles make."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import tritonclient.http as httpclient
+
+from coreserve.testing import ServerFactory
+from support.model_builders import ADD_SUB_CONFIG, add_sub_model, write_model
+from support.servers.worker_servers import CONNECTIONS, answer_of, start_workers, urlopen_text
+from support.wire.http_raw import request
+
+BODY = json.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "data": [1, 1, 1, 1]}]})
+PIPELINE = """
+platform: "ensemble"
+max_batch_size: 8
+input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "Y" data_type: TYPE_FP32 dims: [ 4 ] } ]
+ensemble_scheduling { step [ { model_name: "scaled" model_version: -1
+  input_map { key: "INPUT0" value: "X" } output_map { key: "OUTPUT0" value: "Y" } } ] }
+"""
+
+
+def _served(answer: bytes) -> int:
+    return int(json.loads(answer)["outputs"][0]["data"][0])
+
+
+def test_every_worker_applies_the_policy_and_keys_stick_across_workers(repository: Path) -> None:
+    write_model(repository, "add_sub", add_sub_model(), ADD_SUB_CONFIG)  # what start_workers loads
+    server = start_workers(repository, "--load-model=scaled")
+    try:
+        status, answer = answer_of(
+            server,
+            "POST",
+            "/v2/repository/models/scaled/traffic",
+            json.dumps({"weights": {"1": 50, "2": 50}}),
+        )
+        assert status == 200, answer
+        for key in ("alice", "bob", "carol", "dave"):
+            body = json.dumps({**json.loads(BODY), "parameters": {"coreserve_traffic_key": key}})
+            # Each request on a connection of its own: over 40 of them, both workers answer.
+            versions = {
+                _served(answer_of(server, "POST", "/v2/models/scaled/infer", body)[1])
+                for _ in range(CONNECTIONS)
+            }
+            assert len(versions) == 1, (key, versions)
+        served = {
+            _served(answer_of(server, "POST", "/v2/models/scaled/infer", BODY)[1]) for _ in range(CONNECTIONS)
+        }
+        assert served == {1, 2}
+        metrics = urlopen_text(server.metrics_url)
+        assert 'coreserve_traffic_weight{model="scaled",version="1"} 50' in metrics  # once, not summed
+        status, answer = answer_of(
+            server,
+            "POST",
+            "/v2/repository/models/scaled/rollout",
+            json.dumps({"candidate": "2", "steps": [100], "dwell_s": 1}),
+        )
+        assert status == 501 and "rollouts run in a server of one process" in json.loads(answer)["error"]
+    finally:
+        server.close()
+
+
+def test_an_ensemble_step_that_names_no_version_follows_the_policy(
+    coreserve_server: ServerFactory, repository: Path
+) -> None:
+    (repository / "pipeline" / "1").mkdir(parents=True)
+    (repository / "pipeline" / "config.pbtxt").write_text(PIPELINE)
+    server = coreserve_server(repository)
+    with httpclient.InferenceServerClient(server.http_url) as client:
+        tensor = httpclient.InferInput("X", [1, 4], "FP32")
+        tensor.set_data_from_numpy(np.ones((1, 4), np.float32))
+        assert client.infer("pipeline", [tensor]).as_numpy("Y")[0, 0] == 2  # the latest version
+        body = json.dumps({"weights": {"1": 100}}).encode()
+        assert request(server.http_url, "POST", "/v2/repository/models/scaled/traffic", body)[0] == 200
+        assert {float(client.infer("pipeline", [tensor]).as_numpy("Y")[0, 0]) for _ in range(10)} == {1.0}
