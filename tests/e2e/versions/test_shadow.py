@@ -95,8 +95,9 @@ def test_a_failing_candidate_is_counted_and_the_client_never_sees_its_errors(ser
 
 
 def test_a_candidate_that_falls_behind_sheds_copies_and_counts_them(server: ServerProcess) -> None:
-    """Version 3 takes 50 ms a request on one instance; 200 requests at once outrun it."""
-    _policy(server, "behaving", {"weights": {"1": 100}, "shadow": {"version": "3", "share": 100}})
+    """Version 3 takes 50 ms a request on one instance; 200 requests, 16 at a time, outrun it."""
+    shadow = {"version": "3", "share": 100, "max_in_flight": 4}
+    _policy(server, "behaving", {"weights": {"1": 100}, "shadow": shadow})
 
     def one(_: int) -> float:
         with httpclient.InferenceServerClient(server.http_url) as client:

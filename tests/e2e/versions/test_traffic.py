@@ -137,7 +137,14 @@ def test_the_policy_is_read_set_and_cleared(server: ServerProcess, client) -> No
         ({"weights": {"1": 100}, "mirror": {}}, "unknown traffic policy field 'mirror'"),
         ({"shadow": {"version": "2", "share": 0}}, "shadow share must be above 0"),
         ({"shadow": {"version": "7"}}, "names version 7, which the model does not serve"),
-        ({"shadow": "2"}, 'traffic \'shadow\' must be {"version": "V", "share": percent}'),
+        (
+            {"shadow": "2"},
+            'traffic \'shadow\' must be {"version": "V", "share": percent, "max_in_flight": N}',
+        ),
+        (
+            {"shadow": {"version": "2", "max_in_flight": 0}},
+            "shadow max_in_flight must be a whole number from 1",
+        ),
         (b"{not json", "malformed JSON in the traffic policy"),
         (b"[1]", "the traffic policy must be a JSON object"),
     ],

@@ -4,11 +4,12 @@
               versions with that chance; the percents add up to 100. A request with a traffic
               key (`coreserve_traffic_key`) lands on the same version every time while the
               weights stand: its key, hashed, picks the version instead of a random draw.
-    shadow    {"version": V, "share": percent}: that share of the requests is also sent to V;
-              its answers are compared with the client's and never reach the client.
+    shadow    {"version": V, "share": percent, "max_in_flight": N}: that share of the requests
+              is also sent to V; its answers are compared with the client's and never reach the
+              client; past N copies waiting or running (default 16), further ones are shed.
 
 The policy comes from `config.pbtxt` (parameters `coreserve_traffic_weights: "1:90,2:10"` and
-`coreserve_traffic_shadow: "3:100"`, which Triton ignores) or from the repository API as JSON
+`coreserve_traffic_shadow: "3:100"` or "3:100:16", which Triton ignores) or from the repository API as JSON
 (`{"weights": {"1": 90, "2": 10}, "shadow": {"version": "3", "share": 100}}`). Every mistake is
 refused whole, naming the problem: nothing is half applied.
 """
@@ -28,16 +29,20 @@ from coreserve.protos.model_config_pb2 import ModelConfig
 
 WEIGHTS_PARAMETER = "coreserve_traffic_weights"
 SHADOW_PARAMETER = "coreserve_traffic_shadow"
+# Copies one model may have waiting or running at most (each holds its request's inputs).
+MAX_SHADOW_IN_FLIGHT = 1024
 # Percents add up to 100 within this (clients send 33.3 three times, or floats that round).
 _SUM_TOLERANCE = 0.01
 
 
 @dataclass(frozen=True, slots=True)
 class Shadow:
-    """A share of the requests (percent, above 0 and up to 100) also sent to `version`."""
+    """A share of the requests (percent, above 0 and up to 100) also sent to `version`, at most
+    `max_in_flight` copies at a time."""
 
     version: int
     share: float
+    max_in_flight: int = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +85,12 @@ class TrafficPolicy:
         """The policy as the repository API answers it."""
         answer: dict[str, object] = {"weights": {str(version): weight for version, weight in self.weights}}
         if self.shadow is not None:
-            answer["shadow"] = {"version": str(self.shadow.version), "share": self.shadow.share}
+            shadow = self.shadow
+            answer["shadow"] = {
+                "version": str(shadow.version),
+                "share": shadow.share,
+                "max_in_flight": shadow.max_in_flight,
+            }
         return answer
 
     def check_versions(self, model: str, loaded: Collection[int]) -> None:
@@ -119,11 +129,14 @@ def policy_from_document(document: object) -> TrafficPolicy:
     if shadow_json is not None:
         if (
             not isinstance(shadow_json, Mapping)
-            or set(shadow_json) - {"version", "share"}
+            or set(shadow_json) - {"version", "share", "max_in_flight"}
             or "version" not in shadow_json
         ):
-            raise InvalidArgumentError('traffic \'shadow\' must be {"version": "V", "share": percent}')
-        shadow = _shadow(_version(shadow_json["version"], "shadow"), shadow_json.get("share", 100))
+            raise InvalidArgumentError(
+                'traffic \'shadow\' must be {"version": "V", "share": percent, "max_in_flight": N}'
+            )
+        version = _version(shadow_json["version"], "shadow")
+        shadow = _shadow(version, shadow_json.get("share", 100), shadow_json.get("max_in_flight", 16))
     return TrafficPolicy(weights, shadow)
 
 
@@ -144,7 +157,8 @@ def policy_from_config(config: ModelConfig) -> TrafficPolicy | None:
     shadow = None
     if shadow_text.strip():
         version, share = _pair(shadow_text, SHADOW_PARAMETER)
-        shadow = _shadow(_version(version, SHADOW_PARAMETER), share)
+        share, _, bound = share.partition(":")
+        shadow = _shadow(_version(version, SHADOW_PARAMETER), share, bound.strip() or 16)
     return TrafficPolicy(weights, shadow)
 
 
@@ -187,8 +201,14 @@ def _weights(pairs: list[tuple[int, float]]) -> tuple[tuple[int, float], ...]:
     return tuple(sorted(pairs))
 
 
-def _shadow(version: int, share: object) -> Shadow:
+def _shadow(version: int, share: object, max_in_flight: object) -> Shadow:
     percent = _percent(share, "shadow share")
     if percent == 0:
         raise InvalidArgumentError("shadow share must be above 0 (leave 'shadow' out for none)")
-    return Shadow(version, percent)
+    text = str(max_in_flight).strip()
+    if isinstance(max_in_flight, bool) or not text.isdigit() or not 1 <= int(text) <= MAX_SHADOW_IN_FLIGHT:
+        raise InvalidArgumentError(
+            f"shadow max_in_flight must be a whole number from 1 to {MAX_SHADOW_IN_FLIGHT}, "
+            f"got {clipped(text)}"
+        )
+    return Shadow(version, percent, int(text))

@@ -11,7 +11,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 
-from coreserve.errors import CoreserveError, InvalidArgumentError
+from coreserve.errors import InvalidArgumentError
 from coreserve.repository.model import Model, ModelVersion
 from coreserve.repository.traffic.policy import TrafficPolicy
 from coreserve.server.traffic._rollout import Rollout, RolloutPlan
@@ -54,19 +54,11 @@ class TrafficRouter:
         answer: asyncio.Future[InferenceResponse],
         submit: Submit,
     ) -> None:
-        """Sends the shadow's copy of `request` (whose client waits on `answer`), if it is one."""
+        """Copies `request` (whose client waits on `answer`) to the shadow's version, if it has
+        one and the request did not go there already (see ShadowCopies.copy_after)."""
         shadow = policy.shadow
-        if shadow is None or str(shadow.version) == request.model_version:
-            return
-        copy = self.shadows.copy(shadow, request)
-        if copy is None:
-            return
-        sink = self.shadows.watch(copy, answer)
-        try:
-            submit(copy, sink)
-        except CoreserveError as exc:
-            sink.fail(exc)
-            self.shadows.failed_to_submit(copy, exc)
+        if shadow is not None and str(shadow.version) != request.model_version:
+            self.shadows.copy_after(shadow, request, answer, submit)
 
     def observe(self, model: str, version: int, started: float, ok: bool) -> None:
         """One request answered (or failed) by a version of a model under a running rollout."""

@@ -2,8 +2,9 @@
 compared with the client's and dropped.
 
 A copy never slows the client: it has its own request (no deadline, no cancellation from the
-client), it queues in the candidate's scheduler, and while `MAX_IN_FLIGHT` copies of a model
-wait, further ones are shed and counted. Each output of both answers is compared: numbers by
+client), it is sent once the client's answer is written, it queues in the candidate's scheduler,
+and while the shadow's `max_in_flight` copies of a model wait or run, further ones are shed and
+counted. Each output of both answers is compared: numbers by
 their largest absolute difference, BYTES (and outputs whose shape or type differ) by whether
 they match.
 """
@@ -14,6 +15,7 @@ import asyncio
 import logging
 import random
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -21,12 +23,9 @@ import numpy as np
 from coreserve.errors import CoreserveError
 from coreserve.repository.traffic.policy import Shadow
 from coreserve.responses import SingleResponse
-from coreserve.types import InferenceRequest, InferenceResponse
+from coreserve.types import InferenceRequest, InferenceResponse, ResponseSink
 
 logger = logging.getLogger(__name__)
-
-# Copies of one model waiting or running at once; more are shed.
-MAX_IN_FLIGHT = 64
 
 
 @dataclass
@@ -55,55 +54,70 @@ class ShadowCopies:
         self.counts: dict[tuple[str, int], ShadowCounts] = defaultdict(ShadowCounts)
         self._in_flight: dict[str, int] = defaultdict(int)
 
-    def copy(self, shadow: Shadow, request: InferenceRequest) -> InferenceRequest | None:
-        """The copy of `request` for the candidate, if this request is in the shadow's share and
-        the model has room for one more (None otherwise; a shed copy is counted)."""
+    def copy_after(
+        self,
+        shadow: Shadow,
+        request: InferenceRequest,
+        answer: asyncio.Future[InferenceResponse],
+        submit: Callable[[InferenceRequest, ResponseSink], None],
+    ) -> None:
+        """Sends the candidate a copy of `request` once the client has its `answer`, if this
+        request is in the shadow's share and the model has room for one more copy (a shed copy
+        is counted). Sent after the answer, the copy never runs on the client's time; a request
+        that failed is not copied (there is nothing to compare)."""
         if shadow.share < 100 and random.random() * 100 >= shadow.share:
-            return None
+            return
         name = request.model_name
-        if self._in_flight[name] >= MAX_IN_FLIGHT:
+        if self._in_flight[name] >= shadow.max_in_flight:
             self.counts[name, shadow.version].shed += 1
-            return None
-        parameters = {key: value for key, value in request.parameters.items() if key != "timeout"}
-        return InferenceRequest(
+            return
+        self._in_flight[name] += 1
+        loop = asyncio.get_running_loop()
+
+        def answered(_: object) -> None:
+            if answer.cancelled() or answer.exception() is not None:
+                self._in_flight[name] -= 1
+                return
+            # Queued behind the client's task, which this callback's future wakes first: the
+            # answer is encoded and written before the copy is sent.
+            loop.call_soon(self._send, shadow.version, request, answer.result(), submit)
+
+        answer.add_done_callback(answered)
+
+    def _send(
+        self,
+        version: int,
+        request: InferenceRequest,
+        expected: InferenceResponse,
+        submit: Callable[[InferenceRequest, ResponseSink], None],
+    ) -> None:
+        name = request.model_name
+        counts = self.counts[name, version]
+        copy = InferenceRequest(
             model_name=name,
             inputs=request.inputs,
-            model_version=str(shadow.version),
+            model_version=str(version),
             id=request.id,
-            parameters=parameters,
+            parameters={key: value for key, value in request.parameters.items() if key != "timeout"},
             requested_outputs=request.requested_outputs,
             class_counts=request.class_counts,
         )
-
-    def watch(self, copy: InferenceRequest, answer: asyncio.Future[InferenceResponse]) -> SingleResponse:
-        """The sink the copy is submitted with; compares its answer with the client's `answer`
-        once both are there."""
-        name, version = copy.model_name, int(copy.model_version)
-        self._in_flight[name] += 1
         sink = SingleResponse(asyncio.get_running_loop())
-        compared = False
 
-        def both_done(_: object) -> None:
-            nonlocal compared  # (both callbacks may find both futures done: count once)
-            if compared or not (sink.future.done() and answer.done()):
-                return
-            compared = True
+        def done(_: object) -> None:
             self._in_flight[name] -= 1
-            counts = self.counts[name, version]
             if sink.future.exception() is not None:
                 counts.failed += 1
-            elif answer.exception() is None and not answer.cancelled():
+            else:
                 counts.compared += 1
-                _compare(answer.result(), sink.future.result(), counts)
+                _compare(expected, sink.future.result(), counts)
 
-        sink.future.add_done_callback(both_done)
-        answer.add_done_callback(both_done)
-        return sink
-
-    def failed_to_submit(self, copy: InferenceRequest, error: CoreserveError) -> None:
-        """A copy its candidate refused outright (unloaded meanwhile, a shape it does not take)."""
-        self.counts[copy.model_name, int(copy.model_version)].failed += 1
-        logger.debug("shadow copy of a request for model '%s' refused: %s", copy.model_name, error.message)
+        sink.future.add_done_callback(done)
+        try:
+            submit(copy, sink)
+        except CoreserveError as exc:  # refused outright (unloaded meanwhile, a shape it does not take)
+            logger.debug("shadow copy of a request for model '%s' refused: %s", name, exc.message)
+            sink.fail(exc)
 
 
 def _compare(client: InferenceResponse, candidate: InferenceResponse, counts: ShadowCounts) -> None:
