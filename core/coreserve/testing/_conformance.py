@@ -241,7 +241,10 @@ class BackendConformance:
                 )
             return
         if not batches:
-            pytest.skip("needs a deterministic, non-decoupled model with max_batch_size >= 2")
+            _skip_at_the_test(
+                f"model '{loaded.name}' cannot show batches (it needs to be deterministic, not decoupled, "
+                "with max_batch_size >= 2): list it in `unbatched_models` to check that it cannot batch"
+            )
         inputs = sample_inputs(loaded.signature, rows, seed=7)
         sequence = loaded.config.HasField("sequence_batching")
         (whole,) = loaded.server.send([make_request(loaded.signature, inputs, sequence=sequence)])
@@ -434,3 +437,13 @@ def _equal(got: np.ndarray | None, expected: np.ndarray, tolerance: float) -> bo
     return bool(
         np.allclose(got.astype(np.float64), expected.astype(np.float64), rtol=tolerance, atol=tolerance)
     )
+
+
+def _skip_at_the_test(reason: str) -> None:
+    """Skips the running test, reported at the suite's test that skipped rather than at this
+    file's line (as pytest reports a `skipif` mark; older pytests report this line)."""
+    try:
+        skipped = pytest.skip.Exception(reason, _use_item_location=True)
+    except TypeError:
+        pytest.skip(reason)
+    raise skipped

@@ -132,8 +132,11 @@ def test_a_correct_backend_keeps_every_rule(server: InProcessServer, model: str)
         try:
             getattr(suite, rule)(loaded)
             kept.append(rule)
-        except pytest.skip.Exception:
+        except pytest.skip.Exception as skipped:
             assert model == "good_stream" and rule == "test_a_batch_gives_each_request_its_rows"
+            assert "model 'good_stream' cannot show batches" in skipped.msg
+            assert "list it in `unbatched_models`" in skipped.msg
+            assert skipped._use_item_location  # reported at the suite's test, not at conformance's line
         finally:
             server.unload(model)
     assert len(kept) == (10 if model == "good" else 9)
