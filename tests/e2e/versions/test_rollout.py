@@ -112,6 +112,13 @@ def test_a_failing_candidate_is_rolled_back_when_its_first_step_ends(
     assert ended["state"] == "ROLLED_BACK" and ended["step"] == 0, ended  # judged at the first dwell's end
     assert "candidate error rate 100.00% against 0.00%" in ended["reason"]
     assert _weights(server) == {"1": 100.0}
+    # Version 3 took requests only during the step: the step counted each of them, but for the
+    # one the load's single sender had in flight when the rollout ended (not judged).
+    statistics = json.loads(request(server.http_url, "GET", "/v2/models/behaving/versions/3/stats")[2])
+    failed = statistics["model_stats"][0]["inference_stats"]["fail"]["count"]
+    window = ended["window"]["candidate"]
+    assert window["failures"] == window["requests"] >= 5
+    assert failed - window["failures"] in (0, 1)
 
 
 def test_a_slow_candidate_is_rolled_back_on_its_p99(server: ServerProcess, load: None) -> None:
