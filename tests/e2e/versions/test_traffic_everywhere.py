@@ -4,6 +4,8 @@ the same version in every worker, the metrics merge), and for the requests ensem
 from __future__ import annotations
 
 import json
+import os
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +13,16 @@ import tritonclient.http as httpclient
 
 from coreserve.testing import ServerFactory
 from support.model_builders import ADD_SUB_CONFIG, add_sub_model, write_model
-from support.servers.worker_servers import CONNECTIONS, answer_of, start_workers, urlopen_text
+from support.servers.worker_servers import (
+    CONNECTIONS,
+    answer_of,
+    start_workers,
+    status_of,
+    urlopen_text,
+    worker_index,
+    worker_pids,
+)
+from support.waiting import wait_until
 from support.wire.http_raw import request
 
 BODY = json.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "data": [1, 1, 1, 1]}]})
@@ -61,6 +72,30 @@ def test_every_worker_applies_the_policy_and_keys_stick_across_workers(repositor
             json.dumps({"candidate": "2", "steps": [100], "dwell_s": 1}),
         )
         assert status == 501 and "rollouts run in a server of one process" in json.loads(answer)["error"]
+    finally:
+        server.close()
+
+
+def test_a_worker_started_again_applies_the_policy_set_before(repository: Path) -> None:
+    write_model(repository, "add_sub", add_sub_model(), ADD_SUB_CONFIG)  # what start_workers loads
+    server = start_workers(repository, "--load-model=scaled")
+    try:
+        policy = json.dumps({"weights": {"1": 100}})
+        assert answer_of(server, "POST", "/v2/repository/models/scaled/traffic", policy)[0] == 200
+        for index in (0, 1):
+            dead = next(pid for pid in worker_pids(server) if worker_index(pid) == index)
+            os.kill(dead, signal.SIGKILL)
+            wait_until(
+                lambda dead=dead: dead not in worker_pids(server) and len(worker_pids(server)) == 2,  # type: ignore[misc]
+                "started again",
+            )
+            wait_until(lambda: status_of(server, "GET", "/v2/health/ready") == 200, "ready", timeout=120)
+            served = {
+                _served(answer_of(server, "POST", "/v2/models/scaled/infer", BODY)[1])
+                for _ in range(CONNECTIONS)
+            }
+            assert served == {1}, index
+        assert "Traceback" not in server.log
     finally:
         server.close()
 
