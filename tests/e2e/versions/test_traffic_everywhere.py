@@ -113,3 +113,45 @@ def test_an_ensemble_step_that_names_no_version_follows_the_policy(
         body = json.dumps({"weights": {"1": 100}}).encode()
         assert request(server.http_url, "POST", "/v2/repository/models/scaled/traffic", body)[0] == 200
         assert {float(client.infer("pipeline", [tensor]).as_numpy("Y")[0, 0]) for _ in range(10)} == {1.0}
+
+
+BLS_CONFIG = """
+backend: "python"
+max_batch_size: 8
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+"""
+BLS_MODEL = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "INPUT0")
+            call = pb_utils.InferenceRequest(
+                model_name="scaled", requested_output_names=["OUTPUT0"], inputs=[pb_utils.Tensor("INPUT0", x.as_numpy())]
+            )
+            answer = call.exec()
+            if answer.has_error():
+                raise pb_utils.TritonModelException(answer.error().message())
+            output = pb_utils.get_output_tensor_by_name(answer, "OUTPUT0")
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", output.as_numpy())]))
+        return responses
+"""
+
+
+def test_a_bls_call_that_names_no_version_follows_the_policy(
+    coreserve_server: ServerFactory, repository: Path
+) -> None:
+    (repository / "caller" / "1").mkdir(parents=True)
+    (repository / "caller" / "config.pbtxt").write_text(BLS_CONFIG)
+    (repository / "caller" / "1" / "model.py").write_text(BLS_MODEL)
+    server = coreserve_server(repository)
+    body = json.dumps({"weights": {"1": 100}}).encode()
+    assert request(server.http_url, "POST", "/v2/repository/models/scaled/traffic", body)[0] == 200
+    with httpclient.InferenceServerClient(server.http_url) as client:
+        tensor = httpclient.InferInput("INPUT0", [1, 4], "FP32")
+        tensor.set_data_from_numpy(np.ones((1, 4), np.float32))
+        assert {float(client.infer("caller", [tensor]).as_numpy("OUTPUT0")[0, 0]) for _ in range(10)} == {1.0}
