@@ -194,8 +194,8 @@ class InferenceRequest:
     # trace setting is on), and the request's trace once it is sampled (None otherwise).
     trace_context: TraceContext | None = None
     trace: Trace | None = None
-    # What keeps a request on one version of a model with traffic weights (the HTTP header or
-    # request parameter `coreserve-traffic-key`); None: it is drawn at random.
+    # What keeps a request on one version of a model with traffic weights (the HTTP header
+    # `coreserve-traffic-key`, or the request parameter `coreserve_traffic_key`); None: drawn.
     traffic_key: str | None = None
     # Cancellation (see `cancel`). The callback list is made by the first `on_cancel`, so a
     # request nobody watches costs one flag; `queue` is set by the scheduler it waits in.

@@ -27,9 +27,7 @@ URL_HELP = f"the server's HTTP address (default {DEFAULT_URL})"
 def traffic_main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="coreserve traffic", description="A model's traffic policy.")
     parser.add_argument("model")
-    parser.add_argument(
-        "--url", default=DEFAULT_URL, help=f"the server's HTTP address (default {DEFAULT_URL})"
-    )
+    parser.add_argument("--url", default=DEFAULT_URL, help=URL_HELP)
     parser.add_argument("--weights", help="percents by version for requests that name none: 1=90,2=10")
     parser.add_argument("--shadow", help="a share of requests also sent to a version: VERSION=PERCENT")
     parser.add_argument("--clear", action="store_true", help="remove the policy (the latest version serves)")
@@ -43,7 +41,10 @@ def traffic_main(argv: Sequence[str]) -> int:
     if args.weights:
         policy["weights"] = dict(_pairs(parser, args.weights, "--weights"))
     if args.shadow:
-        [(version, share)] = _pairs(parser, args.shadow, "--shadow")
+        pairs = _pairs(parser, args.shadow, "--shadow")
+        if len(pairs) != 1:
+            parser.error(f"--shadow takes one VERSION=PERCENT, got '{args.shadow}'")
+        [(version, share)] = pairs
         policy["shadow"] = {"version": version, "share": share}
     return _call(args.url, "POST", path, policy)
 
@@ -52,9 +53,7 @@ def rollout_main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="coreserve rollout", description="A model's canary rollout.")
     parser.add_argument("action", choices=("start", "status", "promote", "abort"))
     parser.add_argument("model")
-    parser.add_argument(
-        "--url", default=DEFAULT_URL, help=f"the server's HTTP address (default {DEFAULT_URL})"
-    )
+    parser.add_argument("--url", default=DEFAULT_URL, help=URL_HELP)
     parser.add_argument("--candidate", help="start: the version rolled out")
     parser.add_argument("--steps", help="start: the candidate's percent at each step, e.g. 10,50,100")
     parser.add_argument("--dwell-s", type=float, help="start: how long each step lasts before it is judged")

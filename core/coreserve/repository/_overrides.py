@@ -33,9 +33,9 @@ from coreserve.repository.traffic.policy import TrafficPolicy, policy_from_docum
 logger = logging.getLogger(__name__)
 # POSIX's PATH_MAX on Linux, macOS and the BSDs, in bytes.
 MAX_PATH_BYTES = 4096
-# Where the files of loads from files go, under the cache folder.
 # The load parameter that sets the traffic policy a (re)load leaves (coreserve's, not Triton's).
 TRAFFIC_PARAMETER = "coreserve_traffic"
+# Where the files of loads from files go, under the cache folder.
 OVERRIDES_FOLDER = "overrides"
 
 

@@ -5,7 +5,8 @@ repository as its files are now: they may hold what the others never loaded (a v
 since, a file half copied). It takes on a serving worker's state (`snapshot`): each model with
 the configuration and versions that worker loaded, from this repository's files, checked to be
 the files that worker loaded (each file's path, size and modification time; a model worker 0
-serves for the others is checked by its interface instead, `workers._forwarding`). A model it cannot
+serves for the others is checked by its interface instead, `workers._forwarding`), and the
+traffic policy that worker applies. A model it cannot
 take on so is unavailable here with the reason; `adopt` returns those, and the worker is not
 ready until they are mended (a load of the model through the repository API). A model another
 worker failed to load is unavailable here too, for its reason, without a try.
@@ -24,6 +25,7 @@ from coreserve.repository._overrides import LoadOverrides
 from coreserve.repository.manager import ModelRepository
 from coreserve.repository.model import Model, ModelState
 from coreserve.repository.namespaces import qualified
+from coreserve.repository.traffic.policy import policy_from_document
 
 Entry = dict[str, Any]
 
@@ -43,6 +45,7 @@ def snapshot_entry(model: Model) -> Entry:
         "versions": ready,
         "reason": "" if ready else model.reason or f"model '{model.name}' has no version loaded",
         "from_files": model.from_files,
+        "traffic": model.traffic.as_dict() if model.traffic is not None else None,
     }
 
 
@@ -75,6 +78,9 @@ async def adopt(repository: ModelRepository, entries: list[Entry]) -> dict[str, 
             if fault:
                 faults[entry["name"]] = fault
                 repository.mark_unavailable(_key(entry), entry["name"], entry["namespace"], fault)
+            else:  # the policy that worker applies, whether its configuration's or one set since
+                traffic = entry.get("traffic")
+                repository.get(_key(entry)).traffic = policy_from_document(traffic) if traffic else None
     return faults
 
 

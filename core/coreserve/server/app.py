@@ -298,6 +298,7 @@ class ServerRuntime:
         self.flags.stopping = True
         if self._poller is not None:
             self._poller.cancel()
+        self.dataplane.traffic.close()  # rollouts stop moving weights; the weights stay as they are
         # --exit-timeout-secs bounds the whole stop: draining the frontends, then the models.
         timeout = self.options.exit_timeout_secs
         loop = asyncio.get_running_loop()

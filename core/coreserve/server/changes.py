@@ -111,8 +111,9 @@ class SetTraffic:
     policy: dict[str, Any]  # as the repository API takes it (see repository.traffic.policy)
 
     @property
-    def replay_key(self) -> tuple[str, str]:
-        return ("traffic", self.name)
+    def replay_key(self) -> tuple[str, str, str]:
+        # A model's: a worker that took a snapshot on has the policy from it (see adoption).
+        return ("model", self.name, "traffic")
 
 
 Change = (

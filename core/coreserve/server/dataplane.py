@@ -158,24 +158,14 @@ class DataPlane:
         models on demand and it is not loaded (waiting at most `timeout` seconds)."""
         return self.in_use(name, version) or await self._on_demand(name, version, timeout)
 
-    def in_use(self, name: str, version: str) -> ModelVersion | None:
-        """The loaded version a request names, marked used now; None where no such model is
-        loaded (the caller then awaits `_on_demand`: a request for a loaded model makes no
-        coroutine)."""
+    def in_use(self, name: str, version: str, request: InferenceRequest | None = None) -> ModelVersion | None:
+        """The loaded version a request names (for `request`, one that names no version goes where
+        its model's traffic policy sends it), marked used now; None where no such model is loaded
+        (the caller then awaits `_on_demand`: a request for a loaded model makes no coroutine)."""
         try:
-            target = self.model_version(name, version)
-        except NotFoundError:
-            return None
-        target.last_used = time.time()
-        return target
-
-    def _serving(self, request: InferenceRequest) -> ModelVersion | None:
-        """`in_use` for a request: one that names no version goes where its model's traffic
-        policy sends it."""
-        try:
-            model = self.repository.get(request.model_name)
-            if request.model_version or model.traffic is None:
-                target = model.version(request.model_version)
+            model = self.repository.get(name)
+            if version or model.traffic is None or request is None:
+                target = model.version(version)
             else:
                 target = self.traffic.route(model, request)
         except NotFoundError:
@@ -239,7 +229,8 @@ class DataPlane:
 
         Raises (and counts as a failure of the model) when the request does not fit.
         """
-        target = self._serving(request) or self.model_version(request.model_name, request.model_version)
+        name, version = request.model_name, request.model_version
+        target = self.in_use(name, version, request) or self.model_version(name, version)
         self._submit(target, request, sink, True)
 
     def _submit(
@@ -288,7 +279,9 @@ class DataPlane:
         ("HTTP end point", "ModelInfer RPC"); `instead` says what serves such a model there.
         """
         name, version = request.model_name, request.model_version
-        target = self._serving(request) or await self._on_demand(name, version, timeout_s(request))
+        target = self.in_use(name, version, request) or await self._on_demand(
+            name, version, timeout_s(request)
+        )
         if target.config.model_transaction_policy.decoupled:
             raise UnsupportedError(
                 f"{endpoint} doesn't support models with decoupled transaction policy: model "
@@ -297,10 +290,11 @@ class DataPlane:
             )
         sink = SingleResponse(asyncio.get_running_loop())
         self._submit(target, request, sink)
-        policy = self.repository.get(name).traffic if not version else None
+        policy = self.repository.get(name).traffic if not version else None  # (a dict lookup)
+        started = 0.0
         if policy is not None:
             self.traffic.copy_to_shadow(policy, request, sink.future, self.submit)
-        started = time.perf_counter()
+            started = time.perf_counter()
         try:
             response = await sink.future
         except asyncio.CancelledError:  # its caller was cancelled (a gRPC deadline or cancel, a BLS parent)
@@ -333,7 +327,9 @@ class DataPlane:
         """
         sink = QueuedResponses()
         name, version = request.model_name, request.model_version
-        target = self._serving(request) or await self._on_demand(name, version, timeout_s(request))
+        target = self.in_use(name, version, request) or await self._on_demand(
+            name, version, timeout_s(request)
+        )
         self._submit(target, request, sink, ends_trace=not frontend_sends)
         trace = request.trace if frontend_sends else None
         try:

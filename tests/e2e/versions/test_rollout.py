@@ -153,12 +153,16 @@ def test_a_rollout_is_promoted_or_aborted_by_hand(server: ServerProcess) -> None
         ({"candidate": "2", "steps": [50, 100]}, 400, "a rollout plan needs 'dwell_s'"),
         ({"candidate": "2", "steps": [50, 40, 100], "dwell_s": 1}, 400, "must rise and end at 100"),
         ({"candidate": "2", "steps": [50], "dwell_s": 1}, 400, "must rise and end at 100"),
-        ({"candidate": "2", "steps": [-5, 100], "dwell_s": 1}, 400, "each rollout step must be above 0"),
-        ({"candidate": "2", "steps": [100], "dwell_s": 0}, 400, "rollout 'dwell_s' must be above 0"),
+        (
+            {"candidate": "2", "steps": [-5, 100], "dwell_s": 1},
+            400,
+            "each rollout step must be a number above 0",
+        ),
+        ({"candidate": "2", "steps": [100], "dwell_s": 0}, 400, "rollout 'dwell_s' must be a number above 0"),
         (
             {"candidate": "x", "steps": [100], "dwell_s": 1},
             400,
-            "rollout 'candidate' must be a version number",
+            "rollout 'candidate': 'x' is not a version number (> 0)",
         ),
         ({"candidate": "9", "steps": [100], "dwell_s": 1}, 400, "rollout candidate version 9 of model"),
         (
@@ -167,7 +171,11 @@ def test_a_rollout_is_promoted_or_aborted_by_hand(server: ServerProcess) -> None
             "unknown rollout plan field 'speed'",
         ),
         ({"candidate": "2", "steps": "fast", "dwell_s": 1}, 400, "rollout 'steps' must be a list"),
-        ({"candidate": "2", "steps": [100], "dwell_s": 1, "max_p99_ratio": 0.5}, 400, "must be at least 1"),
+        (
+            {"candidate": "2", "steps": [100], "dwell_s": 1, "max_p99_ratio": 0.5},
+            400,
+            "rollout 'max_p99_ratio' must be a number from 1 to",
+        ),
     ],
 )
 def test_every_mistake_in_a_plan_is_refused(
@@ -184,3 +192,16 @@ def test_reading_or_ending_a_rollout_that_never_started_is_not_found(server: Ser
     assert _post(server, "rollout/promote")[0] == 404
     status, answer = _post(server, "rollout/pause")
     assert status == 400 and "no rollout action 'pause'" in answer["error"]
+
+
+def test_a_rollout_whose_model_is_unloaded_stops_without_a_traceback(
+    coreserve_server: ServerFactory, tmp_path: Path
+) -> None:
+    root = write_behaving(tmp_path / "models", "behaving", {1: "scale 1", 2: "scale 1"})
+    server = coreserve_server(root, "--model-control-mode=explicit", "--load-model=behaving")
+    assert _post(server, "traffic", {"weights": {"1": 100}})[0] == 200
+    _start(server, 2, dwell_s=0.5)
+    assert request(server.http_url, "POST", "/v2/repository/models/behaving/unload", b"{}")[0] == 200
+    wait_until(lambda: "rollout of model 'behaving' cannot go on" in server.log, "the rollout stopped")
+    assert "Traceback" not in server.log
+    assert request(server.http_url, "GET", "/v2/repository/models/behaving/rollout")[0] == 404

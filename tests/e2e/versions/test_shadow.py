@@ -124,3 +124,15 @@ def test_a_share_below_100_copies_about_that_share(server: ServerProcess) -> Non
     compared = "coreserve_traffic_shadow_requests_total{" + _labels("scaled", 2, outcome="compared") + "}"
     wait_until(lambda: compared in _metrics(server), "copies compared")
     assert 50 <= _metrics(server)[compared] <= 150  # 100 expected; binomial spread is about 9
+
+
+def test_a_shadow_alone_leaves_the_clients_to_the_latest_version_but_the_shadows(
+    server: ServerProcess,
+) -> None:
+    """Without weights the latest version answers, unless it is the shadow: the candidate never
+    answers a client."""
+    _policy(server, "scaled", {"shadow": {"version": "3"}})
+    with httpclient.InferenceServerClient(server.http_url) as client:
+        assert {_answer(client, "scaled") for _ in range(20)} == {2.0}  # version 3 is the latest
+    compared = "coreserve_traffic_shadow_requests_total{" + _labels("scaled", 3, outcome="compared") + "}"
+    wait_until(lambda: _metrics(server).get(compared) == 20, "20 copies compared")

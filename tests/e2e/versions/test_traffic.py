@@ -130,7 +130,7 @@ def test_the_policy_is_read_set_and_cleared(server: ServerProcess, client) -> No
     [
         ({"weights": {"1": 90, "2": 20}}, "traffic weights must add up to 100, they add up to 110"),
         ({"weights": {"1": 100, "3": 0}}, "traffic policy of model 'scaled' names version 3"),
-        ({"weights": {"1": 110, "2": -10}}, "weight of version 1 must be a percent from 0 to 100, got 110"),
+        ({"weights": {"1": 110, "2": -10}}, "weight of version 1 must be a number from 0 to 100, got 110"),
         ({"weights": {"1": 50, "2": "half"}}, "weight of version 2: 'half' is not a number"),
         ({"weights": {"one": 100}}, "traffic weights: 'one' is not a version number (> 0)"),
         ({"weights": [1, 2]}, "traffic 'weights' must be an object of version: percent"),

@@ -20,6 +20,7 @@ import bisect
 import itertools
 import math
 import random
+import re
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from hashlib import blake2b
@@ -33,6 +34,7 @@ SHADOW_PARAMETER = "coreserve_traffic_shadow"
 MAX_SHADOW_IN_FLIGHT = 1024
 # Percents add up to 100 within this (clients send 33.3 three times, or floats that round).
 _SUM_TOLERANCE = 0.01
+_WHOLE = re.compile(r"[0-9]{1,18}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +122,7 @@ def policy_from_document(document: object) -> TrafficPolicy:
         raise InvalidArgumentError("traffic 'weights' must be an object of version: percent")
     weights = _weights(
         [
-            (_version(key, "weights"), _percent(value, f"weight of version {key}"))
+            (version_number(key, "traffic weights"), _share(value, f"weight of version {key}"))
             for key, value in weights_json.items()
         ]
     )
@@ -135,7 +137,7 @@ def policy_from_document(document: object) -> TrafficPolicy:
             raise InvalidArgumentError(
                 'traffic \'shadow\' must be {"version": "V", "share": percent, "max_in_flight": N}'
             )
-        version = _version(shadow_json["version"], "shadow")
+        version = version_number(shadow_json["version"], "traffic shadow")
         shadow = _shadow(version, shadow_json.get("share", 100), shadow_json.get("max_in_flight", 16))
     return TrafficPolicy(weights, shadow)
 
@@ -150,7 +152,10 @@ def policy_from_config(config: ModelConfig) -> TrafficPolicy | None:
     pairs = [_pair(item, WEIGHTS_PARAMETER) for item in weights_text.split(",") if item.strip()]
     weights = _weights(
         [
-            (_version(v, WEIGHTS_PARAMETER), _percent(w, f"{WEIGHTS_PARAMETER} of version {v}"))
+            (
+                version_number(v, f"parameter {WEIGHTS_PARAMETER}"),
+                _share(w, f"{WEIGHTS_PARAMETER} of version {v}"),
+            )
             for v, w in pairs
         ]
     )
@@ -158,7 +163,7 @@ def policy_from_config(config: ModelConfig) -> TrafficPolicy | None:
     if shadow_text.strip():
         version, share = _pair(shadow_text, SHADOW_PARAMETER)
         share, _, bound = share.partition(":")
-        shadow = _shadow(_version(version, SHADOW_PARAMETER), share, bound.strip() or 16)
+        shadow = _shadow(version_number(version, f"parameter {SHADOW_PARAMETER}"), share, bound.strip() or 16)
     return TrafficPolicy(weights, shadow)
 
 
@@ -169,25 +174,37 @@ def _pair(text: str, where: str) -> tuple[str, str]:
     return version.strip(), value.strip()
 
 
-def _version(value: object, where: str) -> int:
-    text = str(value).strip() if isinstance(value, str | int) and not isinstance(value, bool) else None
-    if text is None or not text.isdigit() or int(text) <= 0:
-        raise InvalidArgumentError(f"traffic {where}: '{clipped(str(value))}' is not a version number (> 0)")
+def version_number(value: object, where: str) -> int:
+    """A version as a client writes it ("2" or 2), or a clear InvalidArgumentError."""
+    text = str(value).strip() if isinstance(value, str | int) and not isinstance(value, bool) else ""
+    if not _WHOLE.fullmatch(text) or int(text) <= 0:
+        raise InvalidArgumentError(f"{where}: '{clipped(str(value))}' is not a version number (> 0)")
     return int(text)
 
 
-def _percent(value: object, where: str) -> float:
+def bounded_number(value: object, where: str, low: float, high: float, *, above_low: bool = False) -> float:
+    """A number (or its text) from `low` (excluded with `above_low`) to `high`, or a clear
+    InvalidArgumentError naming `where`."""
     if isinstance(value, str):
         text = value
         try:
             value = float(text)
         except ValueError:
             raise InvalidArgumentError(f"{where}: '{clipped(text)}' is not a number") from None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, int | float):
         raise InvalidArgumentError(f"{where} must be a number, got {clipped(repr(value))}")
-    if not 0 <= value <= 100:
-        raise InvalidArgumentError(f"{where} must be a percent from 0 to 100, got {value}")
-    return float(value)
+    try:
+        number = float(value)
+    except OverflowError:  # an integer too large for a float
+        number = math.inf
+    if not math.isfinite(number) or number < low or number > high or (above_low and number == low):
+        bound = f"above {low:g}" if above_low else f"from {low:g}"
+        raise InvalidArgumentError(f"{where} must be a number {bound} to {high:g}, got {clipped(str(value))}")
+    return number
+
+
+def _share(value: object, where: str) -> float:
+    return bounded_number(value, where, 0, 100)
 
 
 def _weights(pairs: list[tuple[int, float]]) -> tuple[tuple[int, float], ...]:
@@ -202,11 +219,15 @@ def _weights(pairs: list[tuple[int, float]]) -> tuple[tuple[int, float], ...]:
 
 
 def _shadow(version: int, share: object, max_in_flight: object) -> Shadow:
-    percent = _percent(share, "shadow share")
+    percent = _share(share, "shadow share")
     if percent == 0:
         raise InvalidArgumentError("shadow share must be above 0 (leave 'shadow' out for none)")
     text = str(max_in_flight).strip()
-    if isinstance(max_in_flight, bool) or not text.isdigit() or not 1 <= int(text) <= MAX_SHADOW_IN_FLIGHT:
+    if (
+        isinstance(max_in_flight, bool)
+        or not _WHOLE.fullmatch(text)
+        or not 1 <= int(text) <= MAX_SHADOW_IN_FLIGHT
+    ):
         raise InvalidArgumentError(
             f"shadow max_in_flight must be a whole number from 1 to {MAX_SHADOW_IN_FLIGHT}, "
             f"got {clipped(text)}"

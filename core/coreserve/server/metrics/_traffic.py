@@ -9,6 +9,7 @@ counting each version exactly: a shadow copy is a request of its version there.
 from __future__ import annotations
 
 from coreserve.repository import ModelRepository
+from coreserve.server.metrics._lifecycle import _escape
 from coreserve.server.metrics._system_metrics import family
 from coreserve.server.traffic import TrafficRouter
 
@@ -24,10 +25,6 @@ OUTPUT_FAMILIES = (
 )  # fmt: skip
 # The rollout states as the state gauge's values.
 ROLLOUT_STATES = {"RUNNING": 1, "PROMOTED": 2, "ROLLED_BACK": 3, "ABORTED": 4}
-
-
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
 def render_traffic_metrics(repository: ModelRepository, router: TrafficRouter | None) -> str:

@@ -35,7 +35,9 @@ def traffic_routes(dataplane: DataPlane, read_body: ReadBody) -> list[tuple[str,
 
     async def rollout_action(request: HttpRequest) -> HttpResponse:
         info = request.match_info
-        return json_answer(await control.rollout(info["model"], info["action"]))
+        body = await read_body(request)
+        plan = json_object(body, "rollout plan") if body.strip() else None  # .../rollout/start
+        return json_answer(await control.rollout(info["model"], info["action"], plan))
 
     base = "/v2/repository/models/{model}"
     return [

@@ -10,8 +10,15 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from coreserve.errors import InvalidArgumentError, NotFoundError, UnsupportedError
+from coreserve.errors import (
+    CoreserveError,
+    InvalidArgumentError,
+    NotFoundError,
+    UnavailableError,
+    UnsupportedError,
+)
 from coreserve.repository.manager import ModelRepository
+from coreserve.repository.model import Model
 from coreserve.repository.traffic.policy import TrafficPolicy, policy_from_document
 from coreserve.server.changes import Change, SetTraffic
 from coreserve.server.traffic._rollout import plan_from_document
@@ -50,10 +57,9 @@ class TrafficControl:
     async def set_policy(self, name: str, document: object) -> dict[str, Any]:
         """Replaces the model's policy (`{}` clears it), in every worker or in none."""
         policy = policy_from_document(document)
-        self._router.check_policy_change(name)
-        self._check(name, policy)
-        assert isinstance(document, dict)
-        await self._server.change(SetTraffic(name, dict(document)))
+        model = self._check(name, policy)
+        self._router.check_policy_change(model)
+        await self._server.change(SetTraffic(name, policy.as_dict()))
         return self.policy(name)
 
     def apply(self, change: SetTraffic) -> None:
@@ -76,7 +82,7 @@ class TrafficControl:
                     "requests (set the weights with the traffic endpoint instead)"
                 )
             plan = plan_from_document(document)
-            return self._router.start_rollout(model, plan, self._set_weights).status()
+            return self._router.start_rollout(model, plan, self._set_weights, self._is_current).status()
         rollout = self._router.rollouts.get(name)
         if rollout is None:
             raise NotFoundError(f"model '{name}' has no rollout")
@@ -86,10 +92,20 @@ class TrafficControl:
             await rollout.abort()
         return rollout.status()
 
-    async def _set_weights(self, name: str, policy: TrafficPolicy) -> None:
-        await self._server.change(SetTraffic(name, policy.as_dict()))
+    async def _set_weights(self, model: Model, policy: TrafficPolicy) -> None:
+        """A rollout's move: made only on the model object it started on."""
+        if not self._is_current(model):
+            raise UnavailableError(f"model '{model.name}' was unloaded or loaded again during its rollout")
+        await self._server.change(SetTraffic(model.name, policy.as_dict()))
 
-    def _check(self, name: str, policy: TrafficPolicy) -> Any:
+    def _is_current(self, model: Model) -> bool:
+        """Whether the repository still serves `model` (not unloaded, nor loaded again)."""
+        try:
+            return self._repository.get(model.name) is model
+        except CoreserveError:
+            return False
+
+    def _check(self, name: str, policy: TrafficPolicy) -> Model:
         model = self._repository.get(name)
         policy.check_versions(name, model.serving_versions())
         return model

@@ -9,8 +9,10 @@ requests the two versions answered during it are compared: a candidate whose err
 exceeds the stable version's by more than `max_error_rate_increase`, or whose p99 latency is
 more than `max_p99_ratio` times the stable version's, is rolled back (all traffic to the stable
 version); otherwise the next step begins. After the last step the candidate is promoted (all
-traffic to it). A step whose candidate answered fewer than `min_requests` is held for another
-dwell rather than judged on too little. Every move is logged and shown by `status()`.
+traffic to it). A step whose candidate answered fewer than `min_requests` is held another dwell,
+its counts kept, rather than judged on too little; at the last step (100%) the stable version
+answers nothing, and the candidate is judged against the stable version's step before. Every
+move is logged and shown by `status()`.
 """
 
 from __future__ import annotations
@@ -24,13 +26,14 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
-from coreserve.errors import InvalidArgumentError, clipped
-from coreserve.repository.traffic.policy import TrafficPolicy
+from coreserve.errors import CoreserveError, InvalidArgumentError, UnavailableError, clipped
+from coreserve.repository.model import Model
+from coreserve.repository.traffic.policy import TrafficPolicy, bounded_number, version_number
 
 logger = logging.getLogger(__name__)
 
 _PLAN_FIELDS = ("candidate", "steps", "dwell_s", "max_error_rate_increase", "max_p99_ratio", "min_requests")
-# Latencies kept per version and step (the newest ones; enough for a p99).
+# Latencies kept per version and step (the first ones; enough for a p99).
 MAX_SAMPLES = 100_000
 
 
@@ -75,40 +78,25 @@ def plan_from_document(document: object) -> RolloutPlan:
     for required in ("candidate", "steps", "dwell_s"):
         if required not in document:
             raise InvalidArgumentError(f"a rollout plan needs '{required}'")
-    candidate = str(document["candidate"]).strip()
-    if isinstance(document["candidate"], bool) or not candidate.isdigit() or int(candidate) <= 0:
-        raise InvalidArgumentError(
-            f"rollout 'candidate' must be a version number (> 0), got '{clipped(candidate)}'"
-        )
+    candidate = version_number(document["candidate"], "rollout 'candidate'")
     steps = document["steps"]
     if not isinstance(steps, list) or not steps:
         raise InvalidArgumentError(
             "rollout 'steps' must be a list of the candidate's percents, e.g. [10, 50, 100]"
         )
-    shares = tuple(_number(step, "each rollout step", low=0, high=100, above_low=True) for step in steps)
+    shares = tuple(bounded_number(step, "each rollout step", 0, 100, above_low=True) for step in steps)
     if any(later <= earlier for earlier, later in itertools.pairwise(shares)) or shares[-1] != 100:
         raise InvalidArgumentError(f"rollout 'steps' must rise and end at 100, got {list(shares)}")
     return RolloutPlan(
-        candidate=int(candidate),
+        candidate=candidate,
         steps=shares,
-        dwell_s=_number(document["dwell_s"], "rollout 'dwell_s'", low=0, high=7 * 24 * 3600, above_low=True),
-        max_error_rate_increase=_number(
-            document.get("max_error_rate_increase", 0.01), "rollout 'max_error_rate_increase'", low=0, high=1
+        dwell_s=bounded_number(document["dwell_s"], "rollout 'dwell_s'", 0, 7 * 24 * 3600, above_low=True),
+        max_error_rate_increase=bounded_number(
+            document.get("max_error_rate_increase", 0.01), "rollout 'max_error_rate_increase'", 0, 1
         ),
-        max_p99_ratio=_number(document.get("max_p99_ratio", 2.0), "rollout 'max_p99_ratio'", low=1, high=1e6),
-        min_requests=int(
-            _number(document.get("min_requests", 20), "rollout 'min_requests'", low=1, high=1e9)
-        ),
+        max_p99_ratio=bounded_number(document.get("max_p99_ratio", 2.0), "rollout 'max_p99_ratio'", 1, 1e6),
+        min_requests=int(bounded_number(document.get("min_requests", 20), "rollout 'min_requests'", 1, 1e9)),
     )
-
-
-def _number(value: object, what: str, *, low: float, high: float, above_low: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise InvalidArgumentError(f"{what} must be a number, got {clipped(repr(value))}")
-    if value < low or value > high or (above_low and value == low):
-        bound = f"above {low:g}" if above_low else f"at least {low:g}"
-        raise InvalidArgumentError(f"{what} must be {bound} and at most {high:g}, got {value:g}")
-    return float(value)
 
 
 @dataclass
@@ -133,12 +121,22 @@ class _Window:
 
 
 class Rollout:
-    """One model's rollout: the task that moves its weights, and what it saw."""
+    """One model's rollout: the task that moves its weights, and what it saw.
+
+    `model` is the model object the rollout started on: a model unloaded or loaded again since
+    is another, and the rollout ends there (`stop`) rather than move the new one's weights.
+    """
 
     def __init__(
-        self, model: str, stable: int, plan: RolloutPlan, apply: Callable[[TrafficPolicy], Awaitable[None]]
+        self,
+        model: Model,
+        stable: int,
+        plan: RolloutPlan,
+        apply: Callable[[TrafficPolicy], Awaitable[None]],
+        is_current: Callable[[Model], bool],
     ) -> None:
         self.model = model
+        self._is_current = is_current
         self.stable = stable
         self.plan = plan
         self.state = RolloutState.RUNNING
@@ -146,14 +144,16 @@ class Rollout:
         self.reason = ""
         self.moves: list[str] = []
         self._apply = apply
+        self._moving = asyncio.Lock()  # one move of the weights at a time (the task's, or by hand)
         self._windows: dict[int, _Window] = {stable: _Window(), plan.candidate: _Window()}
+        self._reference: _Window | None = None  # the stable version's last judged step
         self._task: asyncio.Task[None] | None = None
 
     def running(self) -> bool:
         return self.state is RolloutState.RUNNING
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name=f"rollout:{self.model}")
+        self._task = asyncio.create_task(self._run(), name=f"rollout:{self.model.name}")
 
     def observe(self, version: int, latency_s: float, ok: bool) -> None:
         """One request a version answered (or failed) while the rollout runs."""
@@ -172,7 +172,7 @@ class Rollout:
             "state": self.state.value,
             "stable": str(self.stable),
             "step": self.step,
-            "candidate_percent": self.plan.steps[self.step] if self.state is RolloutState.RUNNING else None,
+            "candidate_percent": self.plan.steps[self.step] if self.running() else None,
             "plan": self.plan.as_dict(),
             "reason": self.reason,
             "moves": list(self.moves),
@@ -190,41 +190,61 @@ class Rollout:
         """Ends the rollout at once with the stable version taking every request."""
         await self._end(RolloutState.ABORTED, "aborted on request")
 
+    def stop(self, reason: str) -> None:
+        """Ends the rollout where its model changed under it, leaving the weights as they are."""
+        if self.running():
+            self.state = RolloutState.ABORTED
+            self.reason = reason
+            self._move(f"aborted: {reason}")
+        self.close()
+
     def close(self) -> None:
-        """Stops the task (the server stops, or the model went away); the weights stay."""
-        if self._task is not None:
+        """Stops the task (the server stops); the weights stay as they are."""
+        if self._task is not None and self._task is not asyncio.current_task():
             self._task.cancel()
 
     async def _run(self) -> None:
         try:
             while self.running():
                 await self._set_step(self.step)
-                await asyncio.sleep(self.plan.dwell_s)
-                if not self.running():  # promoted or aborted meanwhile
-                    return
-                verdict = self._judge()
-                if verdict is None:
-                    self._move(f"step {self.step}: held, the candidate answered too few requests")
-                elif verdict:
+                verdict = None
+                while verdict is None:  # a step with too few requests is held, its counts kept
+                    await asyncio.sleep(self.plan.dwell_s)
+                    if not self.running():  # promoted or aborted meanwhile
+                        return
+                    if not self._is_current(self.model):
+                        raise UnavailableError(f"model '{self.model.name}' was unloaded or loaded again")
+                    verdict = self._judge()
+                    if verdict is None:
+                        self._move(f"step {self.step}: held, the candidate answered too few requests")
+                if verdict:
                     await self._end(RolloutState.ROLLED_BACK, verdict)
                 elif self.step + 1 == len(self.plan.steps):
                     await self._end(RolloutState.PROMOTED, "every step passed its guards")
                 else:
+                    self._reference = self._windows[self.stable]
                     self.step += 1
-        except Exception as exc:  # a rollout that cannot go on falls back to the stable version
-            logger.exception("rollout of model '%s' failed", self.model)
-            await self._end(RolloutState.ROLLED_BACK, f"the rollout failed: {exc}")
+        except CoreserveError as exc:  # the model changed under it: unloaded, or loaded again
+            logger.warning("rollout of model '%s' cannot go on: %s", self.model.name, exc.message)
+            self.stop(f"the rollout could not go on: {exc.message}")
 
     async def _set_step(self, step: int) -> None:
-        share = self.plan.steps[step]
-        self._windows = {self.stable: _Window(), self.plan.candidate: _Window()}
-        await self._apply(_weights(self.stable, 100 - share, self.plan.candidate, share))
-        self._move(f"step {step}: candidate version {self.plan.candidate} at {share:g}%")
+        async with self._moving:
+            if not self.running():
+                return
+            share = self.plan.steps[step]
+            await self._apply(_weights(self.stable, 100 - share, self.plan.candidate, share))
+            self._windows = {self.stable: _Window(), self.plan.candidate: _Window()}
+            self._move(f"step {step}: candidate version {self.plan.candidate} at {share:g}%")
 
     def _judge(self) -> str | None:
-        """The reason to roll back ("" to go on; None: too few requests to judge)."""
+        """The reason to roll back ("" to go on; None: too few requests to judge). Where the
+        stable version answered nothing in the step (the last one, at 100%), the candidate is
+        judged against the stable version's last judged step."""
         candidate = self._windows[self.plan.candidate]
         stable = self._windows[self.stable]
+        if not stable.requests and self._reference is not None:
+            stable = self._reference
         if candidate.requests < self.plan.min_requests:
             return None
         increase = candidate.error_rate() - stable.error_rate()
@@ -244,18 +264,22 @@ class Rollout:
         return ""
 
     async def _end(self, state: RolloutState, reason: str) -> None:
-        if self.state is not RolloutState.RUNNING:
-            return
-        self.state = state
-        self.reason = reason
-        winner = self.plan.candidate if state is RolloutState.PROMOTED else self.stable
-        await self._apply(_weights(winner, 100))
-        self._move(f"{state.value.lower().replace('_', ' ')}: {reason}; version {winner} takes every request")
-        if self._task is not None and self._task is not asyncio.current_task():
-            self._task.cancel()
+        """Ends the rollout with every request to the winner; where that move fails (raises),
+        the rollout goes on as it was."""
+        async with self._moving:
+            if not self.running():
+                return
+            winner = self.plan.candidate if state is RolloutState.PROMOTED else self.stable
+            await self._apply(_weights(winner, 100))
+            self.state = state
+            self.reason = reason
+            self._move(
+                f"{state.value.lower().replace('_', ' ')}: {reason}; version {winner} takes every request"
+            )
+        self.close()
 
     def _move(self, what: str) -> None:
-        logger.info("rollout of model '%s': %s", self.model, what)
+        logger.info("rollout of model '%s': %s", self.model.name, what)
         self.moves.append(f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} {what}")
 
 

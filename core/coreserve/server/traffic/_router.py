@@ -15,15 +15,15 @@ from coreserve.errors import InvalidArgumentError
 from coreserve.repository.model import Model, ModelVersion
 from coreserve.repository.traffic.policy import TrafficPolicy
 from coreserve.server.traffic._rollout import Rollout, RolloutPlan
-from coreserve.server.traffic._shadow import ShadowCopies
-from coreserve.types import InferenceRequest, InferenceResponse, ResponseSink
+from coreserve.server.traffic._shadow import ShadowCopies, Submit
+from coreserve.types import InferenceRequest, InferenceResponse
 
 # The request parameter that keeps a request on one version (the HTTP header of the same name,
 # with dashes, sets it too).
 KEY_PARAMETER = "coreserve_traffic_key"
+RUNNING_REFUSAL = "a rollout running, which sets its weights; promote or abort it first"
 
-Submit = Callable[[InferenceRequest, ResponseSink], None]
-SetPolicy = Callable[[str, TrafficPolicy], Awaitable[None]]
+SetPolicy = Callable[[Model, TrafficPolicy], Awaitable[None]]
 
 
 class TrafficRouter:
@@ -35,17 +35,20 @@ class TrafficRouter:
 
     def route(self, model: Model, request: InferenceRequest) -> ModelVersion:
         """The version that serves `request`, which names none; the request names it from now on
-        (its statistics, trace and log, and a worker it is forwarded to, see that version)."""
-        key = request.traffic_key
-        if key is None and request.parameters:
-            value = request.parameters.pop(KEY_PARAMETER, None)
-            key = None if value is None else str(value)
+        (its statistics, trace and log, and a worker it is forwarded to, see that version). A
+        policy of a shadow alone leaves the clients to the latest version but the shadow's."""
+        value = request.parameters.pop(KEY_PARAMETER, None) if request.parameters else None
+        key = (
+            request.traffic_key if request.traffic_key is not None else None if value is None else str(value)
+        )
         policy = model.traffic
         number = policy.pick(key) if policy is not None else None
-        if number is None:
-            return model.version("")
-        request.model_version = str(number)
-        return model.version(request.model_version)
+        if number is None and policy is not None and policy.shadow is not None:
+            others = [v for v in model.serving_versions() if v != policy.shadow.version]
+            number = others[-1] if others else None
+        target = model.version("" if number is None else str(number))
+        request.model_version = str(target.version)
+        return target
 
     def copy_to_shadow(
         self,
@@ -70,13 +73,12 @@ class TrafficRouter:
         rollout = self.rollouts.get(model)
         return rollout is not None and rollout.running()
 
-    def start_rollout(self, model: Model, plan: RolloutPlan, set_policy: SetPolicy) -> Rollout:
+    def start_rollout(
+        self, model: Model, plan: RolloutPlan, set_policy: SetPolicy, is_current: Callable[[Model], bool]
+    ) -> Rollout:
         """Starts a rollout of `plan` on `model`; its stable version is the one the policy gives
-        most weight (the latest that serves, without a policy)."""
-        if self.observing(model.name):
-            raise InvalidArgumentError(
-                f"model '{model.name}' has a rollout running; promote or abort it first"
-            )
+        most weight (the latest that serves but the candidate, without a policy)."""
+        self.check_policy_change(model, "a rollout running; promote or abort it first")
         candidate = model.versions.get(plan.candidate)
         if candidate is None or not candidate.takes_requests:
             serving = ", ".join(map(str, model.serving_versions())) or "none"
@@ -88,22 +90,27 @@ class TrafficRouter:
         shadow = model.traffic.shadow if model.traffic is not None else None
 
         async def apply(weights: TrafficPolicy) -> None:
-            await set_policy(model.name, TrafficPolicy(weights.weights, shadow))
+            await set_policy(model, TrafficPolicy(weights.weights, shadow))
 
-        rollout = Rollout(model.name, stable, plan, apply)
-        old = self.rollouts.pop(model.name, None)
-        if old is not None:
-            old.close()
+        rollout = Rollout(model, stable, plan, apply, is_current)
         self.rollouts[model.name] = rollout
         rollout.start()
         return rollout
 
-    def check_policy_change(self, model: str) -> None:
-        """Refuses a policy set by hand while a rollout moves the weights."""
-        if self.observing(model):
-            raise InvalidArgumentError(
-                f"model '{model}' has a rollout running, which sets its weights; promote or abort it first"
-            )
+    def check_policy_change(
+        self,
+        model: Model,
+        refusal: str = "a rollout running, which sets its weights; promote or abort it first",
+    ) -> None:
+        """Refuses a change of the weights by hand while a rollout moves them. A rollout of a
+        model unloaded or loaded again since is over: it stops, and the change goes ahead."""
+        rollout = self.rollouts.get(model.name)
+        if rollout is None or not rollout.running():
+            return
+        if rollout.model is not model:
+            rollout.stop(f"model '{model.name}' was unloaded or loaded again")
+            return
+        raise InvalidArgumentError(f"model '{model.name}' has {refusal}")
 
     def close(self) -> None:
         for rollout in self.rollouts.values():

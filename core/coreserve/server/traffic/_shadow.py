@@ -1,10 +1,10 @@
 """Shadow copies: a share of a model's requests also sent to a candidate version, its answers
 compared with the client's and dropped.
 
-A copy never slows the client: it has its own request (no deadline, no cancellation from the
-client), it is sent once the client's answer is written, it queues in the candidate's scheduler,
-and while the shadow's `max_in_flight` copies of a model wait or run, further ones are shed and
-counted. Each output of both answers is compared: numbers by
+A copy never holds the client's request: it is a request of its own (no deadline, no cancellation from the
+client), it is sent once the client's answer is ready (its inputs copied then), it queues in the
+candidate's scheduler, and while the shadow's `max_in_flight` copies of a model wait or run,
+further ones are shed and counted. Each output of both answers is compared: numbers by
 their largest absolute difference, BYTES (and outputs whose shape or type differ) by whether
 they match.
 """
@@ -26,6 +26,7 @@ from coreserve.responses import SingleResponse
 from coreserve.types import InferenceRequest, InferenceResponse, ResponseSink
 
 logger = logging.getLogger(__name__)
+Submit = Callable[[InferenceRequest, ResponseSink], None]
 
 
 @dataclass
@@ -59,49 +60,50 @@ class ShadowCopies:
         shadow: Shadow,
         request: InferenceRequest,
         answer: asyncio.Future[InferenceResponse],
-        submit: Callable[[InferenceRequest, ResponseSink], None],
+        submit: Submit,
     ) -> None:
-        """Sends the candidate a copy of `request` once the client has its `answer`, if this
-        request is in the shadow's share and the model has room for one more copy (a shed copy
-        is counted). Sent after the answer, the copy never runs on the client's time; a request
-        that failed is not copied (there is nothing to compare)."""
+        """Sends the candidate a copy of `request` once the client's `answer` is ready, if the
+        request is in the shadow's share. Requests of a sequence are not copied (a copy of some
+        of a sequence's steps would break the candidate's sequence), nor those that failed
+        (there is nothing to compare)."""
         if shadow.share < 100 and random.random() * 100 >= shadow.share:
             return
-        name = request.model_name
-        if self._in_flight[name] >= shadow.max_in_flight:
-            self.counts[name, shadow.version].shed += 1
+        if any(key.startswith("sequence_") for key in request.parameters):
             return
-        self._in_flight[name] += 1
-        loop = asyncio.get_running_loop()
 
         def answered(_: object) -> None:
             if answer.cancelled() or answer.exception() is not None:
-                self._in_flight[name] -= 1
                 return
-            # Queued behind the client's task, which this callback's future wakes first: the
-            # answer is encoded and written before the copy is sent.
-            loop.call_soon(self._send, shadow.version, request, answer.result(), submit)
+            name = request.model_name
+            if self._in_flight[name] >= shadow.max_in_flight:
+                self.counts[name, shadow.version].shed += 1
+                return
+            self._in_flight[name] += 1
+            # The inputs are copied now, before the client's task resumes: an input read from
+            # a shared memory region (or an in-process caller's array) may change once the client
+            # has its answer. The copy is sent after the client's task has had its turn.
+            inputs = {key: np.copy(array) for key, array in request.inputs.items()}
+            copy = InferenceRequest(
+                model_name=name,
+                inputs=inputs,
+                model_version=str(shadow.version),
+                id=request.id,
+                parameters={key: value for key, value in request.parameters.items() if key != "timeout"},
+                requested_outputs=request.requested_outputs,
+                class_counts=request.class_counts,
+            )
+            asyncio.get_running_loop().call_soon(self._send, copy, answer.result(), submit)
 
         answer.add_done_callback(answered)
 
     def _send(
         self,
-        version: int,
-        request: InferenceRequest,
+        copy: InferenceRequest,
         expected: InferenceResponse,
-        submit: Callable[[InferenceRequest, ResponseSink], None],
+        submit: Submit,
     ) -> None:
-        name = request.model_name
-        counts = self.counts[name, version]
-        copy = InferenceRequest(
-            model_name=name,
-            inputs=request.inputs,
-            model_version=str(version),
-            id=request.id,
-            parameters={key: value for key, value in request.parameters.items() if key != "timeout"},
-            requested_outputs=request.requested_outputs,
-            class_counts=request.class_counts,
-        )
+        name = copy.model_name
+        counts = self.counts[name, int(copy.model_version)]
         sink = SingleResponse(asyncio.get_running_loop())
 
         def done(_: object) -> None:
@@ -130,6 +132,8 @@ def _compare(client: InferenceResponse, candidate: InferenceResponse, counts: Sh
         elif expected.dtype.kind in "OSUb":  # BYTES, strings and booleans match or not
             output.mismatched += int(not np.array_equal(found, expected))
         elif expected.size:
-            difference = float(np.max(np.abs(found.astype(np.float64) - expected.astype(np.float64))))
+            gaps = np.abs(found.astype(np.float64) - expected.astype(np.float64))
+            gaps[np.isnan(found) & np.isnan(expected)] = 0  # NaN where both have NaN is no difference
+            difference = float(np.max(gaps))
             output.mismatched += int(difference != 0)
             output.max_abs_diff = max(output.max_abs_diff, difference)

@@ -23,6 +23,7 @@ from coreserve.repository.adoption import restore, snapshot, snapshot_entry
 from coreserve.server.changes import (
     Change,
     LoadModel,
+    SetTraffic,
     UnloadModel,
     change_from,
     fault_key,
@@ -151,7 +152,11 @@ class WorkerLink:
         return {"before": before}
 
     def _before(self, change: Change) -> dict[str, Any] | None:
-        """A model change's model as it is here before it (what its undo puts back)."""
+        """A model change's model, or a model's traffic policy, as it is here before the change
+        (what its undo puts back)."""
+        if isinstance(change, SetTraffic):
+            policy = self._dataplane.repository.get(change.name).traffic
+            return policy.as_dict() if policy is not None else {}
         if not isinstance(change, LoadModel | UnloadModel):
             return None
         model = next((m for m in self._dataplane.repository.models() if m.name == change.name), None)

@@ -41,6 +41,7 @@ from coreserve.server.changes import (
     Change,
     LoadModel,
     Registration,
+    SetTraffic,
     UnloadModel,
     Unregistration,
     change_from,
@@ -274,8 +275,8 @@ class Supervisor:
     ) -> None:
         """A change that failed in some workers, undone in those that made it: a model put back
         as each had it (a worker that cannot is not ready until the model is loaded again), a
-        region unregistered again (the client may retry). A settings change stays made, and is
-        kept for the workers that start later."""
+        region unregistered again (the client may retry), a traffic policy set back. A settings
+        change stays made, and is kept for the workers that start later."""
         if isinstance(change, LoadModel | UnloadModel):
             message = failure.message if isinstance(failure, CoreserveError) else str(failure)
             restore = {"call": "restore", "name": change.name, "failure": message}
@@ -290,6 +291,11 @@ class Supervisor:
         elif isinstance(change, Registration):
             undone = {"call": "change", "what": message_of(change.undo())}
             undo = [channel.ask(undone, GATHER_TIMEOUT_S) for channel, _ in made]
+        elif isinstance(change, SetTraffic):  # each worker's policy before it, set again
+            undo = [
+                channel.ask({"call": "change", "what": message_of(SetTraffic(change.name, answer["before"]))})
+                for channel, answer in made
+            ]
         else:
             self._remember(change, what)
             return
@@ -408,6 +414,8 @@ class Supervisor:
                 del self._replay[forgotten]
             return
         self._changes += 1
+        if isinstance(change, LoadModel | UnloadModel):  # the model's policy comes with it again
+            self._replay.pop(("model", change.name, "traffic"), None)
         key = change.replay_key or ("in order", str(self._changes))
         self._replay.pop(key, None)
         self._replay[key] = (self._changes, what)
