@@ -244,3 +244,20 @@ def test_a_reload_that_drops_a_weighted_version_is_refused(
     (repository / "scaled" / "config.pbtxt").write_text(SCALED)
     assert request(server.http_url, "POST", "/v2/repository/models/scaled/load", b"{}")[0] == 200
     assert _get(server) == {"weights": {"2": 100.0}}  # a policy set at run time outlives the reload
+
+
+def test_oversized_policies_are_refused_and_the_server_keeps_serving(server: ServerProcess, client) -> None:
+    crowd = "{" + ",".join(f'"{n}": 0' for n in range(1, 150_001)) + "}"
+    status, answer = _set(server, f'{{"weights": {crowd}}}'.encode())
+    assert status == 400 and "too many JSON values in the traffic policy" in answer["error"]
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        stub = traffic_pb2_grpc.TrafficServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.ModelTraffic(
+                traffic_pb2.ModelTrafficRequest(model_name="scaled", policy_json=" " * 70_000 + "{}")
+            )
+        assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+        assert "at most 65536" in refused.value.details()
+    assert _get(server) == {"weights": {}}
+    assert _infer(client) == 2
+    assert "Traceback" not in server.log
