@@ -2,7 +2,7 @@
 it under its model's traffic policy (a shadow copy, a rollout's observation).
 
 A request that names a version never comes here. Neither does a request for a model without
-a policy: the data plane asks the model first, so such requests pay one attribute read.
+a policy: the data plane asks the model first, so such requests pay an attribute read.
 """
 
 from __future__ import annotations
@@ -38,9 +38,9 @@ class TrafficRouter:
         (its statistics, trace and log, and a worker it is forwarded to, see that version). A
         policy of a shadow alone leaves the clients to the latest version but the shadow's."""
         value = request.parameters.pop(KEY_PARAMETER, None) if request.parameters else None
-        key = (
-            request.traffic_key if request.traffic_key is not None else None if value is None else str(value)
-        )
+        key = request.traffic_key  # the HTTP header's, which wins over the parameter
+        if key is None and value is not None:
+            key = str(value)
         policy = model.traffic
         number = policy.pick(key) if policy is not None else None
         if number is None and policy is not None and policy.shadow is not None:
