@@ -6,7 +6,9 @@ reads these errors as its own exceptions.
 
 from __future__ import annotations
 
+import gzip
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -203,3 +205,17 @@ def test_without_the_extra_the_port_is_one_start_up_error(tmp_path: Path) -> Non
         assert "Traceback" not in process.log
     finally:
         process.close()
+
+
+def test_compressed_bodies_are_read_and_those_too_large_once_inflated_are_413(address: str) -> None:
+    """A gzip body is read as the REST frontend reads it; past --http-max-input-size once inflated
+    it is 413, whether it is inflated on the loop (small) or on a codec thread (from 16 KiB)."""
+    headers = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
+    body = json.dumps({"model": "charlm", "prompt": "Hello", "max_tokens": 2, "seed": 7}).encode()
+    status, _, reply = request(address, "POST", "/v1/completions", gzip.compress(body), headers)
+    assert status == 200, reply
+    assert json.loads(reply)["object"] == "text_completion"
+    for bomb in (gzip.compress(b" " * (4 * MAX_BODY)), gzip.compress(os.urandom(2 * MAX_BODY))):
+        status, _, reply = request(address, "POST", "/v1/completions", bomb, headers)
+        assert status == 413, (len(bomb), reply)
+        assert "too large" in json.loads(reply)["error"]["message"]

@@ -30,7 +30,6 @@ from coreserve.server.httpd import (
     HttpServer,
     Response,
     Router,
-    decompress,
 )
 from coreserve.server.openai._chat_template import ChatTemplates
 from coreserve.server.openai._chunks import embeddings_body
@@ -39,6 +38,7 @@ from coreserve.server.openai._generation import Generation
 from coreserve.server.openai._mapping import embedding_inputs, embedding_output, read_chunk
 from coreserve.server.openai._metrics import OpenAIMetrics
 from coreserve.server.openai._requests import chat_request, completion_request, embedding_request, parse_body
+from coreserve.server.rest import BodyCodec
 
 logger = logging.getLogger(__name__)
 OWNER = "coreserve"
@@ -80,7 +80,7 @@ class OpenAIFrontend:
         self._dataplane = dataplane
         self._address = address
         self._reuse_port = reuse_port  # the workers of a server of several share the port
-        self._max_body_size = max_body_size
+        self._codec = BodyCodec(dataplane, max_body_size)  # large compressed bodies inflate off the loop
         self._shutdown_timeout = shutdown_timeout
         self._generation = Generation(dataplane, ChatTemplates(), OpenAIMetrics(custom_metrics))
         self._created = int(time.time())
@@ -104,6 +104,7 @@ class OpenAIFrontend:
 
     async def stop(self) -> None:
         await self._server.stop(self._shutdown_timeout)
+        self._codec.close()
 
     async def _dispatch(self, request: HttpRequest) -> Response:
         handler = self._router.resolve(request)
@@ -137,15 +138,15 @@ class OpenAIFrontend:
         return HttpResponse(200 if self._dataplane.ready() else 503)
 
     async def _completions(self, request: HttpRequest) -> Response:
-        generation = completion_request(parse_body(self._read_body(request)))
+        generation = completion_request(parse_body(await self._codec.read_body(request)))
         return await self._generation.answer(request, generation, self._target(generation.model), chat=False)
 
     async def _chat_completions(self, request: HttpRequest) -> Response:
-        generation = chat_request(parse_body(self._read_body(request)))
+        generation = chat_request(parse_body(await self._codec.read_body(request)))
         return await self._generation.answer(request, generation, self._target(generation.model), chat=True)
 
     async def _embeddings(self, request: HttpRequest) -> HttpResponse:
-        embedding = embedding_request(parse_body(self._read_body(request)))
+        embedding = embedding_request(parse_body(await self._codec.read_body(request)))
         if len(embedding.inputs) > MAX_EMBEDDING_INPUTS:
             raise InvalidArgumentError(
                 f"'input' takes at most {MAX_EMBEDDING_INPUTS} texts, got {len(embedding.inputs)}"
@@ -176,16 +177,6 @@ class OpenAIFrontend:
         return HttpResponse(
             200, embeddings_body(embedding.model, vectors, embedding.base64, sum(counts)), "application/json"
         )
-
-    def _read_body(self, request: HttpRequest) -> bytes | bytearray:
-        """The body, decompressed under its Content-Encoding."""
-        encoding = request.headers.get("content-encoding", "identity").strip().lower()
-        if encoding == "identity" or not request.body:
-            return request.body
-        try:
-            return decompress(request.body, encoding, self._max_body_size)
-        except ValueError as exc:
-            raise InvalidArgumentError(f"cannot read the request body: {exc}") from None
 
 
 def _json(document: dict[str, Any]) -> HttpResponse:

@@ -10,6 +10,7 @@ protocol codecs; never the gRPC frontend.
 
 from __future__ import annotations
 
+from coreserve.server.rest._body_codec import BodyCodec
 from coreserve.server.rest._frontend import HTTP_STATUS, HttpFrontend
 
-__all__ = ["HTTP_STATUS", "HttpFrontend"]
+__all__ = ["HTTP_STATUS", "BodyCodec", "HttpFrontend"]
