@@ -387,8 +387,8 @@ class DataPlane:
         return {"model_stats": [v.statistics.as_dict() for v in versions]}
 
     async def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
-        """Every model and version with its state and, when not ready, the reason."""
-        return await self.repository.index(ready_only)
+        """Every model and version with its state and, when not ready, the reason (and its rollout)."""
+        return self.traffic_control.with_rollouts(await self.repository.index(ready_only))
 
     async def load_model(self, name: str, parameters: dict[str, object]) -> None:
         """Loads or reloads a model; `parameters` as Triton's load request carries them."""

@@ -102,6 +102,10 @@ def test_a_healthy_candidate_is_promoted_step_by_step(server: ServerProcess, loa
     with urllib.request.urlopen(server.metrics_url, timeout=30) as answer:
         text = answer.read().decode()
     assert 'coreserve_traffic_rollout_state{model="behaving",candidate="2",stable="1"} 2' in text
+    index = json.loads(request(server.http_url, "POST", "/v2/repository/index", b"{}")[2])
+    assert {entry["rollout"] for entry in index if entry["name"] == "behaving"} == {
+        "PROMOTED: every step passed its guards"
+    }
 
 
 def test_a_failing_candidate_is_rolled_back_when_its_first_step_ends(
@@ -131,6 +135,10 @@ def test_a_slow_candidate_is_rolled_back_on_its_p99(server: ServerProcess, load:
 
 def test_a_rollout_is_promoted_or_aborted_by_hand(server: ServerProcess) -> None:
     _start(server, 2, dwell_s=3600)
+    index = json.loads(request(server.http_url, "POST", "/v2/repository/index", b"{}")[2])
+    assert {entry["rollout"] for entry in index if entry["name"] == "behaving"} == {
+        "RUNNING: step 0: candidate version 2 at 50%"
+    }
     assert _post(server, "traffic", {"weights": {"1": 100}})[0] == 400  # the rollout sets the weights
     status, answer = _post(server, "rollout", {"candidate": "2", "steps": [100], "dwell_s": 1})
     assert (status, "has a rollout running; promote or abort it first" in answer["error"]) == (400, True)

@@ -54,6 +54,16 @@ class TrafficControl:
             answer["rollout"] = rollout.status()
         return answer
 
+    def with_rollouts(self, entries: list[dict[str, str]]) -> list[dict[str, str]]:
+        """The repository index's entries, those of a model with a rollout saying where it stands
+        (`rollout`: its state and its last move; an extra field, as the HTTP index has others)."""
+        for entry in entries:
+            rollout = self._router.rollouts.get(entry["name"])
+            if rollout is not None and self._is_current(rollout.model):
+                step = rollout.moves[-1].split(" ", 1)[1] if rollout.moves else ""  # (after its time)
+                entry["rollout"] = f"{rollout.state.value}: {step if rollout.running() else rollout.reason}"
+        return entries
+
     async def set_policy(self, name: str, document: object) -> dict[str, Any]:
         """Replaces the model's policy (`{}` clears it), in every worker or in none."""
         policy = policy_from_document(document)
