@@ -66,14 +66,15 @@ def _connections(server: ServerProcess, count: int = 8) -> list[http.client.HTTP
 
 
 def _answering(connections: list[http.client.HTTPConnection]) -> http.client.HTTPConnection:
-    """One of the connections whose worker still answers (the others' time out)."""
+    """One of the connections whose worker still answers (the others' time out, or are reset
+    once the supervisor has killed the hung worker meanwhile)."""
     for connection in connections:
         assert connection.sock is not None
         connection.sock.settimeout(1.0)
         try:
             connection.request("GET", "/v2/health/live")
             connection.getresponse().read()
-        except TimeoutError:
+        except (TimeoutError, ConnectionError):
             connection.close()
             continue
         connection.sock.settimeout(120)
