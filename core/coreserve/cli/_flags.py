@@ -62,10 +62,11 @@ def serve_parser() -> argparse.ArgumentParser:
     bool_flag("--model-load-on-demand", False, "in explicit mode, a request for a model of the repository "
               "that is not loaded loads it and is answered when it is ready (default false)")
     flag("--model-memory-budget", type=memory_budget, action="append", default=None,
-         metavar="BYTES|PERCENT|gpu:<id>=BYTES",
+         metavar="BYTES|PERCENT|gpu:<id>=BYTES|PERCENT",
          help="in explicit mode, the host memory the loaded models may use (e.g. 2GB, 512MiB, 40%%), or "
-              "a GPU's (gpu:0=8GB, read through NVML; repeatable, once per GPU): a load that would pass it "
-              "first unloads the least recently used idle models that are not pinned (default: no budget)")
+              "a GPU's (gpu:0=8GB, gpu:0=60%%, read through NVML; repeatable, once per GPU): a load that "
+              "would pass it first unloads the least recently used idle models that are not pinned "
+              "(default: no budget)")
     flag("--repository-poll-secs", type=float, default=15.0, help="seconds between scans in poll mode")
     flag("--model-load-thread-count", type=int, default=4, help="models that load at the same time")
     flag("--model-config-name", default="", metavar="NAME",

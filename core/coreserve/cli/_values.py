@@ -51,7 +51,7 @@ def rate_limit_resource(text: str) -> ResourceSetting:
 
 def memory_budget(text: str) -> str:
     """One --model-memory-budget value, checked: BYTES (2GB, 512MiB) or PERCENT of the host's
-    memory, or gpu:<id>=BYTES (the values together: `parse_memory_budgets`)."""
+    memory, or gpu:<id>=BYTES|PERCENT (the values together: `parse_memory_budgets`)."""
     from coreserve.repository.memory.budgets import MemoryBudgetError, parse_memory_budgets
 
     try:

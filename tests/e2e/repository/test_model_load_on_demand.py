@@ -295,6 +295,7 @@ def test_without_the_flag_a_request_for_a_model_not_loaded_fails_as_in_triton(
             "the host's model memory budget is given twice",
         ),
         (["--model-control-mode=explicit", "--model-memory-budget=gpu:a=1GB"], "as gpu:<id>=BYTES"),
+        (["--model-control-mode=explicit", "--model-memory-budget=gpu:0=101%"], "at most 100, got 'gpu:0=101%'"),
         (
             [
                 "--model-control-mode=explicit",
@@ -316,7 +317,8 @@ def test_bad_settings_are_refused_at_startup(tmp_path: Path, flags: list[str], m
     assert message in run.stderr
 
 
-def test_a_gpu_budget_without_nvml_stops_the_start_with_the_reason(tmp_path: Path) -> None:
+@pytest.mark.parametrize("budget", ["gpu:0=1GB", "gpu:0=50%"])
+def test_a_gpu_budget_without_nvml_stops_the_start_with_the_reason(tmp_path: Path, budget: str) -> None:
     try:  # where NVML reads a GPU, the budget is kept (test_model_memory_budget.py)
         import pynvml
 
@@ -328,7 +330,7 @@ def test_a_gpu_budget_without_nvml_stops_the_start_with_the_reason(tmp_path: Pat
         reason = "needs NVML, which is not usable here"
     run = subprocess.run(
         [sys.executable, "-m", "coreserve", f"--model-repository={tmp_path}", "--model-control-mode=explicit",
-         "--model-memory-budget=gpu:0=1GB", "--http-port=0", "--grpc-port=0", "--metrics-port=0"],
+         f"--model-memory-budget={budget}", "--http-port=0", "--grpc-port=0", "--metrics-port=0"],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert run.returncode == 1

@@ -216,3 +216,24 @@ def test_a_gpu_budget_unloads_the_least_recently_used_model_on_that_gpu(tmp_path
     finally:
         server.close()
     assert "Traceback" not in server.log
+
+
+@pytest.mark.skipif(bool(GPU_UNUSABLE), reason=GPU_UNUSABLE or "GPU 0 is usable")
+def test_a_gpu_budget_in_percent_is_that_share_of_the_gpus_memory(tmp_path: Path) -> None:
+    """`gpu:0=25%` is a quarter of the memory NVML reports for GPU 0. Runs on a GPU machine."""
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        total = int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(0)).total)
+    finally:
+        pynvml.nvmlShutdown()
+    (tmp_path / "models").mkdir()
+    server = ServerProcess(
+        [tmp_path / "models"], ["--model-control-mode=explicit", "--model-memory-budget=gpu:0=25%"]
+    ).start(timeout=120)
+    try:
+        assert _sample(server, 'coreserve_model_gpu_memory_budget_bytes{gpu="0"}') == total // 4
+    finally:
+        server.close()
+    assert "Traceback" not in server.log

@@ -83,9 +83,10 @@ class BudgetedLoads:
         self._load = load  # a load of that name, as a request's on demand
         self.on_demand = on_demand
         self.memory = ModelMemory(memory_budgets.host)  # the host's
-        # Each budgeted GPU's, by id, and the reader of their used memory.
-        self.gpu_memory = {gpu: ModelMemory(size, f"GPU {gpu}") for gpu, size in memory_budgets.gpus.items()}
+        # The reader of the budgeted GPUs' used memory, and each one's budget, by id.
         self._gpus = GpuMemoryReader.open(memory_budgets.gpus) if memory_budgets.gpus else None
+        in_bytes = self._gpus.in_bytes(memory_budgets.gpus) if self._gpus else {}
+        self.gpu_memory = {gpu: ModelMemory(size, f"GPU {gpu}") for gpu, size in in_bytes.items()}
         self.lifecycle = LifecycleCounts()
         self._demand = DemandLoads(self._load_on_demand, self.lifecycle)
         self.pinned: set[str] = set()  # keys named by --load-model

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from coreserve.errors import UnavailableError
-from coreserve.repository.memory.budgets import MemoryBudgetError
+from coreserve.repository.memory.budgets import MemoryBudgetError, Percent
 
 
 class GpuMemoryReader:
@@ -54,11 +54,30 @@ class GpuMemoryReader:
 
     def used(self) -> dict[int, int]:
         """Each GPU's used memory now, in bytes; UnavailableError where NVML cannot say."""
+        return self._read("used")
+
+    def totals(self) -> dict[int, int]:
+        """Each GPU's memory, in bytes; UnavailableError where NVML cannot say."""
+        return self._read("total")
+
+    def _read(self, field: str) -> dict[int, int]:
         try:
             info = self._nvml.nvmlDeviceGetMemoryInfo
-            return {device: int(info(handle).used) for device, handle in self._handles.items()}
+            return {device: int(getattr(info(handle), field)) for device, handle in self._handles.items()}
         except self._nvml.NVMLError as exc:
             raise UnavailableError(f"the GPUs' memory cannot be read through NVML now ({exc})") from None
+
+    def in_bytes(self, budgets: dict[int, int | Percent]) -> dict[int, int]:
+        """Each GPU's budget in bytes (a percentage is of the memory NVML reports for its GPU);
+        raises MemoryBudgetError (and closes NVML) where that cannot be read."""
+        try:
+            totals = self.totals()
+        except UnavailableError as exc:
+            self.close()
+            raise MemoryBudgetError(
+                f"a GPU model memory budget needs the GPU's size: {exc.message}"
+            ) from None
+        return {gpu: b.of(totals[gpu]) if isinstance(b, Percent) else b for gpu, b in budgets.items()}
 
     def close(self) -> None:
         with contextlib.suppress(self._nvml.NVMLError):

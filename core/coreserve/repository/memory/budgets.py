@@ -41,11 +41,21 @@ class MemoryBudgetError(ValueError):
 
 
 @dataclass(frozen=True)
+class Percent:
+    """A GPU's budget as a share of its memory, in bytes once NVML has said how much it has."""
+
+    share: float  # above 0, at most 100
+
+    def of(self, total: int) -> int:
+        return int(total * self.share / 100)
+
+
+@dataclass(frozen=True)
 class MemoryBudgets:
-    """What `--model-memory-budget` sets: the host's budget and each GPU's, in bytes."""
+    """What `--model-memory-budget` sets: the host's budget in bytes, and each GPU's."""
 
     host: int | None = None  # None: no budget for the host
-    gpus: dict[int, int] = field(default_factory=dict)  # by CUDA id (see `_gpu`)
+    gpus: dict[int, int | Percent] = field(default_factory=dict)  # by CUDA id (see `_gpu`)
 
     def __bool__(self) -> bool:
         return self.host is not None or bool(self.gpus)
@@ -53,19 +63,27 @@ class MemoryBudgets:
 
 def parse_memory_budgets(values: Sequence[str], total: int | None = None) -> MemoryBudgets:
     """The budgets that `--model-memory-budget`'s values name: one for the host (see
-    `parse_memory_budget`) and any number of `gpu:<id>=BYTES`, one per GPU."""
+    `parse_memory_budget`) and any number of `gpu:<id>=BYTES|PERCENT`, one per GPU."""
     host: int | None = None
-    gpus: dict[int, int] = {}
+    gpus: dict[int, int | Percent] = {}
     for text in values:
         if text.strip().lower().startswith("gpu:"):
             device, equals, amount = text.strip()[4:].partition("=")
             if not equals or not device.strip().isdigit():
                 raise MemoryBudgetError(
-                    f"expected a GPU's model memory budget as gpu:<id>=BYTES (e.g. gpu:0=8GB), got '{text}'"
+                    "expected a GPU's model memory budget as gpu:<id>=BYTES or gpu:<id>=PERCENT "
+                    f"(e.g. gpu:0=8GB, gpu:0=60%), got '{text}'"
                 )
             if int(device) in gpus:
                 raise MemoryBudgetError(f"the model memory budget of GPU {int(device)} is given twice")
-            gpus[int(device)] = _parse_bytes(amount, text, "(e.g. gpu:0=8GB)")
+            share = _parse_percent(amount, text)
+            gpus[int(device)] = (
+                Percent(share)
+                if share is not None
+                else _parse_bytes(
+                    amount, text, "(e.g. gpu:0=8GB) or PERCENT of the GPU's memory (e.g. gpu:0=60%)"
+                )
+            )
         else:
             if host is not None:
                 raise MemoryBudgetError(f"the host's model memory budget is given twice (again as '{text}')")
@@ -77,16 +95,23 @@ def parse_memory_budget(text: str, total: int | None = None) -> int:
     """The budget in bytes that `text` names: BYTES with an optional unit (2GB, 512MB, 1.5GiB)
     or PERCENT of the host's memory (40%); `total` is that memory (by default /proc/meminfo's
     MemTotal). Raises MemoryBudgetError for zero, a percentage past 100 or a malformed value."""
-    percent = _PERCENT.match(text)
-    if percent is not None:
-        share = float(percent[1])
-        if not 0 < share <= 100:
-            raise MemoryBudgetError(
-                f"a model memory budget in percent must be above 0 and at most 100, got '{text}'"
-            )
-        host = total if total is not None else host_memory()
-        return int(host * share / 100)
+    share = _parse_percent(text, text)
+    if share is not None:
+        return Percent(share).of(total if total is not None else host_memory())
     return _parse_bytes(text, text, "(e.g. 2GB, 512MB, 1GiB) or PERCENT of the host's memory (e.g. 40%)")
+
+
+def _parse_percent(amount_text: str, text: str) -> float | None:
+    """The share that `amount_text` names in percent (None: it names none)."""
+    percent = _PERCENT.match(amount_text)
+    if percent is None:
+        return None
+    share = float(percent[1])
+    if not 0 < share <= 100:
+        raise MemoryBudgetError(
+            f"a model memory budget in percent must be above 0 and at most 100, got '{text}'"
+        )
+    return share
 
 
 def _parse_bytes(amount_text: str, text: str, examples: str) -> int:

@@ -14,6 +14,7 @@ from coreserve.repository.memory.budgets import (
     MemoryBudgetError,
     MemoryBudgets,
     ModelMemory,
+    Percent,
     parse_memory_budget,
     parse_memory_budgets,
     process_tree_rss,
@@ -89,6 +90,10 @@ def test_the_host_and_each_gpu_have_a_budget_of_their_own() -> None:
     budgets = parse_memory_budgets(["40%", "gpu:0=8GB", "GPU:1 = 512MiB"], total=1000)
     assert budgets == MemoryBudgets(host=400, gpus={0: 8 * 10**9, 1: 512 * 2**20}) and budgets
     assert parse_memory_budgets(["gpu:3=1GB"]) == MemoryBudgets(gpus={3: 10**9})
+    # A GPU's share is a share of what NVML reports for it, read when the budget is kept.
+    budgets = parse_memory_budgets(["gpu:0=60%", "gpu:1=2.5 %"], total=1000)
+    assert budgets.gpus == {0: Percent(60.0), 1: Percent(2.5)}
+    assert Percent(60.0).of(143 * 10**9) == 85_800_000_000
 
 
 @pytest.mark.parametrize(
@@ -96,11 +101,13 @@ def test_the_host_and_each_gpu_have_a_budget_of_their_own() -> None:
     [
         (["1GB", "2GB"], "the host's model memory budget is given twice"),
         (["gpu:0=1GB", "gpu:0=2GB"], "the model memory budget of GPU 0 is given twice"),
-        (["gpu:0"], "expected a GPU's model memory budget as gpu:<id>=BYTES"),
+        (["gpu:0"], "expected a GPU's model memory budget as gpu:<id>=BYTES or gpu:<id>=PERCENT"),
         (["gpu:x=1GB"], "expected a GPU's model memory budget as gpu:<id>=BYTES"),
         (["gpu:-1=1GB"], "expected a GPU's model memory budget as gpu:<id>=BYTES"),
         (["gpu:0=0"], "must be above 0 bytes, got 'gpu:0=0'"),
-        (["gpu:0=40%"], "expected a model memory budget as BYTES (e.g. gpu:0=8GB), got 'gpu:0=40%'"),
+        (["gpu:0=0%"], "in percent must be above 0 and at most 100, got 'gpu:0=0%'"),
+        (["gpu:0=140%"], "in percent must be above 0 and at most 100, got 'gpu:0=140%'"),
+        (["gpu:0=40 percent"], "expected a model memory budget as BYTES (e.g. gpu:0=8GB) or PERCENT"),
     ],
 )
 def test_bad_gpu_budgets_are_refused(values: list[str], message: str) -> None:
