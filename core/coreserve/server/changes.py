@@ -109,6 +109,7 @@ class SetTraffic:
     call: ClassVar[str] = "set_traffic"
     name: str
     policy: dict[str, Any]  # as the repository API takes it (see repository.traffic.policy)
+    rollout: bool = False  # a rollout's own move (others are refused while one runs)
 
     @property
     def replay_key(self) -> tuple[str, str, str]:

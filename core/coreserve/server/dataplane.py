@@ -43,7 +43,7 @@ from coreserve.server.changes import (
 from coreserve.server.frontend_reads import FRONTEND_READS
 from coreserve.server.log_settings import LogSettings, ServerLog
 from coreserve.server.shared_memory import CudaSharedMemory, SystemSharedMemory, load_cuda_runtime
-from coreserve.server.traffic import TrafficControl, TrafficRouter
+from coreserve.server.traffic import RolloutPeers, TrafficControl, TrafficRouter
 from coreserve.tracing import Tracer, TraceSetting
 from coreserve.tracing.trace import TraceEndingSink
 from coreserve.types import InferenceRequest, InferenceResponse, ResponseSink, now_ns
@@ -73,7 +73,7 @@ class NamesModel(Protocol):
     model_version: str
 
 
-class Peers(Protocol):
+class Peers(RolloutPeers, Protocol):
     """The other workers of a server of several (`coreserve.server.workers`)."""
 
     async def everywhere(self, change: Change) -> None:
@@ -388,7 +388,7 @@ class DataPlane:
 
     async def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
         """Every model and version with its state and, when not ready, the reason (and its rollout)."""
-        return self.traffic_control.with_rollouts(await self.repository.index(ready_only))
+        return await self.traffic_control.with_rollouts(await self.repository.index(ready_only))
 
     async def load_model(self, name: str, parameters: dict[str, object]) -> None:
         """Loads or reloads a model; `parameters` as Triton's load request carries them."""

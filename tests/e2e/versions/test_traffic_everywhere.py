@@ -65,13 +65,6 @@ def test_every_worker_applies_the_policy_and_keys_stick_across_workers(repositor
         assert served == {1, 2}
         metrics = urlopen_text(server.metrics_url)
         assert 'coreserve_traffic_weight{model="scaled",version="1"} 50' in metrics  # once, not summed
-        status, answer = answer_of(
-            server,
-            "POST",
-            "/v2/repository/models/scaled/rollout",
-            json.dumps({"candidate": "2", "steps": [100], "dwell_s": 1}),
-        )
-        assert status == 501 and "rollouts run in a server of one process" in json.loads(answer)["error"]
     finally:
         server.close()
 

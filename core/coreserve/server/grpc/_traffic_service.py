@@ -41,7 +41,7 @@ class TrafficServicer(pb_grpc.TrafficServiceServicer):
                 request.model_name, _document(request.policy_json, "policy")
             )
         else:
-            policy = self._control.policy(request.model_name)
+            policy = await self._control.policy(request.model_name)
         return pb.ModelTrafficResponse(policy_json=orjson.dumps(policy).decode())
 
     @_unary("model-repository")

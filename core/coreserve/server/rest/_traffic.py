@@ -20,7 +20,7 @@ def traffic_routes(dataplane: DataPlane, read_body: ReadBody) -> list[tuple[str,
     control = dataplane.traffic_control
 
     async def policy(request: HttpRequest) -> HttpResponse:
-        return json_answer(control.policy(request.match_info["model"]))
+        return json_answer(await control.policy(request.match_info["model"]))
 
     async def set_policy(request: HttpRequest) -> HttpResponse:
         document = json_object(await read_body(request), "traffic policy")

@@ -7,7 +7,14 @@ types; never a frontend.
 
 from __future__ import annotations
 
-from coreserve.server.traffic._control import ROLLOUT_ACTIONS, TrafficControl
+from coreserve.server.traffic._control import ROLLOUT_ACTIONS, TRAFFIC_CALLS, RolloutPeers, TrafficControl
 from coreserve.server.traffic._router import KEY_PARAMETER, TrafficRouter
 
-__all__ = ["KEY_PARAMETER", "ROLLOUT_ACTIONS", "TrafficControl", "TrafficRouter"]
+__all__ = [
+    "KEY_PARAMETER",
+    "ROLLOUT_ACTIONS",
+    "TRAFFIC_CALLS",
+    "RolloutPeers",
+    "TrafficControl",
+    "TrafficRouter",
+]

@@ -21,20 +21,18 @@ import asyncio
 import enum
 import itertools
 import logging
-import math
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from coreserve.errors import CoreserveError, InvalidArgumentError, UnavailableError, clipped
 from coreserve.repository.model import Model
 from coreserve.repository.traffic.policy import TrafficPolicy, bounded_number, version_number
+from coreserve.server.traffic._windows import Window, Windows
 
 logger = logging.getLogger(__name__)
 
 _PLAN_FIELDS = ("candidate", "steps", "dwell_s", "max_error_rate_increase", "max_p99_ratio", "min_requests")
-# Latencies kept per version and step (the first ones; enough for a p99).
-MAX_SAMPLES = 100_000
 
 
 class RolloutState(enum.StrEnum):
@@ -99,32 +97,12 @@ def plan_from_document(document: object) -> RolloutPlan:
     )
 
 
-@dataclass
-class _Window:
-    """What one version answered during the current step."""
-
-    latencies_s: list[float] = field(default_factory=list)
-    failures: int = 0
-
-    @property
-    def requests(self) -> int:
-        return len(self.latencies_s) + self.failures
-
-    def error_rate(self) -> float:
-        return self.failures / self.requests if self.requests else 0.0
-
-    def p99_s(self) -> float:
-        if not self.latencies_s:
-            return 0.0
-        ordered = sorted(self.latencies_s)
-        return ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]
-
-
 class Rollout:
     """One model's rollout: the task that moves its weights, and what it saw.
 
     `model` is the model object the rollout started on: a model unloaded or loaded again since
     is another, and the rollout ends there (`stop`) rather than move the new one's weights.
+    `windows` count what the two versions answer during each step.
     """
 
     def __init__(
@@ -134,6 +112,7 @@ class Rollout:
         plan: RolloutPlan,
         apply: Callable[[TrafficPolicy], Awaitable[None]],
         is_current: Callable[[Model], bool],
+        windows: Windows,
     ) -> None:
         self.model = model
         self._is_current = is_current
@@ -145,9 +124,11 @@ class Rollout:
         self.moves: list[str] = []
         self._apply = apply
         self._moving = asyncio.Lock()  # one move of the weights at a time (the task's, or by hand)
-        self._windows: dict[int, _Window] = {stable: _Window(), plan.candidate: _Window()}
-        self._reference: _Window | None = None  # the stable version's last judged step
+        self._windows = windows
+        self._reference: Window | None = None  # the stable version's last judged step
+        self._last: dict[int, Window] = {}  # the windows as they were when the rollout ended
         self._task: asyncio.Task[None] | None = None
+        self._closing: set[asyncio.Task[None]] = set()
 
     def running(self) -> bool:
         return self.state is RolloutState.RUNNING
@@ -155,19 +136,11 @@ class Rollout:
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name=f"rollout:{self.model.name}")
 
-    def observe(self, version: int, latency_s: float, ok: bool) -> None:
-        """One request a version answered (or failed) while the rollout runs."""
-        window = self._windows.get(version)
-        if window is None:
-            return
-        if not ok:
-            window.failures += 1
-        elif len(window.latencies_s) < MAX_SAMPLES:
-            window.latencies_s.append(latency_s)
-
-    def status(self) -> dict[str, object]:
-        candidate = self._windows[self.plan.candidate]
-        stable = self._windows[self.stable]
+    async def status(self) -> dict[str, object]:
+        """Where the rollout stands, with what the versions answered in the step so far."""
+        windows = await self._windows.read(self.model.name) if self.running() else self._last
+        candidate = windows.get(self.plan.candidate, Window())
+        stable = windows.get(self.stable, Window())
         return {
             "state": self.state.value,
             "stable": str(self.stable),
@@ -196,6 +169,9 @@ class Rollout:
             self.state = RolloutState.ABORTED
             self.reason = reason
             self._move(f"aborted: {reason}")
+            closing = asyncio.create_task(self._keep_last_windows())
+            self._closing.add(closing)
+            closing.add_done_callback(self._closing.discard)
         self.close()
 
     def close(self) -> None:
@@ -214,7 +190,8 @@ class Rollout:
                         return
                     if not self._is_current(self.model):
                         raise UnavailableError(f"model '{self.model.name}' was unloaded or loaded again")
-                    verdict = self._judge()
+                    windows = await self._windows.read(self.model.name)
+                    verdict = self._judge(windows)
                     if verdict is None:
                         self._move(f"step {self.step}: held, the candidate answered too few requests")
                 if verdict:
@@ -222,7 +199,7 @@ class Rollout:
                 elif self.step + 1 == len(self.plan.steps):
                     await self._end(RolloutState.PROMOTED, "every step passed its guards")
                 else:
-                    self._reference = self._windows[self.stable]
+                    self._reference = windows.get(self.stable)
                     self.step += 1
         except CoreserveError as exc:  # the model changed under it: unloaded, or loaded again
             logger.warning("rollout of model '%s' cannot go on: %s", self.model.name, exc.message)
@@ -234,15 +211,15 @@ class Rollout:
                 return
             share = self.plan.steps[step]
             await self._apply(_weights(self.stable, 100 - share, self.plan.candidate, share))
-            self._windows = {self.stable: _Window(), self.plan.candidate: _Window()}
+            await self._windows.open(self.model.name, [self.stable, self.plan.candidate])
             self._move(f"step {step}: candidate version {self.plan.candidate} at {share:g}%")
 
-    def _judge(self) -> str | None:
+    def _judge(self, windows: dict[int, Window]) -> str | None:
         """The reason to roll back ("" to go on; None: too few requests to judge). Where the
         stable version answered nothing in the step (the last one, at 100%), the candidate is
         judged against the stable version's last judged step."""
-        candidate = self._windows[self.plan.candidate]
-        stable = self._windows[self.stable]
+        candidate = windows.get(self.plan.candidate, Window())
+        stable = windows.get(self.stable, Window())
         if not stable.requests and self._reference is not None:
             stable = self._reference
         if candidate.requests < self.plan.min_requests:
@@ -276,7 +253,17 @@ class Rollout:
             self._move(
                 f"{state.value.lower().replace('_', ' ')}: {reason}; version {winner} takes every request"
             )
+            await self._keep_last_windows()
         self.close()
+
+    async def _keep_last_windows(self) -> None:
+        """Keeps the last step's windows for the status, and stops counting (where the workers
+        cannot be asked now, their windows stay open until the model's next rollout)."""
+        try:
+            self._last = dict(await self._windows.read(self.model.name))
+            await self._windows.close(self.model.name)
+        except CoreserveError as exc:
+            logger.warning("rollout of model '%s': its windows could not be closed: %s", self.model.name, exc)
 
     def _move(self, what: str) -> None:
         logger.info("rollout of model '%s': %s", self.model.name, what)

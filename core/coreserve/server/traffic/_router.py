@@ -16,6 +16,7 @@ from coreserve.repository.model import Model, ModelVersion
 from coreserve.repository.traffic.policy import TrafficPolicy
 from coreserve.server.traffic._rollout import Rollout, RolloutPlan
 from coreserve.server.traffic._shadow import ShadowCopies, Submit
+from coreserve.server.traffic._windows import ProcessWindows, Windows
 from coreserve.types import InferenceRequest, InferenceResponse
 
 # The request parameter that keeps a request on one version (the HTTP header of the same name,
@@ -27,11 +28,13 @@ SetPolicy = Callable[[Model, TrafficPolicy], Awaitable[None]]
 
 
 class TrafficRouter:
-    """Routes requests by their model's policy; holds the shadow copies' counts and the rollouts."""
+    """Routes requests by their model's policy; holds the shadow copies' counts, the rollouts
+    (run in this process) and the windows of this process's requests under a rollout."""
 
     def __init__(self) -> None:
         self.shadows = ShadowCopies()
         self.rollouts: dict[str, Rollout] = {}
+        self.windows = ProcessWindows()
 
     def route(self, model: Model, request: InferenceRequest) -> ModelVersion:
         """The version that serves `request`, which names none; the request names it from now on
@@ -65,19 +68,19 @@ class TrafficRouter:
 
     def observe(self, model: str, version: int, started: float, ok: bool) -> None:
         """One request answered (or failed) by a version of a model under a running rollout."""
-        rollout = self.rollouts.get(model)
-        if rollout is not None and rollout.running():
-            rollout.observe(version, time.perf_counter() - started, ok)
-
-    def observing(self, model: str) -> bool:
-        rollout = self.rollouts.get(model)
-        return rollout is not None and rollout.running()
+        self.windows.observe(model, version, time.perf_counter() - started, ok)
 
     def start_rollout(
-        self, model: Model, plan: RolloutPlan, set_policy: SetPolicy, is_current: Callable[[Model], bool]
+        self,
+        model: Model,
+        plan: RolloutPlan,
+        set_policy: SetPolicy,
+        is_current: Callable[[Model], bool],
+        windows: Windows,
     ) -> Rollout:
-        """Starts a rollout of `plan` on `model`; its stable version is the one the policy gives
-        most weight (the latest that serves but the candidate, without a policy)."""
+        """Starts a rollout of `plan` on `model`, counted in `windows`; its stable version is the
+        one the policy gives most weight (the latest that serves but the candidate, without a
+        policy)."""
         self.check_policy_change(model, "a rollout running; promote or abort it first")
         candidate = model.versions.get(plan.candidate)
         if candidate is None or not candidate.takes_requests:
@@ -92,7 +95,7 @@ class TrafficRouter:
         async def apply(weights: TrafficPolicy) -> None:
             await set_policy(model, TrafficPolicy(weights.weights, shadow))
 
-        rollout = Rollout(model, stable, plan, apply, is_current)
+        rollout = Rollout(model, stable, plan, apply, is_current, windows)
         self.rollouts[model.name] = rollout
         rollout.start()
         return rollout

@@ -18,7 +18,7 @@ import os
 import signal
 from typing import Any
 
-from coreserve.errors import CoreserveError, InvalidArgumentError
+from coreserve.errors import CoreserveError, InvalidArgumentError, UnavailableError
 from coreserve.repository.adoption import restore, snapshot, snapshot_entry
 from coreserve.server.changes import (
     Change,
@@ -32,6 +32,7 @@ from coreserve.server.changes import (
 )
 from coreserve.server.dataplane import DataPlane
 from coreserve.server.metrics import MetricsReport
+from coreserve.server.traffic import TRAFFIC_CALLS
 from coreserve.server.workers._channel import Channel, ChannelClosed, error_from
 from coreserve.server.workers._forwarding import OwnerLink
 from coreserve.server.workers._merge import merge_metrics, merge_statistics
@@ -136,6 +137,8 @@ class WorkerLink:
             return None
         if call == "snapshot":  # what this worker serves, for one that starts again to take on
             return snapshot(self._dataplane.repository)
+        if call in TRAFFIC_CALLS:  # a rollout's windows, or (worker 0's) another worker's rollout call
+            return await self._dataplane.traffic_control.answer(ask, self.role.index)
         if call not in ("change", "restore"):
             raise InvalidArgumentError(f"a worker does not know '{call}'")
         await self._replayed.wait()  # a change asked while the replay is made comes after it
@@ -204,6 +207,31 @@ class WorkerLink:
     async def metrics(self) -> str:
         results, carried = await self._gather({"call": "metrics"})
         return merge_metrics(results, shared_cache=self._shared_cache, carried=carried)
+
+    @property
+    def index(self) -> int:
+        return self.role.index
+
+    @property
+    def workers(self) -> int:
+        return self.role.count
+
+    async def from_every_worker(self, what: dict[str, Any]) -> list[Any]:
+        """`what` asked of every worker: the answers of those that gave one (a worker that
+        does not answer is left out; where none answers, the first one's error is raised)."""
+        results, _ = await self._gather(what)
+        return results
+
+    async def from_worker_0(self, what: dict[str, Any]) -> Any:
+        """Worker 0's answer to `what`, which the other workers answer with None; its error is
+        raised here, and UnavailableError where it does not answer now."""
+        gathered = await self._ask({"call": "gather", "what": what})
+        for answer in gathered["answers"]:
+            if "error" in answer:
+                raise error_from(answer["error"])
+            if answer["result"] is not None:
+                return answer["result"]
+        raise UnavailableError("worker 0 does not answer now (it starts again); try again")
 
     async def _gather(self, what: dict[str, Any]) -> tuple[list[Any], list[Any]]:
         gathered = await self._ask({"call": "gather", "what": what})

@@ -32,7 +32,7 @@ import signal
 import sys
 import tempfile
 from collections.abc import Coroutine, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -293,7 +293,7 @@ class Supervisor:
             undo = [channel.ask(undone, GATHER_TIMEOUT_S) for channel, _ in made]
         elif isinstance(change, SetTraffic):  # each worker's policy before it, set again
             undo = [
-                channel.ask({"call": "change", "what": message_of(SetTraffic(change.name, answer["before"]))})
+                channel.ask({"call": "change", "what": message_of(replace(change, policy=answer["before"]))})
                 for channel, answer in made
             ]
         else:
