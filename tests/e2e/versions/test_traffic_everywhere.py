@@ -1,18 +1,22 @@
 """The policy holds in every mode: in each worker of a server of several (sticky keys land on
-the same version in every worker, the metrics merge), and for the requests ensembles make."""
+the same version in every worker, the metrics merge), and for the requests that ensembles, BLS
+calls and the OpenAI frontend make."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 from pathlib import Path
 
 import numpy as np
+import openai
 import tritonclient.http as httpclient
 
 from coreserve.testing import ServerFactory
 from support.model_builders import ADD_SUB_CONFIG, add_sub_model, write_model
+from support.servers.openai_repository import openai_repository, openai_url
 from support.servers.worker_servers import (
     CONNECTIONS,
     answer_of,
@@ -148,3 +152,40 @@ def test_a_bls_call_that_names_no_version_follows_the_policy(
         tensor = httpclient.InferInput("INPUT0", [1, 4], "FP32")
         tensor.set_data_from_numpy(np.ones((1, 4), np.float32))
         assert {float(client.infer("caller", [tensor]).as_numpy("OUTPUT0")[0, 0]) for _ in range(10)} == {1.0}
+
+
+def test_the_openai_frontend_follows_the_policy(coreserve_server: ServerFactory, tmp_path: Path) -> None:
+    """charlm served as versions 1 and 2 (the same model): with every request to 1 (not the
+    latest, which serves without a policy), completions and streamed chats count there alone."""
+    root = openai_repository(tmp_path / "models")
+    shutil.copytree(root / "charlm" / "1", root / "charlm" / "2")
+    with (root / "charlm" / "config.pbtxt").open("a") as config:
+        config.write("version_policy: { all { } }\n")
+    server = coreserve_server(root, "--openai-port=0")
+    body = json.dumps({"weights": {"1": 100}}).encode()
+    assert request(server.http_url, "POST", "/v2/repository/models/charlm/traffic", body)[0] == 200
+    with openai.OpenAI(base_url=openai_url(server), api_key="unused", max_retries=0, timeout=60) as client:
+        for _ in range(3):
+            assert (
+                client.completions.create(model="charlm", prompt="The server", max_tokens=4).choices[0].text
+            )
+        chat = client.chat.completions.create(
+            model="charlm", messages=[{"role": "user", "content": "Hello"}], max_tokens=4, stream=True
+        )
+        assert "".join(chunk.choices[0].delta.content or "" for chunk in chat if chunk.choices)
+
+    def requests_of(version: int) -> int:
+        path = f"/v2/models/charlm/versions/{version}/stats"
+        statistics = json.loads(request(server.http_url, "GET", path)[2])
+        return int(statistics["model_stats"][0]["inference_stats"]["success"]["count"])
+
+    assert (requests_of(1), requests_of(2)) == (4, 0)
+    # Under 50/50, the header's traffic key keeps one client's requests on one version.
+    body = json.dumps({"weights": {"1": 50, "2": 50}}).encode()
+    assert request(server.http_url, "POST", "/v2/repository/models/charlm/traffic", body)[0] == 200
+    with openai.OpenAI(base_url=openai_url(server), api_key="unused", max_retries=0, timeout=60) as client:
+        for _ in range(8):
+            client.completions.create(
+                model="charlm", prompt="The", max_tokens=2, extra_headers={"coreserve-traffic-key": "alice"}
+            )
+    assert (requests_of(1), requests_of(2)) in ((12, 0), (4, 8))

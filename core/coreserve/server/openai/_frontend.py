@@ -39,6 +39,7 @@ from coreserve.server.openai._mapping import embedding_inputs, embedding_output,
 from coreserve.server.openai._metrics import OpenAIMetrics
 from coreserve.server.openai._requests import chat_request, completion_request, embedding_request, parse_body
 from coreserve.server.rest import BodyCodec
+from coreserve.server.traffic import KEY_HEADER
 
 logger = logging.getLogger(__name__)
 OWNER = "coreserve"
@@ -113,10 +114,12 @@ class OpenAIFrontend:
             return openai_error(404, f"unknown endpoint: {request.method} {path}")
         return await handler(request)
 
-    def _target(self, name: str) -> ModelVersion:
-        """The ready version of the model a request names (OpenAI's model ids are model names)."""
+    def _target(self, name: str, request: HttpRequest | None = None) -> ModelVersion:
+        """The ready version of the model a request names (OpenAI's model ids are model names):
+        where the model's traffic policy sends it (the header `coreserve-traffic-key` sticks)."""
         try:
-            return self._dataplane.model_version(name)
+            key = request.headers.get(KEY_HEADER) if request is not None else None
+            return self._dataplane.traffic.pick(self._dataplane.repository.get(name), key)
         except NotFoundError:
             raise ModelNotFound(
                 f"The model '{name}' does not exist (GET /v1/models lists the models)"
@@ -139,11 +142,13 @@ class OpenAIFrontend:
 
     async def _completions(self, request: HttpRequest) -> Response:
         generation = completion_request(parse_body(await self._codec.read_body(request)))
-        return await self._generation.answer(request, generation, self._target(generation.model), chat=False)
+        target = self._target(generation.model, request)
+        return await self._generation.answer(request, generation, target, chat=False)
 
     async def _chat_completions(self, request: HttpRequest) -> Response:
         generation = chat_request(parse_body(await self._codec.read_body(request)))
-        return await self._generation.answer(request, generation, self._target(generation.model), chat=True)
+        target = self._target(generation.model, request)
+        return await self._generation.answer(request, generation, target, chat=True)
 
     async def _embeddings(self, request: HttpRequest) -> HttpResponse:
         embedding = embedding_request(parse_body(await self._codec.read_body(request)))
@@ -151,7 +156,7 @@ class OpenAIFrontend:
             raise InvalidArgumentError(
                 f"'input' takes at most {MAX_EMBEDDING_INPUTS} texts, got {len(embedding.inputs)}"
             )
-        target = self._target(embedding.model)
+        target = self._target(embedding.model, request)
         inferences = [embedding_inputs(embedding.model, target.signature, text) for text in embedding.inputs]
         for inference in inferences:
             inference.model_version = str(target.version)

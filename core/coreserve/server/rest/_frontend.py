@@ -36,13 +36,12 @@ from coreserve.server.rest._json_bodies import json_answer
 from coreserve.server.rest._shared_memory import shared_memory_routes
 from coreserve.server.rest._traffic import traffic_routes
 from coreserve.server.restrictions import ApiRestrictions
-from coreserve.server.traffic import KEY_PARAMETER
+from coreserve.server.traffic import KEY_HEADER
 from coreserve.types import InferenceRequest, Trace, TraceContext, now_ns
 
 logger = logging.getLogger(__name__)
 _T = TypeVar("_T")
 # The header that keeps a request on one version of a model with traffic weights.
-TRAFFIC_KEY_HEADER = KEY_PARAMETER.replace("_", "-")
 
 HTTP_STATUS = {
     ErrorCode.INVALID_ARG: 400,
@@ -182,7 +181,7 @@ class HttpFrontend:
         received_ns = now_ns() if tracing else 0
         info = request.match_info
         inference, plan = await self._codec.decode_infer(request, info["model"], info.get("version", ""))
-        inference.traffic_key = request.headers.get(TRAFFIC_KEY_HEADER)
+        inference.traffic_key = request.headers.get(KEY_HEADER)
         _cancel_on_disconnect(request, inference)
         if tracing:
             _trace_context(request, inference, received_ns)
@@ -205,7 +204,7 @@ class HttpFrontend:
         received_ns = now_ns() if tracing else 0
         info = request.match_info
         inference = await self._codec.decode_generate(request, info["model"], info.get("version", ""))
-        inference.traffic_key = request.headers.get(TRAFFIC_KEY_HEADER)
+        inference.traffic_key = request.headers.get(KEY_HEADER)
         _cancel_on_disconnect(request, inference)
         if tracing:
             _trace_context(request, inference, received_ns)

@@ -8,9 +8,10 @@ types; never a frontend.
 from __future__ import annotations
 
 from coreserve.server.traffic._control import ROLLOUT_ACTIONS, TRAFFIC_CALLS, RolloutPeers, TrafficControl
-from coreserve.server.traffic._router import KEY_PARAMETER, TrafficRouter
+from coreserve.server.traffic._router import KEY_HEADER, KEY_PARAMETER, TrafficRouter
 
 __all__ = [
+    "KEY_HEADER",
     "KEY_PARAMETER",
     "ROLLOUT_ACTIONS",
     "TRAFFIC_CALLS",

@@ -19,9 +19,9 @@ from coreserve.server.traffic._shadow import ShadowCopies, Submit
 from coreserve.server.traffic._windows import ProcessWindows, Windows
 from coreserve.types import InferenceRequest, InferenceResponse
 
-# The request parameter that keeps a request on one version (the HTTP header of the same name,
-# with dashes, sets it too).
+# The request parameter that keeps a request on one version, and the HTTP header that does.
 KEY_PARAMETER = "coreserve_traffic_key"
+KEY_HEADER = KEY_PARAMETER.replace("_", "-")
 RUNNING_REFUSAL = "a rollout running, which sets its weights; promote or abort it first"
 
 SetPolicy = Callable[[Model, TrafficPolicy], Awaitable[None]]
@@ -44,14 +44,19 @@ class TrafficRouter:
         key = request.traffic_key  # the HTTP header's, which wins over the parameter
         if key is None and value is not None:
             key = str(value)
+        target = self.pick(model, key)
+        request.model_version = str(target.version)
+        return target
+
+    def pick(self, model: Model, key: str | None) -> ModelVersion:
+        """The version that serves a request of `model` that names none, with the traffic key
+        `key` (None: drawn at random by the weights): the latest, where the model has no policy."""
         policy = model.traffic
         number = policy.pick(key) if policy is not None else None
         if number is None and policy is not None and policy.shadow is not None:
             others = [v for v in model.serving_versions() if v != policy.shadow.version]
             number = others[-1] if others else None
-        target = model.version("" if number is None else str(number))
-        request.model_version = str(target.version)
-        return target
+        return model.version("" if number is None else str(number))
 
     def copy_to_shadow(
         self,
