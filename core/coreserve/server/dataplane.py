@@ -231,7 +231,9 @@ class DataPlane:
         """
         name, version = request.model_name, request.model_version
         target = self.in_use(name, version, request) or self.model_version(name, version)
-        self._submit(target, request, sink, True)
+        self._submit(
+            target, request, sink if version else self.traffic.counted(sink, name, target.version), True
+        )
 
     def _submit(
         self,
@@ -289,27 +291,21 @@ class DataPlane:
                 f"{instead}"
             )
         sink = SingleResponse(asyncio.get_running_loop())
-        self._submit(target, request, sink)
+        self._submit(target, request, sink if version else self.traffic.counted(sink, name, target.version))
         policy = self.repository.get(name).traffic if not version else None  # (a dict lookup)
-        started = 0.0
         if policy is not None:
             self.traffic.copy_to_shadow(policy, request, sink.future, self.submit)
-            started = time.perf_counter()
         try:
             response = await sink.future
         except asyncio.CancelledError:  # its caller was cancelled (a gRPC deadline or cancel, a BLS parent)
             request.cancel()
             raise
         except CoreserveError as exc:
-            if policy is not None:
-                self.traffic.observe(name, target.version, started, ok=False)
             if request.trace is not None:
                 end_trace(request, None, finish=True)
             if self.log.settings.log_verbose_level:
                 request_log.failed(request, target.version, exc.message)
             raise
-        if policy is not None:
-            self.traffic.observe(name, target.version, started, ok=True)
         if request.trace is not None:
             end_trace(request, response, finish=False)
         if self.log.settings.log_verbose_level:
@@ -330,7 +326,8 @@ class DataPlane:
         target = self.in_use(name, version, request) or await self._on_demand(
             name, version, timeout_s(request)
         )
-        self._submit(target, request, sink, ends_trace=not frontend_sends)
+        counted = sink if version else self.traffic.counted(sink, name, target.version)
+        self._submit(target, request, counted, ends_trace=not frontend_sends)
         trace = request.trace if frontend_sends else None
         try:
             async for response in sink.responses():
@@ -344,9 +341,7 @@ class DataPlane:
             # Ended by an error or by a final flag without a response (not by a caller that left).
             if trace is not None and sink.drained:
                 trace.request_end(now_ns())
-            # Left before the last response (the caller was cancelled, or stopped iterating):
-            # nobody listens any more.
-            if not sink.done:
+            if not sink.done:  # left before the last response (cancelled, or stopped reading)
                 request.cancel()
 
     def pending_requests(self) -> int:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
@@ -123,6 +124,54 @@ def test_a_failing_candidate_is_rolled_back_when_its_first_step_ends(
     window = ended["window"]["candidate"]
     assert window["failures"] == window["requests"] >= 5
     assert failed - window["failures"] in (0, 1)
+
+
+def test_requests_with_a_stream_of_responses_are_judged_too(server: ServerProcess) -> None:
+    """The generate endpoint's requests (DataPlane.stream, as the OpenAI frontend's) count."""
+    stop = threading.Event()
+    body = json.dumps({"INPUT0": [1, 1, 1, 1]}).encode()
+
+    def send() -> None:
+        while not stop.is_set():
+            request(server.http_url, "POST", "/v2/models/behaving/generate", body)
+
+    sender = threading.Thread(target=send, daemon=True)
+    sender.start()
+    try:
+        _start(server, 3)
+        ended = _ended(server)
+    finally:
+        stop.set()
+        sender.join(timeout=30)
+    assert ended["state"] == "ROLLED_BACK" and ended["step"] == 0, ended
+    window = ended["window"]["candidate"]
+    assert window["failures"] == window["requests"] >= 5
+    assert ended["window"]["stable"]["failures"] == 0 and ended["window"]["stable"]["requests"] >= 1
+
+
+def test_requests_of_a_grpc_stream_are_judged_too(server: ServerProcess) -> None:
+    stop = threading.Event()
+
+    def send() -> None:
+        with grpcclient.InferenceServerClient(server.grpc_url) as client:
+            client.start_stream(callback=lambda result, error: None)
+            tensor = grpcclient.InferInput("INPUT0", [1, 4], "FP32")
+            tensor.set_data_from_numpy(ONES)
+            while not stop.wait(0.005):
+                client.async_stream_infer("behaving", [tensor])
+            client.stop_stream()
+
+    sender = threading.Thread(target=send, daemon=True)
+    sender.start()
+    try:
+        _start(server, 3)
+        ended = _ended(server)
+    finally:
+        stop.set()
+        sender.join(timeout=30)
+    assert ended["state"] == "ROLLED_BACK" and ended["step"] == 0, ended
+    window = ended["window"]["candidate"]
+    assert window["failures"] == window["requests"] >= 5
 
 
 def test_a_slow_candidate_is_rolled_back_on_its_p99(server: ServerProcess, load: None) -> None:

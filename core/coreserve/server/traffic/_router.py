@@ -8,7 +8,6 @@ a policy: the data plane asks the model first, so such requests pay an attribute
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Awaitable, Callable
 
 from coreserve.errors import InvalidArgumentError
@@ -16,8 +15,8 @@ from coreserve.repository.model import Model, ModelVersion
 from coreserve.repository.traffic.policy import TrafficPolicy
 from coreserve.server.traffic._rollout import Rollout, RolloutPlan
 from coreserve.server.traffic._shadow import ShadowCopies, Submit
-from coreserve.server.traffic._windows import ProcessWindows, Windows
-from coreserve.types import InferenceRequest, InferenceResponse
+from coreserve.server.traffic._windows import CountedSink, ProcessWindows, Windows
+from coreserve.types import InferenceRequest, InferenceResponse, ResponseSink
 
 # The request parameter that keeps a request on one version, and the HTTP header that does.
 KEY_PARAMETER = "coreserve_traffic_key"
@@ -71,9 +70,12 @@ class TrafficRouter:
         if shadow is not None and str(shadow.version) != request.model_version:
             self.shadows.copy_after(shadow, request, answer, submit)
 
-    def observe(self, model: str, version: int, started: float, ok: bool) -> None:
-        """One request answered (or failed) by a version of a model under a running rollout."""
-        self.windows.observe(model, version, time.perf_counter() - started, ok)
+    def counted(self, sink: ResponseSink, model: str, version: int) -> ResponseSink:
+        """The sink of a request routed to `version` (it named none): one that counts how the
+        version answers it where the model's rollout counts its requests, else `sink`."""
+        if not self.windows.observing(model):
+            return sink
+        return CountedSink(sink, self.windows, model, version)
 
     def start_rollout(
         self,
