@@ -213,6 +213,7 @@ def test_a_gpu_budget_unloads_the_least_recently_used_model_on_that_gpu(tmp_path
         assert _sample(server, "coreserve_model_evictions_total") == 1
         assert _sample(server, 'coreserve_model_gpu_memory_budget_bytes{gpu="0"}') == 7 * 10**9
         client.close()
+        log = server.log
     finally:
-        server.close()
-    assert "Traceback" not in server.log
+        server.close()  # deletes the log file
+    assert "Traceback" not in log
