@@ -51,11 +51,12 @@ def wants_cuda_graphs(
                 f"model '{model}': CUDA graphs need fixed shapes, and input '{spec.name}' allows ragged "
                 f"batches (parameter {GRAPHS_PARAMETER})"
             )
-        if -1 in spec.dims or (spec.reshape is not None and -1 in spec.reshape):
-            raise ModelConfigError(
-                f"model '{model}': CUDA graphs need fixed shapes, and input '{spec.name}' has dims "
-                f"{list(spec.dims)} (-1 besides the batch dimension; parameter {GRAPHS_PARAMETER})"
-            )
+        for field, shape in (("dims", spec.dims), ("reshape", spec.reshape or ())):
+            if -1 in shape:
+                raise ModelConfigError(
+                    f"model '{model}': CUDA graphs need fixed shapes, and input '{spec.name}' has a "
+                    f"variable dimension: {field} {list(shape)} (parameter {GRAPHS_PARAMETER})"
+                )
     if device.type != "cuda":
         seen = "" if torch.cuda.is_available() else ", and this torch sees no CUDA device"
         raise ModelConfigError(

@@ -23,7 +23,7 @@ from coreserve.repository.memory._gpu import GpuMemoryReader
 from coreserve.testing import ServerProcess
 from support.gpu_checks import gpu_0_unusable
 from support.gpu_memory import used_after_unload
-from torch_models import Double, Mlp
+from torch_models import Double, Mlp, Synchronizing
 
 GPU = torch.cuda.is_available()
 GPU_UNUSABLE = gpu_0_unusable()
@@ -70,11 +70,12 @@ REFUSED = {
     ),
     "variable_dims": (
         _config(GRAPHS % "true", dims="[ -1 ]"),
-        "model 'variable_dims': CUDA graphs need fixed shapes, and input 'x' has dims [-1]",
+        "model 'variable_dims': CUDA graphs need fixed shapes, and input 'x' has a variable dimension: dims [-1]",
     ),
     "unbatched_variable_dims": (
         _config(GRAPHS % "true", max_batch=0, dims="[ 2, -1 ]"),
-        "model 'unbatched_variable_dims': CUDA graphs need fixed shapes, and input 'x' has dims [2, -1]",
+        "model 'unbatched_variable_dims': CUDA graphs need fixed shapes, and input 'x' has a variable "
+        "dimension: dims [2, -1]",
     ),
     "ragged": (
         _config(f"{GRAPHS % 'true'}\ndynamic_batching {{ }}", input_extra="allow_ragged_batch: true"),
@@ -155,7 +156,8 @@ def _mlp_config(extra: str) -> str:
 
 @pytest.fixture(scope="module")
 def gpu_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """`captured` (two instances on GPU 0 with graphs) and `eager` (the same module without)."""
+    """`captured` (two instances on GPU 0 with graphs), `eager` (the same module without) and
+    `uncapturable` (a model that synchronises inside forward(), with graphs)."""
     root = tmp_path_factory.mktemp("graphs")
     torch.manual_seed(0)
     mlp = Mlp(WIDTH, HIDDEN)
@@ -166,7 +168,13 @@ def gpu_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProce
         _mlp_config(f"{GRAPHS % 'true'}\ninstance_group [ {{ kind: KIND_GPU count: 2 gpus: [ 0 ] }} ]"),
     )
     _save(root, "eager", mlp, _mlp_config("instance_group [ { kind: KIND_GPU gpus: [ 0 ] } ]"))
-    server = ServerProcess([root]).start(timeout=300)
+    _save(
+        root,
+        "uncapturable",
+        Synchronizing(),
+        _mlp_config(f"{GRAPHS % 'true'}\ninstance_group [ {{ kind: KIND_GPU gpus: [ 0 ] }} ]"),
+    )
+    server = ServerProcess([root], ["--exit-on-error=false"]).start(timeout=300)
     yield server
     server.close()
 
@@ -232,6 +240,26 @@ def test_concurrent_requests_answer_as_without_graphs(gpu_server: ServerProcess)
     captures = _captures(gpu_server.log, "captured")
     assert len(captures) == len(set(captures)), captures
     assert {size for _, size in captures} <= set(range(1, MAX_BATCH + 1)), captures
+    assert "Traceback" not in gpu_server.log
+
+
+@needs_gpu
+def test_a_model_a_graph_cannot_capture_fails_to_load_and_the_gpu_serves_on(
+    gpu_server: ServerProcess,
+) -> None:
+    client = httpclient.InferenceServerClient(gpu_server.http_url, network_timeout=120)
+    try:
+        entry = next(e for e in client.get_model_repository_index() if e["name"] == "uncapturable")
+        assert entry["state"] == "UNAVAILABLE", entry
+        assert "model 'uncapturable': instance 'uncapturable_0" in entry["reason"], entry
+        assert (
+            "cannot run as a CUDA graph (parameter coreserve_cuda_graphs): a batch of zeros failed: "
+            in entry["reason"]
+        ), entry
+        x = _rows(3, 7)
+        _assert_same(_infer(client, "captured", x), _infer(client, "eager", x))
+    finally:
+        client.close()
     assert "Traceback" not in gpu_server.log
 
 

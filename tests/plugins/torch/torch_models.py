@@ -42,3 +42,10 @@ class Mlp(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down(torch.nn.functional.gelu(self.up(x)))
+
+
+class Synchronizing(torch.nn.Module):
+    """Reads a value back to the host inside forward(): a CUDA graph cannot capture that."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * float(x.sum())
