@@ -12,7 +12,10 @@ import torch
 from coreserve import DataType, InferenceRequest, InternalError
 from coreserve.backend import InstanceThread, ModelSignature, Responder, run_batched
 from coreserve_torch._binding import InputBinding, OutputBinding
+from coreserve_torch._cuda_graphs import CapturedGraphs, empty_cache
 from coreserve_torch._tensors import to_tensor
+
+_HOST = torch.device("cpu")
 
 
 class TorchInstance:
@@ -29,6 +32,7 @@ class TorchInstance:
         *,
         inference_mode: bool,
         optimized: bool,
+        graphs: CapturedGraphs | None = None,
     ) -> None:
         self._module = module
         self._device = device
@@ -39,9 +43,10 @@ class TorchInstance:
         self._inference_mode = inference_mode
         self._optimized = optimized
         self._scripted = isinstance(module, torch.jit.ScriptModule)
+        self._graphs = graphs
 
     async def execute(self, requests: Sequence[InferenceRequest], responder: Responder) -> None:
-        await run_batched(requests, responder, self._run, thread=self._thread)
+        await run_batched(requests, responder, self.infer, thread=self._thread)
 
     @contextlib.contextmanager
     def _modes(self) -> Iterator[None]:
@@ -51,11 +56,20 @@ class TorchInstance:
                 stack.enter_context(torch.jit.optimized_execution(False))  # type: ignore[attr-defined]
             yield
 
-    def _run(self, inputs: dict[str, np.ndarray], output_names: Sequence[str]) -> dict[str, np.ndarray]:
-        tensors = {name: to_tensor(array, self._device) for name, array in inputs.items()}
-        with self._modes():
-            result = self._module(*self._inputs.arguments(tensors))
-        outputs = self._outputs.outputs(result, output_names)
+    def infer(self, inputs: dict[str, np.ndarray], output_names: Sequence[str]) -> dict[str, np.ndarray]:
+        """Runs forward() on one batch (blocking); `execute` calls it on the instance's thread."""
+        if self._graphs is None:
+            tensors = {name: to_tensor(array, self._device) for name, array in inputs.items()}
+            with self._modes():
+                result = self._module(*self._inputs.arguments(tensors))
+            outputs = self._outputs.outputs(result, output_names)
+        else:
+            # The graph copies host tensors into its own; its result is read out (to host memory)
+            # before the turn ends, so no other replay can overwrite it first.
+            tensors = {name: to_tensor(array, _HOST) for name, array in inputs.items()}
+            with self._graphs.turn(), self._modes():
+                result = self._graphs.replay(self._module, self._inputs.arguments(tensors))
+                outputs = self._outputs.outputs(result, output_names)
         for name, array in outputs.items():
             if array.dtype != self._types[name]:
                 raise InternalError(
@@ -65,7 +79,13 @@ class TorchInstance:
         return outputs
 
     async def close(self) -> None:
+        self.release()
+
+    def release(self) -> None:
+        """Frees the module, its graphs and (on a GPU) the memory torch keeps cached for them."""
         self._thread.close()
+        if self._graphs is not None:
+            self._graphs.clear()
         del self._module
         if self._device.type == "cuda":  # torch's cache keeps what the module held from NVML's view
-            torch.cuda.empty_cache()
+            empty_cache()

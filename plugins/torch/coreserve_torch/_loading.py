@@ -25,6 +25,12 @@ from coreserve.backend import (
     int_parameter,
 )
 from coreserve_torch._binding import InputBinding, OutputBinding
+from coreserve_torch._cuda_graphs import (
+    GRAPHS_PARAMETER,
+    CapturedGraphs,
+    first_batch,
+    wants_cuda_graphs,
+)
 from coreserve_torch._formats import is_export
 from coreserve_torch._instance import TorchInstance
 from coreserve_torch._tensors import TORCH_TYPES
@@ -134,14 +140,19 @@ def create_instance(
     if inter is not None:
         with contextlib.suppress(RuntimeError):  # torch allows it once, before parallel work starts
             torch.set_num_interop_threads(inter)
-    module, arguments = _load(model.model_file, device, model.name)
     signature = ModelSignature(config)
+    graphs = (
+        CapturedGraphs(device, server.logger, f"model '{model.name}': instance '{placement.name}'")
+        if wants_cuda_graphs(config, signature, placement, device)
+        else None
+    )
+    module, arguments = _load(model.model_file, device, model.name)
     unsupported = [s.name for s in signature.model_inputs.values() if s.datatype is DataType.BYTES]
     if unsupported:
         raise ModelConfigError(
             f"model '{model.name}': plugin-torch cannot pass BYTES tensors ({unsupported})"
         )
-    return TorchInstance(
+    instance = TorchInstance(
         module,
         device,
         InputBinding(model.name, list(signature.model_inputs), arguments),
@@ -150,4 +161,23 @@ def create_instance(
         InstanceThread(placement.name, inline_below_us(config)),
         inference_mode=bool_parameter(config, "INFERENCE_MODE") is not False,
         optimized=not bool_parameter(config, "DISABLE_OPTIMIZED_EXECUTION"),
+        graphs=graphs,
     )
+    if graphs is not None:
+        _capture_first_batch(instance, signature, placement)
+    return instance
+
+
+def _capture_first_batch(
+    instance: TorchInstance, signature: ModelSignature, placement: InstancePlacement
+) -> None:
+    """Captures the first shape at load, so that a model CUDA cannot capture fails to load."""
+    try:
+        instance.infer(first_batch(signature), list(signature.model_outputs))
+    except Exception as exc:
+        instance.release()
+        first_line = (str(exc).strip().splitlines() or [""])[0]  # TorchScript adds its traceback
+        raise ModelConfigError(
+            f"model '{signature.model_name}': instance '{placement.name}' cannot run as a CUDA graph "
+            f"(parameter {GRAPHS_PARAMETER}): a batch of zeros failed: {type(exc).__name__}: {first_line}"
+        ) from None

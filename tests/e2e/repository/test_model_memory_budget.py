@@ -213,9 +213,10 @@ def test_a_gpu_budget_unloads_the_least_recently_used_model_on_that_gpu(tmp_path
         assert _sample(server, "coreserve_model_evictions_total") == 1
         assert _sample(server, 'coreserve_model_gpu_memory_budget_bytes{gpu="0"}') == 7 * 10**9
         client.close()
+        log = server.log
     finally:
-        server.close()
-    assert "Traceback" not in server.log
+        server.close()  # deletes the log file
+    assert "Traceback" not in log
 
 
 @pytest.mark.skipif(bool(GPU_UNUSABLE), reason=GPU_UNUSABLE or "GPU 0 is usable")
@@ -234,6 +235,7 @@ def test_a_gpu_budget_in_percent_is_that_share_of_the_gpus_memory(tmp_path: Path
     ).start(timeout=120)
     try:
         assert _sample(server, 'coreserve_model_gpu_memory_budget_bytes{gpu="0"}') == total // 4
+        log = server.log
     finally:
-        server.close()
-    assert "Traceback" not in server.log
+        server.close()  # deletes the log file
+    assert "Traceback" not in log

@@ -30,3 +30,22 @@ class OnCuda(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.full_like(x, float(x.is_cuda))
+
+
+class Mlp(torch.nn.Module):
+    """Two linear layers with a GELU between: a small model whose time goes to launching kernels."""
+
+    def __init__(self, width: int, hidden: int) -> None:
+        super().__init__()
+        self.up = torch.nn.Linear(width, hidden)
+        self.down = torch.nn.Linear(hidden, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(torch.nn.functional.gelu(self.up(x)))
+
+
+class Synchronizing(torch.nn.Module):
+    """Reads a value back to the host inside forward(): a CUDA graph cannot capture that."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * float(x.sum())
