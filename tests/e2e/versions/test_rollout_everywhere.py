@@ -116,12 +116,20 @@ def test_a_healthy_candidate_is_promoted_and_counted_once_in_the_metrics(
     assert 'coreserve_traffic_rollout_state{model="behaving",candidate="2",stable="1"} 2\n' in metrics
 
 
-def test_while_it_runs_weights_by_hand_are_refused_in_every_worker_and_any_worker_aborts_it(
+def test_while_it_runs_every_worker_refuses_what_would_break_it_and_any_worker_aborts_it(
     server: ServerProcess,
 ) -> None:
     started = _start(server, 2, dwell_s=600)
     assert started["state"] == "RUNNING"
-    for _ in range(CONNECTIONS):
+    for _ in range(CONNECTIONS):  # worker 0's refusals reach the other workers' clients whole
+        status, answer = _json(server, "POST", f"{BASE}/rollout", {"candidate": "2", "steps": [10, 100]})
+        assert (status, answer["error"]) == (400, "a rollout plan needs 'dwell_s'"), answer
+        status, answer = _json(server, "POST", "/v2/repository/models/nothing/rollout/abort")
+        assert status == 404 and "nothing" in answer["error"], answer
+        status, answer = _json(
+            server, "POST", f"{BASE}/rollout", {"candidate": "2", "steps": [100], "dwell_s": 1}
+        )
+        assert status == 400 and "has a rollout running" in answer["error"], answer
         status, answer = _json(server, "POST", f"{BASE}/traffic", {"weights": {"2": 100}})
         assert status == 400 and "has a rollout running" in answer["error"], answer
         assert _json(server, "GET", f"{BASE}/traffic")[1]["weights"] == {"1": 50.0, "2": 50.0}
