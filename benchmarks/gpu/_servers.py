@@ -91,8 +91,8 @@ class TritonProcess:
         copy = self.work / "models"
         shutil.copytree(repository, copy)
         # Triton 2.51's stub mis-sizes tensors under numpy 2 (JSON answers fail): a numpy 1 goes
-        # first, the pack's (stub-site/) or the one beside the server in real-tritonserver's venv.
-        numpy1 = [str(p) for p in (root / "stub-site", root) if (p / "numpy").is_dir()]
+        # first, the pack's (stub-site/3.X/) or the one beside the server in real-tritonserver's venv.
+        numpy1 = [str(p) for p in (root / "stub-site" / version, root) if (p / "numpy").is_dir()]
         paths = numpy1 + [entry for entry in sys.path if entry and Path(entry).is_dir()]
         prefix = f"import sys as _s\n_s.path[:0] = [p for p in {paths!r} if p not in _s.path]\n"
         for model_py in copy.rglob("model.py"):
