@@ -85,7 +85,7 @@ def main() -> None:
     else:
         plan = device_plan(args.budget_s or 480, args.cuda_graphs_parameter, args.cpu_workers)
     output = args.output or RESULTS / ("gpu-dry-run.json" if args.dry_run else "gpu-h200.json")
-    record = Record(output, {**vars(args), "output": str(output), "plan": plan.__dict__})
+    record = Record(output, {**vars(args), "output": str(output)}, plan.__dict__)
     session = _stages.Session(plan)
     try:
         for name in STAGES:

@@ -60,9 +60,10 @@ class Stage:
 class Record:
     """The results file of one run: the machine, the parameters and every stage's figures."""
 
-    def __init__(self, path: Path, parameters: dict[str, Any]) -> None:
+    def __init__(self, path: Path, parameters: dict[str, Any], plan: dict[str, Any]) -> None:
         self.path = path
         self.parameters = parameters
+        self.plan = plan
         self.machine = {**machine(), **accelerator(), "software": software()}
         self.stages: list[Stage] = []
         self.errors: dict[str, str] = {}
@@ -95,6 +96,7 @@ class Record:
             "tables": [table.__dict__ for stage in self.stages for table in stage.tables],
             "data": {
                 "seconds": round(time.monotonic() - self.started, 1),
+                "plan": self.plan,
                 "stages": {stage.name: stage.figures for stage in self.stages},
                 "errors": self.errors,
             },
