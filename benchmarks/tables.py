@@ -60,6 +60,18 @@ def render(document: Mapping[str, Any], heading_level: int = 2, name: str = "") 
         + (f"; parameters: {described}" if described else "")
         + ".",
     ]
+    gpu = machine.get("gpu")
+    if gpu:  # benchmarks.gpu's results: the card and the software beside the figures
+        software = machine.get("software") or {}
+        parts[1] += (
+            f" GPU: {gpu}, driver {machine.get('gpu_driver')}; torch {software.get('torch')}"
+            f" (CUDA {software.get('torch_cuda')}); coreserve {software.get('coreserve_commit')}."
+        )
+    failed = (document.get("data") or {}).get("errors") or {}
+    if failed:
+        parts.append(
+            "Stages that failed: " + "; ".join(f"{name}: {error[:200]}" for name, error in failed.items())
+        )
     for table in document.get("tables", []):
         parts.append(f"**{table['title']}**")
         parts.append(markdown_table(table["columns"], table["rows"]))

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The device run of benchmarks/gpu (issue 48), whole: unpacks .gpu-carry/gpu-pack.tar.xz (made
+# here by `python -m benchmarks.gpu.pack`), puts the tree's code and the pack's packages on
+# PYTHONPATH, says what the machine has, then runs the benchmark within its budget. The device
+# call, with carry [".gpu-carry"] and timeout_s 600:
+#
+#   PYTHONUNBUFFERED=1 bash benchmarks/gpu/device-run.sh
+#
+# Writes $OUT/gpu-h200.json (rewritten after every stage), $OUT/log and $OUT/manifest.json.
+# Arguments go to `python -m benchmarks.gpu` (--dry-run runs it here, on the CPU, from the pack).
+# GPU_BUDGET_S (default 420) is the benchmark's budget; with unpacking, imports and the servers'
+# starts and stops the whole stays within 8 minutes (a hard stop at 470 s keeps what was written).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+out=${OUT:-/tmp/gpu-bench-out}
+mkdir -p "$out"
+pack=${GPU_PACK_DIR:-/tmp/gpu-pack}
+started=$SECONDS
+rm -rf "$pack" && mkdir -p "$pack" && tar -xJf .gpu-carry/gpu-pack.tar.xz -C "$pack" \
+  || { echo "no pack: run python -m benchmarks.gpu.pack here and carry .gpu-carry" >&2; exit 1; }
+cp "$pack/manifest.json" "$out/manifest.json"
+python=${PYTHON:-python3}
+pack_python=$("$python" -c 'import json,sys; print(json.load(open(sys.argv[1]))["python"])' "$pack/manifest.json")
+here_python=$("$python" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
+export PYTHONPATH=$PWD/core:$PWD/plugins/torch:$PWD/plugins/python:$PWD
+# The pack's packages are built for the device's Python: elsewhere (the dry run here) its own serve.
+[[ $pack_python == "$here_python" ]] && PYTHONPATH=$PYTHONPATH:$pack/site
+export GPU_TRITON_ROOT=$pack/triton PERF_ANALYZER=$pack/perf_analyzer/perf_analyzer
+export GPU_BENCH_COMMIT=$("$python" -c 'import json,sys; print(json.load(open(sys.argv[1]))["commit"])' "$pack/manifest.json")
+command -v nvidia-smi >/dev/null && export BENCHMARK_MACHINE=${BENCHMARK_MACHINE:-the nvidia-h200 device machine; servers and load generators on its CPUs}
+# Triton's stub links against this Python's shared library: say where it is (or that it is not).
+libpython=libpython$here_python.so.1.0
+for folder in "$("$python" -c 'import sysconfig; print(sysconfig.get_config_var("LIBDIR"))')" \
+    /usr/lib/x86_64-linux-gnu /usr/local/lib /usr/lib; do
+  [[ -e $folder/$libpython ]] && { export GPU_LIBPYTHON_DIR=$folder; break; }
+done
+{
+  echo "pack: $(cat "$pack/manifest.json" | tr -d '\n ')"
+  echo "unpacked in $((SECONDS - started)) s; $libpython in ${GPU_LIBPYTHON_DIR:-(not found: the real Triton cannot start)}"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used,utilization.gpu --format=csv 2>&1
+  "$python" -c 'import coreserve, coreserve_torch, coreserve_python, tritonclient.grpc, google.protobuf, numpy, torch
+print("coreserve", coreserve.__file__, "protobuf", google.protobuf.__version__, "numpy", numpy.__version__,
+      "torch", torch.__version__, torch.version.cuda, torch.cuda.is_available())' 2>&1
+  "$PERF_ANALYZER" --version 2>&1 | head -1
+} 2>&1 | tee "$out/log"
+timeout -k 5 470 "$python" -m benchmarks.gpu --budget-s "${GPU_BUDGET_S:-420}" --output "$out/gpu-h200.json" "$@" 2>&1 \
+  | tee -a "$out/log"
+status=${PIPESTATUS[0]}
+echo "device-run: exit $status after $((SECONDS - started)) s" | tee -a "$out/log"
+exit "$status"
