@@ -97,8 +97,9 @@ def gpu_repository(plan: Plan, repository: Path, networks: dict[str, dict[str, s
     image, resnet = list(plan.image), Path(networks["resnet50"]["path"])
     torch_config = _config(plan, "pytorch", plan.config_dtype, image, [classes(plan)])
     _model(repository, RESNET, torch_config, {"model.pt": resnet})
-    graphs = _config(plan, "pytorch", plan.config_dtype, image, [classes(plan)],
-                     parameters={plan.cuda_graphs_parameter: "true"})  # fmt: skip
+    # On the CPU (the dry run) the parameter refuses the load: the twin runs without it there.
+    on = {plan.cuda_graphs_parameter: "true"} if plan.device == "cuda" else {}
+    graphs = _config(plan, "pytorch", plan.config_dtype, image, [classes(plan)], parameters=on)
     _model(repository, RESNET_GRAPHS, graphs, {"model.pt": resnet})
     bert = _config(plan, "pytorch", "TYPE_INT64", [plan.bert_sequence], [plan.bert_hidden])
     _model(repository, BERT, bert, {"model.pt": Path(networks["bert"]["path"])})

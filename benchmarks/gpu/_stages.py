@@ -175,7 +175,7 @@ def cuda_graphs(session: Session, stage: Stage) -> None:
                "p99_ratio": on.p99_ms / off.p99_ms}  # fmt: skip
         stage.put(f"concurrency_{concurrency}", row)
         rows.append([concurrency, off.infer_per_s, on.infer_per_s, row["ratio"], off.p99_ms, on.p99_ms])
-    stage.put("parameter", plan.cuda_graphs_parameter)
+    stage.put("parameter", plan.cuda_graphs_parameter if plan.device == "cuda" else "(none: CPU)")
     stage.table(f"plugin-torch ResNet-50, {plan.cuda_graphs_parameter} off and on (gRPC)",
                 ["concurrency", "off infer/s", "on infer/s", "ratio", "off p99", "on p99"], rows)  # fmt: skip
 

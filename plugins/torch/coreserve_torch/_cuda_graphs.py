@@ -10,6 +10,10 @@ All graph work on a GPU runs on one stream of its own, one instance at a time. A
 cuBLAS workspace its capture used, which torch keeps per thread handle and stream: graphs that
 share one must not run at once, and a stream per instance would leave a workspace behind for
 each instance a reload makes. Instances without graphs share a stream too (torch's default one).
+
+The graphs of a GPU share one memory pool: a graph's intermediate tensors are only needed while
+it replays, and replays never overlap, so the pool holds about what the largest graph needs
+(plus each graph's inputs and result) rather than the sum over every batch size captured.
 """
 
 from __future__ import annotations
@@ -85,10 +89,12 @@ def empty_cache() -> None:
 
 @dataclass
 class _GraphStream:
-    """A GPU's stream for graphs, and the lock that gives it to one instance at a time."""
+    """A GPU's stream for graphs, the lock that gives it to one instance at a time, and the
+    memory pool its graphs share."""
 
     stream: torch.cuda.Stream
     lock: threading.Lock
+    pool: Any
 
 
 _STREAMS: dict[torch.device, _GraphStream] = {}
@@ -98,7 +104,9 @@ _STREAMS_LOCK = threading.Lock()
 def _graph_stream(device: torch.device) -> _GraphStream:
     with _STREAMS_LOCK:
         if device not in _STREAMS:
-            _STREAMS[device] = _GraphStream(torch.cuda.Stream(device), threading.Lock())  # type: ignore[no-untyped-call]
+            stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+            with torch.cuda.device(device):
+                _STREAMS[device] = _GraphStream(stream, threading.Lock(), torch.cuda.graph_pool_handle())
         return _STREAMS[device]
 
 
@@ -153,13 +161,15 @@ class CapturedGraphs:
         # thread_local: other threads (other models on this GPU) may allocate while this captures.
         with (
             _CAPTURING,
-            torch.cuda.graph(graph, stream=self._stream.stream, capture_error_mode="thread_local"),
+            torch.cuda.graph(
+                graph, pool=self._stream.pool, stream=self._stream.stream, capture_error_mode="thread_local"
+            ),
         ):
             result = module(*inputs)
         return _CapturedGraph(graph, inputs, result)
 
     def clear(self) -> None:
-        """Frees the graphs and their memory pools (torch.cuda.empty_cache gives them back)."""
+        """Frees the graphs (what they held of the GPU's pool, torch.cuda.empty_cache gives back)."""
         with self._stream.lock:
             for captured in self._graphs.values():
                 captured.graph.reset()
