@@ -210,8 +210,9 @@ class Rollout:
             if not self.running():
                 return
             share = self.plan.steps[step]
-            await self._apply(_weights(self.stable, 100 - share, self.plan.candidate, share))
+            # Counting starts before the weights move: no request the step routes goes uncounted.
             await self._windows.open(self.model.name, [self.stable, self.plan.candidate])
+            await self._apply(_weights(self.stable, 100 - share, self.plan.candidate, share))
             self._move(f"step {step}: candidate version {self.plan.candidate} at {share:g}%")
 
     def _judge(self, windows: dict[int, Window]) -> str | None:
