@@ -158,7 +158,9 @@ def create_instance(
         InputBinding(model.name, list(signature.model_inputs), arguments),
         OutputBinding(model.name, list(signature.model_outputs)),
         signature,
-        InstanceThread(placement.name, inline_below_us(config)),
+        # A replay is quick enough to run inline, but it waits for the GPU's graph stream, which
+        # other instances hold: never on the event loop.
+        InstanceThread(placement.name, 0 if graphs is not None else inline_below_us(config)),
         inference_mode=bool_parameter(config, "INFERENCE_MODE") is not False,
         optimized=not bool_parameter(config, "DISABLE_OPTIMIZED_EXECUTION"),
         graphs=graphs,
