@@ -68,7 +68,7 @@ class TorchInstance:
             # before the turn ends, so no other replay can overwrite it first.
             tensors = {name: to_tensor(array, _HOST) for name, array in inputs.items()}
             with self._graphs.turn(), self._modes():
-                result = self._graphs.replay(self._module, self._inputs.arguments(tensors))
+                result = self._graphs.replay(self._inputs.arguments(tensors))
                 outputs = self._outputs.outputs(result, output_names)
         for name, array in outputs.items():
             if array.dtype != self._types[name]:
@@ -77,6 +77,14 @@ class TorchInstance:
                     f"{DataType.from_numpy(self._types[name])}"
                 )
         return outputs
+
+    def capture_graphs(self, largest: dict[str, np.ndarray], sizes: Sequence[int] | None) -> None:
+        """Captures the instance's CUDA graphs (blocking, at load): see CapturedGraphs.capture."""
+        if self._graphs is None:
+            raise InternalError("capture_graphs: this instance runs without CUDA graphs")
+        tensors = {name: to_tensor(array, _HOST) for name, array in largest.items()}
+        with self._modes():
+            self._graphs.capture(self._module, self._inputs.arguments(tensors), sizes)
 
     async def close(self) -> None:
         self.release()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,8 @@ from coreserve_torch._binding import InputBinding, OutputBinding
 from coreserve_torch._cuda_graphs import (
     GRAPHS_PARAMETER,
     CapturedGraphs,
-    first_batch,
+    batch_sizes,
+    largest_batch,
     wants_cuda_graphs,
 )
 from coreserve_torch._formats import is_export
@@ -165,21 +167,47 @@ def create_instance(
         optimized=not bool_parameter(config, "DISABLE_OPTIMIZED_EXECUTION"),
         graphs=graphs,
     )
+    del module  # the instance holds the weights alone, so that its release frees them
     if graphs is not None:
-        _capture_first_batch(instance, signature, placement)
+        _capture_graphs(instance, signature, placement)
     return instance
 
 
-def _capture_first_batch(
-    instance: TorchInstance, signature: ModelSignature, placement: InstancePlacement
-) -> None:
-    """Captures the first shape at load, so that a model CUDA cannot capture fails to load."""
+def _capture_graphs(instance: TorchInstance, signature: ModelSignature, placement: InstancePlacement) -> None:
+    """Captures every shape at load, so that a model CUDA cannot capture fails to load."""
+    failure = None
     try:
-        instance.infer(first_batch(signature), list(signature.model_outputs))
+        instance.capture_graphs(largest_batch(signature), batch_sizes(signature))
     except Exception as exc:
+        failure = _failure(exc)
+    # Released out of the except block: the exception's frames hold the module until it ends.
+    if failure is not None:
         instance.release()
-        first_line = (str(exc).strip().splitlines() or [""])[0]  # TorchScript adds its traceback
         raise ModelConfigError(
             f"model '{signature.model_name}': instance '{placement.name}' cannot run as a CUDA graph "
-            f"(parameter {GRAPHS_PARAMETER}): a batch of zeros failed: {type(exc).__name__}: {first_line}"
-        ) from None
+            f"(parameter {GRAPHS_PARAMETER}): a batch of zeros failed: {failure}"
+        )
+
+
+_INTERPRETER = "The following operation failed in the TorchScript interpreter."
+_RAISED = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception): ")
+
+
+def _summary(exc: BaseException) -> str:
+    """`<type>: <first line>`; for TorchScript's interpreter, the error its traceback ends with."""
+    lines = str(exc).strip().splitlines()
+    if lines and lines[0].startswith(_INTERPRETER):
+        raised = next((line for line in lines[1:] if _RAISED.match(line)), None)
+        if raised is not None:
+            return raised
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}"
+
+
+def _failure(exc: BaseException) -> str:
+    """The root cause first, then the error it led to: torch's capture ends with "operation
+    failed due to a previous error during capture", which names nothing of that error."""
+    root, seen = exc, {id(exc)}
+    while (inner := root.__cause__ or root.__context__) is not None and id(inner) not in seen:
+        root = inner
+        seen.add(id(root))
+    return _summary(exc) if root is exc else f"{_summary(root)} (then: {_summary(exc)})"

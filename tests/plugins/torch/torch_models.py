@@ -49,3 +49,25 @@ class Synchronizing(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x * float(x.sum())
+
+
+class HeavySynchronizing(torch.nn.Module):
+    """Synchronizing with weights of `size` floats: what a failed capture could leave on the GPU."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(size), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * float(x.sum()) + self.weight[0]
+
+
+class Cumulative(torch.nn.Module):
+    """Three cumulative sums alive at once (no fuser merges them) and a small result: a model
+    whose graphs' memory is what they compute in between, not their inputs or outputs."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = torch.cumsum(x, 1)
+        b = torch.cumsum(a, 1)
+        c = torch.cumsum(b, 1)
+        return (a + b + c).sum(1, keepdim=True)
