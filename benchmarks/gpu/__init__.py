@@ -12,10 +12,13 @@ each writing its figures into the results file as soon as it has them:
   sequence 8; a torch.nn.TransformerEncoder where transformers is missing), FP32 on the CPU.
 - plugin_torch: both served by plugin-torch (one KIND_GPU instance, dynamic batching), driven
   by perf_analyzer over gRPC from concurrency 1 to 256; ResNet-50 over HTTP binary and CUDA
-  shared memory (system shared memory in the dry run) too. Against the framework's limit: the
+  shared memory (system shared memory in the dry run) too, at the shared-memory target's
+  concurrency (16) only. Against the framework's limit: the
   same file in this process at the batch sizes the batcher formed (the model's batch_stats).
 - cuda_graphs: the twin of ResNet-50 whose configuration sets --cuda-graphs-parameter, on and
-  off at concurrency 1 and saturation.
+  off at concurrency 1 and saturation. The twin captures its graphs (every batch size up to
+  128) while the server starts, in plugin_torch's time; the server's line saying how long that
+  took is recorded.
 - two_models: ResNet-50 and BERT driven at once, each against its figure alone.
 - gpu_memory: nv_gpu_memory_used_bytes and nv_gpu_utilization of coreserve's /metrics against
   NVML's readings, sampled every 0.5 s during the stages above (the dry run: CPU memory).
@@ -34,7 +37,10 @@ prints its size), then one call of the device tool, carry [".gpu-carry"], timeou
 
     PYTHONUNBUFFERED=1 bash benchmarks/gpu/device-run.sh
 
-device-run.sh unpacks the pack, installs the carried wheels into /tmp/site, runs the benchmark
-with --budget-s 480 and writes $OUT/gpu-h200.json and $OUT/log; copy the JSON to
+device-run.sh unpacks the pack into $GPU_PACK_DIR (default /tmp/gpu-pack), puts the tree's code
+and the pack's packages ($GPU_PACK_DIR/site, where the pack was built for the device's Python) on
+PYTHONPATH, runs the benchmark with --budget-s $GPU_BUDGET_S (default 420; 480 is the default only
+of a direct `python -m benchmarks.gpu`) under a hard stop at 470 s, and writes
+$OUT/gpu-h200.json, $OUT/log and $OUT/manifest.json; copy the JSON to
 benchmarks/results/gpu-h200.json and commit it.
 """

@@ -3,6 +3,7 @@ networks, the GPU server, the sweep's figures) and its Stage (budget, figures)."
 
 from __future__ import annotations
 
+import re
 import shutil
 import tempfile
 from dataclasses import asdict, dataclass, field
@@ -114,8 +115,9 @@ def _model_network(model: str) -> str:
 
 
 def plugin_torch(session: Session, stage: Stage) -> None:
-    """plugin-torch's ResNet-50 and BERT from concurrency 1 to saturation over gRPC; ResNet-50
-    over HTTP binary and shared memory; each against the framework's limit in process."""
+    """plugin-torch's ResNet-50 and BERT from concurrency 1 to saturation over gRPC, each against
+    the framework's limit in process; ResNet-50 over HTTP binary and shared memory at the shared
+    memory target's concurrency (one point each: a sweep would not fit the stage's budget)."""
     plan = session.plan
     server = session.gpu_server()
     rows = []
@@ -146,7 +148,7 @@ def plugin_torch(session: Session, stage: Stage) -> None:
         rows,
     )
     for transport in ("http-binary", "shm"):
-        _sweep(session, stage, _repository.RESNET, transport, plan.transport_concurrencies)
+        _sweep(session, stage, _repository.RESNET, transport, (plan.shm_concurrency,))
     shm = session.points[(_repository.RESNET, "shm", plan.shm_concurrency)]
     http = session.points[(_repository.RESNET, "http-binary", plan.shm_concurrency)]
     stage.put("shm_over_http_binary", {"concurrency": plan.shm_concurrency, "kind": session.shm,
@@ -163,9 +165,14 @@ def plugin_torch(session: Session, stage: Stage) -> None:
 
 def cuda_graphs(session: Session, stage: Stage) -> None:
     """The CUDA-graphs parameter on (the twin model) and off, at concurrency 1 and saturation,
-    each pair measured back to back."""
+    each pair measured back to back. The twin captured its graphs (every batch size up to
+    max_batch) when the server loaded it, so nothing needs warming up here; the stage records
+    the line in which the server said how long those captures took."""
     plan = session.plan
-    url = session.gpu_server().grpc_url
+    server = session.gpu_server()
+    url = server.grpc_url
+    captured = re.findall(rf"model '{_repository.RESNET_GRAPHS}': instance '\S+' captured .*", server.log)
+    stage.put("captured", captured)
     rows = []
     for concurrency in (1, plan.saturation):
         stage.check(2 * session.point_s())

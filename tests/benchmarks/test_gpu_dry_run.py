@@ -59,10 +59,12 @@ def test_the_dry_run_measures_every_stage(tmp_path) -> None:
         limit = torch_stage[f"{model}_limit"]
         assert _positive(limit["in_process_limit"]["infer_per_s"]) and _positive(limit["ratio_to_in_process"])
         assert isinstance(limit["p99_at_1_over_in_process_ms"], float)
-    for transport in ("http-binary", "shm"):
-        assert all(_positive(point["infer_per_s"]) for point in torch_stage[f"resnet50_{transport}"])
+    for transport in ("http-binary", "shm"):  # one point each, at the shared-memory target's concurrency
+        points = torch_stage[f"resnet50_{transport}"]
+        assert [point["concurrency"] for point in points] == [2] and _positive(points[0]["infer_per_s"])
     assert _positive(torch_stage["shm_over_http_binary"]["ratio"])
     assert all(_positive(stages["cuda_graphs"][f"concurrency_{c}"]["ratio"]) for c in (1, 2))
+    assert stages["cuda_graphs"]["captured"] == []  # the twin runs without graphs on the CPU
     assert all(_positive(stages["two_models"][model]["ratio"]) for model in ("resnet50", "bert"))
     memory = stages["gpu_memory"]["summary"]
     assert memory["usable_samples"] > 0 and memory["memory_relative_difference_median"] < 0.1
