@@ -197,6 +197,9 @@ class InferenceRequest:
     # What keeps a request on one version of a model with traffic weights (the HTTP header
     # `coreserve-traffic-key`, or the request parameter `coreserve_traffic_key`); None: drawn.
     traffic_key: str | None = None
+    # Whether the traffic step chose its version (the client named none): only such a request
+    # is copied to its model's shadow and counted by its model's rollout.
+    routed: bool = False
     # Cancellation (see `cancel`). The callback list is made by the first `on_cancel`, so a
     # request nobody watches costs one flag; `queue` is set by the scheduler it waits in.
     _cancelled: bool = field(default=False, init=False, repr=False)

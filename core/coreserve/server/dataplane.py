@@ -231,9 +231,7 @@ class DataPlane:
         """
         name, version = request.model_name, request.model_version
         target = self.in_use(name, version, request) or self.model_version(name, version)
-        self._submit(
-            target, request, sink if version else self.traffic.counted(sink, name, target.version), True
-        )
+        self._submit(target, request, self.traffic.counted(sink, request, target.version), True)
 
     def _submit(
         self,
@@ -291,8 +289,8 @@ class DataPlane:
                 f"{instead}"
             )
         sink = SingleResponse(asyncio.get_running_loop())
-        self._submit(target, request, sink if version else self.traffic.counted(sink, name, target.version))
-        policy = self.repository.get(name).traffic if not version else None  # (a dict lookup)
+        self._submit(target, request, self.traffic.counted(sink, request, target.version))
+        policy = self.repository.get(name).traffic if request.routed else None  # (a dict lookup)
         if policy is not None:
             self.traffic.copy_to_shadow(policy, request, sink.future, self.submit)
         try:
@@ -326,8 +324,12 @@ class DataPlane:
         target = self.in_use(name, version, request) or await self._on_demand(
             name, version, timeout_s(request)
         )
-        counted = sink if version else self.traffic.counted(sink, name, target.version)
-        self._submit(target, request, counted, ends_trace=not frontend_sends)
+        self._submit(
+            target,
+            request,
+            self.traffic.counted(sink, request, target.version),
+            ends_trace=not frontend_sends,
+        )
         trace = request.trace if frontend_sends else None
         try:
             async for response in sink.responses():

@@ -248,4 +248,5 @@ def _forget_failed_capture(device: torch.device, pool: Any) -> None:
     index = device.index if device.index is not None else torch.cuda.current_device()
     with contextlib.suppress(RuntimeError):  # torch ended the routing before the capture failed
         torch._C._cuda_endAllocateToPool(index, pool)
-    torch._C._cuda_releasePool(index, pool)
+    with contextlib.suppress(RuntimeError):  # a torch that let go of the pool itself refuses
+        torch._C._cuda_releasePool(index, pool)

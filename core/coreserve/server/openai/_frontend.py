@@ -159,7 +159,7 @@ class OpenAIFrontend:
         target = self._target(embedding.model, request)
         inferences = [embedding_inputs(embedding.model, target.signature, text) for text in embedding.inputs]
         for inference in inferences:
-            inference.model_version = str(target.version)
+            inference.model_version, inference.routed = str(target.version), True  # (the policy's pick)
 
         def cancel_all() -> None:
             for inference in inferences:

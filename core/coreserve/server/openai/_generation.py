@@ -47,7 +47,7 @@ class Generation:
             for options in _choice_options(request)
         ]
         for inference in inferences:
-            inference.model_version = str(target.version)
+            inference.model_version, inference.routed = str(target.version), True  # (the policy's pick)
         _cancel_on_disconnect(http, inferences)
         metrics = self._metrics.model(request.model, target.version)
         choices = [

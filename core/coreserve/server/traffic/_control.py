@@ -112,7 +112,9 @@ class TrafficControl:
         the process that runs the model's rollout, a change not of the rollout is refused)."""
         policy = policy_from_document(change.policy)
         model = self._check(change.name, policy)
-        if not change.rollout:
+        if change.rollout:
+            self._router.check_rollout_move(model)
+        else:
             self._router.check_policy_change(model)
         model.traffic = None if policy.empty else policy
 
@@ -131,13 +133,11 @@ class TrafficControl:
             return status
         return await self._rollout_here(name, action, document)
 
-    async def answer(self, ask: dict[str, Any], index: int) -> Any:
-        """A worker's answer to an ask of `TRAFFIC_CALLS`: its windows, or (in worker 0) the
-        rollout call of another worker."""
+    async def answer(self, ask: dict[str, Any]) -> Any:
+        """A worker's answer to an ask of `TRAFFIC_CALLS`: its windows, or (worker 0's, which
+        runs the rollouts) another worker's rollout call."""
         if ask["call"] == WINDOWS_CALL:
             return await self._router.windows.answer(ask)
-        if index != 0:  # the call is worker 0's alone
-            return None
         if ask["action"] == INDEX_ACTION:
             return self._summaries()
         return await self._rollout_here(str(ask["name"]), str(ask["action"]), ask.get("plan"))

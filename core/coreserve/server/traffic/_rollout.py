@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from coreserve.errors import CoreserveError, InvalidArgumentError, UnavailableError, clipped
 from coreserve.repository.model import Model
 from coreserve.repository.traffic.policy import TrafficPolicy, bounded_number, version_number
-from coreserve.server.traffic._windows import Window, Windows
+from coreserve.server.traffic._windows import Window, Windows, new_token
 
 logger = logging.getLogger(__name__)
 
@@ -125,8 +125,9 @@ class Rollout:
         self._apply = apply
         self._moving = asyncio.Lock()  # one move of the weights at a time (the task's, or by hand)
         self._windows = windows
+        self._token = new_token()  # its windows' name
         self._reference: Window | None = None  # the stable version's last judged step
-        self._last: dict[int, Window] = {}  # the windows as they were when the rollout ended
+        self._last: dict[int, Window] = {}  # the windows' counts as they were when the rollout ended
         self._task: asyncio.Task[None] | None = None
         self._closing: set[asyncio.Task[None]] = set()
 
@@ -138,7 +139,11 @@ class Rollout:
 
     async def status(self) -> dict[str, object]:
         """Where the rollout stands, with what the versions answered in the step so far."""
-        windows = await self._windows.read(self.model.name) if self.running() else self._last
+        windows = (
+            await self._windows.read(self.model.name, self._token, latencies=False)
+            if self.running()
+            else self._last
+        )
         candidate = windows.get(self.plan.candidate, Window())
         stable = windows.get(self.stable, Window())
         return {
@@ -190,7 +195,7 @@ class Rollout:
                         return
                     if not self._is_current(self.model):
                         raise UnavailableError(f"model '{self.model.name}' was unloaded or loaded again")
-                    windows = await self._windows.read(self.model.name)
+                    windows = await self._windows.read(self.model.name, self._token)
                     verdict = self._judge(windows)
                     if verdict is None:
                         self._move(f"step {self.step}: held, the candidate answered too few requests")
@@ -211,7 +216,7 @@ class Rollout:
                 return
             share = self.plan.steps[step]
             # Counting starts before the weights move: no request the step routes goes uncounted.
-            await self._windows.open(self.model.name, [self.stable, self.plan.candidate])
+            await self._windows.open(self.model.name, [self.stable, self.plan.candidate], self._token)
             await self._apply(_weights(self.stable, 100 - share, self.plan.candidate, share))
             self._move(f"step {step}: candidate version {self.plan.candidate} at {share:g}%")
 
@@ -261,8 +266,8 @@ class Rollout:
         """Keeps the last step's windows for the status, and stops counting (where the workers
         cannot be asked now, their windows stay open until the model's next rollout)."""
         try:
-            self._last = dict(await self._windows.read(self.model.name))
-            await self._windows.close(self.model.name)
+            self._last = dict(await self._windows.read(self.model.name, self._token, latencies=False))
+            await self._windows.close(self.model.name, self._token)
         except CoreserveError as exc:
             logger.warning("rollout of model '%s': its windows could not be closed: %s", self.model.name, exc)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
-from coreserve.errors import InvalidArgumentError
+from coreserve.errors import InvalidArgumentError, UnavailableError
 from coreserve.repository.model import Model, ModelVersion
 from coreserve.repository.traffic.policy import TrafficPolicy
 from coreserve.server.traffic._rollout import Rollout, RolloutPlan
@@ -45,6 +45,7 @@ class TrafficRouter:
             key = str(value)
         target = self.pick(model, key)
         request.model_version = str(target.version)
+        request.routed = True
         return target
 
     def pick(self, model: Model, key: str | None) -> ModelVersion:
@@ -70,12 +71,12 @@ class TrafficRouter:
         if shadow is not None and str(shadow.version) != request.model_version:
             self.shadows.copy_after(shadow, request, answer, submit)
 
-    def counted(self, sink: ResponseSink, model: str, version: int) -> ResponseSink:
-        """The sink of a request routed to `version` (it named none): one that counts how the
-        version answers it where the model's rollout counts its requests, else `sink`."""
-        if not self.windows.observing(model):
+    def counted(self, sink: ResponseSink, request: InferenceRequest, version: int) -> ResponseSink:
+        """The sink of `request` for `version`: one that counts how the version answers it
+        where the request was routed and its model's rollout counts requests, else `sink`."""
+        if not request.routed or not self.windows.observing(request.model_name):
             return sink
-        return CountedSink(sink, self.windows, model, version)
+        return CountedSink(sink, self.windows, request.model_name, version)
 
     def start_rollout(
         self,
@@ -121,6 +122,13 @@ class TrafficRouter:
             rollout.stop(f"model '{model.name}' was unloaded or loaded again")
             return
         raise InvalidArgumentError(f"model '{model.name}' has {refusal}")
+
+    def check_rollout_move(self, model: Model) -> None:
+        """Refuses, in the process that runs the model's rollout, a move of it that comes after
+        the model was unloaded or loaded again (another process has no rollout to check)."""
+        rollout = self.rollouts.get(model.name)
+        if rollout is not None and (rollout.model is not model or not rollout.running()):
+            raise UnavailableError(f"model '{model.name}' was unloaded or loaded again during its rollout")
 
     def close(self) -> None:
         for rollout in self.rollouts.values():

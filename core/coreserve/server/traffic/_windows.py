@@ -1,17 +1,19 @@
 """What the versions under a rollout answered during its step: each process's windows, and the
 rollout's reading of them (this process's alone, or every worker's added up).
 
-A window holds one version's failures and the latencies of its answers (the first ones, enough
-for a p99). Each process counts the requests it routed; in a server of several workers the
-rollout, run by worker 0, has every worker open, read and close its windows over the line to
-the supervisor and adds them up (`WorkerWindows`). A worker started again during a step counts
-from the step after.
+A window holds one version's answers and failures, and the latencies of its answers (the first
+ones, enough for a p99). Each process counts the requests it routed; in a server of several
+workers the rollout, run by worker 0, has every worker open, read and close its windows over
+the line to the supervisor and adds them up (`WorkerWindows`). A worker started again during a
+step counts from the step after. Each rollout names its windows with a token of its own: a
+rollout that ended never reads or closes the windows of the model's next one.
 """
 
 from __future__ import annotations
 
 import math
 import time
+import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -27,12 +29,13 @@ MAX_SAMPLES = 100_000
 class Window:
     """What one version answered during the current step."""
 
-    latencies_s: list[float] = field(default_factory=list)
+    successes: int = 0
     failures: int = 0
+    latencies_s: list[float] = field(default_factory=list)  # of the first successes
 
     @property
     def requests(self) -> int:
-        return len(self.latencies_s) + self.failures
+        return self.successes + self.failures
 
     def error_rate(self) -> float:
         return self.failures / self.requests if self.requests else 0.0
@@ -43,20 +46,29 @@ class Window:
         ordered = sorted(self.latencies_s)
         return ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]
 
-    def as_dict(self) -> dict[str, Any]:
-        return {"latencies_s": self.latencies_s, "failures": self.failures}
+    def as_dict(self, latencies: bool = True) -> dict[str, Any]:
+        return {
+            "successes": self.successes,
+            "failures": self.failures,
+            "latencies_s": self.latencies_s if latencies else [],
+        }
+
+
+def new_token() -> str:
+    """A rollout's name for its windows."""
+    return uuid.uuid4().hex
 
 
 class Windows(Protocol):
-    """A rollout's windows, wherever they are counted."""
+    """The windows of rollouts, wherever they are counted; `token` names a rollout's."""
 
-    async def open(self, model: str, versions: list[int]) -> None:
+    async def open(self, model: str, versions: list[int], token: str) -> None:
         """Starts counting the versions' requests anew (a step begins)."""
 
-    async def read(self, model: str) -> dict[int, Window]:
-        """What each version answered since the step began."""
+    async def read(self, model: str, token: str, latencies: bool = True) -> dict[int, Window]:
+        """What each version answered since the step began (without latencies: the counts)."""
 
-    async def close(self, model: str) -> None:
+    async def close(self, model: str, token: str) -> None:
         """Stops counting (the rollout ended)."""
 
 
@@ -65,40 +77,49 @@ class ProcessWindows:
 
     def __init__(self, max_samples: int = MAX_SAMPLES) -> None:
         self.max_samples = max_samples
-        self._models: dict[str, dict[int, Window]] = {}
+        self._models: dict[str, tuple[str, dict[int, Window]]] = {}  # by model: (token, windows)
 
     def observing(self, model: str) -> bool:
         return model in self._models
 
     def observe(self, model: str, version: int, latency_s: float, ok: bool) -> None:
         """One request a version answered (or failed), counted where its model has windows."""
-        window = self._models.get(model, {}).get(version)
+        opened = self._models.get(model)
+        window = opened[1].get(version) if opened is not None else None
         if window is None:
             return
         if not ok:
             window.failures += 1
-        elif len(window.latencies_s) < self.max_samples:
+            return
+        window.successes += 1
+        if len(window.latencies_s) < self.max_samples:
             window.latencies_s.append(latency_s)
 
-    async def open(self, model: str, versions: list[int]) -> None:
-        self._models[model] = {version: Window() for version in versions}
+    async def open(self, model: str, versions: list[int], token: str) -> None:
+        self._models[model] = (token, {version: Window() for version in versions})
 
-    async def read(self, model: str) -> dict[int, Window]:
-        return self._models.get(model, {})
+    async def read(self, model: str, token: str, latencies: bool = True) -> dict[int, Window]:
+        opened = self._models.get(model)
+        return opened[1] if opened is not None and opened[0] == token else {}
 
-    async def close(self, model: str) -> None:
-        self._models.pop(model, None)
+    async def close(self, model: str, token: str) -> None:
+        opened = self._models.get(model)
+        if opened is not None and opened[0] == token:
+            del self._models[model]
 
     async def answer(self, ask: dict[str, Any]) -> dict[str, Any] | None:
         """A worker's answer to worker 0's `WorkerWindows` (`what`: open, read or close)."""
-        model = str(ask["model"])
+        model, token = str(ask["model"]), str(ask["token"])
         if ask["what"] == "open":
             self.max_samples = int(ask["max_samples"])
-            await self.open(model, [int(version) for version in ask["versions"]])
+            await self.open(model, [int(version) for version in ask["versions"]], token)
         elif ask["what"] == "close":
-            await self.close(model)
+            await self.close(model, token)
         else:
-            return {str(version): window.as_dict() for version, window in (await self.read(model)).items()}
+            windows = await self.read(model, token)
+            return {
+                str(version): window.as_dict(bool(ask["latencies"])) for version, window in windows.items()
+            }
         return None
 
 
@@ -154,18 +175,21 @@ class WorkerWindows:
     def __init__(self, peers: Gathers) -> None:
         self._peers = peers
 
-    async def open(self, model: str, versions: list[int]) -> None:
+    async def open(self, model: str, versions: list[int], token: str) -> None:
         share = MAX_SAMPLES // self._peers.workers  # of the latencies each worker keeps
-        await self._peers.from_every_worker(
-            {"call": WINDOWS_CALL, "what": "open", "model": model, "versions": versions, "max_samples": share}
+        await self._ask("open", model, token, versions=versions, max_samples=share)
+
+    async def read(self, model: str, token: str, latencies: bool = True) -> dict[int, Window]:
+        return added_up(
+            answer for answer in await self._ask("read", model, token, latencies=latencies) if answer
         )
 
-    async def read(self, model: str) -> dict[int, Window]:
-        answers = await self._peers.from_every_worker({"call": WINDOWS_CALL, "what": "read", "model": model})
-        return added_up(answer for answer in answers if answer)
+    async def close(self, model: str, token: str) -> None:
+        await self._ask("close", model, token)
 
-    async def close(self, model: str) -> None:
-        await self._peers.from_every_worker({"call": WINDOWS_CALL, "what": "close", "model": model})
+    async def _ask(self, what: str, model: str, token: str, **more: object) -> list[Any]:
+        ask = {"call": WINDOWS_CALL, "what": what, "model": model, "token": token, **more}
+        return await self._peers.from_every_worker(ask)
 
 
 def added_up(answers: Iterable[dict[str, Any]]) -> dict[int, Window]:
@@ -174,6 +198,7 @@ def added_up(answers: Iterable[dict[str, Any]]) -> dict[int, Window]:
     for answer in answers:
         for version, window in answer.items():
             into = total.setdefault(int(version), Window())
+            into.successes += int(window["successes"])
             into.failures += int(window["failures"])
             into.latencies_s.extend(float(latency) for latency in window["latencies_s"])
     return total

@@ -18,7 +18,7 @@ import os
 import signal
 from typing import Any
 
-from coreserve.errors import CoreserveError, InvalidArgumentError, UnavailableError
+from coreserve.errors import CoreserveError, InvalidArgumentError
 from coreserve.repository.adoption import restore, snapshot, snapshot_entry
 from coreserve.server.changes import (
     Change,
@@ -137,11 +137,11 @@ class WorkerLink:
             return None
         if call == "snapshot":  # what this worker serves, for one that starts again to take on
             return snapshot(self._dataplane.repository)
-        if call in TRAFFIC_CALLS:  # a rollout's windows, or (worker 0's) another worker's rollout call
-            return await self._dataplane.traffic_control.answer(ask, self.role.index)
-        if call not in ("change", "restore"):
+        if call not in ("change", "restore", *TRAFFIC_CALLS):
             raise InvalidArgumentError(f"a worker does not know '{call}'")
         await self._replayed.wait()  # a change asked while the replay is made comes after it
+        if call in TRAFFIC_CALLS:  # a rollout's windows, or (worker 0's) another worker's rollout call
+            return await self._dataplane.traffic_control.answer(ask)
         if call == "restore":  # a model change that failed in another worker is undone here
             return await self._restore(ask["name"], ask["before"], ask["failure"])
         change = change_from(ask["what"])
@@ -223,15 +223,9 @@ class WorkerLink:
         return results
 
     async def from_worker_0(self, what: dict[str, Any]) -> Any:
-        """Worker 0's answer to `what`, which the other workers answer with None; its error is
-        raised here, and UnavailableError where it does not answer now."""
-        gathered = await self._ask({"call": "gather", "what": what})
-        for answer in gathered["answers"]:
-            if "error" in answer:
-                raise error_from(answer["error"])
-            if answer["result"] is not None:
-                return answer["result"]
-        raise UnavailableError("worker 0 does not answer now (it starts again); try again")
+        """Worker 0's answer to `what` (its error raised here; UnavailableError where worker 0
+        does not serve now)."""
+        return await self._ask({"call": "in_worker_0", "what": what})
 
     async def _gather(self, what: dict[str, Any]) -> tuple[list[Any], list[Any]]:
         gathered = await self._ask({"call": "gather", "what": what})

@@ -237,18 +237,21 @@ class Supervisor:
         if call == "everywhere":
             await self._everywhere(message["what"])
             return None
+        if call == "in_worker_0":  # a rollout's call (no time limit: the heartbeat ends a hung worker)
+            first = self.workers[0].channel if self.workers[0].joined else None
+            if first is None:
+                raise UnavailableError("worker 0 does not serve now (it starts again); try again")
+            return await first.ask(message["what"], None)
         if call == "gather":  # each worker's answer or error, and the carried: the asker adds up
             what = message["what"]
             answers = await self._ask_living(what, GATHER_TIMEOUT_S)
             carried = self._carried.for_gather(what)
             if what == METRICS and LINE_ERRORS.counts:  # the lines this process closed
                 carried.append(LINE_ERRORS.render())
-            return {
-                "answers": [
-                    {"error": error_data(a)} if isinstance(a, Exception) else {"result": a} for a in answers
-                ],
-                "carried": carried,
-            }
+            answered = [
+                {"error": error_data(a)} if isinstance(a, Exception) else {"result": a} for a in answers
+            ]
+            return {"answers": answered, "carried": carried}
         raise CoreserveError(f"the supervisor does not know '{call}'")
 
     async def _everywhere(self, what: dict[str, Any]) -> None:
