@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import signal
+import time
 from pathlib import Path
 
 import numpy as np
@@ -154,14 +155,19 @@ def test_a_bls_call_that_names_no_version_follows_the_policy(
         assert {float(client.infer("caller", [tensor]).as_numpy("OUTPUT0")[0, 0]) for _ in range(10)} == {1.0}
 
 
-def test_the_openai_frontend_follows_the_policy(coreserve_server: ServerFactory, tmp_path: Path) -> None:
-    """charlm served as versions 1 and 2 (the same model): with every request to 1 (not the
-    latest, which serves without a policy), completions and streamed chats count there alone."""
-    root = openai_repository(tmp_path / "models")
+def _charlm_twice(root: Path) -> Path:
+    """The OpenAI test models, charlm served as versions 1 and 2 (the same model)."""
+    openai_repository(root)
     shutil.copytree(root / "charlm" / "1", root / "charlm" / "2")
     with (root / "charlm" / "config.pbtxt").open("a") as config:
         config.write("version_policy: { all { } }\n")
-    server = coreserve_server(root, "--openai-port=0")
+    return root
+
+
+def test_the_openai_frontend_follows_the_policy(coreserve_server: ServerFactory, tmp_path: Path) -> None:
+    """With every request to version 1 (not the latest, which serves without a policy),
+    completions and streamed chats count there alone."""
+    server = coreserve_server(_charlm_twice(tmp_path / "models"), "--openai-port=0")
     body = json.dumps({"weights": {"1": 100}}).encode()
     assert request(server.http_url, "POST", "/v2/repository/models/charlm/traffic", body)[0] == 200
     with openai.OpenAI(base_url=openai_url(server), api_key="unused", max_retries=0, timeout=60) as client:
@@ -189,3 +195,32 @@ def test_the_openai_frontend_follows_the_policy(coreserve_server: ServerFactory,
                 model="charlm", prompt="The", max_tokens=2, extra_headers={"coreserve-traffic-key": "alice"}
             )
     assert (requests_of(1), requests_of(2)) in ((12, 0), (4, 8))
+
+
+def test_a_rollout_judges_the_openai_frontends_requests(
+    coreserve_server: ServerFactory, tmp_path: Path
+) -> None:
+    """A rollout of charlm's version 2 needs its candidate to answer requests before it goes on:
+    streamed completions alone get it promoted."""
+    server = coreserve_server(_charlm_twice(tmp_path / "models"), "--openai-port=0")
+    body = json.dumps({"weights": {"1": 100}}).encode()
+    assert request(server.http_url, "POST", "/v2/repository/models/charlm/traffic", body)[0] == 200
+    plan = {"candidate": "2", "steps": [50, 100], "dwell_s": 0.5, "min_requests": 3, "max_p99_ratio": 1000}
+    status, _, answer = request(
+        server.http_url, "POST", "/v2/repository/models/charlm/rollout", json.dumps(plan).encode()
+    )
+    assert status == 200, answer
+
+    def state() -> str:
+        return str(
+            json.loads(request(server.http_url, "GET", "/v2/repository/models/charlm/rollout")[2])["state"]
+        )
+
+    with openai.OpenAI(base_url=openai_url(server), api_key="unused", max_retries=0, timeout=60) as client:
+        deadline = time.monotonic() + 60
+        while state() == "RUNNING" and time.monotonic() < deadline:
+            stream = client.completions.create(model="charlm", prompt="The", max_tokens=2, stream=True)
+            assert "".join(chunk.choices[0].text for chunk in stream)
+    rollout = json.loads(request(server.http_url, "GET", "/v2/repository/models/charlm/rollout")[2])
+    assert rollout["state"] == "PROMOTED", rollout
+    assert rollout["window"]["candidate"]["requests"] >= 3
