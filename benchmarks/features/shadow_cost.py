@@ -2,15 +2,21 @@
 candidate version, against no copy.
 
     python -m benchmarks.features.shadow_cost [--model add|mlp] [--seconds 5] [--rounds 4]
-                                              [--concurrency 1 4 16]
+                                              [--concurrency 1 4 16] [--load-generator wrk]
+                                              [--workers 1]
 
 One server serves a model as versions 1 and 2 (the same model, so every comparison finds no
 difference): the tiny add model of overhead.py (HTTP JSON), where a copy costs the server as much
 as the request, or the 512x1024x3 MLP of backends.py (HTTP binary), whose compute dominates. Each
 round measures each concurrency twice, with the weights {1: 100} alone and with a 100% shadow to
 version 2, in alternating order, so that a neighbour who slows the shared machine weighs on both.
-wrk drives it. Each figure is the median of its rounds; each ratio (shadow / none) is the median of
-the per-round ratios. Writes benchmarks/results/shadow_cost.json (shadow_cost_mlp.json).
+`--workers N` serves with N frontend workers (`--http-thread-count`), and `--intra-op-threads N`
+bounds each MLP version's ONNX Runtime threads: on a machine of many cores, the candidate's copies
+then find cores of their own (ONNX Runtime's default takes every core for each version).
+wrk drives it (or perf_analyzer, with random data, where wrk is not installed: the GPU machine's
+CPUs, where `benchmarks/gpu/device-run.sh --module benchmarks.features.shadow_cost ...` runs it).
+Each figure is the median of its rounds; each ratio (shadow / none) is the median of the per-round
+ratios. Writes benchmarks/results/shadow_cost.json (shadow_cost_mlp.json).
 """
 
 from __future__ import annotations
@@ -24,11 +30,11 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.backends.backends import LAYERS, MAX_BATCH, WIDTH, WIDTH_IN
-from benchmarks.support.load_generators import Load, wrk
+from benchmarks.support.load_generators import Load, perf_analyzer, run_perf_analyzer, wrk
 from benchmarks.support.models import binary_infer_body, mlp_onnx, mlp_weights, start_server, write_model
 from benchmarks.support.reporting import Table, print_table, write_results
 from benchmarks.support.trials import median, median_load
-from benchmarks.transports.overhead import CONFIG, add_model, json_body
+from benchmarks.transports.overhead import CONFIG, add_model, free_port, json_body
 
 MODEL = "twin"  # one model, two versions
 POLICIES: dict[str, dict[str, object]] = {
@@ -45,13 +51,15 @@ instance_group [ {{ count: 1 kind: KIND_CPU }} ]
 """
 
 
-def _write_model(repository: Path, kind: str) -> tuple[bytes, dict[str, str]]:
+def _write_model(repository: Path, kind: str, intra_op_threads: int | None) -> tuple[bytes, dict[str, str]]:
     """The model as versions 1 and 2 of MODEL; returns a request's body and headers."""
     headers: dict[str, str] = {}
     if kind == "add":
         model, config, body = add_model(), CONFIG, json_body()
     else:
         model, config = mlp_onnx(mlp_weights(WIDTH_IN, WIDTH, LAYERS)), MLP_CONFIG
+        if intra_op_threads is not None:  # each version's share of the cores
+            config += f'parameters {{ key: "intra_op_thread_count" value {{ string_value: "{intra_op_threads}" }} }}\n'
         array = np.random.default_rng(0).random((1, WIDTH_IN), np.float32)
         body, headers = binary_infer_body("x", array, "y")
     write_model(repository, MODEL, model, config + "version_policy: { all { } }\n")
@@ -86,22 +94,37 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
+    parser.add_argument("--load-generator", choices=("wrk", "perf_analyzer"), default="wrk")
+    parser.add_argument("--workers", type=int, default=1, help="--http-thread-count (and gRPC's)")
+    parser.add_argument("--intra-op-threads", type=int, default=None, help="the MLP's, per version")
     args = parser.parse_args()
 
     repository = Path(tempfile.mkdtemp(prefix="coreserve-shadow-")) / "models"
-    body, headers = _write_model(repository, args.model)
-    server = start_server(repository)
+    body, headers = _write_model(repository, args.model, args.intra_op_threads)
+    workers = [] if args.workers == 1 else [
+        f"--http-thread-count={args.workers}", f"--grpc-infer-thread-count={args.workers}",
+        f"--http-port={free_port()}", f"--grpc-port={free_port()}", f"--metrics-port={free_port()}",
+    ]  # fmt: skip
+    server = start_server(repository, *workers)
     loads: dict[tuple[str, int], list[Load]] = {}
     try:
         url = f"http://{server.http_url}/v2/models/{MODEL}/infer"
-        wrk(url, max(args.concurrency), 2, body, headers)  # warm-up
+        binary = perf_analyzer() if args.load_generator == "perf_analyzer" else None
+        if args.load_generator == "perf_analyzer" and binary is None:
+            raise SystemExit("perf_analyzer not found: set $PERF_ANALYZER")
+
+        def drive(concurrency: int, seconds: float) -> Load:
+            if binary is not None:
+                return run_perf_analyzer(binary, MODEL, "http", server.http_url, concurrency, seconds)
+            return wrk(url, concurrency, seconds, body, headers)
+
+        drive(max(args.concurrency), 2)  # warm-up
         for round_index in range(args.rounds):
             order = list(POLICIES) if round_index % 2 == 0 else list(reversed(POLICIES))
             for concurrency in args.concurrency:
                 for label in order:
                     _set_policy(server.http_url, POLICIES[label])
-                    load = wrk(url, concurrency, args.seconds, body, headers)
-                    loads.setdefault((label, concurrency), []).append(load)
+                    loads.setdefault((label, concurrency), []).append(drive(concurrency, args.seconds))
         outcomes = _shadow_outcomes(server.metrics_url)
     finally:
         server.close()

@@ -8,10 +8,15 @@
 #
 # Writes $OUT/gpu-h200.json (rewritten after every stage), $OUT/log and $OUT/manifest.json.
 # Arguments go to `python -m benchmarks.gpu` (--dry-run runs it here, on the CPU, from the pack).
+# `--module M ARGS...` runs another benchmark instead, `python -m M ARGS...` (e.g.
+# benchmarks.features.shadow_cost --load-generator perf_analyzer), and copies the results files
+# it writes into $OUT.
 # GPU_BUDGET_S (default 420) is the benchmark's budget; with unpacking, imports and the servers'
 # starts and stops the whole stays within 8 minutes (a hard stop at 470 s keeps what was written).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
+module=benchmarks.gpu
+if [[ ${1:-} == --module ]]; then module=$2; shift 2; fi
 out=${OUT:-/tmp/gpu-bench-out}
 mkdir -p "$out"
 pack=${GPU_PACK_DIR:-/tmp/gpu-pack}
@@ -22,7 +27,7 @@ cp "$pack/manifest.json" "$out/manifest.json"
 python=${PYTHON:-python3}
 pack_python=$("$python" -c 'import json,sys; print(json.load(open(sys.argv[1]))["python"])' "$pack/manifest.json")
 here_python=$("$python" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
-export PYTHONPATH=$PWD/core:$PWD/plugins/torch:$PWD/plugins/python:$PWD
+export PYTHONPATH=$PWD/core:$PWD/plugins/torch:$PWD/plugins/python:$PWD/plugins/onnx:$PWD
 # The pack's packages are built for the device's Python: elsewhere (the dry run here) its own serve.
 [[ $pack_python == "$here_python" ]] && PYTHONPATH=$PYTHONPATH:$pack/site
 export GPU_TRITON_ROOT=$pack/triton PERF_ANALYZER=$pack/perf_analyzer/perf_analyzer
@@ -43,8 +48,14 @@ print("coreserve", coreserve.__file__, "protobuf", google.protobuf.__version__, 
       "torch", torch.__version__, torch.version.cuda, torch.cuda.is_available())' 2>&1
   "$PERF_ANALYZER" --version 2>&1 | head -1
 } 2>&1 | tee "$out/log"
-timeout -k 5 470 "$python" -m benchmarks.gpu --budget-s "${GPU_BUDGET_S:-420}" --output "$out/gpu-h200.json" "$@" 2>&1 \
-  | tee -a "$out/log"
-status=${PIPESTATUS[0]}
+if [[ $module == benchmarks.gpu ]]; then
+  timeout -k 5 470 "$python" -m benchmarks.gpu --budget-s "${GPU_BUDGET_S:-420}" --output "$out/gpu-h200.json" "$@" 2>&1 \
+    | tee -a "$out/log"
+  status=${PIPESTATUS[0]}
+else
+  timeout -k 5 470 "$python" -m "$module" "$@" 2>&1 | tee -a "$out/log"
+  status=${PIPESTATUS[0]}
+  find benchmarks/results -name '*.json' -newer "$out/manifest.json" -exec cp {} "$out/" \;
+fi
 echo "device-run: exit $status after $((SECONDS - started)) s" | tee -a "$out/log"
 exit "$status"

@@ -13,7 +13,7 @@ and manifest.json. The archive holds:
   the CUDA runtime and libb64 it links against, and a wrapper that finds them;
 - site/: tritonclient's Python package, the core's dependencies that the device lacks (httptools,
   hpack, orjson, protobuf, python-rapidjson: wheels for --python from PyPI), and the metadata of
-  core-server, plugin-torch and plugin-python (their entry points; the code itself comes from
+  core-server, plugin-torch, plugin-python and plugin-onnx (their entry points; the code itself comes from
   the tree, which device-run.sh puts first on PYTHONPATH).
 It prints the archive's size and what travels in all (the tree's files and the archive), which
 must stay under the device tool's 64 MiB.
@@ -97,7 +97,8 @@ def _site(build: Path, python: str) -> None:
     _pip_target(build / "site", python, *WHEELS)
     metadata = build / "metadata"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-compile", f"--target={metadata}",
-                    str(REPOSITORY / "core"), str(REPOSITORY / "plugins" / "torch"), str(REPOSITORY / "plugins" / "python")],
+                    str(REPOSITORY / "core"), str(REPOSITORY / "plugins" / "torch"), str(REPOSITORY / "plugins" / "python"),
+                    str(REPOSITORY / "plugins" / "onnx")],
                    check=True)  # fmt: skip
     for info in metadata.glob("*.dist-info"):  # the metadata only: the tree holds the code
         shutil.copytree(info, build / "site" / info.name)
