@@ -295,7 +295,10 @@ def test_without_the_flag_a_request_for_a_model_not_loaded_fails_as_in_triton(
             "the host's model memory budget is given twice",
         ),
         (["--model-control-mode=explicit", "--model-memory-budget=gpu:a=1GB"], "as gpu:<id>=BYTES"),
-        (["--model-control-mode=explicit", "--model-memory-budget=gpu:0=101%"], "at most 100, got 'gpu:0=101%'"),
+        (
+            ["--model-control-mode=explicit", "--model-memory-budget=gpu:0=101%"],
+            "at most 100, got 'gpu:0=101%'",
+        ),
         (
             [
                 "--model-control-mode=explicit",
