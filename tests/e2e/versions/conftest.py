@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,11 @@ def write_versions(
 def repository(tmp_path: Path) -> Path:
     return write_versions(tmp_path / "models")
 
+
+# One request of a [1, 4] FP32 input INPUT0 of ones, as JSON (both test models take it).
+INFER_BODY = json.dumps(
+    {"inputs": [{"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "data": [1, 1, 1, 1]}]}
+)
 
 BEHAVING = """
 backend: "python"

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -126,16 +126,12 @@ def test_a_failing_candidate_is_rolled_back_when_its_first_step_ends(
     assert failed - window["failures"] in (0, 1)
 
 
-def test_requests_with_a_stream_of_responses_are_judged_too(server: ServerProcess) -> None:
-    """The generate endpoint's requests (DataPlane.stream, as the OpenAI frontend's) count."""
+def _failing_candidate_under(server: ServerProcess, send: Callable[[threading.Event], None]) -> dict:
+    """A rollout of the failing version 3 while `send` sends requests until its event is set;
+    returns how the rollout ended, after checking that it rolled back on the first step's
+    failures, every one counted."""
     stop = threading.Event()
-    body = json.dumps({"INPUT0": [1, 1, 1, 1]}).encode()
-
-    def send() -> None:
-        while not stop.is_set():
-            request(server.http_url, "POST", "/v2/models/behaving/generate", body)
-
-    sender = threading.Thread(target=send, daemon=True)
+    sender = threading.Thread(target=send, args=(stop,), daemon=True)
     sender.start()
     try:
         _start(server, 3)
@@ -146,13 +142,23 @@ def test_requests_with_a_stream_of_responses_are_judged_too(server: ServerProces
     assert ended["state"] == "ROLLED_BACK" and ended["step"] == 0, ended
     window = ended["window"]["candidate"]
     assert window["failures"] == window["requests"] >= 5
+    return ended
+
+
+def test_requests_with_a_stream_of_responses_are_judged_too(server: ServerProcess) -> None:
+    """The generate endpoint's requests (DataPlane.stream, as the OpenAI frontend's) count."""
+    body = json.dumps({"INPUT0": [1, 1, 1, 1]}).encode()
+
+    def send(stop: threading.Event) -> None:
+        while not stop.is_set():
+            request(server.http_url, "POST", "/v2/models/behaving/generate", body)
+
+    ended = _failing_candidate_under(server, send)
     assert ended["window"]["stable"]["failures"] == 0 and ended["window"]["stable"]["requests"] >= 1
 
 
 def test_requests_of_a_grpc_stream_are_judged_too(server: ServerProcess) -> None:
-    stop = threading.Event()
-
-    def send() -> None:
+    def send(stop: threading.Event) -> None:
         with grpcclient.InferenceServerClient(server.grpc_url) as client:
             client.start_stream(callback=lambda result, error: None)
             tensor = grpcclient.InferInput("INPUT0", [1, 4], "FP32")
@@ -161,17 +167,7 @@ def test_requests_of_a_grpc_stream_are_judged_too(server: ServerProcess) -> None
                 client.async_stream_infer("behaving", [tensor])
             client.stop_stream()
 
-    sender = threading.Thread(target=send, daemon=True)
-    sender.start()
-    try:
-        _start(server, 3)
-        ended = _ended(server)
-    finally:
-        stop.set()
-        sender.join(timeout=30)
-    assert ended["state"] == "ROLLED_BACK" and ended["step"] == 0, ended
-    window = ended["window"]["candidate"]
-    assert window["failures"] == window["requests"] >= 5
+    _failing_candidate_under(server, send)
 
 
 def test_a_slow_candidate_is_rolled_back_on_its_p99(server: ServerProcess, load: None) -> None:

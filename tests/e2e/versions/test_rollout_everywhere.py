@@ -25,9 +25,8 @@ from support.servers.worker_servers import (
 )
 from support.waiting import wait_until
 
-from .conftest import write_behaving
+from .conftest import INFER_BODY, write_behaving
 
-BODY = json.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "data": [1, 1, 1, 1]}]})
 BASE = "/v2/repository/models/behaving"
 
 
@@ -55,7 +54,7 @@ def load(server: ServerProcess) -> Iterator[None]:
 
     def send() -> None:
         while not stop.is_set():
-            answer_of(server, "POST", "/v2/models/behaving/infer", BODY)
+            answer_of(server, "POST", "/v2/models/behaving/infer", INFER_BODY)
 
     sender = threading.Thread(target=send, daemon=True)
     sender.start()

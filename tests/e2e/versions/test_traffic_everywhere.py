@@ -30,7 +30,8 @@ from support.servers.worker_servers import (
 from support.waiting import wait_until
 from support.wire.http_raw import request
 
-BODY = json.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "data": [1, 1, 1, 1]}]})
+from .conftest import INFER_BODY
+
 PIPELINE = """
 platform: "ensemble"
 max_batch_size: 8
@@ -57,7 +58,7 @@ def test_every_worker_applies_the_policy_and_keys_stick_across_workers(repositor
         )
         assert status == 200, answer
         for key in ("alice", "bob", "carol", "dave"):
-            body = json.dumps({**json.loads(BODY), "parameters": {"coreserve_traffic_key": key}})
+            body = json.dumps({**json.loads(INFER_BODY), "parameters": {"coreserve_traffic_key": key}})
             # Each request on a connection of its own: over 40 of them, both workers answer.
             versions = {
                 _served(answer_of(server, "POST", "/v2/models/scaled/infer", body)[1])
@@ -65,7 +66,8 @@ def test_every_worker_applies_the_policy_and_keys_stick_across_workers(repositor
             }
             assert len(versions) == 1, (key, versions)
         served = {
-            _served(answer_of(server, "POST", "/v2/models/scaled/infer", BODY)[1]) for _ in range(CONNECTIONS)
+            _served(answer_of(server, "POST", "/v2/models/scaled/infer", INFER_BODY)[1])
+            for _ in range(CONNECTIONS)
         }
         assert served == {1, 2}
         metrics = urlopen_text(server.metrics_url)
@@ -89,7 +91,7 @@ def test_a_worker_started_again_applies_the_policy_set_before(repository: Path) 
             )
             wait_until(lambda: status_of(server, "GET", "/v2/health/ready") == 200, "ready", timeout=120)
             served = {
-                _served(answer_of(server, "POST", "/v2/models/scaled/infer", BODY)[1])
+                _served(answer_of(server, "POST", "/v2/models/scaled/infer", INFER_BODY)[1])
                 for _ in range(CONNECTIONS)
             }
             assert served == {1}, index
