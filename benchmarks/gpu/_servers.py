@@ -14,7 +14,7 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from benchmarks.support.models import start_server
 from benchmarks.transports.overhead import free_port
@@ -63,14 +63,7 @@ def wait_ready(http_url: str, models: list[str], timeout: float = 180, process: 
 
 
 def coreserve(repository: Path, models: list[str], *args: str, timeout: float = 180) -> ServerProcess:
-    server = start_server(repository, *args)
-    try:
-        wait_ready(server.http_url, models, timeout, server.process)
-    except Exception as exc:
-        log = server.log[-3000:]
-        server.close()
-        raise RuntimeError(f"{exc}\n{log}") from exc
-    return server
+    return _ready(start_server(repository, *args), models, timeout, "coreserve")
 
 
 class TritonProcess:
@@ -144,13 +137,20 @@ def triton(repository: Path, models: list[str], *extra: str, timeout: float = 18
     root = triton_root()
     if root is None:
         raise RuntimeError(f"the real Triton is not installed (set ${TRITON_ROOT_VARIABLE})")
-    server = TritonProcess(root, repository, list(extra))
+    return _ready(TritonProcess(root, repository, list(extra)), models, timeout, "the real Triton")
+
+
+_Server = TypeVar("_Server", ServerProcess, TritonProcess)
+
+
+def _ready(server: _Server, models: list[str], timeout: float, who: str) -> _Server:
+    """`server` once it serves `models`; closed, and the error with its log's end, where it does not."""
     try:
         wait_ready(server.http_url, models, timeout, server.process)
     except Exception as exc:
         log = server.log[-3000:]
         server.close()
-        raise RuntimeError(f"the real Triton: {exc}\n{log}") from exc
+        raise RuntimeError(f"{who}: {exc}\n{log}") from exc
     return server
 
 
