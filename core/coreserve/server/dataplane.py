@@ -231,7 +231,15 @@ class DataPlane:
         """
         name, version = request.model_name, request.model_version
         target = self.in_use(name, version, request) or self.model_version(name, version)
-        self._submit(target, request, self.traffic.counted(sink, request, target.version), True)
+        self._submit(target, request, self._watched(sink, request, target), True)
+
+    def _watched(self, sink: ResponseSink, request: InferenceRequest, target: ModelVersion) -> ResponseSink:
+        """`sink`, or where the request was routed, the sink its model's traffic policy watches
+        (a shadow copy, a rollout's count: TrafficRouter.watched)."""
+        if not request.routed:
+            return sink
+        policy = self.repository.get(request.model_name).traffic  # (a dict lookup)
+        return self.traffic.watched(sink, request, target, policy, self.submit)
 
     def _submit(
         self,
@@ -289,10 +297,7 @@ class DataPlane:
                 f"{instead}"
             )
         sink = SingleResponse(asyncio.get_running_loop())
-        self._submit(target, request, self.traffic.counted(sink, request, target.version))
-        policy = self.repository.get(name).traffic if request.routed else None  # (a dict lookup)
-        if policy is not None:
-            self.traffic.copy_to_shadow(policy, request, sink.future, self.submit)
+        self._submit(target, request, self._watched(sink, request, target))
         try:
             response = await sink.future
         except asyncio.CancelledError:  # its caller was cancelled (a gRPC deadline or cancel, a BLS parent)
@@ -327,7 +332,7 @@ class DataPlane:
         self._submit(
             target,
             request,
-            self.traffic.counted(sink, request, target.version),
+            self._watched(sink, request, target),
             ends_trace=not frontend_sends,
         )
         trace = request.trace if frontend_sends else None

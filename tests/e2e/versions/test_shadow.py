@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from coreserve.testing import ServerFactory, ServerProcess
@@ -70,6 +71,30 @@ def test_the_candidate_answers_every_copy_and_none_reaches_the_client(server: Se
     statistics = json.loads(request(server.http_url, "GET", "/v2/models/scaled/stats")[2])
     counts = {entry["version"]: entry["inference_count"] for entry in statistics["model_stats"]}
     assert counts == {"1": 50, "2": 50, "3": 0}  # each version's own count, exactly
+
+
+def test_requests_of_a_grpc_stream_and_of_the_generate_endpoint_are_copied(server: ServerProcess) -> None:
+    """Their answers go through a sink of their own (DataPlane.submit and stream): a copy is
+    taken there, and the client still gets version 1's answer alone."""
+    _policy(server, "scaled", {"weights": {"1": 100}, "shadow": {"version": "2", "share": 100}})
+    answers: list[float] = []
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        client.start_stream(callback=lambda result, error: answers.append(result.as_numpy("OUTPUT0")[0, 0]))
+        tensor = grpcclient.InferInput("INPUT0", [1, 4], "FP32")
+        tensor.set_data_from_numpy(ONES)
+        for _ in range(20):
+            client.async_stream_infer("scaled", [tensor])
+        client.stop_stream()  # waits for every response
+    body = json.dumps({"INPUT0": [1, 1, 1, 1]}).encode()
+    for _ in range(10):
+        status, _, answer = request(server.http_url, "POST", "/v2/models/scaled/generate", body)
+        assert status == 200, answer
+        answers.append(json.loads(answer)["OUTPUT0"][0])
+    assert answers == [1.0] * 30
+    compared = "coreserve_traffic_shadow_requests_total{" + _labels("scaled", 2, outcome="compared") + "}"
+    wait_until(lambda: _metrics(server).get(compared) == 30, "30 copies compared")
+    mismatches = "coreserve_traffic_shadow_output_mismatches_total{" + _labels("scaled", 2, output="OUTPUT0")
+    assert _metrics(server)[mismatches + "}"] == 30
 
 
 def test_a_candidate_that_answers_alike_shows_no_difference(server: ServerProcess) -> None:

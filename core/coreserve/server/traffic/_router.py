@@ -7,7 +7,6 @@ a policy: the data plane asks the model first, so such requests pay an attribute
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable
 
 from coreserve.errors import InvalidArgumentError, UnavailableError
@@ -16,7 +15,7 @@ from coreserve.repository.traffic.policy import TrafficPolicy
 from coreserve.server.traffic._rollout import Rollout, RolloutPlan
 from coreserve.server.traffic._shadow import ShadowCopies, Submit
 from coreserve.server.traffic._windows import CountedSink, ProcessWindows, Windows
-from coreserve.types import InferenceRequest, InferenceResponse, ResponseSink
+from coreserve.types import InferenceRequest, ResponseSink
 
 # The request parameter that keeps a request on one version, and the HTTP header that does.
 KEY_PARAMETER = "coreserve_traffic_key"
@@ -58,25 +57,29 @@ class TrafficRouter:
             number = others[-1] if others else None
         return model.version("" if number is None else str(number))
 
-    def copy_to_shadow(
+    def watched(
         self,
-        policy: TrafficPolicy,
+        sink: ResponseSink,
         request: InferenceRequest,
-        answer: asyncio.Future[InferenceResponse],
+        target: ModelVersion,
+        policy: TrafficPolicy | None,
         submit: Submit,
-    ) -> None:
-        """Copies `request` (whose client waits on `answer`) to the shadow's version, if it has
-        one and the request did not go there already (see ShadowCopies.copy_after)."""
-        shadow = policy.shadow
-        if shadow is not None and str(shadow.version) != request.model_version:
-            self.shadows.copy_after(shadow, request, answer, submit)
-
-    def counted(self, sink: ResponseSink, request: InferenceRequest, version: int) -> ResponseSink:
-        """The sink of `request` for `version`: one that counts how the version answers it
-        where the request was routed and its model's rollout counts requests, else `sink`."""
-        if not request.routed or not self.windows.observing(request.model_name):
-            return sink
-        return CountedSink(sink, self.windows, request.model_name, version)
+    ) -> ResponseSink:
+        """The sink of `request`, which its model's `policy` routed to `target`: one that copies
+        the request to the policy's shadow once answered (where the shadow is another version and
+        `target` answers each request once: not decoupled), and one that counts how `target`
+        answers it (where a rollout observes the model); else `sink`."""
+        name = request.model_name
+        shadow = policy.shadow if policy is not None else None
+        if (
+            shadow is not None
+            and shadow.version != target.version
+            and not target.config.model_transaction_policy.decoupled
+        ):
+            sink = self.shadows.watch(sink, shadow, request, submit)
+        if self.windows.observing(name):
+            sink = CountedSink(sink, self.windows, name, target.version)
+        return sink
 
     def start_rollout(
         self,

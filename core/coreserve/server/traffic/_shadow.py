@@ -55,53 +55,46 @@ class ShadowCopies:
         self.counts: dict[tuple[str, int], ShadowCounts] = defaultdict(ShadowCounts)
         self._in_flight: dict[str, int] = defaultdict(int)
 
-    def copy_after(
-        self,
-        shadow: Shadow,
-        request: InferenceRequest,
-        answer: asyncio.Future[InferenceResponse],
-        submit: Submit,
-    ) -> None:
-        """Sends the candidate a copy of `request` once the client's `answer` is ready, if the
-        request is in the shadow's share. Requests of a sequence are not copied (a copy of some
-        of a sequence's steps would break the candidate's sequence), nor those that failed
-        (there is nothing to compare)."""
+    def watch(
+        self, sink: ResponseSink, shadow: Shadow, request: InferenceRequest, submit: Submit
+    ) -> ResponseSink:
+        """The sink of `request`, whose model answers each request once: one that copies the
+        request to the shadow's version when it is answered, if the request is in the shadow's
+        share, else `sink`. Requests of a sequence are not copied (a copy of some of a sequence's
+        steps would break the candidate's sequence), nor those that fail (there is nothing to
+        compare)."""
         if shadow.share < 100 and random.random() * 100 >= shadow.share:
-            return
+            return sink
         if any(key.startswith("sequence_") for key in request.parameters):
-            return
+            return sink
+        return _CopyingSink(sink, self, shadow, request, submit)
 
-        def answered(_: object) -> None:
-            if answer.cancelled() or answer.exception() is not None:
-                return
-            name = request.model_name
-            if self._in_flight[name] >= shadow.max_in_flight:
-                self.counts[name, shadow.version].shed += 1
-                return
-            self._in_flight[name] += 1
-            # The inputs are copied now, before the client's task resumes: an input read from
-            # a shared memory region (or an in-process caller's array) may change once the client
-            # has its answer. The copy is sent after the client's task has had its turn.
-            inputs = {key: np.copy(array) for key, array in request.inputs.items()}
-            copy = InferenceRequest(
-                model_name=name,
-                inputs=inputs,
-                model_version=str(shadow.version),
-                id=request.id,
-                parameters={key: value for key, value in request.parameters.items() if key != "timeout"},
-                requested_outputs=request.requested_outputs,
-                class_counts=request.class_counts,
-            )
-            asyncio.get_running_loop().call_soon(self._send, copy, answer.result(), submit)
+    def take(self, shadow: Shadow, request: InferenceRequest) -> InferenceRequest | None:
+        """The copy of `request` for the shadow's version, its inputs copied now: an input read
+        from a shared memory region (or an in-process caller's array) may change once the client
+        has its answer. None where the shadow's copies in flight are as many as it takes (shed)."""
+        name = request.model_name
+        if self._in_flight[name] >= shadow.max_in_flight:
+            self.counts[name, shadow.version].shed += 1
+            return None
+        self._in_flight[name] += 1
+        return InferenceRequest(
+            model_name=name,
+            inputs={key: np.copy(array) for key, array in request.inputs.items()},
+            model_version=str(shadow.version),
+            id=request.id,
+            parameters={key: value for key, value in request.parameters.items() if key != "timeout"},
+            requested_outputs=request.requested_outputs,
+            class_counts=request.class_counts,
+        )
 
-        answer.add_done_callback(answered)
-
-    def _send(
+    def send(
         self,
         copy: InferenceRequest,
         expected: InferenceResponse,
         submit: Submit,
     ) -> None:
+        """Sends a copy `take` made; its answer is compared with the client's, `expected`."""
         name = copy.model_name
         counts = self.counts[name, int(copy.model_version)]
         sink = SingleResponse(asyncio.get_running_loop())
@@ -120,6 +113,43 @@ class ShadowCopies:
         except CoreserveError as exc:  # refused outright (unloaded meanwhile, a shape it does not take)
             logger.debug("shadow copy of a request for model '%s' refused: %s", name, exc.message)
             sink.fail(exc)
+
+
+class _CopyingSink:
+    """The sink of a request in a shadow's share: the copy is taken before the client has its
+    answer and sent after the client's task has had its turn."""
+
+    __slots__ = ("_copies", "_request", "_shadow", "_sink", "_submit")
+
+    def __init__(
+        self,
+        sink: ResponseSink,
+        copies: ShadowCopies,
+        shadow: Shadow,
+        request: InferenceRequest,
+        submit: Submit,
+    ) -> None:
+        self._sink = sink
+        self._copies = copies
+        self._shadow = shadow
+        self._request = request
+        self._submit = submit
+
+    @property
+    def done(self) -> bool:
+        return self._sink.done
+
+    def send(self, response: InferenceResponse | None, final: bool) -> None:
+        if response is None or not final or self._sink.done:
+            self._sink.send(response, final)
+            return
+        copy = self._copies.take(self._shadow, self._request)
+        self._sink.send(response, final)
+        if copy is not None:
+            asyncio.get_running_loop().call_soon(self._copies.send, copy, response, self._submit)
+
+    def fail(self, error: CoreserveError) -> None:
+        self._sink.fail(error)
 
 
 def _compare(client: InferenceResponse, candidate: InferenceResponse, counts: ShadowCounts) -> None:
