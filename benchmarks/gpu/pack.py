@@ -12,7 +12,8 @@ and manifest.json. The archive holds:
 - perf_analyzer/: perf_analyzer 2.51 from the tritonclient wheel ($PERF_ANALYZER's venv), with
   the CUDA runtime and libb64 it links against, and a wrapper that finds them;
 - site/: tritonclient's Python package, the core's dependencies that the device lacks (httptools,
-  hpack, orjson, protobuf, python-rapidjson: wheels for --python from PyPI), and the metadata of
+  hpack, orjson, protobuf, python-rapidjson: wheels for --python from PyPI), those of the tests of
+  the GPU paths (tritonclient.http's geventhttpclient, with gevent), and the metadata of
   core-server, plugin-torch, plugin-python and plugin-onnx (their entry points; the code itself comes from
   the tree, which device-run.sh puts first on PYTHONPATH).
 It prints the archive's size and what travels in all (the tree's files and the archive), which
@@ -37,6 +38,8 @@ from benchmarks.support.load_generators import perf_analyzer
 LIMIT_MIB = 64
 # The core's and tritonclient's needs that the device's image (KINDS.md's list) lacks.
 WHEELS = ("httptools", "hpack", "orjson", "protobuf==6.33.6", "python-rapidjson")
+# What the tests of the GPU paths need there besides (tritonclient.http's client).
+TEST_WHEELS = ("geventhttpclient", "gevent", "greenlet", "zope.event", "zope.interface", "brotli")
 STUB_NUMPY = "numpy==1.26.4"
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
 
@@ -94,7 +97,7 @@ def _perf_analyzer(build: Path) -> None:
 
 
 def _site(build: Path, python: str) -> None:
-    _pip_target(build / "site", python, *WHEELS)
+    _pip_target(build / "site", python, *WHEELS, *TEST_WHEELS)
     metadata = build / "metadata"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-compile", f"--target={metadata}",
                     str(REPOSITORY / "core"), str(REPOSITORY / "plugins" / "torch"), str(REPOSITORY / "plugins" / "python"),
@@ -130,7 +133,7 @@ def main() -> None:
     dirty = subprocess.run(["git", "-C", str(REPOSITORY), "status", "--porcelain", "--", "core", "plugins"],
                            capture_output=True, text=True).stdout.strip()  # fmt: skip
     manifest = {"commit": git_commit(), "tree_changed": bool(dirty), "python": args.python,
-                "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "wheels": [*WHEELS, STUB_NUMPY]}  # fmt: skip
+                "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "wheels": [*WHEELS, *TEST_WHEELS, STUB_NUMPY]}  # fmt: skip
     (build / "manifest.json").write_text(json.dumps(manifest, indent=2))
     archive = args.output / "gpu-pack.tar.xz"
     subprocess.run(["tar", "-C", str(build), "-cf", str(archive), "-I", "xz -9 -T2", "."], check=True,
