@@ -10,28 +10,34 @@
 # Arguments go to `python -m benchmarks.gpu` (--dry-run runs it here, on the CPU, from the pack).
 # `--module M ARGS...` runs another benchmark instead, `python -m M ARGS...` (e.g.
 # benchmarks.features.shadow_cost --load-generator perf_analyzer), and copies the results files
-# it writes into $OUT.
+# it writes into $OUT. `--gpu-tests ARGS...` runs .ci/gpu-tests ARGS... (the pack carries what its
+# tests need that the device lacks) and writes $OUT/gpu-tests.xml (JUnit).
 # GPU_BUDGET_S (default 420) is the benchmark's budget; with unpacking, imports and the servers'
 # starts and stops the whole stays within 8 minutes (a hard stop at 470 s keeps what was written).
 set -uo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
 module=benchmarks.gpu
 if [[ ${1:-} == --module ]]; then module=$2; shift 2; fi
+if [[ ${1:-} == --gpu-tests ]]; then module=gpu-tests; shift; fi
 out=${OUT:-/tmp/gpu-bench-out}
 mkdir -p "$out"
 pack=${GPU_PACK_DIR:-/tmp/gpu-pack}
 started=$SECONDS
-rm -rf "$pack" && mkdir -p "$pack" && tar -xJf .gpu-carry/gpu-pack.tar.xz -C "$pack" \
-  || { echo "no pack: run python -m benchmarks.gpu.pack here and carry .gpu-carry" >&2; exit 1; }
+rm -rf "$pack"
+if ! { mkdir -p "$pack" && tar -xJf .gpu-carry/gpu-pack.tar.xz -C "$pack"; }; then
+  echo "no pack: run python -m benchmarks.gpu.pack here and carry .gpu-carry" >&2
+  exit 1
+fi
 cp "$pack/manifest.json" "$out/manifest.json"
 python=${PYTHON:-python3}
 pack_python=$("$python" -c 'import json,sys; print(json.load(open(sys.argv[1]))["python"])' "$pack/manifest.json")
 here_python=$("$python" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
-export PYTHONPATH=$PWD/core:$PWD/plugins/torch:$PWD/plugins/python:$PWD/plugins/onnx:$PWD
+export PYTHONPATH=$PWD/core:$PWD/plugins/torch:$PWD/plugins/python:$PWD/plugins/onnx:$PWD/plugins/tensorrt:$PWD
 # The pack's packages are built for the device's Python: elsewhere (the dry run here) its own serve.
 [[ $pack_python == "$here_python" ]] && PYTHONPATH=$PYTHONPATH:$pack/site
 export GPU_TRITON_ROOT=$pack/triton PERF_ANALYZER=$pack/perf_analyzer/perf_analyzer
-export GPU_BENCH_COMMIT=$("$python" -c 'import json,sys; print(json.load(open(sys.argv[1]))["commit"])' "$pack/manifest.json")
+GPU_BENCH_COMMIT=$("$python" -c 'import json,sys; print(json.load(open(sys.argv[1]))["commit"])' "$pack/manifest.json")
+export GPU_BENCH_COMMIT
 command -v nvidia-smi >/dev/null && export BENCHMARK_MACHINE=${BENCHMARK_MACHINE:-the nvidia-h200 device machine; servers and load generators on its CPUs}
 # Triton's stub links against this Python's shared library: say where it is (or that it is not).
 libpython=libpython$here_python.so.1.0
@@ -51,6 +57,9 @@ print("coreserve", coreserve.__file__, "protobuf", google.protobuf.__version__, 
 if [[ $module == benchmarks.gpu ]]; then
   timeout -k 5 470 "$python" -m benchmarks.gpu --budget-s "${GPU_BUDGET_S:-420}" --output "$out/gpu-h200.json" "$@" 2>&1 \
     | tee -a "$out/log"
+  status=${PIPESTATUS[0]}
+elif [[ $module == gpu-tests ]]; then
+  timeout -k 5 570 env PYTHON="$python" bash .ci/gpu-tests --junitxml="$out/gpu-tests.xml" "$@" 2>&1 | tee -a "$out/log"
   status=${PIPESTATUS[0]}
 else
   timeout -k 5 470 "$python" -m "$module" "$@" 2>&1 | tee -a "$out/log"

@@ -11,11 +11,12 @@ and manifest.json. The archive holds:
   mis-sizes tensors under numpy 2, which the device has);
 - perf_analyzer/: perf_analyzer 2.51 from the tritonclient wheel ($PERF_ANALYZER's venv), with
   the CUDA runtime and libb64 it links against, and a wrapper that finds them;
-- site/: tritonclient's Python package, the core's dependencies that the device lacks (httptools,
-  hpack, orjson, protobuf, python-rapidjson: wheels for --python from PyPI), those of the tests of
-  the GPU paths (tritonclient.http's geventhttpclient, with gevent), and the metadata of
-  core-server, plugin-torch, plugin-python and plugin-onnx (their entry points; the code itself comes from
-  the tree, which device-run.sh puts first on PYTHONPATH).
+- site/: wheels for --python from PyPI: the core's dependencies that the device lacks (httptools,
+  hpack, orjson, protobuf, python-rapidjson), what the tests of the GPU paths need there too
+  (tritonclient and plotly as tests/requirements.txt pins them, geventhttpclient with gevent),
+  so that .ci/gpu-tests runs there; and the metadata of core-server and the plugins it serves
+  with (torch, python, onnx, tensorrt: their entry points; the code itself comes from the tree,
+  which device-run.sh puts first on PYTHONPATH).
 It prints the archive's size and what travels in all (the tree's files and the archive), which
 must stay under the device tool's 64 MiB.
 """
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -38,8 +40,11 @@ from benchmarks.support.load_generators import perf_analyzer
 LIMIT_MIB = 64
 # The core's and tritonclient's needs that the device's image (KINDS.md's list) lacks.
 WHEELS = ("httptools", "hpack", "orjson", "protobuf==6.33.6", "python-rapidjson")
-# What the tests of the GPU paths need there besides (tritonclient.http's client).
+# What the tests of the GPU paths (.ci/gpu-tests) need there besides: tritonclient.http's client,
+# and the tests' own versions of tritonclient (2.51's, beside perf_analyzer, needs the
+# `cuda.cudart` that the device's cuda-python 13 no longer has) and of plotly (analyze's report).
 TEST_WHEELS = ("geventhttpclient", "gevent", "greenlet", "zope.event", "zope.interface", "brotli")
+TESTS_PINNED = ("tritonclient", "plotly")
 STUB_NUMPY = "numpy==1.26.4"
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
 
@@ -90,18 +95,27 @@ def _perf_analyzer(build: Path) -> None:
         'LD_LIBRARY_PATH=$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} exec "$here/perf_analyzer.bin" "$@"\n'
     )
     (destination / "perf_analyzer").chmod(0o755)
-    client = next(venv.glob("lib/python3*/site-packages/tritonclient"))
-    shutil.copytree(
-        client, build / "site" / "tritonclient", ignore=shutil.ignore_patterns("__pycache__", "perf_*")
-    )
+
+
+def _tests_pins() -> list[str]:
+    """The tests' pins (tests/requirements.txt) of TESTS_PINNED, without extras."""
+    pins = {}
+    for line in (REPOSITORY / "tests" / "requirements.txt").read_text().splitlines():
+        name = re.split(r"[\[=<>~ ]", line.strip(), maxsplit=1)[0]
+        if name in TESTS_PINNED:
+            pins[name] = re.sub(r"\[.*?\]", "", line.strip())
+    missing = set(TESTS_PINNED) - set(pins)
+    if missing:
+        raise SystemExit(f"tests/requirements.txt pins no {', '.join(sorted(missing))}")
+    return list(pins.values())
 
 
 def _site(build: Path, python: str) -> None:
-    _pip_target(build / "site", python, *WHEELS, *TEST_WHEELS)
+    _pip_target(build / "site", python, *WHEELS, *TEST_WHEELS, *_tests_pins())
     metadata = build / "metadata"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-compile", f"--target={metadata}",
                     str(REPOSITORY / "core"), str(REPOSITORY / "plugins" / "torch"), str(REPOSITORY / "plugins" / "python"),
-                    str(REPOSITORY / "plugins" / "onnx")],
+                    str(REPOSITORY / "plugins" / "onnx"), str(REPOSITORY / "plugins" / "tensorrt")],
                    check=True)  # fmt: skip
     for info in metadata.glob("*.dist-info"):  # the metadata only: the tree holds the code
         shutil.copytree(info, build / "site" / info.name)
@@ -133,7 +147,7 @@ def main() -> None:
     dirty = subprocess.run(["git", "-C", str(REPOSITORY), "status", "--porcelain", "--", "core", "plugins"],
                            capture_output=True, text=True).stdout.strip()  # fmt: skip
     manifest = {"commit": git_commit(), "tree_changed": bool(dirty), "python": args.python,
-                "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "wheels": [*WHEELS, *TEST_WHEELS, STUB_NUMPY]}  # fmt: skip
+                "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "wheels": [*WHEELS, *TEST_WHEELS, *_tests_pins(), STUB_NUMPY]}  # fmt: skip
     (build / "manifest.json").write_text(json.dumps(manifest, indent=2))
     archive = args.output / "gpu-pack.tar.xz"
     subprocess.run(["tar", "-C", str(build), "-cf", str(archive), "-I", "xz -9 -T2", "."], check=True,

@@ -5,13 +5,16 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import tritonclient.http as httpclient
 
 from coreserve.testing import ServerProcess
 from support.paths import EXAMPLES
-from support.wire.tls_certs import Pki, make_pki
+
+if TYPE_CHECKING:
+    from support.wire.tls_certs import Pki
 
 
 @pytest.fixture
@@ -40,6 +43,9 @@ def examples_client(examples_server: ServerProcess) -> Iterator[httpclient.Infer
 @pytest.fixture(scope="session")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     """Certificates for the TLS tests (HTTP and gRPC): a root, a server, a client, a stranger."""
+    # Imported here: only the TLS tests need cryptography (the GPU machine has none).
+    from support.wire.tls_certs import make_pki
+
     return make_pki(tmp_path_factory.mktemp("pki"))
 
 

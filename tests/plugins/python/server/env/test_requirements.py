@@ -45,7 +45,7 @@ import {PACKAGE}
 class TritonPythonModel:
     def execute(self, requests):
         found = []
-        for name in ("pytest", "tritonclient"):  # in the server's environment, not in this one's own
+        for name in ("pytest", "pluggy"):  # in the server's site-packages, not in this environment's own
             try:
                 __import__(name)
                 found.append(name)
@@ -164,7 +164,7 @@ def test_models_run_in_environments_built_from_their_requirements(
     _model(repository, "unresolvable", "coreserve-test-missing-xyz==9.9\n")
     _model(repository, "plain", None)
     # What the server has already is not installed again (offline here: it could not be).
-    _model(repository, "satisfied", f"{REQUIREMENTS}numpy=={np.__version__}\ntritonclient\n")
+    _model(repository, "satisfied", f"{REQUIREMENTS}numpy=={np.__version__}\npluggy\n")
     server = coreserve_server(
         repository, "--exit-on-error=false", f"--python-env-cache-dir={cache}", env=_offline(wheels)
     )
@@ -173,7 +173,7 @@ def test_models_run_in_environments_built_from_their_requirements(
     assert first["greeting"] == second["greeting"] == "hello from xyz"
     assert str(first["executable"]).startswith(str(cache)) and first["executable"] == second["executable"]
     # the server's packages stay in sight, below the environment's own
-    assert first["server_packages"] == ["pytest", "tritonclient"]
+    assert first["server_packages"] == ["pytest", "pluggy"]
     assert first["numpy"] == np.__version__  # the stub imports the server's numpy
     assert _ask(server, "plain")["executable"] == sys.executable  # no requirements.txt: nothing changes
 
@@ -198,11 +198,11 @@ def test_models_run_in_environments_built_from_their_requirements(
     ), log
     if installer == "pip":  # what the server has is not installed again
         satisfied = f"model 'satisfied': {repository / 'satisfied' / 'requirements.txt'}"
-        for name in ("numpy", "tritonclient"):
+        for name in ("numpy", "pluggy"):
             assert f"{satisfied}: Requirement already satisfied: {name}" in log
     index = _index(server)
     assert index["first"]["state"] == index["plain"]["state"] == index["satisfied"]["state"] == "READY", index
-    assert _ask(server, "satisfied")["server_packages"] == ["pytest", "tritonclient"]
+    assert _ask(server, "satisfied")["server_packages"] == ["pytest", "pluggy"]
     broken = index["unresolvable"]
     assert broken["state"] == "UNAVAILABLE"
     assert broken["reason"].startswith(
