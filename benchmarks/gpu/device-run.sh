@@ -53,7 +53,7 @@ done
 print("coreserve", coreserve.__file__, "protobuf", google.protobuf.__version__, "numpy", numpy.__version__,
       "torch", torch.__version__, torch.version.cuda, torch.cuda.is_available())' 2>&1
   "$PERF_ANALYZER" --version 2>&1 | head -1
-} 2>&1 | tee "$out/log"
+} 2>&1 | tee -a "$out/log"
 if [[ $module == benchmarks.gpu ]]; then
   timeout -k 5 470 "$python" -m benchmarks.gpu --budget-s "${GPU_BUDGET_S:-420}" --output "$out/gpu-h200.json" "$@" 2>&1 \
     | tee -a "$out/log"
