@@ -143,12 +143,30 @@ def test_a_rollout_is_gone_with_worker_0_and_the_weights_stay_where_it_left_them
     server: ServerProcess,
 ) -> None:
     _start(server, 2, dwell_s=600)
+    halves = {"1": 50.0, "2": 50.0}
+
+    def every_worker_has_halves() -> bool:
+        return all(
+            _json(server, "GET", f"{BASE}/traffic")[1]["weights"] == halves for _ in range(CONNECTIONS)
+        )
+
+    wait_until(every_worker_has_halves, "the first step's weights in every worker")
     first = next(pid for pid in worker_pids(server) if worker_index(pid) == 0)
     os.kill(first, signal.SIGKILL)
-    wait_until(lambda: first not in worker_pids(server) and len(worker_pids(server)) == 2, "started again")
+    wait_until(lambda: first not in worker_pids(server), "worker 0 gone")  # (its socket too)
+    # Meanwhile the other worker answers the weights, without the rollout that went with worker 0.
+    answers = []
+
+    def restarted() -> bool:
+        answers.append(_json(server, "GET", f"{BASE}/traffic"))
+        return len(worker_pids(server)) == 2
+
+    wait_until(restarted, "started again")
     wait_until(lambda: status_of(server, "GET", "/v2/health/ready") == 200, "ready", timeout=120)
+    assert answers and all(status == 200 and "rollout" not in answer for status, answer in answers), answers
+    assert all(answer["weights"] == halves for _, answer in answers), answers
     for _ in range(CONNECTIONS):
         status, answer = _json(server, "GET", f"{BASE}/rollout")
         assert status == 404 and answer["error"] == "model 'behaving' has no rollout", answer
-        assert _json(server, "GET", f"{BASE}/traffic")[1]["weights"] == {"1": 50.0, "2": 50.0}
+        assert _json(server, "GET", f"{BASE}/traffic")[1]["weights"] == halves
     _start(server, 2, dwell_s=600)  # and it can start again

@@ -9,7 +9,6 @@ count their requests in windows that worker 0 opens, reads and closes (`_windows
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from typing import Any, Protocol
 
@@ -69,8 +68,14 @@ class TrafficControl:
         """The model's policy as the API answers it, with its rollout's state if it has one."""
         model = self._repository.get(name)
         answer = (model.traffic or TrafficPolicy()).as_dict()
-        with contextlib.suppress(NotFoundError):  # (the model is found above: it has no rollout)
+        try:
             answer["rollout"] = await self.rollout(name, "status")
+        except NotFoundError:  # (the model is found above: it has no rollout)
+            pass
+        except CoreserveError as exc:  # worker 0 starts again, and its rollouts went with it
+            logger.warning(
+                "model '%s': the traffic answer shows no rollout: worker 0 did not answer (%s)", name, exc
+            )
         return answer
 
     async def with_rollouts(self, entries: list[dict[str, str]]) -> list[dict[str, str]]:
