@@ -101,9 +101,10 @@ def _tests_pins() -> list[str]:
     """The tests' pins (tests/requirements.txt) of TESTS_PINNED, without extras."""
     pins = {}
     for line in (REPOSITORY / "tests" / "requirements.txt").read_text().splitlines():
-        name = re.split(r"[\[=<>~ ]", line.strip(), maxsplit=1)[0]
+        requirement = re.split(r"[#;]", line, maxsplit=1)[0].strip()  # no comment, no marker
+        name = re.split(r"[\[=<>~! ]", requirement, maxsplit=1)[0]
         if name in TESTS_PINNED:
-            pins[name] = re.sub(r"\[.*?\]", "", line.strip())
+            pins[name] = re.sub(r"\[.*?\]", "", requirement)
     missing = set(TESTS_PINNED) - set(pins)
     if missing:
         raise SystemExit(f"tests/requirements.txt pins no {', '.join(sorted(missing))}")

@@ -76,10 +76,13 @@ def test_the_candidate_answers_every_copy_and_none_reaches_the_client(server: Se
 def test_requests_of_a_grpc_stream_and_of_the_generate_endpoint_are_copied(server: ServerProcess) -> None:
     """Their answers go through a sink of their own (DataPlane.submit and stream): a copy is
     taken there, and the client still gets version 1's answer alone."""
-    _policy(server, "scaled", {"weights": {"1": 100}, "shadow": {"version": "2", "share": 100}})
-    answers: list[float] = []
+    shadow = {"version": "2", "share": 100, "max_in_flight": 64}  # none shed: the stream's 20 come at once
+    _policy(server, "scaled", {"weights": {"1": 100}, "shadow": shadow})
+    answers: list[object] = []
     with grpcclient.InferenceServerClient(server.grpc_url) as client:
-        client.start_stream(callback=lambda result, error: answers.append(result.as_numpy("OUTPUT0")[0, 0]))
+        client.start_stream(
+            callback=lambda result, error: answers.append(error or result.as_numpy("OUTPUT0")[0, 0])
+        )
         tensor = grpcclient.InferInput("INPUT0", [1, 4], "FP32")
         tensor.set_data_from_numpy(ONES)
         for _ in range(20):
@@ -95,6 +98,64 @@ def test_requests_of_a_grpc_stream_and_of_the_generate_endpoint_are_copied(serve
     wait_until(lambda: _metrics(server).get(compared) == 30, "30 copies compared")
     mismatches = "coreserve_traffic_shadow_output_mismatches_total{" + _labels("scaled", 2, output="OUTPUT0")
     assert _metrics(server)[mismatches + "}"] == 30
+
+
+DECOUPLED = """
+backend: "python"
+max_batch_size: 0
+version_policy: { all { } }
+model_transaction_policy { decoupled: true }
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 1, 4 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 1, 4 ] } ]
+"""
+# One answer a request, sent with the final flag: a copy could be compared, were it made.
+DECOUPLED_MODEL = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            request.get_response_sender().send(
+                pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", x)]),
+                flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
+            )
+        return None
+"""
+
+
+def test_a_decoupled_models_requests_are_not_copied(coreserve_server: ServerFactory, tmp_path: Path) -> None:
+    """A decoupled model may answer many times, and its candidate as many or not: no copy."""
+    folder = tmp_path / "models" / "streamer"
+    for version in (1, 2):
+        (folder / str(version)).mkdir(parents=True)
+        (folder / str(version) / "model.py").write_text(DECOUPLED_MODEL)
+    (folder / "config.pbtxt").write_text(DECOUPLED)
+    server = coreserve_server(tmp_path / "models")
+    _policy(server, "streamer", {"weights": {"1": 100}, "shadow": {"version": "2", "share": 100}})
+
+    def stream(version: str, count: int) -> list[object]:
+        answers: list[object] = []
+        with grpcclient.InferenceServerClient(server.grpc_url) as client:
+            client.start_stream(callback=lambda result, error: answers.append(error or result))
+            tensor = grpcclient.InferInput("INPUT0", [1, 4], "FP32")
+            tensor.set_data_from_numpy(ONES)
+            for _ in range(count):
+                client.async_stream_infer("streamer", [tensor], model_version=version)
+            client.stop_stream()  # waits for every response
+        assert len(answers) == count and all(isinstance(a, grpcclient.InferResult) for a in answers), answers
+        return answers
+
+    stream("", 10)
+    # A copy would have queued in version 2 before this request: after its answer, none has run.
+    stream("2", 1)
+    statistics = json.loads(request(server.http_url, "GET", "/v2/models/streamer/stats")[2])
+    counts = {
+        entry["version"]: entry["inference_stats"]["success"]["count"] for entry in statistics["model_stats"]
+    }
+    assert counts == {"1": 10, "2": 1}
+    assert not any(name.startswith("coreserve_traffic_shadow") for name in _metrics(server))
 
 
 def test_a_candidate_that_answers_alike_shows_no_difference(server: ServerProcess) -> None:

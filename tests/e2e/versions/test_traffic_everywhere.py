@@ -168,10 +168,9 @@ def _charlm_twice(root: Path) -> Path:
 
 def test_the_openai_frontend_follows_the_policy(coreserve_server: ServerFactory, tmp_path: Path) -> None:
     """With every request to version 1 (not the latest, which serves without a policy),
-    completions and streamed chats count there alone. A shadow on version 2 gets no copies:
-    charlm is decoupled, its answers many."""
+    completions and streamed chats count there alone."""
     server = coreserve_server(_charlm_twice(tmp_path / "models"), "--openai-port=0")
-    body = json.dumps({"weights": {"1": 100}, "shadow": {"version": "2", "share": 100}}).encode()
+    body = json.dumps({"weights": {"1": 100}}).encode()
     assert request(server.http_url, "POST", "/v2/repository/models/charlm/traffic", body)[0] == 200
     with openai.OpenAI(base_url=openai_url(server), api_key="unused", max_retries=0, timeout=60) as client:
         for _ in range(3):

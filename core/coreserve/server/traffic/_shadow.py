@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from coreserve.errors import CoreserveError
+from coreserve.errors import CoreserveError, InternalError
 from coreserve.repository.traffic.policy import Shadow
 from coreserve.responses import SingleResponse
 from coreserve.types import InferenceRequest, InferenceResponse, ResponseSink
@@ -113,6 +113,9 @@ class ShadowCopies:
         except CoreserveError as exc:  # refused outright (unloaded meanwhile, a shape it does not take)
             logger.debug("shadow copy of a request for model '%s' refused: %s", name, exc.message)
             sink.fail(exc)
+        except Exception as exc:  # a fault of the server's: logged, the copy counted as failed
+            logger.exception("shadow copy of a request for model '%s' could not be sent", name)
+            sink.fail(InternalError(f"the shadow copy could not be sent: {exc}"))
 
 
 class _CopyingSink:
@@ -144,9 +147,11 @@ class _CopyingSink:
             self._sink.send(response, final)
             return
         copy = self._copies.take(self._shadow, self._request)
-        self._sink.send(response, final)
-        if copy is not None:
-            asyncio.get_running_loop().call_soon(self._copies.send, copy, response, self._submit)
+        try:
+            self._sink.send(response, final)
+        finally:  # a copy taken counts as in flight until answered: it goes whatever the client's sink did
+            if copy is not None:
+                asyncio.get_running_loop().call_soon(self._copies.send, copy, response, self._submit)
 
     def fail(self, error: CoreserveError) -> None:
         self._sink.fail(error)
