@@ -57,6 +57,7 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, np.ndarr
 
 
 @pytest.mark.skipif(bool(GPU_UNUSABLE), reason=GPU_UNUSABLE or "GPU 0 is usable")
+@pytest.mark.timeout(300)  # 50 loads of 256 MiB: its own bound, above a run's shorter per-test one
 def test_fifty_unloads_of_a_gpu_model_give_its_memory_back(
     repository: tuple[Path, np.ndarray, np.ndarray],
 ) -> None:
