@@ -49,6 +49,22 @@ def _labels(model: str, version: int, **more: str) -> str:
     return ",".join([f'model="{model}"', f'version="{version}"', *(f'{k}="{v}"' for k, v in more.items())])
 
 
+def _copies(server: ServerProcess, model: str, version: int, count: int) -> dict[str, float]:
+    """The copies sent to `version` of `model` by outcome, once `count` of them have one."""
+
+    def outcomes() -> dict[str, float]:
+        metrics = _metrics(server)
+        return {
+            outcome: metrics.get(
+                "coreserve_traffic_shadow_requests_total{" + _labels(model, version, outcome=outcome) + "}", 0
+            )
+            for outcome in ("compared", "failed", "shed")
+        }
+
+    wait_until(lambda: sum(outcomes().values()) >= count, f"{count} copies to version {version} settled")
+    return outcomes()
+
+
 @pytest.fixture
 def server(coreserve_server: ServerFactory, tmp_path: Path) -> ServerProcess:
     root = write_versions(tmp_path / "models", versions=(1, 2, 3))
@@ -58,11 +74,13 @@ def server(coreserve_server: ServerFactory, tmp_path: Path) -> ServerProcess:
 
 
 def test_the_candidate_answers_every_copy_and_none_reaches_the_client(server: ServerProcess) -> None:
-    _policy(server, "scaled", {"weights": {"1": 100}, "shadow": {"version": "2", "share": 100}})
+    # None shed: a copy is sent once the client has its answer, so copies can outrun a candidate
+    # whose first answers are slow, and 50 of them may be in flight at once.
+    shadow = {"version": "2", "share": 100, "max_in_flight": 64}
+    _policy(server, "scaled", {"weights": {"1": 100}, "shadow": shadow})
     with httpclient.InferenceServerClient(server.http_url) as client:
         assert {_answer(client, "scaled") for _ in range(50)} == {1.0}  # version 2 would say 2.0
-    compared = "coreserve_traffic_shadow_requests_total{" + _labels("scaled", 2, outcome="compared") + "}"
-    wait_until(lambda: _metrics(server).get(compared) == 50, "50 copies compared")
+    assert _copies(server, "scaled", 2, 50) == {"compared": 50, "failed": 0, "shed": 0}
     metrics = _metrics(server)
     output = "{" + _labels("scaled", 2, output="OUTPUT0") + "}"
     assert metrics["coreserve_traffic_shadow_output_comparisons_total" + output] == 50
@@ -94,8 +112,7 @@ def test_requests_of_a_grpc_stream_and_of_the_generate_endpoint_are_copied(serve
         assert status == 200, answer
         answers.append(json.loads(answer)["OUTPUT0"][0])
     assert answers == [1.0] * 30
-    compared = "coreserve_traffic_shadow_requests_total{" + _labels("scaled", 2, outcome="compared") + "}"
-    wait_until(lambda: _metrics(server).get(compared) == 30, "30 copies compared")
+    assert _copies(server, "scaled", 2, 30) == {"compared": 30, "failed": 0, "shed": 0}
     mismatches = "coreserve_traffic_shadow_output_mismatches_total{" + _labels("scaled", 2, output="OUTPUT0")
     assert _metrics(server)[mismatches + "}"] == 30
 
@@ -159,24 +176,25 @@ def test_a_decoupled_models_requests_are_not_copied(coreserve_server: ServerFact
 
 
 def test_a_candidate_that_answers_alike_shows_no_difference(server: ServerProcess) -> None:
-    _policy(server, "scaled", {"weights": {"1": 100}, "shadow": {"version": "3", "share": 100}})
+    shadow = {"version": "3", "share": 100, "max_in_flight": 64}
+    _policy(server, "scaled", {"weights": {"1": 100}, "shadow": shadow})
     with httpclient.InferenceServerClient(server.http_url) as client:
         for _ in range(20):
             _answer(client, "scaled")
+    assert _copies(server, "scaled", 3, 20) == {"compared": 20, "failed": 0, "shed": 0}
     output = "{" + _labels("scaled", 3, output="OUTPUT0") + "}"
-    comparisons = "coreserve_traffic_shadow_output_comparisons_total" + output
-    wait_until(lambda: _metrics(server).get(comparisons) == 20, "20 outputs compared")
     metrics = _metrics(server)
+    assert metrics["coreserve_traffic_shadow_output_comparisons_total" + output] == 20
     assert metrics["coreserve_traffic_shadow_output_mismatches_total" + output] == 0
     assert metrics["coreserve_traffic_shadow_output_max_abs_diff" + output] == 0
 
 
 def test_a_failing_candidate_is_counted_and_the_client_never_sees_its_errors(server: ServerProcess) -> None:
-    _policy(server, "behaving", {"weights": {"1": 100}, "shadow": {"version": "2", "share": 100}})
+    shadow = {"version": "2", "share": 100, "max_in_flight": 64}
+    _policy(server, "behaving", {"weights": {"1": 100}, "shadow": shadow})
     with httpclient.InferenceServerClient(server.http_url) as client:
         assert {_answer(client, "behaving") for _ in range(10)} == {1.0}
-    failed = "coreserve_traffic_shadow_requests_total{" + _labels("behaving", 2, outcome="failed") + "}"
-    wait_until(lambda: _metrics(server).get(failed) == 10, "10 failed copies counted")
+    assert _copies(server, "behaving", 2, 10) == {"compared": 0, "failed": 10, "shed": 0}
     assert "Traceback" not in server.log
 
 
@@ -191,15 +209,9 @@ def test_a_candidate_that_falls_behind_sheds_copies_and_counts_them(server: Serv
 
     with ThreadPoolExecutor(16) as pool:
         assert set(pool.map(one, range(200))) == {1.0}
-
-    def outcome(name: str) -> float:
-        return _metrics(server).get(
-            "coreserve_traffic_shadow_requests_total{" + _labels("behaving", 3, outcome=name) + "}", 0
-        )
-
-    wait_until(lambda: outcome("compared") + outcome("shed") == 200, "every copy compared or shed")
-    assert outcome("shed") > 0 and outcome("compared") > 0
-    assert outcome("failed") == 0
+    copies = _copies(server, "behaving", 3, 200)
+    assert copies["shed"] > 0 and copies["compared"] > 0 and copies["failed"] == 0, copies
+    assert sum(copies.values()) == 200, copies
 
 
 def test_a_share_below_100_copies_about_that_share(server: ServerProcess) -> None:
@@ -217,8 +229,7 @@ def test_a_shadow_alone_leaves_the_clients_to_the_latest_version_but_the_shadows
 ) -> None:
     """Without weights the latest version answers, unless it is the shadow: the candidate never
     answers a client."""
-    _policy(server, "scaled", {"shadow": {"version": "3"}})
+    _policy(server, "scaled", {"shadow": {"version": "3", "max_in_flight": 64}})
     with httpclient.InferenceServerClient(server.http_url) as client:
         assert {_answer(client, "scaled") for _ in range(20)} == {2.0}  # version 3 is the latest
-    compared = "coreserve_traffic_shadow_requests_total{" + _labels("scaled", 3, outcome="compared") + "}"
-    wait_until(lambda: _metrics(server).get(compared) == 20, "20 copies compared")
+    assert _copies(server, "scaled", 3, 20) == {"compared": 20, "failed": 0, "shed": 0}
