@@ -153,6 +153,7 @@ class TrafficControl:
             plan = plan_from_document(document)
             windows = self._windows()
             started = self._router.start_rollout(model, plan, self._set_weights, self._is_current, windows)
+            await started.first_step()
             return await started.status()
         rollout: Rollout | None = self._router.rollouts.get(name)
         if rollout is None:

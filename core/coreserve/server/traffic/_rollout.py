@@ -129,6 +129,7 @@ class Rollout:
         self._reference: Window | None = None  # the stable version's last judged step
         self._last: dict[int, Window] = {}  # the windows' counts as they were when the rollout ended
         self._task: asyncio.Task[None] | None = None
+        self._first_step = asyncio.Event()  # set once the first step's weights are in place
         self._closing: set[asyncio.Task[None]] = set()
 
     def running(self) -> bool:
@@ -136,6 +137,11 @@ class Rollout:
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name=f"rollout:{self.model.name}")
+
+    async def first_step(self) -> None:
+        """Returns once the first step's weights are in place in every worker, or the rollout
+        ended before they could be: the answer to a start then shows the weights it set."""
+        await self._first_step.wait()
 
     async def status(self) -> dict[str, object]:
         """Where the rollout stands, with what the versions answered in the step so far."""
@@ -188,6 +194,7 @@ class Rollout:
         try:
             while self.running():
                 await self._set_step(self.step)
+                self._first_step.set()
                 verdict = None
                 while verdict is None:  # a step with too few requests is held, its counts kept
                     await asyncio.sleep(self.plan.dwell_s)
@@ -209,6 +216,8 @@ class Rollout:
         except CoreserveError as exc:  # the model changed under it: unloaded, or loaded again
             logger.warning("rollout of model '%s' cannot go on: %s", self.model.name, exc.message)
             self.stop(f"the rollout could not go on: {exc.message}")
+        finally:  # ended before its first step (stopped, cancelled): no one waits for it
+            self._first_step.set()
 
     async def _set_step(self, step: int) -> None:
         async with self._moving:
@@ -254,19 +263,35 @@ class Rollout:
                 return
             winner = self.plan.candidate if state is RolloutState.PROMOTED else self.stable
             await self._apply(_weights(winner, 100))
-            self.state = state
+            # Read while the state still says running: a status asked while the workers answer
+            # reads the windows live, never the last ones before they are kept.
+            last = await self._read_last_windows()
+            self.state, self._last = state, last
             self.reason = reason
             self._move(
                 f"{state.value.lower().replace('_', ' ')}: {reason}; version {winner} takes every request"
             )
-            await self._keep_last_windows()
+            await self._close_windows()
         self.close()
 
     async def _keep_last_windows(self) -> None:
-        """Keeps the last step's windows for the status, and stops counting (where the workers
-        cannot be asked now, their windows stay open until the model's next rollout)."""
+        """Keeps the last step's windows for the status, and stops counting."""
+        self._last = await self._read_last_windows()
+        await self._close_windows()
+
+    async def _read_last_windows(self) -> dict[int, Window]:
         try:
-            self._last = dict(await self._windows.read(self.model.name, self._token, latencies=False))
+            return dict(await self._windows.read(self.model.name, self._token, latencies=False))
+        except CoreserveError as exc:
+            logger.warning(
+                "rollout of model '%s': its last windows could not be read: %s", self.model.name, exc
+            )
+            return {}
+
+    async def _close_windows(self) -> None:
+        """Stops counting (where the workers cannot be asked now, their windows stay open until
+        the model's next rollout)."""
+        try:
             await self._windows.close(self.model.name, self._token)
         except CoreserveError as exc:
             logger.warning("rollout of model '%s': its windows could not be closed: %s", self.model.name, exc)
