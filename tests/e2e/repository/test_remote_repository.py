@@ -122,11 +122,12 @@ def test_served_models_survive_an_s3_outage_and_changes_arrive_after_it(
                 assert _scale(client) == 2.0
                 assert client.is_server_ready()
                 time.sleep(0.2)
-            outage = time.monotonic() - outage_started
             # The storage comes back empty (moto keeps nothing; a poll that sees it empty
-            # unloads the model, as it should), then holds a new version.
+            # unloads the model, as it should), then holds a new version. Polls fail until it
+            # serves the bucket again, however long moto takes to start.
             moto = start_moto(port)
             s3.create_bucket(Bucket="models")
+            outage = time.monotonic() - outage_started
             s3.put_object(Bucket="models", Key="repo/scaled/config.pbtxt", Body=SCALE.encode())
             s3.put_object(
                 Bucket="models", Key="repo/scaled/2/model.onnx", Body=scale_model(3.0).SerializeToString()

@@ -253,7 +253,7 @@ def test_requests_wait_for_a_load_on_demand_in_worker_0_without_holding_up_the_o
 
 
 def test_a_request_cancelled_in_one_worker_is_cancelled_in_worker_0(server: ServerProcess) -> None:
-    """Six one-request sequences of 0.5 s on one sequence slot, each from a channel of its own
+    """Six one-request sequences of 2 s on one sequence slot, each from a channel of its own
     whose deadline passes at 0.3 s: each ends cancelled in worker 0, wherever it arrived
     (without the cancel passed on, those sent on would run in turn and succeed)."""
     with httpclient.InferenceServerClient(server.http_url) as client:

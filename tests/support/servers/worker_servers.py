@@ -154,7 +154,8 @@ def sequence_step(
 
 def write_repository(root: Path) -> Path:
     """add_sub, scale, the `counter` sequence model, and the Python sequence and decoupled
-    models of the cancellation tests (one 6 s to load, one a decoupled sequence model)."""
+    models of the cancellation tests (one 2 s a request, one 6 s to load, one a decoupled
+    sequence model)."""
     write_model(root, "add_sub", add_sub_model(), ADD_SUB_CONFIG)
     write_model(root, "scale", scale_model(2.0), SCALE_CONFIG)
     write_model(root, "counter", accumulator_model(), ACCUMULATOR_SEQUENCE_CONFIG)
@@ -164,6 +165,9 @@ def write_repository(root: Path) -> Path:
     shutil.copytree(models / "sleepy_sequence", root / "slow_sequence")
     with (root / "slow_sequence" / "1" / "model.py").open("a") as source:
         source.write("\n    def initialize(self, args):\n        time.sleep(6)\n")
+    # Here 2 s a request: a cancel passed on through worker 0 has time to come before the end.
+    sleepy = root / "sleepy_sequence" / "1" / "model.py"
+    sleepy.write_text(sleepy.read_text().replace("SECONDS = 0.5\n", "SECONDS = 2.0\n", 1))
     # A decoupled model made single-copy by a sequence batcher: its responses are sent on.
     shutil.copytree(models / "streamer", root / "sequence_streamer")
     with (root / "sequence_streamer" / "config.pbtxt").open("a") as config:
