@@ -262,3 +262,23 @@ def test_a_rollout_whose_model_is_unloaded_stops_without_a_traceback(
     wait_until(lambda: "rollout of model 'behaving' cannot go on" in server.log, "the rollout stopped")
     assert "Traceback" not in server.log
     assert request(server.http_url, "GET", "/v2/repository/models/behaving/rollout")[0] == 404
+
+
+def test_a_rollout_whose_model_is_loaded_again_ends_aborted_with_its_last_window(
+    coreserve_server: ServerFactory, tmp_path: Path
+) -> None:
+    root = write_behaving(tmp_path / "models", "behaving", {1: "scale 1", 2: "scale 1"})
+    server = coreserve_server(root, "--model-control-mode=explicit", "--load-model=behaving")
+    assert _post(server, "traffic", {"weights": {"1": 100}})[0] == 200
+    _start(server, 2, dwell_s=0.5, min_requests=1000)  # held at step 0 until the reload ends it
+    with httpclient.InferenceServerClient(server.http_url) as client:
+        tensor = httpclient.InferInput("INPUT0", [1, 4], "FP32")
+        tensor.set_data_from_numpy(ONES)
+        for _ in range(10):
+            client.infer("behaving", [tensor])
+        client.load_model("behaving")  # loaded again: another model, whose policy is its own
+    ended = _ended(server)
+    assert ended["state"] == "ABORTED" and "was unloaded or loaded again" in ended["reason"], ended
+    window = ended["window"]
+    assert window["candidate"]["requests"] + window["stable"]["requests"] == 10, ended
+    assert "Traceback" not in server.log

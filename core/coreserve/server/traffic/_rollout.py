@@ -145,11 +145,12 @@ class Rollout:
 
     async def status(self) -> dict[str, object]:
         """Where the rollout stands, with what the versions answered in the step so far."""
-        windows = (
-            await self._windows.read(self.model.name, self._token, latencies=False)
-            if self.running()
-            else self._last
-        )
+        if self.running():
+            windows = await self._windows.read(self.model.name, self._token, latencies=False)
+        else:
+            if self._closing:  # stopped where its model changed: its last windows being kept
+                await asyncio.wait(set(self._closing))
+            windows = self._last
         candidate = windows.get(self.plan.candidate, Window())
         stable = windows.get(self.stable, Window())
         return {
