@@ -167,7 +167,9 @@ def write_repository(root: Path) -> Path:
         source.write("\n    def initialize(self, args):\n        time.sleep(6)\n")
     # Here 2 s a request: a cancel passed on through worker 0 has time to come before the end.
     sleepy = root / "sleepy_sequence" / "1" / "model.py"
-    sleepy.write_text(sleepy.read_text().replace("SECONDS = 0.5\n", "SECONDS = 2.0\n", 1))
+    text = sleepy.read_text()
+    assert "SECONDS = 0.5\n" in text
+    sleepy.write_text(text.replace("SECONDS = 0.5\n", "SECONDS = 2.0\n", 1))
     # A decoupled model made single-copy by a sequence batcher: its responses are sent on.
     shutil.copytree(models / "streamer", root / "sequence_streamer")
     with (root / "sequence_streamer" / "config.pbtxt").open("a") as config:

@@ -129,8 +129,9 @@ class Rollout:
         self._reference: Window | None = None  # the stable version's last judged step
         self._last: dict[int, Window] = {}  # the windows' counts as they were when the rollout ended
         self._task: asyncio.Task[None] | None = None
-        self._first_step = asyncio.Event()  # set once the first step's weights are in place
-        self._closing: set[asyncio.Task[None]] = set()
+        self._first_step = asyncio.Event()  # set once the first step's weights are in place, or it ended
+        self._first_error: CoreserveError | None = None  # what ended it before its first step
+        self._closing: set[asyncio.Task[None]] = set()  # keeping its last windows, once ended
 
     def running(self) -> bool:
         return self.state is RolloutState.RUNNING
@@ -139,16 +140,19 @@ class Rollout:
         self._task = asyncio.create_task(self._run(), name=f"rollout:{self.model.name}")
 
     async def first_step(self) -> None:
-        """Returns once the first step's weights are in place in every worker, or the rollout
-        ended before they could be: the answer to a start then shows the weights it set."""
+        """Returns once the first step's weights are in place in every worker that serves, so
+        that the answer to a start shows the weights it set. Raises the error that ended the
+        rollout before its first step."""
         await self._first_step.wait()
+        if self._first_error is not None:
+            raise self._first_error
 
     async def status(self) -> dict[str, object]:
         """Where the rollout stands, with what the versions answered in the step so far."""
         if self.running():
             windows = await self._windows.read(self.model.name, self._token, latencies=False)
         else:
-            if self._closing:  # stopped where its model changed: its last windows being kept
+            if self._closing:  # its last windows still being kept
                 await asyncio.wait(set(self._closing))
             windows = self._last
         candidate = windows.get(self.plan.candidate, Window())
@@ -178,18 +182,14 @@ class Rollout:
     def stop(self, reason: str) -> None:
         """Ends the rollout where its model changed under it, leaving the weights as they are."""
         if self.running():
-            self.state = RolloutState.ABORTED
-            self.reason = reason
-            self._move(f"aborted: {reason}")
-            closing = asyncio.create_task(self._keep_last_windows())
-            self._closing.add(closing)
-            closing.add_done_callback(self._closing.discard)
+            self._ended(RolloutState.ABORTED, reason, f"aborted: {reason}")
         self.close()
 
     def close(self) -> None:
         """Stops the task (the server stops); the weights stay as they are."""
         if self._task is not None and self._task is not asyncio.current_task():
             self._task.cancel()
+        self._first_step.set()  # (a task cancelled before it ran never sets it)
 
     async def _run(self) -> None:
         try:
@@ -216,8 +216,10 @@ class Rollout:
                     self.step += 1
         except CoreserveError as exc:  # the model changed under it: unloaded, or loaded again
             logger.warning("rollout of model '%s' cannot go on: %s", self.model.name, exc.message)
+            if not self._first_step.is_set():
+                self._first_error = exc
             self.stop(f"the rollout could not go on: {exc.message}")
-        finally:  # ended before its first step (stopped, cancelled): no one waits for it
+        finally:  # ended before its first step: a start waiting for it must not hang
             self._first_step.set()
 
     async def _set_step(self, step: int) -> None:
@@ -264,35 +266,24 @@ class Rollout:
                 return
             winner = self.plan.candidate if state is RolloutState.PROMOTED else self.stable
             await self._apply(_weights(winner, 100))
-            # Read while the state still says running: a status asked while the workers answer
-            # reads the windows live, never the last ones before they are kept.
-            last = await self._read_last_windows()
-            self.state, self._last = state, last
-            self.reason = reason
-            self._move(
-                f"{state.value.lower().replace('_', ' ')}: {reason}; version {winner} takes every request"
-            )
-            await self._close_windows()
+            move = f"{state.value.lower().replace('_', ' ')}: {reason}; version {winner} takes every request"
+            self._ended(state, reason, move)
         self.close()
 
+    def _ended(self, state: RolloutState, reason: str, move: str) -> None:
+        """Marks the rollout ended, and keeps its last windows in a task a status waits for."""
+        self.state = state
+        self.reason = reason
+        self._move(move)
+        keeping = asyncio.create_task(self._keep_last_windows())
+        self._closing.add(keeping)
+        keeping.add_done_callback(self._closing.discard)
+
     async def _keep_last_windows(self) -> None:
-        """Keeps the last step's windows for the status, and stops counting."""
-        self._last = await self._read_last_windows()
-        await self._close_windows()
-
-    async def _read_last_windows(self) -> dict[int, Window]:
+        """Keeps the last step's windows for the status, and stops counting (where the workers
+        cannot be asked now, their windows stay open until the model's next rollout)."""
         try:
-            return dict(await self._windows.read(self.model.name, self._token, latencies=False))
-        except CoreserveError as exc:
-            logger.warning(
-                "rollout of model '%s': its last windows could not be read: %s", self.model.name, exc
-            )
-            return {}
-
-    async def _close_windows(self) -> None:
-        """Stops counting (where the workers cannot be asked now, their windows stay open until
-        the model's next rollout)."""
-        try:
+            self._last = dict(await self._windows.read(self.model.name, self._token, latencies=False))
             await self._windows.close(self.model.name, self._token)
         except CoreserveError as exc:
             logger.warning("rollout of model '%s': its windows could not be closed: %s", self.model.name, exc)
