@@ -182,7 +182,7 @@ class Rollout:
     def stop(self, reason: str) -> None:
         """Ends the rollout where its model changed under it, leaving the weights as they are."""
         if self.running():
-            self._ended(RolloutState.ABORTED, reason, f"aborted: {reason}")
+            self._mark_ended(RolloutState.ABORTED, reason, f"aborted: {reason}")
         self.close()
 
     def close(self) -> None:
@@ -267,10 +267,10 @@ class Rollout:
             winner = self.plan.candidate if state is RolloutState.PROMOTED else self.stable
             await self._apply(_weights(winner, 100))
             move = f"{state.value.lower().replace('_', ' ')}: {reason}; version {winner} takes every request"
-            self._ended(state, reason, move)
+            self._mark_ended(state, reason, move)
         self.close()
 
-    def _ended(self, state: RolloutState, reason: str, move: str) -> None:
+    def _mark_ended(self, state: RolloutState, reason: str, move: str) -> None:
         """Marks the rollout ended, and keeps its last windows in a task a status waits for."""
         self.state = state
         self.reason = reason
