@@ -15,11 +15,12 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
+import coreserve
 from coreserve.testing import ServerFactory, ServerProcess
 from support.waiting import wait_until
 from support.wire.http_raw import request
 
-from .conftest import write_behaving, write_versions
+from .conftest import SCALED, write_behaving, write_versions
 
 ONES = np.ones((1, 4), np.float32)
 
@@ -234,3 +235,29 @@ def test_a_shadow_alone_leaves_the_clients_to_the_latest_version_but_the_shadows
     with httpclient.InferenceServerClient(server.http_url) as client:
         assert {_answer(client, "scaled") for _ in range(20)} == {2.0}  # version 3 is the latest
     assert _copies(server, "scaled", 3, 20) == {"compared": 20, "failed": 0, "shed": 0}
+
+
+def test_an_in_process_caller_changing_its_answer_leaves_the_comparison_true(tmp_path: Path) -> None:
+    """The in-process API hands the caller the answer's own arrays: the comparison is with a
+    copy taken when the copy of the request is, not with what the caller makes of them."""
+    config = SCALED + 'parameters { key: "coreserve_traffic_shadow" value: { string_value: "3:100:64" } }\n'
+    config += 'parameters { key: "coreserve_traffic_weights" value: { string_value: "1:100" } }\n'
+    root = write_versions(tmp_path / "models", config=config, versions=(1, 2, 3))
+    (root / "scaled" / "3" / "model.onnx").write_bytes((root / "scaled" / "1" / "model.onnx").read_bytes())
+    with coreserve.Server(root, exit_timeout_secs=10) as server:
+        for _ in range(20):
+            answer = server.model("scaled").infer({"INPUT0": ONES})
+            assert answer.model_version == "1"
+            answer.outputs["OUTPUT0"] *= 10  # as a caller scaling its answer in place would
+
+        def comparisons() -> dict[str, float]:
+            text = server.metrics()
+            return {
+                match[1]: float(match[2])
+                for match in re.finditer(
+                    r'^coreserve_traffic_shadow_output_(\w+)\{.*version="3".*\} (\S+)$', text, re.M
+                )
+            }
+
+        wait_until(lambda: comparisons().get("comparisons_total") == 20, "20 outputs compared")
+        assert comparisons() == {"comparisons_total": 20, "mismatches_total": 0, "max_abs_diff": 0}

@@ -2,7 +2,8 @@
 compared with the client's and dropped.
 
 A copy never holds the client's request: it is a request of its own (no deadline, no cancellation from the
-client), it is sent once the client's answer is ready (its inputs copied then), it queues in the
+client), it is sent once the client's answer is ready (its inputs, and the outputs it is compared
+with, copied then: an in-process caller may change the arrays it got), it queues in the
 candidate's scheduler, and while the shadow's `max_in_flight` copies of a model wait or run,
 further ones are shed and counted. Each output of both answers is compared: numbers by
 their largest absolute difference, BYTES (and outputs whose shape or type differ) by whether
@@ -88,13 +89,8 @@ class ShadowCopies:
             class_counts=request.class_counts,
         )
 
-    def send(
-        self,
-        copy: InferenceRequest,
-        expected: InferenceResponse,
-        submit: Submit,
-    ) -> None:
-        """Sends a copy `take` made; its answer is compared with the client's, `expected`."""
+    def send(self, copy: InferenceRequest, expected: dict[str, np.ndarray], submit: Submit) -> None:
+        """Sends a copy `take` made; its answer is compared with the client's outputs, `expected`."""
         name = copy.model_name
         counts = self.counts[name, int(copy.model_version)]
         sink = SingleResponse(asyncio.get_running_loop())
@@ -147,18 +143,19 @@ class _CopyingSink:
             self._sink.send(response, final)
             return
         copy = self._copies.take(self._shadow, self._request)
+        expected = {name: np.copy(a) for name, a in response.outputs.items()} if copy is not None else {}
         try:
             self._sink.send(response, final)
         finally:  # a copy taken counts as in flight until answered: it goes whatever the client's sink did
             if copy is not None:
-                asyncio.get_running_loop().call_soon(self._copies.send, copy, response, self._submit)
+                asyncio.get_running_loop().call_soon(self._copies.send, copy, expected, self._submit)
 
     def fail(self, error: CoreserveError) -> None:
         self._sink.fail(error)
 
 
-def _compare(client: InferenceResponse, candidate: InferenceResponse, counts: ShadowCounts) -> None:
-    for name, expected in client.outputs.items():
+def _compare(client: dict[str, np.ndarray], candidate: InferenceResponse, counts: ShadowCounts) -> None:
+    for name, expected in client.items():
         found = candidate.outputs.get(name)
         output = counts.outputs[name]
         output.compared += 1
