@@ -283,9 +283,13 @@ def test_explicit_load_and_reload_with_a_version_that_fails(
 
 
 def test_poll_mode_serves_no_half_loaded_model(coreserve_server: ServerFactory, tmp_path: Path) -> None:
-    write_model(tmp_path, "add_sub", add_sub_model("FP32", ["batch", 4]), ADD_SUB)
-    server = coreserve_server(tmp_path, "--model-control-mode=poll", "--repository-poll-secs=0.3")
-    _write_two_versions(tmp_path, "late", second_works=False)
+    repository = tmp_path / "models"
+    write_model(repository, "add_sub", add_sub_model("FP32", ["batch", 4]), ADD_SUB)
+    server = coreserve_server(repository, "--model-control-mode=poll", "--repository-poll-secs=0.3")
+    # Written aside and moved in whole: a poll between writing version 2 and breaking it would
+    # load both, and the failing reload after keeps them served.
+    _write_two_versions(tmp_path / "staging", "late", second_works=False)
+    (tmp_path / "staging" / "late").rename(repository / "late")
     wait_until(lambda: len(_index(server, "late")) == 2, "the poll finds both versions of the added model")
     index = _index(server, "late")
     assert index["1"] == ("UNAVAILABLE", "unloaded") and index["2"][0] == "UNAVAILABLE"
