@@ -3,7 +3,8 @@
 A sink receives the responses of one request, the last one marked final, or an error
 that ends it. `SingleResponse` serves ordinary models (exactly one response);
 `StreamingResponses` hands each of any number of responses to callbacks (gRPC streams);
-`QueuedResponses` queues them for a coroutine to iterate.
+`QueuedResponses` queues them for a coroutine to iterate. `ForwardingSink` is the base of the
+sinks that wrap another one (to count, time, cache or change what passes) and add only that.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import AsyncIterator, Callable
 from coreserve.errors import CoreserveError, InternalError
 from coreserve.types import InferenceResponse, ResponseSink
 
-__all__ = ["QueuedResponses", "ResponseSink", "SingleResponse", "StreamingResponses"]
+__all__ = ["ForwardingSink", "QueuedResponses", "ResponseSink", "SingleResponse", "StreamingResponses"]
 
 
 class SingleResponse:
@@ -113,3 +114,22 @@ class QueuedResponses:
                 yield response
             if final:
                 return
+
+
+class ForwardingSink:
+    """A sink that passes everything on to the sink it wraps: subclasses override what they add to."""
+
+    __slots__ = ("_target",)
+
+    def __init__(self, target: ResponseSink) -> None:
+        self._target = target
+
+    @property
+    def done(self) -> bool:
+        return self._target.done
+
+    def send(self, response: InferenceResponse | None, final: bool) -> None:
+        self._target.send(response, final)
+
+    def fail(self, error: CoreserveError) -> None:
+        self._target.fail(error)

@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from coreserve.errors import CoreserveError, InvalidArgumentError
+from coreserve.responses import ForwardingSink
 from coreserve.types import DataType, InferenceResponse, ParameterValue, ResponseSink
 
 PARAMETER = "classification"
@@ -105,31 +106,24 @@ def classify_response(
     return response
 
 
-class ClassifyingSink:
+class ClassifyingSink(ForwardingSink):
     """A sink that turns the requested outputs into classes before passing responses on."""
 
-    __slots__ = ("_batched", "_counts", "_labels", "_sink")
+    __slots__ = ("_batched", "_counts", "_labels")
 
     def __init__(
         self, sink: ResponseSink, counts: Mapping[str, int], labels: Mapping[str, Labels], batched: bool
     ) -> None:
-        self._sink = sink
+        super().__init__(sink)
         self._counts = counts
         self._labels = labels
         self._batched = batched
-
-    @property
-    def done(self) -> bool:
-        return self._sink.done
 
     def send(self, response: InferenceResponse | None, final: bool) -> None:
         if response is not None:
             try:
                 response = classify_response(response, self._counts, self._labels, self._batched)
             except CoreserveError as exc:
-                self._sink.fail(exc)
+                self._target.fail(exc)
                 return
-        self._sink.send(response, final)
-
-    def fail(self, error: CoreserveError) -> None:
-        self._sink.fail(error)
+        self._target.send(response, final)

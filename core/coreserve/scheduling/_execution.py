@@ -10,6 +10,7 @@ from coreserve.backend.api import ModelInstance
 from coreserve.backend.responder import Responder
 from coreserve.config.signature import ModelSignature
 from coreserve.errors import CoreserveError, InternalError
+from coreserve.responses import ForwardingSink
 from coreserve.scheduling._stream_outcome import StreamOutcome
 from coreserve.scheduling.statistics import ModelStatistics
 from coreserve.types import InferenceRequest, InferenceResponse, ResponseSink, now_ns
@@ -83,26 +84,19 @@ async def execute_batch(
     return responder
 
 
-class FirstResponseTimer:
+class FirstResponseTimer(ForwardingSink):
     """A request's sink that records when its first response leaves, for Triton's histogram."""
 
-    __slots__ = ("_received_ns", "_statistics", "_target", "_timed")
+    __slots__ = ("_received_ns", "_statistics", "_timed")
 
     def __init__(self, request: InferenceRequest, target: ResponseSink, statistics: ModelStatistics) -> None:
+        super().__init__(target)
         self._received_ns = request.received_ns
-        self._target = target
         self._statistics = statistics
         self._timed = False
-
-    @property
-    def done(self) -> bool:
-        return self._target.done
 
     def send(self, response: InferenceResponse | None, final: bool) -> None:
         if response is not None and not self._timed:
             self._timed = True
             self._statistics.record_first_response(now_ns() - self._received_ns)
         self._target.send(response, final)
-
-    def fail(self, error: CoreserveError) -> None:
-        self._target.fail(error)

@@ -5,13 +5,14 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from coreserve.errors import CoreserveError
+from coreserve.responses import ForwardingSink
 from coreserve.types import InferenceRequest, InferenceResponse, ResponseSink
 
 # Called once with None (a success) or the failure reason ("CANCELED", "BACKEND").
 Settle = Callable[[str | None], None]
 
 
-class StreamOutcome:
+class StreamOutcome(ForwardingSink):
     """A decoupled request's sink: settles the request's statistics once it really ends.
 
     A decoupled model may answer after execute() returned (from a thread of its own), so the
@@ -21,17 +22,13 @@ class StreamOutcome:
     them); a final one still closes the sink, without its payload.
     """
 
-    __slots__ = ("_request", "_settle", "_target", "_unregister")
+    __slots__ = ("_request", "_settle", "_unregister")
 
     def __init__(self, request: InferenceRequest, target: ResponseSink) -> None:
+        super().__init__(target)
         self._request = request
-        self._target = target
         self._settle: Settle | None = None
         self._unregister: Callable[[], None] | None = None
-
-    @property
-    def done(self) -> bool:
-        return self._target.done
 
     def defer(self, settle: Settle) -> None:
         """Calls `settle` once the request ends (at once if it was cancelled already)."""

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from coreserve.responses import ForwardingSink
 from coreserve.types import (
     DataType,
     InferenceRequest,
@@ -153,18 +154,14 @@ class RequestTrace:
         return None
 
 
-class TraceEndingSink:
+class TraceEndingSink(ForwardingSink):
     """A traced request's sink that ends its trace with its last response (streams, ModelStreamInfer)."""
 
-    __slots__ = ("_target", "_trace")
+    __slots__ = ("_trace",)
 
     def __init__(self, trace: Trace, target: ResponseSink) -> None:
+        super().__init__(target)
         self._trace = trace
-        self._target = target
-
-    @property
-    def done(self) -> bool:
-        return self._target.done
 
     def send(self, response: InferenceResponse | None, final: bool) -> None:
         if response is not None:

@@ -23,6 +23,7 @@ from typing import NamedTuple, Protocol
 import numpy as np
 
 from coreserve.errors import CoreserveError
+from coreserve.responses import ForwardingSink
 from coreserve.scheduling.cache.key import DIGEST_SIZE, model_prefix, request_key
 from coreserve.scheduling.statistics import ModelStatistics
 from coreserve.types import InferenceRequest, InferenceResponse, ParameterValue, ResponseSink, now_ns
@@ -314,10 +315,10 @@ class ModelResponseCache:
             cache.executor.submit(cache.evict_owner, self.owner)
 
 
-class CachingSink:
+class CachingSink(ForwardingSink):
     """A missed request's sink: files its successful response, then passes everything on."""
 
-    __slots__ = ("_cache", "_key", "_lookup_ns", "_statistics", "_target")
+    __slots__ = ("_cache", "_key", "_lookup_ns", "_statistics")
 
     def __init__(
         self,
@@ -327,15 +328,11 @@ class CachingSink:
         statistics: ModelStatistics,
         lookup_ns: int,
     ) -> None:
-        self._target = target
+        super().__init__(target)
         self._cache = cache
         self._key = key
         self._statistics = statistics
         self._lookup_ns = lookup_ns
-
-    @property
-    def done(self) -> bool:
-        return self._target.done
 
     def send(self, response: InferenceResponse | None, final: bool) -> None:
         if response is not None and final and not self._target.done:

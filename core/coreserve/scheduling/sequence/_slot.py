@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from coreserve.errors import CoreserveError
+from coreserve.responses import ForwardingSink
 from coreserve.scheduling.sequence._tensors import SequenceId, StateTensor
 from coreserve.types import InferenceRequest, InferenceResponse, ResponseSink
 
@@ -41,19 +41,15 @@ class SequenceSlot:
     active_ns: int = 0
 
 
-class StateCapture:
+class StateCapture(ForwardingSink):
     """Wraps a request's sink: takes the state outputs out of its response for the sequence."""
 
-    __slots__ = ("_sequence", "_states", "_target")
+    __slots__ = ("_sequence", "_states")
 
     def __init__(self, target: ResponseSink, sequence: SequenceSlot, states: Sequence[StateTensor]) -> None:
-        self._target = target
+        super().__init__(target)
         self._sequence = sequence
         self._states = states
-
-    @property
-    def done(self) -> bool:
-        return self._target.done
 
     def send(self, response: InferenceResponse | None, final: bool) -> None:
         if response is not None:
@@ -64,6 +60,3 @@ class StateCapture:
                     self._sequence.state[state.input_name] = value
             response.outputs = outputs
         self._target.send(response, final)
-
-    def fail(self, error: CoreserveError) -> None:
-        self._target.fail(error)

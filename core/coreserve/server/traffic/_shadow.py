@@ -23,7 +23,7 @@ import numpy as np
 
 from coreserve.errors import CoreserveError, InternalError
 from coreserve.repository.traffic.policy import Shadow
-from coreserve.responses import SingleResponse
+from coreserve.responses import ForwardingSink, SingleResponse
 from coreserve.types import InferenceRequest, InferenceResponse, ResponseSink
 
 logger = logging.getLogger(__name__)
@@ -114,11 +114,11 @@ class ShadowCopies:
             sink.fail(InternalError(f"the shadow copy could not be sent: {exc}"))
 
 
-class _CopyingSink:
+class _CopyingSink(ForwardingSink):
     """The sink of a request in a shadow's share: the copy is taken before the client has its
     answer and sent after the client's task has had its turn."""
 
-    __slots__ = ("_copies", "_request", "_shadow", "_sink", "_submit")
+    __slots__ = ("_copies", "_request", "_shadow", "_submit")
 
     def __init__(
         self,
@@ -128,30 +128,23 @@ class _CopyingSink:
         request: InferenceRequest,
         submit: Submit,
     ) -> None:
-        self._sink = sink
+        super().__init__(sink)
         self._copies = copies
         self._shadow = shadow
         self._request = request
         self._submit = submit
 
-    @property
-    def done(self) -> bool:
-        return self._sink.done
-
     def send(self, response: InferenceResponse | None, final: bool) -> None:
-        if response is None or not final or self._sink.done:
-            self._sink.send(response, final)
+        if response is None or not final or self._target.done:
+            self._target.send(response, final)
             return
         copy = self._copies.take(self._shadow, self._request)
         expected = {name: np.copy(a) for name, a in response.outputs.items()} if copy is not None else {}
         try:
-            self._sink.send(response, final)
+            self._target.send(response, final)
         finally:  # a copy taken counts as in flight until answered: it goes whatever the client's sink did
             if copy is not None:
                 asyncio.get_running_loop().call_soon(self._copies.send, copy, expected, self._submit)
-
-    def fail(self, error: CoreserveError) -> None:
-        self._sink.fail(error)
 
 
 def _compare(client: dict[str, np.ndarray], candidate: InferenceResponse, counts: ShadowCounts) -> None:

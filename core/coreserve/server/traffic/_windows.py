@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from coreserve.errors import CancelledError, CoreserveError
+from coreserve.responses import ForwardingSink
 from coreserve.types import InferenceResponse, ResponseSink
 
 # Latencies kept per version and step in a server (each process keeps its share of them).
@@ -123,33 +124,29 @@ class ProcessWindows:
         return None
 
 
-class CountedSink:
+class CountedSink(ForwardingSink):
     """A request's sink that counts, in this process's windows, how its version answered it:
     failed (a cancellation is the client's doing, not counted), or answered with its last
     response after how long."""
 
-    __slots__ = ("_model", "_sink", "_started", "_version", "_windows")
+    __slots__ = ("_model", "_started", "_version", "_windows")
 
     def __init__(self, sink: ResponseSink, windows: ProcessWindows, model: str, version: int) -> None:
-        self._sink = sink
+        super().__init__(sink)
         self._windows = windows
         self._model = model
         self._version = version
         self._started = time.perf_counter()
 
-    @property
-    def done(self) -> bool:
-        return self._sink.done
-
     def send(self, response: InferenceResponse | None, final: bool) -> None:
-        if final and not self._sink.done:
+        if final and not self._target.done:
             self._count(ok=True)
-        self._sink.send(response, final)
+        self._target.send(response, final)
 
     def fail(self, error: CoreserveError) -> None:
-        if not self._sink.done and not isinstance(error, CancelledError):
+        if not self._target.done and not isinstance(error, CancelledError):
             self._count(ok=False)
-        self._sink.fail(error)
+        self._target.fail(error)
 
     def _count(self, ok: bool) -> None:
         self._windows.observe(self._model, self._version, time.perf_counter() - self._started, ok)
