@@ -18,23 +18,9 @@ from tf_repository import built_models
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from coreserve.testing import ServerProcess
+from support.datatypes import CONFIG_TYPE, NUMPY
 
-NUMPY_TYPES = {
-    "BOOL": np.bool_,
-    "UINT8": np.uint8,
-    "UINT16": np.uint16,
-    "UINT32": np.uint32,
-    "UINT64": np.uint64,
-    "INT8": np.int8,
-    "INT16": np.int16,
-    "INT32": np.int32,
-    "INT64": np.int64,
-    "FP16": np.float16,
-    "FP32": np.float32,
-    "FP64": np.float64,
-    "BF16": ml_dtypes.bfloat16,
-    "BYTES": np.object_,
-}
+NUMPY_TYPES = {**NUMPY, "BF16": ml_dtypes.bfloat16}  # every type TensorFlow shares with v2
 
 
 def _copy(built: Path, repository: Path, source: str, name: str, config: str | None) -> None:
@@ -151,8 +137,8 @@ def test_every_shared_datatype_round_trips(client: httpclient.InferenceServerCli
         assert answer.tolist() == array.tolist(), datatype
     config = client.get_model_config("identities")
     assert {t["name"]: t["data_type"] for t in config["output"]} == {
-        f"o_{t}": f"TYPE_{t}" for t in NUMPY_TYPES
-    } | {"o_BYTES": "TYPE_STRING"}
+        f"o_{t}": CONFIG_TYPE[t] for t in NUMPY_TYPES
+    }
 
 
 def test_frozen_graphdef(client: httpclient.InferenceServerClient) -> None:
