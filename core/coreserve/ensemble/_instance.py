@@ -119,6 +119,7 @@ class EnsembleInstance:
             inputs={model_input: tensors[tensor] for model_input, tensor in step.inputs.items()},
             parameters=dict(request.parameters),
             requested_outputs=tuple(step.outputs),
+            traffic_key=request.traffic_key,  # a step that names no version lands where its key says
         )
         child.trace_as_child_of(request)  # a traced ensemble traces its steps as its children
         return child

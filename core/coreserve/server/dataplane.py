@@ -173,13 +173,14 @@ class DataPlane:
         target.last_used = time.time()
         return target
 
-    async def _on_demand(self, name: str, version: str, timeout: float | None) -> ModelVersion:
+    async def _on_demand(
+        self, name: str, version: str, timeout: float | None, request: InferenceRequest | None = None
+    ) -> ModelVersion:
         """After a lookup that found no model: loads it on demand where the server does, and
-        looks again (raising the lookup's error where it does not)."""
+        looks again as `in_use` does, `request` routed by the policy the load brought (raising
+        the lookup's error where it does not load)."""
         await self.repository.budgeted.demand(name, timeout)
-        target = self.model_version(name, version)
-        target.last_used = time.time()
-        return target
+        return self.in_use(name, version, request) or self.model_version(name, version)
 
     async def load_on_demand(self, request: NamesModel) -> None:
         """Loads the model of a stream's request on demand, before it is submitted (the stream's
@@ -288,7 +289,7 @@ class DataPlane:
         """
         name, version = request.model_name, request.model_version
         target = self.in_use(name, version, request) or await self._on_demand(
-            name, version, timeout_s(request)
+            name, version, timeout_s(request), request
         )
         if target.config.model_transaction_policy.decoupled:
             raise UnsupportedError(
@@ -327,7 +328,7 @@ class DataPlane:
         sink = QueuedResponses()
         name, version = request.model_name, request.model_version
         target = self.in_use(name, version, request) or await self._on_demand(
-            name, version, timeout_s(request)
+            name, version, timeout_s(request), request
         )
         self._submit(
             target,

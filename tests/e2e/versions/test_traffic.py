@@ -20,6 +20,7 @@ import tritonclient.http as httpclient
 import coreserve
 from coreserve.protos import traffic_pb2, traffic_pb2_grpc
 from coreserve.testing import ServerFactory, ServerProcess
+from support.waiting import wait_until
 from support.wire.http_raw import request
 
 from .conftest import SCALED, write_versions
@@ -215,6 +216,26 @@ def test_a_policy_in_config_pbtxt_holds_from_the_start_and_a_bad_one_fails_the_l
     index = json.loads(request(server.http_url, "POST", "/v2/repository/index", b"{}")[2])
     reason = next(entry["reason"] for entry in index if entry["name"] == "broken")
     assert "traffic policy of model 'broken' names version 3" in reason
+
+
+def test_the_request_that_loads_a_model_on_demand_follows_its_policy(
+    coreserve_server: ServerFactory, tmp_path: Path
+) -> None:
+    """Not the latest version (2): the load brings the policy, and the request that made it
+    is routed by it, over HTTP and over gRPC."""
+    config = SCALED + 'parameters { key: "coreserve_traffic_weights" value: { string_value: "1:100" } }\n'
+    root = write_versions(tmp_path / "models", config=config)
+    server = coreserve_server(root, "--model-control-mode=explicit", "--model-load-on-demand=true")
+    with httpclient.InferenceServerClient(server.http_url) as client:
+        assert not client.is_model_ready("scaled")
+        assert _infer(client) == 1
+        client.unload_model("scaled")
+        wait_until(lambda: not client.is_model_ready("scaled"), "the model unloaded")
+    with grpcclient.InferenceServerClient(server.grpc_url) as grpc_client:
+        tensor = grpcclient.InferInput("INPUT0", [1, 4], "FP32")
+        tensor.set_data_from_numpy(ONES)
+        result = grpc_client.infer("scaled", [tensor], parameters={"coreserve_traffic_key": "user-1"})
+        assert _version_of(result.as_numpy("OUTPUT0")) == 1
 
 
 def test_a_reload_that_drops_a_weighted_version_is_refused(

@@ -115,6 +115,34 @@ def test_an_ensemble_step_that_names_no_version_follows_the_policy(
         assert {float(client.infer("pipeline", [tensor]).as_numpy("Y")[0, 0]) for _ in range(10)} == {1.0}
 
 
+def test_an_ensemble_step_lands_where_the_clients_traffic_key_says(
+    coreserve_server: ServerFactory, repository: Path
+) -> None:
+    """The header's key travels to the steps: each key lands on the version it lands on when
+    sent to the model itself, and it wins over a parameter that says another key."""
+    (repository / "pipeline" / "1").mkdir(parents=True)
+    (repository / "pipeline" / "config.pbtxt").write_text(PIPELINE)
+    server = coreserve_server(repository)
+    body = json.dumps({"weights": {"1": 50, "2": 50}}).encode()
+    assert request(server.http_url, "POST", "/v2/repository/models/scaled/traffic", body)[0] == 200
+
+    def served(model: str, key: str, parameter: str | None = None) -> int:
+        tensor = httpclient.InferInput("X" if model == "pipeline" else "INPUT0", [1, 4], "FP32")
+        tensor.set_data_from_numpy(np.ones((1, 4), np.float32))
+        parameters = {"coreserve_traffic_key": parameter} if parameter is not None else None
+        answer = client.infer(model, [tensor], headers={"coreserve-traffic-key": key}, parameters=parameters)
+        return int(answer.as_numpy("Y" if model == "pipeline" else "OUTPUT0")[0, 0])
+
+    with httpclient.InferenceServerClient(server.http_url) as client:
+        direct = {f"user-{n}": served("scaled", f"user-{n}") for n in range(16)}
+        assert set(direct.values()) == {1, 2}
+        for key, version in direct.items():
+            assert {served("pipeline", key) for _ in range(3)} == {version}, key
+        other = {version: key for key, version in direct.items()}
+        for key, version in direct.items():
+            assert served("pipeline", key, parameter=other[3 - version]) == version, key
+
+
 BLS_CONFIG = """
 backend: "python"
 max_batch_size: 8
