@@ -44,7 +44,10 @@ class CoreserveError(Exception):
 
     @property
     def message(self) -> str:
-        return str(self.args[0]) if self.args else self.__class__.__name__
+        """The text for the client, always encodable as UTF-8: a lone surrogate (a client's JSON
+        may escape one, `"\\ud800"`, and an error may quote it) is written as its escape."""
+        text = str(self.args[0]) if self.args else self.__class__.__name__
+        return text if text.isascii() else text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 class InvalidArgumentError(CoreserveError):

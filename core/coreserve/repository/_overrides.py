@@ -25,6 +25,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
+import orjson
+
 from coreserve.config import ModelConfig, config_from_dict
 from coreserve.errors import InternalError, InvalidArgumentError, ModelConfigError
 from coreserve.repository.storage._folders import MAX_NAME_BYTES
@@ -99,9 +101,9 @@ def parse_load_parameters(model_name: str, parameters: Mapping[str, object]) -> 
 def _traffic_override(value: object) -> TrafficPolicy:
     """The policy a `coreserve_traffic` load parameter carries: a JSON object, or its text."""
     if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as exc:
+        try:  # read as the traffic endpoints read it: no lone surrogates, at most 1024 levels deep
+            value = orjson.loads(value)
+        except orjson.JSONDecodeError as exc:
             raise InvalidArgumentError(
                 f"load parameter '{TRAFFIC_PARAMETER}' is not valid JSON: {exc}"
             ) from None
@@ -113,10 +115,13 @@ def _config_override(model_name: str, text: str) -> ModelConfig:
     source = "Invalid config override"  # how Triton's log begins the reason
     try:
         document = json.loads(text)
+        orjson.dumps(document)  # what protobuf cannot take: a lone surrogate ("\\ud800"), 255+ levels
     except json.JSONDecodeError as exc:
         reason = f"{source}: not valid JSON: {exc}"
     except RecursionError:  # no configuration nests that deep
         reason = f"{source}: its JSON nests too deep"
+    except TypeError as exc:
+        reason = f"{source}: not valid JSON: {exc}"
     else:
         if isinstance(document, dict):
             try:

@@ -18,7 +18,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 import coreserve
-from coreserve.protos import traffic_pb2, traffic_pb2_grpc
+from coreserve.protos import grpc_service_pb2, grpc_service_pb2_grpc, traffic_pb2, traffic_pb2_grpc
 from coreserve.testing import ServerFactory, ServerProcess
 from support.waiting import wait_until
 from support.wire.http_raw import request
@@ -265,6 +265,36 @@ def test_a_reload_that_drops_a_weighted_version_is_refused(
     (repository / "scaled" / "config.pbtxt").write_text(SCALED)
     assert request(server.http_url, "POST", "/v2/repository/models/scaled/load", b"{}")[0] == 200
     assert _get(server) == {"weights": {"2": 100.0}}  # a policy set at run time outlives the reload
+
+
+@pytest.mark.parametrize(
+    ("parameter", "text", "reason"),
+    [
+        # A lone surrogate, escaped in the parameter's JSON text (the parameter itself is UTF-8).
+        ("coreserve_traffic", '{"weights": {"\\ud800": 100}}', "is not valid JSON"),
+        ("coreserve_traffic", "[" * 3000 + "]" * 3000, "is not valid JSON"),
+        ("config", '{"\\ud800": 1}', "not valid JSON: str is not valid UTF-8: surrogates not allowed"),
+    ],
+    ids=["surrogate", "deep", "surrogate-in-a-config"],
+)
+def test_a_load_parameter_that_cannot_be_read_is_refused_and_the_connection_serves_on(
+    coreserve_server: ServerFactory, repository: Path, parameter: str, text: str, reason: str
+) -> None:
+    server = coreserve_server(repository, "--model-control-mode=explicit", "--load-model=scaled")
+    body = json.dumps({"parameters": {parameter: text}}).encode()
+    status, _, answer = request(server.http_url, "POST", "/v2/repository/models/scaled/load", body)
+    assert status == 400 and reason in json.loads(answer)["error"], answer
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        stub = grpc_service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        load = grpc_service_pb2.RepositoryModelLoadRequest(model_name="scaled")
+        load.parameters[parameter].string_param = text
+        with pytest.raises(grpc.RpcError) as info:
+            stub.RepositoryModelLoad(load, timeout=30)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and reason in info.value.details()
+        # The same connection serves the next call.
+        assert stub.ModelReady(grpc_service_pb2.ModelReadyRequest(name="scaled"), timeout=30).ready
+    assert _get(server) == {"weights": {}}
+    assert "Traceback" not in server.log, server.log[-3000:]
 
 
 def test_oversized_policies_are_refused_and_the_server_keeps_serving(server: ServerProcess, client) -> None:

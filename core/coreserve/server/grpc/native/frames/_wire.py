@@ -134,7 +134,8 @@ def status_trailers(code: int, message: str) -> bytes:
     """The trailers of a call that ends with `code` and `message` (percent-encoded, as gRPC asks)."""
     block = literal(b"grpc-status", str(code).encode())
     if message:
-        block += literal(b"grpc-message", quote(message, safe=" !\"#$&'()*+,-./:;<=>?@[\\]^_`{|}~").encode())
+        quoted = quote(message, safe=" !\"#$&'()*+,-./:;<=>?@[\\]^_`{|}~", errors="backslashreplace")
+        block += literal(b"grpc-message", quoted.encode())
     return block
 
 

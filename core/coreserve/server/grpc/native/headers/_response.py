@@ -56,10 +56,10 @@ class ResponseHeaderEncoder:
 
     def trailers(self, code: int, details: str, with_headers: bool) -> bytes:
         """The block that ends a call; `with_headers`: the call sent no headers (trailers only)."""
+        # The status first: the table changes only for a block that is made whole.
+        status = wire.status_trailers(code, details) if code != 0 or details else None
         block = self._take_update() + (self._status_and_type() if with_headers else b"")
-        if code == 0 and not details:
-            return block + self._field(GRPC_STATUS_OK)
-        return block + wire.status_trailers(code, details)
+        return block + (self._field(GRPC_STATUS_OK) if status is None else status)
 
     def literal_block(self, block: bytes) -> bytes:
         """A block of literals made elsewhere (the answer to a refused request)."""
