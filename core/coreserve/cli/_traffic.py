@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Sequence
 from typing import Any
@@ -32,7 +34,7 @@ def traffic_main(argv: Sequence[str]) -> int:
     parser.add_argument("--shadow", help="a share of requests also sent to a version: VERSION=PERCENT")
     parser.add_argument("--clear", action="store_true", help="remove the policy (the latest version serves)")
     args = parser.parse_args(argv)
-    path = f"/v2/repository/models/{args.model}/traffic"
+    path = f"/v2/repository/models/{_quoted(args.model)}/traffic"
     if args.clear and (args.weights or args.shadow):
         parser.error("--clear takes no --weights or --shadow")
     if not (args.clear or args.weights or args.shadow):
@@ -56,14 +58,14 @@ def rollout_main(argv: Sequence[str]) -> int:
     parser.add_argument("--url", default=DEFAULT_URL, help=URL_HELP)
     parser.add_argument("--candidate", help="start: the version rolled out")
     parser.add_argument("--steps", help="start: the candidate's percent at each step, e.g. 10,50,100")
-    parser.add_argument("--dwell-s", type=float, help="start: how long each step lasts before it is judged")
-    parser.add_argument("--max-error-rate-increase", type=float, help="start: guard (default 0.01)")
-    parser.add_argument("--max-p99-ratio", type=float, help="start: guard (default 2)")
+    parser.add_argument("--dwell-s", type=finite, help="start: how long each step lasts before it is judged")
+    parser.add_argument("--max-error-rate-increase", type=finite, help="start: guard (default 0.01)")
+    parser.add_argument("--max-p99-ratio", type=finite, help="start: guard (default 2)")
     parser.add_argument(
         "--min-requests", type=int, help="start: requests a step needs to be judged (default 20)"
     )
     args = parser.parse_args(argv)
-    path = f"/v2/repository/models/{args.model}/rollout"
+    path = f"/v2/repository/models/{_quoted(args.model)}/rollout"
     if args.action == "status":
         return _call(args.url, "GET", path)
     if args.action in ("promote", "abort"):
@@ -71,7 +73,7 @@ def rollout_main(argv: Sequence[str]) -> int:
     if args.candidate is None or args.steps is None or args.dwell_s is None:
         parser.error("start needs --candidate, --steps and --dwell-s")
     try:
-        steps = [float(step) for step in args.steps.split(",")]
+        steps = [finite(step) for step in args.steps.split(",")]
     except ValueError:
         parser.error(f"--steps must be percents separated by commas, got '{args.steps}'")
     plan: dict[str, Any] = {"candidate": args.candidate, "steps": steps, "dwell_s": args.dwell_s}
@@ -82,16 +84,30 @@ def rollout_main(argv: Sequence[str]) -> int:
 
 
 def _pairs(parser: argparse.ArgumentParser, text: str, option: str) -> list[tuple[str, float]]:
-    pairs = []
+    pairs: list[tuple[str, float]] = []
     for item in text.split(","):
         version, equals, value = item.partition("=")
         try:
-            pairs.append((version.strip(), float(value)))
+            pairs.append((version.strip(), finite(value)))
         except ValueError:
             equals = ""
         if not equals:
             parser.error(f"{option} takes VERSION=PERCENT pairs separated by commas, got '{text}'")
+        if pairs[-1][0] in (named for named, _ in pairs[:-1]):
+            parser.error(f"{option} names version {pairs[-1][0]} twice: '{text}'")
     return pairs
+
+
+def finite(text: str) -> float:
+    """A number argparse takes (JSON has no NaN or infinity to send)."""
+    number = float(text)
+    if not math.isfinite(number):
+        raise ValueError(f"not a finite number: {text}")
+    return number
+
+
+def _quoted(model: str) -> str:
+    return urllib.parse.quote(model, safe="")
 
 
 def _call(url: str, method: str, path: str, body: object = None) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from hashlib import blake2b
 from pathlib import Path
@@ -136,7 +136,10 @@ class Model:
                 "set a policy without it first, or load with parameter coreserve_traffic"
             )
             return False
-        self.traffic = old.traffic
+        # A version with no weight may go: the policy stops naming it.
+        gone = {version for version, weight in old.traffic.weights if not weight} - set(self.versions)
+        weights = tuple((version, weight) for version, weight in old.traffic.weights if version not in gone)
+        self.traffic = replace(old.traffic, weights=weights) if gone else old.traffic
         return True
 
     def last_used(self) -> float:

@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -86,6 +87,11 @@ def _start(server: ServerProcess, candidate: int, **plan: object) -> dict:
     return answer
 
 
+def _metrics(server: ServerProcess) -> str:
+    with urllib.request.urlopen(server.metrics_url, timeout=30) as answer:
+        return answer.read().decode()
+
+
 def _ended(server: ServerProcess) -> dict:
     return wait_until(lambda: (s := _status(server))["state"] != "RUNNING" and s, "the rollout ended")
 
@@ -104,9 +110,7 @@ def test_a_healthy_candidate_is_promoted_step_by_step(server: ServerProcess, loa
         "promoted: every step passed its guards; version 2 takes every request",
     ]
     assert _weights(server) == {"2": 100.0}
-    with urllib.request.urlopen(server.metrics_url, timeout=30) as answer:
-        text = answer.read().decode()
-    assert 'coreserve_traffic_rollout_state{model="behaving",candidate="2",stable="1"} 2' in text
+    assert 'coreserve_traffic_rollout_state{model="behaving",candidate="2",stable="1"} 2' in _metrics(server)
     index = json.loads(request(server.http_url, "POST", "/v2/repository/index", b"{}")[2])
     assert {entry["rollout"] for entry in index if entry["name"] == "behaving"} == {
         "PROMOTED: every step passed its guards"
@@ -215,7 +219,23 @@ def test_a_rollout_is_promoted_or_aborted_by_hand(server: ServerProcess) -> None
             400,
             "each rollout step must be a number above 0",
         ),
-        ({"candidate": "2", "steps": [100], "dwell_s": 0}, 400, "rollout 'dwell_s' must be a number above 0"),
+        (
+            {"candidate": "2", "steps": [100], "dwell_s": 0},
+            400,
+            "rollout 'dwell_s' must be a number from 0.1 to",
+        ),
+        (
+            {"candidate": "2", "steps": [100], "dwell_s": 1e-6},
+            400,
+            "rollout 'dwell_s' must be a number from 0.1",
+        ),
+        (
+            {"candidate": "2", "steps": [100], "dwell_s": 1, "min_requests": 1.5},
+            400,
+            "rollout 'min_requests' must be a whole number, got 1.5",
+        ),
+        # The stable version is the one that takes most requests: 1, at 100%.
+        ({"candidate": "1", "steps": [100], "dwell_s": 1}, 400, "takes every request already"),
         (
             {"candidate": "x", "steps": [100], "dwell_s": 1},
             400,
@@ -242,6 +262,28 @@ def test_every_mistake_in_a_plan_is_refused(
     assert got == status and message in answer["error"], answer
     assert _weights(server) == {"1": 100.0}  # nothing started, nothing changed
     assert "Traceback" not in server.log
+
+
+def test_the_stable_version_is_never_one_without_weight(server: ServerProcess) -> None:
+    assert _post(server, "traffic", {"weights": {"1": 0, "2": 100}})[0] == 200
+    status, answer = _post(server, "rollout", {"candidate": "2", "steps": [100], "dwell_s": 1})
+    assert (
+        status == 400
+        and "candidate version 2 of model 'behaving' takes every request already" in answer["error"]
+    )
+    assert _start(server, 4, dwell_s=3600)["stable"] == "2"
+    assert _weights(server) == {"2": 50.0, "4": 50.0}
+
+
+def test_a_step_held_for_many_dwells_is_one_move(server: ServerProcess) -> None:
+    _start(server, 2, dwell_s=0.1, min_requests=1000)
+    wait_until(lambda: "dwells)" in _status(server)["moves"][-1], "a step held twice")
+    time.sleep(0.5)
+    moves = [move.split(" ", 1)[1] for move in _status(server)["moves"]]
+    assert moves[:1] == ["step 0: candidate version 2 at 50%"] and len(moves) == 2, moves
+    assert moves[1].startswith("step 0: held, the candidate answered too few requests ("), moves
+    assert server.log.count("held, the candidate answered too few requests") == 1
+    assert _post(server, "rollout/abort")[1]["state"] == "ABORTED"
 
 
 def test_reading_or_ending_a_rollout_that_never_started_is_not_found(server: ServerProcess) -> None:
@@ -281,4 +323,24 @@ def test_a_rollout_whose_model_is_loaded_again_ends_aborted_with_its_last_window
     assert ended["state"] == "ABORTED" and "was unloaded or loaded again" in ended["reason"], ended
     window = ended["window"]
     assert window["candidate"]["requests"] + window["stable"]["requests"] == 10, ended
+    assert "Traceback" not in server.log
+
+
+def test_a_rollout_whose_model_is_loaded_again_mid_dwell_ends_within_a_second(
+    coreserve_server: ServerFactory, tmp_path: Path
+) -> None:
+    root = write_behaving(tmp_path / "models", "behaving", {1: "scale 1", 2: "scale 1"})
+    server = coreserve_server(root, "--model-control-mode=explicit", "--load-model=behaving")
+    assert _post(server, "traffic", {"weights": {"1": 100}})[0] == 200
+    _start(server, 2, dwell_s=3600)
+    with httpclient.InferenceServerClient(server.http_url) as client:
+        client.load_model("behaving")
+    # Nothing asks for the rollout meanwhile: its own task ends it.
+    aborted = 'coreserve_traffic_rollout_state{model="behaving",candidate="2",stable="1"} 4'
+    wait_until(lambda: aborted in _metrics(server), "the metrics show the rollout aborted", timeout=10)
+    status, answer = _post(server, "rollout/abort")
+    assert (status, answer["state"]) == (200, "ABORTED") and "was unloaded or loaded again" in answer[
+        "reason"
+    ]
+    assert _weights(server) == {"1": 50.0, "2": 50.0}  # where it stood: set at run time, kept by the reload
     assert "Traceback" not in server.log

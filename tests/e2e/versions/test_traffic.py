@@ -200,6 +200,14 @@ def test_the_command_line_reads_and_sets_the_policy(server: ServerProcess, clien
     assert "traffic weights must add up to 100, they add up to 120 (HTTP 400)" in refused.stderr
     cleared = run("--clear")
     assert cleared.returncode == 0 and json.loads(cleared.stdout) == {"weights": {}}
+    for weights, words in (("1=0,1=100", "names version 1 twice"), ("1=nan,2=100", "VERSION=PERCENT")):
+        refused = run("--weights", weights)
+        assert refused.returncode == 2 and words in refused.stderr, refused.stderr
+    assert _get(server) == {"weights": {}}
+    odd = [sys.executable, "-m", "coreserve", "traffic", "my model?x=1", "--url", server.http_url]
+    unknown = subprocess.run(odd, capture_output=True, text=True, timeout=60)
+    assert unknown.returncode == 1 and "Traceback" not in unknown.stderr
+    assert "my model?x=1" in unknown.stderr and "(HTTP 404)" in unknown.stderr, unknown.stderr
 
 
 def test_a_policy_in_config_pbtxt_holds_from_the_start_and_a_bad_one_fails_the_load(
@@ -297,10 +305,28 @@ def test_a_load_parameter_that_cannot_be_read_is_refused_and_the_connection_serv
     assert "Traceback" not in server.log, server.log[-3000:]
 
 
+def test_a_reload_may_drop_a_version_without_weight_and_the_policy_forgets_it(
+    coreserve_server: ServerFactory, repository: Path
+) -> None:
+    server = coreserve_server(repository, "--model-control-mode=explicit", "--load-model=scaled")
+    assert _set(server, {"weights": {"1": 0, "2": 100}})[0] == 200
+    only_two = SCALED.replace("version_policy: { all { } }", "version_policy: { specific { versions: [2] } }")
+    (repository / "scaled" / "config.pbtxt").write_text(only_two)
+    assert request(server.http_url, "POST", "/v2/repository/models/scaled/load", b"{}")[0] == 200
+    assert _get(server) == {"weights": {"2": 100.0}}
+    metrics = _metrics(server)
+    assert 'coreserve_traffic_weight{model="scaled",version="2"} 100' in metrics
+    assert 'coreserve_traffic_weight{model="scaled",version="1"}' not in metrics
+
+
 def test_oversized_policies_are_refused_and_the_server_keeps_serving(server: ServerProcess, client) -> None:
     crowd = "{" + ",".join(f'"{n}": 0' for n in range(1, 150_001)) + "}"
     status, answer = _set(server, f'{{"weights": {crowd}}}'.encode())
     assert status == 400 and "too many JSON values in the traffic policy" in answer["error"]
+    # Thousands of versions the model does not serve: named in the error, cut short.
+    unknown = {"1": 100} | {str(n): 0 for n in range(3, 20_000)}
+    status, answer = _set(server, {"weights": unknown})
+    assert status == 400 and "names version 3, 4, 5" in answer["error"] and len(answer["error"]) < 400
     with grpc.insecure_channel(server.grpc_url) as channel:
         stub = traffic_pb2_grpc.TrafficServiceStub(channel)
         with pytest.raises(grpc.RpcError) as refused:

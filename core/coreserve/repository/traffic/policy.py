@@ -100,8 +100,8 @@ class TrafficPolicy:
         named = {version for version, _ in self.weights} | self.versions()
         missing = sorted(named - set(loaded))
         if missing:
-            names = ", ".join(str(version) for version in missing)
-            serving = ", ".join(str(version) for version in sorted(loaded)) or "none"
+            names = clipped(", ".join(str(version) for version in missing))
+            serving = clipped(", ".join(str(version) for version in sorted(loaded))) or "none"
             raise InvalidArgumentError(
                 f"traffic policy of model '{model}' names version {names}, which the model does not "
                 f"serve (serving: {serving}); load it first"

@@ -158,6 +158,7 @@ class TrafficControl:
         rollout: Rollout | None = self._router.rollouts.get(name)
         if rollout is None:
             raise NotFoundError(f"model '{name}' has no rollout")
+        rollout.settle()  # (within the second its task takes to notice)
         if action == "promote":
             await rollout.promote()
         elif action == "abort":

@@ -32,6 +32,8 @@ from coreserve.server.traffic._windows import Window, Windows, new_token
 
 logger = logging.getLogger(__name__)
 
+# A step is judged when its dwell ends: a shorter dwell would judge (and hold) it without end.
+MIN_DWELL_S = 0.1
 _PLAN_FIELDS = ("candidate", "steps", "dwell_s", "max_error_rate_increase", "max_p99_ratio", "min_requests")
 
 
@@ -88,13 +90,20 @@ def plan_from_document(document: object) -> RolloutPlan:
     return RolloutPlan(
         candidate=candidate,
         steps=shares,
-        dwell_s=bounded_number(document["dwell_s"], "rollout 'dwell_s'", 0, 7 * 24 * 3600, above_low=True),
+        dwell_s=bounded_number(document["dwell_s"], "rollout 'dwell_s'", MIN_DWELL_S, 7 * 24 * 3600),
         max_error_rate_increase=bounded_number(
             document.get("max_error_rate_increase", 0.01), "rollout 'max_error_rate_increase'", 0, 1
         ),
         max_p99_ratio=bounded_number(document.get("max_p99_ratio", 2.0), "rollout 'max_p99_ratio'", 1, 1e6),
-        min_requests=int(bounded_number(document.get("min_requests", 20), "rollout 'min_requests'", 1, 1e9)),
+        min_requests=_count(document.get("min_requests", 20), "rollout 'min_requests'"),
     )
+
+
+def _count(value: object, where: str) -> int:
+    number = bounded_number(value, where, 1, 1e9)
+    if not number.is_integer():
+        raise InvalidArgumentError(f"{where} must be a whole number, got {number:g}")
+    return int(number)
 
 
 class Rollout:
@@ -179,6 +188,12 @@ class Rollout:
         """Ends the rollout at once with the stable version taking every request."""
         await self._end(RolloutState.ABORTED, "aborted on request")
 
+    def settle(self) -> None:
+        """Ends the rollout (ABORTED, with the reason) where its model was unloaded or loaded
+        again since it started: the model that serves now has weights of its own."""
+        if self.running() and not self._is_current(self.model):
+            self.stop(f"model '{self.model.name}' was unloaded or loaded again")
+
     def stop(self, reason: str) -> None:
         """Ends the rollout where its model changed under it, leaving the weights as they are."""
         if self.running():
@@ -196,9 +211,9 @@ class Rollout:
             while self.running():
                 await self._set_step(self.step)
                 self._first_step.set()
-                verdict = None
+                verdict, holds = None, 0
                 while verdict is None:  # a step with too few requests is held, its counts kept
-                    await asyncio.sleep(self.plan.dwell_s)
+                    await self._dwell()
                     if not self.running():  # promoted or aborted meanwhile
                         return
                     if not self._is_current(self.model):
@@ -206,7 +221,8 @@ class Rollout:
                     windows = await self._windows.read(self.model.name, self._token)
                     verdict = self._judge(windows)
                     if verdict is None:
-                        self._move(f"step {self.step}: held, the candidate answered too few requests")
+                        holds += 1
+                        self._held(holds)
                 if verdict:
                     await self._end(RolloutState.ROLLED_BACK, verdict)
                 elif self.step + 1 == len(self.plan.steps):
@@ -221,6 +237,25 @@ class Rollout:
             self.stop(f"the rollout could not go on: {exc.message}")
         finally:  # ended before its first step: a start waiting for it must not hang
             self._first_step.set()
+
+    async def _dwell(self) -> None:
+        """The step's dwell time, cut short where the rollout ended or its model changed (looked
+        at every second: a model loaded again ends its rollout within a second)."""
+        ends = time.monotonic() + self.plan.dwell_s
+        while self.running() and self._is_current(self.model):
+            left = ends - time.monotonic()
+            if left <= 0:
+                return
+            await asyncio.sleep(min(left, 1.0))
+
+    def _held(self, times: int) -> None:
+        """One move (and one log line) per held step, its count of dwells kept up to date: a
+        step held for days leaves one line."""
+        what = f"step {self.step}: held, the candidate answered too few requests"
+        if times == 1:
+            self._move(what)
+        else:
+            self.moves[-1] = f"{_now()} {what} ({times} dwells)"
 
     async def _set_step(self, step: int) -> None:
         async with self._moving:
@@ -290,7 +325,11 @@ class Rollout:
 
     def _move(self, what: str) -> None:
         logger.info("rollout of model '%s': %s", self.model.name, what)
-        self.moves.append(f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} {what}")
+        self.moves.append(f"{_now()} {what}")
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 def _weights(*pairs: float) -> TrafficPolicy:

@@ -139,15 +139,30 @@ class TrafficRouter:
 
 
 def _stable_version(model: Model, candidate: int) -> int:
+    """The version that takes most of the model's requests now, the candidate aside: the
+    heaviest weight of its policy; without weights, the version that serves every request (the
+    latest, or the latest but a shadow's)."""
     policy = model.traffic
-    weighted = [
-        (weight, version) for version, weight in (policy.weights if policy else ()) if version != candidate
-    ]
+    weighted = [(weight, version) for version, weight in (policy.weights if policy else ()) if weight > 0]
     if weighted:
-        return max(weighted)[1]
-    others = [number for number in model.serving_versions() if number != candidate]
+        heaviest = max(((w, v) for w, v in weighted if v != candidate), default=None)
+        if heaviest is None:
+            raise InvalidArgumentError(_takes_every_request(model, candidate))
+        return heaviest[1]
+    shadow = policy.shadow.version if policy is not None and policy.shadow is not None else None
+    serving = [number for number in model.serving_versions() if number != shadow]
+    if serving and serving[-1] == candidate:
+        raise InvalidArgumentError(_takes_every_request(model, candidate))
+    others = [number for number in serving if number != candidate]
     if not others:
         raise InvalidArgumentError(
             f"model '{model.name}' serves no version beside candidate {candidate} to compare it with"
         )
     return others[-1]
+
+
+def _takes_every_request(model: Model, candidate: int) -> str:
+    return (
+        f"rollout candidate version {candidate} of model '{model.name}' takes every request already; "
+        "set the weights of the version it replaces first"
+    )
