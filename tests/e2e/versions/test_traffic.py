@@ -26,6 +26,9 @@ from support.wire.http_raw import request
 from .conftest import SCALED, write_versions
 
 ONES = np.ones((1, 4), np.float32)
+ONLY_VERSION_2 = SCALED.replace(
+    "version_policy: { all { } }", "version_policy: { specific { versions: [2] } }"
+)
 
 
 def _version_of(output: np.ndarray) -> int:
@@ -251,8 +254,7 @@ def test_a_reload_that_drops_a_weighted_version_is_refused(
 ) -> None:
     server = coreserve_server(repository, "--model-control-mode=explicit", "--load-model=scaled")
     assert _set(server, {"weights": {"1": 30, "2": 70}})[0] == 200
-    only_two = SCALED.replace("version_policy: { all { } }", "version_policy: { specific { versions: [2] } }")
-    (repository / "scaled" / "config.pbtxt").write_text(only_two)
+    (repository / "scaled" / "config.pbtxt").write_text(ONLY_VERSION_2)
     status, _, answer = request(server.http_url, "POST", "/v2/repository/models/scaled/load", b"{}")
     assert status == 400
     assert "version 1 takes requests under the model's traffic policy" in json.loads(answer)["error"]
@@ -310,8 +312,7 @@ def test_a_reload_may_drop_a_version_without_weight_and_the_policy_forgets_it(
 ) -> None:
     server = coreserve_server(repository, "--model-control-mode=explicit", "--load-model=scaled")
     assert _set(server, {"weights": {"1": 0, "2": 100}})[0] == 200
-    only_two = SCALED.replace("version_policy: { all { } }", "version_policy: { specific { versions: [2] } }")
-    (repository / "scaled" / "config.pbtxt").write_text(only_two)
+    (repository / "scaled" / "config.pbtxt").write_text(ONLY_VERSION_2)
     assert request(server.http_url, "POST", "/v2/repository/models/scaled/load", b"{}")[0] == 200
     assert _get(server) == {"weights": {"2": 100.0}}
     metrics = _metrics(server)
