@@ -139,9 +139,9 @@ class TrafficRouter:
 
 
 def _stable_version(model: Model, candidate: int) -> int:
-    """The version that takes most of the model's requests now, the candidate aside: the
-    heaviest weight of its policy; without weights, the version that serves every request (the
-    latest, or the latest but a shadow's)."""
+    """The version the policy gives most weight, the candidate aside (a candidate that has all
+    of it already is refused); without weights, the latest version but the candidate's (and a
+    shadow's)."""
     policy = model.traffic
     weighted = [(weight, version) for version, weight in (policy.weights if policy else ()) if weight > 0]
     if weighted:
@@ -150,10 +150,7 @@ def _stable_version(model: Model, candidate: int) -> int:
             raise InvalidArgumentError(_takes_every_request(model, candidate))
         return heaviest[1]
     shadow = policy.shadow.version if policy is not None and policy.shadow is not None else None
-    serving = [number for number in model.serving_versions() if number != shadow]
-    if serving and serving[-1] == candidate:
-        raise InvalidArgumentError(_takes_every_request(model, candidate))
-    others = [number for number in serving if number != candidate]
+    others = [number for number in model.serving_versions() if number not in (candidate, shadow)]
     if not others:
         raise InvalidArgumentError(
             f"model '{model.name}' serves no version beside candidate {candidate} to compare it with"
