@@ -28,18 +28,16 @@ PARAMETERS = (REGION, BYTE_SIZE, OFFSET)
 class SharedMemoryRegions(Protocol):
     """The registered regions, as the codecs see them."""
 
-    def buffer(self, region: str, offset: int, byte_size: int, *, writable: bool) -> memoryview:
-        """`byte_size` bytes at `offset` in `region`; raises NotFoundError or InvalidArgumentError.
-
-        The view keeps the mapping alive: unregistering the region meanwhile is safe.
-        """
+    def buffer(self, region: str, offset: int, byte_size: int) -> memoryview:
+        """`byte_size` bytes at `offset` in `region`, read-only; raises NotFoundError or
+        InvalidArgumentError. The view keeps the mapping alive: unregistering the region
+        meanwhile is safe."""
         ...
 
-    def output_buffer(
-        self, region: str, offset: int, byte_size: int
-    ) -> tuple[memoryview, Callable[[], None] | None]:
-        """Where an output bound for `region` is written, and the call (if any) that moves it
-        there afterwards (a CUDA region's device copy)."""
+    def output_writer(self, region: str, offset: int, byte_size: int) -> Callable[[memoryview], None]:
+        """The call that writes an output's bytes (at most `byte_size`) at `offset` in `region`
+        once they are ready; raises NotFoundError or InvalidArgumentError now for a place that
+        does not exist."""
         ...
 
 
@@ -57,8 +55,7 @@ class OutputInSharedMemory:
     """A requested output to be written into a region: the place, resolved when the request arrived."""
 
     reference: SharedMemoryReference
-    buffer: memoryview
-    commit: Callable[[], None] | None = None  # called once the output is in `buffer`
+    write: Callable[[memoryview], None]
 
 
 def shared_memory_reference(
@@ -105,7 +102,9 @@ def input_buffer(
     (Triton's gRPC frontend looks the region up while it finds each input's data, and checks
     the size against the input's shape only later: `input_from_buffer`.)
     """
-    return _buffer(regions, reference, writable=False, name=f"input '{name}'")
+    if regions is None:
+        raise _no_shared_memory(reference, f"input '{name}'")
+    return regions.buffer(reference.region, reference.offset, reference.byte_size)
 
 
 def input_from_buffer(
@@ -134,8 +133,8 @@ def output_target(
     while the model runs still receives the output instead of failing the request late."""
     if regions is None:
         raise _no_shared_memory(reference, f"output '{name}'")
-    buffer, commit = regions.output_buffer(reference.region, reference.offset, reference.byte_size)
-    return OutputInSharedMemory(reference, buffer, commit)
+    write = regions.output_writer(reference.region, reference.offset, reference.byte_size)
+    return OutputInSharedMemory(reference, write)
 
 
 def write_output(target: OutputInSharedMemory, array: np.ndarray, datatype: DataType, name: str) -> None:
@@ -148,18 +147,7 @@ def write_output(target: OutputInSharedMemory, array: np.ndarray, datatype: Data
             f"({target.reference.byte_size} bytes) should be at least {size} bytes to hold the results "
             f"(shared memory region '{target.reference.region}')"
         )
-    destination = np.frombuffer(target.buffer, dtype=np.uint8, count=size)
-    destination[:] = np.frombuffer(data, dtype=np.uint8)
-    if target.commit is not None:
-        target.commit()
-
-
-def _buffer(
-    regions: SharedMemoryRegions | None, reference: SharedMemoryReference, *, writable: bool, name: str
-) -> memoryview:
-    if regions is None:
-        raise _no_shared_memory(reference, name)
-    return regions.buffer(reference.region, reference.offset, reference.byte_size, writable=writable)
+    target.write(memoryview(data).cast("B"))
 
 
 def _no_shared_memory(reference: SharedMemoryReference, name: str) -> InvalidArgumentError:

@@ -7,7 +7,7 @@ marks a raw request: the whole body is the data of the model's single input.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +23,7 @@ from coreserve.errors import (
     with_request_id,
 )
 from coreserve.protocol._shared_memory import (
+    REGION,
     SharedMemoryReference,
     SharedMemoryRegions,
     output_target,
@@ -144,6 +145,7 @@ def _parse_inputs(
         datatype = parse_datatype(item.get("datatype"), name)
         shape = parse_shape(item.get("shape"), name)
         parameters = parse_parameters(item.get("parameters"), f"input '{name}'")
+        _check_one_source(name, item, parameters)
         in_shared_memory = shared_memory_reference(parameters, f"input '{name}'")
         size = parameters.get("binary_data_size")
         if in_shared_memory is not None:
@@ -161,12 +163,22 @@ def _parse_inputs(
             inputs[name] = BinaryInput(name, datatype, shape, offset, size)
             offset += size
         else:
-            if "data" not in item:
-                raise InvalidArgumentError(f"input '{name}' has neither 'data' nor binary_data_size")
             inputs[name] = array_from_json(item["data"], datatype, shape, name)
     if offset != binary_size:
         raise InvalidArgumentError(
             f"the body holds {binary_size - offset} bytes of binary data that no input claims"
+        )
+
+
+def _check_one_source(name: str, item: dict[str, Any], parameters: Mapping[str, object]) -> None:
+    """An input's data comes from exactly one place, as Triton checks (in its words)."""
+    places = (("data", item), ("binary_data_size", parameters), (REGION, parameters))
+    found = [f"'{key}'" for key, holder in places if key in holder]
+    if len(found) != 1:
+        said = f"set {' '.join(found)}" if found else "no field is set"
+        raise InvalidArgumentError(
+            "Input must set only one of the following fields: 'data', 'binary_data_size' in "
+            f"'parameters', 'shared_memory_region' in 'parameters'. But {said} (input '{name}')"
         )
 
 
@@ -393,6 +405,12 @@ def _requested_outputs(
             raise InvalidArgumentError("every requested output needs a 'name' string")
         name = item["name"]
         parameters = parse_parameters(item.get("parameters"), f"output '{name}'")
+        if REGION in parameters:  # Triton's words, and its order of checks
+            for other in (CLASSIFICATION, "binary_data"):
+                if parameters.get(other, False) is not False:
+                    raise InvalidArgumentError(
+                        f"Output can't set both 'shared_memory_region' and '{other}' (output '{name}')"
+                    )
         count = parameters.get(CLASSIFICATION)
         if count is not None and not (type(count) is int and count == 0):  # Triton reads 0 as none
             class_counts[name] = parse_class_count(count, name)

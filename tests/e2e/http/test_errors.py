@@ -161,7 +161,7 @@ BAD_JSON_REQUESTS = {
     "negative dimension": (json.dumps(_input(0, shape=[1, -4])).encode(), "needs 'shape'"),
     "no data": (
         json.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 4], "datatype": "FP32"}]}).encode(),
-        "neither 'data' nor binary_data_size",
+        "But no field is set (input 'INPUT0')",
     ),
     "strings for FP32": (
         json.dumps(_input(0, data=["1", "2", "3", "4"])).encode(),

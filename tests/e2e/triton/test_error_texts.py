@@ -234,6 +234,35 @@ HTTP_CASES: dict[str, tuple[str, str, bytes | None, str]] = {
         _infer_body(_tensor("IN", [4])),
         "HTTP end point doesn't support models with decoupled transaction policy",
     ),
+    "data and a shared memory region": (
+        "POST",
+        "/v2/models/add_sub/infer",
+        _infer_body(
+            {**INPUT0, "parameters": {"shared_memory_region": "r", "shared_memory_byte_size": 16}}, INPUT1
+        ),
+        "Input must set only one of the following fields: 'data', 'binary_data_size' in 'parameters', "
+        "'shared_memory_region' in 'parameters'. But set 'data' 'shared_memory_region'",
+    ),
+    "an output in a shared memory region as binary data": (
+        "POST",
+        "/v2/models/add_sub/infer",
+        _infer_body(
+            INPUT0,
+            INPUT1,
+            outputs=[{"name": "OUTPUT0", "parameters": {"shared_memory_region": "r", "binary_data": True}}],
+        ),
+        "Output can't set both 'shared_memory_region' and 'binary_data'",
+    ),
+    "an output in a shared memory region as classes": (
+        "POST",
+        "/v2/models/add_sub/infer",
+        _infer_body(
+            INPUT0,
+            INPUT1,
+            outputs=[{"name": "OUTPUT0", "parameters": {"shared_memory_region": "r", "classification": 2}}],
+        ),
+        "Output can't set both 'shared_memory_region' and 'classification'",
+    ),
     "binary data beyond the body": (
         "POST",
         "/v2/models/add_sub/infer",
@@ -256,6 +285,10 @@ TRITON_STATUS = {
     "load of a model not in the repository": 500,
     "decoupled model on the infer endpoint": 501,
 }
+
+
+def _without_data(tensor: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in tensor.items() if key != "data"}
 
 
 def _without_null_data(body: bytes) -> bytes:
@@ -596,7 +629,7 @@ def test_raw_entries_beyond_the_inputs_are_ignored_as_in_triton(server: ServerPr
 # before those of the frontend's parsing or of the model lookup. Checked against the real 2.51.
 
 BINARY_HEADER = json.dumps(
-    {"id": "r1", "inputs": [{**INPUT0, "data": None, "parameters": {"binary_data_size": 12}}, INPUT1]}
+    {"id": "r1", "inputs": [{**_without_data(INPUT0), "parameters": {"binary_data_size": 12}}, INPUT1]}
 ).encode()
 # case: (body with "id": "r1", the message as Triton's starts)
 ID_CASES: dict[str, tuple[bytes, str]] = {

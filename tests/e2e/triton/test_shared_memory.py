@@ -21,6 +21,7 @@ import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ from coreserve.server.shared_memory._cuda import load_cuda_runtime
 from coreserve.testing import ServerProcess
 from support.model_builders import add_sub_model, write_model
 from support.paths import EXAMPLES
+from support.waiting import wait_until
 
 BYTE_SIZE = 64  # one INT32 [1, 16] tensor
 # The server offers CUDA shared memory exactly where this probe finds a usable CUDA device.
@@ -387,6 +389,40 @@ def test_region_unregistered_while_a_request_uses_it(
         client.register_system_shared_memory("busy_out", outputs_segment.key, BYTE_SIZE)
         client.infer("slow", [tensor], outputs=[output])
         np.testing.assert_array_equal(outputs_segment.read([1, 16]), input0 + 1)
+    finally:
+        client.close()
+
+
+def test_an_output_segment_truncated_while_the_model_runs_does_not_stop_the_server(
+    server: ServerProcess, segments: Callable[[int], Segment], marker: Path
+) -> None:
+    """Storing through the mapping of a truncated file is SIGBUS: the output is written to the
+    file instead, which grows back to hold it."""
+    client = httpclient.InferenceServerClient(server.http_url, network_timeout=60)
+    inputs_segment, outputs_segment = segments(BYTE_SIZE), segments(BYTE_SIZE)
+    input0, _ = _values()
+    inputs_segment.write(input0)
+    marker.unlink(missing_ok=True)
+    try:
+        client.register_system_shared_memory("shrunk_in", inputs_segment.key, BYTE_SIZE)
+        client.register_system_shared_memory("shrunk_out", outputs_segment.key, BYTE_SIZE)
+        tensor = httpclient.InferInput("INPUT0", [1, 16], "INT32")
+        tensor.set_shared_memory("shrunk_in", BYTE_SIZE)
+        output = httpclient.InferRequestedOutput("OUTPUT0")
+        output.set_shared_memory("shrunk_out", BYTE_SIZE)
+
+        def infer() -> None:  # (a client of its own: tritonclient's HTTP client keeps to its thread)
+            with httpclient.InferenceServerClient(server.http_url, network_timeout=60) as other:
+                other.infer("slow", [tensor], outputs=[output])
+
+        with ThreadPoolExecutor(1) as pool:
+            answer = pool.submit(infer)
+            wait_until(marker.exists, "the slow model runs", timeout=60)
+            os.truncate(f"/dev/shm{outputs_segment.key}", 0)
+            answer.result(timeout=60)
+        with open(f"/dev/shm{outputs_segment.key}", "rb") as written:
+            np.testing.assert_array_equal(np.frombuffer(written.read(), np.int32).reshape(1, 16), input0 + 1)
+        assert client.is_server_live()
     finally:
         client.close()
 

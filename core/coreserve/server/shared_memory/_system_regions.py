@@ -10,12 +10,18 @@ elsewhere.
 
 Where a CUDA device is usable, `cuda` holds the CUDA regions (`_cuda`): names
 are one namespace for both kinds, as in Triton, and the codecs reach either through `buffer`
-and `output_buffer`.
+and `output_writer`.
+
+Inputs are read through the mapping (no copy); outputs are written with `pwrite` on the
+segment's file, never stored through the mapping: a client that truncates its segment while
+the model runs would make that store kill the server with SIGBUS, where `pwrite` writes (and
+extends) the file.
 
 Unregistering a region that a request still reads or writes is safe: the mapping is closed
 at once only when nothing views it; otherwise it stays mapped until the last view (a numpy
 array of that request) is released, because Python's mmap refuses to unmap exported memory
-and is unmapped when its last reference goes.
+and is unmapped when its last reference goes. The segment's file stays open as long as a
+request may write to it (until the region is unregistered and no writer holds it).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import contextlib
 import mmap
 import os
 import stat
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -34,15 +41,15 @@ from coreserve.server.shared_memory._cuda import CudaSharedMemory
 from coreserve.server.shared_memory._region_table import RegionTable
 
 SHM_DIRECTORY = "/dev/shm"
-# Bounds on what clients can make the server hold: every region keeps a mapping and a file
-# descriptor open (Python's mmap keeps one), so the number of regions also stays within an
-# eighth of the open-file limit, leaving the rest to connections and models.
+# Bounds on what clients can make the server hold: every region keeps a mapping and two file
+# descriptors open (its own, for outputs, and the one Python's mmap keeps), so the number of
+# regions also stays within an eighth of the open-file limit, leaving most to connections and models.
 MAX_REGIONS = 1024
 MAX_REGION_NAME_LENGTH = 256
 MAX_KEY_LENGTH = 255  # NAME_MAX: the longest file name /dev/shm can hold
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, weakref_slot=True)
 class _Region:
     name: str
     key: str
@@ -50,6 +57,10 @@ class _Region:
     byte_size: int
     mapping: mmap.mmap
     start: int  # where the region begins in `mapping` (which starts on a page boundary)
+    fd: int  # the segment's file, which outputs are written to; closed with the last reference
+
+    def __post_init__(self) -> None:
+        weakref.finalize(self, os.close, self.fd)
 
     def status(self) -> dict[str, Any]:
         return {"name": self.name, "key": self.key, "offset": self.offset, "byte_size": self.byte_size}
@@ -118,45 +129,69 @@ class SystemSharedMemory(RegionTable[_Region]):
         for region in self._remove(name):
             region.close()
 
-    def buffer(self, region: str, offset: int, byte_size: int, *, writable: bool) -> memoryview:
-        """A view of `byte_size` bytes at `offset` within a registered region."""
+    def buffer(self, region: str, offset: int, byte_size: int) -> memoryview:
+        """A read-only view of `byte_size` bytes at `offset` within a registered region."""
         with self._lock:
             found = self._regions.get(region)
             if found is None:
-                if self.cuda is not None and self.cuda.has(region) and not writable:
-                    return self.cuda.read(region, offset, byte_size)  # (outputs: output_buffer)
+                if self.cuda is not None and self.cuda.has(region):
+                    return self.cuda.read(region, offset, byte_size)
                 raise NotFoundError(f"Unable to find shared memory region: '{region}'")
-            if offset + byte_size > found.byte_size:
-                raise InvalidArgumentError(
-                    f"Invalid offset + byte size for shared memory region: '{region}' "
-                    f"({offset} + {byte_size} is past its {found.byte_size} bytes)"
-                )
-            # A client that truncates its segment (re-creating it with a smaller size does)
-            # would make reading the mapping kill the server with SIGBUS: check it still holds.
-            segment_size = found.mapping.size()
-            if found.offset + found.byte_size > segment_size:
-                raise InvalidArgumentError(
-                    f"shared memory region '{region}': segment '{found.key}' shrank to {segment_size} "
-                    "bytes after it was registered; unregister the region and register it again"
-                )
+            _check_fits(found, offset, byte_size)
             # Taken under the lock: a concurrent unregister then finds the export and leaves
             # the mapping open for this view.
             view = memoryview(found.mapping)[found.start + offset : found.start + offset + byte_size]
-        return view if writable else view.toreadonly()
+        return view.toreadonly()
 
-    def output_buffer(
-        self, region: str, offset: int, byte_size: int
-    ) -> tuple[memoryview, Callable[[], None] | None]:
-        """Where an output bound for a region is written, and what to call once it is (None for
-        a system region, which is written in place; a CUDA region's copy goes to the device)."""
+    def output_writer(self, region: str, offset: int, byte_size: int) -> Callable[[memoryview], None]:
+        """The call that writes an output's bytes (at most `byte_size`) at `offset` in a region."""
         if self.cuda is not None and self.cuda.has(region):
-            return self.cuda.staging(region, offset, byte_size)
-        return self.buffer(region, offset, byte_size, writable=True), None
+            staging, commit = self.cuda.staging(region, offset, byte_size)
+
+            def to_device(data: memoryview) -> None:
+                staging[: data.nbytes] = data
+                commit()
+
+            return to_device
+        with self._lock:
+            found = self._regions.get(region)
+            if found is None:
+                raise NotFoundError(f"Unable to find shared memory region: '{region}'")
+            _check_fits(found, offset, byte_size)
+
+        def to_segment(data: memoryview) -> None:
+            position = found.offset + offset
+            try:
+                while data.nbytes:
+                    written = os.pwrite(found.fd, data, position)
+                    data, position = data[written:], position + written
+            except OSError as exc:  # (/dev/shm full, where a truncated segment grows again)
+                raise InvalidArgumentError(
+                    f"shared memory region '{region}': the output could not be written: {exc.strerror}"
+                ) from None
+
+        return to_segment
 
     def close(self) -> None:
         self.unregister()
         if self.cuda is not None:
             self.cuda.unregister()
+
+
+def _check_fits(found: _Region, offset: int, byte_size: int) -> None:
+    if offset + byte_size > found.byte_size:
+        raise InvalidArgumentError(
+            f"Invalid offset + byte size for shared memory region: '{found.name}' "
+            f"({offset} + {byte_size} is past its {found.byte_size} bytes)"
+        )
+    # A client that truncates its segment (re-creating it with a smaller size does) would
+    # make reading the mapping kill the server with SIGBUS: check it still holds.
+    segment_size = found.mapping.size()
+    if found.offset + found.byte_size > segment_size:
+        raise InvalidArgumentError(
+            f"shared memory region '{found.name}': segment '{found.key}' shrank to {segment_size} "
+            "bytes after it was registered; unregister the region and register it again"
+        )
 
 
 def default_max_regions() -> int:
@@ -224,6 +259,7 @@ def _map(name: str, key: str, path: str, offset: int, byte_size: int) -> _Region
             raise InvalidArgumentError(
                 f"Unable to map shared memory region '{name}' (key '{key}'): {exc.strerror}"
             ) from None
-    finally:
+    except BaseException:
         os.close(fd)
-    return _Region(name, key, offset, byte_size, mapping, start)
+        raise
+    return _Region(name, key, offset, byte_size, mapping, start, fd)

@@ -112,5 +112,21 @@ def test_a_segment_truncated_after_registration_is_refused_not_read(
     regions.register("r", f"/{segment.name}", 0, 4096)
     os.truncate(f"/dev/shm/{segment.name}", 1024)
     with pytest.raises(InvalidArgumentError, match=r"region 'r'.*shrank to 1024 bytes"):
-        regions.buffer("r", 0, 16, writable=False)
+        regions.buffer("r", 0, 16)
+    regions.close()
+
+
+def test_an_output_is_written_to_the_file_of_a_segment_truncated_meanwhile(
+    segment: shared_memory.SharedMemory,
+) -> None:
+    """A store through the mapping of a truncated file would be SIGBUS (this process killed)."""
+    regions = SystemSharedMemory()
+    regions.register("r", f"/{segment.name}", 1024, 64)
+    target = output_target(regions, SharedMemoryReference("r", 0, 64), "OUTPUT0")
+    os.truncate(f"/dev/shm/{segment.name}", 0)
+    write_output(target, np.arange(16, dtype=np.int32), DataType.INT32, "OUTPUT0")
+    with open(f"/dev/shm/{segment.name}", "rb") as written:
+        written.seek(1024)
+        np.testing.assert_array_equal(np.frombuffer(written.read(), np.int32), np.arange(16))
+    del target
     regions.close()
