@@ -8,12 +8,14 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from coreserve.protos import grpc_service_pb2, grpc_service_pb2_grpc
 from coreserve.testing import ServerFactory, ServerProcess
 from support.model_builders import add_sub_model, scale_model, write_model
 from support.wire.http_raw import request
@@ -259,6 +261,23 @@ def test_loading_an_ensemble_loads_its_steps_and_unload_dependents(
         "UNAVAILABLE",
         "unloaded",
     )
+
+
+def test_unload_dependents_of_another_type_is_refused_over_grpc_and_nothing_unloads(
+    server: ServerProcess, client: httpclient.InferenceServerClient
+) -> None:
+    client.load_model("pipeline")
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        stub = grpc_service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        unload = grpc_service_pb2.RepositoryModelUnloadRequest(model_name="add_sub")
+        unload.parameters["unload_dependents"].string_param = "true"
+        with pytest.raises(grpc.RpcError) as info:
+            stub.RepositoryModelUnload(unload, timeout=30)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # Triton's code and words
+    assert (
+        info.value.details() == "invalid value type for 'unload_dependents' parameter, expected bool_param."
+    )
+    assert client.is_model_ready("add_sub") and client.is_model_ready("pipeline")
 
 
 def test_a_failed_reload_keeps_the_served_version(

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 import grpc
 from google.protobuf import json_format
 
-from coreserve.errors import CoreserveError, ErrorCode, NotFoundError
+from coreserve.errors import CoreserveError, ErrorCode, InvalidArgumentError, NotFoundError
 from coreserve.protocol.grpc_received import ReceivedInferRequest
 from coreserve.protocol.grpc_response import (
     SerializedPieces,
@@ -181,10 +181,11 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         self, request: pb.RepositoryModelUnloadRequest, context: Any
     ) -> pb.RepositoryModelUnloadResponse:
         flag = request.parameters.get("unload_dependents")
-        dependents = (
-            flag is not None and flag.WhichOneof("parameter_choice") == "bool_param" and flag.bool_param
-        )
-        await self._dataplane.unload_model(request.model_name, dependents)
+        if flag is not None and flag.WhichOneof("parameter_choice") != "bool_param":  # Triton's words
+            raise InvalidArgumentError(
+                "invalid value type for 'unload_dependents' parameter, expected bool_param."
+            )
+        await self._dataplane.unload_model(request.model_name, flag is not None and flag.bool_param)
         return pb.RepositoryModelUnloadResponse()
 
     @_unary("shared-memory")
