@@ -44,6 +44,31 @@ input [
 output [ { name: "text_output" data_type: TYPE_STRING dims: [ 1 ] } ]
 """
 INVALID_TYPE = "parameter 'bad' has invalid type. It should be either 'int', 'bool', or 'string'."
+# A decoupled model that answers its request `times` times (a generate parameter).
+REPEAT_MODEL = """
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            for n in range(json.loads(request.parameters())["times"]):
+                output = pb_utils.Tensor("text_output", np.array([str(n).encode()], dtype=object))
+                sender.send(pb_utils.InferenceResponse([output]))
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+"""
+REPEAT_CONFIG = """
+backend: "python"
+max_batch_size: 0
+model_transaction_policy { decoupled: true }
+input [ { name: "text_input" data_type: TYPE_STRING dims: [ 1 ] } ]
+output [ { name: "text_output" data_type: TYPE_STRING dims: [ 1 ] } ]
+"""
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +78,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     (folder / "1").mkdir(parents=True)
     (folder / "config.pbtxt").write_text(CONFIG)
     (folder / "1" / "model.py").write_text(MODEL)
+    (repository / "repeat" / "1").mkdir(parents=True)
+    (repository / "repeat" / "config.pbtxt").write_text(REPEAT_CONFIG)
+    (repository / "repeat" / "1" / "model.py").write_text(REPEAT_MODEL)
     process = ServerProcess([repository]).start()
     yield process
     process.close()
@@ -62,9 +90,11 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
 pytestmark = pytest.mark.usefixtures("no_traceback")
 
 
-def _post(server: ServerProcess, body: str, endpoint: str = "generate") -> tuple[int, Any]:
+def _post(
+    server: ServerProcess, body: str, endpoint: str = "generate", model: str = "echo"
+) -> tuple[int, Any]:
     request = urllib.request.Request(
-        f"http://{server.http_url}/v2/models/echo/{endpoint}", data=body.encode(), method="POST"
+        f"http://{server.http_url}/v2/models/{model}/{endpoint}", data=body.encode(), method="POST"
     )
     try:
         with urllib.request.urlopen(request, timeout=30) as response:
@@ -162,3 +192,22 @@ def test_values_that_do_not_fit_an_input_are_a_400_in_triton_words(server: Serve
     assert document["error"].startswith(
         "The schema can not convert input 'max_tokens' to tensor with proper shape"
     )
+
+
+@pytest.mark.parametrize("times", [0, 2, 3])
+def test_generate_refuses_a_model_that_sends_other_than_one_response_in_triton_words(
+    server: ServerProcess, times: int
+) -> None:
+    body = json.dumps({"text_input": "hi", "times": times})
+    status, answer = _post(server, body, model="repeat")
+    assert status == 400, answer  # (Triton 2.51 sends these words with status 200)
+    assert answer["error"] == (
+        "generate expects model to produce exactly 1 response, use generate stream for model that "
+        "generates various number of responses"
+    )
+    assert _post(server, json.dumps({"text_input": "hi", "times": 1}), model="repeat") == (
+        200,
+        {"model_name": "repeat", "model_version": "1", "text_output": "0"},
+    )
+    status, events = _post(server, body, "generate_stream", model="repeat")
+    assert status == 200 and [event["text_output"] for event in events] == [str(n) for n in range(times)]

@@ -113,6 +113,10 @@ def test_malformed_completion_requests_are_400(
             [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}],
             "only text parts",
         ),
+        (
+            [{"role": "assistant", "content": None, "tool_calls": 5}],
+            "messages[0].tool_calls must be an array",
+        ),
         # The template itself refuses this role (raise_exception in tokenizer_config.json).
         ([{"role": "tool", "content": "x"}], "chat template refused the messages"),
     ],

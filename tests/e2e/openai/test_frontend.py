@@ -147,6 +147,18 @@ def test_a_streamed_chat_opens_with_the_role_and_ends_with_the_usage(client: ope
     assert text == whole.choices[0].message.content
 
 
+def test_a_seed_at_the_top_of_its_range_counts_down_for_the_other_choices(client: openai.OpenAI) -> None:
+    top = 2**64 - 1  # charlm's seed input is UINT64
+    whole = client.completions.create(model="charlm", prompt=PROMPT, max_tokens=6, seed=top, n=2)
+    singles = [
+        client.completions.create(model="charlm", prompt=PROMPT, max_tokens=6, seed=top - index)
+        .choices[0]
+        .text
+        for index in range(2)
+    ]
+    assert [choice.text for choice in whole.choices] == singles
+
+
 def test_n_choices_are_n_requests_seeded_apart(client: openai.OpenAI) -> None:
     whole = client.completions.create(model="charlm", prompt=PROMPT, max_tokens=12, seed=40, n=3)
     assert [choice.index for choice in whole.choices] == [0, 1, 2]

@@ -58,6 +58,10 @@ class ChatTemplate:
             raise
         except jinja2.TemplateError as exc:
             raise TemplateError(f"the model's chat template failed on these messages: {exc}") from None
+        except Exception as exc:  # the template's own code on the client's values (a number it iterates)
+            raise TemplateError(
+                f"the model's chat template failed on these messages: {type(exc).__name__}: {exc}"
+            ) from None
 
 
 class ChatTemplates:

@@ -113,11 +113,14 @@ def _chunk_event(answer: Answer, choice: Choice, chunk: Chunk) -> bytes:
 
 
 def _choice_options(request: GenerationRequest) -> list[dict[str, Any]]:
-    """Each choice's options: with a seed, choice i samples with seed + i (else all would be one)."""
+    """Each choice's options: with a seed, choice i samples with seed + i (else all would be one),
+    or seed - i where seed + i would leave the range the seed is in (INT64's, or UINT64's)."""
     seed = request.options.get("seed")
     if request.n == 1 or seed is None:
         return [request.options] * request.n
-    return [{**request.options, "seed": seed + index} for index in range(request.n)]
+    last = seed + request.n - 1 if isinstance(seed, int) else 0
+    step = -1 if isinstance(seed, int) and (seed < 2**63 <= last or last >= 2**64) else 1
+    return [{**request.options, "seed": seed + step * index} for index in range(request.n)]
 
 
 def _error_document(exc: CoreserveError, where: str) -> dict[str, Any]:

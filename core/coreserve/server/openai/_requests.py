@@ -153,6 +153,9 @@ def _messages(messages: Any) -> list[dict[str, Any]]:
             raise OptionError(
                 "messages", f"{where}.role must be one of {', '.join(_ROLES)}; got {quoted_value(role)}"
             )
+        calls = message.get("tool_calls")
+        if calls is not None and not (isinstance(calls, list) and all(isinstance(c, dict) for c in calls)):
+            raise OptionError("messages", f"{where}.tool_calls must be an array of tool call objects")
         checked.append({**message, "content": _content(message.get("content"), where, role)})
     return checked
 

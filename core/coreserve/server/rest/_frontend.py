@@ -10,7 +10,7 @@ from typing import TypeVar
 import orjson
 
 from coreserve.config import config_to_dict
-from coreserve.errors import CoreserveError, ErrorCode, InternalError
+from coreserve.errors import CoreserveError, ErrorCode, InvalidArgumentError
 from coreserve.protocol.generate import encode_generate_response
 from coreserve.protocol.http_body import (
     HEADER_LENGTH,
@@ -37,7 +37,7 @@ from coreserve.server.rest._shared_memory import shared_memory_routes
 from coreserve.server.rest._traffic import traffic_routes
 from coreserve.server.restrictions import ApiRestrictions
 from coreserve.server.traffic import KEY_HEADER
-from coreserve.types import InferenceRequest, Trace, TraceContext, now_ns
+from coreserve.types import InferenceRequest, InferenceResponse, Trace, TraceContext, now_ns
 
 logger = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -211,16 +211,24 @@ class HttpFrontend:
         return inference
 
     async def _generate(self, request: HttpRequest) -> HttpResponse:
-        """One request, one JSON response: the last response of the model."""
+        """One request, one JSON response: a model that sends another number of responses is
+        refused in Triton's words (Triton sends them with status 200), the request cancelled."""
         inference = await self._generate_request(request)
-        last = None
+        answers: list[InferenceResponse] = []
         try:
-            async for response in self._dataplane.stream(inference, frontend_sends=True):
-                last = response
-            if last is None:
-                raise InternalError(f"model '{inference.model_name}' sent no response")
+            stream = self._dataplane.stream(inference, frontend_sends=True)
+            async with contextlib.aclosing(stream) as responses:
+                async for response in responses:
+                    answers.append(response)
+                    if len(answers) > 1:
+                        break  # (the stream, closed unfinished, cancels the request)
+            if len(answers) != 1:
+                raise InvalidArgumentError(
+                    "generate expects model to produce exactly 1 response, use generate stream for model "
+                    "that generates various number of responses"
+                )
             _mark(inference.trace, "HTTP_SEND_START")
-            body = encode_generate_response(last)
+            body = encode_generate_response(answers[0])
             _mark(inference.trace, "HTTP_SEND_END")
         finally:
             if inference.trace is not None:

@@ -81,3 +81,16 @@ def test_raise_exception_refuses_the_messages_and_syntax_errors_are_named(tmp_pa
     folder = _folder(tmp_path, {"chat_template": "{% for m in messages %}"})
     with pytest.raises(TemplateError, match="chat template is malformed"):
         ChatTemplates().template("m", 2, _config(), folder)
+
+
+def test_a_template_that_fails_on_the_clients_values_is_the_clients_error(tmp_path: Path) -> None:
+    """A template's own code (looping over a field a client sent as a number) raises whatever
+    Python raises: the client's request is refused, not the server's fault."""
+    folder = _folder(
+        tmp_path, {"chat_template": "{% for m in messages %}{% for c in m.calls %}{% endfor %}{% endfor %}"}
+    )
+    template = ChatTemplates().template("m", 1, _config(), folder)
+    with pytest.raises(
+        TemplateError, match="failed on these messages: TypeError: 'int' object is not iterable"
+    ):
+        template.render([{"role": "user", "content": "Hi", "calls": 5}])
