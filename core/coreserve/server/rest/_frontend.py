@@ -48,7 +48,7 @@ HTTP_STATUS = {
     ErrorCode.NOT_FOUND: 404,
     ErrorCode.UNAVAILABLE: 503,
     ErrorCode.UNSUPPORTED: 501,
-    ErrorCode.ALREADY_EXISTS: 409,
+    ErrorCode.ALREADY_EXISTS: 400,  # as Triton's: no status of its own over HTTP (gRPC has one)
     ErrorCode.CANCELLED: 499,
     ErrorCode.PERMISSION_DENIED: 403,
     ErrorCode.INTERNAL: 500,

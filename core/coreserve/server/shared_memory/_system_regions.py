@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from coreserve.errors import InvalidArgumentError, NotFoundError, UnsupportedError
+from coreserve.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError, UnsupportedError
 from coreserve.server.httpd import open_file_limit
 from coreserve.server.shared_memory._cuda import CudaSharedMemory
 from coreserve.server.shared_memory._region_table import RegionTable
@@ -116,7 +116,7 @@ class SystemSharedMemory(RegionTable[_Region]):
 
     def _check_room(self, name: str) -> None:
         if name in self._regions or (self.cuda is not None and self.cuda.has(name)):
-            raise InvalidArgumentError(f"shared memory region '{name}' already in manager")
+            raise AlreadyExistsError(f"shared memory region '{name}' already in manager")
         if len(self._regions) + (self.cuda.count() if self.cuda is not None else 0) >= self._max_regions:
             raise InvalidArgumentError(
                 f"cannot register shared memory region '{name}': {self._max_regions} regions are "
