@@ -30,6 +30,6 @@ def apply_defaults(config: ModelConfig, model_name: str, gpus: tuple[int, ...] |
     for index, group in enumerate(config.instance_group):
         if not group.name:
             group.name = f"{config.name}_{index}"
-        if group.count == 0:
+        if group.count < 1:  # as Triton: a count below 1 is one instance
             group.count = 1
         place_instance_group(config, group, gpus)

@@ -116,8 +116,9 @@ def _check_version_policy(config: ModelConfig) -> str | None:
 def _check_instance_groups(config: ModelConfig) -> str | None:
     for index, group in enumerate(config.instance_group):
         where = f"config field 'instance_group[{index}]'"
-        if group.count < 1:
-            return f"{where}: count must be >= 1, got {group.count}"
+        if group.kind not in ModelInstanceGroup.Kind.values():
+            kinds = ", ".join(ModelInstanceGroup.Kind.keys())
+            return f"{where}: kind {group.kind} is not a kind of instance group ({kinds})"
         if any(gpu < 0 for gpu in group.gpus):
             return f"{where}: gpus must be device ids >= 0, got {list(group.gpus)}"
         if group.gpus and group.kind == ModelInstanceGroup.KIND_CPU:
@@ -128,9 +129,7 @@ def _check_instance_groups(config: ModelConfig) -> str | None:
 def _check_dynamic_batching(config: ModelConfig) -> str | None:
     if not config.HasField("dynamic_batching"):
         return None
-    batching = config.dynamic_batching
-    if config.max_batch_size == 0:
-        return "config field 'dynamic_batching' needs max_batch_size > 0 (the model cannot batch)"
+    batching = config.dynamic_batching  # (on a model that cannot batch, as Triton: batches of one)
     for size in batching.preferred_batch_size:
         if not 1 <= size <= config.max_batch_size:
             return (

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,6 +14,8 @@ from coreserve.config.parse import parse_config
 from coreserve.errors import ModelConfigError
 from coreserve.protos.model_config_pb2 import ModelVersionPolicy
 from coreserve.repository.namespaces import qualified
+
+logger = logging.getLogger(__name__)
 
 CONFIG_FILENAME = "config.pbtxt"
 
@@ -83,12 +86,18 @@ def select_versions(policy: ModelVersionPolicy, available: list[int], model_name
         return list(available)
     if choice == "specific":
         wanted = sorted(set(policy.specific.versions))
-        missing = [v for v in wanted if v not in available]
-        if missing:
+        present = [v for v in wanted if v in available]
+        if not present:
             raise ModelConfigError(
-                f"model '{model_name}': version_policy asks for version(s) {missing}, "
+                f"model '{model_name}': version_policy asks for version(s) {wanted}, "
                 f"but the model folder has {available or 'no version folders'}"
             )
-        return wanted
+        for version in sorted(set(wanted) - set(present)):  # as Triton: the others are served
+            logger.error(
+                "version %d is specified for model '%s', but the version directory is not present",
+                version,
+                model_name,
+            )
+        return present
     count = policy.latest.num_versions if choice == "latest" else 1
     return available[-count:] if available else []

@@ -19,6 +19,11 @@ WARMUP_FOLDER = "warmup"
 def _sample(
     name: str, spec: ModelWarmup.Input, shape: tuple[int, ...], model_path: Path, model: str
 ) -> np.ndarray:
+    if any(dimension < 0 for dimension in shape):  # Triton's words
+        raise ModelConfigError(
+            f"model '{model}': warmup setting expects all variable-size dimensions are specified "
+            f"for input '{name}'"
+        )
     datatype = DataType.from_config_value(spec.data_type)
     dtype = NUMPY_DTYPES[datatype]
     count = int(np.prod(shape)) if shape else 1

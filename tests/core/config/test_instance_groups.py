@@ -30,6 +30,7 @@ def _groups(text: str, gpus: tuple[int, ...] | None) -> list[tuple[int, list[int
         ("instance_group [ { kind: KIND_GPU count: 2 } ]", (0, 1, 2), [(GPU, [0, 1, 2], 2)]),
         ("instance_group [ { kind: KIND_GPU gpus: [ 2 ] } ]", (0, 1, 2), [(GPU, [2], 1)]),
         ("instance_group [ { kind: KIND_CPU count: 3 } ]", (0, 1), [(CPU, [], 3)]),
+        ("instance_group [ { kind: KIND_CPU count: -1 } ]", (0, 1), [(CPU, [], 1)]),  # below 1: one
         # A backend that does not report keeps the placement it always had.
         ("", None, [(CPU, [], 1)]),
         ("instance_group [ { kind: KIND_GPU } ]", None, [(GPU, [], 1)]),

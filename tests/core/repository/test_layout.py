@@ -64,7 +64,13 @@ def test_version_policies(policy: str, expected: list[int]) -> None:
     assert select_versions(parse_config(policy).version_policy, [1, 2, 10], "m") == expected
 
 
-def test_specific_versions_must_exist() -> None:
+def test_a_specific_version_must_exist() -> None:
     policy = parse_config("version_policy: { specific: { versions: [ 3 ] } }").version_policy
     with pytest.raises(ModelConfigError, match=r"asks for version\(s\) \[3\]"):
         select_versions(policy, [1, 2], "m")
+
+
+def test_of_specific_versions_those_present_are_served_as_in_triton(caplog: pytest.LogCaptureFixture) -> None:
+    policy = parse_config("version_policy: { specific: { versions: [ 1, 3 ] } }").version_policy
+    assert select_versions(policy, [1, 2], "m") == [1]
+    assert "version 3 is specified for model 'm', but the version directory is not present" in caplog.text

@@ -65,6 +65,20 @@ def test_queued_requests_form_batches_up_to_max_batch_size() -> None:
     run_scenario(scenario)
 
 
+def test_a_model_that_cannot_batch_runs_each_request_alone() -> None:
+    async def scenario() -> None:
+        batcher, instance = _batcher("", max_batch=0)
+        log: Log = []
+        for index in range(3):
+            batcher.submit(make_request(f"r{index}", log))
+        batcher.start()
+        await finish(batcher)
+        assert instance.batches == [["r0"], ["r1"], ["r2"]]
+        assert log == [(f"r{index}", "final") for index in range(3)]
+
+    run_scenario(scenario)
+
+
 def test_rows_count_toward_max_batch_size_and_a_request_is_never_split() -> None:
     async def scenario() -> None:
         batcher, instance = _batcher("", max_batch=4)

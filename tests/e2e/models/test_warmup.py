@@ -32,6 +32,10 @@ FAILING = {
         'model_warmup [ { name: "shape" batch_size: 1 inputs { key: "INPUT0" value { data_type: TYPE_FP32 dims: [ 5 ] zero_data: true } } inputs { key: "INPUT1" value { data_type: TYPE_FP32 dims: [ 4 ] zero_data: true } } } ]',
         "warmup 'shape' failed: unexpected shape for input 'INPUT0'",
     ),
+    "variable_dims": (
+        'model_warmup [ { name: "open" batch_size: 1 inputs { key: "INPUT0" value { data_type: TYPE_FP32 dims: [ -1 ] zero_data: true } } inputs { key: "INPUT1" value { data_type: TYPE_FP32 dims: [ 4 ] zero_data: true } } } ]',
+        "warmup setting expects all variable-size dimensions are specified for input 'INPUT0'",
+    ),
     "missing_file": (
         'model_warmup [ { name: "nofile" batch_size: 1 inputs { key: "INPUT0" value { data_type: TYPE_FP32 dims: [ 4 ] input_data_file: "absent.bin" } } inputs { key: "INPUT1" value { data_type: TYPE_FP32 dims: [ 4 ] zero_data: true } } } ]',
         "warmup input 'INPUT0' cannot read",

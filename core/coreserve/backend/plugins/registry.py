@@ -76,7 +76,8 @@ class BackendRegistry:
         backend = self.get(name) if name else self.by_platform(platform)
         if backend is not None:
             if name and platform and platform not in backend.platforms and platform in self._by_platform:
-                raise InvalidArgumentError(f"backend '{name}' does not serve platform '{platform}'")
+                # As Triton: the backend serves it, whatever the platform says.
+                logger.warning("backend '%s' serves a model whose platform is '%s'", name, platform)
             return backend
         wanted = name or KNOWN_PLATFORMS.get(platform, "")
         what = f"backend '{name}'" if name else f"platform '{platform}'"
