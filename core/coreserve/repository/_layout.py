@@ -2,11 +2,14 @@
 
 <repository>/<model>/config.pbtxt
 <repository>/<model>/<version>/<model file>
+
+An ensemble's configuration names the models it uses: they load before it (`load_order`).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -101,3 +104,30 @@ def select_versions(policy: ModelVersionPolicy, available: list[int], model_name
         return present
     count = policy.latest.num_versions if choice == "latest" else 1
     return available[-count:] if available else []
+
+
+def load_order(steps: Mapping[str, set[str] | None]) -> tuple[list[list[str]], dict[str, str]]:
+    """Waves of models (by key) to load one after the other, each wave's models at once, from
+    each model's ensemble steps (None: not an ensemble); and the ensembles that cannot load
+    because their steps wait on each other, with the reason in Triton's words."""
+    pending = dict(steps)
+    waves: list[list[str]] = []
+    while pending:
+        ready = [key for key, uses in pending.items() if uses is None or not uses & pending.keys()]
+        if not ready:
+            return waves, {key: _cycle(key, pending) for key in pending}
+        waves.append(ready)
+        for key in ready:
+            del pending[key]
+    return waves, {}
+
+
+def _cycle(start: str, pending: Mapping[str, set[str] | None]) -> str:
+    """The cycle that `start` waits on, followed from it: every ensemble left waits on one."""
+    path = [start]
+    while True:
+        following = min((pending[path[-1]] or set()) & pending.keys())
+        if following in path:
+            loop = [*path[path.index(following) :], following]
+            return f"ensemble '{start}': circular dependency between ensembles: {' -> '.join(loop)}"
+        path.append(following)

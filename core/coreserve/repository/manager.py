@@ -33,7 +33,7 @@ from coreserve.errors import (
     UnsupportedError,
 )
 from coreserve.repository._index import index_entries, unavailable_reason
-from coreserve.repository._layout import ModelLocation, ensemble_steps
+from coreserve.repository._layout import ModelLocation, ensemble_steps, load_order
 from coreserve.repository._overrides import LoadOverrides, not_in_repository, write_override_files
 from coreserve.repository.loader import ModelLoader
 from coreserve.repository.memory._budgeted import BudgetedLoads
@@ -237,23 +237,22 @@ class ModelRepository:
                 namespace, name = self._split(key, source)
                 self._models[key] = Model(name=name, path=None, reason=exc.message, namespace=namespace)
         # An ensemble's steps, as keys: under namespacing, in its own repository.
-        pending = {
-            key: {qualified(location.namespace, step) for step in steps} if steps is not None else None
-            for key, location in locations.items()
-            for steps in (ensemble_steps(location),)
-        }
-        while pending:
-            ready = [name for name, steps in pending.items() if steps is None or not steps & pending.keys()]
-            if not ready:  # ensembles that wait on each other: load them; they report the cycle
-                ready = list(pending)
+        waves, cycles = load_order(
+            {
+                key: {qualified(location.namespace, step) for step in steps} if steps is not None else None
+                for key, location in locations.items()
+                for steps in (ensemble_steps(location),)
+            }
+        )
+        for key, why in cycles.items():
+            self.mark_unavailable(key, locations[key].name, locations[key].namespace, why)
+        for wave in waves:
             await asyncio.gather(
                 *(
-                    self._replace(locations[name], found[name][1], (overrides or {}).get(name), reason=reason)
-                    for name in ready
+                    self._replace(locations[key], found[key][1], (overrides or {}).get(key), reason=reason)
+                    for key in wave
                 )
             )
-            for name in ready:
-                del pending[name]
 
     async def poll(self) -> None:
         """Applies what changed in the repositories since the last look (poll mode)."""

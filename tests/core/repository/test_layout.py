@@ -8,7 +8,7 @@ import pytest
 
 from coreserve.config import parse_config
 from coreserve.errors import InvalidArgumentError, ModelConfigError
-from coreserve.repository._layout import list_versions, select_versions
+from coreserve.repository._layout import list_versions, load_order, select_versions
 from coreserve.repository.storage._sources import LocalSource
 
 
@@ -62,6 +62,17 @@ def test_linked_model_folders_that_leave_the_repository(tmp_path: Path) -> None:
 )
 def test_version_policies(policy: str, expected: list[int]) -> None:
     assert select_versions(parse_config(policy).version_policy, [1, 2, 10], "m") == expected
+
+
+def test_models_load_before_the_ensembles_that_use_them_and_cycles_never_load() -> None:
+    steps = {"a": None, "b": None, "pipe": {"a", "b"}, "outer": {"pipe"}, "x": {"y"}, "y": {"x"}, "z": {"x"}}
+    waves, cycles = load_order(steps)
+    assert waves == [["a", "b"], ["pipe"], ["outer"]]
+    assert cycles == {
+        "x": "ensemble 'x': circular dependency between ensembles: x -> y -> x",
+        "y": "ensemble 'y': circular dependency between ensembles: y -> x -> y",
+        "z": "ensemble 'z': circular dependency between ensembles: x -> y -> x",  # waits on one
+    }
 
 
 def test_a_specific_version_must_exist() -> None:

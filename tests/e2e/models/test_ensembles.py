@@ -76,6 +76,15 @@ INVALID = {
         ],
         "steps form a cycle",
     ),
+    # Ensembles that use each other: neither loads (each said "unknown model" before).
+    "uses_b": (
+        [_step("uses_a", {"IN": "IN"}, {"OUT": "OUT"})],
+        "circular dependency between ensembles: uses_b -> uses_a -> uses_b",
+    ),
+    "uses_a": (
+        [_step("uses_b", {"IN": "IN"}, {"OUT": "OUT"})],
+        "circular dependency between ensembles: uses_a -> uses_b -> uses_a",
+    ),
     "datatype_mismatch": (
         [_step("double", {"VALUE": "IN"}, {"DOUBLED": "OUT"})],
         "step 0 (model 'double') input 'VALUE' (tensor 'IN') expects INT32 [1], but ensemble input 'IN' gives FP32 [4]",
