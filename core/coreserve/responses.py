@@ -3,8 +3,9 @@
 A sink receives the responses of one request, the last one marked final, or an error
 that ends it. `SingleResponse` serves ordinary models (exactly one response);
 `StreamingResponses` hands each of any number of responses to callbacks (gRPC streams);
-`QueuedResponses` queues them for a coroutine to iterate. `ForwardingSink` is the base of the
-sinks that wrap another one (to count, time, cache or change what passes) and add only that.
+`QueuedResponses` queues them for a coroutine to iterate, up to a bound on what waits.
+`ForwardingSink` is the base of the sinks that wrap another one (to count, time, cache or
+change what passes) and add only that.
 """
 
 from __future__ import annotations
@@ -12,10 +13,16 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 
-from coreserve.errors import CoreserveError, InternalError
+import numpy as np
+
+from coreserve.errors import CoreserveError, InternalError, UnavailableError
 from coreserve.types import InferenceResponse, ResponseSink
 
 __all__ = ["ForwardingSink", "QueuedResponses", "ResponseSink", "SingleResponse", "StreamingResponses"]
+
+# What a stream's responses may hold while its caller has not taken them (one response, whatever
+# its size, always waits).
+MAX_WAITING_BYTES = 64 * 1024 * 1024
 
 
 class SingleResponse:
@@ -76,13 +83,28 @@ class StreamingResponses:
 
 
 class QueuedResponses:
-    """A sink whose responses a coroutine iterates: `async for response in sink.responses()`."""
+    """A sink whose responses a coroutine iterates: `async for response in sink.responses()`.
 
-    __slots__ = ("_done", "_queue")
+    A model may answer faster than the coroutine takes its answers (a client that reads a
+    stream slowly, or not at all): past `max_waiting_bytes` of outputs waiting (more than one
+    response), the waiting responses are dropped, the request ends with an error that says
+    why, and `on_overflow` is called (the caller cancels the request there).
+    """
 
-    def __init__(self) -> None:
-        self._queue: asyncio.Queue[tuple[InferenceResponse | None, bool] | CoreserveError] = asyncio.Queue()
+    __slots__ = ("_done", "_limit", "_on_overflow", "_queue", "_waiting_bytes")
+
+    def __init__(
+        self,
+        max_waiting_bytes: int | None = MAX_WAITING_BYTES,
+        on_overflow: Callable[[], object] | None = None,
+    ) -> None:
+        self._queue: asyncio.Queue[tuple[InferenceResponse | None, bool, int] | CoreserveError] = (
+            asyncio.Queue()
+        )
         self._done = False
+        self._limit = max_waiting_bytes
+        self._on_overflow = on_overflow
+        self._waiting_bytes = 0
 
     @property
     def done(self) -> bool:
@@ -94,14 +116,36 @@ class QueuedResponses:
         return self._done and self._queue.empty()
 
     def send(self, response: InferenceResponse | None, final: bool) -> None:
-        if not self._done:
-            self._done = final
-            self._queue.put_nowait((response, final))
+        if self._done:
+            return
+        size = 0
+        if self._limit is not None and response is not None:
+            size = _output_bytes(response)
+            if not self._queue.empty() and self._waiting_bytes + size > self._limit:
+                self._overflow(size)
+                return
+            self._waiting_bytes += size
+        self._done = final
+        self._queue.put_nowait((response, final, size))
 
     def fail(self, error: CoreserveError) -> None:
         if not self._done:
             self._done = True
             self._queue.put_nowait(error)
+
+    def _overflow(self, size: int) -> None:
+        waiting = self._queue.qsize()
+        while not self._queue.empty():
+            self._queue.get_nowait()
+        self.fail(
+            UnavailableError(
+                f"the responses were taken too slowly: {waiting + 1} responses of "
+                f"{self._waiting_bytes + size} bytes waited (at most {self._limit} bytes); the request "
+                "was cancelled"
+            )
+        )
+        if self._on_overflow is not None:
+            self._on_overflow()
 
     async def responses(self) -> AsyncIterator[InferenceResponse]:
         """Yields each response until the final one; raises the error that ends the request."""
@@ -109,11 +153,23 @@ class QueuedResponses:
             item = await self._queue.get()
             if isinstance(item, CoreserveError):
                 raise item
-            response, final = item
+            response, final, size = item
+            self._waiting_bytes -= size
             if response is not None:
                 yield response
             if final:
                 return
+
+
+def _output_bytes(response: InferenceResponse) -> int:
+    """What a response's outputs hold, BYTES elements by their lengths."""
+    total = 0
+    for array in response.outputs.values():
+        if array.dtype == np.object_:
+            total += sum(len(item) if isinstance(item, bytes | str) else 8 for item in array.flat)
+        else:
+            total += array.nbytes
+    return total
 
 
 class ForwardingSink:

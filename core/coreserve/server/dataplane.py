@@ -325,7 +325,7 @@ class DataPlane:
         trace and then finishes it (as infer's callers do); otherwise the trace ends with the
         last response.
         """
-        sink = QueuedResponses()
+        sink = QueuedResponses(on_overflow=request.cancel)
         name, version = request.model_name, request.model_version
         target = self.in_use(name, version, request) or await self._on_demand(
             name, version, timeout_s(request), request

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import socket
 import threading
 import time
 import urllib.request
@@ -421,3 +422,62 @@ def test_a_grpc_stream_holds_at_most_its_inflight_limit(
     # The stream read two requests, then waited for an answer before it read the next one:
     # the model never had more than two of them pending (eight without the limit).
     assert max(pending_seen) == 2, pending_seen
+
+
+FLOOD = """
+backend: "python"
+max_batch_size: 0
+model_transaction_policy { decoupled: true }
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_UINT8 dims: [ -1 ] } ]
+"""
+# Sends 160 responses of 1 MiB as fast as it can, until its request is cancelled.
+FLOOD_MODEL = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            block = np.zeros(1 << 20, np.uint8)
+            for _ in range(160):
+                if request.is_cancelled():
+                    break
+                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", block)]))
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+"""
+
+
+def test_a_stream_its_client_does_not_read_is_cut_off_once_64_mib_wait(
+    coreserve_server: ServerFactory, tmp_path: Path
+) -> None:
+    folder = write_model(tmp_path, "flood", None, FLOOD)
+    (folder / "1" / "model.py").write_text(FLOOD_MODEL)
+    server = coreserve_server(tmp_path)
+    host, port = server.http_url.rsplit(":", 1)
+    body = b'{"IN": [1]}'
+    with socket.create_connection((host, int(port)), timeout=60) as client:
+        client.sendall(
+            b"POST /v2/models/flood/generate_stream HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        # Nothing is read: the responses wait in the server until it gives up on the client.
+        cancelled = 'nv_inference_request_failure{model="flood",reason="CANCELED",version="1"}'
+        wait_until(lambda: _metric_or_zero(server, cancelled) == 1, "the request cancelled", timeout=120)
+        received = b""
+        while b"taken too slowly" not in received:
+            chunk = client.recv(1 << 20)
+            assert chunk, received[-500:]
+            received += chunk
+    assert received.count(b'"OUT"') < 160  # the model stopped early
+    assert "Traceback" not in server.log
+
+
+def _metric_or_zero(server: ServerProcess, line_start: str) -> float:
+    with urllib.request.urlopen(server.metrics_url, timeout=30) as response:
+        lines = [line for line in response.read().decode().splitlines() if line.startswith(line_start)]
+    return float(lines[0].rsplit(" ", 1)[1]) if lines else 0.0

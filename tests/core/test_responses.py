@@ -1,0 +1,53 @@
+"""The sinks a frontend waits on: a queue of responses bounded by what waits in it."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from coreserve.errors import UnavailableError
+from coreserve.responses import QueuedResponses
+from coreserve.types import InferenceResponse
+
+
+def _response(size: int) -> InferenceResponse:
+    return InferenceResponse("m", "1", {"OUT": np.zeros(size, np.uint8)})
+
+
+async def _taken(sink: QueuedResponses) -> list[int]:
+    return [response.outputs["OUT"].size async for response in sink.responses()]
+
+
+def test_responses_taken_as_they_come_never_reach_the_bound() -> None:
+    async def scenario() -> list[int]:
+        sink = QueuedResponses(max_waiting_bytes=1000)
+        taken = []
+        for size in (600, 600, 600):
+            sink.send(_response(size), final=False)
+            taken.append((await anext(sink.responses())).outputs["OUT"].size)
+        sink.send(None, final=True)
+        return taken + await _taken(sink)
+
+    assert asyncio.run(scenario()) == [600, 600, 600]
+
+
+def test_past_the_bound_what_waits_is_dropped_and_the_request_ends_with_why() -> None:
+    overflows: list[str] = []
+    sink = QueuedResponses(max_waiting_bytes=1000, on_overflow=lambda: overflows.append("cancel"))
+    sink.send(_response(2000), final=False)  # one response waits whatever its size
+    sink.send(_response(100), final=False)  # a second one past the bound: the end
+    sink.send(_response(100), final=True)  # (ignored: the request ended)
+    assert sink.done and overflows == ["cancel"]
+    with pytest.raises(UnavailableError, match=r"taken too slowly: 2 responses of 2100 bytes waited"):
+        asyncio.run(_taken(sink))
+
+
+def test_bytes_outputs_count_by_their_lengths() -> None:
+    sink = QueuedResponses(max_waiting_bytes=1000)
+    words = np.array([b"x" * 400, b"y" * 400], dtype=np.object_)
+    sink.send(InferenceResponse("m", "1", {"OUT": words}), final=False)
+    sink.send(InferenceResponse("m", "1", {"OUT": words}), final=True)  # 1600 bytes wait
+    with pytest.raises(UnavailableError, match="1600 bytes waited"):
+        asyncio.run(_taken(sink))
