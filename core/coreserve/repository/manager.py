@@ -40,7 +40,7 @@ from coreserve.repository.memory._budgeted import BudgetedLoads
 from coreserve.repository.memory._unloading import close_model, unload_loaded_versions
 from coreserve.repository.memory.budgets import MemoryBudgets
 from coreserve.repository.model import Model
-from coreserve.repository.namespaces import ModelTable, ambiguous, qualified
+from coreserve.repository.namespaces import Found, ModelTable, ambiguous, find_models, key_of, qualified
 from coreserve.repository.storage._folders import MAX_NAME_BYTES, check_model_name
 from coreserve.repository.storage._sources import RepositorySource
 
@@ -83,6 +83,8 @@ class ModelRepository:
         self._models = ModelTable()  # by key: the name, qualified by its namespace under namespacing
         self._fingerprints: dict[str, str] = {}
         self._unloaded: set[str] = set()
+        # By model name: the ensembles its unload took down, loaded again with it (as Triton).
+        self._ensembles_waiting: dict[str, set[str]] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._closing: set[asyncio.Task[None]] = set()
         self.budgeted = BudgetedLoads(
@@ -115,40 +117,19 @@ class ModelRepository:
         """The models without sorting them: for what sums over them on every execution."""
         return self._models.values()
 
-    def _key(self, source: RepositorySource, name: str) -> str:
-        return qualified(source.label, name) if self.namespacing else name
-
-    def _keys_named(self, name: str, found: dict[str, tuple[RepositorySource, str]]) -> list[str]:
+    def _keys_named(self, name: str, found: Found) -> list[str]:
         """The keys of the models called `name` among those found (one unless namespacing)."""
         if not self.namespacing:
             return [name] if name in found else []
-        return [key for key, (source, _) in found.items() if key == self._key(source, name)]
+        return [key for key, (source, _) in found.items() if key == key_of(source, name, True)]
 
     def all_ready(self) -> bool:
         return all(model.ready for model in self._models.values())
 
     # Finding models.
 
-    async def _scan(self) -> tuple[dict[str, tuple[RepositorySource, str]], dict[str, str]]:
-        """Models by key with their source and fingerprint, and names found twice (refused
-        unless namespacing)."""
-        found: dict[str, tuple[RepositorySource, str]] = {}
-        duplicates: dict[str, str] = {}
-        for source in self.sources:
-            listing = await asyncio.to_thread(source.scan)
-            for name, fingerprint in listing.items():
-                if self.namespacing:
-                    found[self._key(source, name)] = (source, fingerprint)
-                elif name in found:
-                    duplicates[name] = (
-                        f"model '{name}' appears in more than one repository: "
-                        f"{found[name][0].label} and {source.label}"
-                    )
-                else:
-                    found[name] = (source, fingerprint)
-        for name in duplicates:
-            found.pop(name, None)
-        return found, duplicates
+    async def _scan(self) -> tuple[Found, dict[str, str]]:
+        return await find_models(self.sources, self.namespacing)
 
     def _split(self, key: str, source: RepositorySource) -> tuple[str, str]:
         """A found model's namespace ("" unless namespacing) and plain name."""
@@ -183,9 +164,7 @@ class ModelRepository:
             found = await self._with_steps(wanted, found)
         await self._load_many(found, "startup")
 
-    async def _with_steps(
-        self, wanted: dict[str, tuple[RepositorySource, str]], found: dict[str, tuple[RepositorySource, str]]
-    ) -> dict[str, tuple[RepositorySource, str]]:
+    async def _with_steps(self, wanted: Found, found: Found) -> Found:
         """The models wanted and, as Triton loads them, the steps of the ensembles among them:
         under namespacing, the step of the ensemble's own repository where it has one."""
         wanted = dict(wanted)
@@ -223,7 +202,7 @@ class ModelRepository:
 
     async def _load_many(
         self,
-        found: dict[str, tuple[RepositorySource, str]],
+        found: Found,
         reason: str,
         overrides: Mapping[str, LoadOverrides] | None = None,
     ) -> None:
@@ -335,8 +314,18 @@ class ModelRepository:
             )
 
     async def load(self, name: str, overrides: LoadOverrides | None = None) -> None:
-        """Loads or reloads a model (explicit mode); raises with the reason if it cannot load."""
+        """Loads or reloads a model (explicit mode); raises with the reason if it cannot load.
+        The ensembles its unload took down load again once none of their steps is missing."""
         await self._load(name, overrides or LoadOverrides(), ())
+        for waiting in self._ensembles_waiting.values():  # loaded by name: it waits no more
+            waiting.discard(name)
+        for ensemble in sorted(self._ensembles_waiting.pop(name, set())):
+            if any(ensemble in waiting for waiting in self._ensembles_waiting.values()):
+                continue  # another of its steps is still unloaded
+            try:
+                await self._load(ensemble, LoadOverrides(), ())
+            except CoreserveError as exc:
+                logger.error("ensemble '%s' did not load again with '%s': %s", ensemble, name, exc.message)
 
     async def _load(
         self, name: str, overrides: LoadOverrides, loading: tuple[str, ...], reason: str = "explicit"
@@ -396,21 +385,24 @@ class ModelRepository:
             raise InvalidArgumentError(f"load failed for model '{name}': {unavailable_reason(new)}")
 
     async def unload(self, name: str, dependents: bool = False) -> None:
-        """Unloads a model (explicit mode) and, with `dependents`, the ensembles that use it."""
+        """Unloads a model (explicit mode) and the ensembles that use it, until it loads again.
+        As in Triton 2.51, `dependents` (`unload_dependents`) changes nothing to that."""
         self._refuse_unless_explicit("unloading models")
         check_model_name(name)
         # Under namespacing, as Triton: a name unloads the models of that name in every repository.
+        for waiting in self._ensembles_waiting.values():  # unloaded by name: it stays unloaded
+            waiting.discard(name)
         keys = [key for key, model in self._models.items() if key == name or model.name == name]
         if not keys:
             return  # Triton answers success: a model that is not loaded is unloaded already
-        if dependents:
-            for key, other in list(self._models.items()):
-                if (
-                    other.config is not None
-                    and other.config.HasField("ensemble_scheduling")
-                    and any(step.model_name == name for step in other.config.ensemble_scheduling.step)
-                ):
-                    await self._unload(key)
+        for key, ensemble in [(key, other.name) for key, other in self._models.items() if other.uses(name)]:
+            logger.error(  # Triton's words
+                "Invalid argument: ensemble %s contains models that are not available or ambiguous: %s",
+                ensemble,
+                name,
+            )
+            self._ensembles_waiting.setdefault(name, set()).add(ensemble)
+            await self._unload(key)
         for key in keys:
             await self._unload(key)
 

@@ -9,7 +9,8 @@ calls name models globally, as Triton's do (an ambiguous name fails there too).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+import asyncio
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING
 
 from coreserve.errors import InvalidArgumentError
@@ -18,7 +19,11 @@ if TYPE_CHECKING:
     from coreserve.backend.api import InferenceClient
     from coreserve.config.signature import ModelSignature
     from coreserve.repository.model import Model
+    from coreserve.repository.storage._sources import RepositorySource
     from coreserve.types import InferenceRequest, InferenceResponse
+
+# Models by key (see `qualified`), each with its source and fingerprint.
+Found = dict[str, tuple["RepositorySource", str]]
 
 SEPARATOR = "::"  # Triton's, between namespace and name in its model identifiers
 
@@ -26,6 +31,33 @@ SEPARATOR = "::"  # Triton's, between namespace and name in its model identifier
 def qualified(namespace: str, name: str) -> str:
     """The key a model is held under: its name, qualified by its namespace when it has one."""
     return f"{namespace}{SEPARATOR}{name}" if namespace else name
+
+
+def key_of(source: RepositorySource, name: str, namespacing: bool) -> str:
+    """The key of model `name` of `source`: qualified by the source's label under namespacing."""
+    return qualified(source.label, name) if namespacing else name
+
+
+async def find_models(sources: Sequence[RepositorySource], namespacing: bool) -> tuple[Found, dict[str, str]]:
+    """The models of every source by key, and the names found in two sources with the reason
+    each is refused (without namespacing: a name must be found once)."""
+    found: Found = {}
+    duplicates: dict[str, str] = {}
+    for source in sources:
+        listing = await asyncio.to_thread(source.scan)
+        for name, fingerprint in listing.items():
+            if namespacing:
+                found[key_of(source, name, namespacing)] = (source, fingerprint)
+            elif name in found:
+                duplicates[name] = (
+                    f"model '{name}' appears in more than one repository: "
+                    f"{found[name][0].label} and {source.label}"
+                )
+            else:
+                found[name] = (source, fingerprint)
+    for name in duplicates:
+        found.pop(name, None)
+    return found, duplicates
 
 
 def ambiguous(name: str, count: int) -> InvalidArgumentError:

@@ -263,6 +263,32 @@ def test_loading_an_ensemble_loads_its_steps_and_unload_dependents(
     )
 
 
+def test_an_ensemble_goes_with_its_model_and_comes_back_with_it(
+    client: httpclient.InferenceServerClient, server: ServerProcess
+) -> None:
+    """As Triton 2.51 (checked side by side): with or without unload_dependents the ensemble is
+    unloaded too, and loads again when its model does; one unloaded by name stays unloaded."""
+    client.load_model("pipeline")
+    client.unload_model("add_sub", unload_dependents=True)
+    assert _states(client)["pipeline"] == ("UNAVAILABLE", "unloaded")
+    client.load_model("add_sub")
+    assert client.is_model_ready("pipeline")
+    client.unload_model("add_sub")
+    assert _states(client)["pipeline"] == ("UNAVAILABLE", "unloaded")
+    assert not client.is_model_ready("pipeline")
+    assert "ensemble pipeline contains models that are not available or ambiguous: add_sub" in server.log
+    client.load_model("add_sub")
+    assert client.is_model_ready("pipeline")
+    tensors = [httpclient.InferInput(name, [1, 4], "FP32") for name in ("A", "B")]
+    for tensor in tensors:
+        tensor.set_data_from_numpy(np.ones((1, 4), np.float32))
+    assert client.infer("pipeline", tensors).as_numpy("SUM").tolist() == [[2.0] * 4]
+    client.unload_model("add_sub")
+    client.unload_model("pipeline")  # by name: it stays unloaded
+    client.load_model("add_sub")
+    assert _states(client)["pipeline"] == ("UNAVAILABLE", "unloaded")
+
+
 def test_unload_dependents_of_another_type_is_refused_over_grpc_and_nothing_unloads(
     server: ServerProcess, client: httpclient.InferenceServerClient
 ) -> None:
