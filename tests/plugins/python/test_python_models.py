@@ -34,6 +34,8 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("python-models")
     shutil.copytree(MODELS, root, dirs_exist_ok=True)
     write_model(root, "add_sub", add_sub_model("FP32", [1, 4]), ADD_SUB)
+    folder = write_model(root, "no_class", None, 'backend: "python"')
+    (folder / "1" / "model.py").write_text("class Model:  # not TritonPythonModel\n    pass\n")
     return root
 
 
@@ -272,6 +274,15 @@ def test_initialize_failure_makes_the_model_unavailable(client: httpclient.Infer
     assert info.value.status() == "404"
     assert "RuntimeError: the weights file is missing" in info.value.message()
     assert "Traceback" in info.value.message()
+
+
+def test_a_model_file_without_the_model_class_says_so_in_one_line(
+    client: httpclient.InferenceServerClient,
+) -> None:
+    with pytest.raises(InferenceServerException) as info:
+        client.get_model_metadata("no_class")
+    assert "AttributeError: module 'model' has no attribute 'TritonPythonModel'" in info.value.message()
+    assert "Traceback" not in info.value.message()  # the stub's own code is nothing to the operator
 
 
 def test_auto_complete_config(client: httpclient.InferenceServerClient) -> None:

@@ -77,8 +77,14 @@ def die_with_server(server_pid: int) -> None:
         os._exit(1)
 
 
+class ModelFileError(AttributeError):
+    """A model file that holds no model: said in one line (a traceback would show the stub's code)."""
+
+
 def _describe(exc: BaseException) -> str:
-    """The exception with its traceback, for messages that reach the operator."""
+    """The exception with its traceback (the model's code), for messages that reach the operator."""
+    if isinstance(exc, ModelFileError):
+        return f"AttributeError: {exc}"
     return "".join(traceback.format_exception(exc)).rstrip()
 
 
@@ -94,7 +100,8 @@ def load_model_module(model_file: Path) -> ModuleType:
     sys.modules[model_file.stem] = module
     spec.loader.exec_module(module)
     if not hasattr(module, "TritonPythonModel"):
-        raise AttributeError(f"{model_file} defines no class TritonPythonModel")
+        name = model_file.stem
+        raise ModelFileError(f"module '{name}' has no attribute 'TritonPythonModel' ({model_file})")
     return module
 
 
