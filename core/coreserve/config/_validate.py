@@ -142,7 +142,7 @@ def _check_dynamic_batching(config: ModelConfig) -> str | None:
             "config field 'dynamic_batching.default_priority_level' must be within 1.."
             f"priority_levels ({levels}), got {batching.default_priority_level}"
         )
-    for level in batching.priority_queue_policy:
+    for level in batching.priority_queue_policy if levels else ():  # (without levels: not read)
         if not 1 <= level <= levels:
             return (
                 f"config field 'dynamic_batching.priority_queue_policy' has level {level}, "

@@ -86,8 +86,9 @@ class DynamicBatcher(Scheduler):
         self._delay_ns = batching.max_queue_delay_microseconds * 1000
         self._levels = max(1, batching.priority_levels)
         self._default_level = batching.default_priority_level or self._levels
+        by_level = batching.priority_queue_policy if batching.priority_levels else {}  # (as Triton)
         self._policies = [
-            QueuePolicy.from_config(batching.priority_queue_policy.get(level, batching.default_queue_policy))
+            QueuePolicy.from_config(by_level.get(level, batching.default_queue_policy))
             for level in range(1, self._levels + 1)
         ]
         self._queues: list[deque[InferenceRequest]] = [deque() for _ in range(self._levels)]

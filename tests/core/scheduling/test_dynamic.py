@@ -226,6 +226,19 @@ def test_a_full_priority_queue_rejects_with_tritons_words() -> None:
     run_scenario(scenario)
 
 
+def test_without_priority_levels_the_per_level_policies_are_not_read() -> None:
+    async def scenario() -> None:  # as Triton: the default queue policy holds
+        batcher, instance = _batcher("priority_queue_policy { key: 1 value { max_queue_size: 1 } }")
+        log: Log = []
+        for name in "abc":
+            batcher.submit(make_request(name, log))
+        batcher.start()
+        await finish(batcher)
+        assert instance.batches == [["a", "b", "c"]]
+
+    run_scenario(scenario)
+
+
 async def _busy_with(batcher: DynamicBatcher, instance: RecordingInstance, log: Log) -> asyncio.Event:
     """Starts the batcher with request 'busy' held on its instance; returns what releases it."""
     release = asyncio.Event()
