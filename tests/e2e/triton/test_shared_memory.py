@@ -347,23 +347,35 @@ def test_tensors_that_do_not_fit_their_region_are_refused(
         client.close()
 
 
+def _in_regions(
+    client: httpclient.InferenceServerClient,
+    segments: Callable[[int], Segment],
+    prefix: str,
+    input0: np.ndarray,
+) -> tuple[Segment, Segment, httpclient.InferInput, httpclient.InferRequestedOutput]:
+    """Segments for the slow model's input (holding `input0`) and output, registered as regions
+    `<prefix>_in` and `<prefix>_out`, and the request's input and output naming them."""
+    inputs_segment, outputs_segment = segments(BYTE_SIZE), segments(BYTE_SIZE)
+    inputs_segment.write(input0)
+    client.register_system_shared_memory(f"{prefix}_in", inputs_segment.key, BYTE_SIZE)
+    client.register_system_shared_memory(f"{prefix}_out", outputs_segment.key, BYTE_SIZE)
+    tensor = httpclient.InferInput("INPUT0", [1, 16], "INT32")
+    tensor.set_shared_memory(f"{prefix}_in", BYTE_SIZE)
+    output = httpclient.InferRequestedOutput("OUTPUT0")
+    output.set_shared_memory(f"{prefix}_out", BYTE_SIZE)
+    return inputs_segment, outputs_segment, tensor, output
+
+
 def test_region_unregistered_while_a_request_uses_it(
     server: ServerProcess, segments: Callable[[int], Segment], marker: Path
 ) -> None:
     """The request finishes with its output in the (still mapped) region; the server serves on."""
     client = httpclient.InferenceServerClient(server.http_url, network_timeout=60)
-    inputs_segment, outputs_segment = segments(BYTE_SIZE), segments(BYTE_SIZE)
     input0, _ = _values()
-    inputs_segment.write(input0)
     marker.unlink(missing_ok=True)
     results: list[Any] = []
     try:
-        client.register_system_shared_memory("busy_in", inputs_segment.key, BYTE_SIZE)
-        client.register_system_shared_memory("busy_out", outputs_segment.key, BYTE_SIZE)
-        tensor = httpclient.InferInput("INPUT0", [1, 16], "INT32")
-        tensor.set_shared_memory("busy_in", BYTE_SIZE)
-        output = httpclient.InferRequestedOutput("OUTPUT0")
-        output.set_shared_memory("busy_out", BYTE_SIZE)
+        inputs_segment, outputs_segment, tensor, output = _in_regions(client, segments, "busy", input0)
 
         def infer() -> None:
             other = httpclient.InferenceServerClient(server.http_url, network_timeout=60)
@@ -401,17 +413,10 @@ def test_an_output_segment_truncated_while_the_model_runs_does_not_stop_the_serv
     """Storing through the mapping of a truncated file is SIGBUS: the output is written to the
     file instead, which grows back to hold it."""
     client = httpclient.InferenceServerClient(server.http_url, network_timeout=60)
-    inputs_segment, outputs_segment = segments(BYTE_SIZE), segments(BYTE_SIZE)
     input0, _ = _values()
-    inputs_segment.write(input0)
     marker.unlink(missing_ok=True)
     try:
-        client.register_system_shared_memory("shrunk_in", inputs_segment.key, BYTE_SIZE)
-        client.register_system_shared_memory("shrunk_out", outputs_segment.key, BYTE_SIZE)
-        tensor = httpclient.InferInput("INPUT0", [1, 16], "INT32")
-        tensor.set_shared_memory("shrunk_in", BYTE_SIZE)
-        output = httpclient.InferRequestedOutput("OUTPUT0")
-        output.set_shared_memory("shrunk_out", BYTE_SIZE)
+        _, outputs_segment, tensor, output = _in_regions(client, segments, "shrunk", input0)
 
         def infer() -> None:  # (a client of its own: tritonclient's HTTP client keeps to its thread)
             with httpclient.InferenceServerClient(server.http_url, network_timeout=60) as other:
