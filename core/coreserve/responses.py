@@ -20,8 +20,8 @@ from coreserve.types import InferenceResponse, ResponseSink
 
 __all__ = ["ForwardingSink", "QueuedResponses", "ResponseSink", "SingleResponse", "StreamingResponses"]
 
-# What a stream's responses may hold while its caller has not taken them (one response, whatever
-# its size, always waits).
+# What a stream's responses may hold while a network client has not taken them (one response,
+# whatever its size, and the final one always wait).
 MAX_WAITING_BYTES = 64 * 1024 * 1024
 
 
@@ -87,15 +87,15 @@ class QueuedResponses:
 
     A model may answer faster than the coroutine takes its answers (a client that reads a
     stream slowly, or not at all): past `max_waiting_bytes` of outputs waiting (more than one
-    response), the waiting responses are dropped, the request ends with an error that says
-    why, and `on_overflow` is called (the caller cancels the request there).
+    response, and not the final one), the waiting responses are dropped, the request ends with
+    an error that says why, and `on_overflow` is called (the caller cancels the request there).
     """
 
     __slots__ = ("_done", "_limit", "_on_overflow", "_queue", "_waiting_bytes")
 
     def __init__(
         self,
-        max_waiting_bytes: int | None = MAX_WAITING_BYTES,
+        max_waiting_bytes: int | None = None,
         on_overflow: Callable[[], object] | None = None,
     ) -> None:
         self._queue: asyncio.Queue[tuple[InferenceResponse | None, bool, int] | CoreserveError] = (
@@ -121,7 +121,7 @@ class QueuedResponses:
         size = 0
         if self._limit is not None and response is not None:
             size = _output_bytes(response)
-            if not self._queue.empty() and self._waiting_bytes + size > self._limit:
+            if not final and not self._queue.empty() and self._waiting_bytes + size > self._limit:
                 self._overflow(size)
                 return
             self._waiting_bytes += size

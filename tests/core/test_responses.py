@@ -23,7 +23,7 @@ async def _taken(sink: QueuedResponses) -> list[int]:
 def test_responses_taken_as_they_come_never_reach_the_bound() -> None:
     async def scenario() -> list[int]:
         sink = QueuedResponses(max_waiting_bytes=1000)
-        taken = []
+        taken: list[int] = []
         for size in (600, 600, 600):
             sink.send(_response(size), final=False)
             taken.append((await anext(sink.responses())).outputs["OUT"].size)
@@ -48,6 +48,15 @@ def test_bytes_outputs_count_by_their_lengths() -> None:
     sink = QueuedResponses(max_waiting_bytes=1000)
     words = np.array([b"x" * 400, b"y" * 400], dtype=np.object_)
     sink.send(InferenceResponse("m", "1", {"OUT": words}), final=False)
-    sink.send(InferenceResponse("m", "1", {"OUT": words}), final=True)  # 1600 bytes wait
+    sink.send(InferenceResponse("m", "1", {"OUT": words}), final=False)  # 1600 bytes wait
     with pytest.raises(UnavailableError, match="1600 bytes waited"):
         asyncio.run(_taken(sink))
+
+
+def test_the_final_response_always_waits() -> None:
+    """It ends the stream (nothing more comes to hold), and the model has finished the request."""
+    overflows: list[str] = []
+    sink = QueuedResponses(max_waiting_bytes=1000, on_overflow=lambda: overflows.append("cancel"))
+    sink.send(_response(800), final=False)
+    sink.send(_response(800), final=True)
+    assert asyncio.run(_taken(sink)) == [800, 800] and overflows == []

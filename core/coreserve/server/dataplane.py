@@ -317,15 +317,15 @@ class DataPlane:
         return response
 
     async def stream(
-        self, request: InferenceRequest, *, frontend_sends: bool = False
+        self, request: InferenceRequest, *, frontend_sends: bool = False, max_waiting_bytes: int | None = None
     ) -> AsyncGenerator[InferenceResponse, None]:
         """Schedules a request and yields each of its responses (one for ordinary models).
 
         `frontend_sends`: the caller marks its sending of the responses on a traced request's
         trace and then finishes it (as infer's callers do); otherwise the trace ends with the
-        last response.
+        last response. `max_waiting_bytes`: a network client's bound (see QueuedResponses).
         """
-        sink = QueuedResponses(on_overflow=request.cancel)
+        sink = QueuedResponses(max_waiting_bytes, on_overflow=request.cancel)
         name, version = request.model_name, request.model_version
         target = self.in_use(name, version, request) or await self._on_demand(
             name, version, timeout_s(request), request

@@ -10,6 +10,7 @@ import orjson
 
 from coreserve.errors import CoreserveError
 from coreserve.repository import ModelVersion
+from coreserve.responses import MAX_WAITING_BYTES
 from coreserve.server.dataplane import DataPlane
 from coreserve.server.httpd import HttpRequest, HttpResponse, Response, StreamedResponse
 from coreserve.server.openai._chat_template import ChatTemplates
@@ -51,7 +52,11 @@ class Generation:
         _cancel_on_disconnect(http, inferences)
         metrics = self._metrics.model(request.model, target.version)
         choices = [
-            Choice(index, self._dataplane.stream(inference), ChoiceTiming(metrics, started))
+            Choice(
+                index,
+                self._dataplane.stream(inference, max_waiting_bytes=MAX_WAITING_BYTES),
+                ChoiceTiming(metrics, started),
+            )
             for index, inference in enumerate(inferences)
         ]
         answer = Answer(request.model, chat)

@@ -15,6 +15,7 @@ from coreserve.protocol.generate import encode_generate_response
 from coreserve.protocol.http_body import (
     HEADER_LENGTH,
 )
+from coreserve.responses import MAX_WAITING_BYTES
 from coreserve.server.dataplane import DataPlane
 from coreserve.server.httpd import (
     DEFAULT_HTTP_LIMITS,
@@ -238,7 +239,8 @@ class HttpFrontend:
     async def _generate_stream(self, request: HttpRequest) -> StreamedResponse:
         """One request, its responses as server-sent events; an error ends the stream as an event."""
         inference = await self._generate_request(request)
-        responses = self._dataplane.stream(inference, frontend_sends=True)
+        bound = MAX_WAITING_BYTES  # (a client that reads slowly must not hold the whole stream here)
+        responses = self._dataplane.stream(inference, frontend_sends=True, max_waiting_bytes=bound)
         first: bytes | None = None
         try:
             with contextlib.suppress(StopAsyncIteration):

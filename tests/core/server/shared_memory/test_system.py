@@ -130,3 +130,22 @@ def test_an_output_is_written_to_the_file_of_a_segment_truncated_meanwhile(
         np.testing.assert_array_equal(np.frombuffer(written.read(), np.int32), np.arange(16))
     del target
     regions.close()
+
+
+def test_a_segments_file_closes_once_unregistered_and_no_writer_holds_it(
+    segment: shared_memory.SharedMemory,
+) -> None:
+    def open_files() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    before = open_files()
+    regions = SystemSharedMemory()
+    regions.register("r", f"/{segment.name}", 0, 64)
+    target = output_target(regions, SharedMemoryReference("r", 0, 64), "OUTPUT0")
+    regions.unregister("r")
+    gc.collect()
+    assert open_files() == before + 1  # the writer's: the output still goes to the segment
+    write_output(target, np.arange(16, dtype=np.int32), DataType.INT32, "OUTPUT0")
+    del target
+    gc.collect()
+    assert open_files() == before
