@@ -3,20 +3,26 @@
 <repository>/<model>/config.pbtxt
 <repository>/<model>/<version>/<model file>
 
-An ensemble's configuration names the models it uses: they load before it (`load_order`).
+An ensemble's configuration names the models it uses: they load before it (`load_order`), and
+an ensemble goes with a model it uses and comes back with it (`TakenDownEnsembles`).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from coreserve.config.parse import parse_config
 from coreserve.errors import ModelConfigError
 from coreserve.protos.model_config_pb2 import ModelVersionPolicy
+from coreserve.repository._overrides import LoadOverrides
 from coreserve.repository.namespaces import qualified
+
+if TYPE_CHECKING:
+    from coreserve.repository.model import Model
 
 logger = logging.getLogger(__name__)
 
@@ -131,3 +137,48 @@ def _cycle(start: str, pending: Mapping[str, set[str] | None]) -> str:
             loop = [*path[path.index(following) :], following]
             return f"ensemble '{start}': circular dependency between ensembles: {' -> '.join(loop)}"
         path.append(following)
+
+
+class TakenDownEnsembles:
+    """The ensembles an unload took down with a model they use, as Triton does, by name: their
+    steps and what they were loaded with, to load them again once every step serves."""
+
+    def __init__(self) -> None:
+        self._down: dict[str, tuple[frozenset[str], LoadOverrides]] = {}
+
+    def forget(self, name: str) -> None:
+        """Loaded or unloaded by name: it is no longer brought back (nor kept down)."""
+        self._down.pop(name, None)
+
+    def take_down(self, models: Mapping[str, Model], name: str, keys: Collection[str]) -> list[str]:
+        """The keys of the ensembles that use model `name`, or use those, noted as taken down
+        (Triton's words logged for each); `keys`, the model's own, aside."""
+        down: list[str] = []
+        gone = [name]
+        while gone:
+            step = gone.pop()
+            for key, model in models.items():
+                if key in keys or key in down or step not in model.steps():
+                    continue
+                logger.error(
+                    "Invalid argument: ensemble %s contains models that are not available or ambiguous: %s",
+                    model.name,
+                    step,
+                )
+                kept = LoadOverrides(config=model.config, traffic=model.traffic)
+                self._down[model.name] = (model.steps(), kept)
+                down.append(key)
+                gone.append(model.name)
+        return down
+
+    def ready(self, loaded: str, serves: Callable[[str], bool]) -> list[tuple[str, LoadOverrides]]:
+        """The ensembles taken down that use `loaded` and find every step served now, with
+        what they were loaded with (forgotten here)."""
+        ready = [
+            (name, kept)
+            for name, (steps, kept) in sorted(self._down.items())
+            if loaded in steps and all(serves(step) for step in steps)
+        ]
+        for name, _ in ready:
+            del self._down[name]
+        return ready

@@ -33,7 +33,7 @@ from coreserve.errors import (
     UnsupportedError,
 )
 from coreserve.repository._index import index_entries, unavailable_reason
-from coreserve.repository._layout import ModelLocation, ensemble_steps, load_order
+from coreserve.repository._layout import ModelLocation, TakenDownEnsembles, ensemble_steps, load_order
 from coreserve.repository._overrides import LoadOverrides, not_in_repository, write_override_files
 from coreserve.repository.loader import ModelLoader
 from coreserve.repository.memory._budgeted import BudgetedLoads
@@ -83,8 +83,7 @@ class ModelRepository:
         self._models = ModelTable()  # by key: the name, qualified by its namespace under namespacing
         self._fingerprints: dict[str, str] = {}
         self._unloaded: set[str] = set()
-        # By model name: the ensembles its unload took down, loaded again with it (as Triton).
-        self._ensembles_waiting: dict[str, set[str]] = {}
+        self._taken_down = TakenDownEnsembles()
         self._locks: dict[str, asyncio.Lock] = {}
         self._closing: set[asyncio.Task[None]] = set()
         self.budgeted = BudgetedLoads(
@@ -224,7 +223,12 @@ class ModelRepository:
             }
         )
         for key, why in cycles.items():
-            self.mark_unavailable(key, locations[key].name, locations[key].namespace, why)
+            old, name = self._models.get(key), locations[key].name
+            if old is not None and old.takes_requests:  # (a poll saw an ensemble edited into a cycle)
+                logger.error("model '%s' did not reload, the loaded version keeps serving: %s", name, why)
+            else:
+                self.mark_unavailable(key, name, locations[key].namespace, why)
+            self._fingerprints[key] = found[key][1]  # tried again once its files change
         for wave in waves:
             await asyncio.gather(
                 *(
@@ -315,17 +319,20 @@ class ModelRepository:
 
     async def load(self, name: str, overrides: LoadOverrides | None = None) -> None:
         """Loads or reloads a model (explicit mode); raises with the reason if it cannot load.
-        The ensembles its unload took down load again once none of their steps is missing."""
+        The ensembles its unload took down load again once every step of theirs serves."""
         await self._load(name, overrides or LoadOverrides(), ())
-        for waiting in self._ensembles_waiting.values():  # loaded by name: it waits no more
-            waiting.discard(name)
-        for ensemble in sorted(self._ensembles_waiting.pop(name, set())):
-            if any(ensemble in waiting for waiting in self._ensembles_waiting.values()):
-                continue  # another of its steps is still unloaded
-            try:
-                await self._load(ensemble, LoadOverrides(), ())
-            except CoreserveError as exc:
-                logger.error("ensemble '%s' did not load again with '%s': %s", ensemble, name, exc.message)
+        self._taken_down.forget(name)
+        loaded = [name]
+        while loaded:
+            for ensemble, kept in self._taken_down.ready(loaded.pop(), self._serves):
+                try:
+                    await self._load(ensemble, kept, ())
+                    loaded.append(ensemble)
+                except CoreserveError as exc:
+                    logger.error("ensemble '%s' did not load again: %s", ensemble, exc.message)
+
+    def _serves(self, name: str) -> bool:
+        return any(model.takes_requests for model in self._models.named(name))
 
     async def _load(
         self, name: str, overrides: LoadOverrides, loading: tuple[str, ...], reason: str = "explicit"
@@ -389,21 +396,12 @@ class ModelRepository:
         As in Triton 2.51, `dependents` (`unload_dependents`) changes nothing to that."""
         self._refuse_unless_explicit("unloading models")
         check_model_name(name)
+        self._taken_down.forget(name)  # unloaded by name: it stays unloaded
         # Under namespacing, as Triton: a name unloads the models of that name in every repository.
-        for waiting in self._ensembles_waiting.values():  # unloaded by name: it stays unloaded
-            waiting.discard(name)
         keys = [key for key, model in self._models.items() if key == name or model.name == name]
         if not keys:
             return  # Triton answers success: a model that is not loaded is unloaded already
-        for key, ensemble in [(key, other.name) for key, other in self._models.items() if other.uses(name)]:
-            logger.error(  # Triton's words
-                "Invalid argument: ensemble %s contains models that are not available or ambiguous: %s",
-                ensemble,
-                name,
-            )
-            self._ensembles_waiting.setdefault(name, set()).add(ensemble)
-            await self._unload(key)
-        for key in keys:
+        for key in [*self._taken_down.take_down(self._models, name, keys), *keys]:
             await self._unload(key)
 
     async def _unload(self, name: str) -> None:

@@ -168,12 +168,12 @@ class Model:
         """True if every version the policy selected takes requests (see ModelVersion)."""
         return bool(self.versions) and all(v.takes_requests for v in self.versions.values())
 
-    def uses(self, name: str) -> bool:
-        """Whether this model is an ensemble with a step that calls model `name`."""
+    def steps(self) -> frozenset[str]:
+        """The models an ensemble's steps call (none for a model of another kind)."""
         config = self.config
         if config is None or not config.HasField("ensemble_scheduling"):
-            return False
-        return any(step.model_name == name for step in config.ensemble_scheduling.step)
+            return frozenset()
+        return frozenset(step.model_name for step in config.ensemble_scheduling.step)
 
     def serving_versions(self) -> list[int]:
         """The versions that take requests (one whose instances restart included)."""

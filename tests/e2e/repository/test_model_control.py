@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from tritonclient.utils import InferenceServerException
 from coreserve.protos import grpc_service_pb2, grpc_service_pb2_grpc
 from coreserve.testing import ServerFactory, ServerProcess
 from support.model_builders import add_sub_model, scale_model, write_model
+from support.waiting import wait_until
 from support.wire.http_raw import request
 
 SCALE = """
@@ -41,6 +43,47 @@ ensemble_scheduling { step [ { model_name: "add_sub" model_version: -1
   input_map { key: "INPUT0" value: "A" } input_map { key: "INPUT1" value: "B" }
   output_map { key: "OUTPUT0" value: "SUM" } } ] }
 """
+
+
+OUTER = """
+platform: "ensemble"
+max_batch_size: 4
+input [ { name: "A" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "B" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "TOTAL" data_type: TYPE_FP32 dims: [ 4 ] } ]
+ensemble_scheduling { step [ { model_name: "pipeline" model_version: -1
+  input_map { key: "A" value: "A" } input_map { key: "B" value: "B" }
+  output_map { key: "TOTAL" value: "TOTAL" } } ] }
+"""
+PAIR = """
+platform: "ensemble"
+max_batch_size: 4
+input [ { name: "A" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "B" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] } ]
+ensemble_scheduling { step [
+  { model_name: "add_sub" model_version: -1 input_map { key: "INPUT0" value: "A" }
+    input_map { key: "INPUT1" value: "B" } output_map { key: "OUTPUT0" value: "sum" } },
+  { model_name: "other" model_version: -1 input_map { key: "INPUT0" value: "sum" }
+    output_map { key: "OUTPUT0" value: "OUT" } } ] }
+"""
+# The pipeline with its output named TOTAL, as a load request's configuration.
+TENSOR = {"data_type": "TYPE_FP32", "dims": [4]}
+PIPELINE_AS_TOTAL = {
+    "name": "pipeline",
+    "platform": "ensemble",
+    "max_batch_size": 4,
+    "input": [{"name": "A", **TENSOR}, {"name": "B", **TENSOR}],
+    "output": [{"name": "TOTAL", **TENSOR}],
+    "ensemble_scheduling": {
+        "step": [
+            {
+                "model_name": "add_sub",
+                "model_version": -1,
+                "input_map": {"INPUT0": "A", "INPUT1": "B"},
+                "output_map": {"OUTPUT0": "TOTAL"},
+            }
+        ]
+    },
+}
 
 
 def _scale(client: httpclient.InferenceServerClient, model: str = "scaled") -> float:
@@ -278,15 +321,59 @@ def test_an_ensemble_goes_with_its_model_and_comes_back_with_it(
     assert not client.is_model_ready("pipeline")
     assert "ensemble pipeline contains models that are not available or ambiguous: add_sub" in server.log
     client.load_model("add_sub")
-    assert client.is_model_ready("pipeline")
-    tensors = [httpclient.InferInput(name, [1, 4], "FP32") for name in ("A", "B")]
-    for tensor in tensors:
-        tensor.set_data_from_numpy(np.ones((1, 4), np.float32))
-    assert client.infer("pipeline", tensors).as_numpy("SUM").tolist() == [[2.0] * 4]
+    assert _sum(client, "pipeline") == [[2.0] * 4]
     client.unload_model("add_sub")
     client.unload_model("pipeline")  # by name: it stays unloaded
     client.load_model("add_sub")
     assert _states(client)["pipeline"] == ("UNAVAILABLE", "unloaded")
+
+
+def test_ensembles_of_ensembles_and_of_several_models_come_back_when_all_they_use_serves(
+    client: httpclient.InferenceServerClient, repository: Path
+) -> None:
+    (repository / "outer" / "1").mkdir(parents=True)
+    (repository / "outer" / "config.pbtxt").write_text(OUTER)
+    (repository / "pair" / "1").mkdir(parents=True)
+    (repository / "pair" / "config.pbtxt").write_text(PAIR)
+    # Loaded with its configuration in the request: it comes back with that one.
+    client.load_model("pipeline", config=json.dumps(PIPELINE_AS_TOTAL))
+    client.load_model("outer")
+    client.load_model("pair")
+    client.unload_model("add_sub")
+    states = _states(client)
+    assert [states[name] for name in ("pipeline", "outer", "pair")] == [("UNAVAILABLE", "unloaded")] * 3
+    client.unload_model("other")  # one of pair's models, unloaded by name: it stays so
+    client.load_model("add_sub")
+    states = _states(client)
+    assert client.is_model_ready("pipeline") and client.is_model_ready("outer")
+    assert states["pair"] == states["other"] == ("UNAVAILABLE", "unloaded")
+    assert [output["name"] for output in client.get_model_metadata("pipeline")["outputs"]] == ["TOTAL"]
+    assert _sum(client, "outer", "TOTAL") == [[2.0] * 4]
+    client.load_model("other")
+    assert _sum(client, "pair", "OUT") == [[6.0] * 4]  # (1 + 1) * 3
+
+
+def test_a_poll_that_finds_an_ensemble_edited_into_a_cycle_keeps_the_loaded_one(
+    coreserve_server: ServerFactory, repository: Path
+) -> None:
+    server = coreserve_server(repository, "--model-control-mode=poll", "--repository-poll-secs=0.3")
+    with httpclient.InferenceServerClient(server.http_url) as client:
+        assert _sum(client, "pipeline") == [[2.0] * 4]
+        (repository / "pipeline" / "config.pbtxt").write_text(PIPELINE.replace('"add_sub"', '"pipeline"'))
+        reason = "circular dependency between ensembles: pipeline -> pipeline"
+        wait_until(lambda: reason in server.log, "the poll finds the cycle")
+        time.sleep(1)  # polls after it: the same files are not tried again
+        assert server.log.count(reason) == 1
+        assert _sum(client, "pipeline") == [[2.0] * 4]
+        assert "the loaded version keeps serving" in server.log
+
+
+def _sum(client: httpclient.InferenceServerClient, model: str, output: str = "SUM") -> list[list[float]]:
+    tensors = [httpclient.InferInput(name, [1, 4], "FP32") for name in ("A", "B")]
+    for tensor in tensors:
+        tensor.set_data_from_numpy(np.ones((1, 4), np.float32))
+    result: list[list[float]] = client.infer(model, tensors).as_numpy(output).tolist()
+    return result
 
 
 def test_unload_dependents_of_another_type_is_refused_over_grpc_and_nothing_unloads(
