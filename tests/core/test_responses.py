@@ -20,17 +20,26 @@ async def _taken(sink: QueuedResponses) -> list[int]:
     return [response.outputs["OUT"].size async for response in sink.responses()]
 
 
-def test_responses_taken_as_they_come_never_reach_the_bound() -> None:
+def test_what_was_taken_no_longer_counts_toward_the_bound() -> None:
     async def scenario() -> list[int]:
         sink = QueuedResponses(max_waiting_bytes=1000)
-        taken: list[int] = []
-        for size in (600, 600, 600):
-            sink.send(_response(size), final=False)
-            taken.append((await anext(sink.responses())).outputs["OUT"].size)
+        sink.send(_response(600), final=False)
+        sink.send(_response(300), final=False)  # 900 wait
+        taken = [(await anext(sink.responses())).outputs["OUT"].size]  # 300 wait
+        sink.send(_response(600), final=False)  # 900 wait: within the bound
         sink.send(None, final=True)
         return taken + await _taken(sink)
 
-    assert asyncio.run(scenario()) == [600, 600, 600]
+    assert asyncio.run(scenario()) == [600, 300, 600]
+
+
+def test_without_a_bound_everything_waits_for_its_reader() -> None:
+    """(An ensemble's decoupled step, the in-process API: readers inside the server.)"""
+    sink = QueuedResponses()
+    for _ in range(100):
+        sink.send(_response(1 << 20), final=False)
+    sink.send(None, final=True)
+    assert asyncio.run(_taken(sink)) == [1 << 20] * 100
 
 
 def test_past_the_bound_what_waits_is_dropped_and_the_request_ends_with_why() -> None:

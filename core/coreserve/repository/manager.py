@@ -214,26 +214,32 @@ class ModelRepository:
             except CoreserveError as exc:
                 namespace, name = self._split(key, source)
                 self._models[key] = Model(name=name, path=None, reason=exc.message, namespace=namespace)
-        # An ensemble's steps, as keys: under namespacing, in its own repository.
+        # An ensemble's steps, as keys: under namespacing, in its own repository. The models that
+        # serve and are not loaded again take part as they are: a cycle may run through them.
+        serving = {key: model for key, model in self._models.items() if model.takes_requests}
         waves, cycles = load_order(
-            {
+            {key: {qualified(m.namespace, step) for step in m.steps()} for key, m in serving.items()}
+            | {
                 key: {qualified(location.namespace, step) for step in steps} if steps is not None else None
                 for key, location in locations.items()
                 for steps in (ensemble_steps(location),)
             }
         )
         for key, why in cycles.items():
-            old, name = self._models.get(key), locations[key].name
-            if old is not None and old.takes_requests:  # (a poll saw an ensemble edited into a cycle)
+            if key not in locations:
+                continue
+            name = locations[key].name
+            if key in serving:  # (a poll saw an ensemble edited into a cycle)
                 logger.error("model '%s' did not reload, the loaded version keeps serving: %s", name, why)
+                self._fingerprints[key] = found[key][1]  # tried again once its files change
             else:
                 self.mark_unavailable(key, name, locations[key].namespace, why)
-            self._fingerprints[key] = found[key][1]  # tried again once its files change
         for wave in waves:
             await asyncio.gather(
                 *(
                     self._replace(locations[key], found[key][1], (overrides or {}).get(key), reason=reason)
                     for key in wave
+                    if key in locations
                 )
             )
 
