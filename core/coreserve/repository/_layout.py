@@ -146,6 +146,14 @@ class TakenDownEnsembles:
     def __init__(self) -> None:
         self._down: dict[str, tuple[frozenset[str], LoadOverrides]] = {}
 
+    def items(self) -> list[tuple[str, frozenset[str], LoadOverrides]]:
+        """Each ensemble taken down: its name, steps and what it was loaded with."""
+        return [(name, steps, kept) for name, (steps, kept) in sorted(self._down.items())]
+
+    def keep(self, name: str, steps: frozenset[str], kept: LoadOverrides) -> None:
+        """Notes an ensemble taken down elsewhere (by another worker, as it tells)."""
+        self._down[name] = (steps, kept)
+
     def forget(self, name: str) -> None:
         """Loaded or unloaded by name: it is no longer brought back (nor kept down)."""
         self._down.pop(name, None)

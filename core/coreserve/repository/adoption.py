@@ -11,6 +11,10 @@ take on so is unavailable here with the reason; `adopt` returns those, and the w
 ready until they are mended (a load of the model through the repository API). A model another
 worker failed to load is unavailable here too, for its reason, without a try.
 
+The ensembles an unload took down with a model they use (`TakenDownEnsembles`) are entries
+too (`taken_down`: their steps), so that the worker brings them back with the model as the
+others do.
+
 `restore` puts one model back as a snapshot's entry had it: a change that held in some workers
 but failed in others is undone so.
 """
@@ -50,8 +54,18 @@ def snapshot_entry(model: Model) -> Entry:
 
 
 def snapshot(repository: ModelRepository) -> list[Entry]:
-    """What this worker serves: an entry per model (`snapshot_entry`)."""
-    return [snapshot_entry(model) for model in repository.models()]
+    """What this worker serves: an entry per model (`snapshot_entry`), and per ensemble taken down."""
+    down = [
+        {
+            "name": name,
+            "namespace": "",
+            "config": config_to_dict(kept.config) if kept.config is not None else None,
+            "traffic": kept.traffic.as_dict() if kept.traffic is not None else None,
+            "taken_down": sorted(steps),
+        }
+        for name, steps, kept in repository.taken_down.items()
+    ]
+    return [*(snapshot_entry(model) for model in repository.models()), *down]
 
 
 async def adopt(repository: ModelRepository, entries: list[Entry]) -> dict[str, str]:
@@ -61,6 +75,14 @@ async def adopt(repository: ModelRepository, entries: list[Entry]) -> dict[str, 
     plan: dict[str, LoadOverrides] = {}
     faults: dict[str, str] = {}
     for entry in entries:
+        if "taken_down" in entry:
+            config, traffic = entry["config"], entry["traffic"]
+            kept = LoadOverrides(
+                config=config_from_dict(config, f"model '{entry['name']}'") if config else None,
+                traffic=policy_from_document(traffic) if traffic else None,
+            )
+            repository.keep_taken_down(entry["name"], frozenset(entry["taken_down"]), kept)
+            continue
         if entry["from_files"]:
             continue
         try:

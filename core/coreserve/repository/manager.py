@@ -83,7 +83,7 @@ class ModelRepository:
         self._models = ModelTable()  # by key: the name, qualified by its namespace under namespacing
         self._fingerprints: dict[str, str] = {}
         self._unloaded: set[str] = set()
-        self._taken_down = TakenDownEnsembles()
+        self.taken_down = TakenDownEnsembles()
         self._locks: dict[str, asyncio.Lock] = {}
         self._closing: set[asyncio.Task[None]] = set()
         self.budgeted = BudgetedLoads(
@@ -327,15 +327,20 @@ class ModelRepository:
         """Loads or reloads a model (explicit mode); raises with the reason if it cannot load.
         The ensembles its unload took down load again once every step of theirs serves."""
         await self._load(name, overrides or LoadOverrides(), ())
-        self._taken_down.forget(name)
+        self.taken_down.forget(name)
         loaded = [name]
         while loaded:
-            for ensemble, kept in self._taken_down.ready(loaded.pop(), self._serves):
+            for ensemble, kept in self.taken_down.ready(loaded.pop(), self._serves):
                 try:
                     await self._load(ensemble, kept, ())
                     loaded.append(ensemble)
                 except CoreserveError as exc:
                     logger.error("ensemble '%s' did not load again: %s", ensemble, exc.message)
+
+    def keep_taken_down(self, name: str, steps: frozenset[str], kept: LoadOverrides) -> None:
+        """Holds ensemble `name` down as another worker's unload of a model it uses left it."""
+        self.taken_down.keep(name, steps, kept)
+        self._unloaded.add(name)
 
     def _serves(self, name: str) -> bool:
         return any(model.takes_requests for model in self._models.named(name))
@@ -402,12 +407,12 @@ class ModelRepository:
         As in Triton 2.51, `dependents` (`unload_dependents`) changes nothing to that."""
         self._refuse_unless_explicit("unloading models")
         check_model_name(name)
-        self._taken_down.forget(name)  # unloaded by name: it stays unloaded
+        self.taken_down.forget(name)  # unloaded by name: it stays unloaded
         # Under namespacing, as Triton: a name unloads the models of that name in every repository.
         keys = [key for key, model in self._models.items() if key == name or model.name == name]
         if not keys:
             return  # Triton answers success: a model that is not loaded is unloaded already
-        for key in [*self._taken_down.take_down(self._models, name, keys), *keys]:
+        for key in [*self.taken_down.take_down(self._models, name, keys), *keys]:
             await self._unload(key)
 
     async def _unload(self, name: str) -> None:

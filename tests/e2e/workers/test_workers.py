@@ -24,7 +24,7 @@ import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 
 from coreserve.testing import ServerProcess
-from support.model_builders import write_model
+from support.model_builders import ADD_SUB_CONFIG, add_sub_model, write_model
 from support.servers.worker_servers import (
     ADD_BODY,
     CONNECTIONS,
@@ -184,6 +184,49 @@ def test_a_worker_that_dies_is_started_again_while_the_others_serve(repository: 
         }
         for connection in connections:
             connection.close()
+    finally:
+        server.close()
+
+
+PIPELINE = """
+platform: "ensemble"
+max_batch_size: 8
+input [ { name: "A" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "B" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "SUM" data_type: TYPE_FP32 dims: [ 4 ] } ]
+ensemble_scheduling { step [ { model_name: "add_sub" model_version: -1
+  input_map { key: "INPUT0" value: "A" } input_map { key: "INPUT1" value: "B" }
+  output_map { key: "OUTPUT0" value: "SUM" } } ] }
+"""
+PIPELINE_BODY = json.dumps(
+    {
+        "inputs": [
+            {"name": name, "shape": [1, 4], "datatype": "FP32", "data": [1, 1, 1, 1]} for name in ("A", "B")
+        ]
+    }
+)
+
+
+def test_a_worker_started_again_brings_back_with_the_others_an_ensemble_an_unload_took_down(
+    tmp_path: Path,
+) -> None:
+    write_model(tmp_path, "add_sub", add_sub_model(), ADD_SUB_CONFIG)
+    (tmp_path / "pipeline" / "1").mkdir(parents=True)
+    (tmp_path / "pipeline" / "config.pbtxt").write_text(PIPELINE)
+    server = start_workers(tmp_path, "--load-model=pipeline")
+    try:
+        with httpclient.InferenceServerClient(server.http_url) as client:
+            client.unload_model("add_sub")  # takes pipeline down in every worker
+        second = worker_pids(server)[1]
+        os.kill(second, signal.SIGKILL)
+        wait_until(
+            lambda: len(worker_pids(server)) == 2 and second not in worker_pids(server), "a new worker"
+        )
+        wait_until(lambda: status_of(server, "GET", "/v2/health/ready") == 200, "ready again", timeout=120)
+        with httpclient.InferenceServerClient(server.http_url) as client:
+            client.load_model("add_sub")  # brings pipeline back in every worker, the new one too
+        assert {
+            status_of(server, "POST", "/v2/models/pipeline/infer", PIPELINE_BODY) for _ in range(CONNECTIONS)
+        } == {200}
     finally:
         server.close()
 
