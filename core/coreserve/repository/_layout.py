@@ -4,20 +4,23 @@
 <repository>/<model>/<version>/<model file>
 
 An ensemble's configuration names the models it uses: they load before it (`load_order`), and
-an ensemble goes with a model it uses and comes back with it (`TakenDownEnsembles`).
+an ensemble goes with a model it uses and comes back with it (`TakenDownEnsembles`), and
+changes to linked models wait for each other (`RelatedChanges`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from coreserve.config.parse import parse_config
-from coreserve.errors import ModelConfigError
-from coreserve.protos.model_config_pb2 import ModelVersionPolicy
+from coreserve.errors import InvalidArgumentError, ModelConfigError
+from coreserve.protos.model_config_pb2 import ModelConfig, ModelVersionPolicy
 from coreserve.repository._overrides import LoadOverrides
 from coreserve.repository.namespaces import qualified
 
@@ -56,22 +59,40 @@ class ModelLocation:
         return self.path / CONFIG_FILENAME
 
 
-def ensemble_steps(location: ModelLocation) -> set[str] | None:
-    """The models an ensemble's configuration names, or None if the folder holds no ensemble.
+def ensemble_steps(location: ModelLocation, config: ModelConfig | None = None) -> set[str] | None:
+    """The models an ensemble's configuration names (`config`, else the folder's), or None if it
+    is no ensemble.
 
     A quick look at config.pbtxt for the order of loading; a configuration that does not parse
     is reported when the model loads.
     """
     path = location.config_path
-    if not path.is_file():
+    if config is None and not path.is_file():
         return None
     try:
-        config = parse_config(path.read_text(encoding="utf-8"))
+        config = config if config is not None else parse_config(path.read_text(encoding="utf-8"))
     except (ModelConfigError, UnicodeDecodeError, OSError):
         return None
     if not config.HasField("ensemble_scheduling"):
         return None
     return {step.model_name for step in config.ensemble_scheduling.step}
+
+
+def refuse_cycles(
+    location: ModelLocation, steps: Collection[str], loading: Sequence[str], models: Mapping[str, Model]
+) -> None:
+    """Refuses to load ensemble `location` whose `steps` lead back to it: through the ensembles
+    whose load led here (`loading`, outermost first) or through the models that serve."""
+    name = location.name
+    chain = [*loading, name]
+    for step in sorted(steps):
+        if step in chain:  # loading it first would never end
+            cycle = " -> ".join([*chain[chain.index(step) :], step])
+            raise InvalidArgumentError(f"cannot load ensemble '{name}': its steps form a cycle: {cycle}")
+    uses = {location.key: {qualified(location.namespace, step) for step in steps}}
+    cycles = load_order(serving_steps(models) | uses)[1]
+    if location.key in cycles:
+        raise InvalidArgumentError(f"load failed for model '{name}': {cycles[location.key]}")
 
 
 def list_versions(model_path: Path) -> list[int]:
@@ -128,6 +149,16 @@ def load_order(steps: Mapping[str, set[str] | None]) -> tuple[list[list[str]], d
     return waves, {}
 
 
+def serving_steps(models: Mapping[str, Model]) -> dict[str, set[str]]:
+    """The steps of each model that takes requests, as keys: under namespacing, in its own
+    repository (for `load_order`: a cycle may run through models served already)."""
+    return {
+        key: {qualified(model.namespace, step) for step in model.steps()}
+        for key, model in models.items()
+        if model.takes_requests
+    }
+
+
 def _cycle(start: str, pending: Mapping[str, set[str] | None]) -> str:
     """The cycle that `start` waits on, followed from it: every ensemble left waits on one."""
     path = [start]
@@ -140,23 +171,25 @@ def _cycle(start: str, pending: Mapping[str, set[str] | None]) -> str:
 
 
 class TakenDownEnsembles:
-    """The ensembles an unload took down with a model they use, as Triton does, by name: their
+    """The ensembles an unload took down with a model they use, as Triton does, by key: their
     steps and what they were loaded with, to load them again once every step serves."""
 
     def __init__(self) -> None:
-        self._down: dict[str, tuple[frozenset[str], LoadOverrides]] = {}
+        self._down: dict[str, tuple[str, str, frozenset[str], LoadOverrides]] = {}
 
-    def items(self) -> list[tuple[str, frozenset[str], LoadOverrides]]:
-        """Each ensemble taken down: its name, steps and what it was loaded with."""
-        return [(name, steps, kept) for name, (steps, kept) in sorted(self._down.items())]
+    def items(self) -> list[tuple[str, str, frozenset[str], LoadOverrides]]:
+        """Each ensemble taken down: its name, namespace, steps and what it was loaded with."""
+        return [self._down[key] for key in sorted(self._down)]
 
-    def keep(self, name: str, steps: frozenset[str], kept: LoadOverrides) -> None:
+    def keep(self, name: str, namespace: str, steps: frozenset[str], kept: LoadOverrides) -> None:
         """Notes an ensemble taken down elsewhere (by another worker, as it tells)."""
-        self._down[name] = (steps, kept)
+        self._down[qualified(namespace, name)] = (name, namespace, steps, kept)
 
     def forget(self, name: str) -> None:
-        """Loaded or unloaded by name: it is no longer brought back (nor kept down)."""
-        self._down.pop(name, None)
+        """Loaded or unloaded by name: it is no longer brought back (nor kept down), in any
+        namespace."""
+        for key in [key for key, entry in self._down.items() if name in (key, entry[0])]:
+            del self._down[key]
 
     def take_down(self, models: Mapping[str, Model], name: str, keys: Collection[str]) -> list[str]:
         """The keys of the ensembles that use model `name`, or use those, noted as taken down
@@ -174,19 +207,62 @@ class TakenDownEnsembles:
                     step,
                 )
                 kept = LoadOverrides(config=model.config, traffic=model.traffic)
-                self._down[model.name] = (model.steps(), kept)
+                self._down[key] = (model.name, model.namespace, model.steps(), kept)
                 down.append(key)
                 gone.append(model.name)
         return down
 
-    def ready(self, loaded: str, serves: Callable[[str], bool]) -> list[tuple[str, LoadOverrides]]:
-        """The ensembles taken down that use `loaded` and find every step served now, with
-        what they were loaded with (forgotten here)."""
+    def ready(self, loaded: str, serves: Callable[[str], bool]) -> list[tuple[str, str, LoadOverrides]]:
+        """The ensembles taken down that use `loaded` and find every step served now: name,
+        key and what they were loaded with (forgotten here)."""
         ready = [
-            (name, kept)
-            for name, (steps, kept) in sorted(self._down.items())
+            (name, key, kept)
+            for key, (name, _, steps, kept) in sorted(self._down.items())
             if loaded in steps and all(serves(step) for step in steps)
         ]
-        for name, _ in ready:
-            del self._down[name]
+        for _, key, _ in ready:
+            del self._down[key]
         return ready
+
+
+def linked(start: Iterable[str], uses: Mapping[str, Collection[str]]) -> set[str]:
+    """The models `start` names and those linked to them through ensembles, both ways (`uses`:
+    the steps of each ensemble, by name)."""
+    neighbours: dict[str, set[str]] = {}
+    for ensemble, steps in uses.items():
+        for step in steps:
+            neighbours.setdefault(ensemble, set()).add(step)
+            neighbours.setdefault(step, set()).add(ensemble)
+    found = set(start)
+    unexplored = list(found)
+    while unexplored:
+        for other in neighbours.get(unexplored.pop(), set()) - found:
+            found.add(other)
+            unexplored.append(other)
+    return found
+
+
+class RelatedChanges:
+    """Changes through the repository API run one after the other where they touch linked models
+    (an ensemble and the models it uses), as Triton's do, and at once otherwise: an unload that
+    takes an ensemble down must not meet a load that brings it back."""
+
+    def __init__(self) -> None:
+        self._busy: set[str] = set()
+        self._done = asyncio.Condition()
+
+    @contextlib.asynccontextmanager
+    async def holding(self, change: str, names: Callable[[], Awaitable[set[str]]]) -> AsyncIterator[None]:
+        """Runs the block once no other change holds any of the models `names` gives (asked
+        again after each wait: the models linked change with the changes)."""
+        async with self._done:
+            while (held := await names()) & self._busy:
+                logger.info("the %s waits for a change of the models linked to it", change)
+                await self._done.wait()
+            self._busy |= held
+        try:
+            yield
+        finally:
+            async with self._done:
+                self._busy -= held
+                self._done.notify_all()

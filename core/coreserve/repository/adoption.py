@@ -58,12 +58,12 @@ def snapshot(repository: ModelRepository) -> list[Entry]:
     down = [
         {
             "name": name,
-            "namespace": "",
+            "namespace": namespace,
             "config": config_to_dict(kept.config) if kept.config is not None else None,
             "traffic": kept.traffic.as_dict() if kept.traffic is not None else None,
             "taken_down": sorted(steps),
         }
-        for name, steps, kept in repository.taken_down.items()
+        for name, namespace, steps, kept in repository.taken_down.items()
     ]
     return [*(snapshot_entry(model) for model in repository.models()), *down]
 
@@ -81,7 +81,9 @@ async def adopt(repository: ModelRepository, entries: list[Entry]) -> dict[str, 
                 config=config_from_dict(config, f"model '{entry['name']}'") if config else None,
                 traffic=policy_from_document(traffic) if traffic else None,
             )
-            repository.keep_taken_down(entry["name"], frozenset(entry["taken_down"]), kept)
+            repository.keep_taken_down(
+                entry["name"], entry["namespace"], frozenset(entry["taken_down"]), kept
+            )
             continue
         if entry["from_files"]:
             continue

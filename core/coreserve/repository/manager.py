@@ -33,7 +33,16 @@ from coreserve.errors import (
     UnsupportedError,
 )
 from coreserve.repository._index import index_entries, unavailable_reason
-from coreserve.repository._layout import ModelLocation, TakenDownEnsembles, ensemble_steps, load_order
+from coreserve.repository._layout import (
+    ModelLocation,
+    RelatedChanges,
+    TakenDownEnsembles,
+    ensemble_steps,
+    linked,
+    load_order,
+    refuse_cycles,
+    serving_steps,
+)
 from coreserve.repository._overrides import LoadOverrides, not_in_repository, write_override_files
 from coreserve.repository.loader import ModelLoader
 from coreserve.repository.memory._budgeted import BudgetedLoads
@@ -84,6 +93,7 @@ class ModelRepository:
         self._fingerprints: dict[str, str] = {}
         self._unloaded: set[str] = set()
         self.taken_down = TakenDownEnsembles()
+        self._changes = RelatedChanges()
         self._locks: dict[str, asyncio.Lock] = {}
         self._closing: set[asyncio.Task[None]] = set()
         self.budgeted = BudgetedLoads(
@@ -214,11 +224,10 @@ class ModelRepository:
             except CoreserveError as exc:
                 namespace, name = self._split(key, source)
                 self._models[key] = Model(name=name, path=None, reason=exc.message, namespace=namespace)
-        # An ensemble's steps, as keys: under namespacing, in its own repository. The models that
-        # serve and are not loaded again take part as they are: a cycle may run through them.
-        serving = {key: model for key, model in self._models.items() if model.takes_requests}
+        # The models that serve and are not loaded again take part as they are.
+        serving = serving_steps(self._models)
         waves, cycles = load_order(
-            {key: {qualified(m.namespace, step) for step in m.steps()} for key, m in serving.items()}
+            serving
             | {
                 key: {qualified(location.namespace, step) for step in steps} if steps is not None else None
                 for key, location in locations.items()
@@ -326,30 +335,52 @@ class ModelRepository:
     async def load(self, name: str, overrides: LoadOverrides | None = None) -> None:
         """Loads or reloads a model (explicit mode); raises with the reason if it cannot load.
         The ensembles its unload took down load again once every step of theirs serves."""
-        await self._load(name, overrides or LoadOverrides(), ())
-        self.taken_down.forget(name)
-        loaded = [name]
-        while loaded:
-            for ensemble, kept in self.taken_down.ready(loaded.pop(), self._serves):
-                try:
-                    await self._load(ensemble, kept, ())
-                    loaded.append(ensemble)
-                except CoreserveError as exc:
-                    logger.error("ensemble '%s' did not load again: %s", ensemble, exc.message)
+        self._refuse_unless_explicit("loading models")
+        overrides = overrides or LoadOverrides()
+        async with self._changes.holding(f"load of model '{name}'", lambda: self._linked(name, overrides)):
+            await self._load(name, overrides, ())
+            self.taken_down.forget(name)
+            loaded = [name]
+            while loaded:
+                for ensemble, key, kept in self.taken_down.ready(loaded.pop(), self._serves):
+                    try:
+                        await self._load(ensemble, kept, (), only=key)
+                        loaded.append(ensemble)
+                    except CoreserveError as exc:
+                        logger.error("ensemble '%s' did not load again: %s", ensemble, exc.message)
 
-    def keep_taken_down(self, name: str, steps: frozenset[str], kept: LoadOverrides) -> None:
+    async def _linked(self, name: str, overrides: LoadOverrides | None = None) -> set[str]:
+        """The models a change of model `name` touches: those linked to it through the ensembles
+        served or taken down, and for a load (`overrides`) through the steps it will load."""
+        uses = {model.name: model.steps() for model in self._models.values()}
+        uses |= {ensemble: steps for ensemble, _, steps, _ in self.taken_down.items()}
+        start = {name}
+        if overrides is not None and overrides.config is not None:
+            start |= {step.model_name for step in overrides.config.ensemble_scheduling.step}
+        if overrides is not None and not overrides.files:
+            found, _ = await self._scan()
+            wanted = await self._with_steps({key: found[key] for key in self._keys_named(name, found)}, found)
+            start |= {self._split(key, source)[1] for key, (source, _) in wanted.items()}
+        return linked(start, uses)
+
+    def keep_taken_down(self, name: str, namespace: str, steps: frozenset[str], kept: LoadOverrides) -> None:
         """Holds ensemble `name` down as another worker's unload of a model it uses left it."""
-        self.taken_down.keep(name, steps, kept)
-        self._unloaded.add(name)
+        self.taken_down.keep(name, namespace, steps, kept)
+        self._unloaded.add(qualified(namespace, name))
 
     def _serves(self, name: str) -> bool:
         return any(model.takes_requests for model in self._models.named(name))
 
     async def _load(
-        self, name: str, overrides: LoadOverrides, loading: tuple[str, ...], reason: str = "explicit"
+        self,
+        name: str,
+        overrides: LoadOverrides,
+        loading: tuple[str, ...],
+        reason: str = "explicit",
+        only: str | None = None,
     ) -> None:
-        """Loads a model; `loading` names the ensembles whose load led here, outermost first."""
-        self._refuse_unless_explicit("loading models")
+        """Loads a model (under namespacing, `only` that key of its name); `loading` names the
+        ensembles whose load led here, outermost first."""
         check_model_name(name)
         if overrides.files:
             if self._cache_dir is None:
@@ -361,7 +392,7 @@ class ModelRepository:
         found, duplicates = await self._scan()
         if name in duplicates:
             raise InvalidArgumentError(duplicates[name])
-        keys = self._keys_named(name, found)
+        keys = [key for key in self._keys_named(name, found) if only in (None, key)]
         if not keys and reason == "demand":
             raise NotFoundError(f"Request for unknown model: '{name}' is not found")
         if not keys and len(name.encode()) > MAX_NAME_BYTES:  # a client's mistake, not the repository's
@@ -374,13 +405,9 @@ class ModelRepository:
         # Under namespacing, as Triton: a name loads the models of that name in every repository.
         for key in keys:
             location = await self._location(key, found[key][0])
-            for step in sorted(ensemble_steps(location) or ()):
-                chain = [*loading, name]
-                if step in chain:  # loading it first would never end
-                    cycle = " -> ".join([*chain[chain.index(step) :], step])
-                    raise InvalidArgumentError(
-                        f"cannot load ensemble '{name}': its steps form a cycle: {cycle}"
-                    )
+            steps = ensemble_steps(location, overrides.config) or set()
+            refuse_cycles(location, steps, loading, self._models)
+            for step in sorted(steps):
                 step_key = qualified(location.namespace, step)
                 if step_key not in self._models or not self._models[step_key].takes_requests:
                     logger.info("loading model '%s' first: ensemble '%s' uses it", step, name)
@@ -407,13 +434,14 @@ class ModelRepository:
         As in Triton 2.51, `dependents` (`unload_dependents`) changes nothing to that."""
         self._refuse_unless_explicit("unloading models")
         check_model_name(name)
-        self.taken_down.forget(name)  # unloaded by name: it stays unloaded
-        # Under namespacing, as Triton: a name unloads the models of that name in every repository.
-        keys = [key for key, model in self._models.items() if key == name or model.name == name]
-        if not keys:
-            return  # Triton answers success: a model that is not loaded is unloaded already
-        for key in [*self.taken_down.take_down(self._models, name, keys), *keys]:
-            await self._unload(key)
+        async with self._changes.holding(f"unload of model '{name}'", lambda: self._linked(name)):
+            self.taken_down.forget(name)  # unloaded by name: it stays unloaded
+            # Under namespacing, as Triton: a name unloads the models of that name in every repository.
+            keys = [key for key, model in self._models.items() if key == name or model.name == name]
+            if not keys:
+                return  # Triton answers success: a model that is not loaded is unloaded already
+            for key in [*self.taken_down.take_down(self._models, name, keys), *keys]:
+                await self._unload(key)
 
     async def _unload(self, name: str) -> None:
         async with self._lock(name):

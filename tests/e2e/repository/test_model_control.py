@@ -6,6 +6,7 @@ import base64
 import json
 import os
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
@@ -588,3 +589,95 @@ def test_ensembles_that_form_a_cycle_are_refused_with_the_cycle(
     with httpclient.InferenceServerClient(server.http_url) as client:
         assert _scale(client) == 2.0  # the server keeps serving
     assert "Traceback" not in server.log
+
+
+def test_a_load_that_closes_a_cycle_through_serving_models_is_refused(
+    client: httpclient.InferenceServerClient, repository: Path
+) -> None:
+    """Whether the new configuration comes in the request or from the folder: nothing changes,
+    and the ensembles that serve go on serving."""
+    client.load_model("pipeline")  # pipeline uses add_sub
+    add_sub_of_pipeline = {**PIPELINE_AS_TOTAL, "name": "add_sub"}
+    add_sub_of_pipeline["ensemble_scheduling"] = {
+        "step": [
+            {
+                "model_name": "pipeline",
+                "model_version": -1,
+                "input_map": {"A": "A", "B": "B"},
+                "output_map": {"SUM": "TOTAL"},
+            }
+        ]
+    }
+    why = "circular dependency between ensembles: add_sub -> pipeline -> add_sub"
+    with pytest.raises(InferenceServerException) as info:
+        client.load_model("add_sub", config=json.dumps(add_sub_of_pipeline))
+    assert info.value.status() == "400" and why in info.value.message()
+    (repository / "add_sub" / "config.pbtxt").write_text(
+        PIPELINE.replace('"add_sub"', '"pipeline"')
+        .replace("INPUT0", "A")
+        .replace("INPUT1", "B")
+        .replace("OUTPUT0", "SUM")
+    )
+    with pytest.raises(InferenceServerException) as info:
+        client.load_model("add_sub")
+    assert info.value.status() == "400" and why in info.value.message()
+    assert _sum(client, "pipeline") == [[2.0] * 4]
+
+
+SLOW_STEP = """
+import os
+import time
+
+import triton_python_backend_utils as pb_utils
+
+
+FOLDER = FOLDER_OF_THE_TEST
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        open(os.path.join(FOLDER, "started"), "w").close()
+        deadline = time.monotonic() + 60
+        while not os.path.exists(os.path.join(FOLDER, "release")) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return [
+            pb_utils.InferenceResponse([pb_utils.Tensor("B", pb_utils.get_input_tensor_by_name(r, "A").as_numpy())])
+            for r in requests
+        ]
+"""
+
+
+def test_a_load_waits_for_an_unload_of_a_model_it_is_linked_to(
+    client: httpclient.InferenceServerClient, repository: Path, server: ServerProcess
+) -> None:
+    """An unload takes the ensemble down, then waits for its request in flight; a load of the
+    ensemble meanwhile used to find its step still served and left the ensemble READY with its
+    step unloaded. As in Triton, the load waits for the unload and then loads both."""
+    step = repository / "held"
+    (step / "1").mkdir(parents=True)
+    (step / "config.pbtxt").write_text(
+        'backend: "python"\nmax_batch_size: 4\n'
+        'input [ { name: "A" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+        'output [ { name: "B" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+    )
+    (step / "1" / "model.py").write_text(SLOW_STEP.replace("FOLDER_OF_THE_TEST", repr(str(step))))
+    (repository / "relay" / "1").mkdir(parents=True)
+    (repository / "relay" / "config.pbtxt").write_text(_ensemble_of("held"))
+    client.load_model("relay")
+    infer = json.dumps({"inputs": [{"name": "A", "shape": [1, 4], "datatype": "FP32", "data": [1.0] * 4}]})
+    with ThreadPoolExecutor(3) as pool:  # (the raw client: tritonclient's may not change threads)
+        in_flight = pool.submit(request, server.http_url, "POST", "/v2/models/relay/infer", infer.encode())
+        wait_until(lambda: (step / "started").exists(), "the request runs in the step")
+        unloading = pool.submit(request, server.http_url, "POST", "/v2/repository/models/held/unload", b"")
+        wait_until(lambda: "unloading model 'relay'" in server.log, "the unload closes relay")
+        loading = pool.submit(request, server.http_url, "POST", "/v2/repository/models/relay/load", b"")
+        wait_until(
+            lambda: loading.done() or "the load of model 'relay' waits" in server.log,
+            "the load is done or waits",
+        )
+        (step / "release").touch()
+        assert [future.result(timeout=60)[0] for future in (in_flight, unloading, loading)] == [200] * 3
+    assert client.is_model_ready("held") and client.is_model_ready("relay")
+    assert json.loads(request(server.http_url, "POST", "/v2/models/relay/infer", infer.encode())[2])[
+        "outputs"
+    ]

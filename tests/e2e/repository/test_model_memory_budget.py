@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import urllib.request
 from pathlib import Path
 
@@ -162,6 +163,33 @@ def test_a_load_with_no_room_fails_naming_the_budget(
     finally:
         client.close()
     assert _index(server)[_name(2)]["state"] == "UNAVAILABLE"
+
+
+def test_without_loads_on_demand_a_model_a_serving_ensemble_uses_is_not_unloaded_to_make_room(
+    coreserve_server: ServerFactory, repository: Path, model_size: int, tmp_path: Path
+) -> None:
+    """Nothing would load it again: the ensemble would say READY and fail every request."""
+    root = tmp_path / "models"
+    for number in (2, 3, 4):
+        shutil.copytree(repository / _name(number), root / _name(number))
+    (root / "twice" / "1").mkdir(parents=True)
+    (root / "twice" / "config.pbtxt").write_text(
+        CONFIG.replace('backend: "python"', 'platform: "ensemble"')
+        + 'ensemble_scheduling { step [ { model_name: "model_02" model_version: -1 '
+        'input_map { key: "INPUT0" value: "INPUT0" } output_map { key: "OUTPUT0" value: "OUTPUT0" } } ] }'
+    )
+    budget = int(2.5 * model_size)
+    server = coreserve_server(root, "--model-control-mode=explicit", f"--model-memory-budget={budget}")
+    client = httpclient.InferenceServerClient(server.http_url, network_timeout=120)
+    try:
+        client.load_model("twice")  # model_02 first, the least recently used from now on
+        client.load_model(_name(3))
+        client.load_model(_name(4))  # makes room: model_03 goes, model_02 stays
+        assert _infer(client, "twice").tolist() == [[2.0] * 4]
+    finally:
+        client.close()
+    index = _index(server)
+    assert [index[_name(number)]["state"] for number in (2, 3, 4)] == ["READY", "UNAVAILABLE", "READY"]
 
 
 ON_GPU = """

@@ -257,3 +257,38 @@ def test_poll_mode_follows_names_arriving_and_leaving(
         assert _answers(server, "ens_a") == [1.0, 1.0]
     finally:
         server.close()
+
+
+def test_same_named_ensembles_taken_down_come_back_each_with_its_own_configuration(tmp_path: Path) -> None:
+    """Each repository has an ensemble `ens` over its `add`, b's naming its output Z, and a model
+    of its own that uses its `ens`: unloading `add` takes all four down, loading it brings each
+    back as it was (they were kept by name, and b's came back with a's configuration)."""
+    roots = []
+    for letter, increment, output in (("a", 1, "Y"), ("b", 100, "Z")):
+        root = tmp_path / letter
+        _python_model(root, "add", increment)
+        (root / "ens" / "1").mkdir(parents=True)
+        signature = SIGNATURE.replace('"Y"', f'"{output}"')
+        (root / "ens" / "config.pbtxt").write_text(
+            signature + ENSEMBLE.replace('value: "Y"', f'value: "{output}"')
+        )
+        outer = ENSEMBLE.replace('"add"', '"ens"').replace('key: "Y"', f'key: "{output}"')
+        (root / f"outer_{letter}" / "1").mkdir(parents=True)
+        (root / f"outer_{letter}" / "config.pbtxt").write_text(SIGNATURE + outer)
+        roots.append(root)
+    flags = [
+        "--model-namespacing",
+        "--model-control-mode=explicit",
+        "--load-model=outer_a",
+        "--load-model=outer_b",
+    ]
+    server = ServerProcess(roots, flags).start()
+    try:
+        assert (_http(server, "outer_a").tolist(), _http(server, "outer_b").tolist()) == ([1, 1], [100, 100])
+        assert _post(server, "/v2/repository/models/add/unload")[0] == 200
+        _, index = _post(server, "/v2/repository/index")
+        assert {entry["state"] for entry in index} == {"UNAVAILABLE"}
+        assert _post(server, "/v2/repository/models/add/load")[0] == 200
+        assert (_http(server, "outer_a").tolist(), _http(server, "outer_b").tolist()) == ([1, 1], [100, 100])
+    finally:
+        server.close()

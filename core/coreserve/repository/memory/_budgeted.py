@@ -12,8 +12,10 @@ In explicit mode, two choices go beyond Triton (nothing changes without them):
 - a memory budget (`--model-memory-budget`): each model's memory is measured as it loads (see
   memory.py); a load that would pass the budget first unloads the least recently used models
   with no request in flight, never a pinned one (named by `--load-model`, or with the
-  configuration parameter `coreserve_pinned`), and fails, naming the budget, if that is not
-  enough. Under a budget, models load one at a time, so that each measurement is its own.
+  configuration parameter `coreserve_pinned`), never an ensemble (its steps hold the
+  memory) nor, unless on demand, a model a serving ensemble uses; and fails, naming the
+  budget, if that is not enough. Under a budget, models load one at a time, so that each
+  measurement is its own.
 """
 
 from __future__ import annotations
@@ -232,6 +234,12 @@ class BudgetedLoads:
     def _evictable(self, key: str, model: Model) -> bool:
         if key in self.pinned or not model.takes_requests or self._lock(key).locked() or model.in_flight():
             return False
+        if model.steps():
+            return False  # an ensemble: its steps hold the memory
+        if not self.on_demand and any(
+            model.name in other.steps() for other in self._models.values() if other.takes_requests
+        ):
+            return False  # nothing would load it again for the ensemble
         return not pinned_by_config(model)
 
     async def demand(self, name: str, timeout: float | None = None) -> None:
