@@ -58,8 +58,7 @@ EXPLAINED = (
     "[503]",
     "not reachable",
     "stopped before it answered",
-    "must set sequence_start",  # worker 0 died with the sequence
-    "has already ended",
+    "must specify the START flag",  # worker 0 died with the sequence, or it ended
     "has no available versions",
 )
 

@@ -344,7 +344,7 @@ def test_cancelled_requests_of_a_sequence_leave_it_with_its_pending_requests(
     assert _canceled(server, "sleepy_sequence") == CLIENTS - answered
     # The sequence was released: it must start again, and then it runs from a fresh start.
     with pytest.raises(
-        InferenceServerException, match=r"must set sequence_start.*a request of it was cancelled"
+        InferenceServerException, match=r"must specify the START flag.*a request of it was cancelled"
     ):
         sequence_calls.client.infer("sleepy_sequence", [SequenceCalls._x(1)], sequence_id=1)
     sequence_calls.serves(1)

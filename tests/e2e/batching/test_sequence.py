@@ -111,8 +111,11 @@ def test_restarting_a_sequence_resets_its_state(coreserve_server: ServerFactory,
         assert _step(client, 7, 5)[0] == 10
         assert _step(client, 7, 1, start=True)[0] == 1
         assert _step(client, 7, 2, end=True)[0] == 3
+        assert _step(client, 8, 1, start=True, end=True)[0] == 1  # started after its end: no conflict
     finally:
         client.close()
+    conflict = "sequence {} for model 'accumulator' has a conflict. The previous sequence did not end"
+    assert conflict.format(7) in server.log and conflict.format(8) not in server.log  # Triton's warning
 
 
 def test_sequence_errors(coreserve_server: ServerFactory, tmp_path: Path) -> None:
@@ -120,14 +123,16 @@ def test_sequence_errors(coreserve_server: ServerFactory, tmp_path: Path) -> Non
     client = httpclient.InferenceServerClient(server.http_url)
     try:
         with pytest.raises(
-            InferenceServerException, match="must specify a non-zero or non-empty sequence_id"
+            InferenceServerException, match="must specify a non-zero or non-empty correlation ID"
         ) as info:
             _step(client, 0, 1)
         assert info.value.status() == "400"
-        with pytest.raises(InferenceServerException, match="must set sequence_start on the first request"):
+        with pytest.raises(
+            InferenceServerException, match="must specify the START flag on the first request"
+        ):
             _step(client, 42, 1)
         _step(client, 43, 1, start=True, end=True)
-        with pytest.raises(InferenceServerException, match="must set sequence_start"):
+        with pytest.raises(InferenceServerException, match="must specify the START flag"):
             _step(client, 43, 1)
         _step(client, 44, 1, start=True)
         time.sleep(1.0)  # longer than max_sequence_idle_microseconds
@@ -137,7 +142,10 @@ def test_sequence_errors(coreserve_server: ServerFactory, tmp_path: Path) -> Non
             _step(client, 44, 1)
         batch = httpclient.InferInput("INPUT", [2, 1], "INT32")
         batch.set_data_from_numpy(np.array([[1], [2]], np.int32))
-        with pytest.raises(InferenceServerException, match="must have batch size 1"):
+        with pytest.raises(
+            InferenceServerException,
+            match="must specify batch-size 1 due to requirements of sequence batcher",
+        ):
             client.infer("accumulator", [batch], sequence_id=45, sequence_start=True)
         assert _step(client, 46, 4, start=True, end=True)[0] == 4  # still serving
     finally:
@@ -323,6 +331,9 @@ def test_sequence_ids_over_grpc(coreserve_server: ServerFactory, tmp_path: Path)
             "accumulator", [tensor], sequence_id=2**62 + 5, sequence_start=True, sequence_end=True
         )
         assert int(result.as_numpy("CORR_OUT")[0, 0]) == 2**62 + 5
+        # gRPC's int64 parameter read unsigned, as Triton reads it (HTTP refuses a negative id).
+        result = client.infer("accumulator", [tensor], sequence_id=-3, sequence_start=True, sequence_end=True)
+        assert int(result.as_numpy("CORR_OUT")[0, 0]) == 2**64 - 3
         for expected in (3, 6, 9):
             result = client.infer("named", [tensor], sequence_id="user-17", sequence_start=expected == 3)
             assert int(result.as_numpy("OUTPUT")[0, 0]) == expected

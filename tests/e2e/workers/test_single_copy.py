@@ -99,7 +99,7 @@ def test_a_sequence_keeps_its_state_whichever_worker_its_requests_reach(server: 
         answers.add((refused.value.status(), refused.value.message()))
     assert len(answers) == 1, answers
     status, message = answers.pop()
-    assert status == "400" and "must set sequence_start" in message
+    assert status == "400" and "must specify the START flag" in message
     # Counted once, where they ran.
     with httpclient.InferenceServerClient(server.http_url) as client:
         stats = client.get_inference_statistics("counter")["model_stats"][0]

@@ -139,25 +139,28 @@ class SequenceBatcher(Scheduler):
         sequence_id, start, end = (self._auto_id(), True, False) if auto else sequence_flags(request, model)
         if self.signature.batching and request.batch_size != 1:
             raise InvalidArgumentError(
-                f"requests to sequence model '{model}' must have batch size 1, got {request.batch_size}"
+                f"inference request to model '{model}' must specify batch-size 1 due to requirements "
+                f"of sequence batcher (got {request.batch_size})"
             )
         sequence = self._sequences.get(sequence_id)
+        if not start and (sequence is None or sequence.ended):  # Triton's words, and why where known
+            released = self._released.get(sequence_id) if sequence is None else None
+            reason = f" (it was released: {released})" if released else ""
+            raise InvalidArgumentError(
+                f"inference request for sequence {sequence_id} to model '{model}' must specify the START "
+                f"flag on the first request of the sequence{reason or (' (it ended)' if sequence else '')}"
+            )
         if sequence is None:
-            if not start:
-                released = self._released.get(sequence_id)
-                reason = f" (it was released: {released})" if released else ""
-                raise InvalidArgumentError(
-                    f"inference request for sequence {sequence_id!r} to model '{model}' must set "
-                    f"sequence_start on the first request of the sequence{reason}"
-                )
             sequence = SequenceSlot(sequence_id, waiting_since_ns=now_ns(), auto=auto)
             self._sequences[sequence_id] = sequence
             self._released.pop(sequence_id, None)
             self._take_slot(sequence)
-        elif sequence.ended and not start:
-            raise InvalidArgumentError(
-                f"sequence {sequence_id!r} of model '{model}' has already ended; "
-                "start it again with sequence_start"
+        elif start and not sequence.ended:
+            logger.warning(
+                "sequence %s for model '%s' has a conflict. The previous sequence did not end before this "
+                "sequence start. Previous sequence will be terminated early.",
+                sequence_id,
+                model,
             )
         sequence.active_ns = request.queued_ns
         sequence.steps.append(Step(request, start, end))

@@ -32,8 +32,7 @@ def sequence_flags(request: InferenceRequest, model_name: str) -> tuple[Sequence
         )
     if sequence_id in (0, ""):
         raise InvalidArgumentError(
-            f"inference request to model '{model_name}' must specify a non-zero or non-empty sequence_id: "
-            "it is a stateful (sequence batching) model"
+            f"inference request to model '{model_name}' must specify a non-zero or non-empty correlation ID"
         )
     if isinstance(sequence_id, int) and not 0 < sequence_id < 2**64:
         raise InvalidArgumentError(

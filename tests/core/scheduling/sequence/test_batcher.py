@@ -177,8 +177,8 @@ def test_oldest_sends_a_preferred_size_at_once() -> None:
 @pytest.mark.parametrize(
     ("parameters", "message"),
     [
-        ({}, "inference request to model 'm' must specify a non-zero or non-empty sequence_id"),
-        ({"sequence_id": 9}, "inference request for sequence 9 to model 'm' must set sequence_start"),
+        ({}, "inference request to model 'm' must specify a non-zero or non-empty correlation ID"),
+        ({"sequence_id": 9}, "inference request for sequence 9 to model 'm' must specify the START flag"),
         ({"sequence_id": True}, "request parameter 'sequence_id' must be an integer or a string, got True"),
         (
             {"sequence_id": 9, "sequence_start": 1},
@@ -200,7 +200,10 @@ def test_a_request_without_a_usable_sequence_is_refused(parameters: dict[str, in
 def test_a_batched_sequence_request_must_be_one_row() -> None:
     async def scenario() -> None:
         batcher, _ = _batcher()
-        with pytest.raises(InvalidArgumentError, match="must have batch size 1, got 2"):
+        with pytest.raises(
+            InvalidArgumentError,
+            match=r"must specify batch-size 1 due to requirements of sequence batcher \(got 2\)",
+        ):
             batcher.submit(make_request("r", [], rows=2, sequence_id=1, sequence_start=True))
 
     run_scenario(scenario)
