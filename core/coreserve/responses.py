@@ -120,7 +120,7 @@ class QueuedResponses:
             return
         size = 0
         if self._limit is not None and response is not None:
-            size = _output_bytes(response)
+            size = output_bytes(response)
             if not final and not self._queue.empty() and self._waiting_bytes + size > self._limit:
                 self._overflow(size)
                 return
@@ -161,7 +161,7 @@ class QueuedResponses:
                 return
 
 
-def _output_bytes(response: InferenceResponse) -> int:
+def output_bytes(response: InferenceResponse) -> int:
     """What a response's outputs hold, BYTES elements by their lengths."""
     total = 0
     for array in response.outputs.values():

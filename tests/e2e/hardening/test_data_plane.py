@@ -481,3 +481,28 @@ def _metric_or_zero(server: ServerProcess, line_start: str) -> float:
     with urllib.request.urlopen(server.metrics_url, timeout=30) as response:
         lines = [line for line in response.read().decode().splitlines() if line.startswith(line_start)]
     return float(lines[0].rsplit(" ", 1)[1]) if lines else 0.0
+
+
+@pytest.mark.parametrize("grpc_server", ["native", "grpcio"])
+def test_a_grpc_stream_its_client_does_not_read_is_cut_off_once_64_mib_wait(
+    coreserve_server: ServerFactory, tmp_path: Path, grpc_server: str
+) -> None:
+    folder = write_model(tmp_path, "flood", None, FLOOD)
+    (folder / "1" / "model.py").write_text(FLOOD_MODEL)
+    server = coreserve_server(tmp_path, f"--grpc-server={grpc_server}")
+    message = service_pb2.ModelInferRequest(model_name="flood", id="flooding")
+    tensor = message.inputs.add(name="IN", datatype="INT32", shape=[1])
+    tensor.contents.int_contents.append(1)
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        replies = stub.ModelStreamInfer(iter([message]), timeout=120)
+        # Nothing is read: the responses wait in the server until it gives up on the client.
+        cancelled = 'nv_inference_request_failure{model="flood",reason="CANCELED",version="1"}'
+        wait_until(lambda: _metric_or_zero(server, cancelled) == 1, "the request cancelled", timeout=120)
+        received = list(replies)
+    assert 0 < len(received) < 160  # the model stopped early
+    *answers, last = received
+    assert all(reply.error_message == "" for reply in answers)
+    assert last.infer_response.id == "flooding"
+    assert last.error_message.startswith("the responses were taken too slowly: more than 67108864 bytes")
+    assert "Traceback" not in server.log

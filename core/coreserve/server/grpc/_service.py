@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 import grpc
 from google.protobuf import json_format
 
-from coreserve.errors import CoreserveError, ErrorCode, InvalidArgumentError, NotFoundError
+from coreserve.errors import CoreserveError, ErrorCode, InvalidArgumentError, NotFoundError, UnavailableError
 from coreserve.protocol.grpc_received import ReceivedInferRequest
 from coreserve.protocol.grpc_response import (
     SerializedPieces,
@@ -25,7 +25,7 @@ from coreserve.protocol.grpc_response import (
 from coreserve.protocol.output_plan import OutputPlan
 from coreserve.protos import grpc_service_pb2 as pb
 from coreserve.protos import grpc_service_pb2_grpc as pb_grpc
-from coreserve.responses import StreamingResponses
+from coreserve.responses import MAX_WAITING_BYTES, StreamingResponses, output_bytes
 from coreserve.server import changes
 from coreserve.server.dataplane import DataPlane
 from coreserve.server.restrictions import ApiRestrictions
@@ -57,7 +57,11 @@ Request = TypeVar("Request")
 Response = TypeVar("Response")
 Handler = Callable[[Any, Request, grpc.aio.ServicerContext], Awaitable[Response]]
 StreamMessage = bytes | SerializedPieces | pb.ModelStreamInferResponse
-Outbox = asyncio.Queue[tuple[StreamMessage | None, bool] | None]
+_CUT_OFF = UnavailableError(
+    f"the responses were taken too slowly: more than {MAX_WAITING_BYTES} bytes of outputs waited on "
+    "this stream; the request was cancelled"
+)
+Outbox = asyncio.Queue[tuple[StreamMessage | None, bool, int] | None]  # (message, final, output bytes)
 
 
 def _metadata(context: grpc.aio.ServicerContext) -> dict[str, str]:
@@ -312,7 +316,10 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         A request's error is sent as that request's message and the stream stays open.
         Decoupled models send several responses per request through the same path. Once
         max_stream_inflight requests are open, the stream reads no more until the last
-        response of one has been sent (HTTP/2 flow control then holds the client back).
+        response of one has been sent (HTTP/2 flow control then holds the client back). A client
+        that reads its responses too slowly (or not at all) has at most 64 MiB of outputs waiting
+        here: past that, the request whose response would wait is cancelled, and its final
+        message says why.
         """
         if self._restrictions:
             try:
@@ -323,6 +330,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         outbox: Outbox = asyncio.Queue()
         limit = self._max_stream_inflight
         open_requests = 0  # read, and their last message not yet sent
+        waiting_bytes = 0  # the outputs of the messages in the outbox
         running: set[InferenceRequest] = set()  # submitted, and their last response not yet given
         room = asyncio.Event()
         room.set()
@@ -331,17 +339,22 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         # context cannot, and every message goes through the outbox and this generator.
         send_now: Callable[[Any], bool] | None = getattr(context, "send_now", None)
 
-        def deliver(message: StreamMessage | None, final: bool) -> None:
-            nonlocal open_requests
+        def deliver(message: StreamMessage | None, final: bool, size: int = 0) -> bool:
+            """Sends or queues a message; False (dropped) for one past the bound, never a final one."""
+            nonlocal open_requests, waiting_bytes
             if send_now is None or not outbox.empty() or (message is not None and not send_now(message)):
-                outbox.put_nowait((message, final))
-                return
+                if not final and not outbox.empty() and waiting_bytes + size > MAX_WAITING_BYTES:
+                    return False
+                waiting_bytes += size
+                outbox.put_nowait((message, final, size))
+                return True
             if final:
                 open_requests -= 1
                 if open_requests < limit:
                     room.set()
                 if not (reading or open_requests):
                     outbox.put_nowait(None)  # wakes the generator to end the call
+            return True
 
         async def read() -> None:
             nonlocal open_requests
@@ -363,7 +376,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 if item is None:
                     reading = False
                     continue
-                message, final = item
+                message, final, size = item
+                waiting_bytes -= size
                 if message is not None:
                     yield message
                 if final:
@@ -381,7 +395,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     def _start_stream_request(
         self,
         received: ReceivedInferRequest,
-        deliver: Callable[[StreamMessage | None, bool], None],
+        deliver: Callable[[StreamMessage | None, bool, int], bool],
         running: set[InferenceRequest],
         context: Any,
     ) -> None:
@@ -396,7 +410,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                     model_name=message.model_name, model_version=message.model_version, id=received.request_id
                 ),
             )
-            deliver(reply, True)
+            deliver(reply, True, 0)
 
         try:
             request, plan = self._decode(received)
@@ -407,7 +421,14 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         if tracing:  # the stream's metadata (its traceparent) holds for each of its requests
             _trace_context(request, context, received_ns)
 
+        too_slow = False  # its responses were cut off: the stream held too many outputs
+
         def on_response(response: InferenceResponse | None, final: bool) -> None:
+            nonlocal too_slow
+            if too_slow:  # dropped; the final message says why
+                if final:
+                    on_error(_CUT_OFF)
+                return
             # Called before the trace ends with the final response: the send marks are in it.
             trace = request.trace
             if trace is not None:
@@ -428,14 +449,16 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 reply = pb.ModelStreamInferResponse(infer_response=encoded)
             if final:
                 running.discard(request)
-            if reply is not None or final:
-                deliver(reply, final)
+            size = output_bytes(response) if response is not None else 0
+            if (reply is not None or final) and not deliver(reply, final, size):
+                too_slow = True
+                request.cancel()
             if trace is not None:
                 trace.mark("GRPC_SEND_END", now_ns())
 
         def on_error(error: CoreserveError) -> None:
             running.discard(request)
-            error_message(error)
+            error_message(_CUT_OFF if too_slow else error)
 
         try:
             self._dataplane.submit(request, StreamingResponses(on_response, on_error))
