@@ -273,6 +273,7 @@ class ModelStatistics:
                 "cache_hit": self.cache_hit.as_dict(),
                 "cache_miss": self.cache_miss.as_dict(),
             },
+            "response_stats": {},  # as Triton's Python backend leaves it (its other backends fill it)
             "batch_stats": [
                 {
                     "batch_size": size,

@@ -228,7 +228,8 @@ class DataPlane:
     def submit(self, request: InferenceRequest, sink: ResponseSink) -> None:
         """Checks a request against the model and schedules it; `sink` gets its responses.
 
-        Raises (and counts as a failure of the model) when the request does not fit.
+        Raises when the request does not fit; as on Triton, such a request is not counted in the
+        model's statistics (it never reached the model).
         """
         name, version = request.model_name, request.model_version
         target = self.in_use(name, version, request) or self.model_version(name, version)
@@ -261,7 +262,6 @@ class DataPlane:
             if request.class_counts:
                 sink = classifying(model_version, request.class_counts, sink)
         except CoreserveError as exc:
-            model_version.statistics.record_failure(request, "OTHER")
             if isinstance(exc, RequestMismatchError):
                 raise RequestMismatchError(with_request_id(request.id, exc.message)) from None
             raise
