@@ -123,16 +123,17 @@ class ServerLog:
             if key in _BOOL_SETTINGS:
                 if type(value) is not bool:
                     raise InvalidArgumentError(f"expect boolean for '{key}', got {quoted_value(value)}")
-            elif key == "log_verbose_level":
-                if type(value) is not int or value < 0:
+            elif key == "log_verbose_level":  # Triton's words first, then what came
+                if type(value) is not int or not 0 <= value < 2**31:
                     raise InvalidArgumentError(
-                        "expect a whole number of 0 or more for 'log_verbose_level', "
-                        f"got {quoted_value(value)}"
+                        f"expect int32 for 'log_verbose_level', got {quoted_value(value)} (0 or more)"
                     )
             elif key == "log_format":
+                if not isinstance(value, str):
+                    raise InvalidArgumentError(f"expect string for 'log_format', got {quoted_value(value)}")
                 if value not in LOG_FORMATS:
                     raise InvalidArgumentError(
-                        f"invalid argument for log_format, got: {quoted_value(value)} "
+                        f"invalid argument for log_format, got: {clipped(value)} "
                         "(expected default or ISO8601)"
                     )
             else:

@@ -24,6 +24,7 @@ MODES = ("triton", "opentelemetry")
 # The answer's keys, in the order Triton writes them.
 SETTING_KEYS = ("trace_level", "trace_rate", "trace_count", "log_frequency", "trace_file", "trace_mode")
 _CHANGEABLE = ("trace_level", "trace_rate", "trace_count", "log_frequency")
+MAX_RATE = 2**32 - 1  # Triton's: an unsigned 32-bit number
 
 
 @dataclass(frozen=True)
@@ -112,14 +113,30 @@ class TraceSettings:
                     own.pop(key, None)
                 else:
                     own[key] = value
+            self._check_update(replace(self.global_setting, **own), parsed)
             self._set_model(model, own)
         else:
             values = {k: getattr(self.startup, k) if v is None else v for k, v in parsed.items()}
+            self._check_update(replace(self.global_setting, **values), parsed)
             self.global_setting = replace(self.global_setting, **values)
             for name, own in self._model_fields.items():
                 self._model_settings[name] = replace(self.global_setting, **own)
         self.version += 1
         return self.setting(model)
+
+    def _check_update(self, setting: TraceSetting, parsed: Mapping[str, Any]) -> None:
+        """Refuses, in Triton's words, a change whose setting could not trace: in Triton mode, a
+        level on with no trace file or a rate of 0 (a rate of 0 alone is kept while the level is
+        OFF); in OpenTelemetry mode a rate of 0 (chosen at start-up only: see check_setting)."""
+        invalid = "Attempting to set invalid trace setting :"
+        if self.startup.trace_mode != "triton":
+            if parsed.get("trace_rate") == 0:
+                raise InvalidArgumentError(f"{invalid}sample rate must be non-zero")
+            return
+        if setting.trace_level != ("OFF",) and not setting.trace_file:
+            raise InvalidArgumentError(f"{invalid}trace file name is not given")
+        if setting.trace_level != ("OFF",) and setting.trace_rate == 0:
+            raise InvalidArgumentError(f"{invalid}sample rate must be non-zero")
 
     def count_one(self, model: str) -> bool:
         """Takes one trace from the count in force for `model`; False when none is left."""
@@ -163,20 +180,21 @@ def parse_value(key: str, value: Any) -> Any:
                 f"unknown trace level {quoted_value(unknown[0])} in 'trace_level'; "
                 "expected OFF, TIMESTAMPS or TENSORS"
             )
-        levels = tuple(dict.fromkeys(value))
-        return ("OFF",) if "OFF" in levels else levels
+        if "OFF" in value and len(value) > 1:
+            raise InvalidArgumentError("Expect only one trace level 'OFF' is specified")
+        return tuple(level for level in LEVELS if level in value)  # in Triton's order
     if isinstance(value, bool) or not isinstance(value, str | int):
         raise InvalidArgumentError(f"expect a string for '{key}', got {quoted_value(value)}")
     try:
         number = int(value)
     except ValueError:
         raise InvalidArgumentError(f"Unable to parse '{key}', got: {clipped(str(value))}") from None
-    if key == "trace_rate" and number < 1:
-        if number == 0:
-            raise InvalidArgumentError(
-                "Attempting to set invalid trace setting :sample rate must be non-zero"
-            )
-        raise InvalidArgumentError(f"Unable to parse 'trace_rate'. Expecting value >= 1, got: {number}")
+    if key == "trace_rate" and number < 0:  # (0: see TraceSettings._check_update)
+        raise InvalidArgumentError(f"Unable to parse 'trace_rate'. Expecting value >= 0, got: {number}")
+    if key == "trace_rate" and number > MAX_RATE:
+        raise InvalidArgumentError(
+            f"Unable to parse 'trace_rate', value is out of range [ 0, {MAX_RATE} ], got: {number}"
+        )
     if key == "trace_count" and number < -1:
         raise InvalidArgumentError(f"Unable to parse 'trace_count'. Expecting value >= -1, got: {number}")
     if key == "log_frequency" and number < 0:

@@ -10,6 +10,8 @@ from coreserve.tracing import TraceConfig, Tracer, TraceSetting, TraceSettings
 from coreserve.tracing.config import parse_trace_config
 from coreserve.types import InferenceRequest
 
+FILE = "trace.json"  # (named only: Tracer.start, which opens it, is not called)
+
 
 def _request(model: str = "m", request_id: str = "") -> InferenceRequest:
     return InferenceRequest(model, {"X": np.zeros((1, 2), np.float32)}, id=request_id)
@@ -22,7 +24,7 @@ def test_tracing_off_by_default_leaves_the_request_path_one_check() -> None:
 
 
 def test_model_fields_override_and_follow_the_global_setting() -> None:
-    settings = TraceSettings(TraceSetting(trace_level=("TIMESTAMPS",), trace_rate=1))
+    settings = TraceSettings(TraceSetting(trace_level=("TIMESTAMPS",), trace_rate=1, trace_file=FILE))
     assert settings.update({"trace_rate": "5"}, "m").trace_rate == 5
     settings.update({"trace_count": "10", "trace_rate": "7"})
     assert (settings.setting("m").trace_rate, settings.setting("m").trace_count) == (5, 10)
@@ -48,7 +50,7 @@ def test_rate_samples_every_nth_request_while_the_count_lasts() -> None:
 
 
 def test_a_model_with_its_own_count_spends_its_own() -> None:
-    tracer = Tracer(TraceConfig(TraceSetting(trace_level=("TIMESTAMPS",), trace_rate=1, trace_count=5)))
+    tracer = Tracer(TraceConfig(TraceSetting(("TIMESTAMPS",), trace_rate=1, trace_count=5, trace_file=FILE)))
     tracer.update({"trace_count": "1"}, "m")
     assert tracer.trace(_request("m"), 1) is not None
     assert tracer.trace(_request("m"), 1) is None
@@ -57,7 +59,7 @@ def test_a_model_with_its_own_count_spends_its_own() -> None:
 
 
 def test_a_child_request_is_traced_with_its_parent() -> None:
-    tracer = Tracer(TraceConfig(TraceSetting(trace_level=("TENSORS",), trace_rate=1)))
+    tracer = Tracer(TraceConfig(TraceSetting(trace_level=("TENSORS",), trace_rate=1, trace_file=FILE)))
     parent = _request("ensemble")
     parent.trace = tracer.trace(parent, 1)
     tracer.update({"trace_level": ["OFF"]})  # children still follow a traced parent
@@ -75,6 +77,26 @@ def test_a_child_request_is_traced_with_its_parent() -> None:
         assert untraced.trace_context is not None and not untraced.trace_context.sampled
         assert tracer.trace(untraced, 1) is None
     assert tracer.trace(_request("step"), 1) is not None  # a client's request is sampled at rate 1
+
+
+def test_changes_that_could_not_trace_are_refused_in_tritons_words() -> None:
+    """Checked against Triton 2.51: the setting a change makes is checked, not the change alone."""
+    without_file = TraceSettings(TraceSetting())
+    with pytest.raises(
+        InvalidArgumentError, match=r"^Attempting to set invalid trace setting :trace file name is not given$"
+    ):
+        without_file.update({"trace_level": ["TIMESTAMPS"]}, "m")
+    with_file = TraceSettings(TraceSetting(trace_file=FILE))
+    assert with_file.update({"trace_rate": "0"}).trace_rate == 0  # kept while the level is OFF
+    with pytest.raises(InvalidArgumentError, match="sample rate must be non-zero"):
+        with_file.update({"trace_level": ["TIMESTAMPS"]})
+    assert with_file.setting().trace_level == ("OFF",)
+    opentelemetry = TraceSettings(
+        TraceSetting(trace_level=("TIMESTAMPS",), trace_rate=0, trace_mode="opentelemetry")
+    )
+    assert opentelemetry.update({"trace_count": "5"}).trace_count == 5  # rate 0 from the start-up
+    with pytest.raises(InvalidArgumentError, match="sample rate must be non-zero"):
+        opentelemetry.update({"trace_rate": "0"})
 
 
 def test_trace_config_reads_tritons_forms_and_the_older_flags() -> None:

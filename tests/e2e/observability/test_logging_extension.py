@@ -125,10 +125,15 @@ def test_settings_change_at_run_time_and_shape_the_lines_that_follow(
         (b'{"log_info": "true"}', "expect boolean for 'log_info', got 'true'"),
         (b'{"log_error": 1}', "expect boolean for 'log_error', got 1"),
         (b'{"log_warning": null}', "expect boolean for 'log_warning', got null"),
-        (b'{"log_verbose_level": -1}', "'log_verbose_level', got -1"),
-        (b'{"log_verbose_level": 1.5}', "'log_verbose_level', got 1.5"),
-        (b'{"log_verbose_level": true}', "'log_verbose_level', got true"),
-        (b'{"log_format": "json"}', "invalid argument for log_format, got: 'json'"),
+        (b'{"log_verbose_level": -1}', "expect int32 for 'log_verbose_level', got -1"),
+        (b'{"log_verbose_level": 1.5}', "expect int32 for 'log_verbose_level', got 1.5"),
+        (b'{"log_verbose_level": true}', "expect int32 for 'log_verbose_level', got true"),
+        (b'{"log_verbose_level": 4294967296}', "expect int32 for 'log_verbose_level', got 4294967296"),
+        (
+            b'{"log_format": "json"}',
+            "invalid argument for log_format, got: json (expected default or ISO8601)",
+        ),
+        (b'{"log_format": 1}', "expect string for 'log_format', got 1"),
         (b'{"log_verbose_level": 2, "log_info": "no"}', "expect boolean for 'log_info'"),  # all or nothing
     ],
 )
@@ -179,10 +184,14 @@ def test_grpc_log_settings(coreserve_server: ServerFactory, repository: Path) ->
             error.code() == grpc.StatusCode.INVALID_ARGUMENT
             and "expect boolean for 'log_info'" in error.details()
         )
-        error = refused("log_verbose_level", "string_param", "2")
-        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "log_verbose_level" in error.details()
+        error = refused("log_verbose_level", "string_param", "2")  # Triton's words, then what came
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert error.details().startswith("expect int32 for 'log_verbose_level'")
         error = refused("log_format", "string_param", "json")
         assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert error.details().startswith("invalid argument for log_format, got: json")
+        error = refused("log_format", "bool_param", True)
+        assert error.details().startswith("expect string for 'log_format'")
         error = refused("colour", "bool_param", True)
         assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "unknown log setting" in error.details()
         error = refused("log_file", "string_param", "/tmp/elsewhere.log")

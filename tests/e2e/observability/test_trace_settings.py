@@ -109,6 +109,8 @@ def test_a_model_setting_inherits_the_fields_it_does_not_set_and_null_clears(
     )
     levels = {"trace_level": ["TIMESTAMPS", "TENSORS"]}
     assert _post(server, model, levels) == (200, _expected(trace_file, **levels))
+    backwards = {"trace_level": ["TENSORS", "TIMESTAMPS"]}  # answered in Triton's order
+    assert _post(server, model, backwards) == (200, _expected(trace_file, **levels))
     assert _post(server, model, {"trace_level": ["OFF"]}) == (200, _expected(trace_file, trace_level=["OFF"]))
     assert _post(server, model, {"trace_level": None}) == (200, _expected(trace_file))
     assert _post(server, "/v2/trace/setting", {"log_frequency": "2"}) == (
@@ -121,7 +123,13 @@ BAD_CHANGES = [
     # (body, status, the error's text); Triton's words where Triton refuses it.
     ({"trace_rate": "0"}, 400, "Attempting to set invalid trace setting :sample rate must be non-zero"),
     ({"trace_rate": "abc"}, 400, "Unable to parse 'trace_rate', got: abc"),
-    ({"trace_rate": "-1"}, 400, "Unable to parse 'trace_rate'. Expecting value >= 1, got: -1"),
+    ({"trace_rate": "-1"}, 400, "Unable to parse 'trace_rate'. Expecting value >= 0, got: -1"),
+    (
+        {"trace_rate": "99999999999"},
+        400,
+        "Unable to parse 'trace_rate', value is out of range [ 0, 4294967295 ], got: 99999999999",
+    ),
+    ({"trace_level": ["OFF", "TIMESTAMPS"]}, 400, "Expect only one trace level 'OFF' is specified"),
     ({"trace_count": "-5"}, 400, "Unable to parse 'trace_count'. Expecting value >= -1, got: -5"),
     ({"log_frequency": "-1"}, 400, "Unable to parse 'log_frequency'. Expecting value >= 0, got: -1"),
     ({"trace_level": ["BOGUS"]}, 400, "unknown trace level 'BOGUS' in 'trace_level'"),
@@ -201,6 +209,11 @@ def test_grpc_trace_setting_reads_changes_and_clears_as_http_does(traced: tuple[
                 {"settings": {"trace_file": "x.json"}},
                 grpc.StatusCode.UNIMPLEMENTED,
                 "trace file location can not be updated through network protocol",
+            ),
+            (
+                {"settings": {"trace_rate": ["1", "2"]}},
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "expect only 1 value for 'trace_rate'",
             ),
             (
                 {"settings": {"trace_count": "-5"}},

@@ -14,7 +14,14 @@ from typing import Any, TypeVar
 import grpc
 from google.protobuf import json_format
 
-from coreserve.errors import CoreserveError, ErrorCode, InvalidArgumentError, NotFoundError, UnavailableError
+from coreserve.errors import (
+    CoreserveError,
+    ErrorCode,
+    InvalidArgumentError,
+    NotFoundError,
+    UnavailableError,
+    clipped,
+)
 from coreserve.protocol.grpc_received import ReceivedInferRequest
 from coreserve.protocol.grpc_response import (
     SerializedPieces,
@@ -254,6 +261,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     @_unary("trace")
     async def TraceSetting(self, request: pb.TraceSettingRequest, context: Any) -> pb.TraceSettingResponse:
         # An empty value list clears a setting, as JSON's null does over HTTP.
+        for key, value in request.settings.items():
+            if key != "trace_level" and len(value.value) > 1:
+                raise InvalidArgumentError(f"expect only 1 value for '{clipped(key)}'")  # Triton's words
         wanted: dict[str, Any] = {
             key: (list(value.value) if key == "trace_level" else value.value[0]) if value.value else None
             for key, value in request.settings.items()
