@@ -151,6 +151,7 @@ class ExecuteDoneMessage(TypedDict):
     release: list[str]
     rescheduled: list[int]  # keys of requests handed back (RESCHEDULE), to be executed again
     withdrawn: list[int]  # keys of requests cancelled before the model got them (not run)
+    infer_ns: list[int] | None  # when the model's execute started and returned (None: it raised)
 
 
 class FinalizeDoneMessage(TypedDict):

@@ -343,6 +343,10 @@ class PythonInstance:
         """Answers an execution's requests from the stub's reply to it."""
         if behind:  # the time it waited in the stub for them is queue time, not compute time
             responder.compute_start_ns = max(responder.compute_start_ns, reply.get("started_ns", 0))
+        infer_ns = reply.get("infer_ns")
+        if infer_ns:  # before it, the inputs reached the model; after it, the outputs came back
+            responder.inputs_ready_ns = max(responder.compute_start_ns, infer_ns[0])
+            responder.infer_done_ns = max(responder.inputs_ready_ns, infer_ns[1])
         if reply["responses"] is not None:
             self._deliver(reply["responses"])
         for key in reply.get("withdrawn", ()):

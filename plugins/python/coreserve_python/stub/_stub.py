@@ -276,6 +276,7 @@ class Stub:
         responses: ResponsesMessage | None = None
         rescheduled: list[int] = []
         token = executing_keys.set(keys)
+        infer_ns = [time.monotonic_ns(), 0]  # the model's execute: the statistics' compute-infer
         try:
             result = self._model.execute(requests)
             if inspect.iscoroutine(result):
@@ -285,6 +286,7 @@ class Stub:
                     self._start_execution(result, keys)
                 else:
                     result = self._run_coroutine(in_context(result, keys))
+            infer_ns[1] = time.monotonic_ns()
             if not self._decoupled:
                 # A return value Triton refuses is the model's mistake: no stub traceback.
                 responses, refused = self._results(requests, result)
@@ -300,7 +302,12 @@ class Stub:
         # An ordinary model's responses travel with the end of the execution: one message. It
         # goes before this execution's cleanup, which the server need not wait for.
         self._send_execute_done(
-            message, started_ns, error, responses, rescheduled=rescheduled if error is None else []
+            message,
+            started_ns,
+            error,
+            responses,
+            rescheduled=rescheduled if error is None else [],
+            infer_ns=infer_ns if infer_ns[1] else None,
         )
         if error is not None or not self._decoupled:  # every request of the batch is answered now
             for item in message["requests"]:
@@ -323,6 +330,7 @@ class Stub:
         *,
         rescheduled: list[int] | None = None,
         withdrawn: list[int] | None = None,
+        infer_ns: list[int] | None = None,
     ) -> None:
         shared = segment_to_release(message["segment"])
         done: ExecuteDoneMessage = {
@@ -334,6 +342,7 @@ class Stub:
             "release": [shared] if shared else [],
             "rescheduled": rescheduled or [],
             "withdrawn": withdrawn or [],
+            "infer_ns": infer_ns,
         }
         self._channel.send(done)
 

@@ -150,6 +150,14 @@ def test_executions_run_one_at_a_time_and_waiting_counts_as_queue_time(
     # Compute time covers each execution's work (the spans the model noted, on the same clock)
     # and no more than what is left of each request's time in the server after its queue time.
     assert 0.8e9 <= sum(end - start for start, end in spans) * 1e9 <= compute <= success - queue, compute
+    # Split as Triton's Python backend splits it: the model's execute is compute-infer; getting the
+    # inputs to it and the outputs back, compute-input and compute-output (small, never 0).
+    infer = after["compute_infer"] - before["compute_infer"]
+    assert sum(end - start for start, end in spans) * 1e9 <= infer < compute, (infer, compute)
+    assert (
+        after["compute_input"] > before["compute_input"]
+        and after["compute_output"] > before["compute_output"]
+    )
     # The three others were queued before `all_queued` and none started before the execution
     # ahead of it ended: the time between is queue time, wherever they waited (the server's
     # queue or the stub). Were it counted as compute, their queue time would be far less.
