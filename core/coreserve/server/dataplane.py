@@ -44,7 +44,7 @@ from coreserve.server.frontend_reads import FRONTEND_READS
 from coreserve.server.log_settings import LogSettings, ServerLog
 from coreserve.server.shared_memory import CudaSharedMemory, SystemSharedMemory, load_cuda_runtime
 from coreserve.server.traffic import RolloutPeers, TrafficControl, TrafficRouter
-from coreserve.tracing import Tracer, TraceSetting
+from coreserve.tracing import Tracer
 from coreserve.tracing.trace import TraceEndingSink
 from coreserve.types import InferenceRequest, InferenceResponse, ResponseSink, now_ns
 from coreserve.version import __version__
@@ -130,15 +130,16 @@ class DataPlane:
         await self.change(UpdateLogSettings(changes))
         return self.log.settings
 
-    def trace_setting(self, model: str = "") -> TraceSetting:
-        """The trace setting in force for a model ("" for the global one)."""
+    def trace_setting(self, model: str = "") -> dict[str, Any]:
+        """The trace setting in force for a model ("" for the global one), as Triton answers it."""
         self._check_traced_model(model)
-        return self.tracer.setting(model)
+        return self.tracer.answer(model)
 
-    async def update_trace_setting(self, changes: dict[str, Any], model: str = "") -> TraceSetting:
-        """Changes the global trace setting or a model's, all or nothing (see TraceSettings.update)."""
+    async def update_trace_setting(self, changes: dict[str, Any], model: str = "") -> dict[str, Any]:
+        """Changes the global trace setting or a model's, all or nothing (see TraceSettings.update);
+        the setting then in force, as Triton answers it."""
         await self.change(UpdateTraceSetting(changes, model))
-        return self.tracer.setting(model)
+        return self.tracer.answer(model)
 
     def _check_traced_model(self, model: str) -> None:
         if model:

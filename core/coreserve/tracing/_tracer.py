@@ -88,6 +88,21 @@ class Tracer:
     def setting(self, model: str = "") -> TraceSetting:
         return self.settings.setting(model)
 
+    def answer(self, model: str = "") -> dict[str, Any]:
+        """The setting in force as Triton's trace extension answers it: in OpenTelemetry mode
+        without the trace file and log frequency, with the exporter's options instead."""
+        answer = self.settings.setting(model).as_dict()
+        if answer["trace_mode"] == "opentelemetry":
+            del answer["log_frequency"], answer["trace_file"]
+            options = self.config.opentelemetry
+            answer |= {
+                "url": options.url,
+                "bsp_max_export_batch_size": str(options.bsp_max_export_batch_size),
+                "bsp_schedule_delay": str(options.bsp_schedule_delay),
+                "bsp_max_queue_size": str(options.bsp_max_queue_size),
+            }
+        return answer
+
     def update(self, changes: Mapping[str, Any], model: str = "") -> TraceSetting:
         """Changes the global setting or a model's (see TraceSettings.update)."""
         setting = self.settings.update(changes, model)

@@ -328,4 +328,14 @@ def test_settings_answer_the_mode(
 ) -> None:
     server: ServerProcess = _otel_server(coreserve_server, repository, receiver)
     status, _, body = request(server.http_url, "GET", "/v2/trace/setting", b"")
-    assert status == 200 and json.loads(body)["trace_mode"] == "opentelemetry"
+    # Triton 2.51's keys in this mode: no trace file or log frequency, the exporter's options.
+    assert status == 200 and json.loads(body) == {
+        "trace_level": ["TIMESTAMPS"],
+        "trace_rate": "1",
+        "trace_count": "-1",
+        "trace_mode": "opentelemetry",
+        "url": receiver.url,
+        "bsp_max_export_batch_size": "512",
+        "bsp_schedule_delay": "100",
+        "bsp_max_queue_size": "2048",
+    }

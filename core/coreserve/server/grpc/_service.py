@@ -273,7 +273,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         else:
             setting = self._dataplane.trace_setting(request.model_name)
         response = pb.TraceSettingResponse()
-        for key, value in setting.as_dict().items():
+        for key, value in setting.items():
             response.settings[key].value.extend(value if isinstance(value, list) else [value])
         return response
 

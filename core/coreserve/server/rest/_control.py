@@ -76,12 +76,12 @@ def control_routes(dataplane: DataPlane, read_body: ReadBody) -> list[tuple[str,
         return json_answer((await dataplane.update_log_settings(changes)).as_dict())
 
     async def trace_setting(request: HttpRequest) -> HttpResponse:
-        return json_answer(dataplane.trace_setting(request.match_info.get("model", "")).as_dict())
+        return json_answer(dataplane.trace_setting(request.match_info.get("model", "")))
 
     async def update_trace_setting(request: HttpRequest) -> HttpResponse:
         changes = json_object(await read_body(request), "trace settings")
         model = request.match_info.get("model", "")
-        return json_answer((await dataplane.update_trace_setting(changes, model)).as_dict())
+        return json_answer(await dataplane.update_trace_setting(changes, model))
 
     model = "/v2/models/{model}"
     return [
