@@ -339,7 +339,6 @@ class ModelRepository:
         overrides = overrides or LoadOverrides()
         async with self._changes.holding(f"load of model '{name}'", lambda: self._linked(name, overrides)):
             await self._load(name, overrides, ())
-            await self._reload_users(name)
             self.taken_down.forget(name)
             loaded = [name]
             while loaded:
@@ -349,30 +348,6 @@ class ModelRepository:
                         loaded.append(ensemble)
                     except CoreserveError as exc:
                         logger.error("ensemble '%s' did not load again: %s", ensemble, exc.message)
-
-    async def _reload_users(self, name: str) -> None:
-        """As Triton, the serving ensembles that use a model loaded again load again (and those
-        that use them), checked against it, as they were loaded; one that no longer fits it is
-        unavailable with the reason."""
-        reloaded: set[str] = set()
-        loaded = [name]
-        while loaded:
-            step = loaded.pop()
-            for key, model in list(self._models.items()):
-                if (
-                    key in reloaded
-                    or model.from_files
-                    or step not in model.steps()
-                    or not model.takes_requests
-                ):
-                    continue
-                reloaded.add(key)
-                kept = LoadOverrides(model.config, traffic=model.traffic)
-                try:
-                    await self._load(model.name, kept, (), only=key)
-                except CoreserveError as exc:
-                    self.mark_unavailable(key, model.name, model.namespace, exc.message)
-                loaded.append(model.name)
 
     async def _linked(self, name: str, overrides: LoadOverrides | None = None) -> set[str]:
         """The models a change of model `name` touches: those linked to it through the ensembles

@@ -681,31 +681,3 @@ def test_a_load_waits_for_an_unload_of_a_model_it_is_linked_to(
     assert json.loads(request(server.http_url, "POST", "/v2/models/relay/infer", infer.encode())[2])[
         "outputs"
     ]
-
-
-def test_loading_a_model_again_loads_the_ensembles_that_use_it_again(
-    client: httpclient.InferenceServerClient,
-) -> None:
-    """As Triton 2.51 (checked side by side): their statistics start anew, and an ensemble that
-    no longer fits the model it uses is unavailable with the reason instead of failing each
-    request."""
-    client.load_model("pipeline")
-    assert _sum(client, "pipeline") == [[2.0] * 4]
-    statistics = client.get_inference_statistics("pipeline")["model_stats"][0]
-    assert statistics["inference_stats"]["success"]["count"] == 1
-    client.load_model("add_sub")
-    statistics = client.get_inference_statistics("pipeline")["model_stats"][0]
-    assert statistics["inference_stats"]["success"]["count"] == 0
-    assert _sum(client, "pipeline") == [[2.0] * 4]
-    one_input = {  # the scaling model under add_sub's name: no INPUT1 for the pipeline
-        "name": "add_sub",
-        "backend": "onnxruntime",
-        "max_batch_size": 4,
-        "input": [{"name": "INPUT0", **TENSOR}],
-        "output": [{"name": "OUTPUT0", **TENSOR}],
-    }
-    model = scale_model(2.0).SerializeToString()
-    client.load_model("add_sub", config=json.dumps(one_input), files={"file:1/model.onnx": model})
-    state, reason = _states(client)["pipeline"]
-    assert state == "UNAVAILABLE" and "add_sub" in reason, reason
-    assert not client.is_model_ready("pipeline") and client.is_model_ready("add_sub")
