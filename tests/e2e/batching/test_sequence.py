@@ -320,11 +320,25 @@ def test_sequence_ids_over_grpc(coreserve_server: ServerFactory, tmp_path: Path)
             "TYPE_UINT64", "TYPE_STRING"
         ),
     )
+    write_model(
+        tmp_path,
+        "signed",
+        accumulator_model("INT64"),
+        ACCUMULATOR.format(count=1, max_batch=2, idle=5_000_000, strategy="").replace(
+            "TYPE_UINT64", "TYPE_INT64"
+        ),
+    )
     server = coreserve_server(tmp_path)
     client = grpcclient.InferenceServerClient(server.grpc_url)
     try:
         tensor = grpcclient.InferInput("INPUT", [1, 1], "INT32")
         tensor.set_data_from_numpy(np.array([[3]], np.int32))
+        # An INT64 CORRID takes the id's 64 bits, as Triton casts them; the model serves on.
+        for sequence_id, corrid in ((-3, -3), (7, 7)):
+            result = client.infer(
+                "signed", [tensor], sequence_id=sequence_id, sequence_start=True, sequence_end=True
+            )
+            assert int(result.as_numpy("CORR_OUT")[0, 0]) == corrid
         with pytest.raises(InferenceServerException, match="takes numeric sequence ids"):
             client.infer("accumulator", [tensor], sequence_id="abc", sequence_start=True)
         result = client.infer(

@@ -42,7 +42,13 @@ import numpy as np
 
 from coreserve.backend.api import ModelInstance
 from coreserve.config.signature import ModelSignature
-from coreserve.errors import CancelledError, CoreserveError, InvalidArgumentError, UnavailableError
+from coreserve.errors import (
+    CancelledError,
+    CoreserveError,
+    InternalError,
+    InvalidArgumentError,
+    UnavailableError,
+)
 from coreserve.protos.model_config_pb2 import ModelSequenceBatching
 from coreserve.scheduling._ordering import OrderedRelease
 from coreserve.scheduling._scheduler import Scheduler
@@ -332,7 +338,12 @@ class SequenceBatcher(Scheduler):
         for sequence, step in taken:
             try:
                 batch.append(self._prepare(sequence, step))
-            except CoreserveError as exc:
+            except Exception as exc:  # this request fails; the instance's worker goes on
+                if not isinstance(exc, CoreserveError):
+                    logger.exception(
+                        "model '%s': preparing a sequence's request failed", self.signature.model_name
+                    )
+                    exc = InternalError(f"preparing the request of sequence {sequence.id} failed: {exc}")
                 if step.request.sink is not None:
                     step.request.sink.fail(exc)
         return batch

@@ -65,7 +65,8 @@ class ControlTensor:
                 raise InvalidArgumentError(
                     f"control input '{self.name}' takes numeric sequence ids; got the string '{sequence_id}'"
                 )
-            return np.full(shape, sequence_id, dtype=dtype)
+            # The id's 64 bits in the control's type, as Triton casts them (2**64 - 3 is -3 in INT64).
+            return np.full(shape, np.array(sequence_id, np.uint64).astype(dtype), dtype=dtype)
         flags: dict[int, bool] = {
             Control.CONTROL_SEQUENCE_START: start,
             Control.CONTROL_SEQUENCE_END: end,
