@@ -252,14 +252,23 @@ class RelatedChanges:
         self._done = asyncio.Condition()
 
     @contextlib.asynccontextmanager
-    async def holding(self, change: str, names: Callable[[], Awaitable[set[str]]]) -> AsyncIterator[None]:
+    async def holding(
+        self, change: str, names: Callable[[], Awaitable[set[str]]], unheld: bool = False
+    ) -> AsyncIterator[None]:
         """Runs the block once no other change holds any of the models `names` gives (asked
-        again after each wait: the models linked change with the changes)."""
-        async with self._done:
-            while (held := await names()) & self._busy:
+        again after each wait: the models linked change with the changes); `unheld`: at once,
+        holding nothing (a change a model asks for, which the change that runs it may hold)."""
+        if unheld:
+            yield
+            return
+        while True:
+            held = await names()  # (outside the lock: it may read the repository)
+            async with self._done:
+                if not held & self._busy:
+                    self._busy |= held
+                    break
                 logger.info("the %s waits for a change of the models linked to it", change)
                 await self._done.wait()
-            self._busy |= held
         try:
             yield
         finally:

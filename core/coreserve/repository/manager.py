@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import functools
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -332,12 +333,15 @@ class ModelRepository:
                 f"(this server runs in mode {self.mode.value})"
             )
 
-    async def load(self, name: str, overrides: LoadOverrides | None = None) -> None:
+    async def load(self, name: str, overrides: LoadOverrides | None = None, by_model: bool = False) -> None:
         """Loads or reloads a model (explicit mode); raises with the reason if it cannot load.
-        The ensembles its unload took down load again once every step of theirs serves."""
+        The ensembles its unload took down load again once every step of theirs serves. A load
+        a model asks for (`by_model`) does not wait for changes of linked models: one of them
+        may be the load that runs that model."""
         self._refuse_unless_explicit("loading models")
         overrides = overrides or LoadOverrides()
-        async with self._changes.holding(f"load of model '{name}'", lambda: self._linked(name, overrides)):
+        linked = functools.partial(self._linked, name, overrides)
+        async with self._changes.holding(f"load of model '{name}'", linked, by_model):
             await self._load(name, overrides, ())
             self.taken_down.forget(name)
             loaded = [name]
@@ -358,7 +362,11 @@ class ModelRepository:
         if overrides is not None and overrides.config is not None:
             start |= {step.model_name for step in overrides.config.ensemble_scheduling.step}
         if overrides is not None and not overrides.files:
-            found, _ = await self._scan()
+            # Its folder's steps, of the repositories on this machine (a remote model's files are
+            # not copied here before its load does it).
+            found = {
+                key: entry for key, entry in (await self._scan())[0].items() if not entry[0].copies_files
+            }
             wanted = await self._with_steps({key: found[key] for key in self._keys_named(name, found)}, found)
             start |= {self._split(key, source)[1] for key, (source, _) in wanted.items()}
         return linked(start, uses)
@@ -429,12 +437,13 @@ class ModelRepository:
         if not new.takes_requests:
             raise InvalidArgumentError(f"load failed for model '{name}': {unavailable_reason(new)}")
 
-    async def unload(self, name: str, dependents: bool = False) -> None:
+    async def unload(self, name: str, dependents: bool = False, by_model: bool = False) -> None:
         """Unloads a model (explicit mode) and the ensembles that use it, until it loads again.
-        As in Triton 2.51, `dependents` (`unload_dependents`) changes nothing to that."""
+        As in Triton 2.51, `dependents` (`unload_dependents`) changes nothing to that. `by_model`:
+        as for `load`."""
         self._refuse_unless_explicit("unloading models")
         check_model_name(name)
-        async with self._changes.holding(f"unload of model '{name}'", lambda: self._linked(name)):
+        async with self._changes.holding(f"unload of model '{name}'", lambda: self._linked(name), by_model):
             self.taken_down.forget(name)  # unloaded by name: it stays unloaded
             # Under namespacing, as Triton: a name unloads the models of that name in every repository.
             keys = [key for key, model in self._models.items() if key == name or model.name == name]

@@ -28,6 +28,7 @@ from coreserve.repository.polling import poll_forever
 from coreserve.scheduling import LatencyOptions
 from coreserve.scheduling.cache.config import make_response_cache
 from coreserve.scheduling.rate_limiter import RateLimiter
+from coreserve.server.changes import ModelsForBackends
 from coreserve.server.dataplane import DataPlane, ServerFlags
 from coreserve.server.grpc import GrpcFrontend
 from coreserve.server.grpc.native import NativeGrpcFrontend
@@ -107,7 +108,7 @@ class ServerRuntime:
             self.repository, self.flags, log=self.log, name=options.server_id, tracer=self.tracer
         )
         loader.client = self.dataplane
-        loader.models = self.dataplane
+        loader.models = ModelsForBackends(self.dataplane)
         loader.activity = self.dataplane
         self.custom_metrics = loader.metrics
         self.metrics_report: MetricsReport | None = None

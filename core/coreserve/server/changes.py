@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, ClassVar, get_args
+from typing import TYPE_CHECKING, Any, ClassVar, get_args
 
 from coreserve.errors import InvalidArgumentError
+
+if TYPE_CHECKING:
+    from coreserve.server.dataplane import DataPlane
 
 
 @dataclass(frozen=True)
@@ -22,6 +25,7 @@ class LoadModel:
     call: ClassVar[str] = "load_model"
     name: str
     parameters: dict[str, object]  # as Triton's load request carries them
+    by_model: bool = False  # asked by a model (pb_utils.load_model): see ModelRepository.load
 
     @property
     def replay_key(self) -> tuple[str, str]:
@@ -33,6 +37,7 @@ class UnloadModel:
     call: ClassVar[str] = "unload_model"
     name: str
     dependents: bool = False
+    by_model: bool = False
 
     @property
     def replay_key(self) -> tuple[str, str]:
@@ -174,3 +179,20 @@ def loads_files(message: dict[str, Any]) -> bool:
         and isinstance(parameters, dict)
         and any(str(key).startswith("file:") for key in parameters)
     )
+
+
+class ModelsForBackends:
+    """The model repository API the server gives its backends (`ModelControl`, Triton's
+    `pb_utils.load_model`): changes made as a client's, marked as asked by a model."""
+
+    def __init__(self, dataplane: DataPlane) -> None:
+        self._dataplane = dataplane
+
+    async def load_model(self, name: str, parameters: dict[str, object]) -> None:
+        await self._dataplane.change(LoadModel(name, parameters, by_model=True))
+
+    async def unload_model(self, name: str, dependents: bool = False) -> None:
+        await self._dataplane.change(UnloadModel(name, dependents, by_model=True))
+
+    def model_ready(self, name: str, version: str = "") -> bool:
+        return self._dataplane.model_ready(name, version)

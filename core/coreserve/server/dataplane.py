@@ -419,10 +419,10 @@ class DataPlane:
         """Makes `change` in this process."""
         regions = self.shared_memory
         match change:
-            case LoadModel(name, parameters):
-                await self.repository.load(name, parse_load_parameters(name, parameters))
-            case UnloadModel(name, dependents):
-                await self.repository.unload(name, dependents)
+            case LoadModel(name, parameters, by_model):
+                await self.repository.load(name, parse_load_parameters(name, parameters), by_model)
+            case UnloadModel(name, dependents, by_model):
+                await self.repository.unload(name, dependents, by_model)
             case RegisterSystemRegion(name, key, offset, byte_size):
                 regions.register(name, key, offset, byte_size)
             case UnregisterSystemRegion(name):

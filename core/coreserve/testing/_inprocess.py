@@ -23,6 +23,7 @@ from coreserve.backend.plugins.manager import Plugins
 from coreserve.config import ModelConfig, config_to_dict
 from coreserve.errors import CoreserveError
 from coreserve.repository import ControlMode, ModelLoader, ModelRepository, source_for
+from coreserve.server.changes import ModelsForBackends
 from coreserve.server.dataplane import DataPlane, ServerFlags
 from coreserve.types import InferenceRequest, InferenceResponse
 
@@ -122,7 +123,7 @@ class InProcessServer:
         )
         self.dataplane = DataPlane(repository, ServerFlags(started=True))
         loader.client = self.dataplane
-        loader.models = self.dataplane
+        loader.models = ModelsForBackends(self.dataplane)
         loader.activity = self.dataplane
         await repository.start()
 
