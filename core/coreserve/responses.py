@@ -11,7 +11,7 @@ change what passes) and add only that.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Collection
 
 import numpy as np
 
@@ -161,10 +161,13 @@ class QueuedResponses:
                 return
 
 
-def output_bytes(response: InferenceResponse) -> int:
-    """What a response's outputs hold, BYTES elements by their lengths."""
+def output_bytes(response: InferenceResponse, leaving_out: Collection[str] = ()) -> int:
+    """What a response's outputs hold (but those named in `leaving_out`: sent elsewhere, into
+    shared memory), BYTES elements by their lengths."""
     total = 0
-    for array in response.outputs.values():
+    for name, array in response.outputs.items():
+        if name in leaving_out:
+            continue
         if array.dtype == np.object_:
             total += sum(len(item) if isinstance(item, bytes | str) else 8 for item in array.flat)
         else:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
+from functools import partial
 from typing import Any, TypeVar
 
 import grpc
@@ -349,10 +350,14 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         # context cannot, and every message goes through the outbox and this generator.
         send_now: Callable[[Any], bool] | None = getattr(context, "send_now", None)
 
-        def deliver(message: StreamMessage | None, final: bool, size: int = 0) -> bool:
-            """Sends or queues a message; False (dropped) for one past the bound, never a final one."""
+        def deliver(
+            message: StreamMessage | None, final: bool, measure: Callable[[], int] | None = None
+        ) -> bool:
+            """Sends or queues a message; False (dropped) for one past the bound, never a final one
+            (`measure`: what its outputs hold, counted while it waits)."""
             nonlocal open_requests, waiting_bytes
             if send_now is None or not outbox.empty() or (message is not None and not send_now(message)):
+                size = measure() if measure is not None and not final else 0
                 if not final and not outbox.empty() and waiting_bytes + size > MAX_WAITING_BYTES:
                     return False
                 waiting_bytes += size
@@ -405,7 +410,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     def _start_stream_request(
         self,
         received: ReceivedInferRequest,
-        deliver: Callable[[StreamMessage | None, bool, int], bool],
+        deliver: Callable[[StreamMessage | None, bool, Callable[[], int] | None], bool],
         running: set[InferenceRequest],
         context: Any,
     ) -> None:
@@ -420,7 +425,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                     model_name=message.model_name, model_version=message.model_version, id=received.request_id
                 ),
             )
-            deliver(reply, True, 0)
+            deliver(reply, True, None)
 
         try:
             request, plan = self._decode(received)
@@ -459,8 +464,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 reply = pb.ModelStreamInferResponse(infer_response=encoded)
             if final:
                 running.discard(request)
-            size = output_bytes(response) if response is not None else 0
-            if (reply is not None or final) and not deliver(reply, final, size):
+            measure = None if response is None else partial(output_bytes, response, plan.shared_memory)
+            if (reply is not None or final) and not deliver(reply, final, measure):
                 too_slow = True
                 request.cancel()
             if trace is not None:
