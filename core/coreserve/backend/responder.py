@@ -140,18 +140,14 @@ class Responder:
         key = id(request)
         if key not in self._open:
             raise InternalError(f"request '{request.id}' was already answered")
+        # As Triton: the outputs asked for (one the model did not produce is left out), else
+        # those of the model's configuration (implicit state included, for the sequence batcher).
         requested = request.requested_outputs
+        known = self.signature.model_outputs
         if requested is not None:
-            try:
-                outputs = {name: outputs[name] for name in requested}
-            except KeyError as exc:
-                self.send_error(
-                    request,
-                    InternalError(
-                        f"model '{self.signature.model_name}' did not produce requested output {exc}"
-                    ),
-                )
-                return
+            outputs = {name: outputs[name] for name in requested if name in outputs}
+        elif not outputs.keys() <= known.keys():
+            outputs = {name: array for name, array in outputs.items() if name in known}
         response = InferenceResponse(
             model_name=request.model_name,
             model_version=self.model_version,

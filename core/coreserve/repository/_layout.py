@@ -19,13 +19,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from coreserve.config.parse import parse_config
-from coreserve.errors import InvalidArgumentError, ModelConfigError
+from coreserve.errors import CoreserveError, InvalidArgumentError, ModelConfigError
 from coreserve.protos.model_config_pb2 import ModelConfig, ModelVersionPolicy
 from coreserve.repository._overrides import LoadOverrides
-from coreserve.repository.namespaces import qualified
+from coreserve.repository.namespaces import Found, find_models, key_of, qualified
 
 if TYPE_CHECKING:
     from coreserve.repository.model import Model
+    from coreserve.repository.storage._sources import RepositorySource
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +58,58 @@ class ModelLocation:
             if custom.is_file():
                 return custom
         return self.path / CONFIG_FILENAME
+
+
+class ModelFinder:
+    """Finds the models of the repositories: their keys, their folders on this machine and the
+    models their ensembles use."""
+
+    def __init__(self, sources: Sequence[RepositorySource], namespacing: bool, config_name: str) -> None:
+        self._sources = sources
+        self._namespacing = namespacing
+        self._config_name = config_name  # --model-config-name
+
+    async def scan(self) -> tuple[Found, dict[str, str]]:
+        """Every model by key, and the names refused as found twice (see find_models)."""
+        return await find_models(self._sources, self._namespacing)
+
+    def keys_named(self, name: str, found: Found) -> list[str]:
+        """The keys of the models called `name` among those found (one unless namespacing)."""
+        if not self._namespacing:
+            return [name] if name in found else []
+        return [key for key, (source, _) in found.items() if key == key_of(source, name, True)]
+
+    def split(self, key: str, source: RepositorySource) -> tuple[str, str]:
+        """A found model's namespace ("" unless namespacing) and plain name."""
+        namespace = source.label if self._namespacing else ""
+        return namespace, key.removeprefix(qualified(namespace, "")) if namespace else key
+
+    async def location(self, key: str, source: RepositorySource) -> ModelLocation:
+        """The folder of a found model on this machine (a remote repository's is copied here)."""
+        namespace, name = self.split(key, source)
+        path = await asyncio.to_thread(source.local_path, name)
+        return ModelLocation(
+            name, path, path.parent, self._config_name, namespace, copied=source.copies_files
+        )
+
+    async def with_steps(self, wanted: Found, found: Found) -> Found:
+        """The models wanted and, as Triton loads them, the steps of the ensembles among them:
+        under namespacing, the step of the ensemble's own repository where it has one."""
+        wanted = dict(wanted)
+        unexplored = list(wanted)
+        while unexplored:
+            key = unexplored.pop()
+            try:
+                location = await self.location(key, wanted[key][0])
+            except CoreserveError:
+                continue  # its load records why it cannot load
+            for step in ensemble_steps(location) or ():
+                own = qualified(location.namespace, step)
+                for step_key in [own] if own in found else self.keys_named(step, found):
+                    if step_key not in wanted:
+                        wanted[step_key] = found[step_key]
+                        unexplored.append(step_key)
+        return wanted
 
 
 def ensemble_steps(location: ModelLocation, config: ModelConfig | None = None) -> set[str] | None:

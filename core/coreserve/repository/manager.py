@@ -35,6 +35,7 @@ from coreserve.errors import (
 )
 from coreserve.repository._index import index_entries, unavailable_reason
 from coreserve.repository._layout import (
+    ModelFinder,
     ModelLocation,
     RelatedChanges,
     TakenDownEnsembles,
@@ -50,7 +51,7 @@ from coreserve.repository.memory._budgeted import BudgetedLoads
 from coreserve.repository.memory._unloading import close_model, unload_loaded_versions
 from coreserve.repository.memory.budgets import MemoryBudgets
 from coreserve.repository.model import Model
-from coreserve.repository.namespaces import Found, ModelTable, ambiguous, find_models, key_of, qualified
+from coreserve.repository.namespaces import Found, ModelTable, ambiguous, qualified
 from coreserve.repository.storage._folders import MAX_NAME_BYTES, check_model_name
 from coreserve.repository.storage._sources import RepositorySource
 
@@ -91,6 +92,7 @@ class ModelRepository:
         self._cache_dir = cache_dir
         self._drain_timeout = drain_timeout
         self._models = ModelTable()  # by key: the name, qualified by its namespace under namespacing
+        self._find = ModelFinder(self.sources, namespacing, loader.config_name)
         self._fingerprints: dict[str, str] = {}
         self._unloaded: set[str] = set()
         self.taken_down = TakenDownEnsembles()
@@ -127,77 +129,36 @@ class ModelRepository:
         """The models without sorting them: for what sums over them on every execution."""
         return self._models.values()
 
-    def _keys_named(self, name: str, found: Found) -> list[str]:
-        """The keys of the models called `name` among those found (one unless namespacing)."""
-        if not self.namespacing:
-            return [name] if name in found else []
-        return [key for key, (source, _) in found.items() if key == key_of(source, name, True)]
-
     def all_ready(self) -> bool:
         return all(model.ready for model in self._models.values())
-
-    # Finding models.
-
-    async def _scan(self) -> tuple[Found, dict[str, str]]:
-        return await find_models(self.sources, self.namespacing)
-
-    def _split(self, key: str, source: RepositorySource) -> tuple[str, str]:
-        """A found model's namespace ("" unless namespacing) and plain name."""
-        namespace = source.label if self.namespacing else ""
-        return namespace, key.removeprefix(qualified(namespace, "")) if namespace else key
-
-    async def _location(self, key: str, source: RepositorySource) -> ModelLocation:
-        namespace, name = self._split(key, source)
-        path = await asyncio.to_thread(source.local_path, name)
-        config_name, copied = self._loader.config_name, source.copies_files
-        return ModelLocation(name, path, path.parent, config_name, namespace, copied=copied)
 
     # Start-up and polling.
 
     async def start(self) -> None:
         """Loads what the control mode loads at start-up."""
-        found, duplicates = await self._scan()
+        found, duplicates = await self._find.scan()
         for name, reason in duplicates.items():
             self._models[name] = Model(name=name, path=None, reason=reason)
         if self.mode is ControlMode.EXPLICIT:  # pinned: never unloaded to make room
-            pinned = {key for name in self._startup_models for key in self._keys_named(name, found)}
+            pinned = {key for name in self._startup_models for key in self._find.keys_named(name, found)}
             self.budgeted.pinned = pinned | (set(found) if "*" in self._startup_models else set())
         if self.mode is ControlMode.EXPLICIT and "*" not in self._startup_models:
             wanted = {}
             for name in self._startup_models:
-                keys = self._keys_named(name, found)  # under namespacing: every repository's
+                keys = self._find.keys_named(name, found)  # under namespacing: every repository's
                 wanted.update({key: found[key] for key in keys})
                 if not keys:
                     self._models[name] = Model(
                         name=name, path=None, reason=f"model '{name}' is not in the repository"
                     )
-            found = await self._with_steps(wanted, found)
+            found = await self._find.with_steps(wanted, found)
         await self._load_many(found, "startup")
-
-    async def _with_steps(self, wanted: Found, found: Found) -> Found:
-        """The models wanted and, as Triton loads them, the steps of the ensembles among them:
-        under namespacing, the step of the ensemble's own repository where it has one."""
-        wanted = dict(wanted)
-        unexplored = list(wanted)
-        while unexplored:
-            key = unexplored.pop()
-            try:
-                location = await self._location(key, wanted[key][0])
-            except CoreserveError:
-                continue  # _load_many records why it cannot load
-            for step in ensemble_steps(location) or ():
-                own = qualified(location.namespace, step)
-                for step_key in [own] if own in found else self._keys_named(step, found):
-                    if step_key not in wanted:
-                        wanted[step_key] = found[step_key]
-                        unexplored.append(step_key)
-        return wanted
 
     async def take_on(self, plan: Mapping[str, LoadOverrides]) -> None:
         """Loads the models `plan` names (by key) with its overrides, whatever the control mode: a
         worker of a server of several taking on what the others serve (`adoption`). A model no
         repository holds is left out; the caller finds it missing."""
-        found, _ = await self._scan()
+        found, _ = await self._find.scan()
         await self._load_many({key: found[key] for key in plan if key in found}, "startup", plan)
 
     def mark_unavailable(self, key: str, name: str, namespace: str, reason: str) -> None:
@@ -221,9 +182,9 @@ class ModelRepository:
         locations: dict[str, ModelLocation] = {}
         for key, (source, _) in found.items():
             try:
-                locations[key] = await self._location(key, source)
+                locations[key] = await self._find.location(key, source)
             except CoreserveError as exc:
-                namespace, name = self._split(key, source)
+                namespace, name = self._find.split(key, source)
                 self._models[key] = Model(name=name, path=None, reason=exc.message, namespace=namespace)
         # The models that serve and are not loaded again take part as they are.
         serving = serving_steps(self._models)
@@ -255,7 +216,7 @@ class ModelRepository:
 
     async def poll(self) -> None:
         """Applies what changed in the repositories since the last look (poll mode)."""
-        found, duplicates = await self._scan()
+        found, duplicates = await self._find.scan()
         changed = {
             name: entry
             for name, entry in found.items()
@@ -365,10 +326,11 @@ class ModelRepository:
             # Its folder's steps, of the repositories on this machine (a remote model's files are
             # not copied here before its load does it).
             found = {
-                key: entry for key, entry in (await self._scan())[0].items() if not entry[0].copies_files
+                key: entry for key, entry in (await self._find.scan())[0].items() if not entry[0].copies_files
             }
-            wanted = await self._with_steps({key: found[key] for key in self._keys_named(name, found)}, found)
-            start |= {self._split(key, source)[1] for key, (source, _) in wanted.items()}
+            named = {key: found[key] for key in self._find.keys_named(name, found)}
+            wanted = await self._find.with_steps(named, found)
+            start |= {self._find.split(key, source)[1] for key, (source, _) in wanted.items()}
         return linked(start, uses)
 
     def keep_taken_down(self, name: str, namespace: str, steps: frozenset[str], kept: LoadOverrides) -> None:
@@ -397,10 +359,10 @@ class ModelRepository:
             location = ModelLocation(name, path, path.parent, self._loader.config_name, from_files=True)
             await self._load_location(name, location, None, overrides, reason)
             return
-        found, duplicates = await self._scan()
+        found, duplicates = await self._find.scan()
         if name in duplicates:
             raise InvalidArgumentError(duplicates[name])
-        keys = [key for key in self._keys_named(name, found) if only in (None, key)]
+        keys = [key for key in self._find.keys_named(name, found) if only in (None, key)]
         if not keys and reason == "demand":
             raise NotFoundError(f"Request for unknown model: '{name}' is not found")
         if not keys and len(name.encode()) > MAX_NAME_BYTES:  # a client's mistake, not the repository's
@@ -412,7 +374,7 @@ class ModelRepository:
             raise not_in_repository(name)
         # Under namespacing, as Triton: a name loads the models of that name in every repository.
         for key in keys:
-            location = await self._location(key, found[key][0])
+            location = await self._find.location(key, found[key][0])
             steps = ensemble_steps(location, overrides.config) or set()
             refuse_cycles(location, steps, loading, self._models)
             for step in sorted(steps):
@@ -481,7 +443,7 @@ class ModelRepository:
     async def index(self, ready_only: bool = False) -> list[dict[str, str]]:
         """Every model of the repositories and every served version, with state and reason
         (and, loading on demand or under a memory budget, memory and last use: see index.py)."""
-        found, _ = await self._scan()
-        names = {key: self._split(key, source)[1] for key, (source, _) in found.items()}
+        found, _ = await self._find.scan()
+        names = {key: self._find.split(key, source)[1] for key, (source, _) in found.items()}
         extras = self.budgeted.on_demand or self.budgeted.has_budget
         return index_entries(self._models, names, self._unloaded, ready_only=ready_only, extras=extras)

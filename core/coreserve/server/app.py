@@ -108,7 +108,7 @@ class ServerRuntime:
             self.repository, self.flags, log=self.log, name=options.server_id, tracer=self.tracer
         )
         loader.client = self.dataplane
-        loader.models = ModelsForBackends(self.dataplane)
+        loader.models = ModelsForBackends(self.dataplane.change, self.dataplane.model_ready)
         loader.activity = self.dataplane
         self.custom_metrics = loader.metrics
         self.metrics_report: MetricsReport | None = None

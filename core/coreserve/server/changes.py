@@ -11,13 +11,11 @@ forgets (`forgets`).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, get_args
+from typing import Any, ClassVar, get_args
 
 from coreserve.errors import InvalidArgumentError
-
-if TYPE_CHECKING:
-    from coreserve.server.dataplane import DataPlane
 
 
 @dataclass(frozen=True)
@@ -183,16 +181,20 @@ def loads_files(message: dict[str, Any]) -> bool:
 
 class ModelsForBackends:
     """The model repository API the server gives its backends (`ModelControl`, Triton's
-    `pb_utils.load_model`): changes made as a client's, marked as asked by a model."""
+    `pb_utils.load_model`): changes made as a client's (`change`: DataPlane.change), marked as
+    asked by a model."""
 
-    def __init__(self, dataplane: DataPlane) -> None:
-        self._dataplane = dataplane
+    def __init__(
+        self, change: Callable[[Change], Awaitable[None]], model_ready: Callable[[str, str], bool]
+    ) -> None:
+        self._change = change
+        self._model_ready = model_ready
 
     async def load_model(self, name: str, parameters: dict[str, object]) -> None:
-        await self._dataplane.change(LoadModel(name, parameters, by_model=True))
+        await self._change(LoadModel(name, parameters, by_model=True))
 
     async def unload_model(self, name: str, dependents: bool = False) -> None:
-        await self._dataplane.change(UnloadModel(name, dependents, by_model=True))
+        await self._change(UnloadModel(name, dependents, by_model=True))
 
     def model_ready(self, name: str, version: str = "") -> bool:
-        return self._dataplane.model_ready(name, version)
+        return self._model_ready(name, version)

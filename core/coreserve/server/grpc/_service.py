@@ -36,6 +36,7 @@ from coreserve.protos import grpc_service_pb2_grpc as pb_grpc
 from coreserve.responses import MAX_WAITING_BYTES, StreamingResponses, output_bytes
 from coreserve.server import changes
 from coreserve.server.dataplane import DataPlane
+from coreserve.server.grpc._stream import StreamCall, StreamMessage
 from coreserve.server.restrictions import ApiRestrictions
 from coreserve.types import InferenceRequest, InferenceResponse, Trace, TraceContext, now_ns
 
@@ -64,12 +65,10 @@ _INDEX_FIELDS = frozenset({"name", "version", "state", "reason"})
 Request = TypeVar("Request")
 Response = TypeVar("Response")
 Handler = Callable[[Any, Request, grpc.aio.ServicerContext], Awaitable[Response]]
-StreamMessage = bytes | SerializedPieces | pb.ModelStreamInferResponse
 _CUT_OFF = UnavailableError(
     f"the responses were taken too slowly: more than {MAX_WAITING_BYTES} bytes of outputs waited on "
     "this stream; the request was cancelled"
 )
-Outbox = asyncio.Queue[tuple[StreamMessage | None, bool, int] | None]  # (message, final, output bytes)
 
 
 def _metadata(context: grpc.aio.ServicerContext) -> dict[str, str]:
@@ -325,80 +324,27 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         """Many requests on one stream; each response or error goes back as it comes.
 
         A request's error is sent as that request's message and the stream stays open.
-        Decoupled models send several responses per request through the same path. Once
-        max_stream_inflight requests are open, the stream reads no more until the last
-        response of one has been sent (HTTP/2 flow control then holds the client back). A client
-        that reads its responses too slowly (or not at all) has at most 64 MiB of outputs waiting
-        here: past that, the request whose response would wait is cancelled, and its final
-        message says why.
+        Decoupled models send several responses per request through the same path. The
+        stream's bounds are StreamCall's: past its bound of outputs waiting, the request whose
+        response would wait is cancelled, and its final message says why.
         """
         if self._restrictions:
             try:
                 self._restrictions.check("inference", _metadata(context))
             except CoreserveError as exc:
                 await context.abort(GRPC_STATUS[exc.code], exc.message)
-        # (message, final): None as a message only ends a request; None alone: reading ended.
-        outbox: Outbox = asyncio.Queue()
-        limit = self._max_stream_inflight
-        open_requests = 0  # read, and their last message not yet sent
-        waiting_bytes = 0  # the outputs of the messages in the outbox
+        # The native transport writes a message at once where nothing waits before it.
+        call = StreamCall(self._max_stream_inflight, getattr(context, "send_now", None))
         running: set[InferenceRequest] = set()  # submitted, and their last response not yet given
-        room = asyncio.Event()
-        room.set()
-        reading = True
-        # The native transport writes a message at once where nothing waits before it; grpc.aio's
-        # context cannot, and every message goes through the outbox and this generator.
-        send_now: Callable[[Any], bool] | None = getattr(context, "send_now", None)
 
-        def deliver(
-            message: StreamMessage | None, final: bool, measure: Callable[[], int] | None = None
-        ) -> bool:
-            """Sends or queues a message; False (dropped) for one past the bound, never a final one
-            (`measure`: what its outputs hold, counted while it waits)."""
-            nonlocal open_requests, waiting_bytes
-            if send_now is None or not outbox.empty() or (message is not None and not send_now(message)):
-                size = measure() if measure is not None and not final else 0
-                if not final and not outbox.empty() and waiting_bytes + size > MAX_WAITING_BYTES:
-                    return False
-                waiting_bytes += size
-                outbox.put_nowait((message, final, size))
-                return True
-            if final:
-                open_requests -= 1
-                if open_requests < limit:
-                    room.set()
-                if not (reading or open_requests):
-                    outbox.put_nowait(None)  # wakes the generator to end the call
-            return True
+        async def start(message: ReceivedInferRequest) -> None:
+            await self._dataplane.load_on_demand(message.message)
+            self._start_stream_request(message, call.deliver, running, context)
 
-        async def read() -> None:
-            nonlocal open_requests
-            try:
-                async for message in requests:
-                    open_requests += 1
-                    await self._dataplane.load_on_demand(message.message)
-                    self._start_stream_request(message, deliver, running, context)
-                    if open_requests >= limit:
-                        room.clear()
-                        await room.wait()
-            finally:  # even on a fault: the writer ends once the open requests are answered
-                outbox.put_nowait(None)
-
-        reader = asyncio.create_task(read())
+        reader = asyncio.create_task(call.read(requests, start))
         try:
-            while reading or open_requests:
-                item = await outbox.get()
-                if item is None:
-                    reading = False
-                    continue
-                message, final, size = item
-                waiting_bytes -= size
-                if message is not None:
-                    yield message
-                if final:
-                    open_requests -= 1
-                    if open_requests < limit:
-                        room.set()
+            async for message in call.messages():
+                yield message
             await reader
         finally:
             reader.cancel()
@@ -418,6 +364,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         received_ns = now_ns() if tracing else 0
         message = received.message
 
+        empty_final = False  # (known once the request is read)
+
         def error_message(error: CoreserveError) -> None:
             reply = pb.ModelStreamInferResponse(
                 error_message=error.message,
@@ -425,6 +373,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                     model_name=message.model_name, model_version=message.model_version, id=received.request_id
                 ),
             )
+            if empty_final:  # an error ends the request: a client that waits for the flag sees it
+                reply.infer_response.parameters[FINAL_RESPONSE].bool_param = True
             deliver(reply, True, None)
 
         try:

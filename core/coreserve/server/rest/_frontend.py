@@ -44,16 +44,17 @@ logger = logging.getLogger(__name__)
 _T = TypeVar("_T")
 # The header that keeps a request on one version of a model with traffic weights.
 
-HTTP_STATUS = {
+HTTP_STATUS = {  # Triton's (http_server.cc, HttpCodeFromError)
     ErrorCode.INVALID_ARG: 400,
     ErrorCode.NOT_FOUND: 404,
     ErrorCode.UNAVAILABLE: 503,
     ErrorCode.UNSUPPORTED: 501,
-    ErrorCode.ALREADY_EXISTS: 400,  # as Triton's: no status of its own over HTTP (gRPC has one)
-    ErrorCode.CANCELLED: 499,
+    # These have no status of their own over HTTP (gRPC has one each): 400 as on Triton.
+    ErrorCode.ALREADY_EXISTS: 400,
+    ErrorCode.CANCELLED: 400,
+    ErrorCode.UNKNOWN: 400,
     ErrorCode.PERMISSION_DENIED: 403,
     ErrorCode.INTERNAL: 500,
-    ErrorCode.UNKNOWN: 500,
 }
 
 

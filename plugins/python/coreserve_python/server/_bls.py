@@ -77,9 +77,15 @@ class BlsServing:
             if client is None:
                 raise UnavailableError("this server offers no in-process client for BLS requests")
             if message["decoupled"]:
+                single: bool | None = None  # a model that is not decoupled: its one answer is final
                 async for response in client.stream(request):
-                    self._send_bls_response(call, response.outputs, response.parameters, final=False)
-                self._send_bls_response(call, None, None, final=True)
+                    if single is None:  # (known once it serves: it may have loaded on demand)
+                        single = not client.model_signature(
+                            request.model_name, request.model_version
+                        ).decoupled
+                    self._send_bls_response(call, response.outputs, response.parameters, final=single)
+                if not single:
+                    self._send_bls_response(call, None, None, final=True)
             else:
                 response = await client.infer(request)
                 self._send_bls_response(call, response.outputs, response.parameters, final=True)

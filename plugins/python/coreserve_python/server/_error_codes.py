@@ -29,7 +29,10 @@ CODES: dict[type[CoreserveError], int] = {error: code for code, error in _ERROR_
 
 
 def error_for(code: int, text: str) -> CoreserveError:
-    """The coreserve error for a model's TritonError (UNKNOWN and others: internal)."""
+    """The coreserve error for a model's TritonError (UNKNOWN: an error of unknown kind, as
+    Triton answers it; a code pb_utils does not define: internal)."""
+    if code == TritonError.UNKNOWN:
+        return CoreserveError(text)
     return ERRORS.get(code, InternalError)(text)
 
 

@@ -359,9 +359,11 @@ class PythonInstance:
                 responder.reschedule(entry[0])
         if reply["error"] is not None:
             error = InternalError(reply["error"])
-            for key, request in entries:
-                if self._open.close(key) is not None:
-                    responder.send_error(request, error)
+            answered = [request for key, request in entries if self._open.close(key) is not None]
+            for request in answered:
+                responder.send_error(request, error)
+            if not answered:  # (a decoupled model that answered every request, then returned a list)
+                logger.error("%s: %s", self.name, reply["error"])
 
     def _relay_cancel(self, key: int) -> None:
         """Tells the stub that a request it has was cancelled (pb_utils' is_cancelled())."""

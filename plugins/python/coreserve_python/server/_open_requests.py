@@ -62,8 +62,8 @@ class OpenRequests:
             if entry is None:
                 continue
             request, responder, _ = entry
-            if final:
-                self.close(key)
+            if final or (body is not None and body["error"] is not None):
+                self.close(key)  # an error ends the request here; what the model sends after it is dropped
             if body is None:
                 responder.send_final(request)
             elif body["error"] is not None:

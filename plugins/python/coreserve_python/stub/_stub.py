@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.util
 import inspect
 import os
 import signal
@@ -29,7 +28,6 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import coreserve_python.pb_utils.inference as _inference
@@ -51,6 +49,7 @@ from coreserve_python.ipc import (
     write_groups,
 )
 from coreserve_python.stub._inbox import Inbox
+from coreserve_python.stub._model_file import describe, failed_execution, load_model_module, refused_return
 from coreserve_python.stub._requests import ServerRequests, executing_keys, in_context
 
 # Where `import triton_python_backend_utils` finds pb_utils (coreserve_python/shim/).
@@ -77,39 +76,12 @@ def die_with_server(server_pid: int) -> None:
         os._exit(1)
 
 
-class ModelFileError(AttributeError):
-    """A model file that holds no model: said in one line (a traceback would show the stub's code)."""
-
-
-def _describe(exc: BaseException) -> str:
-    """The exception with its traceback (the model's code), for messages that reach the operator."""
-    if isinstance(exc, ModelFileError):
-        return f"AttributeError: {exc}"
-    return "".join(traceback.format_exception(exc)).rstrip()
-
-
-def load_model_module(model_file: Path) -> ModuleType:
-    """Imports model.py as Triton does: its folder is on sys.path for sibling imports."""
-    folder = str(model_file.parent)
-    if folder not in sys.path:
-        sys.path.insert(0, folder)
-    spec = importlib.util.spec_from_file_location(model_file.stem, model_file)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot import {model_file}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[model_file.stem] = module
-    spec.loader.exec_module(module)
-    if not hasattr(module, "TritonPythonModel"):
-        name = model_file.stem
-        raise ModelFileError(f"module '{name}' has no attribute 'TritonPythonModel' ({model_file})")
-    return module
-
-
 class Stub:
     """Runs the model and answers the server; the model's requests go through the `ServerRequests`
     it owns, which it installs as pb_utils' runtime."""
 
     def __init__(self, channel: Channel) -> None:
+        self._instance_name = ""
         self._channel = channel
         self._pool = SegmentPool("stub")
         self._reader = SegmentReader()
@@ -207,9 +179,8 @@ class Stub:
 
     def _init(self, message: Message) -> None:
         try:
-            self._requests.serve_model(
-                message["args"].get("model_instance_name", ""), str(Path(message["model_file"]).parent)
-            )
+            self._instance_name = message["args"].get("model_instance_name", "")
+            self._requests.serve_model(self._instance_name, str(Path(message["model_file"]).parent))
             module = load_model_module(Path(message["model_file"]))
             self._decoupled = message["decoupled"]
             self._inbox.idle_spin_ns = message["idle_spin_microseconds"] * 1000
@@ -220,7 +191,7 @@ class Stub:
                 if inspect.iscoroutine(result):
                     self._run_coroutine(result)
         except BaseException as exc:
-            error = _describe(exc)
+            error = describe(exc)
             failed: InitDoneMessage = {"op": "init_done", "reply_to": message.get("id"), "error": error}
             self._channel.send(failed)
             return
@@ -236,7 +207,7 @@ class Stub:
                 config = complete(config)
             completed, error = config.as_dict(), None
         except BaseException as exc:
-            completed, error = None, _describe(exc)
+            completed, error = None, describe(exc)
         reply: AutoCompleteDoneMessage = {
             "op": "auto_complete_done",
             "reply_to": message.get("id"),
@@ -287,15 +258,21 @@ class Stub:
                 else:
                     result = self._run_coroutine(in_context(result, keys))
             infer_ns[1] = time.monotonic_ns()
+            # A return value Triton refuses is the model's mistake: no stub traceback.
+            refused = None
             if not self._decoupled:
-                # A return value Triton refuses is the model's mistake: no stub traceback.
                 responses, refused = self._results(requests, result)
-                if refused is not None:
-                    error = f"TritonModelException: {refused}"
+            elif result is not None and not inspect.iscoroutine(result):  # its requests would wait for good
+                refused = (
+                    f"Python model '{self._instance_name}' is using the decoupled mode and the execute "
+                    "function must return None."
+                )
+            if refused is not None:
+                error = failed_execution(self._instance_name, refused)
             # Handed back to the server (RESCHEDULE): they come again in a later execute.
             rescheduled = [request._key or 0 for request in requests if request._rescheduled()]
         except BaseException as exc:
-            error = f"{type(exc).__name__}: {exc}"
+            error = failed_execution(self._instance_name, describe(exc))
             traceback.print_exc()
         finally:
             executing_keys.reset(token)
@@ -371,13 +348,11 @@ class Stub:
     def _results(
         self, requests: list[pb_utils.InferenceRequest], result: Any
     ) -> tuple[ResponsesMessage | None, str | None]:
-        """An ordinary model's responses as a message, or why its return value is refused."""
-        if not isinstance(result, list | tuple) or len(result) != len(requests):
-            count = len(result) if isinstance(result, list | tuple) else type(result).__name__
-            return None, (
-                f"execute() must return a list with one InferenceResponse per request: got {count} "
-                f"for {len(requests)} requests"
-            )
+        """An ordinary model's responses as a message, or why its return value is refused (in
+        Triton's words)."""
+        refused = refused_return(result, len(requests))
+        if refused is not None:
+            return None, refused
         items = []
         for request, response in zip(requests, result, strict=True):
             if request._rescheduled():
@@ -399,7 +374,7 @@ class Stub:
                 if inspect.iscoroutine(result):
                     self._run_coroutine(result)
             except BaseException as exc:
-                error = _describe(exc)
+                error = describe(exc)
         done: FinalizeDoneMessage = {"op": "finalize_done", "reply_to": message.get("id"), "error": error}
         self._channel.send(done)
 

@@ -52,6 +52,7 @@ STUB_MODULES = (
     "stub/__init__.py",
     "stub/__main__.py",
     "stub/_inbox.py",
+    "stub/_model_file.py",
     "stub/_requests.py",
     "stub/_stub.py",
     "shim/triton_python_backend_utils.py",

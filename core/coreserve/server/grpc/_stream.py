@@ -1,0 +1,89 @@
+"""One `ModelStreamInfer` call: the requests read from it and the messages written to it.
+
+Messages go out in the order they come; the native transport writes one at once where nothing
+waits before it, grpc.aio's context cannot, and every message then waits in the outbox for the
+call's generator (`messages`). Once `limit` requests are open (read, their last message not yet
+sent), the call reads no more until one is answered (HTTP/2 flow control then holds the client
+back). A client that reads slowly, or not at all, has at most MAX_WAITING_BYTES of outputs
+waiting here: a response past that is refused (`deliver` answers False), never a final one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from coreserve.protocol.grpc_response import SerializedPieces
+from coreserve.protos import grpc_service_pb2 as pb
+from coreserve.responses import MAX_WAITING_BYTES
+
+StreamMessage = bytes | SerializedPieces | pb.ModelStreamInferResponse
+# (message, final, output bytes): None as a message only ends a request; None alone: reading ended.
+Outbox = asyncio.Queue[tuple[StreamMessage | None, bool, int] | None]
+
+
+class StreamCall:
+    """The messages of one stream call and its open requests."""
+
+    def __init__(self, limit: int, send_now: Callable[[Any], bool] | None) -> None:
+        """`limit`: the requests open at once (max_stream_inflight); `send_now`: the native
+        transport's write of a message at once (False where it cannot), else None."""
+        self._outbox: Outbox = asyncio.Queue()
+        self._limit = limit
+        self._send_now = send_now
+        self._open = 0  # read, and their last message not yet sent
+        self._waiting_bytes = 0  # the outputs of the messages in the outbox
+        self._room = asyncio.Event()
+        self._room.set()
+        self._reading = True
+
+    def deliver(
+        self, message: StreamMessage | None, final: bool, measure: Callable[[], int] | None = None
+    ) -> bool:
+        """Sends or queues a message; False (dropped) for one past the bound, never a final one
+        (`measure`: what its outputs hold, counted while it waits)."""
+        send_now = self._send_now
+        if send_now is None or not self._outbox.empty() or (message is not None and not send_now(message)):
+            size = measure() if measure is not None and not final else 0
+            if not final and not self._outbox.empty() and self._waiting_bytes + size > MAX_WAITING_BYTES:
+                return False
+            self._waiting_bytes += size
+            self._outbox.put_nowait((message, final, size))
+            return True
+        if final:
+            self._answered()
+            if not (self._reading or self._open):
+                self._outbox.put_nowait(None)  # wakes the generator to end the call
+        return True
+
+    async def read(self, requests: AsyncIterator[Any], start: Callable[[Any], Awaitable[None]]) -> None:
+        """Starts each request read (`start`), waiting for room once `limit` are open."""
+        try:
+            async for message in requests:
+                self._open += 1
+                await start(message)
+                if self._open >= self._limit:
+                    self._room.clear()
+                    await self._room.wait()
+        finally:  # even on a fault: the writer ends once the open requests are answered
+            self._outbox.put_nowait(None)
+
+    async def messages(self) -> AsyncIterator[StreamMessage]:
+        """The messages that waited, in order, until reading ended and every request is answered."""
+        while self._reading or self._open:
+            item = await self._outbox.get()
+            if item is None:
+                self._reading = False
+                continue
+            message, final, size = item
+            self._waiting_bytes -= size
+            if message is not None:
+                yield message
+            if final:
+                self._answered()
+
+    def _answered(self) -> None:
+        self._open -= 1
+        if self._open < self._limit:
+            self._room.set()
