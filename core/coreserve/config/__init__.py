@@ -8,13 +8,14 @@ Layer 1: may import coreserve's errors, types and generated protos only.
 
 from __future__ import annotations
 
-from coreserve.config._defaults import apply_defaults
+from coreserve.config._defaults import SEQUENCE_IDLE_DEFAULT_US, apply_defaults
 from coreserve.config._validate import validate_config
 from coreserve.config.json import config_from_dict, config_to_dict
 from coreserve.config.parse import ModelConfig, parse_config, read_config_file
 from coreserve.config.signature import ModelSignature, TensorSpec
 
 __all__ = [
+    "SEQUENCE_IDLE_DEFAULT_US",
     "ModelConfig",
     "ModelSignature",
     "TensorSpec",

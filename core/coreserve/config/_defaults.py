@@ -6,6 +6,8 @@ from coreserve.config.instance_groups import place_instance_group
 from coreserve.errors import ModelConfigError
 from coreserve.protos.model_config_pb2 import ModelConfig
 
+SEQUENCE_IDLE_DEFAULT_US = 1_000_000  # Triton's, for a sequence batcher that sets none
+
 
 def apply_defaults(config: ModelConfig, model_name: str, gpus: tuple[int, ...] | None = None) -> None:
     """Fills the name, version policy and instance groups as Triton does.
@@ -23,6 +25,7 @@ def apply_defaults(config: ModelConfig, model_name: str, gpus: tuple[int, ...] |
         )
     if config.version_policy.WhichOneof("policy_choice") is None:
         config.version_policy.latest.num_versions = 1
+    _normalize(config)
     if not config.instance_group:
         # Triton names the group it adds after the model (instances `<model>_0`); groups the
         # configuration lists without a name are `<model>_<index>` (instances `<model>_<index>_<k>`).
@@ -33,3 +36,27 @@ def apply_defaults(config: ModelConfig, model_name: str, gpus: tuple[int, ...] |
         if group.count < 1:  # as Triton: a count below 1 is one instance
             group.count = 1
         place_instance_group(config, group, gpus)
+
+
+def _normalize(config: ModelConfig) -> None:
+    """What Triton's NormalizeModelConfig fills in, so that a model's configuration reads as
+    there: preferred batch sizes, the sequence idle time, pinned memory on (the server behaves
+    the same either way: these are its defaults)."""
+    batch = config.max_batch_size
+    if config.HasField("dynamic_batching") and not config.dynamic_batching.preferred_batch_size and batch > 0:
+        config.dynamic_batching.preferred_batch_size.append(batch)
+    if config.HasField("sequence_batching"):
+        batching = config.sequence_batching
+        if not batching.max_sequence_idle_microseconds:
+            batching.max_sequence_idle_microseconds = SEQUENCE_IDLE_DEFAULT_US
+        if (
+            batching.HasField("oldest")
+            and not batching.oldest.preferred_batch_size
+            and config.max_batch_size > 0
+        ):
+            batching.oldest.preferred_batch_size.append(config.max_batch_size)
+    if not config.HasField("ensemble_scheduling"):
+        optimization = config.optimization
+        for field in ("input_pinned_memory", "output_pinned_memory"):
+            if not optimization.HasField(field):
+                getattr(optimization, field).enable = True

@@ -149,14 +149,15 @@ def refuse_cycles(
 
 
 def list_versions(model_path: Path) -> list[int]:
-    """The numeric version folders of a model, ascending; other entries are ignored."""
+    """The numeric version folders of a model, ascending (`0` among them, as Triton serves it);
+    other entries, `07` among them, are ignored."""
     versions = []
     for entry in model_path.iterdir():
         if (
             entry.is_dir()
             and entry.name.isascii()
             and entry.name.isdigit()
-            and not entry.name.startswith("0")
+            and (entry.name == "0" or not entry.name.startswith("0"))
         ):
             versions.append(int(entry.name))
     return sorted(versions)

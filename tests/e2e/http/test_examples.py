@@ -31,6 +31,9 @@ def test_model_metadata_and_config(examples_client: httpclient.InferenceServerCl
     assert config["input"][0]["dims"] == [-1]
     assert config["instance_group"][0]["count"] == 2
     assert config["dynamic_batching"]["preferred_batch_size"] == [4, 8]
+    # Filled in as Triton 2.51 fills it (read back by tools such as Model Analyzer).
+    optimization = examples_client.get_model_config("simple")["optimization"]
+    assert optimization["input_pinned_memory"] == optimization["output_pinned_memory"] == {"enable": True}
 
 
 def test_auto_completed_config_is_served(examples_client: httpclient.InferenceServerClient) -> None:

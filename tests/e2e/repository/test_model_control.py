@@ -725,3 +725,19 @@ def test_a_step_that_loads_another_step_as_it_starts_does_not_wait_for_the_load_
     assert (
         client.is_model_ready("first") and client.is_model_ready("second") and client.is_model_ready("both")
     )
+
+
+def test_a_version_folder_named_0_is_served_as_on_triton(
+    client: httpclient.InferenceServerClient, repository: Path
+) -> None:
+    write_model(repository, "zeroth", scale_model(5.0), SCALE, versions=(0,))
+    client.load_model("zeroth")
+    assert client.get_model_metadata("zeroth")["versions"] == ["0"]
+    assert _scale(client, "zeroth") == 5.0
+    tensor = httpclient.InferInput("INPUT0", [1, 4], "FP32")
+    tensor.set_data_from_numpy(np.ones((1, 4), np.float32))
+    assert client.infer("zeroth", [tensor], model_version="0").as_numpy("OUTPUT0").tolist() == [[5.0] * 4]
+    assert client.is_model_ready("zeroth", "0")
+    assert ("zeroth", "0", "READY") in {
+        (entry["name"], entry.get("version"), entry["state"]) for entry in client.get_model_repository_index()
+    }

@@ -41,6 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from coreserve.backend.api import ModelInstance
+from coreserve.config import SEQUENCE_IDLE_DEFAULT_US
 from coreserve.config.signature import ModelSignature
 from coreserve.errors import (
     CancelledError,
@@ -63,7 +64,6 @@ from coreserve.scheduling.statistics import ModelStatistics
 from coreserve.types import InferenceRequest, now_ns
 
 logger = logging.getLogger(__name__)
-DEFAULT_IDLE_US = 1_000_000
 _REMEMBERED_RELEASES = 1024
 CANCELLED_REASON = "a request of it was cancelled"
 
@@ -104,7 +104,7 @@ class SequenceBatcher(Scheduler):
         )
         self._free = [slots] * len(self.instances)
         self._capacity = sum(self._free)
-        self._idle_ns = (batching.max_sequence_idle_microseconds or DEFAULT_IDLE_US) * 1000
+        self._idle_ns = (batching.max_sequence_idle_microseconds or SEQUENCE_IDLE_DEFAULT_US) * 1000
         self._sequences: dict[SequenceId, SequenceSlot] = {}
         self._backlog: deque[SequenceSlot] = deque()
         self._released: OrderedDict[SequenceId, str] = OrderedDict()
