@@ -105,7 +105,9 @@ def test_defaults_fill_what_tritons_normalization_fills() -> None:
     assert sequence.sequence_batching.max_sequence_idle_microseconds == 1_000_000
     assert list(sequence.sequence_batching.oldest.preferred_batch_size) == [8]
     assert (
-        list(_config("dynamic_batching { }", base="max_batch_size: 0\n").dynamic_batching.preferred_batch_size)
+        list(
+            _config("dynamic_batching { }", base="max_batch_size: 0\n").dynamic_batching.preferred_batch_size
+        )
         == []
     )
     ensemble = _config('platform: "ensemble" ensemble_scheduling { }')
