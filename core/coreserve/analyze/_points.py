@@ -68,7 +68,12 @@ class ModelSettings:
             batching = config.dynamic_batching
             batching.max_queue_delay_microseconds = self.max_queue_delay_us
             # Preferred sizes the new batch size still allows are kept; larger ones are refused.
-            kept = [size for size in batching.preferred_batch_size if size <= self.max_batch_size]
+            # The one the server fills in (the base's max batch size) is its default, not a
+            # choice: the candidate's load fills in its own.
+            sizes = list(batching.preferred_batch_size)
+            if sizes == [base.max_batch_size]:
+                sizes = []
+            kept = [size for size in sizes if size <= self.max_batch_size]
             del batching.preferred_batch_size[:]
             batching.preferred_batch_size.extend(kept)
         else:

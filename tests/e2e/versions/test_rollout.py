@@ -239,7 +239,7 @@ def test_a_rollout_is_promoted_or_aborted_by_hand(server: ServerProcess) -> None
         (
             {"candidate": "x", "steps": [100], "dwell_s": 1},
             400,
-            "rollout 'candidate': 'x' is not a version number (> 0)",
+            "rollout 'candidate': 'x' is not a version number (>= 0)",
         ),
         ({"candidate": "9", "steps": [100], "dwell_s": 1}, 400, "rollout candidate version 9 of model"),
         (

@@ -136,7 +136,7 @@ def test_the_policy_is_read_set_and_cleared(server: ServerProcess, client) -> No
         ({"weights": {"1": 100, "3": 0}}, "traffic policy of model 'scaled' names version 3"),
         ({"weights": {"1": 110, "2": -10}}, "weight of version 1 must be a number from 0 to 100, got 110"),
         ({"weights": {"1": 50, "2": "half"}}, "weight of version 2: 'half' is not a number"),
-        ({"weights": {"one": 100}}, "traffic weights: 'one' is not a version number (> 0)"),
+        ({"weights": {"one": 100}}, "traffic weights: 'one' is not a version number (>= 0)"),
         ({"weights": [1, 2]}, "traffic 'weights' must be an object of version: percent"),
         ({"weights": {"1": 100}, "mirror": {}}, "unknown traffic policy field 'mirror'"),
         ({"shadow": {"version": "2", "share": 0}}, "shadow share must be above 0"),

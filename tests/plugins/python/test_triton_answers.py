@@ -73,6 +73,13 @@ class TritonPythonModel:
             return [pb_utils.InferenceResponse(error=pb_utils.TritonError("odd", pb_utils.TritonError.UNKNOWN))]
         if mode == "raise":
             self.fail()
+        if mode == "bls_unknown":  # the callee's code comes back (Triton's is always INTERNAL)
+            call = pb_utils.InferenceRequest(
+                model_name="target",
+                inputs=[pb_utils.Tensor("MODE", np.array([b"unknown_code"], np.object_))],
+                requested_output_names=["OUT"],
+            ).exec()
+            return [pb_utils.InferenceResponse([tensor("OUT", int(call.error().code()))])]
         if mode == "bls_stream":  # a decoupled BLS call of a model that is not decoupled
             call = pb_utils.InferenceRequest(
                 model_name="target",
@@ -215,6 +222,10 @@ def test_a_decoupled_bls_call_of_a_model_that_is_not_decoupled_yields_its_one_re
     server: ServerProcess,
 ) -> None:
     assert _http(server, "bls_stream", ["OUT"]) == {"OUT": [1]}  # there was an empty one after it
+
+
+def test_a_bls_callee_error_of_unknown_kind_keeps_its_code(server: ServerProcess) -> None:
+    assert _http(server, "bls_unknown", ["OUT"]) == {"OUT": [0]}  # TritonError.UNKNOWN
 
 
 def test_the_server_serves_on(server: ServerProcess) -> None:

@@ -177,8 +177,8 @@ def _pair(text: str, where: str) -> tuple[str, str]:
 def version_number(value: object, where: str) -> int:
     """A version as a client writes it ("2" or 2), or a clear InvalidArgumentError."""
     text = str(value).strip() if isinstance(value, str | int) and not isinstance(value, bool) else ""
-    if not _WHOLE.fullmatch(text) or int(text) <= 0:
-        raise InvalidArgumentError(f"{where}: '{clipped(str(value))}' is not a version number (> 0)")
+    if not _WHOLE.fullmatch(text):  # (0 too: a version folder named 0 is served, as on Triton)
+        raise InvalidArgumentError(f"{where}: '{clipped(str(value))}' is not a version number (>= 0)")
     return int(text)
 
 

@@ -63,7 +63,9 @@ def error_answer(exc: CoreserveError, where: str) -> HttpResponse:
     """
     if isinstance(exc, ModelNotFound):
         return openai_error(404, exc.message, "model", "model_not_found")
-    status = HTTP_STATUS[exc.code]
+    # A cancelled request keeps a status of its own here (the KServe frontends answer 400, as
+    # Triton's): OpenAI clients tell it by its type.
+    status = 499 if exc.code is ErrorCode.CANCELLED else HTTP_STATUS[exc.code]
     if status >= 500:
         logger.error("OpenAI frontend: %s failed: %s", where, exc.message)
     param = exc.param if isinstance(exc, OptionError) else None

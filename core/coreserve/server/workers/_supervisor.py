@@ -36,7 +36,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from coreserve.errors import CoreserveError, InvalidArgumentError, UnavailableError
+from coreserve.errors import CoreserveError, InternalError, InvalidArgumentError, UnavailableError
 from coreserve.server.changes import (
     Change,
     LoadModel,
@@ -252,7 +252,7 @@ class Supervisor:
                 {"error": error_data(a)} if isinstance(a, Exception) else {"result": a} for a in answers
             ]
             return {"answers": answered, "carried": carried}
-        raise CoreserveError(f"the supervisor does not know '{call}'")
+        raise InternalError(f"the supervisor does not know '{call}'")
 
     async def _everywhere(self, what: dict[str, Any]) -> None:
         """Makes a change (a message of `coreserve.server.changes`) in every worker, or in none:

@@ -37,5 +37,8 @@ def error_for(code: int, text: str) -> CoreserveError:
 
 
 def code_of(error: CoreserveError) -> int:
-    """The TritonError code of a coreserve error (a subclass maps as its parent does)."""
+    """The TritonError code of a coreserve error (a subclass maps as its parent does; one of
+    unknown kind is UNKNOWN)."""
+    if type(error) is CoreserveError:
+        return TritonError.UNKNOWN
     return next((CODES[cls] for cls in type(error).__mro__ if cls in CODES), TritonError.INTERNAL)

@@ -333,7 +333,7 @@ class Stub:
                 return
             traceback.print_exception(exc)
             # The requests it left unanswered fail with its error instead of waiting forever.
-            error = pb_utils.TritonError(f"{type(exc).__name__}: {exc}")
+            error = pb_utils.TritonError(failed_execution(self._instance_name, describe(exc)))
             for key in keys:
                 if key in self._cancellations:
                     with contextlib.suppress(OSError):
@@ -411,7 +411,7 @@ class Stub:
     def send_response(self, key: int, response: pb_utils.InferenceResponse | None, flags: int) -> None:
         final = bool(flags & pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         self._channel.send(self._encode_responses([(key, response, final)]))
-        if final:
+        if final or (response is not None and response.has_error()):  # an error ends it too
             self._cancellations.pop(key, None)
 
 

@@ -130,6 +130,11 @@ def test_settings_apply_to_a_configuration_and_read_back() -> None:
     assert base.max_batch_size == 8  # the base is not changed
     base.dynamic_batching.preferred_batch_size.extend([2, 4, 8])
     assert list(ModelSettings(4, True, 1).applied_to(base).dynamic_batching.preferred_batch_size) == [2, 4]
+    # The size the server fills in (the base's max batch size, as Triton's) is no choice: a
+    # larger candidate does not batch at it (its own load fills in its own).
+    del base.dynamic_batching.preferred_batch_size[:]
+    base.dynamic_batching.preferred_batch_size.append(8)
+    assert list(ModelSettings(16, True, 1).applied_to(base).dynamic_batching.preferred_batch_size) == []
 
 
 def test_concurrency_doubles_and_stops_when_throughput_stops_growing() -> None:
