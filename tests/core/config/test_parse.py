@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from coreserve.config import (
+    ModelConfig,
     ModelSignature,
     apply_defaults,
     config_from_dict,
@@ -84,32 +85,20 @@ def test_defaults_fill_name_policy_and_instances() -> None:
 
 def test_defaults_fill_what_tritons_normalization_fills() -> None:
     """As Triton's NormalizeModelConfig: the configuration a client reads back is Triton's."""
+
+    def pinned(config: ModelConfig) -> tuple[bool, bool]:
+        optimization = config.optimization
+        return optimization.input_pinned_memory.enable, optimization.output_pinned_memory.enable
+
     config = _config("dynamic_batching { }")
     assert list(config.dynamic_batching.preferred_batch_size) == [8]
-    assert (
-        config.optimization.input_pinned_memory.enable,
-        config.optimization.output_pinned_memory.enable,
-    ) == (
-        True,
-        True,
-    )
-    chosen = _config("optimization { input_pinned_memory { enable: false } }")
-    assert (
-        chosen.optimization.input_pinned_memory.enable,
-        chosen.optimization.output_pinned_memory.enable,
-    ) == (
-        False,
-        True,
-    )
+    assert pinned(config) == (True, True)
+    assert pinned(_config("optimization { input_pinned_memory { enable: false } }")) == (False, True)
     sequence = _config("sequence_batching { oldest { } }")
     assert sequence.sequence_batching.max_sequence_idle_microseconds == 1_000_000
     assert list(sequence.sequence_batching.oldest.preferred_batch_size) == [8]
-    assert (
-        list(
-            _config("dynamic_batching { }", base="max_batch_size: 0\n").dynamic_batching.preferred_batch_size
-        )
-        == []
-    )
+    unbatched = _config("dynamic_batching { }", base="max_batch_size: 0\n")
+    assert list(unbatched.dynamic_batching.preferred_batch_size) == []
     ensemble = _config('platform: "ensemble" ensemble_scheduling { }')
     assert not ensemble.HasField("optimization")
 
