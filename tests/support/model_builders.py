@@ -67,6 +67,19 @@ output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "OUTPUT1"
 """
 
 
+def pipeline_config(max_batch_size: int) -> str:
+    """An ensemble of one add_sub step (add_sub_model's config at the same max batch size): A + B -> SUM."""
+    return f"""
+platform: "ensemble"
+max_batch_size: {max_batch_size}
+input [ {{ name: "A" data_type: TYPE_FP32 dims: [ 4 ] }}, {{ name: "B" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+output [ {{ name: "SUM" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+ensemble_scheduling {{ step [ {{ model_name: "add_sub" model_version: -1
+  input_map {{ key: "INPUT0" value: "A" }} input_map {{ key: "INPUT1" value: "B" }}
+  output_map {{ key: "OUTPUT0" value: "SUM" }} }} ] }}
+"""
+
+
 def scale_model(factor: float, shape: list | None = None) -> onnx.ModelProto:
     """OUTPUT0 = INPUT0 * factor (FP32): tells versions apart by their output."""
     shape = shape or ["batch", 4]

@@ -18,7 +18,7 @@ from tritonclient.utils import InferenceServerException
 
 from coreserve.protos import grpc_service_pb2, grpc_service_pb2_grpc
 from coreserve.testing import ServerFactory, ServerProcess
-from support.model_builders import add_sub_model, scale_model, write_model
+from support.model_builders import add_sub_model, pipeline_config, scale_model, write_model
 from support.waiting import wait_until
 from support.wire.http_raw import request
 
@@ -34,15 +34,7 @@ max_batch_size: 4
 input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "INPUT1" data_type: TYPE_FP32 dims: [ 4 ] } ]
 output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 4 ] } ]
 """
-PIPELINE = """
-platform: "ensemble"
-max_batch_size: 4
-input [ { name: "A" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "B" data_type: TYPE_FP32 dims: [ 4 ] } ]
-output [ { name: "SUM" data_type: TYPE_FP32 dims: [ 4 ] } ]
-ensemble_scheduling { step [ { model_name: "add_sub" model_version: -1
-  input_map { key: "INPUT0" value: "A" } input_map { key: "INPUT1" value: "B" }
-  output_map { key: "OUTPUT0" value: "SUM" } } ] }
-"""
+PIPELINE = pipeline_config(4)
 
 
 OUTER = """

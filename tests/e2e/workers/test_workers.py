@@ -24,7 +24,7 @@ import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 
 from coreserve.testing import ServerProcess
-from support.model_builders import ADD_SUB_CONFIG, add_sub_model, write_model
+from support.model_builders import ADD_SUB_CONFIG, add_sub_model, pipeline_config, write_model
 from support.servers.worker_servers import (
     ADD_BODY,
     CONNECTIONS,
@@ -188,15 +188,7 @@ def test_a_worker_that_dies_is_started_again_while_the_others_serve(repository: 
         server.close()
 
 
-PIPELINE = """
-platform: "ensemble"
-max_batch_size: 8
-input [ { name: "A" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "B" data_type: TYPE_FP32 dims: [ 4 ] } ]
-output [ { name: "SUM" data_type: TYPE_FP32 dims: [ 4 ] } ]
-ensemble_scheduling { step [ { model_name: "add_sub" model_version: -1
-  input_map { key: "INPUT0" value: "A" } input_map { key: "INPUT1" value: "B" }
-  output_map { key: "OUTPUT0" value: "SUM" } } ] }
-"""
+PIPELINE = pipeline_config(8)
 PIPELINE_BODY = json.dumps(
     {
         "inputs": [
