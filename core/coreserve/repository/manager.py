@@ -51,7 +51,7 @@ from coreserve.repository.memory._budgeted import BudgetedLoads
 from coreserve.repository.memory._unloading import close_model, unload_loaded_versions
 from coreserve.repository.memory.budgets import MemoryBudgets
 from coreserve.repository.model import Model
-from coreserve.repository.namespaces import Found, ModelTable, ambiguous, qualified
+from coreserve.repository.namespaces import Found, ModelTable, qualified
 from coreserve.repository.storage._folders import MAX_NAME_BYTES, check_model_name
 from coreserve.repository.storage._sources import RepositorySource
 
@@ -112,15 +112,7 @@ class ModelRepository:
 
     def get(self, name: str) -> Model:
         """The model a request names; under namespacing, the one repository that has that name."""
-        model = self._models.get(name)
-        if model is None and self.namespacing:
-            matches = self._models.named(name)
-            if len(matches) > 1:
-                raise ambiguous(name, len(matches))
-            model = matches[0] if matches else None
-        if model is None:
-            raise NotFoundError(f"Request for unknown model: '{name}' is not found")
-        return model
+        return self._models.find(name, self.namespacing, self._unloaded)
 
     def models(self) -> list[Model]:
         return [self._models[key] for key in sorted(self._models)]

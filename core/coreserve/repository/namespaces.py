@@ -13,7 +13,7 @@ import asyncio
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING
 
-from coreserve.errors import InvalidArgumentError
+from coreserve.errors import InvalidArgumentError, NotFoundError
 
 if TYPE_CHECKING:
     from coreserve.backend.api import InferenceClient
@@ -99,6 +99,21 @@ class ModelTable(dict[str, "Model"]):
                 index.setdefault(model.name, []).append(model)
             self._by_name = index
         return self._by_name.get(name, [])
+
+    def find(self, name: str, namespacing: bool, unloaded: set[str]) -> Model:
+        """The model a request names; under namespacing, the one repository that has that name.
+        `unloaded`: the keys of the models unloaded, which Triton keeps with no version."""
+        model = self.get(name)
+        if model is None and namespacing:
+            matches = self.named(name)
+            if len(matches) > 1:
+                raise ambiguous(name, len(matches))
+            model = matches[0] if matches else None
+        if model is not None:
+            return model
+        if any(key == name or (namespacing and key.rpartition(SEPARATOR)[2] == name) for key in unloaded):
+            raise NotFoundError(f"Request for unknown model: '{name}' has no available versions (unloaded)")
+        raise NotFoundError(f"Request for unknown model: '{name}' is not found")
 
 
 class NamespacedClient:

@@ -141,8 +141,12 @@ def test_load_and_unload_over_http_and_grpc(
     assert client.is_model_ready("other") and _scale(client, "other") == 3.0
     client.unload_model("other")
     assert _states(client)["other"] == ("UNAVAILABLE", "unloaded")
-    with pytest.raises(InferenceServerException, match="Request for unknown model: 'other' is not found"):
+    # Triton keeps an unloaded model, with no version: not "not found" as a model never loaded.
+    with pytest.raises(
+        InferenceServerException, match="Request for unknown model: 'other' has no available versions"
+    ) as info:
         _scale(client, "other")
+    assert info.value.status() == "404"
     grpc = grpcclient.InferenceServerClient(server.grpc_url)
     try:
         grpc.load_model("other")
