@@ -105,9 +105,9 @@ def _check_version_policy(config: ModelConfig) -> str | None:
     if choice == "specific":
         if not policy.specific.versions:
             return "config field 'version_policy.specific.versions' lists no versions"
-        if any(v < 1 for v in policy.specific.versions):
+        if any(v < 0 for v in policy.specific.versions):  # a folder `0` is a version, as in Triton
             return (
-                "config field 'version_policy.specific.versions' must hold versions >= 1, "
+                "config field 'version_policy.specific.versions' must hold versions >= 0, "
                 f"got {list(policy.specific.versions)}"
             )
     return None

@@ -118,6 +118,7 @@ def test_defaults_fill_what_tritons_normalization_fills() -> None:
         ),
         ("version_policy: { latest: { num_versions: 0 } }", "num_versions' must be >= 1"),
         ("version_policy: { specific: { } }", "lists no versions"),
+        ("version_policy: { specific: { versions: [ 0, -1 ] } }", "must hold versions >= 0, got [0, -1]"),
         ("instance_group [ { kind: 9 } ]", "kind 9 is not a kind of instance group"),
         ("instance_group [ { kind: KIND_CPU gpus: [ 0 ] } ]", "gpus are listed for a KIND_CPU group"),
         ("dynamic_batching { preferred_batch_size: [ 9 ] }", "outside 1..max_batch_size (8)"),
@@ -140,6 +141,10 @@ def test_validation_names_the_model_and_field(extra: str, message: str) -> None:
     with pytest.raises(ModelConfigError, match="model 'm': ") as info:
         validate_config(config)
     assert message in info.value.message
+
+
+def test_a_specific_version_policy_may_name_version_0_as_in_triton() -> None:
+    validate_config(_config("version_policy: { specific: { versions: [ 0 ] } }"))
 
 
 def test_dynamic_batching_on_a_model_that_cannot_batch_is_taken_as_triton_takes_it() -> None:

@@ -64,6 +64,11 @@ def test_version_policies(policy: str, expected: list[int]) -> None:
     assert select_versions(parse_config(policy).version_policy, [1, 2, 10], "m") == expected
 
 
+def test_version_0_is_a_version_a_specific_policy_may_name_as_in_triton() -> None:
+    policy = parse_config("version_policy: { specific: { versions: [ 0, 2 ] } }").version_policy
+    assert select_versions(policy, [0, 1, 2], "m") == [0, 2]
+
+
 def test_models_load_before_the_ensembles_that_use_them_and_cycles_never_load() -> None:
     steps = {"a": None, "b": None, "pipe": {"a", "b"}, "outer": {"pipe"}, "x": {"y"}, "y": {"x"}, "z": {"x"}}
     waves, cycles = load_order(steps)
