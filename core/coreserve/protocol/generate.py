@@ -24,6 +24,8 @@ import orjson
 
 from coreserve.config.signature import ModelSignature, TensorSpec
 from coreserve.errors import InvalidArgumentError
+from coreserve.protocol import json_text
+from coreserve.protocol.json_text import non_finite_floats
 from coreserve.protocol.tensors import array_from_json, array_to_json, check_shape
 from coreserve.types import DataType, InferenceRequest, InferenceResponse, ParameterValue
 
@@ -65,7 +67,7 @@ def parse_generate_document(
 ) -> GenerateDocument:
     """Parses a generate request body for a model of inputs `specs` (`batching`: it batches)."""
     try:
-        document = orjson.loads(body)
+        document = json_text.loads(body)
     except orjson.JSONDecodeError as exc:
         raise InvalidArgumentError(f"malformed JSON in the generate request: {exc}") from None
     if not isinstance(document, dict):
@@ -136,6 +138,10 @@ def encode_generate_response(response: InferenceResponse) -> bytes:
         document["id"] = response.id
     for name, array in response.outputs.items():
         data = array_to_json(array, DataType.from_numpy(array.dtype), name)
+        if isinstance(data, orjson.Fragment):  # floats, some not finite
+            values = array.astype(np.float64).ravel().tolist()
+            document[name] = non_finite_floats(values[0] if len(values) == 1 else values)
+            continue
         values = data.tolist() if isinstance(data, np.ndarray) else data
         document[name] = values[0] if len(values) == 1 else values
     if response.parameters:

@@ -22,6 +22,7 @@ from coreserve.errors import (
     quoted_value,
     with_request_id,
 )
+from coreserve.protocol import json_text
 from coreserve.protocol._shared_memory import (
     REGION,
     SharedMemoryReference,
@@ -108,7 +109,7 @@ def parse_infer_document(
 ) -> InferDocument:
     """Parses a request body's JSON part; `binary_size`: how many bytes of binary data follow it."""
     try:
-        document = orjson.loads(header)
+        document = json_text.loads(header)
     except orjson.JSONDecodeError as exc:
         raise InvalidArgumentError(f"malformed JSON in the request body: {exc}") from None
     if not isinstance(document, dict):
@@ -417,8 +418,8 @@ def _requested_outputs(
         in_shared_memory = shared_memory_reference(parameters, f"output '{name}'")
         if in_shared_memory is not None:
             plan.shared_memory[name] = output_target(regions, in_shared_memory, name)
-        binary = parameters.get("binary_data")
-        if binary is not None:
-            plan.binary[name] = binary is True
+        # As Triton 2.51 reads it: a listed output is JSON unless it asks for binary data itself;
+        # the request's binary_data_output counts where the request lists no outputs.
+        plan.binary[name] = parameters.get("binary_data") is True
         names.append(name)
     return tuple(names)

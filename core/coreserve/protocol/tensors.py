@@ -10,6 +10,7 @@ import numpy as np
 
 from coreserve.errors import InvalidArgumentError, RequestMismatchError
 from coreserve.protocol.bytes_codec import decode_bytes_tensor, encode_bytes_tensor
+from coreserve.protocol.json_text import non_finite_floats
 from coreserve.types import NUMPY_DTYPES, DataType
 
 _INTEGER_TYPES = frozenset(
@@ -24,9 +25,10 @@ _INTEGER_TYPES = frozenset(
         DataType.INT64,
     )
 )
+_FLOAT_TYPES = frozenset((DataType.FP16, DataType.FP32, DataType.FP64, DataType.BF16))
 # Which kinds of JSON-decoded numpy arrays may become which non-integer datatype.
 _ACCEPTED_KINDS = {
-    **dict.fromkeys((DataType.FP16, DataType.FP32, DataType.FP64, DataType.BF16), "iuf"),
+    **dict.fromkeys(_FLOAT_TYPES, "iuf"),
     DataType.BOOL: "b",
 }
 
@@ -198,6 +200,9 @@ def array_to_json(array: np.ndarray, datatype: DataType, name: str) -> Any:
             raise InvalidArgumentError(
                 f"output '{name}' holds bytes that are not UTF-8 text; request it as binary data"
             ) from None
-    if datatype is DataType.BF16:
-        return array.astype(np.float32).ravel()
+    if datatype in _FLOAT_TYPES:
+        # As Triton writes them: each as the double it widens to (0.1 in FP32 is
+        # 0.10000000149011612), the non-finite ones as NaN, Infinity and -Infinity.
+        flat = array.astype(np.float64).ravel()
+        return flat if np.isfinite(flat).all() else non_finite_floats(flat.tolist())
     return np.ascontiguousarray(array).ravel()

@@ -50,7 +50,9 @@ def test_json_inputs_nested_and_flat() -> None:
     assert request.id == "abc"
     assert request.parameters == {"priority": 2}
     assert request.requested_outputs == ("x", "y")
-    assert not encoding.is_binary("x") and encoding.is_binary("y")
+    # A listed output is JSON unless it asks for binary data, as in Triton 2.51: the request's
+    # binary_data_output counts where the request lists no outputs.
+    assert not encoding.is_binary("x") and not encoding.is_binary("y")
     np.testing.assert_array_equal(request.inputs["a"], np.array([[1, 2], [3, 4]], np.int32))
     assert request.inputs["b"].dtype == np.bool_
     assert request.inputs["c"].tolist() == ["h\u00e9".encode()]
@@ -266,9 +268,8 @@ def test_large_json_outputs_are_written_in_slices_as_one_document() -> None:
         elif name == "text":
             output["data"] = [item.decode() for item in array]
         else:
-            output["data"] = np.ascontiguousarray(
-                array.astype(np.float32) if name == "bf16" else array
-            ).ravel()
+            floats = name in ("fp32", "bf16")  # written as the doubles they widen to, as Triton writes them
+            output["data"] = np.ascontiguousarray(array.astype(np.float64) if floats else array).ravel()
         json_outputs.append(output)
     whole = {
         "model_name": "m",
@@ -289,3 +290,29 @@ def test_a_response_whose_text_holds_the_slices_placeholder_is_still_right() -> 
     document = orjson.loads(body)
     assert document["id"] == request_id
     assert document["outputs"][0]["data"] == data.tolist()
+
+
+def test_json_floats_are_written_as_triton_writes_them_non_finite_ones_too() -> None:
+    values = np.array([np.nan, np.inf, -np.inf, 0.1, 1e-45], np.float32)
+    large = np.zeros(JSON_SLICE_ELEMENTS + 2, np.float32)
+    large[JSON_SLICE_ELEMENTS] = -np.inf  # in the second slice
+    response = InferenceResponse(model_name="m", model_version="1", outputs={"v": values, "large": large})
+    body, json_length = encode_infer_response(response, OutputPlan())
+    assert json_length is None
+    text = bytes(body).decode()
+    assert '"data":[NaN,Infinity,-Infinity,0.10000000149011612,1.401298464324817e-45]' in text
+    decoded = json.loads(text)  # Python's json reads those tokens, as tritonclient does
+    np.testing.assert_array_equal(np.array(decoded["outputs"][0]["data"], np.float32), values)
+    np.testing.assert_array_equal(np.array(decoded["outputs"][1]["data"], np.float32), large)
+
+
+def test_non_finite_numbers_in_json_data_are_read_as_triton_reads_them() -> None:
+    head = b'{"inputs":[{"name":"a","shape":[4],"datatype":"FP32","data":[NaN,Infinity,-Infinity,1]}]}'
+    request, _ = decode_infer_request(head, None, "m", "")
+    np.testing.assert_array_equal(request.inputs["a"], np.array([np.nan, np.inf, -np.inf, 1], np.float32))
+    for wrong, reason in (
+        (head.replace(b"1]}", b"1,]}"), "malformed JSON in the request body"),
+        (head.replace(b'"FP32"', b'"INT32"'), "INT32"),  # not an integer
+    ):
+        with pytest.raises(InvalidArgumentError, match=reason):
+            decode_infer_request(wrong, None, "m", "")

@@ -112,3 +112,16 @@ def test_non_utf8_output_requested_as_json_is_refused(client: httpclient.Inferen
     with pytest.raises(InferenceServerException, match="request it as binary data") as info:
         _roundtrip(client, "echo_bytes", "BYTES", data, True, False)
     assert info.value.status() == "400"
+
+
+@pytest.mark.parametrize("datatype", ["FP32", "FP64"])
+def test_non_finite_floats_go_through_json_both_ways_as_on_triton(
+    client: httpclient.InferenceServerClient, datatype: str
+) -> None:
+    """tritonclient writes NaN and the infinities into JSON data as Python's json does; Triton
+    reads them, and writes them back the same way (not as null)."""
+    data = np.array([[np.nan, np.inf, -np.inf, 0.1]], dtype=np.dtype(datatype.replace("FP", "float")))
+    got = _roundtrip(
+        client, f"identity_{datatype.lower()}", datatype, data, binary_in=False, binary_out=False
+    )
+    np.testing.assert_array_equal(got, data)
