@@ -74,10 +74,14 @@ class Connection:
         data, self.buffer = self.buffer[:size], self.buffer[size:]
         return data
 
-    def response(self) -> tuple[int, dict[str, str], bytes]:
+    def head(self) -> tuple[int, dict[str, str]]:
+        """A response's status and headers, and nothing of a body (a HEAD request's answer)."""
         head = self._take_until(b"\r\n\r\n").decode("latin-1").split("\r\n")
-        status = int(head[0].split()[1])
         headers = {k.lower(): v.strip() for k, v in (line.split(":", 1) for line in head[1:])}
+        return int(head[0].split()[1]), headers
+
+    def response(self) -> tuple[int, dict[str, str], bytes]:
+        status, headers = self.head()
         if headers.get("transfer-encoding") == "chunked":
             body = b""
             while True:
@@ -198,6 +202,17 @@ def test_malformed_requests_get_400_and_others_keep_serving(server: ServerProces
         good.close()
 
 
+def test_a_head_request_is_answered_without_a_body_and_the_connection_goes_on(connection: Connection) -> None:
+    """No route serves HEAD (Triton answers it 405 too); the answer's Content-Length is the
+    body's that a GET of the same resource would have, and no body follows."""
+    connection.send(b"HEAD /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n")
+    status, headers = connection.head()
+    assert (status, headers["allow"]) == (405, "GET")
+    assert int(headers["content-length"]) == len(b'{"error":"Method Not Allowed"}')
+    connection.send(b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert connection.response()[0] == 200  # no body was left for this answer to be read from
+
+
 def test_http_1_0_closes_after_the_response(connection: Connection) -> None:
     connection.send(_post("/v2/models/identity/infer", _infer_body([4.0]), version="1.0"))
     status, headers, reply = connection.response()
@@ -207,7 +222,13 @@ def test_http_1_0_closes_after_the_response(connection: Connection) -> None:
 
 def test_wrong_method_and_query_strings(connection: Connection) -> None:
     connection.send(b"GET /v2/models/identity/infer HTTP/1.1\r\nHost: x\r\n\r\n")
+    status, headers, reply = connection.response()  # Triton's 405 and words, and HTTP's Allow
+    assert (status, json.loads(reply), headers["allow"]) == (405, {"error": "Method Not Allowed"}, "POST")
+    connection.send(b"POST /v2/health/ready HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+    status, headers, _ = connection.response()
+    assert (status, headers["allow"]) == (405, "GET")
+    connection.send(b"DELETE /v2/nothing/here HTTP/1.1\r\nHost: x\r\n\r\n")
     status, _, reply = connection.response()
-    assert status == 404 and "unknown endpoint: GET /v2/models/identity/infer" in json.loads(reply)["error"]
+    assert status == 404 and "unknown endpoint: DELETE /v2/nothing/here" in json.loads(reply)["error"]
     connection.send(b"GET /v2/models/identity/ready?verbose=1 HTTP/1.1\r\nHost: x\r\n\r\n")
     assert connection.response()[0] == 200

@@ -65,9 +65,11 @@ def test_an_unknown_model_is_404_model_not_found(address: str) -> None:
     assert (status, error["code"]) == (404, "model_not_found")
 
 
-def test_an_unknown_endpoint_is_404(address: str) -> None:
+def test_an_unknown_endpoint_is_404_and_a_wrong_method_405(address: str) -> None:
     status, error = _error(address, "/v1/images/generations", {})
     assert status == 404 and "unknown endpoint" in error["message"]
+    status, error = _error(address, "/v1/chat/completions", None, "GET")
+    assert (status, error["message"]) == (405, "Method Not Allowed")
 
 
 @pytest.mark.parametrize(

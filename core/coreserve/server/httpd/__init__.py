@@ -18,7 +18,7 @@ from coreserve.server.httpd._limits import (
     HttpLimits,
     open_file_limit,
 )
-from coreserve.server.httpd._router import Handler, Router, unrouted_message
+from coreserve.server.httpd._router import Handler, Router, method_not_allowed, unrouted_message
 from coreserve.server.httpd._server import HttpServer
 from coreserve.server.httpd._tls import HttpTls
 
@@ -36,6 +36,7 @@ __all__ = [
     "Router",
     "StreamedResponse",
     "decompress",
+    "method_not_allowed",
     "open_file_limit",
     "unrouted_message",
 ]

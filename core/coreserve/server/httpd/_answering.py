@@ -134,7 +134,9 @@ class Answers:
                         await self._send(connection, item, {}, keep_alive)
                     else:
                         self.current = item
-                        await self._send(connection, await server.handle(item), item.headers, keep_alive)
+                        answer = await server.handle(item)
+                        head = item.method == "HEAD"
+                        await self._send(connection, answer, item.headers, keep_alive, head)
                 except Exception:
                     logger.exception("HTTP request failed")
                     keep_alive = False
@@ -161,7 +163,9 @@ class Answers:
         response: Response,
         request_headers: dict[str, str],
         keep_alive: bool,
+        head: bool = False,
     ) -> None:
+        """`head`: the answer to a HEAD request, its headers without the body."""
         transport = connection.transport
         if connection.closed or transport is None:
             return
@@ -183,11 +187,13 @@ class Answers:
         if response.content_type is not None:
             extra += f"Content-Type: {response.content_type}\r\n"
         status_line = f"HTTP/1.1 {response.status} {reason_phrase(response.status)}\r\n"
-        head = f"{status_line}Content-Length: {len(body)}\r\n{extra}"
+        lines = f"{status_line}Content-Length: {len(body)}\r\n{extra}"
+        if head:
+            body = b""
         if len(body) < SEPARATE_WRITE_BYTES:
-            transport.write(head.encode("latin-1") + close + b"\r\n" + body)
+            transport.write(lines.encode("latin-1") + close + b"\r\n" + body)
         else:  # no copy of a large body just to put the head before it
-            transport.writelines((head.encode("latin-1"), close, b"\r\n", body))
+            transport.writelines((lines.encode("latin-1"), close, b"\r\n", body))
         await self._drained(connection)
 
     async def _send_streamed(

@@ -6,7 +6,7 @@ import re
 from collections.abc import Awaitable, Callable
 from urllib.parse import unquote
 
-from coreserve.server.httpd._http_messages import HttpRequest, Response
+from coreserve.server.httpd._http_messages import ErrorResponse, HttpRequest, HttpResponse, Response
 
 Handler = Callable[[HttpRequest], Awaitable[Response]]
 # What a `{name}` segment matches: a model version is digits only, as in Triton's routes, so
@@ -53,6 +53,11 @@ class Router:
         request.match_info = dict(match_info)
         return handler
 
+    def allowed_methods(self, path: str) -> list[str]:
+        """The methods the routes serve at `path`: for a request no route serves, none (404) or
+        those its 405 allows."""
+        return sorted({method for method, pattern, _ in self._routes if pattern.match(path)})
+
     def _match(self, method: str, path: str) -> tuple[Handler, dict[str, str]] | None:
         for route_method, pattern, handler in self._routes:
             if route_method != method:
@@ -61,6 +66,14 @@ class Router:
             if match is not None:
                 return handler, {name: unquote(value) for name, value in match.groupdict().items()}
         return None
+
+
+def method_not_allowed(methods: list[str], error_response: ErrorResponse) -> HttpResponse:
+    """Triton's 405 and words for a path that other methods are served at, with the Allow header
+    HTTP asks of a 405 (Triton sends none)."""
+    response = error_response(405, "Method Not Allowed")
+    response.headers["Allow"] = ", ".join(methods)
+    return response
 
 
 def unrouted_message(method: str, path: str) -> str:

@@ -30,6 +30,7 @@ from coreserve.server.httpd import (
     HttpServer,
     Response,
     Router,
+    method_not_allowed,
 )
 from coreserve.server.openai._chat_template import ChatTemplates
 from coreserve.server.openai._chunks import embeddings_body
@@ -110,6 +111,9 @@ class OpenAIFrontend:
     async def _dispatch(self, request: HttpRequest) -> Response:
         handler = self._router.resolve(request)
         if handler is None:
+            allowed = self._router.allowed_methods(request.path)
+            if allowed:
+                return method_not_allowed(allowed, openai_error)
             path = request.path if len(request.path) <= 200 else request.path[:200] + "…"
             return openai_error(404, f"unknown endpoint: {request.method} {path}")
         return await handler(request)

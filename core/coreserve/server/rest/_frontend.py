@@ -29,6 +29,7 @@ from coreserve.server.httpd import (
     Response,
     Router,
     StreamedResponse,
+    method_not_allowed,
     unrouted_message,
 )
 from coreserve.server.rest._body_codec import BodyCodec
@@ -140,6 +141,9 @@ class HttpFrontend:
     async def _dispatch(self, request: HttpRequest) -> Response:
         handler = self._router.resolve(request)
         if handler is None:
+            allowed = self._router.allowed_methods(request.path)
+            if allowed:
+                return method_not_allowed(allowed, error_response)
             return error_response(404, unrouted_message(request.method, request.path))
         return await handler(request)
 
