@@ -31,6 +31,7 @@ from coreserve.errors import (
     CoreserveError,
     InvalidArgumentError,
     NotFoundError,
+    UnavailableError,
     UnsupportedError,
 )
 from coreserve.repository._index import index_entries, unavailable_reason
@@ -280,10 +281,10 @@ class ModelRepository:
         await close_model(model, self._drain_timeout, self._cache_dir)
 
     def _refuse_unless_explicit(self, action: str) -> None:
-        if self.mode is not ControlMode.EXPLICIT:
-            raise UnsupportedError(
-                f"{action} through the repository API needs --model-control-mode=explicit "
-                f"(this server runs in mode {self.mode.value})"
+        if self.mode is not ControlMode.EXPLICIT:  # Triton's code and words, then the way out
+            raise UnavailableError(
+                "explicit model load / unload is not allowed if polling is enabled "
+                f"({action} needs --model-control-mode=explicit; this server runs in mode {self.mode.value})"
             )
 
     async def load(self, name: str, overrides: LoadOverrides | None = None, by_model: bool = False) -> None:

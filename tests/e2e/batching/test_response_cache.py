@@ -416,5 +416,10 @@ def test_enabled_without_a_server_cache_serves_uncached_with_one_warning(tmp_pat
         assert [_calls(_infer(http, "counter", [1])) for _ in range(2)] == [1, 2]
         http.close()
         assert process.log.count("response_cache is enabled but the server has no cache") == 1
+        families = _scrape(process)  # Triton's per-model families at zero, and no cache-wide ones
+        labels = (("model", "counter"), ("version", "1"))
+        per_model = ("num_hits", "hit_duration", "num_misses", "miss_duration")
+        assert [families[f"nv_cache_{name}_per_model"][labels] for name in per_model] == [0, 0, 0, 0]
+        assert "nv_cache_num_entries" not in families
     finally:
         process.close()

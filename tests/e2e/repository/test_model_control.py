@@ -430,8 +430,19 @@ def test_a_failed_reload_keeps_the_served_version(
 
 def test_model_control_needs_explicit_mode(coreserve_server: ServerFactory, repository: Path) -> None:
     server = coreserve_server(repository)
-    status, _, reply = request(server.http_url, "POST", "/v2/repository/models/other/load", b"")
-    assert status == 501 and "--model-control-mode=explicit" in json.loads(reply)["error"]
+    status, _, reply = request(server.http_url, "POST", "/v2/repository/models/other/unload", b"")
+    message = json.loads(reply)["error"]  # Triton's status and words, then the way out
+    assert status == 503 and message.startswith(
+        "explicit model load / unload is not allowed if polling is enabled (unloading models needs "
+        "--model-control-mode=explicit; this server runs in mode none)"
+    )
+    with grpc.insecure_channel(server.grpc_url) as channel, pytest.raises(grpc.RpcError) as info:
+        load = grpc_service_pb2.RepositoryModelLoadRequest(model_name="other")
+        grpc_service_pb2_grpc.GRPCInferenceServiceStub(channel).RepositoryModelLoad(load)
+    assert info.value.code() is grpc.StatusCode.UNAVAILABLE
+    assert "explicit model load / unload is not allowed if polling is enabled (loading models" in str(
+        info.value.details()
+    )
 
 
 def test_restricted_model_repository_api(coreserve_server: ServerFactory, repository: Path) -> None:

@@ -191,8 +191,9 @@ MODEL_CACHE_FAMILIES = (
 
 
 def _model_cache_families(ids: list[tuple[ModelVersion, str]]) -> list[str]:
-    """The per-model cache families, for the versions that use the response cache (as Triton)."""
-    cached = [(v, labels) for v, labels in ids if v.scheduler is not None and v.scheduler.response_cache]
+    """The per-model cache families, for the versions whose configuration enables the response
+    cache: as Triton, at zero where the server has no cache."""
+    cached = [(v, labels) for v, labels in ids if v.config.response_cache.enable]
     lines: list[str] = []
     for name, help_text, duration, unit in MODEL_CACHE_FAMILIES if cached else ():
         samples = []

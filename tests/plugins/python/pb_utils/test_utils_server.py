@@ -537,9 +537,13 @@ return [self.instance, attempt(lambda: pb_utils.load_model("probe")),
     assert isinstance(result, list)
     instance, load, unload, ready = result
     assert load["error"] == unload["error"] == "TritonModelException"
-    assert load["message"].startswith(_failure(instance, "Failed to load model", "loading models through"))
+    assert load["message"].startswith(
+        _failure(instance, "Failed to load model", "explicit model load / unload is not allowed")
+    )
     assert "--model-control-mode=explicit" in load["message"]
-    assert unload["message"].startswith(_failure(instance, "Failed to unload model", "unloading models"))
+    assert unload["message"].startswith(
+        _failure(instance, "Failed to unload model", "explicit model load / unload is not allowed")
+    )
     assert ready == {"ok": True}
     assert server.process is not None and server.process.poll() is None  # the server keeps serving
 
