@@ -2,9 +2,11 @@
 
 Requests queue per priority level (level 1 first). A batch starts from the oldest request of
 the highest non-empty level and takes the requests behind it while their inputs fit together
-(same names and non-batch shapes) and the batch stays within max_batch_size. It is sent at
-once when it reaches max_batch_size or a preferred batch size; otherwise the batcher waits up
-to max_queue_delay_microseconds (counted from the oldest request) for more requests.
+(same names and non-batch shapes) and the batch stays within max_batch_size. As in Triton, it
+is sent at once at the largest preferred batch size it reaches (up to the request that would
+take it past every preferred size), or whole when it cannot grow or is as large as every
+preferred size; otherwise the batcher waits up to max_queue_delay_microseconds (counted from
+the oldest request) for more requests.
 
 Queue policies apply per level: `max_queue_size` rejects requests when the level is full, and
 a timeout either rejects a request that waited too long or, with `timeout_action: DELAY`,
@@ -48,13 +50,11 @@ class QueuePolicy:
         )
 
     def timeout_for(self, request: InferenceRequest) -> int:
-        """The request's timeout in microseconds (0: none); an override may only shorten it."""
+        """The request's timeout in microseconds (0: none); an override may only shorten it, and
+        (as Triton's PriorityQueue reads it) a level without a timeout keeps none."""
         requested = request.parameters.get("timeout", 0)
-        if not self.allow_override or not isinstance(requested, int) or isinstance(requested, bool):
-            return self.timeout_us
-        if requested <= 0:
-            return self.timeout_us
-        return min(requested, self.timeout_us) if self.timeout_us else requested
+        overrides = self.allow_override and type(requested) is int and 0 < requested < self.timeout_us
+        return requested if overrides else self.timeout_us
 
 
 def shape_key(request: InferenceRequest, ragged: frozenset[str] = frozenset()) -> ShapeKey:
@@ -118,8 +118,8 @@ class DynamicBatcher(Scheduler):
         policy = self._policies[level - 1]
         queue = self._queues[level - 1]
         if policy.max_queue_size and len(queue) >= policy.max_queue_size:
-            self.statistics.record_failure(request, "REJECTED")
-            # Triton's words first (core's PriorityQueue), then which queue.
+            # Triton's words first (core's PriorityQueue), then which queue. Not counted as a
+            # failure: as on Triton, the request never got into the model.
             raise UnavailableError(
                 with_request_id(request.id, "Exceeds maximum queue size")
                 + f": model '{self.signature.model_name}': the queue of priority level {level} is full "
@@ -159,8 +159,9 @@ class DynamicBatcher(Scheduler):
         self.statistics.record_failure(request, "REJECTED")
         if request.sink is not None:
             request.sink.fail(
-                UnavailableError(
-                    f"request for model '{self.signature.model_name}' timed out after waiting in the queue"
+                UnavailableError(  # Triton's words, then which queue
+                    f"Request timeout expired: the request waited in model '{self.signature.model_name}''s "
+                    f"queue of priority level {level} past its timeout"
                 )
             )
         self._arrived.set()  # the batch being formed may have lost its head
@@ -213,15 +214,37 @@ class DynamicBatcher(Scheduler):
                 queue, sizes, complete = self._candidate()
                 if queue is None:
                     return []
-                if complete or self._closed or now_ns() - queue[0].queued_ns >= self._delay_ns:
-                    return self._pop(queue, len(sizes))
-                preferred = [count for count, size in enumerate(sizes, start=1) if size in self._preferred]
-                if preferred:
-                    return self._pop(queue, preferred[-1])
+                waited_ns = now_ns() - queue[0].queued_ns
+                count = len(sizes) if self._closed else self._count_to_send(sizes, complete, waited_ns)
+                if count:
+                    return self._pop(queue, count)
                 self._arrived.clear()
                 remaining = (queue[0].queued_ns + self._delay_ns - now_ns()) / 1e9
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._arrived.wait(), max(remaining, 0.0))
+
+    def _count_to_send(self, sizes: list[int], complete: bool, waited_ns: int) -> int:
+        """How many of the candidate's requests go now (0: it waits), as Triton's dynamic batcher
+        decides (GetDynamicBatch). `sizes`, `complete`: as `_candidate` returns them; `waited_ns`:
+        how long its oldest request has queued.
+
+        The batch goes at the largest preferred size it reaches before a request would take it
+        past every preferred size, or else up to that request; a batch that cannot grow or is at
+        least as large as every preferred size goes whole; otherwise it waits out the delay.
+        """
+        largest = max(self._preferred, default=self._max_batch_size)
+        best = 0
+        for count, size in enumerate(sizes, start=1):
+            if count > 1 and size > largest and not best:
+                best = count - 1
+            if size in self._preferred:
+                best = count
+        delay_over = self._delay_ns != 0 and waited_ns >= self._delay_ns
+        if best and not delay_over:
+            return best
+        if complete or delay_over or self._delay_ns == 0 or sizes[-1] >= largest:
+            return len(sizes)
+        return 0
 
     def _send_what_waits(self) -> None:
         self._arrived.set()  # the batch being formed stops waiting: it is sent as it is

@@ -145,6 +145,48 @@ def test_the_largest_preferred_size_goes_at_once_and_the_rest_waits_for_company(
     run_scenario(scenario)
 
 
+def test_a_batch_as_large_as_every_preferred_size_goes_at_once_as_in_triton() -> None:
+    async def scenario() -> None:
+        batcher, instance = _batcher(
+            f"preferred_batch_size: [ 2, 4 ] max_queue_delay_microseconds: {FOREVER_US}"
+        )
+        log: Log = []
+        batcher.start()
+        batcher.submit(make_request("six", log, rows=6))  # past every preferred size: it cannot wait for one
+        await settle()
+        assert instance.batches == [["six"]]
+        batcher.submit(make_request("a", log, rows=3))
+        batcher.submit(make_request("b", log, rows=3))
+        await settle()
+        # a and b would make 6, past every preferred size: a goes alone, b waits for company.
+        assert instance.batches == [["six"], ["a"]]
+        batcher.submit(make_request("c", log))  # b and c make a preferred 4
+        await finish(batcher)
+        assert instance.batches == [["six"], ["a"], ["b", "c"]]
+
+    run_scenario(scenario)
+
+
+def test_a_batch_goes_at_a_preferred_size_though_more_would_fit_as_in_triton() -> None:
+    async def scenario() -> None:
+        batcher, instance = _batcher(
+            f"preferred_batch_size: [ 4 ] max_queue_delay_microseconds: {FOREVER_US}"
+        )
+        log: Log = []
+        for index in range(9):
+            batcher.submit(make_request(f"r{index}", log))
+        batcher.start()
+        await settle()
+        assert instance.batches == [
+            [f"r{index}" for index in range(4)],
+            [f"r{index}" for index in range(4, 8)],
+        ]
+        await finish(batcher)  # r8 waits for company until the batcher stops
+        assert instance.batches[2:] == [["r8"]]
+
+    run_scenario(scenario)
+
+
 def test_a_full_batch_goes_without_waiting_for_the_queue_delay() -> None:
     async def scenario() -> None:
         batcher, instance = _batcher(f"max_queue_delay_microseconds: {FOREVER_US}", max_batch=3)
@@ -218,7 +260,7 @@ def test_a_full_priority_queue_rejects_with_tritons_words() -> None:
         with pytest.raises(UnavailableError) as error:
             batcher.submit(make_request("c", log))
         assert str(error.value).startswith("[request id: c] Exceeds maximum queue size: model 'm'")
-        assert batcher.statistics.failures["REJECTED"] == 1
+        assert batcher.statistics.failures["REJECTED"] == 0  # as Triton: it never got into the model
         batcher.start()
         await finish(batcher)
         assert instance.batches == [["a", "b"]]
@@ -267,7 +309,9 @@ def test_a_request_that_waits_past_its_timeout_is_rejected() -> None:
         assert log == [("late", "error")]
         error = recording_sink(late).error
         assert isinstance(error, UnavailableError)
-        assert str(error) == "request for model 'm' timed out after waiting in the queue"
+        assert str(error) == (
+            "Request timeout expired: the request waited in model 'm''s queue of priority level 1 past its timeout"
+        )
         release.set()
         await finish(batcher)
         assert instance.batches == [["busy"]]
@@ -280,7 +324,8 @@ def test_a_request_that_waits_past_its_timeout_is_rejected() -> None:
 def test_a_delayed_request_goes_behind_every_request_that_did_not_time_out() -> None:
     async def scenario() -> None:
         batcher, instance = _batcher(
-            "default_queue_policy { timeout_action: DELAY allow_timeout_override: true }"
+            "default_queue_policy { timeout_action: DELAY allow_timeout_override: true "
+            f"default_timeout_microseconds: {FOREVER_US} }}"
         )
         log: Log = []
         release = await _busy_with(batcher, instance, log)
@@ -302,7 +347,7 @@ def test_a_delayed_request_goes_behind_every_request_that_did_not_time_out() -> 
         (False, 500, 100, 500),  # no overrides: the policy's
         (True, 500, 100, 100),  # shorter: taken
         (True, 500, 900, 500),  # longer: only shortens
-        (True, 0, 900, 900),  # no default: the request's
+        (True, 0, 900, 0),  # no default: none, as Triton's PriorityQueue reads it (900 < 0 is false)
         (True, 500, 0, 500),
         (True, 500, True, 500),  # not an integer
     ],
