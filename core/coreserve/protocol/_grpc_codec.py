@@ -97,6 +97,8 @@ def decode_model_infer_request(
         parameters = {key: parameter_value(value) for key, value in given.items()}
         if "priority" in given:
             _check_priority(given["priority"])
+        if "timeout" in given and given["timeout"].WhichOneof("parameter_choice") != "int64_param":
+            raise InvalidArgumentError("invalid value type for 'timeout' parameter, expected int64_param.")
         sequence_id = parameters.get("sequence_id")
         if isinstance(sequence_id, int) and sequence_id < 0:  # as Triton, an int64 id read unsigned
             parameters["sequence_id"] = sequence_id + 2**64

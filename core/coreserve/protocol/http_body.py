@@ -230,7 +230,7 @@ def complete_infer_request(
 
     request_parameters = document.parameters
     if isinstance(request_parameters, dict):
-        check_priority(request_parameters)
+        check_scheduling_parameters(request_parameters)
     parameters = parse_parameters(request_parameters, "the request")
     plan = OutputPlan(binary_by_default=parameters.pop("binary_data_output", False) is True)
     class_counts: dict[str, int] = {}
@@ -377,19 +377,25 @@ def parse_parameters(value: object, where: str) -> dict[str, ParameterValue]:
     return value
 
 
-def check_priority(parameters: dict[str, Any]) -> None:
-    """Refuses a `priority` that is not a JSON unsigned integer, in Triton's words.
+# What each scheduling parameter is, in a refusal: Triton reads both as JSON unsigned integers.
+_UNSIGNED_PARAMETERS = {
+    "priority": "a priority is an integer >= 0, 0 for the model's default",
+    "timeout": "a timeout is an integer of microseconds >= 0",
+}
+
+
+def check_scheduling_parameters(parameters: dict[str, Any]) -> None:
+    """Refuses a `priority` or `timeout` that is not a JSON unsigned integer, in Triton's words.
 
     Triton's HTTP frontend answers this with a 500; a client's mistake is a 400 here (docs/features.md).
     """
-    if "priority" not in parameters:
-        return
-    priority = parameters["priority"]
-    if type(priority) is not int or not 0 <= priority < 2**64:
-        raise InvalidArgumentError(
-            "Unable to parse 'priority': attempt to access JSON non-unsigned-integer as unsigned-integer "
-            f"(got {quoted_value(priority)}; a priority is an integer >= 0, 0 for the model's default)"
-        )
+    for name, what in _UNSIGNED_PARAMETERS.items():
+        value = parameters.get(name, 0)
+        if type(value) is not int or not 0 <= value < 2**64:
+            raise InvalidArgumentError(
+                f"Unable to parse '{name}': attempt to access JSON non-unsigned-integer as unsigned-integer "
+                f"(got {quoted_value(value)}; {what})"
+            )
 
 
 def _requested_outputs(

@@ -53,8 +53,9 @@ class QueuePolicy:
         """The request's timeout in microseconds (0: none); an override may only shorten it, and
         (as Triton's PriorityQueue reads it) a level without a timeout keeps none."""
         requested = request.parameters.get("timeout", 0)
-        overrides = self.allow_override and type(requested) is int and 0 < requested < self.timeout_us
-        return requested if overrides else self.timeout_us
+        if self.allow_override and type(requested) is int and 0 < requested < self.timeout_us:
+            return requested
+        return self.timeout_us
 
 
 def shape_key(request: InferenceRequest, ragged: frozenset[str] = frozenset()) -> ShapeKey:

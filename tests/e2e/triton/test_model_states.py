@@ -12,7 +12,7 @@ models of the same layout (a good model, a model whose only version fails, a mod
   fails keeps the versions being served.
 - HTTP model readiness is 400 `{"error":"Model version not ready"}` (an unknown model too); gRPC
   answers ready=false.
-- `priority` over HTTP must be a JSON unsigned integer, else "Unable to parse 'priority': ..."
+- `priority` and `timeout` over HTTP must be JSON unsigned integers, else "Unable to parse 'priority': ..."
   (Triton answers it with a 500, coreserve with a 400 as for every client mistake); over gRPC an int64_param >= 0 or a uint64_param, else INVALID_ARGUMENT. A
   priority beyond the model's levels gets its default level.
 """
@@ -300,14 +300,17 @@ def test_poll_mode_serves_no_half_loaded_model(coreserve_server: ServerFactory, 
 
 # --- 4. priority -----------------------------------------------------------------------------
 
-PRIORITY_TEXT = "Unable to parse 'priority': attempt to access JSON non-unsigned-integer as unsigned-integer"
+UNSIGNED_TEXT = "Unable to parse '{}': attempt to access JSON non-unsigned-integer as unsigned-integer"
 
 
-@pytest.mark.parametrize("priority", [-1, 1.5, "2", True, None, [1], {}])
-def test_http_priority_must_be_an_unsigned_integer(server: ServerProcess, priority: Any) -> None:
-    body = json.dumps({"inputs": TENSORS, "parameters": {"priority": priority}}).encode()
+@pytest.mark.parametrize("name", ["priority", "timeout"])
+@pytest.mark.parametrize("value", [-1, 1.5, "2", True, None, [1], {}])
+def test_http_priority_and_timeout_must_be_unsigned_integers(
+    server: ServerProcess, name: str, value: Any
+) -> None:
+    body = json.dumps({"inputs": TENSORS, "parameters": {name: value}}).encode()
     status, message = _get(server, "POST", "/v2/models/add_sub/infer", body)
-    assert status == 400 and message.startswith(PRIORITY_TEXT), message
+    assert status == 400 and message.startswith(UNSIGNED_TEXT.format(name)), message
     _serves(server)
 
 
@@ -334,4 +337,18 @@ def test_grpc_priority_must_be_a_non_negative_integer(
             grpc.StatusCode.INVALID_ARGUMENT,
             "invalid value type for 'priority' parameter, expected int64_param or uint64_param.",
         )
+    _serves(server)
+
+
+def test_grpc_timeout_must_be_an_int64_param(
+    server: ServerProcess, stub: service_pb2_grpc.GRPCInferenceServiceStub
+) -> None:
+    for wrong in (("uint64_param", 5), ("double_param", 1.5), ("string_param", "2"), ("bool_param", True)):
+        code, message = _grpc_error(lambda wrong=wrong: stub.ModelInfer(_infer_message(timeout=wrong)))
+        assert (code, message) == (
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "invalid value type for 'timeout' parameter, expected int64_param.",
+        )
+    for fine in (5_000_000, -5):  # as Triton: any int64 (a negative one reads as a long time)
+        assert stub.ModelInfer(_infer_message(timeout=("int64_param", fine))).model_name == "add_sub"
     _serves(server)
