@@ -54,7 +54,7 @@ def serve_parser() -> argparse.ArgumentParser:
          help="the name server metadata gives (default coreserve)")
     flag("--model-repository", "--model-store", dest="model_repositories", action="append", required=True,
          metavar="DIR_OR_URL", help="a model repository: a folder, or s3://… gs://… (repeatable)")
-    flag("--model-control-mode", choices=[mode.value for mode in ControlMode], default="none",
+    flag("--model-control-mode", type=str.lower, choices=[mode.value for mode in ControlMode], default="none",
          help="none: load everything at start-up; poll: also apply repository changes; "
               "explicit: load what --load-model names, then what the repository API asks")
     flag("--load-model", dest="load_models", action="append", default=[], metavar="NAME",
@@ -146,7 +146,7 @@ def serve_parser() -> argparse.ArgumentParser:
               "or redis,host=HOST and redis,port=PORT (repeated) (default: none, nothing is cached)")
     flag("--response-cache-byte-size", type=non_negative_int, default=None, metavar="BYTES",
          help="deprecated in Triton: --cache-config local,size=BYTES")
-    flag("--rate-limit", choices=("off", "execution_count"), default="off",
+    flag("--rate-limit", type=str.lower, choices=("off", "execution_count"), default="off",
          help="execution_count: an instance executes only when the resources its instance_group's "
               "rate_limiter names are free, higher priority first (default off)")
     flag("--rate-limit-resource", type=rate_limit_resource, action="append", default=[],
@@ -202,8 +202,8 @@ def _grpc_transport_flags(flag: Callable[..., Any], bool_flag: Callable[..., Non
     flag("--grpc-server-key", type=Path, default=None, metavar="PEM_FILE", help="the server's private key")
     flag("--grpc-root-cert", type=Path, default=None, metavar="PEM_FILE",
          help="the certificate that signs client certificates (mutual TLS)")
-    flag("--grpc-infer-response-compression-level", choices=("none", "low", "medium", "high"), default="none",
-         help="compression of responses, for clients that accept it (default none)")
+    flag("--grpc-infer-response-compression-level", type=str.lower, choices=("none", "low", "medium", "high"),
+         default="none", help="compression of responses, for clients that accept it (default none)")
     bool_flag("--reuse-grpc-port", False, "let other servers bind the same gRPC port (default false)")
     for name, default in (
         ("--grpc-keepalive-time", "7200000"),

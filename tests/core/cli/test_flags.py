@@ -310,3 +310,16 @@ def test_the_metrics_address_follows_the_http_address_unless_given() -> None:
     )
     given = [*BASE, "--http-address=127.0.0.1", "--metrics-address=0.0.0.0"]
     assert server_options(parse_serve_args(given)).metrics_address == "0.0.0.0"
+
+
+@pytest.mark.parametrize(
+    ("flag", "given", "read"),
+    [
+        ("--model-control-mode", "EXPLICIT", "explicit"),
+        ("--rate-limit", "Execution_Count", "execution_count"),
+        ("--grpc-infer-response-compression-level", "HIGH", "high"),
+    ],
+)
+def test_the_values_tritonserver_lowercases_are_taken_in_any_case(flag: str, given: str, read: str) -> None:
+    args = parse_serve_args([*BASE, f"{flag}={given}"])
+    assert getattr(args, flag.removeprefix("--").replace("-", "_")) == read
