@@ -175,6 +175,18 @@ def test_a_deadline_that_passes_before_the_request_arrives(raw: RawHttp2) -> Non
     assert fields["grpc-status"] == str(grpc.StatusCode.DEADLINE_EXCEEDED.value[0]), fields
 
 
+@pytest.mark.parametrize("method", ["ServerLive", "ModelInfer"])
+def test_a_deadline_already_past_is_answered_deadline_exceeded(raw: RawHttp2, method: str) -> None:
+    raw.open()
+    body = message(b"" if method == "ServerLive" else infer_request(4))
+    for stream_id, timeout in ((1, "0n"), (3, "1n"), (5, "1u")):
+        block = raw.headers_block(method, ("grpc-timeout", timeout))
+        raw.send(frame(HEADERS, END_HEADERS, stream_id, block) + frame(DATA, END_STREAM, stream_id, body))
+        fields, _ = raw.call(stream_id)
+        expired = (str(grpc.StatusCode.DEADLINE_EXCEEDED.value[0]), "Deadline Exceeded")
+        assert (fields["grpc-status"], fields["grpc-message"]) == expired, (timeout, fields)
+
+
 def test_not_grpc_and_unknown_methods(raw: RawHttp2) -> None:
     raw.open()
     block = raw.encoder.encode(

@@ -187,6 +187,7 @@ def test_decoupled_streaming_over_grpc(server: ServerProcess) -> None:
             result, error = results.get(timeout=30)
             assert error is None
             response = result.get_response()
+            assert "triton_final_response" in response.parameters  # false on all but the last, as Triton
             if response.parameters["triton_final_response"].bool_param:
                 finals += 1
                 assert not response.outputs

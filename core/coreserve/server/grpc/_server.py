@@ -6,8 +6,6 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
-import grpc
-
 from coreserve.protocol.grpc_received import parse_model_infer_request
 from coreserve.protocol.grpc_response import SerializedPieces
 from coreserve.protos import grpc_service_pb2 as pb
@@ -15,15 +13,14 @@ from coreserve.protos import grpc_service_pb2_grpc as pb_grpc
 from coreserve.protos import health_pb2, health_pb2_grpc, traffic_pb2_grpc
 from coreserve.server.dataplane import DataPlane
 from coreserve.server.grpc._decoding import DecodingRegistrar
-from coreserve.server.grpc._service import DEFAULT_MAX_STREAM_INFLIGHT, INFERENCE_SERVICE, InferenceServicer
+from coreserve.server.grpc._service import DEFAULT_MAX_STREAM_INFLIGHT, InferenceServicer
 from coreserve.server.grpc._traffic_service import TrafficServicer
 from coreserve.server.restrictions import ApiRestrictions
 
 
 class HealthServicer(health_pb2_grpc.HealthServicer):
-    """grpc.health.v1: SERVING while the server is ready (what its readiness endpoint says)."""
-
-    SERVICES = ("", INFERENCE_SERVICE)
+    """grpc.health.v1: SERVING while the server is ready (what its readiness endpoint says), for
+    any service name, as Triton answers (a probe configured with a service name passes there)."""
 
     def __init__(self, dataplane: DataPlane, watch_interval: float = 1.0) -> None:
         self._dataplane = dataplane
@@ -36,16 +33,11 @@ class HealthServicer(health_pb2_grpc.HealthServicer):
     async def Check(
         self, request: health_pb2.HealthCheckRequest, context: Any
     ) -> health_pb2.HealthCheckResponse:
-        if request.service not in self.SERVICES:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown service '{request.service}'")
         return health_pb2.HealthCheckResponse(status=self._status())
 
     async def Watch(
         self, request: health_pb2.HealthCheckRequest, context: Any
     ) -> AsyncIterator[health_pb2.HealthCheckResponse]:
-        if request.service not in self.SERVICES:
-            yield health_pb2.HealthCheckResponse(status=health_pb2.HealthCheckResponse.SERVICE_UNKNOWN)
-            return
         last = None
         while True:
             status = self._status()

@@ -364,8 +364,6 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         received_ns = now_ns() if tracing else 0
         message = received.message
 
-        empty_final = False  # (known once the request is read)
-
         def error_message(error: CoreserveError) -> None:
             reply = pb.ModelStreamInferResponse(
                 error_message=error.message,
@@ -373,8 +371,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                     model_name=message.model_name, model_version=message.model_version, id=received.request_id
                 ),
             )
-            if empty_final:  # an error ends the request: a client that waits for the flag sees it
-                reply.infer_response.parameters[FINAL_RESPONSE].bool_param = True
+            # An error ends the request: a client that waits for the flag sees it.
+            reply.infer_response.parameters[FINAL_RESPONSE].bool_param = True
             deliver(reply, True, None)
 
         try:
@@ -400,13 +398,11 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 trace.mark("GRPC_SEND_START", now_ns())
             reply: StreamMessage | None = None
             if response is not None:
-                final_parameter = {FINAL_RESPONSE: final} if empty_final else None
-                try:
-                    reply = serialize_model_stream_infer_response(response, plan, final_parameter)
+                try:  # every response says whether it is the last, as Triton's do
+                    reply = serialize_model_stream_infer_response(response, plan, {FINAL_RESPONSE: final})
                 except CoreserveError as exc:  # an output too large for its shared memory region
                     encoded = pb.ModelInferResponse(model_name=request.model_name, id=request.id)
-                    if empty_final:
-                        encoded.parameters[FINAL_RESPONSE].bool_param = final
+                    encoded.parameters[FINAL_RESPONSE].bool_param = final
                     reply = pb.ModelStreamInferResponse(error_message=exc.message, infer_response=encoded)
             elif empty_final:
                 encoded = pb.ModelInferResponse(model_name=request.model_name, id=request.id)

@@ -187,6 +187,13 @@ class Call:
 
     def start(self) -> None:
         self.task = asyncio.get_running_loop().create_task(self._run())
+        self.task.add_done_callback(self._answer_if_never_run)
+
+    def _answer_if_never_run(self, task: asyncio.Task[None]) -> None:
+        """A task cancelled before its first step (a deadline already past) never runs `_run`,
+        whose handlers answer: the status it was cancelled with is answered here."""
+        if task.cancelled() and self.status is not None:
+            self.finish(self.status.code, self.status.details)
 
     def cancel(self, status: CallAborted | None) -> None:
         """Stops the handler; `status`: the answer the client gets (None: it is gone)."""
