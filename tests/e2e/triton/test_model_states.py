@@ -340,6 +340,36 @@ def test_grpc_priority_must_be_a_non_negative_integer(
     _serves(server)
 
 
+@pytest.mark.parametrize(
+    ("key", "value", "text"),
+    [
+        ("sequence_id", ("bool_param", True), "invalid value type for 'sequence_id' parameter, expected int64_param or string_param."),
+        ("sequence_id", ("uint64_param", 7), "invalid value type for 'sequence_id' parameter, expected int64_param or string_param."),
+        ("sequence_start", ("int64_param", 1), "invalid value type for 'sequence_start' parameter, expected bool_param."),
+        ("sequence_end", ("string_param", "y"), "invalid value type for 'sequence_end' parameter, expected bool_param."),
+        ("triton_enable_empty_final_response", ("string_param", "true"),
+         "invalid value type for 'triton_enable_empty_final_response' parameter, expected bool_param."),
+        ("triton_foo", ("bool_param", True),
+         "parameter keys starting with 'triton_' are reserved for Triton usage. Only the following keys "
+         "starting with 'triton_' are allowed: triton_enable_empty_final_response"),
+        ("foo", ("uint64_param", 5), "invalid value type for 'foo' parameter, expected int64_param, bool_param, or string_param."),
+    ],
+)  # fmt: skip
+def test_grpc_parameters_of_a_type_triton_refuses_are_refused_in_its_words(
+    server: ServerProcess,
+    stub: service_pb2_grpc.GRPCInferenceServiceStub,
+    key: str,
+    value: tuple[str, Any],
+    text: str,
+) -> None:
+    code, message = _grpc_error(lambda: stub.ModelInfer(_infer_message(**{key: value})))
+    assert (code, message) == (grpc.StatusCode.INVALID_ARGUMENT, text)
+    # What Triton takes: any other key of int64, bool, string or double, and these of their types.
+    taken = {"foo": ("double_param", 1.5), "bar": ("string_param", "x"), "sequence_start": ("bool_param", False),
+             "triton_enable_empty_final_response": ("bool_param", True)}  # fmt: skip
+    assert stub.ModelInfer(_infer_message(**taken)).model_name == "add_sub"
+
+
 def test_grpc_timeout_must_be_an_int64_param(
     server: ServerProcess, stub: service_pb2_grpc.GRPCInferenceServiceStub
 ) -> None:
