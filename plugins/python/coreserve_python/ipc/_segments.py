@@ -240,10 +240,11 @@ def _empty(datatype: str, shape: tuple[int, ...]) -> np.ndarray:
 
 
 def serialize_bytes(array: np.ndarray) -> bytes:
-    """BYTES elements as 4-byte little-endian lengths followed by the bytes (str: UTF-8)."""
+    """BYTES elements as 4-byte little-endian lengths followed by the bytes; an element that is
+    not bytes is its str() in UTF-8, as Triton's pb_utils writes it (the int 1 is b"1")."""
     parts = []
     for item in array.reshape(-1):
-        data = item.encode("utf-8") if isinstance(item, str) else bytes(item)
+        data = bytes(item) if isinstance(item, bytes) else str(item).encode("utf-8")
         parts.append(_ELEMENT_LENGTH.pack(len(data)))
         parts.append(data)
     return b"".join(parts)

@@ -3,6 +3,7 @@ and its errors and refused return values in Triton's words."""
 
 from __future__ import annotations
 
+import importlib.machinery
 import importlib.util
 import sys
 import traceback
@@ -34,20 +35,42 @@ def describe(exc: BaseException) -> str:
 
 
 def load_model_module(model_file: Path) -> ModuleType:
-    """Imports model.py as Triton does: its folder is on sys.path for sibling imports."""
-    folder = str(model_file.parent)
-    if folder not in sys.path:
-        sys.path.insert(0, folder)
-    spec = importlib.util.spec_from_file_location(model_file.stem, model_file)
+    """Imports model.py as Triton's stub does: the version folder and the model's folder go at
+    the end of sys.path (installed modules come first), and the file is module `<version>.model`
+    of the version folder taken as a package, so `from . import helper` works beside `import
+    helper` and `import beside_config`."""
+    version_folder = model_file.parent
+    for folder in (str(version_folder), str(version_folder.parent)):
+        if folder not in sys.path:
+            sys.path.append(folder)
+    package = version_folder.name
+    sys.modules[package] = _package(package, version_folder)
+    name = f"{package}.{model_file.stem}"
+    spec = importlib.util.spec_from_file_location(name, model_file)
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot import {model_file}")
     module = importlib.util.module_from_spec(spec)
-    sys.modules[model_file.stem] = module
+    sys.modules[name] = module
     spec.loader.exec_module(module)
     if not hasattr(module, "TritonPythonModel"):
-        name = model_file.stem
         raise ModelFileError(f"module '{name}' has no attribute 'TritonPythonModel' ({model_file})")
     return module
+
+
+def _package(name: str, folder: Path) -> ModuleType:
+    """The version folder as a package (a namespace one, or the one its __init__.py makes)."""
+    init = folder / "__init__.py"
+    if not init.exists():
+        spec = importlib.machinery.ModuleSpec(name, None, is_package=True)
+        spec.submodule_search_locations = [str(folder)]
+        return importlib.util.module_from_spec(spec)
+    found = importlib.util.spec_from_file_location(name, init, submodule_search_locations=[str(folder)])
+    if found is None or found.loader is None:
+        raise ImportError(f"cannot import {init}")
+    package = importlib.util.module_from_spec(found)
+    sys.modules[name] = package  # (its own relative imports find it)
+    found.loader.exec_module(package)
+    return package
 
 
 def failed_execution(instance_name: str, reason: str) -> str:

@@ -118,3 +118,22 @@ def test_segments_of_an_owner_no_file_name_can_hold_are_written_and_read(owner: 
         reader.close()
         for pool in pools:
             pool.close()
+
+
+def test_bytes_elements_that_are_not_bytes_travel_as_their_text_as_in_triton(
+    sides: tuple[SegmentPool, SegmentReader],
+) -> None:
+    """Triton's pb_utils writes each element of an object array that is not bytes as its str()."""
+    mixed = np.array([1, 10**6, True, 1.5, None, [1, 2], "é", b"\x00raw", bytearray(b"x")], dtype=np.object_)
+    read = _round_trip(sides, {"mixed": mixed})["mixed"]
+    assert read.tolist() == [
+        b"1",
+        b"1000000",
+        b"True",
+        b"1.5",
+        b"None",
+        b"[1, 2]",
+        "é".encode(),
+        b"\x00raw",
+        b"bytearray(b'x')",
+    ]
