@@ -161,12 +161,18 @@ class ModelLoader:
         backend = self._choose_backend(location, config, newest)
         if not config.default_model_filename:
             config.default_model_filename = backend.default_model_filename
+        # What Triton fills in before a backend completes the configuration (its name, backend
+        # and version policy), so that the backend's completion reads them there.
+        config.name = config.name or location.name
+        config.backend = config.backend or backend.name
+        if config.version_policy.WhichOneof("policy_choice") is None:
+            config.version_policy.latest.num_versions = 1
         if self._auto_complete and newest is not None:
             files = ModelFiles(location.name, location.path, newest, config.default_model_filename)
             config = await asyncio.to_thread(
                 backend.auto_complete_config, files, config, self.context_for(backend)
             )
-        config.backend = config.backend or backend.name
+        config.backend = config.backend or backend.name  # (a completion may have emptied it)
         if not config.platform and backend.platforms:
             config.platform = backend.platforms[0]
         # Where instances may run is the backend's to say (it may start CUDA to count GPUs).

@@ -36,7 +36,49 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write_model(root, "add_sub", add_sub_model("FP32", [1, 4]), ADD_SUB)
     folder = write_model(root, "no_class", None, 'backend: "python"')
     (folder / "1" / "model.py").write_text("class Model:  # not TritonPythonModel\n    pass\n")
+    folder = write_model(root, "imports", None, IMPORTS_CONFIG)
+    (folder / "1" / "model.py").write_text(IMPORTS_MODEL)
+    (folder / "1" / "helper.py").write_text("WORD = b'relative'\n")
+    (folder / "1" / "calendar.py").write_text("WORD = b'shadowed'\n")  # installed modules come first
+    (folder / "beside.py").write_text("WORD = b'beside'\n")
+    folder = write_model(root, "parameters_seen", None, IMPORTS_CONFIG.replace("[ 4 ]", "[ 2 ]"))
+    (folder / "1" / "model.py").write_text(PARAMETERS_MODEL)
     return root
+
+
+# What a model sees of a request's parameters: its own (in Triton's compact JSON) and its timeout.
+PARAMETERS_MODEL = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        seen = [[r.parameters().encode(), str(r.timeout()).encode()] for r in requests]
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("WORDS", np.array(s, dtype=np.object_))]) for s in seen]
+"""
+
+
+# A model that imports as models for Triton's Python backend do: a module beside it, relatively
+# and by name, one beside its config.pbtxt, and a standard module its folder holds a namesake of.
+IMPORTS_CONFIG = """
+backend: "python"
+output [ { name: "WORDS" data_type: TYPE_STRING dims: [ 4 ] } ]
+input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]
+"""
+IMPORTS_MODEL = """
+import calendar
+import numpy as np
+import triton_python_backend_utils as pb_utils
+import beside
+import helper
+from . import helper as relative
+
+class TritonPythonModel:
+    def execute(self, requests):
+        words = [relative.WORD, helper.WORD, beside.WORD, getattr(calendar, "WORD", b"stdlib")]
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("WORDS", np.array(words, dtype=np.object_))])
+                for _ in requests]
+"""
 
 
 @pytest.fixture(scope="module")
@@ -284,8 +326,30 @@ def test_a_model_file_without_the_model_class_says_so_in_one_line(
 ) -> None:
     with pytest.raises(InferenceServerException) as info:
         client.get_model_metadata("no_class")
-    assert "AttributeError: module 'model' has no attribute 'TritonPythonModel'" in info.value.message()
+    assert "AttributeError: module '1.model' has no attribute 'TritonPythonModel'" in info.value.message()
     assert "Traceback" not in info.value.message()  # the stub's own code is nothing to the operator
+
+
+def test_a_model_sees_the_parameters_triton_gives_it(client: httpclient.InferenceServerClient) -> None:
+    """sequence_id, sequence_start/end, priority and timeout are the request's own fields on
+    Triton, not among its parameters; timeout() gives the timeout."""
+    fields = {
+        "sequence_id": 42,
+        "sequence_start": True,
+        "sequence_end": True,
+        "priority": 1,
+        "timeout": 5_000_000,
+    }
+    inputs = {"X": np.array([1], np.int32)}
+    words = _infer(client, "parameters_seen", inputs, parameters={"s": "x", "i": 3}, **fields).as_numpy(
+        "WORDS"
+    )
+    assert words.tolist() == [b'{"s":"x","i":3}', b"5000000"]
+
+
+def test_a_model_imports_its_neighbours_as_on_triton(client: httpclient.InferenceServerClient) -> None:
+    words = _infer(client, "imports", {"X": np.array([1], np.int32)}).as_numpy("WORDS")
+    assert words.tolist() == [b"relative", b"relative", b"beside", b"stdlib"]
 
 
 def test_auto_complete_config(client: httpclient.InferenceServerClient) -> None:

@@ -66,6 +66,7 @@ class RequestItem(TypedDict):
     correlation_id: int | str
     flags: int
     cancelled: NotRequired[bool]
+    timeout: NotRequired[int]  # the request's `timeout` parameter (microseconds), where it has one
 
 
 class ExecuteMessage(TypedDict):

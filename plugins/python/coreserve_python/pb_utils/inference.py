@@ -87,7 +87,7 @@ class InferenceResponse:
         return self._error
 
     def parameters(self) -> str:
-        return json.dumps(self._parameters)
+        return json.dumps(self._parameters, separators=(",", ":"))
 
 
 class _Cancellation:
@@ -229,6 +229,7 @@ class InferenceRequest:
         flags: int,
         request_id: str,
         cancelled: bool,
+        timeout: int = 0,
     ) -> InferenceRequest:
         """A request the server gives to execute(): its values come checked, so none are
         checked again on the request path."""
@@ -240,7 +241,7 @@ class InferenceRequest:
         request._model_name = model_name
         request._model_version = -1
         request._flags = flags
-        request._timeout = 0
+        request._timeout = timeout
         request._preferred_memory = _CPU_MEMORY
         request._trace = _NOT_TRACED
         request._parameters = parameters
@@ -278,7 +279,7 @@ class InferenceRequest:
 
     def parameters(self) -> str:
         """The request's parameters as a JSON string (as Triton gives them)."""
-        return json.dumps(self._parameters)
+        return json.dumps(self._parameters, separators=(",", ":"))
 
     def trace(self) -> InferenceTrace:
         if self._key is not None:  # a request given to execute(): made only when asked for

@@ -73,6 +73,11 @@ class OpenRequests:
                 responder.send(request, outputs, parameters=body["parameters"], final=final)
 
 
+# Parameters Triton reads into a request's own fields: a model sees them there
+# (correlation_id(), flags(), timeout()), not among parameters().
+REQUEST_FIELDS = frozenset(("sequence_id", "sequence_start", "sequence_end", "priority", "timeout"))
+
+
 def request_item(
     key: int, request: InferenceRequest, inputs: list[TensorRef], outputs: list[str]
 ) -> RequestItem:
@@ -82,14 +87,18 @@ def request_item(
         SEQUENCE_END if parameters.get("sequence_end") else 0
     )
     sequence_id = parameters.get("sequence_id", 0)
-    return {
+    item: RequestItem = {
         "key": key,
         "id": request.id,
         "inputs": inputs,
         "requested": list(request.requested_outputs) if request.requested_outputs is not None else outputs,
-        "parameters": dict(parameters),
+        "parameters": {name: value for name, value in parameters.items() if name not in REQUEST_FIELDS},
         # pb_utils gives a correlation ID as int or str, as Triton does
         "correlation_id": sequence_id if isinstance(sequence_id, int | str) else int(sequence_id),
         "flags": flags,
         "cancelled": request.is_cancelled(),
     }
+    timeout = parameters.get("timeout")
+    if type(timeout) is int and timeout > 0:
+        item["timeout"] = timeout
+    return item

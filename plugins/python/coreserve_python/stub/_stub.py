@@ -232,6 +232,7 @@ class Stub:
                 item["flags"],
                 item["id"],
                 item.get("cancelled", False),
+                item.get("timeout", 0),
             )
             self._register_cancellation(item["key"], request._cancellation)
             requests.append(request)

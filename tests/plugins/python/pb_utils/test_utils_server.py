@@ -92,7 +92,7 @@ class TritonPythonModel:
         return [
             pb_utils.InferenceResponse(
                 [pb_utils.Tensor("OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy())],
-                parameters={"seen": r.parameters()},
+                parameters={"seen": r.parameters(), "timeout": r.timeout()},
             )
             for r in requests
         ]
@@ -421,6 +421,7 @@ request = pb_utils.InferenceRequest(
 response = request.exec()
 found["sync"] = response.output_tensors()[0].as_numpy().tolist()
 found["parameters"] = json.loads(json.loads(response.parameters())["seen"])
+found["timeout"] = json.loads(response.parameters())["timeout"]
 ticker = lambda n: pb_utils.InferenceRequest(
     model_name="ticker", inputs=[pb_utils.Tensor("N", np.array([n], np.int32))], requested_output_names=["VALUE"])
 iterator = ticker(3).exec(decoupled=True)
@@ -445,7 +446,8 @@ return found
     assert result.pop("cancelled_count") < 100  # the server stopped the call early
     assert result == {
         "sync": [2.0],
-        "parameters": {"tag": "t", "n": 3, "flag": True, "timeout": 10_000_000},
+        "parameters": {"tag": "t", "n": 3, "flag": True},  # the timeout is the request's own, as on Triton
+        "timeout": 10_000_000,
         "iterator_type": "ResponseIterator",
         "iterated": [[3], [2], [1], []],  # Triton ends with an empty final response
         "async_type": "ResponseIterator",
