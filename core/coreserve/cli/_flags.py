@@ -15,6 +15,7 @@ from coreserve.cli._values import (
     METRICS_SETTINGS,
     backend_config,
     cache_setting,
+    header_pattern,
     interval_ms,
     memory_budget,
     metrics_config,
@@ -67,7 +68,8 @@ def serve_parser() -> argparse.ArgumentParser:
               "a GPU's (gpu:0=8GB, gpu:0=60%%, read through NVML; repeatable, once per GPU): a load that "
               "would pass it first unloads the least recently used idle models that are not pinned "
               "(default: no budget)")
-    flag("--repository-poll-secs", type=float, default=15.0, help="seconds between scans in poll mode")
+    flag("--repository-poll-secs", type=float, default=15.0,
+         help="seconds between scans in poll mode (0 or less: none, as in Triton)")
     flag("--model-load-thread-count", type=int, default=4, help="models that load at the same time")
     flag("--model-config-name", default="", metavar="NAME",
          help="load a model's configs/NAME.pbtxt where it has one, else its config.pbtxt")
@@ -111,6 +113,10 @@ def serve_parser() -> argparse.ArgumentParser:
          action="append", default=[], metavar="CATEGORY[,CATEGORY]:KEY=VALUE",
          help="serve these API categories only to calls with the metadata triton-grpc-protocol-KEY: VALUE "
               "(repeatable)")
+    for transport in ("http", "grpc"):
+        flag(f"--{transport}-header-forward-pattern", type=header_pattern, default="", metavar="REGEX",
+             help=f"forward the {'headers' if transport == 'http' else 'metadata'} of inference requests "
+                  "whose names match (anywhere, in any case) to the model as request parameters")
     _grpc_transport_flags(flag, bool_flag)
     flag("--grpc-max-message-size", type=int, default=256 * 1024 * 1024, metavar="BYTES",
          help="largest gRPC message received or sent (default 256 MiB)")
@@ -280,10 +286,22 @@ def parse_serve_args(argv: Sequence[str]) -> argparse.Namespace:
         parse_memory_budgets(args.model_memory_budget or [])
     except MemoryBudgetError as exc:
         parser.error(f"argument --model-memory-budget: {exc}")
-    for name, value in (("--model-load-on-demand", args.model_load_on_demand),
-                        ("--model-memory-budget", args.model_memory_budget)):  # fmt: skip
+    # (--load-model outside explicit mode is an error in Triton too)
+    for name, value in (
+        ("--model-load-on-demand", args.model_load_on_demand),
+        ("--model-memory-budget", args.model_memory_budget),
+        ("--load-model", args.load_models),
+    ):
         if value and args.model_control_mode != ControlMode.EXPLICIT.value:
             parser.error(f"{name} needs --model-control-mode=explicit (got {args.model_control_mode})")
+    for name, restrictions in (("--http-restricted-api", args.http_restricted_api),
+                               ("--grpc-restricted-protocol", args.grpc_restricted_api)):  # fmt: skip
+        named = [category for restriction in restrictions for category in restriction.categories]
+        for category in sorted({category for category in named if named.count(category) > 1}):
+            # Triton's words: each category has one key and value
+            parser.error(
+                f"argument {name}: restricted api '{category}' can not be specified in multiple config groups"
+            )
     return args
 
 

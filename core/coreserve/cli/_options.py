@@ -85,6 +85,8 @@ def server_options(args: argparse.Namespace) -> ServerOptions:
         model_load_thread_count=args.model_load_thread_count,
         http_restricted_api=args.http_restricted_api,
         grpc_restricted_api=args.grpc_restricted_api,
+        http_header_forward_pattern=args.http_header_forward_pattern,
+        grpc_header_forward_pattern=args.grpc_header_forward_pattern,
         **extra,
         http_workers=args.http_thread_count,
         http_reuse_port=args.reuse_http_port,

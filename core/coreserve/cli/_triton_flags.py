@@ -73,7 +73,7 @@ TRITON_FLAGS: tuple[TritonFlag, ...] = (
     TritonFlag("--http-address", _A),
     TritonFlag("--http-port", _A, "int"),
     TritonFlag("--reuse-http-port", _A, "bool"),
-    TritonFlag("--http-header-forward-pattern", _N, "str", "headers are not forwarded yet"),
+    TritonFlag("--http-header-forward-pattern", _A),
     TritonFlag("--http-thread-count", _A, "int"),
     TritonFlag("--http-restricted-api", _A),
     # gRPC
@@ -81,7 +81,7 @@ TRITON_FLAGS: tuple[TritonFlag, ...] = (
     TritonFlag("--grpc-address", _A),
     TritonFlag("--grpc-port", _A, "int"),
     TritonFlag("--reuse-grpc-port", _A, "bool"),
-    TritonFlag("--grpc-header-forward-pattern", _N, "str", "headers are not forwarded yet"),
+    TritonFlag("--grpc-header-forward-pattern", _A),
     TritonFlag("--grpc-infer-allocation-pool-size", _I, "int", "Python allocates its own messages"),
     TritonFlag("--grpc-use-ssl", _A, "bool"),
     TritonFlag("--grpc-use-ssl-mutual", _A, "bool"),

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from coreserve import InvalidArgumentError
 from coreserve.cli._triton_flags import parse_bool
+from coreserve.server.header_forwarding import checked_pattern
 from coreserve.server.restrictions import Restriction, parse_restriction
 
 if TYPE_CHECKING:
@@ -98,6 +99,13 @@ METRICS_SETTINGS = {
     "histogram_latencies": "false",
     "summary_quantiles": "0.5:0.05,0.9:0.01,0.95:0.001,0.99:0.001,0.999:0.0001",
 }
+
+
+def header_pattern(text: str) -> str:
+    try:
+        return checked_pattern(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def restriction(text: str) -> Restriction:

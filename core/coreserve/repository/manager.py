@@ -123,7 +123,7 @@ class ModelRepository:
         return self._models.values()
 
     def all_ready(self) -> bool:
-        return all(model.ready for model in self._models.values())
+        return all(model.ready for model in self._models.values() if not model.index_only)
 
     # Start-up and polling.
 
@@ -131,7 +131,7 @@ class ModelRepository:
         """Loads what the control mode loads at start-up."""
         found, duplicates = await self._find.scan()
         for name, reason in duplicates.items():
-            self._models[name] = Model(name=name, path=None, reason=reason)
+            self._models[name] = Model(name=name, path=None, reason=reason, index_only=True)
         if self.mode is ControlMode.EXPLICIT:  # pinned: never unloaded to make room
             pinned = {key for name in self._startup_models for key in self._find.keys_named(name, found)}
             self.budgeted.pinned = pinned | (set(found) if "*" in self._startup_models else set())
@@ -141,9 +141,8 @@ class ModelRepository:
                 keys = self._find.keys_named(name, found)  # under namespacing: every repository's
                 wanted.update({key: found[key] for key in keys})
                 if not keys:
-                    self._models[name] = Model(
-                        name=name, path=None, reason=f"model '{name}' is not in the repository"
-                    )
+                    reason = f"model '{name}' is not in the repository"
+                    self._models[name] = Model(name=name, path=None, reason=reason, index_only=True)
             found = await self._find.with_steps(wanted, found)
         await self._load_many(found, "startup")
 

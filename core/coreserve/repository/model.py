@@ -110,6 +110,9 @@ class Model:
     gpu_memory_bytes: dict[int, int] = field(default_factory=dict)  # and each budgeted GPU's
     # How requests that name no version are shared between its versions (None: the latest).
     traffic: TrafficPolicy | None = None
+    # A name the index lists with its reason but Triton would hold no model for (a --load-model
+    # name no repository has, a name two repositories hold): the server's readiness leaves it out.
+    index_only: bool = False
 
     def keep_traffic_of(self, old: Model | None, asked: TrafficPolicy | None = None) -> bool:
         """The traffic policy after a (re)load: the one the load request `asked` for, else the

@@ -32,11 +32,12 @@ from coreserve.server.changes import ModelsForBackends
 from coreserve.server.dataplane import DataPlane, ServerFlags
 from coreserve.server.grpc import GrpcFrontend
 from coreserve.server.grpc.native import NativeGrpcFrontend
+from coreserve.server.header_forwarding import HeaderForwarding
 from coreserve.server.log_settings import ServerLog
 from coreserve.server.metrics import MetricsFrontend, MetricsReport
 from coreserve.server.options import ServerOptions
 from coreserve.server.rest import HttpFrontend
-from coreserve.server.restrictions import GRPC_HEADER_PREFIX, ApiRestrictions
+from coreserve.server.restrictions import ApiRestrictions
 from coreserve.server.status_table import model_status_table
 from coreserve.server.tls_files import TlsFileError
 from coreserve.server.workers import WorkerLink, WorkerRole, message_limit
@@ -180,9 +181,15 @@ class ServerRuntime:
             await self._link.join(faults)
         await self.open_frontends()
         if self.options.model_control_mode is ControlMode.POLL:
-            self._poller = asyncio.create_task(
-                poll_forever(self.repository, self.options.repository_poll_secs)
-            )
+            if self.options.repository_poll_secs > 0:
+                self._poller = asyncio.create_task(
+                    poll_forever(self.repository, self.options.repository_poll_secs)
+                )
+            else:  # as Triton: no polling
+                logger.info(
+                    "--repository-poll-secs=%g: the repository is not polled",
+                    self.options.repository_poll_secs,
+                )
         self.flags.started = True
 
     async def _connect(self) -> list[dict[str, Any]] | None:
@@ -255,7 +262,8 @@ class ServerRuntime:
                 port=options.grpc_port,
                 max_message_size=options.grpc_max_message_size,
                 max_stream_inflight=options.grpc_max_stream_inflight,
-                restrictions=ApiRestrictions(options.grpc_restricted_api, header_prefix=GRPC_HEADER_PREFIX),
+                restrictions=ApiRestrictions(options.grpc_restricted_api, grpc=True),
+                header_forwarding=HeaderForwarding(options.grpc_header_forward_pattern),
                 transport=transport,
             )
             await _start_service("gRPC", self.grpc.start())
@@ -289,6 +297,7 @@ class ServerRuntime:
             max_body_size=options.http_max_input_size,
             limits=options.http_limits,
             restrictions=ApiRestrictions(options.http_restricted_api),
+            header_forwarding=HeaderForwarding(options.http_header_forward_pattern),
             shutdown_timeout=options.exit_timeout_secs,
             tls=options.http_tls,
             reuse_port=options.http_reuse_port or self.worker is not None,

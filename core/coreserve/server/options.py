@@ -46,6 +46,7 @@ class ServerOptions:
     http_port: int = 8000
     http_max_input_size: int = 64 * 1024 * 1024
     http_restricted_api: list[Restriction] = field(default_factory=list)
+    http_header_forward_pattern: str = ""  # headers an inference request forwards to its model
     http_limits: HttpLimits = field(default_factory=HttpLimits)  # --http-max-*, --http-*-timeout-secs
     http_tls: HttpTls | None = None  # --http-use-ssl*: None serves plain HTTP
     allow_grpc: bool = True
@@ -56,6 +57,7 @@ class ServerOptions:
     # --grpc-server: "native" (`coreserve.server.grpc.native`'s HTTP/2) or "grpcio" (grpc.aio).
     grpc_server: str = "native"
     grpc_restricted_api: list[Restriction] = field(default_factory=list)  # --grpc-restricted-protocol
+    grpc_header_forward_pattern: str = ""  # metadata an inference call forwards to its model
     grpc_transport: GrpcTransport = field(default_factory=GrpcTransport)  # TLS, keepalive, compression
     # --openai-port: the OpenAI-compatible frontend (core-server[openai]); None: not served.
     openai_port: int | None = None

@@ -4,7 +4,7 @@
 those categories answer only requests that carry the header `admin-key: secret`; others get
 403. Over gRPC, as in Triton, the metadata key is prefixed: `--grpc-restricted-protocol
 statistics:admin-key=secret` wants `triton-grpc-protocol-admin-key: secret`, else
-PERMISSION_DENIED.
+UNAVAILABLE (Triton 2.51's code). The refusals are in Triton's words.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from coreserve.errors import InvalidArgumentError, PermissionDeniedError
+from coreserve.errors import InvalidArgumentError, PermissionDeniedError, UnavailableError
 
 # gRPC metadata keys are lowercase HTTP/2 headers; Triton prefixes the restricted key with this.
 GRPC_HEADER_PREFIX = "triton-grpc-protocol-"
@@ -42,7 +42,7 @@ def parse_restriction(text: str) -> Restriction:
     categories, colon, setting = text.partition(":")
     key, equals, value = setting.partition("=")
     names = frozenset(name.strip() for name in categories.split(",") if name.strip())
-    if not colon or not equals or not key or not names:
+    if not colon or not equals or not key or not value or not names:
         raise InvalidArgumentError(f"expected <category>[,<category>...]:<key>=<value>, got '{text}'")
     unknown = sorted(names - set(CATEGORIES))
     if unknown:
@@ -53,8 +53,10 @@ def parse_restriction(text: str) -> Restriction:
 class ApiRestrictions:
     """The restrictions of one frontend, checked per request against its headers."""
 
-    def __init__(self, restrictions: Iterable[Restriction] = (), header_prefix: str = "") -> None:
-        self._header_prefix = header_prefix
+    def __init__(self, restrictions: Iterable[Restriction] = (), grpc: bool = False) -> None:
+        """`grpc`: a gRPC frontend's (metadata keys prefixed, Triton's gRPC code and words)."""
+        self._grpc = grpc
+        self._header_prefix = GRPC_HEADER_PREFIX if grpc else ""
         self._by_category: dict[str, Restriction] = {}
         for restriction in restrictions:
             for category in restriction.categories:
@@ -68,7 +70,8 @@ class ApiRestrictions:
         if restriction is None:
             return
         header = self._header_prefix + restriction.key
-        if headers.get(header) != restriction.value:
-            raise PermissionDeniedError(
-                f"this API ({category}) is restricted: send the header '{header}' with its value"
-            )
+        if headers.get(header) == restriction.value:
+            return
+        if self._grpc:
+            raise UnavailableError(f"This protocol is restricted, expecting header '{header}' ({category})")
+        raise PermissionDeniedError(f"This API is restricted, expecting header '{header}' ({category})")

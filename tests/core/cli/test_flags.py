@@ -51,7 +51,9 @@ def _value(name: str, kind: str) -> str:
 
 
 def _extra(name: str) -> list[str]:
-    """Flags some flags need beside them (TLS needs its files)."""
+    """Flags some flags need beside them (TLS needs its files, --load-model explicit mode)."""
+    if name == "--load-model":
+        return ["--model-control-mode=explicit"]
     return ["--grpc-server-cert=/c", "--grpc-server-key=/k"] if name.startswith("--grpc-use-ssl") else []
 
 
@@ -323,3 +325,23 @@ def test_the_metrics_address_follows_the_http_address_unless_given() -> None:
 def test_the_values_tritonserver_lowercases_are_taken_in_any_case(flag: str, given: str, read: str) -> None:
     args = parse_serve_args([*BASE, f"{flag}={given}"])
     assert getattr(args, flag.removeprefix("--").replace("-", "_")) == read
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--load-model=simple"], "--load-model needs --model-control-mode=explicit (got none)"),
+        (["--model-control-mode=poll", "--load-model=*"], "--load-model needs --model-control-mode=explicit"),
+        (
+            ["--http-restricted-api=health,statistics:a=1", "--http-restricted-api=health:b=2"],
+            "argument --http-restricted-api: restricted api 'health' can not be specified in multiple config groups",
+        ),
+        (["--grpc-restricted-protocol=health:a="], "expected <category>[,<category>...]:<key>=<value>"),
+    ],
+)
+def test_flags_triton_refuses_together_are_refused(
+    flags: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        parse_serve_args([*BASE, *flags])
+    assert info.value.code == 2 and message in capsys.readouterr().err

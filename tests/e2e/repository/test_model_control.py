@@ -428,6 +428,19 @@ def test_a_failed_reload_keeps_the_served_version(
     assert _scale(client) == 2.0 and client.get_model_metadata("scaled")["versions"] == ["1"]
 
 
+def test_a_start_up_name_no_repository_has_is_listed_and_the_server_is_ready(
+    coreserve_server: ServerFactory, repository: Path
+) -> None:
+    """As Triton with --exit-on-error=false: the name never becomes a model, so the server is ready."""
+    server = coreserve_server(
+        repository, "--model-control-mode=explicit", "--load-model=scaled", "--load-model=nowhere",
+        "--exit-on-error=false",
+    )  # fmt: skip
+    assert request(server.http_url, "GET", "/v2/health/ready", b"")[0] == 200
+    with httpclient.InferenceServerClient(server.http_url) as client:
+        assert _states(client)["nowhere"] == ("UNAVAILABLE", "model 'nowhere' is not in the repository")
+
+
 def test_model_control_needs_explicit_mode(coreserve_server: ServerFactory, repository: Path) -> None:
     server = coreserve_server(repository)
     status, _, reply = request(server.http_url, "POST", "/v2/repository/models/other/unload", b"")
@@ -456,16 +469,22 @@ def test_restricted_model_repository_api(coreserve_server: ServerFactory, reposi
     http = httpclient.InferenceServerClient(server.http_url)
     grpc = grpcclient.InferenceServerClient(server.grpc_url)
     try:
-        with pytest.raises(InferenceServerException, match="restricted") as info:
+        with pytest.raises(InferenceServerException) as info:
             http.unload_model("other")
-        assert info.value.status() == "403"
+        assert info.value.status() == "403"  # Triton's words, then the category
+        assert (
+            info.value.message() == "This API is restricted, expecting header 'admin-key' (model-repository)"
+        )
         with pytest.raises(InferenceServerException, match="restricted") as info:
             http.unload_model("other", headers={"admin-key": "wrong"})
         http.unload_model("other", headers={"admin-key": "secret"})
         assert _scale(http) == 2.0  # inference is not restricted
         with pytest.raises(InferenceServerException) as info:
             grpc.get_inference_statistics("scaled")
-        assert info.value.status() == "StatusCode.PERMISSION_DENIED"
+        assert info.value.status() == "StatusCode.UNAVAILABLE"  # Triton 2.51's code and words
+        assert info.value.message() == (
+            "This protocol is restricted, expecting header 'triton-grpc-protocol-admin-key' (statistics)"
+        )
         secret = {"triton-grpc-protocol-admin-key": "secret"}  # Triton's gRPC form of the header
         assert grpc.get_inference_statistics("scaled", headers=secret).model_stats
         grpc.load_model("other", headers=secret)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import pytest
 import tritonclient.http as httpclient
 
 from coreserve.testing import ServerFactory, ServerProcess
@@ -155,3 +157,23 @@ def _ready(client: httpclient.InferenceServerClient, name: str) -> bool:
         return client.is_model_ready(name)
     except Exception:
         return False
+
+
+@pytest.mark.parametrize("seconds", ["0", "-1"])
+def test_poll_mode_without_a_positive_interval_does_not_poll(
+    coreserve_server: ServerFactory, tmp_path: Path, seconds: str
+) -> None:
+    """As Triton: 0 (or less) is no polling, not polling without pause (the loop's CPU is the behaviour)."""
+    write_model(tmp_path, "scaled", scale_model(1.0), SCALE)
+    server = coreserve_server(tmp_path, "--model-control-mode=poll", f"--repository-poll-secs={seconds}")
+    assert f"--repository-poll-secs={float(seconds):g}: the repository is not polled" in server.log
+    before = _main_thread_cpu_s(server)
+    time.sleep(1.0)
+    assert _main_thread_cpu_s(server) - before < 0.3  # a loop polling without pause takes the whole second
+
+
+def _main_thread_cpu_s(server: ServerProcess) -> float:
+    assert server.process is not None
+    pid = server.process.pid
+    fields = Path(f"/proc/{pid}/task/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

@@ -118,7 +118,7 @@ def test_grpc_restricted_protocol_checks_tritons_header(
             grpc.get_inference_statistics(
                 "scaled", headers={"admin-key": "secret"}
             )  # HTTP's form: not enough
-        assert info.value.status() == "StatusCode.PERMISSION_DENIED"
+        assert info.value.status() == "StatusCode.UNAVAILABLE"
         assert "triton-grpc-protocol-admin-key" in info.value.message()
         stats = grpc.get_inference_statistics("scaled", headers={"triton-grpc-protocol-admin-key": "secret"})
         assert stats.model_stats

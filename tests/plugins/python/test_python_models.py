@@ -347,6 +347,29 @@ def test_a_model_sees_the_parameters_triton_gives_it(client: httpclient.Inferenc
     assert words.tolist() == [b'{"s":"x","i":3}', b"5000000"]
 
 
+def test_headers_the_forward_patterns_match_reach_the_model_as_parameters(tmp_path: Path) -> None:
+    """tritonserver's --http-header-forward-pattern and --grpc-header-forward-pattern: matched
+    anywhere in the name, in any case; the names come in lower case."""
+    folder = write_model(tmp_path, "parameters_seen", None, IMPORTS_CONFIG.replace("[ 4 ]", "[ 2 ]"))
+    (folder / "1" / "model.py").write_text(PARAMETERS_MODEL)
+    flags = ["--http-header-forward-pattern=^x-", "--grpc-header-forward-pattern=tenant"]
+    server = ServerProcess([tmp_path], flags).start()
+    x = np.array([1], np.int32)
+    try:
+        with httpclient.InferenceServerClient(server.http_url) as http:
+            headers = {"X-Tenant": "a", "Y-Other": "b"}
+            seen = _infer(http, "parameters_seen", {"X": x}, parameters={"p": 1}, headers=headers)
+            assert json.loads(seen.as_numpy("WORDS")[0]) == {"p": 1, "x-tenant": "a"}
+        with grpcclient.InferenceServerClient(server.grpc_url) as grpc:
+            tensor = grpcclient.InferInput("X", [1], "INT32")
+            tensor.set_data_from_numpy(x)
+            headers = {"x-tenant": "a", "my-tenant-id": "7", "other": "z"}
+            seen = grpc.infer("parameters_seen", [tensor], headers=headers)
+            assert json.loads(seen.as_numpy("WORDS")[0]) == {"x-tenant": "a", "my-tenant-id": "7"}
+    finally:
+        server.close()
+
+
 def test_a_model_imports_its_neighbours_as_on_triton(client: httpclient.InferenceServerClient) -> None:
     words = _infer(client, "imports", {"X": np.array([1], np.int32)}).as_numpy("WORDS")
     assert words.tolist() == [b"relative", b"relative", b"beside", b"stdlib"]

@@ -10,6 +10,7 @@ from coreserve.server.dataplane import DataPlane
 from coreserve.server.grpc._server import add_services
 from coreserve.server.grpc._service import DEFAULT_MAX_STREAM_INFLIGHT
 from coreserve.server.grpc._transport import GrpcTransport
+from coreserve.server.header_forwarding import HeaderForwarding
 from coreserve.server.restrictions import ApiRestrictions
 
 logger = logging.getLogger("coreserve.server.grpc")  # the name both gRPC servers log under
@@ -28,6 +29,7 @@ class GrpcFrontend:
         restrictions: ApiRestrictions | None = None,
         max_stream_inflight: int = DEFAULT_MAX_STREAM_INFLIGHT,
         transport: GrpcTransport | None = None,
+        header_forwarding: HeaderForwarding | None = None,
     ) -> None:
         self._dataplane = dataplane
         self._address = address
@@ -40,7 +42,9 @@ class GrpcFrontend:
                 *self._transport.server_options(),
             ],
         )
-        add_services(self._server, dataplane, restrictions, max_stream_inflight)
+        add_services(
+            self._server, dataplane, restrictions, max_stream_inflight, header_forwarding=header_forwarding
+        )
 
     async def start(self) -> None:
         host = f"[{self._address}]" if ":" in self._address else self._address

@@ -15,6 +15,7 @@ from coreserve.server.dataplane import DataPlane
 from coreserve.server.grpc._decoding import DecodingRegistrar
 from coreserve.server.grpc._service import DEFAULT_MAX_STREAM_INFLIGHT, InferenceServicer
 from coreserve.server.grpc._traffic_service import TrafficServicer
+from coreserve.server.header_forwarding import HeaderForwarding
 from coreserve.server.restrictions import ApiRestrictions
 
 
@@ -54,6 +55,7 @@ def add_services(
     max_stream_inflight: int = DEFAULT_MAX_STREAM_INFLIGHT,
     *,
     takes_pieces: bool = False,
+    header_forwarding: HeaderForwarding | None = None,
 ) -> None:
     """Registers GRPCInferenceService, grpc.health.v1 and coreserve.traffic on `server`:
     grpc.aio's or the native one.
@@ -63,7 +65,7 @@ def add_services(
     """
     serialized = _serialized_or_pieces if takes_pieces else _serialized
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(  # type: ignore[no-untyped-call]
-        InferenceServicer(dataplane, restrictions, max_stream_inflight),
+        InferenceServicer(dataplane, restrictions, max_stream_inflight, header_forwarding),
         DecodingRegistrar(
             server,
             # Large raw contents are kept as views of the received bytes (no copy).

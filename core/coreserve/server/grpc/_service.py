@@ -37,6 +37,7 @@ from coreserve.responses import MAX_WAITING_BYTES, StreamingResponses, output_by
 from coreserve.server import changes
 from coreserve.server.dataplane import DataPlane
 from coreserve.server.grpc._stream import StreamCall, StreamMessage
+from coreserve.server.header_forwarding import HeaderForwarding
 from coreserve.server.restrictions import ApiRestrictions
 from coreserve.types import InferenceRequest, InferenceResponse, Trace, TraceContext, now_ns
 
@@ -125,10 +126,12 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         dataplane: DataPlane,
         restrictions: ApiRestrictions | None = None,
         max_stream_inflight: int = DEFAULT_MAX_STREAM_INFLIGHT,
+        header_forwarding: HeaderForwarding | None = None,
     ) -> None:
         self._dataplane = dataplane
         self._restrictions = restrictions or ApiRestrictions()
         self._max_stream_inflight = max_stream_inflight
+        self._forwarding = header_forwarding or HeaderForwarding()
 
     @_unary("health")
     async def ServerLive(self, request: pb.ServerLiveRequest, context: Any) -> pb.ServerLiveResponse:
@@ -295,6 +298,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         tracing = self._dataplane.tracer.active
         received_ns = now_ns() if tracing else 0
         inference, plan = self._decode(received)
+        if self._forwarding:
+            self._forwarding.forward(_metadata(context).items(), inference)
         if tracing:
             _trace_context(inference, context, received_ns)
         response = await self._dataplane.infer(inference, endpoint="ModelInfer RPC")
@@ -381,6 +386,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         except CoreserveError as exc:
             error_message(exc)
             return
+        if self._forwarding:  # the stream's metadata, for each of its requests
+            self._forwarding.forward(_metadata(context).items(), request)
         if tracing:  # the stream's metadata (its traceparent) holds for each of its requests
             _trace_context(request, context, received_ns)
 

@@ -17,6 +17,7 @@ from coreserve.protocol.http_body import (
 )
 from coreserve.responses import MAX_WAITING_BYTES
 from coreserve.server.dataplane import DataPlane
+from coreserve.server.header_forwarding import HeaderForwarding
 from coreserve.server.httpd import (
     DEFAULT_HTTP_LIMITS,
     BodyTooLarge,
@@ -91,6 +92,7 @@ class HttpFrontend:
         max_body_size: int,
         limits: HttpLimits = DEFAULT_HTTP_LIMITS,
         restrictions: ApiRestrictions | None = None,
+        header_forwarding: HeaderForwarding | None = None,
         shutdown_timeout: float = 30.0,
         tls: HttpTls | None = None,
         reuse_port: bool = False,
@@ -101,6 +103,7 @@ class HttpFrontend:
         self._address = address
         self._port = port
         self._restrictions = restrictions or ApiRestrictions()
+        self._forwarding = header_forwarding or HeaderForwarding()
         self._shutdown_timeout = shutdown_timeout
         self._codec = BodyCodec(dataplane, max_body_size)
         self._router = Router()
@@ -188,6 +191,7 @@ class HttpFrontend:
         info = request.match_info
         inference, plan = await self._codec.decode_infer(request, info["model"], info.get("version", ""))
         inference.traffic_key = request.headers.get(KEY_HEADER)
+        self._forwarding.forward(request.headers.items(), inference)
         _cancel_on_disconnect(request, inference)
         if tracing:
             _trace_context(request, inference, received_ns)

@@ -19,6 +19,7 @@ from coreserve.server.grpc._server import add_services
 from coreserve.server.grpc._service import DEFAULT_MAX_STREAM_INFLIGHT
 from coreserve.server.grpc._transport import GrpcTransport
 from coreserve.server.grpc.native._connection import Http2Connection
+from coreserve.server.header_forwarding import HeaderForwarding
 from coreserve.server.restrictions import ApiRestrictions
 
 logger = logging.getLogger("coreserve.server.grpc")
@@ -37,6 +38,7 @@ class NativeGrpcFrontend:
         restrictions: ApiRestrictions | None = None,
         max_stream_inflight: int = DEFAULT_MAX_STREAM_INFLIGHT,
         transport: GrpcTransport | None = None,
+        header_forwarding: HeaderForwarding | None = None,
     ) -> None:
         self._transport = transport or GrpcTransport()
         self._address = address
@@ -45,7 +47,14 @@ class NativeGrpcFrontend:
         self._handlers: dict[str, grpc.RpcMethodHandler] = {}
         self._connections: set[Http2Connection] = set()
         self._server: asyncio.Server | None = None
-        add_services(self, dataplane, restrictions, max_stream_inflight, takes_pieces=True)
+        add_services(
+            self,
+            dataplane,
+            restrictions,
+            max_stream_inflight,
+            takes_pieces=True,
+            header_forwarding=header_forwarding,
+        )
 
     def add_generic_rpc_handlers(self, handlers: Any) -> None:
         """Ignored: the same handlers come through add_registered_method_handlers."""

@@ -1,0 +1,44 @@
+"""Headers forwarded to the model as request parameters: tritonserver's
+`--http-header-forward-pattern` and `--grpc-header-forward-pattern`.
+
+As in Triton, each header (HTTP) or metadata key (gRPC) of an inference request whose name the
+pattern matches anywhere, in any case, becomes a string parameter of that request under its
+name (here always lower case, as HTTP/2 writes names; HTTP/1.1's are read so). Triton forwards
+them on HTTP `…/infer` and on gRPC `ModelInfer` and `ModelStreamInfer`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+from coreserve.types import InferenceRequest
+
+
+def checked_pattern(text: str) -> str:
+    """`text` if it is a regular expression; ValueError naming the mistake otherwise."""
+    try:
+        re.compile(text)
+    except re.error as exc:
+        raise ValueError(f"not a regular expression: {exc}") from None
+    return text
+
+
+class HeaderForwarding:
+    """One frontend's pattern ("": nothing is forwarded)."""
+
+    def __init__(self, pattern: str = "") -> None:
+        self._regex = re.compile(pattern, re.IGNORECASE) if pattern else None
+
+    def __bool__(self) -> bool:
+        return self._regex is not None
+
+    def forward(self, headers: Iterable[tuple[str, str]], request: InferenceRequest) -> None:
+        """Adds the matching headers to the request's parameters (a header wins over a body
+        parameter of the same name, as the later of Triton's two parameters would)."""
+        regex = self._regex
+        if regex is None:
+            return
+        for name, value in headers:
+            if regex.search(name):
+                request.parameters[name.lower()] = value
