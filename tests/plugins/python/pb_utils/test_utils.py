@@ -100,6 +100,11 @@ def test_shim_module_has_the_same_api() -> None:
         sys.path.pop(0)
     for name in pb_utils.__all__:
         assert getattr(shim, name) is getattr(pb_utils, name)
+    # The modules Triton's pb_utils imports at its top, which models reach through it.
+    import json
+    import struct
+
+    assert (shim.np, shim.json, shim.struct) == (np, json, struct)
 
 
 def test_stub_copies_for_other_pythons_carry_every_module_the_stub_imports() -> None:
