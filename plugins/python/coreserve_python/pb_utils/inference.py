@@ -253,8 +253,9 @@ class InferenceRequest:
     def inputs(self) -> list[Tensor]:
         return self._inputs
 
-    def requested_output_names(self) -> list[str]:
-        return self._requested
+    def requested_output_names(self) -> set[str]:
+        """A set, as Triton's binding gives it (the client's order is not kept there)."""
+        return set(self._requested)
 
     def request_id(self) -> str:
         return self._request_id

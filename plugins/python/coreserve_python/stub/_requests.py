@@ -176,7 +176,7 @@ class ServerRequests:
             "version": str(version) if version >= 0 else "",
             "inputs": refs,
             "segment": segment,
-            "requested": request.requested_output_names(),
+            "requested": request._requested,
             "parameters": request._parameters,
             "id": request.request_id(),
             "correlation_id": request.correlation_id(),

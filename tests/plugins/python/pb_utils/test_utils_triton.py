@@ -261,7 +261,7 @@ def test_requests_take_every_argument_form_tritons_bindings_take() -> None:
         parameters={"a": 1, "b": True, "c": "s"},
     )
     assert request.model_name() == "side" and request.request_id() == "r-1"
-    assert request.requested_output_names() == ["OUT", "OTHER"] and request.inputs()[0].name() == "IN"
+    assert request.requested_output_names() == {"OUT", "OTHER"} and request.inputs()[0].name() == "IN"
     assert request.correlation_id() == "session-7" and request.timeout() == 1000
     assert json.loads(request.parameters()) == {"a": 1, "b": True, "c": "s"}
     assert request.trace().get_context() is None
