@@ -13,12 +13,14 @@ def index_entries(
     models: Mapping[str, Model],
     found: Mapping[str, str],
     unloaded: set[str],
+    loading: set[str],
     *,
     ready_only: bool = False,
     extras: bool = False,
 ) -> list[dict[str, str]]:
     """The index, by model key: `models` held, `found` (key: plain name) in the repositories,
-    `unloaded` the keys unloaded since. With `extras` (loading on demand or under a memory
+    `unloaded` the keys unloaded since, `loading` those a load is building a model for (LOADING
+    while none is served, as Triton lists them). With `extras` (loading on demand or under a memory
     budget), a loaded version's entry also gives its model's `memory_bytes` (measured as it
     loaded) and `last_used` (UTC, ISO 8601)."""
     entries = []
@@ -27,6 +29,9 @@ def index_entries(
         name = model.name if model is not None else found[key]
         if model is None or not model.versions:
             if ready_only:
+                continue
+            if key in loading:
+                entries.append({"name": name, "state": ModelState.LOADING.value})
                 continue
             reason = model.reason if model is not None else ("unloaded" if key in unloaded else "not loaded")
             entries.append({"name": name, "state": ModelState.UNAVAILABLE.value, "reason": reason})

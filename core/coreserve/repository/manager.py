@@ -96,6 +96,7 @@ class ModelRepository:
         self._find = ModelFinder(self.sources, namespacing, loader.config_name)
         self._fingerprints: dict[str, str] = {}
         self._unloaded: set[str] = set()
+        self._loading: set[str] = set()  # keys a load is building a model for, as the index says
         self.taken_down = TakenDownEnsembles()
         self._changes = RelatedChanges()
         self._locks: dict[str, asyncio.Lock] = {}
@@ -246,7 +247,11 @@ class ModelRepository:
             old = self._models.get(key)
             if reason == "demand" and old is not None and old.takes_requests:
                 return old
-            new = await self.budgeted.measured_load(location, overrides, reason)
+            self._loading.add(key)
+            try:
+                new = await self.budgeted.measured_load(location, overrides, reason)
+            finally:
+                self._loading.discard(key)
             if fingerprint is not None:
                 self._fingerprints[key] = fingerprint
             asked = overrides.traffic if overrides is not None else None
@@ -438,4 +443,6 @@ class ModelRepository:
         found, _ = await self._find.scan()
         names = {key: self._find.split(key, source)[1] for key, (source, _) in found.items()}
         extras = self.budgeted.on_demand or self.budgeted.has_budget
-        return index_entries(self._models, names, self._unloaded, ready_only=ready_only, extras=extras)
+        return index_entries(
+            self._models, names, self._unloaded, self._loading, ready_only=ready_only, extras=extras
+        )

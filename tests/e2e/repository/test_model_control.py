@@ -767,3 +767,33 @@ def test_a_version_folder_named_0_is_served_as_on_triton(
     assert ("zeroth", "0", "READY") in {
         (entry["name"], entry.get("version"), entry["state"]) for entry in client.get_model_repository_index()
     }
+
+
+GATED_MODEL = """
+import os
+import time
+
+
+class TritonPythonModel:
+    def initialize(self, args):  # loads once the test opens the gate (bounded: 60 s)
+        gate = os.path.join(args["model_repository"], "gate")
+        deadline = time.monotonic() + 60
+        while not os.path.exists(gate) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def execute(self, requests):
+        return []
+"""
+
+
+def test_a_model_loading_through_the_api_is_listed_loading(
+    server: ServerProcess, client: httpclient.InferenceServerClient, repository: Path
+) -> None:
+    folder = write_model(repository, "gated", None, 'backend: "python"\nmax_batch_size: 0')
+    (folder / "1" / "model.py").write_text(GATED_MODEL)
+    with ThreadPoolExecutor(1) as pool:  # (the raw client: tritonclient's may not change threads)
+        load = pool.submit(request, server.http_url, "POST", "/v2/repository/models/gated/load", b"")
+        wait_until(lambda: _states(client).get("gated") == ("LOADING", ""), "the index lists it LOADING")
+        (folder / "gate").touch()
+        assert load.result(timeout=60)[0] == 200
+    assert _states(client)["gated"] == ("READY", "")
