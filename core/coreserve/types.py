@@ -113,6 +113,12 @@ _CONFIG_VALUES = {datatype: number for number, datatype in enumerate(DataType, s
 _DATATYPE_BY_CONFIG_VALUE = {number: datatype for datatype, number in _CONFIG_VALUES.items()}
 
 
+# The request parameters that are a request's own fields in Triton (its sequence, priority and
+# queue timeout): the server acts on them; a backend gives them to its model as those fields, not
+# among its parameters, and a forwarded header never stands in for one.
+REQUEST_FIELDS = frozenset(("sequence_id", "sequence_start", "sequence_end", "priority", "timeout"))
+
+
 def now_ns() -> int:
     """The clock that every timestamp of a request uses."""
     return time.monotonic_ns()

@@ -51,8 +51,10 @@ from coreserve.backend.tensors._model_tensors import (
     default_max_batch_size,
 )
 from coreserve.config.signature import ModelSignature, TensorSpec
+from coreserve.types import REQUEST_FIELDS
 
 __all__ = [
+    "REQUEST_FIELDS",
     "Backend",
     "BackendRegistry",
     "BaseBackend",

@@ -23,6 +23,7 @@ from coreserve.protocol._shared_memory import (
 from coreserve.protocol.classification import PARAMETER as CLASSIFICATION
 from coreserve.protocol.classification import parse_class_count
 from coreserve.protocol.output_plan import DEFAULT_PLAN, OutputPlan
+from coreserve.protocol.request_parameters import check_grpc_parameters
 from coreserve.protocol.tensors import (
     array_from_bytes,
     check_shape,
@@ -94,7 +95,7 @@ def decode_model_infer_request(
     parameters: dict[str, ParameterValue] = {}
     given = message.parameters
     if given:
-        _check_parameters(given)
+        check_grpc_parameters(given)
         parameters = {key: parameter_value(value) for key, value in given.items()}
         sequence_id = parameters.get("sequence_id")
         if isinstance(sequence_id, int) and sequence_id < 0:  # as Triton, an int64 id read unsigned
@@ -195,38 +196,6 @@ def _decode_inputs(
             reference, buffer = source
             inputs[name] = input_from_buffer(buffer, reference, datatype, shape, name)
     return inputs
-
-
-# The request parameters Triton's gRPC frontend reads itself, with the types each may have; any
-# other takes these, and no other key may start with `triton_`.
-_TYPED_PARAMETERS = {
-    "sequence_id": ("int64_param", "string_param"),
-    "sequence_start": ("bool_param",),
-    "sequence_end": ("bool_param",),
-    "priority": ("int64_param", "uint64_param"),
-    "timeout": ("int64_param",),
-    "triton_enable_empty_final_response": ("bool_param",),
-}
-_OTHER_PARAMETERS = ("int64_param", "bool_param", "string_param", "double_param")
-
-
-def _check_parameters(given: Any) -> None:
-    """Refuses the request parameters Triton's gRPC frontend refuses, in its words."""
-    for key, parameter in given.items():
-        if key.startswith("triton_") and key not in _TYPED_PARAMETERS:
-            raise InvalidArgumentError(
-                "parameter keys starting with 'triton_' are reserved for Triton usage. Only the following "
-                "keys starting with 'triton_' are allowed: triton_enable_empty_final_response"
-            )
-        allowed = _TYPED_PARAMETERS.get(key, _OTHER_PARAMETERS)
-        if parameter.WhichOneof("parameter_choice") not in allowed:
-            # (Triton's text for the other keys leaves out the double it takes)
-            typed = allowed is not _OTHER_PARAMETERS
-            expected = " or ".join(allowed) if typed else "int64_param, bool_param, or string_param"
-            raise InvalidArgumentError(f"invalid value type for '{key}' parameter, expected {expected}.")
-    if "priority" in given and given["priority"].int64_param < 0:
-        priority = given["priority"].int64_param
-        raise InvalidArgumentError(f"invalid value for 'priority', expected value >= 0. (got {priority})")
 
 
 def _class_count(parameter: pb.InferParameter, output_name: str) -> int:

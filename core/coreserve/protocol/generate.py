@@ -25,7 +25,6 @@ import orjson
 from coreserve.config.signature import ModelSignature, TensorSpec
 from coreserve.errors import InvalidArgumentError
 from coreserve.protocol import json_text
-from coreserve.protocol.json_text import non_finite_floats
 from coreserve.protocol.tensors import array_from_json, array_to_json, check_shape
 from coreserve.types import DataType, InferenceRequest, InferenceResponse, ParameterValue
 
@@ -137,13 +136,8 @@ def encode_generate_response(response: InferenceResponse) -> bytes:
     if response.id:
         document["id"] = response.id
     for name, array in response.outputs.items():
-        data = array_to_json(array, DataType.from_numpy(array.dtype), name)
-        if isinstance(data, orjson.Fragment):  # floats, some not finite
-            values = array.astype(np.float64).ravel().tolist()
-            document[name] = non_finite_floats(values[0] if len(values) == 1 else values)
-            continue
-        values = data.tolist() if isinstance(data, np.ndarray) else data
-        document[name] = values[0] if len(values) == 1 else values
+        data = array_to_json(array, DataType.from_numpy(array.dtype), name, single=True)
+        document[name] = data.tolist() if isinstance(data, np.ndarray) else data
     if response.parameters:
         document["parameters"] = response.parameters
     return orjson.dumps(document)

@@ -19,7 +19,6 @@ from coreserve.errors import (
     CoreserveError,
     InvalidArgumentError,
     RequestMismatchError,
-    quoted_value,
     with_request_id,
 )
 from coreserve.protocol import json_text
@@ -35,6 +34,7 @@ from coreserve.protocol._shared_memory import (
 from coreserve.protocol.classification import PARAMETER as CLASSIFICATION
 from coreserve.protocol.classification import parse_class_count
 from coreserve.protocol.output_plan import OutputPlan
+from coreserve.protocol.request_parameters import check_http_parameters
 from coreserve.protocol.tensors import (
     array_from_bytes,
     array_from_json,
@@ -230,7 +230,7 @@ def complete_infer_request(
 
     request_parameters = document.parameters
     if isinstance(request_parameters, dict):
-        check_scheduling_parameters(request_parameters)
+        check_http_parameters(request_parameters)
     parameters = parse_parameters(request_parameters, "the request")
     plan = OutputPlan(binary_by_default=parameters.pop("binary_data_output", False) is True)
     class_counts: dict[str, int] = {}
@@ -375,27 +375,6 @@ def parse_parameters(value: object, where: str) -> dict[str, ParameterValue]:
                 f"parameter '{key}' of {where} must be a boolean, number or string, got {type(item).__name__}"
             )
     return value
-
-
-# What each scheduling parameter is, in a refusal: Triton reads both as JSON unsigned integers.
-_UNSIGNED_PARAMETERS = {
-    "priority": "a priority is an integer >= 0, 0 for the model's default",
-    "timeout": "a timeout is an integer of microseconds >= 0",
-}
-
-
-def check_scheduling_parameters(parameters: dict[str, Any]) -> None:
-    """Refuses a `priority` or `timeout` that is not a JSON unsigned integer, in Triton's words.
-
-    Triton's HTTP frontend answers this with a 500; a client's mistake is a 400 here (docs/features.md).
-    """
-    for name, what in _UNSIGNED_PARAMETERS.items():
-        value = parameters.get(name, 0)
-        if type(value) is not int or not 0 <= value < 2**64:
-            raise InvalidArgumentError(
-                f"Unable to parse '{name}': attempt to access JSON non-unsigned-integer as unsigned-integer "
-                f"(got {quoted_value(value)}; {what})"
-            )
 
 
 def _requested_outputs(

@@ -26,12 +26,17 @@ def loads(text: bytes | bytearray | memoryview | str) -> Any:
         if not any(token in raw for token in _NON_FINITE_TOKENS):
             raise
         try:
-            return json.loads(raw)
+            document = json.loads(raw)
         except json.JSONDecodeError as exc:
             raise orjson.JSONDecodeError(exc.msg, exc.doc, exc.pos) from None
         except (RecursionError, ValueError) as exc:  # too deep, not UTF-8, an integer of too many digits
             reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
             raise orjson.JSONDecodeError(reason, "", 0) from None
+        try:  # what orjson refuses to read it refuses to write (a lone surrogate's escape)
+            orjson.dumps(document)
+        except TypeError as exc:
+            raise orjson.JSONDecodeError(str(exc), "", 0) from None
+        return document
 
 
 def non_finite_floats(values: Any) -> orjson.Fragment:

@@ -190,19 +190,25 @@ def array_to_bytes(array: np.ndarray, datatype: DataType) -> bytes | memoryview:
     return contiguous.reshape(-1).view(np.uint8).data
 
 
-def array_to_json(array: np.ndarray, datatype: DataType, name: str) -> Any:
+def array_to_json(array: np.ndarray, datatype: DataType, name: str, single: bool = False) -> Any:
     """The JSON form of an array's data: a flat row-major list, or a flat numpy array that
-    orjson serializes natively."""
+    orjson serializes natively; `single`: a one-element array as its one value (the generate
+    extension's form)."""
     if datatype is DataType.BYTES:
         try:
-            return [item.decode("utf-8") if isinstance(item, bytes) else str(item) for item in array.ravel()]
+            texts = [item.decode("utf-8") if isinstance(item, bytes) else str(item) for item in array.ravel()]
         except UnicodeDecodeError:
             raise InvalidArgumentError(
                 f"output '{name}' holds bytes that are not UTF-8 text; request it as binary data"
             ) from None
+        return texts[0] if single and len(texts) == 1 else texts
+    flat = np.ascontiguousarray(array).ravel()
     if datatype in _FLOAT_TYPES:
         # As Triton writes them: each as the double it widens to (0.1 in FP32 is
         # 0.10000000149011612), the non-finite ones as NaN, Infinity and -Infinity.
-        flat = array.astype(np.float64).ravel()
-        return flat if np.isfinite(flat).all() else non_finite_floats(flat.tolist())
-    return np.ascontiguousarray(array).ravel()
+        finite = bool(np.isfinite(flat).all())
+        flat = flat.astype(np.float64, copy=False)
+        if not finite:
+            values = flat.tolist()
+            return non_finite_floats(values[0] if single and len(values) == 1 else values)
+    return flat.item() if single and flat.size == 1 else flat

@@ -123,8 +123,10 @@ class ModelRepository:
         """The models without sorting them: for what sums over them on every execution."""
         return self._models.values()
 
-    def all_ready(self) -> bool:
-        return all(model.ready for model in self._models.values() if not model.index_only)
+    def all_ready(self, listed_too: bool = False) -> bool:
+        """What the server's readiness says; `listed_too`: the names only the index lists count
+        (a start that failed for them, under --exit-on-error, as Triton's does)."""
+        return all(model.ready for model in self._models.values() if listed_too or not model.index_only)
 
     # Start-up and polling.
 

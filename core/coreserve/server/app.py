@@ -231,7 +231,7 @@ class ServerRuntime:
         except CoreserveError as exc:
             raise StartupError(exc.message) from None
         self._log_models()
-        if self.options.exit_on_error and not self.repository.all_ready():
+        if self.options.exit_on_error and not self.repository.all_ready(listed_too=True):
             await self.repository.unload_all(timeout=self.options.exit_timeout_secs)
             raise StartupError(
                 "some models failed to load (see above); exiting because --exit-on-error is true"

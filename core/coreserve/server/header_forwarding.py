@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from coreserve.types import InferenceRequest
+from coreserve.types import REQUEST_FIELDS, InferenceRequest
 
 
 def checked_pattern(text: str) -> str:
@@ -35,10 +35,13 @@ class HeaderForwarding:
 
     def forward(self, headers: Iterable[tuple[str, str]], request: InferenceRequest) -> None:
         """Adds the matching headers to the request's parameters (a header wins over a body
-        parameter of the same name, as the later of Triton's two parameters would)."""
+        parameter of the same name, as the later of Triton's two parameters would). A header
+        named as a request's own field (`priority`, `timeout`, the sequence's) or as Triton's
+        reserved `triton_*` parameters is left out: it never changes how the request runs."""
         regex = self._regex
         if regex is None:
             return
         for name, value in headers:
-            if regex.search(name):
-                request.parameters[name.lower()] = value
+            key = name.lower()
+            if regex.search(name) and key not in REQUEST_FIELDS and not key.startswith("triton_"):
+                request.parameters[key] = value

@@ -312,6 +312,7 @@ def test_non_finite_numbers_in_json_data_are_read_as_triton_reads_them() -> None
     np.testing.assert_array_equal(request.inputs["a"], np.array([np.nan, np.inf, -np.inf, 1], np.float32))
     for wrong, reason in (
         (head.replace(b"1]}", b"1,]}"), "malformed JSON in the request body"),
+        (head.replace(b'"inputs"', b'"id":"\\ud800","inputs"'), "malformed JSON in the request body"),
         (head.replace(b'"FP32"', b'"INT32"'), "INT32"),  # not an integer
     ):
         with pytest.raises(InvalidArgumentError, match=reason):

@@ -439,6 +439,12 @@ def test_a_start_up_name_no_repository_has_is_listed_and_the_server_is_ready(
     assert request(server.http_url, "GET", "/v2/health/ready", b"")[0] == 200
     with httpclient.InferenceServerClient(server.http_url) as client:
         assert _states(client)["nowhere"] == ("UNAVAILABLE", "model 'nowhere' is not in the repository")
+    # With --exit-on-error (the default) the start fails, as Triton's does.
+    failing = ServerProcess([repository], ["--model-control-mode=explicit", "--load-model=nowhere"])
+    failing.start(wait_for=[])
+    assert failing.wait(timeout=60) == 1
+    assert "exiting because --exit-on-error is true" in failing.log
+    failing.close()
 
 
 def test_model_control_needs_explicit_mode(coreserve_server: ServerFactory, repository: Path) -> None:

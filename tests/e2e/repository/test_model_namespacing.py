@@ -106,10 +106,10 @@ def namespaced(repositories: tuple[Path, Path]) -> Iterator[ServerProcess]:
 
 
 def _http(server: ServerProcess, model: str) -> np.ndarray:
-    client = httpclient.InferenceServerClient(server.http_url)
     tensor = httpclient.InferInput("X", [2], "FP32")
     tensor.set_data_from_numpy(np.zeros(2, np.float32))
-    return client.infer(model, [tensor]).as_numpy("Y")
+    with httpclient.InferenceServerClient(server.http_url) as client:  # (a client left open leaks its socket)
+        return client.infer(model, [tensor]).as_numpy("Y")
 
 
 def _grpc(server: ServerProcess, model: str) -> np.ndarray:
@@ -229,6 +229,14 @@ def test_without_namespacing_a_duplicate_name_stays_an_error(repositories: tuple
     failing.start(wait_for=[])
     assert failing.wait(timeout=60) == 1
     assert "model 'add' appears in more than one repository" in failing.log
+    failing.close()
+    # The duplicate alone (no ensemble of it failing too) stops the start as well.
+    alone = [repositories[0].parent / f"alone_{letter}" for letter in "ab"]
+    for root in alone:
+        _python_model(root, "add", 1)
+    failing = ServerProcess(alone)
+    failing.start(wait_for=[])
+    assert failing.wait(timeout=60) == 1
     failing.close()
 
 

@@ -314,6 +314,28 @@ def test_http_priority_and_timeout_must_be_unsigned_integers(
     _serves(server)
 
 
+@pytest.mark.parametrize(
+    ("parameters", "text"),
+    [
+        ({"sequence_start": 1}, "Unable to parse 'sequence_start': attempt to access JSON non-boolean as boolean"),
+        ({"sequence_end": "yes"}, "Unable to parse 'sequence_end': attempt to access JSON non-boolean as boolean"),
+        ({"sequence_id": -1}, "Unable to parse 'sequence_id': attempt to access JSON non-string as string"),
+        ({"binary_data_output": "true"},
+         "Unable to parse 'binary_data_output': attempt to access JSON non-boolean as boolean"),
+        ({"triton_x": 1}, "parameter keys starting with 'triton_' are reserved for Triton usage and should not be specified."),
+    ],
+)  # fmt: skip
+def test_http_parameters_triton_reads_itself_are_checked_as_there(
+    server: ServerProcess, parameters: dict[str, Any], text: str
+) -> None:
+    body = json.dumps({"inputs": TENSORS, "parameters": parameters}).encode()
+    status, message = _get(server, "POST", "/v2/models/add_sub/infer", body)
+    assert status == 400 and message.startswith(text), message
+    taken = {"sequence_id": "s-1", "sequence_start": False, "binary_data_output": False, "other": 1}
+    body = json.dumps({"inputs": TENSORS, "parameters": taken}).encode()
+    assert _get(server, "POST", "/v2/models/add_sub/infer", body) == (200, "")
+
+
 def test_priorities_beyond_the_levels_get_the_default(
     server: ServerProcess, stub: service_pb2_grpc.GRPCInferenceServiceStub
 ) -> None:

@@ -352,14 +352,16 @@ def test_headers_the_forward_patterns_match_reach_the_model_as_parameters(tmp_pa
     anywhere in the name, in any case; the names come in lower case."""
     folder = write_model(tmp_path, "parameters_seen", None, IMPORTS_CONFIG.replace("[ 4 ]", "[ 2 ]"))
     (folder / "1" / "model.py").write_text(PARAMETERS_MODEL)
-    flags = ["--http-header-forward-pattern=^x-", "--grpc-header-forward-pattern=tenant"]
+    flags = ["--http-header-forward-pattern=^x-|priority|timeout", "--grpc-header-forward-pattern=tenant"]
     server = ServerProcess([tmp_path], flags).start()
     x = np.array([1], np.int32)
     try:
         with httpclient.InferenceServerClient(server.http_url) as http:
-            headers = {"X-Tenant": "a", "Y-Other": "b"}
+            # A header named as a request's own field is never forwarded: it would change how it runs.
+            headers = {"X-Tenant": "a", "Y-Other": "b", "Priority": "1", "Timeout": "5"}
             seen = _infer(http, "parameters_seen", {"X": x}, parameters={"p": 1}, headers=headers)
             assert json.loads(seen.as_numpy("WORDS")[0]) == {"p": 1, "x-tenant": "a"}
+            assert seen.as_numpy("WORDS")[1] == b"0"  # no timeout
         with grpcclient.InferenceServerClient(server.grpc_url) as grpc:
             tensor = grpcclient.InferInput("X", [1], "INT32")
             tensor.set_data_from_numpy(x)

@@ -13,7 +13,7 @@ from functools import partial
 from typing import Any
 
 from coreserve import InferenceRequest
-from coreserve.backend import Responder
+from coreserve.backend import REQUEST_FIELDS, Responder
 from coreserve_python.ipc import SEQUENCE_END, SEQUENCE_START, RequestItem, ResponseBody, TensorRef
 from coreserve_python.server._error_codes import error_for
 
@@ -73,11 +73,6 @@ class OpenRequests:
                 responder.send(request, outputs, parameters=body["parameters"], final=final)
 
 
-# Parameters Triton reads into a request's own fields: a model sees them there
-# (correlation_id(), flags(), timeout()), not among parameters().
-REQUEST_FIELDS = frozenset(("sequence_id", "sequence_start", "sequence_end", "priority", "timeout"))
-
-
 def request_item(
     key: int, request: InferenceRequest, inputs: list[TensorRef], outputs: list[str]
 ) -> RequestItem:
@@ -92,6 +87,7 @@ def request_item(
         "id": request.id,
         "inputs": inputs,
         "requested": list(request.requested_outputs) if request.requested_outputs is not None else outputs,
+        # (a model sees those as correlation_id(), flags() and timeout(), as on Triton)
         "parameters": {name: value for name, value in parameters.items() if name not in REQUEST_FIELDS},
         # pb_utils gives a correlation ID as int or str, as Triton does
         "correlation_id": sequence_id if isinstance(sequence_id, int | str) else int(sequence_id),
