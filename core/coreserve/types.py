@@ -119,6 +119,11 @@ _DATATYPE_BY_CONFIG_VALUE = {number: datatype for datatype, number in _CONFIG_VA
 REQUEST_FIELDS = frozenset(("sequence_id", "sequence_start", "sequence_end", "priority", "timeout"))
 
 
+def is_request_field(name: str) -> bool:
+    """Whether the request parameter `name` is one of a request's own fields (REQUEST_FIELDS)."""
+    return name in REQUEST_FIELDS
+
+
 def now_ns() -> int:
     """The clock that every timestamp of a request uses."""
     return time.monotonic_ns()

@@ -51,10 +51,9 @@ from coreserve.backend.tensors._model_tensors import (
     default_max_batch_size,
 )
 from coreserve.config.signature import ModelSignature, TensorSpec
-from coreserve.types import REQUEST_FIELDS
+from coreserve.types import is_request_field
 
 __all__ = [
-    "REQUEST_FIELDS",
     "Backend",
     "BackendRegistry",
     "BaseBackend",
@@ -87,6 +86,7 @@ __all__ = [
     "hookimpl",
     "inline_below_us",
     "int_parameter",
+    "is_request_field",
     "run_batched",
     "str_parameter",
 ]

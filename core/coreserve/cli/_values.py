@@ -7,8 +7,7 @@ from typing import TYPE_CHECKING
 
 from coreserve import InvalidArgumentError
 from coreserve.cli._triton_flags import parse_bool
-from coreserve.server.header_forwarding import checked_pattern
-from coreserve.server.restrictions import Restriction, parse_restriction
+from coreserve.server.headers import Restriction, checked_pattern, parse_restriction
 
 if TYPE_CHECKING:
     from coreserve.scheduling.rate_limiter import ResourceSetting

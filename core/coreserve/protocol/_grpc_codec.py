@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from coreserve.errors import InvalidArgumentError, RequestMismatchError, with_request_id
+from coreserve.protocol._request_parameters import check_grpc_parameters
 from coreserve.protocol._shared_memory import (
     SharedMemoryReference,
     SharedMemoryRegions,
@@ -23,7 +24,6 @@ from coreserve.protocol._shared_memory import (
 from coreserve.protocol.classification import PARAMETER as CLASSIFICATION
 from coreserve.protocol.classification import parse_class_count
 from coreserve.protocol.output_plan import DEFAULT_PLAN, OutputPlan
-from coreserve.protocol.request_parameters import check_grpc_parameters
 from coreserve.protocol.tensors import (
     array_from_bytes,
     check_shape,

@@ -24,8 +24,7 @@ import orjson
 
 from coreserve.config.signature import ModelSignature, TensorSpec
 from coreserve.errors import InvalidArgumentError
-from coreserve.protocol import json_text
-from coreserve.protocol.tensors import array_from_json, array_to_json, check_shape
+from coreserve.protocol.tensors import array_from_json, array_to_json, check_shape, json_loads
 from coreserve.types import DataType, InferenceRequest, InferenceResponse, ParameterValue
 
 PARAMETERS_KEY = "parameters"
@@ -66,7 +65,7 @@ def parse_generate_document(
 ) -> GenerateDocument:
     """Parses a generate request body for a model of inputs `specs` (`batching`: it batches)."""
     try:
-        document = json_text.loads(body)
+        document = json_loads(body)
     except orjson.JSONDecodeError as exc:
         raise InvalidArgumentError(f"malformed JSON in the generate request: {exc}") from None
     if not isinstance(document, dict):

@@ -21,7 +21,7 @@ from coreserve.errors import (
     RequestMismatchError,
     with_request_id,
 )
-from coreserve.protocol import json_text
+from coreserve.protocol._request_parameters import check_http_parameters
 from coreserve.protocol._shared_memory import (
     REGION,
     SharedMemoryReference,
@@ -34,13 +34,13 @@ from coreserve.protocol._shared_memory import (
 from coreserve.protocol.classification import PARAMETER as CLASSIFICATION
 from coreserve.protocol.classification import parse_class_count
 from coreserve.protocol.output_plan import OutputPlan
-from coreserve.protocol.request_parameters import check_http_parameters
 from coreserve.protocol.tensors import (
     array_from_bytes,
     array_from_json,
     array_to_bytes,
     array_to_json,
     check_shape,
+    json_loads,
     parse_datatype,
     parse_shape,
 )
@@ -109,7 +109,7 @@ def parse_infer_document(
 ) -> InferDocument:
     """Parses a request body's JSON part; `binary_size`: how many bytes of binary data follow it."""
     try:
-        document = json_text.loads(header)
+        document = json_loads(header)
     except orjson.JSONDecodeError as exc:
         raise InvalidArgumentError(f"malformed JSON in the request body: {exc}") from None
     if not isinstance(document, dict):

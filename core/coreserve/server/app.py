@@ -32,12 +32,11 @@ from coreserve.server.changes import ModelsForBackends
 from coreserve.server.dataplane import DataPlane, ServerFlags
 from coreserve.server.grpc import GrpcFrontend
 from coreserve.server.grpc.native import NativeGrpcFrontend
-from coreserve.server.header_forwarding import HeaderForwarding
+from coreserve.server.headers import ApiRestrictions, HeaderForwarding
 from coreserve.server.log_settings import ServerLog
 from coreserve.server.metrics import MetricsFrontend, MetricsReport
 from coreserve.server.options import ServerOptions
 from coreserve.server.rest import HttpFrontend
-from coreserve.server.restrictions import ApiRestrictions
 from coreserve.server.status_table import model_status_table
 from coreserve.server.tls_files import TlsFileError
 from coreserve.server.workers import WorkerLink, WorkerRole, message_limit

@@ -9,9 +9,9 @@ from coreserve.repository import ControlMode
 from coreserve.repository.memory.budgets import MemoryBudgets
 from coreserve.scheduling.rate_limiter import ResourceSetting
 from coreserve.server.grpc import GrpcTransport
+from coreserve.server.headers import Restriction
 from coreserve.server.httpd import HttpLimits, HttpTls
 from coreserve.server.log_settings import LogSettings
-from coreserve.server.restrictions import Restriction
 from coreserve.tracing import TraceConfig
 
 

@@ -61,6 +61,10 @@ def free_port() -> int:
 def start_workers(
     repository: Path, *args: str, workers: int = 2, env: dict[str, str] | None = None
 ) -> ServerProcess:
+    # Explicit mode with add_sub loaded, unless the test names another mode (--load-model needs explicit).
+    mode = [] if any(arg.startswith("--model-control-mode") for arg in args) else [
+        "--model-control-mode=explicit", "--load-model=add_sub"
+    ]  # fmt: skip
     server = ServerProcess(
         [repository],
         [
@@ -68,8 +72,7 @@ def start_workers(
             f"--grpc-port={free_port()}",
             f"--http-thread-count={workers}",
             f"--grpc-infer-thread-count={workers}",
-            "--model-control-mode=explicit",
-            "--load-model=add_sub",
+            *mode,
             *args,
         ],
         env,

@@ -10,8 +10,7 @@ from coreserve.server.dataplane import DataPlane
 from coreserve.server.grpc._server import add_services
 from coreserve.server.grpc._service import DEFAULT_MAX_STREAM_INFLIGHT
 from coreserve.server.grpc._transport import GrpcTransport
-from coreserve.server.header_forwarding import HeaderForwarding
-from coreserve.server.restrictions import ApiRestrictions
+from coreserve.server.headers import ApiRestrictions, HeaderForwarding
 
 logger = logging.getLogger("coreserve.server.grpc")  # the name both gRPC servers log under
 

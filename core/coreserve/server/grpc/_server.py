@@ -15,8 +15,7 @@ from coreserve.server.dataplane import DataPlane
 from coreserve.server.grpc._decoding import DecodingRegistrar
 from coreserve.server.grpc._service import DEFAULT_MAX_STREAM_INFLIGHT, InferenceServicer
 from coreserve.server.grpc._traffic_service import TrafficServicer
-from coreserve.server.header_forwarding import HeaderForwarding
-from coreserve.server.restrictions import ApiRestrictions
+from coreserve.server.headers import ApiRestrictions, HeaderForwarding
 
 
 class HealthServicer(health_pb2_grpc.HealthServicer):

@@ -37,8 +37,7 @@ from coreserve.responses import MAX_WAITING_BYTES, StreamingResponses, output_by
 from coreserve.server import changes
 from coreserve.server.dataplane import DataPlane
 from coreserve.server.grpc._stream import StreamCall, StreamMessage
-from coreserve.server.header_forwarding import HeaderForwarding
-from coreserve.server.restrictions import ApiRestrictions
+from coreserve.server.headers import ApiRestrictions, HeaderForwarding
 from coreserve.types import InferenceRequest, InferenceResponse, Trace, TraceContext, now_ns
 
 GRPC_STATUS = {

@@ -12,7 +12,7 @@ from coreserve.protos import traffic_pb2 as pb
 from coreserve.protos import traffic_pb2_grpc as pb_grpc
 from coreserve.server.dataplane import DataPlane
 from coreserve.server.grpc._service import _unary
-from coreserve.server.restrictions import ApiRestrictions
+from coreserve.server.headers import ApiRestrictions
 
 # The JSON a request carries is a policy or a plan: a few dozen values.
 MAX_JSON_BYTES = 64 * 1024

@@ -17,7 +17,7 @@ from coreserve.protocol.http_body import (
 )
 from coreserve.responses import MAX_WAITING_BYTES
 from coreserve.server.dataplane import DataPlane
-from coreserve.server.header_forwarding import HeaderForwarding
+from coreserve.server.headers import ApiRestrictions, HeaderForwarding
 from coreserve.server.httpd import (
     DEFAULT_HTTP_LIMITS,
     BodyTooLarge,
@@ -38,7 +38,6 @@ from coreserve.server.rest._control import control_routes
 from coreserve.server.rest._json_bodies import json_answer
 from coreserve.server.rest._shared_memory import shared_memory_routes
 from coreserve.server.rest._traffic import traffic_routes
-from coreserve.server.restrictions import ApiRestrictions
 from coreserve.server.traffic import KEY_HEADER
 from coreserve.types import InferenceRequest, InferenceResponse, Trace, TraceContext, now_ns
 

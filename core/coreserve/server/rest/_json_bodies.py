@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 
 from coreserve.errors import InvalidArgumentError
-from coreserve.protocol import json_text
+from coreserve.protocol.tensors import json_loads
 from coreserve.server.httpd import HttpResponse
 
 MAX_VALUES = 100_000
@@ -34,7 +34,7 @@ def json_object(body: bytes | bytearray, what: str) -> dict[str, Any]:
             f"braces); at most {MAX_VALUES}"
         )
     try:
-        document = json_text.loads(body)
+        document = json_loads(body)
     except orjson.JSONDecodeError as exc:
         raise InvalidArgumentError(f"malformed JSON in the {what}: {exc}") from None
     if not isinstance(document, dict):

@@ -13,7 +13,7 @@ from functools import partial
 from typing import Any
 
 from coreserve import InferenceRequest
-from coreserve.backend import REQUEST_FIELDS, Responder
+from coreserve.backend import Responder, is_request_field
 from coreserve_python.ipc import SEQUENCE_END, SEQUENCE_START, RequestItem, ResponseBody, TensorRef
 from coreserve_python.server._error_codes import error_for
 
@@ -88,7 +88,7 @@ def request_item(
         "inputs": inputs,
         "requested": list(request.requested_outputs) if request.requested_outputs is not None else outputs,
         # (a model sees those as correlation_id(), flags() and timeout(), as on Triton)
-        "parameters": {name: value for name, value in parameters.items() if name not in REQUEST_FIELDS},
+        "parameters": {name: value for name, value in parameters.items() if not is_request_field(name)},
         # pb_utils gives a correlation ID as int or str, as Triton does
         "correlation_id": sequence_id if isinstance(sequence_id, int | str) else int(sequence_id),
         "flags": flags,

@@ -19,8 +19,7 @@ from coreserve.server.grpc._server import add_services
 from coreserve.server.grpc._service import DEFAULT_MAX_STREAM_INFLIGHT
 from coreserve.server.grpc._transport import GrpcTransport
 from coreserve.server.grpc.native._connection import Http2Connection
-from coreserve.server.header_forwarding import HeaderForwarding
-from coreserve.server.restrictions import ApiRestrictions
+from coreserve.server.headers import ApiRestrictions, HeaderForwarding
 
 logger = logging.getLogger("coreserve.server.grpc")
 
