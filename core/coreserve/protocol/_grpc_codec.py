@@ -48,6 +48,17 @@ _CONTENTS_FIELD = {
     DataType.FP64: "fp64_contents",
     DataType.BYTES: "bytes_contents",
 }
+# The type Triton names for data found in each field (when the input is of another type).
+_FIELD_TYPES = {
+    "bool_contents": "BOOL",
+    "int_contents": "INT32",
+    "int64_contents": "INT64",
+    "uint_contents": "UINT32",
+    "uint64_contents": "UINT64",
+    "fp32_contents": "FP32",
+    "fp64_contents": "FP64",
+    "bytes_contents": "BYTES",
+}
 
 
 def parameter_value(parameter: pb.InferParameter) -> ParameterValue:
@@ -187,7 +198,7 @@ def _decode_inputs(
         datatype = parse_datatype(tensor.datatype, name)
         shape = check_shape(tuple(tensor.shape), name)
         if source is None:
-            inputs[name] = _array_from_contents(tensor, datatype, shape)
+            inputs[name] = _array_from_contents(tensor, datatype, shape, message.model_name)
         elif isinstance(source, int):
             inputs[name] = array_from_bytes(
                 memoryview(raw[source]), datatype, shape, name, message.model_name
@@ -211,17 +222,30 @@ def _parameters(parameters: Any) -> dict[str, ParameterValue]:
     return {key: parameter_value(value) for key, value in parameters.items()}
 
 
-def _array_from_contents(tensor: Any, datatype: DataType, shape: tuple[int, ...]) -> np.ndarray:
+def _array_from_contents(tensor: Any, datatype: DataType, shape: tuple[int, ...], model: str) -> np.ndarray:
     name = tensor.name
     field = _CONTENTS_FIELD.get(datatype)
     if field is None:
         raise InvalidArgumentError(f"input '{name}' is {datatype}: send its data in raw_input_contents")
+    for other, other_type in _FIELD_TYPES.items():  # Triton's words for data in another type's field
+        if other != field and len(getattr(tensor.contents, other)):
+            raise InvalidArgumentError(
+                f"unexpected explicit tensor data for input tensor '{name}' for model '{model}' of type "
+                f"'{other_type}', expected datatype '{datatype}'"
+            )
     values = getattr(tensor.contents, field)
     count = element_count(shape)
-    if len(values) != count:
+    if len(values) != count and datatype is DataType.BYTES:
         raise InvalidArgumentError(
-            f"input '{name}' has {len(values)} elements in contents.{field}, "
-            f"but its shape {list(shape)} needs {count}"
+            f"expected {count} string elements for inference input '{name}' for model '{model}', "
+            f"got {len(values)}"
+        )
+    if len(values) != count:
+        itemsize = NUMPY_DTYPES[datatype].itemsize
+        raise RequestMismatchError(  # Triton's words (it counts the bytes), then the elements
+            f"input byte size mismatch for input '{name}' for model '{model}'. Expected {count * itemsize}, "
+            f"got {len(values) * itemsize} ({len(values)} elements in contents.{field}, its shape "
+            f"{list(shape)} needs {count})"
         )
     if datatype is DataType.BYTES:
         array = np.empty(count, dtype=np.object_)

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from google.protobuf.message import DecodeError
 
+from coreserve.errors import InvalidArgumentError
 from coreserve.protocol._grpc_codec import decode_model_infer_request
 from coreserve.protocol.grpc_received import VIEW_RAW_CONTENTS_FROM, parse_model_infer_request
 from coreserve.protocol.grpc_response import (
@@ -171,3 +172,14 @@ def test_the_remembered_headers_stay_bounded() -> None:
     for number in range(PLAIN_HEADERS + 10):  # ids that differ every time
         serialize_model_infer_response(InferenceResponse("m", "1", {"OUT": np.ones(2)}, id=str(number)))
         assert len(_PLAIN_HEADERS) <= PLAIN_HEADERS
+
+
+def test_typed_bytes_contents_of_the_wrong_count_are_refused_in_tritons_words() -> None:
+    request = pb.ModelInferRequest(model_name="ident")
+    tensor = request.inputs.add(name="IN", datatype="BYTES", shape=[2])
+    tensor.contents.bytes_contents.append(b"only one")
+    with pytest.raises(InvalidArgumentError) as info:
+        decode_model_infer_request(request)
+    assert (
+        info.value.message == "expected 2 string elements for inference input 'IN' for model 'ident', got 1"
+    )

@@ -343,6 +343,19 @@ def _with_contents(
     return message
 
 
+def _typed_contents(
+    fp32: tuple[list[float], list[float]], int32: list[int] | None = None
+) -> service_pb2.ModelInferRequest:
+    """add_sub's request with its inputs' data in typed contents: `fp32` for each, and `int32` in
+    the first one's int_contents where given."""
+    message = _infer_request(raw=[])
+    for tensor, values in zip(message.inputs, fp32, strict=True):
+        tensor.contents.fp32_contents.extend(values)
+    if int32 is not None:
+        message.inputs[0].contents.int_contents.extend(int32)
+    return message
+
+
 def _changed(
     message: service_pb2.ModelInferRequest,
     index: int,
@@ -372,6 +385,18 @@ NO_DATA = "unable to find data for input tensor '{}' for model 'add_sub' in requ
 Call = Callable[[service_pb2_grpc.GRPCInferenceServiceStub], Any]
 # case: (call, status code, Triton's text)
 GRPC_CASES: dict[str, tuple[Call, grpc.StatusCode, str]] = {
+    "typed contents in another type's field": (
+        lambda stub: stub.ModelInfer(_typed_contents(([], [1, 2, 3, 4]), int32=[1, 2, 3, 4])),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "unexpected explicit tensor data for input tensor 'INPUT0' for model 'add_sub' of type 'INT32', "
+        "expected datatype 'FP32'",
+    ),
+    "typed contents of the wrong count": (
+        lambda stub: stub.ModelInfer(_typed_contents(([1, 2, 3, 4], [1, 2, 3]))),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "[request id: <id_unknown>] input byte size mismatch for input 'INPUT1' for model 'add_sub'. "
+        "Expected 16, got 12",
+    ),
     "unknown model": (
         lambda stub: stub.ModelInfer(_infer_request("nosuch")),
         grpc.StatusCode.NOT_FOUND,
