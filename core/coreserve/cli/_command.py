@@ -59,7 +59,7 @@ def _run_server(argv: Sequence[str]) -> int:
         _event_loop_runner()(server.serve())
     except StartupError:  # serve() said why
         return 1
-    return 0
+    return 0 if server.stopped_in_time else 1  # as Triton: an exit timeout that cut work is a failure
 
 
 def _warn_cache_flags(args: argparse.Namespace, logger: logging.Logger) -> None:

@@ -203,6 +203,18 @@ def load_order(steps: Mapping[str, set[str] | None]) -> tuple[list[list[str]], d
     return waves, {}
 
 
+def load_waves(
+    locations: Mapping[str, ModelLocation], models: Mapping[str, Model]
+) -> tuple[list[list[str]], dict[str, str]]:
+    """`load_order` of the models at `locations` (by key), the models that serve and are not
+    loaded again taking part as they are."""
+    steps: dict[str, set[str] | None] = dict(serving_steps(models))
+    for key, location in locations.items():
+        uses = ensemble_steps(location)
+        steps[key] = None if uses is None else {qualified(location.namespace, step) for step in uses}
+    return load_order(steps)
+
+
 def serving_steps(models: Mapping[str, Model]) -> dict[str, set[str]]:
     """The steps of each model that takes requests, as keys: under namespacing, in its own
     repository (for `load_order`: a cycle may run through models served already)."""

@@ -28,7 +28,13 @@ from pathlib import Path, PurePosixPath
 import orjson
 
 from coreserve.config import ModelConfig, config_from_dict
-from coreserve.errors import InternalError, InvalidArgumentError, ModelConfigError
+from coreserve.errors import (
+    CoreserveError,
+    InternalError,
+    InvalidArgumentError,
+    ModelConfigError,
+    NotFoundError,
+)
 from coreserve.repository.storage._folders import MAX_NAME_BYTES
 from coreserve.repository.traffic.policy import TrafficPolicy, policy_from_document
 
@@ -46,7 +52,15 @@ def poll_failure(model_name: str, reason: str) -> str:
     return f"failed to load '{model_name}', failed to poll from model repository: {reason}"
 
 
-def not_in_repository(name: str) -> InternalError:
+def not_in_repository(name: str, on_demand: bool = False) -> CoreserveError:
+    """The error of a load (`on_demand`: a request's) that names a model no repository holds."""
+    if on_demand:
+        return NotFoundError(f"Request for unknown model: '{name}' is not found")
+    if len(name.encode()) > MAX_NAME_BYTES:  # a client's mistake, not the repository's
+        return InvalidArgumentError(
+            f"failed to load '{name[:64]}...': no model folder has a name of {len(name.encode())} bytes "
+            f"(at most {MAX_NAME_BYTES}); a model of a longer name loads from files only"
+        )
     # Triton 2.51 answers this with INTERNAL (HTTP 500), and clients may check for it.
     return InternalError(poll_failure(name, f"model '{name}' is not in the repository"))
 

@@ -30,7 +30,6 @@ from pathlib import Path
 from coreserve.errors import (
     CoreserveError,
     InvalidArgumentError,
-    NotFoundError,
     UnavailableError,
     UnsupportedError,
 )
@@ -42,9 +41,8 @@ from coreserve.repository._layout import (
     TakenDownEnsembles,
     ensemble_steps,
     linked,
-    load_order,
+    load_waves,
     refuse_cycles,
-    serving_steps,
 )
 from coreserve.repository._overrides import LoadOverrides, not_in_repository, write_override_files
 from coreserve.repository.loader import ModelLoader
@@ -53,7 +51,7 @@ from coreserve.repository.memory._unloading import close_model, unload_loaded_ve
 from coreserve.repository.memory.budgets import MemoryBudgets
 from coreserve.repository.model import Model
 from coreserve.repository.namespaces import Found, ModelTable, qualified
-from coreserve.repository.storage._folders import MAX_NAME_BYTES, check_model_name
+from coreserve.repository.storage._folders import check_model_name
 from coreserve.repository.storage._sources import RepositorySource
 
 logger = logging.getLogger(__name__)
@@ -100,7 +98,7 @@ class ModelRepository:
         self.taken_down = TakenDownEnsembles()
         self._changes = RelatedChanges()
         self._locks: dict[str, asyncio.Lock] = {}
-        self._closing: set[asyncio.Task[None]] = set()
+        self._closing: set[asyncio.Task[bool]] = set()
         self.budgeted = BudgetedLoads(
             self._models, self._unloaded, loader, find=self.get, lock=self._lock, close=self._close,
             load=lambda name: self._load(name, LoadOverrides(), (), reason="demand"),
@@ -181,21 +179,13 @@ class ModelRepository:
             except CoreserveError as exc:
                 namespace, name = self._find.split(key, source)
                 self._models[key] = Model(name=name, path=None, reason=exc.message, namespace=namespace)
-        # The models that serve and are not loaded again take part as they are.
-        serving = serving_steps(self._models)
-        waves, cycles = load_order(
-            serving
-            | {
-                key: {qualified(location.namespace, step) for step in steps} if steps is not None else None
-                for key, location in locations.items()
-                for steps in (ensemble_steps(location),)
-            }
-        )
+        waves, cycles = load_waves(locations, self._models)
         for key, why in cycles.items():
             if key not in locations:
                 continue
             name = locations[key].name
-            if key in serving:  # (a poll saw an ensemble edited into a cycle)
+            served = self._models.get(key)
+            if served is not None and served.takes_requests:  # (a poll saw an ensemble edited into a cycle)
                 logger.error("model '%s' did not reload, the loaded version keeps serving: %s", name, why)
                 self._fingerprints[key] = found[key][1]  # tried again once its files change
             else:
@@ -283,8 +273,8 @@ class ModelRepository:
         self._closing.add(task)
         task.add_done_callback(self._closing.discard)
 
-    async def _close(self, model: Model) -> None:
-        await close_model(model, self._drain_timeout, self._cache_dir)
+    async def _close(self, model: Model) -> bool:
+        return await close_model(model, self._drain_timeout, self._cache_dir)
 
     def _refuse_unless_explicit(self, action: str) -> None:
         if self.mode is not ControlMode.EXPLICIT:  # Triton's code and words, then the way out
@@ -362,15 +352,8 @@ class ModelRepository:
         if name in duplicates:
             raise InvalidArgumentError(duplicates[name])
         keys = [key for key in self._find.keys_named(name, found) if only in (None, key)]
-        if not keys and reason == "demand":
-            raise NotFoundError(f"Request for unknown model: '{name}' is not found")
-        if not keys and len(name.encode()) > MAX_NAME_BYTES:  # a client's mistake, not the repository's
-            raise InvalidArgumentError(
-                f"failed to load '{name[:64]}...': no model folder has a name of {len(name.encode())} bytes "
-                f"(at most {MAX_NAME_BYTES}); a model of a longer name loads from files only"
-            )
         if not keys:
-            raise not_in_repository(name)
+            raise not_in_repository(name, on_demand=reason == "demand")
         # Under namespacing, as Triton: a name loads the models of that name in every repository.
         for key in keys:
             location = await self._find.location(key, found[key][0])
@@ -424,18 +407,20 @@ class ModelRepository:
             logger.info("unloading model '%s'", name)
             await self._close(model)
 
-    async def unload_all(self, timeout: float | None = None) -> None:
+    async def unload_all(self, timeout: float | None = None) -> bool:
         """Lets queued requests finish (up to `timeout` seconds), then closes every instance.
-        Loads under way are given up: the backends stop what they run for them."""
+        Loads under way are given up: the backends stop what they run for them. Returns whether
+        all of it ended in time (no request or instance was cut)."""
         self._loader.stop_loads()
         self._drain_timeout = timeout
         models = list(self._models.values())
         self._models.clear()
-        await asyncio.gather(*(self._close(model) for model in models))
-        for task in list(self._closing):
+        in_time = all(await asyncio.gather(*(self._close(model) for model in models)))
+        for task in list(self._closing):  # the replaced models still draining
             with contextlib.suppress(asyncio.CancelledError):
-                await task
+                in_time = await task and in_time
         self.budgeted.close()
+        return in_time
 
     # The repository index.
 

@@ -341,12 +341,13 @@ class Scheduler:
         behind the older ones handed back before it (each execution hands back its own)."""
         insert_by_age(self._queue, request)
 
-    async def close(self, timeout: float | None = None) -> None:
+    async def close(self, timeout: float | None = None) -> bool:
         """Stops taking requests, lets queued and running ones finish, fails the rest, then
         closes the instances; `timeout` seconds bound all of it (an instance still closing
-        then is cancelled, see `ModelInstance.close`)."""
+        then is cancelled, see `ModelInstance.close`). Returns whether all of it ended in time."""
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
+        in_time = True
         self._closed = True
         self._send_what_waits()
         if self.response_cache is not None:
@@ -355,6 +356,7 @@ class Scheduler:
             try:
                 await asyncio.wait_for(self._idle.wait(), timeout)
             except TimeoutError:
+                in_time = False
                 logger.warning(
                     "model '%s' version %s: %d requests still queued after %.1fs; failing them",
                     self.signature.model_name,
@@ -372,7 +374,7 @@ class Scheduler:
         if self._rate_limiter is not None:
             self._rate_limiter.unregister(self._slots.values())
         remaining = None if deadline is None else max(0.0, deadline - loop.time())
-        await close_instances(self.instances, remaining, self.signature.model_name)
+        return await close_instances(self.instances, remaining, self.signature.model_name) and in_time
 
 
 def insert_by_age(queue: deque[InferenceRequest], request: InferenceRequest) -> None:
@@ -381,11 +383,12 @@ def insert_by_age(queue: deque[InferenceRequest], request: InferenceRequest) -> 
     queue.insert(next(younger, len(queue)), request)
 
 
-async def close_instances(instances: Sequence[ModelInstance], timeout: float | None, model_name: str) -> None:
-    """Closes instances side by side; cancels the closes still running after `timeout` s."""
+async def close_instances(instances: Sequence[ModelInstance], timeout: float | None, model_name: str) -> bool:
+    """Closes instances side by side; cancels the closes still running after `timeout` s.
+    Returns whether none had to be."""
     closes = [asyncio.create_task(instance.close()) for instance in instances]
     if not closes:
-        return
+        return True
     await asyncio.sleep(0)  # every close has begun, so a cancellation reaches its cleanup
     _, late = await asyncio.wait(closes, timeout=timeout)
     if late:
@@ -400,3 +403,4 @@ async def close_instances(instances: Sequence[ModelInstance], timeout: float | N
     for task in closes:
         if task.done() and not task.cancelled() and task.exception() is not None:
             logger.error("model '%s': closing an instance failed", model_name, exc_info=task.exception())
+    return not late

@@ -98,6 +98,7 @@ class ServerRuntime:
             raise StartupError(f"--model-memory-budget: {exc}") from None
         self._poller: asyncio.Task[None] | None = None
         self.flags = ServerFlags(strict_readiness=options.strict_readiness)
+        self.stopped_in_time = True  # what the exit status says, as Triton's: see `stop`
         self.log = log or ServerLog(options.log_settings)
         try:
             self.tracer = Tracer(options.trace_config)
@@ -303,7 +304,8 @@ class ServerRuntime:
         )
 
     async def stop(self) -> None:
-        """Stops accepting requests, lets running ones finish, then unloads every model."""
+        """Stops accepting requests, lets running ones finish, then unloads every model. Where
+        --exit-timeout-secs cut a request or an instance's close, `stopped_in_time` turns false."""
         self.flags.stopping = True
         if self._poller is not None:
             self._poller.cancel()
@@ -319,7 +321,9 @@ class ServerRuntime:
         )
         if self._link is not None:  # worker 0 serves the others' requests until they stop
             await self._link.others_gone(min(OTHERS_STOP_WAIT_S, max(0.0, deadline - loop.time())))
-        await self.repository.unload_all(timeout=max(0.0, deadline - loop.time()))
+        if not await self.repository.unload_all(timeout=max(0.0, deadline - loop.time())):
+            self.stopped_in_time = False  # in Triton's words:
+            logger.error("failed to stop server: Internal - Exit timeout expired. Exiting immediately.")
         if self.metrics is not None:
             await self.metrics.stop()
         if self.metrics_report is not None:

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -254,6 +255,46 @@ def test_sigterm_stops_every_worker(repository: Path) -> None:
     assert server.process.wait(timeout=60) == 0
     assert not [pid for pid in workers if Path(f"/proc/{pid}").exists()]
     assert server.log.count("coreserve stopped") == 3  # each worker, then the supervisor
+
+
+STUCK_CONFIG = """
+backend: "python"
+max_batch_size: 0
+input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "Y" data_type: TYPE_INT32 dims: [ 1 ] } ]
+"""
+STUCK_MODEL = """
+import time
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        open({started!r}, "w").close()
+        time.sleep(3600)
+"""
+
+
+def test_an_exit_timeout_that_cuts_a_request_ends_the_server_with_status_1(tmp_path: Path) -> None:
+    """As one server does, and Triton: the worker whose exit timeout cut a request exits 1, so
+    the server does."""
+    repository = write_repository(tmp_path / "models")
+    started = tmp_path / "executing"
+    write_model(repository, "stuck", STUCK_MODEL.format(started=str(started)).encode(),
+                STUCK_CONFIG, filename="model.py")  # fmt: skip
+    server = start_workers(repository, "--model-control-mode=explicit", "--load-model=add_sub",
+                           "--load-model=stuck", "--exit-timeout-secs=1")  # fmt: skip
+    body = '{"inputs": [{"name": "X", "datatype": "INT32", "shape": [1], "data": [1]}]}'
+    with ThreadPoolExecutor(1) as pool:
+        stuck = pool.submit(status_of, server, "POST", "/v2/models/stuck/infer", body)
+        wait_until(started.exists, "the request reached execute()")
+        assert server.process is not None
+        server.process.send_signal(signal.SIGTERM)
+        assert server.process.wait(timeout=60) == 1
+        assert stuck.result(timeout=30) == 0  # its connection was cut
+    assert server.log.count("failed to stop server: Internal - Exit timeout expired. Exiting immediately.") == 1
+    assert server.log.count("coreserve stopped") == 3 and "Traceback" not in server.log
 
 
 def test_a_start_that_fails_stops_the_server(repository: Path, tmp_path: Path) -> None:

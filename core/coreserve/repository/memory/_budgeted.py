@@ -70,7 +70,7 @@ class BudgetedLoads:
         *,
         find: Callable[[str], Model],
         lock: Callable[[str], asyncio.Lock],
-        close: Callable[[Model], Awaitable[None]],
+        close: Callable[[Model], Awaitable[object]],
         load: Callable[[str], Awaitable[None]],
         on_demand: bool,
         memory_budgets: MemoryBudgets,

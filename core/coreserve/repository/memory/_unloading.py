@@ -17,26 +17,30 @@ logger = logging.getLogger(__name__)
 UNLOADED = "unloaded"
 
 
-async def close_versions(versions: Sequence[ModelVersion], drain_timeout: float | None) -> None:
+async def close_versions(versions: Sequence[ModelVersion], drain_timeout: float | None) -> bool:
     """Lets the versions' queued and running requests finish (up to `drain_timeout` seconds),
-    closes their instances and marks them UNAVAILABLE, "unloaded"."""
+    closes their instances and marks them UNAVAILABLE, "unloaded". Returns whether every
+    version closed in time (nothing was cut)."""
     # Versions closed already (those unloaded beside a version that failed) are not closed twice.
     versions = [v for v in versions if not (v.state is ModelState.UNAVAILABLE and v.reason == UNLOADED)]
     for version in versions:
         version.state = ModelState.UNLOADING
-    await asyncio.gather(
+    in_time = await asyncio.gather(
         *(version.scheduler.close(drain_timeout) for version in versions if version.scheduler is not None)
     )
     for version in versions:
         version.state = ModelState.UNAVAILABLE
         version.reason = UNLOADED
+    return all(in_time)
 
 
-async def close_model(model: Model, drain_timeout: float | None, cache_dir: Path | None) -> None:
-    """Closes every version of a model, and removes the files a load request wrote for it."""
-    await close_versions(list(model.versions.values()), drain_timeout)
+async def close_model(model: Model, drain_timeout: float | None, cache_dir: Path | None) -> bool:
+    """Closes every version of a model, and removes the files a load request wrote for it.
+    Returns whether it closed in time."""
+    in_time = await close_versions(list(model.versions.values()), drain_timeout)
     if cache_dir is not None and model.path is not None and is_override_folder(model.path, cache_dir):
         shutil.rmtree(model.path, ignore_errors=True)
+    return in_time
 
 
 async def unload_loaded_versions(model: Model, drain_timeout: float | None) -> None:

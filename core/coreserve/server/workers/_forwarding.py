@@ -305,8 +305,12 @@ class ForwardingScheduler(Scheduler):
         if not self._sending:
             self._done_sending.set()
 
-    async def close(self, timeout: float | None = None) -> None:
-        """Stops sending; waits (at most `timeout` seconds) for the answers of those sent."""
+    async def close(self, timeout: float | None = None) -> bool:
+        """Stops sending; waits (at most `timeout` seconds) for the answers of those sent.
+        Returns whether they all came in time."""
         self._closed = True
-        with contextlib.suppress(TimeoutError):
+        try:
             await asyncio.wait_for(self._done_sending.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True

@@ -447,3 +447,4 @@ class Supervisor:
                     with contextlib.suppress(ProcessLookupError):
                         process.kill()
             await asyncio.gather(*(process.wait() for process in running))
+        self._exit_code = self._exit_code or int(any(p.returncode for p in running))  # work cut, or killed

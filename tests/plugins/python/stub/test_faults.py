@@ -300,7 +300,7 @@ def test_shutdown_kills_hung_models_within_the_exit_timeout(
     # its exit timeout, which cancelled both models' closes.
     code = server.process.wait(timeout=60)
     caller.join(timeout=30)
-    assert code == 0, server.log
+    assert code == 1, server.log  # the exit timeout cut work: as Triton, a failure
     log = server.log
     assert "HTTP: 1 requests still running after 3.0s; closing" in log  # the hung request
     for model in ("stuck_execute", "stuck_finalize"):

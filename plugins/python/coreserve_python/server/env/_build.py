@@ -5,8 +5,9 @@ own: what the server has already (the requirements of a Triton repository, often
 installed again, and what the requirements install comes first. The installer is held to the
 server's numpy (a constraint), the numpy the stubs import. Every line the installer prints
 goes to the log at INFO; a build that fails raises EnvironmentBuildError carrying the last
-lines of its error output. The builds under way are stopped when the server stops
-(`stop_builds`): the installer running then is killed with its whole process group.
+lines of its error output. The builds under way, and the loads waiting for another's lock to
+build, are stopped when the server stops (`stop_builds`): the installer running then is killed
+with its whole process group.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO
 
@@ -86,22 +87,40 @@ def uv_binary() -> str | None:
     return shutil.which("uv")
 
 
+@contextlib.contextmanager
+def stoppable_build() -> Iterator[_Build]:
+    """A build that `stop_builds` stops while this holds, from the wait for its lock on: a load
+    that waits for another's build is given up at a stop, not built after it."""
+    build = _Build()
+    with _UNDER_WAY_LOCK:
+        _UNDER_WAY.add(build)
+    try:
+        yield build
+    finally:
+        with _UNDER_WAY_LOCK:
+            _UNDER_WAY.discard(build)
+
+
 def build_environment(
-    requirements: Path, folder: Path, numpy_version: str, timeout: float, label: str
+    requirements: Path,
+    folder: Path,
+    numpy_version: str,
+    timeout: float,
+    label: str,
+    build: _Build | None = None,
 ) -> str:
     """Builds a venv in `folder` with what `requirements` names; returns the installer's name.
 
     The installer runs in the requirements' folder (relative paths in the file resolve there)
     with this process's environment, so pip's configuration (PIP_* variables, pip.conf) holds.
+    `build`: the `stoppable_build` this is part of (a build of its own otherwise).
     """
-    build = _Build()
-    with _UNDER_WAY_LOCK:
-        _UNDER_WAY.add(build)
-    try:
-        return _build(requirements.resolve(), folder, numpy_version, time.monotonic() + timeout, label, build)
-    finally:
-        with _UNDER_WAY_LOCK:
-            _UNDER_WAY.discard(build)
+    if build is None:
+        with stoppable_build() as own:
+            return build_environment(requirements, folder, numpy_version, timeout, label, own)
+    if build.stopped:
+        raise EnvironmentBuildError("the server stopped before the build began")
+    return _build(requirements.resolve(), folder, numpy_version, time.monotonic() + timeout, label, build)
 
 
 def _build(

@@ -18,7 +18,7 @@ import numpy as np
 from coreserve import ModelConfig, ModelConfigError, UnavailableError
 from coreserve.backend import ModelFiles
 from coreserve_python.server._process import StubLaunch, stub_environment
-from coreserve_python.server.env._build import EnvironmentBuildError, build_environment
+from coreserve_python.server.env._build import EnvironmentBuildError, build_environment, stoppable_build
 from coreserve_python.server.env.cache import (
     IN_USE_HERE,
     EnvironmentCache,
@@ -135,14 +135,15 @@ def _requirements_launch(requirements: Path, model_name: str, settings: Mapping[
     key, requirements_hash = environment_key(requirements.read_bytes(), np.__version__)
     label = f"model '{model_name}': {requirements}"
     try:
-        # Waits for a build of the same requirements elsewhere, then finds it published.
-        with cache.locked(key, timeout):
+        # Waits for a build of the same requirements elsewhere, then finds it published; a stop
+        # of the server gives the wait up.
+        with stoppable_build() as build, cache.locked(key, timeout, given_up=lambda: build.stopped):
             folder = cache.published(key)
             if folder is None:
                 folder = cache.new_build_folder(key)
                 logger.info("%s: building a Python environment in %s", label, folder)
                 try:
-                    installer = build_environment(requirements, folder, np.__version__, timeout, label)
+                    installer = build_environment(requirements, folder, np.__version__, timeout, label, build)
                 except BaseException:
                     shutil.rmtree(folder, ignore_errors=True)
                     raise

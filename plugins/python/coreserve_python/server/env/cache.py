@@ -27,7 +27,7 @@ import sys
 import sysconfig
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,7 +41,8 @@ LOCK_POLL_S = 0.1
 
 
 class LockTimeout(Exception):
-    """Another process held an environment's lock for longer than we may wait."""
+    """Another process held an environment's lock for longer than we may wait (or the wait was
+    given up)."""
 
 
 def default_cache_dir() -> Path:
@@ -98,8 +99,11 @@ class EnvironmentCache:
         return self.root / LOCKS / f"{key}.lock"
 
     @contextlib.contextmanager
-    def locked(self, key: str, timeout: float) -> Iterator[None]:
-        """Holds the key's lock (across processes), waiting for it up to `timeout` s."""
+    def locked(
+        self, key: str, timeout: float, given_up: Callable[[], bool] = lambda: False
+    ) -> Iterator[None]:
+        """Holds the key's lock (across processes), waiting for it up to `timeout` s, or until
+        `given_up()` says to stop waiting."""
         path = self.lock_path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
         descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -116,6 +120,8 @@ class EnvironmentCache:
                         waited = True
                     if time.monotonic() >= deadline:
                         raise LockTimeout(f"another process held {path} for {timeout:g} s") from None
+                    if given_up():
+                        raise LockTimeout(f"the wait for {path} was given up") from None
                     time.sleep(LOCK_POLL_S)
             yield
         finally:

@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -25,8 +26,14 @@ import pytest
 import tritonclient.http as httpclient
 
 from coreserve.testing import ServerFactory, ServerProcess
-from coreserve_python.server.env._build import build_environment, uv_binary
-from coreserve_python.server.env.cache import EnvironmentCache, environment_key
+from coreserve_python.server.env._build import (
+    EnvironmentBuildError,
+    build_environment,
+    stop_builds,
+    stoppable_build,
+    uv_binary,
+)
+from coreserve_python.server.env.cache import EnvironmentCache, LockTimeout, environment_key
 from support.waiting import wait_until
 
 PACKAGE = "coreserve_test_dep_xyz"
@@ -315,3 +322,20 @@ def test_requirements_named_by_a_relative_path_build(
         capture_output=True, text=True, check=True,
     )  # fmt: skip
     assert greeting.stdout.strip() == "hello from xyz"
+
+
+def test_a_load_waiting_for_another_build_is_given_up_when_the_server_stops(tmp_path: Path) -> None:
+    """A load that waits for the lock of a build running elsewhere must not build after its
+    server stopped (the server would not end until the build did)."""
+    cache = EnvironmentCache(tmp_path)
+    with cache.locked("key", timeout=10), stoppable_build() as build:  # "elsewhere": the lock is held
+        stopping = threading.Timer(0.3, stop_builds)
+        stopping.start()
+        started = time.monotonic()
+        with pytest.raises(LockTimeout, match="was given up"), cache.locked("key", 60, lambda: build.stopped):
+            pass
+        assert time.monotonic() - started < 10
+        stopping.join()
+        with pytest.raises(EnvironmentBuildError, match="the server stopped before the build began"):
+            build_environment(tmp_path / "requirements.txt", tmp_path / "env", np.__version__, 60, "x", build)
+    assert not (tmp_path / "env").exists()
