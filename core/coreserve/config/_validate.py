@@ -33,8 +33,8 @@ def _first_problem(config: ModelConfig) -> str | None:
     checks: Iterable[str | None] = (
         "config field 'name' is empty" if not config.name else None,
         _check_max_batch_size(config),
-        _check_tensors("input", config.input),
-        _check_tensors("output", config.output),
+        _check_tensors("input", config.input, config.max_batch_size),
+        _check_tensors("output", config.output, config.max_batch_size),
         _check_version_policy(config),
         _check_instance_groups(config),
         _check_dynamic_batching(config),
@@ -52,7 +52,7 @@ def _check_max_batch_size(config: ModelConfig) -> str | None:
     return None
 
 
-def _check_tensors(kind: str, tensors: Iterable[Any]) -> str | None:
+def _check_tensors(kind: str, tensors: Iterable[Any], max_batch_size: int) -> str | None:
     """Checks `input` or `output` entries (ModelInput or ModelOutput messages)."""
     seen: set[str] = set()
     for index, tensor in enumerate(tensors):
@@ -72,6 +72,11 @@ def _check_tensors(kind: str, tensors: Iterable[Any]) -> str | None:
             return f"{where}: every entry of dims must be -1 (any size) or >= 1, got {list(tensor.dims)}"
         if not tensor.dims and not tensor.HasField("reshape"):
             return f"{where} needs dims (use reshape {{ shape: [ ] }} for a scalar)"
+        if tensor.HasField("reshape") and not tensor.reshape.shape and not max_batch_size:  # Triton's words:
+            return (
+                f"{where}: cannot have empty reshape for non-batching model as scalar tensors "
+                "are not supported"
+            )
         if tensor.HasField("reshape"):
             problem = _check_reshape(list(tensor.dims), list(tensor.reshape.shape))
             if problem:
@@ -148,6 +153,12 @@ def _check_dynamic_batching(config: ModelConfig) -> str | None:
                 f"config field 'dynamic_batching.priority_queue_policy' has level {level}, "
                 f"outside 1..priority_levels ({levels})"
             )
+    if batching.preserve_ordering:  # responses in order cannot also jump the queue: Triton's words
+        if levels > 1:
+            return "Only one priority level is allowed when 'preserve_ordering' is true"
+        policies = [batching.default_queue_policy, *batching.priority_queue_policy.values()]
+        if any(p.default_timeout_microseconds and p.timeout_action == p.DELAY for p in policies):
+            return "Queue policy can not have DELAY as timeout action when 'preserve_ordering' is true"
     return None
 
 

@@ -130,6 +130,25 @@ def test_defaults_fill_what_tritons_normalization_fills() -> None:
             "dynamic_batching { priority_levels: 2 default_priority_level: 1 priority_queue_policy { key: 5 value { } } }",
             "has level 5, outside 1..priority_levels (2)",
         ),
+        # Triton's refusals, in its words.
+        (
+            "dynamic_batching { preserve_ordering: true priority_levels: 2 default_priority_level: 1 }",
+            "Only one priority level is allowed when 'preserve_ordering' is true",
+        ),
+        (
+            "dynamic_batching { preserve_ordering: true default_queue_policy { timeout_action: DELAY "
+            "default_timeout_microseconds: 100 } }",
+            "Queue policy can not have DELAY as timeout action when 'preserve_ordering' is true",
+        ),
+        (
+            "dynamic_batching { preserve_ordering: true priority_levels: 1 default_priority_level: 1 "
+            "priority_queue_policy { key: 1 value { timeout_action: DELAY default_timeout_microseconds: 5 } } }",
+            "Queue policy can not have DELAY as timeout action",
+        ),
+        (
+            'max_batch_size: 0\ninput [ { name: "b" data_type: TYPE_FP32 dims: [ 1 ] reshape { shape: [ ] } } ]',
+            "('b'): cannot have empty reshape for non-batching model as scalar tensors are not supported",
+        ),
     ],
 )
 def test_validation_names_the_model_and_field(extra: str, message: str) -> None:
