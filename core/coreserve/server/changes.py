@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, get_args
 
-from coreserve.errors import InvalidArgumentError
+from coreserve.errors import InvalidArgumentError, UnsupportedError
 
 
 @dataclass(frozen=True)
@@ -167,6 +167,12 @@ def forgets(change: Change, fault: str) -> bool:
     return isinstance(change, UnregisterSystemRegion | UnregisterCudaRegion) and change.forgets(
         tuple(fault.split("/", 1))
     )
+
+
+def repository_named() -> UnsupportedError:
+    """The error of a load, unload or index request that names a repository (HTTP
+    `/v2/repository/{repository}/...`, gRPC `repository_name`): Triton's 501 / UNIMPLEMENTED."""
+    return UnsupportedError("'repository_name' specification is not supported")
 
 
 def loads_files(message: dict[str, Any]) -> bool:

@@ -417,6 +417,28 @@ def test_unload_dependents_of_another_type_is_refused_over_grpc_and_nothing_unlo
     assert client.is_model_ready("add_sub") and client.is_model_ready("pipeline")
 
 
+def test_a_repository_named_is_refused_as_triton_refuses_it(
+    server: ServerProcess, client: httpclient.InferenceServerClient
+) -> None:
+    words = "'repository_name' specification is not supported"  # Triton's, with 501 / UNIMPLEMENTED
+    for path in ("/v2/repository/models/index", "/v2/repository/r/models/add_sub/load",
+                 "/v2/repository/r/models/scaled/unload"):  # fmt: skip
+        status, _, reply = request(server.http_url, "POST", path, b"")
+        assert (status, json.loads(reply)) == (501, {"error": words}), path
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        stub = grpc_service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        calls = [
+            (stub.RepositoryIndex, grpc_service_pb2.RepositoryIndexRequest(repository_name="r")),
+            (stub.RepositoryModelLoad, grpc_service_pb2.RepositoryModelLoadRequest(repository_name="r", model_name="add_sub")),
+            (stub.RepositoryModelUnload, grpc_service_pb2.RepositoryModelUnloadRequest(repository_name="r", model_name="scaled")),
+        ]  # fmt: skip
+        for call, message in calls:
+            with pytest.raises(grpc.RpcError) as info:
+                call(message, timeout=30)
+            assert (info.value.code(), info.value.details()) == (grpc.StatusCode.UNIMPLEMENTED, words)
+    assert client.is_model_ready("scaled") and not client.is_model_ready("add_sub")  # nothing changed
+
+
 def test_a_failed_reload_keeps_the_served_version(
     client: httpclient.InferenceServerClient, repository: Path
 ) -> None:

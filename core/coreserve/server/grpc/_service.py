@@ -171,6 +171,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def RepositoryIndex(
         self, request: pb.RepositoryIndexRequest, context: Any
     ) -> pb.RepositoryIndexResponse:
+        if request.repository_name:
+            raise changes.repository_named()
         index = await self._dataplane.repository_index(ready_only=request.ready)
         return pb.RepositoryIndexResponse(
             models=[  # (Triton's fields: the HTTP index's extra ones have none here)
@@ -185,6 +187,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def RepositoryModelLoad(
         self, request: pb.RepositoryModelLoadRequest, context: Any
     ) -> pb.RepositoryModelLoadResponse:
+        if request.repository_name:
+            raise changes.repository_named()
         parameters = {key: _repository_parameter(value) for key, value in request.parameters.items()}
         await self._dataplane.load_model(request.model_name, parameters)
         return pb.RepositoryModelLoadResponse()
@@ -193,6 +197,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def RepositoryModelUnload(
         self, request: pb.RepositoryModelUnloadRequest, context: Any
     ) -> pb.RepositoryModelUnloadResponse:
+        if request.repository_name:
+            raise changes.repository_named()
         flag = request.parameters.get("unload_dependents")
         if flag is not None and flag.WhichOneof("parameter_choice") != "bool_param":  # Triton's words
             raise InvalidArgumentError(

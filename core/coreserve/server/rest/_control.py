@@ -4,6 +4,7 @@ load, unload), the log settings and the trace settings.
     POST /v2/repository/index                     {"ready": bool}
     POST /v2/repository/models/{model}/load       {"parameters": {"config": ..., "file:...": base64}}
     POST /v2/repository/models/{model}/unload     {"parameters": {"unload_dependents": bool}}
+    POST /v2/repository/{repository}/...          (a repository named: 501, as Triton)
     GET|POST /v2/logging
     GET|POST /v2/trace/setting, /v2/models/{model}/trace/setting
 """
@@ -16,6 +17,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from coreserve.errors import InvalidArgumentError
+from coreserve.server.changes import repository_named
 from coreserve.server.dataplane import DataPlane
 from coreserve.server.httpd import HttpRequest, HttpResponse, Response
 from coreserve.server.rest._json_bodies import json_answer, json_object
@@ -68,6 +70,9 @@ def control_routes(dataplane: DataPlane, read_body: ReadBody) -> list[tuple[str,
         await dataplane.unload_model(request.match_info["model"], dependents)
         return HttpResponse(200)
 
+    async def named_repository(request: HttpRequest) -> HttpResponse:
+        raise repository_named()
+
     async def log_settings(request: HttpRequest) -> HttpResponse:
         return json_answer(dataplane.log_settings().as_dict())
 
@@ -88,6 +93,9 @@ def control_routes(dataplane: DataPlane, read_body: ReadBody) -> list[tuple[str,
         ("model-repository", "POST", "/v2/repository/index", repository_index),
         ("model-repository", "POST", "/v2/repository/models/{model}/load", load_model),
         ("model-repository", "POST", "/v2/repository/models/{model}/unload", unload_model),
+        ("model-repository", "POST", "/v2/repository/{repository}/index", named_repository),
+        ("model-repository", "POST", "/v2/repository/{repository}/models/{model}/load", named_repository),
+        ("model-repository", "POST", "/v2/repository/{repository}/models/{model}/unload", named_repository),
         ("logging", "GET", "/v2/logging", log_settings),
         ("logging", "POST", "/v2/logging", update_log_settings),
         ("trace", "GET", "/v2/trace/setting", trace_setting),
