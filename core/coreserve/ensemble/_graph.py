@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from coreserve.config.signature import ModelSignature, TensorSpec
@@ -45,6 +45,24 @@ class EnsembleGraph:
         self.outputs = [tensor.name for tensor in config.output]
         self.decoupled_steps: set[int] = set()
 
+    def wanted_outputs(self, requested: Sequence[str] | None) -> list[str]:
+        """The ensemble outputs a request asks for (every one where it names none)."""
+        return self.outputs if requested is None else [name for name in self.outputs if name in requested]
+
+    def pruned_steps(self, requested: Sequence[str] | None) -> frozenset[int]:
+        """The steps that none of the requested outputs needs: Triton prunes them."""
+        if requested is None:
+            return frozenset()
+        tensors = set(self.wanted_outputs(requested))
+        needed: set[int] = set()
+        while True:  # back from the outputs, through the inputs of the steps that make them
+            steps = [s for s in self.steps if s.index not in needed and tensors & set(s.outputs.values())]
+            if not steps:
+                return frozenset(step.index for step in self.steps if step.index not in needed)
+            for step in steps:
+                needed.add(step.index)
+                tensors.update(step.inputs.values())
+
     def _error(self, problem: str) -> ModelConfigError:
         return ModelConfigError(f"ensemble '{self.name}': {problem}")
 
@@ -84,13 +102,37 @@ class EnsembleGraph:
                 raise self._error(f"ensemble output '{output}' is produced by no step")
         self._check_acyclic(producers)
         self._check_types(signatures, producers, ensemble)
+        for step in self.steps:  # Triton's rule and words
+            limit = signatures[step.index].max_batch_size
+            if 0 < limit < ensemble.max_batch_size:
+                raise self._error(
+                    f"allows maximum batch size {ensemble.max_batch_size}, but it contains model "
+                    f"{step.model_name} which only allows maximum batch size to be {limit}"
+                )
         self.decoupled_steps = {index for index, signature in signatures.items() if signature.decoupled}
-        if self.decoupled_steps and not ensemble.decoupled:
+        self._check_decoupled_origins()
+        if self.decoupled_steps and not ensemble.decoupled:  # (completion makes it so, as Triton)
             step = self.steps[min(self.decoupled_steps)]
             raise self._error(
                 f"{step.label()} is decoupled, so the ensemble must be too: "
                 "set model_transaction_policy { decoupled: true }"
             )
+
+    def _check_decoupled_origins(self) -> None:
+        """Refuses a step whose inputs come from different decoupled steps (their responses
+        would pair up in every combination), as Triton does."""
+        origins: dict[str, int | None] = dict.fromkeys(self.inputs)  # tensor -> the decoupled step it follows
+        pending = list(self.steps)
+        while pending:  # in the order the steps can run (the graph has no cycle)
+            step = next(s for s in pending if all(t in origins for t in s.inputs.values()))
+            pending.remove(step)
+            found = {origins[tensor] for tensor in step.inputs.values()} - {None}
+            if len(found) > 1:
+                raise self._error(
+                    f"{step.label()} receives inputs originated from different decoupled models"
+                )
+            origin = step.index if step.index in self.decoupled_steps else next(iter(found), None)
+            origins.update(dict.fromkeys(step.outputs.values(), origin))
 
     def _signature(self, step: Step, lookup: SignatureLookup) -> ModelSignature:
         if not step.model_name:
@@ -137,44 +179,44 @@ class EnsembleGraph:
     def _check_types(
         self, signatures: dict[int, ModelSignature], producers: dict[str, Step], ensemble: ModelSignature
     ) -> None:
-        def source(tensor: str) -> tuple[TensorSpec, ModelSignature, str]:
+        def source(tensor: str) -> tuple[TensorSpec, list[int], str]:
             if tensor in producers:
                 step = producers[tensor]
                 output = next(name for name, value in step.outputs.items() if value == tensor)
-                signature = signatures[step.index]
-                return signature.outputs[output], signature, f"{step.label()} output '{output}'"
-            return ensemble.inputs[tensor], ensemble, f"ensemble input '{tensor}'"
+                spec = signatures[step.index].outputs[output]
+                return spec, signatures[step.index].client_shape(spec), f"{step.label()} output '{output}'"
+            return ensemble.inputs[tensor], _inner_shape(ensemble, tensor), f"ensemble input '{tensor}'"
 
         for step in self.steps:
             signature = signatures[step.index]
             for model_input, tensor in step.inputs.items():
-                spec, origin, where = source(tensor)
-                _compare(
-                    self,
-                    f"{step.label()} input '{model_input}' (tensor '{tensor}')",
-                    signature.inputs[model_input],
-                    signature,
-                    spec,
-                    origin,
-                    where,
-                )
+                wanted = signature.inputs[model_input]
+                consumer = f"{step.label()} input '{model_input}' (tensor '{tensor}')"
+                _compare(self, consumer, wanted, signature.client_shape(wanted), *source(tensor))
         for output in self.outputs:
-            spec, origin, where = source(output)
+            wanted = ensemble.outputs[output]
             _compare(
-                self, f"ensemble output '{output}'", ensemble.outputs[output], ensemble, spec, origin, where
+                self, f"ensemble output '{output}'", wanted, _inner_shape(ensemble, output), *source(output)
             )
+
+
+def _inner_shape(ensemble: ModelSignature, tensor: str) -> list[int]:
+    """An ensemble input's or output's shape as its steps see it: its reshape, where it has one
+    (as Triton compares them)."""
+    spec = ensemble.inputs.get(tensor) or ensemble.outputs[tensor]
+    shape = list(spec.reshape if spec.reshape is not None else spec.dims)
+    return [-1, *shape] if ensemble.batching else shape
 
 
 def _compare(
     graph: EnsembleGraph,
     consumer: str,
     wanted: TensorSpec,
-    wanted_in: ModelSignature,
+    wanted_shape: list[int],
     given: TensorSpec,
-    given_in: ModelSignature,
+    given_shape: list[int],
     source: str,
 ) -> None:
-    wanted_shape, given_shape = wanted_in.client_shape(wanted), given_in.client_shape(given)
     compatible = len(wanted_shape) == len(given_shape) and all(
         a == b or -1 in (a, b) for a, b in zip(wanted_shape, given_shape, strict=True)
     )

@@ -4,6 +4,11 @@ inputs exist, with independent steps at the same time.
 Tensors pass from step to step as the arrays they are (no copies, no re-encoding). A step of
 a decoupled model may answer many times: each of its responses continues the pipeline on its
 own, and every run that completes the ensemble's outputs is one response of the ensemble.
+
+As in Triton: only the steps the requested outputs need run (the others are pruned); an
+optional ensemble input the request left out, or an output a step did not produce, is an
+absent tensor: a step reading it runs without that input (its model refuses the request if the
+input is required), and the response leaves it out.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from coreserve.ensemble._graph import EnsembleGraph, Step
 from coreserve.errors import CancelledError, CoreserveError, InternalError
 from coreserve.types import InferenceRequest
 
-Tensors = dict[str, np.ndarray]
+Tensors = dict[str, np.ndarray | None]  # None: absent (left out by the request, or by a step)
 DEFAULT_INFLIGHT = 1024
 
 
@@ -43,7 +48,9 @@ class EnsembleInstance:
     async def _serve(self, request: InferenceRequest, responder: Responder) -> None:
         answered = False
         try:
-            async for outputs in self._run(request, dict(request.inputs), frozenset()):
+            tensors: Tensors = {name: None for name in self._graph.inputs} | dict(request.inputs)
+            pruned = self._graph.pruned_steps(request.requested_outputs)
+            async for outputs in self._run(request, tensors, pruned):
                 responder.send(request, outputs, final=not self._decoupled)
                 answered = True
                 if not self._decoupled:
@@ -60,8 +67,9 @@ class EnsembleInstance:
 
     async def _run(
         self, request: InferenceRequest, tensors: Tensors, done: frozenset[int]
-    ) -> AsyncIterator[Tensors]:
-        """Runs every step it can; yields the ensemble outputs of each run that completes them."""
+    ) -> AsyncIterator[dict[str, np.ndarray]]:
+        """Runs every step it can (those `done` are finished or pruned); yields the ensemble
+        outputs of each run that completes those the request asks for."""
         finished = set(done)
         running: dict[asyncio.Task[Tensors], Step] = {}
         deferred: list[Step] = []  # decoupled steps: they fork the run, so they go last
@@ -92,8 +100,9 @@ class EnsembleInstance:
                 ):
                     yield result
             return
-        if all(name in tensors for name in self._graph.outputs):
-            yield {name: tensors[name] for name in self._graph.outputs}
+        wanted = self._graph.wanted_outputs(request.requested_outputs)
+        if all(name in tensors for name in wanted):
+            yield {name: tensor for name in wanted if (tensor := tensors[name]) is not None}
 
     def _ready(
         self,
@@ -116,7 +125,11 @@ class EnsembleInstance:
             model_name=step.model_name,
             model_version=step.model_version,
             id=request.id,
-            inputs={model_input: tensors[tensor] for model_input, tensor in step.inputs.items()},
+            inputs={
+                model_input: array
+                for model_input, tensor in step.inputs.items()
+                if (array := tensors[tensor]) is not None
+            },
             parameters=dict(request.parameters),
             requested_outputs=tuple(step.outputs),
             traffic_key=request.traffic_key,  # a step that names no version lands where its key says
@@ -124,8 +137,13 @@ class EnsembleInstance:
         child.trace_as_child_of(request)  # a traced ensemble traces its steps as its children
         return child
 
+    def _failed(self, error: CoreserveError) -> CoreserveError:
+        """A step's error as the ensemble's, in Triton's words (the step's message names its model)."""
+        return type(error)(f"in ensemble '{self._graph.name}', {error.message}")
+
     def _renamed(self, step: Step, outputs: dict[str, np.ndarray]) -> Tensors:
-        return {tensor: outputs[output] for output, tensor in step.outputs.items() if output in outputs}
+        """The step's outputs as the ensemble's tensors; one it did not produce is absent."""
+        return {tensor: outputs.get(output) for output, tensor in step.outputs.items()}
 
     async def _call(self, request: InferenceRequest, step: Step, tensors: Tensors) -> Tensors:
         child = self._step_request(request, step, tensors)
@@ -133,7 +151,7 @@ class EnsembleInstance:
         try:
             response = await self._client.infer(child)
         except CoreserveError as exc:
-            raise type(exc)(f"ensemble '{self._graph.name}' {step.label()} failed: {exc.message}") from None
+            raise self._failed(exc) from None
         finally:
             forget()
         return self._renamed(step, dict(response.outputs))
@@ -147,6 +165,6 @@ class EnsembleInstance:
             async for response in self._client.stream(child):
                 yield self._renamed(step, dict(response.outputs))
         except CoreserveError as exc:
-            raise type(exc)(f"ensemble '{self._graph.name}' {step.label()} failed: {exc.message}") from None
+            raise self._failed(exc) from None
         finally:
             forget()

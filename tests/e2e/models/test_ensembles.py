@@ -1,5 +1,6 @@
 """Ensembles: the example pipeline, a diamond with parallel branches, failures, invalid
-graphs, batching inside a composing model, and a decoupled step streaming out."""
+graphs, batching inside a composing model, a decoupled step streaming out, and Triton's rules
+for optional and absent tensors, pruned steps, reshapes and the decoupled flag."""
 
 from __future__ import annotations
 
@@ -95,10 +96,54 @@ INVALID = {
     ),
 }
 INT32_1 = "data_type: TYPE_INT32 dims: [ 1 ]"
-DECOUPLED_STEP = (
-    [_step("countdown", {"N": "IN"}, {"VALUE": "OUT"})],
-    "step 0 (model 'countdown') is decoupled",
-)
+# Ensembles of other inputs and outputs that do not load: (inputs, outputs, steps, max_batch, reason).
+INVALID_OTHERS = {
+    "two_decoupled": (
+        f'{{ name: "IN" {INT32_1} }}',
+        f'{{ name: "OUT" {INT32_1} }}',
+        [
+            _step("countdown", {"N": "IN"}, {"VALUE": "a"}),
+            _step("countdown", {"N": "IN"}, {"VALUE": "b"}),
+            _step("pair", {"A": "a", "B": "b"}, {"S": "OUT"}),
+        ],
+        0,
+        "step 2 (model 'pair') receives inputs originated from different decoupled models",
+    ),
+    "batches_past_its_step": (
+        f'{{ name: "A" {FP32_4} }}, {{ name: "B" {FP32_4} }}',
+        f'{{ name: "SUM" {FP32_4} }}',
+        [_step("add_sub", {"INPUT0": "A", "INPUT1": "B"}, {"OUTPUT0": "SUM"})],
+        32,
+        "allows maximum batch size 32, but it contains model add_sub which only allows maximum batch size to be 16",
+    ),
+}
+# Adds A and B (100 where B is left out); S2 is B, and left out with it.
+PAIR_MODEL = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            a = pb_utils.get_input_tensor_by_name(request, "A").as_numpy()
+            b = pb_utils.get_input_tensor_by_name(request, "B")
+            outputs = [pb_utils.Tensor("S", a + (b.as_numpy() if b is not None else 100))]
+            if b is not None:
+                outputs.append(pb_utils.Tensor("S2", b.as_numpy()))
+            responses.append(pb_utils.InferenceResponse(outputs))
+        return responses
+"""
+PAIR_CONFIG = f"""
+backend: "python"
+max_batch_size: 0
+input [ {{ name: "A" {INT32_1} }}, {{ name: "B" {INT32_1} optional: true }} ]
+output [ {{ name: "S" {INT32_1} }}, {{ name: "S2" {INT32_1} }} ]
+"""
+
+
+def _tensor(name: str, spec: str = INT32_1) -> str:
+    return f'{{ name: "{name}" {spec} }}'
 
 
 @pytest.fixture(scope="module")
@@ -150,13 +195,24 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     )
     for name, (steps, _) in INVALID.items():
         _ensemble(repository, name, io, f'{{ name: "OUT" {FP32_4} }}', steps)
-    _ensemble(
-        repository,
-        "decoupled_step",
-        f'{{ name: "IN" {INT32_1} }}',
-        f'{{ name: "OUT" {INT32_1} }}',
-        DECOUPLED_STEP[0],
-    )
+    write_model(repository, "pair", PAIR_MODEL.encode(), PAIR_CONFIG, filename="model.py")
+    for name, (inputs, outputs, steps, max_batch, _) in INVALID_OTHERS.items():
+        _ensemble(repository, name, inputs, outputs, steps, max_batch=max_batch)
+    _ensemble(repository, "undeclared_decoupled", _tensor("IN"), _tensor("OUT"),
+              [_step("countdown", {"N": "IN"}, {"VALUE": "OUT"})])  # fmt: skip
+    _ensemble(repository, "declared_decoupled", _tensor("IN"), _tensor("OUT"),
+              [_step("double", {"VALUE": "IN"}, {"DOUBLED": "OUT"})],
+              extra="model_transaction_policy { decoupled: true }")  # fmt: skip
+    _ensemble(repository, "optional_input", f'{_tensor("IN")}, {_tensor("MAYBE", INT32_1 + " optional: true")}',
+              f'{_tensor("OUT")}, {_tensor("OUT2")}',
+              [_step("pair", {"A": "IN", "B": "MAYBE"}, {"S": "OUT", "S2": "OUT2"})])  # fmt: skip
+    _ensemble(repository, "two_branches", f'{_tensor("VALUE")}, {_tensor("MODE", "data_type: TYPE_STRING dims: [ 1 ]")}',
+              f'{_tensor("DOUBLED")}, {_tensor("OK", "data_type: TYPE_BOOL dims: [ 1 ]")}',
+              [_step("double", {"VALUE": "VALUE"}, {"DOUBLED": "DOUBLED"}),
+               _step("failing", {"MODE": "MODE"}, {"OK": "OK"})])  # fmt: skip
+    square = "data_type: TYPE_FP32 dims: [ 2, 2 ] reshape { shape: [ 4 ] }"
+    _ensemble(repository, "reshaped", _tensor("IN", square), _tensor("OUT", square),
+              [_step("join", {"X": "IN", "Y": "IN"}, {"SUM": "OUT"})])  # fmt: skip
     process = ServerProcess([repository], ["--exit-on-error=false"]).start(timeout=120)
     yield process
     process.close()
@@ -221,25 +277,24 @@ def test_diamond_branches_run_at_the_same_time(client: httpclient.InferenceServe
     )
 
 
-def test_a_failing_step_names_its_model(client: httpclient.InferenceServerClient) -> None:
+def test_a_failing_steps_error_is_the_ensembles_in_tritons_words(
+    client: httpclient.InferenceServerClient,
+) -> None:
     tensor = httpclient.InferInput("MODE", [1], "BYTES")
     tensor.set_data_from_numpy(np.array([b"error"], dtype=np.object_))
     with pytest.raises(InferenceServerException) as info:
         client.infer("with_failing_step", [tensor])
     assert info.value.status() == "400"
-    assert (
-        "ensemble 'with_failing_step' step 0 (model 'failing') failed: the input is not acceptable"
-        in info.value.message()
-    )
+    assert "in ensemble 'with_failing_step', the input is not acceptable" in info.value.message()
     tensor.set_data_from_numpy(np.array([b"fine"], dtype=np.object_))
     assert client.infer("with_failing_step", [tensor]).as_numpy("OK").tolist() == [True]
 
 
-@pytest.mark.parametrize("name", [*INVALID, "decoupled_step"])
+@pytest.mark.parametrize("name", [*INVALID, *INVALID_OTHERS])
 def test_invalid_ensembles_are_unavailable_with_reason(
     client: httpclient.InferenceServerClient, name: str
 ) -> None:
-    _, reason = INVALID.get(name, DECOUPLED_STEP)
+    reason = INVALID[name][1] if name in INVALID else INVALID_OTHERS[name][-1]
     assert not client.is_model_ready(name)
     with pytest.raises(InferenceServerException) as info:
         client.get_model_metadata(name)
@@ -290,3 +345,72 @@ def test_a_decoupled_step_streams_out_of_the_ensemble(server: ServerProcess) -> 
         client.stop_stream()
         client.close()
     assert values == [6, 4, 2]
+
+
+def _int32(name: str, value: int) -> httpclient.InferInput:
+    tensor = httpclient.InferInput(name, [1], "INT32")
+    tensor.set_data_from_numpy(np.array([value], np.int32))
+    return tensor
+
+
+def test_an_optional_input_left_out_and_an_output_a_step_left_out_are_absent(
+    client: httpclient.InferenceServerClient,
+) -> None:
+    """As Triton: the step runs without the input the request left out, and the response
+    holds the outputs that were produced."""
+    result = client.infer("optional_input", [_int32("IN", 1)])
+    assert result.as_numpy("OUT").tolist() == [101] and result.as_numpy("OUT2") is None
+    given = client.infer("optional_input", [_int32("IN", 1), _int32("MAYBE", 5)])
+    assert given.as_numpy("OUT").tolist() == [6] and given.as_numpy("OUT2").tolist() == [5]
+
+
+def test_only_the_steps_the_requested_outputs_need_run(client: httpclient.InferenceServerClient) -> None:
+    mode = httpclient.InferInput("MODE", [1], "BYTES")
+    mode.set_data_from_numpy(np.array([b"error"], dtype=np.object_))
+    before = client.get_inference_statistics("failing")["model_stats"][0]["inference_stats"]
+    asked = [httpclient.InferRequestedOutput("DOUBLED")]
+    result = client.infer("two_branches", [_int32("VALUE", 4), mode], outputs=asked)
+    assert result.as_numpy("DOUBLED").tolist() == [8] and result.as_numpy("OK") is None
+    after = client.get_inference_statistics("failing")["model_stats"][0]["inference_stats"]
+    assert after == before  # the failing branch was pruned: it never ran
+    with pytest.raises(
+        InferenceServerException, match="in ensemble 'two_branches', the input is not acceptable"
+    ):
+        client.infer("two_branches", [_int32("VALUE", 4), mode])  # every output: both branches run
+
+
+def test_the_decoupled_flag_is_the_steps_as_triton_sets_it(server: ServerProcess) -> None:
+    http = httpclient.InferenceServerClient(server.http_url)
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    results: queue.Queue = queue.Queue()
+    try:
+        declared = http.get_model_config("declared_decoupled")
+        assert declared.get("model_transaction_policy", {}).get("decoupled", False) is False
+        assert http.infer("declared_decoupled", [_int32("IN", 3)]).as_numpy("OUT").tolist() == [6]
+        undeclared = http.get_model_config("undeclared_decoupled")
+        assert undeclared["model_transaction_policy"]["decoupled"] is True
+        grpc.start_stream(callback=partial(lambda q, result, error: q.put((result, error)), results))
+        tensor = grpcclient.InferInput("IN", [1], "INT32")
+        tensor.set_data_from_numpy(np.array([2], np.int32))
+        grpc.async_stream_infer("undeclared_decoupled", [tensor], enable_empty_final_response=True)
+        values = []
+        while True:
+            result, error = results.get(timeout=30)
+            assert error is None, error
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                break
+            values.append(int(result.as_numpy("OUT")[0]))
+        assert values == [2, 1]
+    finally:
+        grpc.stop_stream()
+        grpc.close()
+        http.close()
+
+
+def test_an_ensemble_input_and_output_reshaped_as_its_steps_see_them(
+    client: httpclient.InferenceServerClient,
+) -> None:
+    tensor = httpclient.InferInput("IN", [2, 2], "FP32")
+    tensor.set_data_from_numpy(np.arange(4, dtype=np.float32).reshape(2, 2))
+    result = client.infer("reshaped", [tensor]).as_numpy("OUT")
+    np.testing.assert_array_equal(result, 2 * np.arange(4, dtype=np.float32).reshape(2, 2))
