@@ -12,14 +12,15 @@ from coreserve.repository.model import Model, ModelState
 def index_entries(
     models: Mapping[str, Model],
     found: Mapping[str, str],
-    unloaded: set[str],
+    unloaded: Mapping[str, list[int]],
     loading: set[str],
     *,
     ready_only: bool = False,
     extras: bool = False,
 ) -> list[dict[str, str]]:
     """The index, by model key: `models` held, `found` (key: plain name) in the repositories,
-    `unloaded` the keys unloaded since, `loading` those a load is building a model for (LOADING
+    `unloaded` the keys unloaded since (with the versions they had: each is listed "unloaded",
+    as Triton keeps them), `loading` those a load is building a model for (LOADING
     while none is served, as Triton lists them). With `extras` (loading on demand or under a memory
     budget), a loaded version's entry also gives its model's `memory_bytes` (measured as it
     loaded) and `last_used` (UTC, ISO 8601)."""
@@ -33,7 +34,13 @@ def index_entries(
             if key in loading:
                 entries.append({"name": name, "state": ModelState.LOADING.value})
                 continue
-            reason = model.reason if model is not None else ("unloaded" if key in unloaded else "not loaded")
+            if model is None and unloaded.get(key):
+                for number in unloaded[key]:
+                    entries.append(
+                        {"name": name, "version": str(number), "state": "UNAVAILABLE", "reason": UNLOADED}
+                    )
+                continue
+            reason = model.reason if model is not None else (UNLOADED if key in unloaded else "not loaded")
             entries.append({"name": name, "state": ModelState.UNAVAILABLE.value, "reason": reason})
             continue
         for number in sorted(model.versions):

@@ -93,7 +93,7 @@ class ModelRepository:
         self._models = ModelTable()  # by key: the name, qualified by its namespace under namespacing
         self._find = ModelFinder(self.sources, namespacing, loader.config_name)
         self._fingerprints: dict[str, str] = {}
-        self._unloaded: set[str] = set()
+        self._unloaded: dict[str, list[int]] = {}  # the keys unloaded, with the versions they had
         self._loading: set[str] = set()  # keys a load is building a model for, as the index says
         self.taken_down = TakenDownEnsembles()
         self._changes = RelatedChanges()
@@ -262,7 +262,7 @@ class ModelRepository:
             else:
                 self.budgeted.lifecycle.loads[reason] += 1
             self._models[key] = new
-            self._unloaded.discard(key)
+            self._unloaded.pop(key, None)
             if old is not None:
                 self._close_later(old)
             return new
@@ -325,7 +325,7 @@ class ModelRepository:
     def keep_taken_down(self, name: str, namespace: str, steps: frozenset[str], kept: LoadOverrides) -> None:
         """Holds ensemble `name` down as another worker's unload of a model it uses left it."""
         self.taken_down.keep(name, namespace, steps, kept)
-        self._unloaded.add(qualified(namespace, name))
+        self._unloaded[qualified(namespace, name)] = []
 
     def _serves(self, name: str) -> bool:
         return any(model.takes_requests for model in self._models.named(name))
@@ -359,6 +359,14 @@ class ModelRepository:
             location = await self._find.location(key, found[key][0])
             steps = ensemble_steps(location, overrides.config) or set()
             refuse_cycles(location, steps, loading, self._models)
+            served = {key for key, model in self._models.items() if model.path is not None}
+            missing = [s for s in sorted(steps) if not self._find.keys_named(s, found)]
+            missing = [s for s in missing if qualified(location.namespace, s) not in served]
+            if missing:  # Triton's words
+                raise InvalidArgumentError(
+                    f"load failed for model '{name}': ensemble {name} contains models that are not "
+                    f"available or ambiguous: {', '.join(missing)}"
+                )
             for step in sorted(steps):
                 step_key = qualified(location.namespace, step)
                 if step_key not in self._models or not self._models[step_key].takes_requests:
@@ -402,7 +410,7 @@ class ModelRepository:
             self._fingerprints.pop(name, None)
             if model is None:
                 return
-            self._unloaded.add(name)
+            self._unloaded[name] = sorted(model.versions)
             self.budgeted.release(name)
             logger.info("unloading model '%s'", name)
             await self._close(model)

@@ -10,7 +10,7 @@ calls name models globally, as Triton's do (an ambiguous name fails there too).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from typing import TYPE_CHECKING
 
 from coreserve.errors import InvalidArgumentError, NotFoundError
@@ -100,7 +100,7 @@ class ModelTable(dict[str, "Model"]):
             self._by_name = index
         return self._by_name.get(name, [])
 
-    def find(self, name: str, namespacing: bool, unloaded: set[str]) -> Model:
+    def find(self, name: str, namespacing: bool, unloaded: Collection[str]) -> Model:
         """The model a request names; under namespacing, the one repository that has that name.
         `unloaded`: the keys of the models unloaded, which Triton keeps with no version."""
         model = self.get(name)

@@ -141,6 +141,10 @@ def test_load_and_unload_over_http_and_grpc(
     assert client.is_model_ready("other") and _scale(client, "other") == 3.0
     client.unload_model("other")
     assert _states(client)["other"] == ("UNAVAILABLE", "unloaded")
+    # The index lists the version it unloaded, as Triton's does.
+    assert [e for e in client.get_model_repository_index() if e["name"] == "other"] == [
+        {"name": "other", "version": "1", "state": "UNAVAILABLE", "reason": "unloaded"}
+    ]
     # Triton keeps an unloaded model, with no version: not "not found" as a model never loaded.
     with pytest.raises(
         InferenceServerException, match="Request for unknown model: 'other' has no available versions"
@@ -437,6 +441,19 @@ def test_a_repository_named_is_refused_as_triton_refuses_it(
                 call(message, timeout=30)
             assert (info.value.code(), info.value.details()) == (grpc.StatusCode.UNIMPLEMENTED, words)
     assert client.is_model_ready("scaled") and not client.is_model_ready("add_sub")  # nothing changed
+
+
+def test_an_ensemble_whose_step_no_repository_holds_is_refused_in_tritons_words(
+    server: ServerProcess, repository: Path
+) -> None:
+    (repository / "ens_missing" / "1").mkdir(parents=True)
+    (repository / "ens_missing" / "config.pbtxt").write_text(OUTER.replace('"pipeline"', '"nosuch"'))
+    status, _, reply = request(server.http_url, "POST", "/v2/repository/models/ens_missing/load", b"")
+    assert (status, json.loads(reply)["error"]) == (
+        400,
+        "load failed for model 'ens_missing': ensemble ens_missing contains models that are not available "
+        "or ambiguous: nosuch",
+    )
 
 
 def test_a_failed_reload_keeps_the_served_version(

@@ -59,13 +59,14 @@ MAX_ABSENT_NAMES = 10_000
 
 class BudgetedLoads:
     """What the `ModelRepository` that owns it adds to its loads for a memory budget and for
-    loading on demand: given the repository's model table, its set of unloaded keys and the
+    loading on demand: given the repository's model table, its unloaded keys (with the versions
+    each had) and the
     calls it answers (a model's lock, closing a model, loading a model by name)."""
 
     def __init__(
         self,
         models: ModelTable,
-        unloaded: set[str],
+        unloaded: dict[str, list[int]],
         loader: ModelLoader,
         *,
         find: Callable[[str], Model],
@@ -215,7 +216,7 @@ class BudgetedLoads:
             model = self._models[other]
             del self._models[other]
             self.release(other)
-            self._unloaded.add(other)
+            self._unloaded[other] = sorted(model.versions)
             self.lifecycle.evictions += 1
             on_gpus = "".join(
                 f", {megabytes(size)} on GPU {gpu}" for gpu, size in model.gpu_memory_bytes.items()
