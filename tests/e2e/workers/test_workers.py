@@ -293,7 +293,9 @@ def test_an_exit_timeout_that_cuts_a_request_ends_the_server_with_status_1(tmp_p
         server.process.send_signal(signal.SIGTERM)
         assert server.process.wait(timeout=60) == 1
         assert stuck.result(timeout=30) == 0  # its connection was cut
-    assert server.log.count("failed to stop server: Internal - Exit timeout expired. Exiting immediately.") == 1
+    assert (
+        server.log.count("failed to stop server: Internal - Exit timeout expired. Exiting immediately.") == 1
+    )
     assert server.log.count("coreserve stopped") == 3 and "Traceback" not in server.log
 
 
