@@ -8,7 +8,7 @@ from coreserve.backend.plugins.registry import BackendRegistry
 from coreserve.config.signature import ModelSignature
 from coreserve.ensemble._graph import EnsembleGraph
 from coreserve.ensemble._instance import EnsembleInstance
-from coreserve.errors import CoreserveError, ModelConfigError, UnavailableError
+from coreserve.errors import ModelConfigError, UnavailableError
 from coreserve.protos.model_config_pb2 import ModelConfig
 
 
@@ -22,19 +22,6 @@ class EnsembleBackend:
     def auto_complete_config(
         self, model: ModelFiles, config: ModelConfig, server: ServerContext
     ) -> ModelConfig:
-        """As Triton: the ensemble is decoupled exactly when one of its steps is, whatever its
-        configuration says (the steps serve before it loads; a step that does not leaves the
-        configuration as it is, and the load says why)."""
-        if server.client is None:
-            return config
-        decoupled = False
-        for step in config.ensemble_scheduling.step:
-            version = str(step.model_version) if step.model_version > 0 else ""
-            try:
-                decoupled |= server.client.model_signature(step.model_name, version).decoupled
-            except CoreserveError:
-                return config
-        config.model_transaction_policy.decoupled = decoupled
         return config
 
     async def create_instance(

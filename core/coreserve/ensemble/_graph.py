@@ -26,6 +26,15 @@ class Step:
         return f"step {self.index} (model '{self.model_name}')"
 
 
+def steps_decoupled(config: ModelConfig, lookup: SignatureLookup) -> bool | None:
+    """Whether one of the ensemble's steps is decoupled, which makes the ensemble so whatever its
+    configuration says (Triton's rule); None while a step does not serve (its load says why)."""
+    try:
+        return any(lookup(s.model_name, s.model_version).decoupled for s in EnsembleGraph(config).steps)
+    except CoreserveError:
+        return None
+
+
 class EnsembleGraph:
     """The steps of `ensemble_scheduling` and what flows between them."""
 
@@ -47,11 +56,11 @@ class EnsembleGraph:
 
     def wanted_outputs(self, requested: Sequence[str] | None) -> list[str]:
         """The ensemble outputs a request asks for (every one where it names none)."""
-        return self.outputs if requested is None else [name for name in self.outputs if name in requested]
+        return [name for name in self.outputs if name in requested] if requested else self.outputs
 
     def pruned_steps(self, requested: Sequence[str] | None) -> frozenset[int]:
         """The steps that none of the requested outputs needs: Triton prunes them."""
-        if requested is None:
+        if not requested:
             return frozenset()
         tensors = set(self.wanted_outputs(requested))
         needed: set[int] = set()
@@ -100,7 +109,7 @@ class EnsembleGraph:
         for output in self.outputs:
             if output not in producers:
                 raise self._error(f"ensemble output '{output}' is produced by no step")
-        self._check_acyclic(producers)
+        order = self._run_order(producers)
         self._check_types(signatures, producers, ensemble)
         for step in self.steps:  # Triton's rule and words
             limit = signatures[step.index].max_batch_size
@@ -110,7 +119,7 @@ class EnsembleGraph:
                     f"{step.model_name} which only allows maximum batch size to be {limit}"
                 )
         self.decoupled_steps = {index for index, signature in signatures.items() if signature.decoupled}
-        self._check_decoupled_origins()
+        self._check_decoupled_origins(order)
         if self.decoupled_steps and not ensemble.decoupled:  # (completion makes it so, as Triton)
             step = self.steps[min(self.decoupled_steps)]
             raise self._error(
@@ -118,14 +127,11 @@ class EnsembleGraph:
                 "set model_transaction_policy { decoupled: true }"
             )
 
-    def _check_decoupled_origins(self) -> None:
-        """Refuses a step whose inputs come from different decoupled steps (their responses
-        would pair up in every combination), as Triton does."""
+    def _check_decoupled_origins(self, order: list[Step]) -> None:
+        """Refuses a step, or outputs, fed by different decoupled steps (their responses would
+        pair up in every combination), as Triton does."""
         origins: dict[str, int | None] = dict.fromkeys(self.inputs)  # tensor -> the decoupled step it follows
-        pending = list(self.steps)
-        while pending:  # in the order the steps can run (the graph has no cycle)
-            step = next(s for s in pending if all(t in origins for t in s.inputs.values()))
-            pending.remove(step)
+        for step in order:
             found = {origins[tensor] for tensor in step.inputs.values()} - {None}
             if len(found) > 1:
                 raise self._error(
@@ -133,6 +139,8 @@ class EnsembleGraph:
                 )
             origin = step.index if step.index in self.decoupled_steps else next(iter(found), None)
             origins.update(dict.fromkeys(step.outputs.values(), origin))
+        if len({origins[output] for output in self.outputs} - {None}) > 1:
+            raise self._error("its outputs originate from different decoupled models")
 
     def _signature(self, step: Step, lookup: SignatureLookup) -> ModelSignature:
         if not step.model_name:
@@ -160,21 +168,23 @@ class EnsembleGraph:
                 )
         return signature
 
-    def _check_acyclic(self, producers: dict[str, Step]) -> None:
+    def _run_order(self, producers: dict[str, Step]) -> list[Step]:
+        """The steps in an order they can run in (each after those it reads from); refuses a cycle."""
         waiting = {
             step.index: {producers[t].index for t in step.inputs.values() if t in producers}
             for step in self.steps
         }
-        done: set[int] = set()
+        order: list[int] = []
         while True:
-            ready = [index for index, needs in waiting.items() if index not in done and needs <= done]
+            ready = [index for index, needs in waiting.items() if index not in order and needs <= set(order)]
             if not ready:
                 break
-            done.update(ready)
-        stuck = sorted(set(waiting) - done)
+            order.extend(ready)
+        stuck = sorted(set(waiting) - set(order))
         if stuck:
             labels = ", ".join(self.steps[index].label() for index in stuck)
             raise self._error(f"steps form a cycle: {labels}")
+        return [self.steps[index] for index in order]
 
     def _check_types(
         self, signatures: dict[int, ModelSignature], producers: dict[str, Step], ensemble: ModelSignature

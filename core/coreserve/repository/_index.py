@@ -35,10 +35,11 @@ def index_entries(
                 entries.append({"name": name, "state": ModelState.LOADING.value})
                 continue
             if model is None and unloaded.get(key):
-                for number in unloaded[key]:
-                    entries.append(
-                        {"name": name, "version": str(number), "state": "UNAVAILABLE", "reason": UNLOADED}
-                    )
+                state = ModelState.UNAVAILABLE.value
+                entries.extend(
+                    {"name": name, "version": str(number), "state": state, "reason": UNLOADED}
+                    for number in unloaded[key]
+                )
                 continue
             reason = model.reason if model is not None else (UNLOADED if key in unloaded else "not loaded")
             entries.append({"name": name, "state": ModelState.UNAVAILABLE.value, "reason": reason})

@@ -27,6 +27,7 @@ from coreserve.backend.plugins.registry import BackendRegistry
 from coreserve.config import ModelSignature, apply_defaults, read_config_file, validate_config
 from coreserve.config.ignored import ignored_fields
 from coreserve.config.instance_groups import depends_on_gpus
+from coreserve.ensemble import steps_decoupled
 from coreserve.errors import CoreserveError, ModelConfigError
 from coreserve.protos.model_config_pb2 import ModelConfig, ModelInstanceGroup
 from coreserve.repository._labels import read_output_labels
@@ -173,6 +174,13 @@ class ModelLoader:
                 backend.auto_complete_config, files, config, self.context_for(backend)
             )
         config.backend = config.backend or backend.name  # (a completion may have emptied it)
+        client = self.context_for(backend, location.namespace).client
+        # Triton's core, not its ensemble backend, sets this, with or without completion (the
+        # steps serve already: they load first).
+        if config.HasField("ensemble_scheduling") and client is not None:
+            decoupled = steps_decoupled(config, client.model_signature)
+            if decoupled is not None:
+                config.model_transaction_policy.decoupled = decoupled
         if not config.platform and backend.platforms:
             config.platform = backend.platforms[0]
         # Where instances may run is the backend's to say (it may start CUDA to count GPUs).

@@ -354,14 +354,14 @@ class ModelRepository:
         keys = [key for key in self._find.keys_named(name, found) if only in (None, key)]
         if not keys:
             raise not_in_repository(name, on_demand=reason == "demand")
+        held = {held for held, model in self._models.items() if model.path is not None}
         # Under namespacing, as Triton: a name loads the models of that name in every repository.
         for key in keys:
             location = await self._find.location(key, found[key][0])
             steps = ensemble_steps(location, overrides.config) or set()
             refuse_cycles(location, steps, loading, self._models)
-            served = {key for key, model in self._models.items() if model.path is not None}
             missing = [s for s in sorted(steps) if not self._find.keys_named(s, found)]
-            missing = [s for s in missing if qualified(location.namespace, s) not in served]
+            missing = [s for s in missing if qualified(location.namespace, s) not in held]
             if missing:  # Triton's words
                 raise InvalidArgumentError(
                     f"load failed for model '{name}': ensemble {name} contains models that are not "

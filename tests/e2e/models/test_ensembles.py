@@ -109,6 +109,16 @@ INVALID_OTHERS = {
         0,
         "step 2 (model 'pair') receives inputs originated from different decoupled models",
     ),
+    "outputs_of_two_decoupled": (
+        f'{{ name: "IN" {INT32_1} }}',
+        f'{{ name: "OUT" {INT32_1} }}, {{ name: "OUT2" {INT32_1} }}',
+        [
+            _step("countdown", {"N": "IN"}, {"VALUE": "OUT"}),
+            _step("countdown", {"N": "IN"}, {"VALUE": "OUT2"}),
+        ],
+        0,
+        "its outputs originate from different decoupled models",
+    ),
     "batches_past_its_step": (
         f'{{ name: "A" {FP32_4} }}, {{ name: "B" {FP32_4} }}',
         f'{{ name: "SUM" {FP32_4} }}',
@@ -414,3 +424,18 @@ def test_an_ensemble_input_and_output_reshaped_as_its_steps_see_them(
     tensor.set_data_from_numpy(np.arange(4, dtype=np.float32).reshape(2, 2))
     result = client.infer("reshaped", [tensor]).as_numpy("OUT")
     np.testing.assert_array_equal(result, 2 * np.arange(4, dtype=np.float32).reshape(2, 2))
+
+
+def test_the_decoupled_flag_is_the_steps_without_completion_too(tmp_path: Path) -> None:
+    shutil.copytree(PYTHON_MODELS / "countdown", tmp_path / "countdown")
+    _ensemble(tmp_path, "undeclared_decoupled", _tensor("IN"), _tensor("OUT"),
+              [_step("countdown", {"N": "IN"}, {"VALUE": "OUT"})])  # fmt: skip
+    server = ServerProcess([tmp_path], ["--disable-auto-complete-config"]).start(timeout=120)
+    client = httpclient.InferenceServerClient(server.http_url)
+    try:
+        assert (
+            client.get_model_config("undeclared_decoupled")["model_transaction_policy"]["decoupled"] is True
+        )
+    finally:
+        client.close()
+        server.close()

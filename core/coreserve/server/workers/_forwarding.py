@@ -309,6 +309,8 @@ class ForwardingScheduler(Scheduler):
         """Stops sending; waits (at most `timeout` seconds) for the answers of those sent.
         Returns whether they all came in time."""
         self._closed = True
+        if not self._sending:  # (a wait of 0 s times out even for an event that is set)
+            return True
         try:
             await asyncio.wait_for(self._done_sending.wait(), timeout)
         except TimeoutError:

@@ -18,7 +18,7 @@ from coreserve.backend import (
 from coreserve_python.ipc import AutoCompleteMessage
 from coreserve_python.server._instance import PythonInstance
 from coreserve_python.server._process import run_once
-from coreserve_python.server.env._build import stop_builds
+from coreserve_python.server.env._build import Builds
 from coreserve_python.server.env._environment import stub_launch
 
 AUTO_COMPLETE_TIMEOUT_S = 120.0
@@ -95,9 +95,13 @@ class PythonBackend(BaseBackend):
     platforms: tuple[str, ...] = ()
     default_model_filename: str = "model.py"
 
+    def __init__(self) -> None:
+        self._builds = Builds()  # this server's environment builds
+
     def stop_loads(self) -> None:
-        """The server stops: the environments being built for loads are given up."""
-        stop_builds()
+        """The server stops: the environments being built for loads are given up, and no
+        other begins."""
+        self._builds.stop()
 
     def usable_gpus(self) -> Sequence[int]:
         """The GPUs the CUDA driver shows: as on Triton (whose python backend prefers GPU
@@ -115,7 +119,7 @@ class PythonBackend(BaseBackend):
             "model_file": str(model.model_file),
             "config": config_to_dict(config),
         }
-        launch = stub_launch(config, model, server.backend_config)
+        launch = stub_launch(config, model, server.backend_config, self._builds)
         reply = run_once(launch, message, "auto_complete_done", AUTO_COMPLETE_TIMEOUT_S)
         if reply["error"] is not None:
             raise ModelConfigError(f"model '{model.name}': auto_complete_config() failed:\n{reply['error']}")
@@ -130,7 +134,7 @@ class PythonBackend(BaseBackend):
         spins = spin > 0 and SPIN_SLOTS.claim()  # else this instance's stub sleeps at once
         try:
             # Unpacking or building an environment takes seconds: not on the event loop.
-            launch = await asyncio.to_thread(stub_launch, config, model, server.backend_config)
+            launch = await asyncio.to_thread(stub_launch, config, model, server.backend_config, self._builds)
             instance = PythonInstance(
                 launch,
                 model,

@@ -5,9 +5,9 @@ own: what the server has already (the requirements of a Triton repository, often
 installed again, and what the requirements install comes first. The installer is held to the
 server's numpy (a constraint), the numpy the stubs import. Every line the installer prints
 goes to the log at INFO; a build that fails raises EnvironmentBuildError carrying the last
-lines of its error output. The builds under way, and the loads waiting for another's lock to
-build, are stopped when the server stops (`stop_builds`): the installer running then is killed
-with its whole process group.
+lines of its error output. A server's builds (`Builds`: those under way, and the loads waiting
+for another's lock to build) are stopped when it stops: the installer running then is killed
+with its whole process group, and a build that comes later is refused.
 """
 
 from __future__ import annotations
@@ -66,16 +66,35 @@ def _kill_group(process: subprocess.Popen[str]) -> None:
         os.killpg(process.pid, signal.SIGKILL)  # the installer leads its own group
 
 
-_UNDER_WAY: set[_Build] = set()  # the builds of this process, each while it runs
-_UNDER_WAY_LOCK = threading.Lock()
+class Builds:
+    """The environment builds of one server's loads (its Python backend's): `stop` stops those
+    under way, from the wait for their lock on, and every one that begins after it."""
 
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._under_way: set[_Build] = set()
+        self._stopped = False
 
-def stop_builds() -> None:
-    """Stops every build under way in this process (the server stops)."""
-    with _UNDER_WAY_LOCK:
-        under_way = list(_UNDER_WAY)
-    for build in under_way:
-        build.stop()
+    @contextlib.contextmanager
+    def build(self) -> Iterator[_Build]:
+        """A build, stopped by `stop` while this holds (a load that waits for another's build
+        is given up at a stop, not built after it)."""
+        build = _Build()
+        with self._lock:
+            build.stopped = self._stopped
+            self._under_way.add(build)
+        try:
+            yield build
+        finally:
+            with self._lock:
+                self._under_way.discard(build)
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopped = True
+            under_way = list(self._under_way)
+        for build in under_way:
+            build.stop()
 
 
 def uv_binary() -> str | None:
@@ -85,20 +104,6 @@ def uv_binary() -> str | None:
 
         return str(uv.find_uv_bin())
     return shutil.which("uv")
-
-
-@contextlib.contextmanager
-def stoppable_build() -> Iterator[_Build]:
-    """A build that `stop_builds` stops while this holds, from the wait for its lock on: a load
-    that waits for another's build is given up at a stop, not built after it."""
-    build = _Build()
-    with _UNDER_WAY_LOCK:
-        _UNDER_WAY.add(build)
-    try:
-        yield build
-    finally:
-        with _UNDER_WAY_LOCK:
-            _UNDER_WAY.discard(build)
 
 
 def build_environment(
@@ -113,11 +118,9 @@ def build_environment(
 
     The installer runs in the requirements' folder (relative paths in the file resolve there)
     with this process's environment, so pip's configuration (PIP_* variables, pip.conf) holds.
-    `build`: the `stoppable_build` this is part of (a build of its own otherwise).
+    `build`: the `Builds.build` this is part of (one that nothing stops otherwise).
     """
-    if build is None:
-        with stoppable_build() as own:
-            return build_environment(requirements, folder, numpy_version, timeout, label, own)
+    build = build or _Build()
     if build.stopped:
         raise EnvironmentBuildError("the server stopped before the build began")
     return _build(requirements.resolve(), folder, numpy_version, time.monotonic() + timeout, label, build)

@@ -18,7 +18,7 @@ import numpy as np
 from coreserve import ModelConfig, ModelConfigError, UnavailableError
 from coreserve.backend import ModelFiles
 from coreserve_python.server._process import StubLaunch, stub_environment
-from coreserve_python.server.env._build import EnvironmentBuildError, build_environment, stoppable_build
+from coreserve_python.server.env._build import Builds, EnvironmentBuildError, build_environment
 from coreserve_python.server.env.cache import (
     IN_USE_HERE,
     EnvironmentCache,
@@ -65,7 +65,9 @@ ENV_BUILD_TIMEOUT = "env-build-timeout-secs"
 DEFAULT_ENV_BUILD_TIMEOUT_S = 600.0
 
 
-def stub_launch(config: ModelConfig, model: ModelFiles, settings: Mapping[str, str]) -> StubLaunch:
+def stub_launch(
+    config: ModelConfig, model: ModelFiles, settings: Mapping[str, str], builds: Builds
+) -> StubLaunch:
     """The interpreter and environment for the stubs of a model.
 
     `EXECUTION_ENV_PATH` may name an environment folder (its bin/python is used), a Python
@@ -73,15 +75,15 @@ def stub_launch(config: ModelConfig, model: ModelFiles, settings: Mapping[str, s
     `$$TRITON_MODEL_DIRECTORY` in it stands for the model's folder. Another Python gets a
     copy of the stub's modules on its PYTHONPATH, and nothing else of this environment.
     Without it, a requirements.txt in the version's folder, else in the model's, has an
-    environment built (once, cached; see `_requirements_launch`). `settings` are the
-    backend's --backend-config values.
+    environment built (once, cached; see `_requirements_launch`), one of `builds`. `settings`
+    are the backend's --backend-config values.
     """
     entry = config.parameters.get("EXECUTION_ENV_PATH")
     if entry is None or not entry.string_value.strip():
         requirements = requirements_file(model)
         if requirements is None:
             return StubLaunch(sys.executable)
-        return _requirements_launch(requirements, model.name, settings)
+        return _requirements_launch(requirements, model.name, settings, builds)
     where = f"model '{model.name}': parameter EXECUTION_ENV_PATH"
     path = Path(entry.string_value.strip().replace("$$TRITON_MODEL_DIRECTORY", str(model.path)))
     if not path.exists():
@@ -122,7 +124,9 @@ def env_build_timeout(settings: Mapping[str, str], model_name: str) -> float:
     return seconds
 
 
-def _requirements_launch(requirements: Path, model_name: str, settings: Mapping[str, str]) -> StubLaunch:
+def _requirements_launch(
+    requirements: Path, model_name: str, settings: Mapping[str, str], builds: Builds
+) -> StubLaunch:
     """Stubs in the venv built from `requirements` (built now unless the cache holds it).
 
     The venv has no site-packages of this Python: the stub gets a copy of its own modules and
@@ -137,7 +141,7 @@ def _requirements_launch(requirements: Path, model_name: str, settings: Mapping[
     try:
         # Waits for a build of the same requirements elsewhere, then finds it published; a stop
         # of the server gives the wait up.
-        with stoppable_build() as build, cache.locked(key, timeout, given_up=lambda: build.stopped):
+        with builds.build() as build, cache.locked(key, timeout, given_up=lambda: build.stopped):
             folder = cache.published(key)
             if folder is None:
                 folder = cache.new_build_folder(key)

@@ -12,11 +12,11 @@ import concurrent.futures
 import hashlib
 import importlib.util
 import json
+import logging
 import socket
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -25,15 +25,11 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
+from coreserve.errors import UnavailableError
 from coreserve.testing import ServerFactory, ServerProcess
-from coreserve_python.server.env._build import (
-    EnvironmentBuildError,
-    build_environment,
-    stop_builds,
-    stoppable_build,
-    uv_binary,
-)
-from coreserve_python.server.env.cache import EnvironmentCache, LockTimeout, environment_key
+from coreserve_python.server.env._build import Builds, build_environment, uv_binary
+from coreserve_python.server.env._environment import ENV_CACHE_DIR, _requirements_launch
+from coreserve_python.server.env.cache import EnvironmentCache, environment_key
 from support.waiting import wait_until
 
 PACKAGE = "coreserve_test_dep_xyz"
@@ -324,18 +320,24 @@ def test_requirements_named_by_a_relative_path_build(
     assert greeting.stdout.strip() == "hello from xyz"
 
 
-def test_a_load_waiting_for_another_build_is_given_up_when_the_server_stops(tmp_path: Path) -> None:
+def test_a_load_waiting_for_another_build_is_given_up_when_its_server_stops(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """A load that waits for the lock of a build running elsewhere must not build after its
-    server stopped (the server would not end until the build did)."""
-    cache = EnvironmentCache(tmp_path)
-    with cache.locked("key", timeout=10), stoppable_build() as build:  # "elsewhere": the lock is held
-        stopping = threading.Timer(0.3, stop_builds)
-        stopping.start()
-        started = time.monotonic()
-        with pytest.raises(LockTimeout, match="was given up"), cache.locked("key", 60, lambda: build.stopped):
-            pass
-        assert time.monotonic() - started < 10
-        stopping.join()
-        with pytest.raises(EnvironmentBuildError, match="the server stopped before the build began"):
-            build_environment(tmp_path / "requirements.txt", tmp_path / "env", np.__version__, 60, "x", build)
-    assert not (tmp_path / "env").exists()
+    server stopped (the server would not end until the build did), nor may a later one."""
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text("nothing-to-install\n")
+    settings = {ENV_CACHE_DIR: str(tmp_path / "envs")}
+    key, _ = environment_key(requirements.read_bytes(), np.__version__)
+    builds = Builds()
+    caplog.set_level(logging.INFO, logger="coreserve.backend.python")
+    held = EnvironmentCache(tmp_path / "envs").locked(key, timeout=10)  # another server builds them
+    with held, concurrent.futures.ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(_requirements_launch, requirements, "m", settings, builds)
+        wait_until(lambda: "another load builds or removes this environment" in caplog.text, "the load waits")
+        builds.stop()
+        with pytest.raises(UnavailableError, match="was given up"):
+            waiting.result(timeout=30)
+    with pytest.raises(UnavailableError, match="the server stopped before the build began"):
+        _requirements_launch(requirements, "m", settings, builds)
+    assert not list((tmp_path / "envs" / ".store").iterdir())  # nothing was built, nothing left
