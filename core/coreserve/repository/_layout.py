@@ -73,6 +73,19 @@ class ModelFinder:
         """Every model by key, and the names refused as found twice (see find_models)."""
         return await find_models(self._sources, self._namespacing)
 
+    def refuse_missing_steps(
+        self, name: str, namespace: str, steps: Iterable[str], found: Found, held: Collection[str]
+    ) -> None:
+        """Refuses the load of ensemble `name` where a step is neither in a repository (`found`)
+        nor `held`, in Triton's words."""
+        missing = [s for s in sorted(steps) if not self.keys_named(s, found)]
+        missing = [s for s in missing if qualified(namespace, s) not in held]
+        if missing:
+            raise InvalidArgumentError(
+                f"load failed for model '{name}': ensemble {name} contains models that are not "
+                f"available or ambiguous: {', '.join(missing)}"
+            )
+
     def keys_named(self, name: str, found: Found) -> list[str]:
         """The keys of the models called `name` among those found (one unless namespacing)."""
         if not self._namespacing:
@@ -289,6 +302,32 @@ class TakenDownEnsembles:
         for _, key, _ in ready:
             del self._down[key]
         return ready
+
+
+def unused_steps(
+    unloaded: Iterable[Model],
+    models: Mapping[str, Model],
+    taken_down: TakenDownEnsembles,
+    by_name: Collection[str],
+) -> list[str]:
+    """Triton's `unload_dependents`: the keys of the models the `unloaded` ones used as steps, and
+    in turn of those these used, that were not loaded by name (`by_name`) and that no model still
+    in `models`, nor an ensemble `taken_down`, uses."""
+    remaining = dict(models)
+    used = {qualified(namespace, step) for _, namespace, steps, _ in taken_down.items() for step in steps}
+    pending = [qualified(model.namespace, step) for model in unloaded for step in model.steps()]
+    chosen: list[str] = []
+    while pending:
+        key = pending.pop()
+        model = remaining.get(key)
+        if model is None or key in by_name or key in used:
+            continue
+        if any(key in {qualified(m.namespace, s) for s in m.steps()} for m in remaining.values()):
+            continue
+        del remaining[key]
+        chosen.append(key)
+        pending.extend(qualified(model.namespace, step) for step in model.steps())
+    return chosen
 
 
 def linked(start: Iterable[str], uses: Mapping[str, Collection[str]]) -> set[str]:
