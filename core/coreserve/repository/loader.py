@@ -138,7 +138,9 @@ class ModelLoader:
             model.config = config
             signature = ModelSignature(config)
             for number in versions:
-                statistics = ModelStatistics(location.name, number, self._latency_for(config))
+                statistics = ModelStatistics(
+                    location.name, number, self._latency_for(config), config.HasField("ensemble_scheduling")
+                )
                 model.versions[number] = ModelVersion(location.name, number, config, signature, statistics)
             await asyncio.gather(
                 *(self._load_version(backend, location, model.versions[n]) for n in versions)
@@ -287,7 +289,9 @@ class ModelLoader:
                 await run_warmups(version, location.path)
                 # Statistics count what clients sent, not the warmup samples.
                 latency = self._latency_for(version.config)
-                version.statistics = ModelStatistics(location.name, version.version, latency)
+                version.statistics = ModelStatistics(
+                    location.name, version.version, latency, version.config.HasField("ensemble_scheduling")
+                )
                 version.scheduler.statistics = version.statistics
             if version.config.response_cache.enable and self.response_cache is not None:
                 # A cache other processes share knows the version by its files, not by this load.

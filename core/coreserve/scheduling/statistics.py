@@ -113,8 +113,13 @@ class ExecutionTiming(NamedTuple):
 class ModelStatistics:
     """Cumulative statistics of one model version."""
 
-    def __init__(self, model_name: str, version: int, latency: LatencyOptions | None = None) -> None:
+    def __init__(
+        self, model_name: str, version: int, latency: LatencyOptions | None = None, ensemble: bool = False
+    ) -> None:
         self.model_name = model_name
+        # An ensemble's, counted as Triton counts them: a failure's reason is OTHER (its steps'
+        # are theirs), and an execution whose every request failed is none.
+        self.ensemble = ensemble
         self.version = str(version)
         self.latency = latency or LatencyOptions()
         self.success = Duration()
@@ -161,7 +166,6 @@ class ModelStatistics:
         timing = ExecutionTiming(
             start, inputs_ready - start, infer_done - inputs_ready, end_ns - infer_done, end_ns
         )
-        self.execution_count += 1
         self.last_inference_ms = time.time_ns() // 1_000_000
         rescheduled = {id(request) for request in responder.rescheduled}
         requeued = {id(request) for request, _ in responder.requeued} if responder.requeued else ()
@@ -178,6 +182,8 @@ class ModelStatistics:
             self.record_outcome(request, timing, reason)
             if reason is None:
                 batch_size += request.batch_size
+        if batch_size or not self.ensemble:
+            self.execution_count += 1
         if batch_size:
             durations = self.batches.get(batch_size)
             if durations is None:
@@ -190,6 +196,8 @@ class ModelStatistics:
     def record_outcome(self, request: InferenceRequest, timing: ExecutionTiming, reason: str | None) -> None:
         """Records how an executed request ended: a success (`reason` None) or a failure."""
         total_ns = timing.end_ns - request.received_ns
+        if reason == "BACKEND" and self.ensemble:
+            reason = "OTHER"
         if reason is not None:
             self.fail.add(total_ns)
             self.failures[reason] += 1

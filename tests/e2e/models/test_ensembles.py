@@ -5,7 +5,9 @@ for optional and absent tensors, pruned steps, reshapes and the decoupled flag."
 from __future__ import annotations
 
 import queue
+import re
 import shutil
+import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -288,16 +290,30 @@ def test_diamond_branches_run_at_the_same_time(client: httpclient.InferenceServe
 
 
 def test_a_failing_steps_error_is_the_ensembles_in_tritons_words(
-    client: httpclient.InferenceServerClient,
+    client: httpclient.InferenceServerClient, server: ServerProcess
 ) -> None:
+    def counts() -> tuple[int, int, str]:
+        stats = client.get_inference_statistics("with_failing_step")["model_stats"][0]
+        failures = re.findall(
+            r'^nv_inference_request_failure\{(?=[^}]*model="with_failing_step")[^}]*reason="(\w+)"[^}]*\} (\d+)',
+            urllib.request.urlopen(server.metrics_url, timeout=30).read().decode(),
+            re.M,
+        )
+        failed = ",".join(reason for reason, count in failures if count != "0")
+        return stats["execution_count"], stats["inference_stats"]["fail"]["count"], failed
+
+    executions, fails, _ = counts()
     tensor = httpclient.InferInput("MODE", [1], "BYTES")
     tensor.set_data_from_numpy(np.array([b"error"], dtype=np.object_))
     with pytest.raises(InferenceServerException) as info:
         client.infer("with_failing_step", [tensor])
     assert info.value.status() == "400"
-    assert "in ensemble 'with_failing_step', the input is not acceptable" in info.value.message()
+    assert info.value.message() == "in ensemble 'with_failing_step', the input is not acceptable"
+    # As Triton counts a failed ensemble request: no execution, and the reason OTHER.
+    assert counts() == (executions, fails + 1, "OTHER")
     tensor.set_data_from_numpy(np.array([b"fine"], dtype=np.object_))
     assert client.infer("with_failing_step", [tensor]).as_numpy("OK").tolist() == [True]
+    assert counts()[0] == executions + 1
 
 
 @pytest.mark.parametrize("name", [*INVALID, *INVALID_OTHERS])
