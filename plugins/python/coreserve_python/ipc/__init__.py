@@ -43,9 +43,11 @@ from coreserve_python.ipc._segments import (
     DTYPES,
     INLINE_LIMIT,
     SHM_DIR,
+    STUB_OWNER,
     SegmentPool,
     SegmentReader,
     datatype_of,
+    segment_prefix,
     segment_to_release,
     write_groups,
 )
@@ -61,6 +63,7 @@ __all__ = [
     "SEQUENCE_END",
     "SEQUENCE_START",
     "SHM_DIR",
+    "STUB_OWNER",
     "AutoCompleteDoneMessage",
     "AutoCompleteMessage",
     "Blob",
@@ -91,6 +94,7 @@ __all__ = [
     "datatype_of",
     "encode_frame",
     "open_start_mark",
+    "segment_prefix",
     "segment_to_release",
     "write_groups",
 ]

@@ -38,6 +38,7 @@ SHM_DIR = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gette
 # its configuration's group name), kept to this many characters that are safe in a file name:
 # a model's name may be as long as any and hold any character, a file name may not.
 SEGMENT_OWNER_CHARS = 64
+STUB_OWNER = "stub"  # the owner of a stub's segments (the server's are named after instances)
 _UNSAFE_IN_FILE_NAMES = re.compile(r"[^A-Za-z0-9_.-]")
 
 DTYPES: dict[str, Any] = {
@@ -105,6 +106,11 @@ class Segment:
             self.path.unlink(missing_ok=True)
 
 
+def segment_prefix(owner: str, pid: int) -> str:
+    """What the names of the segments `owner` writes in process `pid` begin with (then "-<n>")."""
+    return f"coreserve-{_UNSAFE_IN_FILE_NAMES.sub('_', owner[:SEGMENT_OWNER_CHARS])}-{pid}"
+
+
 class SegmentPool:
     """The segments one side writes into: reused once the other side releases them."""
 
@@ -112,8 +118,7 @@ class SegmentPool:
 
     def __init__(self, owner: str) -> None:
         # Segments stay unique when two owners' names shorten alike: the counter is per process.
-        readable = _UNSAFE_IN_FILE_NAMES.sub("_", owner[:SEGMENT_OWNER_CHARS])
-        self._prefix = f"coreserve-{readable}-{os.getpid()}"
+        self._prefix = segment_prefix(owner, os.getpid())
         self._free: list[Segment] = []
         self._all: dict[str, Segment] = {}
         self._lock = threading.Lock()
@@ -215,6 +220,12 @@ class SegmentReader:
         if segment is None:
             segment = self._mapped[name] = Segment(SHM_DIR / name, 0, create=False)
         return _views(segment.map, refs, copy)
+
+    def forget(self, prefix: str) -> None:
+        """Unmaps the segments whose names begin with `prefix` (a `segment_prefix`): those of a
+        stub that died, whose files are gone, and whose pid a later stub may come to have."""
+        for name in [name for name in self._mapped if name.startswith(prefix + "-")]:
+            self._mapped.pop(name).close()
 
     def close(self) -> None:
         for segment in self._mapped.values():

@@ -23,12 +23,14 @@ from coreserve.backend import (
     ServerContext,
 )
 from coreserve_python.ipc import (
+    STUB_OWNER,
     CancelMessage,
     ExecuteMessage,
     InitMessage,
     Message,
     SegmentPool,
     SegmentReader,
+    segment_prefix,
     segment_to_release,
     write_groups,
 )
@@ -176,6 +178,8 @@ class PythonInstance:
         self._process = None
         self.serving.clear()
         self._model_requests.release_metrics()  # the restarted model makes its own again
+        if process.pid is not None:  # its segments' files are gone: their mappings go too
+            self._reader.forget(segment_prefix(STUB_OWNER, process.pid))
         error = self._died_running(code)
         not_started = 0
         for key, (request, responder, _) in self._open.entries():

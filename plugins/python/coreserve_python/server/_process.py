@@ -25,11 +25,13 @@ from coreserve_python.ipc import (
     NONE_STARTED,
     RECEIVE_CHUNK,
     SHM_DIR,
+    STUB_OWNER,
     Channel,
     FinalizeMessage,
     Message,
     StartMark,
     encode_frame,
+    segment_prefix,
 )
 from coreserve_python.server._spawn import STUB_FD, describe_exit, kill, reap_blocking, spawn_stub, watch_exit
 
@@ -362,7 +364,7 @@ class StubConnection(asyncio.Protocol):
 
 def remove_segments_of(pid: int) -> None:
     """Removes the shared memory files a stub that has exited left behind (after a crash)."""
-    for path in SHM_DIR.glob(f"coreserve-stub-{pid}-*"):
+    for path in SHM_DIR.glob(f"{segment_prefix(STUB_OWNER, pid)}-*"):
         path.unlink(missing_ok=True)
 
 

@@ -34,6 +34,7 @@ import coreserve_python.pb_utils.inference as _inference
 import coreserve_python.pb_utils.runtime as _runtime
 from coreserve_python import pb_utils
 from coreserve_python.ipc import (
+    STUB_OWNER,
     AutoCompleteDoneMessage,
     Channel,
     ExecuteDoneMessage,
@@ -83,7 +84,7 @@ class Stub:
     def __init__(self, channel: Channel) -> None:
         self._instance_name = ""
         self._channel = channel
-        self._pool = SegmentPool("stub")
+        self._pool = SegmentPool(STUB_OWNER)
         self._reader = SegmentReader()
         self._inbox = Inbox(channel, self._handle, self._server_gone, self._abandon)
         self._requests = ServerRequests(channel, self._pool, self._reader, self._inbox, self.send_response)

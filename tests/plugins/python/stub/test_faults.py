@@ -311,6 +311,41 @@ def test_shutdown_kills_hung_models_within_the_exit_timeout(
     assert errors, "the hung request cannot have succeeded"
 
 
+def test_the_segments_of_a_stub_that_died_are_unmapped_by_the_server(
+    coreserve_server: ServerFactory, tmp_path: Path, http: Connect
+) -> None:
+    """A stub's output segment the server mapped goes with the stub: its file is gone, and a
+    later stub given the same pid must never be read through the old mapping."""
+    folder = tmp_path / "models" / "large" / "1"
+    folder.mkdir(parents=True)
+    (folder / "model.py").write_text(ECHO_MODEL.format(init="pass", execute="pass"))
+    (folder.parent / "config.pbtxt").write_text(
+        ECHO_CONFIG.replace("TYPE_FP32 dims: [ 1 ]", "TYPE_FP32 dims: [ 65536 ]")
+    )
+    server = coreserve_server(tmp_path / "models")
+    assert server.process is not None
+    client = http(server)
+
+    def infer() -> int:  # 256 KiB each way: past the inline limit, through a segment
+        tensor = httpclient.InferInput("X", [65536], "FP32")
+        tensor.set_data_from_numpy(np.full(65536, 7, np.float32))
+        result = client.infer("large", [tensor])
+        assert (result.as_numpy("Y") == 7).all()
+        return int(result.as_numpy("PID")[0])
+
+    def mapped(stub: int) -> bool:
+        maps = Path(f"/proc/{server.process.pid}/maps").read_text()  # type: ignore[union-attr]
+        return f"coreserve-stub-{stub}-" in maps
+
+    first = infer()
+    assert mapped(first)
+    os.kill(first, signal.SIGKILL)
+    wait_until(lambda: not _running(first), "the stub died")
+    second = infer()  # waits for the stub that replaces it
+    assert second != first and mapped(second)
+    assert not mapped(first)
+
+
 def test_stubs_die_with_a_killed_server(
     coreserve_server: ServerFactory, tmp_path: Path, http: Connect
 ) -> None:
