@@ -352,25 +352,30 @@ def test_concurrent_ensemble_requests_are_batched_in_a_composing_model(server: S
     assert composing["inference_count"] == 8 and composing["execution_count"] < 8
 
 
-def test_a_decoupled_step_streams_out_of_the_ensemble(server: ServerProcess) -> None:
+def _streamed(server: ServerProcess, model: str, name: str, value: int, output: str) -> list[int]:
+    """The values of a decoupled model's responses to one request over a gRPC stream, up to the
+    final flag."""
     client = grpcclient.InferenceServerClient(server.grpc_url)
     results: queue.Queue = queue.Queue()
     client.start_stream(callback=partial(lambda q, result, error: q.put((result, error)), results))
     try:
-        tensor = grpcclient.InferInput("N", [1], "INT32")
-        tensor.set_data_from_numpy(np.array([3], np.int32))
-        client.async_stream_infer("streaming", [tensor], request_id="s", enable_empty_final_response=True)
+        tensor = grpcclient.InferInput(name, [1], "INT32")
+        tensor.set_data_from_numpy(np.array([value], np.int32))
+        client.async_stream_infer(model, [tensor], request_id="s", enable_empty_final_response=True)
         values = []
         while True:
             result, error = results.get(timeout=30)
             assert error is None, error
             if result.get_response().parameters["triton_final_response"].bool_param:
-                break
-            values.append(int(result.as_numpy("DOUBLED")[0]))
+                return values
+            values.append(int(result.as_numpy(output)[0]))
     finally:
         client.stop_stream()
         client.close()
-    assert values == [6, 4, 2]
+
+
+def test_a_decoupled_step_streams_out_of_the_ensemble(server: ServerProcess) -> None:
+    assert _streamed(server, "streaming", "N", 3, "DOUBLED") == [6, 4, 2]
 
 
 def _int32(name: str, value: int) -> httpclient.InferInput:
@@ -405,32 +410,15 @@ def test_only_the_steps_the_requested_outputs_need_run(client: httpclient.Infere
         client.infer("two_branches", [_int32("VALUE", 4), mode])  # every output: both branches run
 
 
-def test_the_decoupled_flag_is_the_steps_as_triton_sets_it(server: ServerProcess) -> None:
-    http = httpclient.InferenceServerClient(server.http_url)
-    grpc = grpcclient.InferenceServerClient(server.grpc_url)
-    results: queue.Queue = queue.Queue()
-    try:
-        declared = http.get_model_config("declared_decoupled")
-        assert declared.get("model_transaction_policy", {}).get("decoupled", False) is False
-        assert http.infer("declared_decoupled", [_int32("IN", 3)]).as_numpy("OUT").tolist() == [6]
-        undeclared = http.get_model_config("undeclared_decoupled")
-        assert undeclared["model_transaction_policy"]["decoupled"] is True
-        grpc.start_stream(callback=partial(lambda q, result, error: q.put((result, error)), results))
-        tensor = grpcclient.InferInput("IN", [1], "INT32")
-        tensor.set_data_from_numpy(np.array([2], np.int32))
-        grpc.async_stream_infer("undeclared_decoupled", [tensor], enable_empty_final_response=True)
-        values = []
-        while True:
-            result, error = results.get(timeout=30)
-            assert error is None, error
-            if result.get_response().parameters["triton_final_response"].bool_param:
-                break
-            values.append(int(result.as_numpy("OUT")[0]))
-        assert values == [2, 1]
-    finally:
-        grpc.stop_stream()
-        grpc.close()
-        http.close()
+def test_the_decoupled_flag_is_the_steps_as_triton_sets_it(
+    client: httpclient.InferenceServerClient, server: ServerProcess
+) -> None:
+    declared = client.get_model_config("declared_decoupled")
+    assert declared.get("model_transaction_policy", {}).get("decoupled", False) is False
+    assert client.infer("declared_decoupled", [_int32("IN", 3)]).as_numpy("OUT").tolist() == [6]
+    undeclared = client.get_model_config("undeclared_decoupled")
+    assert undeclared["model_transaction_policy"]["decoupled"] is True
+    assert _streamed(server, "undeclared_decoupled", "IN", 2, "OUT") == [2, 1]
 
 
 def test_an_ensemble_input_and_output_reshaped_as_its_steps_see_them(
