@@ -85,7 +85,8 @@ class ModelControl(Protocol):
         ...
 
     async def unload_model(self, name: str, dependents: bool = False) -> None:
-        """Unloads a model (and, with `dependents`, the ensembles that use it)."""
+        """Unloads a model and the ensembles that use it (`dependents`, Triton's
+        `unload_dependents`, is accepted and changes nothing to that)."""
         ...
 
     def model_ready(self, name: str, version: str = "") -> bool:

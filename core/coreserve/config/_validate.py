@@ -71,7 +71,10 @@ def _check_tensors(kind: str, tensors: Iterable[Any], max_batch_size: int) -> st
         if bad:
             return f"{where}: every entry of dims must be -1 (any size) or >= 1, got {list(tensor.dims)}"
         if not tensor.dims and not tensor.HasField("reshape"):
-            return f"{where} needs dims (one value per batch item: dims [ 1 ] with reshape {{ shape: [ ] }})"
+            return (
+                f"{where} needs dims (one value is dims [ 1 ], with reshape {{ shape: [ ] }} on a model "
+                "that batches)"
+            )
         if tensor.HasField("reshape") and not tensor.reshape.shape and not max_batch_size:  # Triton's words:
             return (
                 f"{where}: cannot have empty reshape for non-batching model as scalar tensors "

@@ -304,32 +304,6 @@ class TakenDownEnsembles:
         return ready
 
 
-def unused_steps(
-    unloaded: Iterable[Model],
-    models: Mapping[str, Model],
-    taken_down: TakenDownEnsembles,
-    by_name: Collection[str],
-) -> list[str]:
-    """Triton's `unload_dependents`: the keys of the models the `unloaded` ones used as steps, and
-    in turn of those these used, that were not loaded by name (`by_name`) and that no model still
-    in `models`, nor an ensemble `taken_down`, uses."""
-    remaining = dict(models)
-    used = {qualified(namespace, step) for _, namespace, steps, _ in taken_down.items() for step in steps}
-    pending = [qualified(model.namespace, step) for model in unloaded for step in model.steps()]
-    chosen: list[str] = []
-    while pending:
-        key = pending.pop()
-        model = remaining.get(key)
-        if model is None or key in by_name or key in used:
-            continue
-        if any(key in {qualified(m.namespace, s) for s in m.steps()} for m in remaining.values()):
-            continue
-        del remaining[key]
-        chosen.append(key)
-        pending.extend(qualified(model.namespace, step) for step in model.steps())
-    return chosen
-
-
 def linked(start: Iterable[str], uses: Mapping[str, Collection[str]]) -> set[str]:
     """The models `start` names and those linked to them through ensembles, both ways (`uses`:
     the steps of each ensemble, by name)."""

@@ -43,7 +43,6 @@ from coreserve.repository._layout import (
     linked,
     load_waves,
     refuse_cycles,
-    unused_steps,
 )
 from coreserve.repository._overrides import LoadOverrides, not_in_repository, write_override_files
 from coreserve.repository.loader import ModelLoader
@@ -96,7 +95,6 @@ class ModelRepository:
         self._fingerprints: dict[str, str] = {}
         self._unloaded: dict[str, list[int]] = {}  # the keys unloaded, with the versions they had
         self._loading: set[str] = set()  # keys a load is building a model for, as the index says
-        self._by_name: set[str] = set()  # keys loaded by name, not only as an ensemble's step
         self.taken_down = TakenDownEnsembles()
         self._changes = RelatedChanges()
         self._locks: dict[str, asyncio.Lock] = {}
@@ -138,7 +136,6 @@ class ModelRepository:
         if self.mode is ControlMode.EXPLICIT:  # pinned: never unloaded to make room
             pinned = {key for name in self._startup_models for key in self._find.keys_named(name, found)}
             self.budgeted.pinned = pinned | (set(found) if "*" in self._startup_models else set())
-            self._by_name = set(self.budgeted.pinned)
         if self.mode is ControlMode.EXPLICIT and "*" not in self._startup_models:
             wanted = {}
             for name in self._startup_models:
@@ -155,7 +152,6 @@ class ModelRepository:
         worker of a server of several taking on what the others serve (`adoption`). A model no
         repository holds is left out; the caller finds it missing."""
         found, _ = await self._find.scan()
-        self._by_name |= set(plan)  # (as no worker tells which were: none is unloaded as a step)
         await self._load_many({key: found[key] for key in plan if key in found}, "startup", plan)
 
     def mark_unavailable(self, key: str, name: str, namespace: str, reason: str) -> None:
@@ -371,8 +367,6 @@ class ModelRepository:
                     logger.info("loading model '%s' first: ensemble '%s' uses it", step, name)
                     await self._load(step, LoadOverrides(), (*loading, name), reason)
             await self._load_location(name, location, found[key][1], overrides, reason)
-            if not loading:
-                self._by_name.add(key)
 
     async def _load_location(
         self,
@@ -390,10 +384,10 @@ class ModelRepository:
             raise InvalidArgumentError(f"load failed for model '{name}': {unavailable_reason(new)}")
 
     async def unload(self, name: str, dependents: bool = False, by_model: bool = False) -> None:
-        """Unloads a model (explicit mode) and the ensembles that use it, until it loads again;
-        with `dependents` (`unload_dependents`), as Triton, also the models it uses as steps that
-        were loaded only as steps and that nothing else uses (`unused_steps`). `by_model`: as
-        for `load`."""
+        """Unloads a model (explicit mode) and the ensembles that use it, until it loads again.
+        `dependents` (`unload_dependents`) changes nothing to that: Triton would also unload the
+        steps an ensemble's load alone brought in (not built here; see docs). `by_model`: as for
+        `load`."""
         self._refuse_unless_explicit("unloading models")
         check_model_name(name)
         async with self._changes.holding(f"unload of model '{name}'", lambda: self._linked(name), by_model):
@@ -402,10 +396,7 @@ class ModelRepository:
             keys = [key for key, model in self._models.items() if key == name or model.name == name]
             if not keys:
                 return  # Triton answers success: a model that is not loaded is unloaded already
-            gone = [self._models[key] for key in keys]
             for key in [*self.taken_down.take_down(self._models, name, keys), *keys]:
-                await self._unload(key)
-            for key in unused_steps(gone, self._models, self.taken_down, self._by_name) if dependents else ():
                 await self._unload(key)
 
     async def _unload(self, name: str) -> None:
@@ -415,7 +406,6 @@ class ModelRepository:
             if model is None:
                 return
             self._unloaded[name] = sorted(model.versions)
-            self._by_name.discard(name)
             self.budgeted.release(name)
             logger.info("unloading model '%s'", name)
             await self._close(model)

@@ -306,23 +306,6 @@ def test_loading_an_ensemble_loads_its_steps_and_unload_dependents(
     )
 
 
-def test_unload_dependents_of_an_ensemble_unloads_the_steps_only_it_loaded(
-    client: httpclient.InferenceServerClient,
-) -> None:
-    """As Triton: the steps an ensemble's load brought in go with it under unload_dependents;
-    a step loaded by name, or an unload without the flag, keeps them."""
-    client.load_model("pipeline")  # add_sub comes in as its step
-    client.unload_model("pipeline", unload_dependents=True)
-    assert not client.is_model_ready("add_sub") and _states(client)["add_sub"] == ("UNAVAILABLE", "unloaded")
-    client.load_model("pipeline")
-    client.unload_model("pipeline")
-    assert client.is_model_ready("add_sub")  # without the flag
-    client.load_model("add_sub")  # by name now
-    client.load_model("pipeline")
-    client.unload_model("pipeline", unload_dependents=True)
-    assert client.is_model_ready("add_sub") and client.is_model_ready("scaled")
-
-
 def test_an_ensemble_goes_with_its_model_and_comes_back_with_it(
     client: httpclient.InferenceServerClient, server: ServerProcess
 ) -> None:

@@ -173,13 +173,13 @@ class PythonInstance:
         """The running stub died: it is restarted, and the requests it had started fail (those
         whose execute() still waits fail there, see `_stub_died`, as the others go back to the
         queue); what is left here are a decoupled model's requests still being answered."""
+        if process.pid is not None:  # any stub's: its segments' files are gone, their mappings go too
+            self._reader.forget(segment_prefix(STUB_OWNER, process.pid))
         if process is not self._process:
             return  # a stub whose start failed: start() reports that
         self._process = None
         self.serving.clear()
         self._model_requests.release_metrics()  # the restarted model makes its own again
-        if process.pid is not None:  # its segments' files are gone: their mappings go too
-            self._reader.forget(segment_prefix(STUB_OWNER, process.pid))
         error = self._died_running(code)
         not_started = 0
         for key, (request, responder, _) in self._open.entries():
