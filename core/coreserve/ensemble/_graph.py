@@ -129,7 +129,8 @@ class EnsembleGraph:
 
     def _check_decoupled_origins(self, order: list[Step]) -> None:
         """Refuses a step, or outputs, fed by different decoupled steps (their responses would
-        pair up in every combination), as Triton does."""
+        pair up in every combination), as Triton does. Triton also refuses one fed by a decoupled
+        step and by the ensemble's inputs alone; that runs here, each response with the inputs."""
         origins: dict[str, int | None] = dict.fromkeys(self.inputs)  # tensor -> the decoupled step it follows
         for step in order:
             found = {origins[tensor] for tensor in step.inputs.values()} - {None}

@@ -354,7 +354,7 @@ class ModelRepository:
         keys = [key for key in self._find.keys_named(name, found) if only in (None, key)]
         if not keys:
             raise not_in_repository(name, on_demand=reason == "demand")
-        held = {held for held, model in self._models.items() if model.path is not None}
+        held = {known for known, model in self._models.items() if model.path is not None}
         # Under namespacing, as Triton: a name loads the models of that name in every repository.
         for key in keys:
             location = await self._find.location(key, found[key][0])
