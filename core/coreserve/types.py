@@ -180,6 +180,21 @@ class TraceContext:
 UNSAMPLED = TraceContext(sampled=False)
 
 
+@dataclass(slots=True)
+class ComputeSums:
+    """Compute times (ns) added up over the requests an ensemble's request made of its steps:
+    the ensemble's own compute statistics, as Triton counts them."""
+
+    input_ns: int = 0
+    infer_ns: int = 0
+    output_ns: int = 0
+
+    def add(self, input_ns: int, infer_ns: int, output_ns: int) -> None:
+        self.input_ns += input_ns
+        self.infer_ns += infer_ns
+        self.output_ns += output_ns
+
+
 @dataclass(slots=True, eq=False)
 class InferenceRequest:
     """One client request for one model, decoded from whatever transport carried it.
@@ -211,6 +226,10 @@ class InferenceRequest:
     # Whether the traffic step chose its version (the client named none): only such a request
     # is copied to its model's shadow and counted by its model's rollout.
     routed: bool = False
+    # An ensemble's request counts its steps' compute times as its own (`compute_sums`, set
+    # by the ensemble); the request of one of its steps adds its times there (`counts_into`).
+    compute_sums: ComputeSums | None = None
+    counts_into: ComputeSums | None = None
     # Cancellation (see `cancel`). The callback list is made by the first `on_cancel`, so a
     # request nobody watches costs one flag; `queue` is set by the scheduler it waits in.
     _cancelled: bool = field(default=False, init=False, repr=False)

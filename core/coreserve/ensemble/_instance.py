@@ -8,7 +8,8 @@ own, and every run that completes the ensemble's outputs is one response of the 
 As in Triton: only the steps the requested outputs need run (the others are pruned); an
 optional ensemble input the request left out, or an output a step did not produce, is an
 absent tensor: a step reading it runs without that input (its model refuses the request if the
-input is required), and the response leaves it out.
+input is required), and the response leaves it out. An ensemble request's compute times in
+the statistics are the sums of those of the step requests it made.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from coreserve.backend.api import InferenceClient
 from coreserve.backend.responder import Responder
 from coreserve.ensemble._graph import EnsembleGraph, Step
 from coreserve.errors import CancelledError, CoreserveError, InternalError
-from coreserve.types import InferenceRequest
+from coreserve.types import ComputeSums, InferenceRequest
 
 Tensors = dict[str, np.ndarray | None]  # None: absent (left out by the request, or by a step)
 DEFAULT_INFLIGHT = 1024
@@ -47,6 +48,7 @@ class EnsembleInstance:
 
     async def _serve(self, request: InferenceRequest, responder: Responder) -> None:
         answered = False
+        request.compute_sums = ComputeSums()  # its steps add their compute times here
         try:
             tensors: Tensors = {name: None for name in self._graph.inputs} | dict(request.inputs)
             pruned = self._graph.pruned_steps(request.requested_outputs)
@@ -133,6 +135,7 @@ class EnsembleInstance:
             parameters=dict(request.parameters),
             requested_outputs=tuple(step.outputs),
             traffic_key=request.traffic_key,  # a step that names no version lands where its key says
+            counts_into=request.compute_sums,
         )
         child.trace_as_child_of(request)  # a traced ensemble traces its steps as its children
         return child

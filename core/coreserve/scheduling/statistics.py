@@ -188,9 +188,11 @@ class ModelStatistics:
             durations = self.batches.get(batch_size)
             if durations is None:
                 durations = self.batches[batch_size] = BatchDurations()
-            durations.compute_input.add(timing.input_ns)
-            durations.compute_infer.add(timing.infer_ns)
-            durations.compute_output.add(timing.output_ns)
+            # (an ensemble's execution is one request: its phases are that request's)
+            input_ns, infer_ns, output_ns = _phases(requests[0], timing)
+            durations.compute_input.add(input_ns)
+            durations.compute_infer.add(infer_ns)
+            durations.compute_output.add(output_ns)
         return timing
 
     def record_outcome(self, request: InferenceRequest, timing: ExecutionTiming, reason: str | None) -> None:
@@ -203,16 +205,17 @@ class ModelStatistics:
             self.failures[reason] += 1
             return
         queue_ns = timing.start_ns - request.queued_ns
+        input_ns, infer_ns, output_ns = _phases(request, timing)
+        if request.counts_into is not None:  # a step of an ensemble's request
+            request.counts_into.add(input_ns, infer_ns, output_ns)
         self.inference_count += request.batch_size
         self.success.add(total_ns)
         self.queue.add(queue_ns)
-        self.compute_input.add(timing.input_ns)
-        self.compute_infer.add(timing.infer_ns)
-        self.compute_output.add(timing.output_ns)
+        self.compute_input.add(input_ns)
+        self.compute_infer.add(infer_ns)
+        self.compute_output.add(output_ns)
         if self.recent is not None:
-            self.recent.append(
-                (timing.end_ns, total_ns, queue_ns, timing.input_ns, timing.infer_ns, timing.output_ns)
-            )
+            self.recent.append((timing.end_ns, total_ns, queue_ns, input_ns, infer_ns, output_ns))
         if self.histograms:
             self._bucket("request", total_ns)
             self._bucket("queue", queue_ns)
@@ -293,3 +296,12 @@ class ModelStatistics:
             ],
             "memory_usage": [],
         }
+
+
+def _phases(request: InferenceRequest, timing: ExecutionTiming) -> tuple[int, int, int]:
+    """A request's compute input, infer and output ns: its execution's, or for an ensemble's
+    request the sums of its steps' (Triton's ensemble statistics)."""
+    sums = request.compute_sums
+    if sums is None:
+        return timing.input_ns, timing.infer_ns, timing.output_ns
+    return sums.input_ns, sums.infer_ns, sums.output_ns

@@ -289,6 +289,36 @@ def test_diamond_branches_run_at_the_same_time(client: httpclient.InferenceServe
     )
 
 
+def test_an_ensembles_compute_times_are_the_sums_of_its_steps(
+    client: httpclient.InferenceServerClient,
+) -> None:
+    # As Triton counts them (Model Analyzer reads them): each compute phase of the ensemble is
+    # the sum of that phase over the steps its requests ran, in its totals and batch statistics.
+    phases = ("compute_input", "compute_infer", "compute_output")
+    models = ("diamond", "branch_a", "branch_b", "join")
+
+    def totals() -> dict[str, list[int]]:
+        stats = {s["name"]: s for s in client.get_inference_statistics()["model_stats"]}
+        return {name: [stats[name]["inference_stats"][phase]["ns"] for phase in phases] for name in models}
+
+    def batch_one() -> list[int]:
+        batches = client.get_inference_statistics("diamond")["model_stats"][0]["batch_stats"]
+        assert [batch["batch_size"] for batch in batches] in ([], [1])
+        return [batches[0][phase]["ns"] if batches else 0 for phase in phases]
+
+    before, batch_before = totals(), batch_one()
+    tensor = httpclient.InferInput("IN", [4], "FP32")
+    tensor.set_data_from_numpy(np.ones(4, dtype=np.float32))
+    for _ in range(2):
+        client.infer("diamond", [tensor])
+    after = totals()
+    grown = {name: [a - b for a, b in zip(after[name], before[name], strict=True)] for name in models}
+    steps = [sum(grown[name][phase] for name in models[1:]) for phase in range(3)]
+    assert grown["diamond"] == steps
+    assert grown["diamond"][1] >= 2 * 2 * 500_000_000  # (each branch sleeps 0.5 s)
+    assert [a - b for a, b in zip(batch_one(), batch_before, strict=True)] == steps
+
+
 def test_a_failing_steps_error_is_the_ensembles_in_tritons_words(
     client: httpclient.InferenceServerClient, server: ServerProcess
 ) -> None:
