@@ -10,7 +10,7 @@ frontends that use it bring the routes.
 
 from __future__ import annotations
 
-from coreserve.server.httpd._encoding import BodyTooLarge, decompress
+from coreserve.server.httpd._encoding import BodyTooLarge, UnsupportedEncoding, decompress
 from coreserve.server.httpd._http_messages import HttpRequest, HttpResponse, Response, StreamedResponse
 from coreserve.server.httpd._limits import (
     DEFAULT_HTTP_LIMITS,
@@ -35,6 +35,7 @@ __all__ = [
     "Response",
     "Router",
     "StreamedResponse",
+    "UnsupportedEncoding",
     "decompress",
     "method_not_allowed",
     "open_file_limit",

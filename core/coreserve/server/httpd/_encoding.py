@@ -9,16 +9,21 @@ class BodyTooLarge(Exception):
     """A request body past the size limit once decompressed."""
 
 
+class UnsupportedEncoding(ValueError):
+    """A request body under a Content-Encoding other than gzip and deflate."""
+
+
 _GZIP_WBITS = 16 + zlib.MAX_WBITS
 _WBITS = {"gzip": _GZIP_WBITS, "x-gzip": _GZIP_WBITS, "deflate": zlib.MAX_WBITS}
 
 
 def decompress(body: bytes | bytearray, encoding: str, limit: int) -> bytes:
     """The body under its Content-Encoding (gzip or deflate); raises ValueError if corrupt,
-    truncated or followed by anything but another gzip member, BodyTooLarge past `limit` bytes."""
+    truncated or followed by anything but another gzip member, UnsupportedEncoding under
+    another coding, BodyTooLarge past `limit` bytes."""
     wbits = _WBITS.get(encoding)
     if wbits is None:
-        raise ValueError(f"unsupported Content-Encoding '{encoding}'")
+        raise UnsupportedEncoding(f"unsupported Content-Encoding '{encoding}'")
     parts: list[bytes] = []
     size = 0
     while True:

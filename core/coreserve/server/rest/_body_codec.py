@@ -17,7 +17,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from coreserve.errors import CancelledError, InvalidArgumentError
+from coreserve.errors import CancelledError, InvalidArgumentError, UnsupportedError
 from coreserve.protocol.generate import decode_generate_request
 from coreserve.protocol.http_body import (
     HEADER_LENGTH,
@@ -29,7 +29,7 @@ from coreserve.protocol.http_body import (
 )
 from coreserve.protocol.output_plan import OutputPlan
 from coreserve.server.dataplane import DataPlane
-from coreserve.server.httpd import HttpRequest, decompress
+from coreserve.server.httpd import HttpRequest, UnsupportedEncoding, decompress
 from coreserve.server.rest._codec_threads import CodecThreads
 from coreserve.server.rest._json_workers import JsonWorkers
 from coreserve.types import InferenceRequest, InferenceResponse
@@ -74,6 +74,8 @@ class BodyCodec:
             return await self._run(
                 off_loop(len(body), compressed=True), decompress, body, encoding, self._max_body_size
             )
+        except UnsupportedEncoding:  # (Triton's status and words)
+            raise UnsupportedError("Unsupported compression type") from None
         except ValueError as exc:
             raise InvalidArgumentError(f"cannot read the request body: {exc}") from None
 
