@@ -10,7 +10,7 @@ SEQUENCE_IDLE_DEFAULT_US = 1_000_000  # Triton's, for a sequence batcher that se
 
 
 def apply_defaults(config: ModelConfig, model_name: str, gpus: tuple[int, ...] | None = None) -> None:
-    """Fills the name, version policy and instance groups as Triton does.
+    """Fills the name, version policy and instance groups (an ensemble has none) as Triton does.
 
     The model's folder name is its name; a configuration that names another model is an error.
     `gpus` are the GPU ids the model's backend reports (None: it does not report); they decide
@@ -26,6 +26,11 @@ def apply_defaults(config: ModelConfig, model_name: str, gpus: tuple[int, ...] |
     if config.version_policy.WhichOneof("policy_choice") is None:
         config.version_policy.latest.num_versions = 1
     _normalize(config)
+    if config.HasField("ensemble_scheduling"):
+        # As Triton shows an ensemble: no instance group (it may name none: validation refuses
+        # one), and always its transaction policy.
+        config.model_transaction_policy.SetInParent()
+        return
     if not config.instance_group:
         # Triton names the group it adds after the model (instances `<model>_0`); groups the
         # configuration lists without a name are `<model>_<index>` (instances `<model>_<index>_<k>`).

@@ -243,4 +243,9 @@ def _check_ensemble(config: ModelConfig) -> str | None:
         return "config field 'ensemble_scheduling' needs platform: \"ensemble\""
     if config.platform == "ensemble" and not config.HasField("ensemble_scheduling"):
         return "platform \"ensemble\" needs config field 'ensemble_scheduling'"
+    if config.HasField("ensemble_scheduling"):  # (Triton's words: an ensemble runs only its steps)
+        if config.instance_group:
+            return f"instance group should not be specified for ensemble '{config.name}'"
+        if config.model_warmup:
+            return f"model_warmup can not be specified for ensemble '{config.name}'"
     return None

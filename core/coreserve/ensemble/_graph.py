@@ -109,6 +109,9 @@ class EnsembleGraph:
         for output in self.outputs:
             if output not in producers:
                 raise self._error(f"ensemble output '{output}' is produced by no step")
+        for name in self.inputs:  # (Triton's words)
+            if name not in consumed:
+                raise self._error(f"ensemble input '{name}' is not used")
         order = self._run_order(producers)
         self._check_types(signatures, producers, ensemble)
         for step in self.steps:  # Triton's rule and words

@@ -167,7 +167,8 @@ class ModelLoader:
         # What Triton fills in before a backend completes the configuration (its name, backend
         # and version policy), so that the backend's completion reads them there.
         config.name = config.name or location.name
-        config.backend = config.backend or backend.name
+        if not config.HasField("ensemble_scheduling"):
+            config.backend = config.backend or backend.name
         if config.version_policy.WhichOneof("policy_choice") is None:
             config.version_policy.latest.num_versions = 1
         if self._auto_complete and newest is not None:
@@ -175,7 +176,8 @@ class ModelLoader:
             config = await asyncio.to_thread(
                 backend.auto_complete_config, files, config, self.context_for(backend)
             )
-        config.backend = config.backend or backend.name  # (a completion may have emptied it)
+        if not config.HasField("ensemble_scheduling"):  # (an ensemble's is "", as Triton shows it)
+            config.backend = config.backend or backend.name  # (a completion may have emptied it)
         client = self.context_for(backend, location.namespace).client
         # Triton's core, not its ensemble backend, sets this, with or without completion (the
         # steps serve already: they load first).
@@ -324,7 +326,11 @@ class ModelLoader:
 
 
 def _grouped_placements(config: ModelConfig) -> list[tuple[ModelInstanceGroup, InstancePlacement]]:
-    """Where each instance runs, beside the instance_group entry that asks for it."""
+    """Where each instance runs, beside the instance_group entry that asks for it; an ensemble,
+    which has no instance group, runs in one instance of its own."""
+    if config.HasField("ensemble_scheduling"):
+        group = ModelInstanceGroup(name=config.name, kind=ModelInstanceGroup.KIND_CPU, count=1)
+        return [(group, InstancePlacement(f"{config.name}_0", config.name, 0, InstanceKind.CPU, 0))]
     placements = []
     for group in config.instance_group:
         kind = _KINDS[group.kind]

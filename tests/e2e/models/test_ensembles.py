@@ -121,12 +121,31 @@ INVALID_OTHERS = {
         0,
         "its outputs originate from different decoupled models",
     ),
+    "unused_input": (  # (Triton refuses an input no step reads)
+        f'{{ name: "IN" {INT32_1} }}, {{ name: "EXTRA" {INT32_1} }}',
+        f'{{ name: "OUT" {INT32_1} }}',
+        [_step("double", {"VALUE": "IN"}, {"DOUBLED": "OUT"})],
+        0,
+        "ensemble input 'EXTRA' is not used",
+    ),
     "batches_past_its_step": (
         f'{{ name: "A" {FP32_4} }}, {{ name: "B" {FP32_4} }}',
         f'{{ name: "SUM" {FP32_4} }}',
         [_step("add_sub", {"INPUT0": "A", "INPUT1": "B"}, {"OUTPUT0": "SUM"})],
         32,
         "allows maximum batch size 32, but it contains model add_sub which only allows maximum batch size to be 16",
+    ),
+}
+# Ensembles Triton refuses to load for what they declare besides their steps: (extra, reason).
+REFUSED = {
+    "with_instance_group": (
+        "instance_group [ { kind: KIND_CPU count: 1 } ]",
+        "instance group should not be specified for ensemble 'with_instance_group'",
+    ),
+    "with_warmup": (
+        'model_warmup [ { name: "w" batch_size: 1 inputs { key: "IN" value: '
+        "{ data_type: TYPE_FP32 dims: [ 4 ] zero_data: true } } } ]",
+        "model_warmup can not be specified for ensemble 'with_warmup'",
     ),
 }
 # Adds A and B (100 where B is left out); S2 is B, and left out with it.
@@ -207,6 +226,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     )
     for name, (steps, _) in INVALID.items():
         _ensemble(repository, name, io, f'{{ name: "OUT" {FP32_4} }}', steps)
+    for name, (extra, _) in REFUSED.items():
+        _ensemble(repository, name, io, f'{{ name: "OUT" {FP32_4} }}',
+                  [_step("join", {"X": "IN", "Y": "IN"}, {"SUM": "OUT"})], extra=extra)  # fmt: skip
     write_model(repository, "pair", PAIR_MODEL.encode(), PAIR_CONFIG, filename="model.py")
     for name, (inputs, outputs, steps, max_batch, _) in INVALID_OTHERS.items():
         _ensemble(repository, name, inputs, outputs, steps, max_batch=max_batch)
@@ -356,6 +378,26 @@ def test_invalid_ensembles_are_unavailable_with_reason(
         client.get_model_metadata(name)
     assert info.value.status() == "404"
     assert f"ensemble '{name}': {reason}" in info.value.message()
+
+
+@pytest.mark.parametrize("name", REFUSED)
+def test_ensembles_with_instances_or_warmup_are_refused_in_tritons_words(
+    client: httpclient.InferenceServerClient, name: str
+) -> None:
+    assert not client.is_model_ready(name)
+    with pytest.raises(InferenceServerException) as info:
+        client.get_model_metadata(name)
+    assert REFUSED[name][1] in info.value.message()
+
+
+def test_an_ensembles_configuration_reads_as_on_triton(client: httpclient.InferenceServerClient) -> None:
+    # No backend, no instance group, no optimization, and always a transaction policy.
+    config = client.get_model_config("diamond")
+    assert (config["platform"], config["backend"], config["instance_group"]) == ("ensemble", "", [])
+    assert "optimization" not in config
+    assert config["model_transaction_policy"] == {"decoupled": False}
+    assert client.get_model_config("streaming")["model_transaction_policy"] == {"decoupled": True}
+    assert client.get_model_metadata("diamond")["platform"] == "ensemble"
 
 
 def test_concurrent_ensemble_requests_are_batched_in_a_composing_model(server: ServerProcess) -> None:
