@@ -40,6 +40,9 @@ class SingleResponse:
     def send(self, response: InferenceResponse | None, final: bool) -> None:
         if self.future.done():
             return
+        if response is not None and response.error is not None:  # (a decoupled model's, not final)
+            self.future.set_exception(response.error)
+            return
         if response is None or not final:
             self.future.set_exception(
                 InternalError("the model sent a partial response to a request that expects one response")

@@ -329,13 +329,19 @@ class RequestQueue(Protocol):
 
 @dataclass(slots=True, eq=False)
 class InferenceResponse:
-    """One response to a request: its outputs, keyed by name, in the order they were produced."""
+    """One response to a request: its outputs, keyed by name, in the order they were produced.
+
+    A decoupled model may also send an error without ending the request (Triton's error
+    response without the final flag): a response whose `error` is set and has no outputs, and
+    more responses may follow it.
+    """
 
     model_name: str
     model_version: str
     outputs: Mapping[str, np.ndarray]
     id: str = ""
     parameters: dict[str, ParameterValue] = field(default_factory=dict)
+    error: CoreserveError | None = None
 
 
 class ResponseSink(Protocol):

@@ -66,7 +66,9 @@ class InferenceClient(Protocol):
         ...
 
     def stream(self, request: InferenceRequest) -> AsyncIterator[InferenceResponse]:
-        """Runs a request and yields its responses (many, for a decoupled model)."""
+        """Runs a request and yields its responses (many, for a decoupled model). A decoupled
+        model's response may carry an error (`response.error`) and more may follow it; an
+        error that ends the request is raised."""
         ...
 
     def model_signature(self, name: str, version: str = "") -> ModelSignature:

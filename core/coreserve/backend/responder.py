@@ -168,14 +168,22 @@ class Responder:
             assert request.sink is not None
             request.sink.send(None, True)
 
-    def send_error(self, request: InferenceRequest, error: BaseException) -> None:
+    def send_error(self, request: InferenceRequest, error: BaseException, *, final: bool = True) -> None:
+        """Ends the request with `error`; `final=False` (a decoupled model's): sends the error as
+        one of its responses, and the request stays open for more (Triton's error response
+        without the final flag; the request still counts as a success once it ends)."""
         key = id(request)
         if key not in self._open:
             return
-        self._open.discard(key)
-        self._failed.add(key)
         if not isinstance(error, CoreserveError):
             error = InternalError(f"{type(error).__name__}: {error}")
+        if not final:
+            assert request.sink is not None
+            response = InferenceResponse(request.model_name, self.model_version, {}, request.id, error=error)
+            request.sink.send(response, False)
+            return
+        self._open.discard(key)
+        self._failed.add(key)
         assert request.sink is not None
         request.sink.fail(error)
 

@@ -166,6 +166,8 @@ class EnsembleInstance:
         forget = request.on_cancel(child.cancel)
         try:
             async for response in self._client.stream(child):
+                if response.error is not None:  # (as Triton: any error of a step fails the ensemble)
+                    raise response.error
                 yield self._renamed(step, dict(response.outputs))
         except CoreserveError as exc:
             raise self._failed(exc) from None

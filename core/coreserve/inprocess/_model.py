@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from coreserve.config import config_to_dict
@@ -100,10 +101,11 @@ class Model:
     ) -> Iterator[InferenceResponse]:
         """Yields each response of one request (many for a decoupled model, one otherwise).
 
-        Arguments as for `infer`. Leaving the loop early cancels the request.
+        Arguments as for `infer`. Leaving the loop early cancels the request. An error of the
+        model, one that would not end the request too (a decoupled model's), is raised.
         """
         request = self._request(inputs, outputs, request_id, parameters)
-        return self._loop.iterate(self._dataplane.stream(request))
+        return self._loop.iterate(_raising_errors(self._dataplane.stream(request)))
 
     async def async_stream(
         self,
@@ -115,7 +117,7 @@ class Model:
     ) -> AsyncIterator[InferenceResponse]:
         """`stream` for async callers: `async for response in model.async_stream(inputs)`."""
         request = self._request(inputs, outputs, request_id, parameters)
-        async for response in self._loop.across(self._dataplane.stream(request)):
+        async for response in self._loop.across(_raising_errors(self._dataplane.stream(request))):
             yield response
 
     # On the server's loop.
@@ -145,3 +147,14 @@ class Model:
     async def _on_loop(call: Callable[..., Any], *args: Any) -> Any:
         """Runs a data-plane call on the server's loop, where the repository may be read safely."""
         return call(*args)
+
+
+async def _raising_errors(
+    responses: AsyncGenerator[InferenceResponse, None],
+) -> AsyncIterator[InferenceResponse]:
+    """The responses, but one that carries an error raises it (and cancels the request)."""
+    async with contextlib.aclosing(responses):
+        async for response in responses:
+            if response.error is not None:
+                raise response.error
+            yield response

@@ -120,7 +120,7 @@ class ClassifyingSink(ForwardingSink):
         self._batched = batched
 
     def send(self, response: InferenceResponse | None, final: bool) -> None:
-        if response is not None:
+        if response is not None and response.error is None:
             try:
                 response = classify_response(response, self._counts, self._labels, self._batched)
             except CoreserveError as exc:

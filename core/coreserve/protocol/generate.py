@@ -131,12 +131,16 @@ def _fit(value: Any, spec: TensorSpec, batching: bool) -> np.ndarray:
 
 
 def encode_generate_response(response: InferenceResponse) -> bytes:
-    document: dict[str, Any] = {"model_name": response.model_name, "model_version": response.model_version}
-    if response.id:
-        document["id"] = response.id
+    """The response as Triton 2.51 writes it: one object of its id, model name and version, its
+    parameters and its outputs, each under its own name (the first of two of the same name
+    wins), with the names sorted."""
+    document: dict[str, Any] = {"id": response.id} if response.id else {}
+    document["model_name"] = response.model_name
+    document["model_version"] = response.model_version
+    for name, value in response.parameters.items():
+        document.setdefault(name, value)
     for name, array in response.outputs.items():
-        data = array_to_json(array, DataType.from_numpy(array.dtype), name, single=True)
-        document[name] = data.tolist() if isinstance(data, np.ndarray) else data
-    if response.parameters:
-        document["parameters"] = response.parameters
-    return orjson.dumps(document)
+        if name not in document:
+            data = array_to_json(array, DataType.from_numpy(array.dtype), name, single=True)
+            document[name] = data.tolist() if isinstance(data, np.ndarray) else data
+    return orjson.dumps(document, option=orjson.OPT_SORT_KEYS)

@@ -20,8 +20,22 @@ def test_non_finite_and_single_floats_are_written_as_triton_writes_them() -> Non
         },
     )
     assert encode_generate_response(response) == (
-        b'{"model_name":"m","model_version":"1","many":[NaN,-Infinity,0.5],"one":Infinity,'
+        b'{"many":[NaN,-Infinity,0.5],"model_name":"m","model_version":"1","one":Infinity,'
         b'"tenth":0.10000000149011612}'
+    )
+
+
+def test_parameters_are_fields_of_their_own_and_every_name_is_sorted_as_on_triton() -> None:
+    response = InferenceResponse(
+        model_name="m",
+        model_version="2",
+        outputs={"text_output": np.array([b"hi"], np.object_), "Z": np.array([1], np.int32)},
+        id="r7",
+        parameters={"finish": "stop", "count": 3, "text_output": "hidden"},
+    )
+    assert encode_generate_response(response) == (
+        b'{"Z":1,"count":3,"finish":"stop","id":"r7","model_name":"m","model_version":"2",'
+        b'"text_output":"hidden"}'
     )
 
 

@@ -6,6 +6,9 @@ decoupled."""
 
 from __future__ import annotations
 
+import json
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 
 import grpc
@@ -88,6 +91,17 @@ class TritonPythonModel:
             )
             count = len(list(call.exec(decoupled=True)))
             return [pb_utils.InferenceResponse([tensor("OUT", count)])]
+        if mode == "bls_error_stream":  # its responses as digits: OUT's value, 9 for an error, 0 for none
+            call = pb_utils.InferenceRequest(
+                model_name="decoupled",
+                inputs=[pb_utils.Tensor("MODE", np.array([b"error_then_more"], np.object_))],
+                requested_output_names=["OUT"],
+            )
+            digits = ""
+            for response in call.exec(decoupled=True):
+                out = pb_utils.get_output_tensor_by_name(response, "OUT")
+                digits += "9" if response.has_error() else str(out.as_numpy()[0]) if out is not None else "0"
+            return [pb_utils.InferenceResponse([tensor("OUT", int(digits))])]
         return [pb_utils.InferenceResponse([tensor("OUT", 7), tensor("OTHER", 8)])]
 
     def fail(self):
@@ -139,11 +153,47 @@ def _stream(server: ServerProcess, mode: str) -> list[tuple[str, list[int] | Non
     return got
 
 
-def test_an_error_without_the_final_flag_ends_the_request_and_the_stub_lives(server: ServerProcess) -> None:
-    """Triton sends what follows the error too (3, then the final); the stub was killed here."""
-    assert _stream(server, "error_then_more") == [("", [1], False), ("midway", None, True)]
-    assert _stream(server, "error_then_final") == [("first", None, True)]
+def test_an_error_without_the_final_flag_is_one_response_and_the_rest_follow(server: ServerProcess) -> None:
+    """As on Triton (checked side by side), over a gRPC stream, generate_stream and a BLS
+    stream; the request counts as a success. (Here it used to end the request; once, it killed
+    the stub.)"""
+    with httpclient.InferenceServerClient(server.http_url) as client:
+        before = client.get_inference_statistics("decoupled")["model_stats"][0]["inference_stats"]
+    assert _stream(server, "error_then_more") == [
+        ("", [1], False),
+        ("midway", None, False),
+        ("", [3], False),
+        ("", None, True),
+    ]
+    assert _stream(server, "error_then_final") == [("first", None, False), ("", None, True)]
+    status, body = _post(server, "/v2/models/decoupled/generate_stream", {"MODE": "error_then_more"})
+    assert status == 200
+    assert [line for line in body.decode().splitlines() if line] == [
+        'data: {"OUT":1,"model_name":"decoupled","model_version":"1"}',
+        'data: {"error":"midway"}',
+        'data: {"OUT":3,"model_name":"decoupled","model_version":"1"}',
+    ]
+    assert _post(server, "/v2/models/decoupled/generate", {"MODE": "error_then_final"}) == (
+        500,  # (TritonError's code: INTERNAL)
+        b'{"error":"first"}',
+    )
+    assert _http(server, "bls_error_stream", ["OUT"]) == {"OUT": [130]}  # (Triton's BLS leaves the error out)
+    with httpclient.InferenceServerClient(server.http_url) as client:
+        after = client.get_inference_statistics("decoupled")["model_stats"][0]["inference_stats"]
+    assert after["fail"]["count"] == before["fail"]["count"]
+    assert after["success"]["count"] == before["success"]["count"] + 5
     assert "cannot handle" not in server.log and "exited unexpectedly" not in server.log
+    assert "Traceback" not in server.log
+
+
+def _post(server: ServerProcess, path: str, document: dict[str, str]) -> tuple[int, bytes]:
+    request = urllib.request.Request(f"http://{server.http_url}{path}", data=json.dumps(document).encode())
+    try:
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            return answer.status, answer.read()
+    except urllib.error.HTTPError as error:
+        with error:
+            return error.code, error.read()
 
 
 def test_a_decoupled_execute_that_returns_responses_fails_its_requests_in_tritons_words(

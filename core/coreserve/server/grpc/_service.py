@@ -409,14 +409,18 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             if trace is not None:
                 trace.mark("GRPC_SEND_START", now_ns())
             reply: StreamMessage | None = None
-            if response is not None:
+            # (an error a decoupled model sends without ending the request)
+            error = None if response is None else response.error
+            if response is not None and error is None:
                 try:  # every response says whether it is the last, as Triton's do
                     reply = serialize_model_stream_infer_response(response, plan, {FINAL_RESPONSE: final})
                 except CoreserveError as exc:  # an output too large for its shared memory region
-                    encoded = pb.ModelInferResponse(model_name=request.model_name, id=request.id)
-                    encoded.parameters[FINAL_RESPONSE].bool_param = final
-                    reply = pb.ModelStreamInferResponse(error_message=exc.message, infer_response=encoded)
-            elif empty_final:
+                    error = exc
+            if error is not None:
+                encoded = pb.ModelInferResponse(model_name=request.model_name, id=request.id)
+                encoded.parameters[FINAL_RESPONSE].bool_param = final
+                reply = pb.ModelStreamInferResponse(error_message=error.message, infer_response=encoded)
+            elif response is None and empty_final:
                 encoded = pb.ModelInferResponse(model_name=request.model_name, id=request.id)
                 encoded.parameters[FINAL_RESPONSE].bool_param = True
                 reply = pb.ModelStreamInferResponse(infer_response=encoded)

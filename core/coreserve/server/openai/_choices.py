@@ -60,6 +60,8 @@ class Choice:
     counted: bool = False
 
     def read(self, response: InferenceResponse) -> Chunk:
+        if response.error is not None:  # a decoupled model's error ends the answer here
+            raise response.error
         chunk = read_chunk(response)
         self.timing.chunk(chunk)
         self.usage.add(chunk.input_tokens, chunk.output_tokens)

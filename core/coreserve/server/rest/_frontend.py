@@ -231,6 +231,8 @@ class HttpFrontend:
                     answers.append(response)
                     if len(answers) > 1:
                         break  # (the stream, closed unfinished, cancels the request)
+            if len(answers) == 1 and answers[0].error is not None:
+                raise answers[0].error
             if len(answers) != 1:
                 raise InvalidArgumentError(
                     "generate expects model to produce exactly 1 response, use generate stream for model "
@@ -254,7 +256,7 @@ class HttpFrontend:
             with contextlib.suppress(StopAsyncIteration):
                 response = await anext(responses)
                 _mark(inference.trace, "HTTP_SEND_START")
-                first = encode_generate_response(response)
+                first = _generate_event(response)
         except CoreserveError:
             if inference.trace is not None:
                 inference.trace.finish()
@@ -268,7 +270,7 @@ class HttpFrontend:
                     _mark(trace, "HTTP_SEND_END")  # the event is handed to the connection
                     async for response in responses:
                         _mark(trace, "HTTP_SEND_START")
-                        yield b"data: " + encode_generate_response(response) + b"\n\n"
+                        yield b"data: " + _generate_event(response) + b"\n\n"
                         _mark(trace, "HTTP_SEND_END")
             except CoreserveError as exc:
                 yield b"data: " + orjson.dumps({"error": exc.message}) + b"\n\n"
@@ -285,6 +287,14 @@ class HttpFrontend:
         info = request.match_info
         statistics = await self._dataplane.server_statistics(info.get("model", ""), info.get("version", ""))
         return json_answer(statistics)
+
+
+def _generate_event(response: InferenceResponse) -> bytes:
+    """One response as generate_stream's event data; a decoupled model's error response that
+    does not end the request is an error event, and the stream goes on (as Triton's)."""
+    if response.error is not None:
+        return orjson.dumps({"error": response.error.message})
+    return encode_generate_response(response)
 
 
 def _cancel_on_disconnect(request: HttpRequest, inference: InferenceRequest) -> None:

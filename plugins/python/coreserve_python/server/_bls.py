@@ -83,6 +83,8 @@ class BlsServing:
                         single = not client.model_signature(
                             request.model_name, request.model_version
                         ).decoupled
+                    if response.error is not None:  # a decoupled model's, not its last: Triton's
+                        continue  # BLS iterator leaves it out (checked side by side)
                     self._send_bls_response(call, response.outputs, response.parameters, final=single)
                 if not single:
                     self._send_bls_response(call, None, None, final=True)

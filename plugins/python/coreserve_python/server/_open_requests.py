@@ -62,13 +62,13 @@ class OpenRequests:
             if entry is None:
                 continue
             request, responder, _ = entry
-            if final or (body is not None and body["error"] is not None):
-                self.close(key)  # an error ends the request here; what the model sends after it is dropped
+            if final:
+                self.close(key)
             if body is None:
                 responder.send_final(request)
-            elif body["error"] is not None:
+            elif body["error"] is not None:  # without the final flag: the request goes on, as on Triton
                 text, code = body["error"]
-                responder.send_error(request, error_for(code, text))
+                responder.send_error(request, error_for(code, text), final=final)
             else:
                 responder.send(request, outputs, parameters=body["parameters"], final=final)
 
