@@ -280,7 +280,8 @@ class HttpFrontend:
                     trace.finish()
 
         return StreamedResponse(
-            events(), headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+            events(),
+            headers={"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"},
         )
 
     async def _statistics(self, request: HttpRequest) -> HttpResponse:
