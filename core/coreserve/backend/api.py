@@ -23,13 +23,15 @@ class ModelFiles:
     """Where one version of a model lies on disk.
 
     `model_file` is the version folder joined with the configuration's
-    `default_model_filename`, or with the backend's default file name.
+    `default_model_filename`, or with the backend's default file name; for a model of a
+    Python-based backend (see `coreserve.backend.python_based`), it is that backend's `runtime`.
     """
 
     name: str
     path: Path
     version: int
     filename: str
+    runtime: Path | None = None
 
     @property
     def version_path(self) -> Path:
@@ -37,7 +39,7 @@ class ModelFiles:
 
     @property
     def model_file(self) -> Path:
-        return self.version_path / self.filename
+        return self.runtime if self.runtime is not None else self.version_path / self.filename
 
 
 class InstanceKind(enum.StrEnum):

@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from coreserve.backend.python_based import DEFAULT_BACKEND_DIRECTORY
 from coreserve.cli._options import cache_config
 from coreserve.cli._tls import add_http_tls_flags, check_http_tls_flags
 from coreserve.cli._triton_flags import add_accepted_flags, parse_bool, refuse_unknown
@@ -142,6 +143,10 @@ def serve_parser() -> argparse.ArgumentParser:
     bool_flag("--strict-model-config", False, "deprecated in Triton: true is --disable-auto-complete-config")
     flag("--backend-config", type=backend_config, action="append", default=[], metavar="BACKEND,KEY=VALUE",
          help="a setting handed to a backend (repeatable)")
+    flag("--backend-directory", type=Path, default=DEFAULT_BACKEND_DIRECTORY, metavar="DIR",
+         help="where Python-based backends are found: a model whose backend is no installed one runs "
+              "DIR/<backend>/model.py with the python backend, as on Triton "
+              f"(default {DEFAULT_BACKEND_DIRECTORY})")
     flag("--python-env-cache-dir", type=Path, default=None, metavar="DIR",
          help="where the python backend keeps the environments it builds from models' requirements.txt, "
               "shared by models and servers with the same requirements (--backend-config "

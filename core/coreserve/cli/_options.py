@@ -122,6 +122,7 @@ def server_options(args: argparse.Namespace) -> ServerOptions:
         strict_readiness=args.strict_readiness,
         auto_complete_config=not (args.disable_auto_complete_config or args.strict_model_config),
         backend_config=backend_config,
+        backend_directory=args.backend_directory,
         cache_config=cache_config(args),
         exit_timeout_secs=args.exit_timeout_secs,
         rate_limit=args.rate_limit,

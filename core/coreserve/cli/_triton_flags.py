@@ -118,7 +118,7 @@ TRITON_FLAGS: tuple[TritonFlag, ...] = (
     # Tracing
     TritonFlag("--trace-config", _A, "str", repeatable=True),
     # Backends, repository agents, caches: shared libraries in Triton
-    TritonFlag("--backend-directory", _I, "str", "backends are Python packages found by entry point"),
+    TritonFlag("--backend-directory", _A),
     TritonFlag("--backend-config", _A),
     TritonFlag("--repoagent-directory", _I, "str", _LIB),
     TritonFlag("--cache-config", _A, "str", repeatable=True),

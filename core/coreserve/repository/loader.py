@@ -24,6 +24,7 @@ from coreserve.backend.custom_metrics import CustomMetrics
 from coreserve.backend.devices import reported_gpus
 from coreserve.backend.parameters import bool_parameter
 from coreserve.backend.plugins.registry import BackendRegistry
+from coreserve.backend.python_based import PYTHON_BACKEND, python_based_runtime
 from coreserve.config import ModelSignature, apply_defaults, read_config_file, validate_config
 from coreserve.config.ignored import ignored_fields
 from coreserve.config.instance_groups import depends_on_gpus
@@ -65,12 +66,15 @@ class ModelLoader:
         latency: LatencyOptions | None = None,
         response_cache: ResponseCache | None = None,
         rate_limiter: RateLimiter | None = None,
+        backend_directory: Path | None = None,
     ) -> None:
         self._backends = backends
         self.rate_limiter = rate_limiter  # --rate-limit=execution_count
         self.response_cache = response_cache  # --cache-config; models opt in with response_cache
         self.config_name = config_name  # --model-config-name
         self._auto_complete = auto_complete
+        # --backend-directory: where Python-based backends are found (None: nowhere).
+        self.backend_directory = backend_directory
         self._backend_config = backend_config or {}
         self._latency = latency
         self.client: InferenceClient | None = None  # the server sets its data plane here
@@ -161,18 +165,18 @@ class ModelLoader:
             config = _copy(config)
         available = list_versions(location.path)
         newest = max(versions) if versions else (available[-1] if available else None)
-        backend = self._choose_backend(location, config, newest)
-        if not config.default_model_filename:
-            config.default_model_filename = backend.default_model_filename
         # What Triton fills in before a backend completes the configuration (its name, backend
         # and version policy), so that the backend's completion reads them there.
         config.name = config.name or location.name
+        backend = self._choose_backend(location, config, newest)
+        if not config.default_model_filename:
+            config.default_model_filename = backend.default_model_filename
         if not config.HasField("ensemble_scheduling"):
             config.backend = config.backend or backend.name
         if config.version_policy.WhichOneof("policy_choice") is None:
             config.version_policy.latest.num_versions = 1
         if self._auto_complete and newest is not None:
-            files = ModelFiles(location.name, location.path, newest, config.default_model_filename)
+            files = self._files(location, newest, config)
             config = await asyncio.to_thread(
                 backend.auto_complete_config, files, config, self.context_for(backend)
             )
@@ -221,6 +225,9 @@ class ModelLoader:
     def _choose_backend(self, location: ModelLocation, config: ModelConfig, newest: int | None) -> Backend:
         if config.backend or config.platform:
             try:
+                has_backend = self._backends.get(config.backend) is not None
+                if python_based_runtime(config, self.backend_directory, has_backend) is not None:
+                    return self._backends.require(name=PYTHON_BACKEND)
                 return self._backends.require(name=config.backend, platform=config.platform)
             except CoreserveError as exc:
                 raise ModelConfigError(f"model '{location.name}': {exc.message}") from None
@@ -243,10 +250,13 @@ class ModelLoader:
             f"in {CONFIG_FILENAME} (installed backends: {installed})"
         )
 
+    def _files(self, location: ModelLocation, version: int, config: ModelConfig) -> ModelFiles:
+        """Where a version's files lie; the runtime of a Python-based backend's model too."""
+        runtime = python_based_runtime(config, self.backend_directory, True)
+        return ModelFiles(location.name, location.path, version, config.default_model_filename, runtime)
+
     async def _load_version(self, backend: Backend, location: ModelLocation, version: ModelVersion) -> None:
-        files = ModelFiles(
-            location.name, location.path, version.version, version.config.default_model_filename
-        )
+        files = self._files(location, version.version, version.config)
         started = time.monotonic()
         instances: list[ModelInstance] = []
         try:

@@ -75,6 +75,7 @@ class ServerRuntime:
             self.plugins.backends(),
             auto_complete=options.auto_complete_config,
             backend_config=options.backend_config,
+            backend_directory=options.backend_directory,
             config_name=options.model_config_name,
             latency=self._latency_options(),
             response_cache=self.response_cache,

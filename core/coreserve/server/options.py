@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from coreserve.backend.python_based import DEFAULT_BACKEND_DIRECTORY
 from coreserve.repository import ControlMode
 from coreserve.repository.memory.budgets import MemoryBudgets
 from coreserve.scheduling.rate_limiter import ResourceSetting
@@ -80,6 +81,8 @@ class ServerOptions:
     strict_readiness: bool = True
     auto_complete_config: bool = True
     backend_config: dict[str, dict[str, str]] = field(default_factory=dict)
+    # --backend-directory: where Triton's Python-based backends (`<dir>/<backend>/model.py`) are found.
+    backend_directory: Path = DEFAULT_BACKEND_DIRECTORY
     # --cache-config: cache name -> its settings ({"local": {"size": "1048576"}}); empty: no cache.
     cache_config: dict[str, dict[str, str]] = field(default_factory=dict)
     exit_timeout_secs: float = 30.0

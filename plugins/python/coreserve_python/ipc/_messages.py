@@ -42,6 +42,7 @@ class InitMessage(TypedDict):
     op: Literal["init"]
     id: NotRequired[int]
     model_file: str
+    backend_based: NotRequired[bool]  # model_file is a Python-based backend's, not the model's own
     args: dict[str, str]
     decoupled: bool
     idle_spin_microseconds: int
@@ -52,6 +53,7 @@ class AutoCompleteMessage(TypedDict):
     op: Literal["auto_complete"]
     id: NotRequired[int]
     model_file: str
+    backend_based: NotRequired[bool]
     config: dict[str, Any]
 
 

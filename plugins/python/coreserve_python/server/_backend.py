@@ -117,6 +117,7 @@ class PythonBackend(BaseBackend):
         message: AutoCompleteMessage = {
             "op": "auto_complete",
             "model_file": str(model.model_file),
+            "backend_based": model.runtime is not None,
             "config": config_to_dict(config),
         }
         launch = stub_launch(config, model, server.backend_config, self._builds)

@@ -144,6 +144,7 @@ class PythonInstance:
         message: InitMessage = {
             "op": "init",
             "model_file": str(self._model.model_file),
+            "backend_based": self._model.runtime is not None,
             "args": self._args(),
             "decoupled": self._decoupled,
             "idle_spin_microseconds": self._idle_spin_microseconds,

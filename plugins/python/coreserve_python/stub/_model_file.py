@@ -34,18 +34,24 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}" + (f"\n\nAt:\n{at}" if at else "")
 
 
-def load_model_module(model_file: Path) -> ModuleType:
+def load_model_module(model_file: Path, backend_based: bool = False) -> ModuleType:
     """Imports model.py as Triton's stub does: the version folder and the model's folder go at
     the end of sys.path (installed modules come first), and the file is module `<version>.model`
     of the version folder taken as a package, so `from . import helper` works beside `import
-    helper` and `import beside_config`."""
-    version_folder = model_file.parent
-    for folder in (str(version_folder), str(version_folder.parent)):
+    helper` and `import beside_config`. A Python-based backend's file (`backend_based`) is module
+    `model`, with its own folder at the end of sys.path."""
+    if backend_based:
+        folders = [str(model_file.parent)]
+        name = model_file.stem
+    else:
+        version_folder = model_file.parent
+        folders = [str(version_folder), str(version_folder.parent)]
+        package = version_folder.name
+        sys.modules[package] = _package(package, version_folder)
+        name = f"{package}.{model_file.stem}"
+    for folder in folders:
         if folder not in sys.path:
             sys.path.append(folder)
-    package = version_folder.name
-    sys.modules[package] = _package(package, version_folder)
-    name = f"{package}.{model_file.stem}"
     spec = importlib.util.spec_from_file_location(name, model_file)
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot import {model_file}")

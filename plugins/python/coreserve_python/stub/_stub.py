@@ -180,9 +180,14 @@ class Stub:
 
     def _init(self, message: Message) -> None:
         try:
-            self._instance_name = message["args"].get("model_instance_name", "")
-            self._requests.serve_model(self._instance_name, str(Path(message["model_file"]).parent))
-            module = load_model_module(Path(message["model_file"]))
+            args = message["args"]
+            self._instance_name = args.get("model_instance_name", "")
+            backend_based = message.get("backend_based", False)
+            # get_model_dir(): the model's version folder, whichever file it runs
+            version_folder = Path(args["model_repository"], args["model_version"]) if backend_based else None
+            model_file = Path(message["model_file"])
+            self._requests.serve_model(self._instance_name, str(version_folder or model_file.parent))
+            module = load_model_module(model_file, backend_based)
             self._decoupled = message["decoupled"]
             self._inbox.idle_spin_ns = message["idle_spin_microseconds"] * 1000
             self._started = open_start_mark(message.get("start_mark"))
@@ -201,7 +206,7 @@ class Stub:
 
     def _auto_complete(self, message: Message) -> None:
         try:
-            module = load_model_module(Path(message["model_file"]))
+            module = load_model_module(Path(message["model_file"]), message.get("backend_based", False))
             config = pb_utils.ModelConfig(message["config"])
             complete = getattr(module.TritonPythonModel, "auto_complete_config", None)
             if complete is not None:
