@@ -11,8 +11,8 @@ from coreserve.backend.responder import Responder
 from coreserve.config.signature import ModelSignature
 from coreserve.errors import CoreserveError, InternalError
 from coreserve.responses import ForwardingSink
-from coreserve.scheduling._stream_outcome import StreamOutcome
-from coreserve.scheduling.statistics import ModelStatistics
+from coreserve.scheduling._stream_outcome import OpenStreams, StreamOutcome
+from coreserve.scheduling.statistics import ExecutionTiming, ModelStatistics
 from coreserve.types import InferenceRequest, InferenceResponse, ResponseSink, now_ns
 
 logger = logging.getLogger(__name__)
@@ -25,14 +25,16 @@ async def execute_batch(
     statistics: ModelStatistics,
     *,
     decoupled: bool = False,
+    streams: OpenStreams | None = None,
 ) -> Responder:
     """Executes a batch; whatever the backend does, every request of it ends answered.
 
     An exception from the backend fails the requests it left open; a non-decoupled backend
     that returns without answering a request fails that request with an internal error.
     The execution is recorded in `statistics`; a decoupled request still open counts when it
-    ends (see StreamOutcome). Requests the backend handed back (`Responder.reschedule`,
-    `Responder.requeue`) stay open: the caller schedules them again or fails them.
+    ends (see StreamOutcome), and is counted in `streams` until then. Requests the backend
+    handed back (`Responder.reschedule`, `Responder.requeue`) stay open: the caller schedules
+    them again or fails them.
     """
     model_version = statistics.version
     if decoupled:
@@ -71,7 +73,9 @@ async def execute_batch(
     for request in batch:
         if decoupled and responder.is_open(request) and isinstance(request.sink, StreamOutcome):
             # Still answering (from the model's own thread): it counts once it ends.
-            request.sink.defer(partial(statistics.record_outcome, request, timing))
+            if streams is not None:
+                streams.opened()
+            request.sink.defer(partial(_settle, statistics, request, timing, streams))
     for request in batch:
         if request.trace is not None:  # the whole cost of tracing for a request not traced
             request.trace.executed(
@@ -82,6 +86,18 @@ async def execute_batch(
                 end_ns,
             )
     return responder
+
+
+def _settle(
+    statistics: ModelStatistics,
+    request: InferenceRequest,
+    timing: ExecutionTiming,
+    streams: OpenStreams | None,
+    reason: str | None,
+) -> None:
+    statistics.record_outcome(request, timing, reason)
+    if streams is not None:
+        streams.closed()
 
 
 class FirstResponseTimer(ForwardingSink):

@@ -16,10 +16,12 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 
 from coreserve.backend.api import ModelInstance
+from coreserve.backend.responder import Responder
 from coreserve.config.signature import ModelSignature
 from coreserve.errors import CancelledError, CoreserveError, InternalError, UnavailableError
 from coreserve.scheduling._execution import execute_batch
 from coreserve.scheduling._ordering import OrderedRelease, unhold
+from coreserve.scheduling._stream_outcome import OpenStreams
 from coreserve.scheduling.cache.responses import ModelResponseCache
 from coreserve.scheduling.rate_limiter import InstanceSlot, RateLimiter
 from coreserve.scheduling.statistics import ModelStatistics
@@ -67,6 +69,7 @@ class Scheduler:
         self._busy = 0
         self._executing = 0
         self._idle = asyncio.Event()
+        self._streams = OpenStreams()  # decoupled requests answering after their execution
         self._closed = False
         self._ordered: OrderedRelease | None = None  # set by schedulers that preserve ordering
         # In front of the queue when the model enables response_cache and the server has one.
@@ -294,18 +297,19 @@ class Scheduler:
     async def _execute_in_turn(self, instance: ModelInstance, batch: list[InferenceRequest]) -> None:
         limiter = self._rate_limiter
         if limiter is None:
-            responder = await execute_batch(
-                instance, batch, self.signature, self.statistics, decoupled=self.decoupled
-            )
+            responder = await self._execute_batch(instance, batch)
         else:
             async with limiter.turn(self._slots[id(instance)]):
-                responder = await execute_batch(
-                    instance, batch, self.signature, self.statistics, decoupled=self.decoupled
-                )
+                responder = await self._execute_batch(instance, batch)
         if responder.rescheduled:
             self._take_back(responder.rescheduled)
         if responder.requeued:
             self._requeue(responder.requeued)
+
+    async def _execute_batch(self, instance: ModelInstance, batch: list[InferenceRequest]) -> Responder:
+        return await execute_batch(
+            instance, batch, self.signature, self.statistics, decoupled=self.decoupled, streams=self._streams
+        )
 
     def _take_back(self, requests: Sequence[InferenceRequest]) -> None:
         """Requests a backend handed back to be executed again: only iterative sequences take
@@ -342,9 +346,10 @@ class Scheduler:
         insert_by_age(self._queue, request)
 
     async def close(self, timeout: float | None = None) -> bool:
-        """Stops taking requests, lets queued and running ones finish, fails the rest, then
-        closes the instances; `timeout` seconds bound all of it (an instance still closing
-        then is cancelled, see `ModelInstance.close`). Returns whether all of it ended in time."""
+        """Stops taking requests, lets queued and running ones finish (a decoupled request until
+        its last response), fails the rest, then closes the instances; `timeout` seconds bound
+        all of it (an instance still closing then is cancelled, see `ModelInstance.close`).
+        Returns whether all of it ended in time."""
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         in_time = True
@@ -363,6 +368,18 @@ class Scheduler:
                     self.model_version,
                     self.queue_size,
                     timeout,
+                )
+        if in_time and self._streams:  # decoupled requests still answering: their model stays
+            remaining = None if deadline is None else max(0.0, deadline - loop.time())
+            try:
+                await asyncio.wait_for(self._streams.ended(), remaining)
+            except TimeoutError:
+                in_time = False
+                logger.warning(
+                    "model '%s' version %s: %d decoupled requests still answering at the exit timeout",
+                    self.signature.model_name,
+                    self.model_version,
+                    len(self._streams),
                 )
         for task in self._tasks:
             task.cancel()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 
 from coreserve.errors import CoreserveError
@@ -58,3 +59,35 @@ class StreamOutcome(ForwardingSink):
             self._unregister = None
         if settle is not None:
             settle(reason)
+
+
+class OpenStreams:
+    """How many of a scheduler's decoupled requests still answer after their execution returned.
+
+    Closing the scheduler waits for them before it closes the instances, as a Triton model
+    stays loaded until its last response is sent: a model's finalize() must not run while it
+    still answers. Use it on the event loop thread.
+    """
+
+    __slots__ = ("_count", "_none")
+
+    def __init__(self) -> None:
+        self._count = 0
+        self._none = asyncio.Event()
+        self._none.set()
+
+    def __len__(self) -> int:
+        return self._count
+
+    def opened(self) -> None:
+        self._count += 1
+        self._none.clear()
+
+    def closed(self) -> None:
+        self._count -= 1
+        if not self._count:
+            self._none.set()
+
+    async def ended(self) -> None:
+        """Returns once none is open."""
+        await self._none.wait()
