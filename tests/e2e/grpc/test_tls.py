@@ -95,6 +95,23 @@ def test_a_client_that_never_starts_its_handshake_is_dropped(
     assert "Traceback" not in server.log, server.log[-3000:]
 
 
+def test_connections_that_fail_their_handshake_leave_nothing_behind(
+    coreserve_server: ServerFactory, repository: Path, pki: Pki, grpc_server: str
+) -> None:
+    # They were kept for good (memory) and made the stop fail (exit 1, a traceback).
+    server = coreserve_server(repository, *_tls_flags(pki, grpc_server))
+    host, port = server.grpc_url.rsplit(":", 1)
+    for _ in range(20):
+        socket.create_connection((host, int(port))).close()
+    client = _client(server, pki, None)
+    try:
+        assert _scale(client) == 2.0
+    finally:
+        client.close()
+    assert server.stop() == 0
+    assert "Traceback" not in server.log, server.log[-3000:]
+
+
 def test_mutual_tls_wants_a_client_certificate_the_root_signed(
     coreserve_server: ServerFactory, repository: Path, pki: Pki, grpc_server: str
 ) -> None:

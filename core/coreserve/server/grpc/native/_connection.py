@@ -76,13 +76,17 @@ class Http2Connection(asyncio.Protocol):
         max_message_size: int,
         settings: GrpcTransport,
         on_close: Callable[[Http2Connection], None],
+        on_open: Callable[[Http2Connection], None] | None = None,
     ) -> None:
+        """`on_open` and `on_close`: called once the connection is made (under TLS: once its
+        handshake is done; one that fails it never is) and once it is lost."""
         self.handlers = handlers
         self._transport_settings = settings
         self.gzip_level = GZIP_LEVELS[settings.compression_level]
         self._keepalive: KeepaliveTimers | None = None
         self.max_message_size = max_message_size
         self._on_close = on_close
+        self._on_open = on_open
         self.transport: Any = None
         self.peer = ""
         self.streams = Streams(self, handlers, max_message_size)
@@ -108,6 +112,8 @@ class Http2Connection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport
+        if self._on_open is not None:
+            self._on_open(self)
         address = transport.get_extra_info("peername")
         self.peer = f"ipv4:{address[0]}:{address[1]}" if address else ""
         self.out.append(

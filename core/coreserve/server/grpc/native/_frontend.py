@@ -65,11 +65,15 @@ class NativeGrpcFrontend:
             self._handlers[f"/{service}/{name}"] = handler
 
     def _connection(self) -> Http2Connection:
-        connection = Http2Connection(
-            self._handlers, self._max_message_size, self._transport, self._connections.discard
+        # Known once made: under TLS, asyncio makes the protocol before the handshake, and one
+        # whose handshake fails is never made (nor lost), and would stay here for good.
+        return Http2Connection(
+            self._handlers,
+            self._max_message_size,
+            self._transport,
+            self._connections.discard,
+            on_open=self._connections.add,
         )
-        self._connections.add(connection)
-        return connection
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
