@@ -96,6 +96,10 @@ class Segment:
                 os.ftruncate(fd, size)
             self.size = os.fstat(fd).st_size
             self.map = mmap.mmap(fd, self.size)
+        except BaseException:
+            if create:  # (not mapped, out of memory or descriptors: nobody would remove the file)
+                path.unlink(missing_ok=True)
+            raise
         finally:
             os.close(fd)
 

@@ -10,8 +10,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import functools
 import itertools
 import queue
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -42,12 +44,30 @@ class BlsCall:
         self._messages: queue.SimpleQueue[Message | None] = queue.SimpleQueue()
         self._loop = loop
         self._arrived = asyncio.Event() if loop is not None else None
+        self._lock = threading.Lock()  # (the reader thread delivers, the model's abandons)
+        self._discard: Callable[[Message | None], None] | None = None
 
     def deliver(self, message: Message | None) -> None:
-        self._messages.put(message)
+        with self._lock:
+            discard = self._discard
+            if discard is None:
+                self._messages.put(message)
+        if discard is not None:
+            discard(message)
+            return
         if self._loop is not None and self._arrived is not None:
             with contextlib.suppress(RuntimeError):  # the loop is closed: nobody awaits any more
                 self._loop.call_soon_threadsafe(self._arrived.set)
+
+    def abandon(self, discard: Callable[[Message | None], None]) -> None:
+        """Nobody reads the rest: the messages waiting, and those still to come, go to `discard`."""
+        waiting = []
+        with self._lock:
+            self._discard = discard
+            while not self._messages.empty():
+                waiting.append(self._messages.get_nowait())
+        for message in waiting:
+            discard(message)
 
     def next(self) -> Message | None:
         return self._messages.get()
@@ -89,6 +109,14 @@ class BlsStream:
             cancel: BlsCancelMessage = {"op": "bls_cancel", "call": self._call_id}
             self._stub._channel.send(cancel)
 
+    def __del__(self) -> None:
+        # Left before its final response (a `break`, with or without cancel()): what is still
+        # due is let go as it comes, its segments given back to the server, and the call forgotten.
+        if not self._ended:
+            self._ended = True
+            with contextlib.suppress(OSError):  # (the server went away: nothing to give back)
+                self._call.abandon(functools.partial(self._stub._discard, self._call_id))
+
 
 class ServerRequests:
     """Sends the model's requests to the server and waits for their answers: pb_utils' runtime
@@ -124,6 +152,16 @@ class ServerRequests:
         call = self._calls.get(message["call"])
         if call is not None:
             call.deliver(message)
+        else:  # (a call nobody waits for any more)
+            self._discard(message["call"], message)
+
+    def _discard(self, call_id: int, message: Message | None) -> None:
+        """A message of a call nobody reads: its segment goes back to the server; the last one
+        ends the call."""
+        if message is not None and (shared := segment_to_release(message.get("segment"))) is not None:
+            self._channel.send({"op": "release", "segments": [shared]})
+        if message is None or message.get("final", True):
+            self._calls.pop(call_id, None)
 
     def server_gone(self) -> None:
         """The server closed its end: whoever waits for an answer from it gets none."""

@@ -7,12 +7,15 @@ in groups, small enough to go inline and large enough to need a segment.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from coreserve_python.ipc import INLINE_LIMIT, SegmentPool, SegmentReader, segment_to_release, write_groups
+from coreserve_python.ipc._segments import Segment
 
 LARGE = INLINE_LIMIT // 4 + 1  # float32 elements: just over the inline limit
 
@@ -137,3 +140,11 @@ def test_bytes_elements_that_are_not_bytes_travel_as_their_text_as_in_triton(
         b"\x00raw",
         b"bytearray(b'x')",
     ]
+
+
+def test_a_segment_that_cannot_be_mapped_leaves_no_file_behind() -> None:
+    # (mmap refuses an empty file; out of descriptors or memory, it refuses as well)
+    path = Path("/dev/shm") / f"coreserve-test-unmapped-{os.getpid()}"
+    with pytest.raises(ValueError):
+        Segment(path, 0, create=True)
+    assert not path.exists()
