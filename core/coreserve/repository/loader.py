@@ -24,7 +24,7 @@ from coreserve.backend.custom_metrics import CustomMetrics
 from coreserve.backend.devices import reported_gpus
 from coreserve.backend.parameters import bool_parameter
 from coreserve.backend.plugins.registry import BackendRegistry
-from coreserve.backend.python_based import PYTHON_BACKEND, python_based_runtime
+from coreserve.backend.python_based import PYTHON_BACKEND, PYTHON_RUNTIME, python_based_runtime
 from coreserve.config import ModelSignature, apply_defaults, read_config_file, validate_config
 from coreserve.config.ignored import ignored_fields
 from coreserve.config.instance_groups import depends_on_gpus
@@ -169,8 +169,8 @@ class ModelLoader:
         # and version policy), so that the backend's completion reads them there.
         config.name = config.name or location.name
         backend = self._choose_backend(location, config, newest)
-        if not config.default_model_filename:
-            config.default_model_filename = backend.default_model_filename
+        if not config.default_model_filename and config.runtime != PYTHON_RUNTIME:  # (a Python-based
+            config.default_model_filename = backend.default_model_filename  # backend's stays "")
         if not config.HasField("ensemble_scheduling"):
             config.backend = config.backend or backend.name
         if config.version_policy.WhichOneof("policy_choice") is None:
@@ -226,8 +226,13 @@ class ModelLoader:
         if config.backend or config.platform:
             try:
                 has_backend = self._backends.get(config.backend) is not None
-                if python_based_runtime(config, self.backend_directory, has_backend) is not None:
-                    return self._backends.require(name=PYTHON_BACKEND)
+                runtime = python_based_runtime(config, self.backend_directory, has_backend)
+                if runtime is not None:
+                    backend = self._backends.require(name=PYTHON_BACKEND)
+                    logger.info(
+                        "model '%s': Python-based backend '%s' runs %s", config.name, config.backend, runtime
+                    )
+                    return backend
                 return self._backends.require(name=config.backend, platform=config.platform)
             except CoreserveError as exc:
                 raise ModelConfigError(f"model '{location.name}': {exc.message}") from None

@@ -105,9 +105,19 @@ def test_models_of_a_python_based_backend_run_its_model_py(
     assert _shout(client, "second") == ("HELLO?", f"{repository / 'models' / 'second' / '1'}|model")
 
 
-def test_its_configuration_reads_as_on_triton(client: httpclient.InferenceServerClient) -> None:
+def test_its_configuration_reads_as_on_triton(
+    client: httpclient.InferenceServerClient, server: ServerProcess, repository: Path
+) -> None:
+    assert (
+        f"model 'first': Python-based backend 'shouter' runs {repository / 'backends' / 'shouter' / 'model.py'}"
+        in server.log
+    )
     config = client.get_model_config("first")
-    assert (config["backend"], config["runtime"]) == ("shouter", "model.py")
+    assert (config["backend"], config["runtime"], config["default_model_filename"]) == (
+        "shouter",
+        "model.py",
+        "",
+    )
     assert [tensor["name"] for tensor in config["input"]] == ["TEXT"]  # from its auto_complete_config
     assert client.get_model_metadata("first")["platform"] == "shouter"
 
