@@ -2,7 +2,8 @@
 
 protobuf's JSON mapping writes 64-bit integers as strings; Triton's output writes them as
 numbers (`"dims": [16]`), and clients such as the Python backend's `model_config` rely on
-that. The conversion is guided by the message descriptor, so it follows the schema.
+that. Fields come in the order the schema declares them, as Triton writes them. The conversion
+is guided by the message descriptor, so it follows the schema.
 """
 
 from __future__ import annotations
@@ -44,7 +45,12 @@ def config_from_dict(data: dict[str, Any], source: str = "JSON configuration") -
 
 
 def _int64_to_numbers(descriptor: Any, data: dict[str, Any]) -> None:
-    """Rewrites, in place, the 64-bit integer fields of `descriptor`'s message as numbers."""
+    """Rewrites, in place, the 64-bit integer fields of `descriptor`'s message as numbers, and
+    puts the fields in their declared order."""
+    ordered = {field.name: data[field.name] for field in descriptor.fields if field.name in data}
+    if len(ordered) == len(data):
+        data.clear()
+        data.update(ordered)
     for name, value in data.items():
         field = descriptor.fields_by_name.get(name)
         if field is None:

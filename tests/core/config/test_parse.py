@@ -184,6 +184,25 @@ def test_json_form_has_numbers_for_64_bit_fields() -> None:
     assert config_from_dict(data) == config
 
 
+def test_json_form_writes_fields_in_their_declared_order_as_triton_does() -> None:
+    data = config_to_dict(_config("dynamic_batching { }"))
+    assert list(data)[:12] == [
+        "name",
+        "platform",
+        "backend",
+        "runtime",
+        "version_policy",
+        "max_batch_size",
+        "input",
+        "output",
+        "batch_input",
+        "batch_output",
+        "optimization",
+        "dynamic_batching",
+    ]
+    assert list(data["input"][0])[:4] == ["name", "data_type", "format", "dims"]
+
+
 def test_signature_checks_requests() -> None:
     signature = ModelSignature(_config())
     assert signature.inputs["a"].datatype is DataType.FP32
