@@ -71,8 +71,12 @@ class Tensor:
     def __init__(self, name: str | bytes, data: np.ndarray) -> None:
         if not isinstance(data, np.ndarray):
             raise TritonModelException(f"tensor '{name!s}' needs a numpy array, got {type(data).__name__}")
-        if data.dtype.kind in "SU":
+        if data.dtype.kind in "SU":  # (Triton refuses str arrays: they are taken as UTF-8 here)
             data = data.astype(np.object_)
+        try:
+            datatype_of(data)
+        except TypeError:  # complex, dates, long doubles, records: no Triton datatype (Triton's words)
+            raise TritonModelException("NumPy dtype is not supported.") from None
         self._name = _tensor_name(name)
         self._data = data
 

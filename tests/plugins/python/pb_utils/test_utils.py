@@ -29,6 +29,21 @@ def test_tensor_basics_and_dlpack() -> None:
         pb_utils.Tensor("X", [1, 2])  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(
+    "array",
+    [
+        np.array([1 + 2j], np.complex64),
+        np.array(["2020-01-01"], "datetime64[D]"),
+        np.array([1.5], np.longdouble),
+        np.zeros(2, "V4"),
+    ],
+    ids=["complex", "date", "long-double", "record"],
+)
+def test_a_tensor_of_a_dtype_triton_has_no_datatype_for_is_refused_in_its_words(array: np.ndarray) -> None:
+    with pytest.raises(pb_utils.TritonModelException, match=r"^NumPy dtype is not supported\.$"):
+        pb_utils.Tensor("OUT", array)
+
+
 def test_requests_responses_and_errors() -> None:
     request = pb_utils.InferenceRequest(
         model_name="m",
