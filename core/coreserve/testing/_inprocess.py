@@ -177,7 +177,8 @@ class InProcessServer:
     # Requests.
 
     def send(self, requests: Sequence[InferenceRequest]) -> list[Outcome]:
-        """Submits the requests together and waits until each has ended (or `request_timeout` passed).
+        """Submits the requests together and waits until each has ended (or `request_timeout` passed:
+        one still open then is cancelled, as a client that gives up cancels it).
 
         A request refused before it was scheduled ends with its error, as any other.
         """
@@ -194,6 +195,9 @@ class InProcessServer:
         _, pending = await asyncio.wait(waits, timeout=timeout)
         for wait in pending:
             wait.cancel()
+        for outcome in outcomes:
+            if not outcome.ended.is_set():  # (else its model, still answering it, could not unload)
+                outcome.request.cancel()
         return outcomes
 
     def start_request(self, request: InferenceRequest) -> Outcome:
@@ -210,13 +214,15 @@ class InProcessServer:
         return self.run(submit())
 
     def wait(self, outcome: Outcome) -> bool:
-        """Waits until the request has ended; False if it had not after `request_timeout` seconds."""
+        """Waits until the request has ended; False if it had not after `request_timeout` seconds
+        (it is cancelled then, as a client that gives up cancels it)."""
         timeout = self.request_timeout
 
         async def ended() -> bool:
             try:
                 await asyncio.wait_for(outcome.ended.wait(), timeout)
             except TimeoutError:
+                outcome.request.cancel()
                 return False
             return True
 

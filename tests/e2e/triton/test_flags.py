@@ -58,11 +58,17 @@ def test_triton_only_flags_start_a_server_with_one_warning(
     for name in (
         "--pinned-memory-pool-byte-size",
         "--cuda-memory-pool-byte-size",
-        "--backend-directory",
         "--sagemaker-thread-count",
     ):
         assert warnings[0].count(name) == 1
-    for quiet in ("--rate-limit", "--allow-gpu-metrics", "--grpc-keepalive-time", "--id"):
+    # (--backend-directory acts: where Python-based backends are found)
+    for quiet in (
+        "--rate-limit",
+        "--allow-gpu-metrics",
+        "--grpc-keepalive-time",
+        "--id",
+        "--backend-directory",
+    ):
         assert f"{quiet} " not in warnings[0]
     with httpclient.InferenceServerClient(server.http_url) as client:
         metadata = client.get_server_metadata()
