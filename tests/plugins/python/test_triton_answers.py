@@ -7,9 +7,11 @@ decoupled."""
 from __future__ import annotations
 
 import json
+import queue
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from functools import partial
 
 import grpc
 import numpy as np
@@ -194,6 +196,39 @@ def _post(server: ServerProcess, path: str, document: dict[str, str]) -> tuple[i
     except urllib.error.HTTPError as error:
         with error:
             return error.code, error.read()
+
+
+def test_triton_grpc_error_mode_ends_the_stream_at_the_first_error_with_its_status(
+    server: ServerProcess,
+) -> None:
+    """Triton's `triton_grpc_error: true` stream header; without it the stream goes on."""
+    for header, expected in (
+        ("true", [7, "StatusCode.INTERNAL"]),
+        ("false", [7, None, 7]),
+    ):
+        got: queue.Queue = queue.Queue()
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        client.start_stream(callback=partial(_put, got), headers={"triton_grpc_error": header})
+        try:
+            for mode in ("plain", "raise", "plain"):
+                client.async_stream_infer(
+                    "ordinary", _mode(grpcclient, mode), outputs=[grpcclient.InferRequestedOutput("OUT")]
+                )
+            seen: list[object] = []
+            for _ in range(len(expected)):
+                result, error = got.get(timeout=30)
+                seen.append(int(result.as_numpy("OUT")[0]) if error is None else error.status())
+                if error is not None and header == "true":
+                    assert "Failed to process the request(s) for model 'ordinary_0'" in error.message()
+        finally:
+            client.stop_stream()
+            client.close()
+        assert seen == expected
+        assert got.empty()
+
+
+def _put(into: queue.Queue, result: object, error: object) -> None:
+    into.put((result, error))
 
 
 def test_a_decoupled_execute_that_returns_responses_fails_its_requests_in_tritons_words(

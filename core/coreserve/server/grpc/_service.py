@@ -55,6 +55,7 @@ INFERENCE_SERVICE = "inference.GRPCInferenceService"
 # Request and response parameters of Triton's streaming protocol.
 ENABLE_EMPTY_FINAL = "triton_enable_empty_final_response"
 FINAL_RESPONSE = "triton_final_response"
+GRPC_ERROR_HEADER = "triton_grpc_error"
 # Requests of one ModelStreamInfer stream that may be open (read, and their last response not
 # yet sent) before the stream stops reading: a client that sends faster than the models answer,
 # or that reads no answers, holds at most this many requests and their responses in memory.
@@ -346,15 +347,19 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         # The native transport writes a message at once where nothing waits before it.
         call = StreamCall(self._max_stream_inflight, getattr(context, "send_now", None))
         running: set[InferenceRequest] = set()  # submitted, and their last response not yet given
+        # Triton's `triton_grpc_error: true` header: the first error ends the call with its status.
+        fail = call.fail if _metadata(context).get(GRPC_ERROR_HEADER) == "true" else None
 
         async def start(message: ReceivedInferRequest) -> None:
             await self._dataplane.load_on_demand(message.message)
-            self._start_stream_request(message, call.deliver, running, context)
+            self._start_stream_request(message, call.deliver, running, context, fail)
 
         reader = asyncio.create_task(call.read(requests, start))
         try:
             async for message in call.messages():
                 yield message
+            if call.failure is not None:
+                await context.abort(GRPC_STATUS[call.failure.code], call.failure.message)
             await reader
         finally:
             reader.cancel()
@@ -369,12 +374,16 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         deliver: Callable[[StreamMessage | None, bool, Callable[[], int] | None], bool],
         running: set[InferenceRequest],
         context: Any,
+        fail: Callable[[CoreserveError], None] | None = None,
     ) -> None:
         tracing = self._dataplane.tracer.active
         received_ns = now_ns() if tracing else 0
         message = received.message
 
         def error_message(error: CoreserveError) -> None:
+            if fail is not None:
+                fail(error)
+                return
             reply = pb.ModelStreamInferResponse(
                 error_message=error.message,
                 infer_response=pb.ModelInferResponse(
@@ -416,6 +425,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                     reply = serialize_model_stream_infer_response(response, plan, {FINAL_RESPONSE: final})
                 except CoreserveError as exc:  # an output too large for its shared memory region
                     error = exc
+            if error is not None and fail is not None:
+                fail(error)  # (the call ends: its requests still running are cancelled)
+                return
             if error is not None:
                 encoded = pb.ModelInferResponse(model_name=request.model_name, id=request.id)
                 encoded.parameters[FINAL_RESPONSE].bool_param = final

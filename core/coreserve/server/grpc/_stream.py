@@ -14,6 +14,7 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+from coreserve.errors import CoreserveError
 from coreserve.protocol.grpc_response import SerializedPieces
 from coreserve.protos import grpc_service_pb2 as pb
 from coreserve.responses import MAX_WAITING_BYTES
@@ -23,8 +24,15 @@ StreamMessage = bytes | SerializedPieces | pb.ModelStreamInferResponse
 Outbox = asyncio.Queue[tuple[StreamMessage | None, bool, int] | None]
 
 
+_FAILED = object()  # in the outbox: the call ends here, with `failure` as its status
+
+
 class StreamCall:
-    """The messages of one stream call and its open requests."""
+    """The messages of one stream call and its open requests.
+
+    A call whose client asked for Triton's `triton_grpc_error` mode ends at its first error
+    (`fail`): the messages before it go out, then the caller ends the call with the error's status.
+    """
 
     def __init__(self, limit: int, send_now: Callable[[Any], bool] | None) -> None:
         """`limit`: the requests open at once (max_stream_inflight); `send_now`: the native
@@ -37,12 +45,15 @@ class StreamCall:
         self._room = asyncio.Event()
         self._room.set()
         self._reading = True
+        self.failure: CoreserveError | None = None
 
     def deliver(
         self, message: StreamMessage | None, final: bool, measure: Callable[[], int] | None = None
     ) -> bool:
         """Sends or queues a message; False (dropped) for one past the bound, never a final one
         (`measure`: what its outputs hold, counted while it waits)."""
+        if self.failure is not None:  # (the call ends: nothing more goes out)
+            return True
         send_now = self._send_now
         if send_now is None or not self._outbox.empty() or (message is not None and not send_now(message)):
             size = measure() if measure is not None and not final else 0
@@ -56,6 +67,12 @@ class StreamCall:
             if not (self._reading or self._open):
                 self._outbox.put_nowait(None)  # wakes the generator to end the call
         return True
+
+    def fail(self, error: CoreserveError) -> None:
+        """Ends the call at this error (the first one only), after the messages queued before it."""
+        if self.failure is None:
+            self.failure = error
+            self._outbox.put_nowait(_FAILED)  # type: ignore[arg-type]
 
     async def read(self, requests: AsyncIterator[Any], start: Callable[[Any], Awaitable[None]]) -> None:
         """Starts each request read (`start`), waiting for room once `limit` are open."""
@@ -73,6 +90,8 @@ class StreamCall:
         """The messages that waited, in order, until reading ended and every request is answered."""
         while self._reading or self._open:
             item = await self._outbox.get()
+            if item is _FAILED:
+                return
             if item is None:
                 self._reading = False
                 continue

@@ -141,6 +141,8 @@ class ServerRequests:
         self._call_ids = itertools.count()
         self._instance_name = ""
         self._model_dir = ""
+        # Between the model's initialize() and its finalize(): BLS calls are taken (Triton's rule).
+        self.serving = False
 
     def serve_model(self, instance_name: str, model_dir: str) -> None:
         """The model the stub serves (its `init`): named in failures, its folder in get_model_dir()."""
@@ -249,7 +251,12 @@ class ServerRequests:
             response = pb_utils.InferenceResponse(outputs, parameters=body["parameters"])
         return response, message["final"]
 
+    def _check_bls(self) -> None:
+        if not self.serving:
+            raise pb_utils.TritonModelException("BLS is only supported during the 'execute' function.")
+
     def execute_bls(self, request: pb_utils.InferenceRequest) -> pb_utils.InferenceResponse:
+        self._check_bls()
         call = BlsCall()
         call_id = self._send_bls(request, False, call)
         try:
@@ -259,11 +266,13 @@ class ServerRequests:
         return response or pb_utils.InferenceResponse()
 
     def stream_bls(self, request: pb_utils.InferenceRequest) -> pb_utils.ResponseIterator:
+        self._check_bls()
         call = BlsCall()
         return pb_utils.ResponseIterator(BlsStream(self, self._send_bls(request, True, call), call))
 
     def async_bls(self, request: pb_utils.InferenceRequest, decoupled: bool) -> asyncio.Future[Any]:
         """Sends a BLS request now; a future of its response (decoupled: of its iterator)."""
+        self._check_bls()
         loop = asyncio.get_running_loop()  # RuntimeError outside a coroutine, as on Triton
         call = BlsCall(loop)
         call_id = self._send_bls(request, decoupled, call)

@@ -26,7 +26,6 @@ import socket
 import sys
 import threading
 import time
-import traceback
 from pathlib import Path
 from typing import Any
 
@@ -196,6 +195,7 @@ class Stub:
                 result = self._model.initialize(message["args"])
                 if inspect.iscoroutine(result):
                     self._run_coroutine(result)
+            self._requests.serving = True
         except BaseException as exc:
             error = describe(exc)
             failed: InitDoneMessage = {"op": "init_done", "reply_to": message.get("id"), "error": error}
@@ -280,7 +280,7 @@ class Stub:
             rescheduled = [request._key or 0 for request in requests if request._rescheduled()]
         except BaseException as exc:
             error = failed_execution(self._instance_name, describe(exc))
-            traceback.print_exc()
+            self._requests.log("ERROR", error)  # the model's fault, as Triton logs it (no stub frames)
         finally:
             executing_keys.reset(token)
         # An ordinary model's responses travel with the end of the execution: one message. It
@@ -338,9 +338,10 @@ class Stub:
             exc = done.exception()
             if exc is None:
                 return
-            traceback.print_exception(exc)
+            text = failed_execution(self._instance_name, describe(exc))
+            self._requests.log("ERROR", text)
             # The requests it left unanswered fail with its error instead of waiting forever.
-            error = pb_utils.TritonError(failed_execution(self._instance_name, describe(exc)))
+            error = pb_utils.TritonError(text)
             for key in keys:
                 if key in self._cancellations:
                     with contextlib.suppress(OSError):
@@ -375,6 +376,7 @@ class Stub:
 
     def _finalize(self, message: Message) -> None:
         error = None
+        self._requests.serving = False
         if self._model is not None and hasattr(self._model, "finalize"):
             try:
                 result = self._model.finalize()
@@ -418,7 +420,7 @@ class Stub:
     def send_response(self, key: int, response: pb_utils.InferenceResponse | None, flags: int) -> None:
         final = bool(flags & pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         self._channel.send(self._encode_responses([(key, response, final)]))
-        if final or (response is not None and response.has_error()):  # an error ends it too
+        if final:  # (an error response without the flag does not end the request: Triton's)
             self._cancellations.pop(key, None)
 
 
@@ -429,6 +431,7 @@ def main(argv: list[str]) -> int:
         die_with_server(int(argv[2]))
     sys.path.insert(0, str(SHIM))
     channel = Channel(socket.socket(fileno=int(argv[1])))
+    sys.argv[:] = [""]  # the model's, as Triton's stub leaves it (unittest.main() in a model reads it)
     Stub(channel).run()
     channel.close()
     sys.stdout.flush()
