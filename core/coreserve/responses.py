@@ -43,7 +43,12 @@ class SingleResponse:
         if response is not None and response.error is not None:  # (a decoupled model's, not final)
             self.future.set_exception(response.error)
             return
-        if response is None or not final:
+        if response is None:  # (a Python model's execute() that returned None in its list, say)
+            self.future.set_exception(
+                InternalError("the model ended the request without a response; it expects one response")
+            )
+            return
+        if not final:
             self.future.set_exception(
                 InternalError("the model sent a partial response to a request that expects one response")
             )

@@ -74,6 +74,8 @@ class TritonPythonModel:
             return (pb_utils.InferenceResponse([tensor("OUT", 1)]),)
         if mode == "none_for_two":
             return []
+        if mode == "none_in_list":  # (Triton leaves its client waiting)
+            return [None]
         if mode == "unknown_code":
             return [pb_utils.InferenceResponse(error=pb_utils.TritonError("odd", pb_utils.TritonError.UNKNOWN))]
         if mode == "raise":
@@ -307,6 +309,12 @@ def test_a_decoupled_bls_call_of_a_model_that_is_not_decoupled_yields_its_one_re
     server: ServerProcess,
 ) -> None:
     assert _http(server, "bls_stream", ["OUT"]) == {"OUT": [1]}  # there was an empty one after it
+
+
+def test_a_none_in_the_returned_list_fails_its_request_saying_so(server: ServerProcess) -> None:
+    with pytest.raises(InferenceServerException) as info:
+        _http(server, "none_in_list", ["OUT"])
+    assert info.value.message() == "the model ended the request without a response; it expects one response"
 
 
 def test_a_bls_callee_error_of_unknown_kind_keeps_its_code(server: ServerProcess) -> None:
