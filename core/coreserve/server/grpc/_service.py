@@ -36,7 +36,7 @@ from coreserve.protos import grpc_service_pb2_grpc as pb_grpc
 from coreserve.responses import MAX_WAITING_BYTES, StreamingResponses, output_bytes
 from coreserve.server import changes
 from coreserve.server.dataplane import DataPlane
-from coreserve.server.grpc._stream import StreamCall, StreamMessage
+from coreserve.server.grpc._stream import FINAL_RESPONSE, StreamCall, StreamMessage, bare_reply
 from coreserve.server.headers import ApiRestrictions, HeaderForwarding
 from coreserve.types import InferenceRequest, InferenceResponse, Trace, TraceContext, now_ns
 
@@ -54,7 +54,6 @@ GRPC_STATUS = {
 INFERENCE_SERVICE = "inference.GRPCInferenceService"
 # Request and response parameters of Triton's streaming protocol.
 ENABLE_EMPTY_FINAL = "triton_enable_empty_final_response"
-FINAL_RESPONSE = "triton_final_response"
 GRPC_ERROR_HEADER = "triton_grpc_error"
 # Requests of one ModelStreamInfer stream that may be open (read, and their last response not
 # yet sent) before the stream stops reading: a client that sends faster than the models answer,
@@ -384,15 +383,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             if fail is not None:
                 fail(error)
                 return
-            reply = pb.ModelStreamInferResponse(
-                error_message=error.message,
-                infer_response=pb.ModelInferResponse(
-                    model_name=message.model_name, model_version=message.model_version, id=received.request_id
-                ),
-            )
             # An error ends the request: a client that waits for the flag sees it.
-            reply.infer_response.parameters[FINAL_RESPONSE].bool_param = True
-            deliver(reply, True, None)
+            name, version = message.model_name, message.model_version
+            deliver(bare_reply(name, version, received.request_id, True, error.message), True, None)
 
         try:
             request, plan = self._decode(received)
@@ -429,13 +422,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 fail(error)  # (the call ends: its requests still running are cancelled)
                 return
             if error is not None:
-                encoded = pb.ModelInferResponse(model_name=request.model_name, id=request.id)
-                encoded.parameters[FINAL_RESPONSE].bool_param = final
-                reply = pb.ModelStreamInferResponse(error_message=error.message, infer_response=encoded)
+                reply = bare_reply(request.model_name, "", request.id, final, error.message)
             elif response is None and empty_final:
-                encoded = pb.ModelInferResponse(model_name=request.model_name, id=request.id)
-                encoded.parameters[FINAL_RESPONSE].bool_param = True
-                reply = pb.ModelStreamInferResponse(infer_response=encoded)
+                reply = bare_reply(request.model_name, "", request.id, True)
             if final:
                 running.discard(request)
             measure = None if response is None else partial(output_bytes, response, plan.shared_memory)

@@ -24,6 +24,7 @@ StreamMessage = bytes | SerializedPieces | pb.ModelStreamInferResponse
 Outbox = asyncio.Queue[tuple[StreamMessage | None, bool, int] | None]
 
 
+FINAL_RESPONSE = "triton_final_response"  # a response parameter of Triton's streaming protocol
 _FAILED = object()  # in the outbox: the call ends here, with `failure` as its status
 
 
@@ -106,3 +107,12 @@ class StreamCall:
         self._open -= 1
         if self._open < self._limit:
             self._room.set()
+
+
+def bare_reply(
+    model_name: str, model_version: str, request_id: str, final: bool, error: str = ""
+) -> pb.ModelStreamInferResponse:
+    """A stream message without outputs: a request's error, or its empty final response."""
+    encoded = pb.ModelInferResponse(model_name=model_name, model_version=model_version, id=request_id)
+    encoded.parameters[FINAL_RESPONSE].bool_param = final
+    return pb.ModelStreamInferResponse(error_message=error, infer_response=encoded)
