@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Iterable, Sequence
 
 from coreserve.backend.api import ModelInstance
 from coreserve.backend.responder import Responder
@@ -306,8 +306,8 @@ class Scheduler:
         if responder.requeued:
             self._requeue(responder.requeued)
 
-    async def _execute_batch(self, instance: ModelInstance, batch: list[InferenceRequest]) -> Responder:
-        return await execute_batch(
+    def _execute_batch(self, instance: ModelInstance, batch: list[InferenceRequest]) -> Awaitable[Responder]:
+        return execute_batch(
             instance, batch, self.signature, self.statistics, decoupled=self.decoupled, streams=self._streams
         )
 
