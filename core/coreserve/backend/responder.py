@@ -21,13 +21,15 @@ class Responder:
     times with `final=False` and then once with `final=True` (outputs may be empty then).
     `send_error` ends a request with an error. The core keeps only the outputs each request
     asked for, so a backend may compute the union for the whole batch. `reschedule` hands a
-    request back to be executed again instead (Triton's RESCHEDULE release).
+    request back to be executed again instead (Triton's RESCHEDULE release); `defer` lets an
+    ordinary model answer a request after its execution returned.
 
     Backends that time their phases call `mark_inputs_ready` and `mark_infer_done`; the
     statistics take compute-input, compute-infer and compute-output from these marks.
     """
 
     __slots__ = (
+        "_deferred",
         "_failed",
         "_open",
         "_requeued",
@@ -49,6 +51,7 @@ class Responder:
         self.requests = requests
         self._open = {id(request) for request in requests}
         self._failed: set[int] = set()
+        self._deferred: set[int] = set()
         self._rescheduled: list[InferenceRequest] = []
         self._requeued: list[tuple[InferenceRequest, CoreserveError]] = []
         self._withdrawn = 0
@@ -69,6 +72,18 @@ class Responder:
     def is_open(self, request: InferenceRequest) -> bool:
         """True while the request has not had its final response or an error."""
         return id(request) in self._open
+
+    def defer(self, request: InferenceRequest) -> None:
+        """An ordinary model answers this open request after its execution returned (a Python
+        model's response sender, as Triton allows one response with the final flag): the
+        execution does not fail it for want of an answer, and it counts once answered, as a
+        decoupled model's request does."""
+        if id(request) in self._open:
+            self._deferred.add(id(request))
+
+    def deferred(self, request: InferenceRequest) -> bool:
+        """True if the request is answered after the execution returned (see `defer`)."""
+        return id(request) in self._deferred
 
     @property
     def rescheduled(self) -> Sequence[InferenceRequest]:
@@ -187,11 +202,13 @@ class Responder:
         assert request.sink is not None
         request.sink.fail(error)
 
-    def fail_open_requests(self, error: BaseException) -> int:
-        """Ends every request that is still open with `error`; returns how many there were."""
+    def fail_open_requests(self, error: BaseException, *, deferred: bool = True) -> int:
+        """Ends every request that is still open with `error` (`deferred=False`: not those a
+        model answers after its execution, see `defer`); returns how many there were."""
         failed = 0
         for request in self.requests:
-            if id(request) in self._open:
+            key = id(request)
+            if key in self._open and (deferred or key not in self._deferred):
                 self.send_error(request, error)
                 failed += 1
         return failed

@@ -30,9 +30,10 @@ async def execute_batch(
     """Executes a batch; whatever the backend does, every request of it ends answered.
 
     An exception from the backend fails the requests it left open; a non-decoupled backend
-    that returns without answering a request fails that request with an internal error.
-    The execution is recorded in `statistics`; a decoupled request still open counts when it
-    ends (see StreamOutcome), and is counted in `streams` until then. Requests the backend
+    that returns without answering a request fails that request with an internal error,
+    unless it said it answers it later (`Responder.defer`). The execution is recorded in
+    `statistics`; a request still open then (a decoupled one, or a deferred one) counts when
+    it ends (see StreamOutcome), and is counted in `streams` until then. Requests the backend
     handed back (`Responder.reschedule`, `Responder.requeue`) stay open: the caller schedules
     them again or fails them.
     """
@@ -60,7 +61,8 @@ async def execute_batch(
     else:
         if not decoupled:
             responder.fail_open_requests(
-                InternalError(f"model '{signature.model_name}' returned without answering the request")
+                InternalError(f"model '{signature.model_name}' returned without answering the request"),
+                deferred=False,
             )
     if responder.withdrew_all:  # cancelled before the model got them: as if they left the queue
         for request in batch:
@@ -71,7 +73,11 @@ async def execute_batch(
     end_ns = now_ns()
     timing = statistics.record_execution(batch, responder, end_ns)
     for request in batch:
-        if decoupled and responder.is_open(request) and isinstance(request.sink, StreamOutcome):
+        if not responder.is_open(request) or not (decoupled or responder.deferred(request)):
+            continue
+        if not decoupled and request.sink is not None:  # (a decoupled one's was wrapped above)
+            request.sink = StreamOutcome(request, request.sink)
+        if isinstance(request.sink, StreamOutcome):
             # Still answering (from the model's own thread): it counts once it ends.
             if streams is not None:
                 streams.opened()

@@ -1,4 +1,5 @@
-"""How a decoupled request counts when it ends after its execution returned."""
+"""How a request counts when it ends after its execution returned (a decoupled model's, or
+one an ordinary model deferred)."""
 
 from __future__ import annotations
 
@@ -14,10 +15,11 @@ Settle = Callable[[str | None], None]
 
 
 class StreamOutcome(ForwardingSink):
-    """A decoupled request's sink: settles the request's statistics once it really ends.
+    """The sink of a request answered after its execution: settles its statistics once it ends.
 
-    A decoupled model may answer after execute() returned (from a thread of its own), so the
-    execution cannot say how the request went. It counts when its final response or error is
+    A decoupled model may answer after execute() returned (from a thread of its own), and so
+    may an ordinary model for a request it deferred (`Responder.defer`), so the execution
+    cannot say how the request went. It counts when its final response or error is
     delivered, or as CANCELED as soon as it is cancelled: a model may never answer a request
     its client gave up. Responses sent after the cancellation are dropped (nobody waits for
     them); a final one still closes the sink, without its payload.
@@ -62,7 +64,7 @@ class StreamOutcome(ForwardingSink):
 
 
 class OpenStreams:
-    """How many of a scheduler's decoupled requests still answer after their execution returned.
+    """How many of a scheduler's requests are still answered after their execution returned.
 
     Closing the scheduler waits for them before it closes the instances, as a Triton model
     stays loaded until its last response is sent: a model's finalize() must not run while it

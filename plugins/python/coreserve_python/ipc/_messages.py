@@ -154,6 +154,7 @@ class ExecuteDoneMessage(TypedDict):
     release: list[str]
     rescheduled: list[int]  # keys of requests handed back (RESCHEDULE), to be executed again
     withdrawn: list[int]  # keys of requests cancelled before the model got them (not run)
+    deferred: list[int]  # keys an ordinary model answers with its response sender, after this
     infer_ns: list[int] | None  # when the model's execute started and returned (None: it raised)
 
 

@@ -12,6 +12,7 @@ import asyncio
 import enum
 import json
 import sys
+import threading
 from collections.abc import AsyncIterator, Iterator
 from typing import Any, Protocol
 
@@ -100,24 +101,48 @@ class _Cancellation:
 
 
 class InferenceResponseSender:
-    """Sends the responses of a request of a decoupled model, from any thread."""
+    """Sends the responses of a request, from any thread: any number of them for a decoupled
+    model, one for an ordinary model (with the final flag, or followed by it), as on Triton."""
 
-    def __init__(self, key: int, cancellation: _Cancellation | None = None) -> None:
+    def __init__(self, key: int, cancellation: _Cancellation | None = None, decoupled: bool = True) -> None:
         self._key = key
+        self._decoupled = decoupled
+        self._sent = 0
         self._closed = False
+        self._lock = threading.Lock()
         self._cancellation = cancellation or _Cancellation()
 
     def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
-        if self._closed:
-            raise TritonModelException("Unable to send response. Response sender has been closed.")
         if flags not in (0, TRITONSERVER_RESPONSE_COMPLETE_FINAL):
             raise TritonModelException("Unable to send response. Unsupported flag provided.")
         if response is None and not flags:
             raise TritonModelException(
                 "Inference Response object must be provided when the response flags is set to zero."
             )
+        self._count(response, flags)
         _require_calls("InferenceResponseSender.send").send_response(self._key, response, flags)
-        if flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL:
+
+    def _count(self, response: InferenceResponse | None, flags: int) -> None:
+        """Takes one response (or the final flag) or refuses it, in Triton's words."""
+        with self._lock:
+            if not self._decoupled:
+                if response is not None and self._sent:
+                    raise TritonModelException(
+                        "Unable to send response. Non-decoupled model cannot send more than one response."
+                    )
+                if response is None and flags and not self._sent:
+                    raise TritonModelException(
+                        "Unable to send response. Non-decoupled model cannot send complete final "
+                        "before sending a response."
+                    )
+            if self._closed:
+                raise TritonModelException("Unable to send response. Response sender has been closed.")
+            self._closed = bool(flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            self._sent += 1
+
+    def _close(self) -> None:
+        """No more responses (the execution failed: the server ended the request)."""
+        with self._lock:
             self._closed = True
 
     def is_cancelled(self) -> bool:
@@ -216,6 +241,8 @@ class InferenceRequest:
         self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
         self._key: int | None = None  # set for requests given to execute
         self._cancellation = _Cancellation()  # shared with the stub, which sets it
+        self._sender: InferenceResponseSender | None = None
+        self._decoupled = False
 
     @classmethod
     def _served(
@@ -230,6 +257,7 @@ class InferenceRequest:
         request_id: str,
         cancelled: bool,
         timeout: int = 0,
+        decoupled: bool = False,
     ) -> InferenceRequest:
         """A request the server gives to execute(): its values come checked, so none are
         checked again on the request path."""
@@ -248,6 +276,8 @@ class InferenceRequest:
         request._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
         request._key = key
         request._cancellation = _Cancellation(cancelled)
+        request._sender = None
+        request._decoupled = decoupled
         return request
 
     def inputs(self) -> list[Tensor]:
@@ -302,9 +332,12 @@ class InferenceRequest:
         return self._release_flags == TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
 
     def get_response_sender(self) -> InferenceResponseSender:
+        """The request's one sender (the same object at every call, as on Triton)."""
         if self._key is None:
             raise TritonModelException("only requests given to execute() have a response sender")
-        return InferenceResponseSender(self._key, self._cancellation)
+        if self._sender is None:
+            self._sender = InferenceResponseSender(self._key, self._cancellation, self._decoupled)
+        return self._sender
 
     def exec(self, decoupled: bool = False) -> Any:
         """Runs this request on its model through the server: its response, or for

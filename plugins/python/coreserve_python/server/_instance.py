@@ -101,7 +101,8 @@ class PythonInstance:
         self.name = f"model '{model.name}' instance {placement.name}"
         self._pool = SegmentPool(placement.name)
         self._reader = SegmentReader()
-        self._open = OpenRequests(self._relay_cancel)  # given to the stub, not yet answered in full
+        # The requests given to the stub and not yet answered in full.
+        self._open = OpenRequests(self._relay_cancel, self._decoupled)
         # The executions whose execute() waits for the stub's reply, by their responder: if the
         # stub dies, each answers its own requests (see `_stub_died`).
         self._awaiting: set[Responder] = set()
@@ -362,6 +363,9 @@ class PythonInstance:
             entry = self._open.close(key)
             if entry is not None:  # (not if the model also ended it)
                 responder.reschedule(entry[0])
+        for key in reply.get("deferred", ()):
+            if (request := self._open.request(key)) is not None:  # (not if its sender ended it)
+                responder.defer(request)
         if reply["error"] is not None:
             error = InternalError(reply["error"])
             answered = [request for key, request in entries if self._open.close(key) is not None]

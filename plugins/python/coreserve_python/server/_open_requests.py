@@ -24,11 +24,15 @@ Entry = tuple[InferenceRequest, Responder, Callable[[], None]]
 class OpenRequests:
     """The open requests of one instance, by key (keys grow with the order they were given in)."""
 
-    def __init__(self, relay_cancel: Callable[[int], None]) -> None:
-        """`relay_cancel(key)`: tells the stub that the request it knows by `key` was cancelled."""
+    def __init__(self, relay_cancel: Callable[[int], None], decoupled: bool) -> None:
+        """`relay_cancel(key)`: tells the stub that the request it knows by `key` was cancelled;
+        `decoupled`: the model's transaction policy."""
         self._entries: dict[int, Entry] = {}
         self._next_key = 0
         self._relay_cancel = relay_cancel
+        # An ordinary model's response sent without the final flag (its response sender), by
+        # key: the request's one response, given once the flag follows.
+        self._held: dict[int, tuple[ResponseBody, dict[str, Any]]] | None = None if decoupled else {}
 
     def add(self, request: InferenceRequest, responder: Responder) -> int:
         """Opens a request given to the stub; returns its key."""
@@ -51,6 +55,8 @@ class OpenRequests:
         entry = self._entries.pop(key, None)
         if entry is not None:
             entry[2]()
+            if self._held:
+                self._held.pop(key, None)
         return entry
 
     def answer(
@@ -62,6 +68,13 @@ class OpenRequests:
             if entry is None:
                 continue
             request, responder, _ = entry
+            if self._held is not None:  # an ordinary model's: one response, with the final flag
+                if not final:
+                    if body is not None:
+                        self._held[key] = (body, outputs)
+                    continue
+                if body is None and key in self._held:
+                    body, outputs = self._held[key]
             if final:
                 self.close(key)
             if body is None:

@@ -239,6 +239,7 @@ class Stub:
                 item["id"],
                 item.get("cancelled", False),
                 item.get("timeout", 0),
+                self._decoupled,
             )
             self._register_cancellation(item["key"], request._cancellation)
             requests.append(request)
@@ -253,6 +254,7 @@ class Stub:
         error = None
         responses: ResponsesMessage | None = None
         rescheduled: list[int] = []
+        deferred: list[int] = []
         token = executing_keys.set(keys)
         infer_ns = [time.monotonic_ns(), 0]  # the model's execute: the statistics' compute-infer
         try:
@@ -268,7 +270,7 @@ class Stub:
             # A return value Triton refuses is the model's mistake: no stub traceback.
             refused = None
             if not self._decoupled:
-                responses, refused = self._results(requests, result)
+                responses, refused = self._results(requests, result, deferred)
             elif result is not None and not inspect.iscoroutine(result):  # its requests would wait for good
                 refused = (
                     f"Python model '{self._instance_name}' is using the decoupled mode and the execute "
@@ -283,6 +285,11 @@ class Stub:
             self._requests.log("ERROR", error)  # the model's fault, as Triton logs it (no stub frames)
         finally:
             executing_keys.reset(token)
+        if error is not None:  # the server ends every request of the batch: their senders close
+            deferred = []
+            for request in requests:
+                if request._sender is not None:
+                    request._sender._close()
         # An ordinary model's responses travel with the end of the execution: one message. It
         # goes before this execution's cleanup, which the server need not wait for.
         self._send_execute_done(
@@ -291,11 +298,13 @@ class Stub:
             error,
             responses,
             rescheduled=rescheduled if error is None else [],
+            deferred=deferred,
             infer_ns=infer_ns if infer_ns[1] else None,
         )
-        if error is not None or not self._decoupled:  # every request of the batch is answered now
+        if error is not None or not self._decoupled:  # answered now, but for the deferred ones
             for item in message["requests"]:
-                self._cancellations.pop(item["key"], None)
+                if item["key"] not in deferred:
+                    self._cancellations.pop(item["key"], None)
         for key in rescheduled:
             self._cancellations.pop(key, None)
 
@@ -314,6 +323,7 @@ class Stub:
         *,
         rescheduled: list[int] | None = None,
         withdrawn: list[int] | None = None,
+        deferred: list[int] | None = None,
         infer_ns: list[int] | None = None,
     ) -> None:
         shared = segment_to_release(message["segment"])
@@ -326,6 +336,7 @@ class Stub:
             "release": [shared] if shared else [],
             "rescheduled": rescheduled or [],
             "withdrawn": withdrawn or [],
+            "deferred": deferred or [],
             "infer_ns": infer_ns,
         }
         self._channel.send(done)
@@ -354,10 +365,13 @@ class Stub:
         future.add_done_callback(finished)
 
     def _results(
-        self, requests: list[pb_utils.InferenceRequest], result: Any
+        self, requests: list[pb_utils.InferenceRequest], result: Any, deferred: list[int]
     ) -> tuple[ResponsesMessage | None, str | None]:
         """An ordinary model's responses as a message, or why its return value is refused (in
-        Triton's words)."""
+        Triton's words). A request whose response sender the model took may be left None: its
+        sender answers it (or has); its key goes into `deferred` while the sender is open."""
+        if result is None:  # (Triton takes it: the senders answer, or the requests wait)
+            result = [None] * len(requests)
         refused = refused_return(result, len(requests))
         if refused is not None:
             return None, refused
@@ -371,7 +385,17 @@ class Stub:
                     )
                 continue  # answered by a later execution
             # (every request given to execute() has its key)
-            items.append((request._key or 0, response, True))
+            key, sender = request._key or 0, request._sender
+            if sender is not None:
+                if response is None:
+                    if not sender._closed:
+                        deferred.append(key)
+                    continue
+                try:  # the returned response is the sender's one response
+                    sender._count(response, pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                except pb_utils.TritonModelException as exc:
+                    return None, exc.message()
+            items.append((key, response, True))
         return self._encode_responses(items), None
 
     def _finalize(self, message: Message) -> None:
