@@ -332,10 +332,9 @@ class InferenceRequest:
         return self._release_flags == TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
 
     def get_response_sender(self) -> InferenceResponseSender:
-        """The request's one sender (the same object at every call, as on Triton)."""
         if self._key is None:
             raise TritonModelException("only requests given to execute() have a response sender")
-        if self._sender is None:
+        if self._sender is None:  # (one per request, the same at every call: Triton's)
             self._sender = InferenceResponseSender(self._key, self._cancellation, self._decoupled)
         return self._sender
 

@@ -1,5 +1,5 @@
 """The model's file as Triton's Python backend takes it: imported with its folder on sys.path,
-and its errors and refused return values in Triton's words."""
+and its errors in Triton's words."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import sys
 import traceback
 from pathlib import Path
 from types import ModuleType
-from typing import Any
 
 
 class ModelFileError(AttributeError):
@@ -82,17 +81,3 @@ def _package(name: str, folder: Path) -> ModuleType:
 def failed_execution(instance_name: str, reason: str) -> str:
     """An execution's error, as Triton words it."""
     return f"Failed to process the request(s) for model '{instance_name}', message: {reason}"
-
-
-def refused_return(result: Any, requests: int) -> str | None:
-    """Why Triton refuses what an ordinary model's execute returned for `requests` requests
-    (None: a list of as many)."""
-    if not isinstance(result, list):
-        return f"Expected a list in the execute return, found type '{type(result)}'."
-    if len(result) != requests:
-        return (
-            "Number of InferenceResponse objects do not match the number of InferenceRequest "
-            f"objects. InferenceRequest(s) size is:{requests}, and InferenceResponse(s) size "
-            f"is:{len(result)}\n"
-        )
-    return None

@@ -40,17 +40,16 @@ from coreserve_python.ipc import (
     FinalizeDoneMessage,
     InitDoneMessage,
     Message,
-    ResponseBody,
     ResponsesMessage,
     SegmentPool,
     SegmentReader,
     open_start_mark,
     segment_to_release,
-    write_groups,
 )
 from coreserve_python.stub._inbox import Inbox
-from coreserve_python.stub._model_file import describe, failed_execution, load_model_module, refused_return
+from coreserve_python.stub._model_file import describe, failed_execution, load_model_module
 from coreserve_python.stub._requests import ServerRequests, executing_keys, in_context
+from coreserve_python.stub._responses import responses_message, returned_responses
 
 # Where `import triton_python_backend_utils` finds pb_utils (coreserve_python/shim/).
 SHIM = Path(__file__).resolve().parents[1] / "shim"
@@ -270,7 +269,8 @@ class Stub:
             # A return value Triton refuses is the model's mistake: no stub traceback.
             refused = None
             if not self._decoupled:
-                responses, refused = self._results(requests, result, deferred)
+                items, refused = returned_responses(requests, result, deferred)
+                responses = responses_message(self._pool, items) if refused is None else None
             elif result is not None and not inspect.iscoroutine(result):  # its requests would wait for good
                 refused = (
                     f"Python model '{self._instance_name}' is using the decoupled mode and the execute "
@@ -364,40 +364,6 @@ class Stub:
 
         future.add_done_callback(finished)
 
-    def _results(
-        self, requests: list[pb_utils.InferenceRequest], result: Any, deferred: list[int]
-    ) -> tuple[ResponsesMessage | None, str | None]:
-        """An ordinary model's responses as a message, or why its return value is refused (in
-        Triton's words). A request whose response sender the model took may be left None: its
-        sender answers it (or has); its key goes into `deferred` while the sender is open."""
-        if result is None:  # (Triton takes it: the senders answer, or the requests wait)
-            result = [None] * len(requests)
-        refused = refused_return(result, len(requests))
-        if refused is not None:
-            return None, refused
-        items = []
-        for request, response in zip(requests, result, strict=True):
-            if request._rescheduled():
-                if response is not None:  # Triton's check (and its spelling)
-                    return None, (
-                        "Expected a None object in the execute function return list for reschduled "
-                        f"request, found type '{type(response)}'."
-                    )
-                continue  # answered by a later execution
-            # (every request given to execute() has its key)
-            key, sender = request._key or 0, request._sender
-            if sender is not None:
-                if response is None:
-                    if not sender._closed:
-                        deferred.append(key)
-                    continue
-                try:  # the returned response is the sender's one response
-                    sender._count(response, pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-                except pb_utils.TritonModelException as exc:
-                    return None, exc.message()
-            items.append((key, response, True))
-        return self._encode_responses(items), None
-
     def _finalize(self, message: Message) -> None:
         error = None
         self._requests.serving = False
@@ -413,37 +379,9 @@ class Stub:
 
     # Responses to the server.
 
-    def _encode_responses(
-        self, items: list[tuple[int, pb_utils.InferenceResponse | None, bool]]
-    ) -> ResponsesMessage:
-        """Responses as a `responses` message; their tensors go into one segment (or inline)."""
-        groups: list[list[tuple[str, Any]]] = []
-        for _, response, _ in items:
-            group = []
-            for tensor in response.output_tensors() if response is not None else ():
-                if not isinstance(tensor, pb_utils.Tensor):
-                    raise pb_utils.TritonModelException(
-                        f"output_tensors must be pb_utils.Tensor, got {tensor!r}"
-                    )
-                group.append((tensor.name(), tensor._host_array()))
-            groups.append(group)
-        segment, refs = write_groups(self._pool, groups)
-        encoded: list[tuple[int, ResponseBody | None, bool]] = []
-        for (key, response, final), outputs in zip(items, refs, strict=True):
-            body: ResponseBody | None = None
-            if response is not None:
-                error = response.error()
-                body = {
-                    "outputs": outputs,
-                    "error": (error.message(), error.code()) if error is not None else None,
-                    "parameters": response._parameters,
-                }
-            encoded.append((key, body, final))
-        return {"op": "responses", "segment": segment, "items": encoded}
-
     def send_response(self, key: int, response: pb_utils.InferenceResponse | None, flags: int) -> None:
         final = bool(flags & pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-        self._channel.send(self._encode_responses([(key, response, final)]))
+        self._channel.send(responses_message(self._pool, [(key, response, final)]))
         if final:  # (an error response without the flag does not end the request: Triton's)
             self._cancellations.pop(key, None)
 

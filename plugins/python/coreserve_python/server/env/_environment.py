@@ -54,6 +54,7 @@ STUB_MODULES = (
     "stub/_inbox.py",
     "stub/_model_file.py",
     "stub/_requests.py",
+    "stub/_responses.py",
     "stub/_stub.py",
     "shim/triton_python_backend_utils.py",
 )
