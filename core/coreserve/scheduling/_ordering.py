@@ -15,14 +15,16 @@ from coreserve.types import InferenceRequest, InferenceResponse, ResponseSink
 
 
 class HeldSink:
-    """Records what is sent to a request's sink and replays it on release."""
+    """Records what is sent to a request's sink and replays it on release; what comes after
+    the release (a request answered after its execution, wrapped meanwhile) goes straight on."""
 
-    __slots__ = ("_calls", "_done", "_target")
+    __slots__ = ("_calls", "_done", "_released", "_target")
 
     def __init__(self, target: ResponseSink) -> None:
         self._target = target
         self._calls: list[tuple[InferenceResponse | None, bool] | CoreserveError] = []
         self._done = False
+        self._released = False
 
     @property
     def done(self) -> bool:
@@ -30,11 +32,17 @@ class HeldSink:
 
     def send(self, response: InferenceResponse | None, final: bool) -> None:
         self._done = self._done or final
-        self._calls.append((response, final))
+        if self._released:
+            self._target.send(response, final)
+        else:
+            self._calls.append((response, final))
 
     def fail(self, error: CoreserveError) -> None:
         self._done = True
-        self._calls.append(error)
+        if self._released:
+            self._target.fail(error)
+        else:
+            self._calls.append(error)
 
     @property
     def target(self) -> ResponseSink:
@@ -42,6 +50,7 @@ class HeldSink:
         return self._target
 
     def release(self) -> None:
+        self._released = True
         for call in self._calls:
             if isinstance(call, CoreserveError):
                 self._target.fail(call)

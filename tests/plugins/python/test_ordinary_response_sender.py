@@ -22,7 +22,7 @@ from coreserve.testing import ServerProcess
 
 SIGNATURE = """
 input [ { name: "MODE" data_type: TYPE_STRING dims: [ 1 ] } ]
-output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ -1 ] } ]
 """
 # Each request's MODE says how the model answers it; OUT tells which answer arrived: 0 the
 # returned response, 1000s one sent before execute returned, 2000 one sent after.
@@ -82,6 +82,10 @@ class TritonPythonModel:
         elif mode == "one_then_return":
             sender.send(out(1000, shape))
             return out(0, shape)
+        elif mode == "large_from_a_thread":  # sent (and counted) as execute returns; written after
+            large = out(3000, (20_000_000,))
+            threading.Thread(target=sender.send, args=(large, FINAL), daemon=True).start()
+            time.sleep(0.001)
         return None
 
     def execute(self, requests):
@@ -142,6 +146,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
             MODEL,
             "max_batch_size: 8\ndynamic_batching { max_queue_delay_microseconds: 2000000 }\n",
         ),
+        ("ordered", MODEL, "max_batch_size: 8\ndynamic_batching { preserve_ordering: true }\n"),
         ("async_model", ASYNC_MODEL, "max_batch_size: 0\n"),
         ("caller", CALLER, "max_batch_size: 0\n"),
     ):
@@ -209,6 +214,18 @@ def test_the_requests_one_response_comes_from_its_sender_or_its_return(
     assert _stream(server, mode) == [answer]
 
 
+def test_a_response_written_after_execute_returned_is_the_answer(server: ServerProcess) -> None:
+    """The sender took it before execute returned, its message came after execute's end (the
+    request failed, and the late message made the server restart the stub)."""
+    assert _http(server, "large_from_a_thread") == 3000
+    assert "cannot handle" not in server.log
+
+
+def test_a_response_sent_after_execute_returned_keeps_the_batch_order(server: ServerProcess) -> None:
+    """Under `preserve_ordering` (the response was held for good, and the client waited)."""
+    assert _batched(server, "after", model="ordered") == 2000
+
+
 def test_an_async_execute_answers_after_it_returned(server: ServerProcess) -> None:
     assert _http(server, "after", model="async_model") == 2000
 
@@ -271,9 +288,9 @@ def test_one_execution_answers_its_requests_each_its_way_and_counts_each_once(se
     assert stats["batch_stats"][0]["batch_size"] == 3
 
 
-def _batched(server: ServerProcess, mode: str) -> int:
+def _batched(server: ServerProcess, mode: str, model: str = "batching") -> int:
     with httpclient.InferenceServerClient(server.http_url, network_timeout=30) as client:
-        return int(client.infer("batching", _mode(httpclient, mode, batched=True)).as_numpy("OUT")[0, 0])
+        return int(client.infer(model, _mode(httpclient, mode, batched=True)).as_numpy("OUT")[0, 0])
 
 
 def test_a_request_answered_after_the_return_counts_once_as_a_success(server: ServerProcess) -> None:

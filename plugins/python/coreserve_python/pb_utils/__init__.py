@@ -18,6 +18,7 @@ import json  # noqa: F401  (a module attribute of Triton's pb_utils too)
 import struct  # noqa: F401  (a module attribute of Triton's pb_utils too)
 
 from coreserve_python.pb_utils._errors import TritonError, TritonModelException
+from coreserve_python.pb_utils._logger import Logger
 from coreserve_python.pb_utils._management import is_model_ready, load_model, unload_model
 from coreserve_python.pb_utils._metrics import MetricFamily
 from coreserve_python.pb_utils._model_config import ModelConfig
@@ -50,7 +51,6 @@ from coreserve_python.pb_utils.inference import (
     InferenceResponse,
     InferenceResponseSender,
     InferenceTrace,
-    Logger,
     ResponseIterator,
     get_input_config_by_name,
     get_input_tensor_by_name,

@@ -1,17 +1,16 @@
-"""The request and response classes of `triton_python_backend_utils`, with its logger and helpers.
+"""The request and response classes of `triton_python_backend_utils`, with its helpers.
 
 `InferenceRequest` (BLS calls included), `InferenceResponse`, the response sender and iterator,
-`InferenceTrace`, `Logger`, and the module functions Triton defines beside them. Calls that need
-the server go through the stub: BLS calls and decoupled responses through the `StubCalls` it
-installs here (`install_calls`), the rest through its runtime (`_runtime`).
+`InferenceTrace`, and the module functions Triton defines beside them (`Logger` is in
+`_logger`). Calls that need the server go through the stub: BLS calls and the senders'
+responses through the `StubCalls` it installs here (`install_calls`), the rest through its
+runtime (`_runtime`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import enum
 import json
-import sys
 import threading
 from collections.abc import AsyncIterator, Iterator
 from typing import Any, Protocol
@@ -100,6 +99,9 @@ class _Cancellation:
         self.cancelled = cancelled
 
 
+_SENDERS_MADE = threading.Lock()
+
+
 class InferenceResponseSender:
     """Sends the responses of a request, from any thread: any number of them for a decoupled
     model, one for an ordinary model (with the final flag, or followed by it), as on Triton."""
@@ -109,7 +111,7 @@ class InferenceResponseSender:
         self._decoupled = decoupled
         self._sent = 0
         self._closed = False
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._cancellation = cancellation or _Cancellation()
 
     def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
@@ -119,8 +121,10 @@ class InferenceResponseSender:
             raise TritonModelException(
                 "Inference Response object must be provided when the response flags is set to zero."
             )
-        self._count(response, flags)
-        _require_calls("InferenceResponseSender.send").send_response(self._key, response, flags)
+        calls = _require_calls("InferenceResponseSender.send")
+        with self._lock:  # (another thread's final flag must not overtake this response)
+            self._count(response, flags)
+            calls.send_response(self._key, response, flags)
 
     def _count(self, response: InferenceResponse | None, flags: int) -> None:
         """Takes one response (or the final flag) or refuses it, in Triton's words."""
@@ -334,8 +338,9 @@ class InferenceRequest:
     def get_response_sender(self) -> InferenceResponseSender:
         if self._key is None:
             raise TritonModelException("only requests given to execute() have a response sender")
-        if self._sender is None:  # (one per request, the same at every call: Triton's)
-            self._sender = InferenceResponseSender(self._key, self._cancellation, self._decoupled)
+        with _SENDERS_MADE:  # (one per request, the same at every call and in every thread)
+            if self._sender is None:
+                self._sender = InferenceResponseSender(self._key, self._cancellation, self._decoupled)
         return self._sender
 
     def exec(self, decoupled: bool = False) -> Any:
@@ -348,46 +353,6 @@ class InferenceRequest:
         """exec() for `async def execute`: sends the request now and returns an awaitable
         future of its response (of a `ResponseIterator` for `decoupled=True`)."""
         return _require_calls("InferenceRequest.async_exec").async_bls(self, decoupled)
-
-
-class Logger:
-    """Log lines that appear in the server's log, tagged with the model."""
-
-    class LogLevel(enum.IntEnum):
-        INFO = 0
-        WARNING = 1
-        ERROR = 2
-        VERBOSE = 3
-
-    INFO = LogLevel.INFO
-    WARNING = LogLevel.WARNING
-    ERROR = LogLevel.ERROR
-    VERBOSE = LogLevel.VERBOSE
-
-    @staticmethod
-    def log(message: str, level: LogLevel | str = LogLevel.INFO) -> None:
-        name = level if isinstance(level, str) else Logger.LogLevel(level).name
-        runtime = _runtime.current()
-        if runtime is None:
-            print(f"{name}: {message}", file=sys.stderr)
-        else:
-            runtime.log(name, str(message))
-
-    @staticmethod
-    def log_info(message: str) -> None:
-        Logger.log(message, Logger.INFO)
-
-    @staticmethod
-    def log_warn(message: str) -> None:
-        Logger.log(message, Logger.WARNING)
-
-    @staticmethod
-    def log_error(message: str) -> None:
-        Logger.log(message, Logger.ERROR)
-
-    @staticmethod
-    def log_verbose(message: str) -> None:
-        Logger.log(message, Logger.VERBOSE)
 
 
 def get_model_dir() -> str:

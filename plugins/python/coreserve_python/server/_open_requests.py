@@ -68,6 +68,9 @@ class OpenRequests:
             if entry is None:
                 continue
             request, responder, _ = entry
+            if not responder.is_open(request):  # (ended meanwhile by the server: one too late)
+                self.close(key)
+                continue
             if self._held is not None:  # an ordinary model's: one response, with the final flag
                 if not final:
                     if body is not None:

@@ -17,7 +17,7 @@ def returned_responses(
 ) -> tuple[list[Item], str | None]:
     """What an ordinary model's execute returned, as items to send, or why Triton refuses it
     (in Triton's words). A request whose response sender the model took may be left None: its
-    sender answers it (or has); its key goes into `deferred` while the sender is open."""
+    sender answers it (or has): its key goes into `deferred`."""
     if result is None:  # (Triton takes it: the senders answer, or the requests wait)
         result = [None] * len(requests)
     if not isinstance(result, list):
@@ -40,9 +40,8 @@ def returned_responses(
         # (every request given to execute() has its key)
         key, sender = request._key or 0, request._sender
         if sender is not None:
-            if response is None:
-                if not sender._closed:
-                    deferred.append(key)
+            if response is None:  # (closed or not: what it sent may still be on its way)
+                deferred.append(key)
                 continue
             try:  # the returned response is the sender's one response
                 sender._count(response, pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)

@@ -1,0 +1,48 @@
+"""`Logger` of `triton_python_backend_utils`: a model's log lines, in the server's log."""
+
+from __future__ import annotations
+
+import enum
+import sys
+
+import coreserve_python.pb_utils.runtime as _runtime
+
+
+class Logger:
+    """Log lines that appear in the server's log, tagged with the model."""
+
+    class LogLevel(enum.IntEnum):
+        INFO = 0
+        WARNING = 1
+        ERROR = 2
+        VERBOSE = 3
+
+    INFO = LogLevel.INFO
+    WARNING = LogLevel.WARNING
+    ERROR = LogLevel.ERROR
+    VERBOSE = LogLevel.VERBOSE
+
+    @staticmethod
+    def log(message: str, level: LogLevel | str = LogLevel.INFO) -> None:
+        name = level if isinstance(level, str) else Logger.LogLevel(level).name
+        runtime = _runtime.current()
+        if runtime is None:
+            print(f"{name}: {message}", file=sys.stderr)
+        else:
+            runtime.log(name, str(message))
+
+    @staticmethod
+    def log_info(message: str) -> None:
+        Logger.log(message, Logger.INFO)
+
+    @staticmethod
+    def log_warn(message: str) -> None:
+        Logger.log(message, Logger.WARNING)
+
+    @staticmethod
+    def log_error(message: str) -> None:
+        Logger.log(message, Logger.ERROR)
+
+    @staticmethod
+    def log_verbose(message: str) -> None:
+        Logger.log(message, Logger.VERBOSE)
