@@ -116,6 +116,27 @@ class TritonPythonModel:
         sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([2000], np.int32))]))
         sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 """
+# Decoupled: two responses from a thread, after execute returned.
+DECOUPLED_LATER = """
+import threading
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            threading.Thread(target=self.answer, args=(request.get_response_sender(),), daemon=True).start()
+        return None
+
+    def answer(self, sender):
+        time.sleep(0.2)
+        for value in (1, 2):
+            sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([[value]], np.int32))]))
+        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+"""
 CALLER = """
 import triton_python_backend_utils as pb_utils
 
@@ -147,6 +168,12 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
             "max_batch_size: 8\ndynamic_batching { max_queue_delay_microseconds: 2000000 }\n",
         ),
         ("ordered", MODEL, "max_batch_size: 8\ndynamic_batching { preserve_ordering: true }\n"),
+        (
+            "decoupled_ordered",
+            DECOUPLED_LATER,
+            "max_batch_size: 8\ndynamic_batching { preserve_ordering: true }\n"
+            "model_transaction_policy { decoupled: true }\n",
+        ),
         ("async_model", ASYNC_MODEL, "max_batch_size: 0\n"),
         ("caller", CALLER, "max_batch_size: 0\n"),
     ):
@@ -224,6 +251,26 @@ def test_a_response_written_after_execute_returned_is_the_answer(server: ServerP
 def test_a_response_sent_after_execute_returned_keeps_the_batch_order(server: ServerProcess) -> None:
     """Under `preserve_ordering` (the response was held for good, and the client waited)."""
     assert _batched(server, "after", model="ordered") == 2000
+
+
+def test_a_decoupled_models_responses_after_execute_returned_keep_the_batch_order(
+    server: ServerProcess,
+) -> None:
+    """Under `preserve_ordering` they were held for good (the stream never ended)."""
+    got: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=lambda result, error: got.put((result, error)))
+    try:
+        client.async_stream_infer("decoupled_ordered", _mode(grpcclient, "any", batched=True))
+        values = []
+        for _ in range(2):
+            result, error = got.get(timeout=30)
+            assert error is None
+            values.append(int(result.as_numpy("OUT")[0, 0]))
+    finally:
+        client.stop_stream()
+        client.close()
+    assert values == [1, 2]
 
 
 def test_an_async_execute_answers_after_it_returned(server: ServerProcess) -> None:
