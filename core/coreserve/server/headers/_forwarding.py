@@ -2,9 +2,10 @@
 `--http-header-forward-pattern` and `--grpc-header-forward-pattern`.
 
 As in Triton, each header (HTTP) or metadata key (gRPC) of an inference request whose name the
-pattern matches anywhere, in any case, becomes a string parameter of that request under its
-name (here always lower case, as HTTP/2 writes names; HTTP/1.1's are read so). Triton forwards
-them on HTTP `…/infer` and on gRPC `ModelInfer` and `ModelStreamInfer`.
+pattern matches anywhere, in any case (unless it starts with RE2's `(?-i)`), becomes a string
+parameter of that request under its name (here always lower case, as HTTP/2 writes names;
+HTTP/1.1's are read so). Triton forwards them on HTTP `…/infer` and on gRPC `ModelInfer` and
+`ModelStreamInfer`.
 """
 
 from __future__ import annotations
@@ -14,11 +15,22 @@ from collections.abc import Iterable
 
 from coreserve.types import REQUEST_FIELDS, InferenceRequest
 
+# RE2's flag that makes the rest of a pattern case-sensitive (Triton's patterns are RE2's);
+# Python's `re` takes it only scoped, `(?-i:...)`.
+CASE_SENSITIVE = "(?-i)"
+
+
+def _compiled(pattern: str) -> re.Pattern[str]:
+    """The pattern as Triton matches it: in any case, unless it starts with `(?-i)`."""
+    if pattern.startswith(CASE_SENSITIVE):
+        return re.compile(pattern.removeprefix(CASE_SENSITIVE))
+    return re.compile(pattern, re.IGNORECASE)
+
 
 def checked_pattern(text: str) -> str:
     """`text` if it is a regular expression; ValueError naming the mistake otherwise."""
     try:
-        re.compile(text)
+        _compiled(text)
     except re.error as exc:
         raise ValueError(f"not a regular expression: {exc}") from None
     return text
@@ -28,7 +40,7 @@ class HeaderForwarding:
     """One frontend's pattern ("": nothing is forwarded)."""
 
     def __init__(self, pattern: str = "") -> None:
-        self._regex = re.compile(pattern, re.IGNORECASE) if pattern else None
+        self._regex = _compiled(pattern) if pattern else None
 
     def __bool__(self) -> bool:
         return self._regex is not None

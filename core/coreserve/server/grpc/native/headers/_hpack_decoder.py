@@ -30,9 +30,10 @@ ENTRY_OVERHEAD = 32
 # An integer this long (in continuation bytes) is past any size this decoder accepts.
 _MAX_INTEGER_BYTES = 4
 # RFC 9113 8.2.1: a name of visible ASCII but upper case letters and colons (a pseudo-header's
-# leading one aside); a value without NUL, CR or LF, and without white space at either end.
+# leading one aside); a value without NUL, CR or LF. White space at either end, which RFC 9113
+# forbids too, is taken as gRPC's own server takes it (Triton forwards such a value unchanged).
 _VALID_NAME = re.compile(rb":?[!-9;-@\[-~]+")
-_INVALID_VALUE = re.compile(rb"[\0\r\n]|^[ \t]|[ \t]$")
+_INVALID_VALUE = re.compile(rb"[\0\r\n]")
 
 
 class HeaderDecodingError(Exception):
