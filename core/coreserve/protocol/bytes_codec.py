@@ -22,35 +22,52 @@ def encode_bytes_tensor(array: np.ndarray) -> bytes:
     return b"".join(parts)
 
 
-def decode_bytes_tensor(buffer: bytes | memoryview, count: int | None, name: str) -> np.ndarray:
+def decode_bytes_tensor(
+    buffer: bytes | memoryview, count: int | None, name: str, model: str = ""
+) -> np.ndarray:
     """Parses `count` elements (all there are, when None) into a 1-D object array of bytes.
 
-    Raises InvalidArgumentError when the data ends inside an element or, with a count,
-    when bytes are left over.
+    Raises InvalidArgumentError when the data ends inside an element or, with a count, when
+    it holds fewer elements or more bytes: in Triton's words (ValidateBytesInputs), where
+    Triton has them; `model` names the model in them when it is known.
     """
     view = memoryview(buffer)
     size = len(view)
     items: list[bytes] = []
     offset = 0
     unpack = _LENGTH.unpack_from
+    where = f"inference input '{name}'" + (f" for model '{model}'" if model else "")
     while offset < size if count is None else len(items) < count:
+        if offset == size:  # (count is not None)
+            raise InvalidArgumentError(f"expected {count} string elements for {where}, got {len(items)}")
         if offset + 4 > size:
-            raise InvalidArgumentError(
-                f"BYTES data of tensor '{name}' ends inside the length of element {len(items)}"
-            )
+            raise InvalidArgumentError(_incomplete_length(where, size - offset))
         (length,) = unpack(view, offset)
         offset += 4
         if offset + length > size:
+            if count is not None and len(items) + 1 < count:  # (Triton counts the element cut short)
+                raise InvalidArgumentError(
+                    f"expected {count} string elements for {where}, got {len(items) + 1}"
+                )
             raise InvalidArgumentError(
                 f"BYTES data of tensor '{name}' ends inside element {len(items)} "
                 f"({length} bytes announced, {size - offset} left)"
             )
         items.append(bytes(view[offset : offset + length]))
         offset += length
-    if offset != size:
+    if size - offset >= 4:
         raise InvalidArgumentError(
-            f"BYTES data of tensor '{name}' has {size - offset} bytes after its {len(items)} elements"
+            f"unexpected number of string elements {len(items) + 1} for {where}, expecting {len(items)}"
         )
+    if offset != size:
+        raise InvalidArgumentError(_incomplete_length(where, size - offset))
     array = np.empty(len(items), dtype=np.object_)
     array[:] = items
     return array
+
+
+def _incomplete_length(where: str, left: int) -> str:
+    return (
+        f"incomplete string length indicator for {where}, expecting 4 bytes but only {left} bytes "
+        "available. Please make sure the string length indicator is in one buffer."
+    )

@@ -165,11 +165,11 @@ def array_from_bytes(
 ) -> np.ndarray:
     """Wraps raw tensor bytes as an array of `shape`, without copying when aligned.
 
-    `model` (the model's name, when known) makes the size error Triton's, word for word.
+    `model` (the model's name, when known) makes the size errors Triton's, word for word.
     """
     count = element_count(shape)
     if datatype is DataType.BYTES:
-        return decode_bytes_tensor(buffer, count, name).reshape(shape)
+        return decode_bytes_tensor(buffer, count, name, model).reshape(shape)
     dtype = NUMPY_DTYPES[datatype]
     expected = count * dtype.itemsize
     if len(buffer) != expected:

@@ -143,10 +143,28 @@ def test_bytes_codec_round_trip_and_errors() -> None:
     assert decode_bytes_tensor(encoded, None, "t").tolist() == values.tolist()
     with pytest.raises(InvalidArgumentError, match="ends inside element 2"):
         decode_bytes_tensor(encoded[:-1], 3, "t")
-    with pytest.raises(InvalidArgumentError, match="ends inside the length"):
-        decode_bytes_tensor(encoded[:2], 1, "t")
-    with pytest.raises(InvalidArgumentError, match="bytes after its 2 elements"):
-        decode_bytes_tensor(encoded, 2, "t")
+    # In Triton's words (ValidateBytesInputs), where Triton has them.
+    incomplete = (
+        "incomplete string length indicator for inference input 't' for model 'm', expecting 4 bytes "
+        "but only 2 bytes available. Please make sure the string length indicator is in one buffer."
+    )
+    with pytest.raises(InvalidArgumentError) as info:
+        decode_bytes_tensor(encoded[:2], 1, "t", "m")
+    assert info.value.message == incomplete
+    with pytest.raises(InvalidArgumentError) as info:
+        decode_bytes_tensor(encoded + b"\0\0", 3, "t", "m")
+    assert info.value.message == incomplete
+    with pytest.raises(InvalidArgumentError) as info:
+        decode_bytes_tensor(encoded, 2, "t", "m")
+    assert info.value.message == (
+        "unexpected number of string elements 3 for inference input 't' for model 'm', expecting 2"
+    )
+    with pytest.raises(InvalidArgumentError) as info:
+        decode_bytes_tensor(encoded, 4, "t", "m")
+    assert info.value.message == "expected 4 string elements for inference input 't' for model 'm', got 3"
+    with pytest.raises(InvalidArgumentError) as info:  # (Triton counts the element cut short)
+        decode_bytes_tensor(encoded[:-1], 4, "t", "m")
+    assert info.value.message == "expected 4 string elements for inference input 't' for model 'm', got 3"
 
 
 def test_raw_request_deduces_the_shape() -> None:
