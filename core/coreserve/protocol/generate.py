@@ -14,6 +14,7 @@ list; BYTES become text.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -70,6 +71,7 @@ def parse_generate_document(
         raise InvalidArgumentError(f"malformed JSON in the generate request: {exc}") from None
     if not isinstance(document, dict):
         raise InvalidArgumentError("the generate request must be a JSON object")
+    _refuse_duplicate_inputs(body, specs)
     inputs = {}
     parameters: dict[str, ParameterValue] = {}
     for key, value in document.items():
@@ -111,6 +113,27 @@ def _json_type(value: Any) -> str:
     if isinstance(value, dict):
         return "an object"
     return "an array" if isinstance(value, list) else type(value).__name__
+
+
+def _refuse_duplicate_inputs(body: bytes | bytearray | memoryview, specs: Mapping[str, TensorSpec]) -> None:
+    """Refuses an input named twice, as Triton does (a JSON parser keeps one of the two): the
+    first name seen again, in Triton's words. The document is read again, key by key, only
+    where an input's quoted name occurs twice in it."""
+    data = bytes(body)
+    if not any(data.count(b'"' + name.encode() + b'"') > 1 for name in specs):
+        return
+    keys: list[list[str]] = []
+
+    def keep_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        keys.append([key for key, _ in pairs])
+        return dict(pairs)
+
+    json.loads(data, object_pairs_hook=keep_keys)
+    seen: set[str] = set()
+    for key in keys[-1]:  # (the outermost object is the last one parsed)
+        if key in seen and key in specs:
+            raise InvalidArgumentError(f"input '{key}' already exists in request")
+        seen.add(key)
 
 
 def _fit(value: Any, spec: TensorSpec, batching: bool) -> np.ndarray:

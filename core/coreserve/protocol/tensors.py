@@ -100,14 +100,22 @@ def array_from_json(data: Any, datatype: DataType, shape: tuple[int, ...], name:
     """
     count = element_count(shape)
     flat = _flatten(data, name)
+    # Each mistake of type starts with Triton's words (http_server.cc, TritonJson).
     if datatype is DataType.BYTES:
         if not all(type(item) is str for item in flat):
-            raise InvalidArgumentError(f"input '{name}' is BYTES: its JSON data must be strings")
+            raise InvalidArgumentError(
+                "Unable to parse JSON bytes array: attempt to access JSON non-string as string "
+                f"(input '{name}' is BYTES: its JSON data must be strings)"
+            )
         array = np.empty(len(flat), dtype=np.object_)
         array[:] = [item.encode("utf-8") for item in flat]
     elif datatype in _INTEGER_TYPES:
         if not all(type(item) is int for item in flat):
-            raise InvalidArgumentError(f"input '{name}' is {datatype}: its JSON data must be integers")
+            kind = "unsigned-integer" if datatype.name.startswith("UINT") else "signed-integer"
+            raise InvalidArgumentError(
+                f"Unable to parse 'data': attempt to access JSON non-{kind} as {kind} "
+                f"(input '{name}' is {datatype}: its JSON data must be integers)"
+            )
         try:
             array = np.array(flat, dtype=NUMPY_DTYPES[datatype])
         except OverflowError:
@@ -121,8 +129,10 @@ def array_from_json(data: Any, datatype: DataType, shape: tuple[int, ...], name:
         except (ValueError, OverflowError) as exc:
             raise InvalidArgumentError(f"input '{name}' has malformed data: {exc}") from None
         if source.size and source.dtype.kind not in _ACCEPTED_KINDS[datatype]:
+            expected = "non-boolean as boolean" if datatype is DataType.BOOL else "non-number as double"
             raise InvalidArgumentError(
-                f"input '{name}' has data that is not {datatype} (found {_describe_kind(source.dtype.kind)})"
+                f"Unable to parse 'data': attempt to access JSON {expected} (input '{name}' has data "
+                f"that is not {datatype}: found {_describe_kind(source.dtype.kind)})"
             )
         with np.errstate(over="ignore"):  # a value beyond FP16/FP32 becomes inf, as in a C cast
             array = source.astype(NUMPY_DTYPES[datatype], copy=False)

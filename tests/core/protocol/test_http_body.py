@@ -111,15 +111,21 @@ def test_unaligned_binary_input_is_copied_aligned() -> None:
 @pytest.mark.parametrize(
     ("data", "datatype", "message"),
     [
-        ([1.5], "INT32", "must be integers"),
+        # Triton's words first (http_server.cc, TritonJson), then ours.
+        (
+            [1.5],
+            "INT32",
+            "Unable to parse 'data': attempt to access JSON non-signed-integer as signed-integer",
+        ),
         ([True], "INT32", "must be integers"),
         (["1"], "INT64", "must be integers"),
-        ([2**64], "UINT64", "must be integers"),  # beyond 64 bits JSON parsers give a float
+        ([2**64], "UINT64", "non-unsigned-integer as unsigned-integer"),  # beyond 64 bits: a float
         ([-(2**63) - 1], "INT64", "must be integers"),
         ([-1], "UINT8", "outside the range of UINT8"),
-        ([1], "BOOL", "not BOOL"),
-        ([1], "BYTES", "must be strings"),
-        (["x"], "FP32", "not FP32 (found strings)"),
+        ([1], "BOOL", "Unable to parse 'data': attempt to access JSON non-boolean as boolean"),
+        ([1], "BYTES", "Unable to parse JSON bytes array: attempt to access JSON non-string as string"),
+        (["x"], "FP32", "Unable to parse 'data': attempt to access JSON non-number as double"),
+        (["x"], "FP32", "not FP32: found strings"),
         ([[1, 2], [3]], "FP32", "has 3 elements but its shape [1] needs 1"),
         ({"a": 1}, "FP32", "as a JSON list"),
     ],

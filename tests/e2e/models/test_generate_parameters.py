@@ -56,6 +56,10 @@ class TritonPythonModel:
     def execute(self, requests):
         for request in requests:
             sender = request.get_response_sender()
+            if json.loads(request.parameters()).get("fail"):  # its first response is an error
+                error = pb_utils.TritonError("An Error Occurred")
+                sender.send(pb_utils.InferenceResponse(error=error), pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                continue
             for n in range(json.loads(request.parameters())["times"]):
                 output = pb_utils.Tensor("text_output", np.array([str(n).encode()], dtype=object))
                 sender.send(pb_utils.InferenceResponse([output]))
@@ -211,3 +215,45 @@ def test_generate_refuses_a_model_that_sends_other_than_one_response_in_triton_w
     )
     status, events = _post(server, body, "generate_stream", model="repeat")
     assert status == 200 and [event["text_output"] for event in events] == [str(n) for n in range(times)]
+
+
+@pytest.mark.parametrize("endpoint", ["generate", "generate_stream"])
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (
+            '{"text_input": "hi", "max_tokens": 1, "text_input": "again"}',
+            "input 'text_input' already exists in request",
+        ),
+        (
+            '{"text_input": "hi", "max_tokens": 1, "max_tokens": 2, "text_input": "a"}',
+            "input 'max_tokens' already",
+        ),
+        ('{"text_input": 123}', "attempt to access JSON non-string as string"),
+        (
+            '{"text_input": "hi", "max_tokens": "1"}',
+            "attempt to access JSON non-signed-integer as signed-integer",
+        ),
+    ],
+)
+def test_an_input_named_twice_or_of_the_wrong_json_type_is_refused_in_triton_words(
+    server: ServerProcess, endpoint: str, body: str, message: str
+) -> None:
+    """Triton's QA (L0_http generate_endpoint_test); a JSON parser kept the later of two names."""
+    status, document = _post(server, body, endpoint)
+    assert status == 400 and message in document["error"]
+
+
+def test_a_stream_whose_first_response_is_an_error_is_that_error_as_an_event(server: ServerProcess) -> None:
+    """As Triton's: it was a JSON error (a refusal before the model is one still, above)."""
+    request = urllib.request.Request(
+        f"http://{server.http_url}/v2/models/repeat/generate_stream",
+        data=json.dumps({"text_input": "hi", "fail": True}).encode(),
+        method="POST",
+    )
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(request, timeout=30)
+    with info.value as error:
+        assert error.code == 500  # (TritonError's code: INTERNAL; Triton 2.51 answers 400 whatever it is)
+        assert error.headers["Content-Type"] == "text/event-stream; charset=utf-8"
+        assert error.read() == b'data: {"error":"An Error Occurred"}\n\n'

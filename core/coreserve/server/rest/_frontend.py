@@ -257,10 +257,17 @@ class HttpFrontend:
                 response = await anext(responses)
                 _mark(inference.trace, "HTTP_SEND_START")
                 first = _generate_event(response)
-        except CoreserveError:
+        except CoreserveError as exc:
             if inference.trace is not None:
                 inference.trace.finish()
-            raise
+            if not inference.queued_ns:  # refused before it was queued: a JSON error, as Triton's
+                raise
+            # It failed in the model, or in its queue: the error is the stream's one event (Triton's).
+            return StreamedResponse(
+                _one_event(orjson.dumps({"error": exc.message})),
+                status=HTTP_STATUS[exc.code],
+                headers={"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"},
+            )
 
         async def events() -> AsyncIterator[bytes]:
             trace = inference.trace
@@ -288,6 +295,10 @@ class HttpFrontend:
         info = request.match_info
         statistics = await self._dataplane.server_statistics(info.get("model", ""), info.get("version", ""))
         return json_answer(statistics)
+
+
+async def _one_event(data: bytes) -> AsyncIterator[bytes]:
+    yield b"data: " + data + b"\n\n"
 
 
 def _generate_event(response: InferenceResponse) -> bytes:
