@@ -250,6 +250,12 @@ class InferenceRequest:
         else:
             self.trace_context = UNSAMPLED
 
+    def made_by_a_model(self) -> bool:
+        """True for a request a model made while executing another (an ensemble's step, a BLS
+        call): one traced as a child (see `trace_as_child_of`), not a client's."""
+        context = self.trace_context
+        return context is not None and (not context.sampled or context.parent is not None)
+
     def is_cancelled(self) -> bool:
         """True once the request was cancelled: its client gave up, or its parent was cancelled.
 

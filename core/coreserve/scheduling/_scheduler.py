@@ -71,6 +71,7 @@ class Scheduler:
         self._idle = asyncio.Event()
         self._streams = OpenStreams()  # decoupled requests answering after their execution
         self._closed = False
+        self._stopping = False  # the server stops: requests of clients are refused (see stopping)
         self._ordered: OrderedRelease | None = None  # set by schedulers that preserve ordering
         # In front of the queue when the model enables response_cache and the server has one.
         self.response_cache: ModelResponseCache | None = None
@@ -143,11 +144,22 @@ class Scheduler:
             return  # answered from the cache (or being looked up): it does not queue now
         self._queue_up(request)
 
+    def stopping(self) -> None:
+        """The server stops: from now on a client's request is refused in Triton's words, while
+        those queued and running go on, and so do the requests they make (ensemble steps, BLS)."""
+        self._stopping = True
+
     def _check_takes(self, request: InferenceRequest) -> None:
-        """Raises where the request cannot be taken: the model unloads, or its client gave up
-        while it was being decoded (counted as cancelled)."""
+        """Raises where the request cannot be taken: the model unloads, the server stops, or its
+        client gave up while it was being decoded (counted as cancelled)."""
         if self._closed:
             raise self._unloading()
+        if self._stopping and not request.made_by_a_model():
+            prefix = f"[request id: {request.id}] " if request.id else ""
+            raise UnavailableError(
+                f"{prefix}Server is stopping, scheduler for model has stopped accepting new "
+                "inference requests"
+            )
         if request.is_cancelled():
             self.statistics.record_failure(request, "CANCELED")
             raise CancelledError.of_request(request.model_name)

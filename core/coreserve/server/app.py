@@ -305,9 +305,15 @@ class ServerRuntime:
         )
 
     async def stop(self) -> None:
-        """Stops accepting requests, lets running ones finish, then unloads every model. Where
+        """Stops taking requests, lets those taken finish, then unloads every model. Where
         --exit-timeout-secs cut a request or an instance's close, `stopped_in_time` turns false."""
         self.flags.stopping = True
+        # As Triton's: a client's request that comes now is refused (the frontends stay up
+        # while they drain); those queued and running finish.
+        for model in self.repository.models_unordered():
+            for version in model.versions.values():
+                if version.scheduler is not None:
+                    version.scheduler.stopping()
         if self._poller is not None:
             self._poller.cancel()
         self.dataplane.traffic.close()  # rollouts stop moving weights; the weights stay as they are

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import queue
 import signal
 import socket
 import subprocess
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
@@ -310,12 +312,12 @@ def _slow_echo_server(
     return coreserve_server(tmp_path, *args, env=_env_with(site))
 
 
-def _echo_once(server: ServerProcess, value: int) -> int:
+def _echo_once(server: ServerProcess, value: int, model: str = "slow") -> int:
     client = httpclient.InferenceServerClient(server.http_url, network_timeout=60)
     try:
         tensor = httpclient.InferInput("IN", [1], "INT32")
         tensor.set_data_from_numpy(np.array([value], np.int32))
-        return int(client.infer("slow", [tensor]).as_numpy("OUT")[0])
+        return int(client.infer(model, [tensor]).as_numpy("OUT")[0])
     finally:
         client.close()
 
@@ -332,6 +334,65 @@ def test_sigterm_lets_requests_in_flight_finish(
         assert [future.result(timeout=30) for future in in_flight] == [1, 2]
     assert server.wait(timeout=30) == 0
     assert "coreserve stopped" in server.log
+
+
+def test_a_request_that_comes_once_the_stop_began_is_refused_in_tritons_words(
+    coreserve_server: ServerFactory, tmp_path: Path, echo_backend_site: Path
+) -> None:
+    """As Triton (its QA L0_grpc_state_cleanup): the request taken before the stop finishes; one
+    sent afterwards on the same gRPC stream is refused, not run (it was run)."""
+    server = _slow_echo_server(coreserve_server, tmp_path, echo_backend_site, 1000)
+    assert server.process is not None
+    answers: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        for value, request_id in ((1, "before"), (2, "after")):
+            tensor = grpcclient.InferInput("IN", [1], "INT32")
+            tensor.set_data_from_numpy(np.array([value], np.int32))
+            client.async_stream_infer("slow", [tensor], request_id=request_id)
+            if request_id == "before":
+                wait_until(lambda: pending_requests(server.metrics_url, "slow") == 1, "the request is in")
+                server.process.send_signal(signal.SIGTERM)
+                wait_until(lambda: "signal received; stopping" in server.log, "the stop began", 10)
+        got = [answers.get(timeout=30) for _ in range(2)]
+    finally:
+        client.stop_stream()
+        client.close()
+    refused = [error for _, error in got if error is not None]
+    assert [int(result.as_numpy("OUT")[0]) for result, error in got if error is None] == [1]
+    assert [error.message() for error in refused] == [  # (a stream's error message has no status)
+        "[request id: after] Server is stopping, scheduler for model has stopped accepting new inference requests"
+    ]
+    assert server.wait(timeout=30) == 0
+
+
+TWICE = """
+platform: "ensemble"
+max_batch_size: 0
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+ensemble_scheduling { step [
+  { model_name: "slow" model_version: -1 input_map { key: "IN" value: "IN" } output_map { key: "OUT" value: "MID" } },
+  { model_name: "slow" model_version: -1 input_map { key: "IN" value: "MID" } output_map { key: "OUT" value: "OUT" } }
+] }
+"""
+
+
+def test_the_requests_a_running_request_makes_are_taken_during_the_stop(
+    coreserve_server: ServerFactory, tmp_path: Path, echo_backend_site: Path
+) -> None:
+    """An ensemble's second step, submitted once the stop began, still runs: the request the
+    server took finishes (Triton refuses the step and fails it)."""
+    write_model(tmp_path, "twice", None, TWICE)
+    server = _slow_echo_server(coreserve_server, tmp_path, echo_backend_site, 1000)
+    assert server.process is not None
+    with ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(_echo_once, server, 7, "twice")
+        wait_until(lambda: pending_requests(server.metrics_url, "slow") == 1, "the first step runs")
+        server.process.send_signal(signal.SIGTERM)
+        assert answer.result(timeout=30) == 7
+    assert server.wait(timeout=30) == 0
 
 
 def test_exit_timeout_bounds_the_wait(
