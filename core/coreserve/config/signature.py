@@ -134,6 +134,9 @@ class ModelSignature:
         model = self.model_name
         inputs = request.inputs
         batch_size = 0
+        if len(inputs) < len(self._required):  # counted first, as Triton counts them first
+            missing = [name for name in self._required if name not in inputs]
+            raise RequestMismatchError(self._missing_error(list(reversed(inputs)), missing))
         # Last input first, as Triton walks them: an error names the input Triton's would name.
         for name, array in reversed(inputs.items()):
             spec = self.inputs.get(name)
@@ -175,7 +178,7 @@ class ModelSignature:
             if spec.reshape is not None:
                 lead = (array.shape[0],) if self.max_batch_size > 0 else ()
                 inputs[name] = array.reshape(lead + spec.reshape)
-        if len(inputs) < len(self.inputs):
+        if len(inputs) < len(self.inputs):  # (an optional input given in place of a required one)
             missing = [name for name in self._required if name not in inputs]
             if missing:
                 raise RequestMismatchError(self._missing_error(list(reversed(inputs)), missing))

@@ -623,6 +623,13 @@ ORDER_CASES: dict[str, tuple[service_pb2.ModelInferRequest, grpc.StatusCode, str
         "[request id: <id_unknown>] expected 2 inputs but got 1 inputs for model 'add_sub'. Got input(s) "
         "['INPUT0'], but missing required input(s) ['INPUT1']. Please provide all required input(s).",
     ),
+    # (Triton's QA L0_backend_python bls test_bls_wrong_inputs: the count comes before the datatype)
+    "one input missing, the other of the wrong datatype": (
+        _infer_request(inputs=(("INPUT0", [1, 4], "FP64"),), raw=[np.ones(4, np.float64).tobytes()]),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "[request id: <id_unknown>] expected 2 inputs but got 1 inputs for model 'add_sub'. Got input(s) "
+        "['INPUT0'], but missing required input(s) ['INPUT1']. Please provide all required input(s).",
+    ),
 }
 
 

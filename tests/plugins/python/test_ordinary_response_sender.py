@@ -1,9 +1,8 @@
 """A model that is not decoupled may answer through its request's response sender, as Triton
 2.51 allows (its L0 `response_sender` tests): one response with the final flag, or one then the
 flag, before or after execute() returns None in its place. Checked side by side with the real
-Triton: every answer here is Triton's, but where Triton's is unreadable (two responses: a
-garbled HTTP body, the first response alone over a gRPC stream), which here is an error that
-says why; and a BLS call of such a model, which crashes Triton."""
+Triton: every answer here is Triton's gRPC stream's (where a second response is refused,
+Triton's HTTP body is unreadable), and a BLS call of such a model crashes Triton."""
 
 from __future__ import annotations
 
@@ -282,27 +281,33 @@ def test_a_bls_call_gets_the_answer_of_the_callees_sender(server: ServerProcess)
     assert _http(server, "after", model="caller") == 2000  # (Triton 2.51 crashes here)
 
 
-@pytest.mark.parametrize(
-    ("mode", "message", "raised"),
-    [
-        ("final_first", "Non-decoupled model cannot send complete final before sending a response.", True),
-        ("two", "Non-decoupled model cannot send more than one response.", True),
-        ("one_then_return", "Non-decoupled model cannot send more than one response.", False),
-    ],
-)
-def test_what_the_sender_refuses_fails_the_request_in_tritons_words(
-    server: ServerProcess, mode: str, message: str, raised: bool
-) -> None:
-    expected = "Failed to process the request(s) for model 'ordinary_0', message: " + (
-        f"TritonModelException: Unable to send response. {message}\n\nAt:\n"
-        if raised
-        else f"Unable to send response. {message}"
+def test_a_final_flag_before_any_response_fails_the_request_in_tritons_words(server: ServerProcess) -> None:
+    expected = (
+        "Failed to process the request(s) for model 'ordinary_0', message: TritonModelException: Unable to "
+        "send response. Non-decoupled model cannot send complete final before sending a response.\n\nAt:\n"
     )
-    for answers in ([_http(server, mode)], _stream(server, mode)):
+    for answers in ([_http(server, "final_first")], _stream(server, "final_first")):
         assert len(answers) == 1
         assert isinstance(answers[0], str)
         assert answers[0].startswith(expected)
-        assert raised or answers[0] == expected
+
+
+@pytest.mark.parametrize(
+    ("mode", "logged"),
+    [
+        ("two", "TritonModelException: Unable to send response. Non-decoupled model cannot send more"),
+        ("one_then_return", "message: Unable to send response. Non-decoupled model cannot send more"),
+    ],
+)
+def test_a_second_response_is_refused_and_the_first_is_the_answer(
+    server: ServerProcess, mode: str, logged: str
+) -> None:
+    """As a Triton gRPC stream answers (its L0 test): the refusal fails the execution, which
+    the log tells, and the response sent first is the request's answer (here it was the
+    error; Triton's HTTP body is both, unreadable)."""
+    assert _http(server, mode) == 1000
+    assert _stream(server, mode) == [1000]
+    assert logged in server.log
 
 
 def test_a_response_the_sender_refuses_after_the_return_is_the_models_error_alone(

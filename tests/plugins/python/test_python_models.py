@@ -200,7 +200,10 @@ def test_bls_calls_an_onnx_model(client: httpclient.InferenceServerClient) -> No
     np.testing.assert_array_equal(result.as_numpy("SUM"), a + 1)
     assert result.as_numpy("ERROR")[0] in (b"", "")
     result = _infer(client, "bls_add_sub", {"A": a, "MODEL": np.array([b"missing_model"], dtype=np.object_)})
-    assert "Request for unknown model: 'missing_model' is not found" in result.as_numpy("ERROR")[0].decode()
+    assert result.as_numpy("ERROR")[0].decode() == (  # Triton's words (request_executor.cc)
+        "Model missing_model - Error when running inference: Failed for execute the inference request. "
+        "Model 'missing_model' is not ready."
+    )
     stats = client.get_inference_statistics("add_sub")["model_stats"][0]
     assert stats["inference_count"] >= 1  # the BLS call went through add_sub's scheduler
 

@@ -95,6 +95,15 @@ class TritonPythonModel:
             )
             count = len(list(call.exec(decoupled=True)))
             return [pb_utils.InferenceResponse([tensor("OUT", count)])]
+        if mode == "bls_stream_twice":  # how many responses each of two passes gives, as digits
+            call = pb_utils.InferenceRequest(
+                model_name="decoupled",
+                inputs=[pb_utils.Tensor("MODE", np.array([b"error_then_more"], np.object_))],
+                requested_output_names=["OUT"],
+            )
+            responses = call.exec(decoupled=True)
+            first = sum(1 for _ in responses)
+            return [pb_utils.InferenceResponse([tensor("OUT", 10 * first + sum(1 for _ in responses))])]
         if mode == "bls_error_stream":  # its responses as digits: OUT's value, 9 for an error, 0 for none
             call = pb_utils.InferenceRequest(
                 model_name="decoupled",
@@ -309,6 +318,11 @@ def test_a_decoupled_bls_call_of_a_model_that_is_not_decoupled_yields_its_one_re
     server: ServerProcess,
 ) -> None:
     assert _http(server, "bls_stream", ["OUT"]) == {"OUT": [1]}  # there was an empty one after it
+
+
+def test_a_decoupled_bls_stream_iterated_again_replays_its_responses(server: ServerProcess) -> None:
+    """As Triton's iterator (its QA bls test_response_iterator); the second pass gave none."""
+    assert _http(server, "bls_stream_twice", ["OUT"]) == {"OUT": [33]}  # 1, 3 and the empty final
 
 
 def test_a_none_in_the_returned_list_fails_its_request_saying_so(server: ServerProcess) -> None:

@@ -62,6 +62,7 @@ class BlsServing:
         call = message["call"]
         client = self._server.client
         forget = _nothing
+        request = None
         try:
             request = self._bls_request(message)
             self._calls[call] = request
@@ -92,7 +93,7 @@ class BlsServing:
                 response = await client.infer(request)
                 self._send_bls_response(call, response.outputs, response.parameters, final=True)
         except CoreserveError as exc:
-            error = (exc.message, code_of(exc))
+            error = (_bls_error(message["model"], exc, request), code_of(exc))
         except Exception as exc:
             # Not the model's mistake nor the target's answer: a fault of the server, logged
             # once with its traceback. The model still gets an answer, or it would wait forever.
@@ -153,6 +154,18 @@ class BlsServing:
             "final": final,
         }
         self._send(answer)
+
+
+def _bls_error(model: str, exc: CoreserveError, request: InferenceRequest | None) -> str:
+    """A BLS call's error in Triton's words (request_executor.cc): one refused before it was
+    queued names the model, and a model that does not serve the request is "not ready"; one
+    that failed in its model is that model's error."""
+    if request is not None and request.queued_ns:
+        return exc.message
+    reason = exc.message
+    if reason.startswith("Request for unknown model:"):  # (the server's words for a model not serving)
+        reason = f"Failed for execute the inference request. Model '{model}' is not ready."
+    return f"Model {model} - Error when running inference: {reason}"
 
 
 def cancel_with_parents(request: InferenceRequest, parents: list[InferenceRequest]) -> Callable[[], None]:

@@ -16,12 +16,7 @@ from coreserve import (
     UnavailableError,
     config_to_dict,
 )
-from coreserve.backend import (
-    InstancePlacement,
-    ModelFiles,
-    Responder,
-    ServerContext,
-)
+from coreserve.backend import InstancePlacement, ModelFiles, Responder, ServerContext
 from coreserve_python.ipc import (
     STUB_OWNER,
     CancelMessage,
@@ -101,8 +96,7 @@ class PythonInstance:
         self.name = f"model '{model.name}' instance {placement.name}"
         self._pool = SegmentPool(placement.name)
         self._reader = SegmentReader()
-        # The requests given to the stub and not yet answered in full.
-        self._open = OpenRequests(self._relay_cancel, self._decoupled)
+        self._open = OpenRequests(self._relay_cancel, self._decoupled)  # given to the stub, open
         # The executions whose execute() waits for the stub's reply, by their responder: if the
         # stub dies, each answers its own requests (see `_stub_died`).
         self._awaiting: set[Responder] = set()
@@ -368,6 +362,8 @@ class PythonInstance:
                 responder.defer(request)
         if reply["error"] is not None:
             error = InternalError(reply["error"])
+            for key, _ in entries:  # a response its sender sent is the answer (Triton's)
+                self._open.answer_held(key)
             answered = [request for key, request in entries if self._open.close(key) is not None]
             for request in answered:
                 responder.send_error(request, error)

@@ -59,6 +59,16 @@ class OpenRequests:
                 self._held.pop(key, None)
         return entry
 
+    def answer_held(self, key: int) -> bool:
+        """Gives an ordinary model's held response (its sender's, the flag still to come) as the
+        request's answer; False if none is held. Triton's client gets that response when the
+        model then fails (the error comes second: a stream drops it)."""
+        held = self._held.pop(key, None) if self._held else None
+        if held is None:
+            return False
+        self.answer([(key, held[0], True)], [held[1]])
+        return True
+
     def answer(
         self, items: list[tuple[int, ResponseBody | None, bool]], outputs_of: list[dict[str, Any]]
     ) -> None:
