@@ -40,6 +40,10 @@ NOT_CONTIGUOUS_TEXT = (
     "Only contiguous DLPack tensors that are stored in C-Order are supported."
 )
 GPU_AS_NUMPY_TEXT = "Tensor is stored in GPU and cannot be converted to NumPy."
+BF16_AS_NUMPY_TEXT = (
+    "Tensor dtype is BF16 and cannot be converted to NumPy. Use to_dlpack() and from_dlpack() instead."
+)
+KDL_BFLOAT = 4  # DLDataTypeCode of bfloat16, which numpy's DLPack neither exports nor imports
 STRING_DLPACK_TEXT = "DLPack does not have support for string tensors."
 EMPTY_NAME_TEXT = "Tensor name cannot be an empty string."
 
@@ -186,6 +190,34 @@ def export(producer: Any, stream: Any = None, **options: Any) -> Any:
     return producer.__dlpack__(stream=stream)
 
 
+def export_bfloat16(array: np.ndarray, stream: Any = None, **options: Any) -> Any:
+    """A capsule of a host bfloat16 array (an ml_dtypes one), typed as DLPack's bfloat16: its
+    16-bit words exported by numpy, the element type set before anyone consumed the capsule."""
+    capsule = export(array.view(np.uint16), stream, **options)
+    name = _capsule_name(capsule)
+    managed = _LAYOUTS[name].from_address(_capsule_pointer(capsule, name))
+    managed.dl_tensor.dtype.code = KDL_BFLOAT
+    return capsule
+
+
+def _host_bfloat16(producer: Any) -> np.ndarray:
+    """A host bfloat16 DLPack tensor as an ml_dtypes array sharing its memory (numpy refuses the
+    type); the array keeps the producer and its capsule, whose deleter runs when both go."""
+    from coreserve_python.ipc._segments import DTYPES  # (bfloat16 where ml_dtypes is installed)
+
+    if "BF16" not in DTYPES:
+        raise TritonModelException("a bfloat16 tensor needs the ml_dtypes package in the model's environment")
+    capsule = producer.__dlpack__(stream=None)
+    layout = read_capsule(capsule)
+    if not layout.is_c_contiguous():
+        raise TritonModelException(NOT_CONTIGUOUS_TEXT)
+    count = int(np.prod(layout.shape, dtype=np.int64))
+    words = (ctypes.c_uint16 * count).from_address(layout.address) if count else (ctypes.c_uint16 * 0)()
+    words._held = (producer, capsule)  # type: ignore[attr-defined]
+    array: np.ndarray = np.frombuffer(memoryview(words), np.uint16).reshape(layout.shape)
+    return array.view(DTYPES["BF16"])
+
+
 @dataclass(frozen=True, slots=True)
 class DeviceTensor:
     """A tensor in CUDA memory, held as its producer so its memory stays where it is."""
@@ -215,10 +247,24 @@ def host_or_device(value: Any) -> np.ndarray | DeviceTensor:
         return DeviceTensor(value, layout)
     if device_type not in _HOST_DEVICES:
         raise TritonModelException(unsupported_device_text(device_type))
+    if is_bfloat16(value):
+        return _host_bfloat16(value)
     array = np.from_dlpack(value)
     if not array.flags.c_contiguous:
         raise TritonModelException(NOT_CONTIGUOUS_TEXT)
     return array
+
+
+def is_bfloat16(producer: Any) -> bool:
+    """Whether a host DLPack producer's elements are bfloat16 (read without consuming it)."""
+    if isinstance(producer, CapsuleProducer):
+        capsule = producer.__dlpack__()
+    elif isinstance(producer, np.ndarray):
+        return False
+    else:
+        capsule = producer.__dlpack__(stream=None)
+    layout = read_capsule(capsule)
+    return layout.type_code == KDL_BFLOAT and layout.bits == 16 and layout.lanes == 1
 
 
 def _capsule_owner(capsule: Any) -> Any:

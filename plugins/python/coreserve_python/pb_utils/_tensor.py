@@ -86,6 +86,8 @@ class Tensor:
     def as_numpy(self) -> np.ndarray:
         if self._device is not None:
             raise TritonModelException(_dlpack.GPU_AS_NUMPY_TEXT)
+        if self._data.dtype.name == "bfloat16":  # (as on Triton: numpy has no such type)
+            raise TritonModelException(_dlpack.BF16_AS_NUMPY_TEXT)
         return self._data
 
     def shape(self) -> list[int]:
@@ -113,6 +115,8 @@ class Tensor:
             return _dlpack.export(self._device.producer, stream, **options)
         if self._data.dtype == np.object_:
             raise TritonModelException(_dlpack.STRING_DLPACK_TEXT)
+        if self._data.dtype.name == "bfloat16":
+            return _dlpack.export_bfloat16(self._data, stream, **options)
         return _dlpack.export(self._data, stream, **options)
 
     def __dlpack_device__(self) -> tuple[int, int]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import ml_dtypes
 import numpy as np
 import pytest
 import torch
@@ -98,6 +99,40 @@ class TritonPythonModel:
         return responses
 """
 
+# Triton's QA identity_bf16, in our words: BF16 in, doubled by torch through DLPack, BF16 out;
+# REFUSED holds what as_numpy() said of the input and of the output (it refuses BF16).
+BF16_CONFIG = """
+backend: "python"
+max_batch_size: 0
+input [ { name: "INPUT0" data_type: TYPE_BF16 dims: [ 2 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_BF16 dims: [ 2 ] }, { name: "REFUSED" data_type: TYPE_STRING dims: [ 2 ] } ]
+"""
+BF16_MODEL = """
+import numpy as np
+import torch
+import triton_python_backend_utils as pb_utils
+
+
+def refusal(tensor):
+    try:
+        tensor.as_numpy()
+    except pb_utils.TritonModelException as exc:
+        return str(exc).encode()
+    return b"taken"
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            given = pb_utils.get_input_tensor_by_name(request, "INPUT0")
+            doubled = torch.utils.dlpack.from_dlpack(given.to_dlpack()) * 2
+            output = pb_utils.Tensor.from_dlpack("OUTPUT0", torch.utils.dlpack.to_dlpack(doubled))
+            refused = np.array([refusal(given), refusal(output)], dtype=np.object_)
+            responses.append(pb_utils.InferenceResponse([output, pb_utils.Tensor("REFUSED", refused)]))
+        return responses
+"""
+
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
@@ -107,7 +142,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     write_model(
         root, "force_cpu_maybe", TORCH_MODEL.encode(), TORCH_CONFIG % ("cpu", "Yes"), filename="model.py"
     )
-    loaded = ["torch_cpu", "reported_gpu"]
+    write_model(root, "bf16", BF16_MODEL.encode(), BF16_CONFIG, filename="model.py")
+    loaded = ["torch_cpu", "reported_gpu", "bf16"]
     if CUDA:
         write_model(
             root, "torch_cuda", TORCH_MODEL.encode(), TORCH_CONFIG % ("cuda", "yes"), filename="model.py"
@@ -141,6 +177,21 @@ def test_torch_results_return_through_from_dlpack(client: httpclient.InferenceSe
     assert result.as_numpy("OUTPUT0").tolist() == [2.0, 3.0, 4.0, 5.0]
     # FORCE_CPU_ONLY_INPUT_TENSORS "no": inputs are in host memory here all the same
     assert result.as_numpy("WHERE")[0] == b"input_cpu=True output_cpu=True"
+
+
+def test_bf16_tensors_go_through_dlpack_and_not_numpy_as_on_triton(
+    client: httpclient.InferenceServerClient,
+) -> None:
+    """Triton's QA identity_bf16 (L0_backend_python test_bf16): to_dlpack() failed here, and
+    as_numpy() gave an array where Triton refuses."""
+    tensor = httpclient.InferInput("INPUT0", [2], "BF16")
+    tensor.set_data_from_numpy(np.array([1.5, -2.0], dtype=ml_dtypes.bfloat16))
+    result = client.infer("bf16", [tensor])
+    assert result.as_numpy("OUTPUT0").astype(np.float32).tolist() == [3.0, -4.0]
+    refusal = (
+        b"Tensor dtype is BF16 and cannot be converted to NumPy. Use to_dlpack() and from_dlpack() instead."
+    )
+    assert result.as_numpy("REFUSED").tolist() == [refusal, refusal]
 
 
 def test_tensors_in_gpu_memory_leave_the_stub_as_outputs_and_bls_inputs(
