@@ -236,7 +236,7 @@ class InferenceRequest:
         correlation_id: int | str = 0,
         inputs: list[Tensor] | None = None,
         requested_output_names: list[str | bytes] | None = None,
-        model_name: str | bytes = "",
+        model_name: str | bytes | None = None,
         model_version: int = -1,
         flags: int = 0,
         timeout: int = 0,
@@ -244,12 +244,17 @@ class InferenceRequest:
         trace: InferenceTrace | None = None,
         parameters: dict[str, Any] | str | None = None,
     ) -> None:
+        if inputs is None or requested_output_names is None or model_name is None:  # (Triton's bindings)
+            raise TypeError(
+                "__init__(): incompatible constructor arguments: inputs, requested_output_names and "
+                "model_name are required"
+            )
         if not isinstance(correlation_id, int | str):
             raise TritonModelException("Correlation ID must be integer or string")
         self._request_id = _text(request_id, "request_id")
         self._correlation_id = correlation_id
-        self._inputs = list(inputs or [])
-        self._requested = [_text(name, "an output name") for name in requested_output_names or []]
+        self._inputs = list(inputs)
+        self._requested = [_text(name, "an output name") for name in requested_output_names]
         self._model_name = _text(model_name, "model_name")
         self._model_version = int(model_version)
         self._flags = int(flags)

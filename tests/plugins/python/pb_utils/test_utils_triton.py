@@ -275,5 +275,11 @@ def test_requests_take_every_argument_form_tritons_bindings_take() -> None:
         match=r"^Expect parameters values to have type bool/int/str, found type <class 'float'>$",
     ):
         pb_utils.InferenceRequest(model_name="x", inputs=[], requested_output_names=[], parameters={"a": 1.5})
+    # Triton's bindings have no default for these three (its QA bls test_bls_incorrect_args).
+    for missing in ("model_name", "inputs", "requested_output_names"):
+        given = {"model_name": "x", "inputs": [], "requested_output_names": []}
+        del given[missing]
+        with pytest.raises(TypeError, match="incompatible constructor arguments"):
+            pb_utils.InferenceRequest(**given)  # type: ignore[arg-type]
     assert pb_utils.Tensor("T", np.zeros(2, np.float32)).triton_dtype() == 11
     assert pb_utils.Tensor("T", np.array([b"a"], dtype=np.object_)).triton_dtype() == 13
