@@ -118,9 +118,9 @@ def _json_type(value: Any) -> str:
 def _refuse_duplicate_inputs(body: bytes | bytearray | memoryview, specs: Mapping[str, TensorSpec]) -> None:
     """Refuses an input named twice, as Triton does (a JSON parser keeps one of the two): the
     first name seen again, in Triton's words. The document is read again, key by key, only
-    where an input's quoted name occurs twice in it."""
+    where an input's quoted name occurs twice in it, or a \\u escape may spell one."""
     data = bytes(body)
-    if not any(data.count(b'"' + name.encode() + b'"') > 1 for name in specs):
+    if b"\\u" not in data and not any(data.count(b'"' + name.encode() + b'"') > 1 for name in specs):
         return
     keys: list[list[str]] = []
 
@@ -128,7 +128,10 @@ def _refuse_duplicate_inputs(body: bytes | bytearray | memoryview, specs: Mappin
         keys.append([key for key, _ in pairs])
         return dict(pairs)
 
-    json.loads(data, object_pairs_hook=keep_keys)
+    try:
+        json.loads(data, object_pairs_hook=keep_keys)
+    except (RecursionError, ValueError):  # nested deeper than this parser goes (orjson read it)
+        return
     seen: set[str] = set()
     for key in keys[-1]:  # (the outermost object is the last one parsed)
         if key in seen and key in specs:

@@ -37,6 +37,9 @@ RESCHEDULE_REFUSED = (
 CANCELLED_CLOSE_GRACE_S = 10.0
 
 
+STOPPING_TEXT = "Server is stopping, scheduler for model has stopped accepting new inference requests"
+
+
 class Scheduler:
     """Queues the requests of one model version and runs them on its instances."""
 
@@ -135,31 +138,39 @@ class Scheduler:
             return depth
         return 1
 
-    def submit(self, request: InferenceRequest) -> None:
-        """Queues a request; its sink receives the response. Raises if it cannot queue."""
-        self._check_takes(request)
-        request.queued_ns = now_ns()
+    def submit(self, request: InferenceRequest, *, admitted: bool = False) -> None:
+        """Queues a request; its sink receives the response. Raises if it cannot queue.
+        `admitted`: another worker took it from its client (the stop's check was made there)."""
+        self._check_takes(request, admitted)
+        request.queued_ns = now_ns()  # (`queued_ns` set: refusals that come later are the model's)
         cache = self.response_cache if self.answers_from_cache else None
         if cache is not None and cache.answer(request, self.statistics, self._admit_missed):
             return  # answered from the cache (or being looked up): it does not queue now
-        self._queue_up(request)
+        try:
+            self._queue_up(request)
+        except CoreserveError:
+            request.queued_ns = 0  # refused at the queue's door (full, a priority it lacks)
+            raise
 
     def stopping(self) -> None:
         """The server stops: from now on a client's request is refused in Triton's words, while
         those queued and running go on, and so do the requests they make (ensemble steps, BLS)."""
         self._stopping = True
 
-    def _check_takes(self, request: InferenceRequest) -> None:
+    def _stop_refuses(self, request: InferenceRequest) -> str | None:
+        """Triton's refusal of a client's request while the server stops (None: taken)."""
+        prefix = f"[request id: {request.id}] " if request.id else ""
+        return f"{prefix}{STOPPING_TEXT}"
+
+    def _check_takes(self, request: InferenceRequest, admitted: bool = False) -> None:
         """Raises where the request cannot be taken: the model unloads, the server stops, or its
         client gave up while it was being decoded (counted as cancelled)."""
         if self._closed:
             raise self._unloading()
-        if self._stopping and not request.made_by_a_model():
-            prefix = f"[request id: {request.id}] " if request.id else ""
-            raise UnavailableError(
-                f"{prefix}Server is stopping, scheduler for model has stopped accepting new "
-                "inference requests"
-            )
+        if self._stopping and not admitted and not request.made_by_a_model():
+            refusal = self._stop_refuses(request)
+            if refusal is not None:
+                raise UnavailableError(refusal)
         if request.is_cancelled():
             self.statistics.record_failure(request, "CANCELED")
             raise CancelledError.of_request(request.model_name)

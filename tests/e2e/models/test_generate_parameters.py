@@ -229,6 +229,7 @@ def test_generate_refuses_a_model_that_sends_other_than_one_response_in_triton_w
             '{"text_input": "hi", "max_tokens": 1, "max_tokens": 2, "text_input": "a"}',
             "input 'max_tokens' already",
         ),
+        ('{"text_input": "hi", "text_\\u0069nput": "x"}', "input 'text_input' already exists in request"),
         ('{"text_input": 123}', "attempt to access JSON non-string as string"),
         (
             '{"text_input": "hi", "max_tokens": "1"}',

@@ -367,6 +367,44 @@ def test_a_request_that_comes_once_the_stop_began_is_refused_in_tritons_words(
     assert server.wait(timeout=30) == 0
 
 
+def test_a_sequence_under_way_ends_during_the_stop_and_a_new_one_is_refused(
+    coreserve_server: ServerFactory, tmp_path: Path, echo_backend_site: Path
+) -> None:
+    """As Triton's sequence batcher: only a new sequence is refused (without the request's id)."""
+    config = ECHO_SLOW.format(count=1).replace('"400"', '"1000"') + "sequence_batching { }\n"
+    write_model(tmp_path, "slow", b"", config, filename="model.echo")
+    server = coreserve_server(tmp_path, env=_env_with(echo_backend_site))
+    assert server.process is not None
+    answers: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        for value, sequence, start, end in ((1, 5, True, False), (2, 5, False, True), (3, 6, True, True)):
+            tensor = grpcclient.InferInput("IN", [1], "INT32")
+            tensor.set_data_from_numpy(np.array([value], np.int32))
+            client.async_stream_infer(
+                "slow",
+                [tensor],
+                request_id=f"r{value}",
+                sequence_id=sequence,
+                sequence_start=start,
+                sequence_end=end,
+            )
+            if value == 1:
+                wait_until(lambda: pending_requests(server.metrics_url, "slow") == 1, "the sequence started")
+                server.process.send_signal(signal.SIGTERM)
+                wait_until(lambda: "signal received; stopping" in server.log, "the stop began", 10)
+        got = [answers.get(timeout=30) for _ in range(3)]
+    finally:
+        client.stop_stream()
+        client.close()
+    assert sorted(int(result.as_numpy("OUT")[0]) for result, error in got if error is None) == [1, 2]
+    assert [error.message() for _, error in got if error is not None] == [
+        "Server is stopping, scheduler for model has stopped accepting new inference requests"
+    ]
+    assert server.wait(timeout=30) == 0
+
+
 TWICE = """
 platform: "ensemble"
 max_batch_size: 0

@@ -52,7 +52,7 @@ from coreserve.errors import (
 )
 from coreserve.protos.model_config_pb2 import ModelSequenceBatching
 from coreserve.scheduling._ordering import OrderedRelease
-from coreserve.scheduling._scheduler import Scheduler
+from coreserve.scheduling._scheduler import STOPPING_TEXT, Scheduler
 from coreserve.scheduling.sequence._slot import SequenceSlot, StateCapture, Step
 from coreserve.scheduling.sequence._tensors import (
     SequenceId,
@@ -137,6 +137,11 @@ class SequenceBatcher(Scheduler):
 
     def _workers_for(self, instance: ModelInstance) -> int:
         return 1  # each instance runs one batch at a time: its sequences' requests in order
+
+    def _stop_refuses(self, request: InferenceRequest) -> str | None:
+        """While the server stops, only a new sequence is refused (Triton's words, without the
+        request's id): the sequences under way get their remaining requests and end."""
+        return STOPPING_TEXT if request.parameters.get("sequence_start") else None
 
     def _enqueue(self, request: InferenceRequest) -> None:
         """Queues a request behind the earlier ones of its sequence (which it may start)."""

@@ -35,7 +35,7 @@ from coreserve.server.workers._line_frames import (
     response_from,
 )
 from coreserve.server.workers._trust import LINE_ERRORS, MALFORMED, STRANGER, parent_pid, peer_pid
-from coreserve.types import InferenceRequest
+from coreserve.types import InferenceRequest, now_ns
 
 logger = logging.getLogger(__name__)
 
@@ -294,9 +294,10 @@ class ForwardingScheduler(Scheduler):
     def start(self) -> None:
         self._done_sending.set()
 
-    def submit(self, request: InferenceRequest) -> None:
-        self._check_takes(request)
+    def submit(self, request: InferenceRequest, *, admitted: bool = False) -> None:
+        self._check_takes(request, admitted)
         self._link.send(request, self._version, self._answered)
+        request.queued_ns = now_ns()  # (sent on: refusals that come later are worker 0's model's)
         self._sending += 1
         self._done_sending.clear()
 

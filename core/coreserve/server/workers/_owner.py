@@ -261,7 +261,7 @@ class _Line:
                 self._fail(sent.number, error, serves=target.interface_digest)
                 return
             request.sink = _Replies(self, sent.number)
-            target.scheduler.submit(request)
+            target.scheduler.submit(request, admitted=True)  # (its worker took it: worker 0 serves it)
         except CoreserveError as exc:
             self._fail(sent.number, exc)
 
