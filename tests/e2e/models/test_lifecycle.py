@@ -11,6 +11,7 @@ import sys
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -342,26 +343,9 @@ def test_a_request_that_comes_once_the_stop_began_is_refused_in_tritons_words(
     """As Triton (its QA L0_grpc_state_cleanup): the request taken before the stop finishes; one
     sent afterwards on the same gRPC stream is refused, not run (it was run)."""
     server = _slow_echo_server(coreserve_server, tmp_path, echo_backend_site, 1000)
-    assert server.process is not None
-    answers: queue.Queue = queue.Queue()
-    client = grpcclient.InferenceServerClient(server.grpc_url)
-    client.start_stream(callback=lambda result, error: answers.put((result, error)))
-    try:
-        for value, request_id in ((1, "before"), (2, "after")):
-            tensor = grpcclient.InferInput("IN", [1], "INT32")
-            tensor.set_data_from_numpy(np.array([value], np.int32))
-            client.async_stream_infer("slow", [tensor], request_id=request_id)
-            if request_id == "before":
-                wait_until(lambda: pending_requests(server.metrics_url, "slow") == 1, "the request is in")
-                server.process.send_signal(signal.SIGTERM)
-                wait_until(lambda: "signal received; stopping" in server.log, "the stop began", 10)
-        got = [answers.get(timeout=30) for _ in range(2)]
-    finally:
-        client.stop_stream()
-        client.close()
-    refused = [error for _, error in got if error is not None]
+    got = _stream_through_a_stop(server, [{"request_id": "before"}, {"request_id": "after"}])
     assert [int(result.as_numpy("OUT")[0]) for result, error in got if error is None] == [1]
-    assert [error.message() for error in refused] == [  # (a stream's error message has no status)
+    assert [error.message() for _, error in got if error is not None] == [  # (a stream's has no status)
         "[request id: after] Server is stopping, scheduler for model has stopped accepting new inference requests"
     ]
     assert server.wait(timeout=30) == 0
@@ -374,35 +358,43 @@ def test_a_sequence_under_way_ends_during_the_stop_and_a_new_one_is_refused(
     config = ECHO_SLOW.format(count=1).replace('"400"', '"1000"') + "sequence_batching { }\n"
     write_model(tmp_path, "slow", b"", config, filename="model.echo")
     server = coreserve_server(tmp_path, env=_env_with(echo_backend_site))
-    assert server.process is not None
-    answers: queue.Queue = queue.Queue()
-    client = grpcclient.InferenceServerClient(server.grpc_url)
-    client.start_stream(callback=lambda result, error: answers.put((result, error)))
-    try:
-        for value, sequence, start, end in ((1, 5, True, False), (2, 5, False, True), (3, 6, True, True)):
-            tensor = grpcclient.InferInput("IN", [1], "INT32")
-            tensor.set_data_from_numpy(np.array([value], np.int32))
-            client.async_stream_infer(
-                "slow",
-                [tensor],
-                request_id=f"r{value}",
-                sequence_id=sequence,
-                sequence_start=start,
-                sequence_end=end,
-            )
-            if value == 1:
-                wait_until(lambda: pending_requests(server.metrics_url, "slow") == 1, "the sequence started")
-                server.process.send_signal(signal.SIGTERM)
-                wait_until(lambda: "signal received; stopping" in server.log, "the stop began", 10)
-        got = [answers.get(timeout=30) for _ in range(3)]
-    finally:
-        client.stop_stream()
-        client.close()
+    got = _stream_through_a_stop(
+        server,
+        [
+            {"request_id": "r1", "sequence_id": 5, "sequence_start": True},
+            {"request_id": "r2", "sequence_id": 5, "sequence_end": True},
+            {"request_id": "r3", "sequence_id": 6, "sequence_start": True, "sequence_end": True},
+        ],
+    )
     assert sorted(int(result.as_numpy("OUT")[0]) for result, error in got if error is None) == [1, 2]
     assert [error.message() for _, error in got if error is not None] == [
         "Server is stopping, scheduler for model has stopped accepting new inference requests"
     ]
     assert server.wait(timeout=30) == 0
+
+
+def _stream_through_a_stop(server: ServerProcess, requests: list[dict[str, Any]]) -> list[tuple[Any, Any]]:
+    """Sends requests to `slow` on one gRPC stream (IN: 1, 2, ...; `requests`: the rest of
+    async_stream_infer's arguments), SIGTERM once the first runs; (result, error) of each."""
+    assert server.process is not None
+    answers: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        for value, arguments in enumerate(requests, start=1):
+            tensor = grpcclient.InferInput("IN", [1], "INT32")
+            tensor.set_data_from_numpy(np.array([value], np.int32))
+            client.async_stream_infer("slow", [tensor], **arguments)
+            if value == 1:
+                wait_until(
+                    lambda: pending_requests(server.metrics_url, "slow") == 1, "the first request runs"
+                )
+                server.process.send_signal(signal.SIGTERM)
+                wait_until(lambda: "signal received; stopping" in server.log, "the stop began", 10)
+        return [answers.get(timeout=30) for _ in requests]
+    finally:
+        client.stop_stream()
+        client.close()
 
 
 TWICE = """
