@@ -165,7 +165,7 @@ BAD_JSON_REQUESTS = {
     ),
     "strings for FP32": (
         json.dumps(_input(0, data=["1", "2", "3", "4"])).encode(),
-        "not FP32 (found strings)",
+        "attempt to access JSON non-number as double (input 'INPUT0' has data that is not FP32: found strings)",
     ),
     "null in data": (json.dumps(_input(0, data=[1, None, 3, 4])).encode(), "not FP32"),
     "too few elements": (

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from coreserve_python.ipc import DTYPES  # (BF16: bfloat16 where ml_dtypes is installed)
 from coreserve_python.pb_utils._errors import TritonModelException
 
 KDL_CPU = 1
@@ -203,8 +204,6 @@ def export_bfloat16(array: np.ndarray, stream: Any = None, **options: Any) -> An
 def _host_bfloat16(producer: Any) -> np.ndarray:
     """A host bfloat16 DLPack tensor as an ml_dtypes array sharing its memory (numpy refuses the
     type); the array keeps the producer and its capsule, whose deleter runs when both go."""
-    from coreserve_python.ipc._segments import DTYPES  # (bfloat16 where ml_dtypes is installed)
-
     if "BF16" not in DTYPES:
         raise TritonModelException("a bfloat16 tensor needs the ml_dtypes package in the model's environment")
     capsule = producer.__dlpack__(stream=None)
