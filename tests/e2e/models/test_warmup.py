@@ -25,7 +25,7 @@ WARMUPS = {
 }
 FAILING = {
     "wrong_name": (
-        'model_warmup [ { name: "typo" batch_size: 1 inputs { key: "INPUT9" value { data_type: TYPE_FP32 dims: [ 4 ] zero_data: true } } } ]',
+        'model_warmup [ { name: "typo" batch_size: 1 inputs { key: "INPUT0" value { data_type: TYPE_FP32 dims: [ 4 ] zero_data: true } } inputs { key: "INPUT9" value { data_type: TYPE_FP32 dims: [ 4 ] zero_data: true } } } ]',
         "warmup 'typo' failed: unexpected inference input 'INPUT9'",
     ),
     "wrong_shape": (
