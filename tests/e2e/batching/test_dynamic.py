@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import threading
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
@@ -238,6 +241,39 @@ def test_full_queue_rejects_with_503(
     stats = _statistics(server, "echo")  # as Triton, the refused request is not a failure
     assert stats["inference_stats"]["fail"]["count"] == 0
     assert stats["inference_stats"]["success"]["count"] == 4
+
+
+def _generate_stream(server: ServerProcess, value: int) -> tuple[int, str, bytes]:
+    """A generate_stream call: its status, content type and body, whatever the status."""
+    request = urllib.request.Request(
+        f"http://{server.http_url}/v2/models/echo/generate_stream",
+        data=json.dumps({"IN": value}).encode(),
+        method="POST",
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            return answer.status, answer.headers["Content-Type"], answer.read()
+    except urllib.error.HTTPError as error:
+        with error:
+            return error.code, error.headers["Content-Type"], error.read()
+
+
+def test_a_stream_refused_by_a_full_queue_gets_a_json_error(
+    coreserve_server: ServerFactory, tmp_path: Path, echo_backend_site: Path
+) -> None:
+    """Refused at the queue's door, a generate_stream request was never queued: Triton answers
+    it as any refusal before the model, with a JSON error, not a stream with an error event."""
+    server = _echo_server(
+        coreserve_server, tmp_path, echo_backend_site, "default_queue_policy { max_queue_size: 1 }", delay=500
+    )
+    results, _ = _run_in_order(
+        server, [lambda: _echo(server, 0), lambda: _echo(server, 1), lambda: _generate_stream(server, 2)]
+    )
+    assert results[:2] == [0, 1]
+    status, content_type, body = results[2]  # type: ignore[misc]
+    assert (status, content_type) == (503, "application/json")
+    assert "Exceeds maximum queue size" in json.loads(body)["error"]
+    assert _generate_stream(server, 3)[:2] == (200, "text/event-stream; charset=utf-8")  # still served
 
 
 def test_timeouts_reject_or_delay(

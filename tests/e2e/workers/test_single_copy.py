@@ -41,8 +41,10 @@ from support.servers.worker_servers import (
     worker_pids,
     write_repository,
 )
-from support.waiting import wait_until
+from support.waiting import pending_requests, wait_until
 
+# Triton's refusal of a new sequence once the server stops.
+STOPPING = "Server is stopping, scheduler for model has stopped accepting new inference requests"
 # Why the other worker refuses a model whose reload failed in worker 0 alone.
 WORKER_0_SERVES_ANOTHER = (
     "worker 0, which serves model '%s' for every worker, serves version 1 with other inputs, "
@@ -288,6 +290,42 @@ def test_a_request_cancelled_in_one_worker_is_cancelled_in_worker_0(server: Serv
     stats = statistics()
     # (A backlog's next sequence may start in the instant before its own cancel arrives.)
     assert stats["inference_stats"]["success"]["count"] == 0 and stats["execution_count"] < 6, stats
+    assert "Traceback" not in server.log
+
+
+def test_worker_0_stopping_serves_the_requests_another_worker_took_from_its_clients(
+    server: ServerProcess,
+) -> None:
+    """A stop reaches the workers one by one: a request that worker 1 took before its own stop
+    began was taken by the server, and worker 0, stopping already, serves it (Triton refuses
+    only what comes after the stop). Here worker 0 alone is told to stop, while it runs a
+    sequence: new sequences that reach worker 1 are served; those that reach worker 0 itself
+    are refused in Triton's words."""
+    with httpclient.InferenceServerClient(server.http_url) as client:
+        client.load_model("sleepy_sequence")
+    worker_0 = next(pid for pid in worker_pids(server) if worker_index(pid) == 0)
+    outcomes: queue.Queue[str] = queue.Queue()
+
+    def finished(result: object, error: InferenceServerException | None) -> None:
+        outcomes.put("ok" if error is None else str(error.message()))
+
+    clients = [grpcclient.InferenceServerClient(server.grpc_url) for _ in range(7)]
+    try:
+        for sequence_id, client in enumerate(clients, start=1):
+            x = grpcclient.InferInput("X", [1], "INT32")
+            x.set_data_from_numpy(np.array([sequence_id], np.int32))
+            client.async_infer("sleepy_sequence", [x], finished, sequence_id=sequence_id,
+                               sequence_start=True, sequence_end=True, client_timeout=60)  # fmt: skip
+            if sequence_id == 1:  # worker 0 runs the first when its stop begins
+                wait_until(lambda: pending_requests(server.metrics_url, "sleepy_sequence") == 1, "running")
+                os.kill(worker_0, signal.SIGTERM)
+                wait_until(lambda: "signal received; stopping" in server.log, "worker 0 stopping")
+        answers = [outcomes.get(timeout=60) for _ in clients]
+    finally:
+        for client in clients:
+            client.close()
+    assert set(answers) <= {"ok", STOPPING}, answers
+    assert answers.count("ok") >= 2, answers  # the first, and those worker 1 took (all 6: 2**-6)
     assert "Traceback" not in server.log
 
 
