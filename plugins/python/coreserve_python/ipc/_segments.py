@@ -120,9 +120,11 @@ class SegmentPool:
 
     _counter = itertools.count()
 
-    def __init__(self, owner: str) -> None:
+    def __init__(self, owner: str, inline_limit: int = INLINE_LIMIT) -> None:
+        """`inline_limit`: the tensors of a message up to this size in all travel inline."""
         # Segments stay unique when two owners' names shorten alike: the counter is per process.
         self._prefix = segment_prefix(owner, os.getpid())
+        self._inline_limit = inline_limit
         self._free: list[Segment] = []
         self._all: dict[str, Segment] = {}
         self._lock = threading.Lock()
@@ -141,7 +143,7 @@ class SegmentPool:
             total += -(-size // ALIGNMENT) * ALIGNMENT
         if total == 0:
             return None, refs
-        if total <= INLINE_LIMIT:  # small: bytes copies cost less than numpy's views
+        if total <= self._inline_limit:  # small: bytes copies cost less than numpy's views
             if len(datas) == 1:
                 data = datas[0]
                 return bytearray(data if isinstance(data, bytes) else data.tobytes()), refs

@@ -2,7 +2,8 @@
 
 `_stub` runs the model's `initialize`, `execute` and `finalize` as the server asks; `_inbox`
 takes the server's messages (on the main thread while idle, a standby thread while the model
-runs); `_requests` sends the model's requests to the server (BLS, metrics, model management).
+runs); `_requests` sends the model's requests to the server (BLS, metrics, model management),
+and `_forked` those of the processes the model forks.
 Its modules are private: the server starts a stub by its command line, never imports it.
 
 What this package may import: the standard library, numpy, `coreserve_python.ipc` and

@@ -15,7 +15,7 @@ import itertools
 import queue
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from coreserve_python import pb_utils
 from coreserve_python.ipc import (
@@ -28,7 +28,6 @@ from coreserve_python.ipc import (
     SegmentReader,
     segment_to_release,
 )
-from coreserve_python.stub._inbox import Inbox
 
 # The keys of the batch whose execute() runs in this context: the BLS calls it makes are its
 # children (cancelled with it). A context variable, so that each concurrent `async def execute`
@@ -127,17 +126,21 @@ class ServerRequests:
         channel: Channel,
         pool: SegmentPool,
         reader: SegmentReader,
-        inbox: Inbox,
+        wake: Callable[[], None],
         send_response: Callable[[int, pb_utils.InferenceResponse | None, int], None],
     ) -> None:
-        """`pool` and `reader`: the stub's segments; `inbox`: the stub's reader of the socket, woken
-        when the model waits for an answer; `send_response`: the stub's, for response senders."""
+        """`pool` and `reader`: the stub's segments; `wake`: tells the stub's reader of the socket
+        that the model waits for an answer (`Inbox.wake`); `send_response`: the stub's, for
+        response senders."""
         self._channel = channel
         self._pool = pool
         self._reader = reader
-        self._inbox = inbox
+        self._wake = wake
         self._send_response = send_response
         self._calls: dict[int, BlsCall] = {}
+        # Calls a forked child of the model made through this stub (see `_forked`): each call id
+        # of ours, with its child's relay and the child's own id for it.
+        self._relayed: dict[int, tuple[Relayed, int]] = {}
         self._call_ids = itertools.count()
         self._instance_name = ""
         self._model_dir = ""
@@ -154,8 +157,31 @@ class ServerRequests:
         call = self._calls.get(message["call"])
         if call is not None:
             call.deliver(message)
+        elif (relayed := self._relayed.get(message["call"])) is not None:
+            relay, child_call = relayed
+            if message.get("final", True):
+                del self._relayed[message["call"]]
+            if not relay.answer(child_call, message):  # (the child has gone)
+                self._discard(message["call"], message)
         else:  # (a call nobody waits for any more)
             self._discard(message["call"], message)
+
+    def relay_call(self, relay: Relayed, child_call: int) -> int:
+        """A call a forked child makes through this stub: the call id it goes under."""
+        call_id = next(self._call_ids)
+        self._relayed[call_id] = (relay, child_call)
+        return call_id
+
+    def send(self, message: Message) -> None:
+        """Sends a message of a forked child's on to the server."""
+        self._channel.send(message)
+
+    def for_child(self, channel: Channel, pool: SegmentPool, wake: Callable[[], None]) -> ServerRequests:
+        """The requests of a process forked from this stub's, made on its own `channel`."""
+        child = ServerRequests(channel, pool, self._reader, wake, _no_response_from_a_child)
+        child.serve_model(self._instance_name, self._model_dir)
+        child.serving = self.serving
+        return child
 
     def _discard(self, call_id: int, message: Message | None) -> None:
         """A message of a call nobody reads: its segment goes back to the server; the last one
@@ -184,7 +210,7 @@ class ServerRequests:
         self._calls[call_id] = call
         try:
             self._channel.send({"op": op, "call": call_id, **fields})
-            self._inbox.wake()
+            self._wake()
             reply = call.next()
         finally:
             self._calls.pop(call_id, None)
@@ -228,7 +254,7 @@ class ServerRequests:
             "trace_parent": request.trace()._request_key,
         }
         self._channel.send(message)
-        self._inbox.wake()  # the model waits for the answers: the socket must be read
+        self._wake()  # the model waits for the answers: the socket must be read
         return call_id
 
     def _bls_response(self, message: Message | None) -> tuple[pb_utils.InferenceResponse | None, bool]:
@@ -289,6 +315,20 @@ class ServerRequests:
             return answer or pb_utils.InferenceResponse()
 
         return asyncio.ensure_future(response())
+
+
+class Relayed(Protocol):
+    """Where the answers to a forked child's calls go (`_forked.Relay`)."""
+
+    def answer(self, child_call: int, message: Message) -> bool:
+        """Passes an answer on to the child under its own call id; False if the child has gone."""
+        ...
+
+
+def _no_response_from_a_child(key: int, response: pb_utils.InferenceResponse | None, flags: int) -> None:
+    raise pb_utils.TritonModelException(
+        "a response sender sends only from the model's own process, not from a process it forked"
+    )
 
 
 async def in_context(coroutine: Any, keys: tuple[int, ...]) -> Any:

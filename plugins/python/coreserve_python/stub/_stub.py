@@ -46,6 +46,7 @@ from coreserve_python.ipc import (
     open_start_mark,
     segment_to_release,
 )
+from coreserve_python.stub._forked import ForkHooks
 from coreserve_python.stub._inbox import Inbox
 from coreserve_python.stub._model_file import describe, failed_execution, load_model_module
 from coreserve_python.stub._requests import ServerRequests, executing_keys, in_context
@@ -85,7 +86,8 @@ class Stub:
         self._pool = SegmentPool(STUB_OWNER)
         self._reader = SegmentReader()
         self._inbox = Inbox(channel, self._handle, self._server_gone, self._abandon)
-        self._requests = ServerRequests(channel, self._pool, self._reader, self._inbox, self.send_response)
+        wake = self._inbox.wake
+        self._requests = ServerRequests(channel, self._pool, self._reader, wake, self.send_response)
         # The cancellation flags of the requests given to the model and not yet answered in
         # full, by key; the reader thread sets them when the server says "cancel".
         self._cancellations: dict[int, pb_utils._Cancellation] = {}
@@ -105,8 +107,8 @@ class Stub:
         # The key of the last request handed to the model, where the server reads it after a
         # crash (see ipc/_start_mark.py); the server's mark once init gives it.
         self._started = open_start_mark(None)
-        _runtime.install(self._requests)
-        _inference.install_calls(self._requests)
+        _install(self._requests)
+        ForkHooks(self._requests, channel, _install).register()  # BLS from a process the model forks
 
     def _run_coroutine(self, coroutine: Any) -> Any:
         """Runs a coroutine of the model on the stub's loop and waits for its result."""
@@ -384,6 +386,12 @@ class Stub:
         self._channel.send(responses_message(self._pool, [(key, response, final)]))
         if final:  # (an error response without the flag does not end the request: Triton's)
             self._cancellations.pop(key, None)
+
+
+def _install(requests: ServerRequests) -> None:
+    """Makes `requests` the way of pb_utils' runtime and calls to the server."""
+    _runtime.install(requests)
+    _inference.install_calls(requests)
 
 
 def main(argv: list[str]) -> int:

@@ -52,6 +52,7 @@ STUB_MODULES = (
     "pb_utils/inference.py",
     "stub/__init__.py",
     "stub/__main__.py",
+    "stub/_forked.py",
     "stub/_inbox.py",
     "stub/_model_file.py",
     "stub/_requests.py",

@@ -1,0 +1,149 @@
+"""BLS calls from processes a model forks in `execute` (a `multiprocessing` pool of the fork
+start method), as Triton's stub serves them (its QA's BLS `test_multiprocess`). They used to
+hang: the child shared the stub's socket, and the parent's reader took the child's answers."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+
+from coreserve.testing import ServerProcess
+
+# OUT = 2 * IN.
+DOUBLER = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [
+            pb_utils.InferenceResponse(
+                [pb_utils.Tensor("OUT", 2 * pb_utils.get_input_tensor_by_name(request, "IN").as_numpy())]
+            )
+            for request in requests
+        ]
+"""
+# N responses: VALUE 0 .. N-1.
+COUNTER = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            count = int(pb_utils.get_input_tensor_by_name(request, "N").as_numpy()[0])
+            sender = request.get_response_sender()
+            for value in range(count):
+                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("VALUE", np.array([value], np.int32))]))
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+"""
+# Each of SIZE pool tasks (SIZE elements of 40,000: past what travels inline) is doubled by a
+# BLS call in a forked child, and the child also reads a decoupled stream of 3 responses; a
+# grandchild forked by a child makes a call too. OUT: per task, the sum of its doubled values
+# plus the sum of the stream's values (0 + 1 + 2); GRAND: the grandchild's answer.
+FORKER = """
+import multiprocessing
+import os
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+def _double(values):
+    request = pb_utils.InferenceRequest(
+        model_name="doubler", inputs=[pb_utils.Tensor("IN", values)], requested_output_names=["OUT"]
+    )
+    response = request.exec()
+    if response.has_error():
+        raise RuntimeError(response.error().message())
+    return pb_utils.get_output_tensor_by_name(response, "OUT").as_numpy()
+
+
+def task(seed):
+    doubled = _double(np.full(40000, seed, np.int64))
+    stream = pb_utils.InferenceRequest(
+        model_name="counter",
+        inputs=[pb_utils.Tensor("N", np.array([3], np.int32))],
+        requested_output_names=["VALUE"],
+    ).exec(decoupled=True)
+    values = [int(pb_utils.get_output_tensor_by_name(r, "VALUE").as_numpy()[0]) for r in stream if r.output_tensors()]
+    return int(doubled.sum()) + sum(values)
+
+
+def grandchild():
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.write(write, int(_double(np.array([21], np.int64))[0]).to_bytes(8, "little"))
+        os._exit(0)
+    os.close(write)
+    answer = int.from_bytes(os.read(read, 8), "little")
+    os.waitpid(pid, 0)
+    return answer
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            size = int(pb_utils.get_input_tensor_by_name(request, "SIZE").as_numpy()[0])
+            with multiprocessing.get_context("fork").Pool(2) as pool:
+                sums = pool.map(task, range(1, size + 1))
+                grand = pool.apply(grandchild)
+            responses.append(pb_utils.InferenceResponse([
+                pb_utils.Tensor("OUT", np.array(sums, np.int64)),
+                pb_utils.Tensor("GRAND", np.array([grand], np.int64)),
+            ]))
+        return responses
+"""
+
+
+def _config(inputs: str, outputs: str, decoupled: bool = False) -> str:
+    policy = "model_transaction_policy { decoupled: true }\n" if decoupled else ""
+    return f'backend: "python"\nmax_batch_size: 0\ninput [ {inputs} ]\noutput [ {outputs} ]\n{policy}'
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    root = tmp_path_factory.mktemp("bls-forked")
+    models = {
+        "doubler": (DOUBLER, _config(_tensor("IN", "INT64", -1), _tensor("OUT", "INT64", -1))),
+        "counter": (COUNTER, _config(_tensor("N", "INT32", 1), _tensor("VALUE", "INT32", 1), decoupled=True)),
+        "forker": (
+            FORKER,
+            _config(
+                _tensor("SIZE", "INT32", 1), f"{_tensor('OUT', 'INT64', -1)}, {_tensor('GRAND', 'INT64', 1)}"
+            ),
+        ),
+    }
+    for name, (source, config) in models.items():
+        (root / name / "1").mkdir(parents=True)
+        (root / name / "1" / "model.py").write_text(source)
+        (root / name / "config.pbtxt").write_text(config)
+    process = ServerProcess([root]).start(timeout=120)
+    yield process
+    process.close()
+
+
+def _tensor(name: str, datatype: str, dims: int) -> str:
+    return f'{{ name: "{name}" data_type: TYPE_{datatype} dims: [ {dims} ] }}'
+
+
+def test_bls_calls_from_forked_processes_are_answered(server: ServerProcess) -> None:
+    with httpclient.InferenceServerClient(server.http_url, network_timeout=120) as client:
+        for _ in range(2):  # a second execute forks a new pool: the stub serves on
+            size = httpclient.InferInput("SIZE", [1], "INT32")
+            size.set_data_from_numpy(np.array([5], np.int32))
+            result = client.infer("forker", [size])
+            assert result.as_numpy("OUT").tolist() == [2 * 40000 * seed + 3 for seed in range(1, 6)]
+            assert result.as_numpy("GRAND").tolist() == [42]
+        # The stub's own calls are untouched by its children's.
+        value = httpclient.InferInput("IN", [2], "INT64")
+        value.set_data_from_numpy(np.array([4, 5], np.int64))
+        assert client.infer("doubler", [value]).as_numpy("OUT").tolist() == [8, 10]
+    assert "Traceback" not in server.log
