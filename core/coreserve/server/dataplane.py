@@ -26,6 +26,7 @@ from coreserve.errors import (
 from coreserve.repository import Model, ModelRepository, ModelVersion, parse_load_parameters
 from coreserve.repository.model import ModelState, parse_version
 from coreserve.responses import QueuedResponses, SingleResponse
+from coreserve.scheduling import STOPPING_TEXT
 from coreserve.server import _request_log as request_log
 from coreserve.server._request_steps import classifying, end_trace, timeout_s
 from coreserve.server.changes import (
@@ -180,8 +181,16 @@ class DataPlane:
         """After a lookup that found no model: loads it on demand where the server does, and
         looks again as `in_use` does, `request` routed by the policy the load brought (raising
         the lookup's error where it does not load)."""
-        await self.repository.budgeted.demand(name, timeout)
-        return self.in_use(name, version, request) or self.model_version(name, version)
+        if not self.flags.stopping:  # (the stop unloads every model: none starts loading now)
+            await self.repository.budgeted.demand(name, timeout)
+        return self.in_use(name, version, request) or self._not_in_use(name, version)
+
+    def _not_in_use(self, name: str, version: str) -> ModelVersion:
+        """Raises the error of a lookup that found no model where none loads now: once the stop
+        began, a server that loads models on demand refuses as the stop does."""
+        if self.flags.stopping and self.repository.budgeted.on_demand:
+            raise UnavailableError(STOPPING_TEXT)
+        return self.model_version(name, version)
 
     async def load_on_demand(self, request: NamesModel) -> None:
         """Loads the model of a stream's request on demand, before it is submitted (the stream's
@@ -233,7 +242,7 @@ class DataPlane:
         model's statistics (it never reached the model).
         """
         name, version = request.model_name, request.model_version
-        target = self.in_use(name, version, request) or self.model_version(name, version)
+        target = self.in_use(name, version, request) or self._not_in_use(name, version)
         self._submit(target, request, self._watched(sink, request, target), True)
 
     def _watched(self, sink: ResponseSink, request: InferenceRequest, target: ModelVersion) -> ResponseSink:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import queue
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -54,6 +55,7 @@ class TritonPythonModel:
         ]
 """
 SLOW_CONFIG = SCALE.replace('backend: "onnxruntime"', 'backend: "python"')
+STOPPING = "Server is stopping, scheduler for model has stopped accepting new inference requests"
 # A model whose configuration names an input its ONNX file does not have: it fails to load.
 BROKEN = SCALE.replace('"INPUT0"', '"NOT_AN_INPUT"')
 
@@ -287,6 +289,61 @@ def test_without_the_flag_a_request_for_a_model_not_loaded_fails_as_in_triton(
     assert "Request for unknown model: 'tripled' is not found" in str(failure.value)
     assert _index(server)["tripled"] == {"name": "tripled", "state": "UNAVAILABLE", "reason": "not loaded"}
     assert "coreserve_model_loads_total" not in _metrics(server)
+
+
+# Two seconds a request: the server drains it when told to stop.
+LINGERING = """
+import time
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        time.sleep(2)
+        return [
+            pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())])
+            for r in requests
+        ]
+"""
+
+
+def test_no_model_is_loaded_on_demand_once_the_stop_began(
+    coreserve_server: ServerFactory, repository: Path
+) -> None:
+    """The stop unloads every model: a request for one not loaded is refused (503, Triton's
+    stopping words) while the requests taken finish. It used to load the model, during the
+    stop, and run the request."""
+    write_model(repository, "lingering", None, SLOW_CONFIG)
+    (repository / "lingering" / "1" / "model.py").write_text(LINGERING)
+    server = coreserve_server(
+        repository, "--model-control-mode=explicit", "--model-load-on-demand", "--load-model=lingering"
+    )
+    assert server.process is not None
+    # (The stop closes the listening sockets: the requests travel on a stream opened before.)
+    answers: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        for model in ("lingering", "doubled"):
+            tensor = grpcclient.InferInput("INPUT0", [1, 4], "FP32")
+            tensor.set_data_from_numpy(np.ones((1, 4), np.float32))
+            client.async_stream_infer(model, [tensor])
+            if model == "lingering":
+                wait_until(lambda: _sample(_metrics(server), "nv_inference_pending_request_count",
+                                           '{model="lingering",version="1"}') == 1, "it runs")  # fmt: skip
+                server.process.send_signal(signal.SIGTERM)
+                wait_until(lambda: "signal received; stopping" in server.log, "the stop began", 10)
+        (taken, none), (nothing, refused) = sorted(
+            (answers.get(timeout=30) for _ in range(2)), key=lambda a: a[0] is None
+        )
+    finally:
+        client.stop_stream()
+        client.close()
+    assert none is None and taken.as_numpy("OUTPUT0").tolist() == [[1, 1, 1, 1]]
+    assert nothing is None and refused.message() == STOPPING  # (a stream's error has no status)
+    assert server.wait(timeout=30) == 0
+    assert "'doubled'" not in server.log  # (never loaded)
 
 
 @pytest.mark.parametrize(
