@@ -157,14 +157,20 @@ class QueuedResponses:
 
     async def responses(self) -> AsyncIterator[InferenceResponse]:
         """Yields each response until the final one; raises the error that ends the request."""
+        async for response, _ in self.flagged():
+            if response is not None:
+                yield response
+
+    async def flagged(self) -> AsyncIterator[tuple[InferenceResponse | None, bool]]:
+        """`responses`, each with whether it carried the final flag; a final flag sent alone
+        comes as (None, True)."""
         while True:
             item = await self._queue.get()
             if isinstance(item, CoreserveError):
                 raise item
             response, final, size = item
             self._waiting_bytes -= size
-            if response is not None:
-                yield response
+            yield response, final
             if final:
                 return
 

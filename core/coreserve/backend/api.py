@@ -73,6 +73,13 @@ class InferenceClient(Protocol):
         error that ends the request is raised."""
         ...
 
+    def stream_with_flags(
+        self, request: InferenceRequest
+    ) -> AsyncIterator[tuple[InferenceResponse | None, bool]]:
+        """`stream`, each response with whether it carried the final flag; a final flag sent
+        alone comes as (None, True) (Triton's BLS tells the two apart)."""
+        ...
+
     def model_signature(self, name: str, version: str = "") -> ModelSignature:
         """The inputs and outputs of a ready model version; raises NotFound or Unavailable."""
         ...

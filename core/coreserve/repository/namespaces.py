@@ -136,5 +136,11 @@ class NamespacedClient:
         request.model_name = self._resolve(request.model_name)
         return self._client.stream(request)
 
+    def stream_with_flags(
+        self, request: InferenceRequest
+    ) -> AsyncIterator[tuple[InferenceResponse | None, bool]]:
+        request.model_name = self._resolve(request.model_name)
+        return self._client.stream_with_flags(request)
+
     def model_signature(self, name: str, version: str = "") -> ModelSignature:
         return self._client.model_signature(self._resolve(name), version)

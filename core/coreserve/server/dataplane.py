@@ -335,17 +335,7 @@ class DataPlane:
         trace and then finishes it (as infer's callers do); otherwise the trace ends with the
         last response. `max_waiting_bytes`: a network client's bound (see QueuedResponses).
         """
-        sink = QueuedResponses(max_waiting_bytes, on_overflow=request.cancel)
-        name, version = request.model_name, request.model_version
-        target = self.in_use(name, version, request) or await self._on_demand(
-            name, version, timeout_s(request), request
-        )
-        self._submit(
-            target,
-            request,
-            self._watched(sink, request, target),
-            ends_trace=not frontend_sends,
-        )
+        sink = await self._stream_submitted(request, max_waiting_bytes, ends_trace=not frontend_sends)
         trace = request.trace if frontend_sends else None
         try:
             async for response in sink.responses():
@@ -361,6 +351,31 @@ class DataPlane:
                 trace.request_end(now_ns())
             if not sink.done:  # left before the last response (cancelled, or stopped reading)
                 request.cancel()
+
+    async def stream_with_flags(
+        self, request: InferenceRequest
+    ) -> AsyncGenerator[tuple[InferenceResponse | None, bool], None]:
+        """`stream`, each response with whether it carried the final flag; a final flag sent
+        alone comes as (None, True): what a BLS call tells apart, as Triton's does."""
+        sink = await self._stream_submitted(request, None, ends_trace=True)
+        try:
+            async for flagged in sink.flagged():
+                yield flagged
+        finally:
+            if not sink.done:  # left before the last response (cancelled, or stopped reading)
+                request.cancel()
+
+    async def _stream_submitted(
+        self, request: InferenceRequest, max_waiting_bytes: int | None, ends_trace: bool
+    ) -> QueuedResponses:
+        """Submits a request (loaded on demand first where the server does) for a stream."""
+        sink = QueuedResponses(max_waiting_bytes, on_overflow=request.cancel)
+        name, version = request.model_name, request.model_version
+        target = self.in_use(name, version, request) or await self._on_demand(
+            name, version, timeout_s(request), request
+        )
+        self._submit(target, request, self._watched(sink, request, target), ends_trace=ends_trace)
+        return sink
 
     def pending_requests(self) -> int:
         """Requests queued or executing in every model version: Triton's pending count, summed."""

@@ -29,6 +29,8 @@ output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] }, { name: "OTHER" data
 """
 # Each request's MODE says what the model does.
 DECOUPLED = """
+import time
+
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -52,6 +54,12 @@ class TritonPythonModel:
             elif mode == "error_then_final":
                 sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError("first")))
                 sender.send(flags=FINAL)
+            elif mode == "final_with_last":  # the final flag comes with the last response
+                sender.send(out(1))
+                sender.send(out(2), flags=FINAL)
+            elif mode == "slow_first":
+                time.sleep(2)
+                sender.send(out(5), flags=FINAL)
             elif mode == "returns":  # a decoupled model must return None
                 return [out(9)]
         return None
@@ -104,10 +112,12 @@ class TritonPythonModel:
             responses = call.exec(decoupled=True)
             first = sum(1 for _ in responses)
             return [pb_utils.InferenceResponse([tensor("OUT", 10 * first + sum(1 for _ in responses))])]
-        if mode == "bls_error_stream":  # its responses as digits: OUT's value, 9 for an error, 0 for none
+        if mode in ("bls_error_stream", "bls_final_stream"):
+            # The responses of a decoupled call as digits: OUT's value, 9 for an error, 0 for none.
+            callee = b"error_then_more" if mode == "bls_error_stream" else b"final_with_last"
             call = pb_utils.InferenceRequest(
                 model_name="decoupled",
-                inputs=[pb_utils.Tensor("MODE", np.array([b"error_then_more"], np.object_))],
+                inputs=[pb_utils.Tensor("MODE", np.array([callee], np.object_))],
                 requested_output_names=["OUT"],
             )
             digits = ""
@@ -121,6 +131,37 @@ class TritonPythonModel:
         raise ValueError("on purpose")
 """
 
+# Two coroutines at once: a decoupled BLS call whose first response takes 2 s, and a sleep of
+# 0.1 s. OUT: the order in which they went on (21: the sleep first, the call's await waited).
+ASYNC_CALLER = """
+import asyncio
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    async def execute(self, requests):
+        order = []
+
+        async def call():
+            stream = await pb_utils.InferenceRequest(
+                model_name="decoupled",
+                inputs=[pb_utils.Tensor("MODE", np.array([b"slow_first"], np.object_))],
+                requested_output_names=["OUT"],
+            ).async_exec(decoupled=True)
+            order.append(1)
+            assert [pb_utils.get_output_tensor_by_name(r, "OUT").as_numpy()[0] for r in stream] == [5]
+
+        async def sleep():
+            await asyncio.sleep(0.1)
+            order.append(2)
+
+        await asyncio.gather(call(), sleep())
+        out = np.array([10 * order[0] + order[1]], np.int32)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", out)]) for _ in requests]
+"""
+
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
@@ -129,6 +170,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
         ("decoupled", DECOUPLED, "model_transaction_policy { decoupled: true }\n"),
         ("ordinary", ORDINARY, ""),
         ("target", ORDINARY, ""),  # (a BLS call of its own model would wait for its one instance)
+        ("async_caller", ASYNC_CALLER, ""),
     ):
         (root / name / "1").mkdir(parents=True)
         (root / name / "config.pbtxt").write_text(f'backend: "python"\nmax_batch_size: 0\n{SIGNATURE}{extra}')
@@ -253,10 +295,12 @@ def test_a_decoupled_execute_that_returns_responses_fails_its_requests_in_triton
     )
 
 
-def _http(server: ServerProcess, mode: str, outputs: list[str] | None = None) -> dict[str, list[int]]:
+def _http(
+    server: ServerProcess, mode: str, outputs: list[str] | None = None, model: str = "ordinary"
+) -> dict[str, list[int]]:
     with httpclient.InferenceServerClient(server.http_url, network_timeout=60) as client:
         requested = None if outputs is None else [httpclient.InferRequestedOutput(name) for name in outputs]
-        result = client.infer("ordinary", _mode(httpclient, mode), outputs=requested)
+        result = client.infer(model, _mode(httpclient, mode), outputs=requested)
         return {
             output["name"]: result.as_numpy(output["name"]).tolist()
             for output in result.get_response()["outputs"]
@@ -323,6 +367,21 @@ def test_a_decoupled_bls_call_of_a_model_that_is_not_decoupled_yields_its_one_re
 def test_a_decoupled_bls_stream_iterated_again_replays_its_responses(server: ServerProcess) -> None:
     """As Triton's iterator (its QA bls test_response_iterator); the second pass gave none."""
     assert _http(server, "bls_stream_twice", ["OUT"]) == {"OUT": [33]}  # 1, 3 and the empty final
+
+
+def test_a_decoupled_bls_stream_ends_with_the_response_the_final_flag_came_with(
+    server: ServerProcess,
+) -> None:
+    """As Triton's iterator (its QA async_execute bls tests): an empty response comes last only
+    where the final flag came alone; there was one after every stream."""
+    assert _http(server, "bls_final_stream", ["OUT"]) == {"OUT": [12]}
+
+
+def test_awaiting_a_decoupled_async_exec_waits_for_the_first_response(server: ServerProcess) -> None:
+    """As Triton's: the await returns once the first response came, so that a plain `for` over
+    the responses does not hold the event loop (the await returned at once, and the loop
+    waited in the `for`, so concurrent executions ran one after another)."""
+    assert _http(server, "any", ["OUT"], model="async_caller") == {"OUT": [21]}
 
 
 def test_a_none_in_the_returned_list_fails_its_request_saying_so(server: ServerProcess) -> None:

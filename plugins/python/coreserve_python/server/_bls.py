@@ -78,17 +78,17 @@ class BlsServing:
             if client is None:
                 raise UnavailableError("this server offers no in-process client for BLS requests")
             if message["decoupled"]:
-                single: bool | None = None  # a model that is not decoupled: its one answer is final
-                async for response in client.stream(request):
-                    if single is None:  # (known once it serves: it may have loaded on demand)
-                        single = not client.model_signature(
-                            request.model_name, request.model_version
-                        ).decoupled
-                    if response.error is not None:  # a decoupled model's, not its last: Triton's
-                        continue  # BLS iterator leaves it out (checked side by side)
-                    self._send_bls_response(call, response.outputs, response.parameters, final=single)
-                if not single:
-                    self._send_bls_response(call, None, None, final=True)
+                # As Triton's iterator: the final flag ends it with the response it came with,
+                # and with an empty response only where it came alone.
+                async for response, final in client.stream_with_flags(request):
+                    if response is not None and response.error is not None:
+                        if not final:  # a decoupled model's error, not its last: Triton's BLS
+                            continue  # iterator leaves it out (checked side by side)
+                        response = None
+                    if response is None:
+                        self._send_bls_response(call, None, None, final=True)
+                    else:
+                        self._send_bls_response(call, response.outputs, response.parameters, final=final)
             else:
                 response = await client.infer(request)
                 self._send_bls_response(call, response.outputs, response.parameters, final=True)

@@ -89,18 +89,28 @@ class BlsStream:
         self._call_id = call_id
         self._call = call
         self._ended = False
+        self._first: pb_utils.InferenceResponse | None = None  # taken by `wait_first`
 
     def _convert(self, message: Message | None) -> pb_utils.InferenceResponse | None:
         response, final = self._stub._bls_response(message)
         if final:
             self._ended = True
             self._stub._calls.pop(self._call_id, None)
-        return response or pb_utils.InferenceResponse()  # Triton ends with an empty final response
+        return response or pb_utils.InferenceResponse()  # (a final flag sent alone: Triton's empty one)
+
+    async def wait_first(self) -> None:
+        """Waits for the first response (`await async_exec(decoupled=True)` does, as Triton's)."""
+        self._first = self._convert(await self._call.next_async())
 
     def next(self) -> pb_utils.InferenceResponse | None:
+        if self._first is not None:
+            first, self._first = self._first, None
+            return first
         return None if self._ended else self._convert(self._call.next())
 
     async def next_async(self) -> pb_utils.InferenceResponse | None:
+        if self._first is not None:
+            return self.next()
         return None if self._ended else self._convert(await self._call.next_async())
 
     def cancel(self) -> None:
@@ -303,9 +313,13 @@ class ServerRequests:
         call = BlsCall(loop)
         call_id = self._send_bls(request, decoupled, call)
         if decoupled:
-            future: asyncio.Future[Any] = loop.create_future()
-            future.set_result(pb_utils.ResponseIterator(BlsStream(self, call_id, call)))
-            return future
+
+            async def first_response() -> pb_utils.ResponseIterator:
+                stream = BlsStream(self, call_id, call)
+                await stream.wait_first()
+                return pb_utils.ResponseIterator(stream)
+
+            return asyncio.ensure_future(first_response())
 
         async def response() -> pb_utils.InferenceResponse:
             try:
