@@ -22,6 +22,7 @@ from coreserve_python.pb_utils._logger import Logger
 from coreserve_python.pb_utils._management import is_model_ready, load_model, unload_model
 from coreserve_python.pb_utils._metrics import MetricFamily
 from coreserve_python.pb_utils._model_config import ModelConfig
+from coreserve_python.pb_utils._response_iterator import ResponseIterator
 from coreserve_python.pb_utils._tensor import (
     _DATATYPE_NUMBERS as _DATATYPE_NUMBERS,  # a name of pb_utils for tests
 )
@@ -51,7 +52,6 @@ from coreserve_python.pb_utils.inference import (
     InferenceResponse,
     InferenceResponseSender,
     InferenceTrace,
-    ResponseIterator,
     get_input_config_by_name,
     get_input_tensor_by_name,
     get_model_dir,

@@ -23,13 +23,19 @@ class Logger:
     VERBOSE = LogLevel.VERBOSE
 
     @staticmethod
-    def log(message: str, level: LogLevel | str = LogLevel.INFO) -> None:
-        name = level if isinstance(level, str) else Logger.LogLevel(level).name
+    def log(message: str | bytes, level: LogLevel = LogLevel.INFO) -> None:
+        # A message of text and a LogLevel, or a TypeError, as Triton's bindings take them.
+        if not isinstance(message, str | bytes) or not isinstance(level, Logger.LogLevel):
+            raise TypeError(
+                "log(): incompatible function arguments: a message (str) and a pb_utils.Logger.LogLevel, "
+                f"got {type(message).__name__} and {type(level).__name__}"
+            )
+        text = message.decode("utf-8", "replace") if isinstance(message, bytes) else message
         runtime = _runtime.current()
         if runtime is None:
-            print(f"{name}: {message}", file=sys.stderr)
+            print(f"{level.name}: {text}", file=sys.stderr)
         else:
-            runtime.log(name, str(message))
+            runtime.log(level.name, text)
 
     @staticmethod
     def log_info(message: str) -> None:

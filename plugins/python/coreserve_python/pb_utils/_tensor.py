@@ -45,7 +45,7 @@ class PreferredMemory:
         self.preferred_device_id = int(preferred_device_id)
 
 
-def _text(value: str | bytes, what: str) -> str:
+def _text(value: object, what: str) -> str:
     """A name given as str or as bytes (from a BYTES tensor), as Triton's bindings accept both."""
     if isinstance(value, bytes | bytearray | np.bytes_):
         return bytes(value).decode("utf-8")
@@ -69,8 +69,11 @@ class Tensor:
     _device: DeviceTensor | None = None  # set only for tensors in GPU memory
 
     def __init__(self, name: str | bytes, data: np.ndarray) -> None:
-        if not isinstance(data, np.ndarray):
-            raise TritonModelException(f"tensor '{name!s}' needs a numpy array, got {type(data).__name__}")
+        if not isinstance(data, np.ndarray):  # (a TypeError, as Triton's bindings raise)
+            raise TypeError(
+                f"__init__(): incompatible constructor arguments: tensor '{name!s}' needs a numpy array, "
+                f"got {type(data).__name__}"
+            )
         if data.dtype.kind in "SU":  # (Triton refuses str arrays: they are taken as UTF-8 here)
             data = data.astype(np.object_)
         try:

@@ -1,10 +1,10 @@
 """The request and response classes of `triton_python_backend_utils`, with its helpers.
 
-`InferenceRequest` (BLS calls included), `InferenceResponse`, the response sender and iterator,
+`InferenceRequest` (BLS calls included), `InferenceResponse`, the response sender,
 `InferenceTrace`, and the module functions Triton defines beside them (`Logger` is in
-`_logger`). Calls that need the server go through the stub: BLS calls and the senders'
-responses through the `StubCalls` it installs here (`install_calls`), the rest through its
-runtime (`_runtime`).
+`_logger`, the BLS response iterator in `_response_iterator`). Calls that need the server go
+through the stub: BLS calls and the senders' responses through the `StubCalls` it installs
+here (`install_calls`), the rest through its runtime (`_runtime`).
 """
 
 from __future__ import annotations
@@ -12,11 +12,12 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import coreserve_python.pb_utils.runtime as _runtime
 from coreserve_python.pb_utils._errors import TritonError, TritonModelException
+from coreserve_python.pb_utils._response_iterator import ResponseIterator
 from coreserve_python.pb_utils._tensor import TRITONSERVER_MEMORY_CPU, PreferredMemory, Tensor, _text
 
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
@@ -24,6 +25,30 @@ TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
 TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
 TRITONSERVER_REQUEST_RELEASE_ALL = 1
 TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
+
+
+# Triton's words for a None among a response's outputs.
+_EMPTY_OUTPUT_TEXT = "Output tensor for inference response should not be empty."
+
+
+def _tensor_list(tensors: Any, argument: str, none_text: str) -> list[Tensor]:
+    """A list of tensors as Triton's bindings take it: a None in it is a TritonModelException
+    (`none_text`), anything else that is not a Tensor (None for the list too) a TypeError."""
+    if tensors is None or isinstance(tensors, str | bytes | Tensor):
+        raise TypeError(
+            f"__init__(): incompatible constructor arguments: {argument} must be a list of Tensor, "
+            f"got {type(tensors).__name__}"
+        )
+    listed = list(tensors)
+    for tensor in listed:
+        if not isinstance(tensor, Tensor):
+            if tensor is None:
+                raise TritonModelException(none_text)
+            raise TypeError(
+                f"__init__(): incompatible constructor arguments: {argument} must be a list of Tensor, "
+                f"holding {type(tensor).__name__}"
+            )
+    return listed
 
 
 class InferenceTrace:
@@ -69,11 +94,11 @@ class InferenceResponse:
 
     def __init__(
         self,
-        output_tensors: list[Tensor] | None = None,
+        output_tensors: Sequence[Tensor] = (),
         error: TritonError | None = None,
         parameters: dict[str, Any] | str | None = None,
     ) -> None:
-        self._outputs = list(output_tensors or [])
+        self._outputs = _tensor_list(output_tensors, "output_tensors", _EMPTY_OUTPUT_TEXT)
         self._error = error
         self._parameters = _parameters(parameters)
 
@@ -154,72 +179,6 @@ class InferenceResponseSender:
         return self._cancellation.cancelled
 
 
-class _ResponseSource(Protocol):
-    """The responses of one decoupled BLS call, as the stub delivers them."""
-
-    def next(self) -> InferenceResponse | None: ...
-
-    async def next_async(self) -> InferenceResponse | None: ...
-
-    def cancel(self) -> None: ...
-
-
-class ResponseIterator:
-    """The responses of a decoupled BLS call (`exec(decoupled=True)`), as Triton's iterator.
-
-    `for` waits for each response in turn; `async for` waits without blocking the event loop
-    of an `async def execute`. The last response is an empty one with the final flag, as on
-    Triton. `cancel()` asks the server to stop the call. Once every response came, iterating
-    again replays them from the first, as Triton's iterator does.
-    """
-
-    def __init__(self, source: _ResponseSource) -> None:
-        self._source = source
-        self._done = False
-        self._responses: list[InferenceResponse] = []
-        self._index = 0  # of the next response a replay gives
-
-    def __iter__(self) -> Iterator[InferenceResponse]:
-        self._restart()
-        return self
-
-    def __next__(self) -> InferenceResponse:
-        if self._done:
-            return self._replayed(StopIteration)
-        return self._kept(self._source.next(), StopIteration)
-
-    def __aiter__(self) -> AsyncIterator[InferenceResponse]:
-        self._restart()
-        return self
-
-    async def __anext__(self) -> InferenceResponse:
-        if self._done:
-            return self._replayed(StopAsyncIteration)
-        return self._kept(await self._source.next_async(), StopAsyncIteration)
-
-    def _restart(self) -> None:
-        if self._done and self._index >= len(self._responses):
-            self._index = 0
-
-    def _kept(self, response: InferenceResponse | None, stop: type[Exception]) -> InferenceResponse:
-        if response is None:
-            self._done = True
-            self._index = len(self._responses)
-            raise stop
-        self._responses.append(response)
-        return response
-
-    def _replayed(self, stop: type[Exception]) -> InferenceResponse:
-        if self._index >= len(self._responses):
-            raise stop
-        self._index += 1
-        return self._responses[self._index - 1]
-
-    def cancel(self) -> None:
-        """Asks the server to cancel the call; the responses still due end early."""
-        self._source.cancel()
-
-
 class InferenceRequest:
     """A request: the ones `execute` receives, or a BLS request to another model of the server.
 
@@ -244,18 +203,31 @@ class InferenceRequest:
         trace: InferenceTrace | None = None,
         parameters: dict[str, Any] | str | None = None,
     ) -> None:
-        if inputs is None or requested_output_names is None or model_name is None:  # (Triton's bindings)
-            raise TypeError(
-                "__init__(): incompatible constructor arguments: inputs, requested_output_names and "
-                "model_name are required"
-            )
+        arguments = {
+            "request_id": request_id,
+            "correlation_id": correlation_id,
+            "inputs": inputs,
+            "requested_output_names": requested_output_names,
+            "model_name": model_name,
+            "model_version": model_version,
+            "flags": flags,
+            "timeout": timeout,
+        }
+        for argument, value in arguments.items():
+            if value is None:  # (Triton's bindings: none of them may be None, the last three required)
+                raise TypeError(
+                    f"__init__(): incompatible constructor arguments: {argument} is required, not None"
+                )
         if not isinstance(correlation_id, int | str):
             raise TritonModelException("Correlation ID must be integer or string")
         self._request_id = _text(request_id, "request_id")
         self._correlation_id = correlation_id
-        self._inputs = list(inputs)
-        self._requested = [_text(name, "an output name") for name in requested_output_names]
         self._model_name = _text(model_name, "model_name")
+        which = f"for request with id '{self._request_id}' and model name '{self._model_name}'"
+        self._inputs = _tensor_list(inputs, "inputs", f"Input tensor {which} should not be empty.")
+        self._requested = [_text(name, "an output name") for name in requested_output_names]  # type: ignore[union-attr]
+        if "" in self._requested:
+            raise TritonModelException(f"Requested output name {which} should not be empty.")
         self._model_version = int(model_version)
         self._flags = int(flags)
         self._timeout = int(timeout)

@@ -283,3 +283,63 @@ def test_requests_take_every_argument_form_tritons_bindings_take() -> None:
             pb_utils.InferenceRequest(**given)  # type: ignore[arg-type]
     assert pb_utils.Tensor("T", np.zeros(2, np.float32)).triton_dtype() == 11
     assert pb_utils.Tensor("T", np.array([b"a"], dtype=np.object_)).triton_dtype() == 13
+
+
+def test_arguments_triton_refuses_are_refused_with_its_exception() -> None:
+    """Triton's QA L0_backend_python argument_validation: a None where Triton's bindings want a
+    value is a TypeError; a None in a list of tensors, or an empty name, Triton's own exception
+    in its words. They were taken, and failed later (or never)."""
+    tensor = pb_utils.Tensor("IN", np.asarray([1, 2], np.int32))
+    given: dict[str, Any] = {"model_name": "my_model", "inputs": [tensor], "requested_output_names": ["OUT"]}
+    for argument in ("request_id", "correlation_id", "inputs", "requested_output_names", "model_name",
+                     "model_version", "flags", "timeout"):  # fmt: skip
+        with pytest.raises(TypeError, match=f"{argument} is required, not None"):
+            pb_utils.InferenceRequest(**{**given, argument: None})
+    with pytest.raises(TypeError):
+        pb_utils.InferenceRequest(**{**given, "requested_output_names": [None]})
+    with pytest.raises(TypeError, match="inputs must be a list of Tensor, holding ndarray"):
+        pb_utils.InferenceRequest(**{**given, "inputs": [tensor.as_numpy()]})
+    with pytest.raises(pb_utils.TritonModelException) as empty:
+        pb_utils.InferenceRequest(**{**given, "inputs": [None], "request_id": "r"})
+    assert (
+        empty.value.message()
+        == "Input tensor for request with id 'r' and model name 'my_model' should not be empty."
+    )
+    with pytest.raises(pb_utils.TritonModelException) as unnamed:
+        pb_utils.InferenceRequest(**{**given, "requested_output_names": [""]})
+    assert unnamed.value.message() == (
+        "Requested output name for request with id '' and model name 'my_model' should not be empty."
+    )
+    assert (
+        pb_utils.InferenceRequest(model_name="my_model", inputs=[], requested_output_names=[]).inputs() == []
+    )
+    assert (
+        pb_utils.InferenceRequest(**given, correlation_id="test_str_id-5").correlation_id() == "test_str_id-5"
+    )
+
+    with pytest.raises(pb_utils.TritonModelException) as none_out:
+        pb_utils.InferenceResponse(output_tensors=[None])  # type: ignore[list-item]
+    assert none_out.value.message() == "Output tensor for inference response should not be empty."
+    with pytest.raises(TypeError):
+        pb_utils.InferenceResponse(output_tensors=None)  # type: ignore[arg-type]
+    assert pb_utils.InferenceResponse(output_tensors=[]).output_tensors() == []
+    assert pb_utils.InferenceResponse([tensor]).output_tensors() == [tensor]
+
+    for name, data in ((None, tensor.as_numpy()), ("OUTPUT0", None), ("", None)):
+        with pytest.raises(TypeError):
+            pb_utils.Tensor(name, data)  # type: ignore[arg-type]
+    for name in ("OUTPUT0", ""):
+        with pytest.raises(pb_utils.TritonModelException):
+            pb_utils.Tensor.from_dlpack(name, None)
+
+    for call in (
+        lambda: pb_utils.Logger.log("Invalid Level", None),  # type: ignore[arg-type]
+        lambda: pb_utils.Logger.log("Invalid Level", 1),  # type: ignore[arg-type]
+        lambda: pb_utils.Logger.log_info(None),  # type: ignore[arg-type]
+        lambda: pb_utils.Logger.log_warn(None),  # type: ignore[arg-type]
+        lambda: pb_utils.Logger.log_error(None),  # type: ignore[arg-type]
+        lambda: pb_utils.Logger.log_verbose(None),  # type: ignore[arg-type]
+    ):
+        with pytest.raises(TypeError):
+            call()
+    pb_utils.Logger.log("Level unspecified")

@@ -49,6 +49,7 @@ STUB_MODULES = (
     "pb_utils/_metrics.py",
     "pb_utils/_management.py",
     "pb_utils/_logger.py",
+    "pb_utils/_response_iterator.py",
     "pb_utils/inference.py",
     "stub/__init__.py",
     "stub/__main__.py",
