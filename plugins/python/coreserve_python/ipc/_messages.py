@@ -14,7 +14,8 @@ Requests that wait for an answer carry an id, and the answer names it:
 
 Messages that need no answer: `cancel` (a request given to the model was cancelled),
 `bls_cancel` (the model cancels a decoupled BLS call), `release` (segments the reader is done
-with), `responses` (a model's responses outside an execution), `log`, `metric_update`.
+with), `responses` (a model's responses outside an execution), `log`, `metric_update`,
+`metric_delete` and `metric_family_delete` (the model let go of a metric or a family).
 Tensors travel in shared memory segments, or inline when small (a message's `segment` is a
 `Blob`, see `_segments`); a message lists them as `TensorRef`s. Beside the messages, the stub marks which
 execution it has started in shared memory that `init` names (see `_start_mark`).

@@ -1,7 +1,9 @@
 """Custom metrics of `triton_python_backend_utils`: `MetricFamily` and its `Metric`s.
 
 A family and its metrics live in the server (on its metrics endpoint, beside its own
-families) and go when the model unloads. Creating them asks the server, which checks names;
+families) and go when the model unloads, or when the model lets go of the family, as in
+Triton: a family deleted (its last reference gone) takes its metrics with it, and a `Metric`
+still held then refuses every operation in Triton's words. Creating them asks the server, which checks names;
 `increment`, `set` and `observe` are checked here against the kind and sent without waiting,
 so a model that counts on every request pays no round trip; `value()` asks the server, which
 has applied every update sent before it. Errors are TritonModelExceptions in Triton's words.
@@ -9,6 +11,7 @@ has applied every update sent before it. Errors are TritonModelExceptions in Tri
 
 from __future__ import annotations
 
+import contextlib
 import enum
 from typing import Any
 
@@ -28,15 +31,33 @@ def _triton_name(kind: MetricKind) -> str:
     return f"TRITONSERVER_METRIC_KIND_{kind.name}"
 
 
-class Metric:
-    """One metric of a family, identified by its labels."""
+# Triton's words for an operation on a metric whose family was deleted.
+DELETED_FAMILY_TEXT = (
+    "Invalid metric operation as the corresponding 'MetricFamily' has been deleted. The "
+    "'MetricFamily' object should be deleted AFTER its corresponding 'Metric' objects have been "
+    "deleted."
+)
 
-    def __init__(self, family: MetricFamily, metric_id: int) -> None:
-        self._family = family
+
+class Metric:
+    """One metric of a family, identified by its labels. Its family keeps it (not the reverse,
+    as in Triton): deleting the family clears it."""
+
+    def __init__(self, kind: MetricKind, metric_id: int) -> None:
+        self._kind = kind
         self._id = metric_id
+        self._cleared = False
+
+    def _clear(self) -> None:
+        """Its family was deleted: the server drops it, and every operation now fails."""
+        if not self._cleared:
+            self._cleared = True
+            _tell_if_served("metric_delete", {"metric": self._id})
 
     def _check(self, action: str, allowed: tuple[MetricKind, ...], what: str) -> None:
-        kind = self._family._kind
+        if self._cleared:
+            raise TritonModelException(f"{what}: {DELETED_FAMILY_TEXT}")
+        kind = self._kind
         if kind not in allowed:
             raise TritonModelException(
                 _runtime.require(f"Metric.{action}").failure(
@@ -48,7 +69,7 @@ class Metric:
         """Adds `value` (counters: non-negative values only)."""
         self._check("increment", (MetricKind.COUNTER, MetricKind.GAUGE), "Failed to increment metric value")
         runtime = _runtime.require("Metric.increment")
-        if self._family._kind is MetricKind.COUNTER and value < 0:
+        if self._kind is MetricKind.COUNTER and value < 0:
             raise TritonModelException(
                 runtime.failure(
                     "Failed to increment metric value",
@@ -101,6 +122,7 @@ class MetricFamily:
                 f"Invoked with: {name!r}, {description!r}, {kind!r}"
             )
         self._kind = kind
+        self._metrics: list[Metric] = []
         self._id: int = _runtime.require("MetricFamily").ask(
             "metric_family",
             {"name": name, "description": description, "kind": kind.name.lower()},
@@ -118,4 +140,22 @@ class MetricFamily:
             {"family": self._id, "labels": dict(labels or {}), "buckets": list(buckets or [])},
             "Error when creating Metric",
         )
-        return Metric(self, metric_id)
+        metric = Metric(self._kind, metric_id)
+        self._metrics.append(metric)
+        return metric
+
+    def __del__(self) -> None:
+        # Deleted (its last reference gone): its metrics first, then itself, as Triton's.
+        if getattr(self, "_id", None) is None:
+            return  # (its creation failed: the server has nothing of it)
+        for metric in self._metrics:
+            metric._clear()
+        _tell_if_served("metric_family_delete", {"family": self._id})
+
+
+def _tell_if_served(op: str, fields: dict[str, Any]) -> None:
+    """Tells the server, where a server runs the model and still listens (not at exit)."""
+    runtime = _runtime.current()
+    if runtime is not None:
+        with contextlib.suppress(Exception):  # (a finalizer must not raise: the stub is ending)
+            runtime.tell(op, fields)

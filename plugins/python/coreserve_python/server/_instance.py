@@ -30,7 +30,7 @@ from coreserve_python.ipc import (
     write_groups,
 )
 from coreserve_python.server._bls import BlsServing
-from coreserve_python.server._model_requests import ANSWERED_OPS, ModelRequestAnswers
+from coreserve_python.server._model_requests import ANSWERED_OPS, METRIC_TOLD_OPS, ModelRequestAnswers
 from coreserve_python.server._open_requests import OpenRequests, request_item
 from coreserve_python.server._process import StubLaunch, StubProcess
 from coreserve_python.server._reply_spin import ReplySpin
@@ -383,8 +383,8 @@ class PythonInstance:
             self._spawn(self._bls.serve(message))
         elif op == "bls_cancel":
             self._bls.cancel(message["call"])
-        elif op == "metric_update":
-            self._model_requests.update_metric(message)
+        elif op in METRIC_TOLD_OPS:
+            self._model_requests.metric_told(message)
         elif op in ANSWERED_OPS:
             self._spawn(self._model_requests.answer(message))
         elif op == "release":

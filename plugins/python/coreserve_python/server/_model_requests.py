@@ -20,6 +20,8 @@ logger = logging.getLogger("coreserve.backend.python")
 ANSWERED_OPS = frozenset(
     {"metric_family", "metric", "metric_value", "load_model", "unload_model", "model_ready"}
 )
+# The model's metric messages that need no answer: updates, and the metrics and families it let go.
+METRIC_TOLD_OPS = frozenset({"metric_update", "metric_delete", "metric_family_delete"})
 
 
 class ModelRequestAnswers:
@@ -86,8 +88,18 @@ class ModelRequestAnswers:
         table[self._metric_ids] = item
         return self._metric_ids
 
-    def update_metric(self, message: Message) -> None:
-        """Applies an increment, set or observe the model sent (checked by the stub already)."""
+    def metric_told(self, message: Message) -> None:
+        """Applies an increment, set or observe the model sent (checked by the stub already), or
+        drops a metric or family the model let go (it leaves the endpoint with its last owner)."""
+        op = message["op"]
+        if op == "metric_family_delete":
+            if (family := self._families.pop(message["family"], None)) is not None:
+                self._server.metrics.release(family)
+            return
+        if op == "metric_delete":
+            if (deleted := self._metrics.pop(message["metric"], None)) is not None:
+                deleted.family.release_metric(deleted)
+            return
         metric = self._metrics.get(message["metric"])
         if metric is None:
             return

@@ -53,12 +53,13 @@ class TritonPythonModel:
             "probe_requests_total", "Requests the probe served", pb_utils.MetricFamily.COUNTER
         )
         self.counter = self.requests.Metric(labels={"model": "probe", "quote": 'say "hi"'})
-        self.gauge = pb_utils.MetricFamily(
-            "probe_temperature", "A gauge", pb_utils.MetricFamily.GAUGE
-        ).Metric()
-        self.histogram = pb_utils.MetricFamily(
+        # (As on Triton, a family is kept: deleting it clears its metrics.)
+        self.gauges = pb_utils.MetricFamily("probe_temperature", "A gauge", pb_utils.MetricFamily.GAUGE)
+        self.gauge = self.gauges.Metric()
+        self.histograms = pb_utils.MetricFamily(
             "probe_latency_seconds", "A histogram", pb_utils.MetricFamily.HISTOGRAM
-        ).Metric(labels={"k": "v"}, buckets=[0.5, 1, 2.5])
+        )
+        self.histogram = self.histograms.Metric(labels={"k": "v"}, buckets=[0.5, 1, 2.5])
 
     async def run(self, code):
         scope = {"pb_utils": pb_utils, "np": np, "json": json, "self": self, "attempt": attempt, "asyncio": asyncio}
@@ -256,8 +257,8 @@ checks = {
     "bad_name": lambda: family("bad name!", "d", family.COUNTER),
     "bad_kind": lambda: family("x_kind", "d", 7),
     "other_kind": lambda: family("probe_requests_total", "d", family.GAUGE),
-    "same_again": lambda: family("probe_requests_total", "d", family.COUNTER).Metric(
-        labels={"model": "probe", "quote": 'say "hi"'}).value() >= 0,
+    "same_again": lambda: (lambda kept: kept.Metric(labels={"model": "probe", "quote": 'say "hi"'}).value() >= 0)(
+        family("probe_requests_total", "d", family.COUNTER)),
     "int_label": lambda: self.requests.Metric(labels={"a": 1}),
     "counter_buckets": lambda: self.requests.Metric(labels={"a": "2"}, buckets=[1.0]),
     "negative": lambda: self.counter.increment(-1),
@@ -337,6 +338,47 @@ return found
         assert result[name] == {"error": kind, "message": message}, name
     assert result["bad_kind"]["error"] == "TypeError"  # as Triton's bindings: not a MetricKind
     assert result["same_again"] == {"ok": True}  # the same name and kind: the same family
+
+
+def test_a_deleted_family_takes_its_metrics_and_a_metric_still_held_refuses(
+    server: ServerProcess, client: httpclient.InferenceServerClient
+) -> None:
+    """As Triton's (its QA custom_metrics test_metric_lifetime_error): a family whose last
+    reference goes (`del`, or a temporary's) is deleted with its metrics, and a Metric still
+    held then fails every operation. They used to go on, and stay on the endpoint."""
+    result = _run(
+        client,
+        """
+family = pb_utils.MetricFamily("probe_short_lived", "Short", pb_utils.MetricFamily.GAUGE)
+metric = family.Metric(labels={"k": "v"})
+metric.set(4)
+del family
+found = {name: attempt(call) for name, call in (("set", lambda: metric.set(1)),
+         ("increment", lambda: metric.increment(1)), ("value", lambda: metric.value()))}
+temporary = pb_utils.MetricFamily("probe_temporary", "Gone", pb_utils.MetricFamily.COUNTER).Metric()
+found["temporary"] = attempt(lambda: temporary.increment(1))
+return found
+""",
+    )
+    deleted = (
+        "Invalid metric operation as the corresponding 'MetricFamily' has been deleted. The 'MetricFamily' "
+        "object should be deleted AFTER its corresponding 'Metric' objects have been deleted."
+    )
+    assert result == {
+        "set": {"error": "TritonModelException", "message": f"Failed to set metric value: {deleted}"},
+        "increment": {
+            "error": "TritonModelException",
+            "message": f"Failed to increment metric value: {deleted}",
+        },
+        "value": {"error": "TritonModelException", "message": f"Failed to get metric value: {deleted}"},
+        "temporary": {
+            "error": "TritonModelException",
+            "message": f"Failed to increment metric value: {deleted}",
+        },
+    }
+    text = _metrics(server)
+    assert "probe_short_lived" not in text and "probe_temporary" not in text
+    assert "probe_temperature" in text  # the families kept stay
 
 
 def test_model_management_from_a_model(
@@ -485,8 +527,8 @@ import triton_python_backend_utils as pb_utils
 
 class TritonPythonModel:
     def initialize(self, args):
-        family = pb_utils.MetricFamily("counting_calls", "Calls", pb_utils.MetricFamily.COUNTER)
-        self.calls = family.Metric(labels={"model": "counting"})
+        self.family = pb_utils.MetricFamily("counting_calls", "Calls", pb_utils.MetricFamily.COUNTER)
+        self.calls = self.family.Metric(labels={"model": "counting"})
 
     def execute(self, requests):
         self.calls.increment(len(requests))
