@@ -23,12 +23,13 @@ from coreserve.errors import (
     UnsupportedError,
     with_request_id,
 )
-from coreserve.repository import Model, ModelRepository, ModelVersion, parse_load_parameters
-from coreserve.repository.model import ModelState, parse_version
+from coreserve.repository import ModelRepository, ModelVersion, parse_load_parameters
+from coreserve.repository.model import parse_version
 from coreserve.responses import QueuedResponses, SingleResponse
 from coreserve.scheduling import STOPPING_TEXT
 from coreserve.server import _request_log as request_log
 from coreserve.server._request_steps import classifying, end_trace, timeout_s
+from coreserve.server._statistics_report import statistics_of
 from coreserve.server.changes import (
     Change,
     LoadModel,
@@ -392,27 +393,7 @@ class DataPlane:
 
     def statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
         """Statistics of every model, of one model's versions, or of one version."""
-        if not name:
-            versions = [v for model in self.repository.models() for v in _loaded(model)]
-            return {"model_stats": [v.statistics.as_dict() for v in versions]}
-        # INVALID_ARG (HTTP 400) for an unknown model or version, as Triton 2.51 answers here; a
-        # model that failed to load (no loaded version) is not available either.
-        try:
-            model = self.repository.get(name)
-        except NotFoundError as exc:
-            raise InvalidArgumentError(f"requested model '{name}' is not available ({exc.message})") from None
-        versions = _loaded(model)
-        if not versions:
-            raise InvalidArgumentError(f"requested model '{name}' is not available (no version is loaded)")
-        if version:
-            number = parse_version(version)
-            versions = [v for v in versions if v.version == number]
-            if not versions:
-                raise InvalidArgumentError(
-                    f"requested model version is not available for model '{name}' (version {number} is "
-                    "not loaded)"
-                )
-        return {"model_stats": [v.statistics.as_dict() for v in versions]}
+        return statistics_of(self.repository, name, version)
 
     async def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
         """Every model and version with its state and, when not ready, the reason (and its rollout)."""
@@ -465,9 +446,3 @@ class DataPlane:
                 self.traffic_control.apply(change)
             case _:
                 assert_never(change)
-
-
-def _loaded(model: Model) -> list[ModelVersion]:
-    """The versions of a model that loaded, by number: those that statistics report, as Triton."""
-    loaded = [version for version in model.versions.values() if version.state is ModelState.READY]
-    return sorted(loaded, key=lambda version: version.version)

@@ -301,7 +301,9 @@ class ServerRequests:
             self._calls.pop(call_id, None)
         return response or pb_utils.InferenceResponse()
 
-    def stream_bls(self, request: pb_utils.InferenceRequest) -> pb_utils.ResponseIterator:
+    def stream_bls(
+        self, request: pb_utils.InferenceRequest
+    ) -> pb_utils.ResponseIterator[pb_utils.InferenceResponse]:
         self._check_bls()
         call = BlsCall()
         return pb_utils.ResponseIterator(BlsStream(self, self._send_bls(request, True, call), call))
@@ -314,7 +316,7 @@ class ServerRequests:
         call_id = self._send_bls(request, decoupled, call)
         if decoupled:
 
-            async def first_response() -> pb_utils.ResponseIterator:
+            async def first_response() -> pb_utils.ResponseIterator[pb_utils.InferenceResponse]:
                 stream = BlsStream(self, call_id, call)
                 await stream.wait_first()
                 return pb_utils.ResponseIterator(stream)
