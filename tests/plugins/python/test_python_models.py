@@ -324,6 +324,12 @@ def test_initialize_failure_makes_the_model_unavailable(client: httpclient.Infer
     assert "coreserve_python" not in info.value.message()
 
 
+def test_finalize_does_not_run_after_initialize_failed(server: ServerProcess) -> None:
+    """As Triton's stub: finalize() may use what initialize() was to set (it ran)."""
+    assert "broken_init/1/model.py(3): initialize" in server.log  # (its failure is logged by then)
+    assert "broken_init finalized" not in server.log
+
+
 def test_a_model_file_without_the_model_class_says_so_in_one_line(
     client: httpclient.InferenceServerClient,
 ) -> None:

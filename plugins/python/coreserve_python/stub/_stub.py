@@ -368,8 +368,9 @@ class Stub:
 
     def _finalize(self, message: Message) -> None:
         error = None
-        self._requests.serving = False
-        if self._model is not None and hasattr(self._model, "finalize"):
+        initialized, self._requests.serving = self._requests.serving, False
+        # (Not after an initialize() that raised, as Triton: what it was to set may be missing.)
+        if initialized and hasattr(self._model, "finalize"):
             try:
                 result = self._model.finalize()
                 if inspect.iscoroutine(result):

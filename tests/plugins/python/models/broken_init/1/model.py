@@ -4,3 +4,6 @@ class TritonPythonModel:
 
     def execute(self, requests):
         return []
+
+    def finalize(self):  # never called: initialize() raised (Triton's rule)
+        print("broken_init finalized", flush=True)
