@@ -185,10 +185,12 @@ class ModelLoader:
         client = self.context_for(backend, location.namespace).client
         # Triton's core, not its ensemble backend, sets this, with or without completion (the
         # steps serve already: they load first).
+        # (Not over a flag written with a response cache: Triton refuses that pair as written.)
+        policy = config.model_transaction_policy
         if config.HasField("ensemble_scheduling") and client is not None:
             decoupled = steps_decoupled(config, client.model_signature)
-            if decoupled is not None:
-                config.model_transaction_policy.decoupled = decoupled
+            if decoupled is not None and not (policy.decoupled and config.response_cache.enable):
+                policy.decoupled = decoupled
         if not config.platform and backend.platforms:
             config.platform = backend.platforms[0]
         # Where instances may run is the backend's to say (it may start CUDA to count GPUs).

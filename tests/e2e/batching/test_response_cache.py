@@ -395,9 +395,19 @@ def test_decoupled_and_sequence_models_refuse_the_cache_as_triton(tmp_path: Path
     _counter(tmp_path, "sequenced", cached=True)
     with (tmp_path / "sequenced" / "config.pbtxt").open("a") as config:
         config.write("sequence_batching { }\n")
+    # An ensemble written decoupled, over a step that is not (Triton's QA L0_response_cache
+    # ensemble_cache_decoupled): the flag as written is refused, before the steps would set it.
+    _counter(tmp_path, "step", cached=False)
+    _ensemble(tmp_path, "written_decoupled", "step", cached=True)
+    with (tmp_path / "written_decoupled" / "config.pbtxt").open("a") as config:
+        config.write("model_transaction_policy { decoupled: true }\n")
     result = _start_failure(tmp_path, "--cache-config=local,size=1000", "--http-port=0", "--grpc-port=0",
                             "--metrics-port=0")  # fmt: skip
     assert result.returncode == 1
+    assert (
+        "Response Cache does not currently support model written_decoupled with 'decoupled' transaction "
+        "policy. Please disable the response cache."
+    ) in result.stderr
     assert (
         "Response Cache does not currently support model countdown with 'decoupled' transaction policy. "
         "Please disable the response cache."
