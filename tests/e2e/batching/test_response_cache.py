@@ -5,6 +5,7 @@ unloads drop entries, ensembles, statistics and metrics as Triton's, over HTTP a
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -229,7 +230,9 @@ def test_failures_are_not_cached(client: httpclient.InferenceServerClient) -> No
     assert _stats(client, "counter")["execution_count"] == before + 2
 
 
-def test_least_recently_used_is_evicted_by_size(client: httpclient.InferenceServerClient) -> None:
+def test_least_recently_used_is_evicted_by_size(
+    server: ServerProcess, client: httpclient.InferenceServerClient
+) -> None:
     a, b, c = (np.full(500, value, np.float32) for value in (1, 2, 3))
     assert [_calls(_infer(client, "lru", x)) for x in (a, b, a, c)] == [1, 2, 1, 3]  # a hit, c evicts b
     assert _calls(_infer(client, "lru", a)) == 1  # a, used last before c, stayed
@@ -239,6 +242,13 @@ def test_least_recently_used_is_evicted_by_size(client: httpclient.InferenceServ
     big = np.full(2000, 9, np.float32)
     assert [_calls(_infer(client, "lru", big)) for _ in range(2)] == [5, 6]
     assert _calls(_infer(client, "lru", b)) == 4
+    # Logged each time, in Triton's words (its QA L0_response_cache greps them).
+    refused = re.findall(
+        r"Failed to insert key \[[0-9a-f]+\] into response cache: Requested byte_size: (\d+) is greater "
+        rf"than total cache size: {CACHE_SIZE}",
+        server.log,
+    )
+    assert len(refused) == 2 and int(refused[0]) > CACHE_SIZE
 
 
 def test_grpc_hits_what_http_filed(server: ServerProcess, client: httpclient.InferenceServerClient) -> None:

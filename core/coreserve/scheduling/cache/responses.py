@@ -158,8 +158,15 @@ class LocalResponseCache:
 
     def insert(self, key: bytes, owner: int, entry: CachedResponse) -> bool:
         cost = entry.nbytes + max(0, len(key) - DIGEST_SIZE)
-        if cost > self.size:
-            return False  # an entry never exceeds the cache: it would evict everything, then not fit
+        if cost > self.size:  # it would evict everything, then not fit (logged as Triton logs it)
+            logger.error(
+                "Failed to insert key [%s] into response cache: Requested byte_size: %d is greater than "
+                "total cache size: %d",
+                key.hex(),
+                cost,
+                self.size,
+            )
+            return False
         started = now_ns()
         stats = self._stats
         entries = self._entries
