@@ -44,7 +44,7 @@ class TritonPythonModel:
 """
 # Each of SIZE pool tasks (SIZE elements of 40,000: past what travels inline) is doubled by a
 # BLS call in a forked child, and the child also reads a decoupled stream of 3 responses; a
-# grandchild forked by a child makes a call too. OUT: per task, the sum of its doubled values
+# grandchild whose parent makes no call makes one too. OUT: per task, the sum of its doubled values
 # plus the sum of the stream's values (0 + 1 + 2); GRAND: the grandchild's answer.
 FORKER = """
 import multiprocessing
@@ -76,14 +76,20 @@ def task(seed):
 
 
 def grandchild():
+    # A child that makes no call of its own forks one that does: its answer, through a pipe.
     read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.write(write, int(_double(np.array([21], np.int64))[0]).to_bytes(8, "little"))
+    child = os.fork()
+    if child == 0:
+        grand = os.fork()
+        if grand == 0:
+            os.write(write, int(_double(np.array([21], np.int64))[0]).to_bytes(8, "little"))
+            os._exit(0)
+        os.waitpid(grand, 0)
         os._exit(0)
     os.close(write)
     answer = int.from_bytes(os.read(read, 8), "little")
-    os.waitpid(pid, 0)
+    os.close(read)
+    os.waitpid(child, 0)
     return answer
 
 
@@ -94,7 +100,7 @@ class TritonPythonModel:
             size = int(pb_utils.get_input_tensor_by_name(request, "SIZE").as_numpy()[0])
             with multiprocessing.get_context("fork").Pool(2) as pool:
                 sums = pool.map(task, range(1, size + 1))
-                grand = pool.apply(grandchild)
+            grand = grandchild()
             responses.append(pb_utils.InferenceResponse([
                 pb_utils.Tensor("OUT", np.array(sums, np.int64)),
                 pb_utils.Tensor("GRAND", np.array([grand], np.int64)),

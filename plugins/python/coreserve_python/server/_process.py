@@ -303,6 +303,7 @@ class StubConnection(asyncio.Protocol):
     def __init__(self, handle: Callable[[Message], None]) -> None:
         self._handle = handle
         self._pending = bytearray()
+        self._needed = 0  # the bytes the pending message takes in all (see data_received)
         self._transport: asyncio.BaseTransport | None = None
         self.ended: asyncio.Future[BaseException | None] = asyncio.get_running_loop().create_future()
 
@@ -310,16 +311,20 @@ class StubConnection(asyncio.Protocol):
         self._transport = transport
 
     def data_received(self, data: bytes) -> None:
-        if self._pending:  # the end of a message that came in pieces
+        if self._pending:  # the rest of a message that came in pieces
             self._pending += data
+            if len(self._pending) < self._needed:
+                return  # (copied once it is whole: a large message comes in many pieces)
             data = bytes(self._pending)
             self._pending.clear()
         view = memoryview(data)
         offset = 0
+        needed = FRAME_LENGTH.size
         try:
             while len(data) - offset >= FRAME_LENGTH.size:
                 end = offset + FRAME_LENGTH.size + FRAME_LENGTH.unpack_from(data, offset)[0]
                 if end > len(data):
+                    needed = end - offset
                     break
                 message = pickle.loads(view[offset + FRAME_LENGTH.size : end])
                 offset = end
@@ -328,6 +333,7 @@ class StubConnection(asyncio.Protocol):
             self._end(exc)
             return
         self._pending += view[offset:]
+        self._needed = needed  # what the next message takes, its length included
 
     def connection_lost(self, exc: Exception | None) -> None:
         if exc is not None:

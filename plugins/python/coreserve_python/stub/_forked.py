@@ -7,15 +7,19 @@ fork the stub makes a socket pair (`ForkHooks`):
 - the child keeps one end as its only way to the server, with requests of its own on it
   (`ServerRequests.for_child`) whose answers a reader thread of the child delivers. Its tensors
   travel inline: a segment of its own would be released to the parent, which does not know it;
-- the parent relays (`Relay`, a thread per child): what the child sends goes on to the server,
-  each call under a call id of the parent's; the answers come back to the child under its own.
+- the parent relays (`Relay`, two threads per child): what the child sends goes on to the
+  server, each call under a call id of the parent's; the answers go back to the child under its
+  own, queued, so that the stub's reader never waits for a child that reads slowly or not at all.
+  A child that goes has its open calls cancelled.
 Standard library only.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
+import queue
 import socket
 import sys
 import threading
@@ -26,24 +30,41 @@ from coreserve_python.stub._requests import ServerRequests
 
 
 class Relay:
-    """The parent's side of one forked child: sends its messages on, answers it (`answer`)."""
+    """The parent's side of one forked child: a thread sends its messages on to the server,
+    another writes the answers to it (`answer` only queues them: the stub's reader never waits
+    for a child). When the child goes, its calls still open are cancelled."""
 
-    def __init__(self, sock: socket.socket, requests: ServerRequests) -> None:
+    def __init__(self, sock: socket.socket, requests: ServerRequests, ended: Callable[[], None]) -> None:
         self._channel = Channel(sock)
         self._requests = requests
+        self._ended = ended
         self._calls: dict[int, int] = {}  # the child's call id: ours
-        threading.Thread(target=self._run, name="coreserve-stub-relay", daemon=True).start()
+        self._answers: queue.SimpleQueue[tuple[int, Message] | None] = queue.SimpleQueue()
+        self._gone = False
+        threading.Thread(target=self._relay, name="coreserve-stub-relay", daemon=True).start()
+        threading.Thread(target=self._write, name="coreserve-stub-relay-answers", daemon=True).start()
 
-    def answer(self, child_call: int, message: Message) -> bool:
+    def answer(self, call_id: int, child_call: int, message: Message) -> None:
         if message.get("final", True):
             self._calls.pop(child_call, None)
-        try:
-            self._channel.send({**message, "call": child_call})
-        except OSError:
-            return False
-        return True
+        if self._gone:
+            self._requests.discard(call_id, message)
+        else:
+            self._answers.put((call_id, {**message, "call": child_call}))
 
-    def _run(self) -> None:
+    def _write(self) -> None:
+        while (item := self._answers.get()) is not None:
+            call_id, message = item
+            if self._gone:
+                self._requests.discard(call_id, message)
+                continue
+            try:
+                self._channel.send(message)
+            except OSError:  # the child went: what it was sent goes back (its segments)
+                self._gone = True
+                self._requests.discard(call_id, message)
+
+    def _relay(self) -> None:
         try:
             while (message := self._channel.receive()) is not None:
                 if "call" in message:
@@ -58,7 +79,13 @@ class Relay:
         except OSError:
             pass  # the child's end was reset, or the server's: either way nothing more to relay
         finally:
+            self._gone = True
+            with contextlib.suppress(OSError):  # (the server went too: nothing to cancel)
+                for ours in list(self._calls.values()):  # nobody waits for them any more
+                    self._requests.send({"op": "bls_cancel", "call": ours})
+            self._answers.put(None)
             self._channel.close()
+            self._ended()
 
 
 class _ChildReader:
@@ -98,6 +125,8 @@ class ForkHooks:
         self._server_channel = server_channel
         self._install = install
         self._pairs = threading.local()  # the pair of the fork this thread makes
+        # The parent's ends of its children's pairs: a later child closes them (they are not its).
+        self._relayed: set[socket.socket] = set()
 
     def register(self) -> None:
         """Called once per stub process: hooks cannot be unregistered."""
@@ -112,12 +141,17 @@ class ForkHooks:
         ours, theirs = self._pairs.ends
         del self._pairs.ends
         theirs.close()
-        Relay(ours, self._requests)  # (a fork that failed: the relay sees the end at once)
+        self._relayed.add(ours)
+        # (A fork that failed: the relay sees the end at once.)
+        Relay(ours, self._requests, functools.partial(self._relayed.discard, ours))
 
     def _in_child(self) -> None:
         parents, ours = self._pairs.ends
         del self._pairs.ends
         parents.close()
+        for sibling in list(self._relayed):  # (so that a sibling's end closes with its parent)
+            sibling.close()
+        self._relayed.clear()
         self._server_channel.close()  # the parent's alone: the server sees it close with the parent
         channel = Channel(ours)
         reader = _ChildReader(channel)

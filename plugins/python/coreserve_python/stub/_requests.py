@@ -124,7 +124,7 @@ class BlsStream:
         if not self._ended:
             self._ended = True
             with contextlib.suppress(OSError):  # (the server went away: nothing to give back)
-                self._call.abandon(functools.partial(self._stub._discard, self._call_id))
+                self._call.abandon(functools.partial(self._stub.discard, self._call_id))
 
 
 class ServerRequests:
@@ -171,15 +171,15 @@ class ServerRequests:
             relay, child_call = relayed
             if message.get("final", True):
                 del self._relayed[message["call"]]
-            if not relay.answer(child_call, message):  # (the child has gone)
-                self._discard(message["call"], message)
+            relay.answer(message["call"], child_call, message)
         else:  # (a call nobody waits for any more)
-            self._discard(message["call"], message)
+            self.discard(message["call"], message)
 
     def relay_call(self, relay: Relayed, child_call: int) -> int:
         """A call a forked child makes through this stub: the call id it goes under."""
         call_id = next(self._call_ids)
         self._relayed[call_id] = (relay, child_call)
+        self._wake()  # someone must read the answers (this process may have made no call of its own)
         return call_id
 
     def send(self, message: Message) -> None:
@@ -193,7 +193,7 @@ class ServerRequests:
         child.serving = self.serving
         return child
 
-    def _discard(self, call_id: int, message: Message | None) -> None:
+    def discard(self, call_id: int, message: Message | None) -> None:
         """A message of a call nobody reads: its segment goes back to the server; the last one
         ends the call."""
         if message is not None and (shared := segment_to_release(message.get("segment"))) is not None:
@@ -315,9 +315,9 @@ class ServerRequests:
         call = BlsCall(loop)
         call_id = self._send_bls(request, decoupled, call)
         if decoupled:
+            stream = BlsStream(self, call_id, call)  # (made now: cancelled unstarted, it still lets go)
 
             async def first_response() -> pb_utils.ResponseIterator[pb_utils.InferenceResponse]:
-                stream = BlsStream(self, call_id, call)
                 await stream.wait_first()
                 return pb_utils.ResponseIterator(stream)
 
@@ -336,8 +336,9 @@ class ServerRequests:
 class Relayed(Protocol):
     """Where the answers to a forked child's calls go (`_forked.Relay`)."""
 
-    def answer(self, child_call: int, message: Message) -> bool:
-        """Passes an answer on to the child under its own call id; False if the child has gone."""
+    def answer(self, call_id: int, child_call: int, message: Message) -> None:
+        """Passes the answer to call `call_id` on to the child, under its own id for it (or lets
+        it go, `ServerRequests.discard`, where the child has gone); never waits for the child."""
         ...
 
 
