@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import os
 from typing import Any
 
 import coreserve_python.pb_utils.runtime as _runtime
@@ -123,6 +124,7 @@ class MetricFamily:
             )
         self._kind = kind
         self._metrics: list[Metric] = []
+        self._pid = os.getpid()  # (a process the model forked does not delete its parent's)
         self._id: int = _runtime.require("MetricFamily").ask(
             "metric_family",
             {"name": name, "description": description, "kind": kind.name.lower()},
@@ -146,8 +148,8 @@ class MetricFamily:
 
     def __del__(self) -> None:
         # Deleted (its last reference gone): its metrics first, then itself, as Triton's.
-        if getattr(self, "_id", None) is None:
-            return  # (its creation failed: the server has nothing of it)
+        if getattr(self, "_id", None) is None or self._pid != os.getpid():
+            return  # (its creation failed: the server has nothing of it; or a forked copy)
         for metric in self._metrics:
             metric._clear()
         _tell_if_served("metric_family_delete", {"family": self._id})

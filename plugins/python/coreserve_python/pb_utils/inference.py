@@ -27,6 +27,8 @@ TRITONSERVER_REQUEST_RELEASE_ALL = 1
 TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
 
 
+# What Python would iterate where a list of tensors is due (a union would be built on each call).
+_NOT_A_LIST = (str, bytes, Tensor)
 # Triton's words for a None among a response's outputs.
 _EMPTY_OUTPUT_TEXT = "Output tensor for inference response should not be empty."
 
@@ -34,7 +36,7 @@ _EMPTY_OUTPUT_TEXT = "Output tensor for inference response should not be empty."
 def _tensor_list(tensors: Any, argument: str, none_text: str) -> list[Tensor]:
     """A list of tensors as Triton's bindings take it: a None in it is a TritonModelException
     (`none_text`), anything else that is not a Tensor (None for the list too) a TypeError."""
-    if tensors is None or isinstance(tensors, str | bytes | Tensor):
+    if tensors is None or isinstance(tensors, _NOT_A_LIST):
         raise TypeError(
             f"__init__(): incompatible constructor arguments: {argument} must be a list of Tensor, "
             f"got {type(tensors).__name__}"
