@@ -12,18 +12,18 @@ from coreserve.backend.api import ModelInstance
 from coreserve.config.signature import ModelSignature
 from coreserve.protos.model_config_pb2 import ModelConfig
 from coreserve.scheduling._dynamic import DynamicBatcher
-from coreserve.scheduling._scheduler import STOPPING_TEXT, Scheduler
+from coreserve.scheduling._scheduler import Scheduler, stop_refusal
 from coreserve.scheduling.sequence._batcher import SequenceBatcher
 from coreserve.scheduling.statistics import LatencyOptions, ModelStatistics
 
 __all__ = [
-    "STOPPING_TEXT",
     "DynamicBatcher",
     "LatencyOptions",
     "ModelStatistics",
     "Scheduler",
     "SequenceBatcher",
     "make_scheduler",
+    "stop_refusal",
 ]
 
 

@@ -40,6 +40,11 @@ CANCELLED_CLOSE_GRACE_S = 10.0
 STOPPING_TEXT = "Server is stopping, scheduler for model has stopped accepting new inference requests"
 
 
+def stop_refusal(request_id: str = "") -> str:
+    """Triton's words refusing a client's request once the server stops."""
+    return f"[request id: {request_id}] {STOPPING_TEXT}" if request_id else STOPPING_TEXT
+
+
 class Scheduler:
     """Queues the requests of one model version and runs them on its instances."""
 
@@ -159,8 +164,7 @@ class Scheduler:
 
     def _stop_refuses(self, request: InferenceRequest) -> str | None:
         """Triton's refusal of a client's request while the server stops (None: taken)."""
-        prefix = f"[request id: {request.id}] " if request.id else ""
-        return f"{prefix}{STOPPING_TEXT}"
+        return stop_refusal(request.id)
 
     def _check_takes(self, request: InferenceRequest, admitted: bool = False) -> None:
         """Raises where the request cannot be taken: the model unloads, the server stops, or its

@@ -26,7 +26,7 @@ from coreserve.errors import (
 from coreserve.repository import ModelRepository, ModelVersion, parse_load_parameters
 from coreserve.repository.model import parse_version
 from coreserve.responses import QueuedResponses, SingleResponse
-from coreserve.scheduling import STOPPING_TEXT
+from coreserve.scheduling import stop_refusal
 from coreserve.server import _request_log as request_log
 from coreserve.server._request_steps import classifying, end_trace, timeout_s
 from coreserve.server._statistics_report import statistics_of
@@ -184,13 +184,13 @@ class DataPlane:
         the lookup's error where it does not load)."""
         if not self.flags.stopping:  # (the stop unloads every model: none starts loading now)
             await self.repository.budgeted.demand(name, timeout)
-        return self.in_use(name, version, request) or self._not_in_use(name, version)
+        return self.in_use(name, version, request) or self._not_in_use(name, version, request)
 
-    def _not_in_use(self, name: str, version: str) -> ModelVersion:
+    def _not_in_use(self, name: str, version: str, request: InferenceRequest | None) -> ModelVersion:
         """Raises the error of a lookup that found no model where none loads now: once the stop
         began, a server that loads models on demand refuses as the stop does."""
         if self.flags.stopping and self.repository.budgeted.on_demand:
-            raise UnavailableError(STOPPING_TEXT)
+            raise UnavailableError(stop_refusal(request.id if request is not None else ""))
         return self.model_version(name, version)
 
     async def load_on_demand(self, request: NamesModel) -> None:
@@ -243,7 +243,7 @@ class DataPlane:
         model's statistics (it never reached the model).
         """
         name, version = request.model_name, request.model_version
-        target = self.in_use(name, version, request) or self._not_in_use(name, version)
+        target = self.in_use(name, version, request) or self._not_in_use(name, version, request)
         self._submit(target, request, self._watched(sink, request, target), True)
 
     def _watched(self, sink: ResponseSink, request: InferenceRequest, target: ModelVersion) -> ResponseSink:
