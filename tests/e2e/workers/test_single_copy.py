@@ -309,7 +309,7 @@ def test_worker_0_stopping_serves_the_requests_another_worker_took_from_its_clie
     def finished(result: object, error: InferenceServerException | None) -> None:
         outcomes.put("ok" if error is None else str(error.message()))
 
-    clients = [grpcclient.InferenceServerClient(server.grpc_url) for _ in range(7)]
+    clients = [grpcclient.InferenceServerClient(server.grpc_url) for _ in range(13)]
     try:
         for sequence_id, client in enumerate(clients, start=1):
             x = grpcclient.InferInput("X", [1], "INT32")
@@ -325,7 +325,8 @@ def test_worker_0_stopping_serves_the_requests_another_worker_took_from_its_clie
         for client in clients:
             client.close()
     assert set(answers) <= {"ok", STOPPING}, answers
-    assert answers.count("ok") >= 2, answers  # the first, and those worker 1 took (all 6: 2**-6)
+    # The first, and those worker 1 took (none of 12: 2**-12).
+    assert answers.count("ok") >= 2, answers
     assert "Traceback" not in server.log
 
 
