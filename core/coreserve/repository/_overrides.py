@@ -19,11 +19,13 @@ from __future__ import annotations
 import errno
 import json
 import logging
+import re
 import shutil
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 import orjson
 
@@ -124,11 +126,31 @@ def _traffic_override(value: object) -> TrafficPolicy:
     return policy_from_document(value)
 
 
+# A JSON string (kept as it is), or a bare name before a colon: an object's key left unquoted.
+_STRING_OR_BARE_KEY = re.compile(r'"(?:[^"\\]|\\.)*"|([A-Za-z_][A-Za-z0-9_]*)(?=\s*:)', re.DOTALL)
+
+
+def _lenient_json(text: str) -> Any:
+    """JSON as protobuf's parser (Triton's, for a config override) reads it: object keys may be
+    left unquoted (Triton's QA writes `direct: {...}`). The error is strict JSON's."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        quoted = _STRING_OR_BARE_KEY.sub(lambda found: f'"{found[1]}"' if found[1] else found[0], text)
+        if quoted == text:
+            raise
+        try:
+            return json.loads(quoted)
+        except json.JSONDecodeError:
+            pass
+        raise
+
+
 def _config_override(model_name: str, text: str) -> ModelConfig:
     """The configuration a `config` parameter carries; its mistakes are worded as Triton's."""
     source = "Invalid config override"  # how Triton's log begins the reason
     try:
-        document = json.loads(text)
+        document = _lenient_json(text)
         orjson.dumps(document)  # what protobuf cannot take: a lone surrogate ("\\ud800"), 255+ levels
     except json.JSONDecodeError as exc:
         reason = f"{source}: not valid JSON: {exc}"

@@ -184,6 +184,13 @@ def test_load_with_a_config_override(client: httpclient.InferenceServerClient) -
     with pytest.raises(InferenceServerException, match="not valid JSON"):
         client.load_model("other", config="{not json")
     assert client.is_model_ready("other")  # the failed load left the served one alone
+    # Keys left unquoted, as protobuf's JSON parser (Triton's) takes them (its QA
+    # L0_iterative_sequence writes `direct: {...}`); a string that looks like one is left alone.
+    noted = {**config, "parameters": {"note": {"string_value": "key: value"}}}
+    unquoted = json.dumps(noted).replace('"max_batch_size": 2', "max_batch_size: 3")
+    client.load_model("other", config=unquoted)
+    served = client.get_model_config("other")
+    assert served["max_batch_size"] == 3 and served["parameters"]["note"]["string_value"] == "key: value"
 
 
 def test_load_from_files_writes_nothing_into_the_repository(
