@@ -155,7 +155,8 @@ class Channel:
             reply = {"answer": number, "error": error_data(exc)}
         else:
             reply = {"answer": number, "result": result}
-        if not self.closed.is_set():
+        # (A line closed while the request ran: uvloop's transport raises on a write then.)
+        if not self.closed.is_set() and not self._writer.is_closing():
             with contextlib.suppress(ConnectionError):
                 try:
                     self._send(reply)
