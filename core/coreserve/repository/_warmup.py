@@ -70,13 +70,17 @@ async def run_warmups(version: ModelVersion, model_path: Path) -> None:
                 if config.max_batch_size > 0:
                     shape = (max(1, warmup.batch_size), *shape)
                 inputs[name] = _sample(name, spec, shape, model_path, config.name)
+            # A sample of an input the configuration does not declare reaches the model unchecked
+            # (Triton's "input override"); the declared ones are checked as a client's.
+            declared = {name: array for name, array in inputs.items() if name in version.signature.inputs}
             request = InferenceRequest(
-                model_name=config.name, model_version=str(version.version), inputs=inputs
+                model_name=config.name, model_version=str(version.version), inputs=declared
             )
             sink = SingleResponse(asyncio.get_running_loop())
             request.sink = sink
             try:
                 version.signature.check_request(request)
+                request.inputs.update((name, array) for name, array in inputs.items() if name not in declared)
                 scheduler.submit(request)
                 await sink.future
             except CoreserveError as exc:

@@ -26,7 +26,9 @@ WARMUPS = {
 FAILING = {
     "wrong_name": (
         'model_warmup [ { name: "typo" batch_size: 1 inputs { key: "INPUT0" value { data_type: TYPE_FP32 dims: [ 4 ] zero_data: true } } inputs { key: "INPUT9" value { data_type: TYPE_FP32 dims: [ 4 ] zero_data: true } } } ]',
-        "warmup 'typo' failed: unexpected inference input 'INPUT9'",
+        # (INPUT9 would reach the model unchecked, as in Triton: INPUT1 is what it lacks.)
+        "warmup 'typo' failed: expected 2 inputs but got 1 inputs for model 'wrong_name'. Got input(s) "
+        "['INPUT0'], but missing required input(s) ['INPUT1']",
     ),
     "wrong_shape": (
         'model_warmup [ { name: "shape" batch_size: 1 inputs { key: "INPUT0" value { data_type: TYPE_FP32 dims: [ 5 ] zero_data: true } } inputs { key: "INPUT1" value { data_type: TYPE_FP32 dims: [ 4 ] zero_data: true } } } ]',
@@ -63,3 +65,37 @@ def test_warmup_runs_before_ready_and_failures_make_the_model_unavailable(
             assert info.value.status() == "404" and reason in info.value.message(), name
     finally:
         client.close()
+
+
+# Declares no input; says which inputs each request brought.
+TELLING = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            pb_utils.Logger.log_info(f"inputs: {sorted(t.name() for t in request.inputs())}")
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", np.array([True]))]) for _ in requests]
+"""
+TELLING_CONFIG = """
+backend: "python"
+max_batch_size: 0
+output [ { name: "OUTPUT0" data_type: TYPE_BOOL dims: [ 1 ] } ]
+model_warmup [ { name: "regular sample" batch_size: 1
+  inputs { key: "INPUT0" value { data_type: TYPE_FP32 dims: 4 zero_data: false } } } ]
+"""
+
+
+def test_a_sample_of_an_input_the_configuration_does_not_declare_reaches_the_model(
+    coreserve_server: ServerFactory, tmp_path: Path
+) -> None:
+    """Triton's "input override" (its QA bls_model_loading): the model loads, and its warmup
+    request brings the sample. The load used to fail: `unexpected inference input`."""
+    folder = write_model(tmp_path, "telling", None, TELLING_CONFIG)
+    (folder / "1" / "model.py").write_text(TELLING)
+    server = coreserve_server(tmp_path)
+    with httpclient.InferenceServerClient(server.http_url) as client:
+        assert client.is_model_ready("telling")
+    assert "inputs: ['INPUT0']" in server.log

@@ -13,7 +13,7 @@ import queue
 import re
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -254,6 +254,23 @@ def test_requests_wait_for_a_load_on_demand_in_worker_0_without_holding_up_the_o
         server.close()
 
 
+def _start_sequences(
+    clients: list[grpcclient.InferenceServerClient],
+    finished: Callable[[object, InferenceServerException | None], None],
+    client_timeout: float,
+    after_first: Callable[[], None] = lambda: None,
+) -> None:
+    """A one-request sequence of `sleepy_sequence` (2 s) on each client, ids from 1;
+    `after_first` is called once the first is sent."""
+    for sequence_id, client in enumerate(clients, start=1):
+        x = grpcclient.InferInput("X", [1], "INT32")
+        x.set_data_from_numpy(np.array([sequence_id], np.int32))
+        client.async_infer("sleepy_sequence", [x], finished, sequence_id=sequence_id,
+                           sequence_start=True, sequence_end=True, client_timeout=client_timeout)  # fmt: skip
+        if sequence_id == 1:
+            after_first()
+
+
 def test_a_request_cancelled_in_one_worker_is_cancelled_in_worker_0(server: ServerProcess) -> None:
     """Six one-request sequences of 2 s on one sequence slot, each from a channel of its own
     whose deadline passes at 0.3 s: each ends cancelled in worker 0, wherever it arrived
@@ -269,11 +286,7 @@ def test_a_request_cancelled_in_one_worker_is_cancelled_in_worker_0(server: Serv
 
     clients = [grpcclient.InferenceServerClient(server.grpc_url) for _ in range(6)]
     try:
-        for sequence_id, client in enumerate(clients, start=1):
-            x = grpcclient.InferInput("X", [1], "INT32")
-            x.set_data_from_numpy(np.array([sequence_id], np.int32))
-            client.async_infer("sleepy_sequence", [x], finished, sequence_id=sequence_id,
-                               sequence_start=True, sequence_end=True, client_timeout=0.3)  # fmt: skip
+        _start_sequences(clients, finished, client_timeout=0.3)
         for _ in clients:
             assert done.acquire(timeout=30)
     finally:
@@ -309,17 +322,14 @@ def test_worker_0_stopping_serves_the_requests_another_worker_took_from_its_clie
     def finished(result: object, error: InferenceServerException | None) -> None:
         outcomes.put("ok" if error is None else str(error.message()))
 
+    def stop_worker_0() -> None:  # while it runs the first
+        wait_until(lambda: pending_requests(server.metrics_url, "sleepy_sequence") == 1, "running")
+        os.kill(worker_0, signal.SIGTERM)
+        wait_until(lambda: "signal received; stopping" in server.log, "worker 0 stopping")
+
     clients = [grpcclient.InferenceServerClient(server.grpc_url) for _ in range(13)]
     try:
-        for sequence_id, client in enumerate(clients, start=1):
-            x = grpcclient.InferInput("X", [1], "INT32")
-            x.set_data_from_numpy(np.array([sequence_id], np.int32))
-            client.async_infer("sleepy_sequence", [x], finished, sequence_id=sequence_id,
-                               sequence_start=True, sequence_end=True, client_timeout=60)  # fmt: skip
-            if sequence_id == 1:  # worker 0 runs the first when its stop begins
-                wait_until(lambda: pending_requests(server.metrics_url, "sleepy_sequence") == 1, "running")
-                os.kill(worker_0, signal.SIGTERM)
-                wait_until(lambda: "signal received; stopping" in server.log, "worker 0 stopping")
+        _start_sequences(clients, finished, client_timeout=60, after_first=stop_worker_0)
         answers = [outcomes.get(timeout=60) for _ in clients]
     finally:
         for client in clients:
