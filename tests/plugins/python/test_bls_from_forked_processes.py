@@ -11,6 +11,7 @@ import pytest
 import tritonclient.http as httpclient
 
 from coreserve.testing import ServerProcess
+from support.waiting import wait_until
 
 # OUT = 2 * IN.
 DOUBLER = """
@@ -108,6 +109,55 @@ class TritonPythonModel:
         return responses
 """
 
+# Up to 100 responses, 0.05 s apart; says in the log when its request was cancelled.
+TICKER = """
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            for value in range(100):
+                if request.is_cancelled():
+                    pb_utils.Logger.log_info(f"ticker cancelled after {value}")
+                    break
+                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("VALUE", np.array([value], np.int32))]))
+                time.sleep(0.05)
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+"""
+# A forked child opens a stream of the ticker, reads one response and exits without a word.
+LEAVER = """
+import os
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        read, write = os.pipe()
+        child = os.fork()
+        if child == 0:
+            stream = pb_utils.InferenceRequest(
+                model_name="ticker",
+                inputs=[pb_utils.Tensor("N", np.array([1], np.int32))],
+                requested_output_names=["VALUE"],
+            ).exec(decoupled=True)
+            first = next(iter(stream))
+            os.write(write, bytes([int(pb_utils.get_output_tensor_by_name(first, "VALUE").as_numpy()[0])]))
+            os._exit(0)
+        os.close(write)
+        first = os.read(read, 1)[0]
+        os.close(read)
+        os.waitpid(child, 0)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([first], np.int64))]) for _ in requests]
+"""
+
 
 def _config(inputs: str, outputs: str, decoupled: bool = False) -> str:
     policy = "model_transaction_policy { decoupled: true }\n" if decoupled else ""
@@ -120,6 +170,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     models = {
         "doubler": (DOUBLER, _config(_tensor("IN", "INT64", -1), _tensor("OUT", "INT64", -1))),
         "counter": (COUNTER, _config(_tensor("N", "INT32", 1), _tensor("VALUE", "INT32", 1), decoupled=True)),
+        "ticker": (TICKER, _config(_tensor("N", "INT32", 1), _tensor("VALUE", "INT32", 1), decoupled=True)),
+        "leaver": (LEAVER, _config(_tensor("SIZE", "INT32", 1), _tensor("OUT", "INT64", 1))),
         "forker": (
             FORKER,
             _config(
@@ -153,3 +205,12 @@ def test_bls_calls_from_forked_processes_are_answered(server: ServerProcess) -> 
         value.set_data_from_numpy(np.array([4, 5], np.int64))
         assert client.infer("doubler", [value]).as_numpy("OUT").tolist() == [8, 10]
     assert "Traceback" not in server.log
+
+
+def test_the_calls_of_a_child_that_exits_are_cancelled(server: ServerProcess) -> None:
+    """Nobody reads them any more: the stub cancels them for the child (the stream ran on)."""
+    with httpclient.InferenceServerClient(server.http_url, network_timeout=120) as client:
+        size = httpclient.InferInput("SIZE", [1], "INT32")
+        size.set_data_from_numpy(np.array([1], np.int32))
+        assert client.infer("leaver", [size]).as_numpy("OUT").tolist() == [0]
+    wait_until(lambda: "ticker cancelled after" in server.log, "the ticker's request cancelled", timeout=30)
