@@ -5,6 +5,7 @@ hang: the child shared the stub's socket, and the parent's reader took the child
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -214,3 +215,59 @@ def test_the_calls_of_a_child_that_exits_are_cancelled(server: ServerProcess) ->
         size.set_data_from_numpy(np.array([1], np.int32))
         assert client.infer("leaver", [size]).as_numpy("OUT").tolist() == [0]
     wait_until(lambda: "ticker cancelled after" in server.log, "the ticker's request cancelled", timeout=30)
+
+
+# A process forked in initialize that would sleep for an hour; OUT: its pid.
+SLEEPER = """
+import os
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.child = os.fork()
+        if self.child == 0:
+            time.sleep(3600)
+            os._exit(0)
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([self.child], np.int64))]) for _ in requests]
+"""
+
+
+def _running(pid: int) -> bool:
+    """Whether a process runs (a zombie, ended and not yet reaped by init, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+@pytest.mark.parametrize("stop", ["unload", "kill"])
+def test_a_process_the_model_forked_and_left_ends_with_its_stub(tmp_path: Path, stop: str) -> None:
+    """It ends with its stub, whether the stub finishes (an unload: SIGTERM to the stub's
+    process group) or is killed (a finalize() past the exit timeout: the server's SIGKILL takes
+    the stub's group). It used to outlive the server."""
+    source = SLEEPER + ("    def finalize(self):\n        time.sleep(60)\n" if stop == "kill" else "")
+    (tmp_path / "sleeper" / "1").mkdir(parents=True)
+    (tmp_path / "sleeper" / "1" / "model.py").write_text(source)
+    (tmp_path / "sleeper" / "config.pbtxt").write_text(
+        _config(_tensor("SIZE", "INT32", 1), _tensor("OUT", "INT64", 1))
+    )
+    flags = ["--model-control-mode=explicit", "--load-model=sleeper", "--exit-timeout-secs=2"]
+    process = ServerProcess([tmp_path], flags).start()
+    try:
+        with httpclient.InferenceServerClient(process.http_url, network_timeout=60) as client:
+            size = httpclient.InferInput("SIZE", [1], "INT32")
+            size.set_data_from_numpy(np.array([1], np.int32))
+            child = int(client.infer("sleeper", [size]).as_numpy("OUT")[0])
+            assert _running(child)
+            if stop == "unload":
+                client.unload_model("sleeper")
+                wait_until(lambda: not _running(child), "the forked process ended", timeout=30)
+    finally:
+        process.close()
+    wait_until(lambda: not _running(child), "the forked process ended", timeout=30)

@@ -114,9 +114,13 @@ def _wait_in_thread(pid: int, loop: asyncio.AbstractEventLoop, future: asyncio.F
 
 
 def kill(pid: int) -> None:
-    """Sends SIGKILL to a child that has not been reaped yet."""
+    """Sends SIGKILL to a child that has not been reaped yet, and to the processes the model
+    forked in it (its process group: a stub leads its own session, see `spawn_stub`)."""
     with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
+        if os.getpgid(pid) == pid:  # (unreaped, its pid is its group's for sure)
+            os.killpg(pid, signal.SIGKILL)
+        else:
+            os.kill(pid, signal.SIGKILL)
 
 
 def reap_blocking(pid: int, timeout: float) -> int | None:

@@ -176,6 +176,7 @@ class Stub:
         if not self._finished.wait(EXIT_GRACE_S):
             sys.stdout.flush()
             sys.stderr.flush()
+            _end_forked_processes()
             os._exit(0)
 
     def _init(self, message: Message) -> None:
@@ -407,4 +408,23 @@ def main(argv: list[str]) -> int:
     channel.close()
     sys.stdout.flush()
     sys.stderr.flush()
+    _end_forked_processes()
     os._exit(0)  # daemon threads and user threads must not keep a finished stub alive
+
+
+def _end_forked_processes() -> None:
+    """Asks the processes the model forked and left (one that sleeps, say) to end with the stub:
+    SIGTERM to each other member of its process group, which a stub the server started leads (a
+    stub started otherwise has none of its own: nothing is sent). Found in /proc (Linux), as
+    killpg would reach the stub too, and only its main thread could make it ignore the signal."""
+    me = os.getpid()
+    if os.getpgrp() != me:
+        return
+    with contextlib.suppress(OSError):
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit() or int(entry.name) == me:
+                continue
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                stat = Path(entry.path, "stat").read_text()
+                if int(stat.rsplit(")", 1)[1].split()[2]) == me:  # (state, parent, group)
+                    os.kill(int(entry.name), signal.SIGTERM)
