@@ -181,6 +181,8 @@ class ServerRuntime:
         if self._link is not None:
             await self._link.join(faults)
         await self.open_frontends()
+        if self._link is not None:
+            await self._link.serving()
         if self.options.model_control_mode is ControlMode.POLL:
             if self.options.repository_poll_secs > 0:
                 self._poller = asyncio.create_task(

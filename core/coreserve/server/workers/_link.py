@@ -116,6 +116,11 @@ class WorkerLink:
             self._metrics.peers = self
         for key, reason in self.faults.items():
             logger.error("worker %d does not serve as the others do (%s): %s", self.role.index, key, reason)
+
+    async def serving(self) -> None:
+        """Tells the supervisor this worker serves: once it joined and its frontends listen (the
+        metrics port is worker 0's alone: the server must not say it is ready before that)."""
+        assert self._channel is not None
         await self._channel.ask({"call": "serving", "index": self.role.index, "faults": self.faults})
         self._watch = asyncio.create_task(self._stop_without_supervisor(self._channel))
 
