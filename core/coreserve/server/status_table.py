@@ -17,11 +17,17 @@ def model_status_table(models: list[Model]) -> str:
             rows.append((name, str(version.version), status))
     if len(rows) == 1:
         rows.append(("(no models)", "", ""))
-    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    # A cell of several lines (a load error with its frames) takes as many lines of the table, in
+    # its own column, as Triton's table printer does.
+    cells = [[cell.splitlines() or [""] for cell in row] for row in rows]
+    widths = [max(len(line) for row in cells for line in row[i]) for i in range(3)]
     rule = "+" + "+".join("-" * (w + 2) for w in widths) + "+"
     lines = [rule]
-    for index, row in enumerate(rows):
-        lines.append("| " + " | ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) + " |")
+    for index, row in enumerate(cells):
+        for depth in range(max(len(cell) for cell in row)):
+            parts = (cell[depth] if depth < len(cell) else "" for cell in row)
+            padded = (part.ljust(width) for part, width in zip(parts, widths, strict=True))
+            lines.append("| " + " | ".join(padded) + " |")
         if index == 0:
             lines.append(rule)
     lines.append(rule)
