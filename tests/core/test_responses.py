@@ -69,3 +69,35 @@ def test_the_final_response_always_waits() -> None:
     sink.send(_response(800), final=False)
     sink.send(_response(800), final=True)
     assert asyncio.run(_taken(sink)) == [800, 800] and overflows == []
+
+
+def test_flagged_tells_a_final_response_from_a_final_flag_sent_alone() -> None:
+    """What a BLS stream tells apart, as Triton's: its last response, or an empty end after it."""
+
+    async def taken(sink: QueuedResponses) -> list[tuple[int | None, bool]]:
+        return [(None if r is None else r.outputs["OUT"].size, final) async for r, final in sink.flagged()]
+
+    carried = QueuedResponses()
+    carried.send(_response(1), final=False)
+    carried.send(_response(2), final=True)
+    alone = QueuedResponses()
+    alone.send(_response(1), final=False)
+    alone.send(None, final=True)
+    assert asyncio.run(taken(carried)) == [(1, False), (2, True)]
+    assert asyncio.run(taken(alone)) == [(1, False), (None, True)]
+
+
+def test_flagged_raises_the_error_that_ends_the_request_after_what_came_before() -> None:
+    sink = QueuedResponses()
+    sink.send(_response(1), final=False)
+    sink.fail(UnavailableError("the model went away"))
+    sink.send(_response(2), final=True)  # (ignored: the request ended)
+    seen: list[bool] = []
+
+    async def read() -> None:
+        async for _, final in sink.flagged():
+            seen.append(final)
+
+    with pytest.raises(UnavailableError, match="the model went away"):
+        asyncio.run(read())
+    assert seen == [False]
