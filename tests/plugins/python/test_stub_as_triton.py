@@ -1,6 +1,7 @@
 """What a model's Python process looks like from inside and how its faults are told, as Triton's
 stub does it (found running Triton's own QA models side by side): `sys.argv`, BLS outside
-`execute`, and an exception in `execute` logged as one error, without the stub's traceback."""
+`execute`, an exception in `execute` logged as one error, without the stub's traceback, and the
+stub's own module `c_python_backend_utils`, which some models import."""
 
 from __future__ import annotations
 
@@ -51,14 +52,43 @@ MODELS = {
     "raises": "class TritonPythonModel:\n    def execute(self, requests):\n        raise ValueError('on purpose')\n",
 }
 BLS_REFUSED = "BLS is only supported during the 'execute' function."
+# Answers with the classes of Triton's C++ module (as models found in the wild do) whether they
+# are pb_utils', and the stub's unused shared memory; IN 1 adds a 1 MiB output (a segment of its own).
+C_UTILS_CONFIG = CONFIG.replace("output [", 'output [ { name: "BIG" data_type: TYPE_FP32 dims: [ -1 ] },')
+C_UTILS_MODEL = """
+from typing import List
+
+import c_python_backend_utils as c_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests: List[c_utils.InferenceRequest]) -> List[c_utils.InferenceResponse]:
+        responses = []
+        for request in requests:
+            size = (1 << 18) if pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()[0] == 1 else 0
+            seen = {
+                "same": [getattr(c_utils, name) is getattr(pb_utils, name) for name in (
+                    "InferenceRequest", "InferenceResponse", "Tensor", "TritonError", "MetricFamily", "Logger"
+                )],
+                "free": c_utils.shared_memory.free_memory(),
+            }
+            responses.append(c_utils.InferenceResponse([
+                c_utils.Tensor("OUT", np.array([json.dumps(seen).encode()], np.object_)),
+                c_utils.Tensor("BIG", np.ones(size, np.float32)),
+            ]))
+        return responses
+"""
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     root: Path = tmp_path_factory.mktemp("stub-as-triton")
-    for name, body in MODELS.items():
+    for name, (config, body) in {
+        **{name: (CONFIG, body) for name, body in MODELS.items()},
+        "c_utils": (C_UTILS_CONFIG, C_UTILS_MODEL),
+    }.items():
         (root / name / "1").mkdir(parents=True)
-        (root / name / "config.pbtxt").write_text(CONFIG)
+        (root / name / "config.pbtxt").write_text(config)
         (root / name / "1" / "model.py").write_text(HEAD + body)
     process = ServerProcess(
         [root], ["--exit-on-error=false", "--model-control-mode=explicit", "--load-model=*"]
@@ -74,9 +104,9 @@ def client(server: ServerProcess) -> Iterator[httpclient.InferenceServerClient]:
         yield client
 
 
-def _infer(client: httpclient.InferenceServerClient, model: str) -> str:
+def _infer(client: httpclient.InferenceServerClient, model: str, value: int = 1) -> str:
     tensor = httpclient.InferInput("IN", [1], "INT32")
-    tensor.set_data_from_numpy(np.array([1], np.int32))
+    tensor.set_data_from_numpy(np.array([value], np.int32))
     return client.infer(model, [tensor]).as_numpy("OUT")[0].decode()
 
 
@@ -105,3 +135,13 @@ def test_an_exception_in_execute_is_logged_as_one_error(
     assert info.value.message().startswith(text)
     assert server.log.count(text) == 1
     assert "Traceback" not in server.log and "_stub.py" not in server.log
+
+
+def test_c_python_backend_utils_gives_pb_utils_classes_and_the_stubs_free_memory(
+    client: httpclient.InferenceServerClient,
+) -> None:
+    first = json.loads(_infer(client, "c_utils", 1))  # its 1 MiB output goes out in a segment,
+    second = json.loads(_infer(client, "c_utils", 0))  # which the server released once read;
+    third = json.loads(_infer(client, "c_utils", 0))  # a small answer goes inline, not in it
+    assert first["same"] == [True] * 6
+    assert first["free"] == 0 and second["free"] >= 1 << 20 and third["free"] == second["free"]

@@ -168,6 +168,11 @@ class SegmentPool:
             self._all[segment.name] = segment
             return segment
 
+    def free_bytes(self) -> int:
+        """What its segments hold for the next tensors: those the other side has released."""
+        with self._lock:
+            return sum(segment.size for segment in self._free)
+
     def release(self, name: str) -> None:
         with self._lock:
             segment = self._all.get(name)

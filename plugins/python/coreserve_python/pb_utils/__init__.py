@@ -20,7 +20,9 @@ import struct  # noqa: F401  (a module attribute of Triton's pb_utils too)
 from coreserve_python.pb_utils._errors import TritonError, TritonModelException
 from coreserve_python.pb_utils._logger import Logger
 from coreserve_python.pb_utils._management import is_model_ready, load_model, unload_model
+from coreserve_python.pb_utils._metrics import Metric as Metric  # (c_python_backend_utils names:
 from coreserve_python.pb_utils._metrics import MetricFamily
+from coreserve_python.pb_utils._metrics import MetricKind as MetricKind  # see shim/, not Triton's pb_utils)
 from coreserve_python.pb_utils._model_config import ModelConfig
 from coreserve_python.pb_utils._response_iterator import ResponseIterator
 from coreserve_python.pb_utils._tensor import (

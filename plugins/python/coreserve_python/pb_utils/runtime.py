@@ -34,6 +34,10 @@ class Runtime(Protocol):
 
     def model_dir(self) -> str: ...
 
+    def free_shared_memory(self) -> int:
+        """The bytes of the stub's shared-memory segments that wait, unused, for its next tensors."""
+        ...
+
 
 _runtime: Runtime | None = None
 

@@ -239,6 +239,9 @@ class ServerRequests:
     def model_dir(self) -> str:
         return self._model_dir
 
+    def free_shared_memory(self) -> int:
+        return self._pool.free_bytes()
+
     def _send_bls(self, request: pb_utils.InferenceRequest, decoupled: bool, call: BlsCall) -> int:
         call_id = next(self._call_ids)
         self._calls[call_id] = call

@@ -59,6 +59,7 @@ STUB_MODULES = (
     "stub/_requests.py",
     "stub/_responses.py",
     "stub/_stub.py",
+    "shim/c_python_backend_utils.py",
     "shim/triton_python_backend_utils.py",
 )
 CACHE = Path(os.environ.get("CORESERVE_CACHE", Path(tempfile.gettempdir()) / "coreserve-cache"))
