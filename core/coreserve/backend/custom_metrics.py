@@ -2,9 +2,10 @@
 
 A backend gets the server's `CustomMetrics` as `ServerContext.metrics`. It creates families
 (counter, gauge, histogram) and, in each, metrics identified by their labels; the metrics
-endpoint writes them in Prometheus text beside the server's own families. A backend removes
-what it created when its model unloads (`CustomMetrics.release`), as Triton does for the
-families of a Python model. Errors are `InvalidArgumentError`s in Triton's words.
+endpoint writes them in Prometheus text beside the server's own families. A backend gives back
+what it created when its model unloads (`CustomMetrics.release`): they leave the endpoint, or,
+with `keep`, stay there with their values, as Triton keeps a Python model's, and a later load
+that makes them again continues them. Errors are `InvalidArgumentError`s in Triton's words.
 All calls happen on the event loop thread: no locking.
 """
 
@@ -127,10 +128,11 @@ class CustomMetricFamily:
         metric.owners += 1
         return metric
 
-    def release_metric(self, metric: CustomMetric) -> None:
-        """Drops one owner of a metric; the metric goes when its last owner lets it go."""
+    def release_metric(self, metric: CustomMetric, keep: bool = False) -> None:
+        """Drops one owner of a metric; the metric goes when its last owner lets it go, unless
+        `keep`: then it stays, with its value, for the next owner (who may let it go)."""
         metric.owners -= 1
-        if metric.owners <= 0:
+        if metric.owners <= 0 and not keep:
             self.metrics.pop(metric.labels, None)
 
     def render(self) -> list[str]:
@@ -174,10 +176,11 @@ class CustomMetrics:
         """Adds one of the server's own families (a frontend's): it may take a reserved name."""
         self._families[family.name] = family
 
-    def release(self, family: CustomMetricFamily) -> None:
-        """Drops one owner of a family; it leaves the endpoint when its last owner lets it go."""
+    def release(self, family: CustomMetricFamily, keep: bool = False) -> None:
+        """Drops one owner of a family; it leaves the endpoint when its last owner lets it go,
+        unless `keep`: then it stays, with its metrics, for the next owner (who may let it go)."""
         family.owners -= 1
-        if family.owners <= 0 and self._families.get(family.name) is family:
+        if family.owners <= 0 and not keep and self._families.get(family.name) is family:
             del self._families[family.name]
 
     def render(self) -> str:

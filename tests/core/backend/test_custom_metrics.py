@@ -43,6 +43,25 @@ def test_families_render_in_prometheus_text_and_leave_with_their_last_owner() ->
     assert metrics.family("jobs_total", "d", MetricKind.GAUGE).kind is MetricKind.GAUGE  # gone: reusable
 
 
+def test_what_is_given_back_with_keep_stays_with_its_values_for_the_next_owner() -> None:
+    """(A Python model's stub that ended: Triton keeps its families, and a reload continues them.)"""
+    metrics = CustomMetrics()
+    family = metrics.family("calls_total", "Calls", MetricKind.COUNTER)
+    calls = family.metric({"model": "m"})
+    calls.increment(3)
+    family.release_metric(calls, keep=True)
+    metrics.release(family, keep=True)
+    assert 'calls_total{model="m"} 3\n' in metrics.render()
+    again = metrics.family("calls_total", "Calls", MetricKind.COUNTER)
+    assert again is family and again.metric({"model": "m"}) is calls
+    calls.increment(1)
+    assert 'calls_total{model="m"} 4\n' in metrics.render()
+    family.release_metric(calls)  # the next owner lets go for good: they leave
+    metrics.release(family)
+    assert metrics.render() == ""
+    assert metrics.family("calls_total", "d", MetricKind.GAUGE).kind is MetricKind.GAUGE
+
+
 def test_mistakes_are_refused_in_tritons_words() -> None:
     metrics = CustomMetrics()
     gauge = metrics.family("level", "d", MetricKind.GAUGE)

@@ -109,10 +109,13 @@ class ModelRequestAnswers:
             logger.warning("%s: a metric update was refused: %s", self._name, exc.message)
 
     def release_metrics(self) -> None:
-        """Takes the model's custom metrics off the metrics endpoint (unload, stub exit)."""
+        """Gives back the model's custom metrics when its stub ends (unload, exit, a failed
+        initialize()). They stay on the metrics endpoint with their values, as Triton keeps them,
+        and a load (or a restarted stub) that makes them again continues them; only a family or
+        metric the model itself deleted has left."""
         for metric in self._metrics.values():
-            metric.family.release_metric(metric)
+            metric.family.release_metric(metric, keep=True)
         for family in self._families.values():
-            self._server.metrics.release(family)
+            self._server.metrics.release(family, keep=True)
         self._metrics.clear()
         self._families.clear()
