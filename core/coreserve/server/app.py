@@ -241,8 +241,7 @@ class ServerRuntime:
             )
 
     def _log_models(self) -> None:
-        for line in model_status_table(self.repository.models()).splitlines():
-            logger.info("%s", line)
+        logger.info("", extra={"table": model_status_table(self.repository.models())})
 
     async def open_frontends(self) -> None:
         """Starts the metrics polling and the HTTP, gRPC and metrics frontends the options allow."""

@@ -9,7 +9,9 @@ client could otherwise make the server write wherever it may).
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import sys
 import time
 from collections.abc import Mapping
@@ -19,6 +21,9 @@ from typing import IO, Any
 from coreserve.errors import InvalidArgumentError, UnsupportedError, clipped, quoted_value
 
 LOG_FORMATS = ("default", "ISO8601")
+ESCAPE_VARIABLE = "TRITON_SERVER_ESCAPE_LOG_MESSAGES"
+# Triton's letters: a verbose entry is an I, as its info entries are.
+_LEVEL_LETTERS = {logging.ERROR: "E", logging.WARNING: "W"}
 _BOOL_SETTINGS = ("log_info", "log_warning", "log_error")
 
 
@@ -42,22 +47,44 @@ class StartupLogError(Exception):
 
 
 class TritonLogFormatter(logging.Formatter):
-    """Lines as Triton writes them: `I1123 16:04:21.470339 4807 name] message` or ISO 8601's form."""
+    """Entries as Triton 2.51 writes them (its logging extension's "Logging Formats"):
+    `I1123 16:04:21.470339 4807 loader.py:212] "message"`, or ISO 8601's form.
 
-    def __init__(self, iso8601: bool) -> None:
+    The message is JSON-encoded (quoted, its new lines and control characters escaped: one entry,
+    one line, and a client's text cannot forge another entry), unless the server started with
+    TRITON_SERVER_ESCAPE_LOG_MESSAGES=0. A record may carry, as `extra`:
+    - `source`: the `file:line` the entry names, where it is not the logging call's own (a line a
+      backend relays from a model's code);
+    - `table`: a multi-line entry: the message is its heading, and the table follows it as is.
+    """
+
+    def __init__(self, iso8601: bool, escaped: bool = True) -> None:
         super().__init__("%(message)s")
         self.iso8601 = iso8601
+        self.escaped = escaped
 
     def format(self, record: logging.LogRecord) -> str:
-        message = super().format(record)
-        level = record.levelname[:1]
+        message = super().format(record)  # with the traceback of an exception, if any
+        if self.escaped and message:
+            message = json.dumps(message, ensure_ascii=False)
+        level = _LEVEL_LETTERS.get(record.levelno) or ("E" if record.levelno > logging.ERROR else "I")
+        source = getattr(record, "source", None) or f"{record.filename}:{record.lineno}"
         if self.iso8601:
             stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(record.created))
-            return f"{stamp} {level} {record.process} {record.name}] {message}"
-        local = time.localtime(record.created)
-        micros = int((record.created % 1) * 1_000_000)
-        stamp = time.strftime("%m%d %H:%M:%S", local)
-        return f"{level}{stamp}.{micros:06d} {record.process} {record.name}] {message}"
+            line = f"{stamp} {level} {record.process} {source}] {message}"
+        else:
+            local = time.localtime(record.created)
+            micros = int((record.created % 1) * 1_000_000)
+            stamp = time.strftime("%m%d %H:%M:%S", local)
+            line = f"{level}{stamp}.{micros:06d} {record.process} {source}] {message}"
+        table = getattr(record, "table", None)
+        return f"{line}\n{table}" if table else line
+
+
+def escaping_log_messages() -> bool:
+    """Whether log messages are JSON-encoded: yes, unless TRITON_SERVER_ESCAPE_LOG_MESSAGES says 0
+    (read at start-up, as Triton does; the logging extension cannot change it)."""
+    return os.environ.get(ESCAPE_VARIABLE, "1").strip() != "0"
 
 
 class _LevelSwitches(logging.Filter):
@@ -85,6 +112,7 @@ class ServerLog:
         self.settings = settings or LogSettings()
         _check(self.settings)
         self._handler: logging.Handler | None = None
+        self._escaped = escaping_log_messages()
 
     def install(self) -> None:
         """Sends every log record through this log's handler (to the log file, or standard error).
@@ -148,7 +176,7 @@ class ServerLog:
     def _apply(self) -> None:
         if self._handler is None:
             return
-        self._handler.setFormatter(TritonLogFormatter(self.settings.log_format == "ISO8601"))
+        self._handler.setFormatter(TritonLogFormatter(self.settings.log_format == "ISO8601", self._escaped))
         verbose = self.settings.log_verbose_level > 0
         logging.getLogger().setLevel(logging.DEBUG if verbose else logging.INFO)
 

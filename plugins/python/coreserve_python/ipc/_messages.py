@@ -192,3 +192,4 @@ class LogMessage(TypedDict):
     op: Literal["log"]
     level: str
     message: str
+    source: str  # the model's file:line that logs (the server's log names it)

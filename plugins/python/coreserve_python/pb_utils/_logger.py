@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import enum
+import os
 import sys
 
 import coreserve_python.pb_utils.runtime as _runtime
 
 
+def _caller() -> str:
+    """The `file:line` of the model's code that logs: the server's log names it, as Triton's does."""
+    frame = sys._getframe(1)
+    while frame.f_back is not None and frame.f_code.co_filename == __file__:
+        frame = frame.f_back
+    return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
+
+
 class Logger:
-    """Log lines that appear in the server's log, tagged with the model."""
+    """Log lines that appear in the server's log, named by the model's file and line."""
 
     class LogLevel(enum.IntEnum):
         INFO = 0
@@ -35,7 +44,7 @@ class Logger:
         if runtime is None:
             print(f"{level.name}: {text}", file=sys.stderr)
         else:
-            runtime.log(level.name, text)
+            runtime.log(level.name, text, _caller())
 
     @staticmethod
     def log_info(message: str) -> None:

@@ -17,7 +17,10 @@ from coreserve_python.pb_utils._errors import TritonModelException
 class Runtime(Protocol):
     """What the stub provides to pb_utils: messages to the server, its log, the model's folder."""
 
-    def log(self, level: str, message: str) -> None: ...
+    def log(self, level: str, message: str, source: str) -> None:
+        """A line of the model's for the server's log; `source`: the model's `file:line` that logs
+        ("": the stub's own line)."""
+        ...
 
     def ask(self, op: str, fields: dict[str, Any], what: str) -> Any:
         """Sends a request to the server and returns its answer; if the server refuses, raises

@@ -32,18 +32,12 @@ from coreserve_python.ipc import (
 from coreserve_python.server._bls import BlsServing
 from coreserve_python.server._model_requests import ANSWERED_OPS, METRIC_TOLD_OPS, ModelRequestAnswers
 from coreserve_python.server._open_requests import OpenRequests, request_item
-from coreserve_python.server._process import StubLaunch, StubProcess
+from coreserve_python.server._process import StubLaunch, StubProcess, log_model_line
 from coreserve_python.server._reply_spin import ReplySpin
 from coreserve_python.server._spawn import describe_exit
 
 logger = logging.getLogger("coreserve.backend.python")
 
-LOG_LEVELS = {
-    "INFO": logging.INFO,
-    "WARNING": logging.WARNING,
-    "ERROR": logging.ERROR,
-    "VERBOSE": logging.DEBUG,
-}
 # Restarts of a stub that cannot start are retried after 0.1 s, 0.2 s, ... up to every 10 s.
 RESTART_FIRST_DELAY_S = 0.1
 RESTART_MAX_DELAY_S = 10.0
@@ -391,12 +385,7 @@ class PythonInstance:
             for name in message["segments"]:
                 self._pool.release(name)
         elif op == "log":
-            logger.log(
-                LOG_LEVELS.get(message["level"], logging.INFO),
-                "[%s] %s",
-                self._model.name,
-                message["message"],
-            )
+            log_model_line(message)
 
     def _spawn(self, work: Any) -> None:
         task = asyncio.create_task(work)

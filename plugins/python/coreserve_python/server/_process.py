@@ -36,6 +36,22 @@ from coreserve_python.ipc import (
 from coreserve_python.server._spawn import STUB_FD, describe_exit, kill, reap_blocking, spawn_stub, watch_exit
 
 logger = logging.getLogger("coreserve.backend.python")
+
+LOG_LEVELS = {
+    "INFO": logging.INFO,
+    "WARNING": logging.WARNING,
+    "ERROR": logging.ERROR,
+    "VERBOSE": logging.DEBUG,
+}
+
+
+def log_model_line(message: Message) -> None:
+    """Writes a `log` message of a stub, as Triton writes a model's line: named by the model's file
+    and line only (`model.py:35] "text"`; a line of the stub's own is named by this call's)."""
+    level = LOG_LEVELS.get(message["level"], logging.INFO)
+    logger.log(level, "%s", message["message"], extra={"source": message.get("source", "")})
+
+
 FINALIZE_TIMEOUT_S = 30.0
 # How long a stub may take to exit after its socket closed, before it is killed.
 EXIT_GRACE_S = 5.0
@@ -77,7 +93,7 @@ def run_once(launch: StubLaunch, message: Mapping[str, Any], reply_op: str, time
         channel.send(message)
         while (reply := channel.receive()) is not None and reply["op"] != reply_op:
             if reply["op"] == "log":
-                logger.info("%s", reply["message"])
+                log_model_line(reply)
         if reply is None:
             code = reap_blocking(pid, timeout)
             reaped = True

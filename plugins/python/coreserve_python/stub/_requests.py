@@ -209,8 +209,8 @@ class ServerRequests:
     def send_response(self, key: int, response: pb_utils.InferenceResponse | None, flags: int) -> None:
         self._send_response(key, response, flags)
 
-    def log(self, level: str, message: str) -> None:
-        line: LogMessage = {"op": "log", "level": level, "message": message}
+    def log(self, level: str, message: str, source: str) -> None:
+        line: LogMessage = {"op": "log", "level": level, "message": message, "source": source}
         self._channel.send(line)
 
     def ask(self, op: str, fields: dict[str, Any], what: str) -> Any:

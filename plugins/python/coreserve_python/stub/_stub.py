@@ -285,7 +285,7 @@ class Stub:
             rescheduled = [request._key or 0 for request in requests if request._rescheduled()]
         except BaseException as exc:
             error = failed_execution(self._instance_name, describe(exc))
-            self._requests.log("ERROR", error)  # the model's fault, as Triton logs it (no stub frames)
+            self._requests.log("ERROR", error, "")  # the model's fault, as Triton logs it (no stub frames)
         finally:
             executing_keys.reset(token)
         if error is not None:  # the server ends every request of the batch: their senders close
@@ -353,7 +353,7 @@ class Stub:
             if exc is None:
                 return
             text = failed_execution(self._instance_name, describe(exc))
-            self._requests.log("ERROR", text)
+            self._requests.log("ERROR", text, "")
             # The requests it left unanswered fail with its error instead of waiting forever.
             error = pb_utils.TritonError(text)
             for key in keys:

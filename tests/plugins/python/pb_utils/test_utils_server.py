@@ -610,7 +610,11 @@ pb_utils.Logger.log("probe-says-level-enum", pb_utils.Logger.LogLevel.ERROR)
     while "probe-says-level-enum" not in server.log:
         assert time.monotonic() < deadline, "the model's log lines did not reach the server's log"
         time.sleep(0.1)
-    lines = {line.split("] ", 2)[-1]: line[0] for line in server.log.splitlines() if "probe-says-" in line}
+    lines = {  # (the message JSON-encoded, as Triton writes it)
+        json.loads(line.split("] ", 1)[1]): line[0]
+        for line in server.log.splitlines()
+        if "probe-says-" in line
+    }
     assert lines == {
         "probe-says-info": "I",
         "probe-says-warning": "W",
