@@ -43,6 +43,9 @@ LOG_LEVELS = {
     "ERROR": logging.ERROR,
     "VERBOSE": logging.DEBUG,
 }
+FINALIZE_TIMEOUT_S = 30.0
+# How long a stub may take to exit after its socket closed, before it is killed.
+EXIT_GRACE_S = 5.0
 
 
 def log_model_line(message: Message) -> None:
@@ -50,11 +53,6 @@ def log_model_line(message: Message) -> None:
     and line only (`model.py:35] "text"`; a line of the stub's own is named by this call's)."""
     level = LOG_LEVELS.get(message["level"], logging.INFO)
     logger.log(level, "%s", message["message"], extra={"source": message.get("source", "")})
-
-
-FINALIZE_TIMEOUT_S = 30.0
-# How long a stub may take to exit after its socket closed, before it is killed.
-EXIT_GRACE_S = 5.0
 
 
 class StubLaunch:
