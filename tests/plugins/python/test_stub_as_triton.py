@@ -50,6 +50,10 @@ MODELS = {
         "    def finalize(self):\n        call()\n"
     ),
     "raises": "class TritonPythonModel:\n    def execute(self, requests):\n        raise ValueError('on purpose')\n",
+    "no_return": (  # an auto_complete_config that forgets to return the configuration
+        "class TritonPythonModel:\n    @staticmethod\n    def auto_complete_config(config):\n"
+        "        config.set_max_batch_size(0)\n"
+    ),
 }
 BLS_REFUSED = "BLS is only supported during the 'execute' function."
 # Answers with the classes of Triton's C++ module (as models found in the wild do) whether they
@@ -145,3 +149,14 @@ def test_c_python_backend_utils_gives_pb_utils_classes_and_the_stubs_free_memory
     third = json.loads(_infer(client, "c_utils", 0))  # a small answer goes inline, not in it
     assert first["same"] == [True] * 6
     assert first["free"] == 0 and second["free"] >= 1 << 20 and third["free"] == second["free"]
+
+
+def test_an_auto_complete_config_that_returns_nothing_is_told_in_tritons_words(
+    client: httpclient.InferenceServerClient,
+) -> None:
+    entry = {entry["name"]: entry for entry in client.get_model_repository_index()}["no_return"]
+    assert entry["state"] == "UNAVAILABLE"
+    assert (
+        "auto_complete_config function in model 'no_return' must return a valid pb.ModelConfig object."
+        in (entry["reason"])
+    )

@@ -213,7 +213,14 @@ class Stub:
             complete = getattr(module.TritonPythonModel, "auto_complete_config", None)
             if complete is not None:
                 config = complete(config)
-            completed, error = config.as_dict(), None
+            if isinstance(config, pb_utils.ModelConfig):
+                completed, error = config.as_dict(), None
+            else:  # (a function that forgot its return, most often) in Triton's words
+                completed = None
+                error = (
+                    f"auto_complete_config function in model '{message['config'].get('name', '')}' "
+                    "must return a valid pb.ModelConfig object."
+                )
         except BaseException as exc:
             completed, error = None, describe(exc)
         reply: AutoCompleteDoneMessage = {
