@@ -44,6 +44,7 @@ def _run_server(argv: Sequence[str]) -> int:
     if warning:
         logger.warning("%s", warning)
     _warn_cache_flags(args, logger)
+    _warn_strict_model_config(args)
     if args.rate_limit_resource and args.rate_limit == "off":
         logger.warning("--rate-limit-resource has no effect under --rate-limit=off")
     role = WorkerRole.from_environment()
@@ -72,6 +73,24 @@ def _warn_cache_flags(args: argparse.Namespace, logger: logging.Logger) -> None:
         logger.warning(
             "'--response-cache-byte-size' is deprecated; it means --cache-config=local,size=%d",
             args.response_cache_byte_size,
+        )
+
+
+def _warn_strict_model_config(args: argparse.Namespace) -> None:
+    """Triton's two lines on its deprecated flag, on standard error as it writes them (not as log
+    entries: its QA looks for them on the console whatever the log file)."""
+    if args.strict_model_config is None:
+        return
+    print(
+        "Warning: '--strict-model-config' has been deprecated! Please use "
+        "'--disable-auto-complete-config' instead.",
+        file=sys.stderr,
+    )
+    if args.disable_auto_complete_config and not args.strict_model_config:
+        print(
+            "Warning: Overriding deprecated '--strict-model-config' from False to True in favor of "
+            "'--disable-auto-complete-config'!",
+            file=sys.stderr,
         )
 
 

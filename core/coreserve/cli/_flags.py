@@ -47,7 +47,7 @@ def serve_parser() -> argparse.ArgumentParser:
     flag = parser.add_argument
 
     # fmt: off
-    def bool_flag(name: str, default: bool, help: str | None = None) -> None:
+    def bool_flag(name: str, default: bool | None, help: str | None = None) -> None:
         # Accepts --flag, --flag=false and --flag false, as tritonserver does.
         flag(name, type=parse_bool, nargs="?", const=True, default=default, metavar="BOOL", help=help)
 
@@ -140,7 +140,7 @@ def serve_parser() -> argparse.ArgumentParser:
     bool_flag("--strict-readiness", True, "report ready only when every model is ready (default true)")
     flag("--disable-auto-complete-config", action="store_true",
          help="do not complete model configurations from the model files")
-    bool_flag("--strict-model-config", False, "deprecated in Triton: true is --disable-auto-complete-config")
+    bool_flag("--strict-model-config", None, "deprecated in Triton: true is --disable-auto-complete-config")
     flag("--backend-config", type=backend_config, action="append", default=[], metavar="BACKEND,KEY=VALUE",
          help="a setting handed to a backend (repeatable)")
     flag("--backend-directory", type=Path, default=DEFAULT_BACKEND_DIRECTORY, metavar="DIR",

@@ -120,7 +120,7 @@ def server_options(args: argparse.Namespace) -> ServerOptions:
         metrics_interval_ms=args.metrics_interval_ms,
         exit_on_error=args.exit_on_error,
         strict_readiness=args.strict_readiness,
-        auto_complete_config=not (args.disable_auto_complete_config or args.strict_model_config),
+        auto_complete_config=not (args.disable_auto_complete_config or bool(args.strict_model_config)),
         backend_config=backend_config,
         backend_directory=args.backend_directory,
         cache_config=cache_config(args),

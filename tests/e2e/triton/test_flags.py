@@ -21,6 +21,14 @@ output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
 """
 
 
+# Triton's console lines (not log entries) for its deprecated flag.
+STRICT_DEPRECATED = "Warning: '--strict-model-config' has been deprecated! Please use '--disable-auto-complete-config' instead."
+STRICT_OVERRIDDEN = (
+    "Warning: Overriding deprecated '--strict-model-config' from False to True in favor of "
+    "'--disable-auto-complete-config'!"
+)
+
+
 @pytest.fixture
 def repository(tmp_path: Path) -> Path:
     root = tmp_path / "models"
@@ -55,6 +63,7 @@ def test_triton_only_flags_start_a_server_with_one_warning(
     )
     warnings = [line for line in server.log.splitlines() if "tritonserver flags accepted and ignored" in line]
     assert len(warnings) == 1
+    assert server.log.splitlines().count(STRICT_DEPRECATED) == 1 and STRICT_OVERRIDDEN not in server.log
     for name in (
         "--pinned-memory-pool-byte-size",
         "--cuda-memory-pool-byte-size",
@@ -152,3 +161,14 @@ def test_a_taken_grpc_port_stops_the_start_unless_both_reuse_it(
     second.close()
     sharing = coreserve_server(repository, port, "--reuse-grpc-port=true")
     assert sharing.ports["GRPC"] == first.ports["GRPC"]
+
+
+def test_strict_model_config_overridden_by_disable_auto_complete_config_says_so(
+    coreserve_server: ServerFactory, tmp_path: Path
+) -> None:
+    (tmp_path / "empty").mkdir()
+    server = coreserve_server(
+        tmp_path / "empty", "--disable-auto-complete-config", "--strict-model-config=false"
+    )
+    lines = server.log.splitlines()
+    assert lines.count(STRICT_DEPRECATED) == 1 and lines.count(STRICT_OVERRIDDEN) == 1
