@@ -5,11 +5,37 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from coreserve.config.signature import ModelSignature, TensorSpec
 from coreserve.errors import CoreserveError, ModelConfigError
 from coreserve.protos.model_config_pb2 import ModelConfig
 
 SignatureLookup = Callable[[str, str], ModelSignature]
+
+
+@dataclass(frozen=True)
+class Bridge:
+    """A tensor that passes between a model that batches and one that does not, their shapes
+    alike but for the batch dimension (Triton allows it): fitted to its consumer at run time as
+    Triton's ensemble scheduler fits it (`ReshapeTensorDims`)."""
+
+    batching: bool  # the consumer's
+    dims: tuple[int, ...]  # the consumer's shape without its batch dimension
+
+    def fit(self, array: np.ndarray) -> np.ndarray:
+        """A batch of 1 around a tensor without one, for a consumer that batches; the batch of 1
+        of a tensor taken off, for one that does not (where its shape is not the consumer's)."""
+        if self.batching and _compatible(self.dims, array.shape):
+            return array[np.newaxis]
+        if (
+            not self.batching
+            and array.ndim
+            and array.shape[0] == 1
+            and not _compatible(self.dims, array.shape)
+        ):
+            return np.squeeze(array, axis=0)
+        return array
 
 
 @dataclass(frozen=True)
@@ -53,6 +79,10 @@ class EnsembleGraph:
         self.inputs = [tensor.name for tensor in config.input]
         self.outputs = [tensor.name for tensor in config.output]
         self.decoupled_steps: set[int] = set()
+        # The tensors that pass between batching and non-batching models (see `Bridge`): each
+        # step's, by its input, and the ensemble outputs'. Set by `validate`.
+        self.input_bridges: dict[int, dict[str, Bridge]] = {}
+        self.output_bridges: dict[str, Bridge] = {}
 
     def wanted_outputs(self, requested: Sequence[str] | None) -> list[str]:
         """The ensemble outputs a request asks for (every one where it names none)."""
@@ -193,25 +223,40 @@ class EnsembleGraph:
     def _check_types(
         self, signatures: dict[int, ModelSignature], producers: dict[str, Step], ensemble: ModelSignature
     ) -> None:
-        def source(tensor: str) -> tuple[TensorSpec, list[int], str]:
+        def source(tensor: str) -> tuple[TensorSpec, list[int], bool, str]:
             if tensor in producers:
                 step = producers[tensor]
                 output = next(name for name, value in step.outputs.items() if value == tensor)
-                spec = signatures[step.index].outputs[output]
-                return spec, signatures[step.index].client_shape(spec), f"{step.label()} output '{output}'"
-            return ensemble.inputs[tensor], _inner_shape(ensemble, tensor), f"ensemble input '{tensor}'"
+                signature = signatures[step.index]
+                spec = signature.outputs[output]
+                return (
+                    spec,
+                    signature.client_shape(spec),
+                    signature.batching,
+                    f"{step.label()} output '{output}'",
+                )
+            shape = _inner_shape(ensemble, tensor)
+            return ensemble.inputs[tensor], shape, ensemble.batching, f"ensemble input '{tensor}'"
 
+        self.input_bridges = {}
         for step in self.steps:
             signature = signatures[step.index]
             for model_input, tensor in step.inputs.items():
                 wanted = signature.inputs[model_input]
                 consumer = f"{step.label()} input '{model_input}' (tensor '{tensor}')"
-                _compare(self, consumer, wanted, signature.client_shape(wanted), *source(tensor))
+                wanted_shape = signature.client_shape(wanted)
+                bridge = _compare(self, consumer, wanted, wanted_shape, signature.batching, *source(tensor))
+                if bridge is not None:
+                    self.input_bridges.setdefault(step.index, {})[model_input] = bridge
+        self.output_bridges = {}
         for output in self.outputs:
             wanted = ensemble.outputs[output]
-            _compare(
-                self, f"ensemble output '{output}'", wanted, _inner_shape(ensemble, output), *source(output)
+            shape = _inner_shape(ensemble, output)
+            bridge = _compare(
+                self, f"ensemble output '{output}'", wanted, shape, ensemble.batching, *source(output)
             )
+            if bridge is not None:
+                self.output_bridges[output] = bridge
 
 
 def _inner_shape(ensemble: ModelSignature, tensor: str) -> list[int]:
@@ -222,20 +267,38 @@ def _inner_shape(ensemble: ModelSignature, tensor: str) -> list[int]:
     return [-1, *shape] if ensemble.batching else shape
 
 
+def _compatible(wanted: Sequence[int], given: Sequence[int]) -> bool:
+    return len(wanted) == len(given) and all(
+        a == b or -1 in (a, b) for a, b in zip(wanted, given, strict=True)
+    )
+
+
 def _compare(
     graph: EnsembleGraph,
     consumer: str,
     wanted: TensorSpec,
     wanted_shape: list[int],
+    wanted_batching: bool,
     given: TensorSpec,
     given_shape: list[int],
+    given_batching: bool,
     source: str,
-) -> None:
-    compatible = len(wanted_shape) == len(given_shape) and all(
-        a == b or -1 in (a, b) for a, b in zip(wanted_shape, given_shape, strict=True)
-    )
-    if wanted.datatype is not given.datatype or not compatible:
+) -> Bridge | None:
+    """Refuses a tensor its consumer cannot take; the bridge it needs between a model that
+    batches and one that does not, where their shapes differ only by the batch dimension (as
+    Triton compares them: with the batch dimensions, or without)."""
+    if wanted.datatype is not given.datatype:
+        compatible = False
+    elif _compatible(wanted_shape, given_shape):
+        return None
+    else:
+        wanted_dims = wanted_shape[1:] if wanted_batching else wanted_shape
+        compatible = wanted_batching != given_batching and _compatible(
+            wanted_dims, given_shape[1:] if given_batching else given_shape
+        )
+    if not compatible:
         raise graph._error(
             f"{consumer} expects {wanted.datatype} {wanted_shape}, but {source} gives "
             f"{given.datatype} {given_shape}"
         )
+    return Bridge(wanted_batching, tuple(wanted_dims))

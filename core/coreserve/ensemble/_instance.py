@@ -1,7 +1,8 @@
 """Running an ensemble request: each step through its own model's scheduler, as soon as its
 inputs exist, with independent steps at the same time.
 
-Tensors pass from step to step as the arrays they are (no copies, no re-encoding). A step of
+Tensors pass from step to step as the arrays they are (no copies, no re-encoding; a batch of 1
+added or taken off between a model that batches and one that does not, as Triton does). A step of
 a decoupled model may answer many times: each of its responses continues the pipeline on its
 own, and every run that completes the ensemble's outputs is one response of the ensemble.
 
@@ -104,7 +105,12 @@ class EnsembleInstance:
             return
         wanted = self._graph.wanted_outputs(request.requested_outputs)
         if all(name in tensors for name in wanted):
-            yield {name: tensor for name in wanted if (tensor := tensors[name]) is not None}
+            bridges = self._graph.output_bridges
+            yield {
+                name: bridges[name].fit(tensor) if name in bridges else tensor
+                for name in wanted
+                if (tensor := tensors[name]) is not None
+            }
 
     def _ready(
         self,
@@ -123,12 +129,13 @@ class EnsembleInstance:
         ]
 
     def _step_request(self, request: InferenceRequest, step: Step, tensors: Tensors) -> InferenceRequest:
+        bridges = self._graph.input_bridges.get(step.index, {})
         child = InferenceRequest(
             model_name=step.model_name,
             model_version=step.model_version,
             id=request.id,
             inputs={
-                model_input: array
+                model_input: bridges[model_input].fit(array) if model_input in bridges else array
                 for model_input, tensor in step.inputs.items()
                 if (array := tensors[tensor]) is not None
             },

@@ -247,6 +247,12 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     square = "data_type: TYPE_FP32 dims: [ 2, 2 ] reshape { shape: [ 4 ] }"
     _ensemble(repository, "reshaped", _tensor("IN", square), _tensor("OUT", square),
               [_step("join", {"X": "IN", "Y": "IN"}, {"SUM": "OUT"})])  # fmt: skip
+    # Between models that batch and models that do not, shapes alike but for the batch dimension
+    # (Triton loads both; its QA loads the first).
+    _ensemble(repository, "unbatched_over_batching", f'{{ name: "A" {FP32_4} }}, {{ name: "B" {FP32_4} }}',
+              f'{{ name: "SUM" {FP32_4} }}', [_step("add_sub", {"INPUT0": "A", "INPUT1": "B"}, {"OUTPUT0": "SUM"})])  # fmt: skip
+    _ensemble(repository, "batching_over_unbatched", io, f'{{ name: "OUT" {FP32_4} }}',
+              [_step("join", {"X": "IN", "Y": "IN"}, {"SUM": "OUT"})], max_batch=4)  # fmt: skip
     process = ServerProcess([repository], ["--exit-on-error=false"]).start(timeout=120)
     yield process
     process.close()
@@ -515,3 +521,21 @@ def test_the_decoupled_flag_is_the_steps_without_completion_too(tmp_path: Path) 
     finally:
         client.close()
         server.close()
+
+
+def test_a_batch_of_one_is_added_or_taken_off_between_batching_and_unbatched_models(
+    client: httpclient.InferenceServerClient,
+) -> None:
+    """As Triton's ensemble scheduler fits such a tensor to its consumer (`ReshapeTensorDims`)."""
+    values = np.arange(4, dtype=np.float32)
+    inputs = [httpclient.InferInput(name, [4], "FP32") for name in ("A", "B")]
+    for tensor in inputs:
+        tensor.set_data_from_numpy(values)
+    result = client.infer("unbatched_over_batching", inputs).as_numpy("SUM")
+    np.testing.assert_array_equal(result, 2 * values)  # [4] in, [1, 4] through add_sub, [4] out
+    batched = httpclient.InferInput("IN", [1, 4], "FP32")
+    batched.set_data_from_numpy(values[np.newaxis])
+    result = client.infer("batching_over_unbatched", [batched]).as_numpy("OUT")
+    np.testing.assert_array_equal(result, 2 * values[np.newaxis])  # [1, 4] in, [4] through join
+    metadata = client.get_model_metadata("unbatched_over_batching")
+    assert [tensor["shape"] for tensor in metadata["outputs"]] == [[4]]
