@@ -309,6 +309,7 @@ class ServerRuntime:
         """Stops taking requests, lets those taken finish, then unloads every model. Where
         --exit-timeout-secs cut a request or an instance's close, `stopped_in_time` turns false."""
         self.flags.stopping = True
+        logger.info("Waiting for in-flight requests to complete.")  # (Triton's words)
         # As Triton's: a client's request that comes now is refused (the frontends stay up
         # while they drain); those queued and running finish.
         for model in self.repository.models_unordered():

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
 
 from coreserve.testing import ServerProcess
 
@@ -123,3 +124,29 @@ def test_unescaped_messages_when_the_environment_says_0_and_iso8601_dates(reposi
         assert (line["level"], line["file"], line["message"]) == ("W", "model.py", 'said "hi"')
         # Unescaped, the model's text runs on over lines, as it would on Triton.
         assert following == [TEXT.split("\n")[1]]
+
+
+def test_verbose_entries_of_http_requests_and_a_refusal_that_cannot_forge_an_entry(repository: Path) -> None:
+    """At --log-verbose 1, as Triton: each HTTP request (`HTTP request: <libevhtp's method number>
+    <path>`), a refusal before any model with its reason, and the stop's first words."""
+    process = ServerProcess([repository], ["--exit-on-error=false", "--log-verbose=1"]).start(timeout=120)
+    try:
+        with httpclient.InferenceServerClient(process.http_url, network_timeout=60) as client:
+            assert client.is_server_live()
+            forged = httpclient.InferInput("\nI0205 18:34:18.707423 1 file.cc:123] forged", [1], "INT32")
+            forged.set_data_from_numpy(np.array([7], np.int32))
+            with pytest.raises(InferenceServerException):
+                client.infer("talking", [forged])
+        process.stop()
+        messages = [
+            json.loads(match["message"]) for match, _ in _entries(process.log, ENTRY) if match["message"]
+        ]
+    finally:
+        process.close()
+    assert "HTTP request: 0 /v2/health/live" in messages
+    assert "HTTP request: 2 /v2/models/talking/infer" in messages
+    [refused] = [message for message in messages if message.startswith("HTTP request POST")]
+    assert "forged" in refused and refused.startswith(
+        "HTTP request POST /v2/models/talking/infer failed: 400 "
+    )
+    assert "Waiting for in-flight requests to complete." in messages

@@ -43,6 +43,17 @@ from coreserve.types import InferenceRequest, InferenceResponse, Trace, TraceCon
 
 logger = logging.getLogger(__name__)
 _T = TypeVar("_T")
+# libevhtp's numbers of the methods, which Triton's verbose "HTTP request" lines show (16: other).
+_EVHTP_METHODS = {
+    "GET": 0,
+    "HEAD": 1,
+    "POST": 2,
+    "PUT": 3,
+    "DELETE": 4,
+    "OPTIONS": 8,
+    "TRACE": 13,
+    "PATCH": 15,
+}
 # The header that keeps a request on one version of a model with traffic weights.
 
 HTTP_STATUS = {  # Triton's (http_server.cc, HttpCodeFromError)
@@ -72,9 +83,12 @@ def _handles_errors(handler: Handler, category: str, restrictions: ApiRestrictio
                 restrictions.check(category, request.headers)
             return await handler(request)
         except CoreserveError as exc:
-            return error_response(HTTP_STATUS[exc.code], exc.message)
+            status, message = HTTP_STATUS[exc.code], exc.message
         except BodyTooLarge:
-            return error_response(413, "request body too large once decompressed")
+            status, message = 413, "request body too large once decompressed"
+        if logger.isEnabledFor(logging.DEBUG):  # (--log-verbose: a refusal before any model too)
+            logger.debug("HTTP request %s %s failed: %d %s", request.method, request.path, status, message)
+        return error_response(status, message)
 
     return wrapper
 
@@ -141,6 +155,8 @@ class HttpFrontend:
         return await self._dispatch(request)
 
     async def _dispatch(self, request: HttpRequest) -> Response:
+        if logger.isEnabledFor(logging.DEBUG):  # Triton's line, its method a number as libevhtp's
+            logger.debug("HTTP request: %d %s", _EVHTP_METHODS.get(request.method, 16), request.path)
         handler = self._router.resolve(request)
         if handler is None:
             allowed = self._router.allowed_methods(request.path)
