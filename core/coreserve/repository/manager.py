@@ -261,6 +261,7 @@ class ModelRepository:
                 self.budgeted.release(key)
             else:
                 self.budgeted.lifecycle.loads[reason] += 1
+                new.source_fingerprint = fingerprint
             self._models[key] = new
             self._unloaded.pop(key, None)
             if old is not None:
@@ -376,6 +377,17 @@ class ModelRepository:
         overrides: LoadOverrides,
         reason: str,
     ) -> None:
+        served = self._models.get(location.key)
+        if (
+            reason == "explicit"
+            and overrides == LoadOverrides()
+            and served is not None
+            and served.takes_requests
+            and fingerprint is not None
+            and served.source_fingerprint == fingerprint
+        ):  # as Triton: a load that changes nothing keeps what serves (a configuration it was given too)
+            logger.info("model '%s' is loaded from these files already: nothing to reload", name)
+            return
         new = await self._replace(location, fingerprint, overrides, reason=reason)
         if self._models.get(location.key) is not new:
             why = f"{unavailable_reason(new)} (the loaded version keeps serving)"

@@ -106,6 +106,9 @@ class Model:
     namespace: str = ""  # its repository, under --model-namespacing
     from_files: bool = False  # loaded from the files its load request carried
     loaded_at: float = 0.0  # time.time() when it became ready
+    # The repository's fingerprint of its folder when it loaded (None: loaded from a load
+    # request's files, or at a worker's word): a plain load of unchanged files keeps it.
+    source_fingerprint: str | None = None
     memory_bytes: int | None = None  # what the server's memory grew by while it loaded
     gpu_memory_bytes: dict[int, int] = field(default_factory=dict)  # and each budgeted GPU's
     # How requests that name no version are shared between its versions (None: the latest).

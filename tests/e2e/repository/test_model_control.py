@@ -193,6 +193,26 @@ def test_load_with_a_config_override(client: httpclient.InferenceServerClient) -
     assert served["max_batch_size"] == 3 and served["parameters"]["note"]["string_value"] == "key: value"
 
 
+def test_a_plain_load_of_unchanged_files_keeps_what_serves_as_triton(
+    client: httpclient.InferenceServerClient, server: ServerProcess, repository: Path
+) -> None:
+    """A configuration a load gave stays until the files change (checked side by side)."""
+    given = {
+        "backend": "onnxruntime",
+        "max_batch_size": 2,
+        "input": [{"name": "INPUT0", **TENSOR}],
+        "output": [{"name": "OUTPUT0", **TENSOR}],
+    }
+    client.load_model("other", config=json.dumps(given))
+    client.load_model("other")
+    assert client.get_model_config("other")["max_batch_size"] == 2
+    assert server.log.count("model 'other' is loaded from these files already: nothing to reload") == 1
+    config = repository / "other" / "config.pbtxt"
+    os.utime(config, ns=(config.stat().st_atime_ns, config.stat().st_mtime_ns + 10**9))
+    client.load_model("other")  # its files changed: loaded from them
+    assert client.get_model_config("other")["max_batch_size"] == 4
+
+
 def test_load_from_files_writes_nothing_into_the_repository(
     client: httpclient.InferenceServerClient, repository: Path, tmp_path: Path
 ) -> None:
