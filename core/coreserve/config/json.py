@@ -39,9 +39,32 @@ def config_to_dict(config: ModelConfig) -> dict[str, Any]:
 def config_from_dict(data: dict[str, Any], source: str = "JSON configuration") -> ModelConfig:
     """Parses a JSON-shaped configuration (as clients send it to load a model)."""
     try:
-        return json_format.ParseDict(data, ModelConfig())
+        return json_format.ParseDict(_lists_where_repeated(ModelConfig.DESCRIPTOR, data), ModelConfig())
     except json_format.ParseError as exc:
         raise ModelConfigError(f"{source}: {exc}") from None
+
+
+def _lists_where_repeated(descriptor: Any, data: Any) -> Any:
+    """`data` with a single value of a repeated field made a list of one, as protobuf's C++ JSON
+    parser (Triton's) takes it: `"instance_group": {...}` (Triton's QA L0_model_update sends it)."""
+    if not isinstance(data, dict):
+        return data
+    fixed = dict(data)
+    for name, value in data.items():
+        field = descriptor.fields_by_name.get(name)
+        if field is None or (field.message_type is not None and field.message_type.GetOptions().map_entry):
+            continue  # (unknown names and maps: ParseDict's to judge)
+        if field.is_repeated and not isinstance(value, list):
+            value = [value]
+        if field.message_type is not None:
+            inner = field.message_type
+            value = (
+                [_lists_where_repeated(inner, item) for item in value]
+                if isinstance(value, list)
+                else _lists_where_repeated(inner, value)
+            )
+        fixed[name] = value
+    return fixed
 
 
 def _int64_to_numbers(descriptor: Any, data: dict[str, Any]) -> None:

@@ -184,6 +184,20 @@ def test_json_form_has_numbers_for_64_bit_fields() -> None:
     assert config_from_dict(data) == config
 
 
+def test_json_form_takes_a_single_value_of_a_repeated_field_as_tritons_parser_does() -> None:
+    config = config_from_dict(
+        {
+            "instance_group": {"count": 2, "kind": "KIND_CPU"},
+            "input": [{"name": "a", "data_type": "TYPE_FP32", "dims": 3}],
+            "dynamic_batching": {"preferred_batch_size": 4},
+        }
+    )
+    assert [group.count for group in config.instance_group] == [2] and list(config.input[0].dims) == [3]
+    assert list(config.dynamic_batching.preferred_batch_size) == [4]
+    with pytest.raises(ModelConfigError, match="max_batch_size"):
+        config_from_dict({"max_batch_size": [1]})  # a list where one value goes stays a mistake
+
+
 def test_json_form_writes_fields_in_their_declared_order_as_triton_does() -> None:
     data = config_to_dict(_config("dynamic_batching { }"))
     assert list(data)[:12] == [
