@@ -70,7 +70,7 @@ def server_options(args: argparse.Namespace) -> ServerOptions:
     metrics = dict(args.metrics_config)
     extra = {"cache_dir": args.model_cache_dir} if args.model_cache_dir else {}
     return ServerOptions(
-        model_repositories=args.model_repositories,
+        model_repositories=list(dict.fromkeys(args.model_repositories)),  # one given twice: once, as Triton
         server_id=args.server_id,
         log_settings=_log_settings(args),
         trace_config=_trace_config(args),

@@ -232,6 +232,11 @@ def test_the_python_env_cache_dir_is_a_setting_of_the_python_backend() -> None:
     }
 
 
+def test_a_repository_given_twice_is_one_repository_as_on_triton() -> None:
+    args = parse_serve_args([*BASE, "--model-repository=/tmp/other", "--model-repository=/tmp/models"])
+    assert server_options(args).model_repositories == ["/tmp/models", "/tmp/other"]
+
+
 def test_explicit_mode_without_load_model_asks_for_nothing() -> None:
     options = server_options(parse_serve_args([*BASE, "--model-control-mode=explicit"]))
     assert options.model_control_mode is ControlMode.EXPLICIT and options.load_models == []
