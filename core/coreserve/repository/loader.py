@@ -333,13 +333,13 @@ class ModelLoader:
             version.reason = (
                 exc.message if isinstance(exc, CoreserveError) else f"{type(exc).__name__}: {exc}"
             )
-            logger.error(
-                "model '%s' version %d is unavailable: %s", location.name, version.version, version.reason
+            logger.error(  # (Triton's words)
+                "failed to load '%s' version %d: %s", location.name, version.version, version.reason
             )
             return
         version.load_seconds = time.monotonic() - started
         version.state = ModelState.READY
-        logger.info("model '%s' version %d is ready", location.name, version.version)
+        logger.info("successfully loaded '%s'", location.name)  # (Triton's words, once per version)
 
 
 def _grouped_placements(config: ModelConfig) -> list[tuple[ModelInstanceGroup, InstancePlacement]]:

@@ -114,7 +114,10 @@ def test_a_load_error_of_several_lines_is_one_entry(escaped: ServerProcess) -> N
     errors = [
         json.loads(match["message"]) for match, _ in _entries(escaped.log, ENTRY) if match["level"] == "E"
     ]
-    assert any("RuntimeError: first\nsecond" in error for error in errors)
+    assert any(
+        e.startswith("failed to load 'broken' version 1: ") and "RuntimeError: first\nsecond" in e
+        for e in errors
+    )
 
 
 def test_unescaped_messages_when_the_environment_says_0_and_iso8601_dates(repository: Path) -> None:
@@ -150,3 +153,6 @@ def test_verbose_entries_of_http_requests_and_a_refusal_that_cannot_forge_an_ent
         "HTTP request POST /v2/models/talking/infer failed: 400 "
     )
     assert "Waiting for in-flight requests to complete." in messages
+    # The models' lifecycle in Triton's words (its QA counts them).
+    assert messages.count("successfully loaded 'talking'") == 1
+    assert messages.count("successfully unloaded 'talking' version 1") == 1

@@ -17,12 +17,13 @@ logger = logging.getLogger(__name__)
 UNLOADED = "unloaded"
 
 
-async def close_versions(versions: Sequence[ModelVersion], drain_timeout: float | None) -> bool:
+async def close_versions(name: str, versions: Sequence[ModelVersion], drain_timeout: float | None) -> bool:
     """Lets the versions' queued and running requests finish (up to `drain_timeout` seconds),
     closes their instances and marks them UNAVAILABLE, "unloaded". Returns whether every
     version closed in time (nothing was cut)."""
     # Versions closed already (those unloaded beside a version that failed) are not closed twice.
     versions = [v for v in versions if not (v.state is ModelState.UNAVAILABLE and v.reason == UNLOADED)]
+    served = [version.version for version in versions if version.state is ModelState.READY]
     for version in versions:
         version.state = ModelState.UNLOADING
     in_time = await asyncio.gather(
@@ -31,13 +32,15 @@ async def close_versions(versions: Sequence[ModelVersion], drain_timeout: float 
     for version in versions:
         version.state = ModelState.UNAVAILABLE
         version.reason = UNLOADED
+    for number in served:  # (Triton's words)
+        logger.info("successfully unloaded '%s' version %d", name, number)
     return all(in_time)
 
 
 async def close_model(model: Model, drain_timeout: float | None, cache_dir: Path | None) -> bool:
     """Closes every version of a model, and removes the files a load request wrote for it.
     Returns whether it closed in time."""
-    in_time = await close_versions(list(model.versions.values()), drain_timeout)
+    in_time = await close_versions(model.name, list(model.versions.values()), drain_timeout)
     if cache_dir is not None and model.path is not None and is_override_folder(model.path, cache_dir):
         shutil.rmtree(model.path, ignore_errors=True)
     return in_time
@@ -52,7 +55,7 @@ async def unload_loaded_versions(model: Model, drain_timeout: float | None) -> N
     loaded = [v for v in model.versions.values() if v.state is ModelState.READY]
     if not loaded:
         return
-    await close_versions(loaded, drain_timeout)
+    await close_versions(model.name, loaded, drain_timeout)
     logger.info(
         "unloaded model '%s' version(s) %s: another version failed to load",
         model.name,
