@@ -240,7 +240,8 @@ instance_group [ { kind: KIND_CPU rate_limiter { resources [ { name: "%s" count:
         "model instances, the minimum required count is 2"
     )
     assert expected in reasons["missing"]
-    errors = [line for line in server.log.splitlines() if line.startswith("E") and expected in line]
+    logged = json.dumps(expected)[1:-1]  # (as the log writes it: JSON-encoded)
+    errors = [line for line in server.log.splitlines() if line.startswith("E") and logged in line]
     assert len(errors) == 1 and "Traceback" not in server.log, server.log
 
 

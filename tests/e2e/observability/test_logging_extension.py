@@ -90,7 +90,7 @@ def test_the_log_flags_set_the_log_and_what_v2_logging_reports(
         client.infer("first", [tensor])  # at verbose level 1, a request's lines are logged
     written = log_file.read_text()
     assert "Started HTTPService" in written and ISO_LINE.search(written)
-    assert re.search(r"Z D \d+ \S+\] request for model 'first' version 1: received", written)  # verbose lines
+    assert re.search(r"Z I \d+ \S+\] \"request for model 'first' version 1: received\"", written)  # verbose
     assert not DEFAULT_LINE.search(written)
 
 

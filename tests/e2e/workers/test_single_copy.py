@@ -392,9 +392,7 @@ def test_gpu_instances_are_counted_per_server_not_per_worker(
         env={"PYTHONPATH": site, "GPU_REPORT_GPUS": "0,1"},
     )
     try:
-        placed = re.findall(
-            r" (\d+) coreserve\.backend\.gpu_report\] placed (\w+)/(\S+) on (\w+) (\d+)", server.log
-        )
+        placed = re.findall(r" (\d+) \S+\] \"placed (\w+)/(\S+) on (\w+) (\d+)\"", server.log)
         on_gpus = sorted(
             (instance, kind, device) for _, model, instance, kind, device in placed if model == "on_gpus"
         )
