@@ -211,10 +211,9 @@ class Stub:
             module = load_model_module(Path(message["model_file"]), message.get("backend_based", False))
             config = pb_utils.ModelConfig(message["config"])
             complete = getattr(module.TritonPythonModel, "auto_complete_config", None)
-            if complete is not None:
-                config = complete(config)
-            if isinstance(config, pb_utils.ModelConfig):
-                completed, error = config.as_dict(), None
+            returned: object = config if complete is None else complete(config)
+            if isinstance(returned, pb_utils.ModelConfig):
+                completed, error = returned.as_dict(), None
             else:  # (a function that forgot its return, most often) in Triton's words
                 completed = None
                 error = (
