@@ -5,6 +5,7 @@ unloads drop entries, ensembles, statistics and metrics as Triton's, over HTTP a
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -297,10 +298,12 @@ def _scrape(server: ServerProcess) -> dict[str, dict[tuple[tuple[str, str], ...]
 
 
 def test_reload_and_unload_drop_the_models_entries(
-    server: ServerProcess, client: httpclient.InferenceServerClient
+    server: ServerProcess, client: httpclient.InferenceServerClient, repository: Path
 ) -> None:
     assert [_calls(_infer(client, "reloaded", [4])) for _ in range(2)] == [1, 1]
     entries = _entries(server)
+    config = repository / "reloaded" / "config.pbtxt"  # changed: a load that changes nothing reloads nothing
+    os.utime(config, ns=(config.stat().st_atime_ns, config.stat().st_mtime_ns + 10**9))
     client.load_model("reloaded")  # a reload: new instances, new statistics, no old answers
     assert _entries_become(server, entries - 1)
     assert _calls(_infer(client, "reloaded", [4])) == 1
