@@ -51,9 +51,13 @@ def _lists_where_repeated(descriptor: Any, data: Any) -> Any:
         return data
     fixed = dict(data)
     for name, value in data.items():
-        field = descriptor.fields_by_name.get(name)
-        if field is None or (field.message_type is not None and field.message_type.GetOptions().map_entry):
-            continue  # (unknown names and maps: ParseDict's to judge)
+        field = descriptor.fields_by_name.get(name) or descriptor.fields_by_camelcase_name.get(name)
+        if (
+            value is None
+            or field is None
+            or (field.message_type and field.message_type.GetOptions().map_entry)
+        ):
+            continue  # (null: not set; unknown names and maps: ParseDict's to judge)
         if field.is_repeated and not isinstance(value, list):
             value = [value]
         if field.message_type is not None:

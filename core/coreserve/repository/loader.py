@@ -290,22 +290,8 @@ class ModelLoader:
             copies = 1 if single else self.workers
             context = self.context_for(backend, location.namespace, copies)
             grouped = _grouped_placements(version.config)
-            # The instances start at the same time, as Triton's (a slow initialize() each costs one).
-            creating = [
-                asyncio.ensure_future(backend.create_instance(files, version.config, placement, context))
-                for _, placement in grouped
-            ]
-            try:
-                await asyncio.wait(creating)
-            finally:  # (those made are closed below where another failed or the load was cancelled)
-                for task in creating:
-                    if not task.done():
-                        task.cancel()
-                    elif not task.cancelled() and task.exception() is None:
-                        instances.append(task.result())
-            for task in creating:
-                if not task.cancelled() and (error := task.exception()) is not None:
-                    raise error
+            for _, placement in grouped:
+                instances.append(await backend.create_instance(files, version.config, placement, context))
             version.scheduler = make_scheduler(
                 version.config, version.signature, version.statistics, instances, location.path
             )

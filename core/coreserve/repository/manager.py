@@ -261,7 +261,8 @@ class ModelRepository:
                 self.budgeted.release(key)
             else:
                 self.budgeted.lifecycle.loads[reason] += 1
-                new.source_fingerprint = fingerprint
+                adopted = overrides is not None and overrides.versions is not None  # (another worker's word)
+                new.source_fingerprint = None if adopted else fingerprint
             self._models[key] = new
             self._unloaded.pop(key, None)
             if old is not None:
@@ -378,14 +379,13 @@ class ModelRepository:
         reason: str,
     ) -> None:
         served = self._models.get(location.key)
+        # As Triton: a load that changes nothing keeps what serves (a configuration it was given too).
         if (
             reason == "explicit"
             and overrides == LoadOverrides()
-            and served is not None
-            and served.takes_requests
-            and fingerprint is not None
-            and served.source_fingerprint == fingerprint
-        ):  # as Triton: a load that changes nothing keeps what serves (a configuration it was given too)
+            and served
+            and served.loaded_from(fingerprint)
+        ):
             logger.info("model '%s' is loaded from these files already: nothing to reload", name)
             return
         new = await self._replace(location, fingerprint, overrides, reason=reason)

@@ -107,7 +107,7 @@ class Model:
     from_files: bool = False  # loaded from the files its load request carried
     loaded_at: float = 0.0  # time.time() when it became ready
     # The repository's fingerprint of its folder when it loaded (None: loaded from a load
-    # request's files, or at a worker's word): a plain load of unchanged files keeps it.
+    # request's files, or at another worker's word): see `loaded_from`.
     source_fingerprint: str | None = None
     memory_bytes: int | None = None  # what the server's memory grew by while it loaded
     gpu_memory_bytes: dict[int, int] = field(default_factory=dict)  # and each budgeted GPU's
@@ -116,6 +116,17 @@ class Model:
     # A name the index lists with its reason but Triton would hold no model for (a --load-model
     # name no repository has, a name two repositories hold): the server's readiness leaves it out.
     index_only: bool = False
+
+    def loaded_from(self, fingerprint: str | None) -> bool:
+        """Whether it serves what these files hold: a plain load of them keeps it, as Triton's.
+        Not an ensemble: loading it again is how it takes its steps' reloads (Triton reloads an
+        ensemble with its steps; coreserve does not)."""
+        return (
+            self.takes_requests
+            and fingerprint is not None
+            and self.source_fingerprint == fingerprint
+            and not (self.config is not None and self.config.HasField("ensemble_scheduling"))
+        )
 
     def keep_traffic_of(self, old: Model | None, asked: TrafficPolicy | None = None) -> bool:
         """The traffic policy after a (re)load: the one the load request `asked` for, else the

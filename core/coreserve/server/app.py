@@ -241,7 +241,7 @@ class ServerRuntime:
             )
 
     def _log_models(self) -> None:
-        logger.info("", extra={"table": model_status_table(self.repository.models())})
+        logger.info("%s", model_status_table(self.repository.models()), extra={"table": True})
 
     async def open_frontends(self) -> None:
         """Starts the metrics polling and the HTTP, gRPC and metrics frontends the options allow."""

@@ -55,7 +55,8 @@ class TritonLogFormatter(logging.Formatter):
     TRITON_SERVER_ESCAPE_LOG_MESSAGES=0. A record may carry, as `extra`:
     - `source`: the `file:line` the entry names, where it is not the logging call's own (a line a
       backend relays from a model's code);
-    - `table`: a multi-line entry: the message is its heading, and the table follows it as is.
+    - `table` (true): the message is a table, written as is on the lines after the entry's
+      empty heading, as Triton's multi-line entries.
     """
 
     def __init__(self, iso8601: bool, escaped: bool = True) -> None:
@@ -65,20 +66,19 @@ class TritonLogFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         message = super().format(record)  # with the traceback of an exception, if any
-        if self.escaped and message:
+        if getattr(record, "table", False):
+            message = "\n" + message
+        elif self.escaped and message:
             message = json.dumps(message, ensure_ascii=False)
         level = _LEVEL_LETTERS.get(record.levelno) or ("E" if record.levelno > logging.ERROR else "I")
         source = getattr(record, "source", None) or f"{record.filename}:{record.lineno}"
         if self.iso8601:
             stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(record.created))
-            line = f"{stamp} {level} {record.process} {source}] {message}"
-        else:
-            local = time.localtime(record.created)
-            micros = int((record.created % 1) * 1_000_000)
-            stamp = time.strftime("%m%d %H:%M:%S", local)
-            line = f"{level}{stamp}.{micros:06d} {record.process} {source}] {message}"
-        table = getattr(record, "table", None)
-        return f"{line}\n{table}" if table else line
+            return f"{stamp} {level} {record.process} {source}] {message}"
+        local = time.localtime(record.created)
+        micros = int((record.created % 1) * 1_000_000)
+        stamp = time.strftime("%m%d %H:%M:%S", local)
+        return f"{level}{stamp}.{micros:06d} {record.process} {source}] {message}"
 
 
 def escaping_log_messages() -> bool:

@@ -196,6 +196,8 @@ def test_json_form_takes_a_single_value_of_a_repeated_field_as_tritons_parser_do
     assert list(config.dynamic_batching.preferred_batch_size) == [4]
     with pytest.raises(ModelConfigError, match="max_batch_size"):
         config_from_dict({"max_batch_size": [1]})  # a list where one value goes stays a mistake
+    assert config_from_dict({"input": None}) == ModelConfig()  # null: not set
+    assert [group.count for group in config_from_dict({"instanceGroup": {"count": 3}}).instance_group] == [3]
 
 
 def test_json_form_writes_fields_in_their_declared_order_as_triton_does() -> None:

@@ -211,6 +211,9 @@ def test_a_plain_load_of_unchanged_files_keeps_what_serves_as_triton(
     os.utime(config, ns=(config.stat().st_atime_ns, config.stat().st_mtime_ns + 10**9))
     client.load_model("other")  # its files changed: loaded from them
     assert client.get_model_config("other")["max_batch_size"] == 4
+    for _ in range(2):  # an ensemble loads again: it takes its steps' reloads so
+        client.load_model("pipeline")
+    assert "model 'pipeline' is loaded from these files already" not in server.log
 
 
 def test_load_from_files_writes_nothing_into_the_repository(

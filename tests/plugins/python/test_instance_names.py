@@ -70,38 +70,3 @@ def test_instances_are_named_as_triton_names_them(tmp_path: Path, coreserve_serv
         ["listed_none"],
         ["two_groups_0", "two_groups_1"],
     ]
-
-
-OVERLAPPING = """
-import time
-
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def initialize(self, args):
-        pb_utils.Logger.log_info(f"initialize-begins {args['model_instance_name']}")
-        time.sleep(1.5)
-        pb_utils.Logger.log_info(f"initialize-ends {args['model_instance_name']}")
-
-    def execute(self, requests):
-        return [pb_utils.InferenceResponse([]) for _ in requests]
-"""
-
-
-def test_the_instances_of_a_model_start_at_the_same_time_as_on_triton(
-    tmp_path: Path, coreserve_server: ServerFactory
-) -> None:
-    """Each initialize() begins before the other ends (one after the other, they never overlap)."""
-    (tmp_path / "slow" / "1").mkdir(parents=True)
-    (tmp_path / "slow" / "config.pbtxt").write_text(HEAD + "instance_group [ { count: 2 kind: KIND_CPU } ]")
-    (tmp_path / "slow" / "1" / "model.py").write_text(OVERLAPPING)
-    server = coreserve_server(tmp_path)
-    steps = re.findall(r"initialize-(begins|ends) (slow_0_[01])", server.log)
-    assert sorted(steps) == [
-        ("begins", "slow_0_0"),
-        ("begins", "slow_0_1"),
-        ("ends", "slow_0_0"),
-        ("ends", "slow_0_1"),
-    ]
-    assert [step for step, _ in steps[:2]] == ["begins", "begins"]

@@ -8,6 +8,7 @@ times), which poll mode compares to notice changes, and gives a local folder for
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import Protocol
 
@@ -62,13 +63,22 @@ class LocalSource:
 
 
 def _local_entries(folder: Path) -> list[tuple[str, int, object]]:
+    """Each file of a model folder with its size and time, through links to folders too (a
+    version folder that links to a build: pointing it elsewhere changes the model)."""
     entries: list[tuple[str, int, object]] = []
-    for path in folder.rglob("*"):
-        try:
-            stat = path.stat()
-        except OSError:
+    walked: set[str] = set()
+    for root, folders, files in os.walk(folder, followlinks=True):
+        real = os.path.realpath(root)
+        if real in walked:  # (a link back up the tree: walked once)
+            folders.clear()
             continue
-        if path.is_file():
+        walked.add(real)
+        for name in files:
+            path = Path(root, name)
+            try:
+                stat = path.stat()
+            except OSError:  # (a link to nothing)
+                continue
             entries.append((str(path.relative_to(folder)), stat.st_size, stat.st_mtime_ns))
     return entries
 
