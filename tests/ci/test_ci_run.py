@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -42,6 +43,13 @@ def _copy_checkout(target: Path) -> Path:
     return target
 
 
+@pytest.fixture
+def copy(tmp_path: Path) -> Iterator[Path]:
+    """A copy of the checkout, removed with the venv .ci/run made in it (gigabytes) when the test ends."""
+    yield _copy_checkout(tmp_path / "copy")
+    shutil.rmtree(tmp_path / "copy", ignore_errors=True)
+
+
 def _run_ci(copy: Path) -> tuple[int, str]:
     """`bash .ci/run` in the copy: its status, and all it printed."""
     environment = {key: value for key, value in os.environ.items() if not key.startswith("PYTEST_")}
@@ -58,8 +66,7 @@ def _steps(output: str) -> list[str]:
     return [line.removeprefix("ci: ") for line in output.splitlines() if line.startswith("ci: ")]
 
 
-def test_a_pip_install_that_fails_stops_the_run_before_the_tests(tmp_path: Path) -> None:
-    copy = _copy_checkout(tmp_path)
+def test_a_pip_install_that_fails_stops_the_run_before_the_tests(copy: Path) -> None:
     requirements = copy / "tests" / "requirements.txt"
     requirements.write_text(requirements.read_text() + "coreserve-no-such-distribution==1.0\n")
     status, output = _run_ci(copy)
@@ -69,8 +76,7 @@ def test_a_pip_install_that_fails_stops_the_run_before_the_tests(tmp_path: Path)
     assert "test session starts" not in output  # pytest never ran, and nothing after it either
 
 
-def test_a_skip_for_a_reason_off_the_allow_list_fails_the_run(tmp_path: Path) -> None:
-    copy = _copy_checkout(tmp_path)
+def test_a_skip_for_a_reason_off_the_allow_list_fails_the_run(copy: Path) -> None:
     # A suite of three tests: one passes, one skips for want of a GPU (on the list), one for
     # want of a program that an install should have brought (off it).
     shutil.rmtree(copy / "tests")
@@ -96,8 +102,7 @@ def test_a_skip_for_a_reason_off_the_allow_list_fails_the_run(tmp_path: Path) ->
     assert _steps(output)[-1].startswith("README's test command failed")
 
 
-def test_a_system_program_that_does_not_install_stops_the_run(tmp_path: Path) -> None:
-    copy = _copy_checkout(tmp_path)
+def test_a_system_program_that_does_not_install_stops_the_run(copy: Path) -> None:
     programs = copy / ".ci" / "system-programs"
     programs.write_text("coreserve-no-such-program coreserve-no-such-package\n" + programs.read_text())
     status, output = _run_ci(copy)

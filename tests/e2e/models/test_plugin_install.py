@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -31,7 +33,8 @@ def _backends(venv: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def fresh_venv(tmp_path_factory: pytest.TempPathFactory, wheelhouse: Path) -> Path:
+def fresh_venv(tmp_path_factory: pytest.TempPathFactory, wheelhouse: Path) -> Iterator[Path]:
+    """A venv of its own (a gigabyte with torch), removed when the module's tests end."""
     venv = tmp_path_factory.mktemp("fresh") / "venv"
     _run(sys.executable, "-m", "venv", venv)
     _run(
@@ -51,7 +54,8 @@ def fresh_venv(tmp_path_factory: pytest.TempPathFactory, wheelhouse: Path) -> Pa
         venv / "bin" / "pip", "install", "--quiet", "--no-index", "--find-links", wheelhouse, "--no-deps",
         REPO / "plugins" / "tensorrt",
     )  # fmt: skip
-    return venv
+    yield venv
+    shutil.rmtree(venv, ignore_errors=True)
 
 
 def test_installed_backends_appear_and_uninstalled_ones_disappear(fresh_venv: Path) -> None:
