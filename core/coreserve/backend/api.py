@@ -193,7 +193,13 @@ class ModelInstance(Protocol):
 
 @runtime_checkable
 class Backend(Protocol):
-    """A framework backend: knows a model format and creates instances of such models."""
+    """A framework backend: knows a model format and creates instances of such models.
+
+    Optional attribute, read with `getattr`: `parallel_instance_loading: bool`, True where
+    `create_instance` may run for several instances of a model version at once (Triton's
+    backend attribute of that name); the server then creates them together, as Triton does.
+    Otherwise it creates them one after another.
+    """
 
     name: str
     platforms: tuple[str, ...]

@@ -290,8 +290,8 @@ class ModelLoader:
             copies = 1 if single else self.workers
             context = self.context_for(backend, location.namespace, copies)
             grouped = _grouped_placements(version.config)
-            for _, placement in grouped:
-                instances.append(await backend.create_instance(files, version.config, placement, context))
+            placements = [placement for _, placement in grouped]
+            await _create_instances(backend, files, version.config, placements, context, instances)
             version.scheduler = make_scheduler(
                 version.config, version.signature, version.statistics, instances, location.path
             )
@@ -340,6 +340,31 @@ class ModelLoader:
         version.load_seconds = time.monotonic() - started
         version.state = ModelState.READY
         logger.info("successfully loaded '%s'", location.name)  # (Triton's words, once per version)
+
+
+async def _create_instances(
+    backend: Backend,
+    files: ModelFiles,
+    config: ModelConfig,
+    placements: Sequence[InstancePlacement],
+    context: ServerContext,
+    instances: list[ModelInstance],
+) -> None:
+    """Creates an instance for each placement into `instances`, in their order: one after
+    another, or all at once where the backend says they may load so (its attribute
+    `parallel_instance_loading`, as Triton's). Those created stay in `instances` if one fails."""
+    if not getattr(backend, "parallel_instance_loading", False):
+        for placement in placements:
+            instances.append(await backend.create_instance(files, config, placement, context))
+        return
+    created = await asyncio.gather(
+        *(backend.create_instance(files, config, placement, context) for placement in placements),
+        return_exceptions=True,
+    )
+    instances.extend(outcome for outcome in created if not isinstance(outcome, BaseException))
+    for outcome in created:
+        if isinstance(outcome, BaseException):
+            raise outcome
 
 
 def _grouped_placements(config: ModelConfig) -> list[tuple[ModelInstanceGroup, InstancePlacement]]:

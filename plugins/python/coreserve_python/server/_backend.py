@@ -94,6 +94,9 @@ class PythonBackend(BaseBackend):
     name: str = "python"
     platforms: tuple[str, ...] = ()
     default_model_filename: str = "model.py"
+    # As Triton's: each instance is a stub process of its own, and what they share (a packed
+    # environment's unpacking, a requirements build) is safe to begin from several at once.
+    parallel_instance_loading: bool = True
 
     def __init__(self) -> None:
         self._builds = Builds()  # this server's environment builds

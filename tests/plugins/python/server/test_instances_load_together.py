@@ -1,0 +1,85 @@
+"""The instances of a Python model load at once, as Triton's python backend has them loaded
+(its backend attribute `parallel_instance_loading`; Triton's QA L0_lifecycle
+`test_concurrent_model_instance_load_speedup`): each instance's `initialize` below waits until
+every instance has begun, which instances loaded one after another never do."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from coreserve.testing import ServerFactory
+from support.waiting import wait_until
+
+MODEL = """
+import time
+from pathlib import Path
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.folder = Path(args["model_repository"])
+        self.name = args["model_instance_name"]
+        (self.folder / "started").mkdir(exist_ok=True)
+        (self.folder / "started" / self.name).touch()
+        if self.name.endswith("_1") and (self.folder / "fail").exists():
+            raise RuntimeError("instance 1 fails as asked")
+        deadline = time.monotonic() + 30
+        while len(list((self.folder / "started").iterdir())) < 3:
+            if time.monotonic() > deadline:
+                raise RuntimeError("the other instances did not begin while this one initialized")
+            time.sleep(0.02)
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([]) for _ in requests]
+
+    def finalize(self):
+        (self.folder / "finalized").mkdir(exist_ok=True)
+        (self.folder / "finalized" / self.name).touch()
+"""
+CONFIG = 'backend: "python"\nmax_batch_size: 0\ninstance_group [ { count: 3 kind: KIND_CPU } ]\n'
+
+
+@pytest.fixture
+def folder(tmp_path: Path) -> Path:
+    folder = tmp_path / "together"
+    (folder / "1").mkdir(parents=True)
+    (folder / "config.pbtxt").write_text(CONFIG)
+    (folder / "1" / "model.py").write_text(MODEL)
+    return folder
+
+
+def test_the_instances_of_a_python_model_load_at_once(folder: Path, coreserve_server: ServerFactory) -> None:
+    server = coreserve_server(folder.parent, "--model-control-mode=explicit")
+    with httpclient.InferenceServerClient(server.http_url) as client:
+        client.load_model("together")
+        assert client.is_model_ready("together")
+    assert sorted(path.name for path in (folder / "started").iterdir()) == [
+        f"together_0_{k}" for k in range(3)
+    ]
+
+
+def test_an_instance_that_fails_fails_the_load_and_the_others_are_finalized(
+    folder: Path, coreserve_server: ServerFactory
+) -> None:
+    (folder / "fail").touch()
+    server = coreserve_server(folder.parent, "--model-control-mode=explicit")
+    with httpclient.InferenceServerClient(server.http_url) as client:
+        with pytest.raises(InferenceServerException, match="instance 1 fails as asked"):
+            client.load_model("together")
+        assert not client.is_model_ready("together")
+        finalized = folder / "finalized"
+        wait_until(
+            lambda: finalized.is_dir() and len(list(finalized.iterdir())) == 2, "two instances finalized"
+        )
+        assert sorted(path.name for path in finalized.iterdir()) == ["together_0_0", "together_0_2"]
+        (folder / "fail").unlink()
+        for path in (folder / "started").iterdir():
+            path.unlink()
+        client.load_model("together")  # the server keeps serving loads
+        assert client.is_model_ready("together")
