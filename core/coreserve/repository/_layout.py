@@ -22,7 +22,7 @@ from coreserve.config.parse import parse_config
 from coreserve.errors import CoreserveError, InvalidArgumentError, ModelConfigError
 from coreserve.protos.model_config_pb2 import ModelConfig, ModelVersionPolicy
 from coreserve.repository._overrides import LoadOverrides
-from coreserve.repository.namespaces import Found, ModelTable, find_models, key_of, qualified
+from coreserve.repository.namespaces import Found, find_models, key_of, qualified
 
 if TYPE_CHECKING:
     from coreserve.repository.model import Model
@@ -31,10 +31,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 CONFIG_FILENAME = "config.pbtxt"
-
-# Loads an ensemble again (name, key, what it loads with; whether the version that serves keeps
-# serving if it fails): whether it loaded.
-LoadAgain = Callable[[str, str, LoadOverrides, bool], Awaitable[bool]]
 
 
 @dataclass(frozen=True)
@@ -108,19 +104,6 @@ class ModelFinder:
         return ModelLocation(
             name, path, path.parent, self._config_name, namespace, copied=source.copies_files
         )
-
-    async def steps_of_load(self, name: str, overrides: LoadOverrides) -> set[str]:
-        """The names of the models a load of model `name` with `overrides` loads: the steps its
-        configuration gives, and unless it comes in files, itself and its folder's steps in the
-        repositories on this machine (a remote model's files are not copied before its load)."""
-        steps = set()
-        if overrides.config is not None:
-            steps |= {step.model_name for step in overrides.config.ensemble_scheduling.step}
-        if not overrides.files:
-            found = {key: entry for key, entry in (await self.scan())[0].items() if not entry[0].copies_files}
-            wanted = await self.with_steps({key: found[key] for key in self.keys_named(name, found)}, found)
-            steps |= {self.split(key, source)[1] for key, (source, _) in wanted.items()}
-        return steps
 
     async def with_steps(self, wanted: Found, found: Found) -> Found:
         """The models wanted and, as Triton loads them, the steps of the ensembles among them:
@@ -302,42 +285,11 @@ class TakenDownEnsembles:
                     model.name,
                     step,
                 )
-                kept = loaded_as(model)
+                kept = LoadOverrides(config=model.config, traffic=model.traffic)
                 self._down[key] = (model.name, model.namespace, model.steps(), kept)
                 down.append(key)
                 gone.append(model.name)
         return down
-
-    async def follow_loads(
-        self,
-        models: ModelTable,
-        before: Mapping[str, Model],
-        load_again: LoadAgain,
-        unload: Callable[[str], Awaitable[None]],
-        serves: Callable[[str], bool],
-    ) -> None:
-        """As Triton, once models loaded (those of `models` not in `before`, a copy of it): the
-        ensembles taken down that use them come back when every step of theirs serves, and those
-        that serve load again as they are. One they no longer fit goes, with those that use it
-        (`unload`, by key), until they load again."""
-        changed = [key for key, model in models.items() if before.get(key) is not model]
-        for key in changed:
-            if models[key].takes_requests:
-                self._down.pop(key, None)  # loaded (from changed files, in poll mode) as it is now
-        loaded = [models[key].name for key in changed]
-        while loaded:
-            for ensemble, key, kept in self.ready(loaded.pop(), serves):
-                if await load_again(ensemble, key, kept, True):
-                    loaded.append(ensemble)
-        for key in models.users_of_changes(before):
-            user = models.get(key)
-            if user is None or key in self._down:
-                continue  # gone with an ensemble it uses
-            kept = loaded_as(user)
-            if not await load_again(user.name, key, kept, False):
-                self._down[key] = (user.name, user.namespace, user.steps(), kept)
-                for down in self.take_down(models, user.name, [key]):
-                    await unload(down)
 
     def ready(self, loaded: str, serves: Callable[[str], bool]) -> list[tuple[str, str, LoadOverrides]]:
         """The ensembles taken down that use `loaded` and find every step served now: name,
@@ -350,11 +302,6 @@ class TakenDownEnsembles:
         for _, key, _ in ready:
             del self._down[key]
         return ready
-
-
-def loaded_as(model: Model) -> LoadOverrides:
-    """What loads `model` again as it serves: its configuration and its traffic policy."""
-    return LoadOverrides(config=model.config, traffic=model.traffic)
 
 
 def linked(start: Iterable[str], uses: Mapping[str, Collection[str]]) -> set[str]:

@@ -27,7 +27,12 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from coreserve.errors import CoreserveError, InvalidArgumentError, UnavailableError, UnsupportedError
+from coreserve.errors import (
+    CoreserveError,
+    InvalidArgumentError,
+    UnavailableError,
+    UnsupportedError,
+)
 from coreserve.repository._index import index_entries, unavailable_reason
 from coreserve.repository._layout import (
     ModelFinder,
@@ -208,10 +213,7 @@ class ModelRepository:
                 await self._unload(name)
         if changed:
             logger.info("repository changes found for: %s", ", ".join(sorted(changed)))
-            before = dict(self._models)
             await self._load_many(changed, "poll")
-            load_again = functools.partial(self._load_again, reason="poll")
-            await self.taken_down.follow_loads(self._models, before, load_again, self._unload, self._serves)
 
     # Loading and unloading.
 
@@ -225,12 +227,10 @@ class ModelRepository:
         overrides: LoadOverrides | None = None,
         *,
         reason: str,
-        keep_serving: bool = True,
     ) -> Model:
         """Loads a model beside the one being served and switches to it when it is ready.
 
-        Returns the new model; if it could not load, the old one (if any) keeps serving, unless
-        not `keep_serving` (an ensemble its steps' load left out: it takes the new one's reason).
+        Returns the new model; if it could not load, the old one (if any) keeps serving.
         `reason` (startup, poll, explicit, demand) is counted by the metrics; a load on demand
         of a model that another load made ready meanwhile returns that one.
         """
@@ -248,7 +248,7 @@ class ModelRepository:
                 self._fingerprints[key] = fingerprint
             asked = overrides.traffic if overrides is not None else None
             failed = not new.takes_requests or not new.keep_traffic_of(old, asked)
-            if failed and keep_serving and old is not None and old.takes_requests:
+            if failed and old is not None and old.takes_requests:
                 logger.error(
                     "model '%s' did not reload, the loaded version keeps serving: %s",
                     location.name,
@@ -286,37 +286,42 @@ class ModelRepository:
             )
 
     async def load(self, name: str, overrides: LoadOverrides | None = None, by_model: bool = False) -> None:
-        """Loads or reloads a model (explicit mode); raises with the reason if it cannot load. As
-        Triton: the ensembles that use what loaded load again as they are, and those its unload
-        took down once every step of theirs serves. A load a model asks for (`by_model`) does not
-        wait for changes of linked models: one of them may be the load that runs that model."""
+        """Loads or reloads a model (explicit mode); raises with the reason if it cannot load.
+        The ensembles its unload took down load again once every step of theirs serves. A load
+        a model asks for (`by_model`) does not wait for changes of linked models: one of them
+        may be the load that runs that model."""
         self._refuse_unless_explicit("loading models")
         overrides = overrides or LoadOverrides()
         linked = functools.partial(self._linked, name, overrides)
         async with self._changes.holding(f"load of model '{name}'", linked, by_model):
-            before = dict(self._models)
             await self._load(name, overrides, ())
             self.taken_down.forget(name)
-            load_again = functools.partial(self._load_again, reason="explicit")
-            await self.taken_down.follow_loads(self._models, before, load_again, self._unload, self._serves)
-
-    async def _load_again(
-        self, ensemble: str, key: str, kept: LoadOverrides, keep: bool, reason: str
-    ) -> bool:
-        """Loads an ensemble again after models it uses loaded (see follow_loads)."""
-        try:
-            await self._load(ensemble, kept, (), reason, only=key, keep_serving=keep)
-        except CoreserveError as exc:
-            logger.error("ensemble '%s' did not load again: %s", ensemble, exc.message)
-            return False
-        return True
+            loaded = [name]
+            while loaded:
+                for ensemble, key, kept in self.taken_down.ready(loaded.pop(), self._serves):
+                    try:
+                        await self._load(ensemble, kept, (), only=key)
+                        loaded.append(ensemble)
+                    except CoreserveError as exc:
+                        logger.error("ensemble '%s' did not load again: %s", ensemble, exc.message)
 
     async def _linked(self, name: str, overrides: LoadOverrides | None = None) -> set[str]:
         """The models a change of model `name` touches: those linked to it through the ensembles
         served or taken down, and for a load (`overrides`) through the steps it will load."""
         uses = {model.name: model.steps() for model in self._models.values()}
         uses |= {ensemble: steps for ensemble, _, steps, _ in self.taken_down.items()}
-        start = {name} if overrides is None else {name} | await self._find.steps_of_load(name, overrides)
+        start = {name}
+        if overrides is not None and overrides.config is not None:
+            start |= {step.model_name for step in overrides.config.ensemble_scheduling.step}
+        if overrides is not None and not overrides.files:
+            # Its folder's steps, of the repositories on this machine (a remote model's files are
+            # not copied here before its load does it).
+            found = {
+                key: entry for key, entry in (await self._find.scan())[0].items() if not entry[0].copies_files
+            }
+            named = {key: found[key] for key in self._find.keys_named(name, found)}
+            wanted = await self._find.with_steps(named, found)
+            start |= {self._find.split(key, source)[1] for key, (source, _) in wanted.items()}
         return linked(start, uses)
 
     def keep_taken_down(self, name: str, namespace: str, steps: frozenset[str], kept: LoadOverrides) -> None:
@@ -334,10 +339,9 @@ class ModelRepository:
         loading: tuple[str, ...],
         reason: str = "explicit",
         only: str | None = None,
-        keep_serving: bool = True,
     ) -> None:
         """Loads a model (under namespacing, `only` that key of its name); `loading` names the
-        ensembles whose load led here, outermost first. `keep_serving`: see _replace."""
+        ensembles whose load led here, outermost first."""
         check_model_name(name)
         if overrides.files:
             if self._cache_dir is None:
@@ -364,7 +368,7 @@ class ModelRepository:
                 if step_key not in self._models or not self._models[step_key].takes_requests:
                     logger.info("loading model '%s' first: ensemble '%s' uses it", step, name)
                     await self._load(step, LoadOverrides(), (*loading, name), reason)
-            await self._load_location(name, location, found[key][1], overrides, reason, keep_serving)
+            await self._load_location(name, location, found[key][1], overrides, reason)
 
     async def _load_location(
         self,
@@ -373,7 +377,6 @@ class ModelRepository:
         fingerprint: str | None,
         overrides: LoadOverrides,
         reason: str,
-        keep_serving: bool = True,
     ) -> None:
         served = self._models.get(location.key)
         # As Triton: a load that changes nothing keeps what serves (a configuration it was given too).
@@ -385,7 +388,7 @@ class ModelRepository:
         ):
             logger.info("model '%s' is loaded from these files already: nothing to reload", name)
             return
-        new = await self._replace(location, fingerprint, overrides, reason=reason, keep_serving=keep_serving)
+        new = await self._replace(location, fingerprint, overrides, reason=reason)
         if self._models.get(location.key) is not new:
             why = f"{unavailable_reason(new)} (the loaded version keeps serving)"
             raise InvalidArgumentError(f"load failed for model '{name}': {why}")

@@ -10,7 +10,7 @@ calls name models globally, as Triton's do (an ambiguous name fails there too).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from typing import TYPE_CHECKING
 
 from coreserve.errors import InvalidArgumentError, NotFoundError
@@ -99,23 +99,6 @@ class ModelTable(dict[str, "Model"]):
                 index.setdefault(model.name, []).append(model)
             self._by_name = index
         return self._by_name.get(name, [])
-
-    def users_of_changes(self, before: Mapping[str, Model]) -> list[str]:
-        """The keys of the serving ensembles that use a model loaded (or reloaded) since `before`
-        (a copy of this table), or use those, in their own namespace; the models loaded aside."""
-        seen = {key for key, model in self.items() if before.get(key) is not model}
-        changed = [self[key] for key in seen]
-        users: list[str] = []
-        while changed:
-            used = changed.pop()
-            for key, model in self.items():
-                if key in seen or not model.takes_requests or model.namespace != used.namespace:
-                    continue
-                if used.name in model.steps():
-                    seen.add(key)
-                    users.append(key)
-                    changed.append(model)
-        return users
 
     def find(self, name: str, namespacing: bool, unloaded: Collection[str]) -> Model:
         """The model a request names; under namespacing, the one repository that has that name.

@@ -383,65 +383,6 @@ def test_ensembles_of_ensembles_and_of_several_models_come_back_when_all_they_us
     assert _sum(client, "pair", "OUT") == [[6.0] * 4]  # (1 + 1) * 3
 
 
-# add_sub with OUTPUT1 alone: the pipeline's step no longer gives its SUM.
-ADD_SUB_WITHOUT_OUTPUT0 = ADD_SUB.replace('{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] }, ', "")
-WITHOUT_OUTPUT0 = "output_map names 'OUTPUT0', which is not an output of the model (its outputs: ['OUTPUT1'])"
-
-
-def test_a_reload_of_a_model_loads_the_ensembles_that_use_it_again_as_triton(
-    client: httpclient.InferenceServerClient, server: ServerProcess, repository: Path
-) -> None:
-    """As Triton 2.51 (checked side by side): an ensemble that serves loads again, as it is,
-    when a model it uses loads again; one that the new model no longer fits is unavailable
-    until the model loads in a form it fits."""
-    (repository / "outer" / "1").mkdir(parents=True)
-    (repository / "outer" / "config.pbtxt").write_text(OUTER)
-    client.load_model("pipeline", config=json.dumps(PIPELINE_AS_TOTAL))  # as it is: with this one
-    client.load_model("outer")
-    config = repository / "add_sub" / "config.pbtxt"
-    os.utime(config, ns=(config.stat().st_atime_ns, config.stat().st_mtime_ns + 10**9))
-    client.load_model("add_sub")
-    assert server.log.count("successfully loaded 'pipeline'") == 2
-    assert server.log.count("successfully loaded 'outer'") == 2  # an ensemble of it: too
-    assert _sum(client, "outer", "TOTAL") == [[2.0] * 4]
-    without_output0 = {
-        "backend": "onnxruntime",
-        "max_batch_size": 4,
-        "input": [{"name": "INPUT0", **TENSOR}, {"name": "INPUT1", **TENSOR}],
-        "output": [{"name": "OUTPUT1", **TENSOR}],
-    }
-    client.load_model("add_sub", config=json.dumps(without_output0))  # its own load succeeds
-    states = _states(client)
-    assert states["pipeline"][0] == "UNAVAILABLE" and WITHOUT_OUTPUT0 in states["pipeline"][1]
-    assert not client.is_model_ready("pipeline") and not client.is_model_ready("outer")
-    with pytest.raises(InferenceServerException, match="has no available versions"):
-        _sum(client, "outer", "TOTAL")
-    assert "ensemble 'pipeline' did not load again" in server.log
-    assert "ensemble outer contains models that are not available or ambiguous: pipeline" in server.log
-    assert "the loaded version keeps serving" not in server.log
-    client.load_model(
-        "add_sub", config=json.dumps({**without_output0, "output": [{"name": "OUTPUT0", **TENSOR}]})
-    )
-    assert _sum(client, "outer", "TOTAL") == [[2.0] * 4]  # both back, as they were
-    assert [output["name"] for output in client.get_model_metadata("pipeline")["outputs"]] == ["TOTAL"]
-
-
-def test_a_poll_loads_the_ensembles_that_use_a_changed_model_again(
-    coreserve_server: ServerFactory, repository: Path
-) -> None:
-    server = coreserve_server(repository, "--model-control-mode=poll", "--repository-poll-secs=0.3")
-    config = repository / "add_sub" / "config.pbtxt"
-    with httpclient.InferenceServerClient(server.http_url) as client:
-        assert _sum(client, "pipeline") == [[2.0] * 4]
-        config.write_text(ADD_SUB_WITHOUT_OUTPUT0)
-        wait_until(lambda: WITHOUT_OUTPUT0 in _states(client)["pipeline"][1], "the pipeline's reload fails")
-        assert not client.is_model_ready("pipeline") and client.is_model_ready("add_sub")
-        config.write_text(ADD_SUB)  # the pipeline's files did not change: it comes back with add_sub
-        wait_until(lambda: client.is_model_ready("pipeline"), "the pipeline loads again")
-        assert _sum(client, "pipeline") == [[2.0] * 4]
-        assert server.log.count("successfully loaded 'pipeline'") == 2
-
-
 def test_a_poll_that_finds_a_cycle_keeps_what_serves_and_a_cycle_broken_loads(
     coreserve_server: ServerFactory, repository: Path
 ) -> None:
