@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -291,7 +292,7 @@ class ModelLoader:
             context = self.context_for(backend, location.namespace, copies)
             grouped = _grouped_placements(version.config)
             placements = [placement for _, placement in grouped]
-            await _create_instances(backend, files, version.config, placements, context, instances)
+            instances = await _create_instances(backend, files, version.config, placements, context)
             version.scheduler = make_scheduler(
                 version.config, version.signature, version.statistics, instances, location.path
             )
@@ -348,23 +349,31 @@ async def _create_instances(
     config: ModelConfig,
     placements: Sequence[InstancePlacement],
     context: ServerContext,
-    instances: list[ModelInstance],
-) -> None:
-    """Creates an instance for each placement into `instances`, in their order: one after
-    another, or all at once where the backend says they may load so (its attribute
-    `parallel_instance_loading`, as Triton's). Those created stay in `instances` if one fails."""
-    if not getattr(backend, "parallel_instance_loading", False):
+) -> list[ModelInstance]:
+    """An instance for each placement, in their order: created one after another, or all at once
+    where the backend says they may load so (its attribute `parallel_instance_loading`, as
+    Triton's). If one fails, or the load is cancelled, those created are closed first."""
+    created: list[ModelInstance] = []
+    tasks: list[asyncio.Task[ModelInstance]] = []
+    try:
+        if not getattr(backend, "parallel_instance_loading", False):
+            for placement in placements:
+                created.append(await backend.create_instance(files, config, placement, context))
+            return created
         for placement in placements:
-            instances.append(await backend.create_instance(files, config, placement, context))
-        return
-    created = await asyncio.gather(
-        *(backend.create_instance(files, config, placement, context) for placement in placements),
-        return_exceptions=True,
-    )
-    instances.extend(outcome for outcome in created if not isinstance(outcome, BaseException))
-    for outcome in created:
-        if isinstance(outcome, BaseException):
-            raise outcome
+            tasks.append(asyncio.ensure_future(backend.create_instance(files, config, placement, context)))
+        await asyncio.wait(tasks)  # every one ends, whichever fail
+        return [task.result() for task in tasks]
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
+        created += [task.result() for task in tasks if not task.cancelled() and task.exception() is None]
+        for instance in created:
+            with contextlib.suppress(Exception):
+                await instance.close()
+        raise
 
 
 def _grouped_placements(config: ModelConfig) -> list[tuple[ModelInstanceGroup, InstancePlacement]]:

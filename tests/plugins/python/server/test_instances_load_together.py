@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
@@ -29,6 +30,8 @@ class TritonPythonModel:
         (self.folder / "started" / self.name).touch()
         if self.name.endswith("_1") and (self.folder / "fail").exists():
             raise RuntimeError("instance 1 fails as asked")
+        if self.name.endswith("_2") and (self.folder / "slow").exists():
+            time.sleep(30)
         deadline = time.monotonic() + 30
         while len(list((self.folder / "started").iterdir())) < 3:
             if time.monotonic() > deadline:
@@ -83,3 +86,21 @@ def test_an_instance_that_fails_fails_the_load_and_the_others_are_finalized(
             path.unlink()
         client.load_model("together")  # the server keeps serving loads
         assert client.is_model_ready("together")
+
+
+def test_a_load_cancelled_while_instances_load_closes_those_created(
+    folder: Path, coreserve_server: ServerFactory
+) -> None:
+    """A client's deadline ends the load while instance 2 still initializes: the two created
+    are finalized (their stubs end) at once, not when the server stops."""
+    (folder / "slow").touch()
+    server = coreserve_server(folder.parent, "--model-control-mode=explicit")
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        with pytest.raises(InferenceServerException, match="Deadline"):
+            client.load_model("together", client_timeout=3)
+        finalized = folder / "finalized"
+        wait_until(
+            lambda: finalized.is_dir() and len(list(finalized.iterdir())) == 2, "two instances finalized", 20
+        )
+        assert sorted(path.name for path in finalized.iterdir()) == ["together_0_0", "together_0_1"]
+        assert not client.is_model_ready("together")
