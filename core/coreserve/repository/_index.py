@@ -41,7 +41,10 @@ def index_entries(
                     for number in unloaded[key]
                 )
                 continue
-            reason = model.reason if model is not None else (UNLOADED if key in unloaded else "not loaded")
+            if model is None and key not in unloaded:
+                entries.append({"name": name})  # never loaded: its name alone, as Triton lists it
+                continue
+            reason = model.reason if model is not None else UNLOADED
             entries.append({"name": name, "state": ModelState.UNAVAILABLE.value, "reason": reason})
             continue
         for number in sorted(model.versions):

@@ -251,7 +251,7 @@ def _index(server: ServerProcess, name: str) -> dict[str, tuple[str, str]]:
     status, _, reply = request(server.http_url, "POST", "/v2/repository/index", b"{}")
     assert status == 200
     return {
-        e.get("version", ""): (e["state"], e.get("reason", ""))
+        e.get("version", ""): (e.get("state", ""), e.get("reason", ""))
         for e in json.loads(reply)
         if e["name"] == name
     }
