@@ -647,7 +647,7 @@ def test_perf_analyzer_drives_system_shared_memory(
         str(perf_analyzer),
         *("-m", "simple", "-i", protocol, "-u", server.http_url if protocol == "http" else server.grpc_url),
         *("--shared-memory", "system", "--output-shared-memory-size", "64"),
-        *("--concurrency-range", "2", "--measurement-interval", "1000", "--max-trials", "3"),
+        *("--concurrency-range", "2", "--measurement-interval", "1000", "--max-trials", "10"),
         *("--stability-percentage", "100"),
     ]
     run = subprocess.run(command, capture_output=True, text=True, timeout=120)
