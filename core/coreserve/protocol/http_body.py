@@ -40,6 +40,7 @@ from coreserve.protocol.tensors import (
     array_to_bytes,
     array_to_json,
     check_shape,
+    element_count,
     json_loads,
     parse_datatype,
     parse_shape,
@@ -250,40 +251,40 @@ def complete_infer_request(
 def decode_raw_infer_request(
     body: bytes | bytearray, spec: TensorSpec, batching: bool, model_name: str, model_version: str
 ) -> tuple[InferenceRequest, OutputPlan]:
-    """Decodes a raw request: the body is the data of the model's only input.
-
-    BYTES data is one element holding the whole body. For other types the shape comes from
-    the configuration's dims (batch size 1), with one -1 dimension deduced from the size.
-    """
-    name = spec.name
-    if spec.datatype is DataType.BYTES:
-        array = np.empty(
-            check_shape((1,) * (len(spec.dims) + (1 if batching else 0)), name), dtype=np.object_
-        )
-        array.reshape(-1)[0] = bytes(body)
-    else:
-        itemsize = spec.datatype.numpy_dtype.itemsize
-        dims = list(spec.dims)
-        known = 1
-        for dim in dims:
-            known *= dim if dim != -1 else 1
-        if dims.count(-1) > 1:
-            raise InvalidArgumentError(
-                f"a raw request cannot deduce the shape of input '{name}' of model '{model_name}' "
-                f"(dims {dims} have more than one -1); send a JSON header"
-            )
-        if dims.count(-1) == 1:
-            if known == 0 or len(body) % (known * itemsize):
-                raise InvalidArgumentError(
-                    f"raw request body of {len(body)} bytes does not fit input '{name}' of model "
-                    f"'{model_name}' ({spec.datatype} {dims})"
-                )
-            dims[dims.index(-1)] = len(body) // (known * itemsize)
-        # The dims come from the model's configuration, which may ask for more than numpy holds.
-        shape = check_shape(tuple([1, *dims] if batching else dims), name)
-        array = array_from_bytes(memoryview(body).toreadonly(), spec.datatype, shape, name, model_name)
-    request = InferenceRequest(model_name=model_name, model_version=model_version, inputs={name: array})
+    """Decodes a raw request: the body is the data of the model's only input."""
+    try:
+        array = _raw_input(body, spec, batching, model_name)
+    except RequestMismatchError as exc:  # Triton names the request (a raw one has no id)
+        raise RequestMismatchError(with_request_id("", exc.message)) from None
+    request = InferenceRequest(model_name=model_name, model_version=model_version, inputs={spec.name: array})
     return request, OutputPlan(binary_by_default=True)
+
+
+def _raw_input(body: bytes | bytearray, spec: TensorSpec, batching: bool, model_name: str) -> np.ndarray:
+    """As Triton: BYTES data is one element holding the whole body, for an input of one element
+    only. For other types the shape comes from the configuration's dims (batch size 1), with
+    one -1 dimension deduced from the size; a body of another size fails the byte size check."""
+    name = spec.name
+    dims = list(spec.dims)
+    if dims.count(-1) > 1:
+        raise RequestMismatchError(
+            f"The shape of the raw input '{name}' can not be deduced because there are more than one "
+            "variable-sized dimension"
+        )
+    if spec.datatype is DataType.BYTES:
+        if -1 in dims or element_count(dims) != 1:
+            raise RequestMismatchError(
+                f"For BYTE datatype raw input '{name}', the model must have input shape [1]"
+            )
+        array = np.empty(check_shape((1,) * (len(dims) + (1 if batching else 0)), name), dtype=np.object_)
+        array.reshape(-1)[0] = bytes(body)
+        return array
+    if -1 in dims:
+        known = element_count([dim for dim in dims if dim != -1]) * spec.datatype.numpy_dtype.itemsize
+        dims[dims.index(-1)] = len(body) // known if known else 0
+    # The dims come from the model's configuration, which may ask for more than numpy holds.
+    shape = check_shape(tuple([1, *dims] if batching else dims), name)
+    return array_from_bytes(memoryview(body).toreadonly(), spec.datatype, shape, name, model_name)
 
 
 def encode_infer_response(

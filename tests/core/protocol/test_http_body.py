@@ -181,8 +181,15 @@ def test_raw_request_deduces_the_shape() -> None:
     text = TensorSpec("text", DataType.BYTES, (1,))
     request, _ = decode_raw_infer_request(b"\xffraw", text, False, "m", "")
     assert request.inputs["text"].tolist() == [b"\xffraw"]
-    with pytest.raises(InvalidArgumentError, match="more than one -1"):
+    with pytest.raises(InvalidArgumentError, match="more than one variable-sized dimension"):
         decode_raw_infer_request(b"", TensorSpec("x", DataType.FP32, (-1, -1)), False, "m", "")
+    with pytest.raises(InvalidArgumentError, match="must have input shape"):
+        decode_raw_infer_request(b"", TensorSpec("x", DataType.BYTES, (2,)), False, "m", "")
+    # A dimension of 0 deduces 0 for the -1; any data then fails the size check.
+    empty = TensorSpec("x", DataType.FP32, (0, -1))
+    assert decode_raw_infer_request(b"", empty, True, "m", "")[0].inputs["x"].shape == (1, 0, 0)
+    with pytest.raises(InvalidArgumentError, match="Expected 0, got 4"):
+        decode_raw_infer_request(bytes(4), empty, True, "m", "")
 
 
 def test_encode_json_and_binary_outputs() -> None:

@@ -26,6 +26,16 @@ backend: "onnxruntime"
 input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 2, 3 ] } ]
 output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 2, 3 ] } ]
 """
+TEXT_ANY = """
+backend: "onnxruntime"
+input [ { name: "INPUT0" data_type: TYPE_STRING dims: [ -1 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_STRING dims: [ -1 ] } ]
+"""
+TWO_WILD = """
+backend: "onnxruntime"
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1, -1 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1, -1 ] } ]
+"""
 INFER = "/v2/models/add_sub/infer"
 MAX_BODY = 64 * 1024
 
@@ -35,6 +45,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     repository = tmp_path_factory.mktemp("errors")
     write_model(repository, "add_sub", add_sub_model("FP32", ["batch", 4]), ADD_SUB)
     write_model(repository, "fixed", identity_model("FP32", [2, 3]), FIXED)
+    write_model(repository, "text_any", identity_model("BYTES", [-1]), TEXT_ANY)
+    write_model(repository, "two_wild", identity_model("FP32", [-1, -1]), TWO_WILD)
     write_model(repository, "bad_syntax", add_sub_model(), "name: 'bad_syntax' max_batch_size: [oops")
     write_model(repository, "unknown_field", add_sub_model(), "colour: 'blue'")
     write_model(repository, "missing_file", None, ADD_SUB.replace('"add_sub"', '"missing_file"'))
@@ -312,15 +324,40 @@ def test_raw_binary_request(server: ServerProcess) -> None:
     header = json.loads(reply[:json_length])
     assert header["outputs"][0]["shape"] == [2, 3]
     np.testing.assert_array_equal(np.frombuffer(reply[json_length:], dtype=np.float32), data)
+
+
+@pytest.mark.parametrize(
+    ("model", "body", "message"),
+    [
+        (
+            "fixed",
+            bytes(20),
+            "input byte size mismatch for input 'INPUT0' for model 'fixed'. Expected 24, got 20",
+        ),
+        (
+            "add_sub",
+            bytes(16),
+            "Raw request must only have 1 input (found 1) to be deduced but got 2 inputs in 'add_sub' "
+            "model configuration",
+        ),
+        ("text_any", b"427", "For BYTE datatype raw input 'INPUT0', the model must have input shape [1]"),
+        (
+            "two_wild",
+            bytes(16),
+            "The shape of the raw input 'INPUT0' can not be deduced because there are more than one "
+            "variable-sized dimension",
+        ),
+    ],
+    ids=["size", "two-inputs", "bytes-not-one-element", "two-variable-dims"],
+)
+def test_a_raw_request_the_model_does_not_fit_is_refused_in_tritons_words(
+    server: ServerProcess, model: str, body: bytes, message: str
+) -> None:
     status, error = error_of(
-        server.http_url, "/v2/models/fixed/infer", bytes(20), {"Inference-Header-Content-Length": "0"}
+        server.http_url, f"/v2/models/{model}/infer", body, {"Inference-Header-Content-Length": "0"}
     )
-    assert (
-        status == 400
-        and "input byte size mismatch for input 'INPUT0' for model 'fixed'. Expected 24, got 20" in error
-    )
-    status, error = error_of(server.http_url, INFER, bytes(16), {"Inference-Header-Content-Length": "0"})
-    assert status == 400 and "exactly one input" in error
+    assert status == 400 and error.startswith(f"[request id: <id_unknown>] {message}"), error
+    _assert_still_serving(server)
 
 
 def test_body_over_the_limit_is_refused(server: ServerProcess) -> None:

@@ -17,7 +17,13 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from coreserve.errors import CancelledError, InvalidArgumentError, UnsupportedError
+from coreserve.errors import (
+    CancelledError,
+    InvalidArgumentError,
+    RequestMismatchError,
+    UnsupportedError,
+    with_request_id,
+)
 from coreserve.protocol.generate import decode_generate_request
 from coreserve.protocol.http_body import (
     HEADER_LENGTH,
@@ -110,9 +116,12 @@ class BodyCodec:
         target = await self._dataplane.serving_version(model, version)
         inputs = list(target.signature.inputs.values())
         if len(inputs) != 1:
-            raise InvalidArgumentError(
-                f"a raw request ({HEADER_LENGTH}: 0) needs a model with exactly one input; "
-                f"model '{model}' has {len(inputs)}"
+            raise RequestMismatchError(
+                with_request_id(
+                    "",
+                    f"Raw request must only have 1 input (found 1) to be deduced but got {len(inputs)} "
+                    f"inputs in '{model}' model configuration",
+                )
             )
         return decode_raw_infer_request(body, inputs[0], target.signature.batching, model, version)
 
