@@ -236,7 +236,7 @@ def _array_from_contents(tensor: Any, datatype: DataType, shape: tuple[int, ...]
     values = getattr(tensor.contents, field)
     count = element_count(shape)
     if len(values) != count and datatype is DataType.BYTES:
-        raise InvalidArgumentError(
+        raise RequestMismatchError(
             f"expected {count} string elements for inference input '{name}' for model '{model}', "
             f"got {len(values)}"
         )

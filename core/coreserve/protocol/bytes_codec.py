@@ -6,7 +6,7 @@ import struct
 
 import numpy as np
 
-from coreserve.errors import InvalidArgumentError
+from coreserve.errors import RequestMismatchError
 
 _LENGTH = struct.Struct("<I")
 
@@ -27,7 +27,7 @@ def decode_bytes_tensor(
 ) -> np.ndarray:
     """Parses `count` elements (all there are, when None) into a 1-D object array of bytes.
 
-    Raises InvalidArgumentError when the data ends inside an element or, with a count, when
+    Raises RequestMismatchError when the data ends inside an element or, with a count, when
     it holds fewer elements or more bytes: in Triton's words (ValidateBytesInputs), where
     Triton has them; `model` names the model in them when it is known.
     """
@@ -39,28 +39,28 @@ def decode_bytes_tensor(
     where = f"inference input '{name}'" + (f" for model '{model}'" if model else "")
     while offset < size if count is None else len(items) < count:
         if offset == size:  # (count is not None)
-            raise InvalidArgumentError(f"expected {count} string elements for {where}, got {len(items)}")
+            raise RequestMismatchError(f"expected {count} string elements for {where}, got {len(items)}")
         if offset + 4 > size:
-            raise InvalidArgumentError(_incomplete_length(where, size - offset))
+            raise RequestMismatchError(_incomplete_length(where, size - offset))
         (length,) = unpack(view, offset)
         offset += 4
         if offset + length > size:
             if count is not None and len(items) + 1 < count:  # (Triton counts the element cut short)
-                raise InvalidArgumentError(
+                raise RequestMismatchError(
                     f"expected {count} string elements for {where}, got {len(items) + 1}"
                 )
-            raise InvalidArgumentError(
+            raise RequestMismatchError(
                 f"BYTES data of tensor '{name}' ends inside element {len(items)} "
                 f"({length} bytes announced, {size - offset} left)"
             )
         items.append(bytes(view[offset : offset + length]))
         offset += length
     if size - offset >= 4:
-        raise InvalidArgumentError(
+        raise RequestMismatchError(
             f"unexpected number of string elements {len(items) + 1} for {where}, expecting {len(items)}"
         )
     if offset != size:
-        raise InvalidArgumentError(_incomplete_length(where, size - offset))
+        raise RequestMismatchError(_incomplete_length(where, size - offset))
     array = np.empty(len(items), dtype=np.object_)
     array[:] = items
     return array

@@ -181,5 +181,6 @@ def test_typed_bytes_contents_of_the_wrong_count_are_refused_in_tritons_words() 
     with pytest.raises(InvalidArgumentError) as info:
         decode_model_infer_request(request)
     assert (
-        info.value.message == "expected 2 string elements for inference input 'IN' for model 'ident', got 1"
+        info.value.message
+        == "[request id: <id_unknown>] expected 2 string elements for inference input 'IN' for model 'ident', got 1"
     )

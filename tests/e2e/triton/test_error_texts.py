@@ -21,9 +21,10 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.grpc import service_pb2, service_pb2_grpc
+from tritonclient.utils import InferenceServerException
 
 from coreserve.testing import ServerProcess
-from support.model_builders import add_sub_model, write_model
+from support.model_builders import add_sub_model, identity_model, write_model
 from support.wire.http_raw import error_of, request
 
 ADD_SUB = """
@@ -31,6 +32,12 @@ backend: "onnxruntime"
 max_batch_size: 8
 input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "INPUT1" data_type: TYPE_FP32 dims: [ 4 ] } ]
 output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 4 ] } ]
+"""
+STRINGS = """
+backend: "onnxruntime"
+max_batch_size: 8
+input [ { name: "INPUT0" data_type: TYPE_STRING dims: [ 2 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_STRING dims: [ 2 ] } ]
 """
 DECOUPLED_CONFIG = """
 backend: "python"
@@ -66,6 +73,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     (folder / "2").mkdir()
     (folder / "2" / "model.onnx").write_bytes(b"not onnx")
     write_model(repository, "broken", b"not onnx", ADD_SUB)
+    write_model(repository, "strings", identity_model("BYTES", ["batch", 2]), STRINGS)
     folder = write_model(repository, "decoupled", None, DECOUPLED_CONFIG)
     (folder / "1" / "model.py").write_text(DECOUPLED_MODEL)
     args = [
@@ -73,6 +81,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
         "--load-model=add_sub",
         "--load-model=two_versions",
         "--load-model=broken",
+        "--load-model=strings",
         "--load-model=decoupled",
         "--exit-on-error=false",
     ]
@@ -715,6 +724,20 @@ def test_binary_data_and_generate_errors_name_the_request(server: ServerProcess)
     status, message = error_of(server.http_url, "/v2/models/add_sub/generate", generate)
     assert status == 400 and message.startswith("[request id: g7] expected 2 inputs but got 1 inputs"), (
         message
+    )
+
+
+@pytest.mark.parametrize("client", [httpclient, grpcclient])
+def test_bytes_of_the_wrong_count_name_the_request_as_triton_does(server: ServerProcess, client: Any) -> None:
+    url = server.http_url if client is httpclient else server.grpc_url
+    one = client.InferInput("INPUT0", [1, 1], "BYTES")
+    one.set_data_from_numpy(np.array([[b"one"]], dtype=np.object_))
+    one.set_shape([1, 2])  # the data holds one element of the two the shape says
+    with client.InferenceServerClient(url) as triton, pytest.raises(InferenceServerException) as info:
+        triton.infer("strings", [one])
+    assert info.value.message().endswith(
+        "[request id: <id_unknown>] expected 2 string elements for inference input 'INPUT0' for model "
+        "'strings', got 1"
     )
 
 
