@@ -19,7 +19,7 @@ from coreserve.backend import (
 from coreserve_onnx._accelerators import CPU, OPTIONAL_PARAMETER, Provider, missing_reason
 from coreserve_onnx._instance import OnnxInstance
 from coreserve_onnx._session import open_session, providers_for, session_options, start_session
-from coreserve_onnx._tensors import FRAMEWORK, describe
+from coreserve_onnx._tensors import FRAMEWORK, describe, scalars, with_dims
 
 
 def complete(model: ModelFiles, config: ModelConfig, server: ServerContext) -> ModelConfig:
@@ -52,12 +52,15 @@ def create_instance(
         )
     session = start_session(model.model_file, options, providers, model.name, placement.name, server.logger)
     signature = ModelSignature(config)
+    inputs, outputs = describe(session.get_inputs()), describe(session.get_outputs())
+    scalar_inputs = scalars(signature, signature.model_inputs, inputs)
+    scalar_outputs = scalars(signature, signature.model_outputs, outputs)
     check_model_tensors(
         signature,
-        describe(session.get_inputs()),
-        describe(session.get_outputs()),
+        with_dims(inputs, scalar_inputs),
+        with_dims(outputs, scalar_outputs),
         FRAMEWORK,
         unsupported=frozenset({DataType.BF16}),  # onnxruntime's Python API has no bfloat16 arrays
     )
     thread = InstanceThread(placement.name, inline_below_us(config))
-    return OnnxInstance(session, signature, thread)
+    return OnnxInstance(session, signature, thread, frozenset(scalar_inputs), scalar_outputs)

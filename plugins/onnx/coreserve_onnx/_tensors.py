@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from coreserve import DataType
-from coreserve.backend import ModelTensor
+from coreserve import DataType, ModelConfigError
+from coreserve.backend import ModelSignature, ModelTensor, TensorSpec
 
 ORT_TYPES = {
     "tensor(bool)": DataType.BOOL,
@@ -34,3 +35,36 @@ def describe(node_args: Sequence[Any]) -> dict[str, ModelTensor]:
         dims = tuple(d if isinstance(d, int) and d >= 0 else -1 for d in (arg.shape or []))
         tensors[arg.name] = ModelTensor(arg.name, ORT_TYPES.get(arg.type), dims, arg.type)
     return tensors
+
+
+def scalars(
+    signature: ModelSignature, specs: Mapping[str, TensorSpec], tensors: Mapping[str, ModelTensor]
+) -> dict[str, tuple[int, ...]]:
+    """As Triton's onnxruntime backend: the tensors the model declares with no dimensions (a
+    scalar, or a rank onnxruntime does not know) that the configuration gives dims of 1 only,
+    with those dims. Triton refuses other dims there in the words used here; batching keeps
+    the usual check (its first dimension must be dynamic)."""
+    found = {}
+    for name, spec in specs.items():
+        tensor = tensors.get(name)
+        if signature.batching or tensor is None or tensor.dims:
+            continue
+        dims = tuple(spec.reshape if spec.reshape is not None else spec.dims)
+        if any(dim != 1 for dim in dims):
+            raise ModelConfigError(
+                f"unable to load model '{signature.model_name}', scalar tensor '{name}', should only "
+                "provide 1 in the model configuration when the model doesn't support batching. Model "
+                f"configuration provided: {list(dims)}."
+            )
+        found[name] = dims
+    return found
+
+
+def with_dims(
+    tensors: Mapping[str, ModelTensor], dims: Mapping[str, tuple[int, ...]]
+) -> dict[str, ModelTensor]:
+    """`tensors`, those named in `dims` with those dims."""
+    return {
+        name: dataclasses.replace(tensor, dims=dims[name]) if name in dims else tensor
+        for name, tensor in tensors.items()
+    }
