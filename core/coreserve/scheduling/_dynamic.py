@@ -1,16 +1,18 @@
 """The dynamic batcher (`dynamic_batching { … }`): many small requests, few large executions.
 
-Requests queue per priority level (level 1 first). A batch starts from the oldest request of
-the highest non-empty level and takes the requests behind it while their inputs fit together
-(same names and non-batch shapes) and the batch stays within max_batch_size. As in Triton, it
-is sent at once at the largest preferred batch size it reaches (up to the request that would
-take it past every preferred size), or whole when it cannot grow or is as large as every
-preferred size; otherwise the batcher waits up to max_queue_delay_microseconds (counted from
-the oldest request) for more requests.
+Requests queue per priority level, as in Triton's priority queue: level 1 first, and in each
+level by arrival, then the level's requests whose timeout moved them behind (below). A batch
+starts from the first request in that order and takes the requests that follow, across levels,
+while their inputs fit together (same names and non-batch shapes) and the batch stays within
+max_batch_size. As in Triton, it is sent at once at the largest preferred batch size it reaches
+(up to the request that would take it past every preferred size), or whole when it cannot grow
+or is as large as every preferred size; otherwise the batcher waits up to
+max_queue_delay_microseconds (counted from the oldest request it holds) for more requests.
 
 Queue policies apply per level: `max_queue_size` rejects requests when the level is full, and
 a timeout either rejects a request that waited too long or, with `timeout_action: DELAY`,
-moves it behind every request that has not timed out.
+moves it behind the requests of its level that have not timed out. Levels take room only while
+requests wait in them: `priority_levels` may be as large as its type allows, as in Triton.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from coreserve.backend.api import ModelInstance
@@ -31,6 +33,9 @@ from coreserve.scheduling.statistics import ModelStatistics
 from coreserve.types import InferenceRequest, now_ns
 
 ShapeKey = tuple[tuple[str, tuple[int, ...]], ...]
+# A queue of the batcher: (priority level, 0) holds the level's requests, (level, 1) those whose
+# timeout delayed them (timeout_action DELAY).
+QueueKey = tuple[int, int]
 
 
 @dataclass(frozen=True)
@@ -88,12 +93,9 @@ class DynamicBatcher(Scheduler):
         self._levels = max(1, batching.priority_levels)
         self._default_level = batching.default_priority_level or self._levels
         by_level = batching.priority_queue_policy if batching.priority_levels else {}  # (as Triton)
-        self._policies = [
-            QueuePolicy.from_config(by_level.get(level, batching.default_queue_policy))
-            for level in range(1, self._levels + 1)
-        ]
-        self._queues: list[deque[InferenceRequest]] = [deque() for _ in range(self._levels)]
-        self._delayed: deque[InferenceRequest] = deque()  # timed out with timeout_action DELAY
+        self._policies = {level: QueuePolicy.from_config(policy) for level, policy in by_level.items()}
+        self._default_policy = QueuePolicy.from_config(batching.default_queue_policy)
+        self._queues: dict[QueueKey, deque[InferenceRequest]] = {}  # none empty
         self._timers: dict[int, asyncio.TimerHandle] = {}
         self._forming = asyncio.Lock()
         self._arrived = asyncio.Event()
@@ -101,7 +103,26 @@ class DynamicBatcher(Scheduler):
 
     @property
     def queue_size(self) -> int:
-        return sum(len(queue) for queue in self._queues) + len(self._delayed)
+        return sum(len(queue) for queue in self._queues.values())
+
+    def _policy(self, level: int) -> QueuePolicy:
+        return self._policies.get(level, self._default_policy)
+
+    def _level_queue(self, key: QueueKey) -> deque[InferenceRequest]:
+        """The queue `key` names, made when it holds no request (see `_prune`)."""
+        queue = self._queues.get(key)
+        if queue is None:
+            queue = self._queues[key] = deque()
+        return queue
+
+    def _prune(self, key: QueueKey) -> None:
+        if not self._queues.get(key, True):
+            del self._queues[key]
+
+    def _in_order(self) -> Iterator[InferenceRequest]:
+        """Every queued request, in the order batches take them."""
+        for key in sorted(self._queues):
+            yield from self._queues[key]
 
     def _level_of(self, request: InferenceRequest) -> int:
         priority = request.parameters.get("priority", 0)
@@ -116,9 +137,8 @@ class DynamicBatcher(Scheduler):
 
     def _enqueue(self, request: InferenceRequest) -> None:
         level = self._level_of(request)
-        policy = self._policies[level - 1]
-        queue = self._queues[level - 1]
-        if policy.max_queue_size and len(queue) >= policy.max_queue_size:
+        policy = self._policy(level)
+        if policy.max_queue_size and len(self._queues.get((level, 0), ())) >= policy.max_queue_size:
             # Triton's words first (core's PriorityQueue), then which queue. Not counted as a
             # failure: as on Triton, the request never got into the model.
             raise UnavailableError(
@@ -127,13 +147,13 @@ class DynamicBatcher(Scheduler):
                 f"(max_queue_size {policy.max_queue_size}); try again later"
             )
         self._time(request, level, policy.timeout_for(request) / 1e6)
-        queue.append(request)
+        self._level_queue((level, 0)).append(request)
         self._arrived.set()
 
     def _time(self, request: InferenceRequest, level: int, timeout_s: float) -> None:
         """Arms the queue policy's timeout of a request (0: none)."""
         if timeout_s:
-            policy = self._policies[level - 1]
+            policy = self._policy(level)
             self._timers[id(request)] = asyncio.get_running_loop().call_later(
                 timeout_s, self._expire, request, level, policy.delay_on_timeout
             )
@@ -141,21 +161,23 @@ class DynamicBatcher(Scheduler):
     def _enqueue_by_age(self, request: InferenceRequest) -> None:
         """Back into its level's queue by age; its timeout counts from when it first queued."""
         level = self._level_of(request)  # (it was checked when it first queued)
-        timeout_us = self._policies[level - 1].timeout_for(request)
+        timeout_us = self._policy(level).timeout_for(request)
         if timeout_us:
             waited_s = (now_ns() - request.queued_ns) / 1e9
             self._time(request, level, max(timeout_us / 1e6 - waited_s, 1e-6))
-        insert_by_age(self._queues[level - 1], request)
+        insert_by_age(self._level_queue((level, 0)), request)
         self._arrived.set()
 
     def _expire(self, request: InferenceRequest, level: int, delay: bool) -> None:
         self._timers.pop(id(request), None)
         try:
-            self._queues[level - 1].remove(request)
+            self._queues.get((level, 0), deque()).remove(request)
         except ValueError:
             return  # already on its way to an instance
+        self._prune((level, 0))
         if delay:
-            self._delayed.append(request)
+            self._level_queue((level, 1)).append(request)
+            self._arrived.set()  # the batch being formed now takes it later, maybe at once
             return
         self.statistics.record_failure(request, "REJECTED")
         if request.sink is not None:
@@ -168,11 +190,12 @@ class DynamicBatcher(Scheduler):
         self._arrived.set()  # the batch being formed may have lost its head
 
     def _remove_queued(self, request: InferenceRequest) -> bool:
-        for queue in [*self._queues, self._delayed]:
+        for key, queue in self._queues.items():
             try:
                 queue.remove(request)
             except ValueError:
                 continue
+            self._prune(key)
             timer = self._timers.pop(id(request), None)
             if timer is not None:
                 timer.cancel()
@@ -180,47 +203,42 @@ class DynamicBatcher(Scheduler):
             return True
         return False
 
-    def _first_queue(self) -> deque[InferenceRequest] | None:
-        for queue in self._queues:
-            if queue:
-                return queue
-        return self._delayed or None
+    def _candidate(self) -> tuple[int, list[int], bool]:
+        """The batch that the first request in the queues' order starts.
 
-    def _candidate(self) -> tuple[deque[InferenceRequest] | None, list[int], bool]:
-        """The batch that the oldest request of the first non-empty level starts.
-
-        Returns its queue, the batch sizes of its first 1, 2, … requests, and whether it is
-        complete: it cannot grow (max_batch_size reached, or the next request does not fit).
+        Returns when the oldest request it holds queued (0: no request queues), the batch sizes
+        of its first 1, 2, … requests, and whether it is complete: it cannot grow
+        (max_batch_size reached, or the next request does not fit).
         """
-        queue = self._first_queue()
-        if queue is None:
-            return None, [], False
         ragged = self.signature.ragged_inputs
-        key = shape_key(queue[0], ragged)
+        key: ShapeKey = ()
         sizes: list[int] = []
         size = 0
-        for request in queue:
-            too_big = size + request.batch_size > self._max_batch_size
-            if sizes and (shape_key(request, ragged) != key or too_big):
-                return queue, sizes, True
+        oldest_ns = 0
+        for request in self._in_order():
+            if not sizes:
+                key = shape_key(request, ragged)
+            elif shape_key(request, ragged) != key or size + request.batch_size > self._max_batch_size:
+                return oldest_ns, sizes, True
+            oldest_ns = min(oldest_ns or request.queued_ns, request.queued_ns)
             size += request.batch_size
             sizes.append(size)
             if size >= self._max_batch_size:
-                return queue, sizes, True
-        return queue, sizes, False
+                return oldest_ns, sizes, True
+        return oldest_ns, sizes, False
 
     async def _take_batch(self, index: int) -> list[InferenceRequest]:
         async with self._forming:
             while True:
-                queue, sizes, complete = self._candidate()
-                if queue is None:
+                oldest_ns, sizes, complete = self._candidate()
+                if not sizes:
                     return []
-                waited_ns = now_ns() - queue[0].queued_ns
+                waited_ns = now_ns() - oldest_ns
                 count = len(sizes) if self._closed else self._count_to_send(sizes, complete, waited_ns)
                 if count:
-                    return self._pop(queue, count)
+                    return self._pop(count)
                 self._arrived.clear()
-                remaining = (queue[0].queued_ns + self._delay_ns - now_ns()) / 1e9
+                remaining = (oldest_ns + self._delay_ns - now_ns()) / 1e9
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._arrived.wait(), max(remaining, 0.0))
 
@@ -250,8 +268,16 @@ class DynamicBatcher(Scheduler):
     def _send_what_waits(self) -> None:
         self._arrived.set()  # the batch being formed stops waiting: it is sent as it is
 
-    def _pop(self, queue: deque[InferenceRequest], count: int) -> list[InferenceRequest]:
-        batch = [queue.popleft() for _ in range(count)]
+    def _pop(self, count: int) -> list[InferenceRequest]:
+        """The first `count` requests in the queues' order, taken out."""
+        batch: list[InferenceRequest] = []
+        for key in sorted(self._queues):
+            queue = self._queues[key]
+            while queue and len(batch) < count:
+                batch.append(queue.popleft())
+            self._prune(key)
+            if len(batch) == count:
+                break
         for request in batch:
             timer = self._timers.pop(id(request), None)
             if timer is not None:
@@ -262,6 +288,9 @@ class DynamicBatcher(Scheduler):
         for timer in self._timers.values():
             timer.cancel()
         self._timers.clear()
-        for queue in [*self._queues, self._delayed]:
+        while self._queues:
+            key = min(self._queues)
+            queue = self._queues[key]
             while queue:
                 yield queue.popleft()
+            del self._queues[key]

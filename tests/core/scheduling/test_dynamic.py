@@ -227,8 +227,49 @@ def test_the_highest_priority_level_is_served_first() -> None:
         batcher.submit(make_request("low2", log))
         batcher.start()
         await finish(batcher)
-        # A batch takes requests of one level only.
-        assert instance.batches == [["high"], ["low0", "low1", "low2"]]
+        # As Triton's priority queue: the levels in order, and a batch goes on into the next.
+        assert instance.batches == [["high", "low0", "low1", "low2"]]
+
+    run_scenario(scenario)
+
+
+def test_a_preferred_batch_takes_requests_of_several_levels_as_in_triton() -> None:
+    # Triton's QA L0_model_queue test_priority_levels: level 1's two rows and the first two
+    # rows of level 2 make the preferred 4 at once; the last row waits for company.
+    async def scenario() -> None:
+        batcher, instance = _batcher(
+            "priority_levels: 2 default_priority_level: 2 preferred_batch_size: [ 4, 8 ] "
+            f"max_queue_delay_microseconds: {FOREVER_US}"
+        )
+        log: Log = []
+        batcher.start()
+        batcher.submit(make_request("low_two", log, rows=2))
+        batcher.submit(make_request("low_one", log))
+        await settle()
+        assert instance.batches == []  # 3 rows: not a preferred size
+        batcher.submit(make_request("high_two", log, rows=2, priority=1))
+        await settle()
+        assert instance.batches == [["high_two", "low_two"]]
+        await finish(batcher)
+        assert instance.batches[1:] == [["low_one"]]
+
+    run_scenario(scenario)
+
+
+def test_so_many_priority_levels_take_no_room_until_used() -> None:
+    # Triton's QA test_max_priority_levels: the largest uint64 of levels (a list of them never ended).
+    async def scenario() -> None:
+        batcher, instance = _batcher(f"priority_levels: {2**64 - 1} default_priority_level: {2**32}")
+        log: Log = []
+        for priority in (0, 2**63, 7, 2**32):
+            batcher.submit(make_request(f"p{priority}", log, priority=priority))
+        assert batcher.queue_size == 4
+        batcher.start()
+        await finish(batcher)
+        assert instance.batches == [["p7", "p0", "p4294967296", "p9223372036854775808"]]
+        assert (
+            batcher.queue_size == 0 and not batcher._queues
+        )  # every level's queue went with its last request
 
     run_scenario(scenario)
 
@@ -321,7 +362,7 @@ def test_a_request_that_waits_past_its_timeout_is_rejected() -> None:
     run_scenario(scenario)
 
 
-def test_a_delayed_request_goes_behind_every_request_that_did_not_time_out() -> None:
+def test_a_delayed_request_goes_behind_the_requests_of_its_level_that_did_not_time_out() -> None:
     async def scenario() -> None:
         batcher, instance = _batcher(
             "default_queue_policy { timeout_action: DELAY allow_timeout_override: true "
@@ -335,8 +376,31 @@ def test_a_delayed_request_goes_behind_every_request_that_did_not_time_out() -> 
         batcher.submit(make_request("newcomer", log))
         release.set()
         await finish(batcher)
-        assert instance.batches == [["busy"], ["patient", "newcomer"], ["impatient"]]
+        assert instance.batches == [["busy"], ["patient", "newcomer", "impatient"]]
         assert batcher.statistics.failures["REJECTED"] == 0
+
+    run_scenario(scenario)
+
+
+def test_a_request_delayed_by_its_timeout_lets_the_batch_behind_it_go_at_once() -> None:
+    # Triton's QA test_priority_with_policy: rows 2, 1, 2 reach no preferred size; once the
+    # row in the middle times out (DELAY), 2 and 2 make the preferred 4 and go at once.
+    async def scenario() -> None:
+        batcher, instance = _batcher(
+            f"preferred_batch_size: [ 4, 8 ] max_queue_delay_microseconds: {FOREVER_US} "
+            "default_queue_policy { timeout_action: DELAY allow_timeout_override: true "
+            f"default_timeout_microseconds: {FOREVER_US} }}"
+        )
+        log: Log = []
+        batcher.start()
+        batcher.submit(make_request("first", log, rows=2))
+        batcher.submit(make_request("impatient", log, timeout=1000))
+        batcher.submit(make_request("second", log, rows=2))
+        await _after_timers_of(1000)
+        await settle()
+        assert instance.batches == [["first", "second"]]
+        await finish(batcher)
+        assert instance.batches[1:] == [["impatient"]]
 
     run_scenario(scenario)
 
