@@ -25,6 +25,8 @@ MODES = ("triton", "opentelemetry")
 SETTING_KEYS = ("trace_level", "trace_rate", "trace_count", "log_frequency", "trace_file", "trace_mode")
 _CHANGEABLE = ("trace_level", "trace_rate", "trace_count", "log_frequency")
 MAX_RATE = 2**32 - 1  # Triton's: an unsigned 32-bit number
+MAX_COUNT = 2**31 - 1  # Triton's: a signed 32-bit number
+MAX_LOG_FREQUENCY = 2**32 - 1  # Triton's: an unsigned 32-bit number
 
 
 @dataclass(frozen=True)
@@ -197,8 +199,17 @@ def parse_value(key: str, value: Any) -> Any:
         )
     if key == "trace_count" and number < -1:
         raise InvalidArgumentError(f"Unable to parse 'trace_count'. Expecting value >= -1, got: {number}")
+    if key == "trace_count" and number > MAX_COUNT:
+        raise InvalidArgumentError(
+            f"Unable to parse 'trace_count', value is out of range [ -1, {MAX_COUNT} ], got: {number}"
+        )
     if key == "log_frequency" and number < 0:
         raise InvalidArgumentError(f"Unable to parse 'log_frequency'. Expecting value >= 0, got: {number}")
+    if key == "log_frequency" and number > MAX_LOG_FREQUENCY:
+        raise InvalidArgumentError(
+            f"Unable to parse 'log_frequency', value is out of range [ 0, {MAX_LOG_FREQUENCY} ], "
+            f"got: {number}"
+        )
     return number
 
 
@@ -213,12 +224,16 @@ def check_setting(setting: TraceSetting) -> None:
             raise InvalidArgumentError(f"unknown trace level '{level}'; expected OFF, TIMESTAMPS or TENSORS")
     # Rate 0 is allowed at start-up only: in OpenTelemetry mode it traces just the requests
     # that carry a client's trace context (Triton's documented use).
-    if setting.trace_rate < 0:
-        raise InvalidArgumentError(f"the trace rate must be 0 or more, got {setting.trace_rate}")
-    if setting.trace_count < -1:
-        raise InvalidArgumentError(f"the trace count must be -1 or more, got {setting.trace_count}")
-    if setting.log_frequency < 0:
-        raise InvalidArgumentError(f"the trace log frequency must be 0 or more, got {setting.log_frequency}")
+    if not 0 <= setting.trace_rate <= MAX_RATE:
+        raise InvalidArgumentError(f"the trace rate must be within 0..{MAX_RATE}, got {setting.trace_rate}")
+    if not -1 <= setting.trace_count <= MAX_COUNT:
+        raise InvalidArgumentError(
+            f"the trace count must be within -1..{MAX_COUNT}, got {setting.trace_count}"
+        )
+    if not 0 <= setting.log_frequency <= MAX_LOG_FREQUENCY:
+        raise InvalidArgumentError(
+            f"the trace log frequency must be within 0..{MAX_LOG_FREQUENCY}, got {setting.log_frequency}"
+        )
 
 
 @dataclass(frozen=True)

@@ -122,3 +122,17 @@ def test_trace_config_reads_tritons_forms_and_the_older_flags() -> None:
     assert config.opentelemetry.resource == {"service.name": "triton-inference-server", "a": "b"}
     with pytest.raises(InvalidArgumentError, match="unknown setting 'url'"):
         parse_trace_config(["triton,url=x"])
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ("count=2147483648", "the trace count must be within -1..2147483647, got 2147483648"),
+        ("rate=4294967296", "the trace rate must be within 0..4294967295, got 4294967296"),
+        ("log-frequency=4294967296", "the trace log frequency must be within 0..4294967295, got 4294967296"),
+    ],
+)
+def test_trace_config_numbers_stay_within_tritons_types(entry: str, message: str) -> None:
+    with pytest.raises(InvalidArgumentError) as info:
+        parse_trace_config([entry])
+    assert info.value.message == message

@@ -132,6 +132,16 @@ BAD_CHANGES = [
     ({"trace_level": ["OFF", "TIMESTAMPS"]}, 400, "Expect only one trace level 'OFF' is specified"),
     ({"trace_count": "-5"}, 400, "Unable to parse 'trace_count'. Expecting value >= -1, got: -5"),
     ({"log_frequency": "-1"}, 400, "Unable to parse 'log_frequency'. Expecting value >= 0, got: -1"),
+    (
+        {"trace_count": "10000000000"},
+        400,
+        "Unable to parse 'trace_count', value is out of range [ -1, 2147483647 ], got: 10000000000",
+    ),
+    (
+        {"log_frequency": "10000000000"},
+        400,
+        "Unable to parse 'log_frequency', value is out of range [ 0, 4294967295 ], got: 10000000000",
+    ),
     ({"trace_level": ["BOGUS"]}, 400, "unknown trace level 'BOGUS' in 'trace_level'"),
     ({"trace_level": [1]}, 400, "expect a list of trace levels for 'trace_level'"),
     ({"trace_rate": True}, 400, "expect a string for 'trace_rate', got true"),
@@ -219,6 +229,11 @@ def test_grpc_trace_setting_reads_changes_and_clears_as_http_does(traced: tuple[
                 {"settings": {"trace_count": "-5"}},
                 grpc.StatusCode.INVALID_ARGUMENT,
                 "Unable to parse 'trace_count'. Expecting value >= -1, got: -5",
+            ),
+            (
+                {"settings": {"trace_count": "10000000000"}},
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "Unable to parse 'trace_count', value is out of range [ -1, 2147483647 ], got: 10000000000",
             ),
             (
                 {"model_name": "nosuch", "settings": {"trace_rate": "2"}},
