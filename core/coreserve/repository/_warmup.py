@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -10,8 +12,10 @@ import numpy as np
 from coreserve.errors import CoreserveError, ModelConfigError
 from coreserve.protos.model_config_pb2 import ModelWarmup
 from coreserve.repository.model import ModelVersion
-from coreserve.responses import SingleResponse
-from coreserve.types import NUMPY_DTYPES, DataType, InferenceRequest
+from coreserve.scheduling import execute_batch
+from coreserve.types import NUMPY_DTYPES, DataType, InferenceRequest, InferenceResponse
+
+logger = logging.getLogger(__name__)
 
 WARMUP_FOLDER = "warmup"
 
@@ -57,31 +61,89 @@ def _sample(
     return np.zeros(shape, dtype=dtype)
 
 
-async def run_warmups(version: ModelVersion, model_path: Path) -> None:
-    """Sends each warmup sample `count` times; raises ModelConfigError naming the sample."""
+class _WarmupSink:
+    """Ends with the request (any number of responses, as Triton's warmup takes them) and keeps
+    the errors of its responses."""
+
+    __slots__ = ("errors", "future")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.future: asyncio.Future[None] = loop.create_future()
+        self.errors: list[str] = []
+
+    @property
+    def done(self) -> bool:
+        return self.future.done()
+
+    def send(self, response: InferenceResponse | None, final: bool) -> None:
+        if response is not None and response.error is not None:
+            self.errors.append(response.error.message)
+        if final and not self.future.done():
+            self.future.set_result(None)
+
+    def fail(self, error: CoreserveError) -> None:
+        if not self.future.done():
+            self.errors.append(error.message)
+            self.future.set_result(None)
+
+
+async def run_warmups(version: ModelVersion, model_path: Path, instance_names: Sequence[str]) -> None:
+    """As Triton: each instance (named by `instance_names`, in order) runs each warmup sample
+    `count` times, its `batch_size` requests of batch 1 at once (one at a time for a model that
+    cannot batch), straight on the instance: no queue, no sequence batcher, any number of
+    responses. Raises ModelConfigError naming the sample: Triton's words for a failed run."""
     config, scheduler = version.config, version.scheduler
     assert scheduler is not None
     for warmup in config.model_warmup:
-        label = f"model '{config.name}' version {version.version}: warmup '{warmup.name}'"
-        for _ in range(max(1, warmup.count)):
-            inputs = {}
-            for name, spec in warmup.inputs.items():
-                shape = tuple(spec.dims)
-                if config.max_batch_size > 0:
-                    shape = (max(1, warmup.batch_size), *shape)
-                inputs[name] = _sample(name, spec, shape, model_path, config.name)
-            # A sample of an input the configuration does not declare reaches the model unchecked
-            # (Triton's "input override"); the declared ones are checked as a client's.
-            declared = {name: array for name, array in inputs.items() if name in version.signature.inputs}
-            request = InferenceRequest(
-                model_name=config.name, model_version=str(version.version), inputs=declared
-            )
-            sink = SingleResponse(asyncio.get_running_loop())
-            request.sink = sink
-            try:
-                version.signature.check_request(request)
-                request.inputs.update((name, array) for name, array in inputs.items() if name not in declared)
-                scheduler.submit(request)
-                await sink.future
-            except CoreserveError as exc:
-                raise ModelConfigError(f"{label} failed: {exc.message}") from None
+        if warmup.batch_size == 0:
+            logger.debug("Skipping batch 0 warmup sample '%s'", warmup.name)
+            continue
+        for instance, instance_name in zip(scheduler.instances, instance_names, strict=True):
+            for iteration in range(1, max(1, warmup.count) + 1):
+                logger.debug(
+                    "model '%s' instance %s is running warmup sample '%s' for iteration %d",
+                    config.name,
+                    instance_name,
+                    warmup.name,
+                    iteration,
+                )
+                requests = [_request(version, warmup, model_path) for _ in range(warmup.batch_size)]
+                batches = [requests] if config.max_batch_size > 0 else [[request] for request in requests]
+                errors: list[str] = []
+                for batch in batches:
+                    sinks = [request.sink for request in batch]  # (the execution may wrap them)
+                    await execute_batch(
+                        instance, batch, version.signature, version.statistics, decoupled=scheduler.decoupled
+                    )
+                    for sink in sinks:
+                        assert isinstance(sink, _WarmupSink)
+                        await sink.future
+                        errors += sink.errors
+                if errors:
+                    raise ModelConfigError(
+                        f"failed to run warmup sample '{warmup.name}': " + "".join(f"{e}; " for e in errors)
+                    )
+
+
+def _request(version: ModelVersion, warmup: ModelWarmup, model_path: Path) -> InferenceRequest:
+    """One request of batch 1 (when the model batches) of a sample; its inputs are checked as a
+    client's, but for those the configuration does not declare, which reach the model unchecked
+    (Triton's "input override")."""
+    config = version.config
+    inputs = {}
+    for name, spec in warmup.inputs.items():
+        shape = tuple(spec.dims)
+        if config.max_batch_size > 0:
+            shape = (1, *shape)
+        inputs[name] = _sample(name, spec, shape, model_path, config.name)
+    declared = {name: array for name, array in inputs.items() if name in version.signature.inputs}
+    request = InferenceRequest(model_name=config.name, model_version=str(version.version), inputs=declared)
+    try:
+        version.signature.check_request(request)
+    except CoreserveError as exc:
+        raise ModelConfigError(
+            f"model '{config.name}' version {version.version}: warmup '{warmup.name}' failed: {exc.message}"
+        ) from None
+    request.inputs.update((name, array) for name, array in inputs.items() if name not in declared)
+    request.sink = _WarmupSink(asyncio.get_running_loop())
+    return request

@@ -306,7 +306,7 @@ class ModelLoader:
                 version.scheduler.limit_rate(self.rate_limiter, slots)
             version.scheduler.start()
             if version.config.model_warmup:
-                await run_warmups(version, location.path)
+                await run_warmups(version, location.path, [placement.name for placement in placements])
                 # Statistics count what clients sent, not the warmup samples.
                 latency = self._latency_for(version.config)
                 version.statistics = ModelStatistics(

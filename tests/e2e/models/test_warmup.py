@@ -99,3 +99,89 @@ def test_a_sample_of_an_input_the_configuration_does_not_declare_reaches_the_mod
     with httpclient.InferenceServerClient(server.http_url) as client:
         assert client.is_model_ready("telling")
     assert "inputs: ['INPUT0']" in server.log
+
+
+# Counts what each instance's warmup brought; fails when told to, as Triton's QA failing_infer.
+COUNTING = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.instance = args["model_instance_name"]
+
+    def execute(self, requests):
+        pb_utils.Logger.log_info(f"{self.instance} got {len(requests)} request(s)")
+        if pb_utils.get_input_tensor_by_name(requests[0], "FAIL") is not None:
+            return [pb_utils.InferenceResponse(error=pb_utils.TritonError("An Error Occurred")) for _ in requests]
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", r.inputs()[0].as_numpy())]) for r in requests]
+"""
+# As Triton's QA warmup `decoupled` model: ends each request with the final flag alone.
+SILENT = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            request.get_response_sender().send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+"""
+IO = """
+backend: "python"
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+"""
+SAMPLE = 'model_warmup [ { name: "%s" batch_size: %d count: %d inputs { key: "IN" value { data_type: TYPE_INT32 dims: [ 1 ] zero_data: true } } %s } ]'
+PYTHON_WARMUPS = {
+    # name: (model.py, configuration)
+    "batched": (
+        COUNTING,
+        "max_batch_size: 4"
+        + IO
+        + "instance_group [ { count: 2 kind: KIND_CPU } ]"
+        + SAMPLE % ("three", 3, 2, ""),
+    ),
+    "sequence": (
+        COUNTING,
+        "max_batch_size: 2" + IO + 'sequence_batching { control_input [ { name: "START" control '
+        "[ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] } ] }" + SAMPLE % ("seq", 1, 1, ""),
+    ),
+    "silent": (SILENT, IO + "model_transaction_policy { decoupled: true }" + SAMPLE % ("quiet", 1, 1, "")),
+    "failing": (
+        COUNTING,
+        IO
+        + SAMPLE
+        % (
+            "zero sample",
+            1,
+            1,
+            'inputs { key: "FAIL" value { data_type: TYPE_INT32 dims: [ 1 ] zero_data: true } }',
+        ),
+    ),
+}
+
+
+def test_each_instance_runs_each_sample_as_tritons_warmup_does(
+    coreserve_server: ServerFactory, tmp_path: Path
+) -> None:
+    """Triton's QA L0_warmup: straight on each instance, `batch_size` requests at once, `count`
+    times, logged at verbose level 1; a sequence model needs no sequence, a decoupled model may
+    send no response, and a failed sample is refused in Triton's words."""
+    for name, (code, config) in PYTHON_WARMUPS.items():
+        folder = write_model(tmp_path, name, None, config)
+        (folder / "1" / "model.py").write_text(code)
+    server = coreserve_server(tmp_path, "--exit-on-error=false", "--log-verbose=1")
+    with httpclient.InferenceServerClient(server.http_url) as client:
+        for name in ("batched", "sequence", "silent"):
+            assert client.is_model_ready(name), name
+        assert not client.is_model_ready("failing")
+        (failing,) = [e for e in client.get_model_repository_index() if e["name"] == "failing"]
+    assert "failed to run warmup sample 'zero sample': An Error Occurred; " in failing["reason"]
+    for instance in ("batched_0_0", "batched_0_1"):
+        assert server.log.count(f"{instance} got 3 request(s)") == 2
+        for iteration in (1, 2):
+            assert (
+                f"model 'batched' instance {instance} is running warmup sample 'three' for iteration {iteration}"
+                in server.log
+            )
+    assert "sequence_0 got 1 request(s)" in server.log
