@@ -48,6 +48,13 @@ def check_batch_io(config: ModelConfig) -> str | None:
         unknown = [name for name in batch_output.target_name if name not in outputs]
         if unknown:
             return f"{where}: target_name '{unknown[0]}' is not an output of the model (outputs: {outputs})"
+        twice = [
+            name
+            for index, name in enumerate(batch_output.target_name)
+            if name in batch_output.target_name[:index]
+        ]
+        if twice:  # Triton's words
+            return f"target output name '{twice[0]}' can only be specified once"
     return None
 
 

@@ -33,8 +33,8 @@ def _first_problem(config: ModelConfig) -> str | None:
     checks: Iterable[str | None] = (
         "config field 'name' is empty" if not config.name else None,
         _check_max_batch_size(config),
-        _check_tensors("input", config.input, config.max_batch_size),
-        _check_tensors("output", config.output, config.max_batch_size),
+        _check_tensors("input", config.input, config.max_batch_size, config.name),
+        _check_tensors("output", config.output, config.max_batch_size, config.name),
         _check_version_policy(config),
         _check_instance_groups(config),
         _check_dynamic_batching(config),
@@ -52,7 +52,7 @@ def _check_max_batch_size(config: ModelConfig) -> str | None:
     return None
 
 
-def _check_tensors(kind: str, tensors: Iterable[Any], max_batch_size: int) -> str | None:
+def _check_tensors(kind: str, tensors: Iterable[Any], max_batch_size: int, model: str) -> str | None:
     """Checks `input` or `output` entries (ModelInput or ModelOutput messages)."""
     seen: set[str] = set()
     for index, tensor in enumerate(tensors):
@@ -81,21 +81,39 @@ def _check_tensors(kind: str, tensors: Iterable[Any], max_batch_size: int) -> st
                 "are not supported"
             )
         if tensor.HasField("reshape"):
-            problem = _check_reshape(list(tensor.dims), list(tensor.reshape.shape))
-            if problem:
-                return f"{where}: {problem}"
+            problem = _reshape_problem(list(tensor.dims), list(tensor.reshape.shape))
+            if problem:  # Triton's words, then the shapes
+                return (
+                    f"model {kind} '{tensor.name}' {problem} for {model} (dims {list(tensor.dims)}, "
+                    f"reshape {list(tensor.reshape.shape)})"
+                )
     return None
 
 
-def _check_reshape(dims: list[int], shape: list[int]) -> str | None:
-    if -1 in dims or -1 in shape:
-        if dims.count(-1) != shape.count(-1):
-            return f"reshape {shape} must have as many -1 entries as dims {dims}"
-        return None
-    dims_count = _product(dims)
-    if dims_count != _product(shape):
-        return f"reshape {shape} holds {_product(shape)} elements but dims {dims} hold {dims_count}"
+def _reshape_problem(dims: list[int], shape: list[int]) -> str | None:
+    """As Triton checks a reshape: the same element count, or (with -1 entries) the same count
+    in each stretch between them; an empty reshape stands for dims holding one element."""
+    if not shape:
+        return None if -1 not in dims and _product(dims) == 1 else "has different size for dims and reshape"
+    dims_stretches, shape_stretches = _stretches(dims), _stretches(shape)
+    if len(dims_stretches) != len(shape_stretches):
+        if len(dims_stretches) == 1 or len(shape_stretches) == 1:  # one side fixed, the other not
+            return "has different size for dims and reshape"
+        return "has different number of variable-size dimensions for dims and reshape"
+    if dims_stretches != shape_stretches:
+        return "has different size for dims and reshape"
     return None
+
+
+def _stretches(dims: list[int]) -> list[int]:
+    """The element counts of the stretches of `dims` between its -1 entries."""
+    counts = [1]
+    for dim in dims:
+        if dim == -1:
+            counts.append(1)
+        else:
+            counts[-1] *= dim
+    return counts
 
 
 def _product(values: Iterable[int]) -> int:
@@ -183,6 +201,7 @@ def _check_sequence_batching(config: ModelConfig) -> str | None:
                 f"outside 1..max_batch_size ({slots})"
             )
     taken = {tensor.name for tensor in config.input}
+    kinds: set[int] = set()
     for index, control_input in enumerate(batching.control_input):
         where = f"config field 'sequence_batching.control_input[{index}]'"
         if not control_input.name or control_input.name in taken:
@@ -191,6 +210,10 @@ def _check_sequence_batching(config: ModelConfig) -> str | None:
         if len(control_input.control) != 1:
             return f"{where} must hold exactly one control"
         control = control_input.control[0]
+        if control.kind in kinds:  # Triton's words
+            kind = ModelSequenceBatching.Control.Kind.Name(control.kind)
+            return f"sequence batching specifies multiple {kind} tensors for {config.name}"
+        kinds.add(control.kind)
         if control.kind == ModelSequenceBatching.Control.CONTROL_SEQUENCE_CORRID:
             if control.data_type == DataType.TYPE_INVALID:
                 return f"{where}: a CORRID control needs data_type"

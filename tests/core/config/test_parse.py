@@ -112,9 +112,28 @@ def test_defaults_fill_what_tritons_normalization_fills() -> None:
         ('input [ { name: "b" data_type: TYPE_FP32 dims: [ -2 ] } ]', "every entry of dims must be -1"),
         ('input [ { name: "b" data_type: TYPE_FP32 } ]', "needs dims"),
         ("input [ { data_type: TYPE_FP32 dims: [ 1 ] } ]", "'input[1]' has no name"),
+        # Triton's words for reshapes, then the shapes.
         (
             'input [ { name: "b" data_type: TYPE_FP32 dims: [ 4 ] reshape { shape: [ 3 ] } } ]',
-            "holds 3 elements",
+            "model input 'b' has different size for dims and reshape for m (dims [4], reshape [3])",
+        ),
+        (
+            'input [ { name: "b" data_type: TYPE_FP32 dims: [ 2, -1, 3 ] reshape { shape: [ -1, 6 ] } } ]',
+            "model input 'b' has different size for dims and reshape for m",
+        ),
+        (
+            'output [ { name: "o2" data_type: TYPE_FP32 dims: [ -1, 2, -1 ] reshape { shape: [ -1, 2 ] } } ]',
+            "model output 'o2' has different number of variable-size dimensions for dims and reshape for m",
+        ),
+        (
+            'input [ { name: "b" data_type: TYPE_FP32 dims: [ 4, -1 ] reshape { shape: [ 4 ] } } ]',
+            "model input 'b' has different size for dims and reshape for m",
+        ),
+        (
+            'sequence_batching { control_input [ { name: "S1" control [ { kind: CONTROL_SEQUENCE_START '
+            'int32_false_true: [ 0, 1 ] } ] }, { name: "S2" control [ { kind: CONTROL_SEQUENCE_START '
+            "int32_false_true: [ 0, 1 ] } ] } ] }",
+            "sequence batching specifies multiple CONTROL_SEQUENCE_START tensors for m",
         ),
         ("version_policy: { latest: { num_versions: 0 } }", "num_versions' must be >= 1"),
         ("version_policy: { specific: { } }", "lists no versions"),

@@ -126,6 +126,10 @@ def test_a_scattered_output_of_the_wrong_size_fails_the_batch() -> None:
             ),
             "config field 'batch_output[0]' must name exactly one source_input, got 0",
         ),
+        (
+            ('target_name: "DOUBLED"', 'target_name: [ "DOUBLED", "DOUBLED" ]'),
+            "target output name 'DOUBLED' can only be specified once",  # Triton's words
+        ),
     ],
 )
 def test_batch_inputs_and_outputs_naming_unknown_tensors_are_refused_at_load(
