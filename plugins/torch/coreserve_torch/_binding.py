@@ -9,19 +9,20 @@ from typing import Any
 import numpy as np
 import torch
 
-from coreserve import InternalError, ModelConfigError
+from coreserve import InternalError, InvalidArgumentError, ModelConfigError
 from coreserve_torch._tensors import to_array
 
 _INDEXED = re.compile(r"^.*__(\d+)$")
 
 
-def _indices(names: Sequence[str]) -> list[int] | None:
-    """Positions from Triton's `<prefix>__<index>` names, if every name follows it."""
+def _indices(names: Sequence[str], *, every: bool = True) -> list[int] | None:
+    """Positions from Triton's `<prefix>__<index>` names, if every name follows it; with
+    `every`, only if they are 0, 1, … with none left out."""
     matches = [_INDEXED.match(name) for name in names]
     if not names or not all(matches):
         return None
     indices = [int(match.group(1)) for match in matches if match]
-    return indices if sorted(indices) == list(range(len(indices))) else None
+    return indices if not every or sorted(indices) == list(range(len(indices))) else None
 
 
 class InputBinding:
@@ -53,7 +54,9 @@ class OutputBinding:
 
     def __init__(self, model_name: str, config_outputs: Sequence[str]) -> None:
         self._model = model_name
-        indices = _indices(config_outputs)
+        # As Triton's libtorch backend: outputs named `<name>__<index>` take that result of the
+        # model's, whichever the configuration lists.
+        indices = _indices(config_outputs, every=False)
         self._positions = (
             {name: index for index, name in zip(indices, config_outputs, strict=True)}
             if indices is not None
@@ -74,7 +77,12 @@ class OutputBinding:
             arrays = {}
             for name in wanted:
                 position = self._positions[name]
-                if position >= len(result) or not isinstance(result[position], torch.Tensor):
+                if position >= len(result):  # Triton's words (an invalid argument there)
+                    raise InvalidArgumentError(
+                        f"The output {name} in the model configuration refers to an output index which "
+                        f"doesn't exist. This model has {len(result)} outputs"
+                    )
+                if not isinstance(result[position], torch.Tensor):
                     raise InternalError(
                         f"model '{self._model}' returned {len(result)} results; output '{name}' needs "
                         f"a tensor at position {position}"

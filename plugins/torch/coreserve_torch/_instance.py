@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from coreserve import DataType, InferenceRequest, InternalError
+from coreserve import DataType, InferenceRequest, InternalError, InvalidArgumentError
 from coreserve.backend import InstanceThread, ModelSignature, Responder, run_batched
 from coreserve_torch._binding import InputBinding, OutputBinding
 from coreserve_torch._cuda_graphs import CapturedGraphs, empty_cache
@@ -71,10 +71,15 @@ class TorchInstance:
                 result = self._graphs.replay(self._inputs.arguments(tensors))
                 outputs = self._outputs.outputs(result, output_names)
         for name, array in outputs.items():
-            if array.dtype != self._types[name]:
-                raise InternalError(
-                    f"the model returned output '{name}' as {array.dtype}, but the configuration says "
-                    f"{DataType.from_numpy(self._types[name])}"
+            if array.dtype != self._types[name]:  # Triton's words (an invalid argument there)
+                expected = DataType.from_numpy(self._types[name]).config_name
+                try:
+                    provided = DataType.from_numpy(array.dtype).config_name
+                except ValueError:
+                    provided = str(array.dtype)
+                raise InvalidArgumentError(
+                    f"configuration expects datatype {expected} for output '{name}', "
+                    f"model provides {provided}"
                 )
         return outputs
 

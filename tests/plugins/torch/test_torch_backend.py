@@ -80,6 +80,14 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
         repository / "dict_out", Halves(), _config([("x", FP32)], [("half", FP32), ("double", FP32)])
     )
     _save_script(repository / "bf16", Double(), _config([("x", "TYPE_BF16")], [("y", "TYPE_BF16")]))
+    # Triton's QA L0_output_validation: an output index, and a datatype, the model does not have.
+    _save_script(
+        repository / "second_only",
+        AddSub(),
+        _config([("INPUT__0", FP32), ("INPUT__1", FP32)], [("OUTPUT__1", FP32)]),
+    )
+    _save_script(repository / "no_such_index", Double(), _config([("x", FP32)], [("OUTPUT__1", FP32)]))
+    _save_script(repository / "wrong_type", Double(), _config([("x", FP32)], [("y", "TYPE_INT32")]))
     _save_script(
         repository / "on_gpu",
         OnCuda(),
@@ -160,6 +168,33 @@ def test_triton_index_naming(client: httpclient.InferenceServerClient) -> None:
     result = _infer(client, "indexed", {"INPUT__1": b, "INPUT__0": a})
     np.testing.assert_array_equal(result.as_numpy("OUTPUT__0"), a + b)
     np.testing.assert_array_equal(result.as_numpy("OUTPUT__1"), a - b)
+
+
+def test_an_indexed_output_takes_that_result_whichever_the_configuration_lists(
+    client: httpclient.InferenceServerClient,
+) -> None:
+    a, b = np.arange(8, dtype=np.float32).reshape(2, 4), np.ones((2, 4), np.float32)
+    result = _infer(client, "second_only", {"INPUT__0": a, "INPUT__1": b})
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT__1"), a - b)
+
+
+@pytest.mark.parametrize(
+    ("model", "message"),
+    [
+        (
+            "no_such_index",
+            "The output OUTPUT__1 in the model configuration refers to an output index which doesn't exist. "
+            "This model has 1 outputs",
+        ),
+        ("wrong_type", "configuration expects datatype TYPE_INT32 for output 'y', model provides TYPE_FP32"),
+    ],
+)
+def test_outputs_the_model_does_not_give_are_refused_in_tritons_words(
+    client: httpclient.InferenceServerClient, model: str, message: str
+) -> None:
+    with pytest.raises(InferenceServerException) as info:
+        _infer(client, model, {"x": np.ones((1, 4), np.float32)})
+    assert info.value.status() == "400" and info.value.message() == message
 
 
 def test_inputs_matched_by_argument_name(client: httpclient.InferenceServerClient) -> None:
