@@ -10,7 +10,7 @@ from __future__ import annotations
 import bisect
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
 # The per-request latencies a summary window keeps, in the order of its tuples (after end_ns).
 LATENCY_KINDS = ("request", "queue", "compute_input", "compute_infer", "compute_output")
+CACHE_KINDS = ("cache_hit", "cache_miss")
 # Triton's default summary quantiles (`--metrics-config summary_quantiles`).
 DEFAULT_QUANTILES = (0.5, 0.9, 0.95, 0.99, 0.999)
 # Triton's default buckets (milliseconds) of its first-response histogram.
@@ -139,6 +140,10 @@ class ModelStatistics:
         self.recent: deque[tuple[int, int, int, int, int, int]] | None = (
             deque(maxlen=self.latency.window) if self.latency.summaries else None
         )
+        # (end_ns, hit ns, miss ns) of recent response cache lookups (-1: not that kind).
+        self.recent_cache: deque[tuple[int, int, int]] | None = (
+            deque(maxlen=self.latency.window) if self.latency.summaries else None
+        )
         self.histograms: dict[str, list[int]] = (
             {kind: [0] * (len(HISTOGRAM_BUCKETS_US) + 1) for kind in ("request", "queue")}
             if self.latency.histograms
@@ -227,6 +232,8 @@ class ModelStatistics:
         self.success.add(total_ns)
         self.queue.add(queue_ns)  # Triton counts hits in the queue too
         self.cache_hit.add(end_ns - lookup_start_ns)
+        if self.recent_cache is not None:
+            self.recent_cache.append((end_ns, end_ns - lookup_start_ns, -1))
         # The request and queue summaries include cached requests, the compute ones do not (-1).
         if self.recent is not None:
             self.recent.append((end_ns, total_ns, queue_ns, -1, -1, -1))
@@ -237,6 +244,8 @@ class ModelStatistics:
     def record_cache_miss(self, ns: int) -> None:
         """Records a response cache miss and the time its lookup and insertion took."""
         self.cache_miss.add(ns)
+        if self.recent_cache is not None:
+            self.recent_cache.append((time.monotonic_ns(), -1, ns))
 
     def record_failure(self, request: InferenceRequest, reason: str) -> None:
         """Records a request that failed before it executed (invalid, rejected, cancelled)."""
@@ -257,10 +266,12 @@ class ModelStatistics:
     def quantiles(self, kind: str, points: Sequence[float], now_ns: int) -> list[float]:
         """Quantiles (microseconds) of one latency kind over the summary window; NaN if empty."""
         oldest = now_ns - int(self.latency.max_age_s * 1e9)
-        column = LATENCY_KINDS.index(kind) + 1
-        values = sorted(
-            entry[column] for entry in self.recent or () if entry[0] >= oldest and entry[column] >= 0
-        )
+        recent: Iterable[tuple[int, ...]]
+        if kind in CACHE_KINDS:
+            recent, column = self.recent_cache or (), CACHE_KINDS.index(kind) + 1
+        else:
+            recent, column = self.recent or (), LATENCY_KINDS.index(kind) + 1
+        values = sorted(entry[column] for entry in recent if entry[0] >= oldest and entry[column] >= 0)
         if not values:
             return [float("nan") for _ in points]
         last = len(values) - 1

@@ -22,7 +22,7 @@ import tritonclient.http as httpclient
 from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
-from coreserve.testing import ServerProcess
+from coreserve.testing import ServerFactory, ServerProcess
 from support.paths import TESTS
 
 REFERENCE = json.loads((TESTS / "fixtures" / "triton_metric_families.json").read_text())["families"]
@@ -362,6 +362,38 @@ def test_cache_families_have_tritons_names_types_labels_and_help(server: ServerP
             reference["labels"],
             reference["help"],
         ), reference["name"]
+
+
+def test_cache_summaries_come_with_summary_latencies_as_tritons(
+    tmp_path: Path, coreserve_server: ServerFactory
+) -> None:
+    """Triton's QA L0_metrics test_cache_summaries_exist: a summary of each model's hits and
+    misses, for the models that use the cache."""
+    _counter(tmp_path, "counter", cached=True)
+    _counter(tmp_path, "plain", cached=False)
+    server = coreserve_server(
+        tmp_path, f"--cache-config=local,size={CACHE_SIZE}", "--metrics-config=summary_latencies=true"
+    )
+    with httpclient.InferenceServerClient(server.http_url) as client:
+        for model in ("counter", "counter", "counter", "plain"):
+            _infer(client, model, [7])
+    with urllib.request.urlopen(server.metrics_url, timeout=30) as response:
+        families = {f.name: f for f in text_string_to_metric_families(response.read().decode())}
+    for reference in [family for family in REFERENCE if family["when"] == "cache+summary_latencies"]:
+        family = families[reference["name"]]
+        labels = sorted({key for sample in family.samples for key in sample.labels})
+        assert (family.type, labels, family.documentation) == (
+            reference["type"],
+            reference["labels"],
+            reference["help"],
+        ), reference["name"]
+        assert {sample.labels["model"] for sample in family.samples} == {"counter"}
+    counts = {
+        family: {s.name: s.value for s in families[family].samples if not s.labels.get("quantile")}
+        for family in ("nv_cache_hit_summary_per_model", "nv_cache_miss_summary_per_model")
+    }
+    assert counts["nv_cache_hit_summary_per_model"]["nv_cache_hit_summary_per_model_count"] == 2
+    assert counts["nv_cache_miss_summary_per_model"]["nv_cache_miss_summary_per_model_count"] == 1
 
 
 def _start_failure(tmp_path: Path, *flags: str) -> subprocess.CompletedProcess[str]:

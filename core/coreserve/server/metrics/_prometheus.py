@@ -75,6 +75,13 @@ SUMMARIES = (
      f"Cumulative inference compute output duration in microseconds {_NOT_CACHED}", "compute_output",
      "compute_output"),
 )  # fmt: skip
+# Summaries of the response cache, for the models that use it.
+CACHE_SUMMARIES = (
+    ("nv_cache_hit_summary_per_model", "Summary of cache hit counts/durations per model, in microseconds.",
+     "cache_hit", "cache_hit"),
+    ("nv_cache_miss_summary_per_model", "Summary of cache miss counts/durations per model, in microseconds.",
+     "cache_miss", "cache_miss"),
+)  # fmt: skip
 FIRST_RESPONSE_HELP = "Duration from request to first response in milliseconds"
 # coreserve's own histograms (histogram_latencies), under names Triton does not use.
 OWN_HISTOGRAMS = (
@@ -234,14 +241,16 @@ def render_latency_distributions(ids: list[tuple[ModelVersion, str]], latency: L
     lines: list[str] = []
     now = time.monotonic_ns()
     if latency.summaries:
-        for name, help_text, kind, duration in SUMMARIES:
-            samples = [
-                sample
-                for v, labels in ids
-                for sample in _summary(name, labels, v.statistics, kind, duration, now)
-            ]
-            if samples:
-                lines.extend(family(name, "summary", help_text, samples))
+        cached = [(v, labels) for v, labels in ids if v.scheduler is not None and v.scheduler.response_cache]
+        for summaries, versions in ((SUMMARIES, ids), (CACHE_SUMMARIES, cached)):
+            for name, help_text, kind, duration in summaries:
+                samples = [
+                    sample
+                    for v, labels in versions
+                    for sample in _summary(name, labels, v.statistics, kind, duration, now)
+                ]
+                if samples:
+                    lines.extend(family(name, "summary", help_text, samples))
     if latency.histograms:
         samples = [
             sample
