@@ -299,6 +299,7 @@ def test_bad_registrations_are_refused_naming_the_region(
         ("input of the wrong size", "input 'INPUT0' in shared memory region 'in' has 32 bytes"),
         ("output too small", "should be at least 64 bytes to hold the results (shared memory region 'out')"),
         ("output past the region", "Invalid offset + byte size for shared memory region: 'out'"),
+        ("output offset past the region", "Invalid offset for shared memory region: 'out'"),  # Triton's QA
         ("unknown region", "Unable to find shared memory region: 'nowhere'"),
     ],
 )
@@ -329,6 +330,8 @@ def test_tensors_that_do_not_fit_their_region_are_refused(
             output.set_shared_memory("out", 32)
         elif case == "output past the region":
             output.set_shared_memory("out", BYTE_SIZE, offset=BYTE_SIZE + 1)
+        elif case == "output offset past the region":
+            output.set_shared_memory("out", BYTE_SIZE, offset=2 * BYTE_SIZE)
         else:
             tensors[0].set_shared_memory("nowhere", BYTE_SIZE)
         with pytest.raises(InferenceServerException) as info:

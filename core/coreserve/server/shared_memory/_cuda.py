@@ -131,6 +131,11 @@ class CudaSharedMemory(RegionTable[_CudaRegion]):
         found = self._regions.get(region)
         if found is None:
             raise NotFoundError(f"Unable to find shared memory region: '{region}'")
+        if offset >= found.byte_size:  # Triton's words, each check as Triton makes it
+            raise InvalidArgumentError(
+                f"Invalid offset for shared memory region: '{region}' (offset {offset}, the region "
+                f"holds {found.byte_size} bytes)"
+            )
         if offset + byte_size > found.byte_size:
             raise InvalidArgumentError(
                 f"Invalid offset + byte size for shared memory region: '{region}' "

@@ -179,6 +179,11 @@ class SystemSharedMemory(RegionTable[_Region]):
 
 
 def _check_fits(found: _Region, offset: int, byte_size: int) -> None:
+    if offset >= found.byte_size:  # Triton's words, each check as Triton makes it
+        raise InvalidArgumentError(
+            f"Invalid offset for shared memory region: '{found.name}' (offset {offset}, the region "
+            f"holds {found.byte_size} bytes)"
+        )
     if offset + byte_size > found.byte_size:
         raise InvalidArgumentError(
             f"Invalid offset + byte size for shared memory region: '{found.name}' "
