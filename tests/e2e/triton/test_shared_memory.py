@@ -244,7 +244,10 @@ def test_status_answers_as_triton(server: ServerProcess, segments: Callable[[int
     [
         ("unknown key", "no shared memory segment"),
         ("name in use", "already in manager"),
-        ("past the end", "past the end of segment"),
+        (
+            "past the end",
+            "failed to register shared memory region 'bad': invalid args: offset 0 + byte_size 1025",
+        ),  # Triton's words first
         ("offset past the end", "past the end of segment"),
         ("key with a path", "is not a POSIX shared memory name"),
         ("key /etc/passwd", "is not a POSIX shared memory name"),

@@ -254,8 +254,8 @@ def _map(name: str, key: str, path: str, offset: int, byte_size: int) -> _Region
         if offset + byte_size > info.st_size:
             # Mapping past the segment's end would crash the server on access (SIGBUS).
             raise InvalidArgumentError(
-                f"Invalid shared memory region: '{name}': offset {offset} + byte_size {byte_size} is "
-                f"past the end of segment '{key}' ({info.st_size} bytes)"
+                f"failed to register shared memory region '{name}': invalid args: offset {offset} + "
+                f"byte_size {byte_size} is past the end of segment '{key}' ({info.st_size} bytes)"
             )
         start = offset % mmap.ALLOCATIONGRANULARITY
         try:
