@@ -205,7 +205,7 @@ def _decode_inputs(
             )
         else:
             reference, buffer = source
-            inputs[name] = input_from_buffer(buffer, reference, datatype, shape, name)
+            inputs[name] = input_from_buffer(buffer, reference, datatype, shape, name, message.model_name)
     return inputs
 
 

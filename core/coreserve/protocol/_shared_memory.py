@@ -15,7 +15,7 @@ from typing import Protocol
 
 import numpy as np
 
-from coreserve.errors import InvalidArgumentError
+from coreserve.errors import InvalidArgumentError, RequestMismatchError
 from coreserve.protocol.tensors import array_from_bytes, array_to_bytes, element_count
 from coreserve.types import DataType, ParameterValue
 
@@ -89,9 +89,10 @@ def read_input(
     datatype: DataType,
     shape: tuple[int, ...],
     name: str,
+    model: str,
 ) -> np.ndarray:
     """The input as a read-only numpy view over the region (no copy, unless misaligned)."""
-    return input_from_buffer(input_buffer(regions, reference, name), reference, datatype, shape, name)
+    return input_from_buffer(input_buffer(regions, reference, name), reference, datatype, shape, name, model)
 
 
 def input_buffer(
@@ -113,17 +114,18 @@ def input_from_buffer(
     datatype: DataType,
     shape: tuple[int, ...],
     name: str,
+    model: str,
 ) -> np.ndarray:
     """The input in `buffer` (from input_buffer) as a read-only numpy view."""
     if datatype is not DataType.BYTES:
         expected = element_count(shape) * datatype.numpy_dtype.itemsize
-        if reference.byte_size != expected:
-            raise InvalidArgumentError(
-                f"input '{name}' in shared memory region '{reference.region}' has {reference.byte_size} "
-                f"bytes ({BYTE_SIZE}), but {element_count(shape)} {datatype} elements of shape "
-                f"{list(shape)} need {expected}"
+        if reference.byte_size != expected:  # Triton's words, then the region
+            raise RequestMismatchError(
+                f"input byte size mismatch for input '{name}' for model '{model}'. Expected {expected}, "
+                f"got {reference.byte_size} ({BYTE_SIZE} in shared memory region '{reference.region}'; "
+                f"{element_count(shape)} {datatype} elements of shape {list(shape)})"
             )
-    return array_from_bytes(buffer, datatype, shape, name)
+    return array_from_bytes(buffer, datatype, shape, name, model)
 
 
 def output_target(

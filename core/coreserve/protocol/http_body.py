@@ -85,7 +85,7 @@ class SharedMemoryInput:
     reference: SharedMemoryReference
 
     def read(self, binary: memoryview, regions: SharedMemoryRegions | None, model_name: str) -> np.ndarray:
-        return read_input(regions, self.reference, self.datatype, self.shape, self.name)
+        return read_input(regions, self.reference, self.datatype, self.shape, self.name, model_name)
 
 
 @dataclass(slots=True)
