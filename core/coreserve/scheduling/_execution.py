@@ -90,6 +90,7 @@ async def execute_batch(
                 responder.inputs_ready_ns,
                 responder.infer_done_ns,
                 end_ns,
+                computed=not statistics.ensemble,
             )
     return responder
 

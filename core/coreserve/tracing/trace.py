@@ -116,14 +116,24 @@ class RequestTrace:
             self.marks.append(("REQUEST_END", ns))
 
     def executed(
-        self, queued_ns: int, start_ns: int, inputs_ready_ns: int, infer_done_ns: int, end_ns: int
+        self,
+        queued_ns: int,
+        start_ns: int,
+        inputs_ready_ns: int,
+        infer_done_ns: int,
+        end_ns: int,
+        *,
+        computed: bool = True,
     ) -> None:
-        """Records the queue and compute phases, from the marks the statistics took."""
+        """Records the queue and compute phases, from the marks the statistics took; an
+        ensemble's request (not `computed`: its steps compute) has its queue phase only, as on
+        Triton."""
         self.marks.append(("QUEUE_START", queued_ns or start_ns))
-        self.marks.append(("COMPUTE_START", start_ns))
-        self.marks.append(("COMPUTE_INPUT_END", inputs_ready_ns or start_ns))
-        self.marks.append(("COMPUTE_OUTPUT_START", infer_done_ns or end_ns))
-        self.marks.append(("COMPUTE_END", end_ns))
+        if computed:
+            self.marks.append(("COMPUTE_START", start_ns))
+            self.marks.append(("COMPUTE_INPUT_END", inputs_ready_ns or start_ns))
+            self.marks.append(("COMPUTE_OUTPUT_START", infer_done_ns or end_ns))
+            self.marks.append(("COMPUTE_END", end_ns))
         self.computing = False
         if self.end_pending:
             self.marks.append(("REQUEST_END", max(self.end_pending, end_ns)))
