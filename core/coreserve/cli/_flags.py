@@ -23,6 +23,7 @@ from coreserve.cli._values import (
     non_negative_int,
     positive_int,
     positive_secs,
+    protocol_restriction,
     rate_limit_resource,
     restriction,
     stream_limit,
@@ -110,8 +111,8 @@ def serve_parser() -> argparse.ArgumentParser:
     flag("--http-restricted-api", type=restriction, action="append", default=[],
          metavar="CATEGORY[,CATEGORY]:KEY=VALUE",
          help="serve these API categories only to requests with the header KEY: VALUE (repeatable)")
-    flag("--grpc-restricted-protocol", "--grpc-restricted-api", dest="grpc_restricted_api", type=restriction,
-         action="append", default=[], metavar="CATEGORY[,CATEGORY]:KEY=VALUE",
+    flag("--grpc-restricted-protocol", "--grpc-restricted-api", dest="grpc_restricted_api",
+         type=protocol_restriction, action="append", default=[], metavar="CATEGORY[,CATEGORY]:KEY=VALUE",
          help="serve these API categories only to calls with the metadata triton-grpc-protocol-KEY: VALUE "
               "(repeatable)")
     for transport in ("http", "grpc"):
@@ -299,13 +300,16 @@ def parse_serve_args(argv: Sequence[str]) -> argparse.Namespace:
     ):
         if value and args.model_control_mode != ControlMode.EXPLICIT.value:
             parser.error(f"{name} needs --model-control-mode=explicit (got {args.model_control_mode})")
-    for name, restrictions in (("--http-restricted-api", args.http_restricted_api),
-                               ("--grpc-restricted-protocol", args.grpc_restricted_api)):  # fmt: skip
+    for name, feature, restrictions in (
+        ("--http-restricted-api", "api", args.http_restricted_api),
+        ("--grpc-restricted-protocol", "protocol", args.grpc_restricted_api),
+    ):
         named = [category for restriction in restrictions for category in restriction.categories]
         for category in sorted({category for category in named if named.count(category) > 1}):
             # Triton's words: each category has one key and value
             parser.error(
-                f"argument {name}: restricted api '{category}' can not be specified in multiple config groups"
+                f"argument {name}: restricted {feature} '{category}' can not be specified in multiple "
+                "config groups"
             )
     return args
 

@@ -108,8 +108,17 @@ def header_pattern(text: str) -> str:
 
 
 def restriction(text: str) -> Restriction:
+    """An --http-restricted-api value."""
     try:
         return parse_restriction(text)
+    except InvalidArgumentError as exc:
+        raise argparse.ArgumentTypeError(exc.message) from None
+
+
+def protocol_restriction(text: str) -> Restriction:
+    """A --grpc-restricted-protocol value."""
+    try:
+        return parse_restriction(text, "protocol")
     except InvalidArgumentError as exc:
         raise argparse.ArgumentTypeError(exc.message) from None
 

@@ -342,6 +342,19 @@ def test_the_values_tritonserver_lowercases_are_taken_in_any_case(flag: str, giv
             "argument --http-restricted-api: restricted api 'health' can not be specified in multiple config groups",
         ),
         (["--grpc-restricted-protocol=health:a="], "expected <category>[,<category>...]:<key>=<value>"),
+        # Triton's QA L0_grpc: a gRPC frontend's categories are "protocols" in Triton's words.
+        (
+            [
+                "--grpc-restricted-protocol=model-repository,health:k1=v1",
+                "--grpc-restricted-protocol=metadata,health:k2=v2",
+            ],
+            "restricted protocol 'health' can not be specified in multiple config groups",
+        ),
+        (
+            ["--grpc-restricted-protocol=model-reposit,health:k1=v1"],
+            "unknown restricted protocol 'model-reposit'",
+        ),
+        (["--http-restricted-api=helth:k1=v1"], "unknown restricted api 'helth'"),
     ],
 )
 def test_flags_triton_refuses_together_are_refused(

@@ -37,8 +37,9 @@ class Restriction:
     value: str
 
 
-def parse_restriction(text: str) -> Restriction:
-    """`<category>[,<category>…]:<key>=<value>`."""
+def parse_restriction(text: str, feature: str = "api") -> Restriction:
+    """`<category>[,<category>…]:<key>=<value>`; `feature` names the categories in Triton's
+    words: an HTTP "api", a gRPC "protocol"."""
     categories, colon, setting = text.partition(":")
     key, equals, value = setting.partition("=")
     names = frozenset(name.strip() for name in categories.split(",") if name.strip())
@@ -46,7 +47,9 @@ def parse_restriction(text: str) -> Restriction:
         raise InvalidArgumentError(f"expected <category>[,<category>...]:<key>=<value>, got '{text}'")
     unknown = sorted(names - set(CATEGORIES))
     if unknown:
-        raise InvalidArgumentError(f"unknown API categories {unknown}; known: {', '.join(CATEGORIES)}")
+        raise InvalidArgumentError(  # Triton's words, then the known ones
+            f"unknown restricted {feature} '{unknown[0]}'; known: {', '.join(CATEGORIES)}"
+        )
     return Restriction(names, key.strip().lower(), value)
 
 
