@@ -148,9 +148,16 @@ class Trace(Protocol):
         """Marks REQUEST_END: the request is answered."""
 
     def executed(
-        self, queued_ns: int, start_ns: int, inputs_ready_ns: int, infer_done_ns: int, end_ns: int
+        self,
+        queued_ns: int,
+        start_ns: int,
+        inputs_ready_ns: int,
+        infer_done_ns: int,
+        end_ns: int,
+        *,
+        computed: bool = True,
     ) -> None:
-        """Records the queue and compute phases."""
+        """Records the queue and compute phases (the queue's only, where not `computed`)."""
 
     def outputs(self, outputs: Mapping[str, np.ndarray]) -> None:
         """Records a response's output tensors, if the trace keeps tensors."""

@@ -111,18 +111,28 @@ async def run_warmups(version: ModelVersion, model_path: Path, instance_names: S
                 batches = [requests] if config.max_batch_size > 0 else [[request] for request in requests]
                 errors: list[str] = []
                 for batch in batches:
-                    sinks = [request.sink for request in batch]  # (the execution may wrap them)
-                    await execute_batch(
+                    sinks = {id(request): _sink_of(request) for request in batch}  # (execution wraps them)
+                    responder = await execute_batch(
                         instance, batch, version.signature, version.statistics, decoupled=scheduler.decoupled
                     )
-                    for sink in sinks:
-                        assert isinstance(sink, _WarmupSink)
+                    # What the instance handed back ends here (no queue takes it again): a request
+                    # it reschedules has run, and one it requeues (its process died) fails.
+                    for request in responder.rescheduled:
+                        sinks[id(request)].send(None, True)
+                    for request, error in responder.requeued:
+                        sinks[id(request)].fail(error)
+                    for sink in sinks.values():
                         await sink.future
                         errors += sink.errors
                 if errors:
                     raise ModelConfigError(
                         f"failed to run warmup sample '{warmup.name}': " + "".join(f"{e}; " for e in errors)
                     )
+
+
+def _sink_of(request: InferenceRequest) -> _WarmupSink:
+    assert isinstance(request.sink, _WarmupSink)  # (as _request made it)
+    return request.sink
 
 
 def _request(version: ModelVersion, warmup: ModelWarmup, model_path: Path) -> InferenceRequest:

@@ -138,7 +138,10 @@ class DynamicBatcher(Scheduler):
     def _enqueue(self, request: InferenceRequest) -> None:
         level = self._level_of(request)
         policy = self._policy(level)
-        if policy.max_queue_size and len(self._queues.get((level, 0), ())) >= policy.max_queue_size:
+        waiting = len(self._queues.get((level, 0), ())) + len(self._queues.get((level, 1), ()))
+        if (
+            policy.max_queue_size and waiting >= policy.max_queue_size
+        ):  # (its delayed ones count, as Triton's)
             # Triton's words first (core's PriorityQueue), then which queue. Not counted as a
             # failure: as on Triton, the request never got into the model.
             raise UnavailableError(
@@ -292,5 +295,5 @@ class DynamicBatcher(Scheduler):
             key = min(self._queues)
             queue = self._queues[key]
             while queue:
-                yield queue.popleft()
-            del self._queues[key]
+                yield queue.popleft()  # (a request failed meanwhile may have emptied and pruned it)
+            self._queues.pop(key, None)

@@ -382,6 +382,43 @@ def test_a_delayed_request_goes_behind_the_requests_of_its_level_that_did_not_ti
     run_scenario(scenario)
 
 
+def test_a_delayed_request_goes_before_the_next_levels_requests_as_in_triton() -> None:
+    async def scenario() -> None:
+        batcher, instance = _batcher(
+            "priority_levels: 2 default_priority_level: 2 priority_queue_policy { key: 1 value { "
+            "timeout_action: DELAY default_timeout_microseconds: 1000 } }"
+        )
+        log: Log = []
+        release = await _busy_with(batcher, instance, log)
+        batcher.submit(make_request("second_level", log, priority=2))
+        batcher.submit(make_request("first_level_late", log, priority=1))
+        await _after_timers_of(1000)
+        release.set()
+        await finish(batcher)
+        assert instance.batches == [["busy"], ["first_level_late", "second_level"]]
+
+    run_scenario(scenario)
+
+
+def test_delayed_requests_count_toward_their_levels_max_queue_size_as_in_triton() -> None:
+    async def scenario() -> None:
+        batcher, instance = _batcher(
+            "default_queue_policy { max_queue_size: 2 timeout_action: DELAY default_timeout_microseconds: 1000 }"
+        )
+        log: Log = []
+        release = await _busy_with(batcher, instance, log)
+        batcher.submit(make_request("a", log))
+        batcher.submit(make_request("b", log))
+        await _after_timers_of(1000)  # both delayed: they still hold the level's two places
+        with pytest.raises(UnavailableError, match="Exceeds maximum queue size"):
+            batcher.submit(make_request("c", log))
+        release.set()
+        await finish(batcher)
+        assert instance.batches == [["busy"], ["a", "b"]]
+
+    run_scenario(scenario)
+
+
 def test_a_request_delayed_by_its_timeout_lets_the_batch_behind_it_go_at_once() -> None:
     # Triton's QA test_priority_with_policy: rows 2, 1, 2 reach no preferred size; once the
     # row in the middle times out (DELAY), 2 and 2 make the preferred 4 and go at once.

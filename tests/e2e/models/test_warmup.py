@@ -126,6 +126,16 @@ class TritonPythonModel:
         for request in requests:
             request.get_response_sender().send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 """
+# Hands each request back to be run again (Triton's request rescheduling).
+RESCHEDULING = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            request.set_release_flags(pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
+"""
 IO = """
 backend: "python"
 input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
@@ -147,6 +157,11 @@ PYTHON_WARMUPS = {
         "[ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] } ] }" + SAMPLE % ("seq", 1, 1, ""),
     ),
     "silent": (SILENT, IO + "model_transaction_policy { decoupled: true }" + SAMPLE % ("quiet", 1, 1, "")),
+    # No queue takes back what the warmup's instance hands back: the run ends (it hung).
+    "rescheduling": (
+        RESCHEDULING,
+        IO + "model_transaction_policy { decoupled: true }" + SAMPLE % ("again", 1, 1, ""),
+    ),
     "failing": (
         COUNTING,
         IO
@@ -172,7 +187,7 @@ def test_each_instance_runs_each_sample_as_tritons_warmup_does(
         (folder / "1" / "model.py").write_text(code)
     server = coreserve_server(tmp_path, "--exit-on-error=false", "--log-verbose=1")
     with httpclient.InferenceServerClient(server.http_url) as client:
-        for name in ("batched", "sequence", "silent"):
+        for name in ("batched", "sequence", "silent", "rescheduling"):
             assert client.is_model_ready(name), name
         assert not client.is_model_ready("failing")
         (failing,) = [e for e in client.get_model_repository_index() if e["name"] == "failing"]
