@@ -38,7 +38,7 @@ def test_an_input_is_a_view_of_the_segment_not_a_copy(segment: shared_memory.Sha
     source = np.ndarray((16,), np.float32, buffer=segment.buf, offset=64 + 128)
     source[:] = np.arange(16, dtype=np.float32)
 
-    array = read_input(regions, SharedMemoryReference("in", 128, 64), DataType.FP32, (16,), "INPUT0")
+    array = read_input(regions, SharedMemoryReference("in", 128, 64), DataType.FP32, (16,), "INPUT0", "m")
 
     np.testing.assert_array_equal(array, np.arange(16, dtype=np.float32))
     assert not array.flags.writeable  # the model cannot scribble on the client's memory
@@ -51,7 +51,7 @@ def test_an_input_is_a_view_of_the_segment_not_a_copy(segment: shared_memory.Sha
 def test_a_view_outlives_the_unregistration_of_its_region(segment: shared_memory.SharedMemory) -> None:
     regions = SystemSharedMemory()
     regions.register("io", f"/{segment.name}", 0, 4096)
-    array = read_input(regions, SharedMemoryReference("io", 0, 64), DataType.INT32, (16,), "INPUT0")
+    array = read_input(regions, SharedMemoryReference("io", 0, 64), DataType.INT32, (16,), "INPUT0", "m")
     target = output_target(regions, SharedMemoryReference("io", 64, 64), "OUTPUT0")
 
     regions.unregister("io")  # a request still holds both: the mapping must stay
