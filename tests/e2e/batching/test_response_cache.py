@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
@@ -349,12 +350,14 @@ def test_metrics_as_tritons(server: ServerProcess, client: httpclient.InferenceS
     assert families["nv_cache_num_evictions"][()] >= 1  # the LRU test evicted
 
 
-def test_cache_families_have_tritons_names_types_labels_and_help(server: ServerProcess) -> None:
+def _families_as_tritons(server: ServerProcess, when: str) -> dict[str, Metric]:
+    """The server's metric families, after checking that those Triton writes `when` (see the
+    reference) are there with Triton's type, labels and HELP."""
     with urllib.request.urlopen(server.metrics_url, timeout=30) as response:
         families = {f.name: f for f in text_string_to_metric_families(response.read().decode())}
-    cache_families = [family for family in REFERENCE if family["when"] == "cache"]
-    assert len(cache_families) == 12
-    for reference in cache_families:
+    expected = [family for family in REFERENCE if family["when"] == when]
+    assert expected
+    for reference in expected:
         family = families[reference["name"]]
         labels = sorted({key for sample in family.samples for key in sample.labels})
         assert (family.type, labels, family.documentation) == (
@@ -362,6 +365,12 @@ def test_cache_families_have_tritons_names_types_labels_and_help(server: ServerP
             reference["labels"],
             reference["help"],
         ), reference["name"]
+    return families
+
+
+def test_cache_families_have_tritons_names_types_labels_and_help(server: ServerProcess) -> None:
+    families = _families_as_tritons(server, "cache")
+    assert len([name for name in families if name.startswith("nv_cache")]) == 12
 
 
 def test_cache_summaries_come_with_summary_latencies_as_tritons(
@@ -377,17 +386,9 @@ def test_cache_summaries_come_with_summary_latencies_as_tritons(
     with httpclient.InferenceServerClient(server.http_url) as client:
         for model in ("counter", "counter", "counter", "plain"):
             _infer(client, model, [7])
-    with urllib.request.urlopen(server.metrics_url, timeout=30) as response:
-        families = {f.name: f for f in text_string_to_metric_families(response.read().decode())}
-    for reference in [family for family in REFERENCE if family["when"] == "cache+summary_latencies"]:
-        family = families[reference["name"]]
-        labels = sorted({key for sample in family.samples for key in sample.labels})
-        assert (family.type, labels, family.documentation) == (
-            reference["type"],
-            reference["labels"],
-            reference["help"],
-        ), reference["name"]
-        assert {sample.labels["model"] for sample in family.samples} == {"counter"}
+    families = _families_as_tritons(server, "cache+summary_latencies")
+    for name in ("nv_cache_hit_summary_per_model", "nv_cache_miss_summary_per_model"):
+        assert {sample.labels["model"] for sample in families[name].samples} == {"counter"}
     counts = {
         family: {s.name: s.value for s in families[family].samples if not s.labels.get("quantile")}
         for family in ("nv_cache_hit_summary_per_model", "nv_cache_miss_summary_per_model")
