@@ -196,7 +196,11 @@ class Call:
             self.finish(self.status.code, self.status.details)
 
     def cancel(self, status: CallAborted | None) -> None:
-        """Stops the handler; `status`: the answer the client gets (None: it is gone)."""
+        """Stops the handler; `status`: the answer the client gets (None: it is gone).
+
+        The handler is cancelled once, as grpcio's server cancels it: the client's reset that
+        follows its deadline does not cut short the cleanup the deadline began (a cancelled
+        load closing the instances it created)."""
         if status is None:
             self.reset = True
             if self.deadline_timer is not None:
@@ -207,7 +211,8 @@ class Call:
             return
         if self.status is None:
             self.status = status
-        self.task.cancel()
+        if not self.task.cancelling():
+            self.task.cancel()
 
     async def _run(self) -> None:
         handler = self.handler

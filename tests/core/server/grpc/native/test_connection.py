@@ -250,10 +250,17 @@ class Session(NamedTuple):
     closed: list[Http2Connection]
 
 
-def _session(dataplane: DataPlane, settings: GrpcTransport, max_message: int = MAX_MESSAGE) -> Session:
-    """A new connection on the running loop, made as NativeGrpcFrontend makes one."""
+def _session(
+    dataplane: DataPlane,
+    settings: GrpcTransport,
+    max_message: int = MAX_MESSAGE,
+    extra: dict[str, grpc.RpcMethodHandler] | None = None,
+) -> Session:
+    """A new connection on the running loop, made as NativeGrpcFrontend makes one (with the
+    `extra` methods of a test's own beside the services')."""
     handlers = Handlers()
     add_services(handlers, dataplane, None, takes_pieces=True)
+    handlers.update(extra or {})
     closed: list[Http2Connection] = []
     connection = Http2Connection(handlers, max_message, settings, closed.append)
     transport = MemoryTransport()
@@ -267,8 +274,9 @@ async def _run(
     scenario: Callable[[Session], Awaitable[T]],
     settings: GrpcTransport | None = None,
     max_message: int = MAX_MESSAGE,
+    extra: dict[str, grpc.RpcMethodHandler] | None = None,
 ) -> T:
-    session = _session(dataplane, settings or GrpcTransport(), max_message)
+    session = _session(dataplane, settings or GrpcTransport(), max_message, extra)
     try:
         return await scenario(session)
     finally:
@@ -279,7 +287,8 @@ async def _run(
 
 @pytest.fixture
 def run(kit: InProcessServer) -> Callable[..., Any]:
-    """Runs a scenario with a new connection on the server's loop (`settings`: its transport's)."""
+    """Runs a scenario with a new connection on the server's loop (`settings`: its transport's;
+    `extra`: methods of the test's own, by path)."""
     assert kit.dataplane is not None
     dataplane = kit.dataplane
 
@@ -287,8 +296,9 @@ def run(kit: InProcessServer) -> Callable[..., Any]:
         scenario: Callable[[Session], Awaitable[T]],
         settings: GrpcTransport | None = None,
         max_message: int = MAX_MESSAGE,
+        extra: dict[str, grpc.RpcMethodHandler] | None = None,
     ) -> T:
-        return kit.run(_run(dataplane, scenario, settings, max_message))
+        return kit.run(_run(dataplane, scenario, settings, max_message, extra))
 
     return run
 
@@ -742,6 +752,39 @@ def test_a_reset_stream_ends_its_call_and_nothing_answers_it(run: Callable[..., 
     after, ended, next_call = run(scenario)
     assert (after, ended) == ([], True)
     assert [(item.kind, item.stream) for item in next_call] == [("HEADERS", 3), ("DATA", 3), ("HEADERS", 3)]
+
+
+def test_a_reset_after_the_deadline_does_not_cut_the_handlers_cleanup(run: Callable[..., Any]) -> None:
+    """The deadline cancels the handler; the client's reset, which follows its own deadline,
+    does not cancel it a second time while it cleans up (as grpcio's server). A load ended by
+    the deadline closes the instances it created: cut short, it left their Python stubs running."""
+    cleaning = asyncio.Event()
+    cleaned: list[str] = []
+
+    async def slow_to_stop(request: bytes, context: Any) -> bytes:
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            cleaning.set()
+            await asyncio.sleep(0.05)  # closing what it made
+            cleaned.append("all of it")
+            raise
+        return request
+
+    async def scenario(session: Session) -> list[Frame]:
+        client = await opened(session)
+        client.unary(1, "SlowToStop", b"", ("grpc-timeout", "20m"))
+        task = session.connection.calls[1].task
+        assert task is not None
+        await asyncio.wait_for(cleaning.wait(), 10)
+        client.send(frame(RST_STREAM, 0, 1, struct.pack(">I", 8)))  # CANCEL, at the client's deadline
+        await asyncio.wait([task])
+        return client.read()
+
+    handler = grpc.unary_unary_rpc_method_handler(slow_to_stop)
+    frames = run(scenario, extra={"/inference.GRPCInferenceService/SlowToStop": handler})
+    assert cleaned == ["all of it"]
+    assert frames == []  # the client is gone: nothing answers it
 
 
 def test_after_the_clients_goaway_new_streams_are_refused(run: Callable[..., Any]) -> None:
