@@ -365,15 +365,26 @@ async def _create_instances(
         await asyncio.wait(tasks)  # every one ends, whichever fail
         return [task.result() for task in tasks]
     except BaseException:
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.wait(tasks)
-        created += [task.result() for task in tasks if not task.cancelled() and task.exception() is None]
-        for instance in created:
-            with contextlib.suppress(Exception):
-                await instance.close()
+        # To its end even if the load is cancelled again meanwhile: cut short, it would leave
+        # the instances created running until the server stops.
+        closing = asyncio.ensure_future(_close_created(created, tasks))
+        while not closing.done():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(closing)
         raise
+
+
+async def _close_created(created: list[ModelInstance], tasks: list[asyncio.Task[ModelInstance]]) -> None:
+    """Closes the instances a failed or cancelled load created, those still being created first
+    stopped (a backend's create_instance closes what it began when it is cancelled)."""
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        await asyncio.wait(tasks)
+    created += [task.result() for task in tasks if not task.cancelled() and task.exception() is None]
+    for instance in created:
+        with contextlib.suppress(Exception):
+            await instance.close()
 
 
 def _grouped_placements(config: ModelConfig) -> list[tuple[ModelInstanceGroup, InstancePlacement]]:

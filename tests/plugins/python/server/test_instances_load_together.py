@@ -5,6 +5,9 @@ every instance has begun, which instances loaded one after another never do."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -12,7 +15,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from coreserve.testing import ServerFactory
+from coreserve.testing import InProcessServer, ServerFactory
 from support.waiting import wait_until
 
 MODEL = """
@@ -38,6 +41,8 @@ class TritonPythonModel:
             if time.monotonic() > deadline:
                 raise RuntimeError("the other instances did not begin while this one initialized")
             time.sleep(0.02)
+        (self.folder / "initialized").mkdir(exist_ok=True)
+        (self.folder / "initialized" / self.name).touch()
 
     def execute(self, requests):
         return [pb_utils.InferenceResponse([]) for _ in requests]
@@ -110,3 +115,38 @@ def test_a_load_cancelled_while_instances_load_leaves_no_stub_running(
         pids = [int(path.read_text() or 0) for path in (folder / "started").iterdir()]
         wait_until(lambda: not any(_running(pid) for pid in pids if pid), "every stub of the load ended", 20)
         assert not client.is_model_ready("together")
+
+
+async def _until(condition: Callable[[], bool], timeout: float = 30) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "the load did not get there in time"
+        await asyncio.sleep(0.02)
+
+
+def test_a_load_cancelled_again_while_it_closes_its_instances_still_closes_them(folder: Path) -> None:
+    """A second cancellation that comes while a cancelled load closes the instances it created
+    (a frontend that cancels once more, a server stopping) does not leave their stubs running."""
+    (folder / "slow").touch()
+    server = InProcessServer(folder.parent).start()
+    assert server.dataplane is not None
+    dataplane, started, initialized = server.dataplane, folder / "started", folder / "initialized"
+
+    async def load_cancelled_twice() -> None:
+        load = asyncio.ensure_future(dataplane.load_model("together", {}))
+        await _until(lambda: initialized.is_dir() and len(list(initialized.iterdir())) == 2)
+        await asyncio.sleep(0.5)  # instances 0 and 1 created (their replies read); 2 sleeps on
+        load.cancel()
+        slow = int((started / "together_0_2").read_text())
+        await _until(lambda: not _running(slow))  # the cancelled load now closes instances 0 and 1
+        load.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await load
+
+    try:
+        server.run(load_cancelled_twice())
+        pids = [int(path.read_text()) for path in started.iterdir()]
+        wait_until(lambda: not any(_running(pid) for pid in pids), "every stub of the load ended", 20)
+        assert server.state("together")[0] != "READY"
+    finally:
+        server.stop()
