@@ -34,13 +34,24 @@ def wait_until(condition: Callable[[], T], what: str, timeout: float = 60.0, int
         time.sleep(interval)
 
 
-def pending_requests(metrics_url: str, model: str, version: str = "1") -> int:
-    """A model's requests queued or executing, as the server reports them
-    (`nv_inference_pending_request_count`): what a test waits on before it acts on requests
-    in flight."""
+PENDING = "nv_inference_pending_request_count"  # Triton's: not yet begun by an instance
+EXECUTING = "coreserve_inference_executing_request_count"  # ours: begun, not yet done
+
+
+def model_gauges(metrics_url: str, model: str, *families: str, version: str = "1") -> list[int]:
+    """The values of a model version's gauges `families`, read from one scrape."""
     with urllib.request.urlopen(metrics_url, timeout=30) as answer:
         text = answer.read().decode()
-    labels = f'{{model="{model}",version="{version}"}}'
-    found = re.search(rf"^nv_inference_pending_request_count{re.escape(labels)} (\d+)$", text, re.MULTILINE)
-    assert found, f"no pending request count for {model} {version}:\n{text}"
-    return int(found.group(1))
+    labels = re.escape(f'{{model="{model}",version="{version}"}}')
+    values = []
+    for family in families:
+        found = re.search(rf"^{family}{labels} (\d+)$", text, re.MULTILINE)
+        assert found, f"no {family} for {model} {version}:\n{text}"
+        values.append(int(found.group(1)))
+    return values
+
+
+def requests_in(metrics_url: str, model: str, version: str = "1") -> int:
+    """A model's requests queued or executing, as the server reports them: what a test waits
+    on before it acts on requests in flight."""
+    return sum(model_gauges(metrics_url, model, PENDING, EXECUTING, version=version))

@@ -109,8 +109,8 @@ class ServerActivity(Protocol):
     """How busy the server is; call its methods on the event loop."""
 
     def pending_requests(self) -> int:
-        """Requests queued or executing in the whole server (Triton's pending request count,
-        summed over the models): 1 inside an execution means it is all the server has to do."""
+        """Requests queued or executing in the whole server (Triton's pending request count
+        leaves out those executing): 1 inside an execution means it is all the server has to do."""
         ...
 
     def frontend_reads(self) -> int:
@@ -156,6 +156,9 @@ class ModelInstance(Protocol):
       order), says how many it may hold. The scheduler hands them ahead only where batches
       need not form while the instance is busy (no dynamic or sequence batching, no rate
       limiter): the process then finds its next batch waiting instead of being woken for it.
+    - `unstarted_requests: int`: such an instance says how many of the requests handed to it
+      it has not begun: they still count as pending (`nv_inference_pending_request_count`, as
+      on Triton, counts a request until an instance begins executing it). Read per scrape.
     - `failure: str | None`: an instance that can lose its ability to serve after it loaded
       (a worker process that died and cannot be restarted) sets it to the reason, and back
       to None once it can serve again. While an instance of a version has a failure, the

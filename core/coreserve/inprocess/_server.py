@@ -181,10 +181,8 @@ class Server:
         return self._started().dataplane.server_metadata()
 
     def pending_requests(self) -> int:
-        """Requests queued or executing in every model: what an autoscaler watches.
-
-        The sum of the `nv_inference_pending_request_count` metric over the models.
-        """
+        """Requests queued or executing in every model: what an autoscaler watches (the
+        metric `nv_inference_pending_request_count` counts those queued, as Triton's does)."""
         return int(self._run(_call(self._started().dataplane.pending_requests)))
 
     def http_bridge(self) -> HttpBridge:

@@ -165,7 +165,7 @@ class Model:
 
     def in_flight(self) -> int:
         """Requests queued or executing in its versions."""
-        return sum(v.scheduler.pending for v in self.versions.values() if v.scheduler is not None)
+        return sum(v.scheduler.in_flight for v in self.versions.values() if v.scheduler is not None)
 
     @property
     def state(self) -> ModelState:

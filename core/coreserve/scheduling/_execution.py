@@ -1,7 +1,9 @@
-"""Running one batch on one instance, with the guarantees the core gives every backend."""
+"""Running one batch on one instance, with the guarantees the core gives every backend; closing
+the instances of a version within a time."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Sequence
 from functools import partial
@@ -16,6 +18,8 @@ from coreserve.scheduling.statistics import ExecutionTiming, ModelStatistics
 from coreserve.types import InferenceRequest, InferenceResponse, ResponseSink, now_ns
 
 logger = logging.getLogger(__name__)
+# How long an instance whose close was cancelled gets to release what it holds (kill workers).
+CANCELLED_CLOSE_GRACE_S = 10.0
 
 
 async def execute_batch(
@@ -123,3 +127,26 @@ class FirstResponseTimer(ForwardingSink):
             self._timed = True
             self._statistics.record_first_response(now_ns() - self._received_ns)
         self._target.send(response, final)
+
+
+async def close_instances(instances: Sequence[ModelInstance], timeout: float | None, model_name: str) -> bool:
+    """Closes instances side by side; cancels the closes still running after `timeout` s.
+    Returns whether none had to be."""
+    closes = [asyncio.create_task(instance.close()) for instance in instances]
+    if not closes:
+        return True
+    await asyncio.sleep(0)  # every close has begun, so a cancellation reaches its cleanup
+    _, late = await asyncio.wait(closes, timeout=timeout)
+    if late:
+        logger.warning(
+            "model '%s': %d instances did not close within the exit timeout; cancelling them",
+            model_name,
+            len(late),
+        )
+        for task in late:
+            task.cancel()
+        await asyncio.wait(late, timeout=CANCELLED_CLOSE_GRACE_S)
+    for task in closes:
+        if task.done() and not task.cancelled() and task.exception() is not None:
+            logger.error("model '%s': closing an instance failed", model_name, exc_info=task.exception())
+    return not late

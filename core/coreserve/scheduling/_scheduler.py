@@ -19,7 +19,7 @@ from coreserve.backend.api import ModelInstance
 from coreserve.backend.responder import Responder
 from coreserve.config.signature import ModelSignature
 from coreserve.errors import CancelledError, CoreserveError, InternalError, UnavailableError
-from coreserve.scheduling._execution import execute_batch
+from coreserve.scheduling._execution import close_instances, execute_batch
 from coreserve.scheduling._ordering import OrderedRelease, unhold
 from coreserve.scheduling._stream_outcome import OpenStreams
 from coreserve.scheduling.cache.responses import ModelResponseCache
@@ -33,9 +33,6 @@ RESCHEDULE_REFUSED = (
     "Request is released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, while the model is not "
     "configured to handle such a flag."
 )
-# How long an instance whose close was cancelled gets to release what it holds (kill workers).
-CANCELLED_CLOSE_GRACE_S = 10.0
-
 
 STOPPING_TEXT = "Server is stopping, scheduler for model has stopped accepting new inference requests"
 
@@ -118,8 +115,23 @@ class Scheduler:
 
     @property
     def pending(self) -> int:
-        """Requests queued or executing: Triton's pending request count."""
-        return self.queue_size + self._executing
+        """Requests that wait to execute: Triton's pending request count, which a request
+        leaves as an instance begins executing it."""
+        return self.queue_size + self._not_begun()
+
+    @property
+    def executing(self) -> int:
+        return self._executing - self._not_begun()
+
+    def _not_begun(self) -> int:
+        """Requests taken off the queue that no instance has begun: waiting for the rate
+        limiter, or handed ahead to an instance (its optional `unstarted_requests`)."""
+        ahead = sum(getattr(instance, "unstarted_requests", 0) for instance in self.instances)
+        return sum(slot.waiting for slot in self._slots.values()) + ahead
+
+    @property
+    def in_flight(self) -> int:
+        return self.queue_size + self._executing  # pending or executing
 
     def start(self) -> None:
         self._idle.set()
@@ -326,7 +338,7 @@ class Scheduler:
         if limiter is None:
             responder = await self._execute_batch(instance, batch)
         else:
-            async with limiter.turn(self._slots[id(instance)]):
+            async with limiter.turn(self._slots[id(instance)], len(batch)):
                 responder = await self._execute_batch(instance, batch)
         if responder.rescheduled:
             self._take_back(responder.rescheduled)
@@ -384,7 +396,7 @@ class Scheduler:
         self._send_what_waits()
         if self.response_cache is not None:
             self.response_cache.close()  # its answers go with it (unload, or a reload's new files)
-        if self.pending or self._busy:
+        if self.in_flight or self._busy:
             try:
                 await asyncio.wait_for(self._idle.wait(), timeout)
             except TimeoutError:
@@ -425,26 +437,3 @@ def insert_by_age(queue: deque[InferenceRequest], request: InferenceRequest) -> 
     """Inserts `request` into `queue` (oldest first) behind every request queued before it."""
     younger = (position for position, queued in enumerate(queue) if queued.queued_ns > request.queued_ns)
     queue.insert(next(younger, len(queue)), request)
-
-
-async def close_instances(instances: Sequence[ModelInstance], timeout: float | None, model_name: str) -> bool:
-    """Closes instances side by side; cancels the closes still running after `timeout` s.
-    Returns whether none had to be."""
-    closes = [asyncio.create_task(instance.close()) for instance in instances]
-    if not closes:
-        return True
-    await asyncio.sleep(0)  # every close has begun, so a cancellation reaches its cleanup
-    _, late = await asyncio.wait(closes, timeout=timeout)
-    if late:
-        logger.warning(
-            "model '%s': %d instances did not close within the exit timeout; cancelling them",
-            model_name,
-            len(late),
-        )
-        for task in late:
-            task.cancel()
-        await asyncio.wait(late, timeout=CANCELLED_CLOSE_GRACE_S)
-    for task in closes:
-        if task.done() and not task.cancelled() and task.exception() is not None:
-            logger.error("model '%s': closing an instance failed", model_name, exc_info=task.exception())
-    return not late

@@ -81,6 +81,7 @@ class InstanceSlot:
     priority: int  # rate_limiter.priority; 0 counts as 1, as in Triton
     tier: int  # from the model's optimization.priority
     exec_count: int = 0
+    waiting: int = 0  # requests in batches waiting for this instance's turn (still pending)
     _waiter: asyncio.Future[None] | None = field(default=None, repr=False)
 
     @property
@@ -143,9 +144,14 @@ class RateLimiter:
         return {place: dict(counts) for place, counts in self._limits.items()}
 
     @asynccontextmanager
-    async def turn(self, slot: InstanceSlot) -> AsyncIterator[None]:
-        """Waits until `slot` may execute and holds its resources while it does."""
-        await self._acquire(slot)
+    async def turn(self, slot: InstanceSlot, requests: int = 1) -> AsyncIterator[None]:
+        """Waits until `slot` may execute a batch of `requests` (counted in its `waiting`
+        meanwhile) and holds its resources while it does."""
+        slot.waiting += requests
+        try:
+            await self._acquire(slot)
+        finally:
+            slot.waiting -= requests
         try:
             yield
         finally:

@@ -379,13 +379,9 @@ class DataPlane:
         return sink
 
     def pending_requests(self) -> int:
-        """Requests queued or executing in every model version: Triton's pending count, summed."""
-        return sum(
-            version.scheduler.pending
-            for model in self.repository.models_unordered()
-            for version in model.versions.values()
-            if version.scheduler is not None
-        )
+        """Requests queued or executing in every model version (more than Triton's pending
+        count, which leaves out those executing)."""
+        return sum(model.in_flight() for model in self.repository.models_unordered())
 
     def frontend_reads(self) -> int:
         """How many times the HTTP and gRPC frontends have read a client's bytes (ServerActivity)."""

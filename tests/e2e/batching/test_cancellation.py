@@ -30,7 +30,7 @@ from tritonclient.utils import InferenceServerException
 
 from coreserve.testing import ServerProcess
 from support.paths import CANCELLATION_MODELS
-from support.waiting import wait_until
+from support.waiting import requests_in, wait_until
 
 MODELS = CANCELLATION_MODELS
 CLIENTS = 50
@@ -77,7 +77,7 @@ def _metric(server: ServerProcess, name: str, **labels: str) -> float:
 
 
 def _idle(server: ServerProcess, model: str) -> bool:
-    return _metric(server, "nv_inference_pending_request_count", model=model, version="1") == 0
+    return requests_in(server.metrics_url, model) == 0
 
 
 def _sleepy_serves(server: ServerProcess) -> None:
@@ -358,14 +358,10 @@ def test_cancelling_the_running_request_of_a_sequence_cancels_its_waiting_ones(
     waiting = 5
     for _ in range(waiting):
         sequence_calls.send(1)
-    wait_until(
-        lambda: (
-            _metric(server, "nv_inference_pending_request_count", model="sleepy_sequence", version="1")
-            == 1 + waiting
-        ),
-        "the requests of sequence 1 wait",
-        20,
-    )
+    wait_until(lambda: requests_in(server.metrics_url, "sleepy_sequence") == 1 + waiting, "they wait", 20)
+    # As on Triton, the pending count holds those waiting, not the one executing.
+    gauges = ("nv_inference_pending_request_count", "coreserve_inference_executing_request_count")
+    assert [_metric(server, name, model="sleepy_sequence", version="1") for name in gauges] == [waiting, 1]
     running.cancel()  # sleepy sees is_cancelled() and stops; its sequence's waiting requests go
     outcomes = sequence_calls.wait(1 + waiting)
     assert outcomes.count("StatusCode.CANCELLED") == 1 + waiting, outcomes

@@ -21,7 +21,7 @@ from tritonclient.utils import InferenceServerException
 
 from coreserve.testing import ServerFactory, ServerProcess
 from support.model_builders import add_sub_model, write_model
-from support.waiting import pending_requests, wait_until
+from support.waiting import requests_in, wait_until
 
 ADD_SUB = """
 backend: "onnxruntime"
@@ -192,7 +192,7 @@ def _run_in_order(server: ServerProcess, calls: list[Callable[[], object]]) -> t
             held = sum(not earlier.done() for earlier in futures)
             wait_until(
                 lambda future=future, held=held: (
-                    future.done() or pending_requests(server.metrics_url, "echo") >= held
+                    future.done() or requests_in(server.metrics_url, "echo") >= held
                 ),
                 f"the server holds call {index}",
             )
@@ -291,7 +291,7 @@ def test_timeouts_reject_or_delay(
         "priority_queue_policy { key: 3 value { default_timeout_microseconds: 60000000 allow_timeout_override: true } }"
     )
     server = _echo_server(coreserve_server, tmp_path, echo_backend_site, batching)
-    pending = partial(pending_requests, server.metrics_url, "echo")
+    pending = partial(requests_in, server.metrics_url, "echo")
     with ThreadPoolExecutor(5) as pool:
         first = pool.submit(_echo, server, 0, delay_ms=3000)  # executes at once, for seconds
         wait_until(lambda: pending() == 1, "the first request is in")
@@ -332,7 +332,7 @@ def test_preserve_ordering(
     # exactly.
     with ThreadPoolExecutor(2) as pool:
         first = pool.submit(_echo, server, 0, delay_ms=2000)
-        wait_until(lambda: pending_requests(server.metrics_url, "echo") == 1, "the first request is in")
+        wait_until(lambda: requests_in(server.metrics_url, "echo") == 1, "the first request is in")
         second = pool.submit(_echo, server, 1)
         if preserve:
             wait_until(lambda: _statistics(server, "echo")["execution_count"] == 1, "the second request ran")
@@ -365,7 +365,7 @@ def test_a_cancelled_request_leaves_the_rest_of_its_batch_their_answers(
         filename="model.echo",
     )
     server = coreserve_server(tmp_path, f"--grpc-server={grpc_server}", env=_env(echo_backend_site))
-    pending = partial(pending_requests, server.metrics_url, "echo")
+    pending = partial(requests_in, server.metrics_url, "echo")
     client = grpcclient.InferenceServerClient(server.grpc_url)
     answers: dict[int, object] = {}
     done = threading.Semaphore(0)

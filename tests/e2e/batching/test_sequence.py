@@ -16,7 +16,7 @@ from tritonclient.utils import InferenceServerException
 
 from coreserve.testing import ServerFactory, ServerProcess
 from support.model_builders import accumulator_model, write_model
-from support.waiting import pending_requests, wait_until
+from support.waiting import requests_in, wait_until
 
 ACCUMULATOR = """
 backend: "onnxruntime"
@@ -179,7 +179,7 @@ def test_sequences_beyond_the_slots_wait_then_give_up(
     with ThreadPoolExecutor(2) as pool:
         # Sequence 2 waits for the slot while sequence 1 is active; it gets the slot when 1 ends.
         waiting = pool.submit(_step_alone, server, 2, 5, start=True)
-        wait_until(lambda: pending_requests(server.metrics_url, "accumulator") == 1, "sequence 2 is in")
+        wait_until(lambda: requests_in(server.metrics_url, "accumulator") == 1, "sequence 2 is in")
         assert not waiting.done()
         assert _step_alone(server, 1, 1, end=True)[0] == 2
         assert waiting.result(timeout=30) == (5, 2)
@@ -226,7 +226,7 @@ def test_a_batch_waits_for_more_sequences_up_to_the_queue_delay(
     with ThreadPoolExecutor(2) as pool:
         # A sequence alone waits in the queue for another, unexecuted...
         first = pool.submit(_step_alone, server, 1, 1, "held", start=True, end=True)
-        wait_until(lambda: pending_requests(server.metrics_url, "held") == 1, "sequence 1 waits")
+        wait_until(lambda: requests_in(server.metrics_url, "held") == 1, "sequence 1 waits")
         assert _statistics(server, "held")["execution_count"] == 0
         assert not first.done()
         # ...and one that comes within the delay joins it: one execution of both.
@@ -292,7 +292,7 @@ def test_oldest_preserve_ordering_holds_later_responses(
     # release exactly.
     with ThreadPoolExecutor(2) as pool:
         slow = pool.submit(step, 1, delay_ms=2000)
-        wait_until(lambda: pending_requests(server.metrics_url, "echo") == 1, "the first sequence is in")
+        wait_until(lambda: requests_in(server.metrics_url, "echo") == 1, "the first sequence is in")
         fast = pool.submit(step, 2)
         if preserve:
             wait_until(lambda: executions() == 1, "the second sequence ran")

@@ -21,7 +21,7 @@ from tritonclient.utils import InferenceServerException
 
 from coreserve.testing import ServerFactory, ServerProcess
 from support.model_builders import add_sub_model, scale_model, write_model
-from support.waiting import pending_requests, wait_until
+from support.waiting import requests_in, wait_until
 
 ClientFactory = Callable[[ServerProcess], httpclient.InferenceServerClient]
 
@@ -214,7 +214,7 @@ def test_instances_run_requests_in_parallel(
     # order the answers came in, not by how long they took.
     with ThreadPoolExecutor(3) as pool:
         long = pool.submit(call, 4, 2000 if count == 1 else 5000)
-        wait_until(lambda: pending_requests(server.metrics_url, "slow") == 1, "the long request is in")
+        wait_until(lambda: requests_in(server.metrics_url, "slow") == 1, "the long request is in")
         short = [pool.submit(call, value) for value in (5, 6)]
         if count == 1:
             assert short[0].result(timeout=60) == 5
@@ -330,7 +330,7 @@ def test_sigterm_lets_requests_in_flight_finish(
     assert server.process is not None
     with ThreadPoolExecutor(2) as pool:
         in_flight = [pool.submit(_echo_once, server, value) for value in (1, 2)]
-        wait_until(lambda: pending_requests(server.metrics_url, "slow") == 2, "both requests are in")
+        wait_until(lambda: requests_in(server.metrics_url, "slow") == 2, "both requests are in")
         server.process.send_signal(signal.SIGTERM)
         assert [future.result(timeout=30) for future in in_flight] == [1, 2]
     assert server.wait(timeout=30) == 0
@@ -386,9 +386,7 @@ def _stream_through_a_stop(server: ServerProcess, requests: list[dict[str, Any]]
             tensor.set_data_from_numpy(np.array([value], np.int32))
             client.async_stream_infer("slow", [tensor], **arguments)
             if value == 1:
-                wait_until(
-                    lambda: pending_requests(server.metrics_url, "slow") == 1, "the first request runs"
-                )
+                wait_until(lambda: requests_in(server.metrics_url, "slow") == 1, "the first request runs")
                 server.process.send_signal(signal.SIGTERM)
                 wait_until(lambda: "signal received; stopping" in server.log, "the stop began", 10)
         return [answers.get(timeout=30) for _ in requests]
@@ -419,7 +417,7 @@ def test_the_requests_a_running_request_makes_are_taken_during_the_stop(
     assert server.process is not None
     with ThreadPoolExecutor(1) as pool:
         answer = pool.submit(_echo_once, server, 7, "twice")
-        wait_until(lambda: pending_requests(server.metrics_url, "slow") == 1, "the first step runs")
+        wait_until(lambda: requests_in(server.metrics_url, "slow") == 1, "the first step runs")
         server.process.send_signal(signal.SIGTERM)
         assert answer.result(timeout=30) == 7
     assert server.wait(timeout=30) == 0
@@ -436,7 +434,7 @@ def test_exit_timeout_bounds_the_wait(
     assert server.process is not None
     with ThreadPoolExecutor(1) as pool:
         stuck = pool.submit(_echo_once, server, 1)
-        wait_until(lambda: pending_requests(server.metrics_url, "slow") == 1, "the request is in")
+        wait_until(lambda: requests_in(server.metrics_url, "slow") == 1, "the request is in")
         server.process.send_signal(signal.SIGTERM)
         assert server.wait(timeout=60) == 1  # as Triton: an exit timeout that cut work is a failure
         assert "HTTP: 1 requests still running after 1.0s; closing" in server.log

@@ -149,7 +149,10 @@ def test_default_scrape_has_tritons_default_families(default_server: ServerProce
     families = _families(_scrape(default_server))
     # Triton's defaults: counts and latency counters, no summaries, no histograms.
     _assert_tritons(families, _by_default())
-    assert not [name for name in families if name.startswith("coreserve_")]
+    # Of ours, only the executing requests (beside Triton's pending ones).
+    assert [name for name in families if name.startswith("coreserve_")] == [
+        "coreserve_inference_executing_request_count"
+    ]
     reasons = {s.labels["reason"] for s in families["nv_inference_request_failure"].samples}
     assert reasons == {"REJECTED", "CANCELED", "BACKEND", "OTHER"}
 

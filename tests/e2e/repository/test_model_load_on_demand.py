@@ -22,7 +22,7 @@ from tritonclient.utils import InferenceServerException
 
 from coreserve.testing import ServerFactory, ServerProcess
 from support.model_builders import scale_model, write_bls_model, write_model
-from support.waiting import wait_until
+from support.waiting import requests_in, wait_until
 
 SCALE = """
 backend: "onnxruntime"
@@ -330,8 +330,7 @@ def test_no_model_is_loaded_on_demand_once_the_stop_began(
             tensor.set_data_from_numpy(np.ones((1, 4), np.float32))
             client.async_stream_infer(model, [tensor])
             if model == "lingering":
-                wait_until(lambda: _sample(_metrics(server), "nv_inference_pending_request_count",
-                                           '{model="lingering",version="1"}') == 1, "it runs")  # fmt: skip
+                wait_until(lambda: requests_in(server.metrics_url, "lingering") == 1, "it runs")
                 server.process.send_signal(signal.SIGTERM)
                 wait_until(lambda: "signal received; stopping" in server.log, "the stop began", 10)
         (taken, none), (nothing, refused) = sorted(

@@ -41,7 +41,7 @@ from support.servers.worker_servers import (
     worker_pids,
     write_repository,
 )
-from support.waiting import pending_requests, wait_until
+from support.waiting import requests_in, wait_until
 
 # Triton's refusal of a new sequence once the server stops.
 STOPPING = "Server is stopping, scheduler for model has stopped accepting new inference requests"
@@ -323,7 +323,7 @@ def test_worker_0_stopping_serves_the_requests_another_worker_took_from_its_clie
         outcomes.put("ok" if error is None else str(error.message()))
 
     def stop_worker_0() -> None:  # while it runs the first
-        wait_until(lambda: pending_requests(server.metrics_url, "sleepy_sequence") == 1, "running")
+        wait_until(lambda: requests_in(server.metrics_url, "sleepy_sequence") == 1, "running")
         os.kill(worker_0, signal.SIGTERM)
         wait_until(lambda: "signal received; stopping" in server.log, "worker 0 stopping")
 

@@ -174,6 +174,13 @@ def render_model_metrics(repository: ModelRepository, latency: LatencyOptions | 
         (f"nv_inference_pending_request_count{labels} {v.scheduler.pending if v.scheduler else 0}"
          for v, labels in ids),
     )  # fmt: skip
+    add(  # ours: with the pending count, every request in the model
+        "coreserve_inference_executing_request_count",
+        "gauge",
+        "Instantaneous number of requests an instance executes per-model.",
+        (f"coreserve_inference_executing_request_count{labels} {v.scheduler.executing if v.scheduler else 0}"
+         for v, labels in ids),
+    )  # fmt: skip
     add(
         "nv_model_load_duration_secs",
         "gauge",

@@ -262,6 +262,15 @@ class PythonInstance:
             if self._open.close(key) is not None:
                 responder.send_error(request, error)
 
+    @property
+    def unstarted_requests(self) -> int:
+        """Requests handed ahead to the stub that it has not begun (see ModelInstance)."""
+        process = self._process
+        if process is None:
+            return 0
+        started = process.started_up_to()
+        return sum(1 for key, _ in self._open.entries() if key > started)
+
     def _not_started(self) -> InternalError:
         """The error of a request the stub died before it ran, where it cannot be queued again."""
         return InternalError(

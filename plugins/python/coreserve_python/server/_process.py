@@ -163,6 +163,10 @@ class StubProcess:
         self._reader_task = asyncio.create_task(self._read(connection), name=f"{self.name}:stub-reader")
         self.fileno = ours.fileno()
 
+    def started_up_to(self) -> int:
+        """The key of the last request the stub started, read now (NONE_STARTED before its first)."""
+        return self._start_mark.last_started() if self._start_mark is not None else self.last_started_key
+
     @property
     def start_mark_path(self) -> str:
         """Where the stub maps its start mark (the init message says it); see ipc/_start_mark.py."""

@@ -287,7 +287,7 @@ def test_closing_lets_running_and_waiting_sequences_finish_then_closes_the_insta
         await settle()
         batcher.submit(_step("a2", log, 1, end=True))
         batcher.submit(_step("b1", log, 2, start=True, end=True))  # waits for the one slot
-        assert (batcher.queue_size, batcher.pending) == (2, 3)  # a1 executes
+        assert (batcher.queue_size, batcher.pending, batcher.executing) == (2, 2, 1)  # a1 executes
         closing = asyncio.create_task(batcher.close(timeout=30))
         await settle()
         assert not closing.done() and not instance.closed and log == []

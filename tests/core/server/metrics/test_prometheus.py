@@ -234,10 +234,12 @@ def test_the_default_scrape_has_tritons_families_in_tritons_order(server: corese
     parsed = list(text_string_to_metric_families(text))
     ours = [(family.name, family.type) for family in parsed if family.name.startswith("nv_")]
     assert ours == MODEL_FAMILIES + CPU_FAMILIES
-    # The rest are prometheus-client's process and Python collectors: no name of Triton's.
-    assert {family.name.split("_")[0] for family in parsed if not family.name.startswith("nv_")} == {
-        "process",
-        "python",
+    # The rest are prometheus-client's process and Python collectors and our executing requests
+    # (beside the pending ones): no name of Triton's.
+    rest = {family.name for family in parsed if not family.name.startswith("nv_")}
+    assert {name.split("_")[0] for name in rest} == {"coreserve", "process", "python"}
+    assert {name for name in rest if name.startswith("coreserve")} == {
+        "coreserve_inference_executing_request_count"
     }
     for family in parsed:
         if family.name in REFERENCE:
@@ -349,12 +351,13 @@ def test_a_decoupled_models_failures_pending_and_cancellations(
     assert count_down(server, 3) == [3, 2, 1]
     with pytest.raises(InvalidArgumentError, match="N must not be negative, not -1"):
         count_down(server, -1)  # fails in the backend: reason BACKEND
-    # Held after its first response: pending (executing) until released.
+    # Held after its first response: executing until released, and no longer pending (as on
+    # Triton, a request leaves the pending count as an instance begins executing it).
     held = count.hold("held")
     responses = server.model("count").stream({"N": np.array([2], np.int32)}, request_id="held")
     assert int(next(responses).outputs["VALUE"][0]) == 2
     assert held.wait(60)
-    pending_while_held = value(server.metrics(), "nv_inference_pending_request_count", **labels)
+    while_held = server.metrics()
     count.release("held")
     assert [int(r.outputs["VALUE"][0]) for r in responses] == [1]
     # Held again and left: leaving a stream early cancels its request (reason CANCELED).
@@ -368,8 +371,9 @@ def test_a_decoupled_models_failures_pending_and_cancellations(
     def delta(name: str, **extra: str) -> float:
         return value(after, name, **labels, **extra) - value(before, name, **labels, **extra)
 
-    assert pending_while_held == 1
-    assert value(after, "nv_inference_pending_request_count", **labels) == 0
+    gauges = ("nv_inference_pending_request_count", "coreserve_inference_executing_request_count")
+    assert [value(while_held, name, **labels) for name in gauges] == [0, 1]
+    assert [value(after, name, **labels) for name in gauges] == [0, 0]
     assert [delta("nv_inference_request_failure", reason=why) for why in FAILURE_ORDER] == [0, 1, 1, 0]
     assert delta("nv_inference_request_success") == 3  # count_down(3), "held", count_down(1)
     assert delta("nv_inference_exec_count") == 5  # every request the instance was given
@@ -394,6 +398,7 @@ def test_summaries_and_histograms_replace_the_latency_counters_when_asked(
         **{name: "summary" for name in SUMMARIES},
         FIRST_RESPONSE: "histogram",
         **{name: "histogram" for name in OWN_HISTOGRAMS},
+        "coreserve_inference_executing_request_count": "gauge",
     }
     for name in [*SUMMARIES, FIRST_RESPONSE]:
         assert parsed[name].documentation == REFERENCE[name]["help"], name

@@ -23,7 +23,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from coreserve.testing import ServerProcess
-from support.waiting import pending_requests, wait_until
+from support.waiting import EXECUTING, PENDING, model_gauges, requests_in, wait_until
 
 # Each execution sleeps IN[0] milliseconds, notes (in the file its parameter names) when it
 # ran, its request's id and whether it was cancelled, and answers its stub's process id. A
@@ -133,7 +133,9 @@ def test_executions_run_one_at_a_time_and_waiting_counts_as_queue_time(
         wait_until(lambda: _held(repository, model, f"{model}-0"), "the first request runs")
         rest = [pool.submit(_call, process, model, f"{model}-{n}", 200) for n in (1, 2, 3)]
         # The three others have reached the server (its queue, or the stub behind the first):
-        wait_until(lambda: pending_requests(process.metrics_url, model) == 4, "four requests pending")
+        wait_until(lambda: requests_in(process.metrics_url, model) == 4, "four requests in")
+        # As on Triton, those the stub has not begun are pending, handed ahead to it or not.
+        assert model_gauges(process.metrics_url, model, PENDING, EXECUTING) == [3, 1]
         all_queued = time.monotonic()
         release.touch()
         pids = [first.result(timeout=60), *(call.result(timeout=60) for call in rest)]

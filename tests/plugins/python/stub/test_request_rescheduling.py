@@ -20,7 +20,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from coreserve.testing import ServerProcess
-from support.waiting import pending_requests, wait_until
+from support.waiting import requests_in, wait_until
 
 # The documentation's decoupled example: IN responses counting down to 0, one per execution.
 DECOUPLED_MODEL = """
@@ -298,7 +298,7 @@ def test_a_handed_back_request_whose_client_leaves_is_not_run_again(server: Serv
         0.05,
     )
     wait_until(
-        lambda: pending_requests(server.metrics_url, "countdown_abandoned") == 0, "it leaves the batcher", 30
+        lambda: requests_in(server.metrics_url, "countdown_abandoned") == 0, "it leaves the batcher", 30
     )
     executed = _statistics(server, "countdown_abandoned")["execution_count"]
     time.sleep(0.5)  # an absence: it would have run hundreds of times more by now
