@@ -11,12 +11,13 @@ import asyncio
 import numpy as np
 import pytest
 
-from coreserve.errors import CancelledError, InvalidArgumentError, UnavailableError
+from coreserve.errors import CancelledError, CoreserveError, InvalidArgumentError, UnavailableError
 from coreserve.protos.model_config_pb2 import ModelQueuePolicy
 from coreserve.scheduling._dynamic import DynamicBatcher, QueuePolicy
 from coreserve.types import InferenceRequest
 from support.scheduling_doubles import (
     RecordingInstance,
+    RecordingSink,
     finish,
     make_request,
     model_config,
@@ -513,6 +514,38 @@ def test_closing_sends_at_once_the_batch_that_waits_for_its_queue_delay() -> Non
         await batcher.close(timeout=5)
         assert instance.batches == [["r0", "r1"]]
         assert log == [("r0", "final"), ("r1", "final")]
+        assert instance.closed
+
+    run_scenario(scenario)
+
+
+class _EndsAnother(RecordingSink):
+    """A sink whose failure withdraws another queued request (a BLS parent cancelling its child)."""
+
+    def __init__(self, request_id: str, log: Log, batcher: DynamicBatcher, other: InferenceRequest) -> None:
+        super().__init__(request_id, log)
+        self._batcher = batcher
+        self._other = other
+
+    def fail(self, error: CoreserveError) -> None:
+        super().fail(error)
+        self._other.cancel()
+        self._batcher.withdraw(self._other)
+
+
+def test_closing_fails_what_stays_queued_even_where_a_failure_empties_a_queue() -> None:
+    async def scenario() -> None:
+        batcher, instance = _batcher("")
+        log: Log = []
+        await _busy_with(batcher, instance, log)  # held past the close's timeout
+        child = make_request("child", log)
+        parent = make_request("parent", log)
+        parent.sink = _EndsAnother("parent", log, batcher, child)
+        batcher.submit(parent)
+        batcher.submit(child)
+        await batcher.close(timeout=0.2)  # the drain fails the parent, which withdraws the child
+        assert log == [("parent", "error"), ("child", "error")]
+        assert isinstance(recording_sink(child).error, CancelledError)
         assert instance.closed
 
     run_scenario(scenario)
