@@ -198,10 +198,14 @@ class ModelInstance(Protocol):
 class Backend(Protocol):
     """A framework backend: knows a model format and creates instances of such models.
 
-    Optional attribute, read with `getattr`: `parallel_instance_loading: bool`, True where
-    `create_instance` may run for several instances of a model version at once (Triton's
-    backend attribute of that name); the server then creates them together, as Triton does.
-    Otherwise it creates them one after another.
+    Optional attributes, read with `getattr`:
+
+    - `parallel_instance_loading: bool`, True where `create_instance` may run for several
+      instances of a model version at once (Triton's backend attribute of that name); the
+      server then creates them together, as Triton does. Otherwise it creates them one after
+      another.
+    - `default_cpu_instance_count: int`, the instances of a KIND_CPU group that sets no count
+      (1 if left out). Triton has 2 for its ONNX Runtime and TensorFlow backends, 1 for others.
     """
 
     name: str

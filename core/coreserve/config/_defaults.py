@@ -4,17 +4,21 @@ from __future__ import annotations
 
 from coreserve.config.instance_groups import place_instance_group
 from coreserve.errors import ModelConfigError
-from coreserve.protos.model_config_pb2 import ModelConfig
+from coreserve.protos.model_config_pb2 import ModelConfig, ModelInstanceGroup
 
 SEQUENCE_IDLE_DEFAULT_US = 1_000_000  # Triton's, for a sequence batcher that sets none
 
 
-def apply_defaults(config: ModelConfig, model_name: str, gpus: tuple[int, ...] | None = None) -> None:
+def apply_defaults(
+    config: ModelConfig, model_name: str, gpus: tuple[int, ...] | None = None, cpu_instances: int = 1
+) -> None:
     """Fills the name, version policy and instance groups (an ensemble has none) as Triton does.
 
     The model's folder name is its name; a configuration that names another model is an error.
     `gpus` are the GPU ids the model's backend reports (None: it does not report); they decide
-    where each instance group runs (see `coreserve.config.instance_groups`).
+    where each instance group runs (see `coreserve.config.instance_groups`). A CPU group that
+    sets no count has `cpu_instances` instances (the backend's `default_cpu_instance_count`),
+    any other group one.
     """
     if not config.name:
         config.name = model_name
@@ -38,9 +42,10 @@ def apply_defaults(config: ModelConfig, model_name: str, gpus: tuple[int, ...] |
     for index, group in enumerate(config.instance_group):
         if not group.name:
             group.name = f"{config.name}_{index}"
-        if group.count < 1:  # as Triton: a count below 1 is one instance
-            group.count = 1
+        unset = group.count < 1  # (as Triton: a count below 1 is no count)
         place_instance_group(config, group, gpus)
+        if unset:  # Triton's SetDefaultInstanceCount, once the kind is known
+            group.count = cpu_instances if group.kind == ModelInstanceGroup.KIND_CPU else 1
 
 
 def _normalize(config: ModelConfig) -> None:

@@ -196,7 +196,7 @@ class ModelLoader:
             config.platform = backend.platforms[0]
         # Where instances may run is the backend's to say (it may start CUDA to count GPUs).
         gpus = await asyncio.to_thread(reported_gpus, backend) if depends_on_gpus(config) else None
-        apply_defaults(config, location.name, gpus)
+        apply_defaults(config, location.name, gpus, getattr(backend, "default_cpu_instance_count", 1))
         validate_config(config)
         single_copy_reason(config)  # a malformed coreserve_single_copy fails the load here
         for field_name in ignored_fields(config):

@@ -24,6 +24,7 @@ class OnnxBackend(BaseBackend):
     name: str = "onnxruntime"
     platforms: tuple[str, ...] = ("onnxruntime_onnx",)
     default_model_filename: str = "model.onnx"
+    default_cpu_instance_count: int = 2  # as Triton's onnxruntime backend
 
     def usable_gpus(self) -> Sequence[int]:
         """The GPUs the CUDA driver shows, where this onnxruntime has the CUDA provider (the

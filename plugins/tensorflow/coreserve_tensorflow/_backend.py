@@ -22,6 +22,7 @@ class TensorFlowBackend(BaseBackend):
     name: str = "tensorflow"
     platforms: tuple[str, ...] = ("tensorflow_savedmodel", "tensorflow_graphdef")
     default_model_filename: str = "model.savedmodel"
+    default_cpu_instance_count: int = 2  # as Triton's tensorflow backend
 
     def usable_gpus(self) -> Sequence[int]:
         """The GPUs TensorFlow sees: none with the CPU build (tensorflow-cpu)."""

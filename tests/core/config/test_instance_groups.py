@@ -44,6 +44,28 @@ def test_groups_are_placed_as_triton_places_them(
 
 
 @pytest.mark.parametrize(
+    ("text", "gpus", "counts"),
+    [
+        # Triton's SetDefaultInstanceCount: a CPU group without a count has the backend's
+        # default CPU count (2 for onnxruntime and tensorflow), a GPU group one per GPU.
+        ("", (), [2]),
+        ("", None, [2]),
+        ("", (0, 1), [1]),
+        ("instance_group [ { kind: KIND_CPU } ]", (0,), [2]),
+        ("instance_group [ { kind: KIND_CPU count: 0 } ]", (), [2]),  # below 1 is no count
+        ("instance_group [ { kind: KIND_CPU count: 1 } ]", (), [1]),  # a count given stays
+        ("instance_group [ { kind: KIND_GPU }, { kind: KIND_AUTO } ]", (0,), [1, 1]),
+    ],
+)
+def test_a_cpu_group_without_a_count_has_the_backends_default_count(
+    text: str, gpus: tuple[int, ...] | None, counts: list[int]
+) -> None:
+    config = parse_config('backend: "b"\n' + text)
+    apply_defaults(config, "m", gpus, cpu_instances=2)
+    assert [group.count for group in config.instance_group] == counts
+
+
+@pytest.mark.parametrize(
     ("text", "gpus", "reason"),
     [
         (

@@ -87,8 +87,9 @@ def _runs_on(server: ServerProcess, model: str) -> list[tuple[str, str]]:
 def test_cpu_build(coreserve_server: ServerFactory, http_client: ClientFactory, tmp_path: Path) -> None:
     server = coreserve_server(_repository(tmp_path, tuple(MODELS)), "--exit-on-error=false")
     client = http_client(server)
-    # No GPU reported: no instance_group means CPU, as before; KIND_GPU is refused by the core.
-    assert _runs_on(server, "no_group") == [("no_group_0", "CPUExecutionProvider")]
+    # No GPU reported: no instance_group means CPU, two instances as Triton's onnxruntime
+    # backend has them; KIND_GPU is refused by the core.
+    assert _runs_on(server, "no_group") == [(f"no_group_{k}", "CPUExecutionProvider") for k in range(2)]
     assert [g["kind"] for g in client.get_model_config("no_group")["instance_group"]] == ["KIND_CPU"]
     assert len(_runs_on(server, "cpu_group")) == 2
     assert (
