@@ -368,9 +368,14 @@ async def _create_instances(
         # To its end even if the load is cancelled again meanwhile: cut short, it would leave
         # the instances created running until the server stops.
         closing = asyncio.ensure_future(_close_created(created, tasks))
+        cancelled = False
         while not closing.done():
-            with contextlib.suppress(asyncio.CancelledError):
+            try:
                 await asyncio.shield(closing)
+            except asyncio.CancelledError:
+                cancelled = True
+        if cancelled:  # (after a failure: the load was cancelled too, which its caller must see)
+            raise asyncio.CancelledError from None
         raise
 
 

@@ -127,7 +127,7 @@ class Scheduler:
         """Requests taken off the queue that no instance has begun: waiting for the rate
         limiter, or handed ahead to an instance (its optional `unstarted_requests`)."""
         ahead = sum(getattr(instance, "unstarted_requests", 0) for instance in self.instances)
-        return sum(slot.waiting for slot in self._slots.values()) + ahead
+        return min(self._executing, sum(slot.waiting for slot in self._slots.values()) + ahead)
 
     @property
     def in_flight(self) -> int:

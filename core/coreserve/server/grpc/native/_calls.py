@@ -119,6 +119,7 @@ class Call:
         self.reset = False  # the client reset the stream, or the connection went
         self.finished = False  # our trailers are queued
         self.status: CallAborted | None = None  # why the server cancelled the task
+        self.task_cancelled = False  # (once: see `cancel`)
         self.task: asyncio.Task[None] | None = None
         self.deadline: float | None = None
         self.deadline_timer: asyncio.TimerHandle | None = None
@@ -211,7 +212,8 @@ class Call:
             return
         if self.status is None:
             self.status = status
-        if not self.task.cancelling():
+        if not self.task_cancelled:
+            self.task_cancelled = True
             self.task.cancel()
 
     async def _run(self) -> None:
