@@ -283,10 +283,12 @@ class PythonInstance:
         if process is None or not process.alive:
             self._not_running(requests, responder)
             return
-        entries = []
-        for request in requests:
-            entries.append((self._open.add(request, responder), request))
-        segment, refs = write_groups(self._pool, [list(request.inputs.items()) for request in requests])
+        entries = [(self._open.add(request, responder), request) for request in requests]
+        try:
+            segment, refs = write_groups(self._pool, [list(request.inputs.items()) for request in requests])
+        except BaseException:  # (a full /dev/shm): never handed to the stub
+            self._open.close_all(key for key, _ in entries)
+            raise
         message: ExecuteMessage = {
             "op": "execute",
             "model_name": self._model.name,

@@ -8,7 +8,7 @@ from the stub's responses.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from functools import partial
 from typing import Any
 
@@ -58,6 +58,11 @@ class OpenRequests:
             if self._held:
                 self._held.pop(key, None)
         return entry
+
+    def close_all(self, keys: Iterable[int]) -> None:
+        """Forgets the open requests of an execution that was never sent to the stub."""
+        for key in keys:
+            self.close(key)
 
     def answer_held(self, key: int) -> bool:
         """Gives an ordinary model's held response (its sender's, the flag still to come) as the

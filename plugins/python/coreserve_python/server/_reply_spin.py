@@ -13,9 +13,10 @@ where none does (ServerActivity):
   answer (the bytes of a client that sends during a spin are read as soon as it ends, before
   the answer is taken);
 - the loop spins after a streak of serial executions in a row (`SERIAL_STREAK` at first), and
-  only when the execution just sent is all the server has to do (pending count 1: no request
-  of another model, a BLS call or an in-process client), so a server whose clients' requests
-  overlap the executions never spins, and pays one counter read per execution;
+  only when the execution just sent is all the server has to do (one request queued or
+  executing, `ServerActivity.pending_requests()`: no request of another model, a BLS call or
+  an in-process client), so a server whose clients' requests overlap the executions never
+  spins, and pays one counter read per execution;
 - a client that sent while the loop spun doubles the streak needed (up to `MAX_STREAK`), and
   each spin no client waited for takes one off again: with two clients on one instance the
   loop spins seldom (a fixed streak cost those two clients more than no spin at all), with
