@@ -34,10 +34,13 @@ SERVICE = "/inference.GRPCInferenceService/"
 OPENING = PREFACE + struct.pack(">HBBBI", 0, 0, SETTINGS, 0, 0)  # the preface and an empty SETTINGS
 
 
+# One instance: a stream's answers then come in request order (two, the onnxruntime default as
+# on Triton, answer in the order the executions end).
 IDENTITY = """
 backend: "onnxruntime"
 input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
 output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+instance_group [ { kind: KIND_CPU count: 1 } ]
 """
 
 
