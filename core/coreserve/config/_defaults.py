@@ -35,6 +35,11 @@ def apply_defaults(
         # one), and always its transaction policy.
         config.model_transaction_policy.SetInParent()
         return
+    if isinstance(cpu_instances, bool) or not isinstance(cpu_instances, int) or cpu_instances < 1:
+        raise ModelConfigError(
+            f"model '{model_name}': backend '{config.backend}' has default_cpu_instance_count "
+            f"{cpu_instances!r}: a whole number of at least 1"
+        )
     if not config.instance_group:
         # Triton names the group it adds after the model (instances `<model>_0`); groups the
         # configuration lists without a name are `<model>_<index>` (instances `<model>_<index>_<k>`).

@@ -92,3 +92,13 @@ def test_gpu_groups_the_backend_cannot_serve_say_why(text: str, gpus: tuple[int,
     with pytest.raises(ModelConfigError) as info:
         _groups(text, gpus)
     assert info.value.message == reason
+
+
+@pytest.mark.parametrize("count", [0, -2, 1.5, "2", True])
+def test_a_backends_default_cpu_instance_count_that_is_no_count_fails_the_load(count: object) -> None:
+    config = parse_config('backend: "b"')
+    with pytest.raises(ModelConfigError) as info:
+        apply_defaults(config, "m", (), cpu_instances=count)  # type: ignore[arg-type]
+    assert info.value.message == (
+        f"model 'm': backend 'b' has default_cpu_instance_count {count!r}: a whole number of at least 1"
+    )
