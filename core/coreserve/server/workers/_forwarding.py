@@ -269,7 +269,8 @@ def _states_of(header: dict[str, object]) -> dict[str, dict[str, list[object]]]:
 
 
 class ForwardingScheduler(Scheduler):
-    """A model version that worker 0 serves for every worker: requests are sent there."""
+    """A model version that worker 0 serves for every worker: requests are sent there (and are
+    counted there: this scheduler queues and executes none, so its gauges read 0)."""
 
     answers_from_cache = False  # worker 0's cache answers, where the model has one
 
@@ -280,10 +281,6 @@ class ForwardingScheduler(Scheduler):
         self._since = link.states_told  # what worker 0 told before this load is of an older one
         self._sending = 0
         self._done_sending = asyncio.Event()
-
-    @property
-    def pending(self) -> int:
-        return 0  # counted where they run, in worker 0
 
     def failure(self) -> str:
         return self._link.verdict(self._version, self._since)[0]
