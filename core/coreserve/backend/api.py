@@ -185,7 +185,9 @@ class ModelInstance(Protocol):
         ...
 
     async def close(self) -> None:
-        """Releases the instance; called once, after its last execute has finished.
+        """Releases the instance; called once, after its last execute has finished. A reload
+        that changes only `instance_group` closes the instances it retires while the
+        version's others go on serving (and creates new ones beside them).
 
         On shutdown `--exit-timeout-secs` bounds the whole stop: a close still running when
         it runs out is cancelled. Release what must not outlive the server (kill and reap

@@ -6,8 +6,9 @@ server or its frontends.
 
 from __future__ import annotations
 
+from coreserve.repository._instances import single_copy_reason
+from coreserve.repository._loader import ModelLoader
 from coreserve.repository._overrides import LoadOverrides, parse_load_parameters
-from coreserve.repository.loader import ModelLoader
 from coreserve.repository.manager import ControlMode, ModelRepository
 from coreserve.repository.model import Model, ModelState, ModelVersion
 from coreserve.repository.storage._sources import RepositorySource, source_for
@@ -22,5 +23,6 @@ __all__ = [
     "ModelVersion",
     "RepositorySource",
     "parse_load_parameters",
+    "single_copy_reason",
     "source_for",
 ]

@@ -2,6 +2,7 @@
 
 <repository>/<model>/config.pbtxt
 <repository>/<model>/<version>/<model file>
+<repository>/<model>/<file every version uses> (label files, a Python environment's archive)
 
 An ensemble's configuration names the models it uses: they load before it (`load_order`), and
 an ensemble goes with a model it uses and comes back with it (`TakenDownEnsembles`), and
@@ -15,6 +16,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from hashlib import blake2b
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,6 +25,7 @@ from coreserve.errors import CoreserveError, InvalidArgumentError, ModelConfigEr
 from coreserve.protos.model_config_pb2 import ModelConfig, ModelVersionPolicy
 from coreserve.repository._overrides import LoadOverrides
 from coreserve.repository.namespaces import Found, find_models, key_of, qualified
+from coreserve.scheduling.cache.key import files_digest
 
 if TYPE_CHECKING:
     from coreserve.repository.model import Model
@@ -174,6 +177,48 @@ def list_versions(model_path: Path) -> list[int]:
         ):
             versions.append(int(entry.name))
     return sorted(versions)
+
+
+def shared_files_fingerprint(model_path: Path) -> str:
+    """What identifies the files of a model folder that every version uses (all but its
+    configurations and version folders): each file's path, size and modification time
+    (`files_digest`). A change to one reloads every version, as in Triton."""
+    digest = blake2b(digest_size=8)
+    try:
+        entries = sorted(model_path.iterdir())
+    except OSError:
+        entries = []
+    for entry in entries:
+        if entry.name in (CONFIG_FILENAME, "configs") or (entry.name.isascii() and entry.name.isdigit()):
+            continue
+        digest.update(files_digest(model_path, sorted(entry.rglob("*")) if entry.is_dir() else [entry]))
+    return digest.hexdigest()
+
+
+def read_output_labels(config: ModelConfig, model_path: Path) -> dict[str, tuple[bytes, ...]]:
+    """Labels per output that names a label file in the model folder: one label per line.
+
+    Read when a version loads, as Triton does: a file that cannot be read makes the version
+    unavailable, with Triton's words for it. Lines split at '\\n' only (a '\\r' stays part of
+    its label, as in Triton).
+    """
+    labels: dict[str, tuple[bytes, ...]] = {}
+    for output in config.output:
+        if not output.label_filename:
+            continue
+        path = model_path / output.label_filename
+        try:
+            text = path.read_bytes()
+        except OSError as exc:
+            raise ModelConfigError(
+                f"failed to open text file for read {path}: {exc.strerror or exc} "
+                f"(label_filename of output '{output.name}')"
+            ) from None
+        lines = text.split(b"\n")
+        if lines and not lines[-1]:
+            lines.pop()  # the newline that ends the last line opens no further one
+        labels[output.name] = tuple(lines)
+    return labels
 
 
 def select_versions(policy: ModelVersionPolicy, available: list[int], model_name: str) -> list[int]:

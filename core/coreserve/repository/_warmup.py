@@ -9,10 +9,11 @@ from pathlib import Path
 
 import numpy as np
 
+from coreserve.backend.api import ModelInstance
 from coreserve.errors import CoreserveError, ModelConfigError
 from coreserve.protos.model_config_pb2 import ModelWarmup
 from coreserve.repository.model import ModelVersion
-from coreserve.scheduling import execute_batch
+from coreserve.scheduling import ModelStatistics, execute_batch
 from coreserve.types import NUMPY_DTYPES, DataType, InferenceRequest, InferenceResponse
 
 logger = logging.getLogger(__name__)
@@ -87,18 +88,23 @@ class _WarmupSink:
             self.future.set_result(None)
 
 
-async def run_warmups(version: ModelVersion, model_path: Path, instance_names: Sequence[str]) -> None:
-    """As Triton: each instance (named by `instance_names`, in order) runs each warmup sample
-    `count` times, its `batch_size` requests of batch 1 at once (one at a time for a model that
-    cannot batch), straight on the instance: no queue, no sequence batcher, any number of
-    responses. Raises ModelConfigError naming the sample: Triton's words for a failed run."""
-    config, scheduler = version.config, version.scheduler
-    assert scheduler is not None
+async def run_warmups(
+    version: ModelVersion,
+    model_path: Path,
+    instances: Sequence[tuple[ModelInstance, str]],
+    statistics: ModelStatistics,
+) -> None:
+    """As Triton: each instance (with its name) runs each warmup sample `count` times, its
+    `batch_size` requests of batch 1 at once (one at a time for a model that cannot batch),
+    straight on the instance: no queue, no sequence batcher, any number of responses; counted
+    in `statistics`. Raises ModelConfigError naming the sample: Triton's words for a failed run."""
+    config = version.config
+    decoupled = config.model_transaction_policy.decoupled
     for warmup in config.model_warmup:
         if warmup.batch_size == 0:
             logger.debug("Skipping batch 0 warmup sample '%s'", warmup.name)
             continue
-        for instance, instance_name in zip(scheduler.instances, instance_names, strict=True):
+        for instance, instance_name in instances:
             for iteration in range(1, max(1, warmup.count) + 1):
                 logger.debug(
                     "model '%s' instance %s is running warmup sample '%s' for iteration %d",
@@ -113,7 +119,7 @@ async def run_warmups(version: ModelVersion, model_path: Path, instance_names: S
                 for batch in batches:
                     sinks = {id(request): _sink_of(request) for request in batch}  # (execution wraps them)
                     responder = await execute_batch(
-                        instance, batch, version.signature, version.statistics, decoupled=scheduler.decoupled
+                        instance, batch, version.signature, statistics, decoupled=decoupled
                     )
                     # What the instance handed back ends here (no queue takes it again): a request
                     # it reschedules has run, and one it requeues (its process died) fails.

@@ -9,7 +9,8 @@ Control modes, as tritonserver's `--model-control-mode`:
 
 A reload never drops a request: the new model loads beside the old one, new requests go to it
 once it is ready, requests already queued finish on the old one, which then closes. If the new
-one fails, the old one keeps serving.
+one fails, the old one keeps serving. A version whose files and configuration (but for the
+version policy) are unchanged is not loaded again: it moves to the new model, as in Triton.
 
 Without `--model-namespacing` a model name found in two repositories is refused; with it,
 each repository is a namespace and models are held under qualified keys (see namespaces.py).
@@ -27,12 +28,7 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from coreserve.errors import (
-    CoreserveError,
-    InvalidArgumentError,
-    UnavailableError,
-    UnsupportedError,
-)
+from coreserve.errors import CoreserveError, InvalidArgumentError, UnavailableError, UnsupportedError
 from coreserve.repository._index import index_entries, unavailable_reason
 from coreserve.repository._layout import (
     ModelFinder,
@@ -44,8 +40,8 @@ from coreserve.repository._layout import (
     load_waves,
     refuse_cycles,
 )
+from coreserve.repository._loader import ModelLoader
 from coreserve.repository._overrides import LoadOverrides, not_in_repository, write_override_files
-from coreserve.repository.loader import ModelLoader
 from coreserve.repository.memory._budgeted import BudgetedLoads
 from coreserve.repository.memory._unloading import close_model, unload_loaded_versions
 from coreserve.repository.memory.budgets import MemoryBudgets
@@ -241,7 +237,7 @@ class ModelRepository:
                 return old
             self._loading.add(key)
             try:
-                new = await self.budgeted.measured_load(location, overrides, reason)
+                new = await self.budgeted.measured_load(location, overrides, reason, old)
             finally:
                 self._loading.discard(key)
             if fingerprint is not None:
@@ -254,8 +250,10 @@ class ModelRepository:
                     location.name,
                     unavailable_reason(new),
                 )
+                new.settle_kept(old, serves=False)
                 self._close_later(new)
                 return new
+            new.settle_kept(old, serves=True)
             if failed:
                 await unload_loaded_versions(new, self._drain_timeout)
                 self.budgeted.release(key)

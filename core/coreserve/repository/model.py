@@ -9,6 +9,7 @@ from functools import cached_property
 from hashlib import blake2b
 from pathlib import Path
 
+from coreserve.backend.api import ModelInstance
 from coreserve.config.signature import ModelSignature
 from coreserve.errors import CoreserveError, InvalidArgumentError, NotFoundError, UnavailableError, clipped
 from coreserve.protos.model_config_pb2 import ModelConfig
@@ -23,6 +24,10 @@ class ModelState(enum.StrEnum):
     READY = "READY"
     UNLOADING = "UNLOADING"
     UNAVAILABLE = "UNAVAILABLE"
+
+
+# What makes two instances alike across reloads (see `plan_instance_changes`).
+InstanceKey = tuple[bytes, int]
 
 
 @dataclass(eq=False)
@@ -45,6 +50,8 @@ class ModelVersion:
     # time): a worker of a server of several checks it loaded the same files as the others
     # ("": it loaded none, worker 0 serving it for this worker).
     files_fingerprint: str = ""
+    # Its instances, each with what makes it alike another (see `plan_instance_changes`).
+    placed: list[tuple[InstanceKey, ModelInstance]] = field(default_factory=list)
 
     @property
     def ready(self) -> bool:
@@ -116,6 +123,24 @@ class Model:
     # A name the index lists with its reason but Triton would hold no model for (a --load-model
     # name no repository has, a name two repositories hold): the server's readiness leaves it out.
     index_only: bool = False
+    # What the files every version uses were when it loaded (`shared_files_fingerprint`).
+    shared_files_fingerprint: str = ""
+    # The versions a reload kept serving from the model it replaces: the same objects, until
+    # `settle_kept` leaves them to one of the two.
+    kept: frozenset[int] = frozenset()
+
+    def settle_kept(self, old: Model | None, serves: bool) -> None:
+        """Leaves the versions this reload kept to one model, so that closing the other closes
+        none of them: to this one where it `serves` from now on (they take its configuration,
+        which differs in the version policy and instance groups at most), else back to `old`."""
+        if old is None:
+            return
+        for number in self.kept:
+            if serves:
+                del old.versions[number]
+                self.versions[number].config = self.config or self.versions[number].config
+            else:
+                del self.versions[number]
 
     def loaded_from(self, fingerprint: str | None) -> bool:
         """Whether it serves what these files hold: a plain load of them keeps it, as Triton's.

@@ -12,7 +12,7 @@ from coreserve.backend.api import ModelInstance
 from coreserve.config.signature import ModelSignature
 from coreserve.protos.model_config_pb2 import ModelConfig
 from coreserve.scheduling._dynamic import DynamicBatcher
-from coreserve.scheduling._execution import execute_batch
+from coreserve.scheduling._execution import close_instances, execute_batch
 from coreserve.scheduling._scheduler import Scheduler, stop_refusal
 from coreserve.scheduling.sequence._batcher import SequenceBatcher
 from coreserve.scheduling.statistics import LatencyOptions, ModelStatistics
@@ -23,6 +23,7 @@ __all__ = [
     "ModelStatistics",
     "Scheduler",
     "SequenceBatcher",
+    "close_instances",
     "execute_batch",
     "make_scheduler",
     "stop_refusal",

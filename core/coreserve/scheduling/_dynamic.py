@@ -27,8 +27,8 @@ from coreserve.backend.api import ModelInstance
 from coreserve.config.signature import ModelSignature
 from coreserve.errors import InvalidArgumentError, UnavailableError, with_request_id
 from coreserve.protos.model_config_pb2 import ModelDynamicBatching, ModelQueuePolicy
-from coreserve.scheduling._ordering import OrderedRelease
-from coreserve.scheduling._scheduler import Scheduler, insert_by_age
+from coreserve.scheduling._ordering import OrderedRelease, insert_by_age
+from coreserve.scheduling._scheduler import Scheduler
 from coreserve.scheduling.statistics import ModelStatistics
 from coreserve.types import InferenceRequest, now_ns
 

@@ -1,4 +1,5 @@
-"""`preserve_ordering`: responses leave in the order their requests were batched.
+"""Order: `preserve_ordering` (responses leave in the order their requests were batched), and
+requests queued again by their age.
 
 Batches may finish out of order on several instances; each batch's responses are held until
 every earlier batch has released its own.
@@ -7,6 +8,7 @@ every earlier batch has released its own.
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
@@ -93,3 +95,9 @@ def unhold(request: InferenceRequest) -> None:
     anew answers in that batch's turn, not through this one's, which is released once."""
     if isinstance(request.sink, HeldSink):
         request.sink = request.sink.target
+
+
+def insert_by_age(queue: deque[InferenceRequest], request: InferenceRequest) -> None:
+    """Inserts `request` into `queue` (oldest first) behind every request queued before it."""
+    younger = (position for position, queued in enumerate(queue) if queued.queued_ns > request.queued_ns)
+    queue.insert(next(younger, len(queue)), request)

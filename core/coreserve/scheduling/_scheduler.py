@@ -20,7 +20,8 @@ from coreserve.backend.responder import Responder
 from coreserve.config.signature import ModelSignature
 from coreserve.errors import CancelledError, CoreserveError, InternalError, UnavailableError
 from coreserve.scheduling._execution import close_instances, execute_batch
-from coreserve.scheduling._ordering import OrderedRelease, unhold
+from coreserve.scheduling._instance_changes import InstanceChanges
+from coreserve.scheduling._ordering import OrderedRelease, insert_by_age, unhold
 from coreserve.scheduling._stream_outcome import OpenStreams
 from coreserve.scheduling.cache.responses import ModelResponseCache
 from coreserve.scheduling.rate_limiter import InstanceSlot, RateLimiter
@@ -42,7 +43,7 @@ def stop_refusal(request_id: str = "") -> str:
     return f"[request id: {request_id}] {STOPPING_TEXT}" if request_id else STOPPING_TEXT
 
 
-class Scheduler:
+class Scheduler(InstanceChanges):
     """Queues the requests of one model version and runs them on its instances."""
 
     # Whether the model's response cache (if any) may answer a request instead of an instance.
@@ -71,6 +72,10 @@ class Scheduler:
         self._pipelined = False  # some instance takes batches ahead (see _workers_for)
         # The instances' workers, and any task of a subclass that ends with them.
         self._tasks: list[asyncio.Task[None]] = []
+        self._workers: dict[int, tuple[ModelInstance, list[asyncio.Task[None]]]] = {}  # by index
+        # Workers taking or running a batch (`current_task()`: a local would make a cycle).
+        self._in_batch: set[asyncio.Task[None]] = set()
+        self._retired: set[int] = set()  # instances whose workers end after their batch
         self._busy = 0
         self._executing = 0
         self._idle = asyncio.Event()
@@ -136,10 +141,16 @@ class Scheduler:
     def start(self) -> None:
         self._idle.set()
         for index, instance in enumerate(self.instances):
-            for slot in range(self._workers_for(instance)):
-                self._awake[index] += 1
-                name = f"{self.signature.model_name}:{self.model_version}:instance{index}:{slot}"
-                self._tasks.append(asyncio.create_task(self._work(index, instance), name=name))
+            self._start_workers(index, instance)
+
+    def _start_workers(self, index: int, instance: ModelInstance) -> None:
+        workers: list[asyncio.Task[None]] = []
+        self._workers[index] = (instance, workers)
+        for slot in range(self._workers_for(instance)):
+            self._awake[index] += 1
+            name = f"{self.signature.model_name}:{self.model_version}:instance{index}:{slot}"
+            workers.append(asyncio.create_task(self._work(index, instance), name=name))
+        self._tasks += workers
 
     def _workers_for(self, instance: ModelInstance) -> int:
         """How many batches `instance` may have at once."""
@@ -295,7 +306,7 @@ class Scheduler:
     async def _work(self, index: int, instance: ModelInstance) -> None:
         """The worker loop of instance `index`: takes batches and executes them, one at a time."""
         serving = getattr(instance, "serving", None)
-        while True:
+        while index not in self._retired:
             if not self._has_work(index):
                 self._note_if_idle()
                 await self._wait_for_work(index)
@@ -308,6 +319,7 @@ class Scheduler:
                 await serving.wait()
                 continue
             self._busy += 1
+            self._in_batch.add(asyncio.current_task())  # type: ignore[arg-type]
             try:
                 batch = await self._take_batch(index)
                 if batch:
@@ -323,6 +335,7 @@ class Scheduler:
                 del batch
             finally:
                 self._busy -= 1
+                self._in_batch.discard(asyncio.current_task())
                 self._batch_done(index)
 
     async def _execute(self, instance: ModelInstance, batch: list[InferenceRequest]) -> None:
@@ -424,6 +437,7 @@ class Scheduler:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()  # a finished task's exception holds its frames: nothing must lead back here
+        self._workers.clear()
         for request in self._drain():
             if request.sink is not None:
                 request.sink.fail(UnavailableError(f"model '{self.signature.model_name}' was unloaded"))
@@ -431,9 +445,3 @@ class Scheduler:
             self._rate_limiter.unregister(self._slots.values())
         remaining = None if deadline is None else max(0.0, deadline - loop.time())
         return await close_instances(self.instances, remaining, self.signature.model_name) and in_time
-
-
-def insert_by_age(queue: deque[InferenceRequest], request: InferenceRequest) -> None:
-    """Inserts `request` into `queue` (oldest first) behind every request queued before it."""
-    younger = (position for position, queued in enumerate(queue) if queued.queued_ns > request.queued_ns)
-    queue.insert(next(younger, len(queue)), request)

@@ -10,7 +10,7 @@ import pytest
 from coreserve.config import parse_config
 from coreserve.errors import InvalidArgumentError, ModelConfigError
 from coreserve.protocol.classification import parse_class_count, top_classes
-from coreserve.repository._labels import read_output_labels
+from coreserve.repository._layout import read_output_labels
 
 
 def _texts(array: np.ndarray) -> list:

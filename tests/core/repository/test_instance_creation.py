@@ -1,6 +1,6 @@
 """A version's instances, created at once where the backend allows it, are all closed when the
 load fails or is cancelled, even if it is cancelled again meanwhile
-(coreserve.repository.loader's `_create_instances`)."""
+(coreserve.repository._instances' `create_instances`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 from coreserve.backend.api import InstanceKind, InstancePlacement
 from coreserve.protos.model_config_pb2 import ModelConfig
-from coreserve.repository.loader import _create_instances
+from coreserve.repository._instances import create_instances
 
 
 class _Instance:
@@ -53,7 +53,7 @@ def test_a_load_cancelled_while_it_closes_after_a_failure_ends_cancelled_with_al
         backend = _Backend()
         placements = [InstancePlacement(f"m_0_{k}", "m_0", k, InstanceKind.CPU, 0) for k in range(3)]
         config = ModelConfig(name="m")
-        load = asyncio.ensure_future(_create_instances(backend, None, config, placements, None))  # type: ignore[arg-type]
+        load = asyncio.ensure_future(create_instances(backend, None, config, placements, None))  # type: ignore[arg-type]
         await asyncio.wait_for(backend.closing.wait(), 10)  # instance 1 failed: the others close
         load.cancel()
         await asyncio.sleep(0)

@@ -30,8 +30,8 @@ from contextlib import AbstractAsyncContextManager
 from coreserve.backend.parameters import bool_parameter
 from coreserve.errors import CoreserveError, NotFoundError
 from coreserve.repository._layout import ModelLocation
+from coreserve.repository._loader import ModelLoader
 from coreserve.repository._overrides import LoadOverrides
-from coreserve.repository.loader import ModelLoader
 from coreserve.repository.memory._gpu import GpuMemoryReader
 from coreserve.repository.memory.budgets import (
     MemoryBudgets,
@@ -124,23 +124,24 @@ class BudgetedLoads:
         return sizes
 
     async def measured_load(
-        self, location: ModelLocation, overrides: LoadOverrides | None, reason: str
+        self, location: ModelLocation, overrides: LoadOverrides | None, reason: str, served: Model | None
     ) -> Model:
         """`_measured_load`; a refusal of the budget at start-up or in a poll is the model's failure."""
         try:
-            return await self._measured_load(location, overrides, reason)
+            return await self._measured_load(location, overrides, reason, served)
         except ModelMemoryBudgetError as exc:
             if reason in ("demand", "explicit"):
                 raise
             return Model(location.name, location.path, reason=exc.message, namespace=location.namespace)
 
     async def _measured_load(
-        self, location: ModelLocation, overrides: LoadOverrides | None, reason: str
+        self, location: ModelLocation, overrides: LoadOverrides | None, reason: str, served: Model | None
     ) -> Model:
         """Loads a model and measures what the server's memory grew by in each place (the
         host, each budgeted GPU); under a budget, unloads the least recently used models to
         make room, before the load where the model's sizes are known from its last load, and
-        after it where they are not."""
+        after it where they are not. Measured, a reload loads every version again: a version
+        kept from `served` (`ModelLoader.load`) would leave its size out of the new one's."""
         key = location.key
         places = self._places()
         expected = {place: memory.expected(key) for place, memory in places.items()}
@@ -152,7 +153,9 @@ class BudgetedLoads:
         measuring = self.has_budget or self.on_demand  # only for who asked for them
         before = await self._sizes_now() if measuring else {}
         overrides = overrides or LoadOverrides()
-        new = await self._loader.load(location, overrides.config, overrides.versions)
+        new = await self._loader.load(
+            location, overrides.config, overrides.versions, served=None if measuring else served
+        )
         if not new.takes_requests:
             return new
         self._retries.pop(location.name, None)  # a failed model's back-off starts anew

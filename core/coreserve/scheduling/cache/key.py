@@ -8,8 +8,10 @@ costs one pass over the input bytes.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from hashlib import blake2b
 from pathlib import Path
+from stat import S_ISREG as stat_is_file
 
 from coreserve.types import InferenceRequest
 
@@ -33,12 +35,26 @@ def version_fingerprint(model_path: Path, version: int, config_text: str, times:
     model at each load would cost seconds)."""
     digest = blake2b(config_text.encode(), digest_size=8)
     folder = model_path / str(version)
-    for path in sorted(folder.rglob("*")) if folder.is_dir() else []:
-        if path.is_file():
-            stat = path.stat()
-            modified = stat.st_mtime_ns if times else 0
-            digest.update(f"{path.relative_to(folder)}:{stat.st_size}:{modified};".encode())
+    digest.update(files_digest(folder, sorted(folder.rglob("*")) if folder.is_dir() else [], times))
     return digest.hexdigest()
+
+
+def files_digest(folder: Path, paths: Iterable[Path], times: bool = True) -> bytes:
+    """Each file's path (relative to `folder`), size and (with `times`) modification time, as
+    bytes to hash; Python's bytecode caches (a model's `__pycache__`, written once its module
+    is imported) and files removed meanwhile are left out."""
+    parts = []
+    for path in paths:
+        if "__pycache__" in path.parts:
+            continue
+        try:
+            stat = path.stat()
+        except OSError:  # (gone since the folder was listed: an editor's or a copy's temporary file)
+            continue
+        if stat_is_file(stat.st_mode):
+            modified = stat.st_mtime_ns if times else 0
+            parts.append(f"{path.relative_to(folder)}:{stat.st_size}:{modified};")
+    return "".join(parts).encode()
 
 
 def request_key(

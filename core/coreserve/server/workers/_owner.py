@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from coreserve.errors import CoreserveError, InternalError, UnavailableError
-from coreserve.repository.loader import single_copy_reason
+from coreserve.repository import single_copy_reason
 from coreserve.repository.model import ModelState, ModelVersion
 from coreserve.server.dataplane import DataPlane
 from coreserve.server.workers._channel import error_data

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -13,6 +12,7 @@ import pytest
 import tritonclient.http as httpclient
 
 from coreserve.testing import ServerFactory, ServerProcess
+from support.client_threads import ClientThreads
 from support.model_builders import scale_model, write_model
 from support.waiting import wait_until
 
@@ -25,55 +25,20 @@ output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
 MAX_SECONDS = 60.0
 
 
-class ClientLoop:
+class ClientLoop(ClientThreads[float]):
     """Sends requests back to back on two threads, for a bounded time, recording every outcome."""
 
     def __init__(self, server: ServerProcess) -> None:
-        self._server = server
-        self.answers: list[float] = []
-        # Each thread's own answers, in the order it sent the requests: two threads append to
-        # `answers` in whatever order they wake, so only a thread's own sequence is ordered.
-        self.by_thread: list[list[float]] = [[], []]
-        self.failures: list[str] = []
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._run, args=(mine,)) for mine in self.by_thread]
-        self._lock = threading.Lock()
-
-    def _run(self, mine: list[float]) -> None:
-        client = httpclient.InferenceServerClient(self._server.http_url, network_timeout=30)
-        tensor = httpclient.InferInput("INPUT0", [1, 4], "FP32")
-        tensor.set_data_from_numpy(np.ones((1, 4), np.float32))
-        deadline = time.monotonic() + MAX_SECONDS
-        try:
-            while not self._stop.is_set() and time.monotonic() < deadline:
-                try:
-                    value = float(client.infer("scaled", [tensor]).as_numpy("OUTPUT0")[0, 0])
-                except Exception as exc:  # every failure counts, whatever its kind
-                    with self._lock:
-                        self.failures.append(str(exc))
-                    continue
-                with self._lock:
-                    self.answers.append(value)
-                    mine.append(value)
-        finally:
-            client.close()
-
-    def __enter__(self) -> ClientLoop:
-        for thread in self._threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(timeout=MAX_SECONDS)
+        super().__init__(server.http_url, _scaled, seconds=MAX_SECONDS)
 
     def wait_for(self, value: float, timeout: float = 30.0) -> None:
-        def switched() -> bool:
-            with self._lock:
-                return bool(self.answers) and self.answers[-1] == value
+        wait_until(lambda: self.last() == value, f"answers switch to {value}", timeout)
 
-        wait_until(switched, f"answers switch to {value}", timeout)
+
+def _scaled(client: httpclient.InferenceServerClient) -> float:
+    tensor = httpclient.InferInput("INPUT0", [1, 4], "FP32")
+    tensor.set_data_from_numpy(np.ones((1, 4), np.float32))
+    return float(client.infer("scaled", [tensor]).as_numpy("OUTPUT0")[0, 0])
 
 
 def _add_version(repository: Path, version: int) -> None:

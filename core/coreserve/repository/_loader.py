@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -12,8 +11,6 @@ from pathlib import Path
 from coreserve.backend.api import (
     Backend,
     InferenceClient,
-    InstanceKind,
-    InstancePlacement,
     LoadStopper,
     ModelControl,
     ModelFiles,
@@ -23,7 +20,6 @@ from coreserve.backend.api import (
 )
 from coreserve.backend.custom_metrics import CustomMetrics
 from coreserve.backend.devices import reported_gpus
-from coreserve.backend.parameters import bool_parameter
 from coreserve.backend.plugins.registry import BackendRegistry
 from coreserve.backend.python_based import PYTHON_BACKEND, PYTHON_RUNTIME, python_based_runtime
 from coreserve.config import ModelSignature, apply_defaults, read_config_file, validate_config
@@ -31,27 +27,33 @@ from coreserve.config.ignored import ignored_fields
 from coreserve.config.instance_groups import depends_on_gpus
 from coreserve.ensemble import steps_decoupled
 from coreserve.errors import CoreserveError, ModelConfigError
-from coreserve.protos.model_config_pb2 import ModelConfig, ModelInstanceGroup
-from coreserve.repository._labels import read_output_labels
-from coreserve.repository._layout import CONFIG_FILENAME, ModelLocation, list_versions, select_versions
+from coreserve.protos.model_config_pb2 import ModelConfig
+from coreserve.repository._instances import (
+    create_instances,
+    grouped_placements,
+    instance_key,
+    plan_instance_changes,
+    single_copy_reason,
+    unchanged_versions,
+)
+from coreserve.repository._layout import (
+    CONFIG_FILENAME,
+    ModelLocation,
+    list_versions,
+    read_output_labels,
+    select_versions,
+    shared_files_fingerprint,
+)
 from coreserve.repository._warmup import run_warmups
 from coreserve.repository.model import Model, ModelState, ModelVersion
 from coreserve.repository.namespaces import NamespacedClient
 from coreserve.repository.traffic.policy import policy_from_config
-from coreserve.scheduling import LatencyOptions, ModelStatistics, Scheduler, make_scheduler
+from coreserve.scheduling import LatencyOptions, ModelStatistics, Scheduler, close_instances, make_scheduler
 from coreserve.scheduling.cache.key import version_fingerprint
 from coreserve.scheduling.cache.responses import ModelResponseCache, ResponseCache
-from coreserve.scheduling.rate_limiter import RateLimiter
+from coreserve.scheduling.rate_limiter import InstanceSlot, RateLimiter
 
 logger = logging.getLogger(__name__)
-# A model parameter: a server of several workers keeps one copy of the model, in worker 0.
-SINGLE_COPY_PARAMETER = "coreserve_single_copy"
-
-_KINDS = {
-    ModelInstanceGroup.KIND_CPU: InstanceKind.CPU,
-    ModelInstanceGroup.KIND_GPU: InstanceKind.GPU,
-    ModelInstanceGroup.KIND_MODEL: InstanceKind.MODEL,
-}
 
 
 class ModelLoader:
@@ -120,10 +122,15 @@ class ModelLoader:
         location: ModelLocation,
         config: ModelConfig | None = None,
         versions: Sequence[int] | None = None,
+        served: Model | None = None,
     ) -> Model:
         """Loads a model folder (with `config` in place of its config.pbtxt, and `versions` in
         place of those its version policy chooses, if given).
 
+        A version of `served`, the model this load replaces, whose files and configuration (but
+        for the version policy and the instance groups) are unchanged is not loaded again: it
+        keeps serving, its statistics too, its instances changed in place where the instance
+        groups changed, as in Triton; the new model lists it in `kept`.
         Never raises: a model that cannot load comes back with its reason.
         """
         model = Model(location.name, location.path, namespace=location.namespace)
@@ -141,15 +148,26 @@ class ModelLoader:
                 logger.error("model '%s' is unavailable: %s", location.name, model.reason)
                 return model
             model.config = config
+            model.shared_files_fingerprint = await asyncio.to_thread(shared_files_fingerprint, location.path)
+            kept = await unchanged_versions(location, model, versions, served)
+            model.versions.update(kept)
             signature = ModelSignature(config)
-            for number in versions:
-                statistics = ModelStatistics(
-                    location.name, number, self._latency_for(config), config.HasField("ensemble_scheduling")
-                )
-                model.versions[number] = ModelVersion(location.name, number, config, signature, statistics)
-            await asyncio.gather(
-                *(self._load_version(backend, location, model.versions[n]) for n in versions)
-            )
+            loading = [number for number in versions if number not in kept]
+            for number in loading:
+                model.versions[number] = self._new_version(location, number, config, signature)
+            await asyncio.gather(*(self._load_version(backend, location, model.versions[n]) for n in loading))
+            # Once the others loaded: a load that fails leaves the kept versions' instances as they were.
+            if all(model.versions[number].takes_requests for number in loading):
+                for number, version in list(kept.items()):
+                    if not await self._change_instances(backend, location, version, config):
+                        del kept[number]  # it loads again, and says why it cannot
+                        model.versions[number] = self._new_version(location, number, config, signature)
+                        await self._load_version(backend, location, model.versions[number])
+            model.kept = frozenset(kept)
+            if model.takes_requests:  # (Triton's words, once a load)
+                logger.info("successfully loaded '%s'", location.name)
+            else:  # (after each version's reason)
+                logger.info("failed to load '%s'", location.name)
             return model
         finally:
             progress.cancel()
@@ -258,6 +276,81 @@ class ModelLoader:
             f"in {CONFIG_FILENAME} (installed backends: {installed})"
         )
 
+    async def _change_instances(
+        self, backend: Backend, location: ModelLocation, version: ModelVersion, config: ModelConfig
+    ) -> bool:
+        """Gives a version that a reload keeps the instances `config` asks for, in place, as
+        Triton: alike instances stay, the new ones are created (and warmed up) while the others
+        serve, then those left over end their batch and are closed. False where a new instance
+        could not be created or warmed up (or has no place in the rate limiter): none is added."""
+        scheduler = version.scheduler
+        assert scheduler is not None
+        grouped = grouped_placements(config)
+        kept, wanted, retired = plan_instance_changes(version.placed, grouped)
+        if not wanted and not retired:
+            return True
+        created: list[ModelInstance] = []
+        slots: list[InstanceSlot] = []
+        try:
+            files = self._files(location, version.version, config)
+            context = self.context_for(
+                backend, location.namespace, 1 if single_copy_reason(config) else self.workers
+            )
+            created = await create_instances(backend, files, config, [p for _, p in wanted], context)
+            if self.rate_limiter is not None:
+                needs = [(group.rate_limiter, placement.device_id) for group, placement in wanted]
+                slots = self.rate_limiter.register(location.name, needs, config.optimization.priority)
+            if config.model_warmup:
+                named = [
+                    (instance, placement.name)
+                    for instance, (_, placement) in zip(created, wanted, strict=True)
+                ]
+                await run_warmups(version, location.path, named, self._scratch_statistics(version))
+        except BaseException as exc:
+            if self.rate_limiter is not None:
+                self.rate_limiter.unregister(slots)
+            await asyncio.shield(close_instances(created, None, location.name))
+            if not isinstance(exc, Exception):  # (the load is cancelled)
+                raise
+            reason = exc.message if isinstance(exc, CoreserveError) else f"{type(exc).__name__}: {exc}"
+            logger.warning(
+                "model '%s' version %d: its instances cannot change in place (%s); it loads again",
+                location.name,
+                version.version,
+                reason,
+            )
+            return False
+        if scheduler.closed:  # (the server stopped meanwhile: the version is unloaded)
+            if self.rate_limiter is not None:
+                self.rate_limiter.unregister(slots)
+            await close_instances(created, None, location.name)
+            return True
+        scheduler.add_instances(created, slots)
+        version.placed = kept + [
+            (instance_key(*pair), instance) for pair, instance in zip(wanted, created, strict=True)
+        ]
+        # Cancelled meanwhile (the server stops), the load must not cut the requests they run.
+        await asyncio.shield(scheduler.retire_instances(retired))
+        logger.info(
+            "model '%s' version %d: %d instance(s) added and %d retired in place (instance_group changed)",
+            location.name,
+            version.version,
+            len(created),
+            len(retired),
+        )
+        return True
+
+    def _new_version(
+        self, location: ModelLocation, number: int, config: ModelConfig, signature: ModelSignature
+    ) -> ModelVersion:
+        ensemble = config.HasField("ensemble_scheduling")
+        statistics = ModelStatistics(location.name, number, self._latency_for(config), ensemble)
+        return ModelVersion(location.name, number, config, signature, statistics)
+
+    def _scratch_statistics(self, version: ModelVersion) -> ModelStatistics:
+        """Where warmup samples are counted: statistics count what clients sent, not those."""
+        return ModelStatistics(version.name, version.version, self._latency_for(version.config))
+
     def _files(self, location: ModelLocation, version: int, config: ModelConfig) -> ModelFiles:
         """Where a version's files lie; the runtime of a Python-based backend's model too."""
         runtime = python_based_runtime(config, self.backend_directory, True)
@@ -290,9 +383,9 @@ class ModelLoader:
             )
             copies = 1 if single else self.workers
             context = self.context_for(backend, location.namespace, copies)
-            grouped = _grouped_placements(version.config)
+            grouped = grouped_placements(version.config)
             placements = [placement for _, placement in grouped]
-            instances = await _create_instances(backend, files, version.config, placements, context)
+            instances = await create_instances(backend, files, version.config, placements, context)
             version.scheduler = make_scheduler(
                 version.config, version.signature, version.statistics, instances, location.path
             )
@@ -304,15 +397,16 @@ class ModelLoader:
                     version.config.optimization.priority,
                 )
                 version.scheduler.limit_rate(self.rate_limiter, slots)
+            version.placed = [
+                (instance_key(*pair), instance) for pair, instance in zip(grouped, instances, strict=True)
+            ]
             version.scheduler.start()
             if version.config.model_warmup:
-                await run_warmups(version, location.path, [placement.name for placement in placements])
-                # Statistics count what clients sent, not the warmup samples.
-                latency = self._latency_for(version.config)
-                version.statistics = ModelStatistics(
-                    location.name, version.version, latency, version.config.HasField("ensemble_scheduling")
-                )
-                version.scheduler.statistics = version.statistics
+                named = [
+                    (instance, placement.name)
+                    for instance, placement in zip(instances, placements, strict=True)
+                ]
+                await run_warmups(version, location.path, named, self._scratch_statistics(version))
             if version.config.response_cache.enable and self.response_cache is not None:
                 # A cache other processes share knows the version by its files, not by this load.
                 fingerprint = (
@@ -340,81 +434,6 @@ class ModelLoader:
             return
         version.load_seconds = time.monotonic() - started
         version.state = ModelState.READY
-        logger.info("successfully loaded '%s'", location.name)  # (Triton's words, once per version)
-
-
-async def _create_instances(
-    backend: Backend,
-    files: ModelFiles,
-    config: ModelConfig,
-    placements: Sequence[InstancePlacement],
-    context: ServerContext,
-) -> list[ModelInstance]:
-    """An instance for each placement, in their order: created one after another, or all at once
-    where the backend says they may load so (its attribute `parallel_instance_loading`, as
-    Triton's). If one fails, or the load is cancelled, those created are closed first."""
-    created: list[ModelInstance] = []
-    tasks: list[asyncio.Task[ModelInstance]] = []
-    try:
-        if not getattr(backend, "parallel_instance_loading", False):
-            for placement in placements:
-                created.append(await backend.create_instance(files, config, placement, context))
-            return created
-        for placement in placements:
-            tasks.append(asyncio.ensure_future(backend.create_instance(files, config, placement, context)))
-        await asyncio.wait(tasks)  # every one ends, whichever fail
-        return [task.result() for task in tasks]
-    except BaseException:
-        # To its end even if the load is cancelled again meanwhile: cut short, it would leave
-        # the instances created running until the server stops.
-        closing = asyncio.ensure_future(_close_created(created, tasks))
-        cancelled = False
-        while not closing.done():
-            try:
-                await asyncio.shield(closing)
-            except asyncio.CancelledError:
-                cancelled = True
-        if cancelled:  # (after a failure: the load was cancelled too, which its caller must see)
-            raise asyncio.CancelledError from None
-        raise
-
-
-async def _close_created(created: list[ModelInstance], tasks: list[asyncio.Task[ModelInstance]]) -> None:
-    """Closes the instances a failed or cancelled load created, those still being created first
-    stopped (a backend's create_instance closes what it began when it is cancelled)."""
-    for task in tasks:
-        task.cancel()
-    if tasks:
-        await asyncio.wait(tasks)
-    created += [task.result() for task in tasks if not task.cancelled() and task.exception() is None]
-    for instance in created:
-        with contextlib.suppress(Exception):
-            await instance.close()
-
-
-def _grouped_placements(config: ModelConfig) -> list[tuple[ModelInstanceGroup, InstancePlacement]]:
-    """Where each instance runs, beside the instance_group entry that asks for it; an ensemble,
-    which has no instance group, runs in one instance of its own."""
-    if config.HasField("ensemble_scheduling"):
-        group = ModelInstanceGroup(name=config.name, kind=ModelInstanceGroup.KIND_CPU, count=1)
-        return [(group, InstancePlacement(f"{config.name}_0", config.name, 0, InstanceKind.CPU, 0))]
-    placements = []
-    for group in config.instance_group:
-        kind = _KINDS[group.kind]
-        devices = list(group.gpus) if kind is InstanceKind.GPU and group.gpus else [0]
-        for device_id in devices:
-            for index in range(group.count):
-                # Triton's name, `<group>_<k>`, whatever the count; a GPU group's instances on
-                # different devices share it (their device id tells them apart).
-                placement = InstancePlacement(
-                    name=f"{group.name}_{index}",
-                    group_name=group.name,
-                    index=index,
-                    kind=kind,
-                    device_id=device_id,
-                )
-                placements.append((group, placement))
-    return placements
 
 
 def _copy(config: ModelConfig) -> ModelConfig:
@@ -429,16 +448,3 @@ async def _report_progress(name: str, every: float = 5.0) -> None:
     while True:
         await asyncio.sleep(every)
         logger.info("model '%s' is still loading (%.0f s so far)", name, time.monotonic() - started)
-
-
-def single_copy_reason(config: ModelConfig) -> str:
-    """Why a server of several workers must have one copy of a model, not one per worker (""
-    where a copy per worker means what the configuration says). Raises ModelConfigError for a
-    parameter `coreserve_single_copy` that is not true or false."""
-    if config.HasField("sequence_batching"):
-        return "sequence batching keeps a sequence on one instance"
-    if any(group.kind == ModelInstanceGroup.KIND_GPU for group in config.instance_group):
-        return "its GPU instances are counted per server"
-    if bool_parameter(config, SINGLE_COPY_PARAMETER):
-        return f"its configuration asks for one copy (parameter '{SINGLE_COPY_PARAMETER}')"
-    return ""
