@@ -181,13 +181,12 @@ async def unchanged_versions(
 
 
 def _but_instances(config: ModelConfig) -> ModelConfig:
-    """The configuration but what a version that keeps serving may change: its version policy,
-    and its instance groups (not under sequence batching, whose instances hold sequences)."""
+    """The configuration but what a version that keeps serving may change: its version policy
+    and its instance groups."""
     copy = ModelConfig()
     copy.CopyFrom(config)
     copy.ClearField("version_policy")
-    if not copy.HasField("sequence_batching"):
-        copy.ClearField("instance_group")
+    copy.ClearField("instance_group")
     return copy
 
 

@@ -281,8 +281,8 @@ class ModelLoader:
     ) -> bool:
         """Gives a version that a reload keeps the instances `config` asks for, in place, as
         Triton: alike instances stay, the new ones are created (and warmed up) while the others
-        serve, then those left over end their batch and are closed. False where a new instance
-        could not be created or warmed up (or has no place in the rate limiter): none is added."""
+        serve, then those left over end their batch (their sequences, under sequence batching) and
+        are closed. False (none added) where a new instance cannot be created, warmed up or rate-limited."""
         scheduler = version.scheduler
         assert scheduler is not None
         grouped = grouped_placements(config)

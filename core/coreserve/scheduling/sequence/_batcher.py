@@ -52,7 +52,8 @@ from coreserve.errors import (
 )
 from coreserve.protos.model_config_pb2 import ModelSequenceBatching
 from coreserve.scheduling._ordering import OrderedRelease
-from coreserve.scheduling._scheduler import STOPPING_TEXT, Scheduler
+from coreserve.scheduling._scheduler import STOPPING_TEXT
+from coreserve.scheduling.sequence._pools import SlotPools
 from coreserve.scheduling.sequence._slot import SequenceSlot, StateCapture, Step
 from coreserve.scheduling.sequence._tensors import (
     SequenceId,
@@ -68,7 +69,7 @@ _REMEMBERED_RELEASES = 1024
 CANCELLED_REASON = "a request of it was cancelled"
 
 
-class SequenceBatcher(Scheduler):
+class SequenceBatcher(SlotPools):
     """Routes the requests of each sequence to its slot and batches across sequences.
 
     It runs on the scheduler's worker loop: one worker per instance takes the batch of that
@@ -89,26 +90,20 @@ class SequenceBatcher(Scheduler):
         *,
         decoupled: bool = False,
     ) -> None:
-        super().__init__(signature, statistics, instances, decoupled=decoupled)
-        name = signature.model_name
+        # Each instance has its own slots (Triton gives each instance its own batcher).
+        per_batch = max(1, signature.max_batch_size)
+        direct = batching.WhichOneof("strategy_choice") != "oldest"
+        slots = per_batch if direct else batching.oldest.max_candidate_sequences or per_batch
+        super().__init__(signature, statistics, instances, slots, decoupled=decoupled)
         self._controls = control_tensors(batching)
-        self._states = state_tensors(batching, name, model_path)
-        self._direct = batching.WhichOneof("strategy_choice") != "oldest"
-        self._per_batch = max(1, signature.max_batch_size)
+        self._states = state_tensors(batching, signature.model_name, model_path)
+        self._direct = direct
+        self._per_batch = per_batch
         self._delay_ns, self._enough = self._batch_policy(batching)
         if not self._direct and batching.oldest.preserve_ordering:
             self._ordered = OrderedRelease()
-        # Each instance has its own slots (Triton gives each instance its own batcher).
-        slots = (
-            self._per_batch if self._direct else batching.oldest.max_candidate_sequences or self._per_batch
-        )
-        self._free = [slots] * len(self.instances)
-        self._capacity = sum(self._free)
         self._idle_ns = (batching.max_sequence_idle_microseconds or SEQUENCE_IDLE_DEFAULT_US) * 1000
-        self._sequences: dict[SequenceId, SequenceSlot] = {}
-        self._backlog: deque[SequenceSlot] = deque()
         self._released: OrderedDict[SequenceId, str] = OrderedDict()
-        self._ready = [asyncio.Event() for _ in self.instances]
         # What each instance's worker took (its one batch at a time), until it has run.
         self._taken: dict[int, list[tuple[SequenceSlot, Step]]] = {}
         self._iterative = batching.iterative_sequence
@@ -232,15 +227,6 @@ class SequenceBatcher(Scheduler):
             if request.sink is not None:
                 request.sink.fail(error)
 
-    def _take_slot(self, sequence: SequenceSlot) -> None:
-        pool = max(range(len(self._free)), key=lambda index: self._free[index])
-        if self._free[pool] > 0:
-            self._free[pool] -= 1
-            sequence.slotted = True
-            sequence.instance = pool
-        else:
-            self._backlog.append(sequence)
-
     def _release(self, sequence: SequenceSlot, reason: str) -> None:
         if self._sequences.get(sequence.id) is sequence:
             del self._sequences[sequence.id]
@@ -249,20 +235,8 @@ class SequenceBatcher(Scheduler):
         self._released[sequence.id] = reason
         while len(self._released) > _REMEMBERED_RELEASES:
             self._released.popitem(last=False)
-        if not sequence.slotted:
-            return
-        self._free[sequence.instance or 0] += 1
-        sequence.slotted = False
-        while self._backlog:
-            waiting = self._backlog.popleft()
-            if self._sequences.get(waiting.id) is waiting:
-                self._take_slot(waiting)
-                self._notify(waiting)
-                break
-
-    def _notify(self, sequence: SequenceSlot) -> None:
-        if sequence.slotted and sequence.instance is not None:
-            self._ready[sequence.instance].set()
+        if sequence.slotted:
+            self._free_slot(sequence)
 
     def _ready_sequences(self, index: int) -> list[SequenceSlot]:
         """The sequences instance `index` may run now, the longest waiting first."""
@@ -279,10 +253,6 @@ class SequenceBatcher(Scheduler):
         if not self._delay_ns or len(candidates) in self._enough or self._closed:
             return 0
         return max(0, candidates[0].steps[0].request.queued_ns + self._delay_ns - now_ns())
-
-    def _send_what_waits(self) -> None:
-        for ready in self._ready:
-            ready.set()  # each worker waiting for its batch to fill looks again, and sends it
 
     def _take(self, candidates: Sequence[SequenceSlot]) -> list[tuple[SequenceSlot, Step]]:
         taken = []

@@ -1,7 +1,8 @@
 """A reload that changes only `instance_group` adds and retires instances in place, as Triton's
 does (its QA L0_model_update `instance_update_test.py`): the instances alike in both
 configurations keep serving, only the new ones are initialized, and those left over are
-finalized before the load returns; clients sending meanwhile see no failure."""
+finalized before the load returns (under sequence batching, once the sequences they hold end);
+clients sending meanwhile see no failure."""
 
 from __future__ import annotations
 
@@ -265,16 +266,74 @@ def test_under_the_rate_limiter_instances_change_in_place(
     _update(client, counted, f"{{ count: 1 {limited} }}", added=0, removed=2)
 
 
-def test_under_sequence_batching_the_version_reloads(
+SEQUENCES = "sequence_batching { max_sequence_idle_microseconds: 8000000 }\n"
+
+
+def _step(
+    client: httpclient.InferenceServerClient, sequence_id: int, start: bool = False, end: bool = False
+) -> int:
+    tensor = httpclient.InferInput("IN", [1], "INT64")
+    tensor.set_data_from_numpy(np.full([1], 3, np.int64))
+    result = client.infer(
+        "counted", [tensor], sequence_id=sequence_id, sequence_start=start, sequence_end=end
+    )
+    return int(result.as_numpy("OUT").flat[0])
+
+
+def test_under_sequence_batching_a_retired_instance_serves_its_sequences_until_they_end(
     counted: Counted, start: Callable[..., ServerProcess], client_of: ClientOf
 ) -> None:
-    sequence = "sequence_batching { max_sequence_idle_microseconds: 5000000 }\n"
-    counted.configure(_cpu(1), extra=sequence)
-    client = client_of(start())
-    counted.configure(_cpu(2), extra=sequence)
+    """Triton's QA `_test_scheduler_update_with_ongoing_sequences`, with a CPU group unlike
+    the first (its rate-limiter priority) where the QA has a GPU one."""
+    counted.configure(_cpu(3), extra=SEQUENCES)
+    server = start()
+    client = client_of(server)
+    assert _step(client, 1, start=True) == _step(client, 2, start=True) == 6
+    # Every instance is retired: the one that holds no sequence before the load returns, the
+    # two that hold sequences 1 and 2 once those end.
+    counted.configure("{ count: 1 kind: KIND_CPU rate_limiter { priority: 2 } }", extra=SEQUENCES)
     client.load_model("counted")
-    assert counted.count("initialize") == 1 + 2
-    wait_until(lambda: counted.count("finalize") == 1, "the old version's instance is finalized")
+    assert (counted.count("initialize"), counted.count("finalize")) == (4, 1)
+    assert _step(client, 1) == _step(client, 2) == 6
+    assert _step(client, 3, start=True) == 6  # on the new instance, the only one with a free slot
+    assert counted.count("finalize") == 1
+    _step(client, 1, end=True)
+    _step(client, 2, end=True)
+    wait_until(lambda: counted.count("finalize") == 3, "the retired instances are finalized")
+    assert _step(client, 3, end=True) == 6
+    assert "a retired instance stays until its 1 sequence(s) end" in server.log
+    client.unload_model("counted")
+    wait_until(lambda: counted.count("finalize") == 4, "every instance is finalized")
+
+
+def test_under_sequence_batching_a_sequence_waiting_for_a_slot_takes_an_added_instance(
+    counted: Counted, start: Callable[..., ServerProcess], client_of: ClientOf
+) -> None:
+    counted.configure(_cpu(1), extra=SEQUENCES)
+    server = start()
+    client = client_of(server)
+    assert _step(client, 1, start=True) == 6
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(_step, client_of(server), 2, True, True)  # its one slot is sequence 1's
+        counted.configure(_cpu(2), extra=SEQUENCES)
+        client.load_model("counted")
+        assert waiting.result(timeout=MAX_SECONDS) == 6
+    assert (counted.count("initialize"), counted.count("finalize")) == (2, 0)
+    assert _step(client, 1, end=True) == 6
+
+
+def test_a_sequence_that_holds_a_retired_instance_is_cut_by_an_unload(
+    counted: Counted, start: Callable[..., ServerProcess], client_of: ClientOf
+) -> None:
+    counted.configure(_cpu(2), extra=SEQUENCES)
+    client = client_of(start())
+    _step(client, 1, start=True)
+    _step(client, 2, start=True)
+    counted.configure(_cpu(1), extra=SEQUENCES)
+    client.load_model("counted")
+    assert counted.count("finalize") == 0  # each instance holds a sequence
+    client.unload_model("counted")
+    wait_until(lambda: counted.count("finalize") == 2, "both instances are finalized")
 
 
 def test_a_reload_that_fails_leaves_the_instances_as_they_were(
