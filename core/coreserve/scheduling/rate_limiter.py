@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
+import logging
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 from coreserve.errors import ModelConfigError
 from coreserve.protos.model_config_pb2 import ModelOptimizationPolicy, ModelRateLimiter
 
+logger = logging.getLogger(__name__)
 MODES = ("off", "execution_count")
 # Where a resource lives: a device id, or GLOBAL for the one copy the whole server shares.
 GLOBAL = -1
@@ -130,6 +132,7 @@ class RateLimiter:
         limits = _limits(self._slots + slots, self._explicit)
         self._slots.extend(slots)
         self._limits = limits
+        self._log_limits()
         return slots
 
     def unregister(self, slots: Iterable[InstanceSlot]) -> None:
@@ -137,6 +140,21 @@ class RateLimiter:
         gone = set(map(id, slots))
         self._slots = [slot for slot in self._slots if id(slot) not in gone]
         self._limits = _limits(self._slots, self._explicit, checked=False)
+        self._log_limits()
+
+    def _log_limits(self) -> None:
+        """Triton's verbose account of how many copies of each resource exist, after each change
+        (its QA reads it)."""
+        if not logger.isEnabledFor(logging.DEBUG):
+            return
+        text = "\nMax Resource Map===>\n"
+        for place, counts in sorted(self._limits.items()):
+            if counts:
+                text += f"\tDevice: {'GLOBAL' if place == GLOBAL else place}\n"
+                text += "".join(
+                    f"\t\tResource: {name}\t Count: {count}\n" for name, count in sorted(counts.items())
+                )
+        logger.debug("%s", text)
 
     @property
     def limits(self) -> Demand:

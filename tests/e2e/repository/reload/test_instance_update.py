@@ -266,6 +266,21 @@ def test_under_the_rate_limiter_instances_change_in_place(
     _update(client, counted, f"{{ count: 1 {limited} }}", added=0, removed=2)
 
 
+@pytest.mark.parametrize("explicit", [False, True], ids=["counted", "given-by-flag"])
+def test_a_retired_instance_gives_back_its_share_of_the_resource_limit(
+    counted: Counted, start: Callable[..., ServerProcess], client_of: ClientOf, explicit: bool
+) -> None:
+    """Triton's QA `test_instance_resource_decrease`: it reads the limits from the verbose log."""
+    needs = 'kind: KIND_CPU rate_limiter {{ resources [ {{ name: "R1" count: {} }} ] }}'
+    counted.configure(f"{{ count: 1 {needs.format(4)} }}")
+    flags = ["--rate-limit=execution_count", "--log-verbose=1"]
+    server = start(*flags, *(["--rate-limit-resource=R1:10"] if explicit else []))
+    _update(client_of(server), counted, f"{{ count: 1 {needs.format(3)} }}", added=1, removed=1)
+    shown, never = ("10", "3") if explicit else ("3", "10")  # (the flag's count, or the most needed)
+    wait_until(lambda: f"Resource: R1\\t Count: {shown}" in server.log, f"a limit of {shown} is logged")
+    assert f"Resource: R1\\t Count: {never}" not in server.log
+
+
 SEQUENCES = "sequence_batching { max_sequence_idle_microseconds: 8000000 }\n"
 
 
