@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from coreserve import InferenceRequest
+from coreserve.errors import InvalidArgumentError
 from coreserve.server.headers import HeaderForwarding, checked_pattern
 
 
@@ -30,3 +31,20 @@ def test_a_forward_pattern_that_starts_with_re2s_case_flag_is_case_sensitive(
 def test_a_pattern_that_is_no_regular_expression_is_refused_saying_why() -> None:
     with pytest.raises(ValueError, match="not a regular expression"):
         checked_pattern("(?-i)[")
+
+
+@pytest.mark.parametrize(
+    "name", ["sequence_id", "Priority", "timeout", "headers", "binary_data_output", "triton_final_response"]
+)
+def test_a_matched_header_named_as_a_reserved_parameter_fails_the_request(name: str) -> None:
+    """Triton's QA `test_headers_reserved_rejected` (its releases after 2.51)."""
+    request = InferenceRequest("m", {})
+    with pytest.raises(InvalidArgumentError) as raised:
+        HeaderForwarding(".*").forward([("x-tenant", "a"), (name, "dummy-value")], request)
+    assert raised.value.message == f"Header '{name}' is reserved for Triton usage and cannot be forwarded."
+
+
+def test_a_reserved_name_the_pattern_does_not_match_is_not_looked_at() -> None:
+    request = InferenceRequest("m", {})
+    HeaderForwarding("^x-").forward([("x-tenant", "a"), ("priority", "u=1")], request)
+    assert request.parameters == {"x-tenant": "a"}

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -366,11 +367,16 @@ def test_headers_the_forward_patterns_match_reach_the_model_as_parameters(tmp_pa
     x = np.array([1], np.int32)
     try:
         with httpclient.InferenceServerClient(server.http_url) as http:
-            # A header named as a request's own field is never forwarded: it would change how it runs.
-            headers = {"X-Tenant": "a", "Y-Other": "b", "Priority": "1", "Timeout": "5"}
+            headers = {"X-Tenant": "a", "Y-Other": "b"}
             seen = _infer(http, "parameters_seen", {"X": x}, parameters={"p": 1}, headers=headers)
             assert json.loads(seen.as_numpy("WORDS")[0]) == {"p": 1, "x-tenant": "a"}
-            assert seen.as_numpy("WORDS")[1] == b"0"  # no timeout
+            # A matched header named as a request's own field fails it: it would change how it runs.
+            with pytest.raises(InferenceServerException) as refused:
+                _infer(http, "parameters_seen", {"X": x}, headers={"X-Tenant": "a", "Timeout": "5"})
+            assert refused.value.status() == "400"
+            assert "Header 'timeout' is reserved for Triton usage and cannot be forwarded." in str(
+                refused.value
+            )
         with grpcclient.InferenceServerClient(server.grpc_url) as grpc:
             tensor = grpcclient.InferInput("X", [1], "INT32")
             tensor.set_data_from_numpy(x)
@@ -378,6 +384,22 @@ def test_headers_the_forward_patterns_match_reach_the_model_as_parameters(tmp_pa
             headers = {"x-tenant": "a", "my-tenant-id": " 7 ", "other": "z"}
             seen = grpc.infer("parameters_seen", [tensor], headers=headers)
             assert json.loads(seen.as_numpy("WORDS")[0]) == {"x-tenant": "a", "my-tenant-id": " 7 "}
+            with pytest.raises(
+                InferenceServerException, match="Header 'triton_tenant' is reserved"
+            ) as refused:
+                grpc.infer("parameters_seen", [tensor], headers={"triton_tenant": "a"})
+            assert refused.value.status() == "StatusCode.INVALID_ARGUMENT"
+            # On a stream, each request fails alike, and the stream goes on.
+            answers: queue.Queue[Any] = queue.Queue()
+            grpc.start_stream(
+                lambda result, error: answers.put(error or result), headers={"triton_tenant": "a"}
+            )
+            grpc.async_stream_infer("parameters_seen", [tensor])
+            answer = answers.get(timeout=30)
+            assert isinstance(answer, InferenceServerException) and "is reserved for Triton usage" in str(
+                answer
+            )
+            grpc.stop_stream()
     finally:
         server.close()
 

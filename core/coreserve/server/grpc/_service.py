@@ -390,11 +390,11 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         try:
             request, plan = self._decode(received)
             empty_final = request.parameters.pop(ENABLE_EMPTY_FINAL, False) is True
+            if self._forwarding:  # the stream's metadata, for each of its requests
+                self._forwarding.forward(_metadata(context).items(), request)
         except CoreserveError as exc:
             error_message(exc)
             return
-        if self._forwarding:  # the stream's metadata, for each of its requests
-            self._forwarding.forward(_metadata(context).items(), request)
         if tracing:  # the stream's metadata (its traceparent) holds for each of its requests
             _trace_context(request, context, received_ns)
 
