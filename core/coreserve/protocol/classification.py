@@ -8,6 +8,9 @@ frontends format them (C++ `std::to_string`: integers as such, floats with six d
 A batching model's output [B, ...] gives [B, min(K, n)] (one top K per batch entry); any other
 output is flattened and gives [min(K, n)].
 
+An output of more than a million scores per batch entry is refused, as Triton's releases after
+2.51 refuse it ("classification output tensor too large"): sorting it costs the server too much.
+
 Ties keep the lower index first. Triton's std::sort does the same for outputs of up to 16
 classes; beyond that its order among equal scores is arbitrary.
 """
@@ -41,6 +44,8 @@ CLASSIFIABLE = frozenset(
 )
 
 Labels = Sequence[bytes]
+# Triton's kMaxClassificationElements: the most scores one batch entry's classes are taken from.
+MAX_CLASSIFIED_SCORES = 1_000_000
 
 
 def parse_class_count(value: ParameterValue, output_name: str) -> int:
@@ -71,6 +76,11 @@ def top_classes(array: np.ndarray, count: int, labels: Labels, batched: bool, na
     """The top `count` classes of output `name` as a BYTES array (see the module docstring)."""
     check_classifiable(DataType.from_numpy(array.dtype), name)
     rows = array.reshape(array.shape[0] if batched and array.ndim else 1, -1)
+    if rows.shape[1] > MAX_CLASSIFIED_SCORES:
+        raise InvalidArgumentError(
+            f"classification output tensor too large (output '{name}' has {rows.shape[1]} scores per "
+            f"batch entry; classification takes at most {MAX_CLASSIFIED_SCORES})"
+        )
     classes = min(count, rows.shape[1])
     result = np.empty((rows.shape[0], classes), dtype=np.object_)
     integers = array.dtype.kind in "iu"

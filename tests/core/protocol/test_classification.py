@@ -52,6 +52,13 @@ def test_types_without_order_are_refused(dtype: type) -> None:
         top_classes(np.zeros(3, dtype=dtype), 1, (), False, "OUT")
 
 
+def test_more_than_a_million_scores_per_batch_entry_are_refused() -> None:
+    batch = np.zeros((2, 1_000_000), dtype=np.float32)  # a million per entry: taken
+    assert top_classes(batch, 1, (), True, "OUT").shape == (2, 1)
+    with pytest.raises(InvalidArgumentError, match=r"^classification output tensor too large \(output 'OUT'"):
+        top_classes(np.zeros(1_000_001, dtype=np.float32), 1, (), False, "OUT")
+
+
 @pytest.mark.parametrize("value", [0, -3, 1.0, "2", True])
 def test_a_class_count_must_be_an_integer_of_one_or_more(value: object) -> None:
     with pytest.raises(InvalidArgumentError, match="'classification' parameter"):

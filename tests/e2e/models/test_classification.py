@@ -68,6 +68,12 @@ max_batch_size: 0
 input [ { name: "IN" data_type: TYPE_FP32 dims: [ 2, 3 ] } ]
 output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 2, 3 ] } ]
 """
+WIDE_CONFIG = """
+backend: "python"
+max_batch_size: 0
+input [ { name: "IN" data_type: TYPE_FP32 dims: [ -1 ] } ]
+output [ { name: "OUT" data_type: TYPE_FP32 dims: [ -1 ] } ]
+"""
 MISSING_LABELS_CONFIG = """
 backend: "python"
 max_batch_size: 0
@@ -97,6 +103,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     _write(repository, "scores", BATCHED_CONFIG, MODEL)
     (repository / "scores" / "labels.txt").write_text("cat\ndog\nbird\n")
     _write(repository, "flat", FLAT_CONFIG, FLAT_MODEL)
+    _write(repository, "wide", WIDE_CONFIG, FLAT_MODEL)
     _write(repository, "missing_labels", MISSING_LABELS_CONFIG, FLAT_MODEL)
     process = ServerProcess([repository], ["--exit-on-error=false"]).start()
     yield process
@@ -230,6 +237,23 @@ def test_an_output_of_a_type_without_order_is_refused_as_triton(
     assert over_http.value.status() == "400"
     with pytest.raises(InferenceServerException, match=expected) as over_grpc:
         _grpc_infer(grpc, "scores", TWO_ROWS, [("OUT_HALF", 2)])
+    assert over_grpc.value.status() == "StatusCode.INVALID_ARGUMENT"
+
+
+def test_an_output_of_more_than_a_million_scores_is_refused_as_triton(
+    http: httpclient.InferenceServerClient, grpc: grpcclient.InferenceServerClient
+) -> None:
+    """Triton's QA `test_classification_output_tensor_too_large` (its releases after 2.51)."""
+    scores = np.zeros(1_000_000, dtype=np.float32)
+    scores[123] = 1
+    assert _strings(_http_infer(http, "wide", scores, [("OUT", 1)]).as_numpy("OUT")) == ["1.000000:123"]
+    wider = np.ones(1_000_001, dtype=np.float32)
+    expected = "classification output tensor too large"
+    with pytest.raises(InferenceServerException, match=expected) as over_http:
+        _http_infer(http, "wide", wider, [("OUT", 1)])
+    assert over_http.value.status() == "400"
+    with pytest.raises(InferenceServerException, match=expected) as over_grpc:
+        _grpc_infer(grpc, "wide", wider, [("OUT", 1)])
     assert over_grpc.value.status() == "StatusCode.INVALID_ARGUMENT"
 
 
