@@ -64,10 +64,44 @@ def test_triton_config_parses_with_every_section() -> None:
 def test_syntax_errors_and_unknown_fields_name_the_file(tmp_path: Path) -> None:
     path = tmp_path / "config.pbtxt"
     path.write_text('name: "m"\nmax_batch_size: "eight"\n')
-    with pytest.raises(ModelConfigError, match=r"config.pbtxt: 2:17 .*Couldn.t parse integer"):
+    with pytest.raises(ModelConfigError, match=r'config.pbtxt: 2:17 .*Expected integer, got: "eight"'):
         read_config_file(path)
     with pytest.raises(ModelConfigError, match="colour"):
         parse_config("colour: 1")
+
+
+# What the real Triton 2.51 logs for each line ("Error parsing text-format inference.ModelConfig:
+# 2:17: ..."), and Triton's QA L0_simple_ensemble for max_inflight_requests, which 2.51 lacks.
+@pytest.mark.parametrize(
+    ("line", "words"),
+    [
+        ("max_batch_size: abc", "Expected integer, got: abc"),
+        ("max_batch_size: 1.5", "Expected integer, got: 1.5"),
+        ("max_batch_size: 3000000000", "Integer out of range (3000000000)"),
+        ("max_batch_size: 3000000000000000000000", "Integer out of range (3000000000000000000000)"),
+        ('dynamic_batching { max_queue_delay_microseconds: "x" }', 'Expected integer, got: "x"'),
+        ("dynamic_batching { max_queue_delay_microseconds: -1 }", "Expected integer, got: -"),
+        ('input [ { name: "a" dims: [ x ] } ]', "Expected integer, got: x"),
+        ("name: 5", "Expected string, got: 5"),
+        (
+            "instance_group [ { kind: KIND_XPU } ]",
+            'Unknown enumeration value of "KIND_XPU" for field "kind".',
+        ),
+        ("ensemble_scheduling { max_inflight_requests: -5 }", "Expected integer, got: -"),
+        (
+            'ensemble_scheduling { max_inflight_requests: "invalid_value" }',
+            'Expected integer, got: "invalid_value"',
+        ),
+        ("ensemble_scheduling { max_inflight_requests: 12345678901 }", "Integer out of range (12345678901)"),
+    ],
+)
+def test_a_value_that_does_not_fit_its_field_is_refused_in_the_words_of_tritons_parser(
+    line: str, words: str
+) -> None:
+    with pytest.raises(ModelConfigError) as refused:
+        parse_config(f'backend: "python"\n{line}\n', "m/config.pbtxt")
+    text = str(refused.value)
+    assert text.startswith("m/config.pbtxt: 2:") and text.endswith(f" : '{line}': {words}")
 
 
 def test_defaults_fill_name_policy_and_instances() -> None:
