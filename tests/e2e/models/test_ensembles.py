@@ -48,12 +48,13 @@ def _ensemble(
     steps: list[str],
     extra: str = "",
     max_batch: int = 0,
+    scheduling: str = "",
 ) -> None:
     folder = repository / name
     (folder / "1").mkdir(parents=True)
     (folder / "config.pbtxt").write_text(
         f'platform: "ensemble"\nmax_batch_size: {max_batch}\ninput [ {inputs} ]\noutput [ {outputs} ]\n'
-        f"ensemble_scheduling {{ step [ {', '.join(steps)} ] }}\n{extra}"
+        f"ensemble_scheduling {{ {scheduling} step [ {', '.join(steps)} ] }}\n{extra}"
     )
 
 
@@ -197,6 +198,14 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
             _step("branch_b", {"IN": "IN"}, {"OUT": "b", "SPAN": "SPAN_B"}),
             _step("join", {"X": "a", "Y": "b"}, {"SUM": "OUT"}),
         ],
+    )
+    _ensemble(
+        repository,
+        "limited",
+        io,
+        f'{{ name: "OUT" {FP32_4} }}',
+        [_step("join", {"X": "IN", "Y": "IN"}, {"SUM": "OUT"})],
+        scheduling="max_inflight_requests: 2",
     )
     _ensemble(
         repository,
@@ -404,6 +413,19 @@ def test_an_ensembles_configuration_reads_as_on_triton(client: httpclient.Infere
     assert config["model_transaction_policy"] == {"decoupled": False}
     assert client.get_model_config("streaming")["model_transaction_policy"] == {"decoupled": True}
     assert client.get_model_metadata("diamond")["platform"] == "ensemble"
+
+
+def test_an_ensemble_with_max_inflight_requests_says_so_as_triton(server: ServerProcess) -> None:
+    """Triton's QA L0_simple_ensemble looks for its log line."""
+    client = httpclient.InferenceServerClient(server.http_url)
+    try:
+        tensor = httpclient.InferInput("IN", [4], "FP32")
+        tensor.set_data_from_numpy(np.arange(4, dtype=np.float32))
+        assert client.infer("limited", [tensor]).as_numpy("OUT").tolist() == [0.0, 2.0, 4.0, 6.0]
+    finally:
+        client.close()
+    assert "Ensemble model 'limited' configured with max_inflight_requests: 2" in server.log
+    assert "Ensemble model 'diamond' configured" not in server.log
 
 
 def test_concurrent_ensemble_requests_are_batched_in_a_composing_model(server: ServerProcess) -> None:
