@@ -16,18 +16,24 @@ the statistics are the sums of those of the step requests it made.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 
 import numpy as np
 
 from coreserve.backend.api import InferenceClient
 from coreserve.backend.responder import Responder
 from coreserve.ensemble._graph import EnsembleGraph, Step
+from coreserve.ensemble._read_ahead import ReadAhead
 from coreserve.errors import CancelledError, CoreserveError, InternalError
 from coreserve.types import ComputeSums, InferenceRequest
 
 Tensors = dict[str, np.ndarray | None]  # None: absent (left out by the request, or by a step)
 DEFAULT_INFLIGHT = 1024
+
+
+def _no_step_before() -> bool:
+    """The top of the pipeline: no decoupled step it runs after has anything left to send."""
+    return True
 
 
 class EnsembleInstance:
@@ -53,10 +59,11 @@ class EnsembleInstance:
         try:
             tensors: Tensors = {name: None for name in self._graph.inputs} | dict(request.inputs)
             pruned = self._graph.pruned_steps(request.requested_outputs)
-            async for outputs in self._run(request, tensors, pruned):
-                responder.send(request, outputs, final=not self._decoupled)
+            async for outputs, drained in self._run(request, tensors, pruned, _no_step_before):
+                final = drained or not self._decoupled  # (Triton's: the flag rides on the response
+                responder.send(request, outputs, final=final)  # that finds the pipeline drained)
                 answered = True
-                if not self._decoupled:
+                if final:
                     return
         except CoreserveError as exc:
             responder.send_error(request, exc)
@@ -69,10 +76,12 @@ class EnsembleInstance:
             )
 
     async def _run(
-        self, request: InferenceRequest, tensors: Tensors, done: frozenset[int]
-    ) -> AsyncIterator[dict[str, np.ndarray]]:
+        self, request: InferenceRequest, tensors: Tensors, done: frozenset[int], drained: Callable[[], bool]
+    ) -> AsyncIterator[tuple[dict[str, np.ndarray], bool]]:
         """Runs every step it can (those `done` are finished or pruned); yields the ensemble
-        outputs of each run that completes those the request asks for."""
+        outputs of each run that completes those the request asks for, with whether the
+        pipeline has drained by then (`drained`: whether the decoupled steps it runs after have
+        ended and every response they sent has run)."""
         finished = set(done)
         running: dict[asyncio.Task[Tensors], Step] = {}
         deferred: list[Step] = []  # decoupled steps: they fork the run, so they go last
@@ -97,20 +106,24 @@ class EnsembleInstance:
                 task.cancel()
         if deferred:
             step = deferred[0]
-            async for outputs in self._stream(request, step, tensors):
+            ahead = ReadAhead(self._stream(request, step, tensors))
+            async for outputs in ahead.items():
                 async for result in self._run(
-                    request, {**tensors, **outputs}, frozenset(finished | {step.index})
+                    request,
+                    {**tensors, **outputs},
+                    frozenset(finished | {step.index}),
+                    lambda: ahead.drained and drained(),
                 ):
                     yield result
             return
         wanted = self._graph.wanted_outputs(request.requested_outputs)
         if all(name in tensors for name in wanted):
             bridges = self._graph.output_bridges
-            yield {
-                name: bridges[name].fit(tensor) if name in bridges else tensor
-                for name in wanted
-                if (tensor := tensors[name]) is not None
-            }
+            answer = {name: tensor for name in wanted if (tensor := tensors[name]) is not None}
+            yield (
+                {name: bridges[name].fit(t) if name in bridges else t for name, t in answer.items()},
+                drained(),
+            )
 
     def _ready(
         self,

@@ -233,6 +233,17 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
         ],
         extra="model_transaction_policy { decoupled: true }",
     )
+    _ensemble(
+        repository,
+        "slow_streaming",
+        '{ name: "N" data_type: TYPE_INT32 dims: [ 1 ] }',
+        '{ name: "DOUBLED" data_type: TYPE_INT32 dims: [ 1 ] }',
+        [
+            _step("countdown", {"N": "N"}, {"VALUE": "value"}),
+            _step("slow_double", {"VALUE": "value"}, {"DOUBLED": "DOUBLED"}),
+        ],
+        extra="model_transaction_policy { decoupled: true }",
+    )
     for name, (steps, _) in INVALID.items():
         _ensemble(repository, name, io, f'{{ name: "OUT" {FP32_4} }}', steps)
     for name, (extra, _) in REFUSED.items():
@@ -452,30 +463,51 @@ def test_concurrent_ensemble_requests_are_batched_in_a_composing_model(server: S
     assert composing["inference_count"] == 8 and composing["execution_count"] < 8
 
 
-def _streamed(server: ServerProcess, model: str, name: str, value: int, output: str) -> list[int]:
-    """The values of a decoupled model's responses to one request over a gRPC stream, up to the
-    final flag."""
+def _streamed(
+    server: ServerProcess, model: str, name: str, value: int, output: str, empty_final: bool = True
+) -> list[tuple[int | None, bool]]:
+    """A decoupled model's responses to one request over a gRPC stream, up to the final flag:
+    each one's value (None: no output) and its final flag."""
     client = grpcclient.InferenceServerClient(server.grpc_url)
     results: queue.Queue = queue.Queue()
     client.start_stream(callback=partial(lambda q, result, error: q.put((result, error)), results))
     try:
         tensor = grpcclient.InferInput(name, [1], "INT32")
         tensor.set_data_from_numpy(np.array([value], np.int32))
-        client.async_stream_infer(model, [tensor], request_id="s", enable_empty_final_response=True)
-        values = []
+        client.async_stream_infer(model, [tensor], request_id="s", enable_empty_final_response=empty_final)
+        responses = []
         while True:
             result, error = results.get(timeout=30)
             assert error is None, error
-            if result.get_response().parameters["triton_final_response"].bool_param:
-                return values
-            values.append(int(result.as_numpy(output)[0]))
+            final = result.get_response().parameters["triton_final_response"].bool_param
+            values = result.as_numpy(output)
+            responses.append((None if values is None else int(values[0]), final))
+            if final:
+                return responses
     finally:
         client.stop_stream()
         client.close()
 
 
+def _values(responses: list[tuple[int | None, bool]]) -> list[int]:
+    """The values streamed, up to and with the final flag (alone, or on the last value)."""
+    assert responses[-1][1] and not any(final for _, final in responses[:-1])
+    return [value for value, _ in responses if value is not None]
+
+
 def test_a_decoupled_step_streams_out_of_the_ensemble(server: ServerProcess) -> None:
-    assert _streamed(server, "streaming", "N", 3, "DOUBLED") == [6, 4, 2]
+    assert _values(_streamed(server, "streaming", "N", 3, "DOUBLED")) == [6, 4, 2]
+
+
+@pytest.mark.parametrize("empty_final", [True, False], ids=["empty-final-asked", "not-asked"])
+def test_the_final_flag_rides_on_the_response_that_finds_the_pipeline_drained(
+    server: ServerProcess, empty_final: bool
+) -> None:
+    """As Triton 2.51 answers (checked side by side): a step slower than the decoupled one's
+    final flag has it arrive before the last value has gone through, so the last response
+    carries it, and a client that asks for no empty final response still sees it."""
+    responses = _streamed(server, "slow_streaming", "N", 3, "DOUBLED", empty_final=empty_final)
+    assert responses == [(6, False), (4, False), (2, True)]
 
 
 def _int32(name: str, value: int) -> httpclient.InferInput:
@@ -518,7 +550,7 @@ def test_the_decoupled_flag_is_the_steps_as_triton_sets_it(
     assert client.infer("declared_decoupled", [_int32("IN", 3)]).as_numpy("OUT").tolist() == [6]
     undeclared = client.get_model_config("undeclared_decoupled")
     assert undeclared["model_transaction_policy"]["decoupled"] is True
-    assert _streamed(server, "undeclared_decoupled", "IN", 2, "OUT") == [2, 1]
+    assert _values(_streamed(server, "undeclared_decoupled", "IN", 2, "OUT")) == [2, 1]
 
 
 def test_an_ensemble_input_and_output_reshaped_as_its_steps_see_them(
