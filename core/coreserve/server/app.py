@@ -86,7 +86,12 @@ class ServerRuntime:
         # Unless a cache folder is given, each server has its own: servers on one machine
         # must not find (or remove) each other's files.
         self._own_cache = options.cache_dir is None
-        self.cache_dir = options.cache_dir or Path(tempfile.mkdtemp(prefix="coreserve-cache-"))
+        if options.cache_dir is not None:
+            self.cache_dir = options.cache_dir
+        elif worker is not None:
+            self.cache_dir = worker.own_cache_folder()
+        else:
+            self.cache_dir = Path(tempfile.mkdtemp(prefix="coreserve-cache-"))
         try:
             sources = [source_for(location, self.cache_dir) for location in options.model_repositories]
         except CoreserveError as exc:

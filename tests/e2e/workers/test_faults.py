@@ -10,7 +10,9 @@ import http.client
 import json
 import os
 import re
+import shutil
 import signal
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -362,3 +364,50 @@ def test_a_region_whose_segment_is_gone_fails_the_replay_and_the_worker_is_not_r
         if handle is not None:
             shm.destroy_shared_memory_region(handle)
         server.close()
+
+
+@pytest.fixture
+def short_temp() -> Iterator[Path]:
+    """A temp folder of a short path (a pytest tmp_path is too long for the workers' sockets)."""
+    folder = Path(tempfile.mkdtemp(prefix="cs-"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_killed_workers_cache_folder_is_removed_and_nothing_is_left_after_the_stop(
+    tmp_path: Path, short_temp: Path
+) -> None:
+    """Each worker's cache folder (where a remote repository's models are downloaded) is the
+    supervisor's to remove: a killed worker cannot remove its own, and each crash would leave
+    one behind in the system temp folder."""
+    server = start_workers(write_repository(tmp_path / "models"), env={"TMPDIR": str(short_temp)})
+
+    def folders() -> set[str]:
+        return {folder.name for folder in short_temp.glob("coreserve-workers-*/cache-*")}
+
+    try:
+        first = worker_pids(server)
+        assert folders() == {f"cache-{pid}" for pid in first}
+        _kill_and_wait(server, 0)
+        wait_until(
+            lambda: folders() == {f"cache-{pid}" for pid in worker_pids(server)}, "the dead's folder gone"
+        )
+        assert set(worker_pids(server)) != set(first)
+    finally:
+        server.close()
+    assert list(short_temp.iterdir()) == []
+
+
+def test_a_temp_folder_too_long_for_a_unix_socket_puts_the_workers_folder_in_tmp(tmp_path: Path) -> None:
+    """A TMPDIR whose path leaves no room for the supervisor's socket (108 bytes on Linux) made
+    the server fail to start, with a traceback."""
+    temp = tmp_path / ("long-" * 20)
+    temp.mkdir()
+    server = start_workers(write_repository(tmp_path / "models"), env={"TMPDIR": str(temp)})
+    try:
+        assert status_of(server, "POST", "/v2/models/add_sub/infer", ADD_BODY) == 200
+        assert f"the temp folder {temp} is too long a path for the workers' Unix sockets" in server.log
+        assert "Traceback" not in server.log
+    finally:
+        server.close()
+    assert list(temp.iterdir()) == []

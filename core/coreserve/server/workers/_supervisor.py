@@ -30,10 +30,8 @@ import logging
 import os
 import signal
 import sys
-import tempfile
 from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 from coreserve.errors import CoreserveError, InternalError, InvalidArgumentError, UnavailableError
@@ -52,7 +50,7 @@ from coreserve.server.options import ServerOptions
 from coreserve.server.workers._carried import ALL_STATISTICS, METRICS, REFRESH_S, CarriedFigures
 from coreserve.server.workers._channel import Channel, ChannelClosed, error_data, message_limit
 from coreserve.server.workers._orphans import become_subreaper, end_orphans, reap_orphans
-from coreserve.server.workers._role import WORKER_ENV, WorkerRole
+from coreserve.server.workers._role import WORKER_ENV, WorkerRole, remove_cache_folder, supervisor_socket
 from coreserve.server.workers._trust import LINE_ERRORS, STRANGER, peer_pid, peers_can_be_checked
 
 logger = logging.getLogger(__name__)
@@ -113,8 +111,7 @@ class Supervisor:
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, self._stopping.set)
-        with tempfile.TemporaryDirectory(prefix="coreserve-workers-") as folder:
-            self._socket = str(Path(folder) / "supervisor.sock")
+        with supervisor_socket() as self._socket:
             server = await asyncio.start_unix_server(self._connected, self._socket)
             logger.info("starting %d workers", self.count)
             watchers = [asyncio.create_task(self._keep_running(worker)) for worker in self.workers]
@@ -138,8 +135,9 @@ class Supervisor:
                 sys.executable, "-m", "coreserve", *self.argv, env=environment, start_new_session=True
             )  # a session of its own: what it leaves running when it dies is told apart by it
             code = await worker.process.wait()
-            # What it started (an environment's build) goes with it.
+            # What it started (an environment's build) goes with it, and its cache folder.
             end_orphans(worker.process.pid, self._worker_pids() - {worker.process.pid})
+            await asyncio.to_thread(remove_cache_folder, self._socket, worker.process.pid)
             had_joined = worker.joined
             await self._left(worker)
             if self._stopping.is_set():
@@ -371,11 +369,7 @@ class Supervisor:
         """A gather's `what` asked of every joined worker: the answers and errors of the workers
         still in the life that answered (one that died meanwhile is carried instead: its
         answer would count it twice), each answer noted for what it would carry."""
-        joined = [
-            (worker, worker.channel)
-            for worker in self.workers
-            if worker.joined and worker.channel is not None
-        ]
+        joined = [(w, w.channel) for w in self.workers if w.joined and w.channel is not None]
         answers = await asyncio.gather(
             *(channel.ask(what, timeout) for _, channel in joined), return_exceptions=True
         )
