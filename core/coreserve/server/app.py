@@ -37,7 +37,7 @@ from coreserve.server.log_settings import ServerLog
 from coreserve.server.metrics import MetricsFrontend, MetricsReport
 from coreserve.server.options import ServerOptions
 from coreserve.server.rest import HttpFrontend
-from coreserve.server.status_table import model_status_table
+from coreserve.server.status_table import backends_table, model_status_table, options_table
 from coreserve.server.tls_files import TlsFileError
 from coreserve.server.workers import WorkerLink, WorkerRole, message_limit
 from coreserve.tracing import Tracer, TraceStartupError
@@ -246,7 +246,15 @@ class ServerRuntime:
             )
 
     def _log_models(self) -> None:
-        logger.info("%s", model_status_table(self.repository.models()), extra={"table": True})
+        """Triton's start-up tables: the backends, the models, the options."""
+        for table in (
+            backends_table(self.plugins.backends(), self.options),
+            model_status_table(self.repository.models()),
+            options_table(
+                self.options, self.dataplane.server_metadata()["extensions"], self.response_cache is not None
+            ),
+        ):
+            logger.info("%s", table, extra={"table": True})
 
     async def open_frontends(self) -> None:
         """Starts the metrics polling and the HTTP, gRPC and metrics frontends the options allow."""
