@@ -26,6 +26,7 @@ class Flows(Generic[Result]):
         task = asyncio.create_task(self._run(flow))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(lambda _: flow.close())  # (one cancelled before it ran never started)
 
     async def _run(self, flow: Coroutine[Any, Any, None]) -> None:
         try:

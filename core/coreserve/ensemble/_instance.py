@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 
 import numpy as np
 
@@ -105,7 +105,40 @@ class EnsembleInstance:
     ) -> None:
         """Runs every step it can (those `done` are finished or pruned), then streams the
         decoupled step it reached, or emits the ensemble's outputs if it has those the request
-        asks for. `sent` is set once its first steps have been sent (they had slots)."""
+        asks for. `sent`, where given, is set once the first steps it sends have their slots
+        (a decoupled one's included), or once it ends without sending any."""
+        try:
+            finished, deferred = await self._run_steps(request, tensors, marks, done, sent)
+            if deferred:
+                step = deferred[0]
+                done = frozenset(finished | {step.index})
+                await self._fan_out(flows, request, step, tensors, marks, done, sent)
+                return
+        finally:
+            if sent is not None:
+                sent.set()
+        wanted = self._graph.wanted_outputs(request.requested_outputs)
+        if all(name in tensors for name in wanted):
+            bridges = self._graph.output_bridges
+            answer = {name: tensor for name in wanted if (tensor := tensors[name]) is not None}
+            for name in wanted:
+                if name not in answer:  # (Triton's words, at --log-verbose=1)
+                    logger.debug("Composing models did not output tensor %s", name)
+            flows.emit((
+                {name: bridges[name].fit(t) if name in bridges else t for name, t in answer.items()},
+                next((marks[name] for name in answer if name in marks), None),
+            ))  # fmt: skip
+
+    async def _run_steps(
+        self,
+        request: InferenceRequest,
+        tensors: Tensors,
+        marks: Marks,
+        done: frozenset[int],
+        sent: asyncio.Event | None,
+    ) -> tuple[set[int], list[Step]]:
+        """Runs the steps that are not decoupled as their inputs come (adding their outputs to
+        `tensors` and `marks`); returns the steps finished, and the decoupled ones reached."""
         finished = set(done)
         running: dict[StepTask, Step] = {}
         deferred: list[Step] = []  # decoupled steps: they fork the flow, so they go last
@@ -121,10 +154,10 @@ class EnsembleInstance:
                     task = asyncio.create_task(self._call(request, step, tensors, marks))
                     self._limits.release_when_done(task, step.index)
                     running[task] = step
+                if not running:
+                    return finished, deferred
                 if sent is not None:
                     sent.set()
-                if not running:
-                    break
                 completed, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
                 for task in completed:
                     step = running.pop(task)
@@ -135,23 +168,6 @@ class EnsembleInstance:
         finally:
             for task in running:
                 task.cancel()
-            if sent is not None:
-                sent.set()
-        if deferred:
-            step = deferred[0]
-            await self._fan_out(flows, request, step, tensors, marks, frozenset(finished | {step.index}))
-            return
-        wanted = self._graph.wanted_outputs(request.requested_outputs)
-        if all(name in tensors for name in wanted):
-            bridges = self._graph.output_bridges
-            answer = {name: tensor for name in wanted if (tensor := tensors[name]) is not None}
-            for name in wanted:
-                if name not in answer:  # (Triton's words, at --log-verbose=1)
-                    logger.debug("Composing models did not output tensor %s", name)
-            flows.emit((
-                {name: bridges[name].fit(t) if name in bridges else t for name, t in answer.items()},
-                next((marks[name] for name in answer if name in marks), None),
-            ))  # fmt: skip
 
     async def _fan_out(
         self,
@@ -161,20 +177,33 @@ class EnsembleInstance:
         tensors: Tensors,
         marks: Marks,
         done: frozenset[int],
+        sent: asyncio.Event | None,
     ) -> None:
-        """Streams a decoupled step: each of its responses starts a flow of its own at once.
-        Under `max_inflight_requests` the next response is taken once that flow's first steps
-        have slots, so that a fast producer waits for the steps after it."""
+        """Streams a decoupled step: each of its responses starts a flow of its own at once,
+        but the one that carries the final flag, which goes on in this flow (the stream has
+        ended: the flow that finishes last finds the pipeline drained). Under
+        `max_inflight_requests` the next response is taken once the previous one's flow has
+        sent its first steps: the steps after a fast producer take its responses as their
+        slots free (the producer itself is not paused: its responses wait in its stream)."""
         await self._limits.acquire(step.index)
+        if sent is not None:
+            sent.set()
+        last: tuple[Tensors, Marks] | None = None
         try:
-            async for outputs, mark in self._stream(request, step, tensors, marks):
-                sent = asyncio.Event() if self._limits.enabled else None
-                streamed = {**marks, **dict.fromkeys(outputs, mark)}
-                flows.start(self._flow(flows, request, {**tensors, **outputs}, streamed, done, sent))
-                if sent is not None:
-                    await sent.wait()
+            async with contextlib.aclosing(self._stream(request, step, tensors, marks)) as responses:
+                async for outputs, mark, final in responses:
+                    streamed = ({**tensors, **outputs}, {**marks, **dict.fromkeys(outputs, mark)})
+                    if final:
+                        last = streamed
+                        break
+                    next_sent = asyncio.Event() if self._limits.enabled else None
+                    flows.start(self._flow(flows, request, *streamed, done, next_sent))
+                    if next_sent is not None:
+                        await next_sent.wait()
         finally:
-            self._limits.release(step.index)
+            self._limits.release(step.index)  # (Triton's: at the step's final flag)
+        if last is not None:
+            await self._flow(flows, request, *last, done)
 
     def _ready(
         self,
@@ -242,14 +271,17 @@ class EnsembleInstance:
 
     async def _stream(
         self, request: InferenceRequest, step: Step, tensors: Tensors, marks: Marks
-    ) -> AsyncIterator[tuple[Tensors, SequenceMark]]:
+    ) -> AsyncGenerator[tuple[Tensors, SequenceMark, bool], None]:
+        """The decoupled step's responses, each with whether it carried the final flag."""
         child, mark = self._step_request(request, step, tensors, marks)
         forget = request.on_cancel(child.cancel)
         try:
-            async for response in self._client.stream(child):
+            async for response, final in self._client.stream_with_flags(child):
+                if response is None:  # a final flag sent alone
+                    return
                 if response.error is not None:  # (as Triton: any error of a step fails the ensemble)
                     raise response.error
-                yield self._renamed(step, dict(response.outputs)), mark.after(response.parameters)
+                yield self._renamed(step, dict(response.outputs)), mark.after(response.parameters), final
         except CoreserveError as exc:
             raise self._failed(exc) from None
         finally:
