@@ -195,8 +195,17 @@ def shared_files_fingerprint(model_path: Path) -> str:
     return digest.hexdigest()
 
 
-def read_output_labels(config: ModelConfig, model_path: Path) -> dict[str, tuple[bytes, ...]]:
-    """Labels per output that names a label file in the model folder: one label per line.
+Labels = dict[str, tuple[bytes, ...]]
+# The labels of a loaded model version's outputs (name, version; "" the latest), for an ensemble.
+LabelLookup = Callable[[str, str], Mapping[str, tuple[bytes, ...]]]
+
+
+def read_output_labels(
+    config: ModelConfig, model_path: Path, step_labels: LabelLookup | None = None
+) -> Labels:
+    """Labels per output that names a label file in the model folder: one label per line. An
+    ensemble's output that names none takes those of the step output that produces it, as
+    Triton's ensembles do (its steps are loaded first; `step_labels` looks them up).
 
     Read when a version loads, as Triton does: a file that cannot be read makes the version
     unavailable, with Triton's words for it. Lines split at '\\n' only (a '\\r' stays part of
@@ -218,6 +227,16 @@ def read_output_labels(config: ModelConfig, model_path: Path) -> dict[str, tuple
         if lines and not lines[-1]:
             lines.pop()  # the newline that ends the last line opens no further one
         labels[output.name] = tuple(lines)
+    if step_labels is not None and config.HasField("ensemble_scheduling"):
+        unlabelled = {output.name for output in config.output} - labels.keys()
+        for step in config.ensemble_scheduling.step:
+            version = "" if step.model_version < 0 else str(step.model_version)
+            for step_output, tensor in step.output_map.items():
+                if tensor in unlabelled:
+                    with contextlib.suppress(CoreserveError):  # (a step that does not serve has none)
+                        found = step_labels(step.model_name, version).get(step_output)
+                        if found:
+                            labels[tensor] = found
     return labels
 
 

@@ -38,6 +38,7 @@ from coreserve.repository._instances import (
 )
 from coreserve.repository._layout import (
     CONFIG_FILENAME,
+    LabelLookup,
     ModelLocation,
     list_versions,
     read_output_labels,
@@ -76,8 +77,7 @@ class ModelLoader:
         self.response_cache = response_cache  # --cache-config; models opt in with response_cache
         self.config_name = config_name  # --model-config-name
         self._auto_complete = auto_complete
-        # --backend-directory: where Python-based backends are found (None: nowhere).
-        self.backend_directory = backend_directory
+        self.backend_directory = backend_directory  # where Python-based backends are (None: nowhere)
         self._backend_config = backend_config or {}
         self._latency = latency
         self.client: InferenceClient | None = None  # the server sets its data plane here
@@ -86,9 +86,9 @@ class ModelLoader:
         self.metrics = CustomMetrics()  # the custom metric families the metrics endpoint writes
         # Under --model-namespacing, the repository's test for a qualified model key.
         self.has_model: Callable[[str], bool] | None = None
+        self.labels_of: LabelLookup | None = None  # the server's: a loaded version's output labels
         self.workers = 1  # the worker processes of the server, each with its copies of the models
-        # In a worker of a server of several, but the first: the scheduler that sends a
-        # single-copy model's requests to the first, which alone loads it (`single_copy_reason`).
+        # In a worker but the first: what sends a single-copy model's requests to the first.
         self.forwarding: Callable[[ModelVersion], Scheduler] | None = None
 
     def stop_loads(self) -> None:
@@ -363,7 +363,7 @@ class ModelLoader:
         try:
             if not files.version_path.is_dir():
                 raise ModelConfigError(f"model '{location.name}' has no folder for version {version.version}")
-            version.labels = read_output_labels(version.config, location.path)
+            version.labels = read_output_labels(version.config, location.path, self.labels_of)
             single = single_copy_reason(version.config)
             if self.forwarding is not None and single:
                 version.scheduler = self.forwarding(version)

@@ -117,6 +117,7 @@ class ServerRuntime:
         loader.client = self.dataplane
         loader.models = ModelsForBackends(self.dataplane.change, self.dataplane.model_ready)
         loader.activity = self.dataplane
+        loader.labels_of = lambda name, version: self.dataplane.model_version(name, version).labels
         self.custom_metrics = loader.metrics
         self.metrics_report: MetricsReport | None = None
         if options.allow_metrics:

@@ -80,6 +80,15 @@ max_batch_size: 0
 input [ { name: "IN" data_type: TYPE_FP32 dims: [ 5 ] } ]
 output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 5 ] label_filename: "nothere.txt" } ]
 """
+# Over `scores`: its OUT names no label file (it takes the step's), or one of its own.
+ENSEMBLE_CONFIG = """
+platform: "ensemble"
+max_batch_size: 8
+input [ { name: "IN" data_type: TYPE_FP32 dims: [ 5 ] } ]
+output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 5 ] %s } ]
+ensemble_scheduling { step [ { model_name: "scores" model_version: -1 input_map { key: "IN" value: "IN" }
+  output_map { key: "OUT" value: "OUT" } } ] }
+"""
 TWO_ROWS = np.array([[0.1, 0.5, 0.2, 0.5, 0.05], [3, 2, 1, 0, -1]], dtype=np.float32)
 # Triton 2.51's answer for TWO_ROWS with classification 3: ties keep the lower index first,
 # index 3 and 4 have no label (labels.txt has three lines).
@@ -105,6 +114,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     _write(repository, "flat", FLAT_CONFIG, FLAT_MODEL)
     _write(repository, "wide", WIDE_CONFIG, FLAT_MODEL)
     _write(repository, "missing_labels", MISSING_LABELS_CONFIG, FLAT_MODEL)
+    _write(repository, "scores_ensemble", ENSEMBLE_CONFIG % "", None)
+    _write(repository, "scores_ensemble_own", ENSEMBLE_CONFIG % 'label_filename: "own.txt"', None)
+    (repository / "scores_ensemble_own" / "own.txt").write_text("ant\nbee\n")
     process = ServerProcess([repository], ["--exit-on-error=false"]).start()
     yield process
     process.close()
@@ -327,3 +339,19 @@ def test_grpc_stream_answers_classes_too(grpc: grpcclient.InferenceServerClient)
         grpc.stop_stream()
     assert not isinstance(result, InferenceServerException), result
     assert _strings(result.as_numpy("OUT")) == TWO_ROWS_TOP3
+
+
+def test_an_ensemble_output_without_a_label_file_takes_the_labels_of_the_step_that_makes_it(
+    http: httpclient.InferenceServerClient, grpc: grpcclient.InferenceServerClient
+) -> None:
+    """As Triton's ensembles take them at load (its QA L0_infer classifies ensembles' outputs)."""
+    assert (
+        _strings(_http_infer(http, "scores_ensemble", TWO_ROWS, [("OUT", 3)]).as_numpy("OUT"))
+        == TWO_ROWS_TOP3
+    )
+    assert (
+        _strings(_grpc_infer(grpc, "scores_ensemble", TWO_ROWS, [("OUT", 3)]).as_numpy("OUT"))
+        == TWO_ROWS_TOP3
+    )
+    own = _http_infer(http, "scores_ensemble_own", TWO_ROWS, [("OUT", 2)]).as_numpy("OUT")
+    assert _strings(own) == [["0.500000:1:bee", "0.500000:3"], ["3.000000:0:ant", "2.000000:1:bee"]]
