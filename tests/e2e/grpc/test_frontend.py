@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import queue
+import shutil
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
@@ -21,12 +22,35 @@ from coreserve.protos import health_pb2, health_pb2_grpc
 from coreserve.testing import ServerFactory, ServerProcess
 from support.datatypes import datatype_sample, identity_config
 from support.model_builders import ONNX_TYPES, add_sub_model, identity_model, write_model
+from support.paths import TESTS
 
 ADD_SUB = """
 backend: "onnxruntime"
 max_batch_size: 8
 input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "INPUT1" data_type: TYPE_FP32 dims: [ 4 ] } ]
 output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 4 ] } ]
+"""
+# Sleeps IN / 10 seconds, then answers it; two instances, so a later request can finish first.
+SLEEPY = """
+import time
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            value = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
+            time.sleep(float(value[0]) / 10)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", value)]))
+        return responses
+"""
+SLEEPY_CONFIG = """
+backend: "python"
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+instance_group [ { kind: KIND_CPU count: 2 } ]
 """
 ECHO_PARAMETERS = """
 backend: "echo"
@@ -76,6 +100,8 @@ def server(
     )
     write_model(repository, "echo_parameters", b"", ECHO_PARAMETERS, filename="model.echo")
     write_model(repository, "broken", b"not onnx", ADD_SUB)
+    write_model(repository, "sleepy", SLEEPY.encode(), SLEEPY_CONFIG, filename="model.py")
+    shutil.copytree(TESTS / "plugins" / "python" / "models" / "countdown", repository / "countdown")
     env = {
         "PYTHONPATH": os.pathsep.join(filter(None, [str(echo_backend_site), os.environ.get("PYTHONPATH")]))
     }
@@ -298,6 +324,37 @@ def test_stream_with_an_error_in_the_middle(client: grpcclient.InferenceServerCl
     assert sorted(by_id) == ["r0", "r1", "r3", "r4"]
     for index in (0, 1, 3, 4):
         np.testing.assert_array_equal(by_id[f"r{index}"].as_numpy("OUTPUT0"), a * index + a)
+
+
+def _int32(value: int) -> list[grpcclient.InferInput]:
+    tensor = grpcclient.InferInput("IN", [1], "INT32")
+    tensor.set_data_from_numpy(np.array([value], np.int32))
+    return [tensor]
+
+
+def test_a_streams_answers_come_in_the_order_of_its_requests_but_a_decoupled_models(
+    client: grpcclient.InferenceServerClient,
+) -> None:
+    """As Triton's stream: a request answered early waits for those before it (here a slow one
+    on the other instance, and an error), while a decoupled model's responses go out as they
+    come (Triton's QA L0_simple_ensemble reads a stream's answers in order)."""
+    results: queue.Queue = queue.Queue()
+    client.start_stream(callback=partial(lambda q, result, error: q.put((result, error)), results))
+    countdown = grpcclient.InferInput("N", [1], "INT32")
+    countdown.set_data_from_numpy(np.array([2], np.int32))
+    try:
+        client.async_stream_infer("sleepy", _int32(8), request_id="slow")
+        client.async_stream_infer("sleepy", _int32(0), request_id="quick")
+        client.async_stream_infer("nowhere", _int32(0), request_id="unknown")
+        client.async_stream_infer("countdown", [countdown], request_id="decoupled")
+        client.async_stream_infer("sleepy", _int32(0), request_id="last")
+        received = [results.get(timeout=30) for _ in range(6)]
+    finally:
+        client.stop_stream()
+    order = [result.get_response().id if error is None else "error" for result, error in received]
+    assert [name for name in order if name != "decoupled"] == ["slow", "quick", "error", "last"]
+    assert order.index("decoupled") < order.index("slow")  # not held behind the slow one
+    assert "Request for unknown model: 'nowhere'" in next(error.message() for _, error in received if error)
 
 
 def test_stream_final_response_flag(client: grpcclient.InferenceServerClient) -> None:

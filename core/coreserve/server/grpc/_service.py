@@ -36,7 +36,7 @@ from coreserve.protos import grpc_service_pb2_grpc as pb_grpc
 from coreserve.responses import MAX_WAITING_BYTES, StreamingResponses, output_bytes
 from coreserve.server import changes
 from coreserve.server.dataplane import DataPlane
-from coreserve.server.grpc._stream import FINAL_RESPONSE, StreamCall, StreamMessage, bare_reply
+from coreserve.server.grpc._stream import FINAL_RESPONSE, InOrder, StreamCall, StreamMessage, bare_reply
 from coreserve.server.headers import ApiRestrictions, HeaderForwarding
 from coreserve.types import InferenceRequest, InferenceResponse, Trace, TraceContext, now_ns
 
@@ -349,9 +349,12 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         # Triton's `triton_grpc_error: true` header: the first error ends the call with its status.
         fail = call.fail if _metadata(context).get(GRPC_ERROR_HEADER) == "true" else None
 
+        in_order = InOrder(call.deliver, self._dataplane.model_signature)
+
         async def start(message: ReceivedInferRequest) -> None:
             await self._dataplane.load_on_demand(message.message)
-            self._start_stream_request(message, call.deliver, running, context, fail)
+            deliver = in_order.place(message.message.model_name, message.message.model_version)
+            self._start_stream_request(message, deliver, running, context, fail)
 
         reader = asyncio.create_task(call.read(requests, start))
         try:

@@ -11,9 +11,12 @@ waiting here: a response past that is refused (`deliver` answers False), never a
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Any
 
+from coreserve.config import ModelSignature
 from coreserve.errors import CoreserveError
 from coreserve.protocol.grpc_response import SerializedPieces
 from coreserve.protos import grpc_service_pb2 as pb
@@ -24,6 +27,7 @@ StreamMessage = bytes | SerializedPieces | pb.ModelStreamInferResponse
 Outbox = asyncio.Queue[tuple[StreamMessage | None, bool, int] | None]
 
 
+Deliver = Callable[["StreamMessage | None", bool, "Callable[[], int] | None"], bool]
 FINAL_RESPONSE = "triton_final_response"  # a response parameter of Triton's streaming protocol
 _FAILED = object()  # in the outbox: the call ends here, with `failure` as its status
 
@@ -107,6 +111,61 @@ class StreamCall:
         self._open -= 1
         if self._open < self._limit:
             self._room.set()
+
+
+@dataclass
+class _Place:
+    """An ordered request's place: its messages held until those before it are answered."""
+
+    held: list[tuple[StreamMessage | None, bool, Callable[[], int] | None]] = field(default_factory=list)
+    answered: bool = False  # its final message has come
+
+
+class InOrder:
+    """Triton's order on a stream: the messages of the requests to models that are not
+    decoupled go out in the order the requests were read (one answered early waits for those
+    before it); those of a decoupled model's requests go out as they come."""
+
+    def __init__(self, deliver: Deliver, signature: Callable[[str, str], ModelSignature]) -> None:
+        self._deliver = deliver
+        self._signature = signature
+        self._places: deque[_Place] = deque()  # the ordered requests not yet sent, first first
+
+    def place(self, model_name: str, model_version: str) -> Deliver:
+        """The `deliver` of a request read now (one to a model that cannot be found is ordered)."""
+        try:
+            if self._signature(model_name, model_version).decoupled:
+                return self._deliver
+        except CoreserveError:
+            pass
+        place = _Place()
+        self._places.append(place)
+
+        def deliver(
+            message: StreamMessage | None, final: bool, measure: Callable[[], int] | None = None
+        ) -> bool:
+            if self._places[0] is not place:
+                place.held.append((message, final, measure))
+                place.answered = place.answered or final
+                return True  # (held: its final message, which the bound never refuses)
+            accepted = self._deliver(message, final, measure)
+            if final:
+                self._places.popleft()
+                self._release()
+            return accepted
+
+        return deliver
+
+    def _release(self) -> None:
+        """Sends what the requests now first have held, up to one still unanswered."""
+        while self._places:
+            first = self._places[0]
+            for held in first.held:
+                self._deliver(*held)
+            first.held.clear()
+            if not first.answered:
+                return
+            self._places.popleft()
 
 
 def bare_reply(
