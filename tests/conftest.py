@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -83,3 +85,12 @@ def http_client() -> Iterator[Callable[[ServerProcess], httpclient.InferenceServ
     yield connect
     for client in clients:
         client.close()
+
+
+@pytest.fixture
+def short_temp() -> Iterator[Path]:
+    """A temp folder of a short path, for a server's TMPDIR (a pytest tmp_path is too long for
+    the workers' Unix sockets)."""
+    folder = Path(tempfile.mkdtemp(prefix="cs-"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)

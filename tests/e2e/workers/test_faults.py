@@ -10,9 +10,7 @@ import http.client
 import json
 import os
 import re
-import shutil
 import signal
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -364,14 +362,6 @@ def test_a_region_whose_segment_is_gone_fails_the_replay_and_the_worker_is_not_r
         if handle is not None:
             shm.destroy_shared_memory_region(handle)
         server.close()
-
-
-@pytest.fixture
-def short_temp() -> Iterator[Path]:
-    """A temp folder of a short path (a pytest tmp_path is too long for the workers' sockets)."""
-    folder = Path(tempfile.mkdtemp(prefix="cs-"))
-    yield folder
-    shutil.rmtree(folder, ignore_errors=True)
 
 
 def test_a_killed_workers_cache_folder_is_removed_and_nothing_is_left_after_the_stop(

@@ -5,24 +5,13 @@ three on Linux, and send what they record)."""
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
-import pytest
 import tritonclient.http as httpclient
 
 from coreserve.testing import ServerFactory
 from support.model_builders import ADD_SUB_CONFIG, add_sub_model, write_model
-
-
-@pytest.fixture
-def short_temp() -> Iterator[Path]:
-    folder = Path(tempfile.mkdtemp(prefix="cs-"))
-    yield folder
-    shutil.rmtree(folder, ignore_errors=True)
 
 
 def test_a_server_running_an_onnx_model_leaves_no_telemetry_files(
