@@ -1,7 +1,8 @@
 """Log entries in the form Triton 2.51 documents ("Logging Formats" of its logging extension),
 checked with the patterns of Triton's own QA (L0_logging): `<level><date> <pid> <file>:<line>]
 <message>`, the message JSON-encoded unless TRITON_SERVER_ESCAPE_LOG_MESSAGES=0, the start-up
-table one multi-line entry, and a Python model's lines named by its own file and line."""
+tables (backends, models, options) each one multi-line entry, and a Python model's lines named by
+its own file and line."""
 
 from __future__ import annotations
 
@@ -92,10 +93,12 @@ def _entries(log: str, pattern: re.Pattern[str]) -> list[tuple[re.Match[str], li
 def test_every_entry_is_one_line_with_its_message_json_encoded_but_the_table(escaped: ServerProcess) -> None:
     entries = _entries(escaped.log, ENTRY)
     tables = [following for _, following in entries if following]
-    assert len(tables) == 1, "only the start-up table spans lines"
-    assert all(TABLE_LINE.match(line) for line in tables[0])
-    assert any(re.match(r"^\| broken\s+\| 1\s+\| UNAVAILABLE: ", line) for line in tables[0])
-    assert any(re.match(r"^\|\s+\|\s+\| second\s+\|$", line) for line in tables[0])  # its own column
+    # The start-up tables (backends, models, options), as Triton's, are the only entries over lines.
+    assert [table[1].split()[1] for table in tables] == ["Backend", "Model", "Option"]
+    assert all(TABLE_LINE.match(line) for table in tables for line in table)
+    models = tables[1]
+    assert any(re.match(r"^\| broken\s+\| 1\s+\| UNAVAILABLE: ", line) for line in models)
+    assert any(re.match(r"^\|\s+\|\s+\| second\s+\|$", line) for line in models)  # its own column
     for match, following in entries:
         message = match["message"]
         if following:
