@@ -73,6 +73,8 @@ def serve_parser() -> argparse.ArgumentParser:
     flag("--repository-poll-secs", type=float, default=15.0,
          help="seconds between scans in poll mode (0 or less: none, as in Triton)")
     flag("--model-load-thread-count", type=int, default=4, help="models that load at the same time")
+    flag("--model-load-retry-count", type=non_negative_int, default=0, metavar="N",
+         help="times a version that fails to load is loaded again at once (default 0)")
     flag("--model-config-name", default="", metavar="NAME",
          help="load a model's configs/NAME.pbtxt where it has one, else its config.pbtxt")
     bool_flag("--model-namespacing", False, "let models of the same name live in different repositories; "

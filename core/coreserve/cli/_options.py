@@ -83,6 +83,7 @@ def server_options(args: argparse.Namespace) -> ServerOptions:
         model_memory_budgets=parse_memory_budgets(args.model_memory_budget or []),
         repository_poll_secs=args.repository_poll_secs,
         model_load_thread_count=args.model_load_thread_count,
+        model_load_retry_count=args.model_load_retry_count,
         http_restricted_api=args.http_restricted_api,
         grpc_restricted_api=args.grpc_restricted_api,
         http_header_forward_pattern=args.http_header_forward_pattern,

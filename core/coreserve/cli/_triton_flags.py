@@ -2,9 +2,9 @@
 
 An operator swaps `tritonserver` for `coreserve` and changes nothing else, so every flag of
 `tritonserver --help` is accepted. Most act (the command's flags define those); the rest are accepted and
-named once in a start-up warning, either because they mean nothing on this host (CUDA memory
-pools, pinned memory, backend shared libraries) or because the feature behind them is not
-built yet. A flag that is not Triton's and not ours is refused with the closest real one.
+named once in a start-up warning because they mean nothing on this host (CUDA memory pools,
+pinned memory, backend shared libraries). A flag that is not Triton's and not ours is refused
+with the closest real one.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ class Effect(enum.Enum):
 
     ACTS = "acts"  # defined by the command's flags and honoured
     INERT = "inert"  # accepted; means nothing on this host
-    NOT_YET = "not yet"  # accepted; the feature behind it is not built yet
 
 
 @dataclass(frozen=True)
@@ -32,13 +31,13 @@ class TritonFlag:
     effect: Effect
     # The value Triton parses: "bool", "int", "float", "str", or "" for a flag without value.
     kind: str = "str"
-    why: str = ""  # for INERT and NOT_YET: what the warning says
+    why: str = ""  # for INERT: what the warning says
     repeatable: bool = False
     # Values that ask for nothing coreserve doesn't do anyway: given, they need no warning.
     harmless: tuple[str, ...] = ()
 
 
-_A, _I, _N = Effect.ACTS, Effect.INERT, Effect.NOT_YET
+_A, _I = Effect.ACTS, Effect.INERT
 _GPU = "no GPU memory management here"
 _LIB = "no shared-library plugins here"
 _FALSE = ("false", "0", "off")
@@ -65,7 +64,7 @@ TRITON_FLAGS: tuple[TritonFlag, ...] = (
     TritonFlag("--load-model", _A),
     TritonFlag("--model-config-name", _A),
     TritonFlag("--model-load-thread-count", _A, "int"),
-    TritonFlag("--model-load-retry-count", _N, "int", "loads are not retried yet", harmless=("0",)),
+    TritonFlag("--model-load-retry-count", _A, "int"),
     TritonFlag("--model-namespacing", _A, "bool"),
     TritonFlag("--enable-peer-access", _I, "bool", "no GPUs to connect here"),
     # HTTP
@@ -201,7 +200,6 @@ def add_accepted_flags(parser: argparse.ArgumentParser) -> None:
 def accepted_flags_warning(args: argparse.Namespace) -> str | None:
     """One line naming the accepted flags given that do nothing here, or None when there are none."""
     inert: list[str] = []
-    not_yet: list[str] = []
     for flag in TRITON_FLAGS:
         if flag.effect is Effect.ACTS:
             continue
@@ -210,23 +208,12 @@ def accepted_flags_warning(args: argparse.Namespace) -> str | None:
             continue
         values = value if isinstance(value, list) else [value]
         texts = [str(v).lower() if isinstance(v, bool) else str(v) for v in values]
-        if flag.harmless and all(_harmless(flag, text) for text in texts):
+        if flag.harmless and all(text.lower() in flag.harmless for text in texts):
             continue
-        (inert if flag.effect is Effect.INERT else not_yet).append(f"{flag.name} ({flag.why})")
-    parts = []
-    if inert:
-        parts.append("these mean nothing on this host: " + ", ".join(inert))
-    if not_yet:
-        parts.append("these do not act yet: " + ", ".join(not_yet))
-    if not parts:
+        inert.append(f"{flag.name} ({flag.why})")
+    if not inert:
         return None
-    return "tritonserver flags accepted and ignored; " + "; ".join(parts)
-
-
-def _harmless(flag: TritonFlag, text: str) -> bool:
-    if flag.kind == "bool":
-        return text == "false"
-    return text.lower() in flag.harmless
+    return "tritonserver flags accepted and ignored; these mean nothing on this host: " + ", ".join(inert)
 
 
 def refuse_unknown(parser: argparse.ArgumentParser, leftovers: Sequence[str]) -> None:

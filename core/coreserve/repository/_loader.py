@@ -23,7 +23,7 @@ from coreserve.backend.devices import reported_gpus
 from coreserve.backend.plugins.registry import BackendRegistry
 from coreserve.backend.python_based import PYTHON_BACKEND, PYTHON_RUNTIME, python_based_runtime
 from coreserve.config import ModelSignature, apply_defaults, read_config_file, validate_config
-from coreserve.config.ignored import ignored_fields
+from coreserve.config.ignored import ineffective_settings
 from coreserve.config.instance_groups import depends_on_gpus
 from coreserve.ensemble import steps_decoupled
 from coreserve.errors import CoreserveError, ModelConfigError
@@ -67,6 +67,7 @@ class ModelLoader:
         auto_complete: bool = True,
         backend_config: Mapping[str, Mapping[str, str]] | None = None,
         config_name: str = "",
+        load_retries: int = 0,
         latency: LatencyOptions | None = None,
         response_cache: ResponseCache | None = None,
         rate_limiter: RateLimiter | None = None,
@@ -76,6 +77,7 @@ class ModelLoader:
         self.rate_limiter = rate_limiter  # --rate-limit=execution_count
         self.response_cache = response_cache  # --cache-config; models opt in with response_cache
         self.config_name = config_name  # --model-config-name
+        self.load_retries = load_retries  # --model-load-retry-count
         self._auto_complete = auto_complete
         self.backend_directory = backend_directory  # where Python-based backends are (None: nowhere)
         self._backend_config = backend_config or {}
@@ -217,24 +219,9 @@ class ModelLoader:
         apply_defaults(config, location.name, gpus, getattr(backend, "default_cpu_instance_count", 1))
         validate_config(config)
         single_copy_reason(config)  # a malformed coreserve_single_copy fails the load here
-        for field_name in ignored_fields(config):
-            logger.warning(
-                "model '%s': config field '%s' is not supported and has no effect", config.name, field_name
-            )
-        if config.response_cache.enable and self.response_cache is None:
-            # Triton says nothing here; a line spares an operator wondering why nothing is cached.
-            logger.warning(
-                "model '%s': response_cache is enabled but the server has no cache "
-                "(--cache-config local,size=BYTES); its responses are not cached",
-                config.name,
-            )
-        limited = any(group.HasField("rate_limiter") for group in config.instance_group)
-        if limited and self.rate_limiter is None:
-            # Triton ignores it silently under its default --rate-limit=off.
-            logger.warning(
-                "model '%s': instance_group.rate_limiter has no effect without --rate-limit=execution_count",
-                config.name,
-            )
+        cached, limited = self.response_cache is not None, self.rate_limiter is not None
+        for reason in ineffective_settings(config, response_cache=cached, rate_limiter=limited):
+            logger.warning("model '%s': %s", config.name, reason)
         versions = select_versions(config.version_policy, available, location.name)
         if not versions:
             raise ModelConfigError(
@@ -357,6 +344,16 @@ class ModelLoader:
         return ModelFiles(location.name, location.path, version, config.default_model_filename, runtime)
 
     async def _load_version(self, backend: Backend, location: ModelLocation, version: ModelVersion) -> None:
+        """Loads a version; one that fails is loaded again at once, up to `load_retries` times
+        (Triton's --model-load-retry-count), each failure logged with its reason."""
+        for _ in range(self.load_retries + 1):
+            version.state, version.reason = ModelState.LOADING, ""
+            if await self._try_load_version(backend, location, version):
+                return
+
+    async def _try_load_version(
+        self, backend: Backend, location: ModelLocation, version: ModelVersion
+    ) -> bool:
         files = self._files(location, version.version, version.config)
         started = time.monotonic()
         instances: list[ModelInstance] = []
@@ -375,7 +372,7 @@ class ModelLoader:
                     version.version,
                     single,
                 )
-                return
+                return True
             # Of the files it loads (a version worker 0 serves for this worker loads none), by path
             # and size where they are this server's copy (its times differ from another's).
             version.files_fingerprint = await asyncio.to_thread(
@@ -431,9 +428,10 @@ class ModelLoader:
             logger.error(  # (Triton's words)
                 "failed to load '%s' version %d: %s", location.name, version.version, version.reason
             )
-            return
+            return False
         version.load_seconds = time.monotonic() - started
         version.state = ModelState.READY
+        return True
 
 
 def _copy(config: ModelConfig) -> ModelConfig:

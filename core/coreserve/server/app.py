@@ -77,6 +77,7 @@ class ServerRuntime:
             backend_config=options.backend_config,
             backend_directory=options.backend_directory,
             config_name=options.model_config_name,
+            load_retries=options.model_load_retry_count,
             latency=self._latency_options(),
             response_cache=self.response_cache,
             rate_limiter=(

@@ -34,6 +34,7 @@ class ServerOptions:
     model_memory_budgets: MemoryBudgets = field(default_factory=MemoryBudgets)
     repository_poll_secs: float = 15.0
     model_load_thread_count: int = 4
+    model_load_retry_count: int = 0  # a version that fails to load is loaded again at once, this often
     # None: a temporary folder of this server's own (never shared with another server),
     # removed when it stops. A folder given here is kept, with what it holds.
     cache_dir: Path | None = None

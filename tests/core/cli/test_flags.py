@@ -158,7 +158,6 @@ def test_one_warning_names_the_inert_flags_given_and_skips_harmless_values() -> 
             "--cuda-memory-pool-byte-size=1:67108864",
             "--sagemaker-thread-count",
             "8",
-            "--model-load-retry-count=3",
             "--rate-limit=off",  # what coreserve does anyway
             "--allow-sagemaker=false",
             "--model-namespacing=off",
@@ -172,7 +171,6 @@ def test_one_warning_names_the_inert_flags_given_and_skips_harmless_values() -> 
         "--sagemaker-thread-count",
     ):
         assert warning.count(name) == 1
-    assert "do not act yet: --model-load-retry-count (loads are not retried yet)" in warning
     for name in ("--rate-limit", "--allow-sagemaker", "--model-namespacing"):
         assert name not in warning
     assert accepted_flags_warning(parse_serve_args(BASE)) is None
@@ -194,10 +192,12 @@ def test_acting_flags_reach_the_server_options() -> None:
             "--log-verbose=2",
             "--log-info=false",
             "--log-format=ISO8601",
+            "--model-load-retry-count=2",
         ]
     )
     options = server_options(args)
     assert options.server_id == "edge-7" and options.model_config_name == "h100"
+    assert options.model_load_retry_count == 2
     assert options.auto_complete_config is False
     assert [sorted(r.categories) for r in options.grpc_restricted_api] == [["statistics"], ["health"]]
     transport = options.grpc_transport
@@ -266,10 +266,9 @@ def test_the_grpc_server_comes_from_the_flag_or_the_environment(
 
 
 def test_negative_numbers_where_tritonserver_wants_counts_are_refused() -> None:
-    with pytest.raises(SystemExit):
-        parse_serve_args([*BASE, "--log-verbose=-1"])
-    with pytest.raises(SystemExit):
-        parse_serve_args([*BASE, "--grpc-keepalive-time=-5"])
+    for flag in ("--log-verbose=-1", "--grpc-keepalive-time=-5", "--model-load-retry-count=-1"):
+        with pytest.raises(SystemExit):
+            parse_serve_args([*BASE, flag])
     assert isinstance(parse_serve_args([*BASE, "--log-verbose=3"]), argparse.Namespace)
 
 
