@@ -30,10 +30,12 @@ SEPARATE_WRITE_BYTES = 64 << 10
 
 class AnsweringServer(Protocol):
     """What answers ask of their server (`HttpServer` is the one): the handler, its error
-    answers, and its count of the requests being answered, told as each one is answered."""
+    answers, whether it stops, and its count of the requests being answered, told as each one
+    is answered."""
 
     handle: Handler
     error_response: ErrorResponse
+    stopping: bool
     busy: int
 
     def answered(self) -> None: ...
@@ -130,13 +132,15 @@ class Answers:
                 item, keep_alive = self.pending.popleft()
                 server.busy += 1
                 try:
+                    answer: Response
                     if isinstance(item, HttpResponse):
-                        await self._send(connection, item, {}, keep_alive)
+                        answer, headers, head = item, {}, False
                     else:
                         self.current = item
-                        answer = await server.handle(item)
-                        head = item.method == "HEAD"
-                        await self._send(connection, answer, item.headers, keep_alive, head)
+                        answer, headers, head = await server.handle(item), item.headers, item.method == "HEAD"
+                    # A stopping server closes the connection after this answer, and says so.
+                    keep_alive = keep_alive and not server.stopping
+                    await self._send(connection, answer, headers, keep_alive, head)
                 except Exception:
                     logger.exception("HTTP request failed")
                     keep_alive = False

@@ -75,6 +75,7 @@ class HttpServer:
         self.body_size_message = f"request body too large: the limit is {max_body_size} bytes"
         self.connections: set[HttpProtocol] = set()
         self.busy = 0
+        self.stopping = False  # answers then say `Connection: close`, and their connection closes
         self._server: asyncio.Server | None = None
         self._idle = asyncio.Event()
         self._idle.set()
@@ -143,7 +144,7 @@ class HttpServer:
     def answered(self) -> None:
         if self.busy == 0:
             self._idle.set()
-        if self._server is None:  # stopping: close the connections that went idle
+        if self.stopping:  # close the connections that went idle
             for connection in list(self.connections):
                 connection.close_if_idle()
 
@@ -152,6 +153,7 @@ class HttpServer:
         server, self._server = self._server, None
         if server is None:
             return
+        self.stopping = True
         server.close()
         for connection in list(self.connections):
             connection.close_if_idle()
