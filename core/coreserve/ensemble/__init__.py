@@ -8,6 +8,6 @@ Layer 3: may import the backend API and the layers below it.
 from __future__ import annotations
 
 from coreserve.ensemble._backend import EnsembleBackend, coreserve_register_backends
-from coreserve.ensemble._graph import steps_decoupled
+from coreserve.ensemble._graph import misfit, steps_decoupled
 
-__all__ = ["EnsembleBackend", "coreserve_register_backends", "steps_decoupled"]
+__all__ = ["EnsembleBackend", "coreserve_register_backends", "misfit", "steps_decoupled"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -10,6 +11,8 @@ import numpy as np
 from coreserve.config.signature import ModelSignature, TensorSpec
 from coreserve.errors import CoreserveError, ModelConfigError
 from coreserve.protos.model_config_pb2 import ModelConfig
+
+logger = logging.getLogger(__name__)
 
 SignatureLookup = Callable[[str, str], ModelSignature]
 
@@ -59,6 +62,17 @@ def steps_decoupled(config: ModelConfig, lookup: SignatureLookup) -> bool | None
         return any(lookup(s.model_name, s.model_version).decoupled for s in EnsembleGraph(config).steps)
     except CoreserveError:
         return None
+
+
+def misfit(config: ModelConfig, lookup: SignatureLookup) -> str | None:
+    """Why the models serving now do not fit ensemble `config`, as its load would find (a step
+    reloaded with other tensors, say), logged in Triton's words; None where they fit."""
+    try:
+        EnsembleGraph(config).validate(lookup, ModelSignature(config))
+    except ModelConfigError as exc:
+        logger.error("Invalid argument: %s", exc.message)
+        return exc.message
+    return None
 
 
 class EnsembleGraph:

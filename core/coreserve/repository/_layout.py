@@ -4,9 +4,8 @@
 <repository>/<model>/<version>/<model file>
 <repository>/<model>/<file every version uses> (label files, a Python environment's archive)
 
-An ensemble's configuration names the models it uses: they load before it (`load_order`), and
-an ensemble goes with a model it uses and comes back with it (`TakenDownEnsembles`), and
-changes to linked models wait for each other (`RelatedChanges`).
+An ensemble's configuration names the models it uses: they load before it (`load_order`); the
+links that follow from it are in `links`.
 """
 
 from __future__ import annotations
@@ -14,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from hashlib import blake2b
 from pathlib import Path
@@ -24,6 +23,7 @@ from coreserve.config.parse import parse_config
 from coreserve.errors import CoreserveError, InvalidArgumentError, ModelConfigError
 from coreserve.protos.model_config_pb2 import ModelConfig, ModelVersionPolicy
 from coreserve.repository._overrides import LoadOverrides
+from coreserve.repository.links import TakenDownEnsembles, linked
 from coreserve.repository.namespaces import Found, find_models, key_of, qualified
 from coreserve.scheduling.cache.key import files_digest
 
@@ -107,6 +107,29 @@ class ModelFinder:
         return ModelLocation(
             name, path, path.parent, self._config_name, namespace, copied=source.copies_files
         )
+
+    async def linked(
+        self,
+        name: str,
+        overrides: LoadOverrides | None,
+        models: Mapping[str, Model],
+        down: TakenDownEnsembles,
+    ) -> set[str]:
+        """The models a change of model `name` touches: those linked to it through the ensembles
+        served or taken `down`, and for a load (`overrides`) through the steps it will load."""
+        uses = {model.name: model.steps() for model in models.values()}
+        uses |= {ensemble: steps for ensemble, _, steps, _ in down.items()}
+        start = {name}
+        if overrides is not None and overrides.config is not None:
+            start |= {step.model_name for step in overrides.config.ensemble_scheduling.step}
+        if overrides is not None and not overrides.files:
+            # Its folder's steps, of the repositories on this machine (a remote model's files are
+            # not copied here before its load does it).
+            found = {key: entry for key, entry in (await self.scan())[0].items() if not entry[0].copies_files}
+            named = {key: found[key] for key in self.keys_named(name, found)}
+            wanted = await self.with_steps(named, found)
+            start |= {self.split(key, source)[1] for key, (source, _) in wanted.items()}
+        return linked(start, uses)
 
     async def with_steps(self, wanted: Found, found: Found) -> Found:
         """The models wanted and, as Triton loads them, the steps of the ensembles among them:
@@ -311,110 +334,3 @@ def _cycle(start: str, pending: Mapping[str, set[str] | None]) -> str:
             loop = [*path[path.index(following) :], following]
             return f"ensemble '{start}': circular dependency between ensembles: {' -> '.join(loop)}"
         path.append(following)
-
-
-class TakenDownEnsembles:
-    """The ensembles an unload took down with a model they use, as Triton does, by key: their
-    steps and what they were loaded with, to load them again once every step serves."""
-
-    def __init__(self) -> None:
-        self._down: dict[str, tuple[str, str, frozenset[str], LoadOverrides]] = {}
-
-    def items(self) -> list[tuple[str, str, frozenset[str], LoadOverrides]]:
-        """Each ensemble taken down: its name, namespace, steps and what it was loaded with."""
-        return [self._down[key] for key in sorted(self._down)]
-
-    def keep(self, name: str, namespace: str, steps: frozenset[str], kept: LoadOverrides) -> None:
-        """Notes an ensemble taken down elsewhere (by another worker, as it tells)."""
-        self._down[qualified(namespace, name)] = (name, namespace, steps, kept)
-
-    def forget(self, name: str) -> None:
-        """Loaded or unloaded by name: it is no longer brought back (nor kept down), in any
-        namespace."""
-        for key in [key for key, entry in self._down.items() if name in (key, entry[0])]:
-            del self._down[key]
-
-    def take_down(self, models: Mapping[str, Model], name: str, keys: Collection[str]) -> list[str]:
-        """The keys of the ensembles that use model `name`, or use those, noted as taken down
-        (Triton's words logged for each); `keys`, the model's own, aside."""
-        down: list[str] = []
-        gone = [name]
-        while gone:
-            step = gone.pop()
-            for key, model in models.items():
-                if key in keys or key in down or step not in model.steps():
-                    continue
-                logger.error(
-                    "Invalid argument: ensemble %s contains models that are not available or ambiguous: %s",
-                    model.name,
-                    step,
-                )
-                kept = LoadOverrides(config=model.config, traffic=model.traffic)
-                self._down[key] = (model.name, model.namespace, model.steps(), kept)
-                down.append(key)
-                gone.append(model.name)
-        return down
-
-    def ready(self, loaded: str, serves: Callable[[str], bool]) -> list[tuple[str, str, LoadOverrides]]:
-        """The ensembles taken down that use `loaded` and find every step served now: name,
-        key and what they were loaded with (forgotten here)."""
-        ready = [
-            (name, key, kept)
-            for key, (name, _, steps, kept) in sorted(self._down.items())
-            if loaded in steps and all(serves(step) for step in steps)
-        ]
-        for _, key, _ in ready:
-            del self._down[key]
-        return ready
-
-
-def linked(start: Iterable[str], uses: Mapping[str, Collection[str]]) -> set[str]:
-    """The models `start` names and those linked to them through ensembles, both ways (`uses`:
-    the steps of each ensemble, by name)."""
-    neighbours: dict[str, set[str]] = {}
-    for ensemble, steps in uses.items():
-        for step in steps:
-            neighbours.setdefault(ensemble, set()).add(step)
-            neighbours.setdefault(step, set()).add(ensemble)
-    found = set(start)
-    unexplored = list(found)
-    while unexplored:
-        for other in neighbours.get(unexplored.pop(), set()) - found:
-            found.add(other)
-            unexplored.append(other)
-    return found
-
-
-class RelatedChanges:
-    """Changes through the repository API run one after the other where they touch linked models
-    (an ensemble and the models it uses), as Triton's do, and at once otherwise: an unload that
-    takes an ensemble down must not meet a load that brings it back."""
-
-    def __init__(self) -> None:
-        self._busy: set[str] = set()
-        self._done = asyncio.Condition()
-
-    @contextlib.asynccontextmanager
-    async def holding(
-        self, change: str, names: Callable[[], Awaitable[set[str]]], unheld: bool = False
-    ) -> AsyncIterator[None]:
-        """Runs the block once no other change holds any of the models `names` gives (asked
-        again after each wait: the models linked change with the changes); `unheld`: at once,
-        holding nothing (a change a model asks for, which the change that runs it may hold)."""
-        if unheld:
-            yield
-            return
-        while True:
-            held = await names()  # (outside the lock: it may read the repository)
-            async with self._done:
-                if not held & self._busy:
-                    self._busy |= held
-                    break
-                logger.info("the %s waits for a change of the models linked to it", change)
-                await self._done.wait()
-        try:
-            yield
-        finally:
-            async with self._done:
-                self._busy -= held
-                self._done.notify_all()

@@ -99,16 +99,20 @@ class ModelLoader:
             if isinstance(backend, LoadStopper):
                 backend.stop_loads()
 
-    def context_for(self, backend: Backend, namespace: str = "", copies: int = 1) -> ServerContext:
+    def client_for(self, backend_name: str, namespace: str = "") -> InferenceClient | None:
+        """The client a model's instances call the server with: under namespacing an ensemble's
+        steps resolve in its own repository first; other backends' calls (BLS) name models
+        globally, as Triton's do."""
         client = self.client
-        # Under namespacing an ensemble's steps resolve in its own repository first; other
-        # backends' calls (BLS) name models globally, as Triton's do.
-        if namespace and backend.name == "ensemble" and client is not None and self.has_model is not None:
+        if namespace and backend_name == "ensemble" and client is not None and self.has_model is not None:
             client = NamespacedClient(client, namespace, self.has_model)
+        return client
+
+    def context_for(self, backend: Backend, namespace: str = "", copies: int = 1) -> ServerContext:
         return ServerContext(
             backend_config=dict(self._backend_config.get(backend.name, {})),
             logger=logging.getLogger(f"coreserve.backend.{backend.name}"),
-            client=client,
+            client=self.client_for(backend.name, namespace),
             models=self.models,
             metrics=self.metrics,
             activity=self.activity,
@@ -183,7 +187,8 @@ class ModelLoader:
         if config is None:
             config = read_config_file(config_path) if config_path.exists() else ModelConfig()
         else:
-            config = _copy(config)
+            config, given = ModelConfig(), config
+            config.CopyFrom(given)
         available = list_versions(location.path)
         newest = max(versions) if versions else (available[-1] if available else None)
         # What Triton fills in before a backend completes the configuration (its name, backend
@@ -432,12 +437,6 @@ class ModelLoader:
         version.load_seconds = time.monotonic() - started
         version.state = ModelState.READY
         return True
-
-
-def _copy(config: ModelConfig) -> ModelConfig:
-    copy = ModelConfig()
-    copy.CopyFrom(config)
-    return copy
 
 
 async def _report_progress(name: str, every: float = 5.0) -> None:

@@ -28,20 +28,13 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
+from coreserve.ensemble import misfit
 from coreserve.errors import CoreserveError, InvalidArgumentError, UnavailableError, UnsupportedError
 from coreserve.repository._index import index_entries, unavailable_reason
-from coreserve.repository._layout import (
-    ModelFinder,
-    ModelLocation,
-    RelatedChanges,
-    TakenDownEnsembles,
-    ensemble_steps,
-    linked,
-    load_waves,
-    refuse_cycles,
-)
+from coreserve.repository._layout import ModelFinder, ModelLocation, ensemble_steps, load_waves, refuse_cycles
 from coreserve.repository._loader import ModelLoader
 from coreserve.repository._overrides import LoadOverrides, not_in_repository, write_override_files
+from coreserve.repository.links import RelatedChanges, TakenDownEnsembles, users_of
 from coreserve.repository.memory._budgeted import BudgetedLoads
 from coreserve.repository.memory._unloading import close_model, unload_loaded_versions
 from coreserve.repository.memory.budgets import MemoryBudgets
@@ -290,37 +283,42 @@ class ModelRepository:
         may be the load that runs that model."""
         self._refuse_unless_explicit("loading models")
         overrides = overrides or LoadOverrides()
-        linked = functools.partial(self._linked, name, overrides)
+        linked = functools.partial(self._find.linked, name, overrides, self._models, self.taken_down)
         async with self._changes.holding(f"load of model '{name}'", linked, by_model):
             await self._load(name, overrides, ())
             self.taken_down.forget(name)
-            loaded = [name]
+            loaded, back = [name], set()
             while loaded:
                 for ensemble, key, kept in self.taken_down.ready(loaded.pop(), self._serves):
                     try:
                         await self._load(ensemble, kept, (), only=key)
                         loaded.append(ensemble)
+                        back.add(key)
                     except CoreserveError as exc:
                         logger.error("ensemble '%s' did not load again: %s", ensemble, exc.message)
+            await self._reload_users(name, back)
 
-    async def _linked(self, name: str, overrides: LoadOverrides | None = None) -> set[str]:
-        """The models a change of model `name` touches: those linked to it through the ensembles
-        served or taken down, and for a load (`overrides`) through the steps it will load."""
-        uses = {model.name: model.steps() for model in self._models.values()}
-        uses |= {ensemble: steps for ensemble, _, steps, _ in self.taken_down.items()}
-        start = {name}
-        if overrides is not None and overrides.config is not None:
-            start |= {step.model_name for step in overrides.config.ensemble_scheduling.step}
-        if overrides is not None and not overrides.files:
-            # Its folder's steps, of the repositories on this machine (a remote model's files are
-            # not copied here before its load does it).
-            found = {
-                key: entry for key, entry in (await self._find.scan())[0].items() if not entry[0].copies_files
-            }
-            named = {key: found[key] for key in self._find.keys_named(name, found)}
-            wanted = await self._find.with_steps(named, found)
-            start |= {self._find.split(key, source)[1] for key, (source, _) in wanted.items()}
-        return linked(start, uses)
+    async def _reload_users(self, name: str, loaded_now: set[str]) -> None:
+        """As Triton: the served ensembles that use a model just loaded load again (and those
+        that use them), but those `loaded_now`; one it no longer fits goes down, with the
+        ensembles that use it, until a model it uses loads again."""
+        loaded = [name]
+        while loaded:
+            for key, model in users_of(self._models, loaded.pop()):
+                if key in loaded_now:
+                    continue
+                assert model.config is not None
+                client = self._loader.client_for("ensemble", model.namespace)
+                if client is not None and (reason := misfit(model.config, client.model_signature)):
+                    for down in self.taken_down.hold(self._models, key):
+                        await self._unload(down)
+                    self.mark_unavailable(key, model.name, model.namespace, reason)
+                    continue
+                kept = LoadOverrides(config=model.config, traffic=model.traffic)
+                loaded_now.add(key)  # (once, where it uses the model through two paths)
+                with contextlib.suppress(CoreserveError):  # (the loaded one keeps serving; said)
+                    await self._load(model.name, kept, (), only=key)
+                    loaded.append(model.name)
 
     def keep_taken_down(self, name: str, namespace: str, steps: frozenset[str], kept: LoadOverrides) -> None:
         """Holds ensemble `name` down as another worker's unload of a model it uses left it."""
@@ -400,7 +398,11 @@ class ModelRepository:
         `load`."""
         self._refuse_unless_explicit("unloading models")
         check_model_name(name)
-        async with self._changes.holding(f"unload of model '{name}'", lambda: self._linked(name), by_model):
+        async with self._changes.holding(
+            f"unload of model '{name}'",
+            lambda: self._find.linked(name, None, self._models, self.taken_down),
+            by_model,
+        ):
             self.taken_down.forget(name)  # unloaded by name: it stays unloaded
             # Under namespacing, as Triton: a name unloads the models of that name in every repository.
             keys = [key for key, model in self._models.items() if key == name or model.name == name]

@@ -1,0 +1,10 @@
+"""Models linked through ensembles: an ensemble goes down with a model it uses (or when one,
+reloaded, no longer fits it) and comes back with it (`TakenDownEnsembles`), and changes of
+linked models wait for each other (`RelatedChanges`)."""
+
+from __future__ import annotations
+
+from coreserve.repository.links._changes import RelatedChanges, linked
+from coreserve.repository.links._taken_down import TakenDownEnsembles, users_of
+
+__all__ = ["RelatedChanges", "TakenDownEnsembles", "linked", "users_of"]

@@ -1,0 +1,157 @@
+"""A model reloaded through the repository API reloads the ensembles that use it, as Triton 2.51
+does (checked side by side): one the new model still fits loads again beside the served one
+(its statistics start over), one it no longer fits goes down with the ensembles that use it,
+and comes back when a model it uses loads again and fits."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from coreserve.testing import ServerProcess
+
+STEP = """
+backend: "python"
+max_batch_size: 0
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+"""
+ADD = """import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [
+            pb_utils.InferenceResponse(
+                [pb_utils.Tensor("OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy() + INCREMENT)]
+            )
+            for r in requests
+        ]
+"""
+ENSEMBLE = """
+platform: "ensemble"
+max_batch_size: 0
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+ensemble_scheduling { step [ { model_name: "STEP" model_version: -1
+  input_map { key: "IN" value: "IN" } output_map { key: "OUT" value: "OUT" } } ] }
+"""
+
+
+def _step_config(dims: int, increment: int) -> str:
+    """A load request's configuration of `step`: OUT of `dims` elements, the increment a parameter."""
+    tensor = {"data_type": "TYPE_INT32"}
+    return json.dumps(
+        {
+            "backend": "python",
+            "max_batch_size": 0,
+            "input": [{"name": "IN", **tensor, "dims": [1]}],
+            "output": [{"name": "OUT", **tensor, "dims": [dims]}],
+            "parameters": {"increment": {"string_value": str(increment)}},
+        }
+    )
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[ServerProcess]:
+    for name, config, model in (
+        ("step", STEP, ADD.replace("INCREMENT", "int(self.increment)")),
+        ("ens", ENSEMBLE.replace("STEP", "step"), None),
+        ("outer", ENSEMBLE.replace("STEP", "ens"), None),
+    ):
+        (tmp_path / name / "1").mkdir(parents=True)
+        (tmp_path / name / "config.pbtxt").write_text(config)
+        if model is not None:
+            initialize = (
+                "    def initialize(self, args):\n"
+                "        import json\n"
+                "        parameters = json.loads(args['model_config']).get('parameters', {})\n"
+                "        self.increment = parameters.get('increment', {}).get('string_value', '1')\n\n"
+            )
+            body = model.replace("    def execute", initialize + "    def execute")
+            (tmp_path / name / "1" / "model.py").write_text(body)
+    process = ServerProcess([tmp_path], ["--model-control-mode=explicit", "--load-model=outer"])
+    process.start(timeout=120)
+    try:
+        yield process
+    finally:
+        process.close()
+
+
+def _infer(client: httpclient.InferenceServerClient, model: str) -> int:
+    tensor = httpclient.InferInput("IN", [1], "INT32")
+    tensor.set_data_from_numpy(np.array([1], np.int32))
+    return int(client.infer(model, [tensor]).as_numpy("OUT")[0])
+
+
+def _index(client: httpclient.InferenceServerClient) -> dict[str, tuple[str, str]]:
+    return {
+        entry["name"]: (entry["state"], entry.get("reason", ""))
+        for entry in client.get_model_repository_index()
+    }
+
+
+def test_a_step_reloaded_to_fit_reloads_its_ensembles_without_a_gap(server: ServerProcess) -> None:
+    with httpclient.InferenceServerClient(server.http_url, network_timeout=60) as client:
+        assert (_infer(client, "ens"), _infer(client, "outer")) == (2, 2)
+        answers: list[int] = []
+        failures: list[Exception] = []
+        done = threading.Event()
+
+        def keep_asking() -> None:
+            with httpclient.InferenceServerClient(server.http_url, network_timeout=60) as own:
+                while not done.is_set() and len(answers) < 10_000:
+                    try:
+                        answers.append(_infer(own, "outer"))
+                    except InferenceServerException as exc:
+                        failures.append(exc)
+
+        asker = threading.Thread(target=keep_asking)
+        asker.start()
+        try:
+            client.load_model("step", config=_step_config(1, 10))
+        finally:
+            done.set()
+            asker.join(timeout=60)
+        assert failures == [] and answers  # the ensembles served through the reload
+        assert set(answers) <= {2, 11}
+        assert (_infer(client, "ens"), _infer(client, "outer")) == (11, 11)
+    for name in ("ens", "outer"):  # loaded again, as on Triton (an ensemble is never kept as it is)
+        assert server.log.count(f"successfully loaded '{name}'") == 2
+
+
+def test_a_step_that_no_longer_fits_takes_its_ensembles_down_until_it_fits_again(
+    server: ServerProcess,
+) -> None:
+    with httpclient.InferenceServerClient(server.http_url, network_timeout=60) as client:
+        client.load_model("step", config=_step_config(2, 1))  # the step's load itself succeeds
+        index = _index(client)
+        assert index["step"] == ("READY", "")
+        assert index["ens"][0] == "UNAVAILABLE" and "OUT" in index["ens"][1]
+        assert index["outer"] == ("UNAVAILABLE", "unloaded")
+        with pytest.raises(InferenceServerException, match="unknown model"):
+            _infer(client, "ens")
+        assert f"Invalid argument: {index['ens'][1]}" in server.log
+        assert "ensemble outer contains models that are not available or ambiguous: ens" in server.log
+        client.load_model("step", config=_step_config(1, 5))
+        assert (_infer(client, "ens"), _infer(client, "outer")) == (6, 6)
+        assert {name: state for name, (state, _) in _index(client).items()} == dict.fromkeys(
+            ("step", "ens", "outer"), "READY"
+        )
+    assert "Traceback" not in server.log
+
+
+def test_an_ensemble_unloaded_by_name_is_not_brought_back_by_its_step(server: ServerProcess) -> None:
+    with httpclient.InferenceServerClient(server.http_url, network_timeout=60) as client:
+        client.unload_model("outer")
+        client.load_model("step", config=_step_config(1, 3))
+        index = _index(client)
+        assert index["outer"] == ("UNAVAILABLE", "unloaded")
+        assert _infer(client, "ens") == 4
