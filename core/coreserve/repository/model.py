@@ -144,8 +144,7 @@ class Model:
 
     def loaded_from(self, fingerprint: str | None) -> bool:
         """Whether it serves what these files hold: a plain load of them keeps it, as Triton's.
-        Not an ensemble: loading it again is how it takes its steps' reloads (Triton reloads an
-        ensemble with its steps; coreserve does not)."""
+        Not an ensemble: a load of it loads it again, as its steps may have changed since."""
         return (
             self.takes_requests
             and fingerprint is not None
