@@ -78,6 +78,7 @@ class ModelLoader:
         self.response_cache = response_cache  # --cache-config; models opt in with response_cache
         self.config_name = config_name  # --model-config-name
         self.load_retries = load_retries  # --model-load-retry-count
+        self._stopped = False  # `stop_loads` was called
         self._auto_complete = auto_complete
         self.backend_directory = backend_directory  # where Python-based backends are (None: nowhere)
         self._backend_config = backend_config or {}
@@ -94,7 +95,8 @@ class ModelLoader:
         self.forwarding: Callable[[ModelVersion], Scheduler] | None = None
 
     def stop_loads(self) -> None:
-        """Has each backend that runs something of its own for loads (`LoadStopper`) stop it."""
+        """Has each backend's own work for loads stop (`LoadStopper`); no failed load is retried."""
+        self._stopped = True
         for backend in self._backends:
             if isinstance(backend, LoadStopper):
                 backend.stop_loads()
@@ -351,8 +353,10 @@ class ModelLoader:
     async def _load_version(self, backend: Backend, location: ModelLocation, version: ModelVersion) -> None:
         """Loads a version; one that fails is loaded again at once, up to `load_retries` times
         (Triton's --model-load-retry-count), each failure logged with its reason."""
-        for _ in range(self.load_retries + 1):
-            version.state, version.reason = ModelState.LOADING, ""
+        for attempt in range(max(0, self.load_retries) + 1):
+            if attempt and self._stopped:  # (the server stops: a failure then is not tried again)
+                return
+            version.state, version.reason, version.placed = ModelState.LOADING, "", []
             if await self._try_load_version(backend, location, version):
                 return
 
@@ -424,8 +428,7 @@ class ModelLoader:
                 await version.scheduler.close()  # nothing is queued yet; closes (finalizes) the instances
                 version.scheduler = None
             else:
-                for instance in instances:
-                    await instance.close()
+                await close_instances(instances, None, location.name)
             version.state = ModelState.UNAVAILABLE
             version.reason = (
                 exc.message if isinstance(exc, CoreserveError) else f"{type(exc).__name__}: {exc}"

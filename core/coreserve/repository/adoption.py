@@ -16,7 +16,7 @@ too (`taken_down`: their steps), so that the worker brings them back with the mo
 others do.
 
 `restore` puts one model back as a snapshot's entry had it: a change that held in some workers
-but failed in others is undone so.
+but failed in others is undone so, and the ensembles that call it follow it as they follow a load.
 """
 
 from __future__ import annotations
@@ -112,10 +112,15 @@ async def restore(repository: ModelRepository, name: str, entry: Entry | None, f
     """Puts model `name` back as `entry` had it, where a change of it failed in another worker
     with `failure`: as loaded then, or (None) not loaded, unavailable for that failure as it is
     there. "" where it is back, else why not."""
-    if entry is None:
-        repository.mark_unavailable(name, name, "", failure)
-        return ""
-    return (await adopt(repository, [entry])).get(name, "")
+    if entry is None:  # (under namespacing, the change loaded the models of that name in every repository)
+        held = [model for model in repository.models() if model.name == name]
+        for model in held or [Model(name=name, path=None)]:
+            repository.mark_unavailable(qualified(model.namespace, name), name, model.namespace, failure)
+        fault = ""
+    else:
+        fault = (await adopt(repository, [entry])).get(name, "")
+    await repository.restored(name)  # the ensembles that call it, as the change left them here
+    return fault
 
 
 def _key(entry: Entry) -> str:

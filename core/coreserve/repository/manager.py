@@ -28,13 +28,12 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from coreserve.ensemble import misfit
 from coreserve.errors import CoreserveError, InvalidArgumentError, UnavailableError, UnsupportedError
 from coreserve.repository._index import index_entries, unavailable_reason
 from coreserve.repository._layout import ModelFinder, ModelLocation, ensemble_steps, load_waves, refuse_cycles
 from coreserve.repository._loader import ModelLoader
 from coreserve.repository._overrides import LoadOverrides, not_in_repository, write_override_files
-from coreserve.repository.links import RelatedChanges, TakenDownEnsembles, users_of
+from coreserve.repository.links import LinkedReloads, RelatedChanges, TakenDownEnsembles
 from coreserve.repository.memory._budgeted import BudgetedLoads
 from coreserve.repository.memory._unloading import close_model, unload_loaded_versions
 from coreserve.repository.memory.budgets import MemoryBudgets
@@ -85,6 +84,12 @@ class ModelRepository:
         self._unloaded: dict[str, list[int]] = {}  # the keys unloaded, with the versions they had
         self._loading: set[str] = set()  # keys a load is building a model for, as the index says
         self.taken_down = TakenDownEnsembles()
+        self.linked_reloads = LinkedReloads(
+            self._models, self.taken_down, unload=functools.partial(self._unload, retry=False),
+            mark_unavailable=functools.partial(self.mark_unavailable, retry=False),
+            load=self._load_linked,
+            client_for=functools.partial(loader.client_for, "ensemble"),
+        )  # fmt: skip
         self._changes = RelatedChanges()
         self._locks: dict[str, asyncio.Lock] = {}
         self._closing: set[asyncio.Task[bool]] = set()
@@ -143,12 +148,13 @@ class ModelRepository:
         found, _ = await self._find.scan()
         await self._load_many({key: found[key] for key in plan if key in found}, "startup", plan)
 
-    def mark_unavailable(self, key: str, name: str, namespace: str, reason: str) -> None:
+    def mark_unavailable(self, key: str, name: str, namespace: str, reason: str, retry: bool = True) -> None:
         """Holds the model under `key` as unavailable with `reason`, closing what it had loaded
-        (a poll then loads it again)."""
+        (a poll then loads it again, where `retry`)."""
         old = self._models.get(key)
         self._models[key] = Model(name=name, path=None, reason=reason, namespace=namespace)
-        self._fingerprints.pop(key, None)
+        if retry:
+            self._fingerprints.pop(key, None)
         if old is not None:
             self.budgeted.release(key)
             self._close_later(old)
@@ -187,22 +193,30 @@ class ModelRepository:
                     if key in locations
                 )
             )
+        if self.mode is ControlMode.POLL:  # (and once its load failed for want of a model it uses)
+            self.linked_reloads.wait_for_steps(found)
 
     async def poll(self) -> None:
         """Applies what changed in the repositories since the last look (poll mode)."""
         found, duplicates = await self._find.scan()
+        known = self._fingerprints  # (of the models found once: one held down for a model it uses too)
         changed = {
-            name: entry
-            for name, entry in found.items()
-            if self._fingerprints.get(name) != entry[1] and name not in duplicates
+            key: found[key] for key in found if known.get(key) != found[key][1] and key not in duplicates
         }
-        for name in sorted(set(self._models) - set(found)):
-            if self._models[name].path is not None or name in duplicates:
-                logger.info("model '%s' left the repository; unloading it", name)
-                await self._unload(name)
+        left = sorted(set(self._models) - set(found))
+        gone = [key for key in left if key in known or key in duplicates or self._models[key].path]
+        for key in self.taken_down.drop_missing(found):  # (down, then gone)
+            known.pop(key, None)
+        down = self.taken_down.take_down(self._models, gone)  # as Triton 2.51's polls (checked side by side)
+        for key in [*down, *gone]:
+            if key in gone:
+                logger.info("model '%s' left the repository; unloading it", key)
+            await self._unload(key, retry=key in gone)  # (down: it loads with a model it uses, not alone)
         if changed:
             logger.info("repository changes found for: %s", ", ".join(sorted(changed)))
+            before = {key: self._models.get(key) for key in changed}
             await self._load_many(changed, "poll")
+            await self.linked_reloads.after_poll(before)
 
     # Loading and unloading.
 
@@ -278,55 +292,34 @@ class ModelRepository:
 
     async def load(self, name: str, overrides: LoadOverrides | None = None, by_model: bool = False) -> None:
         """Loads or reloads a model (explicit mode); raises with the reason if it cannot load.
-        The ensembles its unload took down load again once every step of theirs serves. A load
-        a model asks for (`by_model`) does not wait for changes of linked models: one of them
-        may be the load that runs that model."""
+        The ensembles linked to it follow (`LinkedReloads`: those taken down come back, those
+        served load again or go down where it no longer fits them). A load a model asks for
+        (`by_model`) does not wait for changes of linked models: one of them may be the load
+        that runs that model."""
         self._refuse_unless_explicit("loading models")
         overrides = overrides or LoadOverrides()
         linked = functools.partial(self._find.linked, name, overrides, self._models, self.taken_down)
         async with self._changes.holding(f"load of model '{name}'", linked, by_model):
-            await self._load(name, overrides, ())
+            loaded = await self._load(name, overrides, ())
             self.taken_down.forget(name)
-            loaded, back = [name], set()
-            while loaded:
-                for ensemble, key, kept in self.taken_down.ready(loaded.pop(), self._serves):
-                    try:
-                        await self._load(ensemble, kept, (), only=key)
-                        loaded.append(ensemble)
-                        back.add(key)
-                    except CoreserveError as exc:
-                        logger.error("ensemble '%s' did not load again: %s", ensemble, exc.message)
-            await self._reload_users(name, back)
+            await self.linked_reloads.after_load(loaded)
 
-    async def _reload_users(self, name: str, loaded_now: set[str]) -> None:
-        """As Triton: the served ensembles that use a model just loaded load again (and those
-        that use them), but those `loaded_now`; one it no longer fits goes down, with the
-        ensembles that use it, until a model it uses loads again."""
-        loaded = [name]
-        while loaded:
-            for key, model in users_of(self._models, loaded.pop()):
-                if key in loaded_now:
-                    continue
-                assert model.config is not None
-                client = self._loader.client_for("ensemble", model.namespace)
-                if client is not None and (reason := misfit(model.config, client.model_signature)):
-                    for down in self.taken_down.hold(self._models, key):
-                        await self._unload(down)
-                    self.mark_unavailable(key, model.name, model.namespace, reason)
-                    continue
-                kept = LoadOverrides(config=model.config, traffic=model.traffic)
-                loaded_now.add(key)  # (once, where it uses the model through two paths)
-                with contextlib.suppress(CoreserveError):  # (the loaded one keeps serving; said)
-                    await self._load(model.name, kept, (), only=key)
-                    loaded.append(model.name)
+    async def _load_linked(self, name: str, overrides: LoadOverrides, key: str) -> object:
+        """Loads a linked ensemble again: polling, from its files, else as it was loaded (`overrides`)."""
+        if self.mode is ControlMode.POLL:
+            return await self._load(name, LoadOverrides(), (), reason="poll", only=key)
+        return await self._load(name, overrides, (), only=key)
+
+    async def restored(self, name: str) -> None:
+        """The ensembles linked to model `name` follow it, put back after another worker failed its change."""
+        linked = functools.partial(self._find.linked, name, None, self._models, self.taken_down)
+        async with self._changes.holding(f"undo of a change of model '{name}'", linked):
+            await self.linked_reloads.after_restore(name)
 
     def keep_taken_down(self, name: str, namespace: str, steps: frozenset[str], kept: LoadOverrides) -> None:
         """Holds ensemble `name` down as another worker's unload of a model it uses left it."""
         self.taken_down.keep(name, namespace, steps, kept)
         self._unloaded[qualified(namespace, name)] = []
-
-    def _serves(self, name: str) -> bool:
-        return any(model.takes_requests for model in self._models.named(name))
 
     async def _load(
         self,
@@ -335,17 +328,17 @@ class ModelRepository:
         loading: tuple[str, ...],
         reason: str = "explicit",
         only: str | None = None,
-    ) -> None:
+    ) -> dict[str, bool]:
         """Loads a model (under namespacing, `only` that key of its name); `loading` names the
-        ensembles whose load led here, outermost first."""
+        ensembles whose load led here, outermost first. Returns the keys loaded, each with
+        whether it loaded anew (its files or configuration changed)."""
         check_model_name(name)
         if overrides.files:
             if self._cache_dir is None:
                 raise UnsupportedError("loading models from files needs a cache folder")
             path = await asyncio.to_thread(write_override_files, self._cache_dir, name, overrides.files)
             location = ModelLocation(name, path, path.parent, self._loader.config_name, from_files=True)
-            await self._load_location(name, location, None, overrides, reason)
-            return
+            return {location.key: await self._load_location(name, location, None, overrides, reason)}
         found, duplicates = await self._find.scan()
         if name in duplicates:
             raise InvalidArgumentError(duplicates[name])
@@ -353,6 +346,7 @@ class ModelRepository:
         if not keys:
             raise not_in_repository(name, on_demand=reason == "demand")
         held = {known for known, model in self._models.items() if model.path is not None}
+        loaded: dict[str, bool] = {}
         # Under namespacing, as Triton: a name loads the models of that name in every repository.
         for key in keys:
             location = await self._find.location(key, found[key][0])
@@ -363,8 +357,9 @@ class ModelRepository:
                 step_key = qualified(location.namespace, step)
                 if step_key not in self._models or not self._models[step_key].takes_requests:
                     logger.info("loading model '%s' first: ensemble '%s' uses it", step, name)
-                    await self._load(step, LoadOverrides(), (*loading, name), reason)
-            await self._load_location(name, location, found[key][1], overrides, reason)
+                    loaded |= await self._load(step, LoadOverrides(), (*loading, name), reason)
+            loaded[key] = await self._load_location(name, location, found[key][1], overrides, reason)
+        return loaded
 
     async def _load_location(
         self,
@@ -373,7 +368,8 @@ class ModelRepository:
         fingerprint: str | None,
         overrides: LoadOverrides,
         reason: str,
-    ) -> None:
+    ) -> bool:
+        """Loads the model at `location`; whether it loaded anew (not where nothing changed)."""
         served = self._models.get(location.key)
         # As Triton: a load that changes nothing keeps what serves (a configuration it was given too).
         if (
@@ -383,13 +379,14 @@ class ModelRepository:
             and served.loaded_from(fingerprint)
         ):
             logger.info("model '%s' is loaded from these files already: nothing to reload", name)
-            return
+            return False
         new = await self._replace(location, fingerprint, overrides, reason=reason)
         if self._models.get(location.key) is not new:
             why = f"{unavailable_reason(new)} (the loaded version keeps serving)"
             raise InvalidArgumentError(f"load failed for model '{name}': {why}")
         if not new.takes_requests:
             raise InvalidArgumentError(f"load failed for model '{name}': {unavailable_reason(new)}")
+        return True
 
     async def unload(self, name: str, dependents: bool = False, by_model: bool = False) -> None:
         """Unloads a model (explicit mode) and the ensembles that use it, until it loads again.
@@ -408,13 +405,15 @@ class ModelRepository:
             keys = [key for key, model in self._models.items() if key == name or model.name == name]
             if not keys:
                 return  # Triton answers success: a model that is not loaded is unloaded already
-            for key in [*self.taken_down.take_down(self._models, name, keys), *keys]:
+            for key in [*self.taken_down.take_down(self._models, keys), *keys]:
                 await self._unload(key)
 
-    async def _unload(self, name: str) -> None:
+    async def _unload(self, name: str, retry: bool = True) -> None:
+        """Unloads a model (`retry`: as `mark_unavailable`)."""
         async with self._lock(name):
             model = self._models.pop(name, None)
-            self._fingerprints.pop(name, None)
+            if retry:
+                self._fingerprints.pop(name, None)
             if model is None:
                 return
             self._unloaded[name] = sorted(model.versions)

@@ -338,6 +338,56 @@ def test_a_load_that_fails_in_one_worker_is_undone_in_the_others(tmp_path: Path)
         server.close()
 
 
+ONCE_WHEN_ASKED_PY = LOADS_ONCE_PY.replace(
+    "    def initialize(self, args):\n",
+    "    def initialize(self, args):\n"
+    "        import json\n\n"
+    "        if 'once' not in json.loads(args['model_config']).get('parameters', {{}}):\n"
+    "            return\n",
+)
+ENSEMBLE_OF_ONCE = """
+platform: "ensemble"
+max_batch_size: 0
+input [ { name: "IN" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] } ]
+ensemble_scheduling { step [ { model_name: "once" model_version: -1
+  input_map { key: "INPUT0" value: "IN" } output_map { key: "INPUT0" value: "OUT" } } ] }
+"""
+
+
+def test_a_step_change_undone_in_a_worker_brings_back_there_the_ensemble_it_took_down(tmp_path: Path) -> None:
+    """`once` loaded again with an output the ensemble does not fit (and a parameter that makes
+    its load hold in one worker only): that worker takes the ensemble down, then undoes the
+    change, and the ensemble comes back there with it."""
+    repository = write_repository(tmp_path / "models")
+    for name, config in (("once", ONCE_CONFIG), ("ens", ENSEMBLE_OF_ONCE)):
+        (repository / name / "1").mkdir(parents=True)
+        (repository / name / "config.pbtxt").write_text(config)
+    (repository / "once" / "1" / "model.py").write_text(
+        ONCE_WHEN_ASKED_PY.format(flag=str(tmp_path / "flag"))
+    )
+    body = json.dumps({"inputs": [{"name": "IN", "shape": [4], "datatype": "FP32", "data": [1, 2, 3, 4]}]})
+    server = start_workers(repository, "--model-control-mode=explicit", "--load-model=ens")
+    try:
+        assert {status_of(server, "POST", "/v2/models/ens/infer", body) for _ in range(CONNECTIONS)} == {200}
+        config = {
+            "backend": "python",
+            "max_batch_size": 0,
+            "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [4]}],
+            "output": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [2]}],
+            "parameters": {"once": {"string_value": "yes"}},
+        }
+        load = json.dumps({"parameters": {"config": json.dumps(config)}})
+        status, answer = answer_of(server, "POST", "/v2/repository/models/once/load", load)
+        assert status == 400 and "FileExistsError" in json.loads(answer)["error"]
+        assert (tmp_path / "flag").exists()  # so it loaded in the other worker, then was undone there
+        assert "Invalid argument: ensemble 'ens'" in server.log  # where it took the ensemble down
+        assert {status_of(server, "POST", "/v2/models/ens/infer", body) for _ in range(CONNECTIONS)} == {200}
+        assert {status_of(server, "GET", "/v2/health/ready") for _ in range(16)} == {200}
+    finally:
+        server.close()
+
+
 def test_a_region_whose_segment_is_gone_fails_the_replay_and_the_worker_is_not_ready_until_mended(
     tmp_path: Path,
 ) -> None:

@@ -4,11 +4,11 @@ they can load again."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Collection
 from typing import TYPE_CHECKING
 
 from coreserve.repository._overrides import LoadOverrides
-from coreserve.repository.namespaces import qualified
+from coreserve.repository.namespaces import ModelTable, qualified
 
 if TYPE_CHECKING:
     from coreserve.repository.model import Model
@@ -37,52 +37,86 @@ class TakenDownEnsembles:
         for key in [key for key, entry in self._down.items() if name in (key, entry[0])]:
             del self._down[key]
 
-    def hold(self, models: Mapping[str, Model], key: str) -> list[str]:
+    def back(self, *keys: str) -> None:
+        """Those ensembles loaded again (by key): no longer down."""
+        for key in keys:
+            self._down.pop(key, None)
+
+    def drop_missing(self, found: Collection[str]) -> list[str]:
+        """Forgets the ensembles held down whose keys are not `found` (their folders left); their keys."""
+        missing = [key for key in self._down if key not in found]
+        self.back(*missing)
+        return missing
+
+    def hold(self, models: ModelTable, key: str) -> list[str]:
         """Notes ensemble `key` taken down because the models it uses no longer fit it; the
         keys of the ensembles that use it, taken down with it (see `take_down`)."""
-        model = models[key]
-        kept = LoadOverrides(config=model.config, traffic=model.traffic)
-        self._down[key] = (model.name, model.namespace, model.steps(), kept)
-        return self.take_down(models, model.name, [key])
+        self._note(key, models[key])
+        return self.take_down(models, [key])
 
-    def take_down(self, models: Mapping[str, Model], name: str, keys: Collection[str]) -> list[str]:
-        """The keys of the ensembles that use model `name`, or use those, noted as taken down
-        (Triton's words logged for each); `keys`, the model's own, aside."""
+    def take_down(self, models: ModelTable, gone: Collection[str]) -> list[str]:
+        """The keys of the ensembles that call a model `gone` names (by key), or call those,
+        noted as taken down (Triton's words logged for each)."""
         down: list[str] = []
-        gone = [name]
-        while gone:
-            step = gone.pop()
+        unexplored = list(gone)
+        while unexplored:
+            step = unexplored.pop()
             for key, model in models.items():
-                if key in keys or key in down or step not in model.steps():
+                if key in gone or key in down or not calls(models, step, model.namespace, model.steps()):
                     continue
                 logger.error(
                     "Invalid argument: ensemble %s contains models that are not available or ambiguous: %s",
                     model.name,
-                    step,
+                    models[step].name,
                 )
-                kept = LoadOverrides(config=model.config, traffic=model.traffic)
-                self._down[key] = (model.name, model.namespace, model.steps(), kept)
+                self._note(key, model)
                 down.append(key)
-                gone.append(model.name)
+                unexplored.append(key)
         return down
 
-    def ready(self, loaded: str, serves: Callable[[str], bool]) -> list[tuple[str, str, LoadOverrides]]:
-        """The ensembles taken down that use `loaded` and find every step served now: name,
-        key and what they were loaded with (forgotten here)."""
-        ready = [
+    def ready(self, loaded: str, models: ModelTable) -> list[tuple[str, str, LoadOverrides]]:
+        """The ensembles taken down that call the model `loaded` names (by key) and find every
+        step served now: name, key and what they were loaded with (`back` once loaded)."""
+        return [
             (name, key, kept)
-            for key, (name, _, steps, kept) in sorted(self._down.items())
-            if loaded in steps and all(serves(step) for step in steps)
+            for key, (name, namespace, steps, kept) in sorted(self._down.items())
+            if calls(models, loaded, namespace, steps)
+            and all(step_serves(models, namespace, step) for step in steps)
         ]
-        for _, key, _ in ready:
-            del self._down[key]
-        return ready
+
+    def _note(self, key: str, model: Model) -> None:
+        kept = LoadOverrides(config=model.config, traffic=model.traffic)
+        self._down[key] = (model.name, model.namespace, model.steps(), kept)
 
 
-def users_of(models: Mapping[str, Model], name: str) -> list[tuple[str, Model]]:
-    """The served ensembles that use model `name`, by key."""
+def calls(models: ModelTable, key: str, namespace: str, steps: Collection[str]) -> bool:
+    """Whether an ensemble of `namespace` whose steps name `steps` calls the model held under
+    `key` (see `step_key`)."""
+    model = models.get(key)
+    return model is not None and model.name in steps and step_key(models, namespace, model.name) == key
+
+
+def step_key(models: ModelTable, namespace: str, step: str) -> str | None:
+    """The key of the model an ensemble of `namespace` calls for `step`, as its client finds it
+    (`NamespacedClient`, then `ModelTable.find`): its own repository's, a model held under the
+    plain name (loaded from files), or the one model of that name; None where none or several."""
+    for key in (qualified(namespace, step), step):
+        if key in models:
+            return key
+    found = models.named(step)
+    return qualified(found[0].namespace, found[0].name) if len(found) == 1 else None
+
+
+def step_serves(models: ModelTable, namespace: str, step: str) -> bool:
+    """Whether the model an ensemble of `namespace` calls for `step` takes requests."""
+    key = step_key(models, namespace, step)
+    return key is not None and models[key].takes_requests
+
+
+def users_of(models: ModelTable, key: str) -> list[tuple[str, Model]]:
+    """The served ensembles that call the model held under `key`, by key."""
     return [
-        (key, model)
-        for key, model in sorted(models.items())
-        if name in model.steps() and model.takes_requests
+        (user, model)
+        for user, model in sorted(models.items())
+        if model.takes_requests and calls(models, key, model.namespace, model.steps())
     ]

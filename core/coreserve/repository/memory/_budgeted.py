@@ -72,7 +72,7 @@ class BudgetedLoads:
         find: Callable[[str], Model],
         lock: Callable[[str], asyncio.Lock],
         close: Callable[[Model], Awaitable[object]],
-        load: Callable[[str], Awaitable[None]],
+        load: Callable[[str], Awaitable[object]],
         on_demand: bool,
         memory_budgets: MemoryBudgets,
     ) -> None:
