@@ -3,7 +3,8 @@ throwaway copy of the checkout, makes the real script fail at the step that met 
 
 The copy holds what a clone of this working tree would, and shares its .cache (the tools that
 .ci/install-test-tools installed there are found, not installed again). These tests run the
-installer itself, so pip reaches the package index here as .ci/run does (through pip's cache).
+installer itself, so pip reaches the package index here as .ci/run does (through pip's cache); the
+one that gets as far as pytest finds the requirements in a venv linked to the running one.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
+import sysconfig
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -48,6 +51,28 @@ def copy(tmp_path: Path) -> Iterator[Path]:
     """A copy of the checkout, removed with the venv .ci/run made in it (gigabytes) when the test ends."""
     yield _copy_checkout(tmp_path / "copy")
     shutil.rmtree(tmp_path / "copy", ignore_errors=True)
+
+
+def _seed_venv(copy: Path) -> None:
+    """Gives the copy a .venv holding, as hard links, what the running venv holds (pip aside), so
+    that README's command finds its requirements installed, as a second run of .ci/run on one
+    machine does, and installs only the project's own distributions again. Where the copy cannot
+    link to the running venv (not a venv, another filesystem), README's command installs it all."""
+    if sys.prefix == sys.base_prefix:
+        return
+    site = Path(sysconfig.get_path("purelib"))
+    subprocess.run(["python3", "-m", "venv", str(copy / ".venv")], check=True)
+    target = copy / ".venv" / site.relative_to(sys.prefix)
+    try:
+        for entry in site.iterdir():
+            if entry.name.partition("-")[0] == "pip" or (target / entry.name).exists():
+                continue  # what the venv module installed (pip, setuptools) stays the copy's own
+            if entry.is_dir():
+                shutil.copytree(entry, target / entry.name, symlinks=True, copy_function=os.link)
+            else:
+                os.link(entry, target / entry.name)
+    except OSError:  # no links across filesystems: the copy installs its own
+        shutil.rmtree(copy / ".venv")
 
 
 def _run_ci(copy: Path) -> tuple[int, str]:
@@ -94,6 +119,7 @@ def test_a_skip_for_a_reason_off_the_allow_list_fails_the_run(copy: Path) -> Non
         "def test_with_redis() -> None:\n"
         '    pytest.skip("redis-server is not installed")\n'
     )
+    _seed_venv(copy)
     status, output = _run_ci(copy)
     assert status != 0, output[-3000:]
     assert "1 passed, 2 skipped" in output

@@ -274,6 +274,18 @@ def _scale_json(deployment: Deployment, model: str) -> tuple[str, float]:
     return headers[REPLICA], json.loads(answer)["outputs"][0]["data"][0]
 
 
+def _ready_per_replica(deployment: Deployment) -> dict[str, list[str]]:
+    """The names each of the two replicas lists as ready, asked through the proxy until both answered."""
+    ready: dict[str, list[str]] = {}
+    deadline = time.monotonic() + 60
+    while len(ready) < 2 and time.monotonic() < deadline:
+        status, headers, body = deployment.post("/v2/repository/index", {"ready": True})
+        assert status == 200, body
+        ready[headers[REPLICA]] = [entry["name"] for entry in json.loads(body)]
+    assert len(ready) == 2, ready
+    return ready
+
+
 def test_many_models_are_multiplexed_over_replicas_holding_at_most_n(
     ray_cluster: RayCluster, tmp_path: Path
 ) -> None:
@@ -296,24 +308,18 @@ def test_many_models_are_multiplexed_over_replicas_holding_at_most_n(
         # Once a replica has told Ray Serve which models it holds (replicas report it every few
         # seconds), a model's requests go to the replicas that hold it. Ray's affinity is soft: a
         # request routed before the holder's report (a busy machine delays reports) loads the model
-        # on the second replica too, and from then on both hold it and both are chosen.
+        # on the second replica too, and from then on both hold it and both are chosen. Each
+        # replica holds at most one model: the others were unloaded (least recently used).
         deadline = time.monotonic() + 60
-        holders: set[str] = set()
-        while time.monotonic() < deadline:
+        while True:
             holders = {_scale_json(deployment, "double")[0] for _ in range(10)}
-            if len(holders) == 1:
+            ready = _ready_per_replica(deployment)
+            # Whichever replicas answer "double" hold it and nothing else: routing followed the holders.
+            if all(ready.get(holder) == ["double"] for holder in holders) or time.monotonic() > deadline:
                 break
             time.sleep(2)
-        # Each replica holds at most one model: the others were unloaded (least recently used).
-        ready: dict[str, list[str]] = {}
-        deadline = time.monotonic() + 60
-        while len(ready) < 2 and time.monotonic() < deadline:
-            status, headers, body = deployment.post("/v2/repository/index", {"ready": True})
-            assert status == 200, body
-            ready[headers[REPLICA]] = [entry["name"] for entry in json.loads(body)]
-        assert len(ready) == 2 and all(len(names) <= 1 for names in ready.values()), ready
-        # Whichever replicas answer "double" hold it and nothing else: routing followed the holders.
-        assert holders and all(ready.get(holder) == ["double"] for holder in holders), (holders, ready)
+        assert all(ready.get(holder) == ["double"] for holder in holders), (holders, ready)
+        assert all(len(names) <= 1 for names in ready.values()), ready
         for name, factor in factors.items():  # evicted models load again on demand
             assert _scale_json(deployment, name)[1] == factor
     finally:

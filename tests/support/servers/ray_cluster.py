@@ -8,6 +8,7 @@ HTTP proxy on the head node.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -59,15 +60,25 @@ def _alive_nodes(address: str, env: dict[str, str]) -> int:
     return int(completed.stdout.strip().splitlines()[-1]) if completed.returncode == 0 else 0
 
 
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    """Stops a `ray start --block` node: SIGTERM makes it stop the processes it started."""
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
+def _shut_serve_down(address: str, env: dict[str, str]) -> None:
+    """Stops Ray Serve's controller and proxy, if the tests started them: nodes stopped with them
+    running wait some 30 s for them to end."""
+    probe = "import ray; from ray import serve; ray.init(address=%r, logging_level='ERROR'); serve.shutdown()"
+    with contextlib.suppress(subprocess.TimeoutExpired):  # then the nodes' stop waits for them
+        subprocess.run([sys.executable, "-c", probe % address], capture_output=True, env=env, timeout=60)
+
+
+def _stop(nodes: Sequence[subprocess.Popen[bytes]]) -> None:
+    """Stops `ray start --block` nodes, all at once: SIGTERM makes each stop the processes it started."""
+    for node in nodes:
+        if node.poll() is None:
+            node.send_signal(signal.SIGTERM)
+    for node in nodes:
         try:
-            process.wait(timeout=60)
+            node.wait(timeout=60)
         except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)  # its own session: only what it started
-            process.wait(timeout=30)
+            os.killpg(node.pid, signal.SIGKILL)  # its own session: only what it started
+            node.wait(timeout=30)
 
 
 def run_cluster() -> Iterator[RayCluster]:
@@ -105,8 +116,9 @@ def run_cluster() -> Iterator[RayCluster]:
             time.sleep(1)
         yield RayCluster(address, free_port(), env, temp)
     finally:
-        for node in reversed(nodes):
-            _stop(node)
+        if head.poll() is None:
+            _shut_serve_down(address, env)
+        _stop(nodes)
         shutil.rmtree(temp, ignore_errors=True)
 
 
