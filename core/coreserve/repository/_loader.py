@@ -47,7 +47,7 @@ from coreserve.repository._layout import (
 )
 from coreserve.repository._warmup import run_warmups
 from coreserve.repository.model import Model, ModelState, ModelVersion
-from coreserve.repository.namespaces import NamespacedClient
+from coreserve.repository.namespaces import NamespacedClient, step_lookup
 from coreserve.repository.traffic.policy import policy_from_config
 from coreserve.scheduling import LatencyOptions, ModelStatistics, Scheduler, close_instances, make_scheduler
 from coreserve.scheduling.cache.key import version_fingerprint
@@ -87,8 +87,7 @@ class ModelLoader:
         self.models: ModelControl | None = None  # and here, for backends that load models
         self.activity: ServerActivity | None = None  # and here: how busy the server is
         self.metrics = CustomMetrics()  # the custom metric families the metrics endpoint writes
-        # Under --model-namespacing, the repository's test for a qualified model key.
-        self.has_model: Callable[[str], bool] | None = None
+        self.has_model: Callable[[str], bool] | None = None  # namespacing: whether a key is held
         self.labels_of: LabelLookup | None = None  # the server's: a loaded version's output labels
         self.workers = 1  # the worker processes of the server, each with its copies of the models
         # In a worker but the first: what sends a single-copy model's requests to the first.
@@ -369,7 +368,8 @@ class ModelLoader:
         try:
             if not files.version_path.is_dir():
                 raise ModelConfigError(f"model '{location.name}' has no folder for version {version.version}")
-            version.labels = read_output_labels(version.config, location.path, self.labels_of)
+            step_labels = step_lookup(self.labels_of, location.namespace, self.has_model)
+            version.labels = read_output_labels(version.config, location.path, step_labels)
             single = single_copy_reason(version.config)
             if self.forwarding is not None and single:
                 version.scheduler = self.forwarding(version)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable, Collection, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from coreserve.errors import InvalidArgumentError, NotFoundError
 
@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 # Models by key (see `qualified`), each with its source and fingerprint.
 Found = dict[str, tuple["RepositorySource", str]]
 
+T = TypeVar("T")
 SEPARATOR = "::"  # Triton's, between namespace and name in its model identifiers
 
 
@@ -116,6 +117,23 @@ class ModelTable(dict[str, "Model"]):
         raise NotFoundError(f"Request for unknown model: '{name}' is not found")
 
 
+def resolve_step(namespace: str, name: str, has_model: Callable[[str], bool]) -> str:
+    """The model an ensemble of `namespace` calls for step `name`: its own repository's if it
+    has one, else the name as any request gives it."""
+    key = qualified(namespace, name)
+    return key if has_model(key) else name
+
+
+def step_lookup(
+    lookup: Callable[[str, str], T] | None, namespace: str, has_model: Callable[[str], bool] | None
+) -> Callable[[str, str], T] | None:
+    """`lookup` (a model name, a version) with the names an ensemble of `namespace` gives its
+    steps resolved as its calls are (`resolve_step`)."""
+    if lookup is None or has_model is None or not namespace:
+        return lookup
+    return lambda name, version: lookup(resolve_step(namespace, name, has_model), version)
+
+
 class NamespacedClient:
     """The in-process client a model gets under namespacing: names resolve in its namespace first."""
 
@@ -125,8 +143,7 @@ class NamespacedClient:
         self._has_model = has_model
 
     def _resolve(self, name: str) -> str:
-        key = qualified(self._namespace, name)
-        return key if self._has_model(key) else name
+        return resolve_step(self._namespace, name, self._has_model)
 
     async def infer(self, request: InferenceRequest) -> InferenceResponse:
         request.model_name = self._resolve(request.model_name)

@@ -80,12 +80,20 @@ def _python_model(root: Path, name: str, increment: int) -> None:
     (root / name / "1" / "model.py").write_text(ADD.replace("INCREMENT", str(increment)))
 
 
+def _label_output(model: Path, letter: str) -> None:
+    """Labels the model's output Y with its repository's letter: `a0`, `a1` in repository a."""
+    (model / "labels.txt").write_text(f"{letter}0\n{letter}1\n")
+    config = model / "config.pbtxt"
+    config.write_text(config.read_text().replace('name: "Y"', 'name: "Y" label_filename: "labels.txt"'))
+
+
 @pytest.fixture(scope="module")
 def repositories(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     roots = []
     for letter, increment in (("a", 1), ("b", 100)):
         root = tmp_path_factory.mktemp(f"namespace_{letter}")
         _python_model(root, "add", increment)
+        _label_output(root / "add", letter)
         _python_model(root, f"only_{letter}", increment)
         (root / f"ens_{letter}" / "1").mkdir(parents=True)
         (root / f"ens_{letter}" / "config.pbtxt").write_text(SIGNATURE + ENSEMBLE)
@@ -137,6 +145,16 @@ def test_each_ensemble_resolves_its_step_in_its_own_repository(namespaced: Serve
         assert call(namespaced, "ens_b").tolist() == [100.0, 100.0]
         assert call(namespaced, "only_a").tolist() == [1.0, 1.0]
         assert call(namespaced, "only_b").tolist() == [100.0, 100.0]
+
+
+def test_each_ensemble_takes_the_labels_of_the_step_it_calls(namespaced: ServerProcess) -> None:
+    # Neither ensemble names a label file: each classifies with those of its own repository's `add`.
+    tensor = httpclient.InferInput("X", [2], "FP32")
+    tensor.set_data_from_numpy(np.array([0.0, 1.0], np.float32))
+    top = [httpclient.InferRequestedOutput("Y", class_count=1)]
+    with httpclient.InferenceServerClient(namespaced.http_url) as client:
+        assert client.infer("ens_a", [tensor], outputs=top).as_numpy("Y").tolist() == [b"2.000000:1:a1"]
+        assert client.infer("ens_b", [tensor], outputs=top).as_numpy("Y").tolist() == [b"101.000000:1:b1"]
 
 
 def test_a_name_two_repositories_hold_is_refused_in_tritons_words(namespaced: ServerProcess) -> None:
