@@ -54,23 +54,28 @@ def copy(tmp_path: Path) -> Iterator[Path]:
 
 
 def _seed_venv(copy: Path) -> None:
-    """Gives the copy a .venv holding, as hard links, what the running venv holds (pip aside), so
-    that README's command finds its requirements installed, as a second run of .ci/run on one
-    machine does, and installs only the project's own distributions again. Where the copy cannot
-    link to the running venv (not a venv, another filesystem), README's command installs it all."""
+    """Gives the copy a .venv holding what the running venv holds, as hard links, so that
+    README's command finds its requirements installed, as a second run of .ci/run on one machine
+    does, and installs only the project's own distributions again. What the venv module puts
+    there (pip, setuptools) stays the copy's own; the files at the top of site-packages (`.pth`
+    files among them, which pip may rewrite) are copied. Where the copy cannot link to the
+    running venv (not a venv, another filesystem, another Python), README's command installs it all."""
     if sys.prefix == sys.base_prefix:
         return
     site = Path(sysconfig.get_path("purelib"))
-    subprocess.run(["python3", "-m", "venv", str(copy / ".venv")], check=True)
+    subprocess.run(["python3", "-m", "venv", str(copy / ".venv")], check=True, timeout=300)
     target = copy / ".venv" / site.relative_to(sys.prefix)
+    if not target.is_dir():  # python3 is another version than the one running
+        return
+    own = {entry.name.partition("-")[0] for entry in target.iterdir()}
     try:
         for entry in site.iterdir():
-            if entry.name.partition("-")[0] == "pip" or (target / entry.name).exists():
-                continue  # what the venv module installed (pip, setuptools) stays the copy's own
+            if entry.name.partition("-")[0] in own:
+                continue
             if entry.is_dir():
                 shutil.copytree(entry, target / entry.name, symlinks=True, copy_function=os.link)
             else:
-                os.link(entry, target / entry.name)
+                shutil.copy2(entry, target / entry.name)
     except OSError:  # no links across filesystems: the copy installs its own
         shutil.rmtree(copy / ".venv")
 

@@ -1,9 +1,11 @@
 """--model-namespacing: one model name in two repositories serves as two models, as Triton's.
 
-Each repository holds a Python model `add` (repository a adds 1, b adds 100), an ensemble of
-its own (`ens_a`, `ens_b`) whose step names `add`, and a model only it has. Triton 2.51, run on
-these repositories, answers the ensembles with +1 and +100, refuses a request for `add` with
-the text asserted here (400 / INVALID_ARGUMENT), and labels the metrics with `namespace`.
+Each repository holds a Python model `add` (repository a adds 1, b adds 100, each output
+labelled with its repository's letter), an ensemble of its own (`ens_a`, `ens_b`) whose step
+names `add`, and a model only it has. Triton 2.51, run on these repositories, answers the
+ensembles with +1 and +100 and classifies their outputs with their own `add`'s labels, refuses a
+request for `add` with the text asserted here (400 / INVALID_ARGUMENT), and labels the metrics
+with `namespace`.
 """
 
 from __future__ import annotations

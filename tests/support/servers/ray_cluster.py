@@ -8,7 +8,6 @@ HTTP proxy on the head node.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -60,25 +59,15 @@ def _alive_nodes(address: str, env: dict[str, str]) -> int:
     return int(completed.stdout.strip().splitlines()[-1]) if completed.returncode == 0 else 0
 
 
-def _shut_serve_down(address: str, env: dict[str, str]) -> None:
-    """Stops Ray Serve's controller and proxy, if the tests started them: nodes stopped with them
-    running wait some 30 s for them to end."""
-    probe = "import ray; from ray import serve; ray.init(address=%r, logging_level='ERROR'); serve.shutdown()"
-    with contextlib.suppress(subprocess.TimeoutExpired):  # then the nodes' stop waits for them
-        subprocess.run([sys.executable, "-c", probe % address], capture_output=True, env=env, timeout=60)
-
-
-def _stop(nodes: Sequence[subprocess.Popen[bytes]]) -> None:
-    """Stops `ray start --block` nodes, all at once: SIGTERM makes each stop the processes it started."""
-    for node in nodes:
-        if node.poll() is None:
-            node.send_signal(signal.SIGTERM)
-    for node in nodes:
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    """Stops a `ray start --block` node: SIGTERM makes it stop the processes it started."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
         try:
-            node.wait(timeout=60)
+            process.wait(timeout=60)
         except subprocess.TimeoutExpired:
-            os.killpg(node.pid, signal.SIGKILL)  # its own session: only what it started
-            node.wait(timeout=30)
+            os.killpg(process.pid, signal.SIGKILL)  # its own session: only what it started
+            process.wait(timeout=30)
 
 
 def run_cluster() -> Iterator[RayCluster]:
@@ -95,6 +84,8 @@ def run_cluster() -> Iterator[RayCluster]:
         "RAY_SERVE_PROXY_PREFER_LOCAL_NODE_ROUTING": "0",
         # Replicas report their autoscaling metrics twice a second (Ray's default: every 10 s).
         "RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "0.5",
+        # A node told to stop stops at once: no drain of up to 30 s for Serve's proxy to quiesce.
+        "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",
     }
     port = free_port()
     address = f"127.0.0.1:{port}"
@@ -116,9 +107,8 @@ def run_cluster() -> Iterator[RayCluster]:
             time.sleep(1)
         yield RayCluster(address, free_port(), env, temp)
     finally:
-        if head.poll() is None:
-            _shut_serve_down(address, env)
-        _stop(nodes)
+        for node in reversed(nodes):
+            _stop(node)
         shutil.rmtree(temp, ignore_errors=True)
 
 
