@@ -24,7 +24,7 @@ from coreserve.errors import CoreserveError, InvalidArgumentError, ModelConfigEr
 from coreserve.protos.model_config_pb2 import ModelConfig, ModelVersionPolicy
 from coreserve.repository._overrides import LoadOverrides
 from coreserve.repository.links import TakenDownEnsembles, linked
-from coreserve.repository.namespaces import Found, find_models, key_of, qualified
+from coreserve.repository.namespaces import Found, find_models, key_of, qualified, step_key
 from coreserve.scheduling.cache.key import files_digest
 
 if TYPE_CHECKING:
@@ -144,10 +144,10 @@ class ModelFinder:
                 continue  # its load records why it cannot load
             for step in ensemble_steps(location) or ():
                 own = qualified(location.namespace, step)
-                for step_key in [own] if own in found else self.keys_named(step, found):
-                    if step_key not in wanted:
-                        wanted[step_key] = found[step_key]
-                        unexplored.append(step_key)
+                for wanted_key in [own] if own in found else self.keys_named(step, found):
+                    if wanted_key not in wanted:
+                        wanted[wanted_key] = found[wanted_key]
+                        unexplored.append(wanted_key)
         return wanted
 
 
@@ -181,8 +181,9 @@ def refuse_cycles(
         if step in chain:  # loading it first would never end
             cycle = " -> ".join([*chain[chain.index(step) :], step])
             raise InvalidArgumentError(f"cannot load ensemble '{name}': its steps form a cycle: {cycle}")
-    uses = {location.key: {qualified(location.namespace, step) for step in steps}}
-    cycles = load_order(serving_steps(models) | uses)[1]
+    keys = models.keys() | {location.key}
+    uses = {location.key: step_keys(keys, location.namespace, steps)}
+    cycles = load_order(serving_steps(models, keys) | uses)[1]
     if location.key in cycles:
         raise InvalidArgumentError(f"load failed for model '{name}': {cycles[location.key]}")
 
@@ -308,21 +309,29 @@ def load_waves(
 ) -> tuple[list[list[str]], dict[str, str]]:
     """`load_order` of the models at `locations` (by key), the models that serve and are not
     loaded again taking part as they are."""
-    steps: dict[str, set[str] | None] = dict(serving_steps(models))
+    keys = locations.keys() | models.keys()
+    steps: dict[str, set[str] | None] = dict(serving_steps(models, keys))
     for key, location in locations.items():
         uses = ensemble_steps(location)
-        steps[key] = None if uses is None else {qualified(location.namespace, step) for step in uses}
+        steps[key] = None if uses is None else step_keys(keys, location.namespace, uses)
     return load_order(steps)
 
 
-def serving_steps(models: Mapping[str, Model]) -> dict[str, set[str]]:
-    """The steps of each model that takes requests, as keys: under namespacing, in its own
-    repository (for `load_order`: a cycle may run through models served already)."""
+def serving_steps(models: Mapping[str, Model], keys: Collection[str]) -> dict[str, set[str]]:
+    """The steps of each model that takes requests, as keys (`step_keys`), for `load_order`: a
+    cycle may run through models served already."""
     return {
-        key: {qualified(model.namespace, step) for step in model.steps()}
+        key: step_keys(keys, model.namespace, model.steps())
         for key, model in models.items()
         if model.takes_requests
     }
+
+
+def step_keys(keys: Collection[str], namespace: str, steps: Iterable[str]) -> set[str]:
+    """The keys of the steps an ensemble of `namespace` calls, among `keys` as its calls find
+    them (`step_key`: under namespacing, another repository's model where its own has none);
+    its own repository's where none or several."""
+    return {step_key(keys, namespace, step) or qualified(namespace, step) for step in steps}
 
 
 def _cycle(start: str, pending: Mapping[str, set[str] | None]) -> str:

@@ -117,6 +117,18 @@ class ModelTable(dict[str, "Model"]):
         raise NotFoundError(f"Request for unknown model: '{name}' is not found")
 
 
+def step_key(keys: Collection[str], namespace: str, step: str) -> str | None:
+    """The key among `keys` of the model an ensemble of `namespace` calls for `step`, as its
+    calls find it (`NamespacedClient`, then `ModelTable.find`): its own repository's, one held
+    under the plain name (loaded from files), or the one model of that name; None where none or
+    several."""
+    for key in (qualified(namespace, step), step):
+        if key in keys:
+            return key
+    found = [key for key in keys if key.rpartition(SEPARATOR)[2] == step]
+    return found[0] if len(found) == 1 else None
+
+
 def resolve_step(namespace: str, name: str, has_model: Callable[[str], bool]) -> str:
     """The model an ensemble of `namespace` calls for step `name`: its own repository's if it
     has one, else the name as any request gives it."""

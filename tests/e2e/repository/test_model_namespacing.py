@@ -159,6 +159,25 @@ def test_each_ensemble_takes_the_labels_of_the_step_it_calls(namespaced: ServerP
         assert client.infer("ens_b", [tensor], outputs=top).as_numpy("Y").tolist() == [b"101.000000:1:b1"]
 
 
+def test_an_ensemble_calls_a_step_that_only_another_repository_has(tmp_path: Path) -> None:
+    # As Triton 2.51 does (checked side by side): the step loads first, then the ensemble,
+    # which answers with the step's sums and labels.
+    a, b = tmp_path / "a", tmp_path / "b"
+    _python_model(b, "add", 100)
+    _label_output(b / "add", "b")
+    (a / "ens" / "1").mkdir(parents=True)
+    (a / "ens" / "config.pbtxt").write_text(SIGNATURE + ENSEMBLE)
+    server = ServerProcess([a, b], ["--model-namespacing=true"]).start()
+    try:
+        tensor = httpclient.InferInput("X", [2], "FP32")
+        tensor.set_data_from_numpy(np.array([0.0, 1.0], np.float32))
+        top = [httpclient.InferRequestedOutput("Y", class_count=1)]
+        with httpclient.InferenceServerClient(server.http_url) as client:
+            assert client.infer("ens", [tensor], outputs=top).as_numpy("Y").tolist() == [b"101.000000:1:b1"]
+    finally:
+        server.close()
+
+
 def test_a_name_two_repositories_hold_is_refused_in_tritons_words(namespaced: ServerProcess) -> None:
     with pytest.raises(InferenceServerException) as http_error:
         _http(namespaced, "add")

@@ -8,7 +8,7 @@ from collections.abc import Collection
 from typing import TYPE_CHECKING
 
 from coreserve.repository._overrides import LoadOverrides
-from coreserve.repository.namespaces import ModelTable, qualified
+from coreserve.repository.namespaces import ModelTable, qualified, step_key
 
 if TYPE_CHECKING:
     from coreserve.repository.model import Model
@@ -94,17 +94,6 @@ def calls(models: ModelTable, key: str, namespace: str, steps: Collection[str]) 
     `key` (see `step_key`)."""
     model = models.get(key)
     return model is not None and model.name in steps and step_key(models, namespace, model.name) == key
-
-
-def step_key(models: ModelTable, namespace: str, step: str) -> str | None:
-    """The key of the model an ensemble of `namespace` calls for `step`, as its client finds it
-    (`NamespacedClient`, then `ModelTable.find`): its own repository's, a model held under the
-    plain name (loaded from files), or the one model of that name; None where none or several."""
-    for key in (qualified(namespace, step), step):
-        if key in models:
-            return key
-    found = models.named(step)
-    return qualified(found[0].namespace, found[0].name) if len(found) == 1 else None
 
 
 def step_serves(models: ModelTable, namespace: str, step: str) -> bool:
