@@ -45,6 +45,7 @@ from coreserve.repository._layout import (
     select_versions,
     shared_files_fingerprint,
 )
+from coreserve.repository._overrides import LoadOverrides
 from coreserve.repository._warmup import run_warmups
 from coreserve.repository.model import Model, ModelState, ModelVersion
 from coreserve.repository.namespaces import NamespacedClient, step_lookup
@@ -127,26 +128,24 @@ class ModelLoader:
     async def load(
         self,
         location: ModelLocation,
-        config: ModelConfig | None = None,
-        versions: Sequence[int] | None = None,
+        overrides: LoadOverrides,
         served: Model | None = None,
     ) -> Model:
-        """Loads a model folder (with `config` in place of its config.pbtxt, and `versions` in
-        place of those its version policy chooses, if given).
+        """Loads a model folder with what the load request replaces (`overrides`); never raises:
+        a model that cannot load comes back with its reason.
 
         A version of `served`, the model this load replaces, whose files and configuration (but
         for the version policy and the instance groups) are unchanged is not loaded again: it
         keeps serving, its statistics too, its instances changed in place where the instance
-        groups changed, as in Triton; the new model lists it in `kept`.
-        Never raises: a model that cannot load comes back with its reason.
+        groups changed and the traffic policy holds, as in Triton; the new model lists it in `kept`.
         """
         model = Model(location.name, location.path, namespace=location.namespace)
         model.from_files = location.from_files
         progress = asyncio.create_task(_report_progress(location.name))
         try:
             try:
-                backend, config, chosen = await self._prepare(location, config, versions)
-                versions = list(versions) if versions is not None else chosen
+                backend, config, chosen = await self._prepare(location, overrides.config, overrides.versions)
+                versions = list(overrides.versions) if overrides.versions is not None else chosen
                 model.traffic = policy_from_config(config)
                 if model.traffic is not None:
                     model.traffic.check_versions(location.name, versions)
@@ -163,15 +162,16 @@ class ModelLoader:
             for number in loading:
                 model.versions[number] = self._new_version(location, number, config, signature)
             await asyncio.gather(*(self._load_version(backend, location, model.versions[n]) for n in loading))
-            # Once the others loaded: a load that fails leaves the kept versions' instances as they were.
-            if all(model.versions[number].takes_requests for number in loading):
+            # A load that fails (a version, the traffic policy) leaves the kept instances as they were.
+            loaded = all(model.versions[number].takes_requests for number in loading)
+            if loaded and model.keep_traffic_of(served, overrides.traffic):
                 for number, version in list(kept.items()):
                     if not await self._change_instances(backend, location, version, config):
                         del kept[number]  # it loads again, and says why it cannot
                         model.versions[number] = self._new_version(location, number, config, signature)
                         await self._load_version(backend, location, model.versions[number])
             model.kept = frozenset(kept)
-            if model.takes_requests:  # (Triton's words, once a load)
+            if model.takes_requests and not model.reason:  # (Triton's words, once a load; `reason`: refused)
                 logger.info("successfully loaded '%s'", location.name)
             else:  # (after each version's reason)
                 logger.info("failed to load '%s'", location.name)

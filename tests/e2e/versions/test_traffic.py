@@ -277,6 +277,27 @@ def test_a_reload_that_drops_a_weighted_version_is_refused(
     assert _get(server) == {"weights": {"2": 100.0}}  # a policy set at run time outlives the reload
 
 
+def test_a_refused_reload_leaves_the_kept_versions_instances_as_they_were(
+    coreserve_server: ServerFactory, repository: Path
+) -> None:
+    # The reload keeps version 2 (its files are unchanged) and asks for three instances of it
+    # (ONNX Runtime's CPU default is two). Refused while the policy gives version 1 weight, it
+    # changes no instance; once the load request moves that weight, the instance is added.
+    server = coreserve_server(repository, "--model-control-mode=explicit", "--load-model=scaled")
+    assert _set(server, {"weights": {"1": 30, "2": 70}})[0] == 200
+    three_instances = ONLY_VERSION_2 + "instance_group [ { count: 3 kind: KIND_CPU } ]\n"
+    (repository / "scaled" / "config.pbtxt").write_text(three_instances)
+    load = "/v2/repository/models/scaled/load"
+    status, _, answer = request(server.http_url, "POST", load, b"{}")
+    assert status == 400 and "version 1 takes requests" in json.loads(answer)["error"]
+    assert "in place" not in server.log
+    moves = {"parameters": {"coreserve_traffic": {"weights": {"2": 100}}}}
+    assert request(server.http_url, "POST", load, json.dumps(moves).encode())[0] == 200
+    assert "model 'scaled' version 2: 1 instance(s) added and 0 retired in place" in server.log
+    with httpclient.InferenceServerClient(server.http_url) as client:
+        assert {_infer(client) for _ in range(4)} == {2}
+
+
 @pytest.mark.parametrize(
     ("parameter", "text", "reason"),
     [

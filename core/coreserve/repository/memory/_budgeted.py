@@ -153,9 +153,7 @@ class BudgetedLoads:
         measuring = self.has_budget or self.on_demand  # only for who asked for them
         before = await self._sizes_now() if measuring else {}
         overrides = overrides or LoadOverrides()
-        new = await self._loader.load(
-            location, overrides.config, overrides.versions, served=None if measuring else served
-        )
+        new = await self._loader.load(location, overrides, served=None if measuring else served)
         if not new.takes_requests:
             return new
         self._retries.pop(location.name, None)  # a failed model's back-off starts anew
