@@ -23,8 +23,8 @@ from coreserve.config.parse import parse_config
 from coreserve.errors import CoreserveError, InvalidArgumentError, ModelConfigError
 from coreserve.protos.model_config_pb2 import ModelConfig, ModelVersionPolicy
 from coreserve.repository._overrides import LoadOverrides
-from coreserve.repository.links import TakenDownEnsembles, linked
-from coreserve.repository.namespaces import Found, find_models, key_of, qualified, step_key
+from coreserve.repository.links import TakenDownEnsembles, linked, not_available
+from coreserve.repository.namespaces import Found, KeyIndex, ModelTable, find_models, key_of, qualified
 from coreserve.scheduling.cache.key import files_digest
 
 if TYPE_CHECKING:
@@ -84,10 +84,49 @@ class ModelFinder:
         missing = [s for s in sorted(steps) if not self.keys_named(s, found)]
         missing = [s for s in missing if qualified(namespace, s) not in held]
         if missing:
-            raise InvalidArgumentError(
-                f"load failed for model '{name}': ensemble {name} contains models that are not "
-                f"available or ambiguous: {', '.join(missing)}"
-            )
+            raise InvalidArgumentError(f"load failed for model '{name}': {not_available(name, missing)}")
+
+    @staticmethod
+    def steps_to_load(namespace: str, steps: Iterable[str], found: Found, models: ModelTable) -> list[str]:
+        """The steps an ensemble of `namespace` loads first: those whose model its calls will
+        take does not serve; its own repository's where it has one, else as `KeyIndex.step_key`
+        finds it among the `models`."""
+        wanted = []
+        for step in sorted(steps):
+            own = qualified(namespace, step)
+            called = own if own in found else models.index.step_key(namespace, step)
+            model = models.get(called or own)
+            if model is None or not model.takes_requests:
+                wanted.append(step)
+        return wanted
+
+    @staticmethod
+    def still_down(
+        locations: dict[str, ModelLocation], models: ModelTable, down: TakenDownEnsembles
+    ) -> list[str]:
+        """Takes out of `locations` (a poll found their files changed) the ensembles held `down`
+        that call a model which neither serves nor loads with them, and returns their keys: they
+        stay down, as in Triton's polls, with the steps their files name now (Triton's words
+        logged)."""
+        index = KeyIndex(_names(models) | {key: location.name for key, location in locations.items()})
+        waiting = []
+        for key, location in locations.items():
+            steps = ensemble_steps(location) if key in down else None
+            if not steps:
+                continue
+            called = {step: index.step_key(location.namespace, step) for step in sorted(steps)}
+            missing = [
+                step
+                for step, used in called.items()
+                if used is None or (used not in locations and not models[used].takes_requests)
+            ]
+            if missing:
+                logger.error("Invalid argument: %s", not_available(location.name, missing))
+                down.keep(location.name, location.namespace, frozenset(steps), LoadOverrides())
+                waiting.append(key)
+        for key in waiting:
+            del locations[key]
+        return waiting
 
     def keys_named(self, name: str, found: Found) -> list[str]:
         """The keys of the models called `name` among those found (one unless namespacing)."""
@@ -171,19 +210,26 @@ def ensemble_steps(location: ModelLocation, config: ModelConfig | None = None) -
 
 
 def refuse_cycles(
-    location: ModelLocation, steps: Collection[str], loading: Sequence[str], models: Mapping[str, Model]
+    location: ModelLocation,
+    steps: Collection[str],
+    loading: Sequence[str],
+    models: Mapping[str, Model],
+    found: Collection[str],
 ) -> None:
     """Refuses to load ensemble `location` whose `steps` lead back to it: through the ensembles
-    whose load led here (`loading`, outermost first) or through the models that serve."""
+    whose load led here (`loading`, outermost first) or through the models that serve. Its own
+    repository's steps among the models `found` are loaded before it, so its calls take those."""
     name = location.name
     chain = [*loading, name]
     for step in sorted(steps):
         if step in chain:  # loading it first would never end
             cycle = " -> ".join([*chain[chain.index(step) :], step])
             raise InvalidArgumentError(f"cannot load ensemble '{name}': its steps form a cycle: {cycle}")
-    keys = models.keys() | {location.key}
-    uses = {location.key: step_keys(keys, location.namespace, steps)}
-    cycles = load_order(serving_steps(models, keys) | uses)[1]
+    own_steps = {qualified(location.namespace, step): step for step in steps}
+    names = _names(models) | {key: step for key, step in own_steps.items() if key in found}
+    index = KeyIndex(names | {location.key: name})
+    uses = {location.key: index.step_keys(location.namespace, steps)}
+    cycles = load_order(serving_steps(models, index) | uses)[1]
     if location.key in cycles:
         raise InvalidArgumentError(f"load failed for model '{name}': {cycles[location.key]}")
 
@@ -309,29 +355,27 @@ def load_waves(
 ) -> tuple[list[list[str]], dict[str, str]]:
     """`load_order` of the models at `locations` (by key), the models that serve and are not
     loaded again taking part as they are."""
-    keys = locations.keys() | models.keys()
-    steps: dict[str, set[str] | None] = dict(serving_steps(models, keys))
+    index = KeyIndex(_names(models) | {key: location.name for key, location in locations.items()})
+    steps: dict[str, set[str] | None] = dict(serving_steps(models, index))
     for key, location in locations.items():
         uses = ensemble_steps(location)
-        steps[key] = None if uses is None else step_keys(keys, location.namespace, uses)
+        steps[key] = None if uses is None else index.step_keys(location.namespace, uses)
     return load_order(steps)
 
 
-def serving_steps(models: Mapping[str, Model], keys: Collection[str]) -> dict[str, set[str]]:
-    """The steps of each model that takes requests, as keys (`step_keys`), for `load_order`: a
-    cycle may run through models served already."""
+def serving_steps(models: Mapping[str, Model], index: KeyIndex) -> dict[str, set[str]]:
+    """The steps of each model that takes requests, as keys (`KeyIndex.step_keys`), for
+    `load_order`: a cycle may run through models served already."""
     return {
-        key: step_keys(keys, model.namespace, model.steps())
+        key: index.step_keys(model.namespace, model.steps())
         for key, model in models.items()
         if model.takes_requests
     }
 
 
-def step_keys(keys: Collection[str], namespace: str, steps: Iterable[str]) -> set[str]:
-    """The keys of the steps an ensemble of `namespace` calls, among `keys` as its calls find
-    them (`step_key`: under namespacing, another repository's model where its own has none);
-    its own repository's where none or several."""
-    return {step_key(keys, namespace, step) or qualified(namespace, step) for step in steps}
+def _names(models: Mapping[str, Model]) -> dict[str, str]:
+    """Each model's plain name, by key."""
+    return {key: model.name for key, model in models.items()}
 
 
 def _cycle(start: str, pending: Mapping[str, set[str] | None]) -> str:

@@ -14,7 +14,6 @@ version policy) are unchanged is not loaded again: it moves to the new model, as
 
 Without `--model-namespacing` a model name found in two repositories is refused; with it,
 each repository is a namespace and models are held under qualified keys (see namespaces.py).
-
 In explicit mode, loads on demand and a memory budget go beyond Triton: see budgeted.py.
 """
 
@@ -174,6 +173,9 @@ class ModelRepository:
             except CoreserveError as exc:
                 namespace, name = self._find.split(key, source)
                 self._models[key] = Model(name=name, path=None, reason=exc.message, namespace=namespace)
+        if reason == "poll":  # (as Triton's: an ensemble held down stays down while a model it uses is gone)
+            held = self._find.still_down(locations, self._models, self.taken_down)  # (out of `locations`)
+            self._fingerprints.update({key: found[key][1] for key in held})  # (until that model serves)
         waves, cycles = load_waves(locations, self._models)
         for key, why in cycles.items():
             if key not in locations:
@@ -250,6 +252,7 @@ class ModelRepository:
             if fingerprint is not None:
                 self._fingerprints[key] = fingerprint
             asked = overrides.traffic if overrides is not None else None
+            # (checked again: a load measured for a memory budget was not given the served model)
             failed = not new.takes_requests or not new.keep_traffic_of(old, asked)
             if failed and old is not None and old.takes_requests:
                 logger.error(
@@ -351,13 +354,11 @@ class ModelRepository:
         for key in keys:
             location = await self._find.location(key, found[key][0])
             steps = ensemble_steps(location, overrides.config) or set()
-            refuse_cycles(location, steps, loading, self._models)
+            refuse_cycles(location, steps, loading, self._models, found)
             self._find.refuse_missing_steps(name, location.namespace, steps, found, held)
-            for step in sorted(steps):
-                step_key = qualified(location.namespace, step)
-                if step_key not in self._models or not self._models[step_key].takes_requests:
-                    logger.info("loading model '%s' first: ensemble '%s' uses it", step, name)
-                    loaded |= await self._load(step, LoadOverrides(), (*loading, name), reason)
+            for step in self._find.steps_to_load(location.namespace, steps, found, self._models):
+                logger.info("loading model '%s' first: ensemble '%s' uses it", step, name)
+                loaded |= await self._load(step, LoadOverrides(), (*loading, name), reason)
             loaded[key] = await self._load_location(name, location, found[key][1], overrides, reason)
         return loaded
 

@@ -10,7 +10,7 @@ calls name models globally, as Triton's do (an ambiguous name fails there too).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Collection, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
 from coreserve.errors import InvalidArgumentError, NotFoundError
@@ -69,37 +69,69 @@ def ambiguous(name: str, count: int) -> InvalidArgumentError:
     )
 
 
+class KeyIndex:
+    """Keys of models with the keys of each plain name, where an ensemble's steps are found."""
+
+    def __init__(self, names: Mapping[str, str]) -> None:
+        """`names`: each model's plain name, by key."""
+        self._keys = frozenset(names)
+        self._by_name: dict[str, list[str]] = {}
+        for key, name in names.items():
+            self._by_name.setdefault(name, []).append(key)
+
+    def named(self, name: str) -> list[str]:
+        """The keys of the models of that plain name, in every namespace."""
+        return self._by_name.get(name, [])
+
+    def step_key(self, namespace: str, step: str) -> str | None:
+        """The key of the model an ensemble of `namespace` calls for `step`, as its calls find it
+        (`NamespacedClient`, then `ModelTable.find`): its own repository's, one held under the
+        plain name (loaded from files), or the one model of that name; None where none or several."""
+        for key in (qualified(namespace, step), step):
+            if key in self._keys:
+                return key
+        found = self.named(step)
+        return found[0] if len(found) == 1 else None
+
+    def step_keys(self, namespace: str, steps: Iterable[str]) -> set[str]:
+        """The keys of the steps an ensemble of `namespace` calls (`step_key`); its own
+        repository's where none or several."""
+        return {self.step_key(namespace, step) or qualified(namespace, step) for step in steps}
+
+
 class ModelTable(dict[str, "Model"]):
     """The served models by key, with an index by plain name kept up to date with every change."""
 
     def __init__(self) -> None:
         super().__init__()
-        self._by_name: dict[str, list[Model]] | None = None
+        self._index: KeyIndex | None = None
 
     def __setitem__(self, key: str, model: Model) -> None:
         super().__setitem__(key, model)
-        self._by_name = None
+        self._index = None
 
     def __delitem__(self, key: str) -> None:
         super().__delitem__(key)
-        self._by_name = None
+        self._index = None
 
     def pop(self, key: str, default: Model | None = None) -> Model | None:  # type: ignore[override]
-        self._by_name = None
+        self._index = None
         return super().pop(key, default)
 
     def clear(self) -> None:
         super().clear()
-        self._by_name = None
+        self._index = None
+
+    @property
+    def index(self) -> KeyIndex:
+        """The keys of the models held (unavailable ones too), by plain name."""
+        if self._index is None:
+            self._index = KeyIndex({key: model.name for key, model in self.items()})
+        return self._index
 
     def named(self, name: str) -> list[Model]:
         """The models of that plain name, in every namespace."""
-        if self._by_name is None:
-            index: dict[str, list[Model]] = {}
-            for model in self.values():
-                index.setdefault(model.name, []).append(model)
-            self._by_name = index
-        return self._by_name.get(name, [])
+        return [self[key] for key in self.index.named(name)]
 
     def find(self, name: str, namespacing: bool, unloaded: Collection[str]) -> Model:
         """The model a request names; under namespacing, the one repository that has that name.
@@ -115,18 +147,6 @@ class ModelTable(dict[str, "Model"]):
         if any(key == name or (namespacing and key.rpartition(SEPARATOR)[2] == name) for key in unloaded):
             raise NotFoundError(f"Request for unknown model: '{name}' has no available versions (unloaded)")
         raise NotFoundError(f"Request for unknown model: '{name}' is not found")
-
-
-def step_key(keys: Collection[str], namespace: str, step: str) -> str | None:
-    """The key among `keys` of the model an ensemble of `namespace` calls for `step`, as its
-    calls find it (`NamespacedClient`, then `ModelTable.find`): its own repository's, one held
-    under the plain name (loaded from files), or the one model of that name; None where none or
-    several."""
-    for key in (qualified(namespace, step), step):
-        if key in keys:
-            return key
-    found = [key for key in keys if key.rpartition(SEPARATOR)[2] == step]
-    return found[0] if len(found) == 1 else None
 
 
 def resolve_step(namespace: str, name: str, has_model: Callable[[str], bool]) -> str:

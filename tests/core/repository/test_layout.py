@@ -7,9 +7,21 @@ from pathlib import Path
 import pytest
 
 from coreserve.config import parse_config
+from coreserve.config.signature import ModelSignature
 from coreserve.errors import InvalidArgumentError, ModelConfigError
-from coreserve.repository._layout import list_versions, load_order, select_versions
+from coreserve.repository._layout import (
+    ModelFinder,
+    ModelLocation,
+    list_versions,
+    load_order,
+    load_waves,
+    refuse_cycles,
+    select_versions,
+)
+from coreserve.repository.model import Model, ModelState, ModelVersion
+from coreserve.repository.namespaces import KeyIndex, ModelTable
 from coreserve.repository.storage._sources import LocalSource
+from coreserve.scheduling.statistics import ModelStatistics
 
 
 def test_models_and_numeric_versions(tmp_path: Path) -> None:
@@ -78,6 +90,106 @@ def test_models_load_before_the_ensembles_that_use_them_and_cycles_never_load() 
         "y": "ensemble 'y': circular dependency between ensembles: y -> x -> y",
         "z": "ensemble 'z': circular dependency between ensembles: x -> y -> x",  # waits on one
     }
+
+
+ENSEMBLE = """
+platform: "ensemble"
+ensemble_scheduling { step [ { model_name: "STEP" model_version: -1 } ] }
+"""
+
+
+def _ensemble_folder(repository: Path, name: str, step: str) -> ModelLocation:
+    (repository / name).mkdir(parents=True)
+    (repository / name / "config.pbtxt").write_text(ENSEMBLE.replace("STEP", step))
+    return ModelLocation(name, repository / name, repository, namespace=str(repository))
+
+
+def _serving(namespace: str, name: str, config_text: str = "") -> Model:
+    config = parse_config(f'name: "{name}"\n{config_text}')
+    version = ModelVersion(
+        name, 1, config, ModelSignature(config), ModelStatistics(name, 1), ModelState.READY
+    )
+    return Model(name=name, path=None, config=config, versions={1: version}, namespace=namespace)
+
+
+def _serving_ensemble(namespace: str, name: str, step: str) -> Model:
+    return _serving(namespace, name, ENSEMBLE.replace("STEP", step))
+
+
+def test_an_ensembles_step_is_its_own_repositorys_else_the_one_model_of_that_name() -> None:
+    index = KeyIndex(
+        {"a::add": "add", "b::add": "add", "b::only": "only", "files": "files", "x::y::s": "y::s"}
+    )
+    assert index.step_key("a", "add") == "a::add"  # its own repository's
+    assert index.step_key("c", "add") is None  # two others: its calls find none
+    assert index.step_key("a", "only") == "b::only"  # the one model of that name
+    assert index.step_key("a", "files") == "files"  # held under its plain name (loaded from files)
+    assert index.step_key("a", "y::s") == "x::y::s"  # a name with the separator in it
+    assert index.step_key("a", "s") is None
+    assert index.step_keys("c", ["add", "only", "none"]) == {"c::add", "b::only", "c::none"}
+
+
+def test_without_namespacing_a_step_is_only_its_own_name() -> None:
+    # A folder named `x::s` is a model of that name, not model `s` of a namespace `x`.
+    index = KeyIndex({"x::s": "x::s"})
+    assert index.step_key("", "s") is None
+    assert index.step_key("", "x::s") == "x::s"
+
+
+def test_an_ensemble_loads_after_the_step_another_repository_has(tmp_path: Path) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    ensemble = _ensemble_folder(a, "ens", "add")
+    (b / "add").mkdir(parents=True)
+    add = ModelLocation("add", b / "add", b, namespace=str(b))
+    waves, cycles = load_waves({ensemble.key: ensemble, add.key: add}, {})
+    assert (waves, cycles) == ([[add.key], [ensemble.key]], {})
+
+
+def test_a_cycle_through_another_repository_is_refused(tmp_path: Path) -> None:
+    # a's `ens` calls `s`, which only b has: b's `s` is an ensemble that calls `ens`.
+    a, b = tmp_path / "a", tmp_path / "b"
+    ensemble = _ensemble_folder(a, "ens", "s")
+    served = {f"{b}::s": _serving_ensemble(str(b), "s", "ens")}
+    with pytest.raises(InvalidArgumentError, match=r"circular dependency between ensembles"):
+        refuse_cycles(ensemble, {"s"}, (), served, found={ensemble.key})
+
+
+def test_no_cycle_where_the_own_repositorys_step_is_on_disk(tmp_path: Path) -> None:
+    # As above, but a has an `s` of its own on disk: its load comes first and `ens` calls it.
+    a, b = tmp_path / "a", tmp_path / "b"
+    ensemble = _ensemble_folder(a, "ens", "s")
+    served = {f"{b}::s": _serving_ensemble(str(b), "s", "ens")}
+    refuse_cycles(ensemble, {"s"}, (), served, found={ensemble.key, f"{a}::s"})
+
+
+@pytest.mark.parametrize(
+    ("held", "on_disk", "wanted"),
+    [
+        ({}, set(), ["s"]),  # nothing serves it
+        ({"b::s": "serving"}, set(), []),  # another repository's serves: its calls take that one
+        ({"b::s": "serving"}, {"a::s"}, ["s"]),  # its own repository's on disk comes first
+        ({"a::s": "serving", "b::s": "serving"}, {"a::s"}, []),
+        ({"b::s": "unavailable"}, set(), ["s"]),
+        ({"b::s": "serving", "c::s": "serving"}, set(), ["s"]),  # which one is ambiguous
+    ],
+)
+def test_the_steps_an_ensemble_loads_first(
+    held: dict[str, str], on_disk: set[str], wanted: list[str]
+) -> None:
+    models = ModelTable()
+    for key, state in held.items():
+        namespace, _, name = key.partition("::")
+        served = _serving(namespace, name)
+        models[key] = served if state == "serving" else Model(name=name, path=None, namespace=namespace)
+    found = dict.fromkeys(on_disk, (LocalSource(Path("/models")), ""))
+    assert ModelFinder.steps_to_load("a", {"s"}, found, models) == wanted
+
+
+def test_without_namespacing_a_step_loads_first_unless_it_serves() -> None:
+    models = ModelTable()
+    models["s"] = _serving("", "s")
+    found = dict.fromkeys(["s", "t"], (LocalSource(Path("/models")), ""))
+    assert ModelFinder.steps_to_load("", {"s", "t"}, found, models) == ["t"]
 
 
 def test_a_specific_version_must_exist() -> None:

@@ -178,6 +178,28 @@ def test_an_ensemble_calls_a_step_that_only_another_repository_has(tmp_path: Pat
         server.close()
 
 
+def test_in_poll_mode_a_change_of_a_step_of_another_repository_loads_it_once(tmp_path: Path) -> None:
+    # The ensemble follows its step's change; its reload takes the step as it serves, and does
+    # not load it a second time as a step its own repository lacks.
+    a, b = tmp_path / "a", tmp_path / "b"
+    _python_model(b, "add", 100)
+    (a / "ens" / "1").mkdir(parents=True)
+    (a / "ens" / "config.pbtxt").write_text(SIGNATURE + ENSEMBLE)
+    flags = ["--model-namespacing=true", "--model-control-mode=poll", "--repository-poll-secs=0.5"]
+    server = ServerProcess([a, b], flags).start()
+    try:
+        assert _answers(server, "ens") == [100.0, 100.0]
+        changed = b / "add" / "1" / "model.new"  # written whole before a poll can see it
+        changed.write_text(ADD.replace("INCREMENT", "200"))
+        changed.replace(b / "add" / "1" / "model.py")
+        wait_until(lambda: server.log.count("successfully loaded 'ens'") == 2, "ens reloads after its step")
+        assert _answers(server, "ens") == [200.0, 200.0]
+        assert server.log.count("successfully loaded 'add'") == 2  # at start, then the change
+        assert "loading model 'add' first" not in server.log
+    finally:
+        server.close()
+
+
 def test_a_name_two_repositories_hold_is_refused_in_tritons_words(namespaced: ServerProcess) -> None:
     with pytest.raises(InferenceServerException) as http_error:
         _http(namespaced, "add")

@@ -7,6 +7,6 @@ from __future__ import annotations
 
 from coreserve.repository.links._changes import RelatedChanges, linked
 from coreserve.repository.links._reloads import LinkedReloads
-from coreserve.repository.links._taken_down import TakenDownEnsembles
+from coreserve.repository.links._taken_down import TakenDownEnsembles, not_available
 
-__all__ = ["LinkedReloads", "RelatedChanges", "TakenDownEnsembles", "linked"]
+__all__ = ["LinkedReloads", "RelatedChanges", "TakenDownEnsembles", "linked", "not_available"]

@@ -4,11 +4,11 @@ they can load again."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from typing import TYPE_CHECKING
 
 from coreserve.repository._overrides import LoadOverrides
-from coreserve.repository.namespaces import ModelTable, qualified, step_key
+from coreserve.repository.namespaces import ModelTable, qualified
 
 if TYPE_CHECKING:
     from coreserve.repository.model import Model
@@ -30,6 +30,9 @@ class TakenDownEnsembles:
     def keep(self, name: str, namespace: str, steps: frozenset[str], kept: LoadOverrides) -> None:
         """Notes an ensemble taken down elsewhere (by another worker, as it tells)."""
         self._down[qualified(namespace, name)] = (name, namespace, steps, kept)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._down
 
     def forget(self, name: str) -> None:
         """Loaded or unloaded by name: it is no longer brought back (nor kept down), in any
@@ -64,11 +67,7 @@ class TakenDownEnsembles:
             for key, model in models.items():
                 if key in gone or key in down or not calls(models, step, model.namespace, model.steps()):
                     continue
-                logger.error(
-                    "Invalid argument: ensemble %s contains models that are not available or ambiguous: %s",
-                    model.name,
-                    models[step].name,
-                )
+                logger.error("Invalid argument: %s", not_available(model.name, [models[step].name]))
                 self._note(key, model)
                 down.append(key)
                 unexplored.append(key)
@@ -89,16 +88,21 @@ class TakenDownEnsembles:
         self._down[key] = (model.name, model.namespace, model.steps(), kept)
 
 
+def not_available(name: str, steps: Iterable[str]) -> str:
+    """Triton's words for ensemble `name`, whose `steps` name models that do not serve."""
+    return f"ensemble {name} contains models that are not available or ambiguous: {', '.join(steps)}"
+
+
 def calls(models: ModelTable, key: str, namespace: str, steps: Collection[str]) -> bool:
     """Whether an ensemble of `namespace` whose steps name `steps` calls the model held under
-    `key` (see `step_key`)."""
+    `key` (see `KeyIndex.step_key`)."""
     model = models.get(key)
-    return model is not None and model.name in steps and step_key(models, namespace, model.name) == key
+    return model is not None and model.name in steps and models.index.step_key(namespace, model.name) == key
 
 
 def step_serves(models: ModelTable, namespace: str, step: str) -> bool:
     """Whether the model an ensemble of `namespace` calls for `step` takes requests."""
-    key = step_key(models, namespace, step)
+    key = models.index.step_key(namespace, step)
     return key is not None and models[key].takes_requests
 
 

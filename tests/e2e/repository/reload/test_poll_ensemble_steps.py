@@ -1,7 +1,8 @@
 """Polling, a model whose files change, leave or come back takes the ensembles that use it
 along, as Triton 2.51's polls do (checked side by side): they load again with it, go down
-(`unloaded`, Triton's words in the log) where it no longer fits them or has left, and load
-again from their files once it fits or is back."""
+(`unloaded`, Triton's words in the log) where it no longer fits them or has left, stay down
+while it is gone (their own files changed too), and load again from their files once it fits
+or is back."""
 
 from __future__ import annotations
 
@@ -72,7 +73,15 @@ def test_an_ensemble_follows_its_step_through_polls(tmp_path: Path) -> None:
             (repository / "step").rename(tmp_path / "step")  # it leaves the repository (at once)
             shutil.rmtree(tmp_path / "step")
             wait_until(lambda: _answer(client) == "UNAVAILABLE: unloaded", "ens goes down with it")
-            assert "ensemble ens contains models that are not available or ambiguous: step" in server.log
+            missing = (
+                "Invalid argument: ensemble ens contains models that are not available or ambiguous: step"
+            )
+            assert server.log.count(missing) == 1
+            edited = tmp_path / "config.pbtxt"  # the ensemble changes while its step is gone: it stays down
+            edited.write_text(ENSEMBLE.replace("STEP", "step") + "# edited\n")
+            edited.replace(repository / "ens" / "config.pbtxt")
+            wait_until(lambda: server.log.count(missing) == 2, "the poll sees the ensemble's change")
+            assert _answer(client) == "UNAVAILABLE: unloaded"
             _write_step(repository, 7)  # it is back
             wait_until(lambda: _answer(client) == 8, "ens comes back with it")
         # Down, it waited for its step: no poll loaded it on its own (and failed).
