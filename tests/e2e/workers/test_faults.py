@@ -31,6 +31,7 @@ from support.servers.worker_servers import (
     status_of,
     urlopen_text,
     worker_index,
+    worker_of,
     worker_pids,
     write_repository,
 )
@@ -53,33 +54,17 @@ def _worker_0(server: ServerProcess) -> int:
     return next(pid for pid in worker_pids(server) if worker_index(pid) == 0)
 
 
-def _connections(server: ServerProcess, count: int = 8) -> list[http.client.HTTPConnection]:
-    """Kept-alive connections, each to whichever worker the kernel gave it, each answered once."""
+def _connection_to_another_worker(server: ServerProcess, worker: int) -> http.client.HTTPConnection:
+    """A kept-alive connection, answered once, that a worker other than `worker` holds."""
     host, port = server.http_url.split(":")
-    made = []
-    for _ in range(count):
-        connection = http.client.HTTPConnection(host, int(port), timeout=30)
+    for _ in range(64):  # (the kernel spreads new connections over the workers)
+        connection = http.client.HTTPConnection(host, int(port), timeout=120)
         connection.request("GET", "/v2/health/live")
         connection.getresponse().read()
-        made.append(connection)
-    return made
-
-
-def _answering(connections: list[http.client.HTTPConnection]) -> http.client.HTTPConnection:
-    """One of the connections whose worker still answers (the others' time out, or are reset
-    once the supervisor has killed the hung worker meanwhile)."""
-    for connection in connections:
-        assert connection.sock is not None
-        connection.sock.settimeout(5.0)  # (a live worker of a loaded machine may take a while)
-        try:
-            connection.request("GET", "/v2/health/live")
-            connection.getresponse().read()
-        except (TimeoutError, ConnectionError):
-            connection.close()
-            continue
-        connection.sock.settimeout(120)
-        return connection
-    raise AssertionError("no connection reached a worker that answers")
+        if worker_of(server, connection) not in (worker, None):
+            return connection
+        connection.close()
+    raise AssertionError(f"no connection reached a worker other than {worker}")
 
 
 def _close(connections: list[http.client.HTTPConnection]) -> None:
@@ -113,13 +98,13 @@ def test_a_hung_worker_is_killed_and_started_again_while_the_others_serve_and_ta
     connections: list[http.client.HTTPConnection] = []
     try:
         hung = _worker_0(server)
-        connections = _connections(server)
+        connections = [_connection_to_another_worker(server, hung)]
         os.kill(hung, signal.SIGSTOP)
         try:
             # A change asked of the live worker while worker 0 is stopped: answered once worker 0
             # is declared hung.
             answers: list[int] = []
-            _register(_answering(connections), region, answers)
+            _register(connections[0], region, answers)
             assert answers == [200]
             # The supervisor killed it (and reaps it in a moment: a zombie is still its child).
             wait_until(lambda: hung not in worker_pids(server), "the hung worker killed and reaped", 10)
@@ -147,10 +132,10 @@ def test_a_worker_killed_while_it_hangs_is_replaced_and_the_change_waiting_on_it
     hung = 0
     try:
         hung = _worker_0(server)
-        connections = _connections(server)
+        connections = [_connection_to_another_worker(server, hung)]
         os.kill(hung, signal.SIGSTOP)
         answers: list[int] = []
-        registering = threading.Thread(target=_register, args=(_answering(connections), region, answers))
+        registering = threading.Thread(target=_register, args=(connections[0], region, answers))
         registering.start()
         time.sleep(1.0)  # for the change to reach the supervisor, which waits on worker 0
         assert registering.is_alive()
@@ -384,6 +369,44 @@ def test_a_step_change_undone_in_a_worker_brings_back_there_the_ensemble_it_took
         assert "Invalid argument: ensemble 'ens'" in server.log  # where it took the ensemble down
         assert {status_of(server, "POST", "/v2/models/ens/infer", body) for _ in range(CONNECTIONS)} == {200}
         assert {status_of(server, "GET", "/v2/health/ready") for _ in range(16)} == {200}
+    finally:
+        server.close()
+
+
+ENSEMBLE_OF_SCALE = """
+platform: "ensemble"
+max_batch_size: 8
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+ensemble_scheduling { step [ {
+  model_name: "scale" model_version: -1
+  input_map { key: "INPUT0" value: "INPUT0" } output_map { key: "OUTPUT0" value: "OUTPUT0" }
+} ] }
+"""
+
+
+def test_a_worker_started_again_in_poll_mode_keeps_an_ensemble_down_while_its_step_is_gone(
+    tmp_path: Path,
+) -> None:
+    """`scale` leaves the repository and takes `ens` down in every worker; a worker killed then
+    starts again with `ens` held down, and its polls keep it down (no load of it alone, which
+    would fail) until `scale` is back."""
+    repository = tmp_path / "models"
+    write_model(repository, "scale", scale_model(2.0), SCALE_CONFIG)
+    (repository / "ens" / "1").mkdir(parents=True)
+    (repository / "ens" / "config.pbtxt").write_text(ENSEMBLE_OF_SCALE)
+    server = start_workers(repository, "--model-control-mode=poll", "--repository-poll-secs=0.3")
+    missing = "ensemble ens contains models that are not available or ambiguous: scale"
+    try:
+        assert {_scaled(server, "ens") for _ in range(8)} == {(200, ("1", 2.0))}
+        (repository / "scale").rename(tmp_path / "scale")
+        wait_until(lambda: server.log.count(missing) == 2, "ens down in both workers")
+        _kill_and_wait(server, 1)
+        wait_until(lambda: server.log.count(missing) == 3, "the new worker's first poll keeps ens down")
+        assert {_scaled(server, "ens")[0] for _ in range(8)} == {404}
+        (tmp_path / "scale").rename(repository / "scale")
+        wait_until(lambda: {_scaled(server, "ens") for _ in range(8)} == {(200, ("1", 2.0))}, "ens is back")
+        assert "failed to load 'ens'" not in server.log and "Traceback" not in server.log
     finally:
         server.close()
 

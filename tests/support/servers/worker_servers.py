@@ -8,8 +8,10 @@ the chance that one worker got them all is 2**-39.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
+import os
 import shutil
 import socket
 import urllib.request
@@ -113,6 +115,26 @@ def worker_pids(server: ServerProcess) -> list[int]:
             if parent == server.process.pid:
                 children.append(int(entry.name))
     return sorted(children)
+
+
+def worker_of(server: ServerProcess, connection: http.client.HTTPConnection) -> int | None:
+    """The worker that holds the server's end of an open, answered HTTP connection (from the
+    kernel's socket table and the workers' descriptors); None where none holds it."""
+    assert connection.sock is not None
+    server_port = int(server.http_url.rsplit(":", 1)[1])
+    client_port = connection.sock.getsockname()[1]
+    inodes = [
+        fields[9]
+        for fields in (line.split() for line in Path("/proc/net/tcp").read_text().splitlines()[1:])
+        if int(fields[1].rsplit(":", 1)[1], 16) == server_port
+        and int(fields[2].rsplit(":", 1)[1], 16) == client_port
+    ]
+    held = {f"socket:[{inode}]" for inode in inodes}
+    for pid in worker_pids(server):
+        with contextlib.suppress(OSError):  # (a descriptor closed meanwhile)
+            if any(os.readlink(fd) in held for fd in Path(f"/proc/{pid}/fd").iterdir()):
+                return pid
+    return None
 
 
 def worker_role(pid: int) -> list[str]:
