@@ -104,29 +104,31 @@ class ModelFinder:
     def still_down(
         locations: dict[str, ModelLocation], models: ModelTable, down: TakenDownEnsembles
     ) -> list[str]:
-        """Takes out of `locations` (a poll found their files changed) the ensembles held `down`
-        that call a model which neither serves nor loads with them, and returns their keys: they
-        stay down, as in Triton's polls, with the steps their files name now (Triton's words
-        logged)."""
+        """Takes out of `locations` (a poll found their files changed) the ensembles taken `down`
+        (unloaded: a failed load loads again) that call a model which neither serves nor loads
+        with them, and returns their keys: they stay down, as in Triton's polls, with the steps
+        their files name now (Triton's words logged)."""
         index = KeyIndex(_names(models) | {key: location.name for key, location in locations.items()})
-        waiting = []
-        for key, location in locations.items():
-            steps = ensemble_steps(location) if key in down else None
-            if not steps:
-                continue
-            called = {step: index.step_key(location.namespace, step) for step in sorted(steps)}
-            missing = [
-                step
-                for step, used in called.items()
-                if used is None or (used not in locations and not models[used].takes_requests)
-            ]
-            if missing:
-                logger.error("Invalid argument: %s", not_available(location.name, missing))
-                down.keep(location.name, location.namespace, frozenset(steps), LoadOverrides())
-                waiting.append(key)
-        for key in waiting:
-            del locations[key]
-        return waiting
+        uses = {key: ensemble_steps(location) for key, location in locations.items() if key in down}
+        missing: dict[str, list[str]] = {}
+        more = True
+        while more:  # (one that stays down keeps down those that call it)
+            more = False
+            for key, steps in uses.items():
+                if not steps or key in missing or key in models:
+                    continue
+                called = {step: index.step_key(locations[key].namespace, step) for step in sorted(steps)}
+                gone = [
+                    step for step, used in called.items() if not _available(used, locations, models, missing)
+                ]
+                if gone:
+                    missing[key] = gone
+                    more = True
+        for key, gone in missing.items():
+            location = locations.pop(key)
+            logger.error("Invalid argument: %s", not_available(location.name, gone))
+            down.keep(location.name, location.namespace, frozenset(uses[key] or ()), LoadOverrides())
+        return list(missing)
 
     def keys_named(self, name: str, found: Found) -> list[str]:
         """The keys of the models called `name` among those found (one unless namespacing)."""
@@ -361,6 +363,18 @@ def load_waves(
         uses = ensemble_steps(location)
         steps[key] = None if uses is None else index.step_keys(location.namespace, uses)
     return load_order(steps)
+
+
+def _available(
+    key: str | None,
+    locations: Mapping[str, ModelLocation],
+    models: Mapping[str, Model],
+    held: Collection[str],
+) -> bool:
+    """Whether the model under `key` serves, or loads with those at `locations` (not `held` down)."""
+    if key is None or key in held:
+        return False
+    return key in locations or (key in models and models[key].takes_requests)
 
 
 def serving_steps(models: Mapping[str, Model], index: KeyIndex) -> dict[str, set[str]]:

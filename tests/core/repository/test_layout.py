@@ -18,6 +18,8 @@ from coreserve.repository._layout import (
     refuse_cycles,
     select_versions,
 )
+from coreserve.repository._overrides import LoadOverrides
+from coreserve.repository.links import TakenDownEnsembles
 from coreserve.repository.model import Model, ModelState, ModelVersion
 from coreserve.repository.namespaces import KeyIndex, ModelTable
 from coreserve.repository.storage._sources import LocalSource
@@ -190,6 +192,52 @@ def test_without_namespacing_a_step_loads_first_unless_it_serves() -> None:
     models["s"] = _serving("", "s")
     found = dict.fromkeys(["s", "t"], (LocalSource(Path("/models")), ""))
     assert ModelFinder.steps_to_load("", {"s", "t"}, found, models) == ["t"]
+
+
+def _held_down(
+    tmp_path: Path, ensembles: dict[str, str]
+) -> tuple[dict[str, ModelLocation], TakenDownEnsembles]:
+    """Ensembles (name: the step it calls) whose files a poll found changed, each taken down."""
+    locations, down = {}, TakenDownEnsembles()
+    for name, step in ensembles.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.pbtxt").write_text(ENSEMBLE.replace("STEP", step))
+        locations[name] = ModelLocation(name, tmp_path / name, tmp_path)
+        down.keep(name, "", frozenset({"old_step"}), LoadOverrides())
+    return locations, down
+
+
+def test_a_poll_keeps_down_an_ensemble_whose_step_is_gone_and_those_that_call_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    locations, down = _held_down(tmp_path, {"outer": "inner", "inner": "gone"})
+    assert sorted(ModelFinder.still_down(locations, ModelTable(), down)) == ["inner", "outer"]
+    assert locations == {}
+    # Kept with the steps their files name now: each comes back once that one serves.
+    assert [(name, steps) for name, _, steps, _ in down.items()] == [
+        ("inner", frozenset({"gone"})),
+        ("outer", frozenset({"inner"})),
+    ]
+    assert "ensemble inner contains models that are not available or ambiguous: gone" in caplog.text
+
+
+def test_a_poll_loads_a_taken_down_ensemble_whose_step_serves_or_loads_with_it(tmp_path: Path) -> None:
+    locations, down = _held_down(tmp_path, {"ens": "step", "other": "loading"})
+    (tmp_path / "loading").mkdir()
+    locations["loading"] = ModelLocation("loading", tmp_path / "loading", tmp_path)
+    models = ModelTable()
+    models["step"] = _serving("", "step")
+    assert ModelFinder.still_down(locations, models, down) == []
+    assert sorted(locations) == ["ens", "loading", "other"]
+
+
+def test_a_poll_loads_again_an_ensemble_whose_load_failed(tmp_path: Path) -> None:
+    # Held as a failed load (not unloaded), it loads again and says why it cannot.
+    locations, down = _held_down(tmp_path, {"ens": "gone"})
+    models = ModelTable()
+    models["ens"] = Model(name="ens", path=None, reason="its step did not serve")
+    assert ModelFinder.still_down(locations, models, down) == []
+    assert list(locations) == ["ens"]
 
 
 def test_a_specific_version_must_exist() -> None:

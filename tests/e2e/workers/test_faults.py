@@ -54,17 +54,17 @@ def _worker_0(server: ServerProcess) -> int:
     return next(pid for pid in worker_pids(server) if worker_index(pid) == 0)
 
 
-def _connection_to_another_worker(server: ServerProcess, worker: int) -> http.client.HTTPConnection:
-    """A kept-alive connection, answered once, that a worker other than `worker` holds."""
+def _connection_to_another_worker(server: ServerProcess, worker_pid: int) -> http.client.HTTPConnection:
+    """A kept-alive connection, answered once, that a worker other than process `worker_pid` holds."""
     host, port = server.http_url.split(":")
     for _ in range(64):  # (the kernel spreads new connections over the workers)
         connection = http.client.HTTPConnection(host, int(port), timeout=120)
         connection.request("GET", "/v2/health/live")
         connection.getresponse().read()
-        if worker_of(server, connection) not in (worker, None):
+        if worker_of(server, connection) not in (worker_pid, None):
             return connection
         connection.close()
-    raise AssertionError(f"no connection reached a worker other than {worker}")
+    raise AssertionError(f"no connection reached a worker other than process {worker_pid}")
 
 
 def _close(connections: list[http.client.HTTPConnection]) -> None:
@@ -403,9 +403,13 @@ def test_a_worker_started_again_in_poll_mode_keeps_an_ensemble_down_while_its_st
         wait_until(lambda: server.log.count(missing) == 2, "ens down in both workers")
         _kill_and_wait(server, 1)
         wait_until(lambda: server.log.count(missing) == 3, "the new worker's first poll keeps ens down")
-        assert {_scaled(server, "ens")[0] for _ in range(8)} == {404}
+        time.sleep(1.5)  # five more polls: none tries it again
+        assert server.log.count(missing) == 3
+        assert {_scaled(server, "ens")[0] for _ in range(CONNECTIONS)} == {404}
         (tmp_path / "scale").rename(repository / "scale")
-        wait_until(lambda: {_scaled(server, "ens") for _ in range(8)} == {(200, ("1", 2.0))}, "ens is back")
+        # Loaded at start in both workers, then back in both.
+        wait_until(lambda: server.log.count("successfully loaded 'ens'") == 4, "ens back in both workers")
+        assert {_scaled(server, "ens") for _ in range(CONNECTIONS)} == {(200, ("1", 2.0))}
         assert "failed to load 'ens'" not in server.log and "Traceback" not in server.log
     finally:
         server.close()

@@ -7,6 +7,7 @@ or is back."""
 from __future__ import annotations
 
 import shutil
+import time
 from pathlib import Path
 
 import numpy as np
@@ -81,7 +82,8 @@ def test_an_ensemble_follows_its_step_through_polls(tmp_path: Path) -> None:
             edited.write_text(ENSEMBLE.replace("STEP", "step") + "# edited\n")
             edited.replace(repository / "ens" / "config.pbtxt")
             wait_until(lambda: server.log.count(missing) == 2, "the poll sees the ensemble's change")
-            assert _answer(client) == "UNAVAILABLE: unloaded"
+            time.sleep(1.5)  # five more polls: none tries it again
+            assert server.log.count(missing) == 2 and _answer(client) == "UNAVAILABLE: unloaded"
             _write_step(repository, 7)  # it is back
             wait_until(lambda: _answer(client) == 8, "ens comes back with it")
         # Down, it waited for its step: no poll loaded it on its own (and failed).
@@ -93,13 +95,17 @@ def test_an_ensemble_follows_its_step_through_polls(tmp_path: Path) -> None:
 def test_an_ensemble_found_before_its_step_loads_once_the_step_comes(tmp_path: Path) -> None:
     repository = tmp_path / "models"
     (repository / "ens" / "1").mkdir(parents=True)
-    (repository / "ens" / "config.pbtxt").write_text(ENSEMBLE.replace("STEP", "step"))
+    (repository / "ens" / "config.pbtxt").write_text(ENSEMBLE.replace("STEP", "first"))
     flags = ["--model-control-mode=poll", "--repository-poll-secs=0.3", "--exit-on-error=false"]
     server = ServerProcess([repository], flags).start(timeout=120)
     try:
         with httpclient.InferenceServerClient(server.http_url, network_timeout=60) as client:
             answer = _answer(client)
-            assert isinstance(answer, str) and answer.startswith("UNAVAILABLE: ") and "'step'" in answer
+            assert isinstance(answer, str) and answer.startswith("UNAVAILABLE: ") and "'first'" in answer
+            edited = tmp_path / "config.pbtxt"  # it calls another model, not there either
+            edited.write_text(ENSEMBLE.replace("STEP", "step"))
+            edited.replace(repository / "ens" / "config.pbtxt")
+            wait_until(lambda: "'step'" in str(_answer(client)), "ens fails for its new step")
             _write_step(repository, 3)
             wait_until(lambda: _answer(client) == 4, "ens loads with its step")
         assert server.log.count("successfully loaded 'ens'") == 1 and "Traceback" not in server.log
