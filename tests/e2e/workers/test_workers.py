@@ -250,12 +250,15 @@ def test_one_triton_trace_file_holds_every_workers_traces(repository: Path, tmp_
 
 def test_sigterm_stops_every_worker(repository: Path) -> None:
     server = start_workers(repository, "--exit-timeout-secs=10")
-    workers = worker_pids(server)
-    assert server.process is not None
-    server.process.send_signal(signal.SIGTERM)
-    assert server.process.wait(timeout=60) == 0
-    assert not [pid for pid in workers if Path(f"/proc/{pid}").exists()]
-    assert server.log.count("coreserve stopped") == 3  # each worker, then the supervisor
+    try:
+        workers = worker_pids(server)
+        assert server.process is not None
+        server.process.send_signal(signal.SIGTERM)
+        assert server.process.wait(timeout=60) == 0
+        assert not [pid for pid in workers if Path(f"/proc/{pid}").exists()]
+        assert server.log.count("coreserve stopped") == 3  # each worker, then the supervisor
+    finally:
+        server.close()  # (its log file too)
 
 
 STUCK_CONFIG = """
