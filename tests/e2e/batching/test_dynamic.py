@@ -213,7 +213,7 @@ def test_priorities_reorder_a_backlog(
         delay=600,
     )
     calls = [
-        lambda: _echo(server, 0),  # occupies the instance
+        lambda: _echo(server, 0, delay_ms=3000),  # occupies the instance while the others come
         lambda: _echo(server, 1),
         lambda: _echo(server, 2),
         lambda: _echo(server, 3, priority=1),  # arrives last, runs next
@@ -231,7 +231,8 @@ def test_full_queue_rejects_with_503(
     server = _echo_server(
         coreserve_server, tmp_path, echo_backend_site, "default_queue_policy { max_queue_size: 2 }", delay=500
     )
-    results, _ = _run_in_order(server, [lambda v=v: _echo(server, v) for v in range(4)])
+    calls = [lambda: _echo(server, 0, delay_ms=3000), *(lambda v=v: _echo(server, v) for v in range(1, 4))]
+    results, _ = _run_in_order(server, calls)  # (the first runs while the others come)
     assert results[:3] == [0, 1, 2]
     assert isinstance(results[3], InferenceServerException)
     assert results[3].status() == "503" and "queue of priority level 1 is full" in results[3].message()
@@ -267,7 +268,12 @@ def test_a_stream_refused_by_a_full_queue_gets_a_json_error(
         coreserve_server, tmp_path, echo_backend_site, "default_queue_policy { max_queue_size: 1 }", delay=500
     )
     results, _ = _run_in_order(
-        server, [lambda: _echo(server, 0), lambda: _echo(server, 1), lambda: _generate_stream(server, 2)]
+        server,
+        [
+            lambda: _echo(server, 0, delay_ms=3000),
+            lambda: _echo(server, 1),
+            lambda: _generate_stream(server, 2),
+        ],
     )
     assert results[:2] == [0, 1]
     status, content_type, body = results[2]  # type: ignore[misc]

@@ -255,7 +255,12 @@ def test_a_worker_that_cannot_load_what_the_others_serve_is_not_ready_and_never_
         reason = "the files of model 'copied' version 1 changed since the other workers loaded it"
         wait_until(lambda: reason in server.log, "the new worker says why")
         restarted = set(worker_pids(server))
-        answers = {_scaled(server, "copied") for _ in range(CONNECTIONS)}
+
+        def refused_somewhere() -> set[tuple[int, object]] | None:  # (once the new worker listens too)
+            answers = {_scaled(server, "copied") for _ in range(CONNECTIONS)}
+            return answers if any(status != 200 for status, _ in answers) else None
+
+        answers = wait_until(refused_somewhere, "the new worker answers")
         assert (200, ("1", 2.0)) in answers  # worker 0 serves it
         refused = {answer for answer in answers if answer[0] != 200}
         assert refused and all(reason in str(message) for _, message in refused), answers
