@@ -48,10 +48,10 @@ def _weights(server: ServerProcess) -> dict:
 
 @pytest.fixture
 def server(coreserve_server: ServerFactory, tmp_path: Path) -> ServerProcess:
-    """behaving: version 1 answers at once; 2 too; 3 fails every request; 4 takes 300 ms (a
-    stall of the stable version's would have to last 100 ms to hide it from a 3x guard)."""
+    """behaving: version 1 answers at once; 2 too; 3 fails every request; 4 takes 600 ms (a
+    stall of the stable version's would have to last 200 ms to hide it from a 3x guard)."""
     root = write_behaving(
-        tmp_path / "models", "behaving", {1: "scale 1", 2: "scale 1", 3: "fail", 4: "sleep 0.3"}
+        tmp_path / "models", "behaving", {1: "scale 1", 2: "scale 1", 3: "fail", 4: "sleep 0.6"}
     )
     server = coreserve_server(root)
     assert _post(server, "traffic", {"weights": {"1": 100}})[0] == 200  # version 1 is the stable one
