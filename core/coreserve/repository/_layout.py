@@ -71,6 +71,8 @@ class ModelFinder:
         self._sources = sources
         self._namespacing = namespacing
         self._config_name = config_name  # --model-config-name
+        # The repositories' namespaces (`key_of`): none without namespacing.
+        self.namespaces = [source.label for source in sources] if namespacing else []
 
     async def scan(self) -> tuple[Found, dict[str, str]]:
         """Every model by key, and the names refused as found twice (see find_models)."""

@@ -105,7 +105,7 @@ class ModelRepository:
 
     def get(self, name: str) -> Model:
         """The model a request names; under namespacing, the one repository that has that name."""
-        return self._models.find(name, self.namespacing, self._unloaded)
+        return self._models.find(name, self._unloaded, self._find.namespaces)
 
     def models(self) -> list[Model]:
         return [self._models[key] for key in sorted(self._models)]

@@ -133,18 +133,19 @@ class ModelTable(dict[str, "Model"]):
         """The models of that plain name, in every namespace."""
         return [self[key] for key in self.index.named(name)]
 
-    def find(self, name: str, namespacing: bool, unloaded: Collection[str]) -> Model:
-        """The model a request names; under namespacing, the one repository that has that name.
-        `unloaded`: the keys of the models unloaded, which Triton keeps with no version."""
+    def find(self, name: str, unloaded: Collection[str], namespaces: Collection[str] = ()) -> Model:
+        """The model a request names; under namespacing (`namespaces`: the repositories'), the
+        one repository that has that name. `unloaded`: the keys of the models unloaded, which
+        Triton keeps with no version."""
         model = self.get(name)
-        if model is None and namespacing:
+        if model is None and namespaces:
             matches = self.named(name)
             if len(matches) > 1:
                 raise ambiguous(name, len(matches))
             model = matches[0] if matches else None
         if model is not None:
             return model
-        if any(key == name or (namespacing and key.rpartition(SEPARATOR)[2] == name) for key in unloaded):
+        if name in unloaded or any(qualified(namespace, name) in unloaded for namespace in namespaces):
             raise NotFoundError(f"Request for unknown model: '{name}' has no available versions (unloaded)")
         raise NotFoundError(f"Request for unknown model: '{name}' is not found")
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 
 from coreserve.config import parse_config
 from coreserve.config.signature import ModelSignature
-from coreserve.errors import InvalidArgumentError, ModelConfigError
+from coreserve.errors import InvalidArgumentError, ModelConfigError, NotFoundError
 from coreserve.repository._layout import (
     ModelFinder,
     ModelLocation,
@@ -192,6 +193,27 @@ def test_without_namespacing_a_step_loads_first_unless_it_serves() -> None:
     models["s"] = _serving("", "s")
     found = dict.fromkeys(["s", "t"], (LocalSource(Path("/models")), ""))
     assert ModelFinder.steps_to_load("", {"s", "t"}, found, models) == ["t"]
+
+
+@pytest.mark.parametrize(
+    ("unloaded", "namespaces", "answer"),
+    [
+        ({"a::s"}, ["a", "b"], "has no available versions (unloaded)"),
+        ({"s"}, [], "has no available versions (unloaded)"),
+        # A model named `y::s` is not model `s`, with or without namespacing.
+        ({"a::y::s"}, ["a", "b"], "is not found"),
+        ({"y::s"}, [], "is not found"),
+        ({"c::s"}, ["a", "b"], "is not found"),  # not a repository this server has
+    ],
+)
+def test_a_request_for_a_model_unloaded_says_so_and_for_another_name_not_found(
+    unloaded: set[str], namespaces: list[str], answer: str
+) -> None:
+    models = ModelTable()
+    models["a::t" if namespaces else "t"] = _serving("a" if namespaces else "", "t")
+    assert models.find("t", unloaded, namespaces).name == "t"
+    with pytest.raises(NotFoundError, match=rf"^Request for unknown model: 's' {re.escape(answer)}$"):
+        models.find("s", unloaded, namespaces)
 
 
 def _held_down(
