@@ -24,14 +24,21 @@ max_batch_size: 0
 input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
 output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
 """
+# Runs until the test creates the file `release` in its folder (at most 60 s).
 SLOW = """import time
+from pathlib import Path
 
 import triton_python_backend_utils as pb_utils
 
 
 class TritonPythonModel:
+    def initialize(self, args):
+        self.release = Path(args["model_repository"]) / "release"
+
     def execute(self, requests):
-        time.sleep(1.5)
+        deadline = time.monotonic() + 60
+        while not self.release.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
         return [
             pb_utils.InferenceResponse([pb_utils.Tensor("OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy())])
             for r in requests
@@ -69,6 +76,7 @@ def test_idle_connections_close_at_once_and_a_busy_one_after_its_answer(tmp_path
             idle.sock.settimeout(10)
             assert idle.sock.recv(1) == b""  # closed by the server while the request still runs
             assert not busy.done()
+            (tmp_path / "slow" / "release").touch()
             status, connection, answer = busy.result(timeout=30)
         assert (status, connection) == (200, "close")
         assert answer["outputs"][0]["data"] == [7]

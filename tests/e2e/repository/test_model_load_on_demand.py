@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 from pathlib import Path
 
@@ -291,16 +292,23 @@ def test_without_the_flag_a_request_for_a_model_not_loaded_fails_as_in_triton(
     assert "coreserve_model_loads_total" not in _metrics(server)
 
 
-# Two seconds a request: the server drains it when told to stop.
+# A request runs until the test creates the file `release` in the model's folder (at most
+# 60 s): the server drains it when told to stop.
 LINGERING = """
 import time
+from pathlib import Path
 
 import triton_python_backend_utils as pb_utils
 
 
 class TritonPythonModel:
+    def initialize(self, args):
+        self.release = Path(args["model_repository"]) / "release"
+
     def execute(self, requests):
-        time.sleep(2)
+        deadline = time.monotonic() + 60
+        while not self.release.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
         return [
             pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())])
             for r in requests
@@ -333,6 +341,10 @@ def test_no_model_is_loaded_on_demand_once_the_stop_began(
                 wait_until(lambda: requests_in(server.metrics_url, "lingering") == 1, "it runs")
                 server.process.send_signal(signal.SIGTERM)
                 wait_until(lambda: "signal received; stopping" in server.log, "the stop began", 10)
+        # The stream answers in order: the refusal comes after the request taken. That one is
+        # let go once the other request had a second to reach the server.
+        time.sleep(1)
+        (repository / "lingering" / "release").touch()
         (taken, none), (nothing, refused) = sorted(
             (answers.get(timeout=30) for _ in range(2)), key=lambda a: a[0] is None
         )
