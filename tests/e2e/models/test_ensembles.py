@@ -20,7 +20,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from coreserve.testing import ServerProcess
-from support.model_builders import add_sub_model, write_model
+from support.model_builders import add_sub_model, scale_model, write_model
 from support.paths import TESTS
 
 HERE = Path(__file__).resolve().parent
@@ -380,7 +380,12 @@ def test_a_failing_steps_error_is_the_ensembles_in_tritons_words(
         failed = ",".join(reason for reason, count in failures if count != "0")
         return stats["execution_count"], stats["inference_stats"]["fail"]["count"], failed
 
+    def step_counts() -> tuple[int, int]:
+        stats = client.get_inference_statistics("failing")["model_stats"][0]["inference_stats"]
+        return stats["success"]["count"], stats["fail"]["count"]
+
     executions, fails, _ = counts()
+    successes, step_fails = step_counts()
     tensor = httpclient.InferInput("MODE", [1], "BYTES")
     tensor.set_data_from_numpy(np.array([b"error"], dtype=np.object_))
     with pytest.raises(InferenceServerException) as info:
@@ -389,6 +394,8 @@ def test_a_failing_steps_error_is_the_ensembles_in_tritons_words(
     assert info.value.message() == "in ensemble 'with_failing_step', the input is not acceptable"
     # As Triton counts a failed ensemble request: no execution, and the reason OTHER.
     assert counts() == (executions, fails + 1, "OTHER")
+    # The step's error response is a failure of the step (Triton 2.51 counts it a success).
+    assert step_counts() == (successes, step_fails + 1)
     tensor.set_data_from_numpy(np.array([b"fine"], dtype=np.object_))
     assert client.infer("with_failing_step", [tensor]).as_numpy("OK").tolist() == [True]
     assert counts()[0] == executions + 1
@@ -593,3 +600,35 @@ def test_a_batch_of_one_is_added_or_taken_off_between_batching_and_unbatched_mod
     np.testing.assert_array_equal(result, 2 * values[np.newaxis])  # [1, 4] in, [4] through join
     metadata = client.get_model_metadata("unbatched_over_batching")
     assert [tensor["shape"] for tensor in metadata["outputs"]] == [[4]]
+
+
+SCALED = """
+backend: "onnxruntime"
+max_batch_size: 4
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+version_policy: { all: {} }
+"""
+
+
+def test_a_step_that_names_no_version_calls_the_latest(tmp_path: Path) -> None:
+    """`model_version` left out, 0 or negative: the step's latest version, as -1 is in Triton (where
+    Triton 2.51 takes 0 as version 0 and refuses the ensemble: `docs/triton-differences.md`)."""
+    for version, factor in ((1, 10.0), (2, 20.0)):
+        write_model(tmp_path, "scaled", scale_model(factor), SCALED, versions=(version,))
+    io = f'{{ name: "IN" {FP32_4} }}', f'{{ name: "OUT" {FP32_4} }}'
+    versions = {"left_out": "", "zero": "model_version: 0", "latest": "model_version: -1",
+                "minus_five": "model_version: -5", "one": "model_version: 1"}  # fmt: skip
+    for name, version in versions.items():
+        step = f'{{ model_name: "scaled" {version} input_map {{ key: "INPUT0" value: "IN" }} '
+        step += 'output_map { key: "OUTPUT0" value: "OUT" } }'
+        _ensemble(tmp_path, name, *io, [step], max_batch=4)
+    server = ServerProcess([tmp_path]).start(timeout=120)
+    try:
+        with httpclient.InferenceServerClient(server.http_url) as client:
+            tensor = httpclient.InferInput("IN", [1, 4], "FP32")
+            tensor.set_data_from_numpy(np.ones((1, 4), np.float32))
+            answers = {name: client.infer(name, [tensor]).as_numpy("OUT")[0, 0] for name in versions}
+    finally:
+        server.close()
+    assert answers == {"left_out": 20.0, "zero": 20.0, "latest": 20.0, "minus_five": 20.0, "one": 10.0}

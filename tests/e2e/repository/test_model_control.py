@@ -427,6 +427,24 @@ def test_a_poll_that_finds_a_cycle_keeps_what_serves_and_a_cycle_broken_loads(
         assert _sum(client, "pipeline") == [[2.0] * 4]
 
 
+def test_a_poll_tries_a_model_that_failed_again_only_once_its_files_change(
+    coreserve_server: ServerFactory, tmp_path: Path
+) -> None:
+    """Triton 2.51 loads a model that failed again at every poll (and logs its failure each
+    time); here the next try waits for its files to change (docs/triton-differences.md)."""
+    root = tmp_path / "models"
+    write_model(root, "broken", scale_model(2.0), SCALE.replace('"INPUT0"', '"NOT_AN_INPUT"'))
+    args = ("--model-control-mode=poll", "--repository-poll-secs=0.2", "--exit-on-error=false")
+    server = coreserve_server(root, *args)
+    with httpclient.InferenceServerClient(server.http_url) as client:
+        for name in ("first", "second", "third"):  # each a poll at least, after the failed load
+            write_model(root, name, scale_model(3.0), SCALE)
+            wait_until(lambda name=name: client.is_model_ready(name), f"a poll loads {name}")
+        assert server.log.count("loading model 'broken' from") == 1, server.log
+        (root / "broken" / "config.pbtxt").write_text(SCALE)
+        wait_until(lambda: client.is_model_ready("broken"), "the poll loads the mended files")
+
+
 def _sum(client: httpclient.InferenceServerClient, model: str, output: str = "SUM") -> list[list[float]]:
     tensors = [httpclient.InferInput(name, [1, 4], "FP32") for name in ("A", "B")]
     for tensor in tensors:
