@@ -13,7 +13,8 @@ worker failed to load is unavailable here too, for its reason, without a try.
 
 The ensembles an unload took down with a model they use (`TakenDownEnsembles`) are entries
 too (`taken_down`: their steps), so that the worker brings them back with the model as the
-others do.
+others do; and so is each model unloaded (`unloaded`: its key, with the versions it had), so
+that the worker answers for it, and lists it in the index, as the others do.
 
 `restore` puts one model back as a snapshot's entry had it: a change that held in some workers
 but failed in others is undone so, and the ensembles that call it follow it as they follow a load.
@@ -54,7 +55,8 @@ def snapshot_entry(model: Model) -> Entry:
 
 
 def snapshot(repository: ModelRepository) -> list[Entry]:
-    """What this worker serves: an entry per model (`snapshot_entry`), and per ensemble taken down."""
+    """What this worker serves: an entry per model (`snapshot_entry`), per ensemble taken down
+    and per model unloaded."""
     down = [
         {
             "name": name,
@@ -65,7 +67,8 @@ def snapshot(repository: ModelRepository) -> list[Entry]:
         }
         for name, namespace, steps, kept in repository.taken_down.items()
     ]
-    return [*(snapshot_entry(model) for model in repository.models()), *down]
+    unloaded = [{"unloaded": key, "versions": versions} for key, versions in repository.unloaded.items()]
+    return [*(snapshot_entry(model) for model in repository.models()), *down, *unloaded]
 
 
 async def adopt(repository: ModelRepository, entries: list[Entry]) -> dict[str, str]:
@@ -73,38 +76,43 @@ async def adopt(repository: ModelRepository, entries: list[Entry]) -> dict[str, 
     be taken on (by name), with why. Models that worker loaded from files sent with the load
     request are left out: their load is made again as it was asked."""
     plan: dict[str, LoadOverrides] = {}
+    planned: list[Entry] = []
     faults: dict[str, str] = {}
     for entry in entries:
+        if "unloaded" in entry:
+            repository.unloaded[entry["unloaded"]] = list(entry["versions"])
+            continue
         if "taken_down" in entry:
             config, traffic = entry["config"], entry["traffic"]
             kept = LoadOverrides(
                 config=config_from_dict(config, f"model '{entry['name']}'") if config else None,
                 traffic=policy_from_document(traffic) if traffic else None,
             )
-            repository.keep_taken_down(
+            repository.taken_down.keep(
                 entry["name"], entry["namespace"], frozenset(entry["taken_down"]), kept
             )
+            repository.unloaded.setdefault(_key(entry), [])
             continue
         if entry["from_files"]:
             continue
         try:
             if entry["versions"]:
                 plan[_key(entry)] = _overrides(entry)
+                planned.append(entry)
                 continue
             reason = entry["reason"]  # not served there: not here either, for the same reason
         except CoreserveError as exc:  # a configuration this worker cannot read
             reason = faults[entry["name"]] = exc.message
         repository.mark_unavailable(_key(entry), entry["name"], entry["namespace"], reason)
     await repository.take_on(plan)
-    for entry in entries:
-        if _key(entry) in plan:
-            fault = _taken_on(repository, entry)
-            if fault:
-                faults[entry["name"]] = fault
-                repository.mark_unavailable(_key(entry), entry["name"], entry["namespace"], fault)
-            else:  # the policy that worker applies, whether its configuration's or one set since
-                traffic = entry.get("traffic")
-                repository.get(_key(entry)).traffic = policy_from_document(traffic) if traffic else None
+    for entry in planned:
+        fault = _taken_on(repository, entry)
+        if fault:
+            faults[entry["name"]] = fault
+            repository.mark_unavailable(_key(entry), entry["name"], entry["namespace"], fault)
+        else:  # the policy that worker applies, whether its configuration's or one set since
+            traffic = entry.get("traffic")
+            repository.get(_key(entry)).traffic = policy_from_document(traffic) if traffic else None
     return faults
 
 

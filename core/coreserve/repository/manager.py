@@ -37,7 +37,7 @@ from coreserve.repository.memory._budgeted import BudgetedLoads
 from coreserve.repository.memory._unloading import close_model, unload_loaded_versions
 from coreserve.repository.memory.budgets import MemoryBudgets
 from coreserve.repository.model import Model
-from coreserve.repository.namespaces import Found, ModelTable, qualified
+from coreserve.repository.namespaces import Found, ModelTable
 from coreserve.repository.storage._folders import check_model_name
 from coreserve.repository.storage._sources import RepositorySource
 
@@ -80,7 +80,7 @@ class ModelRepository:
         self._models = ModelTable()  # by key: the name, qualified by its namespace under namespacing
         self._find = ModelFinder(self.sources, namespacing, loader.config_name)
         self._fingerprints: dict[str, str] = {}
-        self._unloaded: dict[str, list[int]] = {}  # the keys unloaded, with the versions they had
+        self.unloaded: dict[str, list[int]] = {}  # the keys unloaded, with the versions they had
         self._loading: set[str] = set()  # keys a load is building a model for, as the index says
         self.taken_down = TakenDownEnsembles()
         self.linked_reloads = LinkedReloads(
@@ -93,7 +93,7 @@ class ModelRepository:
         self._locks: dict[str, asyncio.Lock] = {}
         self._closing: set[asyncio.Task[bool]] = set()
         self.budgeted = BudgetedLoads(
-            self._models, self._unloaded, loader, find=self.get, lock=self._lock, close=self._close,
+            self._models, self.unloaded, loader, find=self.get, lock=self._lock, close=self._close,
             load=lambda name: self._load(name, LoadOverrides(), (), reason="demand"),
             on_demand=on_demand and mode is ControlMode.EXPLICIT,
             memory_budgets=memory_budgets or MemoryBudgets(),
@@ -105,7 +105,7 @@ class ModelRepository:
 
     def get(self, name: str) -> Model:
         """The model a request names; under namespacing, the one repository that has that name."""
-        return self._models.find(name, self._unloaded, self._find.namespaces)
+        return self._models.find(name, self.unloaded, self._find.namespaces)
 
     def models(self) -> list[Model]:
         return [self._models[key] for key in sorted(self._models)]
@@ -272,7 +272,7 @@ class ModelRepository:
                 adopted = overrides is not None and overrides.versions is not None  # (another worker's word)
                 new.source_fingerprint = None if adopted else fingerprint
             self._models[key] = new
-            self._unloaded.pop(key, None)
+            self.unloaded.pop(key, None)
             if old is not None:
                 self._close_later(old)
             return new
@@ -318,11 +318,6 @@ class ModelRepository:
         linked = functools.partial(self._find.linked, name, None, self._models, self.taken_down)
         async with self._changes.holding(f"undo of a change of model '{name}'", linked):
             await self.linked_reloads.after_restore(name)
-
-    def keep_taken_down(self, name: str, namespace: str, steps: frozenset[str], kept: LoadOverrides) -> None:
-        """Holds ensemble `name` down as another worker's unload of a model it uses left it."""
-        self.taken_down.keep(name, namespace, steps, kept)
-        self._unloaded[qualified(namespace, name)] = []
 
     async def _load(
         self,
@@ -417,7 +412,7 @@ class ModelRepository:
                 self._fingerprints.pop(name, None)
             if model is None:
                 return
-            self._unloaded[name] = sorted(model.versions)
+            self.unloaded[name] = sorted(model.versions)
             self.budgeted.release(name)
             logger.info("unloading model '%s'", name)
             await self._close(model)
@@ -446,5 +441,5 @@ class ModelRepository:
         names = {key: self._find.split(key, source)[1] for key, (source, _) in found.items()}
         extras = self.budgeted.on_demand or self.budgeted.has_budget
         return index_entries(
-            self._models, names, self._unloaded, self._loading, ready_only=ready_only, extras=extras
+            self._models, names, self.unloaded, self._loading, ready_only=ready_only, extras=extras
         )

@@ -94,3 +94,22 @@ def test_a_model_that_failed_there_is_unavailable_here_for_its_reason(repository
         assert {m.name: m.reason for m in server.dataplane.repository.models()}["other"] == "failed there"
     finally:
         server.stop()
+
+
+def test_a_model_unloaded_there_is_unloaded_here_with_the_versions_it_had(
+    repository: Path, serving: InProcessServer
+) -> None:
+    serving.unload("scale")
+    assert serving.dataplane is not None
+    entries = snapshot(serving.dataplane.repository)
+    assert entries == [{"unloaded": "scale", "versions": [1]}]
+    server, faults = _taking_on(repository, entries)
+    try:
+        assert faults == {}
+        assert server.dataplane is not None
+        assert server.dataplane.repository.models() == []
+        index = server.run(server.dataplane.repository.index())
+        assert index == server.run(serving.dataplane.repository.index())
+        assert index == [{"name": "scale", "version": "1", "state": "UNAVAILABLE", "reason": "unloaded"}]
+    finally:
+        server.stop()

@@ -239,6 +239,37 @@ def test_a_worker_started_again_serves_what_the_others_serve_not_a_version_stage
         server.close()
 
 
+@pytest.mark.parametrize("namespacing", [[], ["--model-namespacing=true"]], ids=["plain", "namespacing"])
+def test_a_worker_started_again_knows_the_models_the_others_unloaded(
+    tmp_path: Path, namespacing: list[str]
+) -> None:
+    """A model unloaded through the API, then each worker killed in turn: the one started again
+    answers for the model and lists it in the index as the other does (unloaded, with the
+    version it had), not as a model it never heard of."""
+    repository = write_repository(tmp_path / "models")
+    write_model(repository, "staged", scale_model(2.0), SCALE_CONFIG)
+    server = start_workers(repository, "--load-model=staged", *namespacing)
+    try:
+        assert status_of(server, "POST", "/v2/repository/models/staged/unload") == 200
+        wait_until(lambda: {_scaled(server, "staged")[0] for _ in range(16)} == {404}, "unloaded everywhere")
+        for index in (0, 1):
+            _kill_and_wait(server, index)
+            wait_until(lambda: status_of(server, "GET", "/v2/health/ready") == 200, "ready", timeout=120)
+            answers = {_scaled(server, "staged") for _ in range(CONNECTIONS)}
+            assert answers == {
+                (404, "Request for unknown model: 'staged' has no available versions (unloaded)")
+            }, answers
+            indexes = {answer_of(server, "POST", "/v2/repository/index", "{}")[1] for _ in range(16)}
+            assert len(indexes) == 1, indexes
+            staged = [entry for entry in json.loads(indexes.pop()) if entry["name"] == "staged"]
+            assert staged == [
+                {"name": "staged", "version": "1", "state": "UNAVAILABLE", "reason": "unloaded"}
+            ]
+        assert "Traceback" not in server.log
+    finally:
+        server.close()
+
+
 def test_a_worker_that_cannot_load_what_the_others_serve_is_not_ready_and_never_stops_them(
     tmp_path: Path,
 ) -> None:
