@@ -11,6 +11,7 @@ take what, and how a batch is formed (hooks `_enqueue`, `_has_work`, `_wait_for_
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import deque
 from collections.abc import Awaitable, Iterable, Sequence
@@ -323,11 +324,7 @@ class Scheduler(InstanceChanges):
             try:
                 batch = await self._take_batch(index)
                 if batch:
-                    self._executing += len(batch)
-                    try:
-                        await self._execute(instance, batch)
-                    finally:
-                        self._executing -= len(batch)
+                    await self._execute(instance, batch)
                 # An idle worker holds no finished requests: their tensors go now, and its
                 # frame (kept by the CancelledError that ends it at close) makes no cycle
                 # request.queue -> scheduler -> task, which kept an unloaded model's instances
@@ -339,24 +336,30 @@ class Scheduler(InstanceChanges):
                 self._batch_done(index)
 
     async def _execute(self, instance: ModelInstance, batch: list[InferenceRequest]) -> None:
-        if self._ordered is None:
-            await self._execute_in_turn(instance, batch)
-            return
-        # The limiter's turn is inside: a batch waiting for earlier ones must not hold resources.
-        async with self._ordered.turn(batch):
-            await self._execute_in_turn(instance, batch)
+        """Executes a batch, counted as executing until it ends, but for the requests the
+        instance hands back: queued again, they count as queued from then on (with
+        preserve_ordering, the batch's turn may still wait for earlier ones)."""
+        executing = len(batch)
+        self._executing += executing
+        try:
+            # The limiter's turn is inside: a batch waiting for earlier ones must not hold resources.
+            async with self._ordered.turn(batch) if self._ordered is not None else contextlib.nullcontext():
+                responder = await self._execute_limited(instance, batch)
+                if responder.rescheduled:
+                    self._take_back(responder.rescheduled)
+                if responder.requeued:
+                    executing -= len(responder.requeued)
+                    self._executing -= len(responder.requeued)
+                    self._requeue(responder.requeued)
+        finally:
+            self._executing -= executing
 
-    async def _execute_in_turn(self, instance: ModelInstance, batch: list[InferenceRequest]) -> None:
+    async def _execute_limited(self, instance: ModelInstance, batch: list[InferenceRequest]) -> Responder:
         limiter = self._rate_limiter
         if limiter is None:
-            responder = await self._execute_batch(instance, batch)
-        else:
-            async with limiter.turn(self._slots[id(instance)], len(batch)):
-                responder = await self._execute_batch(instance, batch)
-        if responder.rescheduled:
-            self._take_back(responder.rescheduled)
-        if responder.requeued:
-            self._requeue(responder.requeued)
+            return await self._execute_batch(instance, batch)
+        async with limiter.turn(self._slots[id(instance)], len(batch)):
+            return await self._execute_batch(instance, batch)
 
     def _execute_batch(self, instance: ModelInstance, batch: list[InferenceRequest]) -> Awaitable[Responder]:
         return execute_batch(

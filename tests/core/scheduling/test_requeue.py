@@ -303,6 +303,37 @@ def test_with_preserve_ordering_a_handed_back_request_is_answered_in_its_new_bat
     run_scenario(scenario)
 
 
+def test_with_preserve_ordering_a_request_handed_back_counts_once_while_its_batch_waits_its_turn() -> None:
+    # b's batch, handed back by a dead instance, waits for a's turn to end: b is queued again
+    # meanwhile, and counts as queued, not as executing too.
+    async def scenario() -> None:
+        config = _config(4, "dynamic_batching { preserve_ordering: true }")
+        signature, statistics = signature_and_statistics(config)
+        instances = [DyingInstance("instance0"), DyingInstance("instance1")]
+        batcher = DynamicBatcher(signature, statistics, instances, config.dynamic_batching)
+        batcher.start()
+        log: Log = []
+        batcher.submit(make_request("a", log))
+        await settle()
+        batcher.submit(make_request("b", log))
+        await settle()
+        first, second = instances if instances[0].batches == [["a"]] else instances[::-1]
+        assert (first.batches, second.batches) == ([["a"]], [["b"]])
+        second.die(running_started=False)
+        await settle()
+        assert (batcher.queue_size, batcher.executing, batcher.in_flight) == (1, 1, 2)
+        first.run_next()  # a's turn ends; b's batch ends with it; first takes b
+        await settle()
+        assert (first.batches[-1], batcher.queue_size, batcher.executing) == (["b"], 0, 1)
+        first.run_next()
+        await settle()
+        assert (first.ran, batcher.in_flight) == (["a", "b"], 0)
+        second.restart()
+        await finish(batcher)
+
+    run_scenario(scenario)
+
+
 def test_a_handed_back_request_still_times_out_in_the_queue_while_no_instance_serves() -> None:
     async def scenario() -> None:
         batcher, instance = _dynamic(timeout_us=100_000)
