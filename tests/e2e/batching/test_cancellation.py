@@ -43,6 +43,7 @@ GIVE_UP_S = 1.25
 # a slow machine. Without cancellation all 50 run.
 MOST_EXECUTIONS = 10
 INFER_BODY = json.dumps({"inputs": [{"name": "X", "shape": [1], "datatype": "INT32", "data": [7]}]}).encode()
+BODIES = {"infer": INFER_BODY, "generate": json.dumps({"X": [7]}).encode()}  # by endpoint
 
 
 @pytest.fixture
@@ -91,13 +92,14 @@ def _sleepy_serves(server: ServerProcess) -> None:
         client.close()
 
 
-def _post_and_give_up(server: ServerProcess, model: str, timeout: float) -> str:
-    """POSTs an inference with http.client and gives up (closes the socket) after `timeout` s."""
+def _post_and_give_up(server: ServerProcess, model: str, timeout: float, endpoint: str = "infer") -> str:
+    """POSTs an inference (to `endpoint`: infer or generate) with http.client and gives up
+    (closes the socket) after `timeout` s."""
     host, port = server.http_url.split(":")
     connection = http.client.HTTPConnection(host, int(port), timeout=timeout)
     try:
         connection.request(
-            "POST", f"/v2/models/{model}/infer", INFER_BODY, {"Content-Type": "application/json"}
+            "POST", f"/v2/models/{model}/{endpoint}", BODIES[endpoint], {"Content-Type": "application/json"}
         )
         return str(connection.getresponse().status)
     except TimeoutError:
@@ -116,9 +118,12 @@ def _assert_all_cancelled_but_those_answered(server: ServerProcess, model: str, 
     )
 
 
-def test_http_clients_that_give_up_leave_the_queue(server: ServerProcess) -> None:
+@pytest.mark.parametrize("endpoint", ["infer", "generate"])
+def test_http_clients_that_give_up_leave_the_queue(server: ServerProcess, endpoint: str) -> None:
     with ThreadPoolExecutor(CLIENTS) as pool:
-        outcomes = list(pool.map(lambda _: _post_and_give_up(server, "sleepy", GIVE_UP_S), range(CLIENTS)))
+        outcomes = list(
+            pool.map(lambda _: _post_and_give_up(server, "sleepy", GIVE_UP_S, endpoint), range(CLIENTS))
+        )
     wait_until(lambda: _idle(server, "sleepy"), "the queue of sleepy empties", 20)
     executed = _statistics(server, "sleepy")["execution_count"]
     assert executed <= MOST_EXECUTIONS, f"{executed} of {CLIENTS} requests ran after their clients left"
