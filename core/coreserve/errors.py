@@ -58,6 +58,10 @@ class ModelConfigError(InvalidArgumentError):
     """A model's configuration is invalid; the message names the model and the field."""
 
 
+class AmbiguousModelError(InvalidArgumentError):
+    """A name that several repositories hold (--model-namespacing): which model is meant is unknown."""
+
+
 class RequestMismatchError(InvalidArgumentError):
     """A request's tensors do not fit the model: their count, datatypes, shapes, sizes, batch size.
 

@@ -13,7 +13,7 @@ import asyncio
 from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
-from coreserve.errors import InvalidArgumentError, NotFoundError
+from coreserve.errors import AmbiguousModelError, NotFoundError
 
 if TYPE_CHECKING:
     from coreserve.backend.api import InferenceClient
@@ -61,9 +61,9 @@ async def find_models(sources: Sequence[RepositorySource], namespacing: bool) ->
     return found, duplicates
 
 
-def ambiguous(name: str, count: int) -> InvalidArgumentError:
+def ambiguous(name: str, count: int) -> AmbiguousModelError:
     """Triton's error for a name that several namespaces hold."""
-    return InvalidArgumentError(
+    return AmbiguousModelError(
         f"There are {count} identifiers of model '{name}' in global map, "
         "model namespace must be provided to resolve ambiguity."
     )

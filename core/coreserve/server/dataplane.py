@@ -15,6 +15,7 @@ from typing import Any, Protocol, assert_never
 
 from coreserve.config import ModelConfig, ModelSignature
 from coreserve.errors import (
+    AmbiguousModelError,
     CoreserveError,
     InvalidArgumentError,
     NotFoundError,
@@ -209,8 +210,8 @@ class DataPlane:
         while its only instances restart, though requests still queue for it)."""
         try:
             return self.model_version(name, version).ready
-        except (NotFoundError, UnavailableError):
-            return False  # a malformed version stays an error, as Triton answers it
+        except (NotFoundError, UnavailableError, AmbiguousModelError):
+            return False  # as Triton (a name two repositories hold too); a malformed version is an error
 
     def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
         model = self.repository.get(name)

@@ -214,6 +214,12 @@ def test_a_name_two_repositories_hold_is_refused_in_tritons_words(namespaced: Se
         urllib.request.urlopen(f"http://{namespaced.http_url}/v2/models/add", timeout=30)
     assert metadata.value.code == 400
     assert json.loads(metadata.value.read()) == {"error": AMBIGUOUS}
+    # Readiness is no error, as Triton 2.51 answers it (run here): not ready, on both transports.
+    with pytest.raises(urllib.error.HTTPError) as ready:
+        urllib.request.urlopen(f"http://{namespaced.http_url}/v2/models/add/ready", timeout=30)
+    assert (ready.value.code, json.loads(ready.value.read())) == (400, {"error": "Model version not ready"})
+    with grpcclient.InferenceServerClient(namespaced.grpc_url) as client:
+        assert client.is_model_ready("add") is False
     # The server goes on serving.
     assert _http(namespaced, "ens_a").tolist() == [1.0, 1.0]
 

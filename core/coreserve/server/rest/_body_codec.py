@@ -95,7 +95,8 @@ class BodyCodec:
         header = request.headers.get(_HEADER_LENGTH_KEY)
         header_length = _header_length(header) if header is not None else None
         request.body = b""
-        if header_length == 0:
+        # As Triton: the header's length defaults to the body's, so an empty body is raw too.
+        if header_length == 0 or (header_length is None and not body):
             return await self._decode_raw(body, model, version)
         json_part, binary = split_infer_body(body, header_length)
         if off_loop(len(json_part)):
