@@ -187,8 +187,9 @@ def test_stubs_killed_at_random_under_load_heal_and_other_models_lose_nothing(
     killed: set[int] = set()
     rng = random.Random(19)
     try:
-        deadline = time.monotonic() + 8
-        while time.monotonic() < deadline:
+        # 8 s of kills, longer (up to 40 s) where a slow machine restarts stubs too slowly for 4.
+        started = time.monotonic()
+        while time.monotonic() < started + 8 or (len(killed) < 4 and time.monotonic() < started + 40):
             time.sleep(rng.uniform(0.2, 0.7))
             with lock:
                 candidates = [pid for pid in set(victim_pids[-20:]) if pid not in killed]
