@@ -3,6 +3,7 @@
     CoreserveError                 every error a client or a backend may see
      ├── InvalidArgumentError      the request or a configuration is wrong (names, types, shapes, bodies)
      │    ├── ModelConfigError     a model's configuration is invalid
+     │    ├── AmbiguousModelError  a name several repositories hold (--model-namespacing)
      │    └── RequestMismatchError a request's tensors do not fit its model (Triton names the request)
      ├── NotFoundError             no such model or version
      ├── UnavailableError          the model exists but cannot serve now (not ready, queue full)
@@ -59,7 +60,7 @@ class ModelConfigError(InvalidArgumentError):
 
 
 class AmbiguousModelError(InvalidArgumentError):
-    """A name that several repositories hold (--model-namespacing): which model is meant is unknown."""
+    """A name several repositories hold (--model-namespacing): which model is meant is unknown."""
 
 
 class RequestMismatchError(InvalidArgumentError):

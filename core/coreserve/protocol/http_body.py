@@ -1,8 +1,9 @@
 """KServe v2 HTTP inference bodies, with Triton's binary tensor data extension.
 
 A request body is a JSON object, optionally followed by binary tensor data; the
-`Inference-Header-Content-Length` header gives the JSON part's length. A header value of 0
-marks a raw request: the whole body is the data of the model's single input.
+`Inference-Header-Content-Length` header gives the JSON part's length. A header value of 0, or
+an empty body without the header, marks a raw request (`is_raw_request`): the whole body is the
+data of the model's single input.
 """
 
 from __future__ import annotations
@@ -196,6 +197,12 @@ def split_infer_body(body: bytes | bytearray, header_length: int | None) -> tupl
             f"{HEADER_LENGTH} is {header_length}, but the body holds {len(view)} bytes"
         )
     return view[:header_length], view[header_length:]
+
+
+def is_raw_request(body: bytes | bytearray, header_length: int | None) -> bool:
+    """Whether a body is the raw data of the model's single input: a header length of 0, or an
+    empty body without the header (as Triton, whose header length defaults to the body's)."""
+    return header_length == 0 or (header_length is None and not body)
 
 
 def decode_infer_request(

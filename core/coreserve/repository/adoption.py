@@ -91,7 +91,6 @@ async def adopt(repository: ModelRepository, entries: list[Entry]) -> dict[str, 
             repository.taken_down.keep(
                 entry["name"], entry["namespace"], frozenset(entry["taken_down"]), kept
             )
-            repository.unloaded.setdefault(_key(entry), [])
             continue
         if entry["from_files"]:
             continue

@@ -80,7 +80,8 @@ class ModelRepository:
         self._models = ModelTable()  # by key: the name, qualified by its namespace under namespacing
         self._find = ModelFinder(self.sources, namespacing, loader.config_name)
         self._fingerprints: dict[str, str] = {}
-        self.unloaded: dict[str, list[int]] = {}  # the keys unloaded, with the versions they had
+        # The keys unloaded, with the versions they had (shared with `budgeted`: changed in place).
+        self.unloaded: dict[str, list[int]] = {}
         self._loading: set[str] = set()  # keys a load is building a model for, as the index says
         self.taken_down = TakenDownEnsembles()
         self.linked_reloads = LinkedReloads(

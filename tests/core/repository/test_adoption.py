@@ -113,3 +113,33 @@ def test_a_model_unloaded_there_is_unloaded_here_with_the_versions_it_had(
         assert index == [{"name": "scale", "version": "1", "state": "UNAVAILABLE", "reason": "unloaded"}]
     finally:
         server.stop()
+
+
+ENSEMBLE = """
+platform: "ensemble"
+max_batch_size: 8
+input [ { name: "IN" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] } ]
+ensemble_scheduling { step [ { model_name: "scale" model_version: -1
+  input_map { key: "INPUT0" value: "IN" } output_map { key: "OUTPUT0" value: "OUT" } } ] }
+"""
+
+
+def test_an_ensemble_taken_down_with_its_step_is_listed_here_as_there_and_comes_back_with_it(
+    repository: Path, serving: InProcessServer
+) -> None:
+    write_model(repository, "pipeline", None, ENSEMBLE)
+    serving.load("pipeline")
+    serving.unload("scale")  # takes the ensemble down with it
+    assert serving.dataplane is not None
+    there = serving.run(serving.dataplane.repository.index())
+    server, faults = _taking_on(repository, snapshot(serving.dataplane.repository))
+    try:
+        assert faults == {}
+        assert server.dataplane is not None
+        assert server.run(server.dataplane.repository.index()) == there
+        assert {row["name"]: row["reason"] for row in there} == {"pipeline": "unloaded", "scale": "unloaded"}
+        server.load("scale")  # the ensemble comes back with its step, as in the other worker
+        assert server.state("pipeline") == ("READY", "")
+    finally:
+        server.stop()

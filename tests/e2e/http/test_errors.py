@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 from collections.abc import Iterator
 
@@ -415,16 +416,23 @@ def test_requested_outputs_only(client: httpclient.InferenceServerClient) -> Non
 
 
 @pytest.mark.parametrize(
-    ("model", "message"),
+    ("model", "body", "headers", "message"),
     [
-        ("fixed", "input byte size mismatch for input 'INPUT0' for model 'fixed'. Expected 24, got 0"),
-        ("add_sub", "Raw request must only have 1 input (found 1) to be deduced but got 2 inputs"),
+        (
+            "fixed",
+            b"",
+            {},
+            "input byte size mismatch for input 'INPUT0' for model 'fixed'. Expected 24, got 0",
+        ),
+        ("fixed", gzip.compress(b""), {"Content-Encoding": "gzip"}, "Expected 24, got 0"),
+        ("add_sub", b"", {}, "Raw request must only have 1 input (found 1) to be deduced but got 2 inputs"),
     ],
+    ids=["empty", "empty-after-gzip", "two-inputs"],
 )
 def test_an_empty_body_with_no_header_length_is_a_raw_request_as_in_triton(
-    server: ServerProcess, model: str, message: str
+    server: ServerProcess, model: str, body: bytes, headers: dict[str, str], message: str
 ) -> None:
     # Triton 2.51 (run here) takes the header's length from the body's when the header is absent.
-    status, error = error_of(server.http_url, f"/v2/models/{model}/infer", b"")
-    assert status == 400 and error.startswith(f"[request id: <id_unknown>] {message}"), error
+    status, error = error_of(server.http_url, f"/v2/models/{model}/infer", body, headers)
+    assert status == 400 and error.startswith("[request id: <id_unknown>] ") and message in error, error
     _assert_still_serving(server)

@@ -30,6 +30,7 @@ from coreserve.protocol.http_body import (
     complete_infer_request,
     decode_raw_infer_request,
     encode_infer_response,
+    is_raw_request,
     parse_infer_document,
     split_infer_body,
 )
@@ -95,8 +96,7 @@ class BodyCodec:
         header = request.headers.get(_HEADER_LENGTH_KEY)
         header_length = _header_length(header) if header is not None else None
         request.body = b""
-        # As Triton: the header's length defaults to the body's, so an empty body is raw too.
-        if header_length == 0 or (header_length is None and not body):
+        if is_raw_request(body, header_length):
             return await self._decode_raw(body, model, version)
         json_part, binary = split_infer_body(body, header_length)
         if off_loop(len(json_part)):
@@ -112,7 +112,7 @@ class BodyCodec:
     async def _decode_raw(
         self, body: bytes | bytearray, model: str, version: str
     ) -> tuple[InferenceRequest, OutputPlan]:
-        """A raw request (header length 0): the body is wrapped as the data of the model's one
+        """A raw request (`is_raw_request`): the body is wrapped as the data of the model's one
         input, not parsed (cheap at any size)."""
         target = await self._dataplane.serving_version(model, version)
         inputs = list(target.signature.inputs.values())
