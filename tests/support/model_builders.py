@@ -92,6 +92,19 @@ def scale_model(factor: float, shape: list | None = None) -> onnx.ModelProto:
     )
 
 
+# An ensemble of one scale_model step (batched, 4 FP32 in and out, the same tensor names).
+ENSEMBLE_OF_SCALE = """
+platform: "ensemble"
+max_batch_size: 8
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+ensemble_scheduling { step [ {
+  model_name: "scale" model_version: -1
+  input_map { key: "INPUT0" value: "INPUT0" } output_map { key: "OUTPUT0" value: "OUTPUT0" }
+} ] }
+"""
+
+
 def write_model(
     repository: Path,
     name: str,

@@ -12,7 +12,7 @@ import pytest
 from coreserve.repository.adoption import adopt, restore, snapshot
 from coreserve.repository.model import ModelState
 from coreserve.testing import InProcessServer
-from support.model_builders import scale_model, write_model
+from support.model_builders import ENSEMBLE_OF_SCALE, scale_model, write_model
 
 SCALE = """
 backend: "onnxruntime"
@@ -115,20 +115,10 @@ def test_a_model_unloaded_there_is_unloaded_here_with_the_versions_it_had(
         server.stop()
 
 
-ENSEMBLE = """
-platform: "ensemble"
-max_batch_size: 8
-input [ { name: "IN" data_type: TYPE_FP32 dims: [ 4 ] } ]
-output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] } ]
-ensemble_scheduling { step [ { model_name: "scale" model_version: -1
-  input_map { key: "INPUT0" value: "IN" } output_map { key: "OUTPUT0" value: "OUT" } } ] }
-"""
-
-
 def test_an_ensemble_taken_down_with_its_step_is_listed_here_as_there_and_comes_back_with_it(
     repository: Path, serving: InProcessServer
 ) -> None:
-    write_model(repository, "pipeline", None, ENSEMBLE)
+    write_model(repository, "pipeline", None, ENSEMBLE_OF_SCALE)
     serving.load("pipeline")
     serving.unload("scale")  # takes the ensemble down with it
     assert serving.dataplane is not None

@@ -20,7 +20,7 @@ import pytest
 import tritonclient.utils.shared_memory as shm
 
 from coreserve.testing import ServerProcess
-from support.model_builders import scale_model, write_model
+from support.model_builders import ENSEMBLE_OF_SCALE, scale_model, write_model
 from support.servers.worker_servers import (
     ADD_BODY,
     CONNECTIONS,
@@ -407,18 +407,6 @@ def test_a_step_change_undone_in_a_worker_brings_back_there_the_ensemble_it_took
         assert {status_of(server, "GET", "/v2/health/ready") for _ in range(16)} == {200}
     finally:
         server.close()
-
-
-ENSEMBLE_OF_SCALE = """
-platform: "ensemble"
-max_batch_size: 8
-input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
-output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
-ensemble_scheduling { step [ {
-  model_name: "scale" model_version: -1
-  input_map { key: "INPUT0" value: "INPUT0" } output_map { key: "OUTPUT0" value: "OUTPUT0" }
-} ] }
-"""
 
 
 def test_a_worker_started_again_in_poll_mode_keeps_an_ensemble_down_while_its_step_is_gone(
