@@ -140,20 +140,25 @@ def _refuse_duplicate_inputs(body: bytes | bytearray | memoryview, specs: Mappin
 
 
 def _fit(value: Any, spec: TensorSpec, batching: bool) -> np.ndarray:
+    """The value as the input's tensor, shaped as Triton shapes it: its model metadata's shape
+    (the batch dimension first where the model batches), whose fixed dimensions take their share
+    of the values; the innermost variable one takes what is left, any other variable one is 1."""
     values = value if isinstance(value, list) else [value]
-    count = len(values)
-    dims = list(spec.dims)
-    known = math.prod(d for d in dims if d != -1)
-    if dims.count(-1) == 1 and known and count % known == 0:
-        dims[dims.index(-1)] = count // known
-    elif dims.count(-1) > 1 or math.prod(dims) != count:
+    shape = [-1, *spec.dims] if batching else list(spec.dims)
+    known = math.prod(dim for dim in shape if dim != -1)
+    variable = [index for index, dim in enumerate(shape) if dim == -1]
+    for index in variable:
+        shape[index] = 1
+    if variable and known and len(values) % known == 0:
+        shape[variable[-1]] = len(values) // known
+    elif math.prod(shape) != len(values):
         raise InvalidArgumentError(
             f"The schema can not convert input '{spec.name}' to tensor with proper shape: "
-            f"{count} values do not fit its dims {list(spec.dims)}"
+            f"{len(values)} values do not fit its dims {list(spec.dims)}"
+            + (" after the batch dimension" if batching else "")
         )
     # The dims come from the model's configuration, which may ask for more than numpy holds.
-    shape = check_shape(tuple([1, *dims] if batching else dims), spec.name)
-    return array_from_json(values, spec.datatype, shape, spec.name)
+    return array_from_json(values, spec.datatype, check_shape(tuple(shape), spec.name), spec.name)
 
 
 def encode_generate_response(response: InferenceResponse) -> bytes:

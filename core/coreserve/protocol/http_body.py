@@ -413,6 +413,12 @@ def _requested_outputs(
             plan.shared_memory[name] = output_target(regions, in_shared_memory, name)
         # As Triton 2.51 reads it: a listed output is JSON unless it asks for binary data itself;
         # the request's binary_data_output counts where the request lists no outputs.
-        plan.binary[name] = parameters.get("binary_data") is True
+        binary = parameters.get("binary_data", False)
+        if type(binary) is not bool:
+            raise InvalidArgumentError(
+                "Unable to parse 'binary_data': attempt to access JSON non-boolean as boolean "
+                f"(output '{name}')"
+            )
+        plan.binary[name] = binary
         names.append(name)
     return tuple(names)

@@ -99,10 +99,10 @@ def array_from_json(data: Any, datatype: DataType, shape: tuple[int, ...], name:
     (in range), numbers for floating-point types, booleans for BOOL.
     """
     count = element_count(shape)
-    flat = _flatten(data, name)
+    flat, types = _flatten(data, name)
     # Each mistake of type starts with Triton's words (http_server.cc, TritonJson).
     if datatype is DataType.BYTES:
-        if not all(type(item) is str for item in flat):
+        if not types <= {str}:
             raise InvalidArgumentError(
                 "Unable to parse JSON bytes array: attempt to access JSON non-string as string "
                 f"(input '{name}' is BYTES: its JSON data must be strings)"
@@ -110,7 +110,7 @@ def array_from_json(data: Any, datatype: DataType, shape: tuple[int, ...], name:
         array = np.empty(len(flat), dtype=np.object_)
         array[:] = [item.encode("utf-8") for item in flat]
     elif datatype in _INTEGER_TYPES:
-        if not all(type(item) is int for item in flat):
+        if not types <= {int}:
             kind = "unsigned-integer" if datatype.name.startswith("UINT") else "signed-integer"
             raise InvalidArgumentError(
                 f"Unable to parse 'data': attempt to access JSON non-{kind} as {kind} "
@@ -128,11 +128,12 @@ def array_from_json(data: Any, datatype: DataType, shape: tuple[int, ...], name:
             source = np.array(flat)
         except (ValueError, OverflowError) as exc:
             raise InvalidArgumentError(f"input '{name}' has malformed data: {exc}") from None
-        if source.size and source.dtype.kind not in _ACCEPTED_KINDS[datatype]:
+        kind = "b" if bool in types and datatype is not DataType.BOOL else source.dtype.kind  # ([1.5, true])
+        if source.size and kind not in _ACCEPTED_KINDS[datatype]:
             expected = "non-boolean as boolean" if datatype is DataType.BOOL else "non-number as double"
             raise InvalidArgumentError(
                 f"Unable to parse 'data': attempt to access JSON {expected} (input '{name}' has data "
-                f"that is not {datatype}: found {_describe_kind(source.dtype.kind)})"
+                f"that is not {datatype}: found {_describe_kind(kind)})"
             )
         with np.errstate(over="ignore"):  # a value beyond FP16/FP32 becomes inf, as in a C cast
             array = source.astype(NUMPY_DTYPES[datatype], copy=False)
@@ -143,11 +144,13 @@ def array_from_json(data: Any, datatype: DataType, shape: tuple[int, ...], name:
     return array.reshape(shape)
 
 
-def _flatten(data: Any, name: str) -> list[Any]:
+def _flatten(data: Any, name: str) -> tuple[list[Any], set[type]]:
+    """The values of nested lists in row-major order, and the types among them."""
     if not isinstance(data, list):
         raise InvalidArgumentError(f"input '{name}' needs 'data' as a JSON list")
-    if not any(isinstance(item, list) for item in data):
-        return data
+    types = set(map(type, data))
+    if list not in types:
+        return data, types
     flat: list[Any] = []
     stack: list[Any] = [data]
     while stack:
@@ -156,7 +159,7 @@ def _flatten(data: Any, name: str) -> list[Any]:
             stack.extend(reversed(item))
         else:
             flat.append(item)
-    return flat
+    return flat, set(map(type, flat))
 
 
 def _describe_kind(kind: str) -> str:

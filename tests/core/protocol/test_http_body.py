@@ -126,6 +126,8 @@ def test_unaligned_binary_input_is_copied_aligned() -> None:
         ([1], "BYTES", "Unable to parse JSON bytes array: attempt to access JSON non-string as string"),
         (["x"], "FP32", "Unable to parse 'data': attempt to access JSON non-number as double"),
         (["x"], "FP32", "not FP32: found strings"),
+        ([1.5, True], "FP32", "Unable to parse 'data': attempt to access JSON non-number as double"),
+        ([1, False], "FP64", "not FP64: found booleans"),  # (numpy would read them as 1 and 0)
         ([[1, 2], [3]], "FP32", "has 3 elements but its shape [1] needs 1"),
         ({"a": 1}, "FP32", "as a JSON list"),
     ],
@@ -133,6 +135,14 @@ def test_unaligned_binary_input_is_copied_aligned() -> None:
 def test_json_data_of_the_wrong_type(data: object, datatype: str, message: str) -> None:
     with pytest.raises(InvalidArgumentError, match=re.escape(message)):
         _decode({"inputs": [{"name": "a", "shape": [1], "datatype": datatype, "data": data}]})
+
+
+@pytest.mark.parametrize("value", [1, "true", None, [True]])
+def test_an_outputs_binary_data_that_is_not_a_boolean_is_refused_in_triton_words(value: object) -> None:
+    output = {"name": "o", "parameters": {"binary_data": value}}
+    data = {"name": "a", "shape": [1], "datatype": "FP32", "data": [1.0]}
+    with pytest.raises(InvalidArgumentError, match=r"^Unable to parse 'binary_data'|must be a boolean"):
+        _decode({"inputs": [data], "outputs": [output]})
 
 
 def test_large_uint64_values_keep_their_precision() -> None:

@@ -74,6 +74,25 @@ input [ { name: "text_input" data_type: TYPE_STRING dims: [ 1 ] } ]
 output [ { name: "text_output" data_type: TYPE_STRING dims: [ 1 ] } ]
 """
 
+# A batching model that doubles its rows, so a generate request of several values is a batch.
+DOUBLE_MODEL = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [
+            pb_utils.InferenceResponse([pb_utils.Tensor("y", pb_utils.get_input_tensor_by_name(r, "x").as_numpy() * 2)])
+            for r in requests
+        ]
+"""
+DOUBLE_CONFIG = """
+backend: "python"
+max_batch_size: 4
+input [ { name: "x" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "y" data_type: TYPE_INT32 dims: [ 1 ] } ]
+"""
+
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
@@ -85,6 +104,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     (repository / "repeat" / "1").mkdir(parents=True)
     (repository / "repeat" / "config.pbtxt").write_text(REPEAT_CONFIG)
     (repository / "repeat" / "1" / "model.py").write_text(REPEAT_MODEL)
+    (repository / "double" / "1").mkdir(parents=True)
+    (repository / "double" / "config.pbtxt").write_text(DOUBLE_CONFIG)
+    (repository / "double" / "1" / "model.py").write_text(DOUBLE_MODEL)
     process = ServerProcess([repository]).start()
     yield process
     process.close()
@@ -195,6 +217,19 @@ def test_values_that_do_not_fit_an_input_are_a_400_in_triton_words(server: Serve
     assert status == 400
     assert document["error"].startswith(
         "The schema can not convert input 'max_tokens' to tensor with proper shape"
+    )
+
+
+def test_values_for_a_batching_model_are_a_batch_of_rows_as_on_triton(server: ServerProcess) -> None:
+    # Triton 2.51 shapes them [-1, 1] -> [3, 1]: the batch dimension takes what the dims leave.
+    assert _post(server, '{"x": [1, 2, 3]}', model="double") == (
+        200,
+        {"model_name": "double", "model_version": "1", "y": [2, 4, 6]},
+    )
+    status, document = _post(server, '{"x": [1, 2, 3, 4, 5]}', model="double")
+    assert status == 400
+    assert document["error"].startswith(
+        "[request id: <id_unknown>] inference request batch-size must be <= 4 for 'double'"
     )
 
 
