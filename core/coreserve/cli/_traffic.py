@@ -27,7 +27,11 @@ URL_HELP = f"the server's HTTP address (default {DEFAULT_URL})"
 
 
 def traffic_main(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog="coreserve traffic", description="A model's traffic policy.")
+    parser = argparse.ArgumentParser(
+        prog="coreserve traffic",
+        description="A model's traffic policy. --weights and --shadow replace the whole policy: give both "
+        "to keep both.",
+    )
     parser.add_argument("model")
     parser.add_argument("--url", default=DEFAULT_URL, help=URL_HELP)
     parser.add_argument("--weights", help="percents by version for requests that name none: 1=90,2=10")

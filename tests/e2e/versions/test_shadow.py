@@ -267,3 +267,24 @@ def test_an_in_process_caller_changing_its_answer_leaves_the_comparison_true(tmp
 
         wait_until(lambda: comparisons().get("comparisons_total") == 20, "20 outputs compared")
         assert comparisons() == {"comparisons_total": 20, "mismatches_total": 0, "max_abs_diff": 0}
+
+
+def test_a_models_shadow_series_leave_the_metrics_when_it_unloads(
+    coreserve_server: ServerFactory, tmp_path: Path
+) -> None:
+    """As Triton's per-model series do (and as the repository index drops its rollout)."""
+    root = write_versions(tmp_path / "models", versions=(1, 2))
+    write_versions(root, "other", versions=(1, 2))
+    server = coreserve_server(root, "--model-control-mode=explicit", "--load-model=*")
+    for model in ("scaled", "other"):
+        _policy(server, model, {"weights": {"1": 100}, "shadow": {"version": "2", "max_in_flight": 64}})
+    with httpclient.InferenceServerClient(server.http_url) as client:
+        for model in ("scaled", "other"):
+            _answer(client, model)
+        _copies(server, "scaled", 2, 1)
+        _copies(server, "other", 2, 1)
+        client.unload_model("scaled")
+    metrics = _metrics(server)
+    assert not [name for name in metrics if 'model="scaled"' in name]
+    other = "{" + _labels("other", 2, outcome="compared") + "}"
+    assert metrics["coreserve_traffic_shadow_requests_total" + other] == 1

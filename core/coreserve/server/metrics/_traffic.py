@@ -2,12 +2,15 @@
 and where its rollout stands.
 
 Exported only for models that have a traffic policy, shadow copies or a rollout (Triton has no
-such families; a server without them scrapes as before). Triton's per-version families keep
-counting each version exactly: a shadow copy is a request of its version there.
+such families; a server without them scrapes as before), and only while a model of that name
+is served: as Triton's per-model series do, a model's traffic series leave when it unloads (a
+rollout that a reload ended stays, as ended). Triton's per-version families keep counting each
+version exactly: a shadow copy is a request of its version there.
 """
 
 from __future__ import annotations
 
+from coreserve.errors import CoreserveError
 from coreserve.repository import ModelRepository
 from coreserve.server.metrics._lifecycle import _escape
 from coreserve.server.metrics._system_metrics import family
@@ -48,7 +51,7 @@ def _traffic_lines(repository: ModelRepository, router: TrafficRouter) -> list[s
             "Percent of the requests that name no version that go to each version (coreserve)",
             weights,
         )
-    shadows = router.shadows.counts
+    shadows = {key: counts for key, counts in router.shadows.counts.items() if _served(repository, key[0])}
     if shadows:
         lines += family(
             "coreserve_traffic_shadow_requests_total",
@@ -73,7 +76,7 @@ def _traffic_lines(repository: ModelRepository, router: TrafficRouter) -> list[s
                 help_text,
                 (f"{name}{{{labels}}} {getattr(c, field):.9g}" for labels, c in outputs),
             )
-    rollouts = router.rollouts
+    rollouts = {name: r for name, r in router.rollouts.items() if _served(repository, name)}
     if rollouts:
         lines += family(
             "coreserve_traffic_rollout_state",
@@ -95,3 +98,12 @@ def _traffic_lines(repository: ModelRepository, router: TrafficRouter) -> list[s
             ),
         )
     return lines
+
+
+def _served(repository: ModelRepository, name: str) -> bool:
+    """Whether a request for `name` reaches a model now (not unloaded, nor never loaded)."""
+    try:
+        repository.get(name)
+    except CoreserveError:
+        return False
+    return True

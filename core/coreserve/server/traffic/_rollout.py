@@ -11,8 +11,8 @@ more than `max_p99_ratio` times the stable version's, is rolled back (all traffi
 version); otherwise the next step begins. After the last step the candidate is promoted (all
 traffic to it). A step whose candidate answered fewer than `min_requests` is held another dwell,
 its counts kept, rather than judged on too little; at the last step (100%) the stable version
-answers nothing, and the candidate is judged against the stable version's step before. Every
-move is logged and shown by `status()`.
+answers only requests left over from the step before, so the candidate is judged against the
+stable version's step before. Every move is logged and shown by `status()`.
 """
 
 from __future__ import annotations
@@ -219,7 +219,7 @@ class Rollout:
                     if not self._is_current(self.model):
                         raise UnavailableError(f"model '{self.model.name}' was unloaded or loaded again")
                     windows = await self._windows.read(self.model.name, self._token)
-                    verdict = self._judge(windows)
+                    verdict = judge(self.plan, self.step, windows, self.stable, self._reference)
                     if verdict is None:
                         holds += 1
                         self._held(holds)
@@ -267,35 +267,10 @@ class Rollout:
             await self._apply(_weights(self.stable, 100 - share, self.plan.candidate, share))
             self._move(f"step {step}: candidate version {self.plan.candidate} at {share:g}%")
 
-    def _judge(self, windows: dict[int, Window]) -> str | None:
-        """The reason to roll back ("" to go on; None: too few requests to judge). Where the
-        stable version answered nothing in the step (the last one, at 100%), the candidate is
-        judged against the stable version's last judged step."""
-        candidate = windows.get(self.plan.candidate, Window())
-        stable = windows.get(self.stable, Window())
-        if not stable.requests and self._reference is not None:
-            stable = self._reference
-        if candidate.requests < self.plan.min_requests:
-            return None
-        increase = candidate.error_rate() - stable.error_rate()
-        if increase > self.plan.max_error_rate_increase:
-            return (
-                f"step {self.step}: candidate error rate {candidate.error_rate():.2%} against "
-                f"{stable.error_rate():.2%} (allowed increase {self.plan.max_error_rate_increase:.2%})"
-            )
-        if stable.latencies_s and candidate.latencies_s:
-            ratio = candidate.p99_s() / max(stable.p99_s(), 1e-9)
-            if ratio > self.plan.max_p99_ratio:
-                candidate_ms, stable_ms = candidate.p99_s() * 1e3, stable.p99_s() * 1e3
-                return (
-                    f"step {self.step}: candidate p99 {candidate_ms:.3g} ms is {ratio:.3g}x the stable "
-                    f"version's {stable_ms:.3g} ms (allowed {self.plan.max_p99_ratio:g}x)"
-                )
-        return ""
-
     async def _end(self, state: RolloutState, reason: str) -> None:
-        """Ends the rollout with every request to the winner; where that move fails (raises),
-        the rollout goes on as it was."""
+        """Ends the rollout with every request to the winner. Where that move fails (raises), a
+        promote or abort by hand leaves the rollout going on as it was; the rollout's own move
+        ends it ABORTED with the reason (`_run`), the weights as they were."""
         async with self._moving:
             if not self.running():
                 return
@@ -326,6 +301,36 @@ class Rollout:
     def _move(self, what: str) -> None:
         logger.info("rollout of model '%s': %s", self.model.name, what)
         self.moves.append(f"{_now()} {what}")
+
+
+def judge(
+    plan: RolloutPlan, step: int, windows: Mapping[int, Window], stable_version: int, reference: Window | None
+) -> str | None:
+    """The reason to roll back at the end of `step` ("" to go on; None: too few requests to
+    judge). Where the step gives the stable version no share (the last one, at 100%), what it
+    answered is left over from the step before, so the candidate is judged against `reference`,
+    the stable version's last judged step (none before a plan's only step: no errors, no p99)."""
+    candidate = windows.get(plan.candidate, Window())
+    stable = windows.get(stable_version, Window())
+    if plan.steps[step] >= 100:
+        stable = reference if reference is not None else Window()
+    if candidate.requests < plan.min_requests:
+        return None
+    increase = candidate.error_rate() - stable.error_rate()
+    if increase > plan.max_error_rate_increase:
+        return (
+            f"step {step}: candidate error rate {candidate.error_rate():.2%} against "
+            f"{stable.error_rate():.2%} (allowed increase {plan.max_error_rate_increase:.2%})"
+        )
+    if stable.latencies_s and candidate.latencies_s:
+        ratio = candidate.p99_s() / max(stable.p99_s(), 1e-9)
+        if ratio > plan.max_p99_ratio:
+            candidate_ms, stable_ms = candidate.p99_s() * 1e3, stable.p99_s() * 1e3
+            return (
+                f"step {step}: candidate p99 {candidate_ms:.3g} ms is {ratio:.3g}x the stable "
+                f"version's {stable_ms:.3g} ms (allowed {plan.max_p99_ratio:g}x)"
+            )
+    return ""
 
 
 def _now() -> str:

@@ -157,8 +157,12 @@ def _compare(client: dict[str, np.ndarray], candidate: InferenceResponse, counts
         elif expected.dtype.kind in "OSUb":  # BYTES, strings and booleans match or not
             output.mismatched += int(not np.array_equal(found, expected))
         elif expected.size:
-            gaps = np.abs(found.astype(np.float64) - expected.astype(np.float64))
-            gaps[np.isnan(found) & np.isnan(expected)] = 0  # NaN where both have NaN is no difference
-            difference = float(np.max(gaps))
-            output.mismatched += int(difference != 0)
-            output.max_abs_diff = max(output.max_abs_diff, difference)
+            same = found == expected  # exact, integers past 2**53 too; equal infinities are equal
+            if expected.dtype.kind not in "iu":  # (floats, and BF16 of kind "V")
+                same |= np.isnan(found) & np.isnan(expected)
+            with np.errstate(invalid="ignore", over="ignore"):  # (inf - inf: NaN, set below)
+                gaps = np.abs(found.astype(np.float64) - expected.astype(np.float64))
+            gaps[same] = 0
+            gaps[np.isnan(gaps)] = np.inf  # a NaN on one side only
+            output.mismatched += int(not same.all())
+            output.max_abs_diff = max(output.max_abs_diff, float(np.max(gaps)))
