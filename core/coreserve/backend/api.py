@@ -88,14 +88,18 @@ class InferenceClient(Protocol):
 class ModelControl(Protocol):
     """The server's model repository API, for backends whose models manage other models
     (Triton's `pb_utils.load_model`). Loading and unloading work only under
-    `--model-control-mode=explicit` (an UnsupportedError otherwise), as over HTTP and gRPC."""
+    `--model-control-mode=explicit` (an UnsupportedError otherwise), as over HTTP and gRPC.
 
-    async def load_model(self, name: str, parameters: dict[str, object]) -> None:
+    A change is made as a client's: in every worker of a server of several. One that a model
+    asks for while it loads (from its initialize) says so (`while_loading`): it is made in this
+    process alone, as every worker loads that model and asks for it there."""
+
+    async def load_model(self, name: str, parameters: dict[str, object], while_loading: bool = False) -> None:
         """Loads or reloads a model; `parameters` as a repository load request carries them
         (`config`: a JSON string, `file:<path>`: bytes). Raises a CoreserveError with the reason."""
         ...
 
-    async def unload_model(self, name: str, dependents: bool = False) -> None:
+    async def unload_model(self, name: str, dependents: bool = False, while_loading: bool = False) -> None:
         """Unloads a model and the ensembles that use it (`dependents`, Triton's
         `unload_dependents`, is accepted and changes nothing to that)."""
         ...

@@ -116,7 +116,9 @@ class ServerRuntime:
             self.repository, self.flags, log=self.log, name=options.server_id, tracer=self.tracer
         )
         loader.client = self.dataplane
-        loader.models = ModelsForBackends(self.dataplane.change, self.dataplane.model_ready)
+        loader.models = ModelsForBackends(
+            self.dataplane.change, self.dataplane.apply_change, self.dataplane.model_ready
+        )
         loader.activity = self.dataplane
         loader.labels_of = lambda name, version: self.dataplane.model_version(name, version).labels
         self.custom_metrics = loader.metrics

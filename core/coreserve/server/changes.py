@@ -188,19 +188,28 @@ def loads_files(message: dict[str, Any]) -> bool:
 class ModelsForBackends:
     """The model repository API the server gives its backends (`ModelControl`, Triton's
     `pb_utils.load_model`): changes made as a client's (`change`: DataPlane.change), marked as
-    asked by a model."""
+    asked by a model; those a model asks for while it loads, in this process alone (`apply_here`:
+    DataPlane.apply_change). Relayed to every worker, such a change would wait for the change
+    that loads the model, which waits for it."""
 
     def __init__(
-        self, change: Callable[[Change], Awaitable[None]], model_ready: Callable[[str, str], bool]
+        self,
+        change: Callable[[Change], Awaitable[None]],
+        apply_here: Callable[[Change], Awaitable[None]],
+        model_ready: Callable[[str, str], bool],
     ) -> None:
         self._change = change
+        self._apply_here = apply_here
         self._model_ready = model_ready
 
-    async def load_model(self, name: str, parameters: dict[str, object]) -> None:
-        await self._change(LoadModel(name, parameters, by_model=True))
+    async def load_model(self, name: str, parameters: dict[str, object], while_loading: bool = False) -> None:
+        await self._make(LoadModel(name, parameters, by_model=True), while_loading)
 
-    async def unload_model(self, name: str, dependents: bool = False) -> None:
-        await self._change(UnloadModel(name, dependents, by_model=True))
+    async def unload_model(self, name: str, dependents: bool = False, while_loading: bool = False) -> None:
+        await self._make(UnloadModel(name, dependents, by_model=True), while_loading)
+
+    async def _make(self, change: Change, while_loading: bool) -> None:
+        await (self._apply_here if while_loading else self._change)(change)
 
     def model_ready(self, name: str, version: str = "") -> bool:
         return self._model_ready(name, version)

@@ -123,7 +123,9 @@ class InProcessServer:
         )
         self.dataplane = DataPlane(repository, ServerFlags(started=True))
         loader.client = self.dataplane
-        loader.models = ModelsForBackends(self.dataplane.change, self.dataplane.model_ready)
+        loader.models = ModelsForBackends(
+            self.dataplane.change, self.dataplane.apply_change, self.dataplane.model_ready
+        )
         loader.activity = self.dataplane
         await repository.start()
 

@@ -216,6 +216,22 @@ def _kill_and_wait(server: ServerProcess, index: int) -> None:
     wait_until(lambda: dead not in worker_pids(server) and len(worker_pids(server)) == 2, "started again")
 
 
+def test_a_worker_that_served_is_started_again_after_a_second_however_often_it_dies(tmp_path: Path) -> None:
+    """Only starts that fail before the worker joins, five in a row, slow its restarts to one
+    each 30 s. A worker's line closes before its exit is seen, which made every death count as
+    a failed start: the fifth crash of a server's life was restarted 30 s later."""
+    server = start_workers(write_repository(tmp_path / "models"))
+    try:
+        for _ in range(6):
+            wait_until(lambda: status_of(server, "GET", "/v2/health/ready") == 200, "ready", timeout=120)
+            _kill_and_wait(server, 1)
+        wait_until(lambda: status_of(server, "GET", "/v2/health/ready") == 200, "ready", timeout=120)
+        delays = re.findall(r"worker 1 exited with status -9; starting it again in (\S+) s", server.log)
+        assert delays == ["1"] * 6
+    finally:
+        server.close()
+
+
 def test_a_worker_started_again_serves_what_the_others_serve_not_a_version_staged_since(
     tmp_path: Path,
 ) -> None:
@@ -487,6 +503,78 @@ def test_a_killed_workers_cache_folder_is_removed_and_nothing_is_left_after_the_
     finally:
         server.close()
     assert list(short_temp.iterdir()) == []
+
+
+PASS_ON = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [
+            pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())])
+            for r in requests
+        ]
+"""
+PASS_ON_CONFIG = """
+backend: "python"
+max_batch_size: 0
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+"""
+
+
+def _shared_memory_files_of(pids: set[int]) -> set[str]:
+    """The Python backend's segments and start marks in /dev/shm that these processes wrote."""
+    return {
+        path.name
+        for path in Path("/dev/shm").glob("coreserve-*")
+        if (parts := path.name.rsplit("-", 2))[-2].isdigit() and int(parts[-2]) in pids
+    }
+
+
+def test_what_a_killed_worker_and_its_stubs_left_in_shared_memory_is_removed(tmp_path: Path) -> None:
+    """A killed worker cannot remove its Python models' segments, nor can its stubs, which die
+    with it: the worker started in its place removes them when it loads its first Python model."""
+    repository = write_repository(tmp_path / "models")
+    (repository / "pass_on" / "1").mkdir(parents=True)
+    (repository / "pass_on" / "config.pbtxt").write_text(PASS_ON_CONFIG)
+    (repository / "pass_on" / "1" / "model.py").write_text(PASS_ON)
+    server = start_workers(repository, "--load-model=pass_on")
+    body = json.dumps(
+        {"inputs": [{"name": "INPUT0", "shape": [100_000], "datatype": "FP32", "data": [0.5] * 100_000}]}
+    )
+    try:
+        workers = worker_pids(server)
+        for _ in range(CONNECTIONS):  # (over new connections: both workers answer some)
+            assert status_of(server, "POST", "/v2/models/pass_on/infer", body) == 200
+        owners = {pid: {pid, *_children(pid)} for pid in workers}
+        dead = next(pid for pid in workers if _shared_memory_files_of({pid}))  # one with segments
+        left = _shared_memory_files_of(owners[dead])
+        assert {"-stub-" in name for name in left} == {True, False}, left  # the worker's and its stub's
+        kept = set().union(*(_shared_memory_files_of(owners[pid]) for pid in workers if pid != dead))
+        _kill_and_wait(server, worker_index(dead))
+        wait_until(lambda: status_of(server, "GET", "/v2/health/ready") == 200, "ready", timeout=120)
+        assert _shared_memory_files_of(owners[dead]) == set()
+        assert kept <= _shared_memory_files_of(set().union(*owners.values()))  # the live worker's stay
+        assert re.search(r"removed \d+ shared memory file\(s\) in \S+ that killed processes", server.log)
+    finally:
+        server.close()
+
+
+def _children(pid: int) -> list[int]:
+    return [
+        int(entry.name)
+        for entry in Path("/proc").iterdir()
+        if entry.name.isdigit() and _parent_of(entry) == pid
+    ]
+
+
+def _parent_of(entry: Path) -> int | None:
+    try:
+        return int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def test_a_temp_folder_too_long_for_a_unix_socket_puts_the_workers_folder_in_tmp(tmp_path: Path) -> None:

@@ -106,7 +106,9 @@ class PythonInstance:
         self._bls = BlsServing(
             self.name, server, self._pool, self._reader, self._open.request, self._process_send
         )
-        self._model_requests = ModelRequestAnswers(self.name, server, self._process_send)
+        self._model_requests = ModelRequestAnswers(
+            self.name, server, self._process_send, lambda: self._starting is not None
+        )
         self._closed = False
         self.failure: str | None = None
 
