@@ -254,3 +254,39 @@ def write_bls_model(repository: Path, name: str = "bls") -> Path:
     folder = write_model(repository, name, None, BLS_CONFIG)
     (folder / "1" / "model.py").write_text(BLS_CALLS_SCALE)
     return folder
+
+
+# A Python model that echoes input A as output B. Its initialize() loads model TO_LOAD unless
+# it is ready (Triton's README pattern), its execute() unloads model TO_UNLOAD ("": neither).
+ECHO_THAT_LOADS = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        if TO_LOAD and not pb_utils.is_model_ready(TO_LOAD):
+            pb_utils.load_model(TO_LOAD)
+
+    def execute(self, requests):
+        if TO_UNLOAD:
+            pb_utils.unload_model(TO_UNLOAD)
+        return [
+            pb_utils.InferenceResponse([pb_utils.Tensor("B", pb_utils.get_input_tensor_by_name(r, "A").as_numpy())])
+            for r in requests
+        ]
+"""
+ECHO_AB_CONFIG = """
+backend: "python"
+max_batch_size: 4
+input [ { name: "A" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "B" data_type: TYPE_FP32 dims: [ 4 ] } ]
+"""
+
+
+def write_echo_that_loads(repository: Path, name: str, loads: str = "", unloads: str = "") -> Path:
+    """<repository>/<name>: ECHO_THAT_LOADS, loading model `loads` as it starts and unloading
+    model `unloads` at each execute() (each where named)."""
+    folder = write_model(repository, name, None, ECHO_AB_CONFIG)
+    source = ECHO_THAT_LOADS.replace("TO_LOAD", repr(loads)).replace("TO_UNLOAD", repr(unloads))
+    (folder / "1" / "model.py").write_text(source)
+    return folder

@@ -18,7 +18,13 @@ from tritonclient.utils import InferenceServerException
 
 from coreserve.protos import grpc_service_pb2, grpc_service_pb2_grpc
 from coreserve.testing import ServerFactory, ServerProcess
-from support.model_builders import add_sub_model, pipeline_config, scale_model, write_model
+from support.model_builders import (
+    add_sub_model,
+    pipeline_config,
+    scale_model,
+    write_echo_that_loads,
+    write_model,
+)
 from support.waiting import wait_until
 from support.wire.http_raw import request
 
@@ -803,36 +809,13 @@ def test_a_load_waits_for_an_unload_of_a_model_it_is_linked_to(
     ]
 
 
-ECHO_STEP = """
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def initialize(self, args):
-        if LOADS and not pb_utils.is_model_ready(LOADS):  # Triton's README pattern
-            pb_utils.load_model(LOADS)
-
-    def execute(self, requests):
-        return [
-            pb_utils.InferenceResponse([pb_utils.Tensor("B", pb_utils.get_input_tensor_by_name(r, "A").as_numpy())])
-            for r in requests
-        ]
-"""
-
-
 def test_a_step_that_loads_another_step_as_it_starts_does_not_wait_for_the_load_that_runs_it(
     client: httpclient.InferenceServerClient, repository: Path
 ) -> None:
     """Its load is the model's, not a client's: it does not wait for the ensemble's load (which
     waits for it), where a client's load of a linked model would."""
-    for name, loads in (("first", "second"), ("second", "")):
-        (repository / name / "1").mkdir(parents=True)
-        (repository / name / "config.pbtxt").write_text(
-            'backend: "python"\nmax_batch_size: 4\n'
-            'input [ { name: "A" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
-            'output [ { name: "B" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
-        )
-        (repository / name / "1" / "model.py").write_text(ECHO_STEP.replace("LOADS", repr(loads)))
+    write_echo_that_loads(repository, "first", loads="second")
+    write_echo_that_loads(repository, "second")
     (repository / "both" / "1").mkdir(parents=True)
     (repository / "both" / "config.pbtxt").write_text(
         _ensemble_of("first").replace(

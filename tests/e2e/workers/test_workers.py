@@ -25,7 +25,13 @@ import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 
 from coreserve.testing import ServerProcess
-from support.model_builders import ADD_SUB_CONFIG, add_sub_model, pipeline_config, write_model
+from support.model_builders import (
+    ADD_SUB_CONFIG,
+    add_sub_model,
+    pipeline_config,
+    write_echo_that_loads,
+    write_model,
+)
 from support.servers.worker_servers import (
     ADD_BODY,
     CONNECTIONS,
@@ -97,37 +103,13 @@ def test_a_model_loaded_or_unloaded_through_one_connection_is_so_for_every_conne
     assert {entry["name"]: entry.get("state") for entry in index}["scale"] == "UNAVAILABLE"
 
 
-LOADS_ANOTHER = """
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def initialize(self, args):
-        if LOADS and not pb_utils.is_model_ready(LOADS):  # Triton's README pattern
-            pb_utils.load_model(LOADS)
-
-    def execute(self, requests):
-        if LOADS:  # a change it asks for as it serves: a client's, made in every worker
-            pb_utils.unload_model(LOADS)
-        return [
-            pb_utils.InferenceResponse([pb_utils.Tensor("B", pb_utils.get_input_tensor_by_name(r, "A").as_numpy())])
-            for r in requests
-        ]
-"""
-
-
 @pytest.mark.parametrize("when", ["at start", "by a client"])
 def test_a_model_that_loads_another_as_it_loads_is_served_by_every_worker(tmp_path: Path, when: str) -> None:
     """Each worker loads the model, and so makes the load its initialize() asks for: relayed to
     every worker, that load waited for the load that runs it, which waited for it."""
-    for name, loads in (("first", "second"), ("second", "")):
-        (tmp_path / name / "1").mkdir(parents=True)
-        (tmp_path / name / "config.pbtxt").write_text(
-            'backend: "python"\nmax_batch_size: 4\n'
-            'input [ { name: "A" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
-            'output [ { name: "B" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
-        )
-        (tmp_path / name / "1" / "model.py").write_text(LOADS_ANOTHER.replace("LOADS", repr(loads)))
+    # first loads second as it starts, and unloads it as it serves (a client's change then).
+    write_echo_that_loads(tmp_path, "first", loads="second", unloads="second")
+    write_echo_that_loads(tmp_path, "second")
     server = start_workers(
         tmp_path, "--model-control-mode=explicit", *(["--load-model=first"] if when == "at start" else [])
     )
