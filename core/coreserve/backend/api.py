@@ -92,7 +92,8 @@ class ModelControl(Protocol):
 
     A change is made as a client's: in every worker of a server of several. One that a model
     asks for while it loads (from its initialize) says so (`while_loading`): it is made in this
-    process alone, as every worker loads that model and asks for it there."""
+    process alone, as each worker that loads that model asks for it there (a model that worker 0
+    alone serves, such as a sequence model, makes it in worker 0 alone)."""
 
     async def load_model(self, name: str, parameters: dict[str, object], while_loading: bool = False) -> None:
         """Loads or reloads a model; `parameters` as a repository load request carries them
@@ -101,7 +102,8 @@ class ModelControl(Protocol):
 
     async def unload_model(self, name: str, dependents: bool = False, while_loading: bool = False) -> None:
         """Unloads a model and the ensembles that use it (`dependents`, Triton's
-        `unload_dependents`, is accepted and changes nothing to that)."""
+        `unload_dependents`, is accepted and changes nothing to that); `while_loading` as for
+        `load_model`."""
         ...
 
     def model_ready(self, name: str, version: str = "") -> bool:

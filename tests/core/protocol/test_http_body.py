@@ -137,11 +137,11 @@ def test_json_data_of_the_wrong_type(data: object, datatype: str, message: str) 
         _decode({"inputs": [{"name": "a", "shape": [1], "datatype": datatype, "data": data}]})
 
 
-@pytest.mark.parametrize("value", [1, "true", None, [True]])
+@pytest.mark.parametrize("value", [1, 0, "true", 1.5])
 def test_an_outputs_binary_data_that_is_not_a_boolean_is_refused_in_triton_words(value: object) -> None:
     output = {"name": "o", "parameters": {"binary_data": value}}
     data = {"name": "a", "shape": [1], "datatype": "FP32", "data": [1.0]}
-    with pytest.raises(InvalidArgumentError, match=r"^Unable to parse 'binary_data'|must be a boolean"):
+    with pytest.raises(InvalidArgumentError, match=r"^Unable to parse 'binary_data': attempt to access JSON"):
         _decode({"inputs": [data], "outputs": [output]})
 
 

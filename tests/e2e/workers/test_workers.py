@@ -105,8 +105,9 @@ def test_a_model_loaded_or_unloaded_through_one_connection_is_so_for_every_conne
 
 @pytest.mark.parametrize("when", ["at start", "by a client"])
 def test_a_model_that_loads_another_as_it_loads_is_served_by_every_worker(tmp_path: Path, when: str) -> None:
-    """Each worker loads the model, and so makes the load its initialize() asks for: relayed to
-    every worker, that load waited for the load that runs it, which waited for it."""
+    """Each worker loads the model, and so makes the load its initialize() asks for. Loaded by a
+    client, that load was relayed to every worker, where it waited for the load that runs it,
+    which waited for it: the server hung. (At start no worker has joined: each makes it.)"""
     # first loads second as it starts, and unloads it as it serves (a client's change then).
     write_echo_that_loads(tmp_path, "first", loads="second", unloads="second")
     write_echo_that_loads(tmp_path, "second")

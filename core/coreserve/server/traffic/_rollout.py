@@ -309,11 +309,14 @@ def judge(
     """The reason to roll back at the end of `step` ("" to go on; None: too few requests to
     judge). Where the step gives the stable version no share (the last one, at 100%), what it
     answered is left over from the step before, so the candidate is judged against `reference`,
-    the stable version's last judged step (none before a plan's only step: no errors, no p99)."""
+    the stable version's last judged step (none before a plan's only step: no errors, no p99);
+    so it is where the stable version answered nothing in its step."""
     candidate = windows.get(plan.candidate, Window())
     stable = windows.get(stable_version, Window())
     if plan.steps[step] >= 100:
         stable = reference if reference is not None else Window()
+    elif not stable.requests and reference is not None:
+        stable = reference
     if candidate.requests < plan.min_requests:
         return None
     increase = candidate.error_rate() - stable.error_rate()

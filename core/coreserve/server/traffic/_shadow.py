@@ -157,12 +157,20 @@ def _compare(client: dict[str, np.ndarray], candidate: InferenceResponse, counts
         elif expected.dtype.kind in "OSUb":  # BYTES, strings and booleans match or not
             output.mismatched += int(not np.array_equal(found, expected))
         elif expected.size:
-            same = found == expected  # exact, integers past 2**53 too; equal infinities are equal
+            found, expected = found.ravel(), expected.ravel()  # (a 0-d output too)
+            same = found == expected  # exact: equal infinities are equal
             if expected.dtype.kind not in "iu":  # (floats, and BF16 of kind "V")
                 same |= np.isnan(found) & np.isnan(expected)
-            with np.errstate(invalid="ignore", over="ignore"):  # (inf - inf: NaN, set below)
-                gaps = np.abs(found.astype(np.float64) - expected.astype(np.float64))
-            gaps[same] = 0
-            gaps[np.isnan(gaps)] = np.inf  # a NaN on one side only
             output.mismatched += int(not same.all())
-            output.max_abs_diff = max(output.max_abs_diff, float(np.max(gaps)))
+            output.max_abs_diff = max(output.max_abs_diff, _largest_gap(found[~same], expected[~same]))
+
+
+def _largest_gap(found: np.ndarray, expected: np.ndarray) -> float:
+    """The largest absolute difference between values that differ (in float64: inf where a NaN
+    or an infinity is on one side only; integers past 2**53 that differ, by 1 at least)."""
+    if not found.size:
+        return 0.0
+    with np.errstate(invalid="ignore", over="ignore"):
+        gaps = np.abs(found.astype(np.float64) - expected.astype(np.float64))
+    largest = float(np.max(np.where(np.isnan(gaps), np.inf, gaps)))
+    return max(largest, 1.0) if expected.dtype.kind in "iu" else largest

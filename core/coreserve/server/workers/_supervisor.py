@@ -72,7 +72,7 @@ class _Worker:
     process: asyncio.subprocess.Process | None = None
     channel: Channel | None = None
     joined: bool = False  # it makes every change from now on
-    joined_since_start: bool = False  # kept when its line closes: a crash is not a failed start
+    served_since_start: bool = False  # kept when its line closes: a crash is not a failed start
     serving: bool = False  # it has made the changes made before it joined, and serves
     failed_starts: int = 0
     faults: dict[str, str] = field(default_factory=dict)  # what it does not serve as the others do
@@ -132,7 +132,7 @@ class Supervisor:
         while not self._stopping.is_set():
             role = WorkerRole(worker.index, self.count, self._socket)
             environment = {**os.environ, WORKER_ENV: role.encode()}
-            worker.joined_since_start = False
+            worker.served_since_start = False
             worker.process = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "coreserve", *self.argv, env=environment, start_new_session=True
             )  # a session of its own: what it leaves running when it dies is told apart by it
@@ -144,7 +144,7 @@ class Supervisor:
             if self._stopping.is_set():
                 return
             delay = RESTART_DELAY_S
-            if not worker.joined_since_start:
+            if not worker.served_since_start:
                 worker.failed_starts += 1
                 if not self._ever_served:
                     # As one server would: a start that fails (a port taken, a model that does not
@@ -218,7 +218,6 @@ class Supervisor:
             worker = self._worker_at(message.get("index"), pid)
             async with self._relaying:  # no change may slip between the replay and the join
                 worker.channel, worker.joined = channel, True
-                worker.joined_since_start = True
                 replay = self._replay_after(worker.adopted_at)
             self._in_background(self._watch(worker, channel))
             return replay
@@ -227,6 +226,7 @@ class Supervisor:
         if call == "serving":
             worker = self._worker_at(message.get("index"), pid)
             worker.serving, worker.faults, self._ever_served = True, dict(message.get("faults") or {}), True
+            worker.served_since_start = True
             self._in_background(self._tell_readiness())
             self._in_background(self._retell_states())  # for the copies its replay loaded
             return None

@@ -17,7 +17,6 @@ from coreserve.backend import (
 )
 from coreserve_python.ipc import AutoCompleteMessage
 from coreserve_python.server._instance import PythonInstance
-from coreserve_python.server._leftovers import remove_files_of_dead_processes
 from coreserve_python.server._process import run_once
 from coreserve_python.server.env._build import Builds
 from coreserve_python.server.env._environment import stub_launch
@@ -101,7 +100,6 @@ class PythonBackend(BaseBackend):
 
     def __init__(self) -> None:
         self._builds = Builds()  # this server's environment builds
-        self._swept = False  # what killed processes left in shared memory (once per process)
 
     def stop_loads(self) -> None:
         """The server stops: the environments being built for loads are given up, and no
@@ -136,9 +134,6 @@ class PythonBackend(BaseBackend):
     ) -> ModelInstance:
         self.check_model_file(model)
         check_input_memory_parameter(config)
-        if not self._swept:
-            self._swept = True
-            await asyncio.to_thread(remove_files_of_dead_processes)
         depth, spin = pipeline_depth(config), idle_spin_microseconds(config)
         spins = spin > 0 and SPIN_SLOTS.claim()  # else this instance's stub sleeps at once
         try:

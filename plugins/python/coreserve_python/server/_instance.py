@@ -106,9 +106,7 @@ class PythonInstance:
         self._bls = BlsServing(
             self.name, server, self._pool, self._reader, self._open.request, self._process_send
         )
-        self._model_requests = ModelRequestAnswers(
-            self.name, server, self._process_send, lambda: self._starting is not None
-        )
+        self._model_requests = ModelRequestAnswers(self.name, server, self._process_send)
         self._closed = False
         self.failure: str | None = None
 
@@ -123,8 +121,9 @@ class PythonInstance:
             "model_name": self._model.name,
         }
 
-    async def start(self) -> None:
+    async def start(self, loading: bool = True) -> None:
         """Starts the stub and runs the model's initialize(); raises with its traceback if it fails.
+        `loading`: as the model loads (False: a restart after the stub died).
 
         Whatever goes wrong (cancellation included), a stub that was spawned is stopped and
         reaped before this raises.
@@ -132,6 +131,7 @@ class PythonInstance:
         process = StubProcess(self._launch, self.name, self._on_message, self._on_exit)
         await process.start()
         self._starting = process  # initialize() may ask the server things (metrics, models)
+        self._model_requests.loading = loading
         message: InitMessage = {
             "op": "init",
             "model_file": str(self._model.model_file),
@@ -153,7 +153,7 @@ class PythonInstance:
             self._model_requests.release_metrics()  # what a failed initialize() made
             raise
         finally:
-            self._starting = None
+            self._starting, self._model_requests.loading = None, False
             process.unlink_start_mark()  # mapped by both sides by now (or never to be)
         self._process = process
         self.serving.set()
@@ -202,7 +202,7 @@ class PythonInstance:
         delay = RESTART_FIRST_DELAY_S
         while True:
             try:
-                await self.start()
+                await self.start(loading=False)
             except Exception as exc:
                 reason = exc.message if isinstance(exc, CoreserveError) else f"{type(exc).__name__}: {exc}"
                 if self.failure is None:

@@ -27,20 +27,14 @@ METRIC_TOLD_OPS = frozenset({"metric_update", "metric_delete", "metric_family_de
 class ModelRequestAnswers:
     """Answers one instance's metric and model-management requests, and keeps the metrics it made."""
 
-    def __init__(
-        self,
-        name: str,
-        server: ServerContext,
-        send: Callable[[Mapping[str, Any]], None],
-        initializing: Callable[[], bool],
-    ) -> None:
-        """`name`: the instance's, for the log; `send`: sends a message to the instance's stub;
-        `initializing`: whether its model's initialize() runs (a model change it asks for then
-        is made as it loads: see ModelControl)."""
+    def __init__(self, name: str, server: ServerContext, send: Callable[[Mapping[str, Any]], None]) -> None:
+        """`name`: the instance's, for the log; `send`: sends a message to the instance's stub."""
         self._name = name
         self._server = server
         self._send = send
-        self._initializing = initializing
+        # Whether the model's initialize() runs as it loads (not as its stub restarts): a model
+        # change it asks for then is made as the model loads (ModelControl's while_loading).
+        self.loading = False
         # The custom metric families and metrics the model made, by the ids the stub knows them by.
         self._families: dict[int, CustomMetricFamily] = {}
         self._metrics: dict[int, CustomMetric] = {}
@@ -84,13 +78,12 @@ class ModelRequestAnswers:
                     "stol), version should be an integral value > 0"
                 )
             return models.model_ready(message["name"], version)
-        loading = self._initializing()
         if op == "load_model":
-            await models.load_model(message["name"], message["parameters"], while_loading=loading)
+            await models.load_model(message["name"], message["parameters"], while_loading=self.loading)
             return None
         # unload_model: a model that is not loaded is unloaded already, as Triton answers
         with contextlib.suppress(NotFoundError):
-            await models.unload_model(message["name"], message["dependents"], while_loading=loading)
+            await models.unload_model(message["name"], message["dependents"], while_loading=self.loading)
         return None
 
     def _remember_metric(self, table: dict[int, Any], item: Any) -> int:

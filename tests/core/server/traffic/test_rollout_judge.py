@@ -45,3 +45,11 @@ def test_a_plan_of_one_step_judges_the_candidates_errors_against_none() -> None:
 
 def test_too_few_candidate_requests_hold_the_step() -> None:
     assert judge(PLAN, 0, {2: Window(failures=19), 1: Window(successes=100)}, 1, None) is None
+
+
+def test_a_step_where_the_stable_version_answered_nothing_is_judged_against_the_step_before() -> None:
+    plan = RolloutPlan(candidate=2, steps=(50.0, 99.9, 100.0), dwell_s=1.0, min_requests=20)
+    failing = Window(successes=60, failures=40)
+    assert judge(plan, 1, {2: failing}, 1, BEFORE).startswith(
+        "step 1: candidate error rate 40.00% against 10.00%"
+    )

@@ -35,8 +35,13 @@ def test_a_nan_on_one_side_only_is_a_mismatch_of_infinite_difference() -> None:
 
 def test_integers_past_2_to_the_53_are_compared_exactly() -> None:
     client = np.array([2**53, 7], np.int64)
-    assert _compared(client, np.array([2**53 + 1, 7], np.int64))[0] == 1
+    assert _compared(client, np.array([2**53 + 1, 7], np.int64)) == (1, 1.0)  # (1 at least)
     assert _compared(client, client.copy()) == (0, 0.0)
+
+
+def test_outputs_of_one_value_without_dimensions_are_compared() -> None:
+    assert _compared(np.array(1.5, np.float32), np.array(2.5, np.float32)) == (1, 1.0)
+    assert _compared(np.array(3), np.array(3)) == (0, 0.0)
 
 
 def test_numbers_that_differ_give_their_largest_difference() -> None:

@@ -319,5 +319,6 @@ def test_with_several_clients_at_once_the_loop_does_not_spin(sleeping_server: Se
     with ThreadPoolExecutor(4) as pool:
         list(pool.map(client, range(4)))
     # 40 executions of 5 ms, each overlapping other clients' requests: a spin through each
-    # would cost about 200 ms.
-    assert _loop_cpu_ms(sleeping_server) - before < 80
+    # would cost about 200 ms more than the loop's own work for 40 requests (50-80 ms on the
+    # 2-core machines seen; 80 failed a bound of 80 once).
+    assert _loop_cpu_ms(sleeping_server) - before < 130
