@@ -310,7 +310,7 @@ def judge(
     judge). Where the step gives the stable version no share (the last one, at 100%), what it
     answered is left over from the step before, so the candidate is judged against `reference`,
     the stable version's last judged step (none before a plan's only step: no errors, no p99);
-    so it is where the stable version answered nothing in its step."""
+    likewise at a step in which the stable version answered nothing."""
     candidate = windows.get(plan.candidate, Window())
     stable = windows.get(stable_version, Window())
     if plan.steps[step] >= 100:
